@@ -89,3 +89,23 @@ def model_card(spec: ModelSpec, dtype: str = "bf16") -> dict:
         "weight_bytes": {d: weight_bytes(spec, d) for d in ("fp32", "bf16", "int8", "int4")},
         "kv_bytes_per_token": {d: kv_bytes_per_token(spec, d) for d in ("fp32", "bf16", "fp8", "int4")},
     }
+
+
+def forward_shapes(spec: ModelSpec, tokens: int, batch: int = 1) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes one forward pass over `tokens` positions goes through, in order."""
+    b, t, d = batch, tokens, spec.d_model
+    return {
+        "input_ids": (b, t),
+        "embedding": (b, t, d),
+        "q": (b, spec.n_heads, t, spec.head_dim),
+        "k": (b, spec.n_kv_heads, t, spec.head_dim),
+        "v": (b, spec.n_kv_heads, t, spec.head_dim),
+        "attention_scores": (b, spec.n_heads, t, t),
+        "attention_out": (b, t, spec.n_heads * spec.head_dim),
+        "o_proj": (b, t, d),
+        "mlp_gate_up": (b, t, spec.intermediate_size),
+        "mlp_down": (b, t, d),
+        "final_norm": (b, t, d),
+        "logits": (b, spec.vocab_size),
+        "probabilities": (b, spec.vocab_size),
+    }

@@ -1,0 +1,198 @@
+"""The generation loop: prefill once, then decode one token at a time, yielding a record per step.
+
+    records = generate(lm, GenerationRequest("Why is the sky blue?"), CapturePolicy(layers=(0, 5)))
+    for rec in records: ...   # PrefillRecord, DecodeRecord..., DoneRecord
+
+Cache positions are counted from the cache object (`cache.get_seq_length()`), never guessed.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+from transformers import DynamicCache
+
+from engine.card import forward_shapes
+from engine.errors import ContextLengthError, InvalidRequestError
+from engine.hooks import CAPTURE_KWARG, CAPTURE_OFF, CapturePolicy, LayerCapture, StepCapture, instrument
+from engine.loader import LoadedModel
+from engine.records import (CacheState, Candidate, DecodeRecord, DoneRecord, Piece, PrefillRecord, Record,
+                            SampledToken)
+from engine.sampling import sample
+
+KEEP_LOGITS = 256       # raw logits stored per token so pages can re-draw the distribution
+TOP_CANDIDATES = 10     # alternatives listed per token
+MAX_PROMPT_CHARS = 200_000
+MAX_NEW_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt: str
+    max_new_tokens: int = 64
+    temperature: float = 0.0     # 0 = greedy
+    top_k: int = 0               # 0 = off
+    top_p: float = 1.0           # 1 = off
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+    chat: bool = True            # apply the chat template when the model has one
+    system: str | None = None
+
+
+def validate(request: GenerationRequest) -> None:
+    """Reject out-of-range settings with a message that names the setting."""
+    if not isinstance(request.prompt, str) or not request.prompt.strip():
+        raise InvalidRequestError("the prompt is empty; type something for the model to continue")
+    if len(request.prompt) > MAX_PROMPT_CHARS:
+        raise InvalidRequestError(f"the prompt has {len(request.prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}")
+    try:
+        request.prompt.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise InvalidRequestError(f"the prompt holds text that is not valid Unicode ({err.reason})") from None
+    checks = [
+        (1 <= request.max_new_tokens <= MAX_NEW_TOKENS, f"max new tokens must be 1 to {MAX_NEW_TOKENS}"),
+        (0.0 <= request.temperature <= 10.0, "temperature must be between 0 and 10"),
+        (request.top_k >= 0, "top-k must be 0 (off) or positive"),
+        (0.0 < request.top_p <= 1.0, "top-p must be above 0 and at most 1"),
+        (0 <= request.seed < 2**63, "the seed must be a non-negative integer"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise InvalidRequestError(message)
+
+
+def encode_prompt(lm: LoadedModel, request: GenerationRequest) -> list[int]:
+    """Token ids of the prompt, through the chat template for instruct models unless asked not to."""
+    tok = lm.tokenizer
+    if request.chat and lm.has_chat_template:
+        messages = ([{"role": "system", "content": request.system}] if request.system else [])
+        messages.append({"role": "user", "content": request.prompt})
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tok(text, add_special_tokens=False)["input_ids"]
+    return tok(request.prompt)["input_ids"]
+
+
+def check_context(lm: LoadedModel, n_prompt: int, max_new_tokens: int) -> None:
+    limit = lm.spec.max_context
+    if n_prompt > limit:
+        raise ContextLengthError(f"the prompt is {n_prompt:,} tokens; {lm.label} reads at most {limit:,}")
+    if n_prompt + max_new_tokens > limit:
+        raise ContextLengthError(
+            f"{n_prompt:,} prompt tokens + {max_new_tokens:,} new tokens exceed the {limit:,}-token context; "
+            f"ask for at most {limit - n_prompt:,} new tokens")
+
+
+def eos_ids(lm: LoadedModel) -> set[int]:
+    ids = lm.model.generation_config.eos_token_id
+    ids = set(ids if isinstance(ids, (list, tuple)) else [ids] if ids is not None else [])
+    if lm.tokenizer.eos_token_id is not None:
+        ids.add(lm.tokenizer.eos_token_id)
+    return ids
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def forward(lm: LoadedModel, ids: list[int], cache: DynamicCache,
+            capture: StepCapture | None) -> tuple[torch.Tensor, dict[int, LayerCapture]]:
+    """Run the model over new token ids after what the cache holds; return the last position's logits (V,)."""
+    start = cache.get_seq_length()
+    input_ids = torch.tensor([ids], device=lm.device)                              # [1, T]
+    positions = torch.arange(start, start + len(ids), device=lm.device)            # [T]
+    extra = {CAPTURE_KWARG: capture} if capture is not None else {}
+    out = lm.model(input_ids=input_ids, past_key_values=cache, use_cache=True, cache_position=positions,
+                   logits_to_keep=1, **extra)
+    captures = capture.finish(lm.model) if capture is not None else {}
+    return out.logits[0, -1], captures                                             # (V,)
+
+
+def cache_state(cache: DynamicCache) -> CacheState:
+    per_layer = [layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+                 for layer in cache.layers if getattr(layer, "keys", None) is not None]
+    return CacheState(cache.get_seq_length(), sum(per_layer), per_layer)
+
+
+class TextStream:
+    """Turns token ids into text pieces, holding back bytes of a character that is not complete yet."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer, self.ids, self.text = tokenizer, [], ""
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        full = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if full.endswith("\ufffd"):
+            return ""
+        piece, self.text = full[len(self.text):], full
+        return piece
+
+
+def pick_token(lm: LoadedModel, logits: torch.Tensor, request: GenerationRequest,
+               generator: torch.Generator, stream: TextStream) -> SampledToken:
+    """Sample one token from logits (V,) and describe it with its alternatives."""
+    token_id, probs = sample(logits, request.temperature, request.top_k, request.top_p, generator)
+    top = torch.topk(probs, TOP_CANDIDATES)
+    kept = torch.topk(logits.float(), min(KEEP_LOGITS, logits.shape[-1]))
+    decode = lm.tokenizer.decode
+    candidates = [Candidate(i, decode([i]), p) for i, p in zip(top.indices.tolist(), top.values.tolist())]
+    return SampledToken(token_id, stream.push(token_id), float(probs[token_id]), candidates,
+                        kept.indices.cpu().numpy(), kept.values.cpu().numpy())
+
+
+def prompt_pieces(lm: LoadedModel, ids: list[int]) -> list[Piece]:
+    return [Piece(i, lm.tokenizer.decode([i])) for i in ids]
+
+
+def generate(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy = CAPTURE_OFF,
+             should_stop: Callable[[], bool] | None = None) -> Iterator[Record]:
+    """Yield a PrefillRecord, one DecodeRecord per further token, and a DoneRecord.
+
+    Close the generator (or make `should_stop` return True) to cancel; the model is ready at once.
+    """
+    validate(request)
+    ids = encode_prompt(lm, request)
+    check_context(lm, len(ids), request.max_new_tokens)
+    generator = torch.Generator(device=lm.device).manual_seed(request.seed)
+    cache, stream, stops = DynamicCache(config=lm.model.config), TextStream(lm.tokenizer), eos_ids(lm)
+    with torch.inference_mode(), instrument(lm.model, policy) as inst:
+        t0 = time.perf_counter()
+        logits, captures = forward(lm, ids, cache, inst.new_step())
+        token = pick_token(lm, logits, request, generator, stream)
+        sync(lm.device)
+        ttft = time.perf_counter() - t0
+        yield PrefillRecord(prompt_pieces(lm, ids), forward_shapes(lm.spec, len(ids)), ttft,
+                            cache_state(cache), token, captures)
+        generated, reason = [token.id], _finish(token.id, stream.text, stops, request, 1)
+        while reason is None:
+            if should_stop is not None and should_stop():
+                reason = "cancelled"
+                break
+            t = time.perf_counter()
+            logits, captures = forward(lm, [token.id], cache, inst.new_step())
+            token = pick_token(lm, logits, request, generator, stream)
+            sync(lm.device)
+            generated.append(token.id)
+            yield DecodeRecord(len(generated) - 1, time.perf_counter() - t, cache_state(cache), token, captures)
+            reason = _finish(token.id, stream.text, stops, request, len(generated))
+    total = time.perf_counter() - t0
+    yield DoneRecord(_trim_stop(stream.text, request.stop), reason, len(ids), len(generated), ttft,
+                     total - ttft, total)
+
+
+def _finish(token_id: int, text: str, eos: set[int], request: GenerationRequest, n: int) -> str | None:
+    if token_id in eos:
+        return "eos"
+    if any(s and s in text for s in request.stop):
+        return "stop"
+    if n >= request.max_new_tokens:
+        return "length"
+    return None
+
+
+def _trim_stop(text: str, stops: tuple[str, ...]) -> str:
+    cut = min((text.index(s) for s in stops if s and s in text), default=len(text))
+    return text[:cut]

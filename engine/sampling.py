@@ -1,0 +1,44 @@
+"""From logits to a token: temperature, top-k, top-p, then a seeded draw (or argmax at temperature 0).
+
+The same filtering runs on torch tensors in the decode loop and on stored numpy logits when a page
+re-draws a distribution after a slider moves, so the two can never disagree.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
+                    top_p: float = 1.0) -> torch.Tensor:
+    """logits: (..., V) -> probabilities (..., V) after temperature, top-k and top-p (nucleus) filtering."""
+    logits = logits.float() / max(temperature, 1e-5)
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly above each token
+        sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+           generator: torch.Generator | None) -> tuple[int, torch.Tensor]:
+    """logits: (V,) -> (token id, the probabilities it was drawn from). Temperature 0 is greedy."""
+    assert logits.dim() == 1, logits.shape
+    if temperature <= 0:
+        probs = logits_to_probs(logits, 1.0, top_k, top_p)
+        return int(torch.argmax(logits)), probs
+    probs = logits_to_probs(logits, temperature, top_k, top_p)
+    return int(torch.multinomial(probs, 1, generator=generator)), probs
+
+
+def filter_probs(logits: np.ndarray, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+    """numpy twin of `logits_to_probs` for stored logits (no model run); temperature 0 shows T=1."""
+    probs = logits_to_probs(torch.from_numpy(np.asarray(logits, dtype=np.float32)),
+                            temperature if temperature > 0 else 1.0, top_k, top_p)
+    return probs.numpy()
