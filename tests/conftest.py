@@ -1,0 +1,66 @@
+"""Shared fixtures: a tiny Llama whose random weights the tests write themselves, loaded by the real loader."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+TINY_CONFIG = dict(
+    vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+    rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+)
+
+
+def write_tiny_tokenizer(folder: Path, vocab_size: int) -> None:
+    """A word-level tokenizer over a fixed vocabulary, saved as tokenizer.json (no download)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(vocab_size - 4)]
+    vocab = {w: i for i, w in enumerate(words)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>",
+                                  unk_token="<unk>", pad_token="<pad>")
+    tok.save_pretrained(folder)
+
+
+def write_tiny_llama(folder: Path, seed: int = 0, **overrides) -> Path:
+    """Random-weight LlamaForCausalLM saved as safetensors with its tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(**{**TINY_CONFIG, **overrides})
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(folder, safe_serialization=True)
+    write_tiny_tokenizer(folder, config.vocab_size)
+    return folder
+
+
+def tiny_prompt(n: int = 12, seed: int = 0) -> str:
+    """A prompt of n known words for the tiny tokenizer (w-words only)."""
+    g = torch.Generator().manual_seed(seed)
+    return " ".join(f"w{int(i)}" for i in torch.randint(0, 80, (n,), generator=g))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tiny_model_dir):
+    from engine.loader import load_model
+
+    return load_model(str(tiny_model_dir), device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def smol_lm():
+    """The embedded SmolLM2-135M-Instruct (slow tests only)."""
+    from engine.loader import load_model
+
+    return load_model("default", device="cpu")
