@@ -225,9 +225,15 @@ def _residual_hook(i: int):
         capture = kwargs.get(CAPTURE_KWARG)
         if capture is not None:
             capture.on_residual(i, output[0] if isinstance(output, tuple) else output)
+    hook.playground_point = f"model.layers.{i}"  # marks our hooks apart from transformers' own
     return hook
 
 
 def count_hooks(model: Any) -> int:
-    """Forward/pre-forward hooks currently attached anywhere in the model (0 outside a run)."""
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    """Playground hooks attached anywhere in the model: 0 outside a run.
+
+    transformers v5 installs output-recording hooks of its own on first use; those are not ours.
+    """
+    return sum(hasattr(hook, "playground_point")
+               for m in model.modules()
+               for hook in (*m._forward_hooks.values(), *m._forward_pre_hooks.values()))
