@@ -137,14 +137,15 @@ def pick_token(lm: LoadedModel, logits: torch.Tensor, request: GenerationRequest
     token_id, probs = sample(logits, request.temperature, request.top_k, request.top_p, generator)
     top = torch.topk(probs, TOP_CANDIDATES)
     kept = torch.topk(logits.float(), min(KEEP_LOGITS, logits.shape[-1]))
-    decode = lm.tokenizer.decode
-    candidates = [Candidate(i, decode([i]), p) for i, p in zip(top.indices.tolist(), top.values.tolist())]
+    top_ids = top.indices.tolist()
+    texts = lm.tokenizer.batch_decode([[i] for i in top_ids])
+    candidates = [Candidate(i, t, p) for i, t, p in zip(top_ids, texts, top.values.tolist())]
     return SampledToken(token_id, stream.push(token_id), float(probs[token_id]), candidates,
                         kept.indices.cpu().numpy(), kept.values.cpu().numpy())
 
 
 def prompt_pieces(lm: LoadedModel, ids: list[int]) -> list[Piece]:
-    return [Piece(i, lm.tokenizer.decode([i])) for i in ids]
+    return [Piece(i, text) for i, text in zip(ids, lm.tokenizer.batch_decode([[i] for i in ids]))]
 
 
 def generate(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy = CAPTURE_OFF,
