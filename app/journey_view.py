@@ -1,0 +1,136 @@
+"""Components of the journey page: the input as tokens and shapes, the streaming answer with its
+metrics and timeline, and the per-token views (distribution, logit lens) drawn from a stored run.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import streamlit as st
+
+from app import charts
+from app.controls import Prepared, Sampling
+from app.format import fmt_ms, fmt_rate, plot_text, visible
+from app.run import Run, Throttle
+from app.tokens import chars_per_token, chips_figure, special_mask
+from app.view import ChartSlot, plot
+from engine.loader import LoadedModel
+from engine.sampling import filter_probs
+
+MAX_CHIPS = 300
+TOP_SHOWN = 12
+
+
+def tokenization_section(lm: LoadedModel, prepared: Prepared) -> None:
+    """The model input as chips with ids, and how many characters each token carries."""
+    ids = prepared.ids
+    if not ids:
+        st.caption("Type a prompt to see its tokens.")
+        return
+    special = special_mask(ids, prepared.prompt_ids, set(lm.tokenizer.all_special_ids))
+    texts = [lm.tokenizer.decode([i]) for i in ids[:MAX_CHIPS]]
+    ratio = chars_per_token(prepared.request.prompt, len(prepared.prompt_ids))
+    cols = st.columns(3)
+    cols[0].metric("Tokens the model reads", f"{len(ids):,}")
+    cols[1].metric("Of which chat template", f"{sum(special):,}")
+    cols[2].metric("Characters per token (prompt)", f"{ratio:.2f}")
+    plot(chips_figure(texts, ids[:MAX_CHIPS], special[:MAX_CHIPS]), key="journey.chips")
+    note = "Grey chips are the chat template and special tokens; the number under each chip is its id."
+    if len(ids) > MAX_CHIPS:
+        note += f" Showing the first {MAX_CHIPS} of {len(ids):,} tokens."
+    st.caption(note)
+
+
+def shapes_section(lm: LoadedModel, n_tokens: int) -> None:
+    spec = lm.spec
+    plot(charts.shapes_figure(spec, max(n_tokens, 1)), key="journey.shapes")
+    st.caption(f"Shapes for this prompt ({max(n_tokens, 1):,} tokens) through {lm.label}: {spec.n_heads} query heads "
+               f"share {spec.n_kv_heads} K/V heads ({spec.group_size} per group), head size {spec.head_dim}. "
+               "At each later step only one new position goes through, and K and V of the earlier ones come "
+               "from the cache.")
+
+
+class ResultView:
+    """Placeholders for the answer, the live metrics and the timeline, filled while streaming and after."""
+
+    def __init__(self) -> None:
+        self.status = st.empty()
+        cols = st.columns(5)
+        self.metric_boxes = [c.empty() for c in cols]
+        self.answer = st.empty()
+        self.note = st.empty()
+        self.timeline = ChartSlot("journey.timeline")
+        self.throttle = Throttle(0.5)
+
+    def update(self, run: Run, final: bool = False) -> None:
+        self.status.caption(status_line(run))
+        m = run.metrics()
+        values = [("Time to first token", fmt_ms(m.ttft)), ("Inter-token latency", fmt_ms(m.itl)),
+                  ("Decode speed", fmt_rate(m.tokens_per_second)), ("Prompt tokens", f"{m.prompt_tokens:,}"),
+                  ("Generated tokens", f"{m.generated_tokens:,}")]
+        for box, (label, value) in zip(self.metric_boxes, values):
+            box.metric(label, value)
+        self.answer.text(run.text or "…")
+        if run.capture_note:
+            self.note.caption(run.capture_note)
+        if run.prefill is not None and (final or self.throttle()):
+            self.timeline.plot(charts.timeline_figure(run.step_seconds()))
+
+
+def status_line(run: Run) -> str:
+    status = run.status
+    if status == "running":
+        return f"Generating with {run.model}…"
+    if status == "stopped":
+        return f"Stopped after {len(run.tokens)} tokens; what streamed so far is kept below."
+    reason = {"eos": "the model ended its answer", "length": "the token limit was reached",
+              "stop": "a stop string appeared"}.get(run.done.finish_reason, run.done.finish_reason)
+    return f"Done: {reason}. {run.done.total_seconds:.2f} s in total."
+
+
+def token_picker(run: Run) -> int:
+    """Choose one generated token; the key carries the run id so a new run starts at its first token."""
+    texts = [t.text for t in run.tokens]
+    return st.select_slider("Generated token", options=list(range(len(texts))), key=f"journey.token.{run.id}",
+                            format_func=lambda i: f"{i}: {visible(texts[i])[:20]}")
+
+
+def redraw(logit_ids: np.ndarray, logits: np.ndarray, sampling: Sampling) -> tuple[np.ndarray, np.ndarray]:
+    """Probabilities of the kept candidates under the sliders' settings, most likely first."""
+    probs = filter_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+    order = np.argsort(-logits)
+    return logit_ids[order], probs[order]
+
+
+def distribution_section(run: Run, index: int, sampling: Sampling, decode: Callable[[list[int]], str]) -> None:
+    token = run.tokens[index]
+    ids, probs = redraw(token.logit_ids, token.logits, sampling)
+    shown = list(range(min(TOP_SHOWN, len(ids))))
+    where = np.nonzero(ids == token.id)[0]
+    if where.size and where[0] >= TOP_SHOWN:
+        shown.append(int(where[0]))
+    labels = [f"{plot_text(decode([int(ids[i])]), 16)} ({int(ids[i])})" for i in shown]
+    chosen = shown.index(int(where[0])) if where.size and int(where[0]) in shown else None
+    plot(charts.distribution_figure(labels, probs[shown], chosen), key=f"journey.dist.{run.id}.{index}")
+    req = run.request
+    st.caption(f"Re-drawn from the {len(ids)} largest logits stored with this token, at the sliders' settings "
+               f"(temperature {sampling.temperature:g}, top-k {sampling.top_k or 'off'}, top-p {sampling.top_p:g}); "
+               f"no model run. The answer was generated at temperature {req.temperature:g}, top-k "
+               f"{req.top_k or 'off'}, top-p {req.top_p:g}, where the chosen token (orange) had "
+               f"p = {token.prob:.1%}. Temperature 0 is drawn as 1.")
+
+
+def lens_section(run: Run, index: int, decode: Callable[[list[int]], str]) -> None:
+    captures = run.captures(index)
+    if not any(c.lens for c in captures.values()):
+        st.info("Nothing was captured for this token (capture was off for this run).")
+        return
+    token = run.tokens[index]
+    left, right = st.columns([3, 2])
+    with left:
+        plot(charts.lens_figure(captures, decode, token.id), key=f"journey.lens.{run.id}.{index}")
+    with right:
+        plot(charts.resid_norm_figure(captures), key=f"journey.norm.{run.id}.{index}")
+    st.caption("Left: what the model would predict if it stopped after each layer (the residual stream sent "
+               "through the final norm and the LM head), top 5, the generated token in bold. Right: the size of "
+               "the residual stream leaving each layer at that position.")

@@ -1,0 +1,207 @@
+"""Sections of the KV-cache page: the live cache of a real run, the users calculator, GQA against MHA,
+and the paging simulation. Numbers come from engine/card.py, engine/projection.py and engine/paging.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import streamlit as st
+
+from app import kv_charts as charts
+from app.format import fmt_bytes, fmt_tokens, parse_tokens
+from app.run import Run, Throttle
+from app.view import ChartSlot, plot
+from engine.card import kv_bytes_per_token, weight_bytes
+from engine.paging import PagingConfig, compare
+from engine.projection import gpu_memory_bytes, users_table, users_that_fit
+from engine.specs import GPU_PRESETS, MODEL_PRESETS, ModelSpec, dtype_bytes
+
+CALC_MODELS = ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b")
+CACHE_DTYPES = {"BF16": "bf16", "FP8": "fp8", "INT4": "int4"}
+CONTEXT_OPTIONS = (1024, 2048, 4096, 8192, 10240, 16384, 32768, 65536, 102400, 131072)
+CONTEXT_PRESETS = (1024, 10240, 102400, 131072)
+CTX, CTX_TEXT, CTX_SLIDER, CTX_ERROR = "kv.context", "kv.context_text", "kv.context_slider", "kv.context_error"
+
+
+def formula_text(spec: ModelSpec, dtype: str) -> str:
+    """2 x layers x kv_heads x head_dim x bytes, with the numbers filled in."""
+    b = dtype_bytes(dtype)
+    total = kv_bytes_per_token(spec, dtype)
+    return (f"2 (K and V) × {spec.n_layers} layers × {spec.n_kv_heads} KV heads × {spec.head_dim} dims × "
+            f"{b:g} bytes ({dtype}) = {total:,.0f} bytes per token")
+
+
+class GrowthView:
+    """The real cache of a run, redrawn while it streams."""
+
+    def __init__(self, spec: ModelSpec, dtype: str):
+        self.per_token = kv_bytes_per_token(spec, dtype)
+        self.chart = ChartSlot("kv.growth")
+        self.line = st.empty()
+        self.throttle = Throttle(0.4)
+
+    def update(self, run: Run, final: bool = False) -> None:
+        states = run.cache_states()
+        if not states or not (final or self.throttle()):
+            return
+        self.chart.plot(charts.growth_figure(states, self.per_token))
+        last = states[-1]
+        measured = last.bytes / last.length if last.length else 0
+        verdict = "matches the formula" if abs(measured - self.per_token) < 0.5 else "differs from the formula"
+        self.line.text(f"{last.length:,} tokens cached: {fmt_bytes(last.bytes)} in {len(last.bytes_per_layer)} "
+                       f"layers = {measured:,.0f} bytes per token, measured on the cache object; {verdict}.")
+
+
+# --- the calculator ---------------------------------------------------------------------------------------
+
+def set_context(tokens: int) -> None:
+    """Keep the three context widgets (slider, presets, typed value) in step."""
+    st.session_state[CTX] = tokens
+    st.session_state[CTX_TEXT] = fmt_tokens(tokens)
+    st.session_state[CTX_SLIDER] = min(CONTEXT_OPTIONS, key=lambda c: abs(c - tokens))
+    st.session_state[CTX_ERROR] = None
+
+
+def context_from_text() -> None:
+    try:
+        set_context(parse_tokens(st.session_state[CTX_TEXT]))
+    except ValueError as err:
+        st.session_state[CTX_ERROR] = str(err)
+
+
+def context_from_slider() -> None:
+    set_context(st.session_state[CTX_SLIDER])
+
+
+def context_input() -> int:
+    """A slider, preset buttons and a typed value (1K to 128K) for one context length."""
+    if CTX not in st.session_state:
+        set_context(8192)
+    st.select_slider("Context length per user (tokens)", options=CONTEXT_OPTIONS, format_func=fmt_tokens,
+                     key=CTX_SLIDER, on_change=context_from_slider)
+    cols = st.columns([1, 1, 1, 1, 3])
+    for col, tokens in zip(cols, CONTEXT_PRESETS):
+        col.button(fmt_tokens(tokens), key=f"kv.preset.{tokens}", on_click=set_context, args=(tokens,),
+                   width="stretch")
+    cols[-1].text_input("Or type a length (1K to 128K)", key=CTX_TEXT, on_change=context_from_text,
+                        label_visibility="collapsed", placeholder="e.g. 24K or 24576")
+    if st.session_state.get(CTX_ERROR):
+        cols[-1].error(st.session_state[CTX_ERROR])
+    return int(st.session_state[CTX])
+
+
+@dataclass(frozen=True)
+class Choice:
+    spec: ModelSpec
+    kv_dtype: str
+    weight_dtype: str
+    gpu_key: str
+    context: int
+
+
+def calculator_inputs(loaded: ModelSpec, label: str) -> Choice:
+    specs = {"loaded": loaded, **{k: MODEL_PRESETS[k] for k in CALC_MODELS}}
+    names = {"loaded": f"{label} (loaded)", **{k: MODEL_PRESETS[k].name for k in CALC_MODELS}}
+    cols = st.columns(4)
+    model = cols[0].selectbox("Model", list(specs), index=1, format_func=names.get, key="kv.model")
+    kv = cols[1].segmented_control("Cache dtype", list(CACHE_DTYPES), default="BF16", key="kv.cache_dtype",
+                                   required=True)
+    weights = cols[2].segmented_control("Weights dtype", list(CACHE_DTYPES), default="BF16", key="kv.weight_dtype",
+                                        required=True)
+    gpu = cols[3].selectbox("GPU", list(GPU_PRESETS), format_func=lambda k: GPU_PRESETS[k].name, key="kv.gpu")
+    context = context_input()
+    return Choice(specs[model], CACHE_DTYPES[kv or "BF16"], CACHE_DTYPES[weights or "BF16"], gpu, context)
+
+
+def calculator_section(choice: Choice) -> None:
+    spec, gpu = choice.spec, GPU_PRESETS[choice.gpu_key]
+    per_token = kv_bytes_per_token(spec, choice.kv_dtype)
+    weights = weight_bytes(spec, choice.weight_dtype)
+    memory = gpu_memory_bytes(gpu)
+    users = users_that_fit(spec, gpu, choice.context, choice.weight_dtype, choice.kv_dtype)
+    cols = st.columns(5)
+    cols[0].metric("KV cache per token", fmt_bytes(per_token, binary=True))
+    cols[1].metric(f"Cache per user at {fmt_tokens(choice.context)}", fmt_bytes(per_token * choice.context, binary=True))
+    cols[2].metric("Weights", fmt_bytes(weights))
+    cols[3].metric("Left for the cache", fmt_bytes(max(0.0, memory - weights), binary=True))
+    cols[4].metric("Users that fit", f"{users:,}")
+    st.text(formula_text(spec, choice.kv_dtype))
+    if weights > memory:
+        st.warning(f"The weights alone ({fmt_bytes(weights)}) do not fit in one {gpu.name} ({fmt_bytes(memory)}): "
+                   "this model needs several GPUs or fewer bytes per weight.")
+    if choice.context > spec.max_context:
+        st.warning(f"{spec.name} reads at most {fmt_tokens(spec.max_context)} tokens; longer contexts are shown "
+                   "for comparison only.")
+    users_table_section(choice)
+
+
+def users_table_section(choice: Choice) -> None:
+    gpu = GPU_PRESETS[choice.gpu_key]
+    contexts = sorted(set(CONTEXT_OPTIONS) | {choice.context})
+    rows = users_table(choice.spec, gpu, choice.kv_dtype, choice.weight_dtype, contexts)
+    left, right = st.columns([2, 3])
+    left.dataframe({"context": [fmt_tokens(r.context) for r in rows],
+                    "cache per user": [fmt_bytes(r.kv_bytes_per_user, binary=True) for r in rows],
+                    "users": [r.users for r in rows]}, hide_index=True, key="kv.users_table")
+    with right:
+        plot(charts.users_figure([r.context for r in rows], [r.users for r in rows], choice.context),
+             key="kv.users_chart")
+    st.caption(f"{gpu.name}: {gpu.memory_gb:g} GB of memory (counted as GiB, the way the card reports it), minus "
+               "the weights, shared out as KV cache. Real servers also keep room for activations, so they fit a "
+               "little fewer.")
+
+
+def gqa_vs_mha_section(choice: Choice) -> None:
+    spec, gpu = choice.spec, GPU_PRESETS[choice.gpu_key]
+    mha = spec.with_full_mha()
+    per = (kv_bytes_per_token(spec, choice.kv_dtype), kv_bytes_per_token(mha, choice.kv_dtype))
+    users = (users_that_fit(spec, gpu, choice.context, choice.weight_dtype, choice.kv_dtype),
+             users_that_fit(mha, gpu, choice.context, choice.weight_dtype, choice.kv_dtype))
+    labels = (f"GQA ({spec.n_kv_heads} KV heads)", f"full MHA ({mha.n_kv_heads} KV heads)")
+    plot(charts.gqa_mha_figure(labels, per, users), key="kv.gqa_mha")
+    st.text(f"{spec.name}: {spec.n_heads} query heads share {spec.n_kv_heads} K/V heads, so the cache is "
+            f"{per[1] / per[0]:g}× smaller than with one K/V head per query head "
+            f"({fmt_bytes(per[0], binary=True)} against {fmt_bytes(per[1], binary=True)} per token); at "
+            f"{fmt_tokens(choice.context)} tokens that is {users[0]:,} users instead of {users[1]:,}.")
+
+
+# --- paged against contiguous ------------------------------------------------------------------------------
+
+def paging_inputs() -> PagingConfig:
+    cols = st.columns(5)
+    capacity = cols[0].select_slider("KV memory (tokens)", options=(16384, 32768, 65536, 131072), value=32768,
+                                     format_func=fmt_tokens, key="kv.paging.capacity")
+    max_len = cols[1].select_slider("Max length", options=(1024, 2048, 4096), value=2048, format_func=fmt_tokens,
+                                    key="kv.paging.max_len", help="What contiguous allocation reserves per request.")
+    block = cols[2].select_slider("Block size", options=(8, 16, 32, 64), value=16, key="kv.paging.block")
+    n = cols[3].number_input("Requests", 20, 600, 300, 10, key="kv.paging.n")
+    seed = cols[4].number_input("Seed", 0, 10_000, 0, 1, key="kv.paging.seed")
+    return PagingConfig(capacity_tokens=int(capacity), max_len=int(max_len), block_size=int(block),
+                        n_requests=int(n), seed=int(seed), prompt_max=min(512, int(max_len) // 2),
+                        output_max=min(512, int(max_len) // 2))
+
+
+def paging_section(config: PagingConfig) -> None:
+    try:
+        result = compare(config)
+    except ValueError as err:
+        st.error(str(err))
+        return
+    cont, paged = result.contiguous, result.paged
+    cols = st.columns(4)
+    cols[0].metric("Wasted, contiguous", f"{cont.waste_pct:.0f}%")
+    cols[1].metric("Wasted, paged", f"{paged.waste_pct:.1f}%")
+    cols[2].metric("Requests at once, paged vs contiguous", f"{paged.mean_running:.1f} vs {cont.mean_running:.1f}",
+                   delta=f"{paged.mean_running / cont.mean_running:.1f}× more" if cont.mean_running else None)
+    cols[3].metric("Steps to serve all", f"{paged.makespan:,} vs {cont.makespan:,}")
+    sample = result.requests[:6]
+    lengths = [r.prompt + max(1, r.output // 2) for r in sample]
+    plot(charts.block_map_figure(sample, lengths, config.max_len, config.block_size), key="kv.block_map")
+    st.caption(f"The first {len(sample)} requests halfway through their answers. Contiguous allocation reserves "
+               f"the maximum length for each; paging hands out blocks of {config.block_size} tokens as they grow, "
+               "so the same memory holds many more requests.")
+    plot(charts.paging_timeline_figure(result), key="kv.paging_timeline")
+    st.caption(f"{config.n_requests} requests (prompts {config.prompt_min}–{config.prompt_max} tokens, answers "
+               f"{config.output_min}–{config.output_max}) arriving at random into {fmt_tokens(config.capacity_tokens)} "
+               f"tokens of KV memory. Paging preempted {paged.preemptions} requests when memory ran out (they "
+               "were recomputed later).")

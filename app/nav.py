@@ -1,0 +1,35 @@
+"""The pages of the playground, in menu order, with the one line the home page says about each."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES_DIR = ROOT / "pages"
+
+
+@dataclass(frozen=True)
+class PageInfo:
+    script: str          # file name in pages/
+    title: str
+    icon: str
+    url_path: str
+    blurb: str
+
+    @property
+    def path(self) -> Path:
+        return PAGES_DIR / self.script
+
+
+HOME = PageInfo("home.py", "Home", ":material/home:", "", "What the playground shows.")
+PAGES: tuple[PageInfo, ...] = (
+    PageInfo("journey.py", "The journey of a request", ":material/route:", "journey",
+             "Tokens, the shapes a token takes through every layer, the answer streaming with its timings, "
+             "and each token's candidates and logit lens."),
+    PageInfo("attention.py", "Attention", ":material/grid_on:", "attention",
+             "Who attends to whom: per layer and head, all heads at once, sinks and distances, grouped-query "
+             "attention, and each new token's row during decoding."),
+    PageInfo("kv_cache.py", "The KV cache", ":material/memory:", "kv-cache",
+             "The cache growing token by token, what it costs per user on real GPUs, GQA against full "
+             "multi-head attention, and paged against contiguous allocation."),
+)

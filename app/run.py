@@ -1,0 +1,217 @@
+"""One generation as the pages see it: a `Run` that fills up record by record, and the single call
+site that drives the engine (`stream_generation`).
+
+The finished (or stopped) run of a session lives in `st.session_state[LAST_RUN]`: the journey page
+writes it, and the attention and KV-cache pages draw from the same run, so one generation can be
+looked at from every page. A `Run` holds only plain data (dataclasses of numbers, strings and
+numpy arrays), never the model, a module or a hook handle.
+
+The model is shared by every session, so a generation holds `lm.lock` from its first to its last
+token. The scheduler of a later issue replaces the body of `stream_generation`, nothing else.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from engine.generate import GenerationRequest, generate
+from engine.hooks import CAPTURE_OFF, CapturePolicy, LayerCapture
+from engine.loader import LoadedModel
+from engine.records import CacheState, DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
+from engine.specs import ModelSpec
+
+LAST_RUN = "last_run"                 # st.session_state key shared by all pages
+ATTENTION_BUDGET = 256 * 2**20        # bytes of attention probabilities one run may capture
+LOGIT_LENS_TOP = 5
+CAPTURED_BYTES = 4                    # the engine captures float32 probabilities
+
+
+@dataclass
+class Metrics:
+    ttft: float | None              # seconds
+    itl: float | None               # mean seconds per decode step
+    tokens_per_second: float | None
+    prompt_tokens: int
+    generated_tokens: int
+
+
+@dataclass
+class Run:
+    """A generation as it streams: the request, how it was captured, and its records so far."""
+
+    model: str
+    spec: ModelSpec
+    request: GenerationRequest
+    policy: CapturePolicy
+    capture_note: str | None = None
+    prefill: PrefillRecord | None = None
+    steps: list[DecodeRecord] = field(default_factory=list)
+    done: DoneRecord | None = None
+    live: bool = True
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    started: float = field(default_factory=time.time)
+
+    def add(self, record: Record) -> None:
+        if isinstance(record, PrefillRecord):
+            self.prefill = record
+        elif isinstance(record, DecodeRecord):
+            self.steps.append(record)
+        elif isinstance(record, DoneRecord):
+            self.done = record
+
+    @property
+    def status(self) -> str:
+        """'running', 'done', or 'stopped' (interrupted before its DoneRecord)."""
+        if self.done is not None:
+            return "stopped" if self.done.finish_reason == "cancelled" else "done"
+        return "running" if self.live else "stopped"
+
+    @property
+    def tokens(self) -> list[SampledToken]:
+        """Generated tokens in order: the one prefill produced, then one per decode step."""
+        first = [self.prefill.token] if self.prefill else []
+        return first + [s.token for s in self.steps]
+
+    @property
+    def text(self) -> str:
+        return self.done.text if self.done else "".join(t.text for t in self.tokens)
+
+    @property
+    def prompt_texts(self) -> list[str]:
+        return [p.text for p in self.prefill.prompt] if self.prefill else []
+
+    @property
+    def n_prompt(self) -> int:
+        return len(self.prefill.prompt) if self.prefill else 0
+
+    def position_texts(self) -> list[str]:
+        """Text of every cached position: the prompt, then each generated token that was fed back."""
+        fed = [t.text for t in self.tokens[:-1]]
+        return self.prompt_texts + fed
+
+    def captures(self, index: int) -> dict[int, LayerCapture]:
+        """What the forward pass that produced generated token `index` captured."""
+        if index == 0:
+            return self.prefill.captures if self.prefill else {}
+        return self.steps[index - 1].captures
+
+    def cache_states(self) -> list[CacheState]:
+        first = [self.prefill.cache] if self.prefill else []
+        return first + [s.cache for s in self.steps]
+
+    def step_seconds(self) -> list[float]:
+        """Durations: prefill first, then each decode step."""
+        first = [self.prefill.seconds] if self.prefill else []
+        return first + [s.seconds for s in self.steps]
+
+    def metrics(self) -> Metrics:
+        decode = [s.seconds for s in self.steps]
+        return Metrics(
+            ttft=self.prefill.seconds if self.prefill else None,
+            itl=float(np.mean(decode)) if decode else None,
+            tokens_per_second=len(decode) / sum(decode) if decode and sum(decode) > 0 else None,
+            prompt_tokens=self.n_prompt,
+            generated_tokens=len(self.tokens),
+        )
+
+
+# --- how much to capture -------------------------------------------------------------------------------
+
+def attention_bytes(spec: ModelSpec, n_prompt: int, max_new: int, matrix: bool) -> int:
+    """Bytes of attention probabilities one layer captures: the prefill rows plus one row per step."""
+    prefill_rows = n_prompt * n_prompt if matrix else n_prompt
+    decode_rows = sum(n_prompt + s for s in range(1, max_new))
+    return spec.n_heads * (prefill_rows + decode_rows) * CAPTURED_BYTES
+
+
+def spread_layers(n_layers: int, k: int) -> tuple[int, ...]:
+    """k layers spread over the depth (k=1: the middle one)."""
+    if k >= n_layers:
+        return tuple(range(n_layers))
+    if k == 1:
+        return (n_layers // 2,)
+    return tuple(sorted({round(i * (n_layers - 1) / (k - 1)) for i in range(k)}))
+
+
+def capture_policy(spec: ModelSpec, n_prompt: int, max_new: int, enabled: bool = True,
+                   budget: int = ATTENTION_BUDGET) -> tuple[CapturePolicy, str | None]:
+    """All layers and heads when the prompt is short; fewer layers, or last rows only, when it is long.
+
+    Returns the policy and, when something was left out, a sentence the page shows.
+    """
+    if not enabled:
+        return CAPTURE_OFF, "Capture is off: no attention maps, logit lens or norms for this run."
+    full = attention_bytes(spec, n_prompt, max_new, matrix=True)
+    if full * spec.n_layers <= budget:
+        return CapturePolicy(logit_lens=LOGIT_LENS_TOP), None
+    k = budget // full
+    if k >= 1:
+        layers = spread_layers(spec.n_layers, int(k))
+        note = (f"The prompt is long ({n_prompt:,} tokens), so full attention maps (and the logit lens) were kept "
+                f"for {len(layers)} of {spec.n_layers} layers ({', '.join(map(str, layers))}) to stay within "
+                f"{budget // 2**20} MiB.")
+        return CapturePolicy(layers=layers, logit_lens=LOGIT_LENS_TOP), note
+    rows = attention_bytes(spec, n_prompt, max_new, matrix=False)
+    layers = spread_layers(spec.n_layers, max(1, int(budget // rows)))
+    note = (f"The prompt is very long ({n_prompt:,} tokens): only the last query row of each step was kept, "
+            f"for {len(layers)} of {spec.n_layers} layers.")
+    return CapturePolicy(layers=layers, prefill_matrix=False, logit_lens=LOGIT_LENS_TOP), note
+
+
+def compact(record: Record) -> Record:
+    """Store captured attention as float16: half the session memory, more precision than a plot shows."""
+    for cap in getattr(record, "captures", {}).values():
+        if cap.attention is not None and cap.attention.dtype != np.float16:
+            cap.attention = cap.attention.astype(np.float16)
+    return record
+
+
+# --- the one call site that runs the model -------------------------------------------------------------
+
+def new_run(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy, note: str | None) -> Run:
+    return Run(model=lm.label, spec=lm.spec, request=request, policy=policy, capture_note=note)
+
+
+def stream_generation(lm: LoadedModel, run: Run, on_record: Callable[[Run], None],
+                      on_wait: Callable[[float], None] | None = None) -> Run:
+    """Run `run.request` on the shared model, calling `on_record(run)` after every record.
+
+    Holds the model's lock for the whole generation (other sessions wait, `on_wait(seconds)` is
+    called while this one waits). If `on_record` raises (Streamlit stops a script that way when the
+    user presses Stop or leaves the page) the generation is closed and the lock released at once.
+    """
+    waited = time.perf_counter()
+    while not lm.lock.acquire(timeout=0.25):
+        if on_wait is not None:
+            on_wait(time.perf_counter() - waited)
+    try:
+        records = generate(lm, run.request, run.policy)
+        try:
+            for record in records:
+                run.add(compact(record))
+                on_record(run)
+        finally:
+            records.close()
+    finally:
+        run.live = False
+        lm.lock.release()
+    return run
+
+
+class Throttle:
+    """True at most once per `interval` seconds (and always for the first and the forced call)."""
+
+    def __init__(self, interval: float):
+        self.interval, self.last = interval, -float("inf")
+
+    def __call__(self, force: bool = False) -> bool:
+        now = time.perf_counter()
+        if force or now - self.last >= self.interval:
+            self.last = now
+            return True
+        return False
+
