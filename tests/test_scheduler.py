@@ -1,0 +1,241 @@
+"""The scheduler: many sessions share one tiny model; each gets exactly its own tokens and captures."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import tiny_prompt
+from engine.errors import EngineError, InvalidRequestError, QueueFullError, RequestTimeoutError
+from engine.generate import GenerationRequest, generate
+from engine.hooks import CAPTURE_ALL, CAPTURE_OFF, CapturePolicy, count_hooks
+from engine.limits import Limits
+from engine.records import DecodeRecord, DoneRecord, PrefillRecord
+from engine.scheduler import Scheduler, SessionLimitError, scheduler_for
+
+POLICY = CapturePolicy(layers=(0, 2), logit_lens=3)
+
+
+def request(seed: int, new: int = 12, **kw) -> GenerationRequest:
+    return GenerationRequest(tiny_prompt(8 + seed % 5, seed=seed), max_new_tokens=new, chat=False, **kw)
+
+
+def long_request(lm, new: int = 200) -> GenerationRequest:
+    """A request that runs to its full length (no EOS on the way), found by trying prompts."""
+    for seed in range(50):
+        if alone(lm, request(seed, new=new), CAPTURE_OFF)[-1].finish_reason == "length":
+            return request(seed, new=new)
+    raise AssertionError("every prompt hit EOS early")
+
+
+@pytest.fixture
+def make_scheduler(tiny_lm):
+    made = []
+
+    def make(**limits) -> Scheduler:
+        made.append(Scheduler(tiny_lm, Limits(**limits)))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()
+    assert count_hooks(tiny_lm.model) == 0
+
+
+def token_ids(records) -> list[int]:
+    return [r.token.id for r in records if isinstance(r, (PrefillRecord, DecodeRecord))]
+
+
+def alone(lm, req, policy=POLICY):
+    with lm.lock:
+        return list(generate(lm, req, policy))
+
+
+def same_captures(a, b) -> bool:
+    if a.keys() != b.keys():
+        return False
+    return all(np.array_equal(a[i].attention, b[i].attention) and a[i].lens == b[i].lens for i in a)
+
+
+def test_concurrent_sessions_each_get_exactly_their_own_tokens_and_captures(tiny_lm, make_scheduler):
+    scheduler = make_scheduler()
+    seeds = list(range(6))
+    results: dict[int, list] = {}
+
+    def session(seed: int) -> None:
+        handle = scheduler.submit(request(seed), POLICY, session=f"s{seed}")
+        results[seed] = handle.result(timeout=120)
+
+    threads = [threading.Thread(target=session, args=(s,)) for s in seeds]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == seeds
+    texts = set()
+    for seed in seeds:
+        ref = alone(tiny_lm, request(seed))
+        got = results[seed]
+        assert token_ids(got) == token_ids(ref)
+        assert got[-1].text == ref[-1].text
+        texts.add(got[-1].text)
+        for g, r in zip(got[:-1], ref[:-1]):
+            assert g.cache.length == r.cache.length
+            assert same_captures(g.captures, r.captures)
+    assert len(texts) > 1   # different prompts gave different answers: the check above can tell them apart
+
+
+def test_waiting_sessions_see_their_position_and_an_estimated_wait(make_scheduler):
+    scheduler = make_scheduler()
+    first = scheduler.submit(request(0, new=30), CAPTURE_OFF)
+    first.result(timeout=60)                       # one finished request gives the estimate something to use
+    handles = [scheduler.submit(request(s, new=30), CAPTURE_OFF) for s in range(1, 5)]
+    statuses = [h.status() for h in handles]
+    queued = [s for s in statuses if s.state == "queued"]
+    assert [s.position for s in queued] == list(range(1, len(queued) + 1))
+    assert all(s.estimated_wait is not None and s.estimated_wait >= 0 for s in queued)
+    assert [s.estimated_wait for s in queued] == sorted(s.estimated_wait for s in queued)
+    seen = []
+    last = list(handles[-1].records(on_wait=seen.append, poll=0.01))
+    assert isinstance(last[-1], DoneRecord)
+    waiting = [s.position for s in seen if s.state == "queued"]
+    assert waiting and waiting == sorted(waiting, reverse=True) and waiting[-1] >= 1   # it moved up the queue
+    for h in handles:
+        h.result(timeout=60)
+    assert all(h.state == "done" for h in handles)
+    assert scheduler.stats().served == 5
+
+
+def test_cancel_a_queued_and_a_running_request(tiny_lm, make_scheduler):
+    scheduler = make_scheduler()
+    running = scheduler.submit(long_request(tiny_lm, 200), CAPTURE_OFF)
+    queued = scheduler.submit(request(1), CAPTURE_OFF)
+    assert queued.status().state == "queued"
+    queued.cancel()
+    assert queued.state == "cancelled" and queued.result(timeout=5) == []
+    first = running.get(timeout=30)                 # the prefill record: it is running
+    assert isinstance(first, PrefillRecord)
+    running.cancel()
+    rest = running.result(timeout=30)
+    assert isinstance(rest[-1], DoneRecord) and rest[-1].finish_reason == "cancelled"
+    assert rest[-1].generated_tokens < 200 and running.state == "cancelled"
+    after = scheduler.submit(request(2), CAPTURE_OFF).result(timeout=30)
+    assert token_ids(after) == token_ids(alone(tiny_lm, request(2), CAPTURE_OFF))
+
+
+def test_closing_the_record_iterator_cancels_the_request(tiny_lm, make_scheduler):
+    scheduler = make_scheduler()
+    handle = scheduler.submit(long_request(tiny_lm, 200), CAPTURE_OFF)
+    for _ in handle.records():
+        break                                         # a page that stopped reading (Stop button, left the page)
+    deadline = time.time() + 30
+    while not handle.done and time.time() < deadline:
+        time.sleep(0.02)
+    assert handle.state == "cancelled" and handle.tokens < 200
+
+
+def test_a_full_queue_refuses_with_a_message(make_scheduler):
+    scheduler = make_scheduler(max_queue=1)
+    running = scheduler.submit(request(0, new=100), CAPTURE_OFF)
+    running.get(timeout=30)                           # now running, so the queue is empty
+    waiting = scheduler.submit(request(1), CAPTURE_OFF)
+    with pytest.raises(QueueFullError, match="already waiting"):
+        scheduler.submit(request(2), CAPTURE_OFF)
+    assert scheduler.stats().refused == 1
+    for h in (running, waiting):
+        assert isinstance(h.result(timeout=60)[-1], DoneRecord)
+
+
+def test_a_request_over_the_wall_time_limit_is_stopped_with_a_message(tiny_lm, make_scheduler):
+    scheduler = make_scheduler(request_seconds=0.2)
+    handle = scheduler.submit(long_request(tiny_lm, 240), CAPTURE_ALL)
+    records = handle.result(timeout=60)
+    done = records[-1]
+    assert isinstance(done, DoneRecord) and done.finish_reason == "timeout"
+    assert isinstance(handle.error, RequestTimeoutError) and "time limit" in str(handle.error)
+    assert 1 <= done.generated_tokens < 240
+    assert scheduler.stats().timed_out == 1
+    assert count_hooks(tiny_lm.model) == 0
+    nxt = scheduler.submit(request(3), CAPTURE_OFF).result(timeout=30)
+    assert nxt[-1].finish_reason in ("length", "eos")
+
+
+def test_sessions_over_the_limit_are_refused_and_a_resubmit_replaces_the_old_request(make_scheduler):
+    scheduler = make_scheduler(max_sessions=2)
+    a = scheduler.submit(request(0, new=100), CAPTURE_OFF, session="a")
+    b = scheduler.submit(request(1), CAPTURE_OFF, session="b")
+    with pytest.raises(SessionLimitError, match="sessions"):
+        scheduler.submit(request(2), CAPTURE_OFF, session="c")
+    b2 = scheduler.submit(request(3), CAPTURE_OFF, session="b")       # same session again: replaces b
+    assert b.state == "cancelled"
+    assert isinstance(b2.result(timeout=60)[-1], DoneRecord)
+    a.result(timeout=60)
+    scheduler.leave("a")
+    scheduler.join("c")                                                 # a left, so c fits now
+
+
+def test_invalid_requests_are_refused_at_submit_and_nothing_is_queued(make_scheduler):
+    scheduler = make_scheduler()
+    for bad in (GenerationRequest("   "), GenerationRequest("w1", temperature=-1.0),
+                GenerationRequest("w1", max_new_tokens=0)):
+        with pytest.raises(InvalidRequestError):
+            scheduler.submit(bad)
+    assert scheduler.stats().refused == 3 and scheduler.stats().submitted == 0
+
+
+def test_a_failure_while_running_reaches_its_session_and_the_next_request_runs(tiny_lm, make_scheduler):
+    from engine.speculative import NgramDraft
+
+    scheduler = make_scheduler()
+    broken = scheduler.submit(request(0), CAPTURE_OFF, draft=NgramDraft(max_ngram=99))  # checked when it runs
+    with pytest.raises(EngineError, match="n-gram"):
+        list(broken.records())
+    assert broken.state == "failed"
+    ok = scheduler.submit(request(1), CAPTURE_OFF).result(timeout=30)
+    assert token_ids(ok) == token_ids(alone(tiny_lm, request(1), CAPTURE_OFF))
+    assert scheduler.stats().failed == 1
+
+
+def test_speculative_requests_through_the_scheduler_match_plain_greedy_text(tiny_lm, make_scheduler):
+    from engine.speculative import NgramDraft
+
+    scheduler = make_scheduler()
+    req = request(4, new=20)
+    records = scheduler.submit(req, CAPTURE_OFF, draft=NgramDraft(), k=3).result(timeout=60)
+    assert records[-1].text == alone(tiny_lm, req, CAPTURE_OFF)[-1].text
+    assert records[-1].k == 3
+
+
+def test_scheduler_for_returns_one_scheduler_per_model(tiny_lm):
+    assert scheduler_for(tiny_lm) is scheduler_for(tiny_lm)
+
+
+def test_load_of_many_sessions_loses_nothing(tiny_lm, make_scheduler):
+    """A short version of bench/load.py: 12 sessions at once, a queue of 8; each finishes or is refused."""
+    scheduler = make_scheduler(max_queue=8)
+    outcomes: dict[int, str] = {}
+    errors: list[BaseException] = []
+
+    def session(i: int) -> None:
+        try:
+            handle = scheduler.submit(request(i, new=8), CAPTURE_OFF, session=f"user{i}")
+            done = handle.result(timeout=120)[-1]
+            outcomes[i] = f"done:{done.finish_reason}" if isinstance(done, DoneRecord) else "no-done"
+        except QueueFullError as err:
+            outcomes[i] = "refused" if str(err) else "refused-silently"
+        except BaseException as err:  # noqa: BLE001 - the test reports any other exception
+            errors.append(err)
+
+    threads = [threading.Thread(target=session, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(outcomes) == list(range(12))
+    assert all(o in ("done:length", "done:eos", "refused") for o in outcomes.values())
+    stats = scheduler.stats()
+    assert stats.served + stats.refused == 12 and stats.queued == 0 and not stats.running
+    assert stats.served >= 9                           # one running plus a queue of 8 always fit
