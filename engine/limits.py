@@ -122,10 +122,9 @@ def capture_bytes(spec: ModelSpec, policy: CapturePolicy, n_prompt: int, max_new
         return 0
     layers = len(policy.layer_ids(spec.n_layers))
     heads = len(policy.head_ids(spec.n_heads))
-    final = n_prompt + max_new_tokens                       # keys seen by the last step
-    keys = (lambda t: min(t, policy.max_keys)) if policy.max_keys else (lambda t: t)
-    prefill = (n_prompt if policy.prefill_matrix else 1) * keys(n_prompt)
-    decode = (max_new_tokens - 1) * keys(final)
+    cap = policy.max_keys or n_prompt + max_new_tokens
+    prefill = (n_prompt if policy.prefill_matrix else 1) * min(n_prompt, cap)     # (T_q, T_k) at prefill
+    decode = sum(min(n_prompt + s, cap) for s in range(1, max_new_tokens))        # one row per decode step
     return layers * heads * (prefill + decode) * CAPTURED_BYTES
 
 
