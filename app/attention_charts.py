@@ -3,6 +3,8 @@ per-head summaries across layers, the grouped-query attention diagram and a deco
 """
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -102,7 +104,7 @@ def gqa_figure(n_heads: int, n_kv_heads: int, title: str) -> go.Figure:
                         line=dict(color=GROUP_COLORS[g % len(GROUP_COLORS)], width=1.4))
     label_q = n_heads <= 32
     fig.add_scatter(x=list(range(n_heads)), y=[1] * n_heads, mode="markers+text" if label_q else "markers",
-                    marker=dict(symbol="square", size=14 if n_heads <= 32 else 8,
+                    marker=dict(symbol="square", size=14 if n_heads <= 16 else 9,
                                 color=[GROUP_COLORS[g % len(GROUP_COLORS)] for g in groups]),
                     text=[str(h) for h in range(n_heads)], textposition="top center", textfont=dict(size=9),
                     hovertext=[f"query head {h} reads K/V head {g}" for h, g in enumerate(groups)], hoverinfo="text")
@@ -112,7 +114,7 @@ def gqa_figure(n_heads: int, n_kv_heads: int, title: str) -> go.Figure:
                     text=[f"KV {g}" for g in range(n_kv_heads)], textposition="bottom center",
                     hovertext=[f"K/V head {g}: shared by {size} query heads" for g in range(n_kv_heads)],
                     hoverinfo="text")
-    fig.update_layout(title=dict(text=plot_text(title, 80), font=dict(size=14)), showlegend=False, height=230,
+    fig.update_layout(title=dict(text=html.escape(title), font=dict(size=14)), showlegend=False, height=230,
                       margin=dict(l=10, r=10, t=40, b=10))
     fig.update_xaxes(visible=False, range=[-1, n_heads])
     fig.update_yaxes(visible=False, range=[-0.45, 1.3])

@@ -70,7 +70,8 @@ def scrubber_section(run: Run, layer: int, stretch: bool) -> None:
         st.caption("This run produced a single token, so there is no decode step to scrub through.")
         return
     texts = run.position_texts()
-    step = st.slider("Decode step", 1, len(run.steps), len(run.steps), key=f"attention.step.{run.id}")
+    step = 1 if len(run.steps) == 1 else st.slider("Decode step", 1, len(run.steps), len(run.steps),
+                                                   key=f"attention.step.{run.id}")
     row = att.step_row(run, layer, step)
     if row is None:
         st.caption("This layer was not captured at that step.")

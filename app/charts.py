@@ -22,60 +22,101 @@ def dims(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(f"{d:,}" for d in parts) + "]"
 
 
+CHAR_PX, LINE_PX = 6.8, 15     # monospace 11 px: one character wide, one line high
+GAP = 5                        # characters between boxes
+
+
 @dataclass(frozen=True)
 class Node:
-    x: float
-    y: float
-    w: float
-    h: float
     title: str
     lines: tuple[str, ...]
     color: str
 
+    @property
+    def width(self) -> int:
+        return max(len(self.title), *(len(line) for line in self.lines)) + 3
 
-def shape_nodes(spec: ModelSpec, tokens: int) -> list[Node]:
-    """The boxes of the forward pass, each with the real shapes of the loaded model."""
+    @property
+    def height(self) -> int:
+        return len(self.lines) + 2
+
+
+def shape_nodes(spec: ModelSpec, tokens: int) -> tuple[list[Node], list[Node]]:
+    """The boxes of the forward pass with the loaded model's real shapes: (the stack, what follows it)."""
     s = forward_shapes(spec, tokens)
     t, hd = tokens, spec.head_dim
-    attn = (f"Q  {spec.n_heads} heads × [{t:,}, {hd}]", f"K  {spec.n_kv_heads} heads × [{t:,}, {hd}]",
+    attn = ("RMSNorm", f"Q  {spec.n_heads} heads × [{t:,}, {hd}]", f"K  {spec.n_kv_heads} heads × [{t:,}, {hd}]",
             f"V  {spec.n_kv_heads} heads × [{t:,}, {hd}]", f"scores {dims(s['attention_scores'])}",
             f"heads joined {dims(s['attention_out'])}", f"W_O → {dims(s['o_proj'])}")
-    mlp = (f"gate {dims(s['mlp_gate_up'])}", f"up {dims(s['mlp_gate_up'])}", "SiLU(gate) × up",
+    mlp = ("RMSNorm", f"gate {dims(s['mlp_gate_up'])}", f"up   {dims(s['mlp_gate_up'])}", "SiLU(gate) × up",
            f"down → {dims(s['mlp_down'])}")
-    return [
-        Node(0.0, 0, 1.5, 2.2, "token ids", (dims(s["input_ids"]),), "#f1f1f1"),
-        Node(1.9, 0, 1.7, 2.2, "embedding", (f"table [{spec.vocab_size:,}, {spec.d_model}]",
-                                             dims(s["embedding"])), "#cfe8fc"),
-        Node(4.2, 0, 2.6, 3.6, "attention", ("RMSNorm", *attn), "#ffe3c2"),
-        Node(7.1, 0, 2.2, 3.6, "SwiGLU MLP", ("RMSNorm", *mlp), "#d8f5d0"),
-        Node(9.9, 0, 1.6, 2.2, "final norm", (dims(s["final_norm"]),), "#f6d5f2"),
-        Node(11.9, 0, 1.8, 2.2, "logits", ("last position", dims(s["logits"])), "#fff3b0"),
-        Node(14.1, 0, 1.8, 2.2, "probabilities", ("softmax", dims(s["probabilities"])), "#d9dcff"),
-        Node(16.3, 0, 1.4, 2.2, "next token", ("sample → 1 id",), "#c9f1ee"),
-    ]
+    top = [Node("token ids", (dims(s["input_ids"]),), "#f1f1f1"),
+           Node("embedding", (f"table [{spec.vocab_size:,}, {spec.d_model}]", f"→ {dims(s['embedding'])}"), "#cfe8fc"),
+           Node("attention", attn, "#ffe3c2"),
+           Node("SwiGLU MLP", mlp, "#d8f5d0")]
+    bottom = [Node("final norm", (dims(s["final_norm"]),), "#f6d5f2"),
+              Node("LM head → logits", ("last position only", dims(s["logits"])), "#fff3b0"),
+              Node("probabilities", ("softmax", dims(s["probabilities"])), "#d9dcff"),
+              Node("next token", ("sample → 1 id",), "#c9f1ee")]
+    return top, bottom
+
+
+def place_row(nodes: list[Node], x0: float, y_mid: float) -> list[tuple[Node, float, float]]:
+    """(node, left x, middle y) for boxes laid left to right from x0."""
+    out, x = [], x0
+    for n in nodes:
+        out.append((n, x, y_mid))
+        x += n.width + GAP
+    return out
+
+
+def draw_box(fig: go.Figure, node: Node, x: float, y: float) -> None:
+    h = node.height
+    fig.add_shape(type="rect", x0=x, x1=x + node.width, y0=y - h / 2, y1=y + h / 2, fillcolor=node.color,
+                  line=dict(color="#777", width=1), layer="below")
+    text = "<br>".join([f"<b>{node.title}</b>", *node.lines])
+    fig.add_annotation(x=x + node.width / 2, y=y, text=text, showarrow=False, align="center",
+                       font=dict(size=11, family="monospace"))
+
+
+def arrow(fig: go.Figure, x0: float, y0: float, x1: float, y1: float) -> None:
+    fig.add_annotation(x=x1, y=y1, ax=x0, ay=y0, xref="x", yref="y", axref="x", ayref="y", text="",
+                       showarrow=True, arrowhead=2, arrowwidth=1.3)
 
 
 def shapes_figure(spec: ModelSpec, tokens: int) -> go.Figure:
-    """ids -> embedding -> L x (attention, MLP) -> final norm -> logits -> probabilities -> token."""
-    nodes = shape_nodes(spec, tokens)
+    """ids -> embedding -> L x (attention, MLP) -> final norm -> logits -> probabilities -> token.
+
+    Laid out in character cells so the monospace text always fits its box; fixed pixel size.
+    """
+    top, bottom = shape_nodes(spec, tokens)
+    row1_mid = max(n.height for n in top) / 2 + 3
+    row2_mid = row1_mid + max(n.height for n in top) / 2 + 3 + max(n.height for n in bottom) / 2
+    placed = place_row(top, 1, row1_mid)
+    block_x0 = placed[2][1] - 1.5
+    placed2 = place_row(bottom, block_x0 + 1.5, row2_mid)
     fig = go.Figure()
-    for n in nodes:
-        fig.add_shape(type="rect", x0=n.x, x1=n.x + n.w, y0=-n.h / 2, y1=n.h / 2, fillcolor=n.color,
-                      line=dict(color="#777", width=1), layer="below")
-        body = "<br>".join(n.lines)
-        fig.add_annotation(x=n.x + n.w / 2, y=0, text=f"<b>{n.title}</b><br>{body}", showarrow=False,
-                           font=dict(size=11, family="monospace"), align="center")
-    for a, b in zip(nodes, nodes[1:]):
-        fig.add_annotation(x=b.x, y=0, ax=a.x + a.w, ay=0, xref="x", yref="y", axref="x", ayref="y",
-                           showarrow=True, arrowhead=2, arrowwidth=1.3, text="")
-    layer_x0, layer_x1 = nodes[2].x - 0.15, nodes[3].x + nodes[3].w + 0.15
-    fig.add_shape(type="rect", x0=layer_x0, x1=layer_x1, y0=-2.1, y1=2.3, line=dict(color="#444", dash="dash"))
-    fig.add_annotation(x=(layer_x0 + layer_x1) / 2, y=2.1, showarrow=False, font=dict(size=12),
-                       text=f"<b>× {spec.n_layers} layers</b>  residual stream [{tokens:,}, {spec.d_model}] "
-                            f"added back after each block")
-    fig.update_xaxes(visible=False, range=[-0.1, 17.8], fixedrange=True)
-    fig.update_yaxes(visible=False, range=[-2.2, 2.45], fixedrange=True)
-    fig.update_layout(height=300, margin=dict(l=0, r=0, t=0, b=0), plot_bgcolor="rgba(0,0,0,0)")
+    for row in (placed, placed2):
+        for node, x, y in row:
+            draw_box(fig, node, x, y)
+        for (a, ax, ay), (b, bx, by) in zip(row, row[1:]):
+            arrow(fig, ax + a.width, ay, bx, by)
+    mlp, mx, my = placed[3]
+    block_x1 = mx + mlp.width + 1.5
+    half = max(n.height for n in top) / 2 + 1
+    fig.add_shape(type="rect", x0=block_x0, x1=block_x1, y0=row1_mid - half, y1=row1_mid + half,
+                  line=dict(color="#444", dash="dash"))
+    fig.add_annotation(x=block_x0, y=row1_mid - half - 0.9, xanchor="left", showarrow=False, font=dict(size=12),
+                       text=f"<b>× {spec.n_layers} layers</b>, each adding to the residual stream "
+                            f"[{tokens:,}, {spec.d_model}]")
+    first2 = placed2[0]
+    arrow(fig, block_x0 + 4, row1_mid + half, first2[1] + 4, first2[2] - first2[0].height / 2)
+    width = max(block_x1, placed2[-1][1] + placed2[-1][0].width) + 1
+    height = row2_mid + max(n.height for n in bottom) / 2 + 1
+    fig.update_xaxes(visible=False, range=[0, width], fixedrange=True)
+    fig.update_yaxes(visible=False, range=[height, 0], fixedrange=True)
+    fig.update_layout(width=int(width * CHAR_PX), height=int(height * LINE_PX), margin=dict(l=0, r=0, t=0, b=0),
+                      plot_bgcolor="rgba(0,0,0,0)")
     return fig
 
 

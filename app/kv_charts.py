@@ -11,9 +11,6 @@ from app.format import fmt_bytes, fmt_tokens
 from engine.paging import PagingComparison, PagingRequest
 from engine.records import CacheState
 
-REQUEST_COLORS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d")
-
-
 def growth_figure(states: list[CacheState], bytes_per_token: float) -> go.Figure:
     """Bytes held by the real cache after each step, stacked by layer, against the formula's straight line."""
     xs = [0] + [s.length for s in states]
@@ -38,7 +35,7 @@ def users_figure(contexts: list[int], users: list[int], chosen: int) -> go.Figur
     fig = go.Figure(go.Bar(x=[fmt_tokens(c) for c in contexts], y=[max(u, 0.5) for u in users], marker_color=colors,
                            text=[f"{u:,}" for u in users], textposition="outside", cliponaxis=False,
                            hovertemplate="%{x} tokens: %{text} users<extra></extra>"))
-    fig.update_yaxes(type="log", title="users that fit")
+    fig.update_yaxes(type="log", title="users that fit", tickvals=[1, 10, 100, 1000, 10000])
     fig.update_xaxes(type="category", title="context per user (tokens)")
     fig.update_layout(height=340, margin=dict(l=0, r=0, t=20, b=0))
     return fig
@@ -57,32 +54,32 @@ def gqa_mha_figure(labels: tuple[str, str], per_token: tuple[float, float], user
     return fig
 
 
+def block_cells(used: int, max_len: int, block: int) -> list[float]:
+    """Per block of a max_len reservation: 1 = full, the used share for the last one, 0 = never needed."""
+    cells = []
+    for b in range(max_len // block):
+        filled = min(block, max(0, used - b * block))
+        cells.append(filled / block)
+    return cells
+
+
 def block_map_figure(requests: list[PagingRequest], lengths: list[int], max_len: int, block: int) -> go.Figure:
-    """The same requests in memory two ways: each reserving max_len (contiguous), or blocks of `block` (paged)."""
-    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.25, subplot_titles=(
-        f"contiguous: each request reserves {max_len:,} tokens", f"paged: blocks of {block} tokens, handed out as needed"))
-    x = 0
-    for i, (req, used) in enumerate(zip(requests, lengths)):
-        color = REQUEST_COLORS[i % len(REQUEST_COLORS)]
-        fig.add_bar(x=[used], base=[x], y=["memory"], orientation="h", marker_color=color, row=1, col=1,
-                    hovertext=f"request {req.rid}: {used:,} tokens used", hoverinfo="text")
-        fig.add_bar(x=[max_len - used], base=[x + used], y=["memory"], orientation="h", marker_color=color,
-                    opacity=0.22, row=1, col=1, hovertext=f"request {req.rid}: {max_len - used:,} reserved, unused",
-                    hoverinfo="text")
-        x += max_len
-    x, n_blocks = 0, 0
-    for i, (req, used) in enumerate(zip(requests, lengths)):
-        color = REQUEST_COLORS[i % len(REQUEST_COLORS)]
-        blocks = -(-used // block)
-        fig.add_bar(x=[block] * blocks, base=[x + b * block for b in range(blocks)], y=["memory"] * blocks,
-                    orientation="h", marker=dict(color=color, line=dict(color="white", width=0.6)), row=2, col=1,
-                    hovertext=f"request {req.rid}: {blocks} blocks for {used:,} tokens", hoverinfo="text")
-        x += blocks * block
-        n_blocks += blocks
-    total = len(requests) * max_len
-    fig.update_xaxes(range=[0, total], title="tokens of KV memory")
-    fig.update_yaxes(showticklabels=False)
-    fig.update_layout(height=280, barmode="overlay", showlegend=False, margin=dict(l=0, r=0, t=30, b=0))
+    """One row per request, one cell per block of `block` tokens across its max_len reservation.
+
+    Contiguous allocation holds the whole row; paging holds only the coloured cells (the last one
+    partly filled).
+    """
+    z = [block_cells(used, max_len, block) for used in lengths]
+    text = [[f"request {r.rid}, block {b}: {int(round(v * block))}/{block} tokens"
+             + ("" if v else " (reserved by contiguous, never used)") for b, v in enumerate(row)]
+            for r, row in zip(requests, z)]
+    fig = go.Figure(go.Heatmap(
+        z=z, y=[f"request {r.rid} ({u:,} tok)" for r, u in zip(requests, lengths)], text=text, hoverinfo="text",
+        xgap=1, ygap=3, zmin=0, zmax=1, showscale=False,
+        colorscale=[[0, "#e6e6e6"], [0.0001, "#cfe0fb"], [0.999, "#6a9ff0"], [1, "#2f6fd6"]]))
+    fig.update_xaxes(title=f"blocks of {block} tokens (a contiguous reservation is the whole row: {max_len:,} tokens)")
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(height=60 + 34 * len(requests), margin=dict(l=0, r=0, t=10, b=0))
     return fig
 
 

@@ -191,15 +191,19 @@ def paging_section(config: PagingConfig) -> None:
     cols = st.columns(4)
     cols[0].metric("Wasted, contiguous", f"{cont.waste_pct:.0f}%")
     cols[1].metric("Wasted, paged", f"{paged.waste_pct:.1f}%")
-    cols[2].metric("Requests at once, paged vs contiguous", f"{paged.mean_running:.1f} vs {cont.mean_running:.1f}",
-                   delta=f"{paged.mean_running / cont.mean_running:.1f}× more" if cont.mean_running else None)
-    cols[3].metric("Steps to serve all", f"{paged.makespan:,} vs {cont.makespan:,}")
+    cols[2].metric("Requests at once", f"{paged.mean_running:.1f} vs {cont.mean_running:.1f}",
+                   delta=f"{paged.mean_running / cont.mean_running:.1f}× more" if cont.mean_running else None,
+                   help="Mean number of requests held in memory, paged vs contiguous.")
+    cols[3].metric("Steps to serve all", f"{paged.makespan:,} vs {cont.makespan:,}",
+                   help="Decode steps until every request finished, paged vs contiguous.")
     sample = result.requests[:6]
     lengths = [r.prompt + max(1, r.output // 2) for r in sample]
     plot(charts.block_map_figure(sample, lengths, config.max_len, config.block_size), key="kv.block_map")
+    used = sum(-(-n // config.block_size) for n in lengths) * config.block_size
     st.caption(f"The first {len(sample)} requests halfway through their answers. Contiguous allocation reserves "
-               f"the maximum length for each; paging hands out blocks of {config.block_size} tokens as they grow, "
-               "so the same memory holds many more requests.")
+               f"the whole row for each ({len(sample) * config.max_len:,} tokens); paging hands out blocks of "
+               f"{config.block_size} tokens as they grow (blue), {used:,} tokens in all, so the same memory holds "
+               "many more requests.")
     plot(charts.paging_timeline_figure(result), key="kv.paging_timeline")
     st.caption(f"{config.n_requests} requests (prompts {config.prompt_min}–{config.prompt_max} tokens, answers "
                f"{config.output_min}–{config.output_max}) arriving at random into {fmt_tokens(config.capacity_tokens)} "

@@ -40,5 +40,5 @@ def render_sidebar(lm: LoadedModel | None) -> None:
             st.text(f"{model_choice().name}: not loaded")
             return
         st.text(lm.label)
-        st.table({"": [k for k, _ in model_rows(lm) + memory_rows(lm)],
-                  "value": [v for _, v in model_rows(lm) + memory_rows(lm)]})
+        lines = [f"{name}: **{value}**" for name, value in model_rows(lm) + memory_rows(lm)]
+        st.markdown("  \n".join(lines))  # our own names and numbers only, no user text

@@ -1,0 +1,231 @@
+"""End to end: start the app the way `make run` does, drive it in headless Chromium, save screenshots.
+
+Run with `pytest -m browser -s` to see the measured render time of the attention page on a
+2,000-token prompt. Screenshots land in tests/screenshots/ (git-ignored); timings in
+tests/screenshots/timings.json.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "tests" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+PAGES = [("", "Inference Playground"), ("journey", "The journey of a request"), ("attention", "Attention"),
+         ("kv-cache", "The KV cache")]
+LAST_TEXT = {"": "paged against contiguous allocation", "journey": "Nothing generated yet",
+             "attention": "Grouped-query attention:", "kv-cache": "Paging preempted"}
+LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 200   # ~2,000 tokens
+RENDER_LIMIT_S = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def python() -> str:
+    venv = ROOT / ".venv" / "bin" / "python"
+    return str(venv) if venv.exists() else sys.executable
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the app exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.read().strip() == b"ok":
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"the app did not answer within {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    """The app as `make run` starts it: python -m streamlit run app/main.py --server.headless true."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("app") / "streamlit.log"
+    cmd = [python(), "-m", "streamlit", "run", "app/main.py", "--server.address", "127.0.0.1",
+           "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM} (run `make browser`)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 4200})
+    pg = context.new_page()
+    yield pg
+    context.close()
+
+
+def wait_text(page, text: str, timeout_s: float = 60) -> None:
+    page.get_by_text(text, exact=False).first.wait_for(timeout=timeout_s * 1000)
+
+
+def wait_heading(page, text: str, timeout_s: float = 90) -> None:
+    """A cold start first shows only the sidebar; the page is there when its heading is."""
+    page.get_by_role("heading", name=text).first.wait_for(timeout=timeout_s * 1000)
+
+
+def wait_idle(page, timeout_s: float = 60) -> None:
+    """Until no script run is going (the 'running' status widget is gone) and every chart has drawn."""
+    page.wait_for_function(
+        """() => !document.querySelector('[data-testid="stStatusWidget"]') &&
+                 [...document.querySelectorAll('[data-testid="stPlotlyChart"]')]
+                   .every(c => c.querySelector('.main-svg'))""", timeout=timeout_s * 1000)
+
+
+def assert_no_exception(page) -> None:
+    errors = page.locator('[data-testid="stException"]')
+    assert errors.count() == 0, errors.first.inner_text()
+
+
+def shot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def set_number(page, label: str, value: int) -> None:
+    box = page.get_by_role("spinbutton", name=label).first
+    box.fill(str(value))
+    box.press("Enter")
+    wait_idle(page)
+
+
+def set_prompt(page, text: str) -> None:
+    box = page.get_by_role("textbox", name="Prompt").first
+    box.fill(text)
+    box.press("Control+Enter")
+    wait_idle(page)
+
+
+def button(page, name: str):
+    """A button of the page itself (Streamlit's status widget has a Stop button of its own)."""
+    return page.get_by_test_id("stMainBlockContainer").get_by_role("button", name=name)
+
+
+def go_to(page, title: str) -> None:
+    """Client-side navigation through the sidebar (keeps the session and its last run)."""
+    page.locator('[data-testid="stSidebarNav"]').get_by_text(title, exact=True).click()
+
+
+def record_timing(name: str, value: float) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = SHOTS / "timings.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[name] = round(value, 3)
+    path.write_text(json.dumps(data, indent=2))
+    print(f"\n{name}: {value:.2f}")
+
+
+@pytest.mark.parametrize("url_path,title", PAGES)
+def test_every_page_opens(app_url, page, url_path, title):
+    page.goto(f"{app_url}/{url_path}")
+    wait_heading(page, title)
+    wait_text(page, LAST_TEXT[url_path], 60)
+    wait_idle(page)
+    assert_no_exception(page)
+    shot(page, f"page-{url_path or 'home'}")
+
+
+def test_generate_stop_and_share_the_run(app_url, page):
+    page.goto(f"{app_url}/journey")
+    wait_heading(page, "The journey of a request")
+    set_number(page, "Max new tokens", 400)
+    button(page, "Generate").click()
+    button(page, "Stop").wait_for(timeout=60_000)
+    wait_text(page, "Generating with", 60)
+    button(page, "Stop").click()
+    wait_text(page, "Stopped after", 60)
+    wait_idle(page)
+    assert_no_exception(page)
+
+    set_number(page, "Max new tokens", 12)
+    button(page, "Generate").click()
+    wait_text(page, "Done:", 240)
+    wait_text(page, "Through the layers", 60)
+    wait_idle(page)
+    assert_no_exception(page)
+    assert page.get_by_text("Time to first token").count() >= 1
+    assert page.get_by_text("One token up close").count() == 1
+    assert page.locator(".js-plotly-plot").count() >= 5   # chips, shapes, timeline, distribution, lens
+    shot(page, "journey-generated")
+
+    go_to(page, "Attention")
+    wait_heading(page, "One head")
+    wait_text(page, "Grouped-query attention:", 60)
+    wait_idle(page)
+    assert_no_exception(page)
+    shot(page, "attention-generated")
+
+    go_to(page, "The KV cache")
+    wait_text(page, "matches the formula", 60)
+    wait_text(page, "Paging preempted", 60)
+    wait_idle(page)
+    assert_no_exception(page)
+    shot(page, "kv-cache-generated")
+
+
+def test_long_prompt_attention_renders_quickly(app_url, page):
+    page.goto(f"{app_url}/attention")
+    wait_heading(page, "Attention")
+    set_prompt(page, LONG_PROMPT)
+    set_number(page, "Max new tokens", 3)
+    button(page, "Generate").click()
+    wait_text(page, "is downsampled", 400)
+    wait_idle(page, 120)
+    assert_no_exception(page)
+    go_to(page, "Home")
+    wait_heading(page, "Inference Playground")
+    wait_idle(page)
+    start = time.perf_counter()
+    go_to(page, "Attention")
+    wait_text(page, "Decoding, one step at a time", 60)
+    wait_idle(page, 60)
+    page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 6",
+                           timeout=60_000)
+    seconds = time.perf_counter() - start
+    record_timing("attention_page_render_s_2000_tokens", seconds)
+    assert_no_exception(page)
+    shot(page, "attention-2000-tokens")
+    assert seconds < RENDER_LIMIT_S

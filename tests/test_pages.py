@@ -1,0 +1,267 @@
+"""Every page through streamlit.testing.v1.AppTest, on the tiny Llama the tests write themselves.
+
+The app reads its model from PLAYGROUND_MODEL; here that is the tiny model's folder, so a page
+runs a real generation through the real engine in well under a second.
+"""
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from conftest import TINY_CONFIG, tiny_prompt
+from app import attention as att
+from app.format import fmt_tokens, parse_tokens
+from app.run import capture_policy
+from engine.specs import MODEL_PRESETS
+
+MAIN = "../app/main.py"
+TIMEOUT = 60
+
+
+@pytest.fixture
+def app(tiny_model_dir, monkeypatch):
+    """The app on the tiny model, run once (home page)."""
+    monkeypatch.setenv("PLAYGROUND_MODEL", str(tiny_model_dir))
+    monkeypatch.setenv("PLAYGROUND_DEVICE", "cpu")
+    monkeypatch.setenv("PLAYGROUND_DTYPE", "float32")
+    return AppTest.from_file(MAIN, default_timeout=TIMEOUT).run()
+
+
+def open_page(at: AppTest, script: str) -> AppTest:
+    at.switch_page(f"../pages/{script}").run()
+    assert_clean(at)
+    return at
+
+
+def assert_clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def charts(at: AppTest) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def array(value) -> np.ndarray:
+    """A Plotly array from a figure's JSON: a plain list, or base64 'bdata' with dtype and shape."""
+    if isinstance(value, dict) and "bdata" in value:
+        flat = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+        shape = value.get("shape")
+        if isinstance(shape, str):
+            shape = [int(s) for s in shape.split(",")]
+        return flat.reshape(shape) if shape else flat
+    return np.array(value, dtype=float)
+
+
+def generate(at: AppTest, ns: str, prompt: str, max_new: int) -> AppTest:
+    at.text_area(key=f"{ns}.prompt").set_value(prompt)
+    at.number_input(key=f"{ns}.max_new").set_value(max_new)
+    at.button(key=f"{ns}.generate").click().run()
+    assert_clean(at)
+    return at
+
+
+def metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+# --- shell -----------------------------------------------------------------------------------------------
+
+def test_home_links_every_page_and_sidebar_names_the_model(app, tiny_model_dir):
+    assert_clean(app)
+    assert app.title[0].value == "Inference Playground"
+    links = [link.proto.label for link in app.get("page_link")]
+    assert links == ["The journey of a request", "Attention", "The KV cache"]
+    sidebar = " ".join(m.value for m in app.sidebar.markdown)
+    assert "Device: **cpu**" in sidebar and "Dtype: **float32**" in sidebar
+    assert "Layers: **3**" in sidebar and "Heads (query / KV): **4 / 2**" in sidebar
+    assert app.sidebar.text[0].value == tiny_model_dir.name
+
+
+def test_a_model_that_does_not_load_gives_a_message_not_a_traceback(monkeypatch, tmp_path):
+    monkeypatch.setenv("PLAYGROUND_MODEL", str(tmp_path / "no-such-model"))
+    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run()
+    assert_clean(at)
+    assert any("could not be loaded" in e.value for e in at.error)
+    open_page(at, "journey.py")
+    assert any("PLAYGROUND_MODEL" in i.value for i in at.info)
+
+
+# --- the journey page --------------------------------------------------------------------------------------
+
+def test_journey_shows_tokens_and_shapes_before_generating(app):
+    at = open_page(app, "journey.py")
+    at.text_area(key="journey.prompt").set_value("w1 w2 w3 w4 w5").run()
+    assert metric(at, "Tokens the model reads") == "5"
+    specs = charts(at)
+    chips = specs[0]["data"]
+    assert [t for t in chips[1]["text"]] == ["w1", "w2", "w3", "w4", "w5"]          # token text in the chips
+    shapes = " ".join(a["text"] for a in specs[1]["layout"]["annotations"])
+    assert "[5, 64]" in shapes and "4 heads × [5, 16]" in shapes and "2 heads × [5, 16]" in shapes
+    assert "[96]" in shapes and "× 3 layers" in shapes                               # vocab and depth
+
+
+def test_journey_generates_streams_and_redraws_without_the_model(app):
+    at = open_page(app, "journey.py")
+    generate(at, "journey", tiny_prompt(10), 6)
+    run = at.session_state["last_run"]
+    assert run.status == "done" and len(run.tokens) == 6
+    assert metric(at, "Generated tokens") == "6" and metric(at, "Prompt tokens") == "10"
+    assert metric(at, "Time to first token").endswith("ms")
+    assert any(t.value == run.text for t in at.text)
+    timeline = charts(at)[2]["data"]
+    assert [trace["name"] for trace in timeline] == ["prefill", "decode"]
+    assert len(array(timeline[1]["x"])) == 5                                         # five decode steps
+
+    at.slider(key="journey.temperature").set_value(1.5).run()
+    assert_clean(at)
+    assert at.session_state["last_run"] is run                                       # no new generation
+    dist = next(c for c in charts(at) if c["layout"].get("xaxis", {}).get("title", {}).get("text") == "probability")
+    token = run.tokens[0]
+    z = token.logits.astype(np.float64) / 1.5
+    expected = np.sort(np.exp(z - z.max()) / np.exp(z - z.max()).sum())[::-1][:len(array(dist["data"][0]["x"]))]
+    np.testing.assert_allclose(array(dist["data"][0]["x"]), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_journey_logit_lens_covers_every_layer(app):
+    at = open_page(app, "journey.py")
+    generate(at, "journey", tiny_prompt(8), 3)
+    lens = next(c for c in charts(at) if c["data"] and c["data"][0]["type"] == "heatmap")
+    assert lens["data"][0]["y"] == ["layer 0", "layer 1", "layer 2"]
+    probs = array(lens["data"][0]["z"])
+    assert probs.shape == (3, 5) and np.all(np.diff(probs, axis=1) <= 1e-9)          # top-5, most likely first
+
+
+@pytest.mark.parametrize("prompt,message", [
+    ("   ", "the prompt is empty"),
+    (tiny_prompt(300), "reads at most 256"),                                         # tiny context: 256 positions
+    (tiny_prompt(250), "exceed the 256-token context"),                              # 250 + 48 new tokens
+])
+def test_journey_rejects_bad_input_next_to_the_prompt(app, prompt, message):
+    at = open_page(app, "journey.py")
+    at.text_area(key="journey.prompt").set_value(prompt).run()
+    assert_clean(at)
+    assert any(message in e.value for e in at.error)
+    assert at.button(key="journey.generate").disabled
+
+
+# --- the attention page ------------------------------------------------------------------------------------
+
+def test_attention_page_draws_the_shared_run(app):
+    at = open_page(app, "journey.py")
+    generate(at, "journey", tiny_prompt(12), 4)
+    run = at.session_state["last_run"]
+    open_page(at, "attention.py")
+    assert [h.value for h in at.subheader][:4] == ["One head", "All heads of layer 1", "Every head at a glance",
+                                                    "Decoding, one step at a time"]
+    heat = charts(at)[0]["data"][0]
+    p = array(heat["customdata"])                                                    # probabilities, NaN = masked
+    n = run.n_prompt + len(run.steps)
+    assert p.shape == (n, n)
+    assert np.all(np.isnan(p[np.triu_indices(n, 1)]))                               # the causal mask
+    np.testing.assert_allclose(np.nansum(p, axis=1), 1.0, atol=2e-3)                 # every row a distribution
+    at.slider(key=f"attention.step.{run.id}").set_value(2).run()
+    assert_clean(at)
+    assert any(t.value.startswith("Step 2:") for t in at.text)
+
+
+def test_attention_page_shows_gqa_for_the_loaded_model_and_llama_8b(app):
+    at = open_page(app, "attention.py")
+    assert any("Nothing generated yet" in i.value for i in at.info)
+    gqa = [c for c in charts(at) if "query heads over" in c["layout"].get("title", {}).get("text", "")]
+    assert len(gqa) == 2
+    tiny, llama = gqa
+    assert len(tiny["data"][-2]["x"]) == 4 and len(tiny["data"][-1]["x"]) == 2     # 4 query, 2 K/V heads
+    assert len(llama["data"][-2]["x"]) == 32 and len(llama["data"][-1]["x"]) == 8
+
+
+def test_attention_page_runs_its_own_request(app):
+    at = open_page(app, "attention.py")
+    generate(at, "attention", tiny_prompt(6), 2)
+    assert at.session_state["last_run"].status == "done"
+    assert any(s.value == "One head" for s in at.subheader)
+
+
+# --- the KV-cache page --------------------------------------------------------------------------------------
+
+def users_column(at: AppTest) -> dict[str, int]:
+    table = at.dataframe[0].value
+    return dict(zip(table["context"], table["users"]))
+
+
+def test_kv_calculator_gives_the_llama_8b_h100_figures(app):
+    at = open_page(app, "kv_cache.py")
+    at.selectbox(key="kv.model").set_value("llama-3.1-8b")
+    at.selectbox(key="kv.gpu").set_value("h100-sxm").run()
+    users = users_column(at)
+    assert 450 <= users["1K"] <= 550                                                 # ~500
+    assert 45 <= users["10K"] <= 55                                                  # ~50
+    assert users["100K"] == 5 and users["128K"] == 4                                 # ~5, ~4
+    assert metric(at, "KV cache per token") == "128.00 KiB"
+    at.text_input(key="kv.context_text").set_value("128K").run()
+    assert metric(at, "Users that fit") == "4"
+    assert metric(at, "Cache per user at 128K") == "16.00 GiB"
+    assert any("4× smaller" in t.value for t in at.text)                             # GQA against full MHA
+
+
+def test_kv_context_widgets_stay_in_step_and_bad_input_gets_a_message(app):
+    at = open_page(app, "kv_cache.py")
+    at.button(key="kv.preset.102400").click().run()
+    assert at.session_state["kv.context"] == 102400
+    assert at.text_input(key="kv.context_text").value == "100K"
+    at.text_input(key="kv.context_text").set_value("lots").run()
+    assert_clean(at)
+    assert any("not a token count" in e.value for e in at.error)
+    assert at.session_state["kv.context"] == 102400                                  # the last good value stays
+    at.select_slider(key="kv.context_slider").set_value(32768).run()
+    assert at.text_input(key="kv.context_text").value == "32K"
+    assert not at.error
+
+
+def test_kv_page_measures_the_real_cache_against_the_formula(app):
+    at = open_page(app, "kv_cache.py")
+    generate(at, "kv", tiny_prompt(10), 5)
+    c = TINY_CONFIG
+    per_token = 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * (c["hidden_size"] // c["num_attention_heads"]) * 4
+    line = next(t.value for t in at.text if "measured on the cache object" in t.value)
+    assert f"{per_token:,} bytes per token" in line and "matches the formula" in line
+    growth = charts(at)[0]["data"]
+    assert sum(trace.get("stackgroup") == "layers" for trace in growth) == c["num_hidden_layers"]
+
+
+def test_kv_paging_simulation_shows_paging_wastes_less(app):
+    at = open_page(app, "kv_cache.py")
+    wasted_contiguous = float(metric(at, "Wasted, contiguous").rstrip("%"))
+    wasted_paged = float(metric(at, "Wasted, paged").rstrip("%"))
+    assert wasted_paged < 10 < wasted_contiguous
+
+
+# --- components the pages rely on ----------------------------------------------------------------------------
+
+def test_long_prompts_are_captured_within_the_budget():
+    spec = MODEL_PRESETS["smollm2-135m"]
+    short, note = capture_policy(spec, 60, 32)
+    assert short.layers is None and note is None
+    long, note = capture_policy(spec, 2000, 4)
+    assert long.layers is not None and 1 <= len(long.layers) < spec.n_layers and "2,000 tokens" in note
+    per_layer = spec.n_heads * 4 * (2000 * 2000 + sum(2000 + s for s in range(1, 4)))
+    assert per_layer * len(long.layers) <= 256 * 2**20
+
+
+def test_pooling_averages_only_what_a_token_can_see():
+    n = 10
+    matrix = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]                 # uniform causal attention
+    rows = np.ones(n, dtype=bool)
+    pooled = att.pool(matrix, att.valid_mask(n, rows), max_cells=5)
+    assert pooled.factor == 2 and pooled.values.shape == (5, 5)
+    assert np.isnan(pooled.values[0, 1])                                             # wholly in the future
+    assert pooled.values[1, 0] == pytest.approx((1 / 3 + 1 / 3 + 1 / 4 + 1 / 4) / 4)
+
+
+@pytest.mark.parametrize("text,tokens", [("1K", 1024), ("128k", 131072), ("24576", 24576), ("1.5K", 1536)])
+def test_context_lengths_parse_and_print(text, tokens):
+    assert parse_tokens(text) == tokens
+    assert parse_tokens(fmt_tokens(tokens)) == tokens
