@@ -50,7 +50,7 @@ def parse_tokens(text: str, low: int = 1024, high: int = 131_072) -> int:
     """'32K' -> 32768, '4096' -> 4096, '1.5k' -> 1536. Raises ValueError with a readable message."""
     match = _TOKENS_RE.match(str(text))
     if not match:
-        raise ValueError(f"{text!r} is not a token count; write e.g. 8192, 8K or 32k")
+        raise ValueError("that is not a token count; write e.g. 8192, 8K or 32k")  # never echo user text
     value = float(match.group(1).replace(",", "").replace("_", ""))
     tokens = int(round(value * 1024)) if match.group(2) else int(round(value))
     if not low <= tokens <= high:

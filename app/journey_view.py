@@ -60,9 +60,12 @@ class ResultView:
         self.answer = st.empty()
         self.note = st.empty()
         self.timeline = ChartSlot("journey.timeline")
-        self.throttle = Throttle(0.5)
+        self.text_throttle, self.chart_throttle = Throttle(0.08), Throttle(0.5)
 
     def update(self, run: Run, final: bool = False) -> None:
+        """Text and metrics at most ~12 times a second, the timeline twice; everything when final."""
+        if not (final or self.text_throttle()):
+            return
         self.status.caption(status_line(run))
         m = run.metrics()
         values = [("Time to first token", fmt_ms(m.ttft)), ("Inter-token latency", fmt_ms(m.itl)),
@@ -73,7 +76,7 @@ class ResultView:
         self.answer.text(run.text or "…")
         if run.capture_note:
             self.note.caption(run.capture_note)
-        if run.prefill is not None and (final or self.throttle()):
+        if run.prefill is not None and (final or self.chart_throttle()):
             self.timeline.plot(charts.timeline_figure(run.step_seconds()))
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import streamlit as st
 
+from app.run import Throttle
+
 PLOT_CONFIG = {"displaylogo": False, "modeBarButtonsToRemove": ["select2d", "lasso2d"]}
 
 
@@ -29,6 +31,8 @@ class ProgressLine:
 
     def __init__(self) -> None:
         self.box = st.empty()
+        self.throttle = Throttle(0.1)
 
     def update(self, run) -> None:
-        self.box.text(f"{len(run.tokens)} tokens: {run.text}")
+        if self.throttle() or run.done is not None:
+            self.box.text(f"{len(run.tokens)} tokens: {run.text}")
