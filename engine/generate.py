@@ -156,6 +156,8 @@ def generate(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy 
     """
     validate(request)
     ids = encode_prompt(lm, request)
+    if not ids:
+        raise InvalidRequestError("the prompt encodes to no tokens for this model's tokenizer")
     check_context(lm, len(ids), request.max_new_tokens)
     generator = torch.Generator(device=lm.device).manual_seed(request.seed)
     cache, stream, stops = DynamicCache(config=lm.model.config), TextStream(lm.tokenizer), eos_ids(lm)
