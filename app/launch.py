@@ -1,0 +1,128 @@
+"""`playground`: start the app for one person or a room, wrapping `streamlit run app/main.py`.
+
+    playground                                        # the embedded model on this machine, http://127.0.0.1:8501
+    playground --model /models/Llama-3.1-8B-Instruct --device cuda --dtype bf16 \\
+               --host 0.0.0.0 --port 8501 --presenter-token auto --max-sessions 60
+
+Every flag becomes an environment variable the app reads (PLAYGROUND_MODEL, PLAYGROUND_MAX_NEW_TOKENS,
+...), so setting the variables yourself works as well. The browser can only use the model the
+launcher named; limits left unset take the defaults for the device (engine/limits.py).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import sys
+from pathlib import Path
+from typing import Mapping, Sequence
+
+MAIN = Path(__file__).resolve().parent / "main.py"
+ROOT = MAIN.parent.parent
+MODEL_ENV, DRAFT_ENV, DEVICE_ENV, DTYPE_ENV = "PLAYGROUND_MODEL", "PLAYGROUND_DRAFT", "PLAYGROUND_DEVICE", "PLAYGROUND_DTYPE"
+TOKEN_ENV = "PLAYGROUND_PRESENTER_TOKEN"
+MIN_TOKEN_CHARS = 12
+UPLOAD_MB = 64                      # largest recording a browser may upload (engine.recording reads at most 64 MiB)
+
+# (Limits field, type, help): the flag is --field-with-dashes; the variable comes from engine.limits.ENV_VARS.
+LIMIT_FLAGS: tuple[tuple[str, type, str], ...] = (
+    ("max_prompt_tokens", int, "longest prompt in tokens, chat template included"),
+    ("max_new_tokens", int, "most tokens one request may generate"),
+    ("max_queue", int, "requests that may wait while one runs (0: none wait)"),
+    ("max_sessions", int, "browser sessions served at once"),
+    ("max_capture_mb", int, "attention capture one request may hold, in MiB"),
+    ("max_capture_layers", int, "layers one request may capture"),
+    ("request_seconds", float, "wall time of one request before it is stopped"),
+    ("reserve_mb", int, "memory kept free for everything else, in MiB"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="playground", description="Start the Inference Playground (a Streamlit app) for one person or a room.",
+        epilog="Limits left out take the defaults for the device: a 2-core CPU or a GPU server.")
+    parser.add_argument("--model", help="'default' (SmolLM2-135M-Instruct), an extra's key, or a local "
+                                        "safetensors folder (default: default)")
+    parser.add_argument("--draft", help="draft for speculative decoding: 'ngram', 'early-exit:N', or a model")
+    parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: CUDA when present)")
+    parser.add_argument("--dtype", help="float32, bf16, fp16 (default: bf16 on CUDA, float32 on CPU)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 for a room "
+                                                           "(default: 127.0.0.1, this machine only)")
+    parser.add_argument("--port", type=int, default=8501)
+    parser.add_argument("--presenter-token", help="secret that unlocks presenter mode; 'auto' makes one up")
+    parser.add_argument("--dry-run", action="store_true", help="print the command and variables, start nothing")
+    limits = parser.add_argument_group("limits (also PLAYGROUND_MAX_... environment variables)")
+    for name, kind, text in LIMIT_FLAGS:
+        limits.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
+    return parser
+
+
+def presenter_token(value: str | None) -> str | None:
+    """The token as given, a fresh random one for 'auto', or an error for one too easy to guess."""
+    if value is None:
+        return None
+    if value == "auto":
+        return secrets.token_urlsafe(18)
+    if len(value) < MIN_TOKEN_CHARS:
+        raise SystemExit(f"playground: the presenter token must be at least {MIN_TOKEN_CHARS} characters "
+                         "(or use --presenter-token auto)")
+    return value
+
+
+def limit_env(args: argparse.Namespace) -> dict[str, str]:
+    """PLAYGROUND_MAX_... variables for the limits given as flags, checked as the engine will check them."""
+    from dataclasses import replace
+
+    from engine.errors import EngineError
+    from engine.limits import ENV_VARS, Limits, validated
+
+    given = {name: getattr(args, name) for name, _, _ in LIMIT_FLAGS if getattr(args, name) is not None}
+    try:
+        validated(replace(Limits(), **given))
+    except EngineError as err:
+        raise SystemExit(f"playground: {err}") from None
+    return {ENV_VARS[name]: str(value) for name, value in given.items()}
+
+
+def launch_env(args: argparse.Namespace, token: str | None = None) -> dict[str, str]:
+    """The PLAYGROUND_* variables the flags stand for (only those given)."""
+    env = {var: value for var, value in ((MODEL_ENV, args.model), (DRAFT_ENV, args.draft),
+                                          (DEVICE_ENV, args.device), (DTYPE_ENV, args.dtype),
+                                          (TOKEN_ENV, token)) if value}
+    return {**env, **limit_env(args)}
+
+
+def streamlit_command(args: argparse.Namespace) -> list[str]:
+    return [sys.executable, "-m", "streamlit", "run", str(MAIN),
+            "--server.address", args.host, "--server.port", str(args.port), "--server.headless", "true",
+            "--browser.gatherUsageStats", "false", "--server.maxUploadSize", str(UPLOAD_MB),
+            "--server.fileWatcherType", "none", "--server.enableXsrfProtection", "true"]
+
+
+def banner(args: argparse.Namespace, token: str | None) -> str:
+    shown = "this machine's addresses" if args.host in ("0.0.0.0", "::") else args.host
+    lines = [f"Inference Playground on http://{args.host}:{args.port} ({shown})"]
+    if token:
+        lines.append(f"Presenter token: {token}  (enter it in the sidebar's presenter box; keep it to yourself)")
+    elif args.host not in ("127.0.0.1", "localhost", "::1"):
+        lines.append("No presenter token: presenter mode is off. Use --presenter-token auto to turn it on.")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    token = presenter_token(args.presenter_token)
+    env = {**(os.environ if environ is None else environ), **launch_env(args, token)}
+    command = streamlit_command(args)
+    if args.dry_run:
+        print(" ".join(command))
+        for var, value in sorted(launch_env(args, token).items()):
+            print(f"{var}={value}")
+        return 0
+    print(banner(args, token), flush=True)
+    os.chdir(ROOT)
+    os.execve(command[0], command, env)   # the server replaces this process: Ctrl+C and signals reach it
+
+
+if __name__ == "__main__":
+    sys.exit(main())

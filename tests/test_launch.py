@@ -1,0 +1,108 @@
+"""The `playground` command: its flags become the environment the app reads, and it starts a server."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from app.launch import LIMIT_FLAGS, TOKEN_ENV, build_parser, launch_env, main, presenter_token, streamlit_command
+from engine.limits import ENV_VARS, Limits
+
+BIN = Path(sys.executable).parent / "playground"
+
+
+def parse(*argv: str):
+    return build_parser().parse_args(list(argv))
+
+
+def test_help_lists_every_flag():
+    out = subprocess.run([str(BIN), "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0
+    for flag in ("--model", "--draft", "--device", "--dtype", "--host", "--port", "--presenter-token",
+                 "--max-prompt-tokens", "--max-new-tokens", "--max-queue", "--max-sessions", "--max-capture-mb",
+                 "--request-seconds"):
+        assert flag in out.stdout
+
+
+def test_every_limit_has_a_flag():
+    assert {name for name, _, _ in LIMIT_FLAGS} == {f.name for f in dataclasses.fields(Limits)}
+
+
+def test_flags_become_environment_variables():
+    args = parse("--model", "/models/llama", "--draft", "ngram", "--device", "cuda:1", "--dtype", "bf16",
+                 "--max-new-tokens", "64", "--max-sessions", "30", "--request-seconds", "45.5", "--max-queue", "0")
+    env = launch_env(args, token="a-long-secret-token")
+    assert env == {"PLAYGROUND_MODEL": "/models/llama", "PLAYGROUND_DRAFT": "ngram", "PLAYGROUND_DEVICE": "cuda:1",
+                   "PLAYGROUND_DTYPE": "bf16", TOKEN_ENV: "a-long-secret-token",
+                   ENV_VARS["max_new_tokens"]: "64", ENV_VARS["max_sessions"]: "30",
+                   ENV_VARS["request_seconds"]: "45.5", ENV_VARS["max_queue"]: "0"}
+    limits = Limits().with_env(env)                     # what the app's scheduler will read back
+    assert (limits.max_new_tokens, limits.max_sessions, limits.request_seconds, limits.max_queue) == (64, 30, 45.5, 0)
+
+
+def test_flags_left_out_set_nothing():
+    assert launch_env(parse()) == {}
+
+
+def test_a_bad_limit_stops_the_launch_with_a_message():
+    with pytest.raises(SystemExit, match="PLAYGROUND_MAX_SESSIONS"):
+        launch_env(parse("--max-sessions", "0"))
+
+
+def test_presenter_tokens():
+    assert presenter_token(None) is None
+    made = {presenter_token("auto") for _ in range(3)}
+    assert len(made) == 3 and all(len(t) >= 20 for t in made)
+    with pytest.raises(SystemExit, match="at least"):
+        presenter_token("1234")
+
+
+def test_the_server_listens_on_localhost_by_default():
+    cmd = streamlit_command(parse())
+    assert cmd[cmd.index("--server.address") + 1] == "127.0.0.1"
+    assert cmd[cmd.index("--server.headless") + 1] == "true"
+
+
+def test_dry_run_prints_the_command_and_variables(capsys):
+    assert main(["--dry-run", "--port", "8765", "--max-new-tokens", "32"], environ={}) == 0
+    out = capsys.readouterr().out
+    assert "streamlit run" in out and "8765" in out and "PLAYGROUND_MAX_NEW_TOKENS=32" in out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_playground_starts_a_server_that_answers_its_health_check():
+    port = free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([str(BIN), "--port", str(port), "--max-sessions", "5"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        body = None
+        deadline = time.time() + 90
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as resp:
+                    body = resp.read().decode()
+                break
+            except OSError:
+                time.sleep(0.5)
+        assert body == "ok"
+    finally:
+        proc.terminate()
+        try:
+            out, _ = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+    assert f"http://127.0.0.1:{port}" in out
