@@ -1,0 +1,274 @@
+"""Presenter mode: one person at the front pushes a prompt, settings and a view; every follower picks it up.
+
+The board is process-wide (one per server, shared by every browser session) and thread-safe. The
+presenter unlocks it with the token given to `playground --presenter-token` (compared in constant
+time). Each push gets a new version number; a follower's page adopts a push once, when it sees a
+version newer than the last one it adopted, so between pushes followers explore on their own.
+
+    board = presenter_board()                                    # the process-wide board
+    board.push(token, prompt="Why is the sky blue?", settings={"temperature": 0.7}, page="attention",
+               view={"layer": 12, "head": 3})
+    push = new_push(st.session_state, board)                     # on a follower's page: None, or a Push to adopt
+    if push: apply_push(st.session_state, push, "journey")       # fills the page's widget keys
+
+Everything a push carries is plain data, bounded and checked here: followers' pages never render it
+as HTML.
+"""
+from __future__ import annotations
+
+import hmac
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, MutableMapping
+
+TOKEN_ENV = "PLAYGROUND_PRESENTER_TOKEN"
+MAX_PROMPT_CHARS = 20_000
+MAX_NOTE_CHARS = 500
+SETTINGS = {"temperature": float, "top_k": int, "top_p": float, "seed": int, "max_new_tokens": int}
+WIDGET_KEYS = {"prompt": "prompt", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
+               "seed": "seed", "max_new_tokens": "max_new"}   # push field -> widget key after "<page>."
+VIEW_KEYS = {"layer": int, "head": int, "step": int, "token": int}
+FOLLOW_KEY, SEEN_KEY, TOKEN_KEY, VIEW_KEY, PENDING_KEY = (
+    "presenter.follow", "presenter.seen", "presenter.token", "presenter.view", "presenter.pending")
+
+
+class PresenterError(Exception):
+    """A push that is refused: presenter mode off, a wrong token, or a value out of bounds."""
+
+
+@dataclass(frozen=True)
+class Push:
+    """What the presenter pushed, version-numbered."""
+
+    version: int
+    prompt: str | None = None
+    settings: dict[str, float | int] = field(default_factory=dict)
+    page: str | None = None          # url path of the page to show ("attention", "kv-cache", ...)
+    view: dict[str, int] = field(default_factory=dict)   # layer, head, step, token
+    note: str = ""                   # one line for followers ("Look at head 3 of layer 12")
+    at: float = field(default_factory=time.time)
+
+
+class PresenterBoard:
+    """The latest push, behind a lock; only the holder of the token can write it."""
+
+    def __init__(self, token: str | None):
+        self._token = token.encode() if token else None
+        self._lock = threading.Lock()
+        self._latest: Push | None = None
+        self._version = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self._token is not None
+
+    def check(self, token: str | None) -> bool:
+        """True when `token` is the presenter's (constant-time comparison)."""
+        if self._token is None or not token:
+            return False
+        return hmac.compare_digest(self._token, token.encode())
+
+    def push(self, token: str | None, prompt: str | None = None, settings: Mapping[str, Any] | None = None,
+             page: str | None = None, view: Mapping[str, Any] | None = None, note: str = "") -> Push:
+        """Publish a new push to every follower; PresenterError when refused."""
+        self._authorize(token)
+        fields_ = dict(prompt=_prompt(prompt), settings=_settings(settings or {}), page=_page(page),
+                       view=_view(view or {}), note=_text(note, MAX_NOTE_CHARS, "the note"))
+        with self._lock:
+            self._version += 1
+            self._latest = Push(self._version, **fields_)
+            return self._latest
+
+    def clear(self, token: str | None) -> None:
+        """Stop leading: followers keep what they have and see no new push."""
+        self._authorize(token)
+        with self._lock:
+            self._latest = None
+
+    def latest(self) -> Push | None:
+        with self._lock:
+            return self._latest
+
+    def _authorize(self, token: str | None) -> None:
+        if self._token is None:
+            raise PresenterError("presenter mode is off on this server; start it with "
+                                 "`playground --presenter-token auto`")
+        if not self.check(token):
+            raise PresenterError("that is not the presenter token")
+
+
+def _text(value: Any, limit: int, what: str) -> str:
+    if not isinstance(value, str):
+        raise PresenterError(f"{what} must be text")
+    if len(value) > limit:
+        raise PresenterError(f"{what} is {len(value):,} characters; at most {limit:,} can be pushed")
+    return value
+
+
+def _prompt(prompt: str | None) -> str | None:
+    return None if prompt is None else _text(prompt, MAX_PROMPT_CHARS, "the prompt")
+
+
+def _page(page: str | None) -> str | None:
+    if page is None:
+        return None
+    page = _text(page, 64, "the page")
+    if not all(c.isalnum() or c in "-_" for c in page):
+        raise PresenterError(f"{page!r} is not a page name")
+    return page
+
+
+def _numbers(values: Mapping[str, Any], allowed: Mapping[str, type], what: str) -> dict[str, Any]:
+    out = {}
+    for key, value in values.items():
+        kind = allowed.get(key)
+        if kind is None:
+            raise PresenterError(f"{key!r} is not a {what} that can be pushed ({', '.join(allowed)})")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) > 2**62:
+            raise PresenterError(f"{key} must be a number")
+        out[key] = kind(value)
+    return out
+
+
+def _settings(values: Mapping[str, Any]) -> dict[str, Any]:
+    return _numbers(values, SETTINGS, "setting")
+
+
+def _view(values: Mapping[str, Any]) -> dict[str, int]:
+    return _numbers(values, VIEW_KEYS, "view field")
+
+
+# --- the process-wide board ------------------------------------------------------------------------
+
+_BOARD: PresenterBoard | None = None
+_BOARD_LOCK = threading.Lock()
+
+
+def presenter_board(environ: Mapping[str, str] | None = None) -> PresenterBoard:
+    """The one board of this server process, keyed by the launch token."""
+    global _BOARD
+    with _BOARD_LOCK:
+        if _BOARD is None:
+            env = os.environ if environ is None else environ
+            _BOARD = PresenterBoard(env.get(TOKEN_ENV) or None)
+        return _BOARD
+
+
+# --- what a session does (state: st.session_state, or any dict in tests) ----------------------------
+
+def unlock(state: MutableMapping[str, Any], board: PresenterBoard, token: str) -> bool:
+    """Make this session the presenter's when `token` is right; the token stays server-side."""
+    if board.check(token):
+        state[TOKEN_KEY] = token
+        return True
+    state.pop(TOKEN_KEY, None)
+    return False
+
+
+def is_presenter(state: Mapping[str, Any], board: PresenterBoard) -> bool:
+    return board.check(state.get(TOKEN_KEY))
+
+
+def push_from(state: MutableMapping[str, Any], board: PresenterBoard, **fields_: Any) -> Push:
+    """Push as this session's presenter; the presenter's own page does not adopt it again."""
+    push = board.push(state.get(TOKEN_KEY), **fields_)
+    state[SEEN_KEY] = push.version
+    return push
+
+
+def following(state: Mapping[str, Any]) -> bool:
+    return bool(state.get(FOLLOW_KEY, True))
+
+
+def new_push(state: MutableMapping[str, Any], board: PresenterBoard) -> Push | None:
+    """The latest push when this session follows and has not adopted it yet (it is marked adopted)."""
+    push = board.latest()
+    if push is None or not following(state) or push.version <= state.get(SEEN_KEY, 0):
+        return None
+    state[SEEN_KEY] = push.version
+    return push
+
+
+def apply_push(state: MutableMapping[str, Any], push: Push, ns: str) -> list[str]:
+    """Write the pushed prompt and settings into page `ns`'s widget keys; returns the keys written.
+
+    The pushed view (layer, head, ...) is kept under `presenter.view` for the views to start from.
+    Call before the page draws its widgets.
+    """
+    written = []
+    values = {"prompt": push.prompt, **push.settings}
+    for name, value in values.items():
+        if value is not None:
+            key = f"{ns}.{WIDGET_KEYS[name]}"
+            state[key] = value
+            written.append(key)
+    if push.view:
+        state[VIEW_KEY] = dict(push.view)
+    return written
+
+
+def pushed_view(state: Mapping[str, Any], name: str, default: int | None = None) -> int | None:
+    """A view value (layer, head, step, token) the presenter pushed, for a view's default."""
+    return state.get(VIEW_KEY, {}).get(name, default)
+
+
+def follow_page(state: MutableMapping[str, Any], board: PresenterBoard, ns: str, here: str,
+                switch: Callable[[str], None] | None = None) -> Push | None:
+    """One call at the top of a page (`here`: its url path): adopt a new push, moving to its page first."""
+    push = state.pop(PENDING_KEY, None) or new_push(state, board)
+    if push is None:
+        return None
+    if push.page and push.page != here and switch is not None:
+        state[PENDING_KEY] = push          # the target page applies it after the switch
+        switch(push.page)
+        return push
+    apply_push(state, push, ns)
+    return push
+
+
+def page_values(state: Mapping[str, Any], ns: str) -> dict[str, Any]:
+    """The prompt and settings page `ns` shows now, read from its widget keys (what a push would send)."""
+    values = {name: state.get(f"{ns}.{key}") for name, key in WIDGET_KEYS.items()}
+    settings = {k: v for k, v in values.items() if k in SETTINGS and v is not None}
+    return {"prompt": values["prompt"], "settings": settings}
+
+
+# --- widgets -----------------------------------------------------------------------------------------
+
+def presenter_box(board: PresenterBoard) -> None:
+    """Sidebar block: follow on/off for everyone; the token box that turns a session into the presenter."""
+    import streamlit as st
+
+    if not board.enabled:
+        return
+    state = st.session_state
+    with st.expander("Presenter mode", expanded=False):
+        st.toggle("Follow the presenter", value=True, key=FOLLOW_KEY,
+                  help="When on, your page takes up what the presenter pushes; you can still change anything.")
+        if is_presenter(state, board):
+            st.caption("You are the presenter: use the Push button on a page to share what you show.")
+            return
+        token = st.text_input("Presenter token", type="password", key="presenter.token_input")
+        if token and not unlock(state, board, token):
+            st.error("That is not the presenter token.")
+
+
+def push_button(board: PresenterBoard, ns: str, here: str, view: Mapping[str, Any] | None = None) -> Push | None:
+    """For the presenter only: a button that pushes this page's prompt, settings and view to every follower."""
+    import streamlit as st
+
+    state = st.session_state
+    if not is_presenter(state, board):
+        return None
+    note = st.text_input("Note for the room (optional)", key=f"{ns}.presenter_note", max_chars=MAX_NOTE_CHARS)
+    if not st.button("Push to everyone", key=f"{ns}.presenter_push", icon=":material/campaign:"):
+        return None
+    try:
+        push = push_from(state, board, page=here, view=view, note=note, **page_values(state, ns))
+    except PresenterError as err:
+        st.error(str(err))
+        return None
+    st.success(f"Pushed (version {push.version}).")
+    return push
