@@ -84,34 +84,40 @@ def arrow(fig: go.Figure, x0: float, y0: float, x1: float, y1: float) -> None:
                        showarrow=True, arrowhead=2, arrowwidth=1.3)
 
 
+def draw_row(fig: go.Figure, row: list[tuple[Node, float, float]]) -> None:
+    for node, x, y in row:
+        draw_box(fig, node, x, y)
+    for (a, ax, ay), (b, bx, by) in zip(row, row[1:]):
+        arrow(fig, ax + a.width, ay, bx, by)
+
+
+def draw_layer_frame(fig: go.Figure, x0: float, x1: float, y_mid: float, half: float, label: str) -> None:
+    """The dashed frame around attention + MLP: the part repeated once per layer."""
+    fig.add_shape(type="rect", x0=x0, x1=x1, y0=y_mid - half, y1=y_mid + half, line=dict(color="#444", dash="dash"))
+    fig.add_annotation(x=x0, y=y_mid - half - 0.9, xanchor="left", showarrow=False, font=dict(size=12), text=label)
+
+
 def shapes_figure(spec: ModelSpec, tokens: int) -> go.Figure:
     """ids -> embedding -> L x (attention, MLP) -> final norm -> logits -> probabilities -> token.
 
     Laid out in character cells so the monospace text always fits its box; fixed pixel size.
     """
     top, bottom = shape_nodes(spec, tokens)
-    row1_mid = max(n.height for n in top) / 2 + 3
-    row2_mid = row1_mid + max(n.height for n in top) / 2 + 3 + max(n.height for n in bottom) / 2
-    placed = place_row(top, 1, row1_mid)
-    block_x0 = placed[2][1] - 1.5
-    placed2 = place_row(bottom, block_x0 + 1.5, row2_mid)
-    fig = go.Figure()
-    for row in (placed, placed2):
-        for node, x, y in row:
-            draw_box(fig, node, x, y)
-        for (a, ax, ay), (b, bx, by) in zip(row, row[1:]):
-            arrow(fig, ax + a.width, ay, bx, by)
-    mlp, mx, my = placed[3]
-    block_x1 = mx + mlp.width + 1.5
     half = max(n.height for n in top) / 2 + 1
-    fig.add_shape(type="rect", x0=block_x0, x1=block_x1, y0=row1_mid - half, y1=row1_mid + half,
-                  line=dict(color="#444", dash="dash"))
-    fig.add_annotation(x=block_x0, y=row1_mid - half - 0.9, xanchor="left", showarrow=False, font=dict(size=12),
-                       text=f"<b>× {spec.n_layers} layers</b>, each adding to the residual stream "
-                            f"[{tokens:,}, {spec.d_model}]")
-    first2 = placed2[0]
-    arrow(fig, block_x0 + 4, row1_mid + half, first2[1] + 4, first2[2] - first2[0].height / 2)
-    width = max(block_x1, placed2[-1][1] + placed2[-1][0].width) + 1
+    row1_mid = half + 2
+    row2_mid = row1_mid + half + 2 + max(n.height for n in bottom) / 2
+    placed = place_row(top, 1, row1_mid)
+    frame_x0 = placed[2][1] - 1.5
+    frame_x1 = placed[3][1] + placed[3][0].width + 1.5
+    placed2 = place_row(bottom, placed[2][1], row2_mid)
+    fig = go.Figure()
+    draw_row(fig, placed)
+    draw_row(fig, placed2)
+    draw_layer_frame(fig, frame_x0, frame_x1, row1_mid, half,
+                     f"<b>× {spec.n_layers} layers</b>, each adding to the residual stream [{tokens:,}, {spec.d_model}]")
+    first, fx, fy = placed2[0]
+    arrow(fig, frame_x0 + 4, row1_mid + half, fx + 4, fy - first.height / 2)
+    width = max(frame_x1, placed2[-1][1] + placed2[-1][0].width) + 1
     height = row2_mid + max(n.height for n in bottom) / 2 + 1
     fig.update_xaxes(visible=False, range=[0, width], fixedrange=True)
     fig.update_yaxes(visible=False, range=[height, 0], fixedrange=True)

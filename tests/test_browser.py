@@ -229,3 +229,8 @@ def test_long_prompt_attention_renders_quickly(app_url, page):
     assert_no_exception(page)
     shot(page, "attention-2000-tokens")
     assert seconds < RENDER_LIMIT_S
+    go_to(page, "The journey of a request")                                          # the same long run there
+    wait_text(page, "Through the layers", 60)
+    wait_idle(page)
+    assert_no_exception(page)
+    shot(page, "journey-2000-tokens")

@@ -178,11 +178,14 @@ def test_attention_page_shows_gqa_for_the_loaded_model_and_llama_8b(app):
     assert len(llama["data"][-2]["x"]) == 32 and len(llama["data"][-1]["x"]) == 8
 
 
-def test_attention_page_runs_its_own_request(app):
+@pytest.mark.parametrize("max_new", [1, 2])
+def test_attention_page_runs_its_own_request(app, max_new):
     at = open_page(app, "attention.py")
-    generate(at, "attention", tiny_prompt(6), 2)
-    assert at.session_state["last_run"].status == "done"
+    generate(at, "attention", tiny_prompt(6), max_new)
+    assert len(at.session_state["last_run"].tokens) == max_new
     assert any(s.value == "One head" for s in at.subheader)
+    open_page(at, "journey.py")                                                      # one token: still a page
+    assert metric(at, "Generated tokens") == str(max_new)
 
 
 # --- the KV-cache page --------------------------------------------------------------------------------------
