@@ -1,0 +1,65 @@
+"""The quiz: its numbers agree with first-principles arithmetic and FACTS.md; the page scores answers."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+from app.quiz import questions, score
+
+PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "quiz.py")
+
+
+def by_key():
+    return {q.key: q for q in questions()}
+
+
+def test_the_bank_has_eight_well_formed_questions_over_every_topic():
+    bank = questions()
+    assert len(bank) == 8 and len({q.key for q in bank}) == 8
+    for q in bank:
+        assert 0 <= q.answer < len(q.options) and len(set(q.options)) == len(q.options) >= 3
+        assert len(q.explanation) > 80
+    topics = {q.topic for q in bank}
+    assert {"Prefill and decode", "KV cache sizing", "Grouped-query attention", "Speculative decoding",
+            "Quantization", "Batching"} <= topics
+    assert len({q.answer for q in bank}) > 1          # the right answer is not always in the same place
+
+
+def test_numbers_match_first_principles():
+    q = by_key()
+    per_token = 2 * 32 * 8 * 128 * 2                  # K and V x layers x KV heads x head_dim x BF16 bytes
+    assert per_token == 131_072 and q["kv"].correct == "128.00 KiB"
+    weights = 8.03e9 * 2
+    users = (80 * 2**30 - weights) / (per_token * 10 * 1024)
+    assert 45 <= users <= 55 and q["users"].correct == f"about {math.floor(users)}"   # FACTS: ~50 at 10K
+    assert q["spec"].correct == f"{(1 - 0.8 ** 5) / (1 - 0.8):.2f}" == "3.36"
+    assert q["quant"].correct == "35 GB"              # FACTS: Llama 70B in INT4 is 35 GB
+    assert "209 tokens/s" in q["decode"].explanation  # FACTS: 16 GB / 3.35 TB/s, ~209 tok/s at most
+    single, total = float(q["batch"].text.split("about ")[1].split(" ")[0]), float(q["batch"].correct.replace(",", ""))
+    assert single * 10 < total < single * 64          # batching helps a lot, but not perfectly
+
+
+def test_score_counts_right_answers():
+    bank = questions()
+    assert score({q.key: q.correct for q in bank}, bank) == 8
+    assert score({bank[0].key: bank[0].options[(bank[0].answer + 1) % 4]}, bank) == 0
+
+
+def test_the_page_explains_and_scores_answers():
+    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    assert not at.exception
+    assert len(at.radio) == 8 and at.metric[0].value == "0 / 8"
+    bank = questions()
+    wrong = bank[0]
+    at.radio(key=f"quiz.{wrong.key}").set_value(wrong.options[(wrong.answer + 1) % len(wrong.options)]).run()
+    assert any("Not quite" in e.value for e in at.error)
+    assert any(wrong.explanation == c.value for c in at.caption)
+    for q in bank:
+        at.radio(key=f"quiz.{q.key}").set_value(q.correct)
+    at.run()
+    assert not at.exception and not at.error
+    assert at.metric[0].value == "8 / 8" and len(at.success) == 8
+    at.button(key="quiz.reset").click().run()
+    assert at.metric[0].value == "0 / 8"
