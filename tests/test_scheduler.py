@@ -1,8 +1,11 @@
 """The scheduler: many sessions share one tiny model; each gets exactly its own tokens and captures."""
 from __future__ import annotations
 
+import importlib.util
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +19,7 @@ from engine.records import DecodeRecord, DoneRecord, PrefillRecord
 from engine.scheduler import Scheduler, SessionLimitError, scheduler_for
 
 POLICY = CapturePolicy(layers=(0, 2), logit_lens=3)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def request(seed: int, new: int = 12, **kw) -> GenerationRequest:
@@ -216,30 +220,24 @@ def test_scheduler_for_returns_one_scheduler_per_model(tiny_lm):
     assert scheduler_for(tiny_lm) is scheduler_for(tiny_lm)
 
 
-def test_load_of_many_sessions_loses_nothing(tiny_lm, make_scheduler):
-    """A short version of bench/load.py: 12 sessions at once, a queue of 8; each finishes or is refused."""
-    scheduler = make_scheduler(max_queue=8)
-    outcomes: dict[int, str] = {}
-    errors: list[BaseException] = []
+def load_bench():
+    """bench/load.py as a module (bench/ is a folder of scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location("bench_load", ROOT / "bench" / "load.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module                  # dataclasses look their module up while it loads
+    spec.loader.exec_module(module)
+    return module
 
-    def session(i: int) -> None:
-        try:
-            handle = scheduler.submit(request(i, new=8), CAPTURE_OFF, session=f"user{i}")
-            done = handle.result(timeout=120)[-1]
-            outcomes[i] = f"done:{done.finish_reason}" if isinstance(done, DoneRecord) else "no-done"
-        except QueueFullError as err:
-            outcomes[i] = "refused" if str(err) else "refused-silently"
-        except BaseException as err:  # noqa: BLE001 - the test reports any other exception
-            errors.append(err)
 
-    threads = [threading.Thread(target=session, args=(i,)) for i in range(12)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
-    assert sorted(outcomes) == list(range(12))
-    assert all(o in ("done:length", "done:eos", "refused") for o in outcomes.values())
-    stats = scheduler.stats()
-    assert stats.served + stats.refused == 12 and stats.queued == 0 and not stats.running
-    assert stats.served >= 9                           # one running plus a queue of 8 always fit
+@pytest.mark.parametrize("sessions,queue", [(5, 32), (14, 8)])
+def test_load_of_many_sessions_loses_nothing(tiny_lm, sessions, queue):
+    """A short bench/load.py on the tiny model: each session finishes with its own answer or is refused."""
+    bench = load_bench()
+    expected = bench.references(tiny_lm, 8)
+    result = bench.scenario(tiny_lm, sessions, 8, CAPTURE_ALL, Limits(max_queue=queue), expected)
+    assert result["errors"] == [] and result["lost"] == 0 and result["wrong_answers"] == 0
+    assert result["served"] + result["refused"] == sessions
+    assert result["served"] >= min(sessions, queue + 1)          # one running plus a full queue always fit
+    assert all("waiting" in m for m in result["refusal_messages"]) and (result["refused"] > 0) == (sessions > queue + 1)
+    assert result["hooks_left"] == 0 and bench.ok(result, rss_bound_mb=512)
+    assert result["wait_p95_s"] >= result["wait_p50_s"] >= 0 and result["throughput_tok_s"] > 0

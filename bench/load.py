@@ -1,0 +1,228 @@
+"""Load test: N sessions press Generate at the same moment; the scheduler serves them on one model.
+
+    python bench/load.py                                  # the embedded model, N = 1, 5, 10, 20, plus an overload
+    python bench/load.py --sessions 1 5 --tokens 16 --capture off --model /models/llama --device cuda
+
+Each session is a thread that submits its request through `engine.scheduler` (as a page does) and
+reads its records to the end. Checks: every request finishes or is refused with a message, none is
+lost, no exception escapes, each answer equals the same prompt run alone (greedy), and the process's
+memory stays bounded. Reports p50/p95 of the wait before running, the time to first token and the
+completion time (all from the moment of submitting), and the throughput. Writes bench/results/load.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from engine.errors import EngineError  # noqa: E402
+from engine.generate import GenerationRequest, generate  # noqa: E402
+from engine.hooks import CAPTURE_OFF, CapturePolicy, count_hooks  # noqa: E402
+from engine.limits import Limits  # noqa: E402
+from engine.loader import LoadedModel, load_model  # noqa: E402
+from engine.records import DoneRecord  # noqa: E402
+from engine.scheduler import Scheduler  # noqa: E402
+
+PROMPTS = (
+    "What is the capital of France?",
+    "Explain in one sentence why the sky is blue.",
+    "Write a haiku about autumn.",
+    "What does a GPU do?",
+    "Name three prime numbers.",
+    "Translate 'good morning' into Spanish.",
+    "Why do we need sleep?",
+    "Write a Python one-liner that reverses a string.",
+    "What is a transformer in machine learning?",
+    "Give me a tip for learning to cook.",
+)
+CAPTURES = {"off": CAPTURE_OFF, "full": CapturePolicy(logit_lens=5)}   # "full": what a page captures for short prompts
+RESULTS = ROOT / "bench" / "results" / "load.json"
+
+
+@dataclass
+class Outcome:
+    """What one session saw."""
+
+    prompt: str
+    submitted: float
+    refused: str | None = None      # the message, when the scheduler said no
+    error: str | None = None        # anything else (must stay None)
+    first: float | None = None      # first record arrived
+    finished: float | None = None
+    started: float | None = None    # the scheduler started running it
+    text: str | None = None
+    tokens: int = 0
+    records: int = 0
+
+
+class MemoryWatch:
+    """Samples this process's resident memory every 50 ms."""
+
+    def __init__(self):
+        self.proc, self._stop = psutil.Process(os.getpid()), threading.Event()
+        self.start_rss = self.peak = self.proc.memory_info().rss
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    def __enter__(self) -> "MemoryWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.end_rss = self.proc.memory_info().rss
+        self.peak = max(self.peak, self.end_rss)
+
+
+def session(scheduler: Scheduler, request: GenerationRequest, policy: CapturePolicy, name: str,
+            gate: threading.Barrier, out: Outcome) -> None:
+    """One browser session: submit, then read every record (as a page streaming the answer does)."""
+    gate.wait()
+    out.submitted = time.perf_counter()
+    try:
+        handle = scheduler.submit(request, policy, session=name)
+    except EngineError as err:
+        out.refused = str(err)
+        return
+    try:
+        for record in handle.records(poll=0.1):
+            out.first = out.first or time.perf_counter()
+            out.records += 1
+            if isinstance(record, DoneRecord):
+                out.text, out.tokens = record.text, record.generated_tokens
+    except Exception as err:  # noqa: BLE001 - reported, and it fails the run
+        out.error = f"{type(err).__name__}: {err}"
+    out.finished, out.started = time.perf_counter(), handle.started
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summarize(n: int, outcomes: list[Outcome], expected: dict[str, str], t0: float, mem: MemoryWatch,
+              limits: Limits) -> dict:
+    served = [o for o in outcomes if o.finished is not None and o.error is None]
+    refused = [o for o in outcomes if o.refused]
+    waits = [o.started - o.submitted for o in served]
+    ttft = [o.first - o.submitted for o in served]
+    done = [o.finished - o.submitted for o in served]
+    makespan = max((o.finished for o in served), default=t0) - t0
+    tokens = sum(o.tokens for o in served)
+    return {
+        "sessions": n, "max_queue": limits.max_queue, "served": len(served), "refused": len(refused),
+        "errors": [o.error for o in outcomes if o.error], "lost": n - len(served) - len(refused),
+        "refusal_messages": sorted({o.refused for o in refused}),
+        "wrong_answers": sum(o.text != expected[o.prompt] for o in served),
+        "wait_p50_s": pct(waits, 0.5), "wait_p95_s": pct(waits, 0.95),
+        "ttft_p50_s": pct(ttft, 0.5), "ttft_p95_s": pct(ttft, 0.95),
+        "completion_p50_s": pct(done, 0.5), "completion_p95_s": pct(done, 0.95),
+        "makespan_s": makespan, "tokens": tokens,
+        "throughput_tok_s": tokens / makespan if makespan > 0 else None,
+        "requests_per_min": 60 * len(served) / makespan if makespan > 0 else None,
+        "rss_start_mb": mem.start_rss / 2**20, "rss_peak_mb": mem.peak / 2**20, "rss_end_mb": mem.end_rss / 2**20,
+    }
+
+
+def scenario(lm: LoadedModel, n: int, tokens: int, policy: CapturePolicy, limits: Limits,
+             expected: dict[str, str]) -> dict:
+    scheduler = Scheduler(lm, limits)
+    requests = [GenerationRequest(PROMPTS[i % len(PROMPTS)], max_new_tokens=tokens) for i in range(n)]
+    outcomes = [Outcome(r.prompt, 0.0) for r in requests]
+    gate = threading.Barrier(n + 1)
+    threads = [threading.Thread(target=session, args=(scheduler, r, policy, f"user{i}", gate, o))
+               for i, (r, o) in enumerate(zip(requests, outcomes))]
+    with MemoryWatch() as mem:
+        for t in threads:
+            t.start()
+        gate.wait()
+        t0 = time.perf_counter()
+        for t in threads:
+            t.join()
+    scheduler.close()
+    result = summarize(n, outcomes, expected, t0, mem, limits)
+    result["hooks_left"] = count_hooks(lm.model)
+    return result
+
+
+def references(lm: LoadedModel, tokens: int) -> dict[str, str]:
+    """Each prompt's greedy answer when it runs alone: what every session must receive."""
+    return {p: list(generate(lm, GenerationRequest(p, max_new_tokens=tokens)))[-1].text for p in PROMPTS}
+
+
+def ok(result: dict, rss_bound_mb: float) -> bool:
+    return (not result["errors"] and result["lost"] == 0 and result["wrong_answers"] == 0
+            and result["hooks_left"] == 0 and result["rss_peak_mb"] - result["rss_start_mb"] < rss_bound_mb)
+
+
+def machine(lm: LoadedModel) -> dict:
+    info = {"model": lm.label, "device": str(lm.device), "dtype": lm.dtype_name, "torch_threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(), "platform": platform.platform(), "load_average": os.getloadavg()}
+    if lm.device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(lm.device)
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--device")
+    parser.add_argument("--dtype")
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 5, 10, 20])
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--capture", choices=sorted(CAPTURES), default="full")
+    parser.add_argument("--overload", type=int, default=30, help="one more burst this large against a short queue "
+                                                                 "(0: skip)")
+    parser.add_argument("--overload-queue", type=int, default=10)
+    parser.add_argument("--rss-bound-mb", type=float, default=1024.0)
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args(argv)
+
+    lm = load_model(args.model, device=args.device, dtype=args.dtype)
+    base = Limits.for_device(lm.device).with_env()
+    expected = references(lm, args.tokens)
+    runs = [(n, base) for n in args.sessions]
+    if args.overload:
+        runs.append((args.overload, Limits(**{**base.to_dict(), "max_queue": args.overload_queue})))
+    results = []
+    for n, limits in runs:
+        result = scenario(lm, n, args.tokens, CAPTURES[args.capture], limits, expected)
+        result["ok"] = ok(result, args.rss_bound_mb)
+        results.append(result)
+        print(f"N={n:3d} queue<={limits.max_queue:3d}: served {result['served']:3d} refused {result['refused']:3d} "
+              f"lost {result['lost']}  wait p50/p95 {result['wait_p50_s']:.2f}/{result['wait_p95_s']:.2f} s  "
+              f"done p50/p95 {result['completion_p50_s']:.2f}/{result['completion_p95_s']:.2f} s  "
+              f"{result['throughput_tok_s']:.1f} tok/s  peak RSS {result['rss_peak_mb']:.0f} MB  "
+              f"{'ok' if result['ok'] else 'FAILED'}", flush=True)
+    report = {"what": "N sessions submit at once through engine.scheduler; greedy, chat template, "
+                      f"{args.tokens} new tokens, capture {args.capture}",
+              "machine": machine(lm), "tokens_per_request": args.tokens, "capture": args.capture,
+              "limits": base.to_dict(), "scenarios": results,
+              "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
