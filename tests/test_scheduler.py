@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from streamlit.testing.v1 import AppTest
 
 from conftest import tiny_prompt
 from engine.errors import EngineError, InvalidRequestError, QueueFullError, RequestTimeoutError
@@ -241,3 +242,46 @@ def test_load_of_many_sessions_loses_nothing(tiny_lm, sessions, queue):
     assert all("waiting" in m for m in result["refusal_messages"]) and (result["refused"] > 0) == (sessions > queue + 1)
     assert result["hooks_left"] == 0 and bench.ok(result, rss_bound_mb=512)
     assert result["wait_p95_s"] >= result["wait_p50_s"] >= 0 and result["throughput_tok_s"] > 0
+
+
+def streaming_page(lm, prompt: str, session: str) -> None:
+    """A minimal page that streams its answer through the scheduler, as app/run.py would."""
+    import streamlit as st
+
+    from engine.errors import EngineError
+    from engine.generate import GenerationRequest
+    from engine.hooks import CapturePolicy
+    from engine.scheduler import scheduler_for
+
+    answer, waiting = st.empty(), st.empty()
+    request = GenerationRequest(prompt, max_new_tokens=10, chat=False)
+    try:
+        handle = scheduler_for(lm).submit(request, CapturePolicy(layers=(1,)), session=session)
+    except EngineError as err:
+        st.error(str(err))
+        st.stop()
+    pieces = []
+    try:
+        for record in handle.records(on_wait=lambda s: waiting.info(f"Position {s.position} in the queue")):
+            if hasattr(record, "token"):
+                pieces.append(record.token.id)
+                answer.text(" ".join(map(str, pieces)))
+    finally:
+        handle.cancel()
+    st.text(f"{handle.state} {len(pieces)}")
+
+
+def test_streamlit_sessions_in_threads_each_stream_their_own_answer(tiny_lm):
+    prompts = [tiny_prompt(6 + i, seed=20 + i) for i in range(4)]
+    apps = [AppTest.from_function(streaming_page, args=(tiny_lm, p, f"app{i}"), default_timeout=120)
+            for i, p in enumerate(prompts)]
+    threads = [threading.Thread(target=app.run) for app in apps]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for app, prompt in zip(apps, prompts):
+        assert not app.exception and not app.error
+        want = token_ids(alone(tiny_lm, GenerationRequest(prompt, max_new_tokens=10, chat=False), CAPTURE_OFF))
+        texts = [t.value for t in app.text]
+        assert texts[0] == " ".join(map(str, want)) and texts[-1] == f"done {len(want)}"
