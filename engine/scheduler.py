@@ -39,6 +39,7 @@ from engine.records import DoneRecord
 
 SERVICE_HISTORY = 20           # finished requests the wait estimate averages over
 SESSION_IDLE_SECONDS = 900.0   # a session unseen this long no longer counts against max_sessions
+TIMELINE_LENGTH = 200          # finished requests kept for `timeline()`
 _END = object()                # end of a handle's record stream
 
 
@@ -161,6 +162,19 @@ class SchedulerStats:
     mean_wait: float | None = None
 
 
+@dataclass(frozen=True)
+class Span:
+    """One finished request on the scheduler's timeline (seconds since the scheduler was made)."""
+
+    id: int
+    session: str | None
+    submitted: float
+    started: float | None          # None: cancelled while queued
+    finished: float
+    state: str
+    tokens: int
+
+
 class Scheduler:
     """First come, first served over one shared model, with a bounded queue and one worker thread."""
 
@@ -174,6 +188,8 @@ class Scheduler:
         self._sessions: dict[str, float] = {}
         self._service: deque[float] = deque(maxlen=SERVICE_HISTORY)
         self._waits: deque[float] = deque(maxlen=SERVICE_HISTORY)
+        self._spans: deque[Span] = deque(maxlen=TIMELINE_LENGTH)
+        self._t0 = time.perf_counter()
         self._ids = itertools.count(1)
         self._stats = SchedulerStats()
         self._closed = False
@@ -302,6 +318,11 @@ class Scheduler:
                            mean_service=statistics.fmean(self._service) if self._service else None,
                            mean_wait=statistics.fmean(self._waits) if self._waits else None)
 
+    def timeline(self) -> list[Span]:
+        """The last finished requests, oldest first: real queueing data for a page to draw."""
+        with self._cond:
+            return list(self._spans)
+
     def close(self, timeout: float = 10.0) -> None:
         """Cancel everything and stop the worker (tests and shutdown)."""
         with self._cond:
@@ -405,6 +426,9 @@ class Scheduler:
 
     def _finish(self, handle: Handle, state: str) -> None:
         handle.state, handle.finished = state, time.perf_counter()
+        rel = lambda t: None if t is None else t - self._t0  # noqa: E731
+        self._spans.append(Span(handle.id, handle.session, rel(handle.submitted), rel(handle.started),
+                                rel(handle.finished), state, handle.tokens))
         if handle.session is not None and self._by_session.get(handle.session) is handle:
             del self._by_session[handle.session]
         handle._records.put(_END)

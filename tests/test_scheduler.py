@@ -115,6 +115,10 @@ def test_waiting_sessions_see_their_position_and_an_estimated_wait(make_schedule
         h.result(timeout=60)
     assert all(h.state == "done" for h in handles)
     assert scheduler.stats().served == 5
+    spans = scheduler.timeline()
+    assert [s.id for s in spans] == [first.id] + [h.id for h in handles]          # first come, first served
+    assert all(a.finished <= b.started for a, b in zip(spans, spans[1:]))        # one at a time
+    assert all(s.submitted <= s.started <= s.finished and s.state == "done" and 1 <= s.tokens <= 30 for s in spans)
 
 
 def test_cancel_a_queued_and_a_running_request(tiny_lm, make_scheduler):
