@@ -257,13 +257,16 @@ class Scheduler:
                  draft: Any, k: int) -> Handle:
         if self._closed:
             raise EngineError("the server is shutting down; no new requests are taken")
+        previous = self._by_session.get(session) if session is not None else None
         if session is not None:
             self._join(session)
-            self._drop_previous(session)
-        if len(self._queue) >= self.limits.max_queue:
+        frees_a_place = previous is not None and previous.state == "queued"   # it is replaced below
+        if len(self._queue) - frees_a_place >= self.limits.max_queue:
             raise QueueFullError(
                 f"{len(self._queue)} requests are already waiting, the most this server queues; "
                 "try again in a moment")
+        if previous is not None and not previous.done:
+            self._cancel_locked(previous)
         handle = Handle(next(self._ids), request, policy, session, self, draft, k)
         self._queue.append(handle)
         if session is not None:
@@ -272,11 +275,6 @@ class Scheduler:
         self._ensure_worker()
         self._cond.notify_all()
         return handle
-
-    def _drop_previous(self, session: str) -> None:
-        old = self._by_session.get(session)
-        if old is not None and not old.done:
-            self._cancel_locked(old)
 
     # --- status and cancelling -------------------------------------------------------------------
 

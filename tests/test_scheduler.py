@@ -189,6 +189,19 @@ def test_sessions_over_the_limit_are_refused_and_a_resubmit_replaces_the_old_req
     scheduler.join("c")                                                 # a left, so c fits now
 
 
+def test_a_resubmit_into_a_full_queue_replaces_the_old_request(tiny_lm, make_scheduler):
+    scheduler = make_scheduler(max_queue=1)
+    running = scheduler.submit(long_request(tiny_lm, 200), CAPTURE_OFF, session="a")
+    running.get(timeout=30)
+    mine = scheduler.submit(request(1), CAPTURE_OFF, session="b")
+    with pytest.raises(QueueFullError):
+        scheduler.submit(request(2), CAPTURE_OFF, session="c")
+    again = scheduler.submit(request(3), CAPTURE_OFF, session="b")      # takes the place of its own request
+    assert mine.state == "cancelled" and again.status().position == 1
+    running.cancel()
+    assert isinstance(again.result(timeout=60)[-1], DoneRecord)
+
+
 def test_invalid_requests_are_refused_at_submit_and_nothing_is_queued(make_scheduler):
     scheduler = make_scheduler()
     for bad in (GenerationRequest("   "), GenerationRequest("w1", temperature=-1.0),
