@@ -15,11 +15,10 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil

@@ -35,8 +35,8 @@ import numpy as np
 
 from engine.errors import EngineError
 from engine.generate import GenerationRequest
-from engine.hooks import CapturePolicy, LayerCapture
-from engine.records import CacheState, Candidate, DecodeRecord, DoneRecord, Piece, PrefillRecord, SampledToken
+from engine.hooks import CapturePolicy
+from engine.records import DecodeRecord, DoneRecord, PrefillRecord
 from engine.specs import ModelSpec
 
 FORMAT = "inference-playground/recording"
