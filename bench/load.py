@@ -181,7 +181,7 @@ def machine(lm: LoadedModel) -> dict:
     return info
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="default")
     parser.add_argument("--device")
@@ -194,8 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overload-queue", type=int, default=10)
     parser.add_argument("--rss-bound-mb", type=float, default=1024.0)
     parser.add_argument("--out", default=str(RESULTS))
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
     base = Limits.for_device(lm.device).with_env()
     expected = references(lm, args.tokens)
