@@ -115,7 +115,7 @@ def accept_greedy(drafted: list[int], logits: torch.Tensor) -> tuple[int, int]:
 def accept_sampled(drafted: list[int], q: torch.Tensor | None, p: torch.Tensor,
                    generator: torch.Generator) -> tuple[int, int]:
     for i, x in enumerate(drafted):
-        q_i = q[i] if q is not None else _one_hot(x, p.shape[-1], p.device)              # (V,)
+        q_i = q[i].to(p.device) if q is not None else _one_hot(x, p.shape[-1], p.device)  # (V,)
         r = float(torch.rand(1, generator=generator, device=generator.device))
         if r * float(q_i[x]) < float(p[i, x]):                # accept x with probability min(1, p(x) / q(x))
             continue
