@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from numbers import Integral, Real
 from typing import Any, Callable, Iterator
 
 import torch
@@ -41,19 +42,51 @@ class GenerationRequest:
     system: str | None = None
 
 
+_TYPES = {"prompt": (str,), "max_new_tokens": (Integral,), "temperature": (Real,), "top_k": (Integral,),
+          "top_p": (Real,), "seed": (Integral,), "chat": (bool,), "system": (str, type(None))}
+_WORDS = {Integral: "a whole number", Real: "a number", str: "text", bool: "true or false", type(None): "empty"}
+MAX_STOPS, MAX_STOP_CHARS = 8, 200
+
+
+def check_types(request: Any) -> None:
+    """Refuse a request whose fields have the wrong type (a float token count, a text temperature...)."""
+    if not isinstance(request, GenerationRequest):
+        raise InvalidRequestError("a request must be a GenerationRequest")
+    for name, kinds in _TYPES.items():
+        value = getattr(request, name)
+        if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+            wanted = " or ".join(_WORDS.get(k, k.__name__) for k in kinds)
+            raise InvalidRequestError(f"{name.replace('_', ' ')} must be {wanted}, not {type(value).__name__}")
+    stops = request.stop
+    if not isinstance(stops, (tuple, list)) or not all(isinstance(x, str) for x in stops):
+        raise InvalidRequestError("stop must be a list of strings")
+    if len(stops) > MAX_STOPS or any(len(x) > MAX_STOP_CHARS for x in stops):
+        raise InvalidRequestError(f"at most {MAX_STOPS} stop strings of up to {MAX_STOP_CHARS} characters each")
+    _check_text(request.system, "the system prompt")
+    for x in stops:
+        _check_text(x, "a stop string")
+
+
+def _check_text(text: str | None, what: str) -> None:
+    if text is None:
+        return
+    if len(text) > MAX_PROMPT_CHARS:
+        raise InvalidRequestError(f"{what} has {len(text):,} characters; the limit is {MAX_PROMPT_CHARS:,}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise InvalidRequestError(f"{what} holds text that is not valid Unicode ({err.reason})") from None
+
+
 def validate(request: GenerationRequest) -> None:
     """Reject out-of-range settings with a message that names the setting."""
-    if not isinstance(request.prompt, str) or not request.prompt.strip():
+    check_types(request)
+    if not request.prompt.strip():
         raise InvalidRequestError("the prompt is empty; type something for the model to continue")
-    if len(request.prompt) > MAX_PROMPT_CHARS:
-        raise InvalidRequestError(f"the prompt has {len(request.prompt):,} characters; the limit is {MAX_PROMPT_CHARS:,}")
-    try:
-        request.prompt.encode("utf-8")
-    except UnicodeEncodeError as err:
-        raise InvalidRequestError(f"the prompt holds text that is not valid Unicode ({err.reason})") from None
+    _check_text(request.prompt, "the prompt")
     checks = [
         (1 <= request.max_new_tokens <= MAX_NEW_TOKENS, f"max new tokens must be 1 to {MAX_NEW_TOKENS}"),
-        (0.0 <= request.temperature <= 10.0, "temperature must be between 0 and 10"),
+        (0.0 <= request.temperature <= 10.0, "temperature must be between 0 and 10"),  # also refuses NaN
         (request.top_k >= 0, "top-k must be 0 (off) or positive"),
         (0.0 < request.top_p <= 1.0, "top-p must be above 0 and at most 1"),
         (0 <= request.seed < 2**63, "the seed must be a non-negative integer"),
@@ -97,17 +130,21 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def forward(lm: LoadedModel, ids: list[int], cache: DynamicCache,
-            capture: StepCapture | None) -> tuple[torch.Tensor, dict[int, LayerCapture]]:
-    """Run the model over new token ids after what the cache holds; return the last position's logits (V,)."""
+def forward(lm: LoadedModel, ids: list[int], cache: DynamicCache, capture: StepCapture | None,
+            keep: int | None = None) -> tuple[torch.Tensor, dict[int, LayerCapture]]:
+    """Run the model over new token ids after what the cache holds.
+
+    Returns the last position's logits (V,), or with `keep` the last `keep` positions' (keep, V).
+    """
     start = cache.get_seq_length()
     input_ids = torch.tensor([ids], device=lm.device)                              # [1, T]
     positions = torch.arange(start, start + len(ids), device=lm.device)            # [T]
     extra = {CAPTURE_KWARG: capture} if capture is not None else {}
     out = lm.model(input_ids=input_ids, past_key_values=cache, use_cache=True, cache_position=positions,
-                   logits_to_keep=1, **extra)
+                   logits_to_keep=keep or 1, **extra)
     captures = capture.finish(lm.model) if capture is not None else {}
-    return out.logits[0, -1], captures                                             # (V,)
+    logits = out.logits[0]                                                         # (keep, V)
+    return (logits if keep else logits[-1]), captures
 
 
 def cache_state(cache: DynamicCache) -> CacheState:
@@ -135,12 +172,18 @@ def pick_token(lm: LoadedModel, logits: torch.Tensor, request: GenerationRequest
                generator: torch.Generator, stream: TextStream) -> SampledToken:
     """Sample one token from logits (V,) and describe it with its alternatives."""
     token_id, probs = sample(logits, request.temperature, request.top_k, request.top_p, generator)
-    top = torch.topk(probs, TOP_CANDIDATES)
+    return describe_token(lm, logits, probs, token_id, stream.push(token_id))
+
+
+def describe_token(lm: LoadedModel, logits: torch.Tensor, probs: torch.Tensor, token_id: int,
+                   text: str) -> SampledToken:
+    """A SampledToken for a chosen token: its probability, alternatives and kept raw logits; (V,) inputs."""
+    top = torch.topk(probs, min(TOP_CANDIDATES, probs.shape[-1]))
     kept = torch.topk(logits.float(), min(KEEP_LOGITS, logits.shape[-1]))
     top_ids = top.indices.tolist()
     texts = lm.tokenizer.batch_decode([[i] for i in top_ids])
     candidates = [Candidate(i, t, p) for i, t, p in zip(top_ids, texts, top.values.tolist())]
-    return SampledToken(token_id, stream.push(token_id), float(probs[token_id]), candidates,
+    return SampledToken(token_id, text, float(probs[token_id]), candidates,
                         kept.indices.cpu().numpy(), kept.values.cpu().numpy())
 
 
@@ -169,7 +212,7 @@ def generate(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy 
         ttft = time.perf_counter() - t0
         yield PrefillRecord(prompt_pieces(lm, ids), forward_shapes(lm.spec, len(ids)), ttft,
                             cache_state(cache), token, captures)
-        generated, reason = [token.id], _finish(token.id, stream.text, stops, request, 1)
+        generated, reason = [token.id], finish_reason(token.id, stream.text, stops, request, 1)
         while reason is None:
             if should_stop is not None and should_stop():
                 reason = "cancelled"
@@ -180,13 +223,14 @@ def generate(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy 
             sync(lm.device)
             generated.append(token.id)
             yield DecodeRecord(len(generated) - 1, time.perf_counter() - t, cache_state(cache), token, captures)
-            reason = _finish(token.id, stream.text, stops, request, len(generated))
+            reason = finish_reason(token.id, stream.text, stops, request, len(generated))
     total = time.perf_counter() - t0
-    yield DoneRecord(_trim_stop(stream.text, request.stop), reason, len(ids), len(generated), ttft,
+    yield DoneRecord(trim_stop(stream.text, request.stop), reason, len(ids), len(generated), ttft,
                      total - ttft, total)
 
 
-def _finish(token_id: int, text: str, eos: set[int], request: GenerationRequest, n: int) -> str | None:
+def finish_reason(token_id: int, text: str, eos: set[int], request: GenerationRequest, n: int) -> str | None:
+    """Why generation ends after the n-th token, or None to go on."""
     if token_id in eos:
         return "eos"
     if any(s and s in text for s in request.stop):
@@ -196,6 +240,6 @@ def _finish(token_id: int, text: str, eos: set[int], request: GenerationRequest,
     return None
 
 
-def _trim_stop(text: str, stops: tuple[str, ...]) -> str:
+def trim_stop(text: str, stops: tuple[str, ...]) -> str:
     cut = min((text.index(s) for s in stops if s and s in text), default=len(text))
     return text[:cut]

@@ -20,7 +20,9 @@ def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int =
     if top_p < 1.0:
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
         before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly above each token
-        sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
+        drop = before >= top_p
+        drop[..., 0] = False  # the most likely token always survives, however small top_p is
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs

@@ -24,13 +24,12 @@ import time
 from collections import deque
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
-from numbers import Integral, Real
 from typing import Any, Callable, Iterator
 
 import torch
 
-from engine.errors import EngineError, InvalidRequestError, QueueFullError, RequestTimeoutError
-from engine.generate import (MAX_PROMPT_CHARS, GenerationRequest, check_context, encode_prompt, generate,
+from engine.errors import EngineError, QueueFullError, RequestTimeoutError
+from engine.generate import (GenerationRequest, check_types, check_context, encode_prompt, generate,
                              validate)
 from engine.hooks import CAPTURE_OFF, CapturePolicy
 from engine.limits import Limits, check_memory, check_request, capture_bytes
@@ -434,42 +433,6 @@ class Scheduler:
     def _release_memory(self) -> None:
         if self.lm.device.type == "cuda":
             torch.cuda.empty_cache()
-
-
-_TYPES = {"prompt": (str,), "max_new_tokens": (Integral,), "temperature": (Real,), "top_k": (Integral,),
-          "top_p": (Real,), "seed": (Integral,), "chat": (bool,), "system": (str, type(None))}
-_WORDS = {Integral: "a whole number", Real: "a number", str: "text", bool: "true or false", type(None): "empty"}
-MAX_STOPS, MAX_STOP_CHARS = 8, 200
-
-
-def check_types(request: Any) -> None:
-    """Refuse a request whose fields have the wrong type (a float token count, a text temperature...)."""
-    if not isinstance(request, GenerationRequest):
-        raise InvalidRequestError("a request must be a GenerationRequest")
-    for name, kinds in _TYPES.items():
-        value = getattr(request, name)
-        if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-            wanted = " or ".join(_WORDS.get(k, k.__name__) for k in kinds)
-            raise InvalidRequestError(f"{name.replace('_', ' ')} must be {wanted}, not {type(value).__name__}")
-    stops = request.stop
-    if not isinstance(stops, (tuple, list)) or not all(isinstance(x, str) for x in stops):
-        raise InvalidRequestError("stop must be a list of strings")
-    if len(stops) > MAX_STOPS or any(len(x) > MAX_STOP_CHARS for x in stops):
-        raise InvalidRequestError(f"at most {MAX_STOPS} stop strings of up to {MAX_STOP_CHARS} characters each")
-    _check_text(request.system, "the system prompt")
-    for x in stops:
-        _check_text(x, "a stop string")
-
-
-def _check_text(text: str | None, what: str) -> None:
-    if text is None:
-        return
-    if len(text) > MAX_PROMPT_CHARS:
-        raise InvalidRequestError(f"{what} has {len(text):,} characters; the limit is {MAX_PROMPT_CHARS:,}")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        raise InvalidRequestError(f"{what} holds text that is not valid Unicode ({err.reason})") from None
 
 
 def device_free_bytes(device: torch.device) -> float:

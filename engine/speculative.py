@@ -24,12 +24,12 @@ from engine.card import forward_shapes
 from engine.drafts import (Draft, Drafter, EarlyExitDraft, ModelDraft, NgramDraft, Proposal, check_depth,
                            check_vocabulary, crop_to)
 from engine.errors import InvalidRequestError
-from engine.generate import (KEEP_LOGITS, TOP_CANDIDATES, GenerationRequest, TextStream, _finish, _trim_stop,
+from engine.generate import (GenerationRequest, describe_token, TextStream, finish_reason, trim_stop,
                              cache_state, check_context, encode_prompt, eos_ids, forward, pick_token,
                              prompt_pieces, sync, validate)
-from engine.hooks import CAPTURE_KWARG, CAPTURE_OFF, CapturePolicy, Instrument, LayerCapture, StepCapture, instrument
+from engine.hooks import CAPTURE_OFF, CapturePolicy, Instrument, LayerCapture, instrument
 from engine.loader import LoadedModel, load_model
-from engine.records import CacheState, Candidate, DoneRecord, PrefillRecord, SampledToken, to_json
+from engine.records import CacheState, DoneRecord, PrefillRecord, SampledToken, to_json
 from engine.sampling import logits_to_probs, sample
 
 MAX_K = 16
@@ -204,7 +204,7 @@ def speculative_generate(target: LoadedModel, request: GenerationRequest, draft:
         t0 = time.perf_counter()
         prefill = _prefill(run, inst)
         yield prefill
-        reason = _finish(prefill.token.id, run.stream.text, run.eos, request, 1)
+        reason = finish_reason(prefill.token.id, run.stream.text, run.eos, request, 1)
         while reason is None:
             if should_stop is not None and should_stop():
                 reason = "cancelled"
@@ -236,7 +236,8 @@ def _round(run: _Run, drafter: Drafter, k: int, inst: Instrument, number: int) -
     t1 = time.perf_counter()
     start = run.cache.get_seq_length()                                # every token so far but the newest
     assert start == len(run.tokens) - 1, (start, len(run.tokens))
-    logits, captures = verify_forward(run.lm, [run.tokens[-1], *proposal.tokens], run.cache, inst.new_step())
+    fed = [run.tokens[-1], *proposal.tokens]  # [last accepted, d_1..d_k]: one target pass scores all k
+    logits, captures = forward(run.lm, fed, run.cache, inst.new_step(), keep=len(fed))  # (k+1, V)
     probs = run.probs(logits)                                         # (k+1, V)
     n_ok, bonus_id = accept(proposal.tokens, proposal.probs, logits, probs, run.request.temperature, run.generator)
     emitted, reason = _emit(run, logits, probs, [*proposal.tokens[:n_ok], bonus_id])
@@ -244,7 +245,8 @@ def _round(run: _Run, drafter: Drafter, k: int, inst: Instrument, number: int) -
     drafter.rollback(len(run.tokens) - 1)
     sync(run.lm.device)
     t2 = time.perf_counter()
-    bonus = emitted[n_ok] if len(emitted) > n_ok else describe(run.lm, logits[n_ok], probs[n_ok], bonus_id)
+    bonus = emitted[n_ok] if len(emitted) > n_ok else describe_token(run.lm, logits[n_ok], probs[n_ok], bonus_id,
+                                                                   run.lm.tokenizer.decode([bonus_id]))
     record = SpecRoundRecord(number, _drafted(run, proposal, probs, n_ok), n_ok, bonus, emitted, t1 - t0, t2 - t1,
                              cache_state(run.cache), drafter.cache_length, proposal.fed, captures)
     return record, reason
@@ -255,9 +257,9 @@ def _emit(run: _Run, logits: torch.Tensor, probs: torch.Tensor,
     """Append the round's tokens one by one, stopping exactly where plain decoding would stop."""
     emitted: list[SampledToken] = []
     for i, token_id in enumerate(new):
-        emitted.append(describe(run.lm, logits[i], probs[i], token_id, run.stream.push(token_id)))
+        emitted.append(describe_token(run.lm, logits[i], probs[i], token_id, run.stream.push(token_id)))
         run.tokens.append(token_id)
-        reason = _finish(token_id, run.stream.text, run.eos, run.request, run.generated)
+        reason = finish_reason(token_id, run.stream.text, run.eos, run.request, run.generated)
         if reason is not None:
             return emitted, reason
     return emitted, None
@@ -275,7 +277,7 @@ def _drafted(run: _Run, proposal: Proposal, probs: torch.Tensor, n_ok: int) -> l
 def _summary(run: _Run, draft: Draft, k: int, tally: _Tally, reason: str, ttft: float, total: float) -> SpecDoneRecord:
     drafted, accepted = sum(tally.drafted_at), sum(tally.accepted_at)
     return SpecDoneRecord(
-        _trim_stop(run.stream.text, run.request.stop), reason, run.n_prompt, run.generated, ttft, total - ttft, total,
+        trim_stop(run.stream.text, run.request.stop), reason, run.n_prompt, run.generated, ttft, total - ttft, total,
         draft=draft.label, k=k, rounds=tally.rounds, target_passes=1 + tally.rounds, drafted=drafted,
         accepted=accepted, acceptance_rate=accepted / drafted if drafted else 0.0,
         acceptance_by_position=[a / d for a, d in zip(tally.accepted_at, tally.drafted_at)],
@@ -284,30 +286,6 @@ def _summary(run: _Run, draft: Draft, k: int, tally: _Tally, reason: str, ttft: 
 
 
 # --- target pieces ------------------------------------------------------------------------------------
-
-def verify_forward(lm: LoadedModel, ids: list[int], cache: DynamicCache,
-                   capture: StepCapture | None) -> tuple[torch.Tensor, dict[int, LayerCapture]]:
-    """One target pass over [last token, d_1..d_k] after the cache; logits (k+1, V) for every position."""
-    start = cache.get_seq_length()
-    input_ids = torch.tensor([ids], device=lm.device)                              # [1, k+1]
-    positions = torch.arange(start, start + len(ids), device=lm.device)            # [k+1]
-    extra = {CAPTURE_KWARG: capture} if capture is not None else {}
-    out = lm.model(input_ids=input_ids, past_key_values=cache, use_cache=True, cache_position=positions,
-                   logits_to_keep=len(ids), **extra)
-    captures = capture.finish(lm.model) if capture is not None else {}
-    return out.logits[0], captures                                                 # (k+1, V)
-
-
-def describe(lm: LoadedModel, logits: torch.Tensor, probs: torch.Tensor, token_id: int,
-             text: str | None = None) -> SampledToken:
-    """A SampledToken for a token the target chose or accepted; logits, probs: (V,)."""
-    decode = lm.tokenizer.decode
-    top = torch.topk(probs, min(TOP_CANDIDATES, probs.shape[-1]))
-    kept = torch.topk(logits.float(), min(KEEP_LOGITS, logits.shape[-1]))
-    candidates = [Candidate(i, decode([i]), p) for i, p in zip(top.indices.tolist(), top.values.tolist())]
-    return SampledToken(token_id, decode([token_id]) if text is None else text, float(probs[token_id]), candidates,
-                        kept.indices.cpu().numpy(), kept.values.cpu().numpy())
-
 
 # --- command line helpers -----------------------------------------------------------------------------
 
