@@ -1,0 +1,195 @@
+"""Figures for the speed and cost pages. Each builder takes plain data and returns a Plotly figure.
+
+Measured series are drawn in orange, projected ones in blue, so the two planes never blur together.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from engine.projection import Projection, RooflinePoint
+from engine.serving_sim import SimResult, SweepRow
+from engine.speedlab import CurveFit, DecodePlacement, DeviceRoof
+
+MEASURED_COLOR, PROJECTED_COLOR, PREFILL_COLOR, DECODE_COLOR = "#e8833a", "#3a7be8", "#8e44ad", "#2a9d8f"
+POLICY_COLORS = {"static": "#bbbbbb", "continuous": "#3a7be8"}
+MARGIN = dict(l=0, r=0, t=30, b=0)
+
+
+def context_figure(points: Sequence[dict], fit: CurveFit | None, onset: int | None,
+                   ceiling_ms: Sequence[float] | None = None) -> go.Figure:
+    """TTFT and inter-token latency against prompt length: measured points, the fitted curve, the N^2 onset."""
+    pts = sorted(points, key=lambda p: p["tokens"])
+    ns = [p["tokens"] for p in pts]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("time to first token (prefill)", "inter-token latency (decode)"))
+    fig.add_scatter(x=ns, y=[p["ttft"] * 1e3 for p in pts], mode="markers+lines", name="measured TTFT",
+                    marker=dict(color=MEASURED_COLOR, size=8), line=dict(color=MEASURED_COLOR, width=1), row=1, col=1)
+    if fit is not None and ns:
+        grid = [ns[0] + (ns[-1] - ns[0]) * i / 60 for i in range(61)]
+        fig.add_scatter(x=grid, y=[fit.predict(n) * 1e3 for n in grid], mode="lines", name="a + bN + cN² fit",
+                        line=dict(color="black", dash="dot", width=1), row=1, col=1)
+    if ceiling_ms is not None:
+        fig.add_scatter(x=ns, y=list(ceiling_ms), mode="lines", name="ceiling on this device (projected)",
+                        line=dict(color=PROJECTED_COLOR, dash="dash"), row=1, col=1)
+    fig.add_scatter(x=ns, y=[p["itl"] * 1e3 for p in pts], mode="markers+lines", name="measured ITL",
+                    marker=dict(color=DECODE_COLOR, size=8), line=dict(color=DECODE_COLOR, width=1), row=1, col=2)
+    if onset is not None and ns and onset <= max(ns) * 1.5:
+        fig.add_vline(x=onset, line=dict(color="grey", dash="dash"), row=1, col=1)
+    fig.update_xaxes(title="prompt tokens (N)")
+    fig.update_yaxes(title="ms", rangemode="tozero")
+    fig.update_layout(height=360, margin=MARGIN, legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def _roof_trace(fig: go.Figure, xs: Sequence[float], ys: Sequence[float], name: str, color: str) -> None:
+    fig.add_scatter(x=list(xs), y=list(ys), mode="lines", name=name, line=dict(color=color, width=2),
+                    hovertemplate="%{x:.3g} FLOPs/byte: %{y:.3g} FLOP/s<extra></extra>")
+
+
+def _log_axes(fig: go.Figure, title: str) -> go.Figure:
+    fig.update_xaxes(type="log", title="arithmetic intensity (FLOPs per byte moved)")
+    fig.update_yaxes(type="log", title="FLOP/s")
+    fig.update_layout(height=400, margin=MARGIN, title=dict(text=title, font=dict(size=14)),
+                      legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+def device_roofline_figure(roof: DeviceRoof, decode: DecodePlacement | None,
+                           prefill: tuple[float, float] | None) -> go.Figure:
+    """This device's roofline (its measured peaks) with the measured decode step and prefill placed on it.
+
+    prefill: (intensity, achieved FLOP/s) of the longest measured prefill.
+    """
+    lo, hi = 0.05, max(roof.ridge_point * 30, 1e3)
+    xs = sorted({lo, roof.ridge_point, hi})
+    fig = go.Figure()
+    _roof_trace(fig, xs, [roof.attainable(x) for x in xs], f"{roof.name} ({roof.source} peaks)", "black")
+    if decode is not None:
+        fig.add_scatter(x=[decode.intensity], y=[decode.achieved_flops], mode="markers+text", name="decode step (measured)",
+                        text=["decode"], textposition="top center", marker=dict(color=DECODE_COLOR, size=12))
+        fig.add_scatter(x=[decode.intensity], y=[roof.attainable(decode.intensity)], mode="markers",
+                        name="decode ceiling", marker=dict(color=DECODE_COLOR, size=12, symbol="circle-open"))
+    if prefill is not None:
+        fig.add_scatter(x=[prefill[0]], y=[prefill[1]], mode="markers+text", name="prefill (measured)",
+                        text=["prefill"], textposition="top center", marker=dict(color=PREFILL_COLOR, size=12))
+    return _log_axes(fig, "Measured on this machine")
+
+
+def projected_roofline_figure(line: Sequence[RooflinePoint], proj: Projection, title: str) -> go.Figure:
+    """A GPU's roofline with the projected prefill and decode of the chosen batch placed at their achieved FLOP/s."""
+    fig = go.Figure()
+    _roof_trace(fig, [p.intensity for p in line], [p.attainable_flops for p in line], "roofline (spec sheet)", "black")
+    decode_flops = proj.decode_intensity * _decode_bytes(proj)
+    points = [("prefill", proj.prefill_intensity, proj.prefill_flops / (proj.prefill_ms / 1e3), PREFILL_COLOR),
+              ("decode", proj.decode_intensity, decode_flops / (proj.decode_step_ms / 1e3), DECODE_COLOR)]
+    for name, x, y, color in points:
+        fig.add_scatter(x=[x], y=[y], mode="markers+text", text=[f"{name}, batch {proj.batch}"],
+                        textposition="top center", name=name, marker=dict(color=color, size=12),
+                        hovertemplate=f"{name}: %{{x:.3g}} FLOPs/byte, %{{y:.3g}} FLOP/s<extra></extra>")
+    fig.add_vline(x=proj.ridge_point, line=dict(color="grey", dash="dot"))
+    return _log_axes(fig, title)
+
+
+def _decode_bytes(proj: Projection) -> float:
+    return proj.weight_bytes + proj.kv_bytes_total
+
+
+def batch_sweep_figure(projs: Sequence[Projection], title: str) -> go.Figure:
+    """Total and per-user tokens/s, and cost per million tokens, against batch size (log-log)."""
+    bs = [p.batch for p in projs]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens per second", "$ per million output tokens"))
+    fig.add_scatter(x=bs, y=[p.total_tok_s for p in projs], name="total", mode="lines+markers",
+                    line=dict(color=PROJECTED_COLOR), row=1, col=1)
+    fig.add_scatter(x=bs, y=[p.per_user_tok_s for p in projs], name="per user", mode="lines+markers",
+                    line=dict(color=PROJECTED_COLOR, dash="dash"), row=1, col=1)
+    fig.add_scatter(x=bs, y=[p.cost_per_million_tokens for p in projs], name="cost", mode="lines+markers",
+                    line=dict(color="#c0392b"), row=1, col=2)
+    fig.update_xaxes(type="log", title="batch size")
+    fig.update_yaxes(type="log")
+    fig.update_layout(height=340, margin=MARGIN, title=dict(text=title, font=dict(size=14), y=0.99),
+                      legend=dict(orientation="h", y=-0.3))
+    return fig
+
+
+def sim_series_figure(results: dict[str, SimResult]) -> go.Figure:
+    """Requests in the batch and KV tokens held, over time, for each batching policy."""
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, subplot_titles=("requests in the batch", "KV cache (tokens)"))
+    for policy, res in results.items():
+        color = POLICY_COLORS.get(policy, "black")
+        t = [p.time for p in res.series]
+        fig.add_scatter(x=t, y=[p.batch for p in res.series], name=policy, mode="lines", line=dict(color=color),
+                        row=1, col=1)
+        fig.add_scatter(x=t, y=[p.kv_tokens for p in res.series], name=f"{policy}: used", mode="lines",
+                        line=dict(color=color), showlegend=False, row=2, col=1)
+    fig.update_xaxes(title="seconds", row=2, col=1)
+    fig.update_layout(height=460, margin=MARGIN, legend=dict(orientation="h", y=1.12))
+    return fig
+
+
+def sim_latency_figure(results: dict[str, SimResult]) -> go.Figure:
+    """TTFT and total latency, p50 and p95, per policy."""
+    labels = ["TTFT p50", "TTFT p95", "latency p50", "latency p95"]
+    fig = go.Figure()
+    for policy, res in results.items():
+        values = [res.ttft_p50, res.ttft_p95, res.latency_p50, res.latency_p95]
+        fig.add_bar(x=labels, y=values, name=policy, marker_color=POLICY_COLORS.get(policy, "black"),
+                    text=[f"{v:.2f} s" for v in values], textposition="outside", cliponaxis=False)
+    fig.update_yaxes(title="seconds")
+    fig.update_layout(height=320, margin=MARGIN, barmode="group", legend=dict(orientation="h", y=1.15))
+    return fig
+
+
+def sim_sweep_figure(rows: Sequence[SweepRow]) -> go.Figure:
+    """The throughput/latency trade as the batch limit grows (simulated)."""
+    bs = [r.max_batch for r in rows]
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("throughput (tok/s)", "median latency (s)", "$ per 1M tokens"))
+    fig.add_scatter(x=bs, y=[r.throughput_tok_s for r in rows], mode="lines+markers", line=dict(color=PROJECTED_COLOR),
+                    name="throughput", row=1, col=1)
+    fig.add_scatter(x=bs, y=[r.latency_p50 for r in rows], mode="lines+markers", line=dict(color="#7f8c8d"),
+                    name="latency p50", row=1, col=2)
+    fig.add_scatter(x=bs, y=[r.cost_per_million_tokens for r in rows], mode="lines+markers",
+                    line=dict(color="#c0392b"), name="cost", row=1, col=3)
+    fig.update_xaxes(type="log", title="batch limit")
+    fig.update_yaxes(type="log")
+    fig.update_layout(height=320, margin=MARGIN, showlegend=False)
+    return fig
+
+
+def measured_batching_figure(points: Sequence[dict], ceiling: Sequence[float]) -> go.Figure:
+    """Measured total and per-user tok/s against batch size, beside this device's projected ceiling (total)."""
+    bs = [p["batch"] for p in points]
+    fig = go.Figure()
+    fig.add_scatter(x=bs, y=[p["total_tok_s"] for p in points], name="total (measured)", mode="lines+markers",
+                    line=dict(color=MEASURED_COLOR))
+    fig.add_scatter(x=bs, y=[p["per_user_tok_s"] for p in points], name="per user (measured)", mode="lines+markers",
+                    line=dict(color=MEASURED_COLOR, dash="dash"))
+    fig.add_scatter(x=bs, y=list(ceiling), name="total, ceiling on this device (projected)", mode="lines+markers",
+                    line=dict(color=PROJECTED_COLOR, dash="dot"))
+    fig.update_xaxes(type="log", title="batch size", tickvals=bs)
+    fig.update_yaxes(type="log", title="tokens per second")
+    fig.update_layout(height=340, margin=MARGIN, legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def precision_bars(labels: Sequence[str], values: Sequence[float], title: str, unit: str,
+                   color: str = MEASURED_COLOR) -> go.Figure:
+    """One bar per precision."""
+    fig = go.Figure(go.Bar(x=list(labels), y=list(values), marker_color=color,
+                           text=[f"{v:,.3g} {unit}" for v in values], textposition="outside", cliponaxis=False))
+    fig.update_layout(height=280, margin=MARGIN, title=dict(text=title, font=dict(size=14)))
+    fig.update_yaxes(rangemode="tozero", showticklabels=False)
+    return fig
+
+
+def rates_figure(names: Sequence[str], rates: Sequence[float], chosen: float,
+                 measured: Sequence[bool] | None = None) -> go.Figure:
+    """Tokens per second of each preset (log scale) with the chosen rate as a line; measured bars in orange."""
+    colors = [MEASURED_COLOR if m else PROJECTED_COLOR for m in (measured or [False] * len(names))]
+    fig = go.Figure(go.Bar(y=list(names), x=list(rates), orientation="h", marker_color=colors,
+                           text=[f"{r:,.0f} tok/s" for r in rates], textposition="outside", cliponaxis=False))
+    fig.add_vline(x=chosen, line=dict(color=MEASURED_COLOR, width=2))
+    fig.update_xaxes(type="log", title="tokens per second")
+    fig.update_layout(height=60 + 36 * len(names), margin=MARGIN)
+    return fig

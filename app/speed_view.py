@@ -1,0 +1,154 @@
+"""Shared pieces of the speed and cost pages: the two planes' labels, the projection controls, this
+device's measured peaks (cached once per process), and a turn on the shared model for measurements.
+
+Measured figures are always introduced by MEASURED; projected ones by `projected_label(...)`.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import streamlit as st
+
+from app.format import fmt_bytes, fmt_tokens
+from engine.loader import LoadedModel
+from engine.projection import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_DOLLARS_PER_HOUR, DEFAULT_FLOPS_EFFICIENCY,
+                               Projection, project)
+from engine.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec
+from engine.speedlab import DeviceRoof, measure_roof
+
+MEASURED = "Measured on this machine"
+WEIGHTS = {"FP32": "fp32", "BF16": "bf16", "FP8": "fp8", "INT8": "int8", "INT4": "int4"}
+KV = {"BF16": "bf16", "FP8": "fp8"}
+LOADED = "loaded"
+DEFAULT_MODEL, DEFAULT_GPU = "llama-3.1-8b", "h100-sxm"
+
+
+def projected_label(model: str, gpu: str) -> str:
+    return f"Projected for {model} on {gpu}"
+
+
+def measured_caption(lm: LoadedModel) -> str:
+    return f"{MEASURED}: {lm.label}, {lm.dtype_name}, on {lm.device}."
+
+
+# --- the projection controls -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HardwareChoice:
+    """What the projection runs: a model on a GPU, in a precision, at a batch and context."""
+
+    spec: ModelSpec
+    gpu: GPUSpec
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    batch: int = 1
+    context: int = 1024
+    output_tokens: int = 128
+    flops_efficiency: float = DEFAULT_FLOPS_EFFICIENCY
+    bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY
+    dollars_per_hour: float = DEFAULT_DOLLARS_PER_HOUR
+
+    @property
+    def label(self) -> str:
+        return projected_label(self.spec.name, self.gpu.name)
+
+    def project(self, **overrides) -> Projection:
+        kw = dict(weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype, batch=self.batch, context=self.context,
+                  output_tokens=self.output_tokens, flops_efficiency=self.flops_efficiency,
+                  bandwidth_efficiency=self.bandwidth_efficiency, dollars_per_hour=self.dollars_per_hour)
+        return project(self.spec, self.gpu, **{**kw, **overrides})
+
+
+def model_options(lm: LoadedModel | None) -> dict[str, ModelSpec]:
+    loaded = {LOADED: lm.spec} if lm is not None else {}
+    return {**{k: v for k, v in MODEL_PRESETS.items()}, **loaded}
+
+
+def model_picker(ns: str, lm: LoadedModel | None, parent=None) -> ModelSpec:
+    specs = model_options(lm)
+    names = {k: (f"{lm.label} (loaded)" if k == LOADED else s.name) for k, s in specs.items()}
+    key = (parent or st).selectbox("Model", list(specs), index=list(specs).index(DEFAULT_MODEL),
+                                   format_func=names.get, key=f"{ns}.model")
+    return specs[key]
+
+
+def gpu_picker(ns: str, parent=None) -> GPUSpec:
+    key = (parent or st).selectbox("GPU", list(GPU_PRESETS), index=list(GPU_PRESETS).index(DEFAULT_GPU),
+                                   format_func=lambda k: GPU_PRESETS[k].name, key=f"{ns}.gpu")
+    return GPU_PRESETS[key]
+
+
+def precision_pickers(ns: str, cols) -> tuple[str, str]:
+    weights = cols[0].segmented_control("Weights", list(WEIGHTS), default="BF16", key=f"{ns}.weights", required=True)
+    kv = cols[1].segmented_control("KV cache", list(KV), default="BF16", key=f"{ns}.kv", required=True)
+    return WEIGHTS[weights or "BF16"], KV[kv or "BF16"]
+
+
+def hardware_controls(ns: str, lm: LoadedModel | None, full: bool = True) -> HardwareChoice:
+    """Model, GPU and precisions; with `full`, also batch, context, output length, efficiencies and price."""
+    top = st.columns(4)
+    spec, gpu = model_picker(ns, lm, top[0]), gpu_picker(ns, top[1])
+    weights, kv = precision_pickers(ns, top[2:])
+    if not full:
+        return HardwareChoice(spec, gpu, weights, kv)
+    mid = st.columns(4)
+    batch = mid[0].select_slider("Batch size (users at once)", [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
+                                 value=1, key=f"{ns}.batch")
+    context = mid[1].select_slider("Context per user (tokens)", [128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+                                   32768, 65536, 131072], value=1024, format_func=fmt_tokens, key=f"{ns}.context")
+    output = mid[2].number_input("Output tokens per request", 1, 8192, 128, key=f"{ns}.output")
+    price = mid[3].number_input("$ per GPU-hour", 0.1, 100.0, DEFAULT_DOLLARS_PER_HOUR, 0.1, key=f"{ns}.price")
+    low = st.columns(2)
+    flops_eff = low[0].slider("Share of peak FLOP/s reached (prefill)", 0.1, 1.0, DEFAULT_FLOPS_EFFICIENCY, 0.05,
+                              key=f"{ns}.flops_eff")
+    bw_eff = low[1].slider("Share of peak bandwidth reached (decode)", 0.1, 1.0, DEFAULT_BANDWIDTH_EFFICIENCY, 0.05,
+                           key=f"{ns}.bw_eff")
+    return HardwareChoice(spec, gpu, weights, kv, int(batch), int(context), int(output), float(flops_eff),
+                          float(bw_eff), float(price))
+
+
+def memory_line(p: Projection) -> str:
+    verdict = "fits" if p.fits else "does NOT fit"
+    return (f"Weights {fmt_bytes(p.weight_bytes)} + KV cache {fmt_bytes(p.kv_bytes_total)} "
+            f"({p.batch} × {fmt_bytes(p.kv_bytes_per_user)}) = {fmt_bytes(p.memory_needed_bytes)} of "
+            f"{fmt_bytes(p.memory_bytes, binary=True)}: {verdict}. {p.users_that_fit:,} users of "
+            f"{fmt_tokens(p.context)} tokens fit.")
+
+
+# --- this device -----------------------------------------------------------------------------------------
+
+@st.cache_resource(show_spinner=False)
+def _device_roof(device: str, dtype: str) -> DeviceRoof:
+    import torch
+
+    return measure_roof(device, getattr(torch, dtype))
+
+
+def device_roof(lm: LoadedModel) -> DeviceRoof:
+    """This device's peaks: a copy and a matmul benchmark the first time (about a second), then cached."""
+    with st.spinner("Measuring this device's memory bandwidth and FLOP/s (once per server)…"):
+        return _device_roof(str(lm.device), lm.dtype_name)
+
+
+@contextmanager
+def model_turn(lm: LoadedModel, what: str = "the model") -> Iterator[None]:
+    """Hold the shared model while measuring, so no other session's request runs in between."""
+    note = st.empty()
+    while not lm.lock.acquire(timeout=0.25):
+        note.info(f"Another session is using {what}; the measurement starts when it is done…")
+    note.empty()
+    try:
+        yield
+    finally:
+        lm.lock.release()
+
+
+def status_progress(box):
+    """A progress callback (fraction, message) writing into an st.status box."""
+    bar = box.progress(0.0)
+
+    def report(fraction: float, message: str) -> None:
+        bar.progress(min(max(fraction, 0.0), 1.0), text=message)
+    return report

@@ -1,0 +1,22 @@
+"""Batching: a simulated serving engine on projected GPUs, and real batched generation on this machine."""
+import streamlit as st
+
+from app import speed_batching as view
+from app.model import require_model
+from app.speed_view import device_roof, hardware_controls
+
+lm = require_model()
+st.title("Batching")
+st.write("A decode step reads every weight once, whether it produces a token for one user or for two hundred. "
+         "Serving many users in the same step is how a GPU goes from idle arithmetic units to full ones, and how "
+         "the price of a token falls.")
+
+st.subheader("1. A serving engine, simulated")
+choice = hardware_controls("batching", lm, full=False)
+view.simulation_section(choice)
+
+st.subheader("2. The batch limit: throughput against latency")
+view.sweep_section(choice)
+
+st.subheader("3. Real batching on this machine")
+view.real_section(lm, device_roof(lm))

@@ -1,0 +1,144 @@
+"""The speed and cost pages through streamlit.testing.v1.AppTest, on the tiny Llama the tests write themselves.
+
+Each page script runs on its own (the navigation lives in app/main.py); measurements run for real on the
+tiny model, so every number on screen comes from the engine.
+"""
+from __future__ import annotations
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app.speed_feel import ANSWER, answer_pieces, due_count, presets, reading_rate, speculative_rate
+from app.speed_measured import POINTS
+
+TIMEOUT = 120
+
+
+@pytest.fixture
+def page(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("PLAYGROUND_MODEL", str(tiny_model_dir))
+    monkeypatch.setenv("PLAYGROUND_DEVICE", "cpu")
+    monkeypatch.setenv("PLAYGROUND_DTYPE", "float32")
+
+    def open_page(script: str) -> AppTest:
+        at = AppTest.from_file(f"../pages/{script}", default_timeout=TIMEOUT).run()
+        assert_clean(at)
+        return at
+    return open_page
+
+
+def assert_clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def text_of(at: AppTest) -> str:
+    return " ".join([m.value for m in at.markdown] + [c.value for c in at.caption] + [s.value for s in at.subheader])
+
+
+def number(value: str) -> float:
+    return float(value.split()[0].replace(",", "").lstrip("$"))
+
+
+# --- pure helpers ----------------------------------------------------------------------------------------
+
+def test_due_count_shows_token_i_at_i_over_rate():
+    assert due_count(0.0, 10, 100) == 1
+    assert due_count(0.099, 10, 100) == 1 and due_count(0.1, 10, 100) == 2
+    assert due_count(2.0, 2000, 100) == 100 and due_count(-1, 5, 10) == 0
+
+
+def test_presets_come_from_the_projection():
+    rates = {p.name: p.rate for p in presets(measured=12.5)}
+    assert rates["This machine (measured)"] == 12.5
+    assert 200 < rates["H100, Llama 3.1 8B, batch 1: ceiling"] < 210        # 16 GB / 3.35 TB/s, plus a 512-token cache
+    assert 140 < rates["H100, Llama 3.1 8B, batch 1: tuned engine"] < 160
+    assert 2 < rates["H100 + speculative decoding"] / rates["H100, Llama 3.1 8B, batch 1: tuned engine"] < 2.5
+    assert rates["A fast chip: B200, FP8 weights, batch 1"] > 900
+    assert 4 < reading_rate() < 7
+    assert speculative_rate(100, acceptance=0.0, k=4, draft_cost=0.0) == pytest.approx(100)
+
+
+def test_answer_falls_back_to_words_for_a_tokenizer_that_cannot_spell_it(tiny_lm):
+    prefixes, unit = answer_pieces(tiny_lm)
+    assert unit.startswith("words") and prefixes[-1] == ANSWER
+    assert all(b.startswith(a) for a, b in zip(prefixes, prefixes[1:]))
+
+
+# --- the pages -------------------------------------------------------------------------------------------
+
+def test_speed_lab_measures_and_the_curve_grows(page):
+    at = page("speed_lab.py")
+    assert at.title[0].value == "Speed lab"
+    assert "Measured on this machine" in text_of(at) and "Measure N" in [b.label for b in at.button]
+    at.number_input(key="speed.context_typed").set_value(100).run()
+    assert at.slider(key="speed.context_slider").value == 100
+    at.button(key="speed.measure").click().run()
+    assert_clean(at)
+    assert [p["tokens"] for p in at.session_state[POINTS]] == [100]
+    at.button(key="speed.sweep").click().run()
+    assert_clean(at)
+    tokens = [p["tokens"] for p in at.session_state[POINTS]]
+    assert tokens == sorted(tokens) and len(tokens) >= 5 and 100 in tokens
+    assert all(p["ttft"] > 0 and p["itl"] > 0 for p in at.session_state[POINTS])
+    assert number(metric(at, "Decode speed (measured)")) > 0
+    ratio = float(metric(at, "Measured / ceiling").rstrip("%"))
+    assert 0 < ratio <= 100
+    assert "TTFT ≈" in text_of(at) or "no upward bend" in text_of(at)
+
+
+def test_feel_the_speed_streams_at_the_chosen_rate(page):
+    at = page("speed_lab.py")
+    fast = next(b for b in at.button if b.label.startswith("A fast chip"))
+    fast.click().run()
+    assert at.slider(key="feel.rate_slider").value > 900
+    at.slider(key="feel.rate_slider").set_value(2000).run()
+    at.button(key="feel.play").click().run()
+    assert_clean(at)
+    assert ANSWER in [m.value for m in at.markdown]
+    assert any("per second shown" in c.value for c in at.caption)
+
+
+def test_cost_page_reproduces_the_h100_ceiling_and_batching_economics(page):
+    at = page("speed_cost.py")
+    assert "Projected for Llama 3.1 8B on H100 SXM" in text_of(at)
+    assert 200 < number(metric(at, "Ceiling per user")) < 210
+    at.select_slider(key="cost.batch").set_value(64).run()
+    assert_clean(at)
+    total, per_user = number(metric(at, "Total")), number(metric(at, "Per user"))
+    assert total == pytest.approx(64 * per_user, rel=0.01)
+    assert "× cheaper" in text_of(at).replace("**", "")
+    assert len(at.get("plotly_chart")) == 2
+
+
+def test_batching_page_simulates_and_measures(page):
+    at = page("speed_batching.py")
+    table = at.table[0].value
+    assert list(table.columns)[-2:] == ["static", "continuous"]
+    at.button(key="batching.measure").click().run()
+    assert_clean(at)
+    rows = at.session_state["batching.points"]
+    assert [r["batch"] for r in rows] == [1, 2, 4, 8]
+    assert all(r["total_tok_s"] == pytest.approx(r["batch"] * r["per_user_tok_s"]) for r in rows)
+
+
+def test_batching_page_reports_a_model_that_does_not_fit(page):
+    at = page("speed_batching.py")
+    at.selectbox(key="batching.model").set_value("llama-3.1-405b")
+    at.selectbox(key="batching.gpu").set_value("rtx-4090").run()
+    assert_clean(at)
+    assert any("no room" in e.value for e in at.error)
+
+
+def test_precision_page_quantizes_a_copy_and_measures_it(page):
+    at = page("speed_precision.py")
+    at.button(key="precision.run").click().run()
+    assert_clean(at)
+    rows = at.session_state["precision.results"]["rows"]
+    assert [r["precision"] for r in rows] == ["FLOAT32", "INT8", "INT4 (g32)"]
+    assert rows[1]["stored_bytes"] < rows[0]["stored_bytes"] and rows[2]["stored_bytes"] < rows[1]["stored_bytes"]
+    assert rows[1]["agreement"] >= 0.9 and all(r["tok_s"] > 0 for r in rows)
+    assert "Projected for Llama 3.1 8B on H100 SXM" in text_of(at)
