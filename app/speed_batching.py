@@ -52,6 +52,10 @@ def run_sweep(spec: ModelSpec, gpu: GPUSpec, workload: Workload, base: ServerCon
     return sweep_max_batch(spec, gpu, workload, base, SIM_BATCHES)
 
 
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:,.3g}"
+
+
 def summary_table(results: dict[str, SimResult]) -> None:
     rows = {"throughput (tok/s)": "throughput_tok_s", "per-user speed, median (tok/s)": "per_user_tok_s",
             "TTFT p50 (s)": "ttft_p50", "TTFT p95 (s)": "ttft_p95", "latency p50 (s)": "latency_p50",
@@ -60,8 +64,7 @@ def summary_table(results: dict[str, SimResult]) -> None:
     table = {"": list(rows)}
     for policy, res in results.items():
         summary = res.summary()
-        table[policy] = [f"{summary[key]:.0%}" if key == "busy_fraction" else f"{summary[key]:,.3g}"
-                         for key in rows.values()]
+        table[policy] = [f"{summary[key]:.0%}" if key == "busy_fraction" else _num(summary[key]) for key in rows.values()]
     st.table(table)
 
 

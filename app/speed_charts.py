@@ -31,7 +31,7 @@ def context_figure(points: Sequence[dict], fit: CurveFit | None, onset: int | No
         fig.add_scatter(x=grid, y=[fit.predict(n) * 1e3 for n in grid], mode="lines", name="a + bN + cN² fit",
                         line=dict(color="black", dash="dot", width=1), row=1, col=1)
     if ceiling_ms is not None:
-        fig.add_scatter(x=ns, y=list(ceiling_ms), mode="lines", name="ceiling on this device (projected)",
+        fig.add_scatter(x=ns, y=list(ceiling_ms), mode="lines", name="projected for this device at its measured peaks",
                         line=dict(color=PROJECTED_COLOR, dash="dash"), row=1, col=1)
     fig.add_scatter(x=ns, y=[p["itl"] * 1e3 for p in pts], mode="markers+lines", name="measured ITL",
                     marker=dict(color=DECODE_COLOR, size=8), line=dict(color=DECODE_COLOR, width=1), row=1, col=2)
@@ -50,7 +50,7 @@ def _roof_trace(fig: go.Figure, xs: Sequence[float], ys: Sequence[float], name: 
 
 def _log_axes(fig: go.Figure, title: str) -> go.Figure:
     fig.update_xaxes(type="log", title="arithmetic intensity (FLOPs per byte moved)")
-    fig.update_yaxes(type="log", title="FLOP/s")
+    fig.update_yaxes(type="log", title="FLOP/s", exponentformat="SI")
     fig.update_layout(height=400, margin=MARGIN, title=dict(text=title, font=dict(size=14)),
                       legend=dict(orientation="h", y=-0.2))
     return fig
@@ -108,7 +108,7 @@ def batch_sweep_figure(projs: Sequence[Projection], title: str) -> go.Figure:
                     line=dict(color="#c0392b"), row=1, col=2)
     fig.update_xaxes(type="log", title="batch size")
     fig.update_yaxes(type="log")
-    fig.update_layout(height=340, margin=MARGIN, title=dict(text=title, font=dict(size=14), y=0.99),
+    fig.update_layout(height=360, margin=dict(l=0, r=0, t=70, b=0), title=dict(text=title, font=dict(size=14)),
                       legend=dict(orientation="h", y=-0.3))
     return fig
 

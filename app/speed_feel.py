@@ -80,6 +80,7 @@ class Preset:
     name: str
     rate: float
     how: str
+    short: str = ""
 
 
 def reading_rate() -> float:
@@ -99,15 +100,17 @@ def presets(measured: float | None) -> list[Preset]:
     ceiling = project(llama, h100, context=512).ceiling_tok_s_per_user
     tuned = project(llama, h100, context=512, bandwidth_efficiency=0.75).per_user_tok_s
     fast = project(llama, GPU_PRESETS["b200"], weight_dtype="fp8", context=512).ceiling_tok_s_per_user
-    out = [Preset("A person reading", reading_rate(), f"{READING_WORDS_PER_MINUTE} words/min × {TOKENS_PER_WORD} tokens/word")]
+    out = [Preset("A person reading", reading_rate(), f"{READING_WORDS_PER_MINUTE} words/min × {TOKENS_PER_WORD} "
+                  "tokens/word", "Reading")]
     if measured:
-        out.append(Preset("This machine (measured)", measured, MEASURED))
-    out += [Preset("H100, Llama 3.1 8B, batch 1: tuned engine", tuned, "projected at 75% of peak bandwidth"),
-            Preset("H100, Llama 3.1 8B, batch 1: ceiling", ceiling, "projected: bandwidth ÷ weight bytes"),
+        out.append(Preset("This machine (measured)", measured, MEASURED, "This machine"))
+    out += [Preset("H100, Llama 3.1 8B, batch 1: tuned engine", tuned, "projected at 75% of peak bandwidth", "H100"),
+            Preset("H100, Llama 3.1 8B, batch 1: ceiling", ceiling, "projected: bandwidth ÷ weight bytes",
+                   "H100 ceiling"),
             Preset("H100 + speculative decoding", speculative_rate(tuned),
-                   "projected: 1B draft, k = 4, 80% acceptance"),
-            Preset("A fast chip: B200, FP8 weights, batch 1", fast, "projected ceiling")]
-    return [Preset(p.name, min(max(p.rate, MIN_RATE), MAX_RATE), p.how) for p in out]
+                   "projected: Llama 3.2 1B drafting, k = 4, 80% acceptance", "Speculative"),
+            Preset("A fast chip: B200, FP8 weights, batch 1", fast, "projected ceiling", "B200 FP8")]
+    return [Preset(p.name, min(max(p.rate, MIN_RATE), MAX_RATE), p.how, p.short) for p in out]
 
 
 def _set_rate(rate: float) -> None:
@@ -121,8 +124,8 @@ def rate_input(options: list[Preset]) -> int:
               on_change=lambda: _set_rate(st.session_state[RATE_SLIDER]))
     cols = st.columns(len(options))
     for i, (col, p) in enumerate(zip(cols, options)):
-        col.button(f"{p.name}: {p.rate:,.0f}", key=f"feel.preset.{i}", help=p.how, on_click=_set_rate, args=(p.rate,),
-                   width="stretch")
+        col.button(f"{p.short} · {p.rate:,.0f}", key=f"feel.preset.{i}", help=f"{p.name}: {p.how}", on_click=_set_rate,
+                   args=(p.rate,), width="stretch")
     return int(st.session_state[RATE])
 
 

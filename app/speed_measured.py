@@ -10,7 +10,7 @@ import streamlit as st
 
 from app import speed_charts as charts
 from app.format import fmt_bytes, fmt_ms, fmt_rate
-from app.speed_view import MEASURED, measured_caption, model_turn, status_progress
+from app.speed_view import MEASURED, measured_caption, model_turn, remeasure_roof, status_progress
 from app.view import plot
 from engine.errors import EngineError
 from engine.loader import LoadedModel
@@ -23,6 +23,7 @@ POINTS, CTX, CTX_SLIDER, CTX_TYPED, ERROR = ("speed.points", "speed.context", "s
                                              "speed.context_typed", "speed.error")
 SWEEP = (16, 32, 64, 128, 256, 512, 1024, 1536, 2048)
 SWEEP_POINTS = 6
+REPEATS = 2              # fastest prefill and median decode step of two runs: a noisy neighbour hits less
 MAX_MEASURED_TOKENS = 8192
 ONSET_SHARE = 0.1
 
@@ -75,7 +76,7 @@ def measure_lengths(lm: LoadedModel, lengths: list[int]) -> None:
             with model_turn(lm):
                 for i, n in enumerate(lengths):
                     report(i / len(lengths), f"prefill of {n:,} tokens, then {DEFAULT_DECODE_STEPS} decode steps")
-                    add_point(measure_context(lm, n))
+                    add_point(measure_context(lm, n, repeats=REPEATS))
         except EngineError as err:
             st.session_state[ERROR] = str(err)
             box.update(label="Stopped", state="error")
@@ -121,8 +122,9 @@ def fit_text(fit) -> str:
 
 
 def context_section(lm: LoadedModel, roof: DeviceRoof) -> None:
-    st.caption(measured_caption(lm) + " Each point is one real prefill of exactly N tokens (a repeated text, cut "
-               f"to length) followed by {DEFAULT_DECODE_STEPS} greedy decode steps.")
+    st.caption(measured_caption(lm) + " Each point is a real prefill of exactly N tokens (a repeated text, cut "
+               f"to length) followed by {DEFAULT_DECODE_STEPS} greedy decode steps, run {REPEATS} times: the fastest "
+               "prefill and the median step are kept.")
     context_controls(lm)
     pts = points()
     st.markdown(onset_text(lm))
@@ -160,9 +162,13 @@ def roof_metrics(roof: DeviceRoof) -> None:
 
 
 def roofline_section(lm: LoadedModel, roof: DeviceRoof) -> None:
-    st.caption(f"{MEASURED}: {roof.name}. " + ("Peaks measured here: copying a 256 MB tensor (best of 5) and a "
-               "1024×1024 matrix multiply." if roof.source == "measured" else "Peaks from the GPU's spec sheet."))
+    st.caption(f"{MEASURED}: {roof.name}. " + ("Peaks measured here once per server: copying a 256 MB tensor and a "
+               "2048×2048 matrix multiply, best of 5 each." if roof.source == "measured" else
+               "Peaks from the GPU's spec sheet."))
     roof_metrics(roof)
+    if roof.source == "measured":
+        st.button("Measure the peaks again", key="speed.remeasure", on_click=remeasure_roof,
+                  help="If the machine was busy the first time, the peaks came out low.")
     pts = points()
     if not pts:
         st.info("Measure at least one prompt length above to place the decode step on this roofline.")
@@ -174,7 +180,7 @@ def roofline_section(lm: LoadedModel, roof: DeviceRoof) -> None:
     cols[0].metric("Decode speed (measured)", fmt_rate(1 / place.step_seconds), help=f"step {fmt_ms(place.step_seconds)}")
     cols[1].metric("Ceiling on this device (projected)", fmt_rate(1 / place.ceiling_step_seconds),
                    help="The projection's decode step with this device's measured peaks at 100%.")
-    cols[2].metric("Measured / ceiling", f"{place.ratio:.0%}")
+    cols[2].metric("Measured / ceiling", f"{place.ratio * 100:.2g}%")
     cols[3].metric("Effective bandwidth", f"{place.effective_bandwidth / 1e9:,.2f} GB/s",
                    f"{place.bandwidth_share:.0%} of peak", delta_color="off")
     plot(charts.device_roofline_figure(roof, place, prefill_placement(lm, latest)), "speed.roof_chart")

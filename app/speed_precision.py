@@ -88,12 +88,19 @@ def speed_text(rows: list[dict]) -> str:
     base = rows[0]
     parts = [f"{r['precision']} decodes at {r['tok_s'] / base['tok_s']:.2f}× the speed of {base['precision']}"
              for r in rows[1:]]
-    return (f"{MEASURED}: " + "; ".join(parts) + ". Decode is bandwidth-bound, so fewer bytes per weight should "
-            "mean proportionally faster steps, but only when a kernel reads the small integers directly and "
-            "unpacks them in registers. This CPU uses PyTorch's weight-only kernels, whose speed here depends on "
-            "their vectorisation more than on the bytes saved, and a model this small spends much of each step "
-            "outside the matrix multiplies. On a GPU with fused low-bit kernels the bytes are what counts; see the "
-            "projection below.")
+    slower = [r["precision"] for r in rows[1:] if r["tok_s"] < base["tok_s"]]
+    why = ("Decode is bandwidth-bound, so fewer bytes per weight should mean proportionally faster steps, but only "
+           "when a kernel reads the small integers directly and unpacks them next to the arithmetic. ")
+    if slower:
+        verdict = (f"Here {' and '.join(slower)} ran slower than {base['precision']}: this CPU has no fast path for "
+                   "them (or loses more unpacking than it saves in bytes), and a model this small spends much of "
+                   "each step outside the matrix multiplies. ")
+    else:
+        verdict = ("Here the quantized copies ran faster, though less than the bytes alone predict: the rest of each "
+                   "step (attention, norms, the float LM head, Python) does not shrink, and the kernels also take "
+                   "their activations in BF16. ")
+    return (f"{MEASURED}: " + "; ".join(parts) + ". " + why + verdict +
+            "On a GPU with fused low-bit kernels the bytes are what counts; see the projection below.")
 
 
 def origin_note(lm: LoadedModel, rows: list[dict]) -> str | None:

@@ -29,7 +29,7 @@ def speed_metrics(p: Projection) -> None:
 
 def explain(p: Projection) -> str:
     return (f"A decode step moves {(p.weight_bytes + p.kv_bytes_total) / 1e9:,.2f} GB (weights once, plus the KV "
-            f"cache of all {p.batch} users) and does {p.decode_intensity:,.1f} FLOPs per byte; the GPU needs "
+            f"cache of {'the one user' if p.batch == 1 else f'all {p.batch} users'}) and does {p.decode_intensity:,.1f} FLOPs per byte; the GPU needs "
             f"{p.ridge_point:,.0f} FLOPs per byte to be busy computing. So the step uses "
             f"{p.decode_flops_utilization:.1%} of the peak FLOP/s: memory ({fmt_ms(p.decode_memory_ms / 1e3)}) against "
             f"compute ({fmt_ms(p.decode_compute_ms / 1e3)}). Batching raises the FLOPs per byte read: the weight read "

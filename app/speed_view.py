@@ -88,7 +88,7 @@ def precision_pickers(ns: str, cols) -> tuple[str, str]:
 
 def hardware_controls(ns: str, lm: LoadedModel | None, full: bool = True) -> HardwareChoice:
     """Model, GPU and precisions; with `full`, also batch, context, output length, efficiencies and price."""
-    top = st.columns(4)
+    top = st.columns([3, 3, 4, 2])
     spec, gpu = model_picker(ns, lm, top[0]), gpu_picker(ns, top[1])
     weights, kv = precision_pickers(ns, top[2:])
     if not full:
@@ -124,6 +124,10 @@ def _device_roof(device: str, dtype: str) -> DeviceRoof:
     import torch
 
     return measure_roof(device, getattr(torch, dtype))
+
+
+def remeasure_roof() -> None:
+    _device_roof.clear()
 
 
 def device_roof(lm: LoadedModel) -> DeviceRoof:

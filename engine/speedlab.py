@@ -212,7 +212,7 @@ def copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = 5, device: torch.dev
     return 2 * src.numel() * 4 / best
 
 
-def matmul_flops(size: int = 1024, repeats: int = 5, device: torch.device | str = "cpu",
+def matmul_flops(size: int = 2048, repeats: int = 5, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32) -> float:
     """FLOP/s of the best of `repeats` square matmuls (2 size^3 FLOPs each)."""
     dev = torch.device(device)
