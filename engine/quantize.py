@@ -28,7 +28,6 @@ import math
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 import torch.nn.functional as F
