@@ -1,23 +1,36 @@
-"""Shared widgets: the prompt box, sampling controls, and the Generate / Stop pair that runs a request live.
+"""Shared widgets: the prompt box, sampling controls, the Generate / Stop pair that runs a request live,
+and what every page needs from the server: this session's id, its place in the room, the presenter.
 
 Every widget key is namespaced by the page (`journey.temperature`, `kv.prompt`, ...). Input that
 the engine would reject is caught here, before the model runs, and its message is shown next to the
-prompt box by the page.
+prompt box by the page; the scheduler checks it again when the request is submitted.
 """
 from __future__ import annotations
 
+import math
+import uuid
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import streamlit as st
 
+from app.model import MODEL_ENV, current_slot
+from app.nav import HOME, PAGES, PageInfo
+from app.presenter import (PENDING_KEY, SEEN_KEY, follow_page, presenter_board, push_button, pushed_view)
 from app.run import LAST_RUN, Run, capture_policy, new_run, stream_generation
 from engine.errors import EngineError
 from engine.generate import GenerationRequest, check_context, encode_prompt, validate
+from engine.limits import check_tokens
 from engine.loader import LoadedModel
+from engine.scheduler import QueueStatus, SessionLimitError, scheduler_for
 
 DEFAULT_PROMPT = "Explain in two sentences why the sky is blue."
 MAX_NEW_LIMIT = 512
+SESSION_KEY, REFUSED_KEY = "session.id", "session.refused"
+# widget key after "<page>." -> (label, kind, lowest, highest): stored settings outside are put back in range
+SETTING_RANGES = {"temperature": ("Temperature", float, 0.0, 2.0), "top_k": ("Top-k", int, 0, 1000),
+                  "top_p": ("Top-p", float, 0.05, 1.0), "seed": ("Seed", int, 0, 2**31 - 1),
+                  "max_new": ("Max new tokens", int, 1, MAX_NEW_LIMIT)}
 
 
 @dataclass(frozen=True)
@@ -44,7 +57,9 @@ def prompt_box(ns: str, default: str = DEFAULT_PROMPT, height: int = 110) -> str
                         help="For instruct models the prompt is wrapped in the chat template before tokenizing.")
 
 
-def sampling_controls(ns: str, max_new_default: int = 48) -> Sampling:
+def sampling_controls(ns: str, max_new_default: int = 48, max_new_limit: int = MAX_NEW_LIMIT) -> Sampling:
+    for message in sanitize_settings(ns, max_new_limit):
+        st.warning(message)
     cols = st.columns(5)
     temperature = cols[0].slider("Temperature", 0.0, 2.0, 0.0, 0.05, key=f"{ns}.temperature",
                                  help="0 picks the most likely token every time (greedy).")
@@ -52,8 +67,45 @@ def sampling_controls(ns: str, max_new_default: int = 48) -> Sampling:
     top_p = cols[2].slider("Top-p", 0.05, 1.0, 1.0, 0.05, key=f"{ns}.top_p",
                            help="Keep the smallest set of tokens whose probabilities add up to p; 1 = off.")
     seed = cols[3].number_input("Seed", 0, 2**31 - 1, 0, 1, key=f"{ns}.seed", help="Same seed, same sampled answer.")
-    max_new = cols[4].number_input("Max new tokens", 1, MAX_NEW_LIMIT, max_new_default, 1, key=f"{ns}.max_new")
+    max_new = cols[4].number_input("Max new tokens", 1, max_new_limit, min(max_new_default, max_new_limit), 1,
+                                   key=f"{ns}.max_new", help=f"This server allows at most {max_new_limit}.")
     return Sampling(float(temperature), int(top_k), float(top_p), int(seed), int(max_new))
+
+
+def sanitize_settings(ns: str, max_new_limit: int = MAX_NEW_LIMIT) -> list[str]:
+    """Put stored settings the widgets cannot show (a push, a stale value) back in range; says what changed."""
+    messages = []
+    for name, (label, kind, low, high) in SETTING_RANGES.items():
+        key = f"{ns}.{name}"
+        if key not in st.session_state:
+            continue
+        high = max_new_limit if name == "max_new" else high
+        value, fixed = st.session_state[key], in_range(st.session_state[key], kind, low, high)
+        if fixed is None:
+            del st.session_state[key]
+        elif type(fixed) is not type(value) or fixed != value:
+            st.session_state[key] = fixed
+        if fixed is None or fixed != value:
+            now = "back at its default" if fixed is None else f"set to {number(fixed)}"
+            messages.append(f"{label} was {str(value)[:40]}; this page takes {number(low)} to {number(high)}, "
+                            f"so it is {now}.")
+    return messages
+
+
+def in_range(value: Any, kind: type, low: float, high: float) -> int | float | None:
+    """`value` as `kind` clamped to [low, high]; None when it is not a number at all."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return kind(min(max(value, low), high))
+
+
+def number(x: int | float) -> str:
+    return f"{x:,}" if isinstance(x, int) else f"{x:g}"
+
+
+def new_token_limit(lm: LoadedModel) -> int:
+    """The most new tokens a widget offers: the page's limit or the server's, whichever is lower."""
+    return min(MAX_NEW_LIMIT, scheduler_for(lm).limits.max_new_tokens)
 
 
 def prepare(lm: LoadedModel, prompt: str, sampling: Sampling, chat: bool = True) -> Prepared:
@@ -67,6 +119,7 @@ def prepare(lm: LoadedModel, prompt: str, sampling: Sampling, chat: bool = True)
         ids = encode_prompt(lm, request)
         prompt_ids = lm.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         check_context(lm, len(ids), request.max_new_tokens)
+        check_tokens(scheduler_for(lm).limits, len(ids), request.max_new_tokens)
     except EngineError as err:
         return Prepared(request, ids, prompt_ids, str(err))
     return Prepared(request, ids, prompt_ids)
@@ -80,27 +133,56 @@ def generate_button(ns: str, prepared: Prepared) -> tuple[bool, st.delta_generat
 
 
 def run_live(lm: LoadedModel, prepared: Prepared, ns: str, stop_slot: st.delta_generator.DeltaGenerator,
-             on_record: Callable[[Run], None], capture: bool = True) -> Run | None:
-    """Stream one generation into the page; the run is stored for every page under LAST_RUN."""
-    policy, note = capture_policy(lm.spec, len(prepared.ids), prepared.request.max_new_tokens, capture)
-    run = new_run(lm, prepared.request, policy, note)
-    st.session_state[LAST_RUN] = run
-    stop_slot.button("Stop", key=f"{ns}.stop", help="Stops the answer where it is; what streamed so far stays.")
-    waiting = st.empty()
+             on_record: Callable[[Run], None], capture: bool = True,
+             notice: st.delta_generator.DeltaGenerator | None = None) -> Run | None:
+    """Stream one generation into the page through the scheduler; the run becomes LAST_RUN at its first record.
 
-    def on_wait(seconds: float) -> None:
-        waiting.info(f"Another session is using the model; waiting ({seconds:.0f} s)…")
+    `notice` (a slot under the Generate button) shows the queue position while waiting, and a refusal
+    or failure as a message. Returns the run, or None when the server refused the request.
+    """
+    limits = scheduler_for(lm).limits
+    policy, note = capture_policy(lm.spec, len(prepared.ids), prepared.request.max_new_tokens, capture,
+                                  limits.max_capture_bytes, limits.max_capture_layers)
+    run = new_run(lm, prepared.request, policy, note)
+    notice = notice if notice is not None else st.empty()
+    stop_slot.button("Stop", key=f"{ns}.stop", help="Stops the answer where it is (or leaves the queue); what "
+                                                    "streamed so far stays.")
 
     def record(r: Run) -> None:
-        waiting.empty()
+        if st.session_state.get(LAST_RUN) is not r:
+            st.session_state[LAST_RUN] = r
+            notice.empty()
         on_record(r)
 
     try:
-        stream_generation(lm, run, record, on_wait)
+        stream_generation(lm, run, record, lambda status: show_wait(notice, status), session_id())
     except EngineError as err:
-        st.error(str(err))
-    stop_slot.empty()
-    return run
+        notice.error(str(err))
+        return None
+    finally:
+        stop_slot.empty()
+    if run.warning:
+        notice.warning(run.warning)
+    return run if run.prefill is not None else None
+
+
+def show_wait(slot: st.delta_generator.DeltaGenerator, status: QueueStatus) -> None:
+    """The queue position and estimated wait, and a way to a recording meanwhile."""
+    if status.state != "queued":
+        slot.info(wait_message(status), icon=":material/hourglass_top:")
+        return
+    with slot.container():
+        st.info(wait_message(status), icon=":material/group:")
+        st.page_link(str(page_info("recordings").path), label="Open a recording meanwhile",
+                     icon=":material/play_circle:")
+
+
+def wait_message(status: QueueStatus) -> str:
+    if status.state != "queued":
+        return "The model is reading your prompt (prefill)…"
+    eta = "no estimate yet" if status.estimated_wait is None else f"about {status.estimated_wait:.0f} s to go"
+    return (f"The model is busy. You are number {status.position} in the queue ({status.ahead} ahead of you, "
+            f"{eta}; waited {status.waited:.0f} s). Stop leaves the queue.")
 
 
 def last_run() -> Run | None:
@@ -110,11 +192,96 @@ def last_run() -> Run | None:
 
 def quick_form(lm: LoadedModel, ns: str, default: str = DEFAULT_PROMPT,
                max_new_default: int = 16) -> tuple[Prepared, bool, st.delta_generator.DeltaGenerator]:
-    """A prompt, a token limit and Generate / Stop (greedy), for pages that run a request of their own."""
+    """A prompt, a token limit and Generate / Stop (greedy), for pages that run a request of their own.
+
+    The returned slot is Stop's; `run_live` puts the queue position and messages under the button.
+    """
     prompt = prompt_box(ns, default, height=90)
-    max_new = st.number_input("Max new tokens", 1, MAX_NEW_LIMIT, max_new_default, 1, key=f"{ns}.max_new")
+    limit = new_token_limit(lm)
+    for message in sanitize_settings(ns, limit):
+        st.warning(message)
+    max_new = st.number_input("Max new tokens", 1, limit, min(max_new_default, limit), 1, key=f"{ns}.max_new")
     prepared = prepare(lm, prompt, Sampling(max_new_tokens=int(max_new)), chat=lm.has_chat_template)
     if prepared.error:
         st.error(prepared.error)
     clicked, stop_slot = generate_button(ns, prepared)
     return prepared, clicked, stop_slot
+
+
+def page_info(url_path: str) -> PageInfo | None:
+    return next((p for p in (HOME, *PAGES) if p.url_path == url_path), None)
+
+
+# --- the session on a shared server ---------------------------------------------------------------------
+
+def session_id() -> str:
+    """This browser session's id for the scheduler (one request in flight per session)."""
+    if SESSION_KEY not in st.session_state:
+        st.session_state[SESSION_KEY] = uuid.uuid4().hex
+    return st.session_state[SESSION_KEY]
+
+
+def join_session(lm: LoadedModel | None) -> str | None:
+    """Count this session against the server's limit; the refusal message when the room is full."""
+    if lm is None:
+        return None
+    try:
+        scheduler_for(lm).join(session_id())
+    except SessionLimitError as err:
+        st.session_state[REFUSED_KEY] = True
+        return f"The model is not available to this browser: {err}."
+    st.session_state.pop(REFUSED_KEY, None)
+    return None
+
+
+def page_model() -> LoadedModel | None:
+    """The model this page may run: None when it did not load or the room is full (the page offers recordings)."""
+    if st.session_state.get(REFUSED_KEY):
+        return None
+    return current_slot().lm
+
+
+def offline_notice() -> None:
+    """Why this page cannot run the model, and the way to a recording."""
+    if st.session_state.get(REFUSED_KEY):
+        reason = "this server already serves as many sessions as it was started for"
+    else:
+        reason = (f"the model is not loaded on this server (set {MODEL_ENV} to a model that loads, or unset it "
+                  "for the embedded default, and restart)")
+    st.info(f"No model for this page: {reason}. Recordings still work: open one and this page shows it, "
+            "tokens, attention, cache and all.", icon=":material/cloud_off:")
+    st.page_link(str(page_info("recordings").path), label="Open a recording", icon=":material/play_circle:")
+
+
+# --- presenter mode ------------------------------------------------------------------------------------------
+
+def follow_presenter(here: str, ns: str, switch: Callable[[str], None]) -> None:
+    """Before a page draws: adopt a new push (moving to its page first), or nothing. `here`: the url path."""
+    board = presenter_board()
+    if not board.enabled:
+        return
+
+    def go(page: str) -> None:
+        if page_info(page) is None:
+            st.session_state.pop(PENDING_KEY, None)        # not a page of this app: stay, keep what is here
+            return
+        switch(page)
+
+    follow_page(st.session_state, board, ns, here, go)
+
+
+def presenter_push(ns: str, here: str, view: dict[str, int] | None = None) -> None:
+    """For the presenter only: push this page's prompt, settings and view to every follower."""
+    push_button(presenter_board(), ns, here, view)
+
+
+def pushed_choice(key: str, name: str, options: list[int]) -> None:
+    """Preset widget `key` to the presenter's pushed `name` (layer, head...) once per push and run."""
+    marker = f"presenter.adopted.{key}"
+    version = st.session_state.get(SEEN_KEY, 0)
+    value = pushed_view(st.session_state, name)
+    if value is None or st.session_state.get(marker) == version:
+        return
+    st.session_state[marker] = version
+    if value in options:
+        st.session_state[key] = value

@@ -1,4 +1,5 @@
-"""Entry point: `streamlit run app/main.py`. Navigation, the shared model and the sidebar; pages do the rest."""
+"""Entry point: `streamlit run app/main.py`. Navigation, the shared model, this session's place on the
+server, the presenter's pushes and the sidebar; pages do the rest."""
 import sys
 from pathlib import Path
 
@@ -8,13 +9,32 @@ if str(ROOT) not in sys.path:  # `streamlit run` puts app/ on the path, not the 
 
 import streamlit as st  # noqa: E402
 
+from app.controls import follow_presenter, join_session  # noqa: E402
 from app.model import get_model  # noqa: E402
 from app.nav import HOME, PAGES  # noqa: E402
 from app.sidebar import render_sidebar  # noqa: E402
+from engine.errors import EngineError  # noqa: E402
+
+# pages that work without the model (a full room, or no model): they draw recordings or need none
+OFFLINE_PAGES = {"", "journey", "attention", "kv-cache", "quiz", "recordings"}
+# widget namespace of each page that takes a pushed prompt and settings
+PUSH_NAMESPACES = {"journey": "journey", "attention": "attention", "kv-cache": "kv"}
 
 st.set_page_config(page_title="Inference Playground", page_icon=":material/science:", layout="wide")
 home = st.Page(HOME.path, title=HOME.title, icon=HOME.icon, default=True)
-pages = [st.Page(p.path, title=p.title, icon=p.icon, url_path=p.url_path) for p in PAGES]
-current = st.navigation([home, *pages])
-render_sidebar(get_model())
+by_url = {p.url_path: st.Page(p.path, title=p.title, icon=p.icon, url_path=p.url_path) for p in PAGES}
+current = st.navigation([home, *by_url.values()])
+lm = get_model()
+try:
+    refused = join_session(lm)
+except EngineError as err:          # a launch limit that cannot work (set by hand, not by `playground`)
+    st.error(f"This server's settings are not usable: {err}")
+    st.stop()
+follow_presenter(current.url_path, PUSH_NAMESPACES.get(current.url_path, current.url_path or "home"),
+                 lambda page: st.switch_page(by_url.get(page, home)))
+render_sidebar(lm)
+if refused:
+    st.error(refused)
+    if current.url_path not in OFFLINE_PAGES:
+        st.stop()
 current.run()

@@ -5,6 +5,7 @@ Which model, device and dtype come from the environment, so `make run` needs no 
     PLAYGROUND_MODEL   "default" (SmolLM2-135M-Instruct), an extra's key, a local folder or a hub id
     PLAYGROUND_DEVICE  "cpu", "cuda", "cuda:1" ... (default: CUDA when present)
     PLAYGROUND_DTYPE   "float32", "bf16", "fp16" ... (default: bf16 on CUDA, float32 on CPU)
+    PLAYGROUND_DRAFT   the speculative page's draft: "ngram", "early-exit:N" or a model (default: none named)
 
 `st.cache_resource` holds a `ModelSlot` per (name, device, dtype). The slot is created instantly;
 the first session that needs the model loads it under the slot's lock while its page shows a
@@ -23,7 +24,7 @@ import streamlit as st
 from engine.errors import EngineError
 from engine.loader import LoadedModel, load_model
 
-MODEL_ENV, DEVICE_ENV, DTYPE_ENV = "PLAYGROUND_MODEL", "PLAYGROUND_DEVICE", "PLAYGROUND_DTYPE"
+MODEL_ENV, DEVICE_ENV, DTYPE_ENV, DRAFT_ENV = "PLAYGROUND_MODEL", "PLAYGROUND_DEVICE", "PLAYGROUND_DTYPE", "PLAYGROUND_DRAFT"
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,12 @@ def model_choice() -> ModelChoice:
     return ModelChoice(os.environ.get(MODEL_ENV) or "default",
                        os.environ.get(DEVICE_ENV) or None,
                        os.environ.get(DTYPE_ENV) or None)
+
+
+def draft_choice() -> str | None:
+    """The draft the launcher named for speculative decoding ('ngram', 'early-exit:N', a model), or None."""
+    value = (os.environ.get(DRAFT_ENV) or "").strip()
+    return value or None
 
 
 @dataclass

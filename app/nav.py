@@ -32,4 +32,10 @@ PAGES: tuple[PageInfo, ...] = (
     PageInfo("kv_cache.py", "The KV cache", ":material/memory:", "kv-cache",
              "The cache growing token by token, what it costs per user on real GPUs, GQA against full "
              "multi-head attention, and paged against contiguous allocation."),
+    PageInfo("quiz.py", "Quiz", ":material/quiz:", "quiz",
+             "Eight questions on prefill and decode, KV sizing, GQA, speculative decoding, quantization and "
+             "batching, each answer explained."),
+    PageInfo("recordings.py", "Recordings", ":material/play_circle:", "recordings",
+             "Saved generations with all their captures: open one to explore every page without the model, or "
+             "save your own run."),
 )

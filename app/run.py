@@ -6,8 +6,9 @@ writes it, and the attention and KV-cache pages draw from the same run, so one g
 looked at from every page. A `Run` holds only plain data (dataclasses of numbers, strings and
 numpy arrays), never the model, a module or a hook handle.
 
-The model is shared by every session, so a generation holds `lm.lock` from its first to its last
-token. The scheduler of a later issue replaces the body of `stream_generation`, nothing else.
+The model is shared by every session: `stream_generation` submits the request to the process-wide
+scheduler (engine/scheduler.py), which runs one request at a time, and streams the records back. A
+run can also come from a recording file (app/replay.py), in which case no model is needed at all.
 """
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ from typing import Callable
 
 import numpy as np
 
-from engine.generate import GenerationRequest, generate
+from engine.generate import GenerationRequest
 from engine.hooks import CAPTURE_OFF, CapturePolicy, LayerCapture
 from engine.loader import LoadedModel
 from engine.records import CacheState, DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
+from engine.scheduler import QueueStatus, scheduler_for
 from engine.specs import ModelSpec
 
 LAST_RUN = "last_run"                 # st.session_state key shared by all pages
@@ -54,6 +56,10 @@ class Run:
     live: bool = True
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     started: float = field(default_factory=time.time)
+    dtype: str = ""                 # the model's dtype when it ran ("float32", "bfloat16", ...)
+    device: str = ""
+    source: str | None = None       # the recording's title when the run was loaded from a file
+    warning: str | None = None      # why the server stopped it early (its time limit), for the page to show
 
     def add(self, record: Record) -> None:
         if isinstance(record, PrefillRecord):
@@ -138,17 +144,24 @@ def spread_layers(n_layers: int, k: int) -> tuple[int, ...]:
 
 
 def capture_policy(spec: ModelSpec, n_prompt: int, max_new: int, enabled: bool = True,
-                   budget: int = ATTENTION_BUDGET) -> tuple[CapturePolicy, str | None]:
+                   budget: int = ATTENTION_BUDGET, max_layers: int | None = None) -> tuple[CapturePolicy, str | None]:
     """All layers and heads when the prompt is short; fewer layers, or last rows only, when it is long.
 
-    Returns the policy and, when something was left out, a sentence the page shows.
+    `budget` (bytes) and `max_layers` are the server's capture limits. Returns the policy and, when
+    something was left out, a sentence the page shows.
     """
     if not enabled:
         return CAPTURE_OFF, "Capture is off: no attention maps, logit lens or norms for this run."
     full = attention_bytes(spec, n_prompt, max_new, matrix=True)
-    if full * spec.n_layers <= budget:
+    allowed = min(spec.n_layers, max_layers or spec.n_layers)
+    if full * spec.n_layers <= budget and allowed == spec.n_layers:
         return CapturePolicy(logit_lens=LOGIT_LENS_TOP), None
-    k = budget // full
+    if full * allowed <= budget:
+        layers = spread_layers(spec.n_layers, allowed)
+        note = (f"This server captures at most {allowed} layers per request, so attention maps (and the logit "
+                f"lens) were kept for layers {', '.join(map(str, layers))} of {spec.n_layers}.")
+        return CapturePolicy(layers=layers, logit_lens=LOGIT_LENS_TOP), note
+    k = min(budget // full, allowed)
     if k >= 1:
         layers = spread_layers(spec.n_layers, int(k))
         note = (f"The prompt is long ({n_prompt:,} tokens), so full attention maps (and the logit lens) were kept "
@@ -156,7 +169,7 @@ def capture_policy(spec: ModelSpec, n_prompt: int, max_new: int, enabled: bool =
                 f"{budget // 2**20} MiB.")
         return CapturePolicy(layers=layers, logit_lens=LOGIT_LENS_TOP), note
     rows = attention_bytes(spec, n_prompt, max_new, matrix=False)
-    layers = spread_layers(spec.n_layers, max(1, int(budget // rows)))
+    layers = spread_layers(spec.n_layers, max(1, min(int(budget // rows), allowed)))
     note = (f"The prompt is very long ({n_prompt:,} tokens): only the last query row of each step was kept, "
             f"for {len(layers)} of {spec.n_layers} layers.")
     return CapturePolicy(layers=layers, prefill_matrix=False, logit_lens=LOGIT_LENS_TOP), note
@@ -173,32 +186,29 @@ def compact(record: Record) -> Record:
 # --- the one call site that runs the model -------------------------------------------------------------
 
 def new_run(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy, note: str | None) -> Run:
-    return Run(model=lm.label, spec=lm.spec, request=request, policy=policy, capture_note=note)
+    return Run(model=lm.label, spec=lm.spec, request=request, policy=policy, capture_note=note,
+               dtype=lm.dtype_name, device=str(lm.device))
 
 
 def stream_generation(lm: LoadedModel, run: Run, on_record: Callable[[Run], None],
-                      on_wait: Callable[[float], None] | None = None) -> Run:
-    """Run `run.request` on the shared model, calling `on_record(run)` after every record.
+                      on_wait: Callable[[QueueStatus], None] | None = None, session: str | None = None) -> Run:
+    """Run `run.request` through the shared model's scheduler, calling `on_record(run)` after every record.
 
-    Holds the model's lock for the whole generation (other sessions wait, `on_wait(seconds)` is
-    called while this one waits). If `on_record` raises (Streamlit stops a script that way when the
-    user presses Stop or leaves the page) the generation is closed and the lock released at once.
+    Submitting checks the request against the server's limits (an EngineError when refused). While
+    the request waits, `on_wait(status)` is called a few times a second with its queue position and
+    estimated wait. If `on_record` or `on_wait` raises (Streamlit stops a script that way when the
+    user presses Stop or leaves the page) the request is cancelled at once, queued or running. A
+    request the server stopped at its time limit keeps what streamed; `run.warning` says why.
     """
-    waited = time.perf_counter()
-    while not lm.lock.acquire(timeout=0.25):
-        if on_wait is not None:
-            on_wait(time.perf_counter() - waited)
+    handle = scheduler_for(lm).submit(run.request, run.policy, session=session)
     try:
-        records = generate(lm, run.request, run.policy)
-        try:
-            for record in records:
-                run.add(compact(record))
-                on_record(run)
-        finally:
-            records.close()
+        for record in handle.records(on_wait=on_wait):
+            run.add(compact(record))
+            on_record(run)
     finally:
+        handle.cancel()
         run.live = False
-        lm.lock.release()
+    run.warning = str(handle.error) if handle.error is not None else None
     return run
 
 

@@ -1,4 +1,5 @@
-"""The sidebar every page shares: which model runs, where, in which precision, and the memory it takes."""
+"""The sidebar every page shares: which model runs, where, in which precision, and the memory it takes;
+the queue in front of it; and the presenter-mode box when the server was started with a token."""
 from __future__ import annotations
 
 import os
@@ -9,8 +10,12 @@ import torch
 
 from app.format import fmt_bytes
 from app.model import model_choice
+from app.presenter import SEEN_KEY, following, presenter_board, presenter_box
 from engine.card import kv_bytes_per_token, param_counts
 from engine.loader import LoadedModel
+from engine.scheduler import scheduler_for
+
+PRESENTER_POLL_SECONDS = 3
 
 
 def memory_rows(lm: LoadedModel) -> list[tuple[str, str]]:
@@ -33,12 +38,38 @@ def model_rows(lm: LoadedModel) -> list[tuple[str, str]]:
             ("Loaded in", f"{lm.load_seconds:.1f} s")]
 
 
+def queue_line(lm: LoadedModel) -> str:
+    """How busy the shared model is right now."""
+    stats = scheduler_for(lm).stats()
+    if not stats.running and not stats.queued:
+        return f"The model is free. {stats.sessions} session(s) here."
+    wait = f", about {stats.mean_service:.1f} s each" if stats.mean_service else ""
+    return f"The model is busy: 1 running, {stats.queued} waiting{wait}. {stats.sessions} session(s) here."
+
+
 def render_sidebar(lm: LoadedModel | None) -> None:
     with st.sidebar:
         st.subheader("Model")
         if lm is None:
             st.text(f"{model_choice().name}: not loaded")
-            return
-        st.text(lm.label)
-        lines = [f"{name}: **{value}**" for name, value in model_rows(lm) + memory_rows(lm)]
-        st.markdown("  \n".join(lines))  # our own names and numbers only, no user text
+        else:
+            st.text(lm.label)
+            lines = [f"{name}: **{value}**" for name, value in model_rows(lm) + memory_rows(lm)]
+            st.markdown("  \n".join(lines))  # our own names and numbers only, no user text
+            st.caption(queue_line(lm))
+        board = presenter_board()
+        if board.enabled:
+            presenter_box(board)
+            watch_presenter()
+
+
+@st.fragment(run_every=PRESENTER_POLL_SECONDS)
+def watch_presenter() -> None:
+    """Every few seconds: rerun the whole page when the presenter pushed something this session has not seen."""
+    push = presenter_board().latest()
+    if push is None:
+        return
+    if following(st.session_state) and push.version > st.session_state.get(SEEN_KEY, 0):
+        st.rerun(scope="app")
+    if push.note:
+        st.text(f"Presenter: {push.note}")

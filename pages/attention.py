@@ -2,28 +2,36 @@
 import streamlit as st
 
 from app import attention_view as view
-from app.attention import captured_layers
-from app.controls import last_run, quick_form, run_live
-from app.model import require_model
+from app import replay
+from app.attention import captured_heads, captured_layers
+from app.controls import last_run, offline_notice, page_model, presenter_push, pushed_choice, quick_form, run_live
 from app.view import ProgressLine
 
-lm = require_model()
+lm = page_model()
 st.title("Attention")
 st.write("Every head of every layer turns each token's query into weights over the tokens before it. The maps "
          "below come from the last generation (from any page), captured inside the real model.")
 
-with st.expander("Run a request from this page", expanded=last_run() is None):
-    prepared, clicked, stop_slot = quick_form(lm, "attention")
-    progress = ProgressLine()
-    if clicked:
-        run_live(lm, prepared, "attention", stop_slot, progress.update)
+if lm is None:
+    offline_notice()
+else:
+    with st.expander("Run a request from this page", expanded=last_run() is None):
+        prepared, clicked, stop_slot = quick_form(lm, "attention")
+        notice, progress = st.empty(), ProgressLine()
+        if clicked:
+            run_live(lm, prepared, "attention", stop_slot, progress.update, notice=notice)
 
 run = last_run()
 if run is not None and run.prefill is not None and captured_layers(run):
+    replay.run_notes(run)
     if run.capture_note:
         st.info(run.capture_note)
     stretch = st.toggle("Stretch colours (√p) so small weights show", value=True, key="attention.stretch")
+    pushed_choice(f"attention.layer.{run.id}", "layer", captured_layers(run))
+    pushed_choice(f"attention.head.{run.id}", "head", list(captured_heads(run, captured_layers(run)[0])[0]))
     layer, head_index = view.layer_and_head(run)
+    presenter_push("attention", "attention",
+                   view={"layer": layer, "head": captured_heads(run, layer)[0][head_index]})
     st.subheader("One head")
     view.heatmap_section(run, layer, head_index, stretch)
     st.subheader(f"All heads of layer {layer}")
@@ -35,7 +43,11 @@ if run is not None and run.prefill is not None and captured_layers(run):
 elif run is not None and run.prefill is not None:
     st.info("The last run captured no attention (capture was off). Generate again with capture on.")
 else:
-    st.info("Nothing generated yet: run a request above or on the journey page.")
+    st.info("Nothing generated yet: run a request above or on the journey page, or open a recording.")
 
 st.subheader("Grouped-query attention")
-view.gqa_section(lm.spec, lm.label)
+source = lm or run
+if source is not None:
+    view.gqa_section(source.spec, lm.label if lm is not None else run.model)
+else:
+    st.caption("Open a recording to compare its model's heads with Llama 3.1 8B.")

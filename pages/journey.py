@@ -2,45 +2,56 @@
 import streamlit as st
 
 from app import journey_view as view
-from app.controls import generate_button, last_run, prepare, prompt_box, run_live, sampling_controls
-from app.model import require_model
+from app import replay
+from app.controls import (generate_button, last_run, new_token_limit, offline_notice, page_model, prepare,
+                          presenter_push, prompt_box, run_live, sampling_controls)
 
-lm = require_model()
+lm = page_model()
 st.title("The journey of a request")
 st.write("Type a prompt and press Generate. The prompt becomes tokens, the tokens go through every layer "
          "once (prefill), and then the model produces one token per step (decode), reading its KV cache.")
 
-prompt = prompt_box("journey")
-sampling = sampling_controls("journey")
-left, right = st.columns(2)
-chat = left.toggle("Use the chat template", value=lm.has_chat_template, key="journey.chat",
-                   disabled=not lm.has_chat_template)
-capture = right.toggle("Capture internals (attention, logit lens)", value=True, key="journey.capture",
-                       help="Off: the model runs without any hooks, as fast as it can.")
-prepared = prepare(lm, prompt, sampling, chat)
-if prepared.error:
-    st.error(prepared.error)
-clicked, stop_slot = generate_button("journey", prepared)
+clicked = False
+if lm is None:
+    offline_notice()
+    sampling = sampling_controls("journey")
+else:
+    prompt = prompt_box("journey")
+    sampling = sampling_controls("journey", max_new_limit=new_token_limit(lm))
+    left, right = st.columns(2)
+    chat = left.toggle("Use the chat template", value=lm.has_chat_template, key="journey.chat",
+                       disabled=not lm.has_chat_template)
+    capture = right.toggle("Capture internals (attention, logit lens)", value=True, key="journey.capture",
+                           help="Off: the model runs without any hooks, as fast as it can.")
+    prepared = prepare(lm, prompt, sampling, chat)
+    if prepared.error:
+        st.error(prepared.error)
+    clicked, stop_slot = generate_button("journey", prepared)
+    notice = st.empty()
+    presenter_push("journey", "journey")
 
-st.subheader("1. Tokens")
-view.tokenization_section(lm, prepared)
-st.subheader("2. Shapes through the model")
-view.shapes_section(lm, len(prepared.ids))
+    st.subheader("1. Tokens")
+    view.tokenization_section(lm, prepared)
+    st.subheader("2. Shapes through the model")
+    view.shapes_section(lm, len(prepared.ids))
 
 st.subheader("3. The answer, token by token")
 result = view.ResultView()
 if clicked:
-    run_live(lm, prepared, "journey", stop_slot, result.update, capture)
+    run_live(lm, prepared, "journey", stop_slot, result.update, capture, notice)
 run = last_run()
 if run is None or run.prefill is None:
     st.caption("Nothing generated yet.")
     st.stop()
+replay.run_notes(run)
 result.update(run, final=True)
 
 st.subheader("4. One token up close")
 index = view.token_picker(run)
+decode = replay.decoder(run, lm)
 st.markdown("**Its candidates.** Move the temperature, top-k and top-p controls above: the distribution is "
             "re-drawn from the stored logits.")
-view.distribution_section(run, index, sampling, lm.tokenizer.decode)
+view.distribution_section(run, index, sampling, decode)
 st.markdown("**Through the layers.**")
-view.lens_section(run, index, lm.tokenizer.decode)
+view.lens_section(run, index, decode)
+replay.save_button(run, "journey")

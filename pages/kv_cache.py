@@ -2,31 +2,46 @@
 import streamlit as st
 
 from app import kv_view as view
-from app.controls import last_run, quick_form, run_live
-from app.model import require_model
+from app import replay
+from app.controls import last_run, offline_notice, page_model, quick_form, run_live
+from engine.specs import MODEL_PRESETS
 
-lm = require_model()
+lm = page_model()
 st.title("The KV cache")
 st.write("Each layer keeps the keys and values of every token it has seen, so that a new token only computes "
          "its own. That memory grows with every token and every user, and it decides how many people one GPU "
          "can serve.")
 
 st.subheader("1. Watch it grow")
-st.text(f"{lm.label} in {lm.dtype_name}: " + view.formula_text(lm.spec, lm.dtype_name))
-prepared, clicked, stop_slot = quick_form(lm, "kv", max_new_default=64)
-growth = view.GrowthView(lm.spec, lm.dtype_name)
-if clicked:
-    run_live(lm, prepared, "kv", stop_slot, growth.update)
+clicked = False
+if lm is None:
+    offline_notice()
+else:
+    prepared, clicked, stop_slot = quick_form(lm, "kv", max_new_default=64)
+    notice = st.empty()
 run = last_run()
+if lm is not None and (clicked or run is None or run.source is None):      # the loaded model's cache
+    spec, label, dtype = lm.spec, lm.label, lm.dtype_name
+elif run is not None:                                                      # a recording's
+    spec, label, dtype = run.spec, run.model, run.dtype
+else:
+    spec, dtype = MODEL_PRESETS["smollm2-135m"], "float32"
+    label = spec.name
+st.text(f"{label} in {dtype}: " + view.formula_text(spec, dtype))
+growth = view.GrowthView(spec, dtype)
+if clicked:
+    run_live(lm, prepared, "kv", stop_slot, growth.update, notice=notice)
+    run = last_run()
 if run is not None:
+    replay.run_notes(run)
     growth.update(run, final=True)
     st.caption("Each band is one layer's K and V tensors, read from the cache object after every step; the dashed "
                "line is the formula above. The first jump is the prompt (prefill), then one token per step.")
 else:
-    st.caption("Generate to see the cache of a real run.")
+    st.caption("Generate (or open a recording) to see the cache of a real run.")
 
 st.subheader("2. How many users fit on one GPU")
-choice = view.calculator_inputs(lm.spec, lm.label)
+choice = view.calculator_inputs(spec, label)
 view.calculator_section(choice)
 
 st.subheader("3. Grouped-query against full multi-head attention")

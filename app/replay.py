@@ -1,0 +1,196 @@
+"""Recordings in the app: open a saved generation as the session's run, and save the current run.
+
+A recording (engine/recording.py) holds the records of one finished generation, captures included.
+Opened here it becomes an `app.run.Run` in `st.session_state[LAST_RUN]`, so the journey, attention
+and KV-cache pages draw it exactly as they draw a live run, without the model. That is how a class
+goes on when the model is busy or not loaded.
+
+    run = open_bytes(upload.getvalue(), upload.name)     # RecordingError for a corrupt or foreign file
+    st.session_state[LAST_RUN] = run
+    data = run_bytes(run)                                # the .json.gz to download
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import streamlit as st
+
+from app.run import LAST_RUN, Run, compact
+from engine.loader import LoadedModel
+from engine.recording import (MAX_FILE_BYTES, Recording, RecordingError, dumps_recording, load_recording,
+                              loads_recording)
+from engine.records import PrefillRecord
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDINGS_DIR = ROOT / "assets" / "recordings"
+UPLOAD_KEY, OPENED_KEY = "recordings.upload", "recordings.opened"
+
+
+# --- recordings and runs ---------------------------------------------------------------------------------
+
+def run_from_recording(rec: Recording) -> Run:
+    """The run a recording holds, as the pages draw it; RecordingError when it is not a plain generation."""
+    if not any(isinstance(r, PrefillRecord) for r in rec.records):
+        raise RecordingError("this recording holds a speculative-decoding run; open it on the speculative "
+                             "decoding page")
+    run = Run(model=rec.model, spec=rec.spec, request=rec.request, policy=rec.policy, live=False,
+              dtype=rec.dtype, device=rec.device, source=rec.title or rec.request.prompt[:60])
+    run.capture_note = None if rec.policy.layers is None else (
+        f"This recording kept the attention of {len(rec.policy.layers)} of {rec.spec.n_layers} layers "
+        f"({', '.join(map(str, rec.policy.layers))}).")
+    for record in rec.records:
+        run.add(compact(record))
+    return run
+
+
+def recording_from_run(run: Run) -> Recording:
+    """A finished run as a recording; RecordingError while it has no final record."""
+    if run.prefill is None or run.done is None:
+        raise RecordingError("only a finished run can be saved (this one has no final record)")
+    records = [run.prefill, *run.steps, run.done]
+    return Recording(run.model, run.spec, run.request, run.policy, records, run.dtype, run.device,
+                     title=run.source or run.request.prompt[:60])
+
+
+def open_bytes(data: bytes, name: str = "the file") -> Run:
+    """Parse uploaded bytes into a run; RecordingError says what is wrong with a bad file."""
+    return run_from_recording(loads_recording(data, name=name))
+
+
+def open_shipped(path: Path) -> Run:
+    return run_from_recording(load_recording(path))
+
+
+def run_bytes(run: Run) -> bytes:
+    """The gzip-compressed JSON of a finished run (attention as float16)."""
+    return dumps_recording(recording_from_run(run))
+
+
+def file_name(run: Run) -> str:
+    stem = re.sub(r"[^a-z0-9]+", "-", (run.source or run.request.prompt).lower()).strip("-")[:40]
+    return f"{stem or 'run'}.json.gz"
+
+
+# --- token text without the model -------------------------------------------------------------------------
+
+def known_texts(run: Run) -> dict[int, str]:
+    """Every token id the run stored with its text: the prompt, the answer and each token's candidates."""
+    texts = {p.id: p.text for p in (run.prefill.prompt if run.prefill else [])}
+    for token in run.tokens:
+        texts.update({c.id: c.text for c in token.top})
+        texts.setdefault(token.id, token.text)
+    return texts
+
+
+def decoder(run: Run, lm: LoadedModel | None) -> Callable[[int | list[int]], str]:
+    """Token ids (one or a list) to text: the loaded tokenizer when the run came from this model, else the
+    texts the run stored (ids it never stored show as '#id')."""
+    if lm is not None and lm.label == run.model and lm.spec.vocab_size == run.spec.vocab_size:
+        return lm.tokenizer.decode
+    texts = known_texts(run)
+
+    def decode(ids: int | list[int]) -> str:
+        ids = [ids] if isinstance(ids, int) else ids
+        return "".join(texts.get(int(i), f"#{int(i)}") for i in ids)
+
+    return decode
+
+
+# --- what ships in assets/ --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Shipped:
+    path: str
+    title: str
+    prompt: str
+    answer: str
+    model: str
+    tokens: int
+    layers: int
+
+
+def shipped_paths() -> list[Path]:
+    return sorted(RECORDINGS_DIR.glob("*.json.gz"))
+
+
+@st.cache_data(show_spinner=False)
+def shipped_summaries(paths: tuple[str, ...]) -> list[Shipped]:
+    """Title, prompt and size of each shipped recording (read once per process); unreadable ones are left out."""
+    out = []
+    for path in paths:
+        try:
+            rec = load_recording(path)
+        except RecordingError:
+            continue
+        captured = {i for r in rec.records for i in getattr(r, "captures", {})}
+        out.append(Shipped(path, rec.title, rec.request.prompt, rec.done.text, rec.model,
+                           rec.done.generated_tokens, len(captured)))
+    return out
+
+
+# --- widgets ----------------------------------------------------------------------------------------------
+
+def make_current(run: Run) -> None:
+    st.session_state[LAST_RUN] = run
+
+
+def shipped_section() -> None:
+    """One row per shipped recording with an Open button."""
+    items = shipped_summaries(tuple(str(p) for p in shipped_paths()))
+    if not items:
+        st.caption(f"No recordings in {RECORDINGS_DIR.relative_to(ROOT)}.")
+        return
+    for i, item in enumerate(items):
+        left, right = st.columns([6, 1], vertical_alignment="center")
+        left.text(f"{item.title}: {item.tokens} tokens from {item.model}, attention of {item.layers} layers\n"
+                  f"Prompt: {item.prompt}\nAnswer: {item.answer.strip()[:160]}")
+        if right.button("Open", key=f"recordings.open.{i}", icon=":material/play_arrow:"):
+            make_current(open_shipped(Path(item.path)))
+
+
+def upload_section() -> None:
+    """A file picker for a recording; a bad file gives the RecordingError's reason."""
+    upload = st.file_uploader("Open a recording file (.json.gz)", type=["gz", "json"], key=UPLOAD_KEY,
+                              help=f"Files saved with 'Save this run' or `python -m engine.recording record`; "
+                                   f"at most {MAX_FILE_BYTES // 2**20} MiB.")
+    if upload is None:
+        return
+    outcome = st.session_state.get(OPENED_KEY)
+    if outcome is None or outcome[0] != upload.file_id:
+        outcome = (upload.file_id, open_upload(upload.getvalue(), upload.name))
+        st.session_state[OPENED_KEY] = outcome
+    if outcome[1] is not None:
+        st.error(outcome[1])
+
+
+def open_upload(data: bytes, name: str) -> str | None:
+    """Make an uploaded recording the current run; the error message when it cannot be read."""
+    try:
+        make_current(open_bytes(data, name))
+    except RecordingError as err:
+        return str(err)
+    return None
+
+
+def save_button(run: Run | None, key: str) -> None:
+    """'Save this run' for a finished run; the file is built only when the button is pressed."""
+    if run is None or run.done is None or run.prefill is None:
+        st.caption("Generate (or open a recording) to save a run; a run is saved once it has finished.")
+        return
+    st.download_button("Save this run", data=lambda: run_bytes(run), file_name=file_name(run),
+                       mime="application/gzip", key=f"{key}.save.{run.id}", on_click="ignore",
+                       icon=":material/download:",
+                       help="A .json.gz file with the tokens, timings and captures; open it later on the "
+                            "Recordings page, here or on another playground.")
+
+
+def run_notes(run: Run) -> None:
+    """Where the shown run came from, and why the server cut it short if it did."""
+    if run.source is not None:
+        st.text(f"Showing the recording {run.source!r} ({run.model}, {run.dtype} on {run.device}); "
+                "no model runs for it.")
+    if run.warning:
+        st.warning(run.warning)
