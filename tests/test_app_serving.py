@@ -1,0 +1,345 @@
+"""The app on a shared server: sessions through the scheduler, recordings, presenter mode.
+
+Every test drives the real app (app/main.py) through streamlit.testing.v1.AppTest on the tiny Llama
+the tests write (PLAYGROUND_MODEL points at its folder). All sessions of the process share one
+loaded model and its scheduler, exactly as browser sessions of one server do.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from conftest import tiny_prompt
+from app import presenter
+from app.controls import wait_message
+from app.model import model_slot
+from app.presenter import PresenterBoard
+from app.replay import RECORDINGS_DIR, open_bytes, run_bytes
+from engine.generate import GenerationRequest, generate
+from engine.hooks import CapturePolicy
+from engine.recording import load_recording
+from engine.records import DoneRecord
+from engine.scheduler import scheduler_for
+
+MAIN = "../app/main.py"
+TIMEOUT = 60
+TOKEN = "front-of-the-room-token"
+SHIPPED = sorted(RECORDINGS_DIR.glob("*.json.gz"))
+
+
+@pytest.fixture
+def env(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("PLAYGROUND_MODEL", str(tiny_model_dir))
+    monkeypatch.setenv("PLAYGROUND_DEVICE", "cpu")
+    monkeypatch.setenv("PLAYGROUND_DTYPE", "float32")
+    return tiny_model_dir
+
+
+_APPS: list[AppTest] = []
+
+
+def new_app() -> AppTest:
+    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run()
+    assert_clean(at)
+    _APPS.append(at)
+    return at
+
+
+@pytest.fixture(autouse=True)
+def leave_when_done(tiny_model_dir):
+    """Each AppTest is a browser session that counts against max_sessions: close it as a closed tab would."""
+    yield
+    lm = model_slot(str(tiny_model_dir), "cpu", "float32").lm
+    while _APPS:
+        at = _APPS.pop()
+        if lm is not None and "session.id" in at.session_state:
+            scheduler_for(lm).leave(at.session_state["session.id"])
+
+
+@pytest.fixture
+def scheduler(env):
+    """The scheduler every app session of this process submits to (the app's own model)."""
+    new_app()
+    lm = model_slot(str(env), "cpu", "float32").lm
+    sched = scheduler_for(lm)
+    limits = sched.limits
+    yield sched
+    sched.limits = limits
+
+
+def assert_clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def open_page(at: AppTest, script: str) -> AppTest:
+    at.switch_page(f"../pages/{script}").run()
+    assert_clean(at)
+    return at
+
+
+def fill(at: AppTest, ns: str, prompt: str, max_new: int) -> AppTest:
+    at.text_area(key=f"{ns}.prompt").set_value(prompt)
+    at.number_input(key=f"{ns}.max_new").set_value(max_new)
+    return at
+
+
+def generate_on(at: AppTest, ns: str, prompt: str, max_new: int, timeout: float = TIMEOUT) -> AppTest:
+    fill(at, ns, prompt, max_new)
+    at.button(key=f"{ns}.generate").click().run(timeout=timeout)
+    assert_clean(at)
+    return at
+
+
+def alone(lm, prompt: str, max_new: int, policy: CapturePolicy = CapturePolicy()) -> list:
+    """The same request run directly on the engine, with nobody else around."""
+    return list(generate(lm, GenerationRequest(prompt, max_new_tokens=max_new, chat=False), policy))
+
+
+def spans_of(sched, session: str) -> list:
+    return [s for s in sched.timeline() if s.session == session]
+
+
+def wait_until(check, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+@contextmanager
+def busy_model(sched):
+    """Another request holds the model: it is running, and stays blocked until the block ends."""
+    sched.lm.lock.acquire()
+    blocker = sched.submit(GenerationRequest(tiny_prompt(4), max_new_tokens=2, chat=False), session="blocker")
+    try:
+        wait_until(lambda: blocker.state == "running")
+        yield blocker
+    finally:
+        sched.lm.lock.release()
+        blocker.result(timeout=30)
+
+
+def has_button(at: AppTest, key: str) -> bool:
+    return any(b.key == key for b in at.button)
+
+
+def texts(at: AppTest) -> list[str]:
+    return [t.value for t in at.text]
+
+
+# --- many sessions, one scheduler --------------------------------------------------------------------------
+
+def test_sessions_in_threads_each_stream_their_own_answer_through_the_scheduler(scheduler, tiny_lm):
+    prompts = [tiny_prompt(5 + 3 * i, seed=40 + i) for i in range(4)]
+    apps = [fill(open_page(new_app(), "journey.py"), "journey", p, 6) for p in prompts]
+    threads = [threading.Thread(target=at.button(key="journey.generate").click().run) for at in apps]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for at, prompt in zip(apps, prompts):
+        assert_clean(at)
+        run, want = at.session_state["last_run"], alone(tiny_lm, prompt, 6)
+        assert run.status == "done" and [t.id for t in run.tokens] == [r.token.id for r in want[:-1]]
+        assert run.n_prompt == len(want[0].prompt)                                   # its own prompt, no other
+        for layer, cap in run.prefill.captures.items():                               # its own attention maps
+            np.testing.assert_allclose(cap.attention, want[0].captures[layer].attention, atol=2e-3)
+        assert [c.length for c in run.cache_states()] == [r.cache.length for r in want[:-1]]
+        assert run.text in texts(at)
+        spans = spans_of(scheduler, at.session_state["session.id"])
+        assert [s.state for s in spans] == ["done"]                                   # went through the queue
+    started = sorted((s.started, s.finished) for at in apps for s in spans_of(scheduler, at.session_state["session.id"]))
+    assert all(a[1] <= b[0] + 1e-6 for a, b in zip(started, started[1:]))             # one at a time
+
+
+def test_a_waiting_session_sees_its_place_in_the_queue(scheduler):
+    with busy_model(scheduler):
+        queued = scheduler.submit(GenerationRequest(tiny_prompt(3), max_new_tokens=2, chat=False), session="q")
+        message = wait_message(queued.status())
+        assert "number 1 in the queue (1 ahead of you" in message and "Stop leaves the queue" in message
+        queued.cancel()
+    assert "reading your prompt" in wait_message(replace(queued.status(), state="running"))
+
+
+def test_a_session_that_stops_while_queued_leaves_the_queue(scheduler):
+    at = open_page(new_app(), "journey.py")
+    with busy_model(scheduler):
+        fill(at, "journey", tiny_prompt(6), 4)
+        with pytest.raises(RuntimeError, match="timed out"):                          # the script is stopped
+            at.button(key="journey.generate").click().run(timeout=2)
+        session = at.session_state["session.id"]
+        wait_until(lambda: [s.state for s in spans_of(scheduler, session)] == ["cancelled"])
+        assert spans_of(scheduler, session)[0].started is None                        # never reached the model
+        assert scheduler.stats().queued == 0
+
+
+def test_a_run_over_the_time_limit_stops_with_a_warning(scheduler):
+    at = open_page(new_app(), "journey.py")
+    scheduler.limits = replace(scheduler.limits, request_seconds=1e-4)
+    generate_on(at, "journey", tiny_prompt(8), 40)
+    assert any("time limit" in w.value for w in at.warning)
+    run = at.session_state.get("last_run")
+    assert run is None or run.done is None or run.done.finish_reason == "timeout"
+
+
+def test_a_full_queue_refuses_next_to_the_button_and_keeps_the_last_run(scheduler):
+    at = generate_on(open_page(new_app(), "journey.py"), "journey", tiny_prompt(6), 3)
+    before = at.session_state["last_run"]
+    with busy_model(scheduler):
+        scheduler.limits = replace(scheduler.limits, max_queue=0)                    # one running, none may wait
+        generate_on(at, "journey", tiny_prompt(7), 3)
+    assert any("already waiting" in e.value for e in at.error)
+    assert at.session_state["last_run"] is before
+    scheduler.limits = replace(scheduler.limits, max_queue=32)
+    generate_on(at, "journey", tiny_prompt(7), 3)                                     # and then it works again
+    assert at.session_state["last_run"] is not before and not at.error
+
+
+def test_a_session_beyond_the_room_limit_gets_a_message_and_the_recordings(scheduler):
+    scheduler.limits = replace(scheduler.limits, max_sessions=scheduler.stats().sessions)
+    at = new_app()
+    assert any("already serving" in e.value for e in at.error)
+    open_page(at, "journey.py")
+    assert not has_button(at, "journey.generate")
+    assert any("Recordings still work" in i.value for i in at.info)
+    open_page(at, "recordings.py")
+    at.button(key="recordings.open.0").click().run()
+    open_page(at, "journey.py")
+    assert load_recording(SHIPPED[0]).done.text in texts(at)
+
+
+# --- recordings ----------------------------------------------------------------------------------------------
+
+def test_a_shipped_recording_replays_on_every_page_without_generating(scheduler):
+    rec = load_recording(SHIPPED[0])
+    at = open_page(new_app(), "recordings.py")
+    at.button(key="recordings.open.0").click().run()
+    submitted = scheduler.stats().submitted
+    run = at.session_state["last_run"]
+    assert [t.id for t in run.tokens] == [r.token.id for r in rec.records[:-1]]
+
+    open_page(at, "journey.py")
+    assert rec.done.text in texts(at) and any(t.startswith("Showing the recording") for t in texts(at))
+    assert [m.value for m in at.metric if m.label == "Generated tokens"] == [str(rec.done.generated_tokens)]
+    assert any(s.value == "4. One token up close" for s in at.subheader)
+    open_page(at, "attention.py")
+    heat = json.loads(at.get("plotly_chart")[0].proto.spec)["data"][0]["customdata"]
+    n = run.n_prompt + len(run.steps)
+    assert heat["shape"].replace(" ", "") == f"{n},{n}"                              # every cached position
+    open_page(at, "kv_cache.py")
+    assert any("matches the formula" in t for t in texts(at))
+    assert any(t.startswith(f"{rec.model} in {rec.dtype}") for t in texts(at))       # the recording's own model
+    assert scheduler.stats().submitted == submitted                                   # nothing ran on the model
+
+
+def test_recordings_open_when_the_model_does_not_load(monkeypatch, tmp_path):
+    monkeypatch.setenv("PLAYGROUND_MODEL", str(tmp_path / "no-model-here"))
+    at = new_app()
+    open_page(at, "journey.py")
+    assert any("not loaded" in i.value and "Recordings still work" in i.value for i in at.info)
+    open_page(at, "recordings.py")
+    assert any("No model is available" in i.value for i in at.info)
+    at.button(key="recordings.open.1").click().run()
+    rec = load_recording(SHIPPED[1])
+    for page in ("journey.py", "attention.py", "kv_cache.py"):
+        open_page(at, page)
+        assert any(t.startswith("Showing the recording") for t in texts(at)), page
+    assert any(s.value == "One head" for s in open_page(at, "attention.py").subheader)
+    assert rec.done.text.strip()[:20] in " ".join(texts(open_page(at, "journey.py")))
+
+
+def upload(at: AppTest, name: str, data: bytes) -> AppTest:
+    at.file_uploader(key="recordings.upload").set_value((name, data, "application/gzip")).run()
+    assert_clean(at)
+    return at
+
+
+@pytest.mark.parametrize("name,make,words", [
+    ("noise.json.gz", lambda good: bytes(range(256)) * 8, "neither a gzip-compressed recording nor JSON"),
+    ("cut.json.gz", lambda good: good[: len(good) // 2], "damaged or truncated"),
+    ("model.json.gz", lambda good: pickle.dumps({"weights": [1, 2, 3]}), "pickle"),
+    ("other.json", lambda good: json.dumps({"format": "something-else", "records": []}).encode(), "not a playground recording"),
+    ("empty.json.gz", lambda good: gzip.compress(b"{}"), "not a playground recording"),
+])
+def test_a_corrupt_or_foreign_upload_gives_a_clear_error(env, name, make, words):
+    at = open_page(new_app(), "recordings.py")
+    upload(at, name, make(SHIPPED[0].read_bytes()))
+    assert any(words in e.value for e in at.error), [e.value for e in at.error]
+    assert "last_run" not in at.session_state
+
+
+def test_save_this_run_and_open_it_again(env):
+    at = generate_on(open_page(new_app(), "journey.py"), "journey", tiny_prompt(9), 5)
+    run = at.session_state["last_run"]
+    assert at.get("download_button")                                                  # "Save this run"
+    data = run_bytes(run)
+    back = open_bytes(data, "saved.json.gz")
+    assert [t.id for t in back.tokens] == [t.id for t in run.tokens] and back.text == run.text
+    for layer, cap in run.prefill.captures.items():
+        np.testing.assert_array_equal(back.prefill.captures[layer].attention, cap.attention)   # float16 both
+    other = open_page(new_app(), "recordings.py")
+    upload(other, "saved.json.gz", data)
+    assert not other.error and other.session_state["last_run"].text == run.text
+    open_page(other, "journey.py")
+    assert run.text in texts(other)
+
+
+# --- presenter mode --------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def board(env, monkeypatch):
+    b = PresenterBoard(TOKEN)
+    monkeypatch.setattr(presenter, "_BOARD", b)
+    return b
+
+
+def test_a_follower_adopts_the_presenters_push_once_and_keeps_exploring(board):
+    lead, follower = new_app(), new_app()
+    assert not has_button(open_page(lead, "journey.py"), "journey.presenter_push")
+    lead.text_input(key="presenter.token_input").input(TOKEN).run()
+    open_page(lead, "journey.py")
+    lead.text_area(key="journey.prompt").input("w5 w6 w7 pushed").run()
+    lead.slider(key="journey.temperature").set_value(0.7).run()
+    lead.text_input(key="journey.presenter_note").input("Look at the tokens").run()
+    lead.button(key="journey.presenter_push").click().run()
+    assert_clean(lead) and lead.success
+
+    follower.run()                                                      # on the home page: moved to the journey
+    assert_clean(follower)
+    assert follower.title[0].value == "The journey of a request"
+    assert follower.text_area(key="journey.prompt").value == "w5 w6 w7 pushed"
+    assert follower.slider(key="journey.temperature").value == pytest.approx(0.7)
+    assert "Presenter: Look at the tokens" in [t.value for t in follower.sidebar.text]
+    follower.text_area(key="journey.prompt").input("w1 w2 my own").run()
+    follower.run()
+    assert follower.text_area(key="journey.prompt").value == "w1 w2 my own"      # adopted once only
+
+
+def test_a_pushed_layer_and_head_reach_a_followers_attention_page(board):
+    lead, follower = new_app(), new_app()
+    lead.text_input(key="presenter.token_input").input(TOKEN).run()
+    generate_on(open_page(lead, "attention.py"), "attention", tiny_prompt(7), 3)
+    run = lead.session_state["last_run"]
+    lead.select_slider(key=f"attention.layer.{run.id}").set_value(2).run()
+    lead.select_slider(key=f"attention.head.{run.id}").set_value(3).run()
+    lead.button(key="attention.presenter_push").click().run()
+    assert_clean(lead)
+
+    follower.run()
+    assert follower.title[0].value == "Attention"
+    generate_on(follower, "attention", follower.text_area(key="attention.prompt").value, 3)
+    own = follower.session_state["last_run"]
+    assert own.id != run.id
+    assert follower.select_slider(key=f"attention.layer.{own.id}").value == 2
+    assert follower.select_slider(key=f"attention.head.{own.id}").value == 3
+    follower.select_slider(key=f"attention.layer.{own.id}").set_value(0).run()
+    assert follower.select_slider(key=f"attention.layer.{own.id}").value == 0     # free to explore
