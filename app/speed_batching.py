@@ -21,6 +21,7 @@ from engine.speedlab import DeviceRoof, device_cost_model
 
 REAL_BATCHES = (1, 2, 4, 8)
 REAL_POINTS = "batching.points"
+REAL_ROUNDS = 2
 SIM_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 POLICIES = ("static", "continuous")
 
@@ -112,7 +113,7 @@ def measure_real(lm: LoadedModel) -> None:
         report = status_progress(box)
         try:
             with model_turn(lm):
-                points = measure_batching(lm, REAL_BATCHES, progress=report)
+                points = measure_batching(lm, REAL_BATCHES, rounds=REAL_ROUNDS, progress=report)
         except EngineError as err:
             box.update(label="Stopped", state="error")
             st.error(str(err))
@@ -129,7 +130,8 @@ def device_ceiling(lm: LoadedModel, roof: DeviceRoof, batches, context: int = 40
 
 def real_section(lm: LoadedModel, roof: DeviceRoof) -> None:
     st.caption(measured_caption(lm) + f" Batch sizes {', '.join(map(str, REAL_BATCHES))}: different prompts of about "
-               "32 tokens, left-padded, one forward pass per step for the whole batch, 12 greedy tokens each.")
+               "32 tokens, left-padded, one forward pass per step for the whole batch, 12 greedy tokens each; the sizes "
+               f"run interleaved, {REAL_ROUNDS} rounds, and each keeps its median step.")
     if st.button("Measure batched generation", type="primary", key="batching.measure"):
         measure_real(lm)
     points = st.session_state.get(REAL_POINTS)

@@ -21,12 +21,12 @@ sys.path.insert(0, str(ROOT))
 from engine.batching import measure_batching  # noqa: E402
 from engine.loader import load_model  # noqa: E402
 from engine.quantize import compare_models, quantize_copy, text_ids  # noqa: E402
-from engine.speedlab import (attention_onset, compare_decode, fit_ttft, measure_context, measure_roof,  # noqa: E402
-                             place_decode, prompt_of_length)
+from engine.speedlab import (attention_onset, compare_decode, fit_ttft, measure_roof, place_decode,  # noqa: E402
+                             prompt_of_length, sweep_context)
 
 
-def context_part(lm, roof, lengths: list[int]) -> dict:
-    points = [measure_context(lm, n, steps=6, repeats=2) for n in lengths]
+def context_part(lm, roof, lengths: list[int], rounds: int) -> dict:
+    points = sweep_context(lm, lengths, steps=6, rounds=rounds)
     fit = fit_ttft(points)
     last = points[-1]
     place = place_decode(lm, roof, last.itl, last.tokens)
@@ -63,9 +63,10 @@ def main() -> None:
     result = {
         "model": lm.label, "device": str(lm.device), "dtype": lm.dtype_name,
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads", "roof": roof.to_dict(),
-        "context": context_part(lm, roof, [int(n) for n in args.lengths.split(",")]),
+        "context": context_part(lm, roof, [int(n) for n in args.lengths.split(",")], rounds),
         "quantization": quant_part(lm, steps, rounds),
-        "batching": [p.to_dict() for p in measure_batching(lm, (1, 2, 4, 8), prompt_tokens=32, new_tokens=12)],
+        "batching": [p.to_dict() for p in measure_batching(lm, (1, 2, 4, 8), prompt_tokens=32, new_tokens=12,
+                                                              rounds=rounds)],
     }
     out = ROOT / "bench" / "results" / "speed.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -139,13 +139,23 @@ def batch_prompts(lm: LoadedModel, batch: int, tokens: int) -> list[list[int]]:
 
 
 def measure_batching(lm: LoadedModel, batch_sizes: Sequence[int] = (1, 2, 4, 8), prompt_tokens: int = 32,
-                     new_tokens: int = 12, progress: Callable[[float, str], None] | None = None) -> list[BatchPoint]:
-    """Run the model batched at each size and time it."""
-    points = []
-    for i, b in enumerate(batch_sizes):
-        if progress:
-            progress(i / len(batch_sizes), f"batch of {b}")
-        run = generate_batch(lm, batch_prompts(lm, b, prompt_tokens), new_tokens)
-        step = statistics.median(run.step_seconds) if run.step_seconds else float("nan")
-        points.append(BatchPoint(b, b / step, 1 / step, step * 1e3, run.prefill_seconds * 1e3))
-    return points
+                     new_tokens: int = 12, rounds: int = 1,
+                     progress: Callable[[float, str], None] | None = None) -> list[BatchPoint]:
+    """Run the model batched at each size and time it. With several rounds the sizes are interleaved
+    (1, 2, 4, 8, 1, 2, ...) so a noisy neighbour hits every size alike; each keeps its median step."""
+    steps: dict[int, list[float]] = {b: [] for b in batch_sizes}
+    prefill: dict[int, list[float]] = {b: [] for b in batch_sizes}
+    total = max(1, rounds) * len(batch_sizes)
+    for r in range(max(1, rounds)):
+        for i, b in enumerate(batch_sizes):
+            if progress:
+                progress((r * len(batch_sizes) + i) / total, f"batch of {b}" + (f", round {r + 1}" if rounds > 1 else ""))
+            run = generate_batch(lm, batch_prompts(lm, b, prompt_tokens), new_tokens)
+            steps[b] += run.step_seconds
+            prefill[b].append(run.prefill_seconds)
+    return [_point(b, steps[b], prefill[b]) for b in batch_sizes]
+
+
+def _point(batch: int, steps: list[float], prefills: list[float]) -> BatchPoint:
+    step = statistics.median(steps) if steps else float("nan")
+    return BatchPoint(batch, batch / step, 1 / step, step * 1e3, min(prefills) * 1e3)

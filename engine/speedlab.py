@@ -110,18 +110,26 @@ def measure_context(lm: LoadedModel, n: int, steps: int = DEFAULT_DECODE_STEPS, 
     """Prefill exactly n tokens and decode a few; with repeats, keep the fastest TTFT and median ITL."""
     ids = prompt_of_length(lm, n)
     runs = [time_decode(lm, ids, steps) for _ in range(max(1, repeats))]
-    itl = statistics.median(s for r in runs for s in r.steps) if steps else float("nan")
-    return ContextPoint(n, min(r.prefill for r in runs), itl, len(runs))
+    return ContextPoint(n, min(r.prefill for r in runs), _median_step(runs), len(runs))
 
 
-def sweep_context(lm: LoadedModel, lengths: Sequence[int], steps: int = DEFAULT_DECODE_STEPS,
+def sweep_context(lm: LoadedModel, lengths: Sequence[int], steps: int = DEFAULT_DECODE_STEPS, rounds: int = 1,
                   progress: Callable[[float, str], None] | None = None) -> list[ContextPoint]:
-    points = []
-    for i, n in enumerate(lengths):
-        if progress:
-            progress(i / len(lengths), f"prefill of {n:,} tokens")
-        points.append(measure_context(lm, n, steps))
-    return points
+    """Measure every length, the lengths interleaved round by round; per length the fastest prefill and the
+    median decode step over all rounds."""
+    runs: dict[int, list[DecodeTiming]] = {n: [] for n in lengths}
+    total = max(1, rounds) * len(lengths)
+    for r in range(max(1, rounds)):
+        for i, n in enumerate(lengths):
+            if progress:
+                progress((r * len(lengths) + i) / total, f"prefill of {n:,} tokens")
+            runs[n].append(time_decode(lm, prompt_of_length(lm, n), steps))
+    return [ContextPoint(n, min(t.prefill for t in ts), _median_step(ts), len(ts)) for n, ts in runs.items()]
+
+
+def _median_step(timings: Sequence[DecodeTiming]) -> float:
+    steps = [s for t in timings for s in t.steps]
+    return statistics.median(steps) if steps else float("nan")
 
 
 # --- where attention's N^2 shows --------------------------------------------------------------------

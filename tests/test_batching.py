@@ -75,3 +75,11 @@ def test_bad_batches_are_refused(tiny_lm):
         generate_batch(tiny_lm, [[1, 2], []], 4)
     with pytest.raises(ContextLengthError):
         generate_batch(tiny_lm, [[5] * 250], 10)   # the tiny model reads 256 positions
+
+
+def test_rounds_interleave_and_keep_every_step(tiny_lm):
+    calls = []
+    points = measure_batching(tiny_lm, (1, 2), prompt_tokens=8, new_tokens=3, rounds=2,
+                              progress=lambda f, m: calls.append(m))
+    assert calls == ["batch of 1, round 1", "batch of 2, round 1", "batch of 1, round 2", "batch of 2, round 2"]
+    assert [p.batch for p in points] == [1, 2]

@@ -11,7 +11,7 @@ from engine.projection import prefill_flops
 from engine.specs import MODEL_PRESETS
 from engine.speedlab import (ContextPoint, DeviceRoof, attention_onset, attention_share, ceiling_prefill_seconds,
                              compare_decode, copy_bandwidth, fit_ttft, known_gpu, matmul_flops, measure_context,
-                             measure_roof, place_decode, prompt_of_length, time_decode)
+                             measure_roof, place_decode, prompt_of_length, sweep_context, time_decode)
 
 LLAMA_8B = MODEL_PRESETS["llama-3.1-8b"]
 SMOL = MODEL_PRESETS["smollm2-135m"]
@@ -119,3 +119,10 @@ def test_ceiling_prefill_is_compute_bound_for_long_prompts(tiny_lm):
     roof = DeviceRoof("test device", bandwidth=1e12, peak_flops=1e9, source="measured")
     t = ceiling_prefill_seconds(tiny_lm, roof, 200)
     assert t == pytest.approx(prefill_flops(tiny_lm.spec, 200) / 1e9)
+
+
+def test_sweep_interleaves_lengths_and_merges_rounds(tiny_lm):
+    seen = []
+    points = sweep_context(tiny_lm, [8, 16], steps=2, rounds=2, progress=lambda f, m: seen.append(m))
+    assert seen == ["prefill of 8 tokens", "prefill of 16 tokens"] * 2
+    assert [(p.tokens, p.repeats) for p in points] == [(8, 2), (16, 2)]
