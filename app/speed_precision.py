@@ -19,7 +19,7 @@ SPEED_PROMPT_TOKENS, SPEED_STEPS, SPEED_ROUNDS = 32, 8, 2
 GPU_PRECISIONS = ("fp32", "bf16", "fp8", "int8", "int4")
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
+@st.cache_resource(max_entries=3, show_spinner=False)
 def quantized_copy(_lm: LoadedModel, name: str, device: str, dtype: str, scheme: str, group: int) -> QuantizedModel:
     """One quantized copy per (model, scheme, group), shared by every session; the shared model is never changed."""
     return quantize_copy(_lm, scheme, group)
