@@ -53,7 +53,10 @@ class Prepared:
 
 
 def prompt_box(ns: str, default: str = DEFAULT_PROMPT, height: int = 110) -> str:
-    return st.text_area("Prompt", value=default, height=height, key=f"{ns}.prompt",
+    key = f"{ns}.prompt"
+    if key not in st.session_state:                # a push or a recording may have set it already
+        st.session_state[key] = default
+    return st.text_area("Prompt", height=height, key=key,
                         help="For instruct models the prompt is wrapped in the chat template before tokenizing.")
 
 
@@ -154,8 +157,12 @@ def run_live(lm: LoadedModel, prepared: Prepared, ns: str, stop_slot: st.delta_g
             notice.empty()
         on_record(r)
 
+    def wait(status: QueueStatus) -> None:
+        if run.prefill is None:                  # after the first token the answer itself shows progress
+            show_wait(notice, status)
+
     try:
-        stream_generation(lm, run, record, lambda status: show_wait(notice, status), session_id())
+        stream_generation(lm, run, record, wait, session_id())
     except EngineError as err:
         notice.error(str(err))
         return None
@@ -163,6 +170,8 @@ def run_live(lm: LoadedModel, prepared: Prepared, ns: str, stop_slot: st.delta_g
         stop_slot.empty()
     if run.warning:
         notice.warning(run.warning)
+    elif run.prefill is None:
+        notice.empty()
     return run if run.prefill is not None else None
 
 

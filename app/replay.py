@@ -18,6 +18,7 @@ from typing import Callable
 
 import streamlit as st
 
+from app.controls import SETTING_RANGES, in_range
 from app.run import LAST_RUN, Run, compact
 from engine.loader import LoadedModel
 from engine.recording import (MAX_FILE_BYTES, Recording, RecordingError, dumps_recording, load_recording,
@@ -38,9 +39,10 @@ def run_from_recording(rec: Recording) -> Run:
                              "decoding page")
     run = Run(model=rec.model, spec=rec.spec, request=rec.request, policy=rec.policy, live=False,
               dtype=rec.dtype, device=rec.device, source=rec.title or rec.request.prompt[:60])
-    run.capture_note = None if rec.policy.layers is None else (
-        f"This recording kept the attention of {len(rec.policy.layers)} of {rec.spec.n_layers} layers "
-        f"({', '.join(map(str, rec.policy.layers))}).")
+    layers = rec.policy.layers
+    if layers is not None and len(layers) < rec.spec.n_layers:
+        run.capture_note = (f"This recording kept the attention of {len(layers)} of {rec.spec.n_layers} layers "
+                            f"({', '.join(map(str, layers))}).")
     for record in rec.records:
         run.add(compact(record))
     return run
@@ -134,7 +136,16 @@ def shipped_summaries(paths: tuple[str, ...]) -> list[Shipped]:
 # --- widgets ----------------------------------------------------------------------------------------------
 
 def make_current(run: Run) -> None:
+    """The run every page shows from now on; the pages' prompt boxes and sampling controls follow it."""
     st.session_state[LAST_RUN] = run
+    req = run.request
+    for ns in ("journey", "attention", "kv"):
+        st.session_state[f"{ns}.prompt"] = req.prompt
+    for name, value in (("temperature", req.temperature), ("top_k", req.top_k), ("top_p", req.top_p),
+                        ("seed", req.seed)):
+        _, kind, low, high = SETTING_RANGES[name]
+        st.session_state[f"journey.{name}"] = in_range(value, kind, low, high)
+    st.session_state["journey.chat"] = req.chat
 
 
 def shipped_section() -> None:
@@ -187,8 +198,10 @@ def save_button(run: Run | None, key: str) -> None:
                             "Recordings page, here or on another playground.")
 
 
-def run_notes(run: Run) -> None:
+def run_notes(run: Run | None) -> None:
     """Where the shown run came from, and why the server cut it short if it did."""
+    if run is None:
+        return
     if run.source is not None:
         st.text(f"Showing the recording {run.source!r} ({run.model}, {run.dtype} on {run.device}); "
                 "no model runs for it.")

@@ -36,6 +36,8 @@ else:
     view.shapes_section(lm, len(prepared.ids))
 
 st.subheader("3. The answer, token by token")
+if not clicked:
+    replay.run_notes(last_run())
 result = view.ResultView()
 if clicked:
     run_live(lm, prepared, "journey", stop_slot, result.update, capture, notice)
@@ -43,7 +45,6 @@ run = last_run()
 if run is None or run.prefill is None:
     st.caption("Nothing generated yet.")
     st.stop()
-replay.run_notes(run)
 result.update(run, final=True)
 
 st.subheader("4. One token up close")

@@ -229,6 +229,7 @@ def test_a_shipped_recording_replays_on_every_page_without_generating(scheduler)
 
     open_page(at, "journey.py")
     assert rec.done.text in texts(at) and any(t.startswith("Showing the recording") for t in texts(at))
+    assert at.text_area(key="journey.prompt").value == rec.request.prompt            # the inputs follow the run
     assert [m.value for m in at.metric if m.label == "Generated tokens"] == [str(rec.done.generated_tokens)]
     assert any(s.value == "4. One token up close" for s in at.subheader)
     open_page(at, "attention.py")
