@@ -27,7 +27,6 @@ from app.replay import RECORDINGS_DIR, open_bytes, run_bytes
 from engine.generate import GenerationRequest, generate
 from engine.hooks import CapturePolicy
 from engine.recording import load_recording
-from engine.records import DoneRecord
 from engine.scheduler import scheduler_for
 
 MAIN = "../app/main.py"
@@ -99,9 +98,9 @@ def generate_on(at: AppTest, ns: str, prompt: str, max_new: int, timeout: float 
     return at
 
 
-def alone(lm, prompt: str, max_new: int, policy: CapturePolicy = CapturePolicy()) -> list:
-    """The same request run directly on the engine, with nobody else around."""
-    return list(generate(lm, GenerationRequest(prompt, max_new_tokens=max_new, chat=False), policy))
+def alone(lm, prompt: str, max_new: int) -> list:
+    """The same request run directly on the engine with full capture, nobody else around."""
+    return list(generate(lm, GenerationRequest(prompt, max_new_tokens=max_new, chat=False), CapturePolicy()))
 
 
 def spans_of(sched, session: str) -> list:
