@@ -32,6 +32,21 @@ PAGES: tuple[PageInfo, ...] = (
     PageInfo("kv_cache.py", "The KV cache", ":material/memory:", "kv-cache",
              "The cache growing token by token, what it costs per user on real GPUs, GQA against full "
              "multi-head attention, and paged against contiguous allocation."),
+    PageInfo("speculative.py", "Speculative decoding", ":material/fast_forward:", "speculative",
+             "A draft guesses k tokens, the model checks them in one pass: the rounds live, acceptance, and the "
+             "measured speedup against plain decoding, with the projection for Llama on an H100."),
+    PageInfo("speed_lab.py", "Speed lab", ":material/speed:", "speed-lab",
+             "Prefill and decode timed on this machine as the prompt grows, the decode step on this device's "
+             "roofline, and a stored answer streamed at any rate from 1 to 2,000 tokens/s."),
+    PageInfo("speed_cost.py", "Speed and cost on GPUs", ":material/payments:", "speed-cost",
+             "Any model on any GPU, precision, batch and context: memory, TTFT, decode step, tokens/s, $ per "
+             "million tokens, the roofline and the batch sweep."),
+    PageInfo("speed_batching.py", "Batching", ":material/stacks:", "batching",
+             "A simulated server, static against continuous batching, and the model really batched on this "
+             "machine."),
+    PageInfo("speed_precision.py", "Precision", ":material/compress:", "precision",
+             "Quantize a copy of the loaded model to INT8 and INT4 here: memory, speed, agreement, perplexity; "
+             "and what precision does on a GPU."),
     PageInfo("quiz.py", "Quiz", ":material/quiz:", "quiz",
              "Eight questions on prefill and decode, KV sizing, GQA, speculative decoding, quantization and "
              "batching, each answer explained."),

@@ -1,11 +1,14 @@
 """Shared fixtures: a tiny Llama whose random weights the tests write themselves, loaded by the real loader."""
 from __future__ import annotations
 
-import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
+
+# Every AppTest of app/main.py joins the scheduler's room; a test run must not fill it.
+os.environ.setdefault("PLAYGROUND_MAX_SESSIONS", "1000")
 
 TINY_CONFIG = dict(
     vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3,

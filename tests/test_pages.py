@@ -10,6 +10,8 @@ import json
 
 import numpy as np
 import pytest
+
+from app.nav import PAGES
 from streamlit.testing.v1 import AppTest
 
 from conftest import TINY_CONFIG, tiny_prompt
@@ -74,7 +76,7 @@ def test_home_links_every_page_and_sidebar_names_the_model(app, tiny_model_dir):
     assert_clean(app)
     assert app.title[0].value == "Inference Playground"
     links = [link.proto.label for link in app.get("page_link")]
-    assert links == ["The journey of a request", "Attention", "The KV cache"]
+    assert links == [p.title for p in PAGES]
     sidebar = " ".join(m.value for m in app.sidebar.markdown)
     assert "Device: **cpu**" in sidebar and "Dtype: **float32**" in sidebar
     assert "Layers: **3**" in sidebar and "Heads (query / KV): **4 / 2**" in sidebar

@@ -1,10 +1,8 @@
 """The measured plane: exact-length prompts, timings, the N^2 onset, the roofline placement and the ceiling."""
 from __future__ import annotations
 
-import math
 
 import pytest
-import torch
 
 from engine.errors import ContextLengthError, InvalidRequestError
 from engine.projection import prefill_flops

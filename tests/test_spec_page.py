@@ -1,0 +1,168 @@
+"""The speculative-decoding page through AppTest, on the tiny Llama the tests write themselves: runs with
+each draft kind, what the charts say checked against the timeline's own cells and the projection, the
+draft-model choices, and bad input as a message."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from conftest import tiny_prompt, write_tiny_llama
+from test_pages import MAIN, TIMEOUT, array, assert_clean, charts, metric
+from app.spec_charts import ACCEPTED, ALONE, BONUS, CORRECTION, REJECTED
+from app.spec_run import PRESETS, draft_model_options, per_token_acceptance, projected_pair
+from engine.projection import project
+from engine.specs import GPU_PRESETS, MODEL_PRESETS
+
+NS = "speculative"
+REPEATING = " ".join(["w5 w6 w7 w8 w9 w10"] * 3)     # an n-gram draft finds the pattern
+
+
+@pytest.fixture
+def page(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("PLAYGROUND_MODEL", str(tiny_model_dir))
+    monkeypatch.setenv("PLAYGROUND_DEVICE", "cpu")
+    monkeypatch.setenv("PLAYGROUND_DTYPE", "float32")
+    monkeypatch.delenv("PLAYGROUND_DRAFT", raising=False)
+    at = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run()
+    at.switch_page("../pages/speculative.py").run()
+    assert_clean(at)
+    return at
+
+
+@pytest.fixture(scope="module")
+def small_draft_dir(tmp_path_factory):
+    """Same vocabulary as the tiny target, one layer instead of three: a draft the page may offer."""
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-draft"), seed=3, num_hidden_layers=1)
+
+
+def run_page(at: AppTest, prompt: str, k: int, max_new: int, **widgets) -> AppTest:
+    at.text_area(key=f"{NS}.prompt").set_value(prompt)
+    at.slider(key=f"{NS}.k").set_value(k)
+    at.number_input(key=f"{NS}.max_new").set_value(max_new)
+    for key, value in widgets.items():
+        at.slider(key=f"{NS}.{key}").set_value(value)
+    at.button(key=f"{NS}.generate").click().run()
+    assert_clean(at)
+    return at
+
+
+def timeline(at: AppTest) -> dict:
+    return next(c for c in charts(at) if c["data"][0]["type"] == "heatmap")
+
+
+def check_rows(z: list[list], labels: list[str], k: int) -> tuple[int, int]:
+    """Every round: accepted drafts, then rejected ones, then the target's token. (accepted, rejections)."""
+    accepted = rejections = 0
+    for row, label in zip(z, labels):
+        drafts = [c for c in row[:k] if c is not None]
+        n_ok = sum(1 for c in drafts if c == ACCEPTED)
+        assert drafts == [ACCEPTED] * n_ok + [REJECTED] * (len(drafts) - n_ok), row
+        assert label.endswith(f"{n_ok}/{len(drafts)}")
+        assert row[k] in (None, ALONE if not drafts else BONUS if n_ok == len(drafts) else CORRECTION)
+        accepted, rejections = accepted + n_ok, rejections + int(n_ok < len(drafts))
+    return accepted, rejections
+
+
+def test_page_opens_with_presets_and_nothing_run(page):
+    assert page.title[0].value == "Speculative decoding"
+    assert page.text_area(key=f"{NS}.prompt").value == PRESETS["Copy a passage"]
+    page.button(key=f"{NS}.preset.0").click().run()
+    assert page.text_area(key=f"{NS}.prompt").value == PRESETS["Code continuation"]
+    assert any("Nothing generated yet" in c.value for c in page.caption)
+
+
+def test_presets_are_the_benchmark_prompts():
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "bench"))
+    from speculative import PROMPTS
+
+    assert list(PRESETS.values()) == [PROMPTS["code"], PROMPTS["copy"], PROMPTS["question"]]
+
+
+def test_ngram_run_matches_plain_decoding_and_the_formula(page):
+    k = 3
+    at = run_page(page, REPEATING, k, 20)
+    run = at.session_state[f"{NS}.run"]
+    assert run.status == "done" and run.plain.generated_tokens == run.done.generated_tokens
+    assert metric(at, "Same text as plain decoding") == "yes"
+    assert any(t.value == run.done.text for t in at.text)
+    heat = timeline(at)["data"][0]
+    z = [[None if v is None else int(v) for v in row] for row in heat["z"]]
+    assert heat["x"] == ["draft 1", "draft 2", "draft 3", "target"]
+    accepted, rejections = check_rows(z, heat["y"], k)
+    assert len(z) == run.done.rounds
+    a = accepted / (accepted + rejections) if accepted + rejections else 0.0
+    assert metric(at, "Per-token acceptance a") == f"{a:.2f}"
+    assert metric(at, "Target passes") == str(len(z) + 1)
+    k_chart = next(c for c in charts(at) if len(c["data"]) >= 3 and c["data"][0].get("name", "").startswith("expected"))
+    expected = array(k_chart["data"][0]["y"])
+    ks = array(k_chart["data"][0]["x"])
+    formula = [k + 1 if a == 1 else (1 - a ** (k + 1)) / (1 - a) for k in ks]
+    assert expected == pytest.approx(formula, rel=1e-9)
+
+
+def test_projection_uses_the_llama_step_times(page):
+    at = run_page(page, REPEATING, 2, 8)
+    gpu = GPU_PRESETS["h100-sxm"]
+    c = project(MODEL_PRESETS["llama-3.2-1b"], gpu).decode_step_ms / project(MODEL_PRESETS["llama-3.1-8b"], gpu).decode_step_ms
+    assert metric(at, "Draft / target step (c)") == f"{c:.2f}"
+    k_chart = next(c for c in charts(at) if any("projected" in (t.get("name") or "") for t in c["data"]))
+    projected = next(t for t in k_chart["data"] if "projected" in (t.get("name") or ""))
+    rate = per_token_acceptance(at.session_state[f"{NS}.run"].rounds)
+    e = [k + 1 if rate == 1 else (1 - rate ** (k + 1)) / (1 - rate) for k in array(projected["x"])]
+    assert array(projected["y"]) == pytest.approx([ei / (1 + k * c) for ei, k in zip(e, array(projected["x"]))])
+    heads = [s.value for s in at.main.subheader]
+    assert heads[-1].startswith("4. Projected") and any("Measured on this machine" in h for h in heads)
+
+
+def test_early_exit_run(page):
+    page.segmented_control(key=f"{NS}.draft").set_value("early-exit").run()
+    assert page.slider(key=f"{NS}.depth").max == 2                     # 1 .. n_layers - 1
+    at = run_page(page, tiny_prompt(8), 4, 10, depth=1)
+    run = at.session_state[f"{NS}.run"]
+    assert run.draft_kind == "early-exit" and run.status == "done"
+    assert metric(at, "Same text as plain decoding") == "yes"
+    check_rows([[None if v is None else int(v) for v in row] for row in timeline(at)["data"][0]["z"]],
+               timeline(at)["data"][0]["y"], 4)
+    assert any("Measured: a round cost" in m.value for m in at.markdown)
+
+
+def test_draft_model_kind_explains_when_nothing_can_draft(page):
+    page.segmented_control(key=f"{NS}.draft").set_value("model").run()
+    assert_clean(page)
+    assert any("No installed model can draft" in i.value for i in page.info)
+    assert page.button(key=f"{NS}.generate").disabled
+
+
+def test_a_launched_draft_model_is_offered_and_runs(page, small_draft_dir, monkeypatch):
+    monkeypatch.setenv("PLAYGROUND_DRAFT", str(small_draft_dir))
+    page.segmented_control(key=f"{NS}.draft").set_value("model").run()
+    assert page.selectbox(key=f"{NS}.model").value == str(small_draft_dir)
+    at = run_page(page, tiny_prompt(8), 2, 8)
+    run = at.session_state[f"{NS}.run"]
+    assert run.draft_kind == "model" and run.status == "done"
+    assert metric(at, "Same text as plain decoding") == "yes"
+
+
+def test_draft_options_need_the_same_vocabulary_and_a_smaller_model(tiny_lm, small_draft_dir, tmp_path):
+    other_vocab = write_tiny_llama(tmp_path / "other", num_hidden_layers=1, vocab_size=128)
+    same_size = write_tiny_llama(tmp_path / "same")
+    for folder, usable, reason in [(small_draft_dir, True, ""), (other_vocab, False, "vocabulary rows"),
+                                   (same_size, False, "not smaller")]:
+        option = next(o for o in draft_model_options(tiny_lm, str(folder)) if o.name == str(folder))
+        assert option.usable is usable and reason in option.reason
+
+
+def test_bad_prompt_is_a_message(page):
+    page.text_area(key=f"{NS}.prompt").set_value("   ").run()
+    assert_clean(page)
+    assert any("the prompt is empty" in e.value for e in page.error)
+    assert page.button(key=f"{NS}.generate").disabled
+
+
+def test_projected_pair_is_the_projection():
+    pair = projected_pair()
+    gpu = GPU_PRESETS["h100-sxm"]
+    assert pair.draft_step_ms == project(MODEL_PRESETS["llama-3.2-1b"], gpu).decode_step_ms
+    assert 0 < pair.cost_ratio < 1
