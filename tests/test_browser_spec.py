@@ -47,7 +47,7 @@ def test_ngram_copy_run(app_url, page):  # noqa: F811
 
 def test_early_exit_run(app_url, page):  # noqa: F811
     open_spec_page(page, app_url)
-    page.get_by_test_id("stMainBlockContainer").get_by_role("button", name="Early exit").click()
+    page.get_by_test_id("stMainBlockContainer").get_by_text("Early exit (the model").first.click()
     wait_idle(page)
     generate(page, 24)
     assert page.get_by_text("Drafting is what makes it slow").count() + page.get_by_text("helps here").count() >= 1
