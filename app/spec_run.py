@@ -27,7 +27,6 @@ from engine.records import DecodeRecord, DoneRecord, PrefillRecord
 from engine.specs import GPU_PRESETS, MODEL_PRESETS, ModelSpec
 from engine.speculative import SpecDoneRecord, SpecRoundRecord, expected_tokens_per_pass, speculative_generate
 
-DRAFT_ENV = "PLAYGROUND_DRAFT"
 K_RANGE = range(1, 9)                    # k offered on the page and drawn on the charts
 PROJECTED_DRAFT, PROJECTED_TARGET, PROJECTED_GPU = "llama-3.2-1b", "llama-3.1-8b", "h100-sxm"
 EXTRA_PRESETS = {"qwen-0.5b": "qwen2.5-coder-0.5b", "qwen-1.5b": "qwen2.5-coder-1.5b"}   # extra key -> ModelSpec preset
@@ -160,12 +159,6 @@ class DraftModelOption:
     label: str
     usable: bool
     reason: str = ""     # why it cannot draft for the loaded model
-
-
-def env_draft() -> str | None:
-    """PLAYGROUND_DRAFT as the launcher set it ('ngram', 'early-exit:N', or a model), or None."""
-    value = (os.environ.get(DRAFT_ENV) or "").strip()
-    return value or None
 
 
 def is_model_spec(text: str) -> bool:

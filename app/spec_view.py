@@ -11,9 +11,9 @@ import streamlit as st
 from app import spec_charts as charts
 from app.controls import MAX_NEW_LIMIT, Prepared, Sampling, prepare
 from app.format import fmt_ms
-from app.model import model_slot
+from app.model import draft_choice, model_slot
 from app.run import Throttle
-from app.spec_run import (K_RANGE, PRESETS, Measured, SpecRun, best_k, draft_model_options, env_draft,
+from app.spec_run import (K_RANGE, PRESETS, Measured, SpecRun, best_k, draft_model_options,
                           is_model_spec, new_spec_run, projected_pair, speedup_curve, stream_speculative)
 from app.view import ChartSlot, plot
 from engine.drafts import Draft
@@ -47,7 +47,7 @@ class DraftChoice:
 
 def _launched_defaults(n_layers: int) -> tuple[str, int]:
     """Draft kind and early-exit depth to start from, following PLAYGROUND_DRAFT when it names one."""
-    launched, depth = env_draft(), max(1, n_layers // 3)
+    launched, depth = draft_choice(), max(1, n_layers // 3)
     if launched is None or launched.startswith("ngram"):
         return "ngram", depth
     if is_model_spec(launched):
@@ -79,7 +79,7 @@ def draft_controls(lm: LoadedModel) -> DraftChoice | None:
 
 
 def _model_choice(lm: LoadedModel) -> DraftChoice | None:
-    options = draft_model_options(lm, env_draft())
+    options = draft_model_options(lm, draft_choice())
     usable = [o for o in options if o.usable]
     for o in options:
         if not o.usable:

@@ -4,7 +4,6 @@ batching, and a sweep of the batch limit), and real batched generation on this m
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
 
 import streamlit as st
 
