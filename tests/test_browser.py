@@ -111,6 +111,7 @@ def wait_idle(page, timeout_s: float = 60) -> None:
     """Until no script run is going (the 'running' status widget is gone) and every chart has drawn."""
     page.wait_for_function(
         """() => !document.querySelector('[data-testid="stStatusWidget"]') &&
+                 !document.querySelector('[data-testid="stSkeleton"]') &&
                  [...document.querySelectorAll('[data-testid="stPlotlyChart"]')]
                    .every(c => c.querySelector('.main-svg'))""", timeout=timeout_s * 1000)
 
