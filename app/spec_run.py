@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from engine.card import param_counts
+from engine.demo_prompts import SPECULATIVE_PROMPTS
 from engine.drafts import Draft
 from engine.generate import GenerationRequest, generate
 from engine.hooks import CAPTURE_OFF
@@ -31,31 +32,10 @@ K_RANGE = range(1, 9)                    # k offered on the page and drawn on th
 PROJECTED_DRAFT, PROJECTED_TARGET, PROJECTED_GPU = "llama-3.2-1b", "llama-3.1-8b", "h100-sxm"
 EXTRA_PRESETS = {"qwen-0.5b": "qwen2.5-coder-0.5b", "qwen-1.5b": "qwen2.5-coder-1.5b"}   # extra key -> ModelSpec preset
 
-_PASSAGE = ("The old lighthouse keeper climbed the spiral stairs every evening at dusk. He polished the great "
-            "lens, trimmed the wick, and watched the ships pass safely beyond the rocks. In winter the storms "
-            "were fierce, but the light never failed, and the sailors who passed the point each night never "
-            "knew his name.")
-_CODE = '''def mean(values):
-    total = 0
-    for value in values:
-        total += value
-    return total / len(values)
-
-
-def variance(values):
-    m = mean(values)
-    total = 0
-    for value in values:
-        total += (value - m) ** 2
-    return total / len(values)
-
-
-def'''
 PRESETS = {   # the three prompts of bench/speculative.py, so the page's numbers compare with the README's
-    "Code continuation": "Continue this Python module with a function `std(values)` and a function "
-                         "`median(values)` in the same style. Reply with code only.\n\n```python\n" + _CODE,
-    "Copy a passage": "Repeat the following passage exactly, word for word:\n\n" + _PASSAGE,
-    "Open question": "Why do cats purr? Answer in a short paragraph.",
+    "Code continuation": SPECULATIVE_PROMPTS["code"],
+    "Copy a passage": SPECULATIVE_PROMPTS["copy"],
+    "Open question": SPECULATIVE_PROMPTS["question"],
 }
 
 

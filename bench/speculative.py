@@ -31,37 +31,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.generate import GenerationRequest, encode_prompt, generate  # noqa: E402
+from engine.demo_prompts import SPECULATIVE_PROMPTS  # noqa: E402
 from engine.hooks import CAPTURE_OFF  # noqa: E402
 from engine.loader import LoadedModel, cache_dir, load_model  # noqa: E402
 from engine.speculative import (Draft, SpecRoundRecord, draft_from_spec, expected_tokens_per_pass,  # noqa: E402
                                 speculative_generate)
 
-PASSAGE = ("The old lighthouse keeper climbed the spiral stairs every evening at dusk. He polished the great "
-           "lens, trimmed the wick, and watched the ships pass safely beyond the rocks. In winter the storms "
-           "were fierce, but the light never failed, and the sailors who passed the point each night never "
-           "knew his name.")
-CODE = '''def mean(values):
-    total = 0
-    for value in values:
-        total += value
-    return total / len(values)
-
-
-def variance(values):
-    m = mean(values)
-    total = 0
-    for value in values:
-        total += (value - m) ** 2
-    return total / len(values)
-
-
-def'''
-PROMPTS = {
-    "code": "Continue this Python module with a function `std(values)` and a function `median(values)` in the "
-            "same style. Reply with code only.\n\n```python\n" + CODE,
-    "copy": "Repeat the following passage exactly, word for word:\n\n" + PASSAGE,
-    "question": "Why do cats purr? Answer in a short paragraph.",
-}
+PROMPTS = SPECULATIVE_PROMPTS  # the same three prompts the speculative page offers
 DRAFTS = ("ngram", "early-exit:8", "early-exit:20")
 KS = (2, 4, 6)
 QWEN_TARGET, QWEN_DRAFT = "qwen-1.5b", "qwen-0.5b"
