@@ -2,9 +2,8 @@
 that drives `engine.speculative` (then plain decoding of the same request, for the measured speedup),
 which drafts this process can offer, and the numbers the page draws from the records.
 
-No Streamlit here. Like `app.run.stream_generation`, `stream_speculative` holds `lm.lock` from the
-first drafted token to the last plain one, so no other session's generation runs in between and both
-timings see the same machine.
+No Streamlit here. Like `app.run.stream_generation`, `stream_speculative` goes through the shared
+model's scheduler, so these runs queue, obey the server's limits and can be cancelled like any other.
 
 Times compared are the engine's own per-record timings (prefill, each round's draft and verify, each
 plain decode step), never wall time around the loop, which would include the page redrawing charts.
@@ -15,18 +14,19 @@ import os
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable
 
 from engine.card import param_counts
 from engine.demo_prompts import SPECULATIVE_PROMPTS
 from engine.drafts import Draft
-from engine.generate import GenerationRequest, generate
+from engine.generate import GenerationRequest
 from engine.hooks import CAPTURE_OFF
 from engine.loader import ALIASES, EMBEDDED, LoadedModel, cache_dir, read_spec
 from engine.projection import project
 from engine.records import DecodeRecord, DoneRecord, PrefillRecord
 from engine.specs import GPU_PRESETS, MODEL_PRESETS, ModelSpec
-from engine.speculative import SpecDoneRecord, SpecRoundRecord, expected_tokens_per_pass, speculative_generate
+from engine.scheduler import Handle, QueueStatus, scheduler_for
+from engine.speculative import SpecDoneRecord, SpecRoundRecord, expected_tokens_per_pass
 
 K_RANGE = range(1, 9)                    # k offered on the page and drawn on the charts
 PROJECTED_DRAFT, PROJECTED_TARGET, PROJECTED_GPU = "llama-3.2-1b", "llama-3.1-8b", "h100-sxm"
@@ -99,35 +99,36 @@ def new_spec_run(lm: LoadedModel, request: GenerationRequest, draft: Draft, k: i
     return SpecRun(model=lm.label, request=request, draft=draft.label, draft_kind=draft.kind, k=k)
 
 
-def _drive(records: Iterator, add: Callable, on_record: Callable[[SpecRun], None] | None, run: SpecRun) -> None:
+def _drive(handle: Handle, add: Callable, on_record: Callable[[SpecRun], None] | None, run: SpecRun,
+           on_wait: Callable[[QueueStatus], None] | None) -> None:
     try:
-        for record in records:
+        for record in handle.records(on_wait=on_wait):
             add(record)
             if on_record is not None:
                 on_record(run)
     finally:
-        records.close()
+        handle.cancel()  # a no-op once finished
 
 
 def stream_speculative(lm: LoadedModel, draft: Draft, run: SpecRun, on_record: Callable[[SpecRun], None],
                        on_plain: Callable[[SpecRun], None] | None = None,
-                       on_wait: Callable[[float], None] | None = None) -> SpecRun:
-    """Speculative decoding of `run.request`, then plain decoding of the same request, under `lm.lock`.
+                       on_wait: Callable[[QueueStatus], None] | None = None, session: str | None = None) -> SpecRun:
+    """Speculative decoding of `run.request`, then plain decoding of the same request, both through the
+    shared model's scheduler (queue position, limits and time limit as for every other request).
 
-    `on_record(run)` follows the speculative rounds, `on_plain(run)` the plain steps. If a callback
-    raises (Streamlit stops a script that way on Stop), both generators are closed and the lock freed.
+    The speedup compares the engine's own per-record timings, so another session's request running
+    between the two does not skew it. `on_record(run)` follows the speculative rounds, `on_plain(run)`
+    the plain steps. If a callback raises (Streamlit stops a script that way on Stop), the request in
+    flight is cancelled at once, queued or running.
     """
-    waited = time.perf_counter()
-    while not lm.lock.acquire(timeout=0.25):
-        if on_wait is not None:
-            on_wait(time.perf_counter() - waited)
+    scheduler = scheduler_for(lm)
     try:
-        _drive(speculative_generate(lm, run.request, draft, run.k, CAPTURE_OFF), run.add, on_record, run)
-        if run.done is not None and run.done.finish_reason != "cancelled":
-            _drive(generate(lm, run.request, CAPTURE_OFF), run.add_plain, on_plain, run)
+        _drive(scheduler.submit(run.request, CAPTURE_OFF, session=session, draft=draft, k=run.k),
+               run.add, on_record, run, on_wait)
+        if run.done is not None and run.done.finish_reason not in ("cancelled", "timeout"):
+            _drive(scheduler.submit(run.request, CAPTURE_OFF, session=session), run.add_plain, on_plain, run, on_wait)
     finally:
         run.live = False
-        lm.lock.release()
     return run
 
 

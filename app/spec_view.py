@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import streamlit as st
 
 from app import spec_charts as charts
-from app.controls import MAX_NEW_LIMIT, Prepared, Sampling, prepare
+from app.controls import MAX_NEW_LIMIT, Prepared, Sampling, prepare, session_id
 from app.format import fmt_ms
 from app.model import draft_choice, model_slot
 from app.run import Throttle
@@ -18,6 +18,7 @@ from app.spec_run import (K_RANGE, PRESETS, Measured, SpecRun, best_k, draft_mod
 from app.view import ChartSlot, plot
 from engine.drafts import Draft
 from engine.errors import EngineError
+from engine.scheduler import QueueStatus
 from engine.loader import LoadedModel
 from engine.speculative import draft_from_spec, expected_tokens_per_pass
 
@@ -163,15 +164,17 @@ def run_live(lm: LoadedModel, prepared: Prepared, draft: Draft, k: int,
     stop_slot.button("Stop", key=f"{NS}.stop", help="Stops where it is; what streamed so far stays.")
     waiting = st.empty()
 
-    def on_wait(seconds: float) -> None:
-        waiting.info(f"Another session is using the model; waiting ({seconds:.0f} s)…")
+    def on_wait(status: QueueStatus) -> None:
+        if status.state == "queued":
+            waiting.info(f"Waiting for the model: position {status.position} in the queue "
+                         f"({status.waited:.0f} s so far)…")
 
     def on_record(r: SpecRun) -> None:
         waiting.empty()
         timeline.update(r)
 
     try:
-        stream_speculative(lm, draft, run, on_record, timeline.update_plain, on_wait)
+        stream_speculative(lm, draft, run, on_record, timeline.update_plain, on_wait, session_id())
     except EngineError as err:
         st.error(str(err))
     stop_slot.empty()
