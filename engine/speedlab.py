@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
@@ -167,20 +168,40 @@ class CurveFit:
 
 
 def fit_ttft(points: Sequence[ContextPoint], share: float = 0.1) -> CurveFit | None:
-    """Fit the measured TTFT curve; None with fewer than 4 distinct lengths."""
+    """Fit the measured TTFT curve; None with fewer than 4 distinct lengths.
+
+    The quadratic term is kept only when it stands out of the noise: its share of the curve at the
+    longest length must exceed both twice its standard error and a relative floor of 1e-9 (exact
+    linear data would otherwise get a c of either sign at rounding level). Otherwise c is 0 and the
+    line is refitted, so the same points always give the same answer.
+    """
     by_n = {p.tokens: p.ttft for p in points}
     if len(by_n) < 4:
         return None
-    n = torch.tensor(sorted(by_n), dtype=torch.float64)
-    y = torch.tensor([by_n[int(k)] for k in n], dtype=torch.float64)
+    n = np.array(sorted(by_n), dtype=np.float64)
+    y = np.array([by_n[int(k)] for k in n], dtype=np.float64)
     scale = float(n.max())
-    basis = torch.stack([torch.ones_like(n), n / scale, (n / scale) ** 2], dim=1)    # (P, 3)
-    coef = torch.linalg.lstsq(basis, y[:, None]).solution[:, 0]
+    x = n / scale                                                        # (P,) in (0, 1]
+    quad = np.stack([np.ones_like(x), x, x * x], axis=1)                 # (P, 3)
+    coef, noise = _least_squares(quad, y)
+    if abs(coef[2]) <= max(2 * noise[2], 1e-9 * float(np.abs(y).max())):
+        coef, _ = _least_squares(quad[:, :2], y)
+        coef = np.append(coef, 0.0)
     a, b, c = float(coef[0]), float(coef[1]) / scale, float(coef[2]) / scale**2
-    onset = None
-    if c > 0 and b > 0:
-        onset = max(1, round(share / (1 - share) * b / c))
+    onset = max(1, round(share / (1 - share) * b / c)) if c > 0 and b > 0 else None
     return CurveFit(a, b, c, onset)
+
+
+def _least_squares(basis: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Coefficients of basis (P, K) @ coef ~ y through a QR solve, and each one's standard error."""
+    q, r = np.linalg.qr(basis)
+    coef = np.linalg.solve(r, q.T @ y)
+    dof = len(y) - basis.shape[1]
+    if dof <= 0:
+        return coef, np.zeros_like(coef)
+    sigma2 = float(np.sum((basis @ coef - y) ** 2)) / dof
+    r_inv = np.linalg.inv(r)
+    return coef, np.sqrt(sigma2 * np.sum(r_inv * r_inv, axis=1))
 
 
 # --- this device's peaks ------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 
+import numpy as np
 import pytest
 
 from engine.errors import ContextLengthError, InvalidRequestError
@@ -73,9 +74,26 @@ def test_fit_recovers_a_quadratic_and_its_onset():
     assert fit.a == pytest.approx(a, rel=1e-6) and fit.b == pytest.approx(b, rel=1e-6)
     assert fit.c == pytest.approx(c, rel=1e-6)
     assert fit.onset == round(0.1 / 0.9 * b / c)
-    linear = [ContextPoint(n, 0.01 + 1e-4 * n, 0.01, 1) for n in (64, 256, 512, 1024)]
-    assert fit_ttft(linear).onset is None or fit_ttft(linear).onset > 10**6
     assert fit_ttft(points[:3]) is None
+
+
+def test_fit_of_a_line_has_no_quadratic_term_on_every_call():
+    linear = [ContextPoint(n, 0.01 + 1e-4 * n, 0.01, 1) for n in (64, 256, 512, 1024)]
+    fits = {fit_ttft(linear) for _ in range(50)}
+    assert len(fits) == 1
+    (fit,) = fits
+    assert fit.c == 0.0 and fit.onset is None
+    assert fit.b == pytest.approx(1e-4, rel=1e-9) and fit.a == pytest.approx(0.01, rel=1e-9)
+
+
+def test_fit_treats_a_quadratic_term_within_noise_as_zero():
+    rng = np.random.default_rng(0)
+    lengths = (64, 128, 256, 512, 768, 1024)
+    noisy = [ContextPoint(n, 0.02 + 1e-4 * n + rng.normal(0, 2e-3), 0.01, 1) for n in lengths]
+    assert fit_ttft(noisy).c == 0.0 and fit_ttft(noisy).onset is None
+    curved = [ContextPoint(n, 0.02 + 1e-4 * n + 2e-7 * n * n + rng.normal(0, 2e-3), 0.01, 1) for n in lengths]
+    fit = fit_ttft(curved)
+    assert fit.c == pytest.approx(2e-7, rel=0.2) and fit.onset is not None
 
 
 def test_copy_and_matmul_benchmarks_are_positive_and_plausible():
