@@ -1,0 +1,397 @@
+"""Continuous batching: every running request advances in the same forward pass, one step at a time.
+
+    runner = BatchRunner(lm, max_batch=8)
+    runner.add(Slot(request, ids, policy, emit=print, fail=print))
+    while not runner.idle:
+        info = runner.step()     # one prefill chunk of a newcomer, then one decode pass for the batch
+
+Requests join at a step boundary and leave as soon as they finish. A newcomer's prompt is prefilled on
+a cache of its own, `prefill_chunk` tokens per step, so a long prompt never freezes the others'
+decode; once its prompt is in, its K/V joins the batch cache. The batch cache is one DynamicCache
+whose rows are left-padded to the longest row: the attention mask hides the pads and each row's RoPE
+positions count from its own first token, so every row computes what it would compute alone.
+Captures ride in one `BatchCapture` that hands each row its own slice (pads cut off) for that row's
+own `StepCapture`, so a session sees exactly the captures of its own request.
+
+Each request yields the same records as `engine.generate` (PrefillRecord, DecodeRecord..., DoneRecord)
+through its `emit` callback; a request that fails calls `fail` and the others go on.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from engine.card import forward_shapes
+from engine.errors import EngineError
+from engine.generate import (GenerationRequest, TextStream, eos_ids, finish_reason, forward, pick_token,
+                             prompt_pieces, sync, trim_stop)
+from engine.hooks import CAPTURE_KWARG, CapturePolicy, LayerCapture, StepCapture, instrument
+from engine.loader import LoadedModel
+from engine.records import CacheState, DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
+
+PREFILL_CHUNK = 256        # prompt tokens prefilled per step while others decode
+
+
+@dataclass(eq=False)
+class Slot:
+    """One request in the runner: its prompt ids, what it captures, and where its records go."""
+
+    request: GenerationRequest
+    ids: list[int]                                   # prompt token ids, chat template applied
+    policy: CapturePolicy
+    emit: Callable[[Record], None]                   # receives each record
+    fail: Callable[[Exception], None]                # called once if the request fails
+    should_stop: Callable[[], bool] = lambda: False  # cancel / time limit, checked before each step
+    tag: Any = None                                  # the caller's (the scheduler's handle)
+    # --- state, kept by the runner ---
+    prefilled: int = 0                               # prompt tokens whose K/V is in the cache
+    cache: DynamicCache | None = None                # own cache while prefilling; None once in the batch
+    chunks: list[dict[int, LayerCapture]] = field(default_factory=list)
+    token: SampledToken | None = None                # the newest token: the next decode step's input
+    generated: list[int] = field(default_factory=list)
+    length: int = 0                                  # real positions in the cache (no pads)
+    started: float = 0.0
+    last: float = 0.0                                # when the newest token was sampled
+    ttft: float = 0.0
+    finished: bool = False
+
+    def begin(self, lm: LoadedModel) -> None:
+        self.generator = torch.Generator(device=lm.device).manual_seed(self.request.seed)
+        self.stream, self.eos = TextStream(lm.tokenizer), eos_ids(lm)
+        self.layer_ids = frozenset(self.policy.layer_ids(lm.spec.n_layers)) if self.policy.enabled else frozenset()
+        self.cache = DynamicCache(config=lm.model.config)
+        self.started = self.last = time.perf_counter()
+
+    def new_capture(self) -> StepCapture | None:
+        return StepCapture(self.policy, self.layer_ids) if self.layer_ids else None
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What one step of the runner did: the live batch, for the room to see."""
+
+    at: float                    # perf_counter when the step ended
+    seconds: float               # the whole step: prefill chunk + decode pass + sampling
+    decode_rows: int             # requests that got a token from the decode pass
+    prefill_tokens: int          # prompt tokens prefilled in this step (0 when none)
+    tags: tuple[Any, ...]        # the callers' tags of the requests in the decode pass
+    cache_positions: int         # positions of the batch cache (longest row, pads included)
+    real_positions: int          # positions actually holding some request's K/V
+
+
+class BatchCapture:
+    """Hands each row of a batched forward to that row's own StepCapture, without its pads."""
+
+    def __init__(self, rows: list[tuple[int, int, StepCapture]]):
+        self.rows = rows                             # (row in the batch, left pads, the row's capture)
+
+    def on_attention(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     mask: torch.Tensor | None, scaling: float) -> None:
+        # query: [B, H, 1, D]; key, value: [B, KVH, T_k, D] with each row's pads on the left
+        for b, pad, cap in self.rows:
+            cap.on_attention(module, query[b:b + 1], key[b:b + 1, :, pad:], value[b:b + 1, :, pad:], None, scaling)
+
+    def on_residual(self, i: int, hidden: torch.Tensor) -> None:
+        # hidden: [B, 1, d_model] leaving layer i
+        for b, _, cap in self.rows:
+            if i in cap.layer_ids:
+                cap.on_residual(i, hidden[b:b + 1])
+
+    def finish(self, model: Any) -> dict[int, dict[int, LayerCapture]]:
+        return {b: cap.finish(model) for b, _, cap in self.rows}
+
+
+class PaddedCache:
+    """The batch's K/V: one DynamicCache, rows left-padded to the longest, and its mask [B, L]."""
+
+    def __init__(self) -> None:
+        self.cache: DynamicCache | None = None
+        self.mask: torch.Tensor | None = None        # [B, L] long, 1 = a real position
+        self.slots: list[Slot] = []
+
+    @property
+    def width(self) -> int:
+        return 0 if self.mask is None else self.mask.shape[1]
+
+    def pads(self) -> list[int]:
+        return [] if self.mask is None else (self.mask.shape[1] - self.mask.sum(1)).tolist()
+
+    def add(self, slot: Slot, cache: DynamicCache) -> None:
+        """Append a prefilled request's own cache (batch of one) as a new row."""
+        n = cache.get_seq_length()
+        ones = torch.ones((1, n), dtype=torch.long, device=cache.layers[0].keys.device)
+        if self.cache is None:
+            self.cache, self.mask, self.slots = cache, ones, [slot]
+            return
+        width = max(self.width, n)
+        for mine, theirs in zip(self.cache.layers, cache.layers):
+            mine.keys = torch.cat([_left_pad(mine.keys, width - self.width), _left_pad(theirs.keys, width - n)])
+            mine.values = torch.cat([_left_pad(mine.values, width - self.width),
+                                     _left_pad(theirs.values, width - n)])
+        self.mask = torch.cat([F.pad(self.mask, (width - self.width, 0)), F.pad(ones, (width - n, 0))])
+        self.slots.append(slot)
+
+    def drop(self, gone: set[Slot]) -> None:
+        """Remove finished rows, then the leading columns that are padding in every row left."""
+        if not gone:
+            return
+        keep = [b for b, s in enumerate(self.slots) if s not in gone]
+        self.slots = [self.slots[b] for b in keep]
+        if not keep:
+            self.cache = self.mask = None
+            return
+        index = torch.tensor(keep, device=self.mask.device)
+        first = int((self.mask[index].sum(0) > 0).nonzero()[0])
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[index, :, first:].contiguous()
+            layer.values = layer.values[index, :, first:].contiguous()
+        self.mask = self.mask[index, first:]
+
+    def crop(self, width: int) -> None:
+        """Undo a failed step: every layer back to `width` positions."""
+        for layer in self.cache.layers:
+            if layer.keys is not None and layer.keys.shape[-2] > width:
+                layer.keys, layer.values = layer.keys[..., :width, :], layer.values[..., :width, :]
+
+    def row_cache(self, b: int, config: Any) -> DynamicCache:
+        """Row b's K/V alone (pads cut off), as a cache of its own: for probing a failure."""
+        pad = self.pads()[b]
+        cache = DynamicCache(config=config)
+        for mine, theirs in zip(cache.layers, self.cache.layers):
+            mine.lazy_initialization(theirs.keys[b:b + 1, :, pad:], theirs.values[b:b + 1, :, pad:])
+            mine.keys, mine.values = theirs.keys[b:b + 1, :, pad:], theirs.values[b:b + 1, :, pad:]
+        return cache
+
+
+def _left_pad(x: torch.Tensor, n: int) -> torch.Tensor:
+    # x: [B, KVH, T, D] -> [B, KVH, n + T, D], zeros in front
+    return F.pad(x, (0, 0, n, 0)) if n else x
+
+
+class BatchRunner:
+    """Runs many requests on one model: each `step()` prefills one chunk and decodes one token for all."""
+
+    def __init__(self, lm: LoadedModel, max_batch: int = 8, prefill_chunk: int = PREFILL_CHUNK):
+        if max_batch < 1 or prefill_chunk < 1:
+            raise ValueError("max_batch and prefill_chunk must be at least 1")
+        self.lm, self.max_batch, self.prefill_chunk = lm, max_batch, prefill_chunk
+        self.batch = PaddedCache()
+        self.prefilling: deque[Slot] = deque()
+        self._failures = 0                           # batched steps that failed in a row
+
+    @property
+    def slots(self) -> list[Slot]:
+        return [*self.prefilling, *self.batch.slots]
+
+    @property
+    def idle(self) -> bool:
+        return not self.prefilling and not self.batch.slots
+
+    @property
+    def room(self) -> int:
+        return self.max_batch - len(self.prefilling) - len(self.batch.slots)
+
+    def add(self, slot: Slot) -> None:
+        """Take a request; it starts prefilling at the next step."""
+        if self.room <= 0:
+            raise EngineError(f"the batch already holds {self.max_batch} requests")
+        slot.begin(self.lm)
+        self.prefilling.append(slot)
+
+    def step(self) -> StepInfo:
+        """Drop stopped requests, prefill one chunk of the oldest newcomer, decode one token for the batch."""
+        t0 = time.perf_counter()
+        self._drop_stopped()
+        prefilled = self._prefill_step(self.prefilling[0]) if self.prefilling else 0
+        tags = tuple(s.tag for s in self.batch.slots)
+        rows = self._decode_step() if self.batch.slots else 0
+        pads = self.batch.pads()
+        return StepInfo(time.perf_counter(), time.perf_counter() - t0, rows, prefilled, tags[:rows] if rows else (),
+                        self.batch.width * len(pads), self.batch.width * len(pads) - sum(pads))
+
+    def cancel_all(self, reason: str = "cancelled") -> None:
+        for slot in self.slots:
+            self._finish(slot, reason)
+        self.prefilling.clear()
+        self.batch.drop(set(self.batch.slots))
+
+    # --- stopping ------------------------------------------------------------------------------------
+
+    def _drop_stopped(self) -> None:
+        stopped = {s for s in self.slots if s.should_stop()}
+        for slot in stopped:
+            self._finish(slot, "cancelled")
+        self.prefilling = deque(s for s in self.prefilling if s not in stopped)
+        self.batch.drop(stopped)
+
+    def _finish(self, slot: Slot, reason: str) -> None:
+        if slot.finished:
+            return
+        slot.finished = True
+        total = time.perf_counter() - slot.started
+        ttft = slot.ttft if slot.generated else total
+        slot.emit(DoneRecord(trim_stop(slot.stream.text, slot.request.stop), reason, len(slot.ids),
+                             len(slot.generated), ttft, total - ttft, total))
+
+    def _fail(self, slot: Slot, err: Exception) -> None:
+        if not slot.finished:
+            slot.finished = True
+            slot.fail(err)
+
+    # --- prefill -------------------------------------------------------------------------------------
+
+    def _prefill_step(self, slot: Slot) -> int:
+        """Prefill the next chunk of a newcomer's prompt on its own cache; returns the tokens done."""
+        lo = slot.prefilled
+        hi = len(slot.ids) if not _chunkable(slot.policy) else min(len(slot.ids), lo + self.prefill_chunk)
+        try:
+            with torch.inference_mode(), instrument(self.lm.model, slot.policy):
+                logits, captures = forward(self.lm, slot.ids[lo:hi], slot.cache, slot.new_capture())
+        except Exception as err:  # noqa: BLE001 - this request fails alone; the batch goes on
+            self.prefilling.popleft()
+            self._fail(slot, err)
+            return hi - lo
+        slot.chunks.append(captures)
+        slot.prefilled = hi
+        if hi == len(slot.ids):
+            self.prefilling.popleft()
+            self._first_token(slot, logits)
+        return hi - lo
+
+    def _first_token(self, slot: Slot, logits: torch.Tensor) -> None:
+        """The prompt is in: sample the first token, send the PrefillRecord, join the batch."""
+        slot.token = pick_token(self.lm, logits, slot.request, slot.generator, slot.stream)
+        sync(self.lm.device)
+        slot.last = time.perf_counter()
+        slot.ttft = slot.last - slot.started
+        slot.length = slot.cache.get_seq_length()
+        slot.generated.append(slot.token.id)
+        captures = stitch_prefill(slot.chunks, len(slot.ids), slot.policy)
+        slot.emit(PrefillRecord(prompt_pieces(self.lm, slot.ids), forward_shapes(self.lm.spec, len(slot.ids)),
+                                slot.ttft, row_cache_state(slot.cache, slot.length), slot.token, captures))
+        slot.chunks = []
+        if not self._maybe_finish(slot):
+            self.batch.add(slot, slot.cache)
+        slot.cache = None
+
+    def _maybe_finish(self, slot: Slot) -> bool:
+        reason = finish_reason(slot.token.id, slot.stream.text, slot.eos, slot.request, len(slot.generated))
+        if reason is not None:
+            self._finish(slot, reason)
+        return reason is not None
+
+    # --- decode --------------------------------------------------------------------------------------
+
+    def _decode_step(self) -> int:
+        """One forward pass for every row of the batch, one sampled token each; returns the rows."""
+        width, slots = self.batch.width, list(self.batch.slots)
+        try:
+            logits, captures = self._batch_forward(slots)
+        except Exception as err:  # noqa: BLE001 - find the request that fails; the others go on
+            self.batch.crop(width)
+            self._isolate(err)
+            return 0
+        self._failures = 0
+        now_done: set[Slot] = set()
+        for b, slot in enumerate(slots):
+            self._advance(slot, logits[b], captures.get(b, {}))
+            if slot.finished:
+                now_done.add(slot)
+        self.batch.drop(now_done)
+        return len(slots)
+
+    def _batch_forward(self, slots: list[Slot]) -> tuple[torch.Tensor, dict[int, dict[int, LayerCapture]]]:
+        device, width = self.lm.device, self.batch.width
+        ids = torch.tensor([[s.token.id] for s in slots], device=device)                 # [B, 1]
+        positions = torch.tensor([[s.length] for s in slots], device=device)             # [B, 1] own positions
+        mask = torch.cat([self.batch.mask, torch.ones_like(self.batch.mask[:, :1])], 1)  # [B, L + 1]
+        pads = self.batch.pads()
+        rows = [(b, pads[b], cap) for b, s in enumerate(slots) if (cap := s.new_capture()) is not None]
+        capture = BatchCapture(rows) if rows else None
+        union = _union_policy([s.policy for s in slots], [s.layer_ids for s in slots])
+        with torch.inference_mode(), instrument(self.lm.model, union):
+            out = self.lm.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                past_key_values=self.batch.cache, use_cache=True,
+                                cache_position=torch.arange(width, width + 1, device=device), logits_to_keep=1,
+                                **({CAPTURE_KWARG: capture} if capture is not None else {}))
+            captures = capture.finish(self.lm.model) if capture is not None else {}
+        self.batch.mask = mask
+        return out.logits[:, -1], captures                                               # [B, V]
+
+    def _advance(self, slot: Slot, logits: torch.Tensor, captures: dict[int, LayerCapture]) -> None:
+        slot.length += 1
+        slot.token = pick_token(self.lm, logits, slot.request, slot.generator, slot.stream)
+        sync(self.lm.device)
+        now = time.perf_counter()
+        slot.generated.append(slot.token.id)
+        slot.emit(DecodeRecord(len(slot.generated) - 1, now - slot.last, row_cache_state(self.batch.cache, slot.length),
+                               slot.token, captures))
+        slot.last = now
+        self._maybe_finish(slot)
+
+    def _isolate(self, err: Exception) -> None:
+        """A batched step raised: run each row alone to find the one that fails; it fails alone.
+
+        If every row passes alone the fault was passing and the next step retries; a second failure
+        in a row with no culprit fails the whole batch with the error.
+        """
+        culprits = set()
+        for b, slot in enumerate(self.batch.slots):
+            try:
+                with torch.inference_mode():
+                    forward(self.lm, [slot.token.id], self.batch.row_cache(b, self.lm.model.config), None)
+            except Exception as row_err:  # noqa: BLE001
+                culprits.add(slot)
+                self._fail(slot, row_err)
+        self._failures = 0 if culprits else self._failures + 1
+        if self._failures >= 2:
+            culprits = set(self.batch.slots)
+            for slot in culprits:
+                self._fail(slot, err)
+            self._failures = 0
+        self.batch.drop(culprits)
+
+
+def _chunkable(policy: CapturePolicy) -> bool:
+    """A prompt may be prefilled in chunks unless its captured prefill matrix keeps only recent keys."""
+    return not (policy.enabled and policy.attention and policy.prefill_matrix and policy.max_keys)
+
+
+def _union_policy(policies: list[CapturePolicy], layer_ids: list[frozenset[int]]) -> CapturePolicy:
+    """The residual hooks the batch needs: every layer some row reads its stream at."""
+    wanted = [ids for p, ids in zip(policies, layer_ids) if p.stats or p.logit_lens]
+    layers = tuple(sorted(frozenset().union(*wanted))) if wanted else ()
+    return CapturePolicy(layers=layers, attention=False, stats=bool(layers))
+
+
+def row_cache_state(cache: DynamicCache, length: int) -> CacheState:
+    """One row's cache as if it were alone: the bytes of its `length` real positions, pads left out."""
+    per_position = [layer.keys[:1, :, :1].numel() * layer.keys.element_size() * 2
+                    for layer in cache.layers if getattr(layer, "keys", None) is not None]
+    return CacheState(length, length * sum(per_position), [length * p for p in per_position])
+
+
+def stitch_prefill(chunks: list[dict[int, LayerCapture]], n_prompt: int,
+                   policy: CapturePolicy) -> dict[int, LayerCapture]:
+    """One prefill capture from its chunks' captures: matrix rows stacked; norms, lens and last rows from the last."""
+    last = chunks[-1]
+    if len(chunks) == 1 or not policy.prefill_matrix:
+        return last
+    for i, cap in last.items():
+        parts = [c[i] for c in chunks if i in c and c[i].attention is not None]
+        if cap.attention is None:
+            continue
+        heads = cap.attention.shape[0]
+        full = np.zeros((heads, n_prompt, n_prompt), dtype=cap.attention.dtype)  # (h, T, T)
+        for part in parts:
+            rows, keys = part.attention.shape[1], part.attention.shape[2]
+            full[:, part.query_start:part.query_start + rows, part.key_start:part.key_start + keys] = part.attention
+        cap.attention, cap.query_start, cap.key_start = full, 0, 0
+    return last

@@ -1,0 +1,218 @@
+"""Continuous batching (engine/batch.py): every request batched equals the same request run alone."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_prompt
+from engine.batch import BatchRunner, Slot
+from engine.generate import GenerationRequest, encode_prompt, generate
+from engine.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
+from engine.records import DecodeRecord, DoneRecord, PrefillRecord
+
+FULL = CapturePolicy(logit_lens=3)
+
+
+class Sink:
+    """Collects one request's records and its failure."""
+
+    def __init__(self):
+        self.records, self.error = [], None
+
+    def slot(self, lm, request, policy=CAPTURE_OFF, stop=lambda: False) -> Slot:
+        return Slot(request, encode_prompt(lm, request), policy, self.records.append, self._fail, stop)
+
+    def _fail(self, err):
+        self.error = err
+
+    @property
+    def done(self):
+        return bool(self.records) and isinstance(self.records[-1], DoneRecord) or self.error is not None
+
+
+def run_staggered(lm, jobs, max_batch=8, prefill_chunk=256, joins=None):
+    """Run (request, policy) jobs through one runner; job i joins at step joins[i] (default: all at once)."""
+    runner = BatchRunner(lm, max_batch=max_batch, prefill_chunk=prefill_chunk)
+    sinks = [Sink() for _ in jobs]
+    joins = joins or [0] * len(jobs)
+    step = 0
+    while step < 10_000:
+        for i, (request, policy) in enumerate(jobs):
+            if joins[i] == step:
+                runner.add(sinks[i].slot(lm, request, policy))
+        if runner.idle and step > max(joins):
+            break
+        runner.step()
+        step += 1
+    return sinks
+
+
+def alone(lm, request, policy=CAPTURE_OFF):
+    return list(generate(lm, request, policy))
+
+
+def assert_same_captures(batched, single, atol=1e-5):
+    assert batched.keys() == single.keys()
+    for i in single:
+        a, b = batched[i], single[i]
+        assert (a.heads, a.kv_heads, a.query_start, a.key_start) == (b.heads, b.kv_heads, b.query_start, b.key_start)
+        for name in ("attention", "q_norm", "k_norm", "v_norm"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert (x is None) == (y is None)
+            if x is not None:
+                assert x.shape == y.shape
+                np.testing.assert_allclose(x, y, atol=atol, rtol=1e-4)
+        assert (a.resid_norm is None) == (b.resid_norm is None)
+        if a.resid_norm is not None:
+            assert a.resid_norm == pytest.approx(b.resid_norm, rel=1e-4)
+        if b.lens is not None:
+            assert [t for t, _ in a.lens] == [t for t, _ in b.lens]
+            np.testing.assert_allclose([p for _, p in a.lens], [p for _, p in b.lens], atol=1e-5)
+
+
+def assert_same_run(batched, single):
+    assert [type(r) for r in batched] == [type(r) for r in single]
+    for a, b in zip(batched, single):
+        if isinstance(b, DoneRecord):
+            assert (a.text, a.finish_reason, a.prompt_tokens, a.generated_tokens) == \
+                   (b.text, b.finish_reason, b.prompt_tokens, b.generated_tokens)
+            continue
+        assert a.token.id == b.token.id and a.token.text == b.token.text
+        assert a.token.prob == pytest.approx(b.token.prob, abs=1e-5)
+        assert (a.cache.length, a.cache.bytes, a.cache.bytes_per_layer) == \
+               (b.cache.length, b.cache.bytes, b.cache.bytes_per_layer)
+        assert_same_captures(a.captures, b.captures)
+        if isinstance(b, PrefillRecord):
+            assert [p.id for p in a.prompt] == [p.id for p in b.prompt] and a.shapes == b.shapes
+
+
+def test_requests_joining_and_leaving_mid_flight_equal_each_alone(tiny_lm):
+    jobs = [(GenerationRequest(tiny_prompt(n, seed=n), max_new_tokens=m, chat=False), FULL)
+            for n, m in ((5, 12), (17, 4), (9, 9), (30, 7), (3, 15))]
+    sinks = run_staggered(tiny_lm, jobs, joins=[0, 0, 2, 5, 6])
+    for sink, (request, policy) in zip(sinks, jobs):
+        assert sink.error is None
+        assert_same_run(sink.records, alone(tiny_lm, request, policy))
+    assert count_hooks(tiny_lm.model) == 0
+
+
+def test_chunked_prefill_equals_one_pass_captures_included(tiny_lm):
+    long = GenerationRequest(tiny_prompt(40, seed=4), max_new_tokens=5, chat=False)
+    short = GenerationRequest(tiny_prompt(6, seed=5), max_new_tokens=12, chat=False)
+    last_rows = CapturePolicy(prefill_matrix=False, logit_lens=2)
+    for policy in (FULL, last_rows):
+        sinks = run_staggered(tiny_lm, [(short, policy), (long, policy)], prefill_chunk=7, joins=[0, 1])
+        assert_same_run(sinks[0].records, alone(tiny_lm, short, policy))
+        assert_same_run(sinks[1].records, alone(tiny_lm, long, policy))
+
+
+def test_chunked_prefill_does_not_freeze_the_others(tiny_lm):
+    """While a 40-token prompt is prefilled 8 tokens a step, the running request gets a token every step."""
+    runner = BatchRunner(tiny_lm, prefill_chunk=8)
+    first, second = Sink(), Sink()
+    runner.add(first.slot(tiny_lm, GenerationRequest(tiny_prompt(4), max_new_tokens=30, chat=False)))
+    runner.step()
+    runner.add(second.slot(tiny_lm, GenerationRequest(tiny_prompt(40, seed=2), max_new_tokens=3, chat=False)))
+    infos = [runner.step() for _ in range(5)]
+    assert [i.prefill_tokens for i in infos] == [8, 8, 8, 8, 8]
+    assert all(i.decode_rows >= 1 for i in infos)
+    assert sum(isinstance(r, DecodeRecord) for r in first.records) == 1 + 5   # the first step decoded once too
+
+
+def test_seeded_sampling_gives_the_same_text_batched_or_alone(tiny_lm):
+    jobs = [(GenerationRequest(tiny_prompt(8, seed=s), max_new_tokens=10, temperature=0.9, top_k=20, top_p=0.95,
+                               seed=s, chat=False), CAPTURE_OFF) for s in range(4)]
+    sinks = run_staggered(tiny_lm, jobs, joins=[0, 1, 1, 3])
+    for sink, (request, policy) in zip(sinks, jobs):
+        assert_same_run(sink.records, alone(tiny_lm, request, policy))
+
+
+def test_a_cancelled_request_leaves_and_the_others_finish(tiny_lm):
+    runner = BatchRunner(tiny_lm)
+    flag = {"stop": False}
+    a, b = Sink(), Sink()
+    req_a = GenerationRequest(tiny_prompt(6), max_new_tokens=20, chat=False)
+    req_b = GenerationRequest(tiny_prompt(11, seed=3), max_new_tokens=20, chat=False)
+    runner.add(a.slot(tiny_lm, req_a, stop=lambda: flag["stop"]))
+    runner.add(b.slot(tiny_lm, req_b, FULL))
+    for _ in range(5):
+        runner.step()
+    flag["stop"] = True
+    while not runner.idle:
+        runner.step()
+    assert a.records[-1].finish_reason == "cancelled" and a.records[-1].generated_tokens < 20
+    assert_same_run(b.records, alone(tiny_lm, req_b, FULL))
+    assert runner.batch.cache is None and count_hooks(tiny_lm.model) == 0
+
+
+def test_a_request_that_fails_in_the_batch_fails_alone(tiny_lm):
+    """A row whose forward raises (here: a token id past the vocabulary) fails; the others finish alone's way."""
+    runner = BatchRunner(tiny_lm)
+    good, bad = Sink(), Sink()
+    req = GenerationRequest(tiny_prompt(7), max_new_tokens=8, chat=False)
+    runner.add(good.slot(tiny_lm, req, FULL))
+    runner.add(bad.slot(tiny_lm, GenerationRequest(tiny_prompt(5, seed=9), max_new_tokens=8, chat=False)))
+    runner.step()
+    runner.step()
+    broken = runner.batch.slots[1]
+    broken.token.id = 10**6                    # the embedding lookup raises for this row only
+    while not runner.idle:
+        runner.step()
+    assert bad.error is not None and not any(isinstance(r, DoneRecord) for r in bad.records)
+    assert good.error is None
+    assert_same_run(good.records, alone(tiny_lm, req, FULL))
+
+
+def test_a_passing_fault_in_a_batched_step_is_retried(tiny_lm):
+    runner = BatchRunner(tiny_lm)
+    sinks = [Sink(), Sink()]
+    reqs = [GenerationRequest(tiny_prompt(6, seed=s), max_new_tokens=6, chat=False) for s in (1, 2)]
+    for sink, req in zip(sinks, reqs):
+        runner.add(sink.slot(tiny_lm, req))
+    runner.step()
+    runner.step()
+    real = tiny_lm.model.forward
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise torch.OutOfMemoryError("injected: out of memory once")
+        return real(*args, **kwargs)
+
+    tiny_lm.model.forward = flaky
+    try:
+        while not runner.idle:
+            runner.step()
+    finally:
+        del tiny_lm.model.forward
+    for sink, req in zip(sinks, reqs):
+        assert sink.error is None
+        assert_same_run(sink.records, alone(tiny_lm, req))
+
+
+def test_the_padded_cache_trims_columns_nobody_uses(tiny_lm):
+    runner = BatchRunner(tiny_lm)
+    long, short = Sink(), Sink()
+    runner.add(long.slot(tiny_lm, GenerationRequest(tiny_prompt(30), max_new_tokens=4, chat=False)))
+    runner.add(short.slot(tiny_lm, GenerationRequest(tiny_prompt(4, seed=1), max_new_tokens=12, chat=False)))
+    runner.step()
+    runner.step()
+    assert runner.batch.width >= 30
+    while long.records[-1:] and not isinstance(long.records[-1], DoneRecord):
+        runner.step()
+    runner.step()
+    assert runner.batch.pads() == [0] and runner.batch.width == runner.batch.slots[0].length
+
+
+@pytest.mark.slow
+def test_smollm2_batched_equals_alone_token_for_token(smol_lm):
+    prompts = ["What is the capital of France?", "Write a haiku about autumn.",
+               "List three prime numbers.", "Explain gravity in one sentence to a child, please."]
+    policy = CapturePolicy(layers=(0, 15, 29), logit_lens=3)
+    jobs = [(GenerationRequest(p, max_new_tokens=n), policy) for p, n in zip(prompts, (12, 6, 9, 14))]
+    sinks = run_staggered(smol_lm, jobs, joins=[0, 0, 3, 4])
+    for sink, (request, pol) in zip(sinks, jobs):
+        assert sink.error is None
+        assert_same_run(sink.records, alone(smol_lm, request, pol))
