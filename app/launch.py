@@ -28,7 +28,8 @@ UPLOAD_MB = 64                      # largest recording a browser may upload (en
 LIMIT_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("max_prompt_tokens", int, "longest prompt in tokens, chat template included"),
     ("max_new_tokens", int, "most tokens one request may generate"),
-    ("max_queue", int, "requests that may wait while one runs (0: none wait)"),
+    ("max_queue", int, "requests that may wait for a place in the batch (0: none wait)"),
+    ("max_batch", int, "requests decoded together in one forward pass (1: one at a time)"),
     ("max_sessions", int, "browser sessions served at once"),
     ("max_capture_mb", int, "attention capture one request may hold, in MiB"),
     ("max_capture_layers", int, "layers one request may capture"),

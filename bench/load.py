@@ -1,7 +1,11 @@
 """Load test: N sessions press Generate at the same moment; the scheduler serves them on one model.
 
-    python bench/load.py                                  # the embedded model, N = 1, 5, 10, 20, plus an overload
+    python bench/load.py                                  # the embedded model, N = 1, 5, 10, 20, 30, plus an overload
     python bench/load.py --sessions 1 5 --tokens 16 --capture off --model /models/llama --device cuda
+
+Each N runs twice, side by side in the same process: one request at a time (max_batch 1, how the
+scheduler served before continuous batching) and batched (max_batch from the limits), so the ratio
+of the two is measured under the same load on the machine.
 
 Each session is a thread that submits its request through `engine.scheduler` (as a page does) and
 reads its records to the end. Checks: every request finishes or is refused with a message, none is
@@ -18,7 +22,7 @@ import platform
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
@@ -128,7 +132,7 @@ def summarize(n: int, outcomes: list[Outcome], expected: dict[str, str], t0: flo
     makespan = max((o.finished for o in served), default=t0) - t0
     tokens = sum(o.tokens for o in served)
     return {
-        "sessions": n, "max_queue": limits.max_queue, "served": len(served), "refused": len(refused),
+        "sessions": n, "max_queue": limits.max_queue, "max_batch": limits.max_batch, "served": len(served), "refused": len(refused),
         "errors": [o.error for o in outcomes if o.error], "lost": n - len(served) - len(refused),
         "refusal_messages": sorted({o.refused for o in refused}),
         "wrong_answers": sum(o.text != expected[o.prompt] for o in served),
@@ -186,8 +190,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default="default")
     parser.add_argument("--device")
     parser.add_argument("--dtype")
-    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 5, 10, 20])
-    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 5, 10, 20, 30])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--batch", type=int, help="the batched run's max_batch (default: the device's limit)")
     parser.add_argument("--capture", choices=sorted(CAPTURES), default="full")
     parser.add_argument("--overload", type=int, default=30, help="one more burst this large against a short queue "
                                                                  "(0: skip)")
@@ -201,29 +206,55 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
     base = Limits.for_device(lm.device).with_env()
-    expected = references(lm, args.tokens)
-    runs = [(n, base) for n in args.sessions]
-    if args.overload:
-        runs.append((args.overload, Limits(**{**base.to_dict(), "max_queue": args.overload_queue})))
+    batched = replace(base, max_batch=args.batch or base.max_batch, max_queue=max(base.max_queue, max(args.sessions)))
+    single = replace(batched, max_batch=1)
     results = []
-    for n, limits in runs:
-        result = scenario(lm, n, args.tokens, CAPTURES[args.capture], limits, expected)
-        result["ok"] = ok(result, args.rss_bound_mb)
-        results.append(result)
-        print(f"N={n:3d} queue<={limits.max_queue:3d}: served {result['served']:3d} refused {result['refused']:3d} "
-              f"lost {result['lost']}  wait p50/p95 {result['wait_p50_s']:.2f}/{result['wait_p95_s']:.2f} s  "
-              f"done p50/p95 {result['completion_p50_s']:.2f}/{result['completion_p95_s']:.2f} s  "
-              f"{result['throughput_tok_s']:.1f} tok/s  peak RSS {result['rss_peak_mb']:.0f} MB  "
-              f"{'ok' if result['ok'] else 'FAILED'}", flush=True)
+    for tokens in args.tokens:
+        expected = references(lm, tokens)
+        runs = [(n, mode, limits) for n in args.sessions for mode, limits in (("one at a time", single),
+                                                                                ("batched", batched))]
+        if args.overload:
+            runs.append((args.overload, "batched, short queue", replace(batched, max_queue=args.overload_queue)))
+        for n, mode, limits in runs:
+            result = scenario(lm, n, tokens, CAPTURES[args.capture], limits, expected)
+            result.update(ok=ok(result, args.rss_bound_mb), mode=mode, tokens_per_request=tokens)
+            results.append(result)
+            print(line(result, limits), flush=True)
     report = {"what": "N sessions submit at once through engine.scheduler; greedy, chat template, "
-                      f"{args.tokens} new tokens, capture {args.capture}",
-              "machine": machine(lm), "tokens_per_request": args.tokens, "capture": args.capture,
-              "limits": base.to_dict(), "scenarios": results,
-              "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+                      f"capture {args.capture}; one at a time and batched side by side",
+              "machine": machine(lm), "capture": args.capture, "limits": batched.to_dict(), "scenarios": results,
+              "ratios": ratios(results), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    for r in report["ratios"]:
+        print(f"N={r['sessions']:3d} {r['tokens']:3d} tokens: p95 completion batched / one at a time "
+              f"{r['completion_p95_ratio']:.2f}, total tok/s {r['throughput_ratio']:.2f}x")
     print(f"wrote {args.out}")
     return 0 if all(r["ok"] for r in results) else 1
+
+
+def line(result: dict, limits: Limits) -> str:
+    return (f"N={result['sessions']:3d} {result['tokens_per_request']:3d} tok {result['mode']:>20}: "
+            f"served {result['served']:3d} refused {result['refused']:3d} lost {result['lost']}  "
+            f"wait p50/p95 {result['wait_p50_s']:.2f}/{result['wait_p95_s']:.2f} s  "
+            f"ttft p95 {result['ttft_p95_s']:.2f} s  done p50/p95 {result['completion_p50_s']:.2f}/"
+            f"{result['completion_p95_s']:.2f} s  {result['throughput_tok_s']:.1f} tok/s  "
+            f"peak RSS {result['rss_peak_mb']:.0f} MB  {'ok' if result['ok'] else 'FAILED'}")
+
+
+def ratios(results: list[dict]) -> list[dict]:
+    """Batched against one at a time, per N and token count, from the same run."""
+    pairs = {}
+    for r in results:
+        pairs.setdefault((r["sessions"], r["tokens_per_request"]), {})[r["mode"]] = r
+    out = []
+    for (n, tokens), modes in sorted(pairs.items()):
+        one, many = modes.get("one at a time"), modes.get("batched")
+        if one and many and one["completion_p95_s"] and one["throughput_tok_s"]:
+            out.append({"sessions": n, "tokens": tokens,
+                        "completion_p95_ratio": many["completion_p95_s"] / one["completion_p95_s"],
+                        "throughput_ratio": many["throughput_tok_s"] / one["throughput_tok_s"]})
+    return out
 
 
 if __name__ == "__main__":

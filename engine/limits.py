@@ -31,7 +31,8 @@ class Limits:
 
     max_prompt_tokens: int = 2048        # after the chat template
     max_new_tokens: int = 256
-    max_queue: int = 32                  # requests waiting (the running one not counted)
+    max_queue: int = 32                  # requests waiting for a place in the batch (running ones not counted)
+    max_batch: int = 8                   # requests decoded together in one forward pass
     max_sessions: int = 40               # browser sessions served at once
     max_capture_mb: int = 256            # attention probabilities one request may capture
     max_capture_layers: int = 64         # layers one request may capture (64: every layer of any model here)
@@ -62,13 +63,14 @@ class Limits:
 
 
 CPU_LIMITS = Limits()
-GPU_LIMITS = Limits(max_prompt_tokens=32768, max_new_tokens=1024, max_queue=128, max_sessions=100,
+GPU_LIMITS = Limits(max_prompt_tokens=32768, max_new_tokens=1024, max_queue=128, max_batch=32, max_sessions=100,
                     max_capture_mb=512, request_seconds=180.0, reserve_mb=4096)
 
 ENV_VARS: dict[str, str] = {
     "max_prompt_tokens": "PLAYGROUND_MAX_PROMPT_TOKENS",
     "max_new_tokens": "PLAYGROUND_MAX_NEW_TOKENS",
     "max_queue": "PLAYGROUND_MAX_QUEUE",
+    "max_batch": "PLAYGROUND_MAX_BATCH",
     "max_sessions": "PLAYGROUND_MAX_SESSIONS",
     "max_capture_mb": "PLAYGROUND_MAX_CAPTURE_MB",
     "max_capture_layers": "PLAYGROUND_MAX_CAPTURE_LAYERS",

@@ -1,4 +1,4 @@
-"""One model, many sessions: a first-come-first-served queue in front of the generation loop.
+"""One model, many sessions: a bounded queue in front of a continuous batch.
 
     scheduler = scheduler_for(lm)                       # one per loaded model, shared by every session
     handle = scheduler.submit(GenerationRequest("Why is the sky blue?"), policy, session="a1b2")
@@ -6,16 +6,20 @@
         ...                                             # PrefillRecord, DecodeRecord..., DoneRecord
     handle.cancel()                                     # queued or running; a no-op once finished
 
-A request is checked when it is submitted (settings, prompt length, the launch limits, the memory
-its KV cache needs), then waits in a bounded queue. One worker thread takes requests in order and
-runs the engine's generator for each under the model's lock, feeding its records into the
-handle's own thread-safe queue. Every request gets its own cache and its own capture objects
-(engine.generate makes both per call), so nothing one session sees can come from another.
+A request is checked and tokenized once, when it is submitted (settings, prompt length, the launch
+limits, the memory its KV cache needs), then waits in a bounded queue. One worker thread admits
+waiting requests into the running batch (engine.batch.BatchRunner) whenever it has room, and steps
+the batch: every running request gets its next token from the same forward pass, newcomers join at a
+step boundary and finished ones leave. Every request keeps its own records and captures, and
+receives exactly what it would receive alone (tests check it token for token).
 
-Requests run one at a time rather than batched in one forward pass: see docs/serving.md.
+Speculative requests and jobs (speed-lab measurements) run exclusively, in their turn: the batch
+drains, the job runs alone, then batching resumes. Nothing outside this worker runs the shared
+model. See docs/serving.md.
 """
 from __future__ import annotations
 
+import heapq
 import itertools
 import queue
 import statistics
@@ -28,15 +32,16 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from engine.batch import BatchRunner, Slot, StepInfo
 from engine.errors import EngineError, QueueFullError, RequestTimeoutError
-from engine.generate import (GenerationRequest, check_types, check_context, encode_prompt, generate,
-                             validate)
+from engine.generate import GenerationRequest, check_context, encode_prompt, validate
 from engine.hooks import CAPTURE_OFF, CapturePolicy
-from engine.limits import Limits, check_memory, check_request, capture_bytes
+from engine.limits import Limits, capture_bytes, check_memory, check_request, kv_bytes
 from engine.loader import LoadedModel, free_memory
 from engine.records import DoneRecord
 
-SERVICE_HISTORY = 20           # finished requests the wait estimate averages over
+SERVICE_HISTORY = 20           # finished requests the mean service time averages over
+STEP_HISTORY = 400             # batch steps kept for the room view and the wait estimate
 SESSION_IDLE_SECONDS = 900.0   # a session unseen this long no longer counts against max_sessions
 TIMELINE_LENGTH = 200          # finished requests kept for `timeline()`
 _END = object()                # end of a handle's record stream
@@ -46,15 +51,38 @@ class SessionLimitError(QueueFullError):
     """The server already serves as many browser sessions as it was launched for."""
 
 
+class JobCancelled(EngineError):
+    """A job noticed at one of its progress points that it was cancelled."""
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """A job's progress, streamed to the page that submitted it."""
+
+    fraction: float
+    text: str
+    kind: str = "progress"
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """What a job returned: its last record."""
+
+    value: Any
+    kind: str = "result"
+
+
 @dataclass(frozen=True)
 class QueueStatus:
     """Where a request stands, for the page to show while it waits."""
 
     state: str                       # "queued", "running", "done", "cancelled", "failed"
-    position: int                    # 1 = runs next; 0 once running or finished
-    ahead: int                       # requests that start or finish before this one starts (running one included)
-    estimated_wait: float | None     # seconds until it starts (None before any request has finished)
+    position: int                    # 1 = next to join the batch; 0 once running or finished
+    ahead: int                       # requests queued before this one
+    estimated_wait: float | None     # seconds until it starts, from measured step times (None: nothing measured yet)
     waited: float                    # seconds since it was submitted (until it started)
+    running: int = 0                 # requests in the batch now
+    batch: int = 1                   # the most the batch holds
 
 
 @dataclass(eq=False)
@@ -62,18 +90,21 @@ class Handle:
     """A submitted request: iterate it for records, ask for its status, cancel it."""
 
     id: int
-    request: GenerationRequest
+    request: GenerationRequest | None
     policy: CapturePolicy
     session: str | None
     scheduler: "Scheduler" = field(repr=False)
     draft: Any = None                # engine.speculative Draft, or None for plain decoding
     k: int = 4
+    job: Callable[..., Any] | None = None   # a job run exclusively: job(progress) -> value
+    label: str = ""                  # what a job is, for the room view
+    ids: list[int] = field(default_factory=list, repr=False)   # the prompt's token ids, encoded once at submit
     state: str = "queued"
     error: EngineError | None = None  # why it failed, or RequestTimeoutError when stopped by the time limit
     submitted: float = field(default_factory=time.perf_counter)
     started: float | None = None
     finished: float | None = None
-    tokens: int = 0                   # tokens generated (from the final record)
+    tokens: int = 0                   # tokens generated so far
     _records: queue.Queue = field(default_factory=queue.Queue, repr=False)
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     _got_done: bool = False
@@ -81,6 +112,10 @@ class Handle:
     @property
     def done(self) -> bool:
         return self.state in ("done", "cancelled", "failed")
+
+    @property
+    def exclusive(self) -> bool:
+        return self.draft is not None or self.job is not None
 
     def status(self) -> QueueStatus:
         return self.scheduler.status(self)
@@ -114,7 +149,7 @@ class Handle:
                     if on_wait is not None:
                         on_wait(self.status())
                     continue
-                self._got_done = self._got_done or isinstance(item, DoneRecord)
+                self._got_done = self._got_done or isinstance(item, (DoneRecord, JobResult))
                 yield item
             if self.error is not None and not self._got_done:
                 raise self.error
@@ -134,6 +169,13 @@ class Handle:
                 raise RequestTimeoutError(f"request {self.id} did not finish within {timeout} s")
 
         return list(self.records(on_wait=check, poll=0.05))
+
+    def value(self, timeout: float | None = None) -> Any:
+        """A job's return value (raises its error if it failed)."""
+        results = [r for r in self.result(timeout) if isinstance(r, JobResult)]
+        if not results:
+            raise self.error or JobCancelled("the job was cancelled before it finished")
+        return results[-1].value
 
     @property
     def wait_seconds(self) -> float | None:
@@ -155,10 +197,12 @@ class SchedulerStats:
     timed_out: int = 0
     failed: int = 0
     queued: int = 0
-    running: bool = False
+    running: int = 0                 # requests in the batch (or the one exclusive job) now
+    max_batch: int = 1
     sessions: int = 0
     mean_service: float | None = None
     mean_wait: float | None = None
+    step_seconds: float | None = None   # median of the recent batch steps
 
 
 @dataclass(frozen=True)
@@ -174,19 +218,46 @@ class Span:
     tokens: int
 
 
+@dataclass(frozen=True)
+class RoomMember:
+    """One request in the running batch, as the room view shows it."""
+
+    id: int
+    session: str | None
+    phase: str                     # "prefill", "decode" or the job's label
+    prompt_tokens: int
+    tokens: int                    # generated so far
+    max_new_tokens: int
+    seconds: float                 # since it joined the batch
+
+
+@dataclass(frozen=True)
+class RoomState:
+    """The live batch: who is in it, the recent steps, and the queue (measured, this server)."""
+
+    members: tuple[RoomMember, ...]
+    steps: tuple[StepInfo, ...]    # oldest first
+    queued: int
+    max_batch: int
+    sessions: int
+    t0: float                      # perf_counter of the scheduler's start (steps' `at` is relative to it)
+
+
 class Scheduler:
-    """First come, first served over one shared model, with a bounded queue and one worker thread."""
+    """A bounded queue, a continuous batch and one worker thread over one shared model."""
 
     def __init__(self, lm: LoadedModel, limits: Limits | None = None):
         self.lm = lm
         self.limits = limits or Limits.for_device(lm.device).with_env()
         self._cond = threading.Condition()
         self._queue: deque[Handle] = deque()
-        self._running: Handle | None = None
+        self._running: dict[Handle, Slot | None] = {}    # in the batch (a Slot) or the exclusive job (None)
+        self._runner = BatchRunner(lm, max_batch=self.limits.max_batch)
         self._by_session: dict[str, Handle] = {}
         self._sessions: dict[str, float] = {}
         self._service: deque[float] = deque(maxlen=SERVICE_HISTORY)
         self._waits: deque[float] = deque(maxlen=SERVICE_HISTORY)
+        self._steps: deque[StepInfo] = deque(maxlen=STEP_HISTORY)
         self._spans: deque[Span] = deque(maxlen=TIMELINE_LENGTH)
         self._t0 = time.perf_counter()
         self._ids = itertools.count(1)
@@ -214,9 +285,12 @@ class Scheduler:
             if now - seen > SESSION_IDLE_SECONDS and s not in self._by_session:
                 del self._sessions[s]
         if session not in self._sessions and len(self._sessions) >= self.limits.max_sessions:
+            oldest = min(self._sessions.values(), default=now)
+            back = max(1, round((oldest + SESSION_IDLE_SECONDS - now) / 60))
             raise SessionLimitError(
-                f"this server is already serving {self.limits.max_sessions} sessions, its limit; "
-                "try again in a few minutes or follow the presenter's screen")
+                f"this server is already serving {self.limits.max_sessions} sessions, its limit; a place frees "
+                f"when someone closes their tab, at the latest in about {back} minute(s); meanwhile follow the "
+                "presenter's screen")
         self._sessions[session] = now
 
     # --- submitting ------------------------------------------------------------------------------
@@ -226,12 +300,29 @@ class Scheduler:
         """Check a request and queue it; raises an EngineError subclass when it cannot be accepted.
 
         A session has at most one request in flight: submitting again cancels its previous one.
-        `draft` (an engine.speculative Draft) runs speculative decoding with `k` drafted tokens per round.
+        `draft` (an engine.speculative Draft) runs speculative decoding with `k` drafted tokens per
+        round, exclusively (the batch drains first).
         """
         try:
-            self.check(request, policy)
+            ids = self._check(request, policy)
             with self._cond:
-                return self._enqueue(request, policy, session, draft, k)
+                handle = self._new_handle(request, policy, session, draft=draft, k=k, ids=ids)
+                return self._enqueue(handle)
+        except EngineError:
+            with self._cond:
+                self._stats.refused += 1
+            raise
+
+    def submit_job(self, job: Callable[[Callable[[float, str], None]], Any], label: str,
+                   session: str | None = None) -> Handle:
+        """Queue work that needs the model to itself (a speed-lab measurement): `job(progress)` -> value.
+
+        It runs in its turn, alone; its handle streams JobProgress records and ends with a JobResult.
+        `progress(fraction, text)` raises JobCancelled once the handle is cancelled.
+        """
+        try:
+            with self._cond:
+                return self._enqueue(self._new_handle(None, CAPTURE_OFF, session, job=job, label=label))
         except EngineError:
             with self._cond:
                 self._stats.refused += 1
@@ -239,34 +330,49 @@ class Scheduler:
 
     def check(self, request: GenerationRequest, policy: CapturePolicy = CAPTURE_OFF) -> int:
         """Every check made at submit, without queueing; returns the prompt's token count."""
-        check_types(request)
+        return len(self._check(request, policy))
+
+    def _check(self, request: GenerationRequest, policy: CapturePolicy) -> list[int]:
         validate(request)
-        n_prompt = len(encode_prompt(self.lm, request))
-        check_request(self.limits, self.lm.spec, self.lm.dtype_name, n_prompt, request.max_new_tokens, policy)
-        check_context(self.lm, n_prompt, request.max_new_tokens)
-        self._check_memory(request, policy, n_prompt)
-        return n_prompt
+        ids = encode_prompt(self.lm, request)
+        check_request(self.limits, self.lm.spec, self.lm.dtype_name, len(ids), request.max_new_tokens, policy)
+        check_context(self.lm, len(ids), request.max_new_tokens)
+        self._check_memory(request, policy, len(ids))
+        return ids
 
     def _check_memory(self, request: GenerationRequest, policy: CapturePolicy, n_prompt: int) -> None:
+        """Enough memory for this request's cache and captures, after what the batch and the queue will still take."""
         spec, new = self.lm.spec, request.max_new_tokens
-        check_memory(spec, self.lm.dtype_name, n_prompt + new, device_free_bytes(self.lm.device),
+        with self._cond:
+            promised = sum(self._still_needs(h) for h in [*self._queue, *self._running])
+        check_memory(spec, self.lm.dtype_name, n_prompt + new, device_free_bytes(self.lm.device) - promised,
                      capture_bytes(spec, policy, n_prompt, new), self.limits.reserve_mb * 2**20)
 
-    def _enqueue(self, request: GenerationRequest, policy: CapturePolicy, session: str | None,
-                 draft: Any, k: int) -> Handle:
+    def _still_needs(self, handle: Handle) -> float:
+        if handle.request is None:
+            return 0.0
+        total = len(handle.ids) + handle.request.max_new_tokens
+        held = len(handle.ids) + handle.tokens if handle.state == "running" else 0
+        return kv_bytes(self.lm.spec, self.lm.dtype_name, max(total - held, 0))
+
+    def _new_handle(self, request: GenerationRequest | None, policy: CapturePolicy, session: str | None,
+                    **kw: Any) -> Handle:
+        return Handle(next(self._ids), request, policy, session, self, **kw)
+
+    def _enqueue(self, handle: Handle) -> Handle:
         if self._closed:
             raise EngineError("the server is shutting down; no new requests are taken")
+        session = handle.session
         previous = self._by_session.get(session) if session is not None else None
         if session is not None:
             self._join(session)
         frees_a_place = previous is not None and previous.state == "queued"   # it is replaced below
-        if len(self._queue) - frees_a_place >= self.limits.max_queue:
+        if len(self._queue) - frees_a_place - self._free_places() >= self.limits.max_queue:
             raise QueueFullError(
                 f"{len(self._queue)} requests are already waiting, the most this server queues; "
-                "try again in a moment")
+                f"try again in {self._retry_hint()}")
         if previous is not None and not previous.done:
             self._cancel_locked(previous)
-        handle = Handle(next(self._ids), request, policy, session, self, draft, k)
         self._queue.append(handle)
         if session is not None:
             self._by_session[session] = handle
@@ -275,27 +381,63 @@ class Scheduler:
         self._cond.notify_all()
         return handle
 
+    def _free_places(self) -> int:
+        """Places in the batch the queue's first requests take at the next step (none while a job runs)."""
+        if any(h.exclusive for h in self._running):
+            return 0
+        return max(self.limits.max_batch - len(self._running), 0)
+
+    def _retry_hint(self) -> str:
+        step = self._step_seconds()
+        if step is None:
+            return "a minute"
+        soonest = min((h.request.max_new_tokens - h.tokens for h in self._running if h.request), default=0)
+        return f"about {max(1, round(soonest * step))} s, when a place in the batch frees"
+
     # --- status and cancelling -------------------------------------------------------------------
 
     def status(self, handle: Handle) -> QueueStatus:
         with self._cond:
             now = time.perf_counter()
             waited = (handle.started or now) - handle.submitted
+            running, batch = len(self._running), self.limits.max_batch
             if handle.state != "queued":
-                return QueueStatus(handle.state, 0, 0, 0.0 if handle.state == "running" else None, waited)
+                return QueueStatus(handle.state, 0, 0, 0.0 if handle.state == "running" else None, waited,
+                                   running, batch)
             position = next((i for i, h in enumerate(self._queue, 1) if h is handle), 0)
-            ahead = position - 1 + (self._running is not None)
-            return QueueStatus("queued", position, ahead, self._estimate(position - 1, now), waited)
+            return QueueStatus("queued", position, position - 1, self._estimate(position), waited, running, batch)
 
-    def _estimate(self, queued_ahead: int, now: float) -> float | None:
-        """Mean recent service time for each request ahead, less what the running one has already used."""
-        if not self._service:
+    def _step_seconds(self) -> float | None:
+        """Median of the recent decode steps (measured), or None before any."""
+        recent = [s.seconds for s in list(self._steps)[-50:] if s.decode_rows]
+        return statistics.median(recent) if recent else None
+
+    def _estimate(self, position: int) -> float | None:
+        """Seconds until the request at `position` joins the batch, if everyone uses all their tokens.
+
+        Each place in the batch frees when its request has generated its last allowed token; the
+        requests ahead take the places in order. Steps are timed from the batch as it runs now.
+        """
+        step = self._step_seconds()
+        if step is None:
             return None
-        mean = statistics.fmean(self._service)
-        running = 0.0
-        if self._running is not None and self._running.started is not None:
-            running = max(mean - (now - self._running.started), 0.0)
-        return running + queued_ahead * mean
+        free_at = [self._steps_left(h) for h in self._running]                    # steps until each place frees
+        free_at += [0] * max(self.limits.max_batch - len(free_at), 0)
+        heapq.heapify(free_at)
+        for handle in list(self._queue)[:position - 1]:
+            start = max(free_at) if handle.exclusive else heapq.heappop(free_at)
+            if handle.exclusive:
+                free_at = [start + self._steps_left(handle)] * self.limits.max_batch
+            else:
+                heapq.heappush(free_at, start + self._steps_left(handle))
+        return free_at[0] * step if free_at else 0.0
+
+    def _steps_left(self, handle: Handle) -> int:
+        if handle.request is None:
+            mean = statistics.fmean(self._service) if self._service else 10.0
+            return max(1, round(mean / (self._step_seconds() or 0.1)))
+        chunks = -(-len(handle.ids) // self._runner.prefill_chunk) if handle.state == "queued" else 0
+        return chunks + handle.request.max_new_tokens - handle.tokens
 
     def cancel(self, handle: Handle) -> None:
         with self._cond:
@@ -310,15 +452,32 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         with self._cond:
-            return replace(self._stats, queued=len(self._queue), running=self._running is not None,
-                           sessions=len(self._sessions),
+            return replace(self._stats, queued=len(self._queue), running=len(self._running),
+                           max_batch=self.limits.max_batch, sessions=len(self._sessions),
                            mean_service=statistics.fmean(self._service) if self._service else None,
-                           mean_wait=statistics.fmean(self._waits) if self._waits else None)
+                           mean_wait=statistics.fmean(self._waits) if self._waits else None,
+                           step_seconds=self._step_seconds())
 
     def timeline(self) -> list[Span]:
         """The last finished requests, oldest first: real queueing data for a page to draw."""
         with self._cond:
             return list(self._spans)
+
+    def room(self) -> RoomState:
+        """The live batch and its recent steps, for the room view."""
+        with self._cond:
+            now = time.perf_counter()
+            members = tuple(self._member(h, slot, now) for h, slot in self._running.items())
+            return RoomState(members, tuple(self._steps), len(self._queue), self.limits.max_batch,
+                             len(self._sessions), self._t0)
+
+    def _member(self, handle: Handle, slot: Slot | None, now: float) -> RoomMember:
+        if handle.request is None or slot is None:
+            phase = handle.label or ("speculative" if handle.draft is not None else "job")
+        else:
+            phase = "prefill" if not slot.generated else "decode"
+        return RoomMember(handle.id, handle.session, phase, len(handle.ids), handle.tokens,
+                          handle.request.max_new_tokens if handle.request else 0, now - (handle.started or now))
 
     def close(self, timeout: float = 10.0) -> None:
         """Cancel everything and stop the worker (tests and shutdown)."""
@@ -326,8 +485,8 @@ class Scheduler:
             self._closed = True
             for handle in list(self._queue):
                 self._cancel_locked(handle)
-            if self._running is not None:
-                self._running._cancel.set()
+            for handle in self._running:
+                handle._cancel.set()
             self._cond.notify_all()
         if self._worker is not None:
             self._worker.join(timeout)
@@ -340,38 +499,123 @@ class Scheduler:
             self._worker.start()
 
     def _work(self) -> None:
-        while (handle := self._next()) is not None:
-            self._serve(handle)
+        while True:
+            with self._cond:
+                while not self._queue and self._runner.idle and not self._closed:
+                    self._cond.wait()
+                if self._closed and self._runner.idle:
+                    return
+                exclusive = self._admit()
+            if exclusive is not None:
+                self._serve_exclusive(exclusive)
+            elif not self._runner.idle:
+                self._step()
 
-    def _next(self) -> Handle | None:
-        with self._cond:
-            while not self._queue and not self._closed:
-                self._cond.wait()
-            if self._closed:
+    def _admit(self) -> Handle | None:
+        """Move waiting requests into the batch while it has room; an exclusive one waits for it to drain."""
+        while self._queue and not self._closed:
+            head = self._queue[0]
+            if head.exclusive:
+                if not self._runner.idle:
+                    return None
+                self._start(self._queue.popleft(), None)
+                return head
+            if self._runner.room <= 0:
                 return None
             handle = self._queue.popleft()
-            handle.state, handle.started, self._running = "running", time.perf_counter(), handle
-            self._waits.append(handle.started - handle.submitted)
-            return handle
+            self._start(handle, None)
+            try:
+                self._running[handle] = slot = self._slot(handle)
+                self._runner.add(slot)
+            except Exception as err:  # noqa: BLE001 - this request fails alone
+                self._failed(handle, err)
+                self._settle(handle)
+        return None
 
-    def _serve(self, handle: Handle) -> None:
+    def _start(self, handle: Handle, slot: Slot | None) -> None:
+        handle.state, handle.started = "running", time.perf_counter()
+        self._running[handle] = slot
+        self._waits.append(handle.started - handle.submitted)
+
+    def _slot(self, handle: Handle) -> Slot:
+        deadline = handle.started + self.limits.request_seconds
+        stop = lambda: handle._cancel.is_set() or time.perf_counter() > deadline  # noqa: E731
+        emit = lambda record: handle._records.put(self._final(handle, record, deadline))  # noqa: E731
+        return Slot(handle.request, handle.ids, handle.policy, emit, lambda err: self._failed(handle, err), stop,
+                    tag=handle)
+
+    def _failed(self, handle: Handle, err: Exception) -> None:
+        handle.error = err if isinstance(err, EngineError) else EngineError(
+            f"the generation failed ({type(err).__name__}: {err}); the server is fine, try again")
+
+    def _step(self) -> None:
+        """One batch step under the model's lock; then settle the requests that finished in it."""
         try:
-            self._run(handle)
-            state = "done"
+            with self.lm.lock:
+                info = self._runner.step()
+        except Exception as err:  # noqa: BLE001 - a bug in a step must not stop the worker
+            for slot in self._runner.slots:
+                self._failed(slot.tag, err)
+                slot.finished = True
+            self._runner = BatchRunner(self.lm, max_batch=self.limits.max_batch)
+            info = None
+        with self._cond:
+            if info is not None and (info.decode_rows or info.prefill_tokens):
+                self._steps.append(info)
+            for handle, slot in list(self._running.items()):
+                if slot is not None and slot.finished:
+                    self._settle(handle)
+
+    def _settle(self, handle: Handle) -> None:
+        """A request left the batch: count it, time it, end its stream."""
+        del self._running[handle]
+        state = "failed" if handle.error is not None and not isinstance(handle.error, RequestTimeoutError) else "done"
+        self._service.append(time.perf_counter() - handle.started)
+        self._count(handle, state)
+        self._finish(handle, "cancelled" if state == "done" and handle._cancel.is_set()
+                     and handle.error is None else state)
+        self._cond.notify_all()
+
+    def _serve_exclusive(self, handle: Handle) -> None:
+        """A speculative request or a job, alone on the model (and its draft's), in its turn."""
+        try:
+            self._run_exclusive(handle)
+        except JobCancelled:
+            pass
         except EngineError as err:
-            handle.error, state = err, "failed"
+            handle.error = err
         except Exception as err:  # noqa: BLE001 - one request's failure must not stop the worker
-            handle.error = EngineError(f"the generation failed ({type(err).__name__}: {err}); the server is fine, "
-                                       "try again")
-            state = "failed"
+            self._failed(handle, err)
         finally:
             self._release_memory()
         with self._cond:
-            self._running = None
-            self._service.append(time.perf_counter() - handle.started)
-            self._count(handle, state)
-            self._finish(handle, "cancelled" if state == "done" and handle._cancel.is_set()
-                         and handle.error is None else state)
+            self._settle(handle)
+
+    def _run_exclusive(self, handle: Handle) -> None:
+        deadline = handle.started + self.limits.request_seconds
+        stop = lambda: handle._cancel.is_set() or time.perf_counter() > deadline  # noqa: E731
+        with ExitStack() as locks:
+            for lock in self._locks(handle):
+                locks.enter_context(lock)
+            if handle.job is not None:
+                handle._records.put(JobResult(handle.job(self._progress(handle))))
+                return
+            from engine.speculative import speculative_generate
+
+            records = speculative_generate(self.lm, handle.request, handle.draft, handle.k, handle.policy,
+                                           should_stop=stop)
+            try:
+                for record in records:
+                    handle._records.put(self._final(handle, record, deadline))
+            finally:
+                records.close()
+
+    def _progress(self, handle: Handle) -> Callable[[float, str], None]:
+        def report(fraction: float, text: str) -> None:
+            if handle._cancel.is_set():
+                raise JobCancelled("cancelled")
+            handle._records.put(JobProgress(float(fraction), str(text)))
+        return report
 
     def _count(self, handle: Handle, state: str) -> None:
         if isinstance(handle.error, RequestTimeoutError):
@@ -383,35 +627,14 @@ class Scheduler:
         else:
             self._stats.served += 1
 
-    def _run(self, handle: Handle) -> None:
-        """Generate under the model's lock (and a draft model's), feeding records to the handle."""
-        deadline = handle.started + self.limits.request_seconds
-        stop = lambda: handle._cancel.is_set() or time.perf_counter() > deadline  # noqa: E731
-        with ExitStack() as locks:
-            for lock in self._locks(handle):
-                locks.enter_context(lock)
-            records = self._generator(handle, stop)
-            try:
-                for record in records:
-                    handle._records.put(self._final(handle, record, deadline))
-            finally:
-                records.close()
-
     def _locks(self, handle: Handle) -> list[threading.Lock]:
         draft_lm = getattr(handle.draft, "lm", None)
         return [self.lm.lock] + ([draft_lm.lock] if draft_lm is not None and draft_lm is not self.lm else [])
 
-    def _generator(self, handle: Handle, stop: Callable[[], bool]) -> Iterator[Any]:
-        if handle.draft is None:
-            return generate(self.lm, handle.request, handle.policy, should_stop=stop)
-        from engine.speculative import speculative_generate
-
-        return speculative_generate(self.lm, handle.request, handle.draft, handle.k, handle.policy,
-                                    should_stop=stop)
-
     def _final(self, handle: Handle, record: Any, deadline: float) -> Any:
         """A record as the session receives it; a run stopped by the time limit ends as 'timeout'."""
         if not isinstance(record, DoneRecord):
+            handle.tokens += len(record.emitted) if hasattr(record, "emitted") else int(hasattr(record, "token"))
             return record
         handle.tokens = record.generated_tokens
         if record.finish_reason == "cancelled" and not handle._cancel.is_set() and time.perf_counter() > deadline:
