@@ -188,10 +188,12 @@ def show_wait(slot: st.delta_generator.DeltaGenerator, status: QueueStatus) -> N
 
 def wait_message(status: QueueStatus) -> str:
     if status.state != "queued":
-        return "The model is reading your prompt (prefill)…"
-    eta = "no estimate yet" if status.estimated_wait is None else f"about {status.estimated_wait:.0f} s to go"
-    return (f"The model is busy. You are number {status.position} in the queue ({status.ahead} ahead of you, "
-            f"{eta}; waited {status.waited:.0f} s). Stop leaves the queue.")
+        return "Your request joined the batch: the model is reading your prompt (prefill)…"
+    place = "next in line" if status.ahead == 0 else f"number {status.position} in line ({status.ahead} before you)"
+    eta = ("no estimate yet" if status.estimated_wait is None
+           else f"at most about {status.estimated_wait:.0f} s to go, from the batch's measured step time")
+    return (f"All {status.batch} places in the batch are taken. You are {place}: {eta}; waited "
+            f"{status.waited:.0f} s. Stop leaves the line.")
 
 
 def last_run() -> Run | None:

@@ -9,7 +9,7 @@ import streamlit as st
 
 from app import speed_charts as charts
 from app.format import fmt_rate, fmt_tokens
-from app.speed_view import MEASURED, HardwareChoice, measured_caption, model_turn, status_progress
+from app.speed_view import MEASURED, HardwareChoice, measured_caption, run_on_model, status_progress
 from app.view import plot
 from engine.batching import measure_batching
 from engine.errors import EngineError
@@ -111,8 +111,9 @@ def measure_real(lm: LoadedModel) -> None:
     with st.status("Running the model batched…", expanded=True) as box:
         report = status_progress(box)
         try:
-            with model_turn(lm):
-                points = measure_batching(lm, REAL_BATCHES, rounds=REAL_ROUNDS, progress=report)
+            points = run_on_model(lm, "the batching measurement",
+                                  lambda progress: measure_batching(lm, REAL_BATCHES, rounds=REAL_ROUNDS,
+                                                                    progress=progress), report)
         except EngineError as err:
             box.update(label="Stopped", state="error")
             st.error(str(err))

@@ -10,7 +10,7 @@ import streamlit as st
 
 from app import speed_charts as charts
 from app.format import fmt_bytes, fmt_ms, fmt_rate
-from app.speed_view import MEASURED, measured_caption, model_turn, remeasure_roof, status_progress
+from app.speed_view import MEASURED, measured_caption, remeasure_roof, run_on_model, status_progress
 from app.view import plot
 from engine.errors import EngineError
 from engine.loader import LoadedModel
@@ -72,11 +72,16 @@ def measure_lengths(lm: LoadedModel, lengths: list[int]) -> None:
     """Prefill and decode at each length under the model's lock, with progress; errors next to the buttons."""
     with st.status(f"Measuring {len(lengths)} prompt length(s)…", expanded=True) as box:
         report = status_progress(box)
+        def job(progress):
+            points = []
+            for i, n in enumerate(lengths):
+                progress(i / len(lengths), f"prefill of {n:,} tokens, then {DEFAULT_DECODE_STEPS} decode steps")
+                points.append(measure_context(lm, n, repeats=REPEATS))
+            return points
+
         try:
-            with model_turn(lm):
-                for i, n in enumerate(lengths):
-                    report(i / len(lengths), f"prefill of {n:,} tokens, then {DEFAULT_DECODE_STEPS} decode steps")
-                    add_point(measure_context(lm, n, repeats=REPEATS))
+            for point in run_on_model(lm, "the prompt-length measurement", job, report):
+                add_point(point)
         except EngineError as err:
             st.session_state[ERROR] = str(err)
             box.update(label="Stopped", state="error")

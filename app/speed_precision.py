@@ -7,7 +7,7 @@ import streamlit as st
 
 from app import speed_charts as charts
 from app.format import fmt_bytes, fmt_rate
-from app.speed_view import MEASURED, HardwareChoice, measured_caption, model_turn, status_progress
+from app.speed_view import MEASURED, HardwareChoice, measured_caption, run_on_model, status_progress
 from app.view import plot
 from engine.errors import EngineError
 from engine.loader import EMBEDDED, ALIASES, LoadedModel
@@ -44,22 +44,29 @@ def _row(label: str, q: QuantizedModel | None, lm: LoadedModel, quality, timing)
             "kl": quality.mean_kl if quality else 0.0, "itl": timing.itl, "tok_s": timing.tokens_per_second}
 
 
+def _compare(lm: LoadedModel, copies: list, ids: list[int], progress) -> tuple[list, list]:
+    """Predictions on the fixed text, then decode timed (interleaved): runs alone on the shared model."""
+    progress(0.0, f"comparing predictions on a {len(ids)}-token text")
+    qualities = [compare_models(lm, q.lm, ids) for q in copies]
+    timings = compare_decode([lm] + [q.lm for q in copies], prompt_of_length(lm, SPEED_PROMPT_TOKENS),
+                             SPEED_STEPS, SPEED_ROUNDS,
+                             progress=lambda f, m: progress(0.2 + 0.8 * f, f"timing decode: {m}"))
+    return qualities, timings
+
+
 def measure(lm: LoadedModel, schemes: list[str], group: int) -> None:
     """Quantize, compare on the fixed text and time decoding (interleaved), holding the shared model."""
     with st.status("Quantizing and measuring…", expanded=True) as box:
         report = status_progress(box)
         try:
-            with model_turn(lm):
-                copies = []
-                for i, scheme in enumerate(schemes):
-                    report(0.3 * i / len(schemes), f"quantizing a copy to {scheme.upper()}")
-                    copies.append(quantized_copy(lm, lm.name, str(lm.device), lm.dtype_name, scheme, group))
-                ids = text_ids(lm)
-                report(0.3, f"comparing predictions on a {len(ids)}-token text")
-                qualities = [compare_models(lm, q.lm, ids) for q in copies]
-                timings = compare_decode([lm] + [q.lm for q in copies], prompt_of_length(lm, SPEED_PROMPT_TOKENS),
-                                         SPEED_STEPS, SPEED_ROUNDS,
-                                         progress=lambda f, m: report(0.45 + 0.55 * f, f"timing decode: {m}"))
+            copies = []
+            for i, scheme in enumerate(schemes):             # copies of the weights: the shared model is only read
+                report(0.3 * i / len(schemes), f"quantizing a copy to {scheme.upper()}")
+                copies.append(quantized_copy(lm, lm.name, str(lm.device), lm.dtype_name, scheme, group))
+            ids = text_ids(lm)
+            qualities, timings = run_on_model(lm, "the precision measurement",
+                                              lambda progress: _compare(lm, copies, ids, progress),
+                                              lambda f, m: report(0.3 + 0.7 * f, m))
         except EngineError as err:
             box.update(label="Stopped", state="error")
             st.error(str(err))

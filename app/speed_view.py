@@ -1,21 +1,23 @@
 """Shared pieces of the speed and cost pages: the two planes' labels, the projection controls, this
-device's measured peaks (cached once per process), and a turn on the shared model for measurements.
+device's measured peaks (cached once per process), and measurements on the shared model, which go
+through its scheduler like every other use of the model (queue position, limits, cancel).
 
 Measured figures are always introduced by MEASURED; projected ones by `projected_label(...)`.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Callable
 
 import streamlit as st
 
 from app.format import fmt_bytes, fmt_tokens
+from engine.errors import EngineError
 from engine.loader import LoadedModel
 from engine.projection import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_DOLLARS_PER_HOUR, DEFAULT_FLOPS_EFFICIENCY,
                                Projection, project)
 from engine.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec
+from engine.scheduler import JobProgress, JobResult, QueueStatus, scheduler_for
 from engine.speedlab import DeviceRoof, measure_roof
 
 MEASURED = "Measured on this machine"
@@ -136,17 +138,39 @@ def device_roof(lm: LoadedModel) -> DeviceRoof:
         return _device_roof(str(lm.device), lm.dtype_name)
 
 
-@contextmanager
-def model_turn(lm: LoadedModel, what: str = "the model") -> Iterator[None]:
-    """Hold the shared model while measuring, so no other session's request runs in between."""
+def run_on_model(lm: LoadedModel, what: str, job: Callable[[Callable[[float, str], None]], Any],
+                 report: Callable[[float, str], None]) -> Any:
+    """Run `job(progress)` on the shared model through its scheduler: alone, in its turn, with progress.
+
+    While it waits the page shows its place in line; leaving the page or pressing Stop cancels it.
+    Raises the job's EngineError when it fails or is cancelled.
+    """
+    from app.controls import session_id
+
+    handle = scheduler_for(lm).submit_job(job, what, session=session_id())
     note = st.empty()
-    while not lm.lock.acquire(timeout=0.25):
-        note.info(f"Another session is using {what}; the measurement starts when it is done…")
-    note.empty()
+    value = None
     try:
-        yield
+        for record in handle.records(on_wait=lambda status: note.info(_turn_message(status, what))):
+            note.empty()
+            if isinstance(record, JobProgress):
+                report(record.fraction, record.text)
+            elif isinstance(record, JobResult):
+                value = record.value
     finally:
-        lm.lock.release()
+        handle.cancel()
+    if handle.error is not None:
+        raise handle.error
+    if value is None:
+        raise EngineError(f"{what} was stopped before it finished")
+    return value
+
+
+def _turn_message(status: QueueStatus, what: str) -> str:
+    if status.state != "queued":
+        return f"Measuring {what}…"
+    return (f"{what.capitalize()} needs the model to itself: it starts when the {status.running} running request(s) "
+            f"finish ({status.ahead} waiting before it). Stop leaves the line.")
 
 
 def status_progress(box):

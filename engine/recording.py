@@ -340,8 +340,7 @@ def record(prompt: str, out: str | Path, model: str = "default", max_new_tokens:
     picked = tuple(sorted({round(i * (n - 1) / max(layers - 1, 1)) for i in range(min(layers, n))}))
     policy = CapturePolicy(layers=picked, logit_lens=5, max_keys=max_keys)
     request = GenerationRequest(prompt, max_new_tokens=max_new_tokens)
-    with lm.lock:
-        records = list(generate(lm, request, policy))
+    records = list(generate(lm, request, policy))          # this process's own model: nobody else uses it
     rec = new_recording(lm, request, policy, records, title or prompt[:60])
     save_recording(rec, out)
     return rec

@@ -520,6 +520,7 @@ class Scheduler:
                     return None
                 self._start(self._queue.popleft(), None)
                 return head
+            self._runner.max_batch = self.limits.max_batch          # the limits may change while it runs
             if self._runner.room <= 0:
                 return None
             handle = self._queue.popleft()

@@ -293,6 +293,16 @@ def test_jobs_run_alone_in_their_turn_and_report_progress(tiny_lm, make_schedule
     assert spans[plain.id].finished <= spans[handle.id].started                # the batch drained first
 
 
+def test_no_code_outside_the_scheduler_takes_the_models_lock():
+    """One door to the model: pages, the speed lab and recordings all go through the scheduler."""
+    import re
+
+    takers = [f"{path.relative_to(ROOT)}:{n}" for folder in ("engine", "app", "pages")
+              for path in sorted((ROOT / folder).rglob("*.py")) if path.name != "scheduler.py"
+              for n, line in enumerate(path.read_text().splitlines(), 1) if re.search(r"\blm\.lock\b", line)]
+    assert takers == []
+
+
 def test_scheduler_for_returns_one_scheduler_per_model(tiny_lm):
     assert scheduler_for(tiny_lm) is scheduler_for(tiny_lm)
 
