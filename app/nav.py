@@ -44,6 +44,9 @@ PAGES: tuple[PageInfo, ...] = (
     PageInfo("speed_batching.py", "Batching", ":material/stacks:", "batching",
              "A simulated server, static against continuous batching, and the model really batched on this "
              "machine."),
+    PageInfo("room.py", "The room is the batch", ":material/groups:", "room",
+             "Who is generating on this server right now: the live batch, prefill and decode in each step, "
+             "step time and tokens/s against the batch size, measured from the room's own requests."),
     PageInfo("speed_precision.py", "Precision", ":material/compress:", "precision",
              "Quantize a copy of the loaded model to INT8 and INT4 here: memory, speed, agreement, perplexity; "
              "and what precision does on a GPU."),

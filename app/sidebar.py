@@ -39,12 +39,13 @@ def model_rows(lm: LoadedModel) -> list[tuple[str, str]]:
 
 
 def queue_line(lm: LoadedModel) -> str:
-    """How busy the shared model is right now."""
+    """How busy the shared model is right now: the batch, the line, the step time (measured)."""
     stats = scheduler_for(lm).stats()
     if not stats.running and not stats.queued:
         return f"The model is free. {stats.sessions} session(s) here."
-    wait = f", about {stats.mean_service:.1f} s each" if stats.mean_service else ""
-    return f"The model is busy: 1 running, {stats.queued} waiting{wait}. {stats.sessions} session(s) here."
+    step = f"; a step takes {stats.step_seconds * 1e3:.0f} ms" if stats.step_seconds else ""
+    return (f"The batch: {stats.running} of {stats.max_batch} places in use, {stats.queued} waiting{step}. "
+            f"{stats.sessions} session(s) here.")
 
 
 def render_sidebar(lm: LoadedModel | None) -> None:

@@ -1,0 +1,132 @@
+"""The room is the batch: this server's live batch, drawn from the scheduler's own steps (measured).
+
+Numbers first (`step_rows`, `room_numbers`, `member_rows`), then figures, then the page section,
+which redraws itself every second while the room generates.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from app.format import fmt_ms, fmt_rate
+from app.view import plot
+from engine.batch import StepInfo
+from engine.scheduler import RoomState
+
+RECENT_STEPS = 50            # steps the headline numbers average over
+REFRESH_SECONDS = 1.0
+
+
+# --- numbers ---------------------------------------------------------------------------------------------
+
+def step_rows(state: RoomState) -> list[dict]:
+    """One row per recent step: when, how many decoded, prompt tokens prefilled, its time, its throughput."""
+    return [{"t": s.at - state.t0, "decode_rows": s.decode_rows, "prefill_tokens": s.prefill_tokens,
+             "step_ms": s.seconds * 1e3, "tok_s": s.decode_rows / s.seconds if s.seconds > 0 else 0.0,
+             "padding": 1 - s.real_positions / s.cache_positions if s.cache_positions else 0.0}
+            for s in state.steps]
+
+
+@dataclass(frozen=True)
+class RoomNumbers:
+    running: int
+    max_batch: int
+    queued: int
+    sessions: int
+    step_seconds: float | None        # median of the recent decode steps
+    total_tok_s: float | None         # tokens all users got per second, recent steps
+    per_user_tok_s: float | None      # tokens one user in the batch gets per second
+    padding: float | None             # share of the batch cache's positions that are padding, last step
+
+
+def room_numbers(state: RoomState) -> RoomNumbers:
+    recent: Sequence[StepInfo] = [s for s in state.steps[-RECENT_STEPS:] if s.decode_rows]
+    step = statistics.median(s.seconds for s in recent) if recent else None
+    total = sum(s.decode_rows for s in recent) / sum(s.seconds for s in recent) if recent else None
+    last = state.steps[-1] if state.steps else None
+    padding = (1 - last.real_positions / last.cache_positions) if last and last.cache_positions else None
+    return RoomNumbers(len(state.members), state.max_batch, state.queued, state.sessions, step, total,
+                       1 / step if step else None, padding)
+
+
+def member_rows(state: RoomState, me: str | None) -> list[dict]:
+    """Who is in the batch now; sessions are named by a short tag, yours as 'you'. No prompts are shown."""
+    return [{"request": m.id, "session": "you" if me and m.session == me else _tag(m.session), "phase": m.phase,
+             "prompt tokens": m.prompt_tokens, "generated": f"{m.tokens} of {m.max_new_tokens}" if m.max_new_tokens
+             else "", "in the batch for": f"{m.seconds:.1f} s"} for m in state.members]
+
+
+def _tag(session: str | None) -> str:
+    return "script" if not session else f"session {session[:4]}"
+
+
+# --- figures ---------------------------------------------------------------------------------------------
+
+def steps_figure(rows: list[dict]) -> go.Figure:
+    """Each step over time: requests decoded (bars) and prompt tokens prefilled (bars on the right axis)."""
+    fig = go.Figure()
+    fig.add_bar(x=[r["t"] for r in rows], y=[r["decode_rows"] for r in rows], name="requests decoded in the step",
+                marker_color="#1f77b4")
+    fig.add_bar(x=[r["t"] for r in rows], y=[r["prefill_tokens"] for r in rows], name="prompt tokens prefilled",
+                marker_color="#ff7f0e", yaxis="y2", opacity=0.6)
+    fig.update_layout(height=300, margin=dict(l=10, r=10, t=30, b=10), barmode="overlay",
+                      legend=dict(orientation="h", y=1.15), xaxis_title="seconds since the server started",
+                      yaxis=dict(title="requests in the step", rangemode="tozero"),
+                      yaxis2=dict(title="prompt tokens", overlaying="y", side="right", rangemode="tozero",
+                                  showgrid=False))
+    return fig
+
+
+def tradeoff_figure(rows: list[dict]) -> go.Figure:
+    """Step time and total tokens/s against the batch size, from the room's own steps."""
+    decode = [r for r in rows if r["decode_rows"] and not r["prefill_tokens"]]
+    sizes = sorted({r["decode_rows"] for r in decode})
+    step = [statistics.median(r["step_ms"] for r in decode if r["decode_rows"] == b) for b in sizes]
+    fig = go.Figure()
+    fig.add_scatter(x=sizes, y=step, mode="lines+markers", name="decode step (ms): each user's wait per token")
+    fig.add_scatter(x=sizes, y=[b / (ms / 1e3) for b, ms in zip(sizes, step)], mode="lines+markers",
+                    name="tokens/s, all users together", yaxis="y2")
+    fig.update_layout(height=300, margin=dict(l=10, r=10, t=30, b=10), legend=dict(orientation="h", y=1.15),
+                      xaxis=dict(title="requests in the batch", dtick=1),
+                      yaxis=dict(title="step (ms)", rangemode="tozero"),
+                      yaxis2=dict(title="tokens/s", overlaying="y", side="right", rangemode="tozero", showgrid=False))
+    return fig
+
+
+# --- the section -------------------------------------------------------------------------------------------
+
+def numbers_row(n: RoomNumbers) -> None:
+    cols = st.columns(5)
+    cols[0].metric("In the batch", f"{n.running} of {n.max_batch}")
+    cols[1].metric("Waiting", str(n.queued))
+    cols[2].metric("Decode step", fmt_ms(n.step_seconds) if n.step_seconds else "–")
+    cols[3].metric("Tokens/s, everyone", fmt_rate(n.total_tok_s) if n.total_tok_s else "–")
+    cols[4].metric("Tokens/s, each user", fmt_rate(n.per_user_tok_s) if n.per_user_tok_s else "–")
+
+
+def live_section(scheduler, me: str | None) -> None:
+    """Everything measured from the scheduler, redrawn every second (a fragment: the rest of the page stays)."""
+
+    @st.fragment(run_every=REFRESH_SECONDS)
+    def live() -> None:
+        state = scheduler.room()
+        numbers, rows = room_numbers(state), step_rows(state)
+        numbers_row(numbers)
+        if numbers.padding is not None:
+            st.caption(f"Measured: {numbers.padding:.0%} of the batch cache's positions are padding right now "
+                       "(rows are left-padded to the longest request; see the KV-cache page).")
+        members = member_rows(state, me)
+        if members:
+            st.dataframe(members, hide_index=True, width="stretch")
+        else:
+            st.info("Nobody is generating right now. Press Generate on the journey page (or ask the room to) "
+                    "and watch the batch fill.")
+        if rows:
+            left, right = st.columns(2)
+            plot(steps_figure(rows), "room.steps", left)
+            plot(tradeoff_figure(rows), "room.tradeoff", right)
+    live()

@@ -1,0 +1,64 @@
+"""The room view: its numbers come from the scheduler's real steps on the tiny model, and the page draws them."""
+from __future__ import annotations
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app.room import member_rows, room_numbers, step_rows
+from conftest import tiny_prompt
+from engine.generate import GenerationRequest
+from engine.hooks import CAPTURE_OFF
+from engine.limits import Limits
+from engine.scheduler import Scheduler
+
+
+@pytest.fixture
+def busy_room(tiny_lm):
+    scheduler = Scheduler(tiny_lm, Limits(max_batch=3))
+    handles = [scheduler.submit(GenerationRequest(tiny_prompt(5 + i, seed=i), max_new_tokens=10, chat=False),
+                                CAPTURE_OFF, session=f"s{i}abcdef") for i in range(4)]
+    yield scheduler, handles
+    scheduler.close()
+
+
+def test_room_numbers_follow_the_steps_the_scheduler_took(busy_room):
+    scheduler, handles = busy_room
+    for h in handles:
+        h.result(timeout=60)
+    state = scheduler.room()
+    rows, numbers = step_rows(state), room_numbers(state)
+    assert len(rows) == len(state.steps) and all(r["step_ms"] > 0 for r in rows)
+    assert max(r["decode_rows"] for r in rows) == 3                                 # the batch filled up
+    assert sum(r["decode_rows"] for r in rows) == sum(h.tokens for h in handles) - len(handles)  # 1st token: prefill
+    assert sum(r["prefill_tokens"] for r in rows) == sum(len(h.ids) for h in handles)
+    recent = [s for s in state.steps[-50:] if s.decode_rows]
+    assert numbers.total_tok_s == pytest.approx(sum(s.decode_rows for s in recent) / sum(s.seconds for s in recent))
+    assert numbers.running == 0 and numbers.max_batch == 3 and numbers.queued == 0
+
+
+def test_members_name_your_session_and_hide_prompts(busy_room, tiny_lm):
+    scheduler, handles = busy_room
+    handles[0].get(timeout=30)
+    state = scheduler.room()
+    rows = member_rows(state, "s0abcdef")
+    assert rows and {r["session"] for r in rows} <= {"you", "session s1ab", "session s2ab", "session s3ab"}
+    assert all("prompt" not in k or k == "prompt tokens" for r in rows for k in r)
+    for h in handles:
+        h.result(timeout=60)
+
+
+def test_the_room_page_draws_the_live_batch(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("PLAYGROUND_MODEL", str(tiny_model_dir))
+    monkeypatch.setenv("PLAYGROUND_DEVICE", "cpu")
+    monkeypatch.setenv("PLAYGROUND_DTYPE", "float32")
+    at = AppTest.from_file("../pages/room.py", default_timeout=120).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any(m.label == "In the batch" for m in at.metric)
+    from app.model import model_slot
+    from engine.scheduler import scheduler_for
+
+    lm = model_slot(str(tiny_model_dir), "cpu", "float32").lm
+    scheduler_for(lm).submit(GenerationRequest(tiny_prompt(6), max_new_tokens=8, chat=False)).result(timeout=60)
+    at.run()
+    assert not at.exception
+    assert len(at.get("plotly_chart")) == 2
