@@ -130,3 +130,60 @@ def live_section(scheduler, me: str | None) -> None:
             plot(steps_figure(rows), "room.steps", left)
             plot(tradeoff_figure(rows), "room.tradeoff", right)
     live()
+
+
+# --- the batch cache, for the KV-cache page ----------------------------------------------------------------
+
+PAGE_TOKENS = 16             # the block size vLLM uses by default
+
+
+def cache_rows(state: RoomState) -> list[dict]:
+    """The batch cache after the last step, one row per request: real positions and left padding (measured)."""
+    last = next((s for s in reversed(state.steps) if s.rows), None)
+    if last is None:
+        return []
+    return [{"request": label, "real": real, "pads": pads, "bytes_per_position": last.bytes_per_position}
+            for label, real, pads in last.rows]
+
+
+def cache_use(rows: list[dict], block: int = PAGE_TOKENS) -> dict:
+    """Positions the padded batch cache holds against what a paged cache with `block`-token pages would."""
+    real = sum(r["real"] for r in rows)
+    padded = sum(r["real"] + r["pads"] for r in rows)
+    paged = sum(-(-r["real"] // block) * block for r in rows)
+    per = rows[0]["bytes_per_position"] if rows else 0
+    return {"real": real, "padded": padded, "paged": paged, "padded_bytes": padded * per, "paged_bytes": paged * per,
+            "real_bytes": real * per}
+
+
+def cache_figure(rows: list[dict]) -> go.Figure:
+    """One bar per request: its padding (grey) and its real positions (blue), as the batch cache holds them."""
+    names = [f"request {r['request']}" for r in rows]
+    fig = go.Figure()
+    fig.add_bar(y=names, x=[r["pads"] for r in rows], orientation="h", name="padding (left)", marker_color="#c7c7c7")
+    fig.add_bar(y=names, x=[r["real"] for r in rows], orientation="h", name="the request's own K/V",
+                marker_color="#1f77b4")
+    fig.update_layout(barmode="stack", height=80 + 28 * len(rows), margin=dict(l=10, r=10, t=30, b=10),
+                      legend=dict(orientation="h", y=1.2), xaxis_title="positions in the batch cache")
+    return fig
+
+
+def batch_cache_section(scheduler) -> None:
+    """The live batch cache on this server (measured), beside what paging would hold for the same lengths."""
+    @st.fragment(run_every=REFRESH_SECONDS)
+    def live() -> None:
+        rows = cache_rows(scheduler.room())
+        if not rows:
+            st.info("Nobody's request is in the batch right now: when people generate, their rows appear here.")
+            return
+        use = cache_use(rows)
+        plot(cache_figure(rows), "kv.batch_cache")
+        st.caption(f"Measured on this server, last step: {len(rows)} request(s) hold {use['real']:,} positions of "
+                   f"K/V; the padded batch cache allocates {use['padded']:,} ({fmt_share(use['real'], use['padded'])} "
+                   f"used). Computed from the same lengths: a paged cache with {PAGE_TOKENS}-token pages would "
+                   f"allocate {use['paged']:,} ({fmt_share(use['real'], use['paged'])} used).")
+    live()
+
+
+def fmt_share(part: int, whole: int) -> str:
+    return f"{part / whole:.0%}" if whole else "–"

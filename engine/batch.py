@@ -50,6 +50,7 @@ class Slot:
     fail: Callable[[Exception], None]                # called once if the request fails
     should_stop: Callable[[], bool] = lambda: False  # cancel / time limit, checked before each step
     tag: Any = None                                  # the caller's (the scheduler's handle)
+    label: Any = None                                # what step records name it by (kept; no big objects)
     # --- state, kept by the runner ---
     prefilled: int = 0                               # prompt tokens whose K/V is in the cache
     cache: DynamicCache | None = None                # own cache while prefilling; None once in the batch
@@ -81,9 +82,11 @@ class StepInfo:
     seconds: float               # the whole step: prefill chunk + decode pass + sampling
     decode_rows: int             # requests that got a token from the decode pass
     prefill_tokens: int          # prompt tokens prefilled in this step (0 when none)
-    tags: tuple[Any, ...]        # the callers' tags of the requests in the decode pass
+    tags: tuple[Any, ...]        # the labels of the requests in the decode pass
     cache_positions: int         # positions of the batch cache (longest row, pads included)
     real_positions: int          # positions actually holding some request's K/V
+    rows: tuple[tuple[Any, int, int], ...] = ()   # per row of the batch cache after the step: (label, real, pads)
+    bytes_per_position: int = 0  # K and V bytes of one position, all layers
 
 
 class BatchCapture:
@@ -210,11 +213,13 @@ class BatchRunner:
         t0 = time.perf_counter()
         self._drop_stopped()
         prefilled = self._prefill_step(self.prefilling[0]) if self.prefilling else 0
-        tags = tuple(s.tag for s in self.batch.slots)
+        tags = tuple(s.label for s in self.batch.slots)
         rows = self._decode_step() if self.batch.slots else 0
         pads = self.batch.pads()
+        layout = tuple((s.label, s.length, p) for s, p in zip(self.batch.slots, pads))
+        per_position = row_cache_state(self.batch.cache, 1).bytes if self.batch.cache is not None else 0
         return StepInfo(time.perf_counter(), time.perf_counter() - t0, rows, prefilled, tags[:rows] if rows else (),
-                        self.batch.width * len(pads), self.batch.width * len(pads) - sum(pads))
+                        self.batch.width * len(pads), self.batch.width * len(pads) - sum(pads), layout, per_position)
 
     def cancel_all(self, reason: str = "cancelled") -> None:
         for slot in self.slots:

@@ -543,7 +543,7 @@ class Scheduler:
         stop = lambda: handle._cancel.is_set() or time.perf_counter() > deadline  # noqa: E731
         emit = lambda record: handle._records.put(self._final(handle, record, deadline))  # noqa: E731
         return Slot(handle.request, handle.ids, handle.policy, emit, lambda err: self._failed(handle, err), stop,
-                    tag=handle)
+                    tag=handle, label=handle.id)
 
     def _failed(self, handle: Handle, err: Exception) -> None:
         handle.error = err if isinstance(err, EngineError) else EngineError(

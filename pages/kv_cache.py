@@ -2,8 +2,9 @@
 import streamlit as st
 
 from app import kv_view as view
-from app import replay
+from app import replay, room
 from app.controls import last_run, offline_notice, page_model, quick_form, run_live
+from engine.scheduler import scheduler_for
 from engine.specs import MODEL_PRESETS
 
 lm = page_model()
@@ -49,3 +50,11 @@ view.gqa_vs_mha_section(choice)
 
 st.subheader("4. Paged against contiguous allocation")
 view.paging_section(view.paging_inputs())
+
+st.subheader("5. This server's batch cache, live")
+if lm is None:
+    st.caption("The batch cache appears here when this server runs the model.")
+else:
+    st.write("Everyone generating on this server shares one batch cache: one row per request, left-padded to the "
+             "longest. The padding is memory that holds nothing, which is the waste paging removes.")
+    room.batch_cache_section(scheduler_for(lm))

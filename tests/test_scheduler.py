@@ -250,7 +250,7 @@ def test_requests_share_the_batch_and_the_room_sees_it(tiny_lm, make_scheduler):
     assert fourth.started >= min(s.finished for s in spans.values())            # waited for a place
     steps = scheduler.room().steps
     assert max(s.decode_rows for s in steps) == 3 and all(s.decode_rows <= 3 for s in steps)
-    assert {id(t) for s in steps for t in s.tags} == {id(h) for h in handles}
+    assert {t for s in steps for t in s.tags} == {h.id for h in handles}
     queued = [s for s in statuses if s.state == "queued" and s.position > 3]
     assert all(s.ahead == s.position - 1 for s in statuses if s.state == "queued")
     assert not queued or all(s.batch == 3 for s in queued)
