@@ -30,6 +30,7 @@ LIMIT_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("max_new_tokens", int, "most tokens one request may generate"),
     ("max_queue", int, "requests that may wait for a place in the batch (0: none wait)"),
     ("max_batch", int, "requests decoded together in one forward pass (1: one at a time)"),
+    ("prefix_cache_mb", int, "memory for prompt K/V reused by later prompts that start alike, in MiB (0: off)"),
     ("max_sessions", int, "browser sessions served at once"),
     ("max_capture_mb", int, "attention capture one request may hold, in MiB"),
     ("max_capture_layers", int, "layers one request may capture"),

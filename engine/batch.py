@@ -34,6 +34,7 @@ from engine.generate import (GenerationRequest, TextStream, eos_ids, finish_reas
                              prompt_pieces, sync, trim_stop)
 from engine.hooks import CAPTURE_KWARG, CapturePolicy, LayerCapture, StepCapture, instrument
 from engine.loader import LoadedModel
+from engine.prefix import PrefixCache, load_prefix, reused_rows
 from engine.records import CacheState, DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
 
 PREFILL_CHUNK = 256        # prompt tokens prefilled per step while others decode
@@ -53,6 +54,7 @@ class Slot:
     label: Any = None                                # what step records name it by (kept; no big objects)
     # --- state, kept by the runner ---
     prefilled: int = 0                               # prompt tokens whose K/V is in the cache
+    reused: int = 0                                  # of those, taken from the prefix cache
     cache: DynamicCache | None = None                # own cache while prefilling; None once in the batch
     chunks: list[dict[int, LayerCapture]] = field(default_factory=list)
     token: SampledToken | None = None                # the newest token: the next decode step's input
@@ -181,10 +183,11 @@ def _left_pad(x: torch.Tensor, n: int) -> torch.Tensor:
 class BatchRunner:
     """Runs many requests on one model: each `step()` prefills one chunk and decodes one token for all."""
 
-    def __init__(self, lm: LoadedModel, max_batch: int = 8, prefill_chunk: int = PREFILL_CHUNK):
+    def __init__(self, lm: LoadedModel, max_batch: int = 8, prefill_chunk: int = PREFILL_CHUNK,
+                 prefix: PrefixCache | None = None):
         if max_batch < 1 or prefill_chunk < 1:
             raise ValueError("max_batch and prefill_chunk must be at least 1")
-        self.lm, self.max_batch, self.prefill_chunk = lm, max_batch, prefill_chunk
+        self.lm, self.max_batch, self.prefill_chunk, self.prefix = lm, max_batch, prefill_chunk, prefix
         self.batch = PaddedCache()
         self.prefilling: deque[Slot] = deque()
         self._failures = 0                           # batched steps that failed in a row
@@ -254,6 +257,8 @@ class BatchRunner:
 
     def _prefill_step(self, slot: Slot) -> int:
         """Prefill the next chunk of a newcomer's prompt on its own cache; returns the tokens done."""
+        if slot.prefilled == 0 and self.prefix is not None:
+            self._reuse_prefix(slot)
         lo = slot.prefilled
         hi = len(slot.ids) if not _chunkable(slot.policy) else min(len(slot.ids), lo + self.prefill_chunk)
         try:
@@ -270,6 +275,17 @@ class BatchRunner:
             self._first_token(slot, logits)
         return hi - lo
 
+    def _reuse_prefix(self, slot: Slot) -> None:
+        """Start from the longest stored prompt start this one shares: its K/V (and captured rows) as is."""
+        entry, n = self.prefix.lookup(slot.ids, slot.policy, slot.layer_ids, self.lm.spec.n_heads)
+        if entry is None:
+            return
+        load_prefix(slot.cache, entry, n)
+        slot.prefilled = slot.reused = n
+        rows = reused_rows(entry, n, slot.policy, slot.layer_ids, self.lm.spec.n_heads)
+        if rows:
+            slot.chunks.append(rows)
+
     def _first_token(self, slot: Slot, logits: torch.Tensor) -> None:
         """The prompt is in: sample the first token, send the PrefillRecord, join the batch."""
         slot.token = pick_token(self.lm, logits, slot.request, slot.generator, slot.stream)
@@ -279,8 +295,11 @@ class BatchRunner:
         slot.length = slot.cache.get_seq_length()
         slot.generated.append(slot.token.id)
         captures = stitch_prefill(slot.chunks, len(slot.ids), slot.policy)
+        if self.prefix is not None:
+            self.prefix.store(slot.ids, slot.cache, captures)
         slot.emit(PrefillRecord(prompt_pieces(self.lm, slot.ids), forward_shapes(self.lm.spec, len(slot.ids)),
-                                slot.ttft, row_cache_state(slot.cache, slot.length), slot.token, captures))
+                                slot.ttft, row_cache_state(slot.cache, slot.length), slot.token, captures,
+                                reused_tokens=slot.reused))
         slot.chunks = []
         if not self._maybe_finish(slot):
             self.batch.add(slot, slot.cache)

@@ -33,6 +33,7 @@ class Limits:
     max_new_tokens: int = 256
     max_queue: int = 32                  # requests waiting for a place in the batch (running ones not counted)
     max_batch: int = 8                   # requests decoded together in one forward pass
+    prefix_cache_mb: int = 64            # prompt K/V kept for later prompts that start alike (0: off)
     max_sessions: int = 40               # browser sessions served at once
     max_capture_mb: int = 256            # attention probabilities one request may capture
     max_capture_layers: int = 64         # layers one request may capture (64: every layer of any model here)
@@ -63,7 +64,7 @@ class Limits:
 
 
 CPU_LIMITS = Limits()
-GPU_LIMITS = Limits(max_prompt_tokens=32768, max_new_tokens=1024, max_queue=128, max_batch=32, max_sessions=100,
+GPU_LIMITS = Limits(max_prompt_tokens=32768, max_new_tokens=1024, max_queue=128, max_batch=32, prefix_cache_mb=4096, max_sessions=100,
                     max_capture_mb=512, request_seconds=180.0, reserve_mb=4096)
 
 ENV_VARS: dict[str, str] = {
@@ -71,6 +72,7 @@ ENV_VARS: dict[str, str] = {
     "max_new_tokens": "PLAYGROUND_MAX_NEW_TOKENS",
     "max_queue": "PLAYGROUND_MAX_QUEUE",
     "max_batch": "PLAYGROUND_MAX_BATCH",
+    "prefix_cache_mb": "PLAYGROUND_PREFIX_CACHE_MB",
     "max_sessions": "PLAYGROUND_MAX_SESSIONS",
     "max_capture_mb": "PLAYGROUND_MAX_CAPTURE_MB",
     "max_capture_layers": "PLAYGROUND_MAX_CAPTURE_LAYERS",
@@ -94,7 +96,7 @@ def validated(limits: Limits) -> Limits:
     """The same limits, or an EngineError naming the first one that cannot work."""
     for f in fields(limits):
         value, whole = getattr(limits, f.name), f.name != "request_seconds"
-        if not _acceptable(value, zero_ok=f.name in ("max_queue", "reserve_mb"), whole=whole):
+        if not _acceptable(value, zero_ok=f.name in ("max_queue", "reserve_mb", "prefix_cache_mb"), whole=whole):
             raise EngineError(f"{ENV_VARS[f.name]} (the {f.name.replace('_', ' ')} limit) must be a positive "
                               f"{'whole number' if whole else 'number'}, not {value!r}")
     return limits

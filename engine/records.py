@@ -54,6 +54,7 @@ class PrefillRecord:
     token: SampledToken           # the first generated token comes out of prefill
     captures: dict[int, LayerCapture] = field(default_factory=dict)
     kind: str = "prefill"
+    reused_tokens: int = 0        # prompt tokens whose K/V came from the prefix cache (not computed again)
 
 
 @dataclass

@@ -38,6 +38,7 @@ from engine.generate import GenerationRequest, check_context, encode_prompt, val
 from engine.hooks import CAPTURE_OFF, CapturePolicy
 from engine.limits import Limits, capture_bytes, check_memory, check_request, kv_bytes
 from engine.loader import LoadedModel, free_memory
+from engine.prefix import PrefixCache
 from engine.records import DoneRecord
 
 SERVICE_HISTORY = 20           # finished requests the mean service time averages over
@@ -252,7 +253,8 @@ class Scheduler:
         self._cond = threading.Condition()
         self._queue: deque[Handle] = deque()
         self._running: dict[Handle, Slot | None] = {}    # in the batch (a Slot) or the exclusive job (None)
-        self._runner = BatchRunner(lm, max_batch=self.limits.max_batch)
+        self.prefix = PrefixCache(self.limits.prefix_cache_mb * 2**20)
+        self._runner = self._new_runner()
         self._by_session: dict[str, Handle] = {}
         self._sessions: dict[str, float] = {}
         self._service: deque[float] = deque(maxlen=SERVICE_HISTORY)
@@ -264,6 +266,9 @@ class Scheduler:
         self._stats = SchedulerStats()
         self._closed = False
         self._worker: threading.Thread | None = None
+
+    def _new_runner(self) -> BatchRunner:
+        return BatchRunner(self.lm, max_batch=self.limits.max_batch, prefix=self.prefix)
 
     # --- sessions --------------------------------------------------------------------------------
 
@@ -558,7 +563,8 @@ class Scheduler:
             for slot in self._runner.slots:
                 self._failed(slot.tag, err)
                 slot.finished = True
-            self._runner = BatchRunner(self.lm, max_batch=self.limits.max_batch)
+            self._runner = self._new_runner()
+            self.prefix.clear()
             info = None
         with self._cond:
             if info is not None and (info.decode_rows or info.prefill_tokens):

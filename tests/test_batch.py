@@ -216,3 +216,71 @@ def test_smollm2_batched_equals_alone_token_for_token(smol_lm):
     for sink, (request, pol) in zip(sinks, jobs):
         assert sink.error is None
         assert_same_run(sink.records, alone(smol_lm, request, pol))
+
+
+# --- prefix caching ---------------------------------------------------------------------------------------
+
+def run_in_turn(lm, jobs, prefix):
+    """Each job runs to its end before the next joins: the later ones can reuse the earlier prompts' K/V."""
+    sinks = []
+    for request, policy in jobs:
+        runner = BatchRunner(lm, prefix=prefix, prefill_chunk=7)
+        sink = Sink()
+        runner.add(sink.slot(lm, request, policy))
+        while not runner.idle:
+            runner.step()
+        sinks.append(sink)
+    return sinks
+
+
+def test_a_repeated_prompt_reuses_all_but_its_last_token_and_equals_alone(tiny_lm):
+    from engine.prefix import PrefixCache
+
+    prefix = PrefixCache(64 * 2**20)
+    request = GenerationRequest(tiny_prompt(24, seed=7), max_new_tokens=6, chat=False)
+    first, second = run_in_turn(tiny_lm, [(request, FULL), (request, FULL)], prefix)
+    n = len(first.records[0].prompt)
+    assert first.records[0].reused_tokens == 0 and second.records[0].reused_tokens == n - 1
+    want = alone(tiny_lm, request, FULL)
+    assert_same_run(first.records, want)
+    assert_same_run(second.records, want)              # the prefill matrix too: reused rows come from the entry
+    assert prefix.stats.hits == 1 and prefix.stats.reused_tokens == n - 1
+
+
+def test_a_shared_start_is_reused_and_the_tail_is_computed(tiny_lm):
+    from engine.prefix import PrefixCache
+
+    prefix = PrefixCache(64 * 2**20)
+    shared = tiny_prompt(20, seed=3)
+    a = GenerationRequest(shared + " w1 w2 w3", max_new_tokens=5, chat=False)
+    b = GenerationRequest(shared + " w9 w8 w7 w6 w5", max_new_tokens=5, chat=False)
+    last_rows = CapturePolicy(prefill_matrix=False, logit_lens=2)
+    for policy in (FULL, last_rows):
+        prefix.clear()
+        _, second = run_in_turn(tiny_lm, [(a, policy), (b, policy)], prefix)
+        assert second.records[0].reused_tokens == 20          # the 20 shared words
+        assert_same_run(second.records, alone(tiny_lm, b, policy))
+
+
+def test_an_entry_without_the_captures_a_request_needs_is_not_used(tiny_lm):
+    from engine.prefix import PrefixCache
+
+    prefix = PrefixCache(64 * 2**20)
+    request = GenerationRequest(tiny_prompt(16, seed=2), max_new_tokens=3, chat=False)
+    _, full = run_in_turn(tiny_lm, [(request, CAPTURE_OFF), (request, FULL)], prefix)
+    assert full.records[0].reused_tokens == 0                 # stored without matrices: computed again
+    rows_only = run_in_turn(tiny_lm, [(request, CapturePolicy(prefill_matrix=False))], prefix)[0]
+    assert rows_only.records[0].reused_tokens == len(full.records[0].prompt) - 1
+
+
+def test_the_prefix_cache_stays_within_its_bytes(tiny_lm):
+    from engine.card import kv_bytes_per_token
+    from engine.prefix import PrefixCache
+
+    per_token = int(kv_bytes_per_token(tiny_lm.spec, "float32"))
+    prefix = PrefixCache(40 * per_token)                      # room for one 30-token prompt, not two
+    jobs = [(GenerationRequest(tiny_prompt(29, seed=s), max_new_tokens=2, chat=False), CAPTURE_OFF) for s in (1, 2)]
+    run_in_turn(tiny_lm, jobs, prefix)
+    assert prefix.stats.entries == 1 and prefix.stats.bytes <= 40 * per_token
+    again = run_in_turn(tiny_lm, [jobs[1]], prefix)[0]        # the newest stayed
+    assert again.records[0].reused_tokens == 28               # all but the last of its 29 tokens
