@@ -11,9 +11,10 @@ import streamlit as st
 from app import charts
 from app.controls import Prepared, Sampling
 from app.format import fmt_ms, fmt_rate, plot_text, visible
-from app.run import Run, Throttle
+from app.run import LOGIT_LENS_TOP, Run, Throttle
 from app.tokens import chars_per_token, chips_figure, special_mask
 from app.view import ChartSlot, plot
+from engine.hooks import logit_lens
 from engine.loader import LoadedModel
 from engine.sampling import filter_probs
 
@@ -68,14 +69,22 @@ class ResultView:
             return
         self.status.caption(status_line(run))
         m = run.metrics()
+        reused = run.prefill.reused_tokens if run.prefill else 0
         values = [("Time to first token", fmt_ms(m.ttft)), ("Inter-token latency", fmt_ms(m.itl)),
-                  ("Decode speed", fmt_rate(m.tokens_per_second)), ("Prompt tokens", f"{m.prompt_tokens:,}"),
+                  ("Decode speed", fmt_rate(m.tokens_per_second)),
+                  ("Prompt tokens", f"{m.prompt_tokens:,}" + (f" ({reused:,} reused)" if reused else "")),
                   ("Generated tokens", f"{m.generated_tokens:,}")]
         for box, (label, value) in zip(self.metric_boxes, values):
             box.metric(label, value)
         self.answer.text(run.text or "…")
-        if run.capture_note:
-            self.note.caption(run.capture_note)
+        notes = [run.capture_note] if run.capture_note else []
+        if reused:
+            notes.append(f"Prefix cache: the first {reused:,} of the {m.prompt_tokens:,} prompt tokens had been read "
+                         "before on this server (the chat template's opening, or the same prompt from someone else), "
+                         "so their keys and values were reused and only the rest was computed: a shorter time to "
+                         "first token. The KV-cache page measures the difference.")
+        if notes:
+            self.note.caption(" ".join(notes))
         if run.prefill is not None and (final or self.chart_throttle()):
             self.timeline.plot(charts.timeline_figure(run.step_seconds()))
 
@@ -123,10 +132,14 @@ def distribution_section(run: Run, index: int, sampling: Sampling, decode: Calla
                f"p = {token.prob:.1%}. Temperature 0 is drawn as 1.")
 
 
-def lens_section(run: Run, index: int, decode: Callable[[list[int]], str]) -> None:
+def lens_section(run: Run, index: int, decode: Callable[[list[int]], str], lm: LoadedModel | None = None) -> None:
     captures = run.captures(index)
+    pending = any(c.resid is not None and c.lens is None for c in captures.values())
+    if pending and lm is not None and lm.label == run.model:
+        logit_lens(lm.model, captures, LOGIT_LENS_TOP)     # only for the token you look at; kept in the run
     if not any(c.lens for c in captures.values()):
-        st.info("Nothing was captured for this token (capture was off for this run).")
+        st.info("The logit lens of this recording is computed by the model that made it; load that model to see "
+                "it." if pending else "Nothing was captured for this token (capture was off for this run).")
         return
     token = run.tokens[index]
     left, right = st.columns([3, 2])

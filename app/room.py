@@ -187,3 +187,64 @@ def batch_cache_section(scheduler) -> None:
 
 def fmt_share(part: int, whole: int) -> str:
     return f"{part / whole:.0%}" if whole else "–"
+
+
+# --- prefix caching, for the KV-cache page ------------------------------------------------------------------
+
+PREFIX_RESULTS = "kv.prefix.results"
+PREFIX_PROMPTS = ("Explain in two sentences what the capital of France is famous for.",
+                  "Explain in two sentences why the sky looks blue on a clear day.")
+
+
+def prefix_figure(results: dict) -> go.Figure:
+    """Time to first token from scratch and with the prompt's start reused, for each case (measured)."""
+    cases = list(results)
+    fig = go.Figure()
+    fig.add_bar(x=cases, y=[results[c]["ttft_cold"] * 1e3 for c in cases], name="computed from scratch")
+    fig.add_bar(x=cases, y=[results[c]["ttft_warm"] * 1e3 for c in cases], name="start reused from the prefix cache")
+    fig.update_layout(barmode="group", height=300, margin=dict(l=10, r=10, t=30, b=10),
+                      legend=dict(orientation="h", y=1.15), yaxis_title="time to first token (ms)")
+    return fig
+
+
+def measure_prefix(lm, report) -> dict:
+    """Both cases through the scheduler, alone on the model: the chat template's opening, and the same prompt."""
+    from dataclasses import asdict
+
+    from app.speed_view import run_on_model
+    from engine.batch import measure_prefix_reuse
+    from engine.generate import GenerationRequest
+
+    first, other = (GenerationRequest(p) for p in PREFIX_PROMPTS)
+
+    def job(progress):
+        progress(0.0, "a different question after the same opening")
+        shared = measure_prefix_reuse(lm, first, other)
+        progress(0.5, "the same prompt again, as when a presenter's prompt is sent by the whole room")
+        return {"same opening": asdict(shared), "same prompt": asdict(measure_prefix_reuse(lm, first, first))}
+    return run_on_model(lm, "the prefix-cache measurement", job, report)
+
+
+def prefix_section(lm, scheduler) -> None:
+    """This server's prefix cache (live counters) and a measured TTFT with and without reuse."""
+    stats = scheduler.prefix.stats
+    st.caption(f"Measured on this server so far: {stats.hits} of {stats.lookups} prompts reused a stored start, "
+               f"{stats.reused_tokens:,} prompt tokens not computed again; {stats.entries} prompt(s) kept in "
+               f"{stats.bytes / 2**20:.1f} MiB.")
+    if st.button("Measure the time to first token with and without reuse", key="kv.prefix.measure"):
+        from app.speed_view import status_progress
+        from engine.errors import EngineError
+
+        with st.status("Measuring prefix reuse…", expanded=True) as box:
+            try:
+                st.session_state[PREFIX_RESULTS] = measure_prefix(lm, status_progress(box))
+                box.update(label="Measured", state="complete", expanded=False)
+            except EngineError as err:
+                box.update(label="Stopped", state="error")
+                st.error(str(err))
+    results = st.session_state.get(PREFIX_RESULTS)
+    if results:
+        plot(prefix_figure(results), "kv.prefix")
+        st.caption("Measured here, best of 3: " + "; ".join(
+            f"{case}: {r['reused_tokens']} of {r['prompt_tokens']} prompt tokens reused, TTFT "
+            f"{fmt_ms(r['ttft_cold'])} → {fmt_ms(r['ttft_warm'])}" for case, r in results.items()) + ".")

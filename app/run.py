@@ -155,24 +155,25 @@ def capture_policy(spec: ModelSpec, n_prompt: int, max_new: int, enabled: bool =
     full = attention_bytes(spec, n_prompt, max_new, matrix=True)
     allowed = min(spec.n_layers, max_layers or spec.n_layers)
     if full * spec.n_layers <= budget and allowed == spec.n_layers:
-        return CapturePolicy(logit_lens=LOGIT_LENS_TOP), None
+        return CapturePolicy(logit_lens=LOGIT_LENS_TOP, lens_on_demand=True), None
     if full * allowed <= budget:
         layers = spread_layers(spec.n_layers, allowed)
         note = (f"This server captures at most {allowed} layers per request, so attention maps (and the logit "
                 f"lens) were kept for layers {', '.join(map(str, layers))} of {spec.n_layers}.")
-        return CapturePolicy(layers=layers, logit_lens=LOGIT_LENS_TOP), note
+        return CapturePolicy(layers=layers, logit_lens=LOGIT_LENS_TOP, lens_on_demand=True), note
     k = min(budget // full, allowed)
     if k >= 1:
         layers = spread_layers(spec.n_layers, int(k))
         note = (f"The prompt is long ({n_prompt:,} tokens), so full attention maps (and the logit lens) were kept "
                 f"for {len(layers)} of {spec.n_layers} layers ({', '.join(map(str, layers))}) to stay within "
                 f"{budget // 2**20} MiB.")
-        return CapturePolicy(layers=layers, logit_lens=LOGIT_LENS_TOP), note
+        return CapturePolicy(layers=layers, logit_lens=LOGIT_LENS_TOP, lens_on_demand=True), note
     rows = attention_bytes(spec, n_prompt, max_new, matrix=False)
     layers = spread_layers(spec.n_layers, max(1, min(int(budget // rows), allowed)))
     note = (f"The prompt is very long ({n_prompt:,} tokens): only the last query row of each step was kept, "
             f"for {len(layers)} of {spec.n_layers} layers.")
-    return CapturePolicy(layers=layers, prefill_matrix=False, logit_lens=LOGIT_LENS_TOP), note
+    return CapturePolicy(layers=layers, prefill_matrix=False, logit_lens=LOGIT_LENS_TOP,
+                         lens_on_demand=True), note
 
 
 def compact(record: Record) -> Record:

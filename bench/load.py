@@ -51,7 +51,8 @@ PROMPTS = (
     "What is a transformer in machine learning?",
     "Give me a tip for learning to cook.",
 )
-CAPTURES = {"off": CAPTURE_OFF, "full": CapturePolicy(logit_lens=5)}   # "full": what a page captures for short prompts
+CAPTURES = {"off": CAPTURE_OFF,              # "full": what a page captures for short prompts (app.run.capture_policy)
+            "full": CapturePolicy(logit_lens=5, lens_on_demand=True)}
 RESULTS = ROOT / "bench" / "results" / "load.json"
 
 

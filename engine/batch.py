@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -419,3 +419,47 @@ def stitch_prefill(chunks: list[dict[int, LayerCapture]], n_prompt: int,
             full[:, part.query_start:part.query_start + rows, part.key_start:part.key_start + keys] = part.attention
         cap.attention, cap.query_start, cap.key_start = full, 0, 0
     return last
+
+
+# --- measuring prefix reuse -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PrefixReuse:
+    """One prompt's time to first token computed from scratch, then with its start reused (measured)."""
+
+    prompt_tokens: int
+    reused_tokens: int
+    ttft_cold: float             # seconds, nothing reused
+    ttft_warm: float             # seconds, the start reused from the prefix cache
+
+
+def measure_prefix_reuse(lm: LoadedModel, first: GenerationRequest, second: GenerationRequest,
+                         rounds: int = 3) -> PrefixReuse:
+    """Run `second` alone cold, then after `first` has filled a fresh prefix cache; best of `rounds` each."""
+    from engine.generate import encode_prompt
+
+    ids = encode_prompt(lm, second)
+    cold, warm, reused = [], [], 0
+    for _ in range(rounds):
+        cold.append(_ttft(lm, second, None))
+        prefix = PrefixCache(2**62)
+        _ttft(lm, first, prefix)
+        warm.append(_ttft(lm, second, prefix))
+        reused = prefix.stats.reused_tokens
+    return PrefixReuse(len(ids), reused, min(cold), min(warm))
+
+
+def _ttft(lm: LoadedModel, request: GenerationRequest, prefix: PrefixCache | None) -> float:
+    from engine.generate import encode_prompt
+
+    one = replace(request, max_new_tokens=1)
+    got: list[Record] = []
+    runner = BatchRunner(lm, max_batch=1, prefill_chunk=1 << 30, prefix=prefix)
+    runner.add(Slot(one, encode_prompt(lm, one), CapturePolicy(layers=()), got.append, _raise))
+    while not runner.idle:
+        runner.step()
+    return next(r.seconds for r in got if isinstance(r, PrefillRecord))
+
+
+def _raise(err: Exception) -> None:
+    raise err

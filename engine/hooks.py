@@ -41,6 +41,7 @@ class CapturePolicy:
     max_keys: int | None = None            # keep at most this many most recent keys of each row
     stats: bool = True                     # norms of Q, K, V and of the residual stream
     logit_lens: int = 0                    # top tokens each layer would predict (0: off)
+    lens_on_demand: bool = False           # keep each layer's residual; compute the lens only when asked (logit_lens())
 
     @property
     def enabled(self) -> bool:
@@ -74,6 +75,7 @@ class LayerCapture:
     v_norm: np.ndarray | None = None   # (n_kv_heads,)
     resid_norm: float | None = None    # residual stream leaving the layer, newest position
     lens: list[tuple[int, float]] | None = None  # (token id, probability) through final norm + LM head
+    resid: np.ndarray | None = None    # (d_model,) residual leaving the layer, newest position: lens on demand
 
 
 @dataclass
@@ -132,18 +134,39 @@ class StepCapture:
             self._resid[i] = newest
 
     def finish(self, model: Any) -> dict[int, LayerCapture]:
-        """Run the logit lens (one batched matmul for all layers) and return the layer records."""
+        """Run the logit lens (one batched matmul for all layers), or keep the residuals for it, and return."""
         if self.policy.logit_lens and self._resid:
-            order = sorted(self._resid)
-            with torch.no_grad():
-                stacked = torch.stack([self._resid[i] for i in order])          # (L, d_model)
-                logits = model.lm_head(model.model.norm(stacked)).float()       # (L, vocab)
-                top = torch.softmax(logits, dim=-1).topk(self.policy.logit_lens, dim=-1)
-            ids, probs = top.indices.tolist(), top.values.tolist()
-            for row, i in enumerate(order):
-                self._layer(i).lens = list(zip(ids[row], probs[row]))
+            if self.policy.lens_on_demand:
+                for i, resid in self._resid.items():
+                    self._layer(i).resid = _np(resid)
+            else:
+                _apply_lens(model, {i: (self._layer(i), r) for i, r in self._resid.items()}, self.policy.logit_lens)
             self._resid.clear()
         return self.layers
+
+
+def logit_lens(model: Any, captures: dict[int, LayerCapture], top: int = 5) -> dict[int, LayerCapture]:
+    """Fill in the lens of captures that kept their residual (lens_on_demand): one matmul for all layers.
+
+    Reads only the final norm and the LM head, never the cache: safe beside a running generation.
+    """
+    todo = {i: (c, torch.from_numpy(c.resid)) for i, c in captures.items() if c.resid is not None and c.lens is None}
+    if todo:
+        param = next(model.lm_head.parameters())
+        todo = {i: (c, r.to(param.device, param.dtype)) for i, (c, r) in todo.items()}
+        _apply_lens(model, todo, top)
+    return captures
+
+
+def _apply_lens(model: Any, resid: dict[int, tuple[LayerCapture, torch.Tensor]], top: int) -> None:
+    order = sorted(resid)
+    with torch.no_grad():
+        stacked = torch.stack([resid[i][1] for i in order])               # (L, d_model)
+        logits = model.lm_head(model.model.norm(stacked)).float()         # (L, vocab)
+        best = torch.softmax(logits, dim=-1).topk(top, dim=-1)
+    ids, probs = best.indices.tolist(), best.values.tolist()
+    for row, i in enumerate(order):
+        resid[i][0].lens = list(zip(ids[row], probs[row]))
 
 
 def _apply_mask(scores: torch.Tensor, mask: torch.Tensor | None, t_k: int) -> torch.Tensor:

@@ -54,5 +54,5 @@ st.markdown("**Its candidates.** Move the temperature, top-k and top-p controls 
             "re-drawn from the stored logits.")
 view.distribution_section(run, index, sampling, decode)
 st.markdown("**Through the layers.**")
-view.lens_section(run, index, decode)
+view.lens_section(run, index, decode, lm)
 replay.save_button(run, "journey")

@@ -58,3 +58,12 @@ else:
     st.write("Everyone generating on this server shares one batch cache: one row per request, left-padded to the "
              "longest. The padding is memory that holds nothing, which is the waste paging removes.")
     room.batch_cache_section(scheduler_for(lm))
+
+st.subheader("6. Prefix caching: prompts that start alike")
+if lm is None:
+    st.caption("Prefix caching is measured when this server runs the model.")
+else:
+    st.write("A token's keys and values depend only on the tokens before it, so two prompts that open alike (the "
+             "chat template's system prompt, or the same prompt sent by a whole room) can share the cached "
+             "start: only the rest is computed.")
+    room.prefix_section(lm, scheduler_for(lm))

@@ -284,3 +284,18 @@ def test_the_prefix_cache_stays_within_its_bytes(tiny_lm):
     assert prefix.stats.entries == 1 and prefix.stats.bytes <= 40 * per_token
     again = run_in_turn(tiny_lm, [jobs[1]], prefix)[0]        # the newest stayed
     assert again.records[0].reused_tokens == 28               # all but the last of its 29 tokens
+
+
+def test_the_logit_lens_on_demand_equals_the_lens_at_every_step(tiny_lm):
+    from engine.hooks import logit_lens
+
+    request = GenerationRequest(tiny_prompt(9, seed=6), max_new_tokens=5, chat=False)
+    eager = alone(tiny_lm, request, CapturePolicy(logit_lens=4))
+    lazy_policy = CapturePolicy(logit_lens=4, lens_on_demand=True)
+    (lazy,) = run_staggered(tiny_lm, [(request, lazy_policy)])
+    for a, b in zip(lazy.records[:-1], eager[:-1]):
+        assert all(c.lens is None and c.resid.shape == (tiny_lm.spec.d_model,) for c in a.captures.values())
+        logit_lens(tiny_lm.model, a.captures, 4)
+        for i, c in b.captures.items():
+            assert [t for t, _ in a.captures[i].lens] == [t for t, _ in c.lens]
+            np.testing.assert_allclose([p for _, p in a.captures[i].lens], [p for _, p in c.lens], atol=1e-6)

@@ -84,3 +84,29 @@ def test_the_batch_cache_layout_is_the_runners_own(busy_room, tiny_lm):
     assert use["padded"] == len(rows) * widths.pop() and use["real"] == sum(r["real"] for r in rows)
     assert use["paged"] == sum(-(-r["real"] // 4) * 4 for r in rows) and use["real"] <= use["paged"]
     assert cache_rows(scheduler.room())                  # the page reads the last step that had rows
+
+
+def test_prefix_reuse_is_measured_and_reuses_the_shared_start(tiny_lm):
+    from engine.batch import measure_prefix_reuse
+
+    shared = tiny_prompt(60, seed=11)
+    first = GenerationRequest(shared + " w1 w2", chat=False)
+    other = GenerationRequest(shared + " w3 w4 w5", chat=False)
+    same = measure_prefix_reuse(tiny_lm, first, first, rounds=1)
+    tail = measure_prefix_reuse(tiny_lm, first, other, rounds=1)
+    assert same.reused_tokens == same.prompt_tokens - 1 and tail.reused_tokens == 60
+    assert same.ttft_cold > 0 and same.ttft_warm > 0 and tail.ttft_warm > 0
+
+
+def test_the_kv_page_measures_prefix_reuse_through_the_scheduler(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("PLAYGROUND_MODEL", str(tiny_model_dir))
+    monkeypatch.setenv("PLAYGROUND_DEVICE", "cpu")
+    monkeypatch.setenv("PLAYGROUND_DTYPE", "float32")
+    at = AppTest.from_file("../pages/kv_cache.py", default_timeout=120).run()
+    assert not at.exception, [e.value for e in at.exception]
+    at.button(key="kv.prefix.measure").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    results = at.session_state["kv.prefix.results"]
+    assert set(results) == {"same opening", "same prompt"}
+    assert results["same prompt"]["reused_tokens"] == results["same prompt"]["prompt_tokens"] - 1
+    assert any("TTFT" in c.value for c in at.caption)
