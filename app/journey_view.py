@@ -70,12 +70,12 @@ class ResultView:
         self.status.caption(status_line(run))
         m = run.metrics()
         reused = run.prefill.reused_tokens if run.prefill else 0
-        values = [("Time to first token", fmt_ms(m.ttft)), ("Inter-token latency", fmt_ms(m.itl)),
-                  ("Decode speed", fmt_rate(m.tokens_per_second)),
-                  ("Prompt tokens", f"{m.prompt_tokens:,}" + (f" ({reused:,} reused)" if reused else "")),
-                  ("Generated tokens", f"{m.generated_tokens:,}")]
-        for box, (label, value) in zip(self.metric_boxes, values):
-            box.metric(label, value)
+        values = [("Time to first token", fmt_ms(m.ttft), None), ("Inter-token latency", fmt_ms(m.itl), None),
+                  ("Decode speed", fmt_rate(m.tokens_per_second), None),
+                  ("Prompt tokens", f"{m.prompt_tokens:,}", f"{reused:,} reused" if reused else None),
+                  ("Generated tokens", f"{m.generated_tokens:,}", None)]
+        for box, (label, value, note) in zip(self.metric_boxes, values):
+            box.metric(label, value, delta=note, delta_color="off", delta_arrow="off")
         self.answer.text(run.text or "…")
         notes = [run.capture_note] if run.capture_note else []
         if reused:

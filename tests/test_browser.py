@@ -25,7 +25,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--no-first-run"]
 PAGES = [("", "Inference Playground"), ("journey", "The journey of a request"), ("attention", "Attention"),
          ("kv-cache", "The KV cache"), ("speed-lab", "Speed lab"), ("speed-cost", "Speed and cost on GPUs"),
-         ("batching", "Batching"), ("precision", "Precision"), ("quiz", "Quiz"), ("recordings", "Recordings")]
+         ("batching", "Batching"), ("room", "The room is the batch"), ("precision", "Precision"), ("quiz", "Quiz"),
+         ("recordings", "Recordings")]
 LAST_TEXT = {"": "paged against contiguous allocation", "journey": "Nothing generated yet",
              "attention": "Grouped-query attention:", "kv-cache": "Paging preempted"}
 LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 200   # ~2,000 tokens
@@ -236,3 +237,36 @@ def test_long_prompt_attention_renders_quickly(app_url, page):
     wait_idle(page)
     assert_no_exception(page)
     shot(page, "journey-2000-tokens")
+
+
+ROOM_PROMPTS = ("What is the capital of France?", "Name three prime numbers.", "Write a haiku about autumn.",
+                "What does a GPU do?")
+
+
+def test_four_sessions_generate_at_once_and_each_gets_its_own_answer(app_url, browser):
+    """Four browsers press Generate together; the batch serves them all, each with the answer it would get alone."""
+    from engine.generate import GenerationRequest, generate
+    from engine.loader import load_model
+
+    lm = load_model("default", device="cpu")
+    want = [list(generate(lm, GenerationRequest(p, max_new_tokens=12)))[-1].text for p in ROOM_PROMPTS]
+    contexts = [browser.new_context(viewport={"width": 1400, "height": 2400}) for _ in ROOM_PROMPTS]
+    pages = [c.new_page() for c in contexts]
+    try:
+        for pg, prompt in zip(pages, ROOM_PROMPTS):
+            pg.goto(f"{app_url}/journey")
+            wait_heading(pg, "The journey of a request")
+            set_number(pg, "Max new tokens", 12)
+            set_prompt(pg, prompt)
+        for pg in pages:
+            button(pg, "Generate").click()
+        for i, pg in enumerate(pages):
+            wait_text(pg, "Done:", 240)
+            wait_idle(pg)
+            assert_no_exception(pg)
+            answers = pg.get_by_test_id("stText").all_inner_texts()
+            assert want[i].strip() in [a.strip() for a in answers], (ROOM_PROMPTS[i], want[i], answers)
+            shot(pg, f"room-session-{i}")
+    finally:
+        for c in contexts:
+            c.close()

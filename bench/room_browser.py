@@ -1,0 +1,132 @@
+"""The room in a browser: one session alone, then N sessions pressing Generate together, in headless Chromium.
+
+    python bench/room_browser.py                 # 6 sessions, 48 new tokens, batched and one at a time
+    python bench/room_browser.py --sessions 6 --tokens 48 --modes batched
+
+For each mode the app is started as `make run` starts it (one at a time is PLAYGROUND_MAX_BATCH=1, how the
+server worked before continuous batching). One browser session on the journey page generates alone; then N
+sessions press Generate within a second of each other. Reported: the alone time, the time until the last of
+the N is done, and their ratio (the issue's target: <= 3x for 6 sessions). Writes bench/results/room_browser.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--no-first-run"]
+PROMPTS = ("What is the capital of France?", "Explain in one sentence why the sky is blue.",
+           "Write a haiku about autumn.", "What does a GPU do?", "Name three prime numbers.",
+           "Why do we need sleep?", "Give me a tip for learning to cook.", "What is a transformer?")
+RESULTS = ROOT / "bench" / "results" / "room_browser.json"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_app(env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [str(ROOT / ".venv" / "bin" / "python"), "-m", "streamlit", "run", "app/main.py", "--server.address",
+           "127.0.0.1", "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.read().strip() == b"ok":
+                    return proc, url
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("the app did not start")
+
+
+def prepare(browser, url: str, prompt: str, tokens: int):
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    page = context.new_page()
+    page.goto(f"{url}/journey")
+    page.get_by_role("heading", name="The journey of a request").first.wait_for(timeout=120_000)
+    box = page.get_by_role("spinbutton", name="Max new tokens").first
+    box.fill(str(tokens))
+    box.press("Enter")
+    prompt_box = page.get_by_role("textbox", name="Prompt").first
+    prompt_box.fill(prompt)
+    prompt_box.press("Control+Enter")
+    page.wait_for_timeout(1500)
+    return context, page
+
+
+def generate_button(page):
+    return page.get_by_test_id("stMainBlockContainer").get_by_role("button", name="Generate")
+
+
+def wait_done(page, timeout_s: float = 900) -> float:
+    page.get_by_text("Done:", exact=False).first.wait_for(timeout=timeout_s * 1000)
+    return time.perf_counter()
+
+
+def measure(browser, url: str, sessions: int, tokens: int) -> dict:
+    context, page = prepare(browser, url, PROMPTS[0], tokens)
+    generate_button(page).click()
+    t0 = time.perf_counter()
+    alone = wait_done(page) - t0
+    context.close()
+    prepared = [prepare(browser, url, PROMPTS[i % len(PROMPTS)], tokens) for i in range(sessions)]
+    t0 = time.perf_counter()
+    for _, pg in prepared:
+        generate_button(pg).click()
+    clicked = time.perf_counter() - t0
+    done = [wait_done(pg) - t0 for _, pg in prepared]
+    for ctx, _ in prepared:
+        ctx.close()
+    return {"alone_s": alone, "last_done_s": max(done), "first_done_s": min(done), "clicks_within_s": clicked,
+            "ratio_last_to_alone": max(done) / alone}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sessions", type=int, default=6)
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--modes", nargs="+", default=["one at a time", "batched"])
+    args = parser.parse_args(argv)
+    from playwright.sync_api import sync_playwright
+
+    env = {"one at a time": {"PLAYGROUND_MAX_BATCH": "1"}, "batched": {}}
+    report = {"what": f"{args.sessions} browser sessions press Generate together on the journey page "
+                      f"({args.tokens} new tokens, capture on), against one session alone",
+              "load_average": os.getloadavg(), "modes": {}}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        for mode in args.modes:
+            proc, url = start_app(env[mode])
+            try:
+                report["modes"][mode] = result = measure(browser, url, args.sessions, args.tokens)
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+            print(f"{mode:>14}: alone {result['alone_s']:.1f} s, last of {args.sessions} done after "
+                  f"{result['last_done_s']:.1f} s: {result['ratio_last_to_alone']:.2f}x", flush=True)
+        browser.close()
+    report["load_average_after"] = os.getloadavg()
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
