@@ -7,12 +7,14 @@ prompt box by the page; the scheduler checks it again when the request is submit
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from app.model import MODEL_ENV, current_slot
 from app.nav import HOME, PAGES, PageInfo
@@ -23,6 +25,8 @@ from engine.generate import GenerationRequest, check_context, encode_prompt, val
 from engine.limits import check_tokens
 from engine.loader import LoadedModel
 from engine.scheduler import QueueStatus, SessionLimitError, scheduler_for
+
+XSRF_COOKIE = "_streamlit_xsrf"     # set by Streamlit's server on the first page load, kept by the browser
 
 DEFAULT_PROMPT = "Explain in two sentences why the sky is blue."
 MAX_NEW_LIMIT = 512
@@ -225,19 +229,49 @@ def page_info(url_path: str) -> PageInfo | None:
 
 # --- the session on a shared server ---------------------------------------------------------------------
 
+_STREAMLIT_SESSIONS: dict[str, str] = {}     # our session id -> Streamlit's, to ask whether the tab is still there
+
+
 def session_id() -> str:
-    """This browser session's id for the scheduler (one request in flight per session)."""
+    """This browser tab's id for the scheduler (one request in flight per tab)."""
     if SESSION_KEY not in st.session_state:
         st.session_state[SESSION_KEY] = uuid.uuid4().hex
+        ctx = get_script_run_ctx()
+        if ctx is not None:
+            _STREAMLIT_SESSIONS[st.session_state[SESSION_KEY]] = ctx.session_id
     return st.session_state[SESSION_KEY]
 
 
+def person_id() -> str:
+    """Who is behind this tab: the browser's XSRF cookie (hashed), the same across reloads and tabs."""
+    try:
+        cookie = st.context.cookies.get(XSRF_COOKIE)
+    except Exception:  # noqa: BLE001 - no cookies outside a browser (tests, scripts)
+        cookie = None
+    if not isinstance(cookie, str) or not cookie:
+        return session_id()
+    return "p" + hashlib.sha256(cookie.encode()).hexdigest()[:16]
+
+
+def connected(session: str) -> bool:
+    """Is this Streamlit session still connected to the server? (True where there is no server to ask.)"""
+    from streamlit.runtime import Runtime
+
+    streamlit_id = _STREAMLIT_SESSIONS.get(session)
+    if streamlit_id is None or not Runtime.exists() or Runtime.instance().is_active_session(streamlit_id):
+        return True
+    _STREAMLIT_SESSIONS.pop(session, None)
+    return False
+
+
 def join_session(lm: LoadedModel | None) -> str | None:
-    """Count this session against the server's limit; the refusal message when the room is full."""
+    """Count this person against the server's limit; the refusal message when the room is full."""
     if lm is None:
         return None
+    scheduler = scheduler_for(lm)
+    scheduler.presence = connected
     try:
-        scheduler_for(lm).join(session_id())
+        scheduler.join(session_id(), person_id())
     except SessionLimitError as err:
         st.session_state[REFUSED_KEY] = True
         return f"The model is not available to this browser: {err}."

@@ -43,7 +43,7 @@ from engine.records import DoneRecord
 
 SERVICE_HISTORY = 20           # finished requests the mean service time averages over
 STEP_HISTORY = 400             # batch steps kept for the room view and the wait estimate
-SESSION_IDLE_SECONDS = 900.0   # a session unseen this long no longer counts against max_sessions
+SESSION_IDLE_SECONDS = 900.0   # a person unseen this long no longer counts against max_sessions
 TIMELINE_LENGTH = 200          # finished requests kept for `timeline()`
 _END = object()                # end of a handle's record stream
 
@@ -256,7 +256,9 @@ class Scheduler:
         self.prefix = PrefixCache(self.limits.prefix_cache_mb * 2**20)
         self._runner = self._new_runner()
         self._by_session: dict[str, Handle] = {}
-        self._sessions: dict[str, float] = {}
+        self._people: dict[str, float] = {}             # person -> last seen (monotonic)
+        self._person_of: dict[str, str] = {}            # browser session -> the person it belongs to
+        self.presence: Callable[[str], bool] | None = None   # is a browser session still connected? (set by the app)
         self._service: deque[float] = deque(maxlen=SERVICE_HISTORY)
         self._waits: deque[float] = deque(maxlen=SERVICE_HISTORY)
         self._steps: deque[StepInfo] = deque(maxlen=STEP_HISTORY)
@@ -272,31 +274,48 @@ class Scheduler:
 
     # --- sessions --------------------------------------------------------------------------------
 
-    def join(self, session: str) -> None:
-        """Count a browser session as present; SessionLimitError when the room is full."""
+    def join(self, session: str, person: str | None = None) -> None:
+        """Count a person as present (all of one browser's tabs and reloads are one person, when the app
+        says who it is); SessionLimitError when the room is full."""
         with self._cond:
-            self._join(session)
+            self._join(session, person)
 
     def leave(self, session: str) -> None:
         with self._cond:
-            self._sessions.pop(session, None)
+            person = self._person_of.pop(session, session)
+            if person not in self._person_of.values():
+                self._people.pop(person, None)
             handle = self._by_session.pop(session, None)
         if handle is not None:
             handle.cancel()
 
-    def _join(self, session: str) -> None:
+    def _join(self, session: str, person: str | None = None) -> None:
         now = time.monotonic()
-        for s, seen in list(self._sessions.items()):
-            if now - seen > SESSION_IDLE_SECONDS and s not in self._by_session:
-                del self._sessions[s]
-        if session not in self._sessions and len(self._sessions) >= self.limits.max_sessions:
-            oldest = min(self._sessions.values(), default=now)
-            back = max(1, round((oldest + SESSION_IDLE_SECONDS - now) / 60))
+        person = person or self._person_of.get(session, session)
+        self._prune(now)
+        if person not in self._people and len(self._people) >= self.limits.max_sessions:
+            back = max(1, round((min(self._people.values()) + SESSION_IDLE_SECONDS - now) / 60))
             raise SessionLimitError(
-                f"this server is already serving {self.limits.max_sessions} sessions, its limit; a place frees "
-                f"when someone closes their tab, at the latest in about {back} minute(s); meanwhile follow the "
+                f"this server already serves {self.limits.max_sessions} people, its limit of browser sessions; a "
+                "place frees as soon "
+                f"as someone closes their tab, and at the latest in {back} minute(s); meanwhile follow the "
                 "presenter's screen")
-        self._sessions[session] = now
+        self._person_of[session] = person
+        self._people[person] = now
+
+    def _prune(self, now: float) -> None:
+        """Forget browser sessions that are gone, and people with no session left or idle too long."""
+        if self.presence is not None:
+            for s in [s for s in self._person_of if s not in self._by_session and not self.presence(s)]:
+                del self._person_of[s]
+        present = set(self._person_of.values())
+        for p, seen in list(self._people.items()):
+            idle = now - seen > SESSION_IDLE_SECONDS and not any(
+                self._person_of.get(s) == p for s in self._by_session)
+            if p not in present or idle:
+                del self._people[p]
+                for s in [s for s, q in self._person_of.items() if q == p and s not in self._by_session]:
+                    del self._person_of[s]
 
     # --- submitting ------------------------------------------------------------------------------
 
@@ -458,7 +477,7 @@ class Scheduler:
     def stats(self) -> SchedulerStats:
         with self._cond:
             return replace(self._stats, queued=len(self._queue), running=len(self._running),
-                           max_batch=self.limits.max_batch, sessions=len(self._sessions),
+                           max_batch=self.limits.max_batch, sessions=len(self._people),
                            mean_service=statistics.fmean(self._service) if self._service else None,
                            mean_wait=statistics.fmean(self._waits) if self._waits else None,
                            step_seconds=self._step_seconds())
@@ -474,7 +493,7 @@ class Scheduler:
             now = time.perf_counter()
             members = tuple(self._member(h, slot, now) for h, slot in self._running.items())
             return RoomState(members, tuple(self._steps), len(self._queue), self.limits.max_batch,
-                             len(self._sessions), self._t0)
+                             len(self._people), self._t0)
 
     def _member(self, handle: Handle, slot: Slot | None, now: float) -> RoomMember:
         if handle.request is None or slot is None:

@@ -206,7 +206,7 @@ def test_a_full_queue_refuses_next_to_the_button_and_keeps_the_last_run(schedule
 def test_a_session_beyond_the_room_limit_gets_a_message_and_the_recordings(scheduler):
     scheduler.limits = replace(scheduler.limits, max_sessions=scheduler.stats().sessions)
     at = new_app()
-    assert any("already serving" in e.value for e in at.error)
+    assert any("already serves" in e.value for e in at.error)
     open_page(at, "journey.py")
     assert not has_button(at, "journey.generate")
     assert any("Recordings still work" in i.value for i in at.info)

@@ -192,6 +192,22 @@ def test_sessions_over_the_limit_are_refused_and_a_resubmit_replaces_the_old_req
     scheduler.join("c")                                                 # a left, so c fits now
 
 
+def test_the_room_counts_people_not_page_loads(make_scheduler):
+    """Reloads and tabs of one browser are one person; a tab that is gone frees its place at once."""
+    scheduler = make_scheduler(max_sessions=2)
+    connected = {"tab1", "tab2", "tab3", "other"}
+    scheduler.presence = lambda session: session in connected
+    for tab in ("tab1", "tab2", "tab3"):                        # one person reloading: three sessions
+        scheduler.join(tab, person="alice")
+    scheduler.join("other", person="bob")
+    assert scheduler.stats().sessions == 2
+    with pytest.raises(SessionLimitError, match="at the latest in 15 minute"):
+        scheduler.join("new", person="carol")
+    connected -= {"tab1", "tab2", "tab3"}                      # alice closed her tabs
+    scheduler.join("new", person="carol")
+    assert scheduler.stats().sessions == 2
+
+
 def test_a_resubmit_into_a_full_queue_replaces_the_old_request(tiny_lm, make_scheduler):
     scheduler = make_scheduler(max_queue=1, max_batch=1)
     running = scheduler.submit(long_request(tiny_lm, 200), CAPTURE_OFF, session="a")
