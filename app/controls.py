@@ -18,7 +18,8 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from app.model import MODEL_ENV, current_slot
 from app.nav import HOME, PAGES, PageInfo
-from app.presenter import (PENDING_KEY, SEEN_KEY, follow_page, presenter_board, push_button, pushed_view)
+from app.presenter import (PENDING_KEY, SEEN_KEY, TOKEN_KEY, follow_page, is_presenter, may_generate, new_broadcast,
+                           presenter_board, push_button, pushed_view)
 from app.run import LAST_RUN, Run, capture_policy, new_run, stream_generation
 from engine.errors import EngineError
 from engine.generate import GenerationRequest, check_context, encode_prompt, validate
@@ -134,8 +135,13 @@ def prepare(lm: LoadedModel, prompt: str, sampling: Sampling, chat: bool = True)
 
 def generate_button(ns: str, prepared: Prepared) -> tuple[bool, st.delta_generator.DeltaGenerator]:
     """The Generate button and an empty slot beside it where Stop appears while the answer streams."""
+    allowed = may_generate(st.session_state, presenter_board())
     left, right, _ = st.columns([1, 1, 5])
-    clicked = left.button("Generate", type="primary", key=f"{ns}.generate", disabled=prepared.error is not None)
+    clicked = left.button("Generate", type="primary", key=f"{ns}.generate",
+                          disabled=prepared.error is not None or not allowed)
+    if not allowed:
+        st.caption("The presenter runs the model for the room: their run appears here as it streams, and every "
+                   "page draws it. Generating your own is off until the presenter allows it.")
     return clicked, right.empty()
 
 
@@ -155,10 +161,14 @@ def run_live(lm: LoadedModel, prepared: Prepared, ns: str, stop_slot: st.delta_g
     stop_slot.button("Stop", key=f"{ns}.stop", help="Stops the answer where it is (or leaves the queue); what "
                                                     "streamed so far stays.")
 
+    board = presenter_board()
+
     def record(r: Run) -> None:
         if st.session_state.get(LAST_RUN) is not r:
             st.session_state[LAST_RUN] = r
             notice.empty()
+            if is_presenter(st.session_state, board):
+                board.broadcast(st.session_state.get(TOKEN_KEY), r)     # every follower watches this run
         on_record(r)
 
     def wait(status: QueueStatus) -> None:
@@ -313,6 +323,11 @@ def follow_presenter(here: str, ns: str, switch: Callable[[str], None]) -> None:
         switch(page)
 
     follow_page(st.session_state, board, ns, here, go)
+    run = new_broadcast(st.session_state, board)
+    if run is not None:                                    # the presenter's run becomes this session's run too
+        st.session_state[LAST_RUN] = run
+        if run.live and here != "journey":                 # still streaming: watch it on the journey page
+            go("journey")
 
 
 def presenter_push(ns: str, here: str, view: dict[str, int] | None = None) -> None:

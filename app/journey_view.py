@@ -89,6 +89,23 @@ class ResultView:
             self.timeline.plot(charts.timeline_figure(run.step_seconds()))
 
 
+WATCH_SECONDS = 0.25
+
+
+def watch_live(run: Run) -> None:
+    """Someone else's run (the presenter's) as it streams: redrawn four times a second, then the whole page."""
+    st.info("Watching the presenter's run as it streams. When it is done, every page draws it: explore the layers "
+            "and heads on your own.", icon=":material/cast:")
+
+    @st.fragment(run_every=WATCH_SECONDS)
+    def live() -> None:
+        if not run.live or run.done is not None:
+            st.rerun(scope="app")
+        if run.prefill is not None:
+            ResultView().update(run, final=True)
+    live()
+
+
 def status_line(run: Run) -> str:
     status = run.status
     if status == "running":

@@ -59,6 +59,26 @@ class PresenterBoard:
         self._lock = threading.Lock()
         self._latest: Push | None = None
         self._version = 0
+        self._live: Any = None             # the presenter's run as it streams (app.run.Run), for watchers
+        self._live_version = 0
+        self.followers_may_generate = True
+
+    def broadcast(self, token: str | None, run: Any) -> int:
+        """Share the presenter's run with every watcher; the same object keeps growing as it streams."""
+        self._authorize(token)
+        with self._lock:
+            self._live_version += 1
+            self._live = run
+            return self._live_version
+
+    def live(self) -> tuple[int, Any]:
+        """(version, run) of the presenter's latest run, or (0, None)."""
+        with self._lock:
+            return self._live_version, self._live
+
+    def allow_generate(self, token: str | None, allowed: bool) -> None:
+        self._authorize(token)
+        self.followers_may_generate = bool(allowed)
 
     @property
     def enabled(self) -> bool:
@@ -248,7 +268,11 @@ def presenter_box(board: PresenterBoard) -> None:
         st.toggle("Follow the presenter", value=True, key=FOLLOW_KEY,
                   help="When on, your page takes up what the presenter pushes; you can still change anything.")
         if is_presenter(state, board):
-            st.caption("You are the presenter: use the Push button on a page to share what you show.")
+            st.caption("You are the presenter: every run you generate streams to everyone who follows; the Push "
+                       "button on a page shares its prompt, settings and view.")
+            allowed = st.toggle("Followers may generate their own runs", value=board.followers_may_generate,
+                                key="presenter.allow_generate")
+            board.allow_generate(state.get(TOKEN_KEY), allowed)
             return
         token = st.text_input("Presenter token", type="password", key="presenter.token_input")
         if token and not unlock(state, board, token):
@@ -272,3 +296,22 @@ def push_button(board: PresenterBoard, ns: str, here: str, view: Mapping[str, An
         return None
     st.success(f"Pushed (version {push.version}).")
     return push
+
+
+# --- watching the presenter's run ------------------------------------------------------------------------
+
+WATCHED_KEY = "presenter.watched"
+
+
+def new_broadcast(state: MutableMapping[str, Any], board: PresenterBoard) -> Any:
+    """The presenter's run when this session follows and has not taken it up yet (it is marked taken)."""
+    version, run = board.live()
+    if run is None or not following(state) or is_presenter(state, board) or version <= state.get(WATCHED_KEY, 0):
+        return None
+    state[WATCHED_KEY] = version
+    return run
+
+
+def may_generate(state: Mapping[str, Any], board: PresenterBoard) -> bool:
+    """Followers run the model themselves unless the presenter keeps it for the room's one run."""
+    return not board.enabled or is_presenter(state, board) or board.followers_may_generate

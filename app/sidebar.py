@@ -10,12 +10,13 @@ import torch
 
 from app.format import fmt_bytes
 from app.model import model_choice
-from app.presenter import SEEN_KEY, following, is_presenter, presenter_board, presenter_box, unlock
+from app.presenter import (SEEN_KEY, WATCHED_KEY, following, is_presenter, presenter_board, presenter_box,
+                           unlock)
 from engine.card import kv_bytes_per_token, param_counts
 from engine.loader import LoadedModel
 from engine.scheduler import scheduler_for
 
-PRESENTER_POLL_SECONDS = 3
+PRESENTER_POLL_SECONDS = 1
 
 
 def memory_rows(lm: LoadedModel) -> list[tuple[str, str]]:
@@ -70,10 +71,15 @@ def render_sidebar(lm: LoadedModel | None) -> None:
 @st.fragment(run_every=PRESENTER_POLL_SECONDS)
 def watch_presenter() -> None:
     """Every few seconds: rerun the whole page when the presenter pushed something this session has not seen."""
-    push = presenter_board().latest()
+    board = presenter_board()
+    state = st.session_state
+    live_version, _ = board.live()
+    if following(state) and not is_presenter(state, board) and live_version > state.get(WATCHED_KEY, 0):
+        st.rerun(scope="app")                               # the presenter started a run: watch it
+    push = board.latest()
     if push is None:
         return
-    if following(st.session_state) and push.version > st.session_state.get(SEEN_KEY, 0):
+    if following(state) and push.version > state.get(SEEN_KEY, 0):
         st.rerun(scope="app")
     if push.note:
         st.text(f"Presenter: {push.note}")

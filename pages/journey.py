@@ -42,6 +42,9 @@ result = view.ResultView()
 if clicked:
     run_live(lm, prepared, "journey", stop_slot, result.update, capture, notice)
 run = last_run()
+if not clicked and run is not None and run.live and run.done is None:      # the presenter's run, streaming
+    view.watch_live(run)
+    st.stop()
 if run is None or run.prefill is None:
     st.caption("Nothing generated yet.")
     st.stop()

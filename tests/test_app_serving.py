@@ -324,6 +324,43 @@ def test_a_follower_adopts_the_presenters_push_once_and_keeps_exploring(board):
     assert follower.text_area(key="journey.prompt").value == "w1 w2 my own"      # adopted once only
 
 
+def test_followers_watch_the_presenters_run_without_running_the_model(board, scheduler):
+    lead, followers = new_app(), [new_app() for _ in range(3)]
+    lead.text_input(key="presenter.token_input").input(TOKEN).run()
+    lead.toggle(key="presenter.allow_generate").set_value(False).run()
+    for f in followers:
+        open_page(f, "attention.py")
+        assert f.button(key="attention.generate").disabled                    # the presenter keeps the model
+    submitted = scheduler.stats().submitted
+    generate_on(open_page(lead, "journey.py"), "journey", tiny_prompt(6), 5)
+    run = lead.session_state["last_run"]
+    for f in followers:
+        f.run()
+        assert_clean(f)
+        assert f.session_state["last_run"] is run                               # the presenter's, not a copy
+        open_page(f, "attention.py")
+        assert f.title[0].value == "Attention"
+        assert f"produce '{run.tokens[-1].text}'" in " ".join(texts(f))              # its charts draw that run
+    assert scheduler.stats().submitted == submitted + 1                         # one model run for the room
+    lead.toggle(key="presenter.allow_generate").set_value(True).run()
+    assert not open_page(followers[0], "journey.py").button(key="journey.generate").disabled
+
+
+def test_a_watcher_sees_the_presenters_run_while_it_streams(board):
+    from app.run import Run
+
+    follower = open_page(new_app(), "journey.py")
+    live = Run(model="m", spec=None, request=None, policy=None)                  # a run that has not streamed yet
+    board.broadcast(TOKEN, live)
+    follower.run()
+    assert_clean(follower)
+    assert any("Watching the presenter's run" in i.value for i in follower.info)
+    assert follower.session_state["last_run"] is live
+    live.live = False                                                            # it ended: the page draws it
+    follower.run()
+    assert_clean(follower) and not any("Watching" in i.value for i in follower.info)
+
+
 def test_a_pushed_layer_and_head_reach_a_followers_attention_page(board):
     lead, follower = new_app(), new_app()
     lead.text_input(key="presenter.token_input").input(TOKEN).run()
