@@ -516,6 +516,7 @@ class Projection:
     users_that_fit: int          # per replica, at `context`, with the server's headroom
     users_that_fit_ideal: int    # the same with all of the card for weights + KV
     prefill_flops: float         # the whole batch's prompts
+    decode_flops: float          # one decode step of the batch
     prefill_intensity: float     # FLOPs per byte moved
     decode_intensity: float
     ridge_point: float           # FLOPs per byte where one GPU's roofline bends
@@ -590,7 +591,7 @@ def _intensity_fields(cm: CostModel, batch: int, context: int, prompt: int, gpu:
     kv_tokens = batch * cm.effective_tokens(context)
     prompts = [prompt] * batch
     return dict(
-        prefill_flops=cm.prefill_step_flops(prompts),
+        prefill_flops=cm.prefill_step_flops(prompts), decode_flops=cm.decode_step_flops(batch, kv_tokens),
         prefill_intensity=cm.prefill_step_flops(prompts) / cm.prefill_bytes(prompts),
         decode_intensity=cm.decode_step_flops(batch, kv_tokens) / cm.decode_bytes(kv_tokens, batch),
         ridge_point=ridge_point(gpu, weight_dtype),

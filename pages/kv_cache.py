@@ -44,7 +44,7 @@ st.subheader("2. How many users fit on one GPU")
 choice = view.calculator_inputs(spec, label)
 view.calculator_section(choice)
 
-st.subheader("3. Grouped-query against full multi-head attention")
+st.subheader("3. What the attention design saves: grouped-query, latent attention, windows")
 view.gqa_vs_mha_section(choice)
 
 st.subheader("4. Paged against contiguous allocation")
