@@ -35,11 +35,11 @@ def users_figure(contexts: list[int], users: list[int], chosen: int, ideal: list
     fig = go.Figure()
     xs = [fmt_tokens(c) for c in contexts]
     if ideal is not None:
-        fig.add_bar(x=xs, y=[max(u, 0.5) for u in ideal], name="all of the card", marker_color="#cccccc",
+        fig.add_bar(x=xs, y=[u or None for u in ideal], name="all of the card", marker_color="#cccccc",
                     text=[f"{u:,}" for u in ideal], textposition="outside", cliponaxis=False,
                     hovertemplate="%{x} tokens: %{text} users with all of the card<extra></extra>")
     colors = ["#e8833a" if c == chosen else "#3a7be8" for c in contexts]
-    fig.add_bar(x=xs, y=[max(u, 0.5) for u in users], name="a server's share", marker_color=colors,
+    fig.add_bar(x=xs, y=[u or None for u in users], name="a server's share", marker_color=colors,
                 text=[f"{u:,}" for u in users], textposition="outside", cliponaxis=False,
                 hovertemplate="%{x} tokens: %{text} users<extra></extra>")
     fig.update_yaxes(type="log", title="users that fit", tickvals=[1, 10, 100, 1000, 10000])

@@ -14,7 +14,8 @@ from app.run import Run, Throttle
 from app.view import ChartSlot, plot
 from engine.card import kv_bytes_per_token, kv_bytes_per_user
 from engine.paging import PagingConfig, compare
-from engine.projection import IDEAL, memory_plan, users_table, users_that_fit
+from engine.projection import (GPU_COUNTS, IDEAL, Layout, memory_plan, smallest_layout, standard_layout,
+                               users_table, users_that_fit)
 from engine.specs import GPU_PRESETS, MODEL_PRESETS, ModelSpec, dtype_bytes
 
 CALC_MODELS = ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b", "mistral-7b-v0.1",
@@ -107,53 +108,72 @@ class Choice:
     weight_dtype: str
     gpu_key: str
     context: int
+    layout: Layout = Layout()
+
+
+def gpus_label(n: int) -> str:
+    return f"{n} GPU{'s' if n > 1 else ''}" + (f" ({n // 8} nodes)" if n > 8 else "")
 
 
 def calculator_inputs(loaded: ModelSpec, label: str) -> Choice:
     specs = {"loaded": loaded, **{k: MODEL_PRESETS[k] for k in CALC_MODELS}}
     names = {"loaded": f"{label} (loaded)", **{k: MODEL_PRESETS[k].name for k in CALC_MODELS}}
-    cols = st.columns(4)
+    cols = st.columns([3, 2, 2])
     model = cols[0].selectbox("Model", list(specs), index=1, format_func=names.get, key="kv.model")
-    kv = cols[1].segmented_control("Cache dtype", list(CACHE_DTYPES), default="BF16", key="kv.cache_dtype",
+    gpu = cols[1].selectbox("GPU", list(GPU_PRESETS), format_func=lambda k: GPU_PRESETS[k].name, key="kv.gpu")
+    n = cols[2].selectbox("GPUs", GPU_COUNTS, format_func=gpus_label, key="kv.gpus",
+                          help="Tensor parallel inside a node of 8 (weights and KV heads split), then 8-GPU pipeline stages.")
+    cols = st.columns(2)
+    kv = cols[0].segmented_control("Cache dtype", list(CACHE_DTYPES), default="BF16", key="kv.cache_dtype",
                                    required=True)
-    weights = cols[2].segmented_control("Weights dtype", list(CACHE_DTYPES), default="BF16", key="kv.weight_dtype",
+    weights = cols[1].segmented_control("Weights dtype", list(CACHE_DTYPES), default="BF16", key="kv.weight_dtype",
                                         required=True)
-    gpu = cols[3].selectbox("GPU", list(GPU_PRESETS), format_func=lambda k: GPU_PRESETS[k].name, key="kv.gpu")
     context = context_input()
-    return Choice(specs[model], CACHE_DTYPES[kv or "BF16"], CACHE_DTYPES[weights or "BF16"], gpu, context)
+    return Choice(specs[model], CACHE_DTYPES[kv or "BF16"], CACHE_DTYPES[weights or "BF16"], gpu, context,
+                  standard_layout(int(n)))
 
 
 def calculator_section(choice: Choice) -> None:
-    spec, gpu, ctx = choice.spec, GPU_PRESETS[choice.gpu_key], choice.context
-    plan = memory_plan(spec, gpu, choice.weight_dtype, choice.kv_dtype, 1, ctx)
+    spec, gpu, ctx, layout = choice.spec, GPU_PRESETS[choice.gpu_key], choice.context, choice.layout
+    plan = memory_plan(spec, gpu, choice.weight_dtype, choice.kv_dtype, 1, ctx, layout)
     beyond = ctx > spec.max_context
-    users = users_that_fit(spec, gpu, ctx, choice.weight_dtype, choice.kv_dtype)
-    ideal = users_that_fit(spec, gpu, ctx, choice.weight_dtype, choice.kv_dtype, IDEAL)
-    cols = st.columns(6)
-    cols[0].metric("KV cache per token", fmt_bytes(kv_bytes_per_token(spec, choice.kv_dtype), binary=True),
-                   help="while the token is inside every layer's window")
-    cols[1].metric(f"Cache per user at {fmt_tokens(ctx)}", fmt_bytes(plan.kv_per_user, binary=True))
-    cols[2].metric("Weights", fmt_bytes(plan.weights))
-    cols[3].metric("Left for the cache", fmt_bytes(max(0.0, plan.usable - plan.weights), binary=True),
-                   help=f"{fmt_bytes(plan.usable)} a server fills (90% of the card, less "
-                        f"{fmt_bytes(plan.reserve)} of CUDA context and activation workspace), minus the weights")
-    cols[4].metric("Users that fit", "–" if beyond else f"{users:,}", help="with a server's headroom")
-    cols[5].metric("With all of the card", "–" if beyond else f"{ideal:,}",
-                   help="the seed's best case: weights and cache get every byte")
+    users = users_that_fit(spec, gpu, ctx, choice.weight_dtype, choice.kv_dtype, layout=layout)
+    ideal = users_that_fit(spec, gpu, ctx, choice.weight_dtype, choice.kv_dtype, IDEAL, layout)
+    each = " per GPU" if layout.per_replica > 1 else ""
+    top, low = st.columns(3), st.columns(3)
+    top[0].metric("KV cache per token", fmt_bytes(kv_bytes_per_token(spec, choice.kv_dtype), binary=True),
+                  help="while the token is inside every layer's window")
+    top[1].metric(f"Cache per user at {fmt_tokens(ctx)}", fmt_bytes(kv_bytes_per_user(spec, ctx, choice.kv_dtype),
+                                                                     binary=True))
+    top[2].metric("Weights" + each, fmt_bytes(plan.weights))
+    low[0].metric("Left for the cache" + each, fmt_bytes(max(0.0, plan.usable - plan.weights), binary=True),
+                  help=f"{fmt_bytes(plan.usable)} a server fills (90% of the card, less "
+                       f"{fmt_bytes(plan.reserve)} of CUDA context and activation workspace), minus the weights")
+    low[1].metric("Users that fit", "–" if beyond else f"{users:,}", help="with a server's headroom")
+    low[2].metric("With all of the card", "–" if beyond else f"{ideal:,}",
+                  help="the seed's best case: weights and cache get every byte")
     st.text(formula_text(spec, choice.kv_dtype))
     if beyond:
         st.error(f"{spec.name} reads at most {fmt_tokens(spec.max_context)} tokens: a longer context is not something "
                  "it can serve, so it is not counted.")
     elif plan.weights > plan.usable:
-        st.warning(f"The weights alone ({fmt_bytes(plan.weights)}) do not fit in the {fmt_bytes(plan.usable)} a server "
-                   f"fills on one {gpu.name}: this model needs several GPUs or fewer bytes per weight (see the cost page).")
+        st.warning(weights_warning(choice, plan.weights, plan.usable))
     users_table_section(choice)
+
+
+def weights_warning(choice: Choice, weights: float, usable: float) -> str:
+    gpu = GPU_PRESETS[choice.gpu_key]
+    need = smallest_layout(choice.spec, gpu, choice.weight_dtype, choice.kv_dtype, 1,
+                           min(choice.context, choice.spec.max_context))
+    hint = f"at least {need.describe()}" if need else "more GPUs than this calculator offers"
+    return (f"The weights alone ({fmt_bytes(weights)} per GPU) do not fit in the {fmt_bytes(usable)} a server fills on "
+            f"one {gpu.name}: {choice.spec.name} needs {hint} in {choice.weight_dtype.upper()}, or fewer bytes per weight.")
 
 
 def users_table_section(choice: Choice) -> None:
     spec, gpu = choice.spec, GPU_PRESETS[choice.gpu_key]
     contexts = sorted(set(CONTEXT_OPTIONS) | {choice.context})
-    rows = users_table(spec, gpu, choice.kv_dtype, choice.weight_dtype, contexts)
+    rows = users_table(spec, gpu, choice.kv_dtype, choice.weight_dtype, contexts, choice.layout)
     served = [r.context <= spec.max_context for r in rows]
     left, right = st.columns([2, 3])
     left.dataframe({"context": [fmt_tokens(r.context) for r in rows],
@@ -165,7 +185,7 @@ def users_table_section(choice: Choice) -> None:
     with right:
         plot(charts.users_figure([r.context for r in shown], [r.users for r in shown], choice.context,
                                  [r.users_ideal for r in shown]), key="kv.users_chart")
-    st.caption(f"{gpu.name}: {gpu.memory_gb:g} GB of memory (counted as GiB, the way the card reports it). A server "
+    st.caption(f"{gpu.name}: {gpu.memory_gb:g} GB of memory per GPU (counted as GiB, the way the card reports it). A server "
                "fills 90% of it (vLLM's default) and keeps its CUDA context and an activation workspace out; the rest, "
                "less the weights, is shared out as KV cache (blue). Grey: the seed's best case, all of the card."
                + ("" if all(served) else f" Contexts beyond {spec.name}'s {fmt_tokens(spec.max_context)} maximum are "
@@ -209,7 +229,8 @@ def gqa_vs_mha_section(choice: Choice) -> None:
     gpu, ctx = GPU_PRESETS[choice.gpu_key], min(choice.context, choice.spec.max_context)
     variants = attention_variants(choice.spec)
     per_user = [kv_bytes_per_user(s, ctx, choice.kv_dtype) for _, s in variants]
-    users = [users_that_fit(s, gpu, ctx, choice.weight_dtype, choice.kv_dtype) for _, s in variants]
+    users = [users_that_fit(s, gpu, ctx, choice.weight_dtype, choice.kv_dtype, layout=choice.layout)
+             for _, s in variants]
     plot(charts.gqa_mha_figure([label for label, _ in variants], per_user, users, fmt_tokens(ctx)), key="kv.gqa_mha")
     st.text(savings_text(choice.spec, choice.kv_dtype, ctx) + f" At {fmt_tokens(ctx)} tokens: "
             + ", ".join(f"{label} {fmt_bytes(b, binary=True)} per user, {u:,} users" for (label, _), b, u

@@ -41,9 +41,10 @@ def speed_metrics(p: Projection) -> None:
 
 
 def explain(p: Projection) -> str:
-    return (f"A decode step moves {(p.weight_bytes_read + p.kv_bytes_total) / 1e9:,.2f} GB (the weights it needs once, "
-            f"plus the KV cache of {'the one user' if p.batch == 1 else f'all {p.batch} users'}) and does "
-            f"{p.decode_intensity:,.1f} FLOPs per byte; the GPU needs {p.ridge_point:,.0f} FLOPs per byte to be busy "
+    spread = f" over its {p.gpus_per_replica} GPUs" if p.gpus_per_replica > 1 else ""
+    return (f"A decode step moves {(p.weight_bytes_read + p.kv_bytes_total) / 1e9:,.2f} GB{spread} (the weights it needs "
+            f"once, plus the KV cache of {'the one user' if p.batch == 1 else f'all {p.batch} users'}) and does "
+            f"{p.decode_intensity:,.1f} FLOPs per byte; a GPU needs {p.ridge_point:,.0f} FLOPs per byte to be busy "
             f"computing. So the step uses {p.decode_flops_utilization:.1%} of the peak FLOP/s: memory "
             f"({fmt_ms(p.decode_memory_ms / 1e3)}) against compute ({fmt_ms(p.decode_compute_ms / 1e3)}). Batching "
             "raises the FLOPs per byte read: the weight read is shared by every user in the batch.")

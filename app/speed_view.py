@@ -6,7 +6,7 @@ Measured figures are always introduced by MEASURED; projected ones by `projected
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterator
 
 import streamlit as st
@@ -14,7 +14,7 @@ import streamlit as st
 from app.format import fmt_bytes, fmt_tokens
 from engine.loader import LoadedModel
 from engine.projection import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_DOLLARS_PER_HOUR, DEFAULT_FLOPS_EFFICIENCY,
-                               Layout, Projection, project)
+                               GPU_COUNTS, Layout, Projection, project, standard_layout)
 from engine.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec
 from engine.speedlab import DeviceRoof, measure_roof
 
@@ -89,33 +89,29 @@ def precision_pickers(ns: str, cols) -> tuple[str, str]:
     return WEIGHTS[weights or "BF16"], KV[kv or "BF16"]
 
 
-GPUS_PER_REPLICA = {1: Layout(1), 2: Layout(2), 4: Layout(4), 8: Layout(8), 16: Layout(8, 2), 24: Layout(8, 3),
-                    32: Layout(8, 4), 64: Layout(8, 8)}
-
-
 def layout_label(n: int) -> str:
-    layout = GPUS_PER_REPLICA[n]
+    layout = standard_layout(n)
     return f"{n}" if layout.pipeline == 1 else f"{n} ({layout.pipeline} nodes)"
 
 
 def layout_controls(ns: str, cols) -> Layout:
     """GPUs per replica (tensor parallel inside a node of 8, pipeline stages across nodes) and replicas."""
-    n = cols[0].select_slider("GPUs per replica", list(GPUS_PER_REPLICA), value=1, format_func=layout_label,
+    n = cols[0].select_slider("GPUs per replica", GPU_COUNTS, value=1, format_func=layout_label,
                               key=f"{ns}.gpus", help="Up to 8: tensor parallel inside one node (NVLink). Beyond: "
                               "8-GPU nodes in a pipeline, each holding consecutive layers.")
     replicas = cols[1].number_input("Replicas (data parallel)", 1, 64, 1, key=f"{ns}.replicas",
                                     help="Independent copies of the model, each serving its own batch of users.")
-    return replace(GPUS_PER_REPLICA[n], replicas=int(replicas))
+    return standard_layout(int(n), int(replicas))
 
 
 def hardware_controls(ns: str, lm: LoadedModel | None, full: bool = True) -> HardwareChoice:
     """Model, GPU and precisions; with `full`, also GPUs, batch, context, output length, efficiencies and price."""
-    top = st.columns([3, 3, 4, 2])
+    top = st.columns(2)
     spec, gpu = model_picker(ns, lm, top[0]), gpu_picker(ns, top[1])
-    weights, kv = precision_pickers(ns, top[2:])
+    weights, kv = precision_pickers(ns, st.columns([3, 2]))
     if not full:
         return HardwareChoice(spec, gpu, weights, kv)
-    layout = layout_controls(ns, st.columns([3, 2, 5]))
+    layout = layout_controls(ns, st.columns([3, 2]))
     mid = st.columns(4)
     batch = mid[0].select_slider("Batch size (users at once, per replica)", [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
                                  value=1, key=f"{ns}.batch")

@@ -142,6 +142,18 @@ class Layout:
             raise ValueError("replicas must be at least 1")
 
 
+GPU_COUNTS = (1, 2, 4, 8, 16, 24, 32, 64)
+
+
+def standard_layout(gpus: int, replicas: int = 1) -> Layout:
+    """`gpus` per replica the usual way: tensor parallel inside a node of 8, then 8-GPU pipeline stages."""
+    if gpus <= GPUS_PER_NODE:
+        return Layout(gpus, 1, replicas)
+    if gpus % GPUS_PER_NODE:
+        raise ValueError(f"beyond one node, GPUs per replica come in whole nodes of {GPUS_PER_NODE}")
+    return Layout(GPUS_PER_NODE, gpus // GPUS_PER_NODE, replicas)
+
+
 @dataclass(frozen=True)
 class Headroom:
     """What a serving engine leaves out of weights + KV cache on each GPU."""
@@ -451,7 +463,7 @@ def fit_suggestions(spec: ModelSpec, gpu: GPUSpec, weight_dtype: str, kv_dtype: 
         out.append(f"{bigger.describe()} per replica")
     for lower in WEIGHT_ORDER[WEIGHT_ORDER.index(compute_order(weight_dtype)) + 1:]:
         if memory_plan(spec, gpu, lower, kv_dtype, batch, ctx, layout, headroom).fits:
-            out.append(f"{lower.upper()} weights ({_gb(weight_bytes(spec, lower))}) on the same {layout.describe()}")
+            out.append(f"{lower.upper()} weights ({_gb(weight_bytes(spec, lower))}) on {layout.describe()}")
             break
     if dtype_bytes(kv_dtype) > 1 and memory_plan(spec, gpu, weight_dtype, "fp8", batch, ctx, layout, headroom).fits:
         out.append("an FP8 KV cache")

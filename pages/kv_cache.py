@@ -40,7 +40,7 @@ if run is not None:
 else:
     st.caption("Generate (or open a recording) to see the cache of a real run.")
 
-st.subheader("2. How many users fit on one GPU")
+st.subheader("2. How many users fit on your GPUs")
 choice = view.calculator_inputs(spec, label)
 view.calculator_section(choice)
 

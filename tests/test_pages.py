@@ -18,7 +18,8 @@ from conftest import TINY_CONFIG, tiny_prompt
 from app import attention as att
 from app.format import fmt_tokens, parse_tokens
 from app.run import capture_policy
-from engine.specs import MODEL_PRESETS
+from engine.projection import Layout, users_that_fit
+from engine.specs import GPU_PRESETS, MODEL_PRESETS
 
 MAIN = "../app/main.py"
 TIMEOUT = 60
@@ -220,6 +221,14 @@ def test_kv_page_shows_latent_attention_and_windows_and_flags_long_contexts(app)
     assert metric(at, "KV cache per token") == "68.62 KiB"                           # 70,272 bytes
     assert any("(512 latent + 64 RoPE dims" in t.value for t in at.text)
     assert any("71× smaller" in t.value for t in at.text)                            # against plain MHA
+    assert metric(at, "Users that fit") == "0" and any("at least 24 GPUs" in w.value for w in at.warning)
+    at.selectbox(key="kv.gpu").set_value("h200")
+    at.selectbox(key="kv.gpus").set_value(8)
+    at.segmented_control(key="kv.weight_dtype").set_value("FP8").run()
+    assert_clean(at)
+    spec, gpu = MODEL_PRESETS["deepseek-v3"], GPU_PRESETS["h200"]
+    users = users_that_fit(spec, gpu, 8192, "fp8", "bf16", layout=Layout(8))
+    assert users > 50 and metric(at, "Users that fit") == f"{users:,}"
     at.selectbox(key="kv.model").set_value("gemma-2-9b").run()
     assert any("21 of 42 layers keep only the last 4,095 tokens" in t.value for t in at.text)
     at.text_input(key="kv.context_text").set_value("32K").run()
