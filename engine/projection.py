@@ -25,7 +25,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Sequence
 
-from engine.card import (active_param_counts, cached_layer_tokens, expected_experts_touched, expert_bytes,
+from engine.card import (active_param_counts, cached_layer_tokens, expert_bytes,
                          kv_bytes_per_token, kv_bytes_per_user, lm_head_params, matmul_params_per_token,
                          param_counts, weight_bytes)
 from engine.specs import GPUSpec, ModelSpec, dtype_bytes
