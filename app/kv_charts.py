@@ -29,27 +29,34 @@ def growth_figure(states: list[CacheState], bytes_per_token: float) -> go.Figure
     return fig
 
 
-def users_figure(contexts: list[int], users: list[int], chosen: int) -> go.Figure:
-    """Users that fit against context length (log scale); the chosen context highlighted."""
+def users_figure(contexts: list[int], users: list[int], chosen: int, ideal: list[int] | None = None) -> go.Figure:
+    """Users that fit against context length (log scale), with a server's headroom (blue; the chosen context
+    orange) beside the best case of all of the card (grey)."""
+    fig = go.Figure()
+    xs = [fmt_tokens(c) for c in contexts]
+    if ideal is not None:
+        fig.add_bar(x=xs, y=[u or None for u in ideal], name="all of the card", marker_color="#cccccc",
+                    text=[f"{u:,}" for u in ideal], textposition="outside", cliponaxis=False,
+                    hovertemplate="%{x} tokens: %{text} users with all of the card<extra></extra>")
     colors = ["#e8833a" if c == chosen else "#3a7be8" for c in contexts]
-    fig = go.Figure(go.Bar(x=[fmt_tokens(c) for c in contexts], y=[max(u, 0.5) for u in users], marker_color=colors,
-                           text=[f"{u:,}" for u in users], textposition="outside", cliponaxis=False,
-                           hovertemplate="%{x} tokens: %{text} users<extra></extra>"))
+    fig.add_bar(x=xs, y=[u or None for u in users], name="a server's share", marker_color=colors,
+                text=[f"{u:,}" for u in users], textposition="outside", cliponaxis=False,
+                hovertemplate="%{x} tokens: %{text} users<extra></extra>")
     fig.update_yaxes(type="log", title="users that fit", tickvals=[1, 10, 100, 1000, 10000])
     fig.update_xaxes(type="category", title="context per user (tokens)")
-    fig.update_layout(height=340, margin=dict(l=0, r=0, t=20, b=0))
+    fig.update_layout(height=340, margin=dict(l=0, r=0, t=20, b=0), barmode="group", showlegend=False)
     return fig
 
 
-def gqa_mha_figure(labels: tuple[str, str], per_token: tuple[float, float], users: tuple[int, int]) -> go.Figure:
-    """Two bars per panel: KV bytes per token, and users that fit, for GQA and full multi-head attention."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("KV cache per token", "users that fit"))
-    colors = ["#3a7be8", "#bbbbbb"]
-    fig.add_bar(x=list(labels), y=list(per_token), marker_color=colors, text=[fmt_bytes(b, binary=True) for b in per_token],
-                textposition="outside", cliponaxis=False, row=1, col=1)
+def gqa_mha_figure(labels: list[str], per_user: list[float], users: list[int], context: str) -> go.Figure:
+    """Bars per attention variant: KV cache per user at the context, and users that fit."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(f"KV cache per user at {context}", "users that fit"))
+    colors = ["#3a7be8"] + ["#bbbbbb"] * (len(labels) - 1)
+    fig.add_bar(x=list(labels), y=list(per_user), marker_color=colors,
+                text=[fmt_bytes(b, binary=True) for b in per_user], textposition="outside", cliponaxis=False, row=1, col=1)
     fig.add_bar(x=list(labels), y=list(users), marker_color=colors, text=[f"{u:,}" for u in users],
                 textposition="outside", cliponaxis=False, row=1, col=2)
-    fig.update_layout(height=300, showlegend=False, margin=dict(l=0, r=0, t=30, b=0))
+    fig.update_layout(height=320, showlegend=False, margin=dict(l=0, r=0, t=30, b=0))
     fig.update_yaxes(showticklabels=False)
     return fig
 

@@ -1,5 +1,6 @@
-"""Sections of the KV-cache page: the live cache of a real run, the users calculator, GQA against MHA,
-and the paging simulation. Numbers come from engine/card.py, engine/projection.py and engine/paging.py.
+"""Sections of the KV-cache page: the live cache of a real run, the users calculator (with a server's headroom and
+with all of the card), what grouped-query attention, latent attention and windows save, and the paging simulation.
+Numbers come from engine/card.py, engine/projection.py and engine/paging.py.
 """
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from app import kv_charts as charts
 from app.format import fmt_bytes, fmt_tokens, parse_tokens
 from app.run import Run, Throttle
 from app.view import ChartSlot, plot
-from engine.card import kv_bytes_per_token, weight_bytes
+from engine.card import kv_bytes_per_token, kv_bytes_per_user
 from engine.paging import PagingConfig, compare
-from engine.projection import gpu_memory_bytes, users_table, users_that_fit
+from engine.projection import (GPU_COUNTS, IDEAL, Layout, memory_plan, smallest_layout, standard_layout,
+                               users_table, users_that_fit)
 from engine.specs import GPU_PRESETS, MODEL_PRESETS, ModelSpec, dtype_bytes
 
-CALC_MODELS = ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b")
+CALC_MODELS = ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b", "mistral-7b-v0.1",
+               "gemma-2-9b", "gemma-3-27b", "mixtral-8x7b", "qwen3-30b-a3b", "llama-4-scout", "deepseek-v3")
 CACHE_DTYPES = {"BF16": "bf16", "FP8": "fp8", "INT4": "int4"}
 CONTEXT_OPTIONS = (1024, 2048, 4096, 8192, 10240, 16384, 32768, 65536, 102400, 131072)
 CONTEXT_PRESETS = (1024, 10240, 102400, 131072)
@@ -24,11 +27,19 @@ CTX, CTX_TEXT, CTX_SLIDER, CTX_ERROR = "kv.context", "kv.context_text", "kv.cont
 
 
 def formula_text(spec: ModelSpec, dtype: str) -> str:
-    """2 x layers x kv_heads x head_dim x bytes, with the numbers filled in."""
+    """Bytes one token adds to the cache, with the numbers filled in: K and V per KV head, or MLA's latent."""
     b = dtype_bytes(dtype)
     total = kv_bytes_per_token(spec, dtype)
-    return (f"2 (K and V) × {spec.n_layers} layers × {spec.n_kv_heads} KV heads × {spec.head_dim} dims × "
-            f"{b:g} bytes ({dtype}) = {total:,.0f} bytes per token")
+    if spec.is_mla:
+        text = (f"({spec.kv_lora_rank} latent + {spec.qk_rope_head_dim} RoPE dims, shared by all {spec.n_heads} heads) "
+                f"× {spec.n_layers} layers × {b:g} bytes ({dtype}) = {total:,.0f} bytes per token")
+    else:
+        text = (f"2 (K and V) × {spec.n_layers} layers × {spec.n_kv_heads} KV heads × {spec.head_dim} dims × "
+                f"{b:g} bytes ({dtype}) = {total:,.0f} bytes per token")
+    if spec.windowed_layers:
+        text += (f"; {spec.windowed_layers} of the {spec.n_layers} layers keep only the last {spec.window - 1:,} "
+                 f"tokens ({spec.window_kind} window of {spec.window:,})")
+    return text
 
 
 class GrowthView:
@@ -97,72 +108,133 @@ class Choice:
     weight_dtype: str
     gpu_key: str
     context: int
+    layout: Layout = Layout()
+
+
+def gpus_label(n: int) -> str:
+    return f"{n} GPU{'s' if n > 1 else ''}" + (f" ({n // 8} nodes)" if n > 8 else "")
 
 
 def calculator_inputs(loaded: ModelSpec, label: str) -> Choice:
     specs = {"loaded": loaded, **{k: MODEL_PRESETS[k] for k in CALC_MODELS}}
     names = {"loaded": f"{label} (loaded)", **{k: MODEL_PRESETS[k].name for k in CALC_MODELS}}
-    cols = st.columns(4)
+    cols = st.columns([3, 2, 2])
     model = cols[0].selectbox("Model", list(specs), index=1, format_func=names.get, key="kv.model")
-    kv = cols[1].segmented_control("Cache dtype", list(CACHE_DTYPES), default="BF16", key="kv.cache_dtype",
+    gpu = cols[1].selectbox("GPU", list(GPU_PRESETS), format_func=lambda k: GPU_PRESETS[k].name, key="kv.gpu")
+    n = cols[2].selectbox("GPUs", GPU_COUNTS, format_func=gpus_label, key="kv.gpus",
+                          help="Tensor parallel inside a node of 8 (weights and KV heads split), then 8-GPU pipeline stages.")
+    cols = st.columns(2)
+    kv = cols[0].segmented_control("Cache dtype", list(CACHE_DTYPES), default="BF16", key="kv.cache_dtype",
                                    required=True)
-    weights = cols[2].segmented_control("Weights dtype", list(CACHE_DTYPES), default="BF16", key="kv.weight_dtype",
+    weights = cols[1].segmented_control("Weights dtype", list(CACHE_DTYPES), default="BF16", key="kv.weight_dtype",
                                         required=True)
-    gpu = cols[3].selectbox("GPU", list(GPU_PRESETS), format_func=lambda k: GPU_PRESETS[k].name, key="kv.gpu")
     context = context_input()
-    return Choice(specs[model], CACHE_DTYPES[kv or "BF16"], CACHE_DTYPES[weights or "BF16"], gpu, context)
+    return Choice(specs[model], CACHE_DTYPES[kv or "BF16"], CACHE_DTYPES[weights or "BF16"], gpu, context,
+                  standard_layout(int(n)))
 
 
 def calculator_section(choice: Choice) -> None:
-    spec, gpu = choice.spec, GPU_PRESETS[choice.gpu_key]
-    per_token = kv_bytes_per_token(spec, choice.kv_dtype)
-    weights = weight_bytes(spec, choice.weight_dtype)
-    memory = gpu_memory_bytes(gpu)
-    users = users_that_fit(spec, gpu, choice.context, choice.weight_dtype, choice.kv_dtype)
-    cols = st.columns(5)
-    cols[0].metric("KV cache per token", fmt_bytes(per_token, binary=True))
-    cols[1].metric(f"Cache per user at {fmt_tokens(choice.context)}", fmt_bytes(per_token * choice.context, binary=True))
-    cols[2].metric("Weights", fmt_bytes(weights))
-    cols[3].metric("Left for the cache", fmt_bytes(max(0.0, memory - weights), binary=True))
-    cols[4].metric("Users that fit", f"{users:,}")
+    spec, gpu, ctx, layout = choice.spec, GPU_PRESETS[choice.gpu_key], choice.context, choice.layout
+    plan = memory_plan(spec, gpu, choice.weight_dtype, choice.kv_dtype, 1, ctx, layout)
+    beyond = ctx > spec.max_context
+    users = users_that_fit(spec, gpu, ctx, choice.weight_dtype, choice.kv_dtype, layout=layout)
+    ideal = users_that_fit(spec, gpu, ctx, choice.weight_dtype, choice.kv_dtype, IDEAL, layout)
+    each = " per GPU" if layout.per_replica > 1 else ""
+    top, low = st.columns(3), st.columns(3)
+    top[0].metric("KV cache per token", fmt_bytes(kv_bytes_per_token(spec, choice.kv_dtype), binary=True),
+                  help="while the token is inside every layer's window")
+    top[1].metric(f"Cache per user at {fmt_tokens(ctx)}", fmt_bytes(kv_bytes_per_user(spec, ctx, choice.kv_dtype),
+                                                                     binary=True))
+    top[2].metric("Weights" + each, fmt_bytes(plan.weights))
+    low[0].metric("Left for the cache" + each, fmt_bytes(max(0.0, plan.usable - plan.weights), binary=True),
+                  help=f"{fmt_bytes(plan.usable)} a server fills (90% of the card, less "
+                       f"{fmt_bytes(plan.reserve)} of CUDA context and activation workspace), minus the weights")
+    low[1].metric("Users that fit", "–" if beyond else f"{users:,}", help="with a server's headroom")
+    low[2].metric("With all of the card", "–" if beyond else f"{ideal:,}",
+                  help="the seed's best case: weights and cache get every byte")
     st.text(formula_text(spec, choice.kv_dtype))
-    if weights > memory:
-        st.warning(f"The weights alone ({fmt_bytes(weights)}) do not fit in one {gpu.name} ({fmt_bytes(memory)}): "
-                   "this model needs several GPUs or fewer bytes per weight.")
-    if choice.context > spec.max_context:
-        st.warning(f"{spec.name} reads at most {fmt_tokens(spec.max_context)} tokens; longer contexts are shown "
-                   "for comparison only.")
+    if beyond:
+        st.error(f"{spec.name} reads at most {fmt_tokens(spec.max_context)} tokens: a longer context is not something "
+                 "it can serve, so it is not counted.")
+    elif plan.weights > plan.usable:
+        st.warning(weights_warning(choice, plan.weights, plan.usable))
     users_table_section(choice)
 
 
-def users_table_section(choice: Choice) -> None:
+def weights_warning(choice: Choice, weights: float, usable: float) -> str:
     gpu = GPU_PRESETS[choice.gpu_key]
+    need = smallest_layout(choice.spec, gpu, choice.weight_dtype, choice.kv_dtype, 1,
+                           min(choice.context, choice.spec.max_context))
+    hint = f"at least {need.describe()}" if need else "more GPUs than this calculator offers"
+    return (f"The weights alone ({fmt_bytes(weights)} per GPU) do not fit in the {fmt_bytes(usable)} a server fills on "
+            f"one {gpu.name}: {choice.spec.name} needs {hint} in {choice.weight_dtype.upper()}, or fewer bytes per weight.")
+
+
+def users_table_section(choice: Choice) -> None:
+    spec, gpu = choice.spec, GPU_PRESETS[choice.gpu_key]
     contexts = sorted(set(CONTEXT_OPTIONS) | {choice.context})
-    rows = users_table(choice.spec, gpu, choice.kv_dtype, choice.weight_dtype, contexts)
+    rows = users_table(spec, gpu, choice.kv_dtype, choice.weight_dtype, contexts, choice.layout)
+    served = [r.context <= spec.max_context for r in rows]
     left, right = st.columns([2, 3])
     left.dataframe({"context": [fmt_tokens(r.context) for r in rows],
                     "cache per user": [fmt_bytes(r.kv_bytes_per_user, binary=True) for r in rows],
-                    "users": [r.users for r in rows]}, hide_index=True, key="kv.users_table")
+                    "users": [r.users if ok else None for r, ok in zip(rows, served)],
+                    "all of the card": [r.users_ideal if ok else None for r, ok in zip(rows, served)]},
+                   hide_index=True, key="kv.users_table")
+    shown = [r for r, ok in zip(rows, served) if ok]
     with right:
-        plot(charts.users_figure([r.context for r in rows], [r.users for r in rows], choice.context),
-             key="kv.users_chart")
-    st.caption(f"{gpu.name}: {gpu.memory_gb:g} GB of memory (counted as GiB, the way the card reports it), minus "
-               "the weights, shared out as KV cache. Real servers also keep room for activations, so they fit a "
-               "little fewer.")
+        plot(charts.users_figure([r.context for r in shown], [r.users for r in shown], choice.context,
+                                 [r.users_ideal for r in shown]), key="kv.users_chart")
+    st.caption(f"{gpu.name}: {gpu.memory_gb:g} GB of memory per GPU (counted as GiB, the way the card reports it). A server "
+               "fills 90% of it (vLLM's default) and keeps its CUDA context and an activation workspace out; the rest, "
+               "less the weights, is shared out as KV cache (blue). Grey: the seed's best case, all of the card."
+               + ("" if all(served) else f" Contexts beyond {spec.name}'s {fmt_tokens(spec.max_context)} maximum are "
+                  "left empty."))
+
+
+def attention_variants(spec: ModelSpec) -> list[tuple[str, ModelSpec]]:
+    """The model as built, then with each KV saving it uses taken away: windows, grouped-query or latent attention."""
+    plain = spec.without_mla() if spec.is_mla else spec.with_full_mha()
+    saves_heads = spec.is_mla or spec.n_kv_heads < spec.n_heads
+    out = [("as built", spec)]
+    if spec.windowed_layers:
+        out.append(("no window", spec.without_window()))
+    if saves_heads:
+        out.append(("plain MHA" if spec.is_mla else f"full MHA ({spec.n_heads} KV heads)", plain))
+    if spec.windowed_layers and saves_heads:
+        out.append(("neither", plain.without_window()))
+    return out
+
+
+def savings_text(spec: ModelSpec, dtype: str, ctx: int) -> str:
+    per_user = kv_bytes_per_user(spec, ctx, dtype)
+    lines = []
+    if spec.is_mla:
+        ratio = kv_bytes_per_user(spec.without_mla(), ctx, dtype) / per_user
+        lines.append(f"{spec.name} caches one {spec.kv_lora_rank}-value latent plus a {spec.qk_rope_head_dim}-dim RoPE "
+                     f"key per layer instead of K and V for {spec.n_heads} heads: {ratio:.0f}× smaller.")
+    elif spec.n_kv_heads < spec.n_heads:
+        ratio = kv_bytes_per_user(spec.with_full_mha(), ctx, dtype) / per_user
+        lines.append(f"{spec.name}: {spec.n_heads} query heads share {spec.n_kv_heads} K/V heads, so the cache is "
+                     f"{ratio:g}× smaller than with one K/V head per query head.")
+    if spec.windowed_layers:
+        ratio = kv_bytes_per_user(spec.without_window(), ctx, dtype) / per_user
+        lines.append(f"{spec.windowed_layers} of {spec.n_layers} layers keep only the last {spec.window - 1:,} tokens: "
+                     f"at {fmt_tokens(ctx)} tokens the cache is {ratio:.1f}× smaller than if every layer kept them all.")
+    return " ".join(lines) or f"{spec.name} keeps K and V for every head and every token: nothing saved."
 
 
 def gqa_vs_mha_section(choice: Choice) -> None:
-    spec, gpu = choice.spec, GPU_PRESETS[choice.gpu_key]
-    mha = spec.with_full_mha()
-    per = (kv_bytes_per_token(spec, choice.kv_dtype), kv_bytes_per_token(mha, choice.kv_dtype))
-    users = (users_that_fit(spec, gpu, choice.context, choice.weight_dtype, choice.kv_dtype),
-             users_that_fit(mha, gpu, choice.context, choice.weight_dtype, choice.kv_dtype))
-    labels = (f"GQA ({spec.n_kv_heads} KV heads)", f"full MHA ({mha.n_kv_heads} KV heads)")
-    plot(charts.gqa_mha_figure(labels, per, users), key="kv.gqa_mha")
-    st.text(f"{spec.name}: {spec.n_heads} query heads share {spec.n_kv_heads} K/V heads, so the cache is "
-            f"{per[1] / per[0]:g}× smaller than with one K/V head per query head "
-            f"({fmt_bytes(per[0], binary=True)} against {fmt_bytes(per[1], binary=True)} per token); at "
-            f"{fmt_tokens(choice.context)} tokens that is {users[0]:,} users instead of {users[1]:,}.")
+    """KV per user and users that fit for the model as built and without each of its KV savings."""
+    gpu, ctx = GPU_PRESETS[choice.gpu_key], min(choice.context, choice.spec.max_context)
+    variants = attention_variants(choice.spec)
+    per_user = [kv_bytes_per_user(s, ctx, choice.kv_dtype) for _, s in variants]
+    users = [users_that_fit(s, gpu, ctx, choice.weight_dtype, choice.kv_dtype, layout=choice.layout)
+             for _, s in variants]
+    plot(charts.gqa_mha_figure([label for label, _ in variants], per_user, users, fmt_tokens(ctx)), key="kv.gqa_mha")
+    st.text(savings_text(choice.spec, choice.kv_dtype, ctx) + f" At {fmt_tokens(ctx)} tokens: "
+            + ", ".join(f"{label} {fmt_bytes(b, binary=True)} per user, {u:,} users" for (label, _), b, u
+                        in zip(variants, per_user, users)) + ".")
 
 
 # --- paged against contiguous ------------------------------------------------------------------------------

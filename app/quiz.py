@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.format import fmt_bytes
-from engine.card import kv_bytes_per_token, weight_bytes
-from engine.projection import gpu_memory_bytes, project, users_that_fit
+from engine.card import kv_bytes_per_token, naive_weight_bytes, weight_bytes
+from engine.projection import IDEAL, gpu_memory_bytes, project, users_that_fit
 from engine.specs import gpu_preset, model_preset
 from engine.speculative import expected_tokens_per_pass
 
@@ -42,17 +42,19 @@ def _numeric(key: str, topic: str, text: str, right: float, wrong: list[float], 
 def q_decode_bound() -> Question:
     spec, gpu = model_preset(TARGET), gpu_preset(GPU)
     one = project(spec, gpu, batch=1, context=1024)
-    ceiling = gpu.bandwidth_bytes_s / weight_bytes(spec, "bf16")
+    naive = gpu.bandwidth_bytes_s / weight_bytes(spec, "bf16")
+    read = project(spec, gpu, batch=1, context=1).weight_bytes_read
     return Question(
         "decode", "Prefill and decode",
         f"Generating an answer with {spec.name} on one {gpu.name}: which phase is limited by memory bandwidth "
         "rather than by arithmetic?",
         ("Prefill (reading the prompt)", "Decode (one new token at a time)", "Both equally", "Neither: the GPU is "
          "always compute-bound"), 1,
-        f"Each decode step reads every weight once ({fmt_bytes(weight_bytes(spec, 'bf16'))}) to produce one token "
-        f"per user, so at batch 1 the ceiling is bandwidth / weight bytes = {ceiling:,.0f} tokens/s, and a step "
-        f"uses only {one.decode_flops_utilization:.1%} of the GPU's FLOPs. Prefill pushes all prompt tokens "
-        "through the same weights in one pass, so it does much more arithmetic per byte and is compute-bound.")
+        f"Each decode step reads the weights once to produce one token per user: bandwidth / weight bytes = "
+        f"{naive:,.0f} tokens/s for all {fmt_bytes(weight_bytes(spec, 'bf16'))}, or {gpu.bandwidth_bytes_s / read:,.0f} "
+        f"tokens/s counting only what a step reads ({fmt_bytes(read)}: the embedding table is looked up one row per "
+        f"token). A step uses only {one.decode_flops_utilization:.1%} of the GPU's FLOPs. Prefill pushes all prompt "
+        "tokens through the same weights in one pass, so it does much more arithmetic per byte and is compute-bound.")
 
 
 def q_kv_per_token() -> Question:
@@ -72,17 +74,20 @@ def q_kv_per_token() -> Question:
 def q_users() -> Question:
     spec, gpu = model_preset(TARGET), gpu_preset(GPU)
     right = users_that_fit(spec, gpu, USERS_CONTEXT)
+    ideal = users_that_fit(spec, gpu, USERS_CONTEXT, headroom=IDEAL)
     per_user = kv_bytes_per_token(spec, "bf16") * USERS_CONTEXT
     return _numeric(
         "users", "KV cache sizing",
-        f"{spec.name} in BF16 on one {gpu.name} ({gpu.memory_gb:.0f} GB). Each user keeps 10K tokens in the KV "
-        "cache. About how many users fit at once?",
-        right, [users_that_fit(spec.with_full_mha(), gpu, USERS_CONTEXT), users_that_fit(spec, gpu, 1024),
+        f"{spec.name} in BF16 on one {gpu.name} ({gpu.memory_gb:.0f} GB), served by an engine that keeps its default "
+        "10% of the card free plus room for its own workspace. Each user keeps 10K tokens in the KV cache. About "
+        "how many users fit at once?",
+        right, [ideal, users_that_fit(spec.with_full_mha(), gpu, USERS_CONTEXT), users_that_fit(spec, gpu, 1024),
                 int(gpu_memory_bytes(gpu) // per_user)], lambda v: f"about {v:,.0f}",
-        f"The weights take {fmt_bytes(weight_bytes(spec, 'bf16'))}; the rest of the memory holds caches of "
-        f"{fmt_bytes(per_user)} per user (10,240 tokens x {fmt_bytes(kv_bytes_per_token(spec, 'bf16'), binary=True)}), "
-        f"so about {right} users fit. Forgetting the weights overcounts; at 1K tokens ten times as many fit; "
-        "without GQA a quarter.")
+        f"The weights take {fmt_bytes(weight_bytes(spec, 'bf16'))}; the engine fills 90% of the card and keeps the "
+        f"CUDA context and an activation workspace out, and the rest holds caches of {fmt_bytes(per_user)} per user "
+        f"(10,240 tokens x {fmt_bytes(kv_bytes_per_token(spec, 'bf16'), binary=True)}), so about {right} users fit. "
+        f"Giving the cache all of the card would say {ideal}; forgetting the weights overcounts; at 1K tokens ten "
+        "times as many fit; without GQA a quarter.")
 
 
 def q_gqa() -> Question:
@@ -125,15 +130,18 @@ def q_speculative_exact() -> Question:
 
 def q_quantization() -> Question:
     spec = model_preset(BIG)
-    right = weight_bytes(spec, "int4")
+    right, naive = weight_bytes(spec, "int4"), naive_weight_bytes(spec, "int4")
     return _numeric(
         "quant", "Quantization",
-        f"How much memory do the weights of {spec.name} take in INT4 (half a byte per weight)?",
-        right, [weight_bytes(spec, "int8"), weight_bytes(spec, "bf16"), weight_bytes(spec, "fp32")],
+        f"A real INT4 checkpoint of {spec.name}: 4-bit weights with a 16-bit scale and a 4-bit zero point per group "
+        "of 128, the embeddings and the LM head kept in 16-bit. About how large is it?",
+        right, [naive, weight_bytes(spec, "int8"), weight_bytes(spec, "bf16")],
         lambda v: f"{v / 1e9:,.0f} GB",
-        f"Parameters x bytes per weight: {right / 0.5 / 1e9:.1f} B x 0.5 = {right / 1e9:.0f} GB, so it fits on one "
-        "80 GB GPU where BF16 needs two. Decode reads every weight per step, so halving the bytes roughly "
-        "doubles the batch-1 speed ceiling, at a quality cost of a few percent.")
+        f"Parameters x half a byte gives {naive / 1e9:.0f} GB, the textbook figure; the scales add about 4%, and the "
+        f"embedding table and the LM head ({2 * spec.vocab_size * spec.d_model / 1e9:.1f} B parameters) stay at two "
+        f"bytes each, so the file is {right / 1e9:.0f} GB. It fits on one 80 GB GPU where BF16 needs two. Decode reads "
+        "every weight per step, so fewer bytes raise the batch-1 speed ceiling in proportion, at a quality cost of a "
+        "few percent.")
 
 
 def q_batching() -> Question:

@@ -78,12 +78,13 @@ def device_roofline_figure(roof: DeviceRoof, decode: DecodePlacement | None,
 
 
 def projected_roofline_figure(line: Sequence[RooflinePoint], proj: Projection, title: str) -> go.Figure:
-    """A GPU's roofline with the projected prefill and decode of the chosen batch placed at their achieved FLOP/s."""
+    """One GPU's roofline with the projected prefill and decode of the chosen batch placed at the FLOP/s each GPU
+    of the replica achieves (a tensor-parallel group shares the work)."""
     fig = go.Figure()
     _roof_trace(fig, [p.intensity for p in line], [p.attainable_flops for p in line], "roofline (spec sheet)", "black")
-    decode_flops = proj.decode_intensity * _decode_bytes(proj)
-    points = [("prefill", proj.prefill_intensity, proj.prefill_flops / (proj.prefill_ms / 1e3), PREFILL_COLOR),
-              ("decode", proj.decode_intensity, decode_flops / (proj.decode_step_ms / 1e3), DECODE_COLOR)]
+    share = proj.tensor_parallel
+    points = [("prefill", proj.prefill_intensity, proj.prefill_flops / (proj.prefill_ms / 1e3) / share, PREFILL_COLOR),
+              ("decode", proj.decode_intensity, proj.decode_flops / (proj.decode_step_ms / 1e3) / share, DECODE_COLOR)]
     for name, x, y, color in points:
         fig.add_scatter(x=[x], y=[y], mode="markers+text", text=[f"{name}, batch {proj.batch}"],
                         textposition="top center", name=name, marker=dict(color=color, size=12),
@@ -92,8 +93,19 @@ def projected_roofline_figure(line: Sequence[RooflinePoint], proj: Projection, t
     return _log_axes(fig, title)
 
 
-def _decode_bytes(proj: Projection) -> float:
-    return proj.weight_bytes + proj.kv_bytes_total
+def experts_figure(batches: Sequence[int], touched: Sequence[float], n_experts: int, per_token: int) -> go.Figure:
+    """Distinct routed experts one decode step reads per MoE layer, against the batch size."""
+    fig = go.Figure()
+    fig.add_scatter(x=list(batches), y=list(touched), mode="lines+markers", name="experts read per step",
+                    line=dict(color=PROJECTED_COLOR), hovertemplate="batch %{x}: %{y:.1f} experts<extra></extra>")
+    fig.add_hline(y=n_experts, line=dict(color="grey", dash="dot"), annotation_text=f"all {n_experts} experts",
+                  annotation_position="bottom right")
+    fig.add_hline(y=per_token, line=dict(color=DECODE_COLOR, dash="dot"),
+                  annotation_text=f"one token: {per_token}", annotation_position="top left")
+    fig.update_xaxes(type="log", title="batch size (tokens per decode step)")
+    fig.update_yaxes(title="distinct experts per layer", rangemode="tozero")
+    fig.update_layout(height=320, margin=MARGIN, showlegend=False)
+    return fig
 
 
 def batch_sweep_figure(projs: Sequence[Projection], title: str) -> go.Figure:

@@ -105,7 +105,7 @@ def presets(measured: float | None) -> list[Preset]:
     if measured:
         out.append(Preset("This machine (measured)", measured, MEASURED, "This machine"))
     out += [Preset("H100, Llama 3.1 8B, batch 1: tuned engine", tuned, "projected at 75% of peak bandwidth", "H100"),
-            Preset("H100, Llama 3.1 8B, batch 1: ceiling", ceiling, "projected: bandwidth ÷ weight bytes",
+            Preset("H100, Llama 3.1 8B, batch 1: ceiling", ceiling, "projected: bandwidth ÷ bytes a step reads",
                    "H100 ceiling"),
             Preset("H100 + speculative decoding", speculative_rate(tuned),
                    "projected: Llama 3.2 1B drafting, k = 4, 80% acceptance", "Speculative"),
@@ -133,15 +133,18 @@ def feel_section(lm: LoadedModel | None, measured: float | None) -> None:
     options = presets(measured)
     rate = rate_input(options)
     choice: HardwareChoice = hardware_controls("feel", lm, full=False)
-    projected = choice.project(context=512).per_user_tok_s
+    projection = choice.project(context=512)
+    projected = projection.per_user_tok_s            # None: it does not fit, so it has no speed
     cols = st.columns(3)
     cols[0].metric("Chosen rate", f"{rate:,} tok/s")
     cols[1].metric(MEASURED, fmt_rate(measured) if measured else "–",
                    help="The decode speed of the loaded model, from the latest measurement on this page.")
-    cols[2].metric(choice.label + " (batch 1)", fmt_rate(projected))
-    names = [p.name for p in options] + [choice.label]
-    plot(charts.rates_figure(names, [p.rate for p in options] + [projected], rate,
-                             [p.how == MEASURED for p in options] + [False]), "feel.rates")
+    cols[2].metric(choice.label + " (batch 1)", fmt_rate(projected) if projected else "does not fit",
+                   help=None if projected else "; ".join(projection.problems))
+    extra = [(choice.label, projected)] if projected else []
+    names = [p.name for p in options] + [n for n, _ in extra]
+    plot(charts.rates_figure(names, [p.rate for p in options] + [r for _, r in extra], rate,
+                             [p.how == MEASURED for p in options] + [False] * len(extra)), "feel.rates")
     prefixes, unit = answer_pieces(lm)
     if st.button("Stream the answer", type="primary", key="feel.play"):
         slot = st.empty()

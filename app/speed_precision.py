@@ -157,12 +157,19 @@ def projected_section(choice: HardwareChoice) -> None:
     st.markdown(f"**{choice.label}**, batch 1, 1K tokens of context:")
     st.table({"weights": names, "weight memory": [fmt_bytes(p.weight_bytes) for p in projs],
               "fits": ["yes" if p.fits else "no" for p in projs],
-              "decode ceiling": [fmt_rate(p.ceiling_tok_s_per_user) for p in projs],
-              "at the chosen efficiency": [fmt_rate(p.per_user_tok_s) for p in projs],
+              "decode ceiling": [fmt_rate(p.ceiling_tok_s_per_user) if p.fits else "does not fit" for p in projs],
+              "at the chosen efficiency": [fmt_rate(p.per_user_tok_s) if p.fits else "–" for p in projs],
               "users at 1K tokens": [f"{p.users_that_fit:,}" for p in projs]})
-    plot(charts.precision_bars(names, [p.ceiling_tok_s_per_user for p in projs], "batch-1 decode ceiling", "tok/s",
-                               charts.PROJECTED_COLOR), "precision.projected")
-    bf16, int8, int4 = projs[1], projs[3], projs[4]
-    st.markdown(f"Halving the bytes per weight roughly doubles the batch-1 ceiling: {fmt_rate(bf16.ceiling_tok_s_per_user)} "
-                f"in BF16, {fmt_rate(int8.ceiling_tok_s_per_user)} in INT8, {fmt_rate(int4.ceiling_tok_s_per_user)} in "
-                "INT4, because a decode step takes bytes ÷ bandwidth. The memory saved also holds more users' KV caches.")
+    running = [(n, p) for n, p in zip(names, projs) if p.fits]
+    if not running:
+        st.info(f"{choice.spec.name} does not fit on one {choice.gpu.name} in any of these precisions; the cost page "
+                "shows how many GPUs it needs.")
+        return
+    plot(charts.precision_bars([n for n, _ in running], [p.ceiling_tok_s_per_user for _, p in running],
+                               "batch-1 decode ceiling", "tok/s", charts.PROJECTED_COLOR), "precision.projected")
+    st.markdown("Fewer bytes per weight raise the batch-1 ceiling in proportion to the bytes a decode step reads, "
+                "because a step takes bytes ÷ bandwidth: "
+                + ", ".join(f"{fmt_rate(p.ceiling_tok_s_per_user)} in {n} ({fmt_bytes(p.weight_bytes_read)} read)"
+                            for n, p in running)
+                + ". Real 8- and 4-bit checkpoints add scales and keep the embeddings and the LM head in 16-bit, so "
+                  "their files are larger than parameters × bits. The memory saved also holds more users' KV caches.")

@@ -15,7 +15,7 @@ from app.format import fmt_bytes, fmt_tokens
 from engine.errors import EngineError
 from engine.loader import LoadedModel
 from engine.projection import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_DOLLARS_PER_HOUR, DEFAULT_FLOPS_EFFICIENCY,
-                               Projection, project)
+                               GPU_COUNTS, Layout, Projection, project, standard_layout)
 from engine.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec
 from engine.scheduler import JobProgress, JobResult, QueueStatus, scheduler_for
 from engine.speedlab import DeviceRoof, measure_roof
@@ -51,15 +51,18 @@ class HardwareChoice:
     flops_efficiency: float = DEFAULT_FLOPS_EFFICIENCY
     bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY
     dollars_per_hour: float = DEFAULT_DOLLARS_PER_HOUR
+    layout: Layout = Layout()
 
     @property
     def label(self) -> str:
-        return projected_label(self.spec.name, self.gpu.name)
+        gpus = f"{self.layout.per_replica} × {self.gpu.name}" if self.layout.per_replica > 1 else self.gpu.name
+        return projected_label(self.spec.name, gpus)
 
     def project(self, **overrides) -> Projection:
         kw = dict(weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype, batch=self.batch, context=self.context,
                   output_tokens=self.output_tokens, flops_efficiency=self.flops_efficiency,
-                  bandwidth_efficiency=self.bandwidth_efficiency, dollars_per_hour=self.dollars_per_hour)
+                  bandwidth_efficiency=self.bandwidth_efficiency, dollars_per_hour=self.dollars_per_hour,
+                  layout=self.layout)
         return project(self.spec, self.gpu, **{**kw, **overrides})
 
 
@@ -88,18 +91,34 @@ def precision_pickers(ns: str, cols) -> tuple[str, str]:
     return WEIGHTS[weights or "BF16"], KV[kv or "BF16"]
 
 
+def layout_label(n: int) -> str:
+    layout = standard_layout(n)
+    return f"{n}" if layout.pipeline == 1 else f"{n} ({layout.pipeline} nodes)"
+
+
+def layout_controls(ns: str, cols) -> Layout:
+    """GPUs per replica (tensor parallel inside a node of 8, pipeline stages across nodes) and replicas."""
+    n = cols[0].select_slider("GPUs per replica", GPU_COUNTS, value=1, format_func=layout_label,
+                              key=f"{ns}.gpus", help="Up to 8: tensor parallel inside one node (NVLink). Beyond: "
+                              "8-GPU nodes in a pipeline, each holding consecutive layers.")
+    replicas = cols[1].number_input("Replicas (data parallel)", 1, 64, 1, key=f"{ns}.replicas",
+                                    help="Independent copies of the model, each serving its own batch of users.")
+    return standard_layout(int(n), int(replicas))
+
+
 def hardware_controls(ns: str, lm: LoadedModel | None, full: bool = True) -> HardwareChoice:
-    """Model, GPU and precisions; with `full`, also batch, context, output length, efficiencies and price."""
-    top = st.columns([3, 3, 4, 2])
+    """Model, GPU and precisions; with `full`, also GPUs, batch, context, output length, efficiencies and price."""
+    top = st.columns(2)
     spec, gpu = model_picker(ns, lm, top[0]), gpu_picker(ns, top[1])
-    weights, kv = precision_pickers(ns, top[2:])
+    weights, kv = precision_pickers(ns, st.columns([3, 2]))
     if not full:
         return HardwareChoice(spec, gpu, weights, kv)
+    layout = layout_controls(ns, st.columns([3, 2]))
     mid = st.columns(4)
-    batch = mid[0].select_slider("Batch size (users at once)", [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
+    batch = mid[0].select_slider("Batch size (users at once, per replica)", [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
                                  value=1, key=f"{ns}.batch")
     context = mid[1].select_slider("Context per user (tokens)", [128, 256, 512, 1024, 2048, 4096, 8192, 16384,
-                                   32768, 65536, 131072], value=1024, format_func=fmt_tokens, key=f"{ns}.context")
+                                   32768, 65536, 131072, 262144], value=1024, format_func=fmt_tokens, key=f"{ns}.context")
     output = mid[2].number_input("Output tokens per request", 1, 8192, 128, key=f"{ns}.output")
     price = mid[3].number_input("$ per GPU-hour", 0.1, 100.0, DEFAULT_DOLLARS_PER_HOUR, 0.1, key=f"{ns}.price")
     low = st.columns(2)
@@ -108,15 +127,20 @@ def hardware_controls(ns: str, lm: LoadedModel | None, full: bool = True) -> Har
     bw_eff = low[1].slider("Share of peak bandwidth reached (decode)", 0.1, 1.0, DEFAULT_BANDWIDTH_EFFICIENCY, 0.05,
                            key=f"{ns}.bw_eff")
     return HardwareChoice(spec, gpu, weights, kv, int(batch), int(context), int(output), float(flops_eff),
-                          float(bw_eff), float(price))
+                          float(bw_eff), float(price), layout)
 
 
 def memory_line(p: Projection) -> str:
+    """Per GPU: what it holds against what a server may fill; users with that headroom and with all of the card."""
     verdict = "fits" if p.fits else "does NOT fit"
-    return (f"Weights {fmt_bytes(p.weight_bytes)} + KV cache {fmt_bytes(p.kv_bytes_total)} "
-            f"({p.batch} × {fmt_bytes(p.kv_bytes_per_user)}) = {fmt_bytes(p.memory_needed_bytes)} of "
-            f"{fmt_bytes(p.memory_bytes, binary=True)}: {verdict}. {p.users_that_fit:,} users of "
-            f"{fmt_tokens(p.context)} tokens fit.")
+    share = " per GPU" if p.gpus_per_replica > 1 else ""
+    return (f"Weights {fmt_bytes(p.weight_bytes / p.gpus_per_replica)} + KV cache "
+            f"{fmt_bytes(p.memory_needed_bytes - p.weight_bytes / p.gpus_per_replica)} ({p.batch} × "
+            f"{fmt_bytes(p.kv_bytes_per_user)}{' shared out' if share else ''}) = {fmt_bytes(p.memory_needed_bytes)}"
+            f"{share}, against the {fmt_bytes(p.memory_bytes)} a server fills ({p.utilization:.0%} of "
+            f"{fmt_bytes(p.memory_card_bytes)}, less {fmt_bytes(p.reserve_bytes)} of CUDA context and activation "
+            f"workspace): {verdict}. {p.users_that_fit:,} users of {fmt_tokens(p.context)} tokens fit per replica "
+            f"({p.users_that_fit_ideal:,} if weights and cache had all of the card).")
 
 
 # --- this device -----------------------------------------------------------------------------------------

@@ -48,3 +48,7 @@ class QueueFullError(EngineError):
 
 class RequestTimeoutError(EngineError):
     """A request ran past its wall-time limit and was stopped."""
+
+
+class ConfigError(EngineError):
+    """A model config that is missing, malformed, or describes an architecture the projection does not model."""

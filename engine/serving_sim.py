@@ -12,7 +12,8 @@ Poisson process with random prompt and output lengths.
 
 KV memory is paged (blocks of `block_size` tokens). A request is admitted only when blocks for its
 prompt plus its full output are free, so nothing is ever preempted. Each output token costs one
-decode step (first token = end of the first decode step after its prefill), as in the projection.
+decode step (first token = end of the first decode step after its prefill: one step more than the
+projection's TTFT, which is queueing + prefill).
 """
 from __future__ import annotations
 

@@ -20,10 +20,12 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from engine.card import lm_head_params
 from engine.errors import ContextLengthError, InvalidRequestError
 from engine.generate import forward, sync
 from engine.loader import LoadedModel
-from engine.projection import CostModel, attention_flops_per_pair, decode_flops, linear_flops_per_token
+from engine.projection import (CostModel, attention_flops_per_pair, decode_flops, linear_flops_per_token,
+                               prefill_flops)
 from engine.specs import GPU_PRESETS, GPUSpec
 
 FILLER = (
@@ -137,21 +139,26 @@ def _median_step(timings: Sequence[DecodeTiming]) -> float:
 
 def attention_share(spec, n: int) -> float:
     """Share of a causal prefill's FLOPs spent scoring (query, key) pairs: grows from ~0 towards 1."""
-    linear = n * linear_flops_per_token(spec)
     pairs = n * (n + 1) / 2 * attention_flops_per_pair(spec)
-    return pairs / (linear + pairs)
+    return pairs / prefill_flops(spec, n)
 
 
 def attention_onset(spec, share: float = 0.1) -> int:
     """Smallest prompt length whose prefill spends at least `share` of its FLOPs in attention.
 
-    share(N) = a(N+1)/2 / (l + a(N+1)/2) with l linear FLOPs per token, a per pair, so
-    N = 2 x share / (1 - share) x l / a - 1.
+    share(N) = a(N+1)/2 / (l + a(N+1)/2) with l linear FLOPs per token (the LM head, run once per
+    prompt, left out), a per pair, so N = 2 x share / (1 - share) x l / a - 1; then a step or two
+    corrects for the one LM head pass.
     """
     if not 0 < share < 1:
         raise ValueError("share must be between 0 and 1")
-    ratio = linear_flops_per_token(spec) / attention_flops_per_pair(spec)
-    return max(1, math.ceil(2 * share / (1 - share) * ratio - 1))
+    ratio = (linear_flops_per_token(spec) - 2 * lm_head_params(spec)) / attention_flops_per_pair(spec)
+    n = max(1, math.ceil(2 * share / (1 - share) * ratio - 1))
+    while n > 1 and attention_share(spec, n - 1) >= share:
+        n -= 1
+    while attention_share(spec, n) < share:
+        n += 1
+    return n
 
 
 @dataclass(frozen=True)
@@ -311,6 +318,7 @@ def device_cost_model(lm: LoadedModel, roof: DeviceRoof) -> CostModel:
     return CostModel(weight_bytes=weight_bytes_read(lm), kv_bytes_per_token=kv_bytes_per_token_loaded(lm),
                      linear_flops_per_token=linear_flops_per_token(lm.spec),
                      attention_flops_per_pair=attention_flops_per_pair(lm.spec),
+                     lm_head_flops=2.0 * lm_head_params(lm.spec),   # prefill runs it on the last position only
                      peak_flops=roof.peak_flops, bandwidth=roof.bandwidth,
                      flops_efficiency=1.0, bandwidth_efficiency=1.0)
 

@@ -41,11 +41,11 @@ if run is not None:
 else:
     st.caption("Generate (or open a recording) to see the cache of a real run.")
 
-st.subheader("2. How many users fit on one GPU")
+st.subheader("2. How many users fit on your GPUs")
 choice = view.calculator_inputs(spec, label)
 view.calculator_section(choice)
 
-st.subheader("3. Grouped-query against full multi-head attention")
+st.subheader("3. What the attention design saves: grouped-query, latent attention, windows")
 view.gqa_vs_mha_section(choice)
 
 st.subheader("4. Paged against contiguous allocation")

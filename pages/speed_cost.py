@@ -1,4 +1,4 @@
-"""Speed and cost on GPUs: the analytic projection for any model, GPU, precision, batch and context."""
+"""Speed and cost on GPUs: the analytic projection for any model, GPUs, precision, batch and context."""
 import streamlit as st
 
 from app import speed_projected as view
@@ -9,11 +9,16 @@ lm = get_model()
 st.title("Speed and cost on GPUs")
 st.write("Nothing runs here: every figure is computed from the model's config and the GPU's spec sheet. Prefill "
          "is timed as FLOPs ÷ peak FLOP/s, decode as bytes moved ÷ bandwidth (each times the share of the peak a "
-         "real engine reaches, which you can change), and the slower of the two limits each step.")
+         "real engine reaches, which you can change), and the slower of the two limits each step. A server fills "
+         "90% of each card and keeps room for its own workspace; a configuration that does not fit is not priced.")
 choice = hardware_controls("cost", lm)
 
 st.subheader("1. Memory, speed and cost")
 projection = view.projection_section(choice)
+
+if choice.spec.is_moe:
+    st.subheader("Mixture of experts: what is held and what is read")
+    view.moe_section(choice, projection)
 
 st.subheader("2. The roofline")
 view.roofline_section(choice, projection)

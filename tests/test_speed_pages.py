@@ -54,8 +54,11 @@ def test_due_count_shows_token_i_at_i_over_rate():
 def test_presets_come_from_the_projection():
     rates = {p.name: p.rate for p in presets(measured=12.5)}
     assert rates["This machine (measured)"] == 12.5
-    assert 200 < rates["H100, Llama 3.1 8B, batch 1: ceiling"] < 210        # 16 GB / 3.35 TB/s, plus a 512-token cache
-    assert 140 < rates["H100, Llama 3.1 8B, batch 1: tuned engine"] < 160
+    # Was 200-210 (all 16.06 GB / 3.35 TB/s): a step reads one row of the untied embedding table (issue 10).
+    emb, params = 128_256 * 4096, 8_030_261_248
+    read = 2 * (params - emb) + 2 * 4096 + 512 * 131_072                     # weights it reads + a 512-token cache
+    assert rates["H100, Llama 3.1 8B, batch 1: ceiling"] == pytest.approx(3.35e12 / read)   # ~222
+    assert rates["H100, Llama 3.1 8B, batch 1: tuned engine"] == pytest.approx(0.75 * 3.35e12 / read)
     assert 2 < rates["H100 + speculative decoding"] / rates["H100, Llama 3.1 8B, batch 1: tuned engine"] < 2.5
     assert rates["A fast chip: B200, FP8 weights, batch 1"] > 900
     assert 4 < reading_rate() < 7
@@ -105,13 +108,39 @@ def test_feel_the_speed_streams_at_the_chosen_rate(page):
 def test_cost_page_reproduces_the_h100_ceiling_and_batching_economics(page):
     at = page("speed_cost.py")
     assert "Projected for Llama 3.1 8B on H100 SXM" in text_of(at)
-    assert 200 < number(metric(at, "Ceiling per user")) < 210
+    # Was 200-210 (bandwidth / all 16 GB): a step reads one row of the embedding table, 15.0 GB in all.
+    assert 215 < number(metric(at, "Ceiling per user")) < 225
+    assert metric(at, "Time to first token") == metric(at, "Prefill")             # queueing (none) + prefill
     at.select_slider(key="cost.batch").set_value(64).run()
     assert_clean(at)
     total, per_user = number(metric(at, "Total")), number(metric(at, "Per user"))
     assert total == pytest.approx(64 * per_user, rel=0.01)
     assert "× cheaper" in text_of(at).replace("**", "")
     assert len(at.get("plotly_chart")) == 2
+
+
+def test_cost_page_says_why_a_model_does_not_fit_and_what_would(page):
+    at = page("speed_cost.py")
+    at.selectbox(key="cost.model").set_value("llama-3.1-405b").run()
+    assert_clean(at)
+    assert any("does NOT fit" in e.value for e in at.error)
+    assert "16 GPUs (tensor parallel 8 × pipeline 2) per replica" in text_of(at)
+    assert not any(m.label == "Per user" for m in at.metric)                       # nothing priced
+    at.select_slider(key="cost.gpus").set_value(16).run()
+    assert_clean(at)
+    assert any("fits" in s.value for s in at.success) and number(metric(at, "Per user")) > 0
+    assert "between pipeline stages" in text_of(at)
+
+
+def test_cost_page_shows_what_a_mixture_of_experts_reads(page):
+    at = page("speed_cost.py")
+    at.selectbox(key="cost.model").set_value("mixtral-8x7b")
+    at.select_slider(key="cost.gpus").set_value(2).run()
+    assert_clean(at)
+    assert metric(at, "Parameters held") == "46.7 B" and metric(at, "Active per token") == "12.9 B"
+    assert metric(at, "Experts read per step at batch 1") == "2.0 of 8"
+    at.toggle(key="cost.moe").set_value(False).run()
+    assert not any(m.label == "Parameters held" for m in at.metric)
 
 
 def test_batching_page_simulates_and_measures(page):
