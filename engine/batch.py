@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from engine.card import forward_shapes
 from engine.errors import EngineError
@@ -180,6 +181,12 @@ def _left_pad(x: torch.Tensor, n: int) -> torch.Tensor:
     return F.pad(x, (0, 0, n, 0)) if n else x
 
 
+def batchable(lm: LoadedModel) -> bool:
+    """Can rows of this model's cache be padded and stacked? Only when every layer keeps every position
+    (sliding-window layers drop old positions per layer, so their rows would not line up)."""
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=lm.model.config).layers)
+
+
 class BatchRunner:
     """Runs many requests on one model: each `step()` prefills one chunk and decodes one token for all."""
 
@@ -187,7 +194,8 @@ class BatchRunner:
                  prefix: PrefixCache | None = None):
         if max_batch < 1 or prefill_chunk < 1:
             raise ValueError("max_batch and prefill_chunk must be at least 1")
-        self.lm, self.max_batch, self.prefill_chunk, self.prefix = lm, max_batch, prefill_chunk, prefix
+        self.lm, self.prefill_chunk, self.prefix = lm, prefill_chunk, prefix
+        self.max_batch = max_batch if batchable(lm) else 1
         self.batch = PaddedCache()
         self.prefilling: deque[Slot] = deque()
         self._failures = 0                           # batched steps that failed in a row
@@ -220,7 +228,7 @@ class BatchRunner:
         rows = self._decode_step() if self.batch.slots else 0
         pads = self.batch.pads()
         layout = tuple((s.label, s.length, p) for s, p in zip(self.batch.slots, pads))
-        per_position = row_cache_state(self.batch.cache, 1).bytes if self.batch.cache is not None else 0
+        per_position = row_cache_state(self.batch.cache, 1).bytes if self.batch.cache is not None else 0  # 1 position
         return StepInfo(time.perf_counter(), time.perf_counter() - t0, rows, prefilled, tags[:rows] if rows else (),
                         self.batch.width * len(pads), self.batch.width * len(pads) - sum(pads), layout, per_position)
 
@@ -396,10 +404,11 @@ def _union_policy(policies: list[CapturePolicy], layer_ids: list[frozenset[int]]
 
 
 def row_cache_state(cache: DynamicCache, length: int) -> CacheState:
-    """One row's cache as if it were alone: the bytes of its `length` real positions, pads left out."""
-    per_position = [layer.keys[:1, :, :1].numel() * layer.keys.element_size() * 2
-                    for layer in cache.layers if getattr(layer, "keys", None) is not None]
-    return CacheState(length, length * sum(per_position), [length * p for p in per_position])
+    """One row's cache as if it were alone: the bytes of its `length` real positions, pads left out
+    (a windowed layer holds fewer: only the rows it keeps)."""
+    per_layer = [min(length, layer.keys.shape[-2]) * layer.keys[:1, :, :1].numel() * layer.keys.element_size() * 2
+                 for layer in cache.layers if getattr(layer, "keys", None) is not None]
+    return CacheState(length, sum(per_layer), per_layer)
 
 
 def stitch_prefill(chunks: list[dict[int, LayerCapture]], n_prompt: int,

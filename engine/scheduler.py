@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from engine.batch import BatchRunner, Slot, StepInfo
+from engine.batch import BatchRunner, Slot, StepInfo, batchable
 from engine.errors import EngineError, QueueFullError, RequestTimeoutError
 from engine.generate import GenerationRequest, check_context, encode_prompt, validate
 from engine.hooks import CAPTURE_OFF, CapturePolicy
@@ -254,6 +254,7 @@ class Scheduler:
         self._queue: deque[Handle] = deque()
         self._running: dict[Handle, Slot | None] = {}    # in the batch (a Slot) or the exclusive job (None)
         self.prefix = PrefixCache(self.limits.prefix_cache_mb * 2**20)
+        self._batchable = batchable(lm)
         self._runner = self._new_runner()
         self._by_session: dict[str, Handle] = {}
         self._people: dict[str, float] = {}             # person -> last seen (monotonic)
@@ -544,7 +545,7 @@ class Scheduler:
                     return None
                 self._start(self._queue.popleft(), None)
                 return head
-            self._runner.max_batch = self.limits.max_batch          # the limits may change while it runs
+            self._runner.max_batch = self.limits.max_batch if self._batchable else 1   # limits may change
             if self._runner.room <= 0:
                 return None
             handle = self._queue.popleft()

@@ -299,3 +299,22 @@ def test_the_logit_lens_on_demand_equals_the_lens_at_every_step(tiny_lm):
         for i, c in b.captures.items():
             assert [t for t, _ in a.captures[i].lens] == [t for t, _ in c.lens]
             np.testing.assert_allclose([p for _, p in a.captures[i].lens], [p for _, p in c.lens], atol=1e-6)
+
+
+def test_a_model_with_sliding_window_layers_runs_one_at_a_time(tmp_path):
+    """Windowed layers keep their own number of positions, so rows cannot be padded together: batch of one."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from conftest import TINY_CONFIG, write_tiny_tokenizer
+    from engine.batch import batchable
+    from engine.loader import load_model
+
+    config = MistralConfig(**{**TINY_CONFIG, "sliding_window": 8})
+    MistralForCausalLM(config).save_pretrained(tmp_path / "m", safe_serialization=True)
+    write_tiny_tokenizer(tmp_path / "m", config.vocab_size)
+    lm = load_model(str(tmp_path / "m"), device="cpu", dtype="float32")
+    runner = BatchRunner(lm, max_batch=8)
+    assert not batchable(lm) and runner.max_batch == 1
+    request = GenerationRequest(tiny_prompt(12), max_new_tokens=12, chat=False)
+    (sink,) = run_staggered(lm, [(request, FULL)], max_batch=8)
+    assert_same_run(sink.records, alone(lm, request, FULL))
