@@ -136,7 +136,7 @@ def prepare(lm: LoadedModel, prompt: str, sampling: Sampling, chat: bool = True)
 def generate_button(ns: str, prepared: Prepared) -> tuple[bool, st.delta_generator.DeltaGenerator]:
     """The Generate button and an empty slot beside it where Stop appears while the answer streams."""
     allowed = may_generate(st.session_state, presenter_board())
-    left, right, _ = st.columns([1, 1, 5])
+    left, right, _ = st.columns([3, 2, 7])              # wide enough for "Generate" on a 1024-px projector
     clicked = left.button("Generate", type="primary", key=f"{ns}.generate",
                           disabled=prepared.error is not None or not allowed)
     if not allowed:

@@ -98,7 +98,8 @@ def streamlit_command(args: argparse.Namespace) -> list[str]:
     return [sys.executable, "-m", "streamlit", "run", str(MAIN),
             "--server.address", args.host, "--server.port", str(args.port), "--server.headless", "true",
             "--browser.gatherUsageStats", "false", "--server.maxUploadSize", str(UPLOAD_MB),
-            "--server.fileWatcherType", "none", "--server.enableXsrfProtection", "true"]
+            "--server.fileWatcherType", "none", "--server.enableXsrfProtection", "true",
+            "--client.toolbarMode", "viewer"]          # no Deploy button or developer menu for the room
 
 
 def banner(args: argparse.Namespace, token: str | None) -> str:
