@@ -513,6 +513,10 @@ def main(argv: list[str] | None = None) -> int:
     except EngineError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except Exception as err:  # noqa: BLE001 - one line, never a traceback
+        from engine.cli import unexpected
+
+        return unexpected(err)
     return 0
 
 
