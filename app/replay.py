@@ -284,7 +284,8 @@ def kept_section(limits: Limits) -> None:
         st.caption("None yet: press Keep on this server under a finished run.")
     for i, entry in enumerate(entries):
         left, right = st.columns([6, 1], vertical_alignment="center")
-        left.text(f"{entry.title} ({entry.size / 1e6:.2f} MB, kept {time.strftime('%H:%M', time.localtime(entry.saved))})")
+        when = time.strftime("%H:%M", time.localtime(entry.saved))
+        left.text(f"{entry.title} ({entry.size / 1e6:.2f} MB, kept {when})")
         if right.button("Open", key=f"recordings.kept.{i}.{entry.name}", icon=":material/play_arrow:"):
             open_kept(store, entry.name, limits)
 

@@ -106,8 +106,9 @@ def main(argv: list[str] | None = None) -> int:
             path = Path(tmp) / f"{name}.json.gz"
             path.write_bytes(data)
             rows[name] = {"file_mb": round(len(data) / MB, 3), **measure(args.root.resolve(), path, env)}
-            print(f"{name:12} {rows[name]['file_mb']:8.3f} MB  {rows[name].get('seconds', 0):7.3f} s  "
-                  f"+{rows[name].get('extra_peak_mb', 0):8.1f} MB peak  {str(rows[name].get('outcome', rows[name].get('error')))[:110]}")
+            row = rows[name]
+            print(f"{name:12} {row['file_mb']:8.3f} MB  {row.get('seconds', 0):7.3f} s  "
+                  f"+{row.get('extra_peak_mb', 0):8.1f} MB peak  {str(row.get('outcome', row.get('error')))[:110]}")
     label = args.label or str(args.root.resolve())
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
     results[label] = {"device_limits": args.device, "expanded_mb": args.expanded_mb, "files": rows,

@@ -427,12 +427,10 @@ def report(room: Room, watch: MemoryWatch, seconds: float, threads_before: int, 
     final = psutil.Process(os.getpid()).memory_info().rss
     accepted = stats.submitted - stats_before.submitted
     ended = sum(getattr(stats, k) - getattr(stats_before, k) for k in ("served", "cancelled", "failed", "timed_out"))
+    counts = {k: getattr(stats, k) - getattr(stats_before, k)
+              for k in ("served", "cancelled", "failed", "timed_out", "refused")}
     out = {**summary(room.outcomes), "lost": len(lost) + (accepted - ended) + stats.queued + int(stats.running),
-           "scheduler": {"accepted": accepted, "served": stats.served - stats_before.served,
-                         "cancelled": stats.cancelled - stats_before.cancelled,
-                         "failed": stats.failed - stats_before.failed, "timed_out": stats.timed_out - stats_before.timed_out,
-                         "refused": stats.refused - stats_before.refused, "queued_at_end": stats.queued,
-                         "running_at_end": stats.running},
+           "scheduler": {"accepted": accepted, **counts, "queued_at_end": stats.queued, "running_at_end": stats.running},
            "memory_mb": {"after_warm_up": mb(warm), "peak": mb(watch.peak), "final": mb(final),
                          "final_over_warm_up": round(final / warm, 3)},
            "threads_left": threading.active_count() - threads_before,
@@ -476,7 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     seconds = args.seconds if args.seconds is not None else args.minutes * 60
     lm = load_model(args.model, device=args.device)
     result = {"sessions": args.sessions, "seconds": seconds, "model": lm.label, "device": str(lm.device),
-              "limits": scheduler_for(lm).limits.to_dict(), **run_soak(lm, args.sessions, seconds, args.seed, args.bomb_mb)}
+              "limits": scheduler_for(lm).limits.to_dict(),
+              **run_soak(lm, args.sessions, seconds, args.seed, args.bomb_mb)}
     scheduler_for(lm).close()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -177,8 +177,8 @@ def check_request(limits: Limits, spec: ModelSpec, dtype: str, n_prompt: int, ma
 # --- what a browser sends besides a request: the prompt's characters, a recording file ------------------------
 
 CHARS_PER_TOKEN = 16             # a prompt token is rarely longer (English ~4, code ~6; SmolLM2's longest is 81)
-RECORD_JSON_BYTES = 16 * 1024    # one step of a recording apart from its captures (measured 5.2 KB: 256 logits, 10 candidates)
-CAPTURE_JSON_BYTES = 2048        # one layer's capture apart from its attention (measured 0.56 KB at 9 heads; ~1.9 KB at 128)
+RECORD_JSON_BYTES = 16 * 1024    # one step apart from its captures (measured 5.2 KB: 256 logits, 10 candidates)
+CAPTURE_JSON_BYTES = 2048        # one layer's capture apart from attention (measured 0.56 KB at 9 heads; ~1.9 KB at 128)
 PROMPT_TOKEN_JSON_BYTES = 256    # one prompt token's id and text in the prefill record
 HEADER_JSON_BYTES = 64 * 1024    # the model's spec, the request settings, the policy, the title
 RECORD_VALUES, CAPTURE_VALUES, PROMPT_TOKEN_VALUES = 512, 320, 8   # JSON values of each (measured 96, 56, 3)

@@ -48,7 +48,8 @@ MAX_FILE_BYTES = 64 * 2**20          # compressed size accepted (an upload or a 
 GZIP_MAGIC = b"\x1f\x8b"
 CHUNK = 2**20                        # decompressed bytes looked at per step
 HEAD_BYTES = 512                     # the header must be within the first bytes of the text
-HEADER = re.compile(rb'\s*\{\s*"format"\s*:\s*"' + re.escape(FORMAT.encode()) + rb'"\s*,\s*"version"\s*:\s*(-?\d{1,9})\b')
+HEADER = re.compile(rb'\s*\{\s*"format"\s*:\s*"' + re.escape(FORMAT.encode())
+                    + rb'"\s*,\s*"version"\s*:\s*(-?\d{1,9})\b')
 PARSE_PLACES = 2                     # recordings parsed or written at once; the rest wait
 PARSE_WAIT_SECONDS = 120.0
 ARRAY_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "float16", "float32", "float64")
@@ -228,9 +229,10 @@ def _scan(chunks: Iterable[bytes], name: str, limits: Limits, gzipped: bool, cla
                 if claimed > max_bytes:
                     raise RecordingError(f"{name} says it expands to {claimed / 2**20:,.0f} MiB, more than the "
                                          f"{max_bytes / 2**20:,.0f} MiB of the largest recording this server can "
-                                         "make; refused (or the file is damaged or cut short)")
+                                         "make; refused (or the file is damaged or truncated)")
         if claimed and size + len(chunk) > claimed:
-            raise RecordingError(f"{name} holds more than its gzip trailer says ({claimed:,} bytes); it is damaged")
+            raise RecordingError(f"{name} holds more than its gzip trailer says ({claimed:,} bytes); it is damaged "
+                                 "or truncated")
         size += len(chunk)
         values += chunk.count(b",") + chunk.count(b"[") + chunk.count(b"{")
         if size > max_bytes or values > max_values:
