@@ -48,6 +48,7 @@ MAX_FILE_BYTES = 64 * 2**20          # compressed size accepted (an upload or a 
 GZIP_MAGIC = b"\x1f\x8b"
 CHUNK = 2**20                        # decompressed bytes looked at per step
 HEAD_BYTES = 512                     # the header must be within the first bytes of the text
+PROBE_BYTES = 8 * 2**20              # read of a file whose gzip trailer says it is too large, to tell a cut one
 HEADER = re.compile(rb'\s*\{\s*"format"\s*:\s*"' + re.escape(FORMAT.encode())
                     + rb'"\s*,\s*"version"\s*:\s*(-?\d{1,9})\b')
 PARSE_PLACES = 2                     # recordings parsed or written at once; the rest wait
@@ -220,21 +221,21 @@ def _scan(chunks: Iterable[bytes], name: str, limits: Limits, gzipped: bool, cla
     large is refused unread, one that says less than it holds is refused once it passes its word.
     """
     max_bytes, max_values = max_recording_bytes(limits), max_recording_values(limits)
-    head, size, values = b"", 0, 0
+    head, size, values, probe = b"", 0, 0, None
     for chunk in chunks:
         if len(head) < HEAD_BYTES:
             head += chunk[:HEAD_BYTES]
             if len(head) >= HEAD_BYTES:
                 _check_head(head, name, gzipped)
-                if claimed > max_bytes:
-                    raise RecordingError(f"{name} says it expands to {claimed / 2**20:,.0f} MiB, more than the "
-                                         f"{max_bytes / 2**20:,.0f} MiB of the largest recording this server can "
-                                         "make; refused (or the file is damaged or truncated)")
+                probe = PROBE_BYTES if claimed > max_bytes else None     # read a little: is it only cut short?
         if claimed and size + len(chunk) > claimed:
             raise RecordingError(f"{name} holds more than its gzip trailer says ({claimed:,} bytes); it is damaged "
                                  "or truncated")
         size += len(chunk)
         values += chunk.count(b",") + chunk.count(b"[") + chunk.count(b"{")
+        if probe is not None and size > probe:
+            raise RecordingError(f"{name} says it expands to {claimed / 2**20:,.0f} MiB, more than the "
+                                 f"{max_bytes / 2**20:,.0f} MiB of the largest recording this server can make; refused")
         if size > max_bytes or values > max_values:
             raise _too_large(name, f"{max_bytes / 2**20:,.0f} MiB" if size > max_bytes else
                              f"{max_values:,} JSON values", limits)

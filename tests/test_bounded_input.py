@@ -104,11 +104,12 @@ def lying(data: bytes, claim: int) -> bytes:
     return data[:-4] + claim.to_bytes(4, "little")
 
 
+TOO_LARGE = "expands to|holds more than"
 EXPANDED = 48 * 2**20          # each bomb expands to 48 MiB; SMALL's cap is about 3 MiB
 BOMBS = {
     "zeros (issue 14)": (lambda: gz([(b"[", 1), (b"0,", EXPANDED // 2), (b"0]", 1)]), "not a playground recording"),
-    "zeros behind a header": (lambda: gz([(HEADER, 1), (b"0,", EXPANDED // 2), (b"0]}", 1)]), "expands to"),
-    "a string behind a header": (lambda: gz([(HEADER + b'"', 1), (b"A", EXPANDED), (b'"]}', 1)]), "expands to"),
+    "zeros behind a header": (lambda: gz([(HEADER, 1), (b"0,", EXPANDED // 2), (b"0]}", 1)]), TOO_LARGE),
+    "a string behind a header": (lambda: gz([(HEADER + b'"', 1), (b"A", EXPANDED), (b'"]}', 1)]), TOO_LARGE),
     "zeros, trailer lies": (lambda: lying(BOMBS["zeros behind a header"][0](), 2**15), "trailer says"),
     "zeros, trailer claims the cap": (lambda: lying(BOMBS["zeros behind a header"][0](), max_recording_bytes(SMALL)),
                                       "JSON values"),
@@ -116,7 +117,7 @@ BOMBS = {
                                                        max_recording_bytes(SMALL)), "trailer says"),
     "a string, trailer says nothing": (lambda: lying(BOMBS["a string behind a header"][0](), 0),
                                        "MiB, more than the largest"),
-    "empty lists behind a header": (lambda: gz([(HEADER, 1), (b"[],", EXPANDED // 3), (b"[]]}", 1)]), "expands to"),
+    "empty lists behind a header": (lambda: gz([(HEADER, 1), (b"[],", EXPANDED // 3), (b"[]]}", 1)]), TOO_LARGE),
     "plain JSON zeros behind a header": (lambda: HEADER + b"0," * (8 * 2**20) + b"0]}", "JSON values"),
 }
 
@@ -134,6 +135,15 @@ def test_a_bomb_is_refused_before_it_is_parsed_with_little_memory(case):
         tracemalloc.stop()
     assert peak < 8 * 2**20, f"{peak / 2**20:.1f} MiB"         # the bomb expands to 48 MiB and parses to far more
     assert "\n" not in str(err.value) and "bomb.json.gz" in str(err.value)
+
+
+def test_a_cut_file_whose_trailer_says_it_is_huge_is_called_cut_not_huge():
+    good = SHIPPED[0].read_bytes()
+    cut = lying(good[: len(good) // 2], 2**31)                   # what is left at the end reads as a size
+    with pytest.raises(RecordingError, match="damaged or truncated gzip file"):
+        loads_recording(cut, limits=CPU_LIMITS)
+    with pytest.raises(RecordingError, match="says it expands to 300 MiB"):  # a whole bomb that says so: its word
+        loads_recording(gz([(HEADER, 1), (b"0,", 150 * 2**20), (b"0]}", 1)]), limits=CPU_LIMITS)
 
 
 def test_a_gzip_with_a_second_member_is_refused():
