@@ -178,7 +178,7 @@ def shipped_section() -> None:
         st.caption(f"No recordings in {RECORDINGS_DIR.relative_to(ROOT)}.")
         return
     for i, item in enumerate(items):
-        left, right = st.columns([6, 1], vertical_alignment="center")
+        left, right = st.columns([4, 1], vertical_alignment="center")
         left.text(f"{item.title}: {item.tokens} tokens from {item.model}, attention of {item.layers} layers\n"
                   f"Prompt: {item.prompt}\nAnswer: {item.answer.strip()[:160]}")
         if right.button("Open", key=f"recordings.open.{i}", icon=":material/play_arrow:"):
@@ -283,7 +283,7 @@ def kept_section(limits: Limits) -> None:
     if not entries:
         st.caption("None yet: press Keep on this server under a finished run.")
     for i, entry in enumerate(entries):
-        left, right = st.columns([6, 1], vertical_alignment="center")
+        left, right = st.columns([4, 1], vertical_alignment="center")
         when = time.strftime("%H:%M", time.localtime(entry.saved))
         left.text(f"{entry.title} ({entry.size / 1e6:.2f} MB, kept {when})")
         if right.button("Open", key=f"recordings.kept.{i}.{entry.name}", icon=":material/play_arrow:"):

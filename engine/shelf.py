@@ -38,7 +38,8 @@ class Entry:
 
     @property
     def title(self) -> str:
-        return self.name[:-len(SUFFIX)].partition("-")[2].replace("-", " ") or "run"
+        words = self.name[:-len(SUFFIX)].partition("-")[2].replace("-", " ") or "run"
+        return words[0].upper() + words[1:]
 
 
 @dataclass(frozen=True)

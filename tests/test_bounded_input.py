@@ -233,8 +233,8 @@ def test_a_session_keeps_at_most_its_share_and_its_oldest_goes_first(tmp_path):
     first = shelf.keep("ana", b"a" * 100, "First run").entry
     shelf.keep("ana", b"b" * 100, "Second run")
     kept = shelf.keep("ana", b"c" * 100, "Third run")
-    assert [e.name for e in kept.removed] == [first.name] and first.title == "first run"
-    assert [e.title for e in shelf.entries("ana")] == ["third run", "second run"]
+    assert [e.name for e in kept.removed] == [first.name] and first.title == "First run"
+    assert [e.title for e in shelf.entries("ana")] == ["Third run", "Second run"]
     assert shelf.read("ana", kept.entry.name) == b"c" * 100
     assert shelf.entries("ben") == []
     with pytest.raises(EngineError, match="no longer kept"):

@@ -1,5 +1,6 @@
-"""The Recordings page under hostile and heavy use: bombs get a one-line message, kept runs stay within the caps
-and the people whose runs were removed are told. Drives app/main.py with AppTest on the tiny model."""
+"""The app under hostile and heavy use: bombs get a one-line message, kept runs stay within the caps and the
+people whose runs were removed are told, wrong presenter tokens slow down. Drives app/main.py with AppTest on
+the tiny model."""
 from __future__ import annotations
 
 import zlib
@@ -9,7 +10,9 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app import presenter
 from app.model import model_slot
+from app.presenter import PresenterBoard
 from app.replay import RECORDINGS_DIR
 from engine.scheduler import scheduler_for
 
@@ -111,3 +114,16 @@ def test_someone_whose_runs_made_room_for_others_is_told_on_their_next_visit(roo
     first.run()
     clean(first)
     assert any("were removed to make room" in i.value for i in first.info), [i.value for i in first.info]
+
+
+def test_a_session_guessing_presenter_tokens_is_slowed_and_told_how_long(room, monkeypatch):
+    monkeypatch.setattr(presenter, "_BOARD", PresenterBoard("front-of-the-room-token"))
+    at = room[0][0].run()
+    for i in range(presenter.FREE_GUESSES):
+        at.text_input(key="presenter.token_input").input(f"guess number {i}").run()
+        assert [e.value for e in at.sidebar.error] == ["That is not the presenter token."]
+    at.text_input(key="presenter.token_input").input("front-of-the-room-token").run()
+    clean(at)
+    errors = [e.value for e in at.sidebar.error]
+    assert len(errors) == 1 and errors[0].startswith("Too many wrong presenter tokens") and "wait" in errors[0]
+    assert "presenter.token" not in at.session_state                  # the right token was not even tried
