@@ -14,7 +14,10 @@ same way for comparison. The files:
 - `headed`: the same zeros behind a valid recording header, `{"format": ..., "version": 1, "records": [0,0,...`.
 - `string`: a valid header, then one 500 MB string of `A`s.
 - `headed-liar`, `string-liar`: the same files with a gzip trailer that claims 250 MiB (just under the
-  2-core CPU default cap of 259 MiB), so that only decompressing and counting can tell: the worst case.
+  2-core CPU default cap of 259 MiB), so that only decompressing and counting can tell: the worst case
+  of a refusal.
+- `under-cap`: a valid header and one 250 MB string, honestly within the cap: it passes every cheap check
+  and is refused only once parsed, so it costs what parsing a real recording of that size costs.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ SHIPPED = ROOT / "assets" / "recordings" / "capital-of-france.json.gz"
 HEADER = b'{"format":"inference-playground/recording","version":1,"records":['
 MB = 10**6
 LIAR_CLAIM = 250 * 2**20
+UNDER_CAP = 250 * 10**6          # 238 MiB: below the 2-core CPU default cap of 259 MiB
 
 CHILD = r"""
 import json, resource, sys, time
@@ -72,6 +76,7 @@ def bombs(expanded: int) -> dict[str, bytes]:
         "plain": gzip_of([(b"[", 1), (b"0,", zeros), (b"0]", 1)]),
         "headed": gzip_of([(HEADER, 1), (b"0,", zeros), (b"0]}", 1)]),
         "string": gzip_of([(HEADER + b'"', 1), (b"A", expanded), (b'"]}', 1)]),
+        "under-cap": gzip_of([(HEADER + b'"', 1), (b"A", UNDER_CAP), (b'"]}', 1)]),
         "shipped": SHIPPED.read_bytes(),
     }
 
