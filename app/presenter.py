@@ -16,6 +16,7 @@ as HTML.
 """
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 import threading
@@ -32,6 +33,9 @@ WIDGET_KEYS = {"prompt": "prompt", "temperature": "temperature", "top_k": "top_k
 VIEW_KEYS = {"layer": int, "head": int, "step": int, "token": int}
 FOLLOW_KEY, SEEN_KEY, TOKEN_KEY, VIEW_KEY, PENDING_KEY = (
     "presenter.follow", "presenter.seen", "presenter.token", "presenter.view", "presenter.pending")
+GUESSES_KEY = "presenter.guesses"     # (wrong tokens tried, time of the last one, digest of the last one)
+FREE_GUESSES = 3                      # wrong tokens a session may try before each next try waits
+GUESS_DELAY_SECONDS, MAX_GUESS_DELAY_SECONDS = 2.0, 300.0    # 2, 4, 8 ... seconds, at most 5 minutes
 
 
 class PresenterError(Exception):
@@ -178,13 +182,39 @@ def presenter_board(environ: Mapping[str, str] | None = None) -> PresenterBoard:
 
 # --- what a session does (state: st.session_state, or any dict in tests) ----------------------------
 
-def unlock(state: MutableMapping[str, Any], board: PresenterBoard, token: str) -> bool:
-    """Make this session the presenter's when `token` is right; the token stays server-side."""
+def unlock(state: MutableMapping[str, Any], board: PresenterBoard, token: str, now: float | None = None) -> bool:
+    """Make this session the presenter's when `token` is right; the token stays server-side.
+
+    After FREE_GUESSES wrong tokens, each further try must wait twice as long as the one before
+    (2 s, 4 s, ... up to 5 minutes): PresenterError says how long. The same wrong token again (a page
+    rerun with the box still filled) is not a new try and is refused without comparing.
+    """
+    now = time.monotonic() if now is None else now
+    wrong, last, digest = state.get(GUESSES_KEY, (0, 0.0, ""))
+    if wrong and _digest(token) == digest:
+        return False
+    if (wait := guess_wait(wrong, last, now)) > 0:
+        raise PresenterError(f"too many wrong presenter tokens from this browser: wait {wait:.0f} s, "
+                             "then enter the token again")
     if board.check(token):
         state[TOKEN_KEY] = token
+        state.pop(GUESSES_KEY, None)
         return True
     state.pop(TOKEN_KEY, None)
+    state[GUESSES_KEY] = (wrong + 1, now, _digest(token))
     return False
+
+
+def guess_wait(wrong: int, last: float, now: float) -> float:
+    """Seconds before the next try, after `wrong` wrong tokens, the last at `last`."""
+    if wrong < FREE_GUESSES:
+        return 0.0
+    delay = min(GUESS_DELAY_SECONDS * 2 ** (wrong - FREE_GUESSES), MAX_GUESS_DELAY_SECONDS)
+    return max(0.0, last + delay - now)
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8", "replace")).hexdigest()
 
 
 def is_presenter(state: Mapping[str, Any], board: PresenterBoard) -> bool:
@@ -275,8 +305,21 @@ def presenter_box(board: PresenterBoard) -> None:
             board.allow_generate(state.get(TOKEN_KEY), allowed)
             return
         token = st.text_input("Presenter token", type="password", key="presenter.token_input")
-        if token and not unlock(state, board, token):
-            st.error("That is not the presenter token.")
+        if token:
+            try_token(state, board, token)
+
+
+def try_token(state: MutableMapping[str, Any], board: PresenterBoard, token: str) -> None:
+    """Unlock with `token`, or say why not under the box."""
+    import streamlit as st
+
+    try:
+        ok = unlock(state, board, token)
+    except PresenterError as err:
+        st.error(str(err)[0].upper() + str(err)[1:] + ".")
+        return
+    if not ok:
+        st.error("That is not the presenter token.")
 
 
 def push_button(board: PresenterBoard, ns: str, here: str, view: Mapping[str, Any] | None = None) -> Push | None:

@@ -12,22 +12,29 @@ goes on when the model is busy or not loaded.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import streamlit as st
 
-from app.controls import SETTING_RANGES, in_range
+from app.controls import SETTING_RANGES, in_range, session_id
 from app.run import LAST_RUN, Run, compact
+from engine.errors import EngineError
+from engine.limits import MiB, Limits, server_limits
 from engine.loader import LoadedModel
-from engine.recording import (MAX_FILE_BYTES, Recording, RecordingError, dumps_recording, load_recording,
-                              loads_recording)
+from engine.recording import (MAX_FILE_BYTES, PARSE_PLACES, Recording, RecordingError, dumps_recording,
+                              load_recording, loads_recording)
 from engine.records import PrefillRecord
+from engine.scheduler import scheduler_for
+from engine.shelf import Kept, Shelf, default_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDINGS_DIR = ROOT / "assets" / "recordings"
 UPLOAD_KEY, OPENED_KEY = "recordings.upload", "recordings.opened"
+KEPT_KEY, KEPT_NOTE_KEY = "recordings.kept", "recordings.kept_note"
+Waiting = Callable[[int], None]
 
 
 # --- recordings and runs ---------------------------------------------------------------------------------
@@ -57,18 +64,34 @@ def recording_from_run(run: Run) -> Recording:
                      title=run.source or run.request.prompt[:60])
 
 
-def open_bytes(data: bytes, name: str = "the file") -> Run:
+def open_bytes(data: bytes, name: str = "the file", limits: Limits | None = None,
+               on_wait: Waiting | None = None) -> Run:
     """Parse uploaded bytes into a run; RecordingError says what is wrong with a bad file."""
-    return run_from_recording(loads_recording(data, name=name))
+    return run_from_recording(loads_recording(data, name=name, limits=limits, on_wait=on_wait))
 
 
 def open_shipped(path: Path) -> Run:
     return run_from_recording(load_recording(path))
 
 
-def run_bytes(run: Run) -> bytes:
+def run_bytes(run: Run, on_wait: Waiting | None = None) -> bytes:
     """The gzip-compressed JSON of a finished run (attention as float16)."""
-    return dumps_recording(recording_from_run(run))
+    return dumps_recording(recording_from_run(run), on_wait=on_wait)
+
+
+def room_limits(lm: LoadedModel | None) -> Limits:
+    """The server's limits: the scheduler's when the model is loaded, else those of the launch variables."""
+    return scheduler_for(lm).limits if lm is not None else server_limits()
+
+
+@st.cache_resource(show_spinner=False)
+def shelf(root: str, per_session: int, total_mb: int) -> Shelf:
+    """The one shelf of kept recordings of this server process."""
+    return Shelf(Path(root), per_session, total_mb * MiB)
+
+
+def room_shelf(limits: Limits) -> Shelf:
+    return shelf(str(default_dir()), limits.max_saved_per_session, limits.max_saved_mb)
 
 
 def file_name(run: Run) -> str:
@@ -155,14 +178,14 @@ def shipped_section() -> None:
         st.caption(f"No recordings in {RECORDINGS_DIR.relative_to(ROOT)}.")
         return
     for i, item in enumerate(items):
-        left, right = st.columns([6, 1], vertical_alignment="center")
+        left, right = st.columns([4, 1], vertical_alignment="center")
         left.text(f"{item.title}: {item.tokens} tokens from {item.model}, attention of {item.layers} layers\n"
                   f"Prompt: {item.prompt}\nAnswer: {item.answer.strip()[:160]}")
         if right.button("Open", key=f"recordings.open.{i}", icon=":material/play_arrow:"):
             make_current(open_shipped(Path(item.path)))
 
 
-def upload_section() -> None:
+def upload_section(limits: Limits) -> None:
     """A file picker for a recording; a bad file gives the RecordingError's reason."""
     upload = st.file_uploader("Open a recording file (.json.gz)", type=["gz", "json"], key=UPLOAD_KEY,
                               help=f"Files saved with 'Save this run' or `python -m engine.recording record`; "
@@ -171,16 +194,25 @@ def upload_section() -> None:
         return
     outcome = st.session_state.get(OPENED_KEY)
     if outcome is None or outcome[0] != upload.file_id:
-        outcome = (upload.file_id, open_upload(upload.getvalue(), upload.name))
+        notice = st.empty()
+        outcome = (upload.file_id, open_upload(upload.getvalue(), upload.name, limits, waiting_notice(notice)))
+        notice.empty()
         st.session_state[OPENED_KEY] = outcome
     if outcome[1] is not None:
         st.error(outcome[1])
 
 
-def open_upload(data: bytes, name: str) -> str | None:
+def waiting_notice(slot: st.delta_generator.DeltaGenerator) -> Waiting:
+    def show(waiting: int) -> None:
+        slot.info(f"The server is opening or saving {PARSE_PLACES} other recordings right now, the most it works on "
+                  f"at once; yours is next in line ({waiting} waiting)…", icon=":material/hourglass_top:")
+    return show
+
+
+def open_upload(data: bytes, name: str, limits: Limits | None = None, on_wait: Waiting | None = None) -> str | None:
     """Make an uploaded recording the current run; the error message when it cannot be read."""
     try:
-        make_current(open_bytes(data, name))
+        make_current(open_bytes(data, name, limits, on_wait))
     except RecordingError as err:
         return str(err)
     return None
@@ -196,6 +228,73 @@ def save_button(run: Run | None, key: str) -> None:
                        icon=":material/download:",
                        help="A .json.gz file with the tokens, timings and captures; open it later on the "
                             "Recordings page, here or on another playground.")
+
+
+def keep_button(run: Run | None, limits: Limits) -> None:
+    """'Keep on this server': the run saved to the server's disk for this session, within the caps."""
+    store = room_shelf(limits)
+    if run is None or run.done is None or run.prefill is None or not store.enabled:
+        return
+    if not st.button("Keep on this server", key=f"recordings.keep.{run.id}", icon=":material/bookmark_add:",
+                     help=f"Up to {limits.max_saved_per_session} runs per session, {limits.max_saved_mb:,} MiB for "
+                          "everyone; the oldest go first."):
+        return
+    notice = st.empty()
+    try:
+        kept = store.keep(session_id(), run_bytes(run, waiting_notice(notice)), file_name(run)[:-len(".json.gz")])
+    except EngineError as err:
+        notice.error(str(err))
+        return
+    st.session_state[KEPT_KEY] = sorted(e.name for e in store.entries(session_id()))   # told below, not again
+    st.session_state[KEPT_NOTE_KEY] = kept_message(kept, limits)
+    st.rerun()                                     # the list above shows the new one
+
+
+def kept_message(kept: Kept, limits: Limits) -> str:
+    """What keeping did, including what it removed to stay within the caps."""
+    text = f"Kept \u201c{kept.entry.title}\u201d on this server ({kept.entry.size / 1e6:.2f} MB)."
+    mine = [e.title for e in kept.removed if e.session == kept.entry.session]
+    others = len(kept.removed) - len(mine)
+    if mine:
+        text += (f" To stay within {limits.max_saved_per_session} per session, your oldest was removed: "
+                 f"{', '.join(mine)}.")
+    if others:
+        text += (f" The space for everyone's recordings ({limits.max_saved_mb:,} MiB) was full: {others} older "
+                 "recording(s) of other sessions were removed.")
+    return text
+
+
+def kept_section(limits: Limits) -> None:
+    """This session's kept recordings with an Open button each; says when some were removed meanwhile."""
+    store = room_shelf(limits)
+    if not store.enabled:
+        st.caption("This server keeps no recordings on its disk; use Save this run to download one.")
+        return
+    if note := st.session_state.pop(KEPT_NOTE_KEY, None):
+        st.success(note, icon=":material/bookmark_added:")
+    entries = store.entries(session_id())
+    names = {e.name for e in entries}
+    gone = set(st.session_state.get(KEPT_KEY, ())) - names
+    st.session_state[KEPT_KEY] = sorted(names)
+    if gone:
+        st.info(f"{len(gone)} of your kept recordings were removed to make room for newer ones (the server keeps "
+                f"{limits.max_saved_per_session} per session and {limits.max_saved_mb:,} MiB in all; the oldest go "
+                "first).", icon=":material/delete_sweep:")
+    if not entries:
+        st.caption("None yet: press Keep on this server under a finished run.")
+    for i, entry in enumerate(entries):
+        left, right = st.columns([4, 1], vertical_alignment="center")
+        when = time.strftime("%H:%M", time.localtime(entry.saved))
+        left.text(f"{entry.title} ({entry.size / 1e6:.2f} MB, kept {when})")
+        if right.button("Open", key=f"recordings.kept.{i}.{entry.name}", icon=":material/play_arrow:"):
+            open_kept(store, entry.name, limits)
+
+
+def open_kept(store: Shelf, name: str, limits: Limits) -> None:
+    try:
+        make_current(open_bytes(store.read(session_id(), name), name, limits, waiting_notice(st.empty())))
+    except EngineError as err:
+        st.error(str(err))
 
 
 def run_notes(run: Run | None) -> None:

@@ -10,8 +10,8 @@ import torch
 
 from app.format import fmt_bytes
 from app.model import model_choice
-from app.presenter import (SEEN_KEY, WATCHED_KEY, following, is_presenter, presenter_board, presenter_box,
-                           unlock)
+from app.presenter import (SEEN_KEY, WATCHED_KEY, PresenterError, following, is_presenter, presenter_board,
+                           presenter_box, unlock)
 from engine.card import kv_bytes_per_token, param_counts
 from engine.loader import LoadedModel
 from engine.scheduler import scheduler_for
@@ -63,7 +63,10 @@ def render_sidebar(lm: LoadedModel | None) -> None:
         if board.enabled:
             token = st.session_state.get("presenter.token_input")
             if token and not is_presenter(st.session_state, board):
-                unlock(st.session_state, board, token)       # so the box below already shows the presenter's view
+                try:
+                    unlock(st.session_state, board, token)   # so the box below already shows the presenter's view
+                except PresenterError:
+                    pass                                     # the box below says how long to wait
             presenter_box(board)
             watch_presenter()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, Callable
 
@@ -64,7 +65,7 @@ def cmd_card(args: argparse.Namespace) -> int:
     from engine.specs import ModelSpec, model_preset
 
     if args.config:
-        spec = ModelSpec.from_json(args.config)
+        spec = read_config(args.config, ModelSpec.from_json)
     elif args.preset:
         spec = model_preset(args.preset)
     else:
@@ -74,6 +75,27 @@ def cmd_card(args: argparse.Namespace) -> int:
         spec = read_spec(folder, label)
     print(json.dumps(model_card(spec, args.dtype), indent=2))
     return 0
+
+
+CONFIG_ERRORS = (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError)
+
+
+def read_config(path: str, read: Callable[[str], Any]) -> Any:
+    """`read(path)`, or an EngineError that names the file and what is wrong with it, in one line."""
+    try:
+        return read(path)
+    except CONFIG_ERRORS as err:
+        raise EngineError(f"cannot read model config {path!r}: {config_problem(err)}") from None
+
+
+def config_problem(err: Exception) -> str:
+    if isinstance(err, OSError):
+        return err.strerror or str(err)
+    if isinstance(err, json.JSONDecodeError):
+        return f"not valid JSON ({err.msg}, line {err.lineno})"
+    if isinstance(err, UnicodeDecodeError):
+        return "not a text file"
+    return f"not a usable Hugging Face config.json ({type(err).__name__}: {err})"
 
 
 def cmd_hooks(args: argparse.Namespace) -> int:
@@ -153,7 +175,25 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (EngineError, KeyError, ValueError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {one_line(message)}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:
+        print("stopped", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 - the user gets one line, never a traceback
+        return unexpected(err)
+
+
+def one_line(message: object) -> str:
+    return " ".join(str(message).split())
+
+
+def unexpected(err: Exception) -> int:
+    """One line for an error nobody foresaw; the traceback only when PLAYGROUND_TRACEBACK=1."""
+    if os.environ.get("PLAYGROUND_TRACEBACK") == "1":
+        raise err
+    print(f"error: {type(err).__name__}: {one_line(err)} (unexpected: set PLAYGROUND_TRACEBACK=1 to see where, "
+          "and please report it)", file=sys.stderr)
+    return 1

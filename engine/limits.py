@@ -39,6 +39,8 @@ class Limits:
     max_capture_layers: int = 64         # layers one request may capture (64: every layer of any model here)
     request_seconds: float = 120.0       # wall time of one running request before it is stopped
     reserve_mb: int = 1024               # memory kept free for everything else (OS, activations, allocator)
+    max_saved_per_session: int = 5       # recordings one session keeps on the server's disk (0: none)
+    max_saved_mb: int = 1024             # recordings kept on disk for all sessions together, in MiB (0: none)
 
     @classmethod
     def for_device(cls, device: str | object = "cpu") -> "Limits":
@@ -64,8 +66,8 @@ class Limits:
 
 
 CPU_LIMITS = Limits()
-GPU_LIMITS = Limits(max_prompt_tokens=32768, max_new_tokens=1024, max_queue=128, max_batch=32, prefix_cache_mb=4096, max_sessions=100,
-                    max_capture_mb=512, request_seconds=180.0, reserve_mb=4096)
+GPU_LIMITS = Limits(max_prompt_tokens=32768, max_new_tokens=1024, max_queue=128, max_batch=32, prefix_cache_mb=4096,
+                    max_sessions=100, max_capture_mb=512, request_seconds=180.0, reserve_mb=4096, max_saved_mb=4096)
 
 ENV_VARS: dict[str, str] = {
     "max_prompt_tokens": "PLAYGROUND_MAX_PROMPT_TOKENS",
@@ -78,7 +80,10 @@ ENV_VARS: dict[str, str] = {
     "max_capture_layers": "PLAYGROUND_MAX_CAPTURE_LAYERS",
     "request_seconds": "PLAYGROUND_REQUEST_SECONDS",
     "reserve_mb": "PLAYGROUND_RESERVE_MB",
+    "max_saved_per_session": "PLAYGROUND_MAX_SAVED_PER_SESSION",
+    "max_saved_mb": "PLAYGROUND_MAX_SAVED_MB",
 }
+ZERO_OK = ("max_queue", "reserve_mb", "prefix_cache_mb", "max_saved_per_session", "max_saved_mb")
 
 
 def _kind(name: str) -> type:
@@ -96,7 +101,7 @@ def validated(limits: Limits) -> Limits:
     """The same limits, or an EngineError naming the first one that cannot work."""
     for f in fields(limits):
         value, whole = getattr(limits, f.name), f.name != "request_seconds"
-        if not _acceptable(value, zero_ok=f.name in ("max_queue", "reserve_mb", "prefix_cache_mb"), whole=whole):
+        if not _acceptable(value, zero_ok=f.name in ZERO_OK, whole=whole):
             raise EngineError(f"{ENV_VARS[f.name]} (the {f.name.replace('_', ' ')} limit) must be a positive "
                               f"{'whole number' if whole else 'number'}, not {value!r}")
     return limits
@@ -171,3 +176,62 @@ def check_request(limits: Limits, spec: ModelSpec, dtype: str, n_prompt: int, ma
     if free_bytes is not None:
         check_memory(spec, dtype, n_prompt + max_new_tokens, free_bytes,
                      capture_bytes(spec, policy, n_prompt, max_new_tokens), limits.reserve_mb * MiB)
+
+
+# --- what a browser sends besides a request: the prompt's characters, a recording file ------------------------
+
+CHARS_PER_TOKEN = 16             # a prompt token is rarely longer (English ~4, code ~6; SmolLM2's longest is 81)
+RECORD_JSON_BYTES = 16 * 1024    # one step apart from its captures (measured 5.2 KB: 256 logits, 10 candidates)
+CAPTURE_JSON_BYTES = 2048        # one layer's capture apart from attention (measured 0.56 KB at 9 heads; ~1.9 KB at 128)
+PROMPT_TOKEN_JSON_BYTES = 256    # one prompt token's id and text in the prefill record
+HEADER_JSON_BYTES = 64 * 1024    # the model's spec, the request settings, the policy, the title
+RECORD_VALUES, CAPTURE_VALUES, PROMPT_TOKEN_VALUES = 512, 320, 8   # JSON values of each (measured 96, 56, 3)
+RECORDING_MARGIN = 1.25
+
+
+def server_limits(environ: Mapping[str, str] | None = None) -> Limits:
+    """The limits of the server this process runs for: PLAYGROUND_DEVICE's defaults (else CUDA when present),
+    then the PLAYGROUND_MAX_... variables. For what is read without a model at hand (a recording file)."""
+    env = os.environ if environ is None else environ
+    device = env.get("PLAYGROUND_DEVICE") or ""
+    if not device:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return Limits.for_device(device).with_env(env)
+
+
+def max_prompt_chars(limits: Limits) -> int:
+    """Characters a prompt (and system prompt) may have before it is tokenized at all."""
+    return limits.max_prompt_tokens * CHARS_PER_TOKEN
+
+
+def check_prompt_chars(limits: Limits, prompt: str, system: str | None = None) -> None:
+    """Refuse a prompt far longer than the token limit allows without running the tokenizer (a len() call)."""
+    n, cap = len(prompt) + len(system or ""), max_prompt_chars(limits)
+    if n > cap:
+        raise ContextLengthError(
+            f"the prompt is {n:,} characters; this server reads at most {cap:,} (its limit is "
+            f"{limits.max_prompt_tokens:,} tokens, and a token is rarely more than {CHARS_PER_TOKEN} characters). "
+            "Shorten it")
+
+
+def max_recording_bytes(limits: Limits) -> int:
+    """Largest JSON text of a recording this server can make under its limits, with a margin.
+
+    Attention leaves the engine as float32 (`max_capture_bytes`), is stored as float16 and base64 (x 4/3);
+    every step adds its record and one capture per captured layer; the prompt adds its tokens.
+    """
+    steps = limits.max_new_tokens + 1
+    attention = limits.max_capture_bytes // 2 * 4 // 3
+    rest = (steps * (RECORD_JSON_BYTES + limits.max_capture_layers * CAPTURE_JSON_BYTES)
+            + limits.max_prompt_tokens * PROMPT_TOKEN_JSON_BYTES + max_prompt_chars(limits) * 6 + HEADER_JSON_BYTES)
+    return int((attention + rest) * RECORDING_MARGIN)
+
+
+def max_recording_values(limits: Limits) -> int:
+    """Most JSON values (numbers, strings, lists, objects) such a recording holds, with the same margin."""
+    steps = limits.max_new_tokens + 1
+    values = (steps * (RECORD_VALUES + limits.max_capture_layers * CAPTURE_VALUES)
+              + limits.max_prompt_tokens * PROMPT_TOKEN_VALUES + 4096)
+    return int(values * RECORDING_MARGIN)

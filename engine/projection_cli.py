@@ -61,6 +61,10 @@ def _model(args: argparse.Namespace) -> ModelSpec:
             return ModelSpec.from_json(args.config)
         except ConfigError as err:
             raise UsageError(str(err)) from None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError) as err:
+            from engine.cli import config_problem
+
+            raise UsageError(f"cannot read model config {args.config!r}: {config_problem(err)}") from None
     if args.model not in MODEL_PRESETS:
         raise UsageError(f"unknown model {args.model!r}; known: {', '.join(MODEL_PRESETS)}")
     return MODEL_PRESETS[args.model]
@@ -158,7 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except Exception as err:  # noqa: BLE001 - the user gets one line, never a traceback
+        from engine.cli import unexpected
+
+        return unexpected(err)
 
 
 if __name__ == "__main__":

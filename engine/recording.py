@@ -20,29 +20,39 @@ import binascii
 import dataclasses
 import functools
 import gzip
-import io
 import json
+import re
 import sys
+import threading
 import time
 import types
 import typing
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Callable, Iterable, Iterator, Union
 
 import numpy as np
 
 from engine.errors import EngineError
 from engine.generate import GenerationRequest
 from engine.hooks import CapturePolicy
+from engine.limits import Limits, max_recording_bytes, max_recording_values, server_limits
 from engine.records import DecodeRecord, DoneRecord, PrefillRecord
 from engine.specs import ModelSpec
 
 FORMAT = "inference-playground/recording"
 VERSION = 1
 MAX_FILE_BYTES = 64 * 2**20          # compressed size accepted (an upload or a file on disk)
-MAX_JSON_BYTES = 512 * 2**20         # after decompression: refuses gzip bombs
+GZIP_MAGIC = b"\x1f\x8b"
+CHUNK = 2**20                        # decompressed bytes looked at per step
+HEAD_BYTES = 512                     # the header must be within the first bytes of the text
+PROBE_BYTES = 8 * 2**20              # read of a file whose gzip trailer says it is too large, to tell a cut one
+HEADER = re.compile(rb'\s*\{\s*"format"\s*:\s*"' + re.escape(FORMAT.encode())
+                    + rb'"\s*,\s*"version"\s*:\s*(-?\d{1,9})\b')
+PARSE_PLACES = 2                     # recordings parsed or written at once; the rest wait
+PARSE_WAIT_SECONDS = 120.0
 ARRAY_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "float16", "float32", "float64")
 ARRAY_KEY = "__ndarray__"
 
@@ -88,8 +98,17 @@ def new_recording(lm: Any, request: GenerationRequest, policy: CapturePolicy, re
 
 # --- saving ------------------------------------------------------------------------------------------
 
-def dumps_recording(recording: Recording, attention_dtype: str | None = "float16") -> bytes:
-    """The gzip-compressed JSON bytes of a recording; attention is stored in `attention_dtype`."""
+def dumps_recording(recording: Recording, attention_dtype: str | None = "float16",
+                    on_wait: Callable[[int], None] | None = None) -> bytes:
+    """The gzip-compressed JSON bytes of a recording; attention is stored in `attention_dtype`.
+
+    Holds one of the parse places (`PARSE_SLOTS`) while encoding, like loading does.
+    """
+    with PARSE_SLOTS.hold(on_wait):
+        return _dumps(recording, attention_dtype)
+
+
+def _dumps(recording: Recording, attention_dtype: str | None) -> bytes:
     doc = {"format": FORMAT, "version": VERSION, "title": recording.title, "created": recording.created,
            "model": {"label": recording.model, "dtype": recording.dtype, "device": recording.device,
                      "spec": _encode(recording.spec)},
@@ -148,33 +167,150 @@ def load_recording(path: str | Path) -> Recording:
     return loads_recording(data, name=path.name)
 
 
-def loads_recording(data: bytes, name: str = "the file") -> Recording:
-    """Parse the bytes of a recording (an upload, say); RecordingError with the reason on failure."""
+def loads_recording(data: bytes, name: str = "the file", limits: Limits | None = None,
+                    on_wait: Callable[[int], None] | None = None) -> Recording:
+    """Parse the bytes of a recording (an upload, say); RecordingError with the reason on failure.
+
+    Cheap checks come first, while one of a few parse places is held (`PARSE_SLOTS`; `on_wait(waiting)`
+    is called when all are taken): the header must say it is a recording, and the text, decompressed as a
+    stream and thrown away, must stay within the largest recording the server can make under `limits`
+    (engine.limits.max_recording_bytes and max_recording_values). Only then is it decompressed and parsed.
+    """
     if len(data) > MAX_FILE_BYTES:
         raise RecordingError(f"{name} is larger than {MAX_FILE_BYTES // 2**20} MiB; it is not a recording")
-    doc = _parse_json(_decompress(data, name), name)
-    _check_header(doc, name)
-    try:
-        return _build(doc)
-    except RecordingError as err:
-        raise RecordingError(f"{name} is not a valid recording: {err}") from None
-
-
-def _decompress(data: bytes, name: str) -> bytes:
-    if data[:2] == b"\x1f\x8b":
+    with PARSE_SLOTS.hold(on_wait):
+        doc = _parse_json(_text(data, name, limits or server_limits()), name)
+        _check_header(doc, name)
         try:
-            with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
-                text = f.read(MAX_JSON_BYTES + 1)
-        except (OSError, EOFError, zlib.error) as err:
-            raise RecordingError(f"{name} is a damaged or truncated gzip file ({err})") from None
-        if len(text) > MAX_JSON_BYTES:
-            raise RecordingError(f"{name} expands to more than {MAX_JSON_BYTES // 2**20} MiB; refused")
-        return text
-    if data[:1] == b"\x80" or data.rstrip().endswith(b"."):        # pickle protocol 2+, or 0/1 ending in STOP
+            return _build(doc)
+        except RecordingError as err:
+            raise RecordingError(f"{name} is not a valid recording: {err}") from None
+
+
+def _text(data: bytes, name: str, limits: Limits) -> bytes:
+    """The JSON text of a file, once its header, size and number of values have passed."""
+    if data[:2] == GZIP_MAGIC:
+        _scan(_inflate(data, name), name, limits, gzipped=True, claimed=int.from_bytes(data[-4:], "little"))
+        return zlib.decompress(data, wbits=31)                      # second pass, once the first one passed
+    _refuse_foreign(data, name)
+    _scan((data[i:i + CHUNK] for i in range(0, len(data), CHUNK)), name, limits, gzipped=False)
+    return data
+
+
+def _inflate(data: bytes, name: str) -> Iterator[bytes]:
+    """Decompressed gzip data in chunks of at most CHUNK bytes; a recording is one gzip member."""
+    inflater = zlib.decompressobj(wbits=31)                          # 31: gzip header and trailer
+    pending = data
+    try:
+        while pending and not inflater.eof:
+            yield inflater.decompress(pending, CHUNK)
+            pending = inflater.unconsumed_tail
+        if not inflater.eof:
+            yield inflater.flush()
+            raise RecordingError(f"{name} is a damaged or truncated gzip file (it ends early)")
+    except zlib.error as err:
+        raise RecordingError(f"{name} is a damaged or truncated gzip file ({err})") from None
+    if inflater.unused_data.strip(b"\0"):
+        raise RecordingError(f"{name} holds data after its gzip stream; a recording is one gzip member")
+
+
+def _scan(chunks: Iterable[bytes], name: str, limits: Limits, gzipped: bool, claimed: int = 0) -> None:
+    """Check the header at the start, then count bytes and JSON values up to the caps; refuse past them.
+
+    `claimed`: the size a gzip trailer states (modulo 4 GiB, below every cap); a file that says it is too
+    large is refused unread, one that says less than it holds is refused once it passes its word.
+    """
+    max_bytes, max_values = max_recording_bytes(limits), max_recording_values(limits)
+    head, size, values, probe = b"", 0, 0, None
+    for chunk in chunks:
+        if len(head) < HEAD_BYTES:
+            head += chunk[:HEAD_BYTES]
+            if len(head) >= HEAD_BYTES:
+                _check_head(head, name, gzipped)
+                probe = PROBE_BYTES if claimed > max_bytes else None     # read a little: is it only cut short?
+        if claimed and size + len(chunk) > claimed:
+            raise RecordingError(f"{name} holds more than its gzip trailer says ({claimed:,} bytes); it is damaged "
+                                 "or truncated")
+        size += len(chunk)
+        values += chunk.count(b",") + chunk.count(b"[") + chunk.count(b"{")
+        if probe is not None and size > probe:
+            raise RecordingError(f"{name} says it expands to {claimed / 2**20:,.0f} MiB, more than the "
+                                 f"{max_bytes / 2**20:,.0f} MiB of the largest recording this server can make; refused")
+        if size > max_bytes or values > max_values:
+            raise _too_large(name, f"{max_bytes / 2**20:,.0f} MiB" if size > max_bytes else
+                             f"{max_values:,} JSON values", limits)
+    if len(head) < HEAD_BYTES:
+        _check_head(head, name, gzipped)
+
+
+def _too_large(name: str, what: str, limits: Limits) -> RecordingError:
+    return RecordingError(f"{name} holds more than {what}, more than the largest recording this server can make "
+                          f"under its limits ({limits.max_new_tokens:,} new tokens, {limits.max_capture_mb:,} MiB of "
+                          "capture); refused")
+
+
+def _check_head(head: bytes, name: str, gzipped: bool) -> None:
+    """The first bytes must say `{"format": "inference-playground/recording", "version": N`."""
+    match = HEADER.match(head)
+    if match is not None:
+        version = int(match.group(1))
+        if version > VERSION:
+            raise RecordingError(f"{name} is a version {version} recording; this playground reads version "
+                                 f"{VERSION} and older. Update the playground to open it")
+        return
+    if head.lstrip()[:1] in (b"{", b"["):
+        raise RecordingError(f"{name} is JSON but not a playground recording (it does not begin with "
+                             f"\"format\": \"{FORMAT}\")")
+    if gzipped:
+        raise RecordingError(f"{name} is a gzip file but not a playground recording; it may be damaged")
+    raise RecordingError(f"{name} is neither a gzip-compressed recording nor JSON text")
+
+
+def _refuse_foreign(data: bytes, name: str) -> None:
+    if data[:1] == b"\x80" or data[-16:].rstrip().endswith(b"."):   # pickle protocol 2+, or 0/1 ending in STOP
         raise RecordingError(f"{name} looks like a Python pickle; recordings are JSON, and pickles are never loaded")
     if data[:2] == b"PK":
         raise RecordingError(f"{name} is a zip archive (an .npz?), not a recording")
-    return data
+
+
+# --- a few parses at a time --------------------------------------------------------------------------
+
+class ParseSlots:
+    """At most `n` recordings parsed or written at once in this process; the rest wait their turn."""
+
+    def __init__(self, n: int, wait_seconds: float = PARSE_WAIT_SECONDS):
+        self._free = threading.BoundedSemaphore(n)
+        self._lock = threading.Lock()
+        self.waiting = 0
+        self.wait_seconds = wait_seconds
+
+    @contextmanager
+    def hold(self, on_wait: Callable[[int], None] | None = None) -> Iterator[None]:
+        """One place for the block; `on_wait(waiting)` first when every place is taken."""
+        if not self._free.acquire(blocking=False):
+            self._wait(on_wait)
+        try:
+            yield
+        finally:
+            self._free.release()
+
+    def _wait(self, on_wait: Callable[[int], None] | None) -> None:
+        with self._lock:
+            self.waiting += 1
+            waiting = self.waiting
+        try:
+            if on_wait is not None:
+                on_wait(waiting)
+            got = self._free.acquire(timeout=self.wait_seconds)
+        finally:
+            with self._lock:
+                self.waiting -= 1
+        if not got:
+            raise RecordingError(f"the server was busy opening and saving other recordings for "
+                                 f"{self.wait_seconds:.0f} s; try again in a minute")
+
+
+PARSE_SLOTS = ParseSlots(PARSE_PLACES)
 
 
 def _parse_json(text: bytes, name: str) -> Any:
@@ -379,6 +515,10 @@ def main(argv: list[str] | None = None) -> int:
     except EngineError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except Exception as err:  # noqa: BLE001 - one line, never a traceback
+        from engine.cli import unexpected
+
+        return unexpected(err)
     return 0
 
 

@@ -21,8 +21,11 @@ elif (stats := scheduler_for(lm).stats()).queued:
 
 st.subheader("Shipped with the playground")
 replay.shipped_section()
+limits = replay.room_limits(lm)
 st.subheader("Open a file")
-replay.upload_section()
+replay.upload_section(limits)
+st.subheader("Kept on this server")
+replay.kept_section(limits)
 
 run = last_run()
 st.subheader("The run every page shows now")
@@ -34,3 +37,4 @@ else:
     for page in PAGES[:3]:
         st.page_link(str(page.path), label=f"See it on: {page.title}", icon=page.icon)
     replay.save_button(run, "recordings")
+    replay.keep_button(run, limits)

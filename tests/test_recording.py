@@ -151,8 +151,8 @@ def test_bad_files_give_a_clear_error(case, tiny_bytes, tmp_path):
 def test_a_missing_file_and_a_gzip_bomb_are_refused(tiny_bytes, tmp_path, monkeypatch):
     with pytest.raises(RecordingError, match="cannot read"):
         load_recording(tmp_path / "nope.json.gz")
-    monkeypatch.setattr(recording, "MAX_JSON_BYTES", len(gzip.decompress(tiny_bytes)) - 1)
-    with pytest.raises(RecordingError, match="expands to more than"):
+    monkeypatch.setattr(recording, "max_recording_bytes", lambda limits: len(gzip.decompress(tiny_bytes)) - 1)
+    with pytest.raises(RecordingError, match="largest recording this server can make"):
         loads_recording(tiny_bytes)
 
 
