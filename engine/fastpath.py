@@ -72,10 +72,11 @@ def graph_safe(policy: CapturePolicy) -> bool:
 
 def new_static_cache(lm: LoadedModel, length: int) -> StaticCache:
     """A StaticCache for batch 1, allocated now (not at the first update) so its addresses never move."""
-    cache = StaticCache(config=lm.model.config, max_cache_len=length)
-    if hasattr(cache, "early_initialization"):
-        cache.early_initialization(batch_size=1, num_heads=lm.spec.n_kv_heads, head_dim=lm.spec.head_dim,
-                                   dtype=lm.dtype, device=lm.device)
+    with torch.inference_mode(False):  # normal tensors: usable in and out of inference mode later
+        cache = StaticCache(config=lm.model.config, max_cache_len=length)
+        if hasattr(cache, "early_initialization"):
+            cache.early_initialization(batch_size=1, num_heads=lm.spec.n_kv_heads, head_dim=lm.spec.head_dim,
+                                       dtype=lm.dtype, device=lm.device)
     return cache
 
 
@@ -130,7 +131,8 @@ class RowCapture:
         self.layer_ids, self.heads = layer_ids, heads
         self.kv_heads = tuple(h // group for h in heads)
         self.slot = {layer: i for i, layer in enumerate(layer_ids)}
-        self.rows = torch.zeros(len(layer_ids), len(heads), length, device=device)   # (L_sel, h, max_len) fp32
+        with torch.inference_mode(False):
+            self.rows = torch.zeros(len(layer_ids), len(heads), length, device=device)  # (L_sel, h, max_len) fp32
         torch._dynamo.mark_static_address(self.rows)  # written inside the CUDA graph, read outside it
 
     def on_attention(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

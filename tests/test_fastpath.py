@@ -151,6 +151,14 @@ def test_concurrent_requests_cancel_and_errors(lm):
     assert tokens(fast.generate(request(8))) == expected
 
 
+def test_inside_and_outside_inference_mode(lm):
+    """bench/engine.py and the scheduler call generate under torch.inference_mode, tests without it."""
+    fast = FastDecoder(lm, compile="off")
+    with torch.inference_mode():
+        inside = tokens(fast.generate(request(6), ROWS))
+    assert tokens(fast.generate(request(6), ROWS)) == inside == tokens(generate(lm, request(6)))
+
+
 def test_graph_safe_policies():
     assert graph_safe(CAPTURE_OFF) and graph_safe(ROWS)
     assert not graph_safe(CapturePolicy()) and not graph_safe(CapturePolicy(stats=False, logit_lens=2))
