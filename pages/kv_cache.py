@@ -43,6 +43,8 @@ else:
 st.subheader("2. How many users fit on one GPU")
 choice = view.calculator_inputs(spec, label)
 view.calculator_section(choice)
+if lm is not None:
+    view.memory_section(lm, run)
 
 st.subheader("3. Grouped-query against full multi-head attention")
 view.gqa_vs_mha_section(choice)
