@@ -67,11 +67,11 @@ def cuda(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_available()
 
 
-def memory_ledger(lm: LoadedModel, cache: CacheState | None = None) -> MemoryLedger:
-    """The ledger now: weights, the last run's cache (`cache`), the fast path's static cache, counters."""
+def memory_ledger(lm: LoadedModel, cache: CacheState | None = None, static: Any = None) -> MemoryLedger:
+    """The ledger now: weights, the last run's cache (`cache`), a static cache (default: lm.fast's), counters."""
     dtype = lm.dtype_name
     tokens, kv = (cache.length, cache.bytes) if cache is not None else (0, 0)
-    static = getattr(lm.fast, "cache", None)
+    static = static if static is not None else getattr(lm.fast, "cache", None)
     reserved_tokens = static.layers[0].max_cache_len if static is not None else 0
     common = dict(device=str(lm.device), weights=lm.weight_bytes, weights_formula=weight_bytes(lm.spec, dtype),
                   kv_tokens=tokens, kv=kv, kv_formula=kv_cache_bytes(lm.spec, tokens, dtype),

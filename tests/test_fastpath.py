@@ -2,6 +2,11 @@
 engine's own dynamic-cache path, the KV formula. CUDA-graph tests run only where a GPU is present."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -157,6 +162,19 @@ def test_inside_and_outside_inference_mode(lm):
     with torch.inference_mode():
         inside = tokens(fast.generate(request(6), ROWS))
     assert tokens(fast.generate(request(6), ROWS)) == inside == tokens(generate(lm, request(6)))
+
+
+def test_cli_static_flag_gives_the_same_records(tiny_model_dir):
+    def run(*extra: str) -> list[dict]:
+        out = subprocess.run([sys.executable, "-m", "engine", "generate", "--model", str(tiny_model_dir), "--prompt",
+                              tiny_prompt(), "--max-new-tokens", "6", "--capture-layers", "0-1", *extra],
+                             capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=300)
+        assert out.returncode == 0, out.stderr
+        return [json.loads(line) for line in out.stdout.splitlines()]
+
+    static, plain = run("--static"), run()
+    assert [r.get("token", {}).get("id") for r in static] == [r.get("token", {}).get("id") for r in plain]
+    assert [r.get("cache") for r in static] == [r.get("cache") for r in plain]
 
 
 def test_graph_safe_policies():
