@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from engine.batching import batch_prompts, generate_batch  # noqa: E402
 from engine.card import weight_bytes  # noqa: E402
-from engine.fastpath import FastDecoder, cache_length  # noqa: E402
+from engine.fastpath import FastDecoder, cache_length, new_static_cache  # noqa: E402
 from engine.generate import GenerationRequest, encode_prompt, forward, generate, sync  # noqa: E402
 from engine.hooks import CAPTURE_OFF, CapturePolicy, instrument  # noqa: E402
 from engine.loader import cache_dir, load_model  # noqa: E402
@@ -52,6 +52,7 @@ LABELS = {"hf": "HF generate, dynamic cache", "hf-static": "HF generate, static 
           "fast-off": "fast path, capture off", "fast-rows": "fast path, attention rows"}
 DEFAULTS = {"8b": dict(tokens=128, prefill=2048, batch=30), "1b": dict(tokens=128, prefill=2048, batch=30),
             "tiny": dict(tokens=64, prefill=256, batch=8)}
+BATCH_PROMPT = 128                                            # tokens per row of the batched run
 TARGETS = {"fast_off_tok_s": 150.0, "fast_off_of_ceiling": 0.70, "rows_vs_off": 0.8, "prefill_vs_projected": 1.5}
 
 
@@ -112,9 +113,18 @@ def interleaved(runs: dict[str, Callable[[], dict]], rounds: int, log: Callable[
     return {k: {f: statistics.median(x[f] for x in v) for f in v[0]} for k, v in seen.items()}
 
 
-def warm_up(runs: dict[str, Callable[[], dict]], log: Callable[[str], None]) -> dict[str, float]:
-    """Run each twice untimed: compiles, records CUDA graphs, fills caches. Seconds per run."""
+def warm_up(runs: dict[str, Callable[[], dict]], fast: FastDecoder, n: int, log: Callable[[str], None]
+            ) -> dict[str, float]:
+    """Run each twice untimed: compiles, records CUDA graphs, fills caches. Seconds per run.
+
+    The fast path warms up through FastDecoder.warm_up, which falls back (graph breaks allowed, then
+    eager) instead of failing when the step cannot be compiled; fast.compile_error says why.
+    """
     spent = {}
+    policies = tuple(p for k, p in (("fast-off", CAPTURE_OFF), ("fast-rows", ROWS)) if k in runs)
+    if policies:
+        spent["fast path compile"] = fast.warm_up(n, policies, PROMPT)
+        log(f"warm-up fast path ({fast.mode}): {spent['fast path compile']:.1f} s {fast.compile_error or ''}")
     for name, fn in runs.items():
         t = time.perf_counter()
         fn()
@@ -166,9 +176,11 @@ def measure_batch(lm: Any, batch: int, prompt: int, n: int) -> dict[str, float]:
 
 
 def measure_memory(lm: Any, fast: FastDecoder, weights_allocated: int | None, ids_len: int, n: int) -> dict:
-    """The ledger after a fast-path run, plus what the allocator took for the weights and the static cache."""
-    fast.cache, fast.row_buffers = None, {}                            # measure a fresh allocation
-    _, kv_allocated = allocated_by(lambda: fast.reserve(ids_len + n), lm.device)
+    """The ledger after a fast-path run, plus what the allocator took for the weights and for a static cache
+    like the fast path's (allocated apart and freed, so the compiled graphs keep their own)."""
+    length = cache_length(ids_len + n, lm.spec.max_context)
+    spare, kv_allocated = allocated_by(lambda: new_static_cache(lm, length), lm.device)
+    del spare
     request = GenerationRequest(PROMPT, max_new_tokens=n, chat=False)
     records, peak, reserved = peak_during(lambda: list(fast.generate(request)), lm.device)
     ledger = memory_ledger(lm, records[-2].cache, fast.cache).to_dict()
@@ -310,6 +322,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=None, help="rows of the batched run (0: skip)")
     p.add_argument("--skip", default="", help=f"comma-separated runs to leave out: {', '.join(RUNS)}")
     p.add_argument("--no-draft", action="store_true", help="do not write the draft-model shape")
+    p.add_argument("--write-only", action="store_true", help="write the checkpoints and stop")
     p.add_argument("--cache", default=None, help="where shaped checkpoints live (default: $PLAYGROUND_CACHE/shaped)")
     p.add_argument("--out", default=None)
     return p.parse_args()
@@ -357,24 +370,27 @@ def main() -> None:
     batch = sizes["batch"] if args.batch is None else args.batch
     folder, write_s = write_checkpoints(args, device)
     log(f"checkpoint ready in {write_s:.1f} s: {folder}")
+    if args.write_only:
+        return
     lm, weights_allocated = allocated_by(lambda: load_model(str(folder), device=str(device), dtype=args.dtype), device)
     log(f"loaded {lm.label} in {lm.load_seconds:.1f} s ({lm.weight_bytes / 1e9:.2f} GB)")
     fast = FastDecoder(lm, args.compile)
     ids = encode_prompt(lm, GenerationRequest(PROMPT, chat=False))
     summary = {**header(args, lm, fast, ids, n), "write_seconds": write_s}
     roof = measured_roof(lm)
-    summary["ceilings"] = ceilings(lm, roof, len(ids) + n // 2, prefill_n, batch, 128 + n // 2)
+    batch_new = min(n, 32)
+    summary["ceilings"] = ceilings(lm, roof, len(ids) + n // 2, prefill_n, batch, BATCH_PROMPT + batch_new // 2)
     runs = make_runs(lm, fast, ids, n, set(filter(None, args.skip.split(","))))
-    summary["warm_up_s"] = warm_up(runs, log)
-    summary["compile_error"] = fast.compile_error
+    summary["warm_up_s"] = warm_up(runs, fast, n, log)
+    summary.update(compile_mode=fast.mode, fullgraph=fast.fullgraph, compile_error=fast.compile_error)
     summary["runs"] = with_ratios(interleaved(runs, args.rounds, log), summary["ceilings"], lm.weight_bytes)
     save(summary, out)
-    summary["prefill"] = measure_prefill(lm, fast, prefill_n)
+    summary["memory"] = measure_memory(lm, fast, weights_allocated, len(ids), n)   # before prefill resizes the cache
     save(summary, out)
     if batch:
-        summary["batch"] = measure_batch(lm, batch, 128, min(n, 32))
+        summary["batch"] = measure_batch(lm, batch, BATCH_PROMPT, batch_new)
         save(summary, out)
-    summary["memory"] = measure_memory(lm, fast, weights_allocated, len(ids), n)
+    summary["prefill"] = measure_prefill(lm, fast, prefill_n)
     summary["targets"] = check_targets(summary)
     save(summary, out)
     print_table(summary)

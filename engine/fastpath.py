@@ -147,6 +147,9 @@ class RowCapture:
         scores = scores.reshape(-1, 1, t_k)[list(self.heads)]                          # (h, 1, max_len)
         self.rows[slot].copy_(torch.softmax(_apply_mask(scores, mask, t_k), dim=-1)[:, 0])
 
+    def on_residual(self, i: int, hidden: torch.Tensor) -> None:
+        """Rows only. (Another request's residual hooks, if attached meanwhile, route the call here.)"""
+
     def read(self, position: int, max_keys: int | None) -> dict[int, LayerCapture]:
         """The rows of the token at `position` as LayerCaptures (one device-to-host copy for all layers)."""
         filled = position + 1
@@ -176,11 +179,15 @@ class FastDecoder:
         self.row_buffers: dict[tuple, RowCapture] = {}
         self.lock = threading.Lock()
         self.compile_error: str | None = None
-        self._step: Callable[..., torch.Tensor] = model_step
-        if self.mode != "off":
-            _raise_recompile_limit()
-            options = {"backend": "eager"} if self.mode == "eager" else {"mode": self.mode}
-            self._step = torch.compile(model_step, fullgraph=fullgraph, dynamic=False, **options)
+        self.fullgraph = fullgraph
+        self._step = self._build_step()
+
+    def _build_step(self) -> Callable[..., torch.Tensor]:
+        if self.mode == "off":
+            return model_step
+        _raise_recompile_limit()
+        options = {"backend": "eager"} if self.mode == "eager" else {"mode": self.mode}
+        return torch.compile(model_step, fullgraph=self.fullgraph, dynamic=False, **options)
 
     @property
     def graphs(self) -> bool:
@@ -246,19 +253,27 @@ class FastDecoder:
                 prompt: str = "Hello") -> float:
         """Compile (and record the graphs) now rather than in the first user's request; returns seconds.
 
-        A step that cannot be compiled leaves the decoder eager (mode 'off') with the reason in
-        `compile_error`, so the model keeps serving.
+        If the step cannot be compiled as one graph it is compiled with graph breaks allowed; if that
+        fails too the decoder stays eager (mode 'off'). `compile_error` keeps the reason; the model
+        keeps serving either way.
         """
         start = time.perf_counter()
         request = GenerationRequest(prompt, max_new_tokens=max_new_tokens, chat=False)
-        try:
-            for policy in policies:
-                for _ in range(2):  # reduce-overhead records the graph on a later call than the first
-                    list(self.generate(request, policy))
-        except Exception as err:  # noqa: BLE001 - any compiler failure: fall back, keep serving
-            self.compile_error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-            self.mode, self._step = "off", model_step
-        return time.perf_counter() - start
+        while True:
+            try:
+                for policy in policies:
+                    for _ in range(2):  # reduce-overhead records the graph on a later call than the first
+                        list(self.generate(request, policy))
+                return time.perf_counter() - start
+            except Exception as err:  # noqa: BLE001 - any compiler failure: fall back, keep serving
+                if self.mode == "off":
+                    raise
+                self.compile_error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                if self.fullgraph:
+                    self.fullgraph = False
+                else:
+                    self.mode = "off"
+                self._step = self._build_step()
 
 
 def static_generate(fast: FastDecoder, request: GenerationRequest, policy: CapturePolicy = CAPTURE_OFF,

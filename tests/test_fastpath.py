@@ -108,6 +108,22 @@ def test_the_decode_step_traces_as_one_graph(lm):
     assert fast.compile_error is None
 
 
+def test_warm_up_allows_graph_breaks_when_one_graph_is_impossible(tiny_model_dir):
+    """A forward hook that reads a value back (`.item()`) breaks the graph: fullgraph fails, warm-up
+    recompiles with breaks allowed, records why, and the records stay right. (Compiled code is reset
+    first: dynamo does not guard on hooks, so a hook added after a compile would simply not run.)"""
+    lm = load_model(str(tiny_model_dir), device="cpu", dtype="float32")
+    torch.compiler.reset()
+    handle = lm.model.model.norm.register_forward_hook(lambda m, args, out: float(out.abs().max()) and None)
+    try:
+        fast = FastDecoder(lm, compile="eager")
+        fast.warm_up(max_new_tokens=4)
+        assert fast.compile_error is not None and not fast.fullgraph and fast.mode == "eager"
+        assert tokens(fast.generate(request(6))) == tokens(generate(lm, request(6)))
+    finally:
+        handle.remove()
+
+
 def test_the_switch_in_generate_and_the_cache_counts(lm):
     fast = enable_static_decode(lm, compile="off")
     try:
@@ -154,6 +170,17 @@ def test_concurrent_requests_cancel_and_errors(lm):
         list(fast.generate(GenerationRequest("   ")))
     assert not fast.lock.locked()
     assert tokens(fast.generate(request(8))) == expected
+
+
+def test_rows_run_while_another_request_holds_residual_hooks(lm):
+    """The hooks of a request with norms route by the call's own capture; a RowCapture ignores them."""
+    expected = list(generate(lm, request(6), ROWS))
+    other = generate(lm, request(6), CapturePolicy(logit_lens=2))
+    next(other)                                                    # its residual hooks are attached now
+    ours = list(FastDecoder(lm, compile="off").generate(request(6), ROWS))
+    assert tokens(ours) == tokens(expected) and len(list(other)) > 0
+    for a, b in zip(ours[1:-1], expected[1:-1]):
+        assert_same_captures(a.captures, b.captures)
 
 
 def test_inside_and_outside_inference_mode(lm):
