@@ -40,7 +40,7 @@ from engine.hooks import CAPTURE_OFF, CapturePolicy, instrument  # noqa: E402
 from engine.loader import cache_dir, load_model  # noqa: E402
 from engine.memory import allocated_by, memory_ledger, peak_during  # noqa: E402
 from engine.projection import cost_model, project  # noqa: E402
-from engine.shaped import DRAFT_OF, SHAPES, shaped_bytes, write_shaped  # noqa: E402
+from engine.shaped import DRAFT_OF, shaped_bytes, write_shaped  # noqa: E402
 from engine.speedlab import (DeviceRoof, copy_bandwidth, cpu_name, device_cost_model, known_gpu, matmul_flops,  # noqa: E402
                              prompt_of_length)
 
@@ -358,28 +358,16 @@ def header(args: argparse.Namespace, lm: Any, fast: FastDecoder, ids: list[int],
             "load_average_at_start": os.getloadavg()}
 
 
-def main() -> None:
-    args = parse_args()
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    out = Path(args.out) if args.out else ROOT / "bench" / "results" / (
-        "gpu.json" if device.type == "cuda" else f"gpu-cpu-{args.shape}.json")
-    if args.shape == "8b" and device.type != "cuda":
-        sys.exit("error: the 8B shape is for a GPU (16 GB of bf16 weights); on a CPU use --shape tiny or 1b")
+def measure_all(args: argparse.Namespace, lm: Any, weights_allocated: int | None, out: Path) -> dict:
+    """Every phase in turn, saving after each: decode runs, memory, batch, prefill, then the targets."""
     sizes = DEFAULTS[args.shape]
     n, prefill_n = args.tokens or sizes["tokens"], args.prefill_tokens or sizes["prefill"]
-    batch = sizes["batch"] if args.batch is None else args.batch
-    folder, write_s = write_checkpoints(args, device)
-    log(f"checkpoint ready in {write_s:.1f} s: {folder}")
-    if args.write_only:
-        return
-    lm, weights_allocated = allocated_by(lambda: load_model(str(folder), device=str(device), dtype=args.dtype), device)
-    log(f"loaded {lm.label} in {lm.load_seconds:.1f} s ({lm.weight_bytes / 1e9:.2f} GB)")
+    batch, batch_new = (sizes["batch"] if args.batch is None else args.batch), min(n, 32)
     fast = FastDecoder(lm, args.compile)
     ids = encode_prompt(lm, GenerationRequest(PROMPT, chat=False))
-    summary = {**header(args, lm, fast, ids, n), "write_seconds": write_s}
-    roof = measured_roof(lm)
-    batch_new = min(n, 32)
-    summary["ceilings"] = ceilings(lm, roof, len(ids) + n // 2, prefill_n, batch, BATCH_PROMPT + batch_new // 2)
+    summary = header(args, lm, fast, ids, n)
+    summary["ceilings"] = ceilings(lm, measured_roof(lm), len(ids) + n // 2, prefill_n, batch,
+                                   BATCH_PROMPT + batch_new // 2)
     runs = make_runs(lm, fast, ids, n, set(filter(None, args.skip.split(","))))
     summary["warm_up_s"] = warm_up(runs, fast, n, log)
     summary.update(compile_mode=fast.mode, fullgraph=fast.fullgraph, compile_error=fast.compile_error)
@@ -392,6 +380,25 @@ def main() -> None:
         save(summary, out)
     summary["prefill"] = measure_prefill(lm, fast, prefill_n)
     summary["targets"] = check_targets(summary)
+    save(summary, out)
+    return summary
+
+
+def main() -> None:
+    args = parse_args()
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.shape == "8b" and device.type != "cuda":
+        sys.exit("error: the 8B shape is for a GPU (16 GB of bf16 weights); on a CPU use --shape tiny or 1b")
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / (
+        "gpu.json" if device.type == "cuda" else f"gpu-cpu-{args.shape}.json")
+    folder, write_s = write_checkpoints(args, device)
+    log(f"checkpoint ready in {write_s:.1f} s: {folder}")
+    if args.write_only:
+        return
+    lm, weights_allocated = allocated_by(lambda: load_model(str(folder), device=str(device), dtype=args.dtype), device)
+    log(f"loaded {lm.label} in {lm.load_seconds:.1f} s ({lm.weight_bytes / 1e9:.2f} GB)")
+    summary = measure_all(args, lm, weights_allocated, out)
+    summary["write_seconds"] = write_s
     save(summary, out)
     print_table(summary)
     log(f"wrote {out}")
