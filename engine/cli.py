@@ -42,6 +42,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from engine.records import to_json
 
     lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=_progress)
+    if args.static:
+        from engine.fastpath import enable_static_decode
+
+        enable_static_decode(lm)
     layers = parse_layers(args.capture_layers, lm.spec.n_layers)
     policy = CapturePolicy(layers=layers, logit_lens=args.logit_lens, max_keys=args.max_keys)
     request = GenerationRequest(args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
@@ -137,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-keys", type=int, default=None, help="keep at most this many keys per attention row")
     gen.add_argument("--draft", help="speculative draft: ngram, early-exit:N, or a model folder/extra name")
     gen.add_argument("--k", type=int, default=4, help="tokens drafted per round")
+    gen.add_argument("--static", action="store_true",
+                     help="static KV cache, decode step as a CUDA graph on CUDA (engine/fastpath.py)")
     gen.set_defaults(func=cmd_generate)
 
     card = sub.add_parser("card", help="print a model card (parameters, bytes, KV per token) as JSON")

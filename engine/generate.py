@@ -197,6 +197,9 @@ def generate(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy 
 
     Close the generator (or make `should_stop` return True) to cancel; the model is ready at once.
     """
+    if lm.fast is not None:  # opted in with engine.fastpath.enable_static_decode: static cache, CUDA graphs
+        yield from lm.fast.generate(request, policy, should_stop)
+        return
     validate(request)
     ids = encode_prompt(lm, request)
     if not ids:

@@ -65,6 +65,7 @@ class LoadedModel:
     dtype: torch.dtype
     load_seconds: float
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    fast: Any = field(default=None, repr=False)  # engine.fastpath.FastDecoder once static decode is enabled
 
     @property
     def weight_bytes(self) -> int:

@@ -44,6 +44,8 @@ else:
 st.subheader("2. How many users fit on your GPUs")
 choice = view.calculator_inputs(spec, label)
 view.calculator_section(choice)
+if lm is not None:
+    view.memory_section(lm, run)
 
 st.subheader("3. What the attention design saves: grouped-query, latent attention, windows")
 view.gqa_vs_mha_section(choice)

@@ -262,6 +262,17 @@ def test_kv_page_measures_the_real_cache_against_the_formula(app):
     assert sum(trace.get("stackgroup") == "layers" for trace in growth) == c["num_hidden_layers"]
 
 
+def test_kv_page_shows_the_measured_memory_ledger(app):
+    at = open_page(app, "kv_cache.py")
+    generate(at, "kv", tiny_prompt(10), 5)
+    assert any(e.label == "Memory of this process, measured (CPU)" for e in at.expander)
+    table = next(d.value for d in at.dataframe if "formula (model card)" in d.value.columns)
+    weights = table[table[""] == "Weights"].iloc[0]
+    assert weights["measured"] == weights["formula (model card)"]      # fp32 tensors = parameters x 4 bytes
+    kv = table[table[""].str.startswith("KV cache of the last run")].iloc[0]
+    assert kv["measured"] == kv["formula (model card)"] and "Process resident memory (RSS)" in set(table[""])
+
+
 def test_kv_paging_simulation_shows_paging_wastes_less(app):
     at = open_page(app, "kv_cache.py")
     wasted_contiguous = float(metric(at, "Wasted, contiguous").rstrip("%"))

@@ -1,0 +1,408 @@
+"""GPU benchmark on weights-free shaped checkpoints: HF generate, the engine and its static fast path, side by side.
+
+    python bench/gpu.py --shape 8b       # on an H100: Llama 3.1 8B shape in bf16 (writes 16 GB once, ~7 min)
+    python bench/gpu.py --shape tiny     # anywhere, CPU included: the same code at test scale
+
+The checkpoints are written once into a cache folder (engine/shaped.py): the public config of Llama 3.1
+8B (or Llama 3.2 1B) with random weights. Speed does not depend on the weights' values, only on the
+shapes, the dtype and the device, so these timings hold for the real model; the generated text is noise.
+
+Decode runs are interleaved round by round (every run once per round) and each keeps its median, so a
+noisy neighbour hits all alike. Beside each measured number: the projected ceiling (engine/projection.py
+at 100% of the spec sheet's bandwidth, on CUDA) and the ceiling at this device's measured copy bandwidth.
+Writes bench/results/gpu.json (CPU runs: gpu-cpu-<shape>.json) after every phase, so a run cut short
+still leaves what it measured. Imports nothing from app/ (no streamlit needed).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine.batching import batch_prompts, generate_batch  # noqa: E402
+from engine.card import weight_bytes  # noqa: E402
+from engine.fastpath import FastDecoder, cache_length, new_static_cache  # noqa: E402
+from engine.generate import GenerationRequest, encode_prompt, forward, generate, sync  # noqa: E402
+from engine.hooks import CAPTURE_OFF, CapturePolicy, instrument  # noqa: E402
+from engine.loader import cache_dir, load_model  # noqa: E402
+from engine.memory import allocated_by, memory_ledger, peak_during  # noqa: E402
+from engine.projection import cost_model, project  # noqa: E402
+from engine.shaped import DRAFT_OF, shaped_bytes, write_shaped  # noqa: E402
+from engine.speedlab import (DeviceRoof, copy_bandwidth, cpu_name, device_cost_model, known_gpu, matmul_flops,  # noqa: E402
+                             prompt_of_length)
+
+ROWS = CapturePolicy(prefill_matrix=False, stats=False)      # every layer's attention row, every head
+PROMPT = "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle."
+RUNS = ("hf", "hf-static", "engine-off", "engine-rows", "fast-off", "fast-rows")
+LABELS = {"hf": "HF generate, dynamic cache", "hf-static": "HF generate, static cache (compiled on CUDA)",
+          "engine-off": "engine, capture off", "engine-rows": "engine, attention rows",
+          "fast-off": "fast path, capture off", "fast-rows": "fast path, attention rows"}
+DEFAULTS = {"8b": dict(tokens=128, prefill=2048, batch=30), "1b": dict(tokens=128, prefill=2048, batch=30),
+            "tiny": dict(tokens=64, prefill=256, batch=8)}
+BATCH_PROMPT = 128                                            # tokens per row of the batched run
+TARGETS = {"fast_off_tok_s": 150.0, "fast_off_of_ceiling": 0.70, "rows_vs_off": 0.8, "prefill_vs_projected": 1.5}
+
+
+class Stamps(BaseStreamer):
+    """Times each token HF generate emits (the first put is the prompt)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.times = device, []
+
+    def put(self, value: Any) -> None:
+        sync(self.device)
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def rates(ttft: float, tokens: int, decode_seconds: float) -> dict[str, float]:
+    return {"ttft_s": ttft, "tokens": tokens, "decode_tok_s": (tokens - 1) / decode_seconds if tokens > 1 else 0.0}
+
+
+def hf_run(model: Any, ids: list[int], n: int, static: bool) -> dict[str, float]:
+    """model.generate, greedy, exactly n new tokens; decode rate from the token timestamps."""
+    stamps = Stamps(model.device)
+    extra = {"cache_implementation": "static"} if static else {}
+    start = time.perf_counter()
+    model.generate(torch.tensor([ids], device=model.device), do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                   streamer=stamps, pad_token_id=0, **extra)
+    new = stamps.times[1:]
+    return rates(new[0] - start, len(new), new[-1] - new[0])
+
+
+def engine_run(records: Any) -> dict[str, float]:
+    done = list(records)[-1]
+    return rates(done.ttft, done.generated_tokens, done.decode_seconds)
+
+
+def make_runs(lm: Any, fast: FastDecoder, ids: list[int], n: int, skip: set[str]) -> dict[str, Callable[[], dict]]:
+    request = GenerationRequest(PROMPT, max_new_tokens=n, chat=False)
+    runs = {
+        "hf": lambda: hf_run(lm.model, ids, n, static=False),
+        "hf-static": lambda: hf_run(lm.model, ids, n, static=True),
+        "engine-off": lambda: engine_run(generate(lm, request, CAPTURE_OFF)),
+        "engine-rows": lambda: engine_run(generate(lm, request, ROWS)),
+        "fast-off": lambda: engine_run(fast.generate(request, CAPTURE_OFF)),
+        "fast-rows": lambda: engine_run(fast.generate(request, ROWS)),
+    }
+    return {k: fn for k, fn in runs.items() if k not in skip}
+
+
+def interleaved(runs: dict[str, Callable[[], dict]], rounds: int, log: Callable[[str], None]) -> dict[str, dict]:
+    """Every run once per round; per run the median of each figure over the rounds."""
+    seen: dict[str, list[dict]] = {k: [] for k in runs}
+    for r in range(rounds):
+        for name, fn in runs.items():
+            seen[name].append(fn())
+            log(f"round {r + 1}/{rounds} {name}: {seen[name][-1]['decode_tok_s']:.1f} tok/s")
+    return {k: {f: statistics.median(x[f] for x in v) for f in v[0]} for k, v in seen.items()}
+
+
+def warm_up(runs: dict[str, Callable[[], dict]], fast: FastDecoder, n: int, log: Callable[[str], None]
+            ) -> dict[str, float]:
+    """Run each twice untimed: compiles, records CUDA graphs, fills caches. Seconds per run.
+
+    The fast path warms up through FastDecoder.warm_up, which falls back (graph breaks allowed, then
+    eager) instead of failing when the step cannot be compiled; fast.compile_error says why.
+    """
+    spent = {}
+    policies = tuple(p for k, p in (("fast-off", CAPTURE_OFF), ("fast-rows", ROWS)) if k in runs)
+    if policies:
+        spent["fast path compile"] = fast.warm_up(n, policies, PROMPT)
+        log(f"warm-up fast path ({fast.mode}): {spent['fast path compile']:.1f} s {fast.compile_error or ''}")
+    for name, fn in runs.items():
+        t = time.perf_counter()
+        fn()
+        fn()
+        spent[name] = time.perf_counter() - t
+        log(f"warm-up {name}: {spent[name]:.1f} s")
+    return spent
+
+
+# --- prefill, batching, memory -----------------------------------------------------------------------------
+
+def time_prefill(fn: Callable[[], Any], device: torch.device, repeats: int = 3) -> float:
+    """Best of `repeats` (after one untimed call) of a forward over the whole prompt."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        sync(device)
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def measure_prefill(lm: Any, fast: FastDecoder, n: int) -> dict[str, float]:
+    """Seconds for one n-token prompt: the engine's forward (dynamic cache) and the fast path's (static cache)."""
+    from transformers import DynamicCache
+
+    ids = prompt_of_length(lm, n)
+    with torch.inference_mode():
+        engine = time_prefill(lambda: forward(lm, ids, DynamicCache(config=lm.model.config), None), lm.device)
+    fast.reserve(n + 1)
+    with torch.no_grad(), instrument(lm.model, CAPTURE_OFF) as inst:
+        def static() -> Any:
+            fast.cache.reset()
+            return fast.prefill(ids, inst)
+        static_s = time_prefill(static, lm.device)
+    return {"tokens": n, "engine_s": engine, "fast_s": static_s}
+
+
+def measure_batch(lm: Any, batch: int, prompt: int, n: int) -> dict[str, float]:
+    """engine/batching.py (static batching, dynamic cache, eager): median step for `batch` rows."""
+    rows = batch_prompts(lm, batch, prompt)
+    generate_batch(lm, rows, 3)                                        # warm-up
+    run = generate_batch(lm, rows, n)
+    step = statistics.median(run.step_seconds)
+    return {"batch": batch, "prompt_tokens": prompt, "step_s": step, "total_tok_s": batch / step,
+            "per_user_tok_s": 1 / step}
+
+
+def measure_memory(lm: Any, fast: FastDecoder, weights_allocated: int | None, ids_len: int, n: int) -> dict:
+    """The ledger after a fast-path run, plus what the allocator took for the weights and for a static cache
+    like the fast path's (allocated apart and freed, so the compiled graphs keep their own)."""
+    length = cache_length(ids_len + n, lm.spec.max_context)
+    spare, kv_allocated = allocated_by(lambda: new_static_cache(lm, length), lm.device)
+    del spare
+    request = GenerationRequest(PROMPT, max_new_tokens=n, chat=False)
+    records, peak, reserved = peak_during(lambda: list(fast.generate(request)), lm.device)
+    ledger = memory_ledger(lm, records[-2].cache, fast.cache).to_dict()
+    return {**ledger, "weights_allocated_at_load": weights_allocated, "static_cache_allocated": kv_allocated,
+            "run_peak_above_start": peak, "run_peak_reserved": reserved}
+
+
+# --- ceilings ----------------------------------------------------------------------------------------------
+
+def measured_roof(lm: Any) -> DeviceRoof:
+    """This device's copy bandwidth and matmul peak, measured here (CUDA too, unlike speedlab.measure_roof)."""
+    name = torch.cuda.get_device_name(lm.device) if lm.device.type == "cuda" else cpu_name()
+    return DeviceRoof(name, copy_bandwidth(device=lm.device), matmul_flops(4096 if lm.device.type == "cuda" else 1024,
+                                                                           device=lm.device, dtype=lm.dtype),
+                      "measured")
+
+
+def spec_sheet(lm: Any) -> Any:
+    return known_gpu(torch.cuda.get_device_name(lm.device)) if lm.device.type == "cuda" else None
+
+
+def ceilings(lm: Any, roof: DeviceRoof, context: int, prefill: int, batch: int, batch_context: int) -> dict:
+    """Ceilings at 100% of peak: the spec sheet (engine.projection, CUDA only) and this device's measured roof."""
+    gpu, dtype = spec_sheet(lm), lm.dtype_name
+    device = device_cost_model(lm, roof)
+    out = {"measured_roof": roof.to_dict(),
+           "measured_decode_tok_s": 1 / device.decode_seconds(1, context),
+           "measured_prefill_s": device.prefill_seconds([prefill]),
+           "measured_batch_tok_s": batch / device.decode_seconds(batch, batch * batch_context)}
+    if gpu is not None:
+        ideal = dict(weight_dtype=dtype, kv_dtype=dtype, flops_efficiency=1.0, bandwidth_efficiency=1.0)
+        one = project(lm.spec, gpu, batch=1, context=context, prompt_tokens=prefill, **ideal)
+        many = project(lm.spec, gpu, batch=batch, context=batch_context, **ideal)
+        out.update(gpu=gpu.name, projected_decode_tok_s=one.ceiling_tok_s_per_user,
+                   projected_prefill_s=cost_model(lm.spec, gpu, dtype, dtype, 1.0, 1.0).prefill_seconds([prefill]),
+                   projected_batch_tok_s=many.total_tok_s)
+    return out
+
+
+def with_ratios(runs: dict[str, dict], ceil: dict, weight_bytes_read: int) -> dict[str, dict]:
+    for row in runs.values():
+        row["effective_bandwidth_gb_s"] = weight_bytes_read * row["decode_tok_s"] / 1e9
+        row["of_measured_ceiling"] = row["decode_tok_s"] / ceil["measured_decode_tok_s"]
+        if "projected_decode_tok_s" in ceil:
+            row["of_projected_ceiling"] = row["decode_tok_s"] / ceil["projected_decode_tok_s"]
+    return runs
+
+
+def check_targets(summary: dict) -> dict[str, Any]:
+    """Issue 12's targets, judged only for the 8B shape on a GPU the projection knows."""
+    runs, ceil, pre = summary["runs"], summary["ceilings"], summary.get("prefill", {})
+    if summary["shape"] != "8b" or "projected_decode_tok_s" not in ceil or "fast-off" not in runs:
+        return {"judged": False, "why": "the targets are for the 8B shape on a known GPU (an H100)"}
+    off = runs["fast-off"]["decode_tok_s"]
+    got = {"fast_off_tok_s": off, "fast_off_of_ceiling": off / ceil["projected_decode_tok_s"]}
+    if "fast-rows" in runs:
+        got["rows_vs_off"] = runs["fast-rows"]["decode_tok_s"] / off
+    if pre:
+        got["prefill_vs_projected"] = pre["fast_s"] / ceil["projected_prefill_s"]
+    met = {k: (v <= TARGETS[k] if k == "prefill_vs_projected" else v >= TARGETS[k]) for k, v in got.items()}
+    return {"judged": True, "targets": TARGETS, "measured": got, "met": met}
+
+
+# --- output ------------------------------------------------------------------------------------------------
+
+def fmt(value: float | None, spec: str) -> str:
+    """format(value, spec), or a dash as wide as the spec asks for."""
+    width = int("".join(c for c in spec.split(".")[0] if c.isdigit()) or 0)
+    return "–".rjust(width) if value is None else format(value, spec)
+
+
+def size(n: float | None) -> str:
+    if n is None:
+        return "–"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3f} {unit}"
+    return f"{n:.0f} B"
+
+
+def print_table(s: dict) -> None:
+    ceil = s["ceilings"]
+    print(f"\n{s['model']} on {s['device_name']} ({s['dtype']}), torch {s['torch']}, transformers {s['transformers']}")
+    print("Random weights of the real shapes: speed does not depend on the weights' values.")
+    print(f"prompt {s['prompt_tokens']} tokens, {s['new_tokens']} new tokens, median of {s['rounds']} interleaved rounds; "
+          f"ceilings at 100% of peak bandwidth ({ceil.get('gpu', 'no spec sheet')} / measured "
+          f"{ceil['measured_roof']['bandwidth'] / 1e9:.0f} GB/s)")
+    print(f"{'':46} {'decode tok/s':>12} {'projected':>10} {'of it':>6} {'measured-bw':>11} {'of it':>6} {'TTFT ms':>8}")
+    for name, row in s["runs"].items():
+        print(f"{LABELS[name]:46} {row['decode_tok_s']:12.1f} {fmt(ceil.get('projected_decode_tok_s'), '10.1f')} "
+              f"{fmt(row.get('of_projected_ceiling'), '6.0%')} {ceil['measured_decode_tok_s']:11.1f} "
+              f"{row['of_measured_ceiling']:6.0%} {row['ttft_s'] * 1e3:8.1f}")
+    if "prefill" in s:
+        p = s["prefill"]
+        print(f"prefill {p['tokens']} tokens: engine {p['engine_s'] * 1e3:.1f} ms, fast path {p['fast_s'] * 1e3:.1f} ms; "
+              f"projected {fmt(ceil['projected_prefill_s'] * 1e3 if 'projected_prefill_s' in ceil else None, '.1f')} ms "
+              f"(compute-bound), measured roof {ceil['measured_prefill_s'] * 1e3:.1f} ms")
+    if "batch" in s:
+        b = s["batch"]
+        print(f"batch of {b['batch']} (engine/batching.py, eager): {b['total_tok_s']:.0f} tok/s in all, "
+              f"{b['per_user_tok_s']:.1f} per user; projected {fmt(ceil.get('projected_batch_tok_s'), '.0f')}, "
+              f"measured roof {ceil['measured_batch_tok_s']:.0f}")
+    if "memory" in s:
+        print_memory(s["memory"])
+    t = s.get("targets", {})
+    for key, ok in t.get("met", {}).items():
+        print(f"target {key}: {t['measured'][key]:.3f} (target {TARGETS[key]}) {'ok' if ok else 'MISSED'}")
+    if not t.get("judged", False):
+        print(f"targets not judged: {t.get('why', '')}")
+
+
+def print_memory(m: dict) -> None:
+    print(f"memory ({m['measured_by']}): weights {size(m['weights'])} (card {size(m['weights_formula'])}), "
+          f"static KV cache {size(m['kv_reserved'])} for {m['kv_reserved_tokens']} positions "
+          f"(card {size(m['kv_reserved_formula'])}), workspace {size(m['workspace'])}")
+    if m.get("weights_allocated_at_load") is not None:
+        print(f"  torch.cuda: the weights took {size(m['weights_allocated_at_load'])} at load, the static cache "
+              f"{size(m['static_cache_allocated'])}; a run peaked {size(m['run_peak_above_start'])} above its start; "
+              f"max reserved {size(m['run_peak_reserved'])} of {size(m['device_total'])}")
+
+
+def save(summary: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2, default=str))
+
+
+# --- main --------------------------------------------------------------------------------------------------
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", choices=("tiny", "1b", "8b"), default="8b" if torch.cuda.is_available() else "tiny")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
+    p.add_argument("--dtype", default=None, help="default: bf16 on CUDA, float32 on CPU")
+    p.add_argument("--compile", default="auto", help="fast path: auto (CUDA graphs on CUDA), off, eager, default, "
+                                                     "reduce-overhead")
+    p.add_argument("--tokens", type=int, default=None, help="new tokens per decode run")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--prefill-tokens", type=int, default=None)
+    p.add_argument("--batch", type=int, default=None, help="rows of the batched run (0: skip)")
+    p.add_argument("--skip", default="", help=f"comma-separated runs to leave out: {', '.join(RUNS)}")
+    p.add_argument("--no-draft", action="store_true", help="do not write the draft-model shape")
+    p.add_argument("--write-only", action="store_true", help="write the checkpoints and stop")
+    p.add_argument("--cache", default=None, help="where shaped checkpoints live (default: $PLAYGROUND_CACHE/shaped)")
+    p.add_argument("--out", default=None)
+    return p.parse_args()
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def write_checkpoints(args: argparse.Namespace, device: torch.device) -> tuple[Path, float]:
+    root = Path(args.cache) if args.cache else cache_dir() / "shaped"
+    keys = [args.shape] + ([DRAFT_OF[args.shape]] if args.shape in DRAFT_OF and not args.no_draft else [])
+    root.mkdir(parents=True, exist_ok=True)
+    need = sum(shaped_bytes(k) for k in keys)
+    if shutil.disk_usage(root).free < need * 1.05:
+        sys.exit(f"error: {root} has {shutil.disk_usage(root).free / 1e9:.1f} GB free; the checkpoints need "
+                 f"{need / 1e9:.1f} GB (use --cache DIR)")
+    start = time.perf_counter()
+    folders = [write_shaped(k, root, device=device if device.type == "cuda" else "cpu") for k in keys]
+    return folders[0], time.perf_counter() - start
+
+
+def header(args: argparse.Namespace, lm: Any, fast: FastDecoder, ids: list[int], n: int) -> dict[str, Any]:
+    import transformers
+
+    return {"shape": args.shape, "model": lm.label, "note": "random weights: speed does not depend on their values",
+            "device": str(lm.device), "dtype": lm.dtype_name, "torch": torch.__version__,
+            "transformers": transformers.__version__, "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
+            "device_name": torch.cuda.get_device_name(lm.device) if lm.device.type == "cuda" else cpu_name(),
+            "weight_bytes": lm.weight_bytes, "card_weight_bytes": weight_bytes(lm.spec, lm.dtype_name),
+            "load_seconds": lm.load_seconds, "compile_mode": fast.mode, "prompt_tokens": len(ids), "new_tokens": n,
+            "rounds": args.rounds, "static_cache_positions": cache_length(len(ids) + n, lm.spec.max_context),
+            "load_average_at_start": os.getloadavg()}
+
+
+def measure_all(args: argparse.Namespace, lm: Any, weights_allocated: int | None, out: Path) -> dict:
+    """Every phase in turn, saving after each: decode runs, memory, batch, prefill, then the targets."""
+    sizes = DEFAULTS[args.shape]
+    n, prefill_n = args.tokens or sizes["tokens"], args.prefill_tokens or sizes["prefill"]
+    batch, batch_new = (sizes["batch"] if args.batch is None else args.batch), min(n, 32)
+    fast = FastDecoder(lm, args.compile)
+    ids = encode_prompt(lm, GenerationRequest(PROMPT, chat=False))
+    summary = header(args, lm, fast, ids, n)
+    summary["ceilings"] = ceilings(lm, measured_roof(lm), len(ids) + n // 2, prefill_n, batch,
+                                   BATCH_PROMPT + batch_new // 2)
+    runs = make_runs(lm, fast, ids, n, set(filter(None, args.skip.split(","))))
+    summary["warm_up_s"] = warm_up(runs, fast, n, log)
+    summary.update(compile_mode=fast.mode, fullgraph=fast.fullgraph, compile_error=fast.compile_error)
+    summary["runs"] = with_ratios(interleaved(runs, args.rounds, log), summary["ceilings"], lm.weight_bytes)
+    save(summary, out)
+    summary["memory"] = measure_memory(lm, fast, weights_allocated, len(ids), n)   # before prefill resizes the cache
+    save(summary, out)
+    if batch:
+        summary["batch"] = measure_batch(lm, batch, BATCH_PROMPT, batch_new)
+        save(summary, out)
+    summary["prefill"] = measure_prefill(lm, fast, prefill_n)
+    summary["targets"] = check_targets(summary)
+    save(summary, out)
+    return summary
+
+
+def main() -> None:
+    args = parse_args()
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.shape == "8b" and device.type != "cuda":
+        sys.exit("error: the 8B shape is for a GPU (16 GB of bf16 weights); on a CPU use --shape tiny or 1b")
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / (
+        "gpu.json" if device.type == "cuda" else f"gpu-cpu-{args.shape}.json")
+    folder, write_s = write_checkpoints(args, device)
+    log(f"checkpoint ready in {write_s:.1f} s: {folder}")
+    if args.write_only:
+        return
+    lm, weights_allocated = allocated_by(lambda: load_model(str(folder), device=str(device), dtype=args.dtype), device)
+    log(f"loaded {lm.label} in {lm.load_seconds:.1f} s ({lm.weight_bytes / 1e9:.2f} GB)")
+    summary = measure_all(args, lm, weights_allocated, out)
+    summary["write_seconds"] = write_s
+    save(summary, out)
+    print_table(summary)
+    log(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

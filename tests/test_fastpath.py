@@ -1,0 +1,258 @@
+"""The static-cache fast path against independent references: model.generate, HF eager attention, the
+engine's own dynamic-cache path, the KV formula. CUDA-graph tests run only where a GPU is present."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from conftest import tiny_prompt
+from engine.card import kv_bytes_per_token
+from engine.errors import InvalidRequestError
+from engine.fastpath import (FastDecoder, cache_length, disable_static_decode, enable_static_decode, graph_safe,
+                             reserved_bytes)
+from engine.generate import GenerationRequest, generate
+from engine.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
+from engine.loader import load_model
+
+ATOL = 1e-5  # float32: SDPA against eager attention differ by rounding only
+ROWS = CapturePolicy(prefill_matrix=False, stats=False)           # every layer's attention row, graph-safe
+POLICIES = [CAPTURE_OFF, ROWS, CapturePolicy(heads=(1, 3), stats=False, max_keys=5),
+            CapturePolicy(layers=(0, 2), logit_lens=3)]             # the last one runs eagerly (norms, lens)
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+
+
+def request(n: int = 10, **kw) -> GenerationRequest:
+    return GenerationRequest(tiny_prompt(), max_new_tokens=n, **kw)
+
+
+def tokens(records) -> list[int]:
+    return [r.token.id for r in records if r.kind != "done"]
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_model_dir):
+    """A private copy of the tiny model, so switching the fast path on never touches the shared fixture."""
+    return load_model(str(tiny_model_dir), device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def eager_model(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="eager").eval()
+
+
+def assert_same_captures(ours: dict, theirs: dict) -> None:
+    assert ours.keys() == theirs.keys()
+    for layer, a in ours.items():
+        b = theirs[layer]
+        assert (a.heads, a.kv_heads, a.query_start, a.key_start) == (b.heads, b.kv_heads, b.query_start, b.key_start)
+        for name in ("attention", "q_norm", "k_norm", "v_norm"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert (x is None) == (y is None), name
+            if x is not None:
+                np.testing.assert_allclose(x, y, atol=ATOL)
+        assert a.resid_norm == pytest.approx(b.resid_norm, rel=1e-5) if b.resid_norm else a.resid_norm is None
+        assert [i for i, _ in a.lens or []] == [i for i, _ in b.lens or []]
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=["off", "rows", "heads-maxkeys", "stats-lens"])
+def test_records_equal_the_engine_path(lm, policy):
+    engine = list(generate(lm, request(), policy))
+    fast = list(FastDecoder(lm, compile="off").generate(request(), policy))
+    assert [r.token.id for r in fast[:-1]] == [r.token.id for r in engine[:-1]]
+    for a, b in zip(fast[:-1], engine[:-1]):
+        assert (a.cache.length, a.cache.bytes, a.cache.bytes_per_layer) == (b.cache.length, b.cache.bytes,
+                                                                              b.cache.bytes_per_layer)
+        np.testing.assert_allclose(a.token.logits, b.token.logits, atol=1e-4)
+        assert_same_captures(a.captures, b.captures)
+    assert fast[-1].text == engine[-1].text and fast[-1].finish_reason == engine[-1].finish_reason
+
+
+def test_greedy_equals_model_generate(lm):
+    records = list(FastDecoder(lm, compile="off").generate(request(20)))
+    prompt = [p.id for p in records[0].prompt]
+    with torch.no_grad():
+        ref = lm.model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=20)
+    assert [r.token.id for r in records[:-1]] == ref[0, len(prompt):].tolist()
+
+
+def test_rows_equal_hf_eager_output_attentions(lm, eager_model):
+    policy = CapturePolicy(heads=(0, 3), stats=False, prefill_matrix=False)
+    records = list(FastDecoder(lm, compile="off").generate(request(6), policy))
+    ids = [p.id for p in records[0].prompt] + [r.token.id for r in records[:-2]]
+    with torch.no_grad():
+        reference = eager_model(torch.tensor([ids]), output_attentions=True).attentions  # per layer (1, H, T, T)
+    for rec in records[1:-1]:
+        position = len(records[0].prompt) + rec.step - 1          # the token fed at this step
+        for layer, cap in rec.captures.items():
+            assert cap.attention.shape == (2, 1, position + 1) and cap.query_start == position
+            expected = reference[layer][0, [0, 3], position, : position + 1].numpy()
+            np.testing.assert_allclose(cap.attention[:, 0], expected, atol=ATOL)
+
+
+def test_the_decode_step_traces_as_one_graph(lm):
+    """Dynamo with fullgraph=True refuses any graph break: what CUDA graphs need, checked on CPU."""
+    fast = FastDecoder(lm, compile="eager")
+    for policy in (CAPTURE_OFF, ROWS):
+        ours = list(fast.generate(request(6), policy))
+        engine = list(generate(lm, request(6), policy))
+        assert [r.token.id for r in ours[:-1]] == [r.token.id for r in engine[:-1]]
+        for a, b in zip(ours[1:-1], engine[1:-1]):
+            assert_same_captures(a.captures, b.captures)
+    assert fast.compile_error is None
+
+
+def test_warm_up_allows_graph_breaks_when_one_graph_is_impossible(tiny_model_dir):
+    """A forward hook that reads a value back (`.item()`) breaks the graph: fullgraph fails, warm-up
+    recompiles with breaks allowed, records why, and the records stay right. (Compiled code is reset
+    first: dynamo does not guard on hooks, so a hook added after a compile would simply not run.)"""
+    lm = load_model(str(tiny_model_dir), device="cpu", dtype="float32")
+    torch.compiler.reset()
+    handle = lm.model.model.norm.register_forward_hook(lambda m, args, out: float(out.abs().max()) and None)
+    try:
+        fast = FastDecoder(lm, compile="eager")
+        fast.warm_up(max_new_tokens=4)
+        assert fast.compile_error is not None and not fast.fullgraph and fast.mode == "eager"
+        assert tokens(fast.generate(request(6))) == tokens(generate(lm, request(6)))
+    finally:
+        handle.remove()
+
+
+def test_the_switch_in_generate_and_the_cache_counts(lm):
+    fast = enable_static_decode(lm, compile="off")
+    try:
+        assert lm.fast is fast
+        records = list(generate(lm, request(12)))
+        per_token = kv_bytes_per_token(lm.spec, "fp32")
+        n_prompt = len(records[0].prompt)
+        for i, rec in enumerate(records[:-1]):
+            assert rec.cache.length == n_prompt + i        # counted by the StaticCache itself
+            assert rec.cache.bytes == per_token * rec.cache.length
+        assert fast.cache.layers[0].max_cache_len == 256
+        assert reserved_bytes(fast.cache) == per_token * 256
+    finally:
+        disable_static_decode(lm)
+    assert lm.fast is None
+
+
+def test_a_bucket_is_reused_and_cleared(lm):
+    fast = FastDecoder(lm, compile="off")
+    first = tokens(fast.generate(request(8)))
+    cache = fast.cache
+    other = list(fast.generate(GenerationRequest(tiny_prompt(seed=3), max_new_tokens=8)))
+    assert fast.cache is cache                                     # same length bucket, same tensors
+    again = tokens(fast.generate(request(8)))
+    assert again == first and other[-1].generated_tokens == 8      # nothing leaks from the run before
+    sampled = request(240, temperature=1.5, seed=5)                # a long run, towards the cache's end
+    assert tokens(fast.generate(sampled)) == tokens(generate(lm, sampled)) and fast.cache is cache
+    assert cache_length(1, 4096) == 256 and cache_length(257, 4096) == 512 and cache_length(5000, 4096) == 5000
+
+
+def test_concurrent_requests_cancel_and_errors(lm):
+    fast = FastDecoder(lm, compile="off")
+    expected = tokens(generate(lm, request(8)))
+    first = fast.generate(request(8))
+    head = [next(first), next(first)]                              # holds the shared cache
+    second = tokens(fast.generate(request(8)))               # runs on a private cache meanwhile
+    rest = tokens(first)
+    assert second == expected and tokens(head) + rest == expected
+    gen = fast.generate(request(8), CapturePolicy(logit_lens=2))
+    next(gen)
+    gen.close()                                                    # cancelled mid-run
+    assert not fast.lock.locked() and count_hooks(lm.model) == 0
+    with pytest.raises(InvalidRequestError):
+        list(fast.generate(GenerationRequest("   ")))
+    assert not fast.lock.locked()
+    assert tokens(fast.generate(request(8))) == expected
+
+
+def test_rows_run_while_another_request_holds_residual_hooks(lm):
+    """The hooks of a request with norms route by the call's own capture; a RowCapture ignores them."""
+    expected = list(generate(lm, request(6), ROWS))
+    other = generate(lm, request(6), CapturePolicy(logit_lens=2))
+    next(other)                                                    # its residual hooks are attached now
+    ours = list(FastDecoder(lm, compile="off").generate(request(6), ROWS))
+    assert tokens(ours) == tokens(expected) and len(list(other)) > 0
+    for a, b in zip(ours[1:-1], expected[1:-1]):
+        assert_same_captures(a.captures, b.captures)
+
+
+def test_inside_and_outside_inference_mode(lm):
+    """bench/engine.py and the scheduler call generate under torch.inference_mode, tests without it."""
+    fast = FastDecoder(lm, compile="off")
+    with torch.inference_mode():
+        inside = tokens(fast.generate(request(6), ROWS))
+    assert tokens(fast.generate(request(6), ROWS)) == inside == tokens(generate(lm, request(6)))
+
+
+def test_cli_static_flag_gives_the_same_records(tiny_model_dir):
+    def run(*extra: str) -> list[dict]:
+        out = subprocess.run([sys.executable, "-m", "engine", "generate", "--model", str(tiny_model_dir), "--prompt",
+                              tiny_prompt(), "--max-new-tokens", "6", "--capture-layers", "0-1", *extra],
+                             capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=300)
+        assert out.returncode == 0, out.stderr
+        return [json.loads(line) for line in out.stdout.splitlines()]
+
+    static, plain = run("--static"), run()
+    assert [r.get("token", {}).get("id") for r in static] == [r.get("token", {}).get("id") for r in plain]
+    assert [r.get("cache") for r in static] == [r.get("cache") for r in plain]
+
+
+def test_graph_safe_policies():
+    assert graph_safe(CAPTURE_OFF) and graph_safe(ROWS)
+    assert not graph_safe(CapturePolicy()) and not graph_safe(CapturePolicy(stats=False, logit_lens=2))
+
+
+# --- on a GPU: CUDA graphs --------------------------------------------------------------------------------
+
+@needs_cuda
+def test_cuda_graphs_greedy_equals_model_generate_in_float32(tiny_model_dir):
+    lm = load_model(str(tiny_model_dir), device="cuda", dtype="float32")
+    fast = FastDecoder(lm)                                         # auto: reduce-overhead on CUDA
+    assert fast.graphs
+    for _ in range(3):                                             # compile, record, replay
+        records = list(fast.generate(request(20)))
+    prompt = [p.id for p in records[0].prompt]
+    with torch.no_grad():
+        ref = lm.model.generate(torch.tensor([prompt], device="cuda"), do_sample=False, max_new_tokens=20)
+    assert [r.token.id for r in records[:-1]] == ref[0, len(prompt):].tolist()
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype,atol", [("float32", 1e-4), ("bfloat16", 2e-2)])
+def test_cuda_graph_rows_equal_hf_eager(tiny_model_dir, dtype, atol):
+    """bf16: the captured rows (scores in fp32 from bf16 Q, K) against HF eager in bf16, within 2e-2."""
+    lm = load_model(str(tiny_model_dir), device="cuda", dtype=dtype)
+    eager = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="eager", dtype=lm.dtype).cuda()
+    fast = FastDecoder(lm)
+    for _ in range(3):
+        records = list(fast.generate(request(6), ROWS))
+    ids = [p.id for p in records[0].prompt] + [r.token.id for r in records[:-2]]
+    with torch.no_grad():
+        reference = eager(torch.tensor([ids], device="cuda"), output_attentions=True).attentions
+    for rec in records[1:-1]:
+        position = len(records[0].prompt) + rec.step - 1
+        for layer, cap in rec.captures.items():
+            expected = reference[layer][0, :, position, : position + 1].float().cpu().numpy()
+            np.testing.assert_allclose(cap.attention[:, 0], expected, atol=atol)
+
+
+@needs_cuda
+@pytest.mark.slow
+def test_cuda_graphs_smollm2_greedy_equals_model_generate():
+    lm = load_model("default", device="cuda", dtype="float32")
+    fast = FastDecoder(lm)
+    req = GenerationRequest("What is the capital of France?", max_new_tokens=24)
+    for _ in range(3):
+        records = list(fast.generate(req))
+    prompt = [p.id for p in records[0].prompt]
+    with torch.no_grad():
+        ref = lm.model.generate(torch.tensor([prompt], device="cuda"), do_sample=False, max_new_tokens=24)
+    assert [r.token.id for r in records[:-1]] == ref[0, len(prompt):len(prompt) + len(records) - 1].tolist()
+    assert "Paris" in records[-1].text
