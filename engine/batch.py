@@ -198,7 +198,6 @@ class BatchRunner:
         self.max_batch = max_batch if batchable(lm) else 1
         self.batch = PaddedCache()
         self.prefilling: deque[Slot] = deque()
-        self._failures = 0                           # batched steps that failed in a row
 
     @property
     def slots(self) -> list[Slot]:
@@ -330,7 +329,6 @@ class BatchRunner:
             self.batch.crop(width)
             self._isolate(err)
             return 0
-        self._failures = 0
         now_done: set[Slot] = set()
         for b, slot in enumerate(slots):
             self._advance(slot, logits[b], captures.get(b, {}))
@@ -369,26 +367,27 @@ class BatchRunner:
         self._maybe_finish(slot)
 
     def _isolate(self, err: Exception) -> None:
-        """A batched step raised: run each row alone to find the one that fails; it fails alone.
+        """A batched step raised: the request behind it fails alone and the others go on.
 
-        If every row passes alone the fault was passing and the next step retries; a second failure
-        in a row with no culprit fails the whole batch with the error.
+        With several rows, each runs alone once; those that raise again are the culprits. A fault
+        no row repeats alone (a passing one, or memory the whole batch needed) fails the newest
+        request, as a server preempts the last one in.
         """
-        culprits = set()
-        for b, slot in enumerate(self.batch.slots):
-            try:
-                with torch.inference_mode():
-                    forward(self.lm, [slot.token.id], self.batch.row_cache(b, self.lm.model.config), None)
-            except Exception as row_err:  # noqa: BLE001
-                culprits.add(slot)
-                self._fail(slot, row_err)
-        self._failures = 0 if culprits else self._failures + 1
-        if self._failures >= 2:
-            culprits = set(self.batch.slots)
-            for slot in culprits:
-                self._fail(slot, err)
-            self._failures = 0
-        self.batch.drop(culprits)
+        slots = list(self.batch.slots)
+        errors = {s: e for b, s in enumerate(slots) if len(slots) > 1 and (e := self._probe(b, s)) is not None}
+        if not errors:
+            errors = {slots[-1]: err}
+        for slot, error in errors.items():
+            self._fail(slot, error)
+        self.batch.drop(set(errors))
+
+    def _probe(self, b: int, slot: Slot) -> Exception | None:
+        try:
+            with torch.inference_mode():
+                forward(self.lm, [slot.token.id], self.batch.row_cache(b, self.lm.model.config), None)
+        except Exception as err:  # noqa: BLE001 - what this row raises alone
+            return err
+        return None
 
 
 def _chunkable(policy: CapturePolicy) -> bool:

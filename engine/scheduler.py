@@ -296,8 +296,9 @@ class Scheduler:
         self._prune(now)
         if person not in self._people and len(self._people) >= self.limits.max_sessions:
             back = max(1, round((min(self._people.values()) + SESSION_IDLE_SECONDS - now) / 60))
+            who = "person" if self.limits.max_sessions == 1 else "people"
             raise SessionLimitError(
-                f"this server already serves {self.limits.max_sessions} people, its limit of browser sessions; a "
+                f"this server already serves {self.limits.max_sessions} {who}, its limit of browser sessions; a "
                 "place frees as soon "
                 f"as someone closes their tab, and at the latest in {back} minute(s); meanwhile follow the "
                 "presenter's screen")

@@ -176,7 +176,7 @@ def test_a_session_that_leaves_frees_its_place_in_a_full_room(tiny_lm):
     try:
         scheduler.join("first")
         handle = scheduler.submit(long_request(tiny_lm), CAPTURE_OFF, session="first")
-        with pytest.raises(EngineError, match="already serving 1 session"):
+        with pytest.raises(EngineError, match="already serves 1 person"):
             scheduler.join("second")
         scheduler.leave("first")                                   # the tab closed
         wait_until(lambda: handle.done)
