@@ -23,8 +23,8 @@ def inputs(lm: LoadedModel) -> tuple[int, int]:
     cols = st.columns(2)
     prompts = [n for n in PROMPTS if n + 16 < lm.spec.max_context]
     prompt = cols[0].segmented_control("Prompt tokens", prompts, default=prompts[0], key="cache.prompt", required=True)
-    top = min(128, lm.spec.max_context - prompt - 1)
-    steps = cols[1].slider("Tokens to generate", 8, top, min(64, top), key="cache.steps")
+    top = min(96, lm.spec.max_context - prompt - 1)
+    steps = cols[1].slider("Tokens to generate", 8, top, min(32, top), key="cache.steps")
     return int(prompt), int(steps)
 
 

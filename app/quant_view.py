@@ -12,9 +12,9 @@ from engine.errors import EngineError
 from engine.floatbits import FORMATS, float_bits, format_range
 from engine.loader import ALIASES, EMBEDDED, LoadedModel
 from engine.quant_lab import (EVAL_TEXT, EVAL_TOKENS, OUTLIER_THRESHOLD, SCHEMES, activation_channels,
-                              grid_share, int8_errors_by_layer, nf4_levels, notable_weights, scheme_quality,
-                              weight_rows)
-from engine.quantize import text_ids
+                              grid_share, int8_errors_by_layer, layer_inputs, nf4_levels, notable_weights,
+                              scheme_quality, weight_rows)
+from engine.quantize import all_logits, text_ids
 
 OUTLIERS, GRIDS = "quantlab.outlier_data", "quantlab.grid_data"
 SCHEME_NAMES = {"rtn-asym-g32": "RTN, min + scale per 32", "rtn-asym-g64": "RTN, min + scale per 64",
@@ -32,8 +32,9 @@ def measure_outliers(lm: LoadedModel) -> None:
     try:
         with st.spinner("One forward pass over the text, every layer's inputs kept…"), model_turn(lm):
             ids = eval_ids(lm)
-            normed, resid = activation_channels(lm, ids)
-            errors = int8_errors_by_layer(lm, ids)
+            hidden = layer_inputs(lm, ids)
+            normed, resid = activation_channels(lm, hidden)
+            errors = int8_errors_by_layer(lm, hidden)
     except EngineError as err:
         st.error(str(err))
         return
@@ -95,10 +96,11 @@ def measure_grids(lm: LoadedModel, schemes: list[str]) -> None:
         try:
             with model_turn(lm):
                 ids, share = eval_ids(lm), grid_share(lm)
+                reference = all_logits(lm, ids)
                 rows = []
                 for i, scheme in enumerate(schemes):
                     report(i / len(schemes), f"{SCHEME_NAMES[scheme]}: quantizing a copy, one pass over the text")
-                    rows.append(scheme_quality(lm, scheme, ids).__dict__)
+                    rows.append(scheme_quality(lm, scheme, ids, reference).__dict__)
         except EngineError as err:
             box.update(label="Stopped", state="error")
             st.error(str(err))

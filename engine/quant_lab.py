@@ -1,7 +1,8 @@
 """Quantization, closely: outlier channels, grids that do and do not line up, NF4, and what rounding costs.
 
-    acts = activation_channels(lm, ids)                 # per layer and channel: max and mean |x| into q_proj
-    errs = int8_errors_by_layer(lm, ids)                # per-tensor, per-token and LLM.int8-style INT8, per layer
+    hidden = layer_inputs(lm, ids)                      # the residual stream entering each layer, one pass
+    acts = activation_channels(lm, hidden)              # per layer and channel: max and mean |x| into q_proj
+    errs = int8_errors_by_layer(lm, hidden)             # per-tensor, per-token and LLM.int8-style INT8, per layer
     share = grid_share(lm, group=32)                    # groups of 32 weights already on a 16-level grid
     report = scheme_quality(lm, "nf4-b64", ids)         # weight error, perplexity, KL, top-1 agreement
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -27,7 +29,8 @@ from torch import nn
 
 from engine.errors import InvalidRequestError
 from engine.loader import LoadedModel
-from engine.quantize import FIXED_TEXT, _block_linears, _shared_copy, compare_models, dequantize_int4, quantize_int4
+from engine.quantize import (FIXED_TEXT, _block_linears, _shared_copy, all_logits, compare_logits, dequantize_int4,
+                             quantize_int4)
 
 NF4_OFFSET = 0.9677083       # QLoRA: the outermost quantile, midway between the two choices for 15 and 16 steps
 OUTLIER_THRESHOLD = 6.0      # LLM.int8: input features with any |x| >= 6 are kept in 16-bit
@@ -165,10 +168,13 @@ def dequantized_copy(lm: LoadedModel, scheme: str) -> tuple[LoadedModel, float]:
     return copy_lm, math.sqrt(err / max(norm, 1e-30))
 
 
-def scheme_quality(lm: LoadedModel, scheme: str, ids: list[int]) -> SchemeQuality:
-    """Quantize a copy with `scheme`, run both over `ids` (one teacher-forced pass each), compare."""
+def scheme_quality(lm: LoadedModel, scheme: str, ids: list[int],
+                   reference: torch.Tensor | None = None) -> SchemeQuality:
+    """Quantize a copy with `scheme`, run it over `ids` (one teacher-forced pass), compare with the loaded
+    model's logits (T, V) over the same ids (computed here unless given)."""
     copy_lm, err = dequantized_copy(lm, scheme)
-    q = compare_models(lm, copy_lm, ids)
+    ref = all_logits(lm, ids) if reference is None else reference
+    q = compare_logits(ref, all_logits(copy_lm, ids), ids)
     return SchemeQuality(scheme, bits_per_weight(scheme), err, q.top1_agreement, q.ppl_reference,
                          q.ppl_candidate, q.mean_kl)
 
@@ -200,11 +206,12 @@ def layer_inputs(lm: LoadedModel, ids: list[int]) -> tuple[torch.Tensor, ...]:
     return hs[: lm.spec.n_layers]
 
 
-def activation_channels(lm: LoadedModel, ids: list[int]) -> tuple[ChannelStats, ChannelStats]:
-    """(what enters q/k/v_proj after the layer's RMSNorm, the residual stream itself), per layer and channel."""
+def activation_channels(lm: LoadedModel, hidden_states: Sequence[torch.Tensor]) -> tuple[ChannelStats, ChannelStats]:
+    """(what enters q/k/v_proj after the layer's RMSNorm, the residual stream itself), per layer and channel,
+    from `layer_inputs(lm, ids)`."""
     normed_max, normed_mean, resid_max, resid_mean = [], [], [], []
     with torch.inference_mode():
-        for i, hidden in enumerate(layer_inputs(lm, ids)):
+        for i, hidden in enumerate(hidden_states):
             normed = lm.model.model.layers[i].input_layernorm(hidden)[0].float().abs()   # (T, d_model)
             resid = hidden[0].float().abs()
             normed_max.append(normed.amax(0)), normed_mean.append(normed.mean(0))
@@ -255,11 +262,11 @@ def int8_matmul_errors(x: torch.Tensor, w: torch.Tensor, threshold: float = OUTL
     return Int8Errors(rel(_int8_tensor(x) @ wq.T), rel(_int8_rows(x) @ wq.T), rel(mixed), int(outlier.sum()))
 
 
-def int8_errors_by_layer(lm: LoadedModel, ids: list[int]) -> list[Int8Errors]:
-    """The three INT8 schemes on every layer's q_proj, with its real inputs over `ids` (one forward pass)."""
+def int8_errors_by_layer(lm: LoadedModel, hidden_states: Sequence[torch.Tensor]) -> list[Int8Errors]:
+    """The three INT8 schemes on every layer's q_proj, with its real inputs (from `layer_inputs(lm, ids)`)."""
     errors = []
     with torch.inference_mode():
-        for block, hidden in zip(lm.model.model.layers, layer_inputs(lm, ids)):
+        for block, hidden in zip(lm.model.model.layers, hidden_states):
             x = block.input_layernorm(hidden)[0]                                        # (T, d_model)
             errors.append(int8_matmul_errors(x, block.self_attn.q_proj.weight))
     return errors

@@ -25,7 +25,7 @@ from engine.generate import GenerationRequest, encode_prompt, forward, generate
 from engine.hooks import CapturePolicy
 from engine.loader import load_model
 from engine.quant_lab import (activation_channels, bits_per_weight, fake_nf4, fake_rtn_asym, fake_rtn_sym,
-                              grid_share, int8_matmul_errors, layer_inputs, nf4_levels, on_grid, scheme_quality)
+                              grid_share, int8_errors_by_layer, int8_matmul_errors, layer_inputs, nf4_levels, on_grid, scheme_quality)
 from engine.quantize import all_logits
 from engine.specs import GPU_PRESETS, MODEL_PRESETS
 
@@ -292,13 +292,17 @@ def test_int8_errors_show_what_an_outlier_channel_does():
 
 def test_activation_channels_match_the_hidden_states(tiny_lm):
     ids = encode_prompt(tiny_lm, GenerationRequest(tiny_prompt(20), chat=False))
-    normed, resid = activation_channels(tiny_lm, ids)
+    hidden = layer_inputs(tiny_lm, ids)
+    normed, resid = activation_channels(tiny_lm, hidden)
     assert normed.max_abs.shape == (3, 64) and resid.mean_abs.shape == (3, 64)
     with torch.inference_mode():
         hs = tiny_lm.model(torch.tensor([ids]), output_hidden_states=True).hidden_states
-        x = tiny_lm.model.model.layers[2].input_layernorm(hs[2])[0].abs()
-    assert np.allclose(normed.max_abs[2], x.amax(0).numpy()) and np.allclose(resid.mean_abs[0], hs[0][0].abs().mean(0))
-    assert len(layer_inputs(tiny_lm, ids)) == 3 and np.all(normed.ratio() >= 1)
+        block = tiny_lm.model.model.layers[2]
+        x = block.input_layernorm(hs[2])[0]                                         # (T, d_model)
+    assert np.allclose(normed.max_abs[2], x.abs().amax(0).numpy()) and np.allclose(resid.mean_abs[0], hs[0][0].abs().mean(0))
+    assert len(hidden) == 3 and np.all(normed.ratio() >= 1)
+    got, want = int8_errors_by_layer(tiny_lm, hidden)[2], int8_matmul_errors(x, block.self_attn.q_proj.weight)
+    assert got.per_tensor == pytest.approx(want.per_tensor) and got.mixed == pytest.approx(want.mixed)
 
 
 # --- float bits ----------------------------------------------------------------------------------------------------
