@@ -35,7 +35,7 @@ def capture(lm: LoadedModel, prompt: str, layer: int) -> None:
 
 
 def capture_controls(lm: LoadedModel) -> None:
-    cols = st.columns([4, 2, 1], vertical_alignment="bottom")
+    cols = st.columns([5, 3, 2], vertical_alignment="bottom")
     prompt = cols[0].text_input("Prompt", DEFAULT_PROMPT, max_chars=400, key="math.prompt")
     layer = cols[1].slider("Layer", 0, lm.spec.n_layers - 1, min(3, lm.spec.n_layers - 1), key="math.layer")
     if cols[2].button("Capture", type="primary", key="math.capture_button", disabled=not prompt.strip()):
@@ -66,7 +66,13 @@ def row_table(s: AttentionSteps, row: int) -> None:
                   "q·k": [f"{x:.4f}" for x in s.scores[row]],
                   f"÷√{s.q.shape[1]}": [f"{x:.4f}" for x in s.scaled[row]],
                   "masked": [fmt(x) for x in s.masked[row]],
-                  "softmax p": [f"{x:.4f}" for x in s.probs[row]]}, hide_index=True, width="stretch")
+                  "softmax p": [f"{x:.4f}" for x in s.probs[row]]}, hide_index=True, width="stretch",
+                 height=table_height(len(s.tokens)))
+
+
+def table_height(rows: int) -> int:
+    """Pixels to show every row (header included), at most a screenful."""
+    return min(35 * (rows + 1) + 3, 600)
 
 
 def output_table(s: AttentionSteps, row: int) -> None:
@@ -76,7 +82,7 @@ def output_table(s: AttentionSteps, row: int) -> None:
     body = {"": [f"p={s.probs[row, j]:.3f} × v[{j}]" for j in keys] + ["output = Σ p·v"]}
     for i, name in enumerate(dims):
         body[name] = [f"{s.probs[row, j] * s.v[j, i]:+.4f}" for j in keys] + [f"{s.out[row, i]:+.4f}"]
-    st.dataframe(body, hide_index=True, width="stretch")
+    st.dataframe(body, hide_index=True, width="stretch", height=table_height(row + 2))
 
 
 def steps_section(lm: LoadedModel) -> None:

@@ -8,7 +8,7 @@ from app import explainer_charts as charts
 from app.format import fmt_ms, fmt_tokens
 from app.speed_view import MEASURED, gpu_picker, measured_caption, model_picker, model_turn, status_progress
 from app.view import plot
-from engine.cachelab import compare_runs, generate_timed, project_answer_seconds, project_token, slope
+from engine.cachelab import compare_runs, generate_both, project_answer_seconds, project_token, slope
 from engine.errors import EngineError
 from engine.loader import LoadedModel
 from engine.speedlab import prompt_of_length
@@ -30,14 +30,11 @@ def inputs(lm: LoadedModel) -> tuple[int, int]:
 
 def measure(lm: LoadedModel, prompt: int, steps: int) -> None:
     ids = prompt_of_length(lm, prompt)
-    with st.status("Generating with the cache, then without…", expanded=True) as box:
+    with st.status("Generating with the cache and without, token by token…", expanded=True) as box:
         report = status_progress(box)
         try:
             with model_turn(lm):
-                on = generate_timed(lm, ids, steps, True,
-                                    lambda i: report(0.2 * i / steps, f"with the cache: token {i}"))
-                off = generate_timed(lm, ids, steps, False,
-                                     lambda i: report(0.2 + 0.8 * i / steps, f"without the cache: token {i}"))
+                on, off = generate_both(lm, ids, steps, progress=lambda i: report(i / steps, f"token {i} both ways"))
             rows = compare_runs(lm.spec, on, off)
         except (EngineError, ValueError) as err:
             box.update(label="Stopped", state="error")
@@ -61,9 +58,11 @@ def metrics(result: dict) -> None:
 
 
 def measured_section(lm: LoadedModel) -> None:
-    st.caption(measured_caption(lm) + " The same greedy answer twice: with the cache (prefill once, then one token per "
-               "forward pass) and without (every step runs the whole sequence again). Each token is timed; the "
-               "prefill, the same work both ways, is left out. FLOPs come from the projection's formulas.")
+    st.caption(measured_caption(lm) + " The same greedy answer twice, token by token in turn: with the cache (prefill "
+               "once, then one token per forward pass) and without (every step runs the whole sequence again). Each "
+               "token is timed; the prefill, the same work both ways, is left out. The trend is the median slope "
+               "between every pair of points, so a slow step on a busy machine does not tip it. FLOPs come from the "
+               "projection's formulas.")
     prompt, steps = inputs(lm)
     if st.button("Generate both ways", type="primary", key="cache.measure"):
         measure(lm, prompt, steps)

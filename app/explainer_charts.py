@@ -34,21 +34,18 @@ def fusion_measured_figure(points: Sequence[dict]) -> go.Figure:
 
 
 def fusion_projected_figure(rows: Sequence[dict], title: str) -> go.Figure:
-    """Projected prefill time split into the linear layers and attention, eager against fused."""
-    labels = [r["label"] for r in rows]
+    """Projected prefill time against prompt length: eager and fused attention on top of the linear layers."""
+    ns = [r["tokens"] for r in rows]
     fig = go.Figure()
-    fig.add_bar(x=labels, y=[r["linear_ms"] for r in rows], name="linear layers (both)", marker_color="#95a5a6",
-                offsetgroup="eager")
-    fig.add_bar(x=labels, y=[r["eager_ms"] for r in rows], name="attention, eager", marker_color=EAGER_COLOR,
-                offsetgroup="eager", base=[r["linear_ms"] for r in rows])
-    fig.add_bar(x=labels, y=[r["linear_ms"] for r in rows], marker_color="#95a5a6", offsetgroup="fused",
-                showlegend=False)
-    fig.add_bar(x=labels, y=[r["fused_ms"] for r in rows], name="attention, fused", marker_color=FUSED_COLOR,
-                offsetgroup="fused", base=[r["linear_ms"] for r in rows])
-    fig.update_yaxes(type="log", title="prefill time, ms (projected)")
-    fig.update_xaxes(title="prompt tokens")
-    fig.update_layout(height=360, margin=dict(l=0, r=0, t=40, b=0), barmode="group",
-                      title=dict(text=title, font=dict(size=14)), legend=dict(orientation="h", y=-0.25))
+    series = (("prefill, eager attention", [r["linear_ms"] + r["eager_ms"] for r in rows], EAGER_COLOR, "solid"),
+              ("prefill, fused attention", [r["linear_ms"] + r["fused_ms"] for r in rows], FUSED_COLOR, "solid"),
+              ("the linear layers alone", [r["linear_ms"] for r in rows], "#7f8c8d", "dot"))
+    for name, ys, color, dash in series:
+        fig.add_scatter(x=ns, y=ys, name=name, mode="lines+markers", line=dict(color=color, dash=dash))
+    fig.update_xaxes(type="log", title="prompt tokens", tickvals=ns, ticktext=[r["label"] for r in rows])
+    fig.update_yaxes(type="log", title="ms (projected)")
+    fig.update_layout(height=360, margin=dict(l=0, r=0, t=40, b=0), title=dict(text=title, font=dict(size=14)),
+                      legend=dict(orientation="h", y=-0.25))
     return fig
 
 

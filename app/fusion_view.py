@@ -78,7 +78,7 @@ def measured_section(lm: LoadedModel) -> None:
 
 
 def projection_rows(projs: list[FusionProjection]) -> list[dict]:
-    return [{"label": fmt_tokens(p.tokens), "linear_ms": p.linear_seconds * 1e3, "eager_ms": p.eager_seconds * 1e3,
+    return [{"tokens": p.tokens, "label": fmt_tokens(p.tokens), "linear_ms": p.linear_seconds * 1e3, "eager_ms": p.eager_seconds * 1e3,
              "fused_ms": p.fused_seconds * 1e3} for p in projs]
 
 

@@ -1,7 +1,7 @@
 """The KV cache, with and without: the same greedy generation run both ways, each token timed.
 
-    on = generate_timed(lm, ids, steps=32, use_cache=True)     # prefill, then one token per forward pass
-    off = generate_timed(lm, ids, steps=32, use_cache=False)   # every step runs the whole sequence again
+    on, off = generate_both(lm, ids, steps=32)      # in lockstep: with the cache (prefill, then one token per
+                                                    # pass) and without (every step runs the whole sequence)
     rows = compare_runs(lm.spec, on, off)                      # per token: time both ways, FLOPs both ways
 
 Without the cache, token i needs the keys and values of every earlier position, so each step recomputes
@@ -12,6 +12,7 @@ without costs `prefill_flops(spec, n)`, where n is the sequence length the step 
 """
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
@@ -43,33 +44,49 @@ class TimedRun:
         return asdict(self)
 
 
-def _step_without_cache(lm: LoadedModel, seq: list[int]) -> torch.Tensor:
-    """The whole sequence through the model, nothing kept: the last position's logits (V,)."""
+def _next_without_cache(lm: LoadedModel, seq: list[int]) -> int:
+    """The whole sequence through the model, nothing kept: the greedy next token."""
     out = lm.model(input_ids=torch.tensor([seq], device=lm.device), use_cache=False, logits_to_keep=1)
-    return out.logits[0, -1]
+    return int(out.logits[0, -1].argmax())
 
 
-def generate_timed(lm: LoadedModel, ids: list[int], steps: int, use_cache: bool,
-                   progress: Callable[[int], None] | None = None) -> TimedRun:
-    """Greedy generation of `steps` tokens after `ids`, timing each token (CUDA synchronised)."""
+def _next_with_cache(lm: LoadedModel, seq: list[int], cache: DynamicCache) -> int:
+    """Only what the cache does not hold yet (the prompt at first, then the newest token): the greedy next token."""
+    new = seq[cache.get_seq_length():]
+    logits, _ = forward(lm, new, cache, None)
+    return int(logits.argmax())
+
+
+def _timed_step(lm: LoadedModel, seq: list[int], cache: DynamicCache | None) -> tuple[int, float]:
+    """One greedy token, with the cache when one is given, and the seconds it took (CUDA synchronised)."""
+    t = time.perf_counter()
+    token = _next_with_cache(lm, seq, cache) if cache is not None else _next_without_cache(lm, seq)
+    sync(lm.device)
+    return token, time.perf_counter() - t
+
+
+def generate_timed(lm: LoadedModel, ids: list[int], steps: int, use_cache: bool) -> TimedRun:
+    """Greedy generation of `steps` tokens after `ids` one way, timing each token (CUDA synchronised)."""
+    return generate_both(lm, ids, steps, ways=(use_cache,))[0]
+
+
+def generate_both(lm: LoadedModel, ids: list[int], steps: int, ways: tuple[bool, ...] = (True, False),
+                  progress: Callable[[int], None] | None = None) -> list[TimedRun]:
+    """The same greedy generation each way in `ways` (True: with the cache), in lockstep: token i with the
+    cache, then token i without, so a noisy neighbour slows both alike."""
     check_room(lm, len(ids), steps)
-    cache = DynamicCache(config=lm.model.config) if use_cache else None
-    seq, tokens, seconds = list(ids), [], []
+    caches = {way: DynamicCache(config=lm.model.config) if way else None for way in ways}
+    seqs = {way: list(ids) for way in ways}
+    times: dict[bool, list[float]] = {way: [] for way in ways}
     with torch.inference_mode():
         for i in range(steps):
-            t = time.perf_counter()
-            if use_cache:
-                logits, _ = forward(lm, seq if i == 0 else seq[-1:], cache, None)
-            else:
-                logits = _step_without_cache(lm, seq)
-            token = int(logits.argmax())
-            sync(lm.device)
-            seconds.append(time.perf_counter() - t)
-            tokens.append(token)
-            seq.append(token)
+            for way in ways:
+                token, seconds = _timed_step(lm, seqs[way], caches[way])
+                seqs[way].append(token)
+                times[way].append(seconds)
             if progress:
                 progress(i + 1)
-    return TimedRun(len(ids), use_cache, tuple(tokens), tuple(seconds))
+    return [TimedRun(len(ids), way, tuple(seqs[way][len(ids):]), tuple(times[way])) for way in ways]
 
 
 @dataclass(frozen=True)
@@ -91,7 +108,9 @@ class TokenRow:
 def compare_runs(spec: ModelSpec, on: TimedRun, off: TimedRun) -> list[TokenRow]:
     """Per decode step (the prefill, step 0, is left out: it is the same work both ways)."""
     if on.tokens != off.tokens:
-        raise ValueError("the two runs produced different tokens; they are not the same generation")
+        first = next(i for i, (a, b) in enumerate(zip(on.tokens, off.tokens)) if a != b)
+        raise ValueError(f"with and without the cache the greedy tokens part at token {first + 1} (a near tie "
+                         "decided differently by float rounding); try another prompt length")
     rows = []
     for n, t_on, t_off in list(zip(on.lengths(), on.seconds, off.seconds))[1:]:
         rows.append(TokenRow(n, t_on, t_off, decode_flops(spec, n), prefill_flops(spec, n)))
@@ -99,14 +118,11 @@ def compare_runs(spec: ModelSpec, on: TimedRun, off: TimedRun) -> list[TokenRow]
 
 
 def slope(rows: list[TokenRow], attr: str) -> float:
-    """Least-squares seconds per extra token of context for one series ('seconds_on' or 'seconds_off')."""
-    xs = [r.length for r in rows]
-    ys = [getattr(r, attr) for r in rows]
-    if len(xs) < 2:
-        return 0.0
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    var = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+    """Seconds per extra token of context for one series ('seconds_on' or 'seconds_off'): the median of the
+    slopes between every pair of points (Theil-Sen), so one slow step on a busy machine does not tip it."""
+    pts = [(r.length, getattr(r, attr)) for r in rows]
+    slopes = [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(pts) for x2, y2 in pts[i + 1:] if x2 != x1]
+    return statistics.median(slopes) if slopes else 0.0
 
 
 # --- projected --------------------------------------------------------------------------------------------
