@@ -79,7 +79,9 @@ def measured_section(lm: LoadedModel) -> None:
 
 def measured_text(result: dict) -> str:
     rows, per100 = result["rows"], 100e3
-    flat = "nearly flat" if abs(result["slope_on"]) < 0.2 * abs(result["slope_off"]) else "growing too"
+    on, off = result["slope_on"], result["slope_off"]
+    flat = ("flat within the noise" if on < 0.2 * off else "growing too, but less" if on < off else
+            "no better: the machine was too busy to tell them apart; measure again")
     return (f"{MEASURED}: without the cache each token took **{result['slope_off'] * per100:.1f} ms more per 100 "
             f"tokens of context**; with it, {result['slope_on'] * per100:+.1f} ms ({flat}). Without the cache, token "
             f"n recomputes the keys and values of all n - 1 earlier positions: work that grows with n, so the whole "

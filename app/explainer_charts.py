@@ -27,8 +27,8 @@ def fusion_measured_figure(points: Sequence[dict]) -> go.Figure:
         fig.add_scatter(x=ns, y=[p[f"{key}_bytes"] for p in points], name=f"{name}: bytes",
                         mode="lines+markers", line=dict(color=color, dash="dot"), row=1, col=2)
     fig.update_xaxes(type="log", title="prompt tokens (N)", tickvals=ns)
-    fig.update_yaxes(type="log", title="ms", row=1, col=1)
-    fig.update_yaxes(type="log", title="bytes", exponentformat="SI", row=1, col=2)
+    fig.update_yaxes(type="log", title="ms", dtick=1, row=1, col=1)
+    fig.update_yaxes(type="log", title="bytes", exponentformat="SI", dtick=1, row=1, col=2)
     fig.update_layout(height=340, margin=dict(l=0, r=0, t=30, b=0), legend=dict(orientation="h", y=-0.3))
     return fig
 
@@ -43,7 +43,7 @@ def fusion_projected_figure(rows: Sequence[dict], title: str) -> go.Figure:
     for name, ys, color, dash in series:
         fig.add_scatter(x=ns, y=ys, name=name, mode="lines+markers", line=dict(color=color, dash=dash))
     fig.update_xaxes(type="log", title="prompt tokens", tickvals=ns, ticktext=[r["label"] for r in rows])
-    fig.update_yaxes(type="log", title="ms (projected)")
+    fig.update_yaxes(type="log", title="ms (projected)", dtick=1)
     fig.update_layout(height=360, margin=dict(l=0, r=0, t=40, b=0), title=dict(text=title, font=dict(size=14)),
                       legend=dict(orientation="h", y=-0.25))
     return fig
@@ -85,11 +85,13 @@ def channels_figure(max_abs: np.ndarray, mean_abs: np.ndarray, title: str, thres
     fig = go.Figure()
     fig.add_scatter(x=ch, y=max_abs, name="largest |value|", mode="lines", line=dict(color=MEASURED_COLOR))
     fig.add_scatter(x=ch, y=mean_abs, name="mean |value|", mode="lines", line=dict(color="#34495e"))
+    top = max(float(np.max(max_abs)), threshold or 0.0)
+    bottom = max(float(np.min(mean_abs[mean_abs > 0])) if np.any(mean_abs > 0) else 1e-6, 1e-12)
     if threshold is not None:
         fig.add_hline(y=threshold, line=dict(color="grey", dash="dash"),
                       annotation_text=f"LLM.int8 threshold {threshold:g}", annotation_position="top left")
     fig.update_xaxes(title="channel")
-    fig.update_yaxes(type="log", title="|value|")
+    fig.update_yaxes(type="log", title="|value|", dtick=1, range=[np.log10(bottom) - 0.2, np.log10(top) + 0.3])
     fig.update_layout(height=300, margin=dict(l=0, r=0, t=30, b=0), title=dict(text=title, font=dict(size=13)),
                       legend=dict(orientation="h", y=-0.3))
     return fig

@@ -9,8 +9,10 @@ from app.format import fmt_bytes, fmt_ms, fmt_tokens
 from app.speed_view import MEASURED, gpu_picker, measured_caption, model_picker, model_turn, status_progress
 from app.view import plot
 from engine.errors import EngineError
-from engine.fusion import (MAX_SCORE_BYTES, AttentionShape, FusionProjection, largest_intermediate_bytes,
-                           project_fusion, sweep_fusion)
+from engine.card import kv_bytes_per_token, weight_bytes
+from engine.fusion import (MAX_SCORE_BYTES, AttentionShape, FusionProjection, decode_row_bytes,
+                           largest_intermediate_bytes, project_fusion, sweep_fusion)
+from engine.specs import ModelSpec
 from engine.loader import LoadedModel
 
 POINTS = "fusion.points"
@@ -102,7 +104,16 @@ def projected_section(lm: LoadedModel) -> None:
                "moves every N × N matrix through memory as counted above, fused moves Q, K, V and the output.")
     plot(charts.fusion_projected_figure(projection_rows(projs), title), "fusion.projected")
     projected_table(projs, gpu.memory_gb)
-    st.markdown(projected_text(projs, gpu.memory_gb))
+    st.markdown(projected_text(projs, gpu.memory_gb) + " " + decode_text(spec, projs[-1].tokens))
+
+
+def decode_text(spec: ModelSpec, context: int) -> str:
+    """How little fusion changes a decode step's traffic: its score rows against the weights and the KV read."""
+    rows = decode_row_bytes(spec, context, 2)
+    step = weight_bytes(spec, "bf16") + context * kv_bytes_per_token(spec, "bf16")
+    return (f"A decode step scores one query row per head against the cache, a vector rather than a matrix: at "
+            f"{fmt_tokens(context)} tokens its eager score rows move {fmt_bytes(rows)} beside the {fmt_bytes(step)} "
+            f"of weights and KV cache the step reads anyway ({rows / step:.1%}), so there fusion saves far less.")
 
 
 def projected_text(projs: list[FusionProjection], memory_gb: float) -> str:
@@ -115,5 +126,4 @@ def projected_text(projs: list[FusionProjection], memory_gb: float) -> str:
             f"{fmt_ms(long_.eager_seconds)} against {fmt_ms(long_.fused_seconds)} fused: the score matrices grow with "
             f"N², and the eager path writes and re-reads each of them five times, so it is bound by memory "
             f"bandwidth while the fused kernel stays bound by arithmetic.{fit} That is why fusion matters most for "
-            "long prefill. A decode step scores one query row against the cache, a vector rather than a matrix, so "
-            "there the KV cache read dominates and fusion saves far less.")
+            "long prefill.")

@@ -43,13 +43,16 @@ def measure_outliers(lm: LoadedModel) -> None:
 
 def outlier_metrics(data: dict, layer: int) -> None:
     normed, resid, err = data["normed"], data["resid"], data["errors"][layer]
-    cols = st.columns(4)
-    cols[0].metric("Largest / median channel max (input to q_proj)", f"{normed.ratio()[layer]:,.0f}×")
+    cols = st.columns(3)
+    cols[0].metric("Outlier ratio, input to q_proj", f"{normed.ratio()[layer]:,.0f}×",
+                   help="The largest channel's max |x| over the median channel's max |x|.")
     cols[1].metric(f"Channels reaching |x| ≥ {OUTLIER_THRESHOLD:g}", f"{normed.outliers()[layer]}")
-    cols[2].metric("Largest residual value", f"{resid.max_abs[layer].max():,.1f}",
-                   help=f"median channel max {np.median(resid.max_abs[layer]):,.1f}")
-    cols[3].metric("INT8 matmul error: per tensor → per token → LLM.int8",
-                   f"{err.per_tensor:.1%} → {err.per_token:.1%} → {err.mixed:.1%}")
+    cols[2].metric("Largest residual-stream value", f"{resid.max_abs[layer].max():,.1f}",
+                   help=f"The median channel's largest is {np.median(resid.max_abs[layer]):,.1f}.")
+    cols = st.columns(3)
+    cols[0].metric("INT8 error, one scale per tensor", f"{err.per_tensor:.1%}", help="Relative error of x Wᵀ.")
+    cols[1].metric("INT8 error, one scale per token", f"{err.per_token:.1%}")
+    cols[2].metric("LLM.int8: outliers kept in 16-bit", f"{err.mixed:.1%}")
 
 
 def outliers_section(lm: LoadedModel) -> None:
@@ -148,7 +151,7 @@ def grids_text(lm: LoadedModel, data: dict) -> str:
             "A grid that does not line up with the source (a group of 64 spans two source groups with different "
             "scales; a symmetric grid has no minimum; NF4 has uneven levels) rounds every weight again, and its cost "
             "is the real cost of 4-bit rounding on this model. Compare schemes at equal bits per weight: NF4 puts "
-            "more levels near zero, where most weights are. Small models lose more than large ones.")
+            "more levels near zero, where most weights are. Small models tend to lose more than large ones.")
 
 
 def methods_text() -> str:

@@ -97,6 +97,16 @@ def fused_flops(s: AttentionShape) -> float:
     return 4.0 * s.heads * s.head_dim * s.tokens * (s.tokens + 1) / 2
 
 
+def eager_bytes_per_score(itemsize: float) -> float:
+    """Bytes the eager steps write and read per score element: 7 x b + 4 (+ 4 + b for the cast back)."""
+    return 7 * itemsize + FLOAT32_BYTES + (FLOAT32_BYTES + itemsize if itemsize != FLOAT32_BYTES else 0)
+
+
+def decode_row_bytes(spec: ModelSpec, context: int, itemsize: float) -> float:
+    """A decode step's eager score rows over all layers: one query per head against `context` keys."""
+    return spec.n_layers * spec.n_heads * context * eager_bytes_per_score(itemsize)
+
+
 def largest_intermediate_bytes(s: AttentionShape) -> float:
     """The biggest tensor the eager path holds: the float32 probabilities, H x N x N x 4 bytes."""
     return s.scores * FLOAT32_BYTES

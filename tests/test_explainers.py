@@ -20,7 +20,8 @@ from engine.cachelab import (compare_runs, generate_both, generate_timed, projec
 from engine.errors import InvalidRequestError, NoWeightsError
 from engine.floatbits import float_bits, format_range
 from engine.folder import PCIE, describe_folder, file_kind, pcie_seconds, time_read
-from engine.fusion import (AttentionShape, Traffic, causal_mask, eager_attention, eager_bytes, fused_attention,
+from engine.fusion import (AttentionShape, Traffic, causal_mask, decode_row_bytes, eager_attention, eager_bytes,
+                           eager_bytes_per_score, fused_attention,
                            fused_bytes, largest_intermediate_bytes, measure_fusion, project_fusion, random_qkv)
 from engine.generate import GenerationRequest, encode_prompt, forward, generate
 from engine.hooks import CapturePolicy
@@ -73,6 +74,8 @@ def test_eager_traffic_per_score_is_24_bytes_in_bf16_and_32_in_fp32():
     for itemsize, per_score in ((2, 24), (4, 32)):
         s = AttentionShape(32, 8, 32768, 128, itemsize)
         assert eager_bytes(s) == pytest.approx(per_score * s.scores, rel=0.01)
+        assert eager_bytes_per_score(itemsize) == per_score
+    assert decode_row_bytes(LLAMA_8B, 32768, 2) == 32 * 32 * 32768 * 24                # ~805 MB per decode step
 
 
 def test_measure_fusion_on_the_tiny_model_shapes(tiny_lm):
