@@ -8,6 +8,7 @@ import streamlit as st
 from app import explainer_charts as charts
 from app.speed_view import MEASURED, measured_caption, model_turn, status_progress
 from app.view import plot
+from engine.calibrated import compare_methods
 from engine.errors import EngineError
 from engine.floatbits import FORMATS, float_bits, format_range
 from engine.loader import ALIASES, EMBEDDED, LoadedModel
@@ -162,7 +163,46 @@ def methods_text() -> str:
             "most; it scales those input channels up before rounding (and the activations down by the same factor), "
             "so they get finer steps, with scales chosen on calibration data. **NF4** (QLoRA) changes the grid, not "
             "the rounding: 16 levels at the quantiles of a normal distribution, since weights are roughly normal, "
-            "scaled by each block's absmax.")
+            "scaled by each block's absmax. Below, GPTQ and AWQ run on one real layer against RTN on the same grid.")
+
+
+# --- GPTQ and AWQ against RTN on one layer ---------------------------------------------------------------
+
+METHODS = "quantlab.method_data"
+
+
+def measure_methods(lm: LoadedModel, layer: int) -> None:
+    try:
+        with st.spinner("One forward pass for the layer's inputs, then RTN, GPTQ and AWQ on its q_proj…"), \
+                model_turn(lm):
+            block = lm.model.model.layers[layer]
+            hidden = layer_inputs(lm, eval_ids(lm))[layer]
+            x = block.input_layernorm(hidden)[0].detach()
+            result = compare_methods(x, block.self_attn.q_proj.weight)
+    except EngineError as err:
+        st.error(str(err))
+        return
+    st.session_state[METHODS] = {"layer": layer, "result": result}
+
+
+def methods_section(lm: LoadedModel) -> None:
+    cols = st.columns([2, 3], vertical_alignment="bottom")
+    top = lm.spec.n_layers - 1
+    layer = cols[0].number_input("Layer", 0, top, min(15, top), key="quantlab.m_layer")
+    if cols[1].button("Compare RTN, GPTQ and AWQ on this layer's q_proj", key="quantlab.methods"):
+        measure_methods(lm, int(layer))
+    data = st.session_state.get(METHODS)
+    if not data:
+        return
+    r = data["result"]
+    st.table({"method": [m.method for m in r.rows], "weight error": [f"{m.weight_error:.2%}" for m in r.rows],
+              "output error on held-out tokens": [f"{m.output_error:.2%}" for m in r.rows]})
+    rtn_, gptq_, awq_ = r.rows
+    st.markdown(f"{MEASURED}, layer {data['layer']}, symmetric INT4 per 32 inputs: calibrated on "
+                f"{r.calibration_tokens} tokens of the text, tested on the other {r.test_tokens}. RTN has the "
+                f"smallest weight error ({rtn_.weight_error:.1%}) but GPTQ's output error is {gptq_.output_error:.1%} "
+                f"against RTN's {rtn_.output_error:.1%}, and AWQ's (α = {r.awq_alpha:g}) {awq_.output_error:.1%}: what "
+                "the layer computes matters more than how close each weight is.")
 
 
 # --- bits ------------------------------------------------------------------------------------------------------

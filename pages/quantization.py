@@ -16,6 +16,7 @@ view.outliers_section(lm)
 st.subheader("2. Grids: round-to-nearest, NF4, and a grid that lines up too well")
 view.grids_section(lm)
 st.markdown(view.methods_text())
+view.methods_section(lm)
 
 st.subheader("3. One weight, bit by bit")
 view.bits_section(lm)

@@ -102,6 +102,12 @@ def test_quantization_page_measures_outliers_grids_and_bits(page):
                                                    "nf4-b64"]
     assert data["share"] == 0.0 and all(r["weight_error"] > 0.01 for r in data["rows"])
     assert "were never on such a grid" in text_of(at)
+    at.number_input(key="quantlab.m_layer").set_value(1).run()
+    at.button(key="quantlab.methods").click().run()
+    assert_clean(at)
+    methods = next(t.value for t in at.table if "method" in t.value.columns)
+    assert list(methods["method"]) == ["RTN", "GPTQ", "AWQ"]
+    assert "layer 1, symmetric INT4 per 32 inputs" in text_of(at)
 
 
 def test_model_folder_page_lists_files_and_times_the_read(page, tiny_model_dir):

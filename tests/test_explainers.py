@@ -15,7 +15,8 @@ from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from conftest import tiny_prompt, write_tiny_llama
 from engine.attention_math import attention_steps, capture_qkv
-from engine.cachelab import (compare_runs, generate_both, generate_timed, project_answer_seconds, project_token,
+from engine.calibrated import ALPHAS, awq, compare_methods, gptq, group_scales, rtn
+from engine.cachelab import (TokenRow, compare_runs, generate_both, generate_timed, project_answer_seconds, project_token,
                              slope)
 from engine.errors import InvalidRequestError, NoWeightsError
 from engine.floatbits import float_bits, format_range
@@ -143,8 +144,6 @@ def test_per_token_flops_follow_the_formulas_by_hand(tiny_lm):
 
 
 def test_slope_ignores_one_slow_step():
-    from engine.cachelab import TokenRow
-
     rows = [TokenRow(n, 0.01 + 0.002 * n, 0.5, 1, 2) for n in range(10, 20)]
     rows[4] = TokenRow(14, 3.0, 9.0, 1, 2)                                         # a noisy neighbour
     assert slope(rows, "seconds_on") == pytest.approx(0.002) and slope(rows, "seconds_off") == pytest.approx(0)
@@ -309,6 +308,46 @@ def test_activation_channels_match_the_hidden_states(tiny_lm):
     assert len(hidden) == 3 and np.all(normed.ratio() >= 1)
     got, want = int8_errors_by_layer(tiny_lm, hidden)[2], int8_matmul_errors(x, block.self_attn.q_proj.weight)
     assert got.per_tensor == pytest.approx(want.per_tensor) and got.mixed == pytest.approx(want.mixed)
+
+
+# --- GPTQ and AWQ on one layer --------------------------------------------------------------------------------
+
+def correlated_inputs(t: int = 96, k: int = 64, seed: int = 7) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(t, 8, generator=g) @ torch.randn(8, k, generator=g) + 0.1 * torch.randn(t, k, generator=g)
+
+
+def test_rtn_takes_the_nearest_level_of_the_shared_grid():
+    w = torch.randn(16, 64, generator=torch.Generator().manual_seed(8))
+    scales = group_scales(w, 32)
+    levels = torch.arange(-8, 8, dtype=torch.float32)                                # (16,)
+    steps = scales.repeat_interleave(32, dim=1)[..., None]                          # (16, 64, 1)
+    nearest = (levels * steps).gather(-1, (w[..., None] - levels * steps).abs().argmin(-1, keepdim=True))
+    assert torch.allclose(rtn(w, scales, 32), nearest[..., 0], atol=1e-6)
+
+
+def test_gptq_is_rtn_when_the_inputs_are_uncorrelated():
+    w = torch.randn(16, 64, generator=torch.Generator().manual_seed(9))
+    x = torch.eye(64) * math.sqrt(64 / 2)                                            # H = I: nothing to spread
+    scales = group_scales(w, 32)
+    assert torch.allclose(gptq(w, x, scales, 32), rtn(w, scales, 32), atol=1e-6)
+
+
+def test_gptq_and_awq_lower_the_output_error_they_aim_at():
+    x, w = correlated_inputs(), torch.randn(32, 64, generator=torch.Generator().manual_seed(10)) * 0.05
+    scales = group_scales(w, 32)
+    out_err = lambda approx: float((x @ (w - approx).T).norm())                      # noqa: E731
+    assert out_err(gptq(w, x, scales, 32)) < out_err(rtn(w, scales, 32))
+    awq_w, alpha = awq(w, x, 32)
+    assert out_err(awq_w) <= out_err(rtn(w, scales, 32)) + 1e-9 and alpha in ALPHAS  # alpha 0 is RTN itself
+    result = compare_methods(x, w)
+    assert [m.method for m in result.rows] == ["RTN", "GPTQ", "AWQ"]
+    assert result.calibration_tokens == result.test_tokens == 48
+    assert result.rows[0].weight_error <= result.rows[1].weight_error                 # same grid: RTN is nearest
+    with pytest.raises(InvalidRequestError):
+        compare_methods(x[:3], w)
+    with pytest.raises(InvalidRequestError):
+        group_scales(w[:, :48], 32)
 
 
 # --- float bits ----------------------------------------------------------------------------------------------------
