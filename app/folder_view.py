@@ -56,8 +56,8 @@ def measure_read(report: FolderReport) -> None:
 
 def timing_section(lm: LoadedModel, report: FolderReport) -> None:
     cols = st.columns([1, 3])
-    cols[0].metric("Load time (measured at start-up)", f"{lm.load_seconds:.2f} s",
-                   help="Config, weights and tokenizer, from this folder into memory on this server's first start.")
+    cols[0].metric("Load time", f"{lm.load_seconds:.2f} s",
+                   help="Measured at start-up: config, weights and tokenizer, from this folder into memory.")
     if cols[1].button("Time reading the weight files", key="folder.read_button"):
         measure_read(report)
     read = st.session_state.get(READ)

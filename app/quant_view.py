@@ -45,15 +45,17 @@ def measure_outliers(lm: LoadedModel) -> None:
 def outlier_metrics(data: dict, layer: int) -> None:
     normed, resid, err = data["normed"], data["resid"], data["errors"][layer]
     cols = st.columns(3)
-    cols[0].metric("Outlier ratio, input to q_proj", f"{normed.ratio()[layer]:,.0f}×",
-                   help="The largest channel's max |x| over the median channel's max |x|.")
-    cols[1].metric(f"Channels reaching |x| ≥ {OUTLIER_THRESHOLD:g}", f"{normed.outliers()[layer]}")
-    cols[2].metric("Largest residual-stream value", f"{resid.max_abs[layer].max():,.1f}",
-                   help=f"The median channel's largest is {np.median(resid.max_abs[layer]):,.1f}.")
+    cols[0].metric("Outlier ratio", f"{normed.ratio()[layer]:,.0f}×",
+                   help="Input to q_proj: the largest channel's max |x| over the median channel's max |x|.")
+    cols[1].metric(f"Channels |x| ≥ {OUTLIER_THRESHOLD:g}", f"{normed.outliers()[layer]}",
+                   help="Input channels of q_proj that reach LLM.int8's outlier threshold on some token.")
+    cols[2].metric("Largest residual", f"{resid.max_abs[layer].max():,.1f}",
+                   help=f"The residual stream; the median channel's largest is {np.median(resid.max_abs[layer]):,.1f}.")
     cols = st.columns(3)
-    cols[0].metric("INT8 error, one scale per tensor", f"{err.per_tensor:.1%}", help="Relative error of x Wᵀ.")
-    cols[1].metric("INT8 error, one scale per token", f"{err.per_token:.1%}")
-    cols[2].metric("LLM.int8: outliers kept in 16-bit", f"{err.mixed:.1%}")
+    cols[0].metric("INT8, per tensor", f"{err.per_tensor:.1%}",
+                   help="Relative error of x Wᵀ with one INT8 scale for the whole activation matrix.")
+    cols[1].metric("INT8, per token", f"{err.per_token:.1%}", help="One INT8 scale per token (row of x).")
+    cols[2].metric("LLM.int8", f"{err.mixed:.1%}", help="Outlier channels kept in 16-bit, the rest INT8 per token.")
 
 
 def outliers_section(lm: LoadedModel) -> None:
@@ -156,14 +158,15 @@ def grids_text(lm: LoadedModel, data: dict) -> str:
 
 
 def methods_text() -> str:
-    return ("**How GPTQ, AWQ and NF4 differ from round-to-nearest.** RTN rounds each weight on its own and minimises "
-            "the weight error. **GPTQ** quantizes one input column at a time and adjusts the columns not yet rounded "
-            "to cancel the error so far, using the inverse Hessian X Xᵀ of a few hundred calibration sequences: it "
-            "minimises the layer's *output* error. **AWQ** notes that weights meeting large activations matter "
-            "most; it scales those input channels up before rounding (and the activations down by the same factor), "
-            "so they get finer steps, with scales chosen on calibration data. **NF4** (QLoRA) changes the grid, not "
-            "the rounding: 16 levels at the quantiles of a normal distribution, since weights are roughly normal, "
-            "scaled by each block's absmax. Below, GPTQ and AWQ run on one real layer against RTN on the same grid.")
+    return ("**How GPTQ, AWQ and NF4 differ from round-to-nearest.** RTN rounds each weight on its own and "
+            "minimises the weight error. **GPTQ** quantizes one input column at a time and adjusts the columns not "
+            "yet rounded to cancel the error so far, using the inverse of the Hessian XᵀX of a few hundred "
+            "calibration sequences: it minimises the layer's *output* error. **AWQ** notes that weights meeting "
+            "large activations matter most; it scales those input channels up before rounding (and the activations "
+            "down by the same factor), so they get finer steps, with scales chosen on calibration data. **NF4** "
+            "(QLoRA) changes the grid, not the rounding: 16 levels at the quantiles of a normal distribution, since "
+            "weights are roughly normal, scaled by each block's absmax. Below, GPTQ and AWQ run on one real layer "
+            "against RTN on the same grid.")
 
 
 # --- GPTQ and AWQ against RTN on one layer ---------------------------------------------------------------
