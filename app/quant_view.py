@@ -14,7 +14,7 @@ from engine.floatbits import FORMATS, float_bits, format_range
 from engine.loader import ALIASES, EMBEDDED, LoadedModel
 from engine.quant_lab import (EVAL_TEXT, EVAL_TOKENS, OUTLIER_THRESHOLD, SCHEMES, activation_channels,
                               grid_share, int8_errors_by_layer, layer_inputs, nf4_levels, notable_weights,
-                              scheme_quality, weight_rows)
+                              q_proj_inputs, scheme_quality, weight_rows)
 from engine.quantize import all_logits, text_ids
 
 OUTLIERS, GRIDS = "quantlab.outlier_data", "quantlab.grid_data"
@@ -178,10 +178,8 @@ def measure_methods(lm: LoadedModel, layer: int) -> None:
     try:
         with st.spinner("One forward pass for the layer's inputs, then RTN, GPTQ and AWQ on its q_proj…"), \
                 model_turn(lm):
-            block = lm.model.model.layers[layer]
-            hidden = layer_inputs(lm, eval_ids(lm))[layer]
-            x = block.input_layernorm(hidden)[0].detach()
-            result = compare_methods(x, block.self_attn.q_proj.weight)
+            x = q_proj_inputs(lm, eval_ids(lm), layer)
+            result = compare_methods(x, lm.model.model.layers[layer].self_attn.q_proj.weight)
     except EngineError as err:
         st.error(str(err))
         return

@@ -49,7 +49,7 @@ def rtn(w: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
 def inverse_hessian_factor(x: torch.Tensor) -> torch.Tensor:
     """Upper Cholesky factor of H⁻¹, H = 2 XᵀX / T + damping: GPTQ's update weights. x: (T, K)."""
     h = 2 * x.T @ x / x.shape[0]                                                       # (K, K)
-    h += DAMPING * h.diagonal().mean() * torch.eye(h.shape[0], dtype=h.dtype)
+    h += DAMPING * h.diagonal().mean() * torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
     return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
 
 

@@ -262,6 +262,14 @@ def int8_matmul_errors(x: torch.Tensor, w: torch.Tensor, threshold: float = OUTL
     return Int8Errors(rel(_int8_tensor(x) @ wq.T), rel(_int8_rows(x) @ wq.T), rel(mixed), int(outlier.sum()))
 
 
+def q_proj_inputs(lm: LoadedModel, ids: list[int], layer: int) -> torch.Tensor:
+    """What enters layer `layer`'s q/k/v_proj over `ids`, after its RMSNorm: (T, d_model)."""
+    if not 0 <= layer < lm.spec.n_layers:
+        raise InvalidRequestError(f"layer must be 0 to {lm.spec.n_layers - 1}")
+    with torch.inference_mode():
+        return lm.model.model.layers[layer].input_layernorm(layer_inputs(lm, ids)[layer])[0]
+
+
 def int8_errors_by_layer(lm: LoadedModel, hidden_states: Sequence[torch.Tensor]) -> list[Int8Errors]:
     """The three INT8 schemes on every layer's q_proj, with its real inputs (from `layer_inputs(lm, ids)`)."""
     errors = []

@@ -28,7 +28,7 @@ from engine.generate import GenerationRequest, encode_prompt, forward, generate
 from engine.hooks import CapturePolicy
 from engine.loader import load_model
 from engine.quant_lab import (activation_channels, bits_per_weight, fake_nf4, fake_rtn_asym, fake_rtn_sym,
-                              grid_share, int8_errors_by_layer, int8_matmul_errors, layer_inputs, nf4_levels, on_grid, scheme_quality)
+                              grid_share, int8_errors_by_layer, int8_matmul_errors, q_proj_inputs, layer_inputs, nf4_levels, on_grid, scheme_quality)
 from engine.quantize import all_logits
 from engine.specs import GPU_PRESETS, MODEL_PRESETS
 
@@ -306,6 +306,7 @@ def test_activation_channels_match_the_hidden_states(tiny_lm):
         x = block.input_layernorm(hs[2])[0]                                         # (T, d_model)
     assert np.allclose(normed.max_abs[2], x.abs().amax(0).numpy()) and np.allclose(resid.mean_abs[0], hs[0][0].abs().mean(0))
     assert len(hidden) == 3 and np.all(normed.ratio() >= 1)
+    assert torch.allclose(q_proj_inputs(tiny_lm, ids, 2), x)
     got, want = int8_errors_by_layer(tiny_lm, hidden)[2], int8_matmul_errors(x, block.self_attn.q_proj.weight)
     assert got.per_tensor == pytest.approx(want.per_tensor) and got.mixed == pytest.approx(want.mixed)
 
