@@ -16,7 +16,7 @@ from app.sidebar import render_sidebar  # noqa: E402
 from engine.errors import EngineError  # noqa: E402
 
 # pages that work without the model (a full room, or no model): they draw recordings or need none
-OFFLINE_PAGES = {"", "journey", "attention", "kv-cache", "quiz", "recordings"}
+OFFLINE_PAGES = {"", "journey", "attention", "kv-cache", "quiz", "recordings", "engines"}
 # widget namespace of each page that takes a pushed prompt and settings
 PUSH_NAMESPACES = {"journey": "journey", "attention": "attention", "kv-cache": "kv"}
 

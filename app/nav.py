@@ -29,15 +29,24 @@ PAGES: tuple[PageInfo, ...] = (
     PageInfo("attention.py", "Attention", ":material/grid_on:", "attention",
              "Who attends to whom: per layer and head, all heads at once, sinks and distances, grouped-query "
              "attention, and each new token's row during decoding."),
+    PageInfo("attention_math.py", "Attention, step by step", ":material/calculate:", "attention-math",
+             "One head of one layer with its real numbers: Q·Kᵀ, ÷√d, the causal mask, softmax and the weighted sum "
+             "of V, beside the shapes, checked against the model's own output."),
     PageInfo("kv_cache.py", "The KV cache", ":material/memory:", "kv-cache",
              "The cache growing token by token, what it costs per user on real GPUs, GQA against full "
              "multi-head attention, and paged against contiguous allocation."),
+    PageInfo("kv_on_off.py", "The KV cache, with and without", ":material/cached:", "kv-on-off",
+             "The same answer generated with the cache and without it: per-token time growing with the context "
+             "against staying flat, and the compute the cache saves."),
     PageInfo("speculative.py", "Speculative decoding", ":material/fast_forward:", "speculative",
              "A draft guesses k tokens, the model checks them in one pass: the rounds live, acceptance, and the "
              "measured speedup against plain decoding, with the projection for Llama on an H100."),
     PageInfo("speed_lab.py", "Speed lab", ":material/speed:", "speed-lab",
              "Prefill and decode timed on this machine as the prompt grows, the decode step on this device's "
              "roofline, and a stored answer streamed at any rate from 1 to 2,000 tokens/s."),
+    PageInfo("flash_attention.py", "FlashAttention and kernel fusion", ":material/bolt:", "flash-attention",
+             "Eager attention against one fused kernel: time and bytes moved as the prompt grows, measured here, and "
+             "projected for an H100 from the memory traffic."),
     PageInfo("speed_cost.py", "Speed and cost on GPUs", ":material/payments:", "speed-cost",
              "Any model on any GPU, precision, batch and context: memory, TTFT, decode step, tokens/s, $ per "
              "million tokens, the roofline and the batch sweep."),
@@ -50,9 +59,18 @@ PAGES: tuple[PageInfo, ...] = (
     PageInfo("speed_precision.py", "Precision", ":material/compress:", "precision",
              "Quantize a copy of the loaded model to INT8 and INT4 here: memory, speed, agreement, perplexity; "
              "and what precision does on a GPU."),
+    PageInfo("quantization.py", "Quantization, closely", ":material/tune:", "quantization",
+             "Outlier channels in the real activations, round-to-nearest against NF4, why a grid that lines up with "
+             "the source shows 0.00% error, and one weight bit by bit in FP32, BF16 and FP16."),
+    PageInfo("model_folder.py", "A model is a folder", ":material/folder_open:", "model-folder",
+             "The files the engine loaded, what the weights hold, the measured load and read times, and the copy of "
+             "16 GB onto an H100 projected."),
+    PageInfo("engines.py", "Where the real engines do it", ":material/map:", "engines",
+             "Each mechanism shown here, the paper it comes from, and where vLLM, SGLang, TensorRT-LLM and llama.cpp "
+             "implement it."),
     PageInfo("quiz.py", "Quiz", ":material/quiz:", "quiz",
-             "Eight questions on prefill and decode, KV sizing, GQA, speculative decoding, quantization and "
-             "batching, each answer explained."),
+             "Questions on prefill and decode, KV sizing, GQA, attention, fusion, the cache, speculative decoding, "
+             "quantization and batching, each answer explained."),
     PageInfo("recordings.py", "Recordings", ":material/play_circle:", "recordings",
              "Saved generations with all their captures: open one to explore every page without the model, or "
              "save your own run."),

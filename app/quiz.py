@@ -1,6 +1,7 @@
-"""A short quiz for a class: eight questions, each answer explained, every number computed by the engine.
+"""A short quiz for a class: questions, each answer explained, every number computed by the engine.
 
-The question bank is plain data built from engine.card, engine.projection and engine.speculative, so a
+The question bank is plain data built from engine.card, engine.projection, engine.speculative,
+engine.fusion, engine.floatbits and engine.quant_lab, so a
 question about KV bytes per token shows what `kv_bytes_per_token` says for the model's config, not
 a number typed in here. `render_question` draws one question with Streamlit.
 """
@@ -10,13 +11,17 @@ from dataclasses import dataclass
 
 from app.format import fmt_bytes
 from engine.card import kv_bytes_per_token, naive_weight_bytes, weight_bytes
-from engine.projection import IDEAL, gpu_memory_bytes, project, users_that_fit
+from engine.floatbits import format_range
+from engine.fusion import AttentionShape, largest_intermediate_bytes
+from engine.projection import IDEAL, decode_flops, gpu_memory_bytes, prefill_flops, project, users_that_fit
+from engine.quant_lab import bits_per_weight
 from engine.specs import gpu_preset, model_preset
 from engine.speculative import expected_tokens_per_pass
 
 TARGET, BIG, GPU = "llama-3.1-8b", "llama-3.1-70b", "h100-sxm"
 ACCEPTANCE, DRAFT_K = 0.8, 4
 USERS_CONTEXT, BATCH_CONTEXT, BATCH = 10 * 1024, 1024, 64
+LONG_PROMPT, NO_CACHE_CONTEXT, BIG_VALUE = 32 * 1024, 1000, 100_000.0
 
 
 @dataclass(frozen=True)
@@ -160,9 +165,81 @@ def q_batching() -> Question:
         f"{one.per_user_tok_s:,.0f}.")
 
 
+def q_attention_scale() -> Question:
+    spec = model_preset(TARGET)
+    right = spec.head_dim ** -0.5
+    return _numeric(
+        "scale", "Attention arithmetic",
+        f"In {spec.name} each attention head has head_dim = {spec.head_dim}. By what factor are the q·k scores "
+        "multiplied before the softmax?",
+        right, [1 / spec.head_dim, spec.d_model ** -0.5, 1 / spec.n_heads], lambda v: f"{v:.4f}",
+        f"1/√head_dim = 1/√{spec.head_dim} = {right:.4f}. A dot product of two vectors of {spec.head_dim} roughly "
+        "unit-sized entries grows like √head_dim; dividing by it keeps the scores in a range where the softmax does "
+        f"not saturate. 1/{spec.head_dim} over-shrinks, 1/√d_model uses the wrong width, and the number of heads "
+        "plays no part.")
+
+
+def q_fusion() -> Question:
+    spec = model_preset(TARGET)
+    shape = AttentionShape.of_spec(spec, LONG_PROMPT, 2)
+    right = largest_intermediate_bytes(shape)
+    per_head = right / spec.n_heads
+    return _numeric(
+        "fusion", "FlashAttention",
+        f"{spec.name} prefills a {LONG_PROMPT:,}-token prompt with eager (unfused) attention, softmax in float32. "
+        "How big is the matrix of attention probabilities of ONE layer?",
+        right, [per_head, right / 2, shape.qo_values * 4], lambda v: f"{v / 1e9:,.1f} GB",
+        f"{spec.n_heads} heads x {LONG_PROMPT:,} x {LONG_PROMPT:,} scores x 4 bytes = {right / 1e9:,.0f} GB, more "
+        f"than an 80 GB card holds. One head alone is {per_head / 1e9:,.1f} GB; Q itself (float32) is only "
+        f"{shape.qo_values * 4 / 1e9:,.2f} GB. A fused kernel (FlashAttention) never writes this matrix: it keeps "
+        "tiles on chip with a running softmax, so its memory grows with N, not N².")
+
+
+def q_no_cache() -> Question:
+    spec = model_preset(TARGET)
+    n = NO_CACHE_CONTEXT
+    right = prefill_flops(spec, n) / decode_flops(spec, n)
+    return _numeric(
+        "nocache", "The KV cache",
+        f"Generating with {spec.name}, the sequence is {n:,} tokens long. Without a KV cache the next token must run "
+        "the whole sequence again. About how many times the FLOPs of the same step with the cache is that?",
+        right, [1.0, float(spec.n_layers), right * n], lambda v: f"about {v:,.0f}x",
+        f"With the cache a step pushes one token through the model ({decode_flops(spec, n) / 1e9:,.1f} GFLOPs); "
+        f"without it, all {n:,} ({prefill_flops(spec, n) / 1e12:,.1f} TFLOPs): {right:,.0f}x. Summed over an "
+        "answer that makes generation O(N²) instead of O(N), which is why every engine keeps the cache.")
+
+
+def q_bf16_range() -> Question:
+    bf16, fp16 = format_range("bf16"), format_range("fp16")
+    fits = lambda r: BIG_VALUE <= r.largest                                             # noqa: E731
+    options = ("FP16 only", "BF16 only", "Both", "Neither")
+    answer = {(True, False): 0, (False, True): 1, (True, True): 2, (False, False): 3}[(fits(fp16), fits(bf16))]
+    return Question(
+        "bf16", "Number formats",
+        f"A residual-stream value reaches {BIG_VALUE:,.0f}. Which 16-bit format can store it without overflowing?",
+        options, answer,
+        f"BF16 keeps FP32's {bf16.exponent_bits} exponent bits, so its largest value is {bf16.largest:.3g}; FP16 "
+        f"has {fp16.exponent_bits} exponent bits and stops at {fp16.largest:,.0f}. FP16 is finer "
+        f"({fp16.mantissa_bits} mantissa bits, step {fp16.step_after_one:.4g} after 1.0, against BF16's "
+        f"{bf16.mantissa_bits} bits and {bf16.step_after_one:.4g}), but range is what large activations need.")
+
+
+def q_group_bits() -> Question:
+    right = bits_per_weight("rtn-asym-g32")
+    return _numeric(
+        "groupbits", "Quantization",
+        "Weights stored as 4-bit codes with a 16-bit scale and a 16-bit minimum for every group of 32: how many bits "
+        "does each weight really take?",
+        right, [4.0, bits_per_weight("rtn-sym-g32"), 8.0], lambda v: f"{v:.2f} bits",
+        f"4 bits of code + (16 + 16) bits shared by 32 weights = 4 + 1 = {right:.2f} bits. A symmetric grid needs "
+        f"no minimum ({bits_per_weight('rtn-sym-g32'):.2f} bits); NF4 with one scale per 64 weights takes "
+        f"{bits_per_weight('nf4-b64'):.2f}. This is why real INT4 checkpoints are larger than half a byte per weight.")
+
+
 def questions() -> list[Question]:
-    return [q_decode_bound(), q_kv_per_token(), q_gqa(), q_users(), q_batching(), q_quantization(),
-            q_speculative_rate(), q_speculative_exact()]
+    return [q_decode_bound(), q_kv_per_token(), q_gqa(), q_attention_scale(), q_fusion(), q_no_cache(), q_users(),
+            q_batching(), q_quantization(), q_group_bits(), q_bf16_range(), q_speculative_rate(),
+            q_speculative_exact()]
 
 
 def score(chosen: dict[str, str | None], bank: list[Question]) -> int:

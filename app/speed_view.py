@@ -190,6 +190,11 @@ def run_on_model(lm: LoadedModel, what: str, job: Callable[[Callable[[float, str
     return value
 
 
+def run_alone(lm: LoadedModel, what: str, work: Callable[[], Any]) -> Any:
+    """`run_on_model` for work without progress steps (a forward pass or two)."""
+    return run_on_model(lm, what, lambda progress: work(), lambda fraction, text: None)
+
+
 def _turn_message(status: QueueStatus, what: str) -> str:
     if status.state != "queued":
         return f"Measuring {what}…"

@@ -1,13 +1,13 @@
-"""Quiz: eight questions for a class, each answer explained with numbers the engine computes."""
+"""Quiz: questions for a class, each answer explained with numbers the engine computes."""
 import streamlit as st
 
 from app.quiz import questions, render_question, score
 
 st.title("Quiz")
-st.write("Eight questions on what the other pages show. Pick an answer to see whether it is right and why; "
+bank = questions()
+st.write(f"{len(bank)} questions on what the other pages show. Pick an answer to see whether it is right and why; "
          "every number comes from the same formulas the playground uses.")
 
-bank = questions()
 chosen = {q.key: render_question(i, q) for i, q in enumerate(bank, 1)}
 answered = sum(c is not None for c in chosen.values())
 st.divider()

@@ -26,7 +26,10 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 PAGES = [("", "Inference Playground"), ("journey", "The journey of a request"), ("attention", "Attention"),
          ("kv-cache", "The KV cache"), ("speed-lab", "Speed lab"), ("speed-cost", "Speed and cost on GPUs"),
          ("batching", "Batching"), ("room", "The room is the batch"), ("precision", "Precision"), ("quiz", "Quiz"),
-         ("recordings", "Recordings")]
+         ("recordings", "Recordings"),
+         ("attention-math", "Attention, step by step"), ("kv-on-off", "The KV cache, with and without"),
+         ("flash-attention", "FlashAttention and kernel fusion"), ("quantization", "Quantization, closely"),
+         ("model-folder", "A model is a folder"), ("engines", "Where the real engines do it")]
 LAST_TEXT = {"": "paged against contiguous allocation", "journey": "Nothing generated yet",
              "attention": "Grouped-query attention:", "kv-cache": "Paging preempted"}
 LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 200   # ~2,000 tokens

@@ -15,15 +15,16 @@ def by_key():
     return {q.key: q for q in questions()}
 
 
-def test_the_bank_has_eight_well_formed_questions_over_every_topic():
+def test_the_bank_has_well_formed_questions_over_every_topic():
     bank = questions()
-    assert len(bank) == 8 and len({q.key for q in bank}) == 8
+    assert len(bank) == 13 and len({q.key for q in bank}) == 13
     for q in bank:
         assert 0 <= q.answer < len(q.options) and len(set(q.options)) == len(q.options) >= 3
         assert len(q.explanation) > 80
     topics = {q.topic for q in bank}
     assert {"Prefill and decode", "KV cache sizing", "Grouped-query attention", "Speculative decoding",
-            "Quantization", "Batching"} <= topics
+            "Quantization", "Batching", "Attention arithmetic", "FlashAttention", "The KV cache",
+            "Number formats"} <= topics
     assert len({q.answer for q in bank}) > 1          # the right answer is not always in the same place
 
 
@@ -52,16 +53,29 @@ def test_numbers_match_first_principles():
     assert single * 10 < total < single * 64          # batching helps a lot, but not perfectly
 
 
+def test_explainer_questions_match_first_principles():
+    q = by_key()
+    assert q["scale"].correct == f"{1 / math.sqrt(128):.4f}" == "0.0884"
+    assert q["fusion"].correct == f"{32 * 32768 ** 2 * 4 / 1e9:,.1f} GB" == "137.4 GB"
+    head = 2 * 4096 * 128256                           # the LM head: once per pass, for the last position
+    linear, pair, n = 2 * (8.03e9 - 128256 * 4096), 4 * 32 * 32 * 128, 1000   # no FLOPs for the embedding lookup
+    ratio = (n * (linear - head) + head + n * (n + 1) / 2 * pair) / (linear + n * pair)
+    assert abs(float(q["nocache"].correct.split()[1].rstrip("x").replace(",", "")) - ratio) / ratio < 0.01
+    assert q["bf16"].correct == "BF16 only"           # 100,000 > FP16's 65,504; BF16 reaches ~3.4e38
+    assert q["groupbits"].correct == f"{4 + 32 / 32:.2f} bits"
+
+
 def test_score_counts_right_answers():
     bank = questions()
-    assert score({q.key: q.correct for q in bank}, bank) == 8
+    assert score({q.key: q.correct for q in bank}, bank) == len(bank)
     assert score({bank[0].key: bank[0].options[(bank[0].answer + 1) % 4]}, bank) == 0
 
 
 def test_the_page_explains_and_scores_answers():
     at = AppTest.from_file(PAGE, default_timeout=60).run()
     assert not at.exception
-    assert len(at.radio) == 8 and at.metric[0].value == "0 / 8"
+    n = len(questions())
+    assert len(at.radio) == n and at.metric[0].value == f"0 / {n}"
     bank = questions()
     wrong = bank[0]
     at.radio(key=f"quiz.{wrong.key}").set_value(wrong.options[(wrong.answer + 1) % len(wrong.options)]).run()
@@ -71,6 +85,6 @@ def test_the_page_explains_and_scores_answers():
         at.radio(key=f"quiz.{q.key}").set_value(q.correct)
     at.run()
     assert not at.exception and not at.error
-    assert at.metric[0].value == "8 / 8" and len(at.success) == 8
+    assert at.metric[0].value == f"{n} / {n}" and len(at.success) == n
     at.button(key="quiz.reset").click().run()
-    assert at.metric[0].value == "0 / 8"
+    assert at.metric[0].value == f"0 / {n}"
