@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from engine.errors import EngineError
+from engine.errors import ConfigError, EngineError
 
 
 def _progress(fraction: float, message: str) -> None:
@@ -90,6 +90,13 @@ def read_config(path: str, read: Callable[[str], Any]) -> Any:
         return read(path)
     except CONFIG_ERRORS as err:
         raise EngineError(f"cannot read model config {path!r}: {config_problem(err)}") from None
+    except ConfigError as err:
+        raise ConfigError(named(path, err)) from None
+
+
+def named(path: str, err: Exception) -> str:
+    """The message, naming the file unless it already does."""
+    return str(err) if path in str(err) else f"cannot read model config {path!r}: {err}"
 
 
 def config_problem(err: Exception) -> str:

@@ -60,7 +60,9 @@ def _model(args: argparse.Namespace) -> ModelSpec:
         try:
             return ModelSpec.from_json(args.config)
         except ConfigError as err:
-            raise UsageError(str(err)) from None
+            from engine.cli import named
+
+            raise UsageError(named(args.config, err)) from None
         except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError) as err:
             from engine.cli import config_problem
 

@@ -328,7 +328,7 @@ def test_a_malformed_or_missing_config_gives_one_line_on_the_command_line(comman
         err = capsys.readouterr().err
         lines = err.strip().splitlines()
         assert code == 2 and len(lines) == 1, (name, err)
-        assert lines[0].startswith("error: cannot read model config") and name in lines[0], (name, lines)
+        assert lines[0].startswith("error: ") and name in lines[0] and "Traceback" not in err, (name, lines)
 
 
 def test_an_unforeseen_error_is_one_line_too(monkeypatch, capsys):
