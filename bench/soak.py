@@ -13,11 +13,12 @@ of the way in, another the worst case for the loader (a bomb whose gzip trailer 
 two thirds in.
 
 Only public APIs: `scheduler_for(lm)`, `Scheduler.check/submit/join/leave/stats`, `Handle.records/cancel`,
-`app.replay` (the Recordings page's functions), `app.presenter`, `engine.speedlab.measure_context`.
+`app.replay` (the Recordings page's functions), `app.presenter`, `Scheduler.submit_job` with
+`engine.speedlab.measure_context` (as the speed lab runs it).
 
 Reports what was asked and how it ended (served, refused with a message, cancelled, failed, lost: the
 last two must be 0), p50/p95 of each kind's duration, the resident memory (after warm-up, peak, final;
-final must be within 10% of after warm-up), threads and playground hooks left (must be 0). Writes
+final must be within 10% of after warm-up, both net of the bounded prefix cache), threads and playground hooks left (must be 0). Writes
 bench/results/soak.json and exits with status 1 when a check fails.
 """
 from __future__ import annotations
@@ -263,17 +264,16 @@ def do_presenter(room: Room, v: Visitor) -> Outcome:
 
 
 def do_speed_lab(room: Room, v: Visitor) -> Outcome:
-    """A speed-lab measurement: wait for the model's lock as the page does, then time a prefill and decode."""
+    """A speed-lab measurement as the page runs it: a job through the scheduler, alone on the model in its turn."""
     t0 = time.perf_counter()
-    while not room.lm.lock.acquire(timeout=0.25):
-        if room.stop.is_set():
-            return Outcome("speed_lab", "cancelled", time.perf_counter() - t0, ENDED)
+    n = v.rng.choice([32, 64, 128])
     try:
-        measure_context(room.lm, v.rng.choice([32, 64, 128]), steps=2)
+        handle = room.scheduler.submit_job(lambda progress: measure_context(room.lm, n, steps=2),
+                                           "speed lab: prompt length", session=v.sid)
+        handle.value(timeout=180)
     except EngineError as err:
-        return Outcome("speed_lab", "refused", time.perf_counter() - t0, str(err))
-    finally:
-        room.lm.lock.release()
+        kind = "cancelled" if room.stop.is_set() else "refused"
+        return Outcome("speed_lab", kind, time.perf_counter() - t0, ENDED if kind == "cancelled" else str(err))
     return Outcome("speed_lab", "served", time.perf_counter() - t0)
 
 
@@ -317,16 +317,19 @@ def session(room: Room, v: Visitor) -> None:
 # --- measuring ------------------------------------------------------------------------------------------------
 
 class MemoryWatch:
-    """Resident memory every 0.25 s; `level(t)` is the sample at t seconds."""
+    """Resident memory every 0.25 s, and what the scheduler's prefix cache holds then; `level(t)` is the
+    sample at t seconds less the prefix cache's growth since the start: that cache is bounded by design
+    (--prefix-cache-mb) and fills as prompts arrive, which is not a leak."""
 
-    def __init__(self):
+    def __init__(self, cache_bytes=lambda: 0):
         self.proc, self.samples, self._stop = psutil.Process(os.getpid()), [], threading.Event()
+        self.cache_bytes = cache_bytes
         self._t0 = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="soak-memory", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(0.25):
-            self.samples.append((time.monotonic() - self._t0, self.proc.memory_info().rss))
+            self.samples.append((time.monotonic() - self._t0, self.proc.memory_info().rss - self.cache_bytes()))
 
     def start(self) -> "MemoryWatch":
         self._thread.start()
@@ -389,7 +392,7 @@ def run_soak(lm: LoadedModel, sessions: int = 30, seconds: float = 900.0, seed: 
 
 def drive(room: Room, sessions: int, seconds: float, seed: int) -> dict[str, Any]:
     threads_before, stats_before = threading.active_count(), room.scheduler.stats()
-    watch, load_before = MemoryWatch().start(), os.getloadavg()
+    watch, load_before = MemoryWatch(lambda: room.scheduler.prefix.stats.bytes).start(), os.getloadavg()
     visitors = [Visitor(i, random.Random(seed * 1000 + i)) for i in range(sessions)]
     threads = [threading.Thread(target=session, args=(room, v), name=f"soak-session-{i}")
                for i, v in enumerate(visitors)]
@@ -424,7 +427,7 @@ def report(room: Room, watch: MemoryWatch, seconds: float, threads_before: int, 
            lost: list[str], load_before: tuple) -> dict[str, Any]:
     stats = room.scheduler.stats()
     warm = watch.level(max(10.0, seconds * 0.1))
-    final = psutil.Process(os.getpid()).memory_info().rss
+    final = psutil.Process(os.getpid()).memory_info().rss - room.scheduler.prefix.stats.bytes
     accepted = stats.submitted - stats_before.submitted
     ended = sum(getattr(stats, k) - getattr(stats_before, k) for k in ("served", "cancelled", "failed", "timed_out"))
     counts = {k: getattr(stats, k) - getattr(stats_before, k)
@@ -432,7 +435,8 @@ def report(room: Room, watch: MemoryWatch, seconds: float, threads_before: int, 
     out = {**summary(room.outcomes), "lost": len(lost) + (accepted - ended) + stats.queued + int(stats.running),
            "scheduler": {"accepted": accepted, **counts, "queued_at_end": stats.queued, "running_at_end": stats.running},
            "memory_mb": {"after_warm_up": mb(warm), "peak": mb(watch.peak), "final": mb(final),
-                         "final_over_warm_up": round(final / warm, 3)},
+                         "final_over_warm_up": round(final / warm, 3),
+                         "prefix_cache_final": mb(room.scheduler.prefix.stats.bytes), "net_of": "the prefix cache"},
            "threads_left": threading.active_count() - threads_before,
            "hooks_left": count_hooks(room.lm.model), "sessions_left": stats.sessions}
     out["checks"] = checks(out)
