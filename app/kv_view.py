@@ -69,8 +69,9 @@ class GrowthView:
 
 def ledger_table(ledger: MemoryLedger) -> dict[str, list[str]]:
     """The measured ledger beside the card's formula, one row per part (decimal units)."""
-    rows = [("Weights", ledger.weights, ledger.weights_formula),
-            (f"KV cache of the last run ({ledger.kv_tokens:,} tokens)", ledger.kv, ledger.kv_formula)]
+    rows = [("Weights", ledger.weights, ledger.weights_formula)]
+    if ledger.kv_tokens:
+        rows.append((f"KV cache of the last run ({ledger.kv_tokens:,} tokens)", ledger.kv, ledger.kv_formula))
     if ledger.kv_reserved_tokens:
         rows.append((f"Static KV cache held ({ledger.kv_reserved_tokens:,} positions)", ledger.kv_reserved,
                      ledger.kv_reserved_formula))
@@ -95,8 +96,9 @@ def memory_section(lm: LoadedModel, run: Run | None) -> None:
     with st.expander("Memory on this GPU, measured" if on_gpu else "Memory of this process, measured (CPU)",
                      expanded=on_gpu):
         st.dataframe(ledger_table(ledger), hide_index=True, key="kv.ledger")
-        st.caption(f"Measured by {ledger.measured_by}; the formula column is the model card. Peaks count "
-                   "since the server started, across every session it serves.")
+        scope = ("Peaks count since the server started, across every session it serves." if on_gpu else
+                 "Resident memory is the whole process: Python, libraries, the model and every session's data.")
+        st.caption(f"Measured by {ledger.measured_by}; the formula column is the model card. {scope}")
 
 
 # --- the calculator ---------------------------------------------------------------------------------------

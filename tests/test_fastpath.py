@@ -191,17 +191,16 @@ def test_inside_and_outside_inference_mode(lm):
     assert tokens(fast.generate(request(6), ROWS)) == inside == tokens(generate(lm, request(6)))
 
 
-def test_cli_static_flag_gives_the_same_records(tiny_model_dir):
-    def run(*extra: str) -> list[dict]:
-        out = subprocess.run([sys.executable, "-m", "engine", "generate", "--model", str(tiny_model_dir), "--prompt",
-                              tiny_prompt(), "--max-new-tokens", "6", "--capture-layers", "0-1", *extra],
-                             capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=300)
-        assert out.returncode == 0, out.stderr
-        return [json.loads(line) for line in out.stdout.splitlines()]
-
-    static, plain = run("--static"), run()
-    assert [r.get("token", {}).get("id") for r in static] == [r.get("token", {}).get("id") for r in plain]
-    assert [r.get("cache") for r in static] == [r.get("cache") for r in plain]
+def test_cli_static_flag_gives_the_same_records(lm, tiny_model_dir):
+    out = subprocess.run([sys.executable, "-m", "engine", "generate", "--model", str(tiny_model_dir), "--prompt",
+                          tiny_prompt(), "--max-new-tokens", "6", "--capture-layers", "0-1", "--static"],
+                         capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert out.returncode == 0, out.stderr
+    static = [json.loads(line) for line in out.stdout.splitlines()]
+    plain = list(generate(lm, GenerationRequest(tiny_prompt(), max_new_tokens=6), CapturePolicy(layers=(0, 1))))
+    assert [r["token"]["id"] for r in static[:-1]] == tokens(plain)
+    assert [r["cache"]["length"] for r in static[:-1]] == [r.cache.length for r in plain[:-1]]
+    assert static[-1]["text"] == plain[-1].text and set(static[1]["captures"]) == {"0", "1"}
 
 
 def test_graph_safe_policies():

@@ -269,7 +269,8 @@ def test_kv_page_shows_the_measured_memory_ledger(app):
     table = next(d.value for d in at.dataframe if "formula (model card)" in d.value.columns)
     weights = table[table[""] == "Weights"].iloc[0]
     assert weights["measured"] == weights["formula (model card)"]      # fp32 tensors = parameters x 4 bytes
-    kv = table[table[""].str.startswith("KV cache of the last run")].iloc[0]
+    cached = next(t.value for t in at.text if "measured on the cache object" in t.value).split(" tokens cached")[0]
+    kv = table[table[""] == f"KV cache of the last run ({cached} tokens)"].iloc[0]       # the run just made
     assert kv["measured"] == kv["formula (model card)"] and "Process resident memory (RSS)" in set(table[""])
 
 
