@@ -23,7 +23,10 @@ PUSH_NAMESPACES = {"journey": "journey", "attention": "attention", "kv-cache": "
 st.set_page_config(page_title="Inference Playground", page_icon=":material/science:", layout="wide")
 home = st.Page(HOME.path, title=HOME.title, icon=HOME.icon, default=True)
 by_url = {p.url_path: st.Page(p.path, title=p.title, icon=p.icon, url_path=p.url_path) for p in PAGES}
-current = st.navigation([home, *by_url.values()])
+menu: dict[str, list] = {"": [home]}
+for info in PAGES:                                   # grouped, so the whole menu fits a projector's height
+    menu.setdefault(info.section, []).append(by_url[info.url_path])
+current = st.navigation(menu)
 lm = get_model()
 try:
     refused = join_session(lm)

@@ -15,6 +15,7 @@ class PageInfo:
     icon: str
     url_path: str
     blurb: str
+    section: str = ""    # the menu group it sits in
 
     @property
     def path(self) -> Path:
@@ -25,53 +26,53 @@ HOME = PageInfo("home.py", "Home", ":material/home:", "", "What the playground s
 PAGES: tuple[PageInfo, ...] = (
     PageInfo("journey.py", "The journey of a request", ":material/route:", "journey",
              "Tokens, the shapes a token takes through every layer, the answer streaming with its timings, "
-             "and each token's candidates and logit lens."),
+             "and each token's candidates and logit lens.", section="Inside the model"),
     PageInfo("attention.py", "Attention", ":material/grid_on:", "attention",
              "Who attends to whom: per layer and head, all heads at once, sinks and distances, grouped-query "
-             "attention, and each new token's row during decoding."),
+             "attention, and each new token's row during decoding.", section="Inside the model"),
     PageInfo("attention_math.py", "Attention, step by step", ":material/calculate:", "attention-math",
              "One head of one layer with its real numbers: Q·Kᵀ, ÷√d, the causal mask, softmax and the weighted sum "
-             "of V, beside the shapes, checked against the model's own output."),
+             "of V, beside the shapes, checked against the model's own output.", section="Inside the model"),
     PageInfo("kv_cache.py", "The KV cache", ":material/memory:", "kv-cache",
              "The cache growing token by token, what it costs per user on real GPUs, GQA against full "
-             "multi-head attention, and paged against contiguous allocation."),
+             "multi-head attention, and paged against contiguous allocation.", section="Inside the model"),
     PageInfo("kv_on_off.py", "The KV cache, with and without", ":material/cached:", "kv-on-off",
              "The same answer generated with the cache and without it: per-token time growing with the context "
-             "against staying flat, and the compute the cache saves."),
+             "against staying flat, and the compute the cache saves.", section="Inside the model"),
     PageInfo("speculative.py", "Speculative decoding", ":material/fast_forward:", "speculative",
              "A draft guesses k tokens, the model checks them in one pass: the rounds live, acceptance, and the "
-             "measured speedup against plain decoding, with the projection for Llama on an H100."),
+             "measured speedup against plain decoding, with the projection for Llama on an H100.", section="Speed"),
     PageInfo("speed_lab.py", "Speed lab", ":material/speed:", "speed-lab",
              "Prefill and decode timed on this machine as the prompt grows, the decode step on this device's "
-             "roofline, and a stored answer streamed at any rate from 1 to 2,000 tokens/s."),
+             "roofline, and a stored answer streamed at any rate from 1 to 2,000 tokens/s.", section="Speed"),
     PageInfo("flash_attention.py", "FlashAttention and kernel fusion", ":material/bolt:", "flash-attention",
              "Eager attention against one fused kernel: time and bytes moved as the prompt grows, measured here, and "
-             "projected for an H100 from the memory traffic."),
+             "projected for an H100 from the memory traffic.", section="Speed"),
     PageInfo("speed_cost.py", "Speed and cost on GPUs", ":material/payments:", "speed-cost",
              "Any model on any GPU, precision, batch and context: memory, TTFT, decode step, tokens/s, $ per "
-             "million tokens, the roofline and the batch sweep."),
+             "million tokens, the roofline and the batch sweep.", section="Serving"),
     PageInfo("speed_batching.py", "Batching", ":material/stacks:", "batching",
              "A simulated server, static against continuous batching, and the model really batched on this "
-             "machine."),
+             "machine.", section="Serving"),
     PageInfo("room.py", "The room is the batch", ":material/groups:", "room",
              "Who is generating on this server right now: the live batch, prefill and decode in each step, "
-             "step time and tokens/s against the batch size, measured from the room's own requests."),
+             "step time and tokens/s against the batch size, measured from the room's own requests.", section="Serving"),
     PageInfo("speed_precision.py", "Precision", ":material/compress:", "precision",
              "Quantize a copy of the loaded model to INT8 and INT4 here: memory, speed, agreement, perplexity; "
-             "and what precision does on a GPU."),
+             "and what precision does on a GPU.", section="Speed"),
     PageInfo("quantization.py", "Quantization, closely", ":material/tune:", "quantization",
              "Outlier channels in the real activations, round-to-nearest against NF4, why a grid that lines up with "
-             "the source shows 0.00% error, and one weight bit by bit in FP32, BF16 and FP16."),
+             "the source shows 0.00% error, and one weight bit by bit in FP32, BF16 and FP16.", section="Speed"),
     PageInfo("model_folder.py", "A model is a folder", ":material/folder_open:", "model-folder",
              "The files the engine loaded, what the weights hold, the measured load and read times, and the copy of "
-             "16 GB onto an H100 projected."),
+             "16 GB onto an H100 projected.", section="Inside the model"),
     PageInfo("engines.py", "Where the real engines do it", ":material/map:", "engines",
              "Each mechanism shown here, the paper it comes from, and where vLLM, SGLang, TensorRT-LLM and llama.cpp "
-             "implement it."),
+             "implement it.", section="Serving"),
     PageInfo("quiz.py", "Quiz", ":material/quiz:", "quiz",
              "Questions on prefill and decode, KV sizing, GQA, attention, fusion, the cache, speculative decoding, "
-             "quantization and batching, each answer explained."),
+             "quantization and batching, each answer explained.", section="For the class"),
     PageInfo("recordings.py", "Recordings", ":material/play_circle:", "recordings",
              "Saved generations with all their captures: open one to explore every page without the model, or "
-             "save your own run."),
+             "save your own run.", section="For the class"),
 )
