@@ -23,7 +23,7 @@ from app.presenter import (PENDING_KEY, SEEN_KEY, TOKEN_KEY, follow_page, is_pre
 from app.run import LAST_RUN, Run, capture_policy, new_run, stream_generation
 from engine.errors import EngineError
 from engine.generate import GenerationRequest, check_context, encode_prompt, validate
-from engine.limits import check_tokens
+from engine.limits import check_prompt_chars, check_tokens
 from engine.loader import LoadedModel
 from engine.scheduler import QueueStatus, SessionLimitError, scheduler_for
 
@@ -124,6 +124,7 @@ def prepare(lm: LoadedModel, prompt: str, sampling: Sampling, chat: bool = True)
     prompt_ids: list[int] = []
     try:
         validate(request)
+        check_prompt_chars(scheduler_for(lm).limits, prompt)          # a len() before the tokenizer runs
         ids = encode_prompt(lm, request)
         prompt_ids = lm.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         check_context(lm, len(ids), request.max_new_tokens)

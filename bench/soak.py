@@ -435,7 +435,8 @@ def report(room: Room, watch: MemoryWatch, seconds: float, threads_before: int, 
     out = {**summary(room.outcomes), "lost": len(lost) + (accepted - ended) + stats.queued + int(stats.running),
            "scheduler": {"accepted": accepted, **counts, "queued_at_end": stats.queued, "running_at_end": stats.running},
            "memory_mb": {"after_warm_up": mb(warm), "peak": mb(watch.peak), "final": mb(final),
-                         "final_over_warm_up": round(final / warm, 3),
+                         "final_over_warm_up": round(final / warm, 3), "final_after_malloc_trim": mb(trimmed()),
+                         "every_tenth": [mb(watch.level(seconds * k / 10)) for k in range(1, 11)],
                          "prefix_cache_final": mb(room.scheduler.prefix.stats.bytes), "net_of": "the prefix cache"},
            "threads_left": threading.active_count() - threads_before,
            "hooks_left": count_hooks(room.lm.model), "sessions_left": stats.sessions}
@@ -443,6 +444,17 @@ def report(room: Room, watch: MemoryWatch, seconds: float, threads_before: int, 
     out["machine"] = {"cpu_count": os.cpu_count(), "load_average_before": [round(x, 2) for x in load_before],
                       "load_average_after": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version()}
     return out
+
+
+def trimmed() -> int:
+    """Resident memory once the C allocator has handed its free pages back (what is still in use)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    return psutil.Process(os.getpid()).memory_info().rss
 
 
 def mb(n: int) -> float:

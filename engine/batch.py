@@ -56,6 +56,7 @@ class Slot:
     # --- state, kept by the runner ---
     prefilled: int = 0                               # prompt tokens whose K/V is in the cache
     reused: int = 0                                  # of those, taken from the prefix cache
+    looked_up: bool = False                          # the prefix cache was asked (once per request)
     cache: DynamicCache | None = None                # own cache while prefilling; None once in the batch
     chunks: list[dict[int, LayerCapture]] = field(default_factory=list)
     token: SampledToken | None = None                # the newest token: the next decode step's input
@@ -100,9 +101,11 @@ class BatchCapture:
 
     def on_attention(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      mask: torch.Tensor | None, scaling: float) -> None:
-        # query: [B, H, 1, D]; key, value: [B, KVH, T_k, D] with each row's pads on the left
+        # query: [B, H, T_q, D] (T_q = 1 in decode, = T_k in a batched prefill); key, value: [B, KVH, T_k, D];
+        # each row's pads on the left, cut off here for queries and keys alike
         for b, pad, cap in self.rows:
-            cap.on_attention(module, query[b:b + 1], key[b:b + 1, :, pad:], value[b:b + 1, :, pad:], None, scaling)
+            q = query[b:b + 1, :, pad:] if query.shape[-2] > 1 else query[b:b + 1]
+            cap.on_attention(module, q, key[b:b + 1, :, pad:], value[b:b + 1, :, pad:], None, scaling)
 
     def on_residual(self, i: int, hidden: torch.Tensor) -> None:
         # hidden: [B, 1, d_model] leaving layer i
@@ -168,12 +171,17 @@ class PaddedCache:
 
     def row_cache(self, b: int, config: Any) -> DynamicCache:
         """Row b's K/V alone (pads cut off), as a cache of its own: for probing a failure."""
-        pad = self.pads()[b]
-        cache = DynamicCache(config=config)
-        for mine, theirs in zip(cache.layers, self.cache.layers):
-            mine.lazy_initialization(theirs.keys[b:b + 1, :, pad:], theirs.values[b:b + 1, :, pad:])
-            mine.keys, mine.values = theirs.keys[b:b + 1, :, pad:], theirs.values[b:b + 1, :, pad:]
-        return cache
+        return _row(self.cache, b, self.pads()[b], config)
+
+
+def _row(cache: DynamicCache, b: int, pad: int, config: Any) -> DynamicCache:
+    """Row b of a padded cache, pads cut off, as a cache of its own (batch of one)."""
+    own = DynamicCache(config=config)
+    for mine, theirs in zip(own.layers, cache.layers):
+        k, v = theirs.keys[b:b + 1, :, pad:].contiguous(), theirs.values[b:b + 1, :, pad:].contiguous()
+        mine.lazy_initialization(k, v)
+        mine.keys, mine.values = k, v
+    return own
 
 
 def _left_pad(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -222,7 +230,7 @@ class BatchRunner:
         """Drop stopped requests, prefill one chunk of the oldest newcomer, decode one token for the batch."""
         t0 = time.perf_counter()
         self._drop_stopped()
-        prefilled = self._prefill_step(self.prefilling[0]) if self.prefilling else 0
+        prefilled = self._prefill() if self.prefilling else 0
         tags = tuple(s.label for s in self.batch.slots)
         rows = self._decode_step() if self.batch.slots else 0
         pads = self.batch.pads()
@@ -262,9 +270,59 @@ class BatchRunner:
 
     # --- prefill -------------------------------------------------------------------------------------
 
+    def _prefill(self) -> int:
+        """Newcomers with short prompts are prefilled together in one padded pass; a long one, or one that
+        reuses a stored prefix, alone and chunk by chunk."""
+        group = self._prefill_group()
+        return self._prefill_together(group) if len(group) > 1 else self._prefill_step(self.prefilling[0])
+
+    def _prefill_group(self) -> list[Slot]:
+        """The oldest newcomers, in order, whose whole prompt fits one chunk and is computed from scratch."""
+        group, tokens = [], 0
+        for slot in self.prefilling:
+            if not slot.looked_up and self.prefix is not None:
+                self._reuse_prefix(slot)
+            if slot.prefilled or tokens + len(slot.ids) > self.prefill_chunk:
+                break
+            group.append(slot)
+            tokens += len(slot.ids)
+        return group
+
+    def _prefill_together(self, group: list[Slot]) -> int:
+        """One forward over the left-padded prompts of `group`; each then joins the batch with its own K/V."""
+        try:
+            logits, captures, cache, pads = self._padded_prefill(group)
+        except Exception:  # noqa: BLE001 - a failure in the group: each prompt alone finds whose it is
+            return self._prefill_step(self.prefilling[0])
+        for b, slot in enumerate(group):
+            slot.cache = _row(cache, b, pads[b], self.lm.model.config)
+            slot.chunks.append(captures.get(b, {}))
+            slot.prefilled = len(slot.ids)
+            self.prefilling.remove(slot)
+            self._first_token(slot, logits[b])
+        return sum(len(s.ids) for s in group)
+
+    def _padded_prefill(self, group: list[Slot]) -> tuple:
+        from engine.batching import left_pad, pad_id
+
+        device = self.lm.device
+        ids, mask = left_pad([s.ids for s in group], pad_id(self.lm), device)               # [B, T], [B, T]
+        pads = (mask.shape[1] - mask.sum(1)).tolist()
+        cache = DynamicCache(config=self.lm.model.config)
+        rows = [(b, pads[b], cap) for b, s in enumerate(group) if (cap := s.new_capture()) is not None]
+        capture = BatchCapture(rows) if rows else None
+        union = _union_policy([s.policy for s in group], [s.layer_ids for s in group])
+        with torch.inference_mode(), instrument(self.lm.model, union):
+            out = self.lm.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                                past_key_values=cache, use_cache=True,
+                                cache_position=torch.arange(ids.shape[1], device=device), logits_to_keep=1,
+                                **({CAPTURE_KWARG: capture} if capture is not None else {}))
+            captures = capture.finish(self.lm.model) if capture is not None else {}
+        return out.logits[:, -1], captures, cache, pads                                     # logits [B, V]
+
     def _prefill_step(self, slot: Slot) -> int:
         """Prefill the next chunk of a newcomer's prompt on its own cache; returns the tokens done."""
-        if slot.prefilled == 0 and self.prefix is not None:
+        if not slot.looked_up and self.prefix is not None:
             self._reuse_prefix(slot)
         lo = slot.prefilled
         hi = len(slot.ids) if not _chunkable(slot.policy) else min(len(slot.ids), lo + self.prefill_chunk)
@@ -284,6 +342,7 @@ class BatchRunner:
 
     def _reuse_prefix(self, slot: Slot) -> None:
         """Start from the longest stored prompt start this one shares: its K/V (and captured rows) as is."""
+        slot.looked_up = True
         entry, n = self.prefix.lookup(slot.ids, slot.policy, slot.layer_ids, self.lm.spec.n_heads)
         if entry is None:
             return

@@ -190,8 +190,8 @@ def loads_recording(data: bytes, name: str = "the file", limits: Limits | None =
 def _text(data: bytes, name: str, limits: Limits) -> bytes:
     """The JSON text of a file, once its header, size and number of values have passed."""
     if data[:2] == GZIP_MAGIC:
-        _scan(_inflate(data, name), name, limits, gzipped=True, claimed=int.from_bytes(data[-4:], "little"))
-        return zlib.decompress(data, wbits=31)                      # second pass, once the first one passed
+        size = _scan(_inflate(data, name), name, limits, gzipped=True, claimed=int.from_bytes(data[-4:], "little"))
+        return zlib.decompress(data, wbits=31, bufsize=max(size, 1))   # second pass, into a buffer of its size
     _refuse_foreign(data, name)
     _scan((data[i:i + CHUNK] for i in range(0, len(data), CHUNK)), name, limits, gzipped=False)
     return data
@@ -214,11 +214,12 @@ def _inflate(data: bytes, name: str) -> Iterator[bytes]:
         raise RecordingError(f"{name} holds data after its gzip stream; a recording is one gzip member")
 
 
-def _scan(chunks: Iterable[bytes], name: str, limits: Limits, gzipped: bool, claimed: int = 0) -> None:
+def _scan(chunks: Iterable[bytes], name: str, limits: Limits, gzipped: bool, claimed: int = 0) -> int:
     """Check the header at the start, then count bytes and JSON values up to the caps; refuse past them.
 
     `claimed`: the size a gzip trailer states (modulo 4 GiB, below every cap); a file that says it is too
-    large is refused unread, one that says less than it holds is refused once it passes its word.
+    large is refused after a short read (a cut-short file ends first), one that says less than it holds
+    is refused once it passes its word. Returns the number of bytes.
     """
     max_bytes, max_values = max_recording_bytes(limits), max_recording_values(limits)
     head, size, values, probe = b"", 0, 0, None
@@ -241,6 +242,7 @@ def _scan(chunks: Iterable[bytes], name: str, limits: Limits, gzipped: bool, cla
                              f"{max_values:,} JSON values", limits)
     if len(head) < HEAD_BYTES:
         _check_head(head, name, gzipped)
+    return size
 
 
 def _too_large(name: str, what: str, limits: Limits) -> RecordingError:
@@ -315,9 +317,12 @@ PARSE_SLOTS = ParseSlots(PARSE_PLACES)
 
 def _parse_json(text: bytes, name: str) -> Any:
     try:
-        return json.loads(text.decode("utf-8"))
+        decoded = text.decode("utf-8")
     except UnicodeDecodeError:
         raise RecordingError(f"{name} is neither a gzip-compressed recording nor JSON text") from None
+    del text                                          # its last reference: two copies at most, not three
+    try:
+        return json.loads(decoded)
     except json.JSONDecodeError as err:
         raise RecordingError(f"{name} is not valid JSON (line {err.lineno}: {err.msg}); "
                              "it may be truncated or damaged") from None

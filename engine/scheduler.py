@@ -36,7 +36,7 @@ from engine.batch import BatchRunner, Slot, StepInfo, batchable
 from engine.errors import EngineError, QueueFullError, RequestTimeoutError
 from engine.generate import GenerationRequest, check_context, encode_prompt, validate
 from engine.hooks import CAPTURE_OFF, CapturePolicy
-from engine.limits import Limits, capture_bytes, check_memory, check_request, kv_bytes
+from engine.limits import Limits, capture_bytes, check_memory, check_prompt_chars, check_request, kv_bytes
 from engine.loader import LoadedModel, free_memory
 from engine.prefix import PrefixCache
 from engine.records import DoneRecord
@@ -359,7 +359,9 @@ class Scheduler:
         return len(self._check(request, policy))
 
     def _check(self, request: GenerationRequest, policy: CapturePolicy) -> list[int]:
+        """Validated and tokenized once, here at the door; the batch gets the ids."""
         validate(request)
+        check_prompt_chars(self.limits, request.prompt, request.system)     # before the tokenizer runs
         ids = encode_prompt(self.lm, request)
         check_request(self.limits, self.lm.spec, self.lm.dtype_name, len(ids), request.max_new_tokens, policy)
         check_context(self.lm, len(ids), request.max_new_tokens)
