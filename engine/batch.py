@@ -103,7 +103,11 @@ class BatchCapture:
                      mask: torch.Tensor | None, scaling: float) -> None:
         # query: [B, H, T_q, D] (T_q = 1 in decode, = T_k in a batched prefill); key, value: [B, KVH, T_k, D];
         # each row's pads on the left, cut off here for queries and keys alike
-        for b, pad, cap in self.rows:
+        rows = [r for r in self.rows if module.layer_idx in r[2].layer_ids]
+        if query.shape[-2] == 1 and len(rows) > 1 and len({r[2].policy for r in rows}) == 1:
+            _decode_rows(rows, module.layer_idx, query, key, value, scaling)   # every row in a few calls
+            return
+        for b, pad, cap in rows:
             q = query[b:b + 1, :, pad:] if query.shape[-2] > 1 else query[b:b + 1]
             cap.on_attention(module, q, key[b:b + 1, :, pad:], value[b:b + 1, :, pad:], None, scaling)
 
@@ -115,6 +119,39 @@ class BatchCapture:
 
     def finish(self, model: Any) -> dict[int, dict[int, LayerCapture]]:
         return {b: cap.finish(model) for b, _, cap in self.rows}
+
+
+def _decode_rows(rows: list[tuple[int, int, StepCapture]], i: int, query: torch.Tensor, key: torch.Tensor,
+                 value: torch.Tensor, scaling: float) -> None:
+    """One decode step's captures for rows sharing one policy, computed for all of them at once.
+
+    The same arithmetic as StepCapture.on_attention for each row alone: the pads are masked out
+    before the softmax and cut off after it.
+    """
+    policy = rows[0][2].policy
+    index = torch.tensor([b for b, _, _ in rows], device=query.device)
+    pads = [pad for _, pad, _ in rows]
+    q, k, v = query[index], key[index], value[index]                # [R, H, 1, D], [R, KVH, T_k, D]
+    if policy.stats:
+        norms = [t[:, :, -1].norm(dim=-1).float().cpu().numpy() for t in (q, k, v)]   # [R, H], [R, KVH], [R, KVH]
+    if policy.attention:
+        heads = policy.head_ids(q.shape[1])
+        kv_of = tuple(h // (q.shape[1] // k.shape[1]) for h in heads)
+        scores = torch.matmul(q[:, list(heads)].float(), k[:, list(kv_of)].float().transpose(-1, -2)) * scaling
+        t_k = k.shape[2]                                            # scores: [R, h, 1, T_k]
+        hidden = torch.arange(t_k, device=q.device)[None, :] < torch.tensor(pads, device=q.device)[:, None]
+        probs = torch.softmax(scores.masked_fill(hidden[:, None, None, :], float("-inf")), dim=-1)
+        probs = probs.cpu().numpy()
+    for r, (_, pad, cap) in enumerate(rows):
+        layer = cap._layer(i)
+        if policy.stats:
+            layer.q_norm, layer.k_norm, layer.v_norm = (n[r] for n in norms)
+        if policy.attention:
+            real = t_k - pad
+            start = real - policy.max_keys if policy.max_keys and real > policy.max_keys else 0
+            layer.heads, layer.kv_heads = heads, kv_of
+            layer.attention = probs[r][..., pad + start:]
+            layer.query_start, layer.key_start = real - 1, start
 
 
 class PaddedCache:
