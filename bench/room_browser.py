@@ -24,9 +24,11 @@ ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--no-first-run"]
-PROMPTS = ("What is the capital of France?", "Explain in one sentence why the sky is blue.",
-           "Write a haiku about autumn.", "What does a GPU do?", "Name three prime numbers.",
-           "Why do we need sleep?", "Give me a tip for learning to cook.", "What is a transformer?")
+PROMPTS = ("Write a short story about a lighthouse keeper.", "Write a short story about a robot who learns to paint.",
+           "Write a short story about a dragon and a baker.", "Write a short story about a lost cat in Paris.",
+           "Write a short story about a girl who builds a boat.", "Write a short story about a clock that runs backwards.",
+           "Write a short story about a snowman in summer.", "Write a short story about a library at night.")
+# answers that run to the token limit, so the one alone and the N together do the same work
 RESULTS = ROOT / "bench" / "results" / "room_browser.json"
 
 
