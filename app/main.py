@@ -26,7 +26,7 @@ by_url = {p.url_path: st.Page(p.path, title=p.title, icon=p.icon, url_path=p.url
 menu: dict[str, list] = {"": [home]}
 for info in PAGES:                                   # grouped, so the whole menu fits a projector's height
     menu.setdefault(info.section, []).append(by_url[info.url_path])
-current = st.navigation(menu)
+current = st.navigation(menu, expanded=True)     # every page listed: no "View more" on a projector
 lm = get_model()
 try:
     refused = join_session(lm)

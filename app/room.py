@@ -104,8 +104,10 @@ def numbers_row(n: RoomNumbers) -> None:
     cols[0].metric("In the batch", f"{n.running} of {n.max_batch}")
     cols[1].metric("Waiting", str(n.queued))
     cols[2].metric("Decode step", fmt_ms(n.step_seconds) if n.step_seconds else "–")
-    cols[3].metric("Tokens/s, everyone", fmt_rate(n.total_tok_s) if n.total_tok_s else "–")
-    cols[4].metric("Tokens/s, each user", fmt_rate(n.per_user_tok_s) if n.per_user_tok_s else "–")
+    cols[3].metric("tok/s, all", fmt_rate(n.total_tok_s) if n.total_tok_s else "–",
+                   help="Tokens per second for everyone together, recent steps")
+    cols[4].metric("tok/s, each", fmt_rate(n.per_user_tok_s) if n.per_user_tok_s else "–",
+                   help="Tokens per second each user in the batch gets: one per step")
 
 
 def live_section(scheduler, me: str | None) -> None:
