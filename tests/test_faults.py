@@ -100,7 +100,8 @@ def test_an_out_of_memory_in_one_request_fails_it_alone_and_the_others_are_serve
     oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     with faulty_forward(tiny_lm.model, lambda ids, _: bool((ids == poison_id).any()), oom) as seen:
         handles = [scheduler.submit(bad, POLICY, session="unlucky")]
-        handles += [scheduler.submit(r, POLICY, session=f"s{i}") for i, r in enumerate(good)]
+        wait_until(lambda: handles[0].state != "queued")    # its prompt is read in a pass of its own: the
+        handles += [scheduler.submit(r, POLICY, session=f"s{i}") for i, r in enumerate(good)]   # others join later
         outcomes: dict[int, tuple] = {}
         threads = [threading.Thread(target=lambda i=i, h=h: outcomes.__setitem__(i, consume(h)))
                    for i, h in enumerate(handles)]
