@@ -47,12 +47,22 @@ def test_members_name_your_session_and_hide_prompts(busy_room, tiny_lm):
         h.result(timeout=60)
 
 
-def test_the_room_page_draws_the_live_batch(tiny_model_dir, monkeypatch):
+@pytest.fixture
+def open_page(tiny_model_dir, monkeypatch):
+    """A page of the app on the tiny model, run once with no exception."""
     monkeypatch.setenv("PLAYGROUND_MODEL", str(tiny_model_dir))
     monkeypatch.setenv("PLAYGROUND_DEVICE", "cpu")
     monkeypatch.setenv("PLAYGROUND_DTYPE", "float32")
-    at = AppTest.from_file("../pages/room.py", default_timeout=120).run()
-    assert not at.exception, [e.value for e in at.exception]
+
+    def run(script: str) -> AppTest:
+        at = AppTest.from_file(f"../pages/{script}", default_timeout=120).run()
+        assert not at.exception, [e.value for e in at.exception]
+        return at
+    return run
+
+
+def test_the_room_page_draws_the_live_batch(tiny_model_dir, open_page):
+    at = open_page("room.py")
     assert any(m.label == "In the batch" for m in at.metric)
     from app.model import model_slot
     from engine.scheduler import scheduler_for
@@ -98,12 +108,8 @@ def test_prefix_reuse_is_measured_and_reuses_the_shared_start(tiny_lm):
     assert same.ttft_cold > 0 and same.ttft_warm > 0 and tail.ttft_warm > 0
 
 
-def test_the_kv_page_measures_prefix_reuse_through_the_scheduler(tiny_model_dir, monkeypatch):
-    monkeypatch.setenv("PLAYGROUND_MODEL", str(tiny_model_dir))
-    monkeypatch.setenv("PLAYGROUND_DEVICE", "cpu")
-    monkeypatch.setenv("PLAYGROUND_DTYPE", "float32")
-    at = AppTest.from_file("../pages/kv_cache.py", default_timeout=120).run()
-    assert not at.exception, [e.value for e in at.exception]
+def test_the_kv_page_measures_prefix_reuse_through_the_scheduler(open_page):
+    at = open_page("kv_cache.py")
     at.button(key="kv.prefix.measure").click().run()
     assert not at.exception, [e.value for e in at.exception]
     results = at.session_state["kv.prefix.results"]
