@@ -276,12 +276,6 @@ class BatchRunner:
         return StepInfo(time.perf_counter(), time.perf_counter() - t0, rows, prefilled, tags[:rows] if rows else (),
                         self.batch.width * len(pads), self.batch.width * len(pads) - sum(pads), layout, per_position)
 
-    def cancel_all(self, reason: str = "cancelled") -> None:
-        for slot in self.slots:
-            self._finish(slot, reason)
-        self.prefilling.clear()
-        self.batch.drop(set(self.batch.slots))
-
     # --- stopping ------------------------------------------------------------------------------------
 
     def _drop_stopped(self) -> None:
