@@ -144,6 +144,17 @@ def timeline_figure(step_seconds: list[float]) -> go.Figure:
     return fig
 
 
+def observer_figure(off_seconds: float, on_seconds: float) -> go.Figure:
+    """One decode step with capture off and on (ms, measured)."""
+    values = [off_seconds * 1e3, on_seconds * 1e3]
+    fig = go.Figure(go.Bar(x=values, y=["capture off", "capture on"], orientation="h",
+                           marker_color=[DECODE_COLOR, CHOSEN_COLOR], text=[f"{v:.1f} ms" for v in values],
+                           textposition="outside", cliponaxis=False))
+    fig.update_layout(height=150, margin=dict(l=0, r=60, t=10, b=0), xaxis_title="one decode step (ms, measured)",
+                      xaxis=dict(rangemode="tozero"))
+    return fig
+
+
 def distribution_figure(labels: list[str], probs: np.ndarray, chosen: int | None) -> go.Figure:
     """Candidates (most likely at the top) with their probability; the chosen one highlighted."""
     colors = [CHOSEN_COLOR if i == chosen else OTHER_COLOR for i in range(len(labels))]

@@ -3,6 +3,7 @@ metrics and timeline, and the per-token views (distribution, logit lens) drawn f
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -11,7 +12,7 @@ import streamlit as st
 from app import charts
 from app.controls import Prepared, Sampling
 from app.format import fmt_ms, fmt_rate, plot_text, visible
-from app.run import LOGIT_LENS_TOP, Run, Throttle
+from app.run import LOGIT_LENS_TOP, Run, Throttle, capture_policy
 from app.tokens import chars_per_token, chips_figure, special_mask
 from app.view import ChartSlot, plot
 from engine.hooks import logit_lens
@@ -20,6 +21,7 @@ from engine.sampling import filter_probs
 
 MAX_CHIPS = 300
 TOP_SHOWN = 12
+TEXT_SECONDS, CHART_SECONDS = 0.2, 2.0       # redraw intervals while a run streams
 
 
 def tokenization_section(lm: LoadedModel, prepared: Prepared) -> None:
@@ -61,10 +63,14 @@ class ResultView:
         self.answer = st.empty()
         self.note = st.empty()
         self.timeline = ChartSlot("journey.timeline")
-        self.text_throttle, self.chart_throttle = Throttle(0.08), Throttle(0.5)
+        self.text_throttle, self.chart_throttle = Throttle(TEXT_SECONDS), Throttle(CHART_SECONDS)
 
-    def update(self, run: Run, final: bool = False) -> None:
-        """Text and metrics at most ~12 times a second, the timeline twice; everything when final."""
+    def update(self, run: Run, final: bool = False, timeline: bool = True) -> None:
+        """Text and metrics five times a second, the timeline every two seconds; everything when final.
+
+        Every redraw costs the server (one message per element) and the browser (a re-render): with a
+        room of browsers on one machine, redrawing faster than a person reads slows everyone's tokens.
+        """
         if not (final or self.text_throttle()):
             return
         self.status.caption(status_line(run))
@@ -85,15 +91,16 @@ class ResultView:
                          "first token. The KV-cache page measures the difference.")
         if notes:
             self.note.caption(" ".join(notes))
-        if run.prefill is not None and (final or self.chart_throttle()):
+        if timeline and run.prefill is not None and (final or self.chart_throttle()):
             self.timeline.plot(charts.timeline_figure(run.step_seconds()))
 
 
-WATCH_SECONDS = 0.25
+WATCH_SECONDS = 0.5
 
 
 def watch_live(run: Run) -> None:
-    """Someone else's run (the presenter's) as it streams: redrawn four times a second, then the whole page."""
+    """Someone else's run (the presenter's) as it streams: its text and numbers twice a second (the timeline
+    and every other chart once it is done), then the whole page."""
     st.info("Watching the presenter's run as it streams. When it is done, every page draws it: explore the layers "
             "and heads on your own.", icon=":material/cast:")
 
@@ -102,7 +109,7 @@ def watch_live(run: Run) -> None:
         if not run.live or run.done is not None:
             st.rerun(scope="app")
         if run.prefill is not None:
-            ResultView().update(run, final=True)
+            ResultView().update(run, final=True, timeline=False)
     live()
 
 
@@ -167,3 +174,36 @@ def lens_section(run: Run, index: int, decode: Callable[[list[int]], str], lm: L
     st.caption("Left: what the model would predict if it stopped after each layer (the residual stream sent "
                "through the final norm and the LM head), top 5, the generated token in bold. Right: the size of "
                "the residual stream leaving each layer at that position.")
+
+
+OBSERVER = "journey.observer"
+OBSERVER_TOKENS = 16          # decode steps per run of the measurement
+
+
+def observer_section(lm: LoadedModel, run: Run) -> None:
+    """The same request decoded with capture off and on, alternating three times, on this server (measured)."""
+    from app.speed_view import run_on_model, status_progress
+    from engine.errors import EngineError
+    from engine.speedlab import observer_effect
+
+    policy = run.policy if run.policy.enabled else capture_policy(lm.spec, run.n_prompt, OBSERVER_TOKENS)[0]
+    request = replace(run.request, max_new_tokens=OBSERVER_TOKENS)
+    if st.button("Measure capture off against on", key="journey.observer.measure"):
+        with st.status("Measuring the observer effect…", expanded=True) as box:
+            try:
+                st.session_state[OBSERVER] = run_on_model(lm, "the observer-effect measurement", lambda progress:
+                                                          observer_effect(lm, request, policy, 3, progress),
+                                                          status_progress(box))
+                box.update(label="Measured", state="complete", expanded=False)
+            except EngineError as err:
+                box.update(label="Stopped", state="error")
+                st.error(str(err))
+    effect = st.session_state.get(OBSERVER)
+    if effect is None:
+        return
+    plot(charts.observer_figure(effect.off.itl, effect.on.itl), key="journey.observer")
+    st.caption(f"Measured on this server: {len(effect.on.steps)} decode steps each way, three rounds alternating, "
+               f"medians. Capturing every attention row, the norms and the residual for the lens makes a step "
+               f"{effect.ratio:.2f}× as long. "
+               + ("The tokens were the same both ways: watching changes the speed, never the answer."
+                  if effect.same_tokens else "The tokens differed: a near-tie in the logits tipped the other way."))

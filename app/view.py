@@ -31,7 +31,7 @@ class ProgressLine:
 
     def __init__(self) -> None:
         self.box = st.empty()
-        self.throttle = Throttle(0.1)
+        self.throttle = Throttle(0.2)
 
     def update(self, run) -> None:
         if self.throttle() or run.done is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -22,10 +22,12 @@ from transformers import DynamicCache
 
 from engine.card import lm_head_params
 from engine.errors import ContextLengthError, InvalidRequestError
-from engine.generate import forward, sync
+from engine.generate import GenerationRequest, forward, generate, sync
+from engine.hooks import CAPTURE_OFF, CapturePolicy
 from engine.loader import LoadedModel
 from engine.projection import (CostModel, attention_flops_per_pair, decode_flops, linear_flops_per_token,
                                prefill_flops)
+from engine.records import DecodeRecord, PrefillRecord
 from engine.specs import GPU_PRESETS, GPUSpec
 
 FILLER = (
@@ -370,3 +372,43 @@ def compare_decode(models: Sequence[LoadedModel], ids: list[int], steps: int = 8
             runs[i].append(time_decode(lm, ids, steps))
     return [DecodeTiming(len(ids), min(t.prefill for t in ts), tuple(s for t in ts for s in t.steps))
             for ts in runs]
+
+
+# --- the observer effect -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ObserverEffect:
+    """The same request decoded with capture off and with a capture policy, interleaved (measured)."""
+
+    off: DecodeTiming
+    on: DecodeTiming
+    same_tokens: bool            # capturing changed nothing in the answer
+
+    @property
+    def ratio(self) -> float:
+        """How much longer a decode step takes while its internals are captured."""
+        return self.on.itl / self.off.itl
+
+
+def observer_effect(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy, rounds: int = 3,
+                    progress: Callable[[float, str], None] | None = None) -> ObserverEffect:
+    """Run `request` greedily with capture off and with `policy`, `rounds` times each, alternating.
+
+    Each run goes through `engine.generate` (the page's path without the page): its decode records'
+    seconds are the steps timed. Medians of all rounds' steps; the fastest prefill.
+    """
+    request = replace(request, temperature=0.0)
+    runs: dict[str, list] = {"off": [], "on": []}
+    tokens: dict[str, list[int]] = {}
+    for r in range(rounds):
+        for name, p in (("off", CAPTURE_OFF), ("on", policy)):
+            if progress:
+                progress((2 * r + (name == "on")) / (2 * rounds), f"round {r + 1} of {rounds}: capture {name}")
+            records = list(generate(lm, request, p))
+            prefill = next(x for x in records if isinstance(x, PrefillRecord))
+            steps = [x for x in records if isinstance(x, DecodeRecord)]
+            runs[name].append(DecodeTiming(len(prefill.prompt), prefill.seconds, tuple(x.seconds for x in steps)))
+            tokens[name] = [prefill.token.id] + [x.token.id for x in steps]
+    merged = {name: DecodeTiming(ts[0].prompt_tokens, min(t.prefill for t in ts),
+                                 tuple(s for t in ts for s in t.steps)) for name, ts in runs.items()}
+    return ObserverEffect(merged["off"], merged["on"], tokens["off"] == tokens["on"])

@@ -59,3 +59,8 @@ view.distribution_section(run, index, sampling, decode)
 st.markdown("**Through the layers.**")
 view.lens_section(run, index, decode, lm)
 replay.save_button(run, "journey")
+
+if lm is not None and lm.label == run.model:
+    st.subheader("5. The observer effect")
+    st.write("Capturing the model's internals costs time. The same request, capture off and on, timed here:")
+    view.observer_section(lm, run)

@@ -129,6 +129,18 @@ def test_journey_generates_streams_and_redraws_without_the_model(app):
     np.testing.assert_allclose(array(dist["data"][0]["x"]), expected, rtol=1e-4, atol=1e-6)
 
 
+def test_journey_measures_the_observer_effect_through_the_scheduler(app):
+    at = open_page(app, "journey.py")
+    generate(at, "journey", tiny_prompt(8), 4)
+    at.button(key="journey.observer.measure").click().run()
+    assert_clean(at)
+    effect = at.session_state["journey.observer"]
+    assert effect.same_tokens and len(effect.off.steps) == len(effect.on.steps) > 0
+    bars = next(c for c in charts(at) if c["data"] and c["data"][0].get("y") == ["capture off", "capture on"])
+    np.testing.assert_allclose(array(bars["data"][0]["x"]), [effect.off.itl * 1e3, effect.on.itl * 1e3])
+    assert any(f"{effect.ratio:.2f}× as long" in c.value for c in at.caption)
+
+
 def test_journey_logit_lens_covers_every_layer(app):
     at = open_page(app, "journey.py")
     generate(at, "journey", tiny_prompt(8), 3)

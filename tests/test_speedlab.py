@@ -145,3 +145,24 @@ def test_sweep_interleaves_lengths_and_merges_rounds(tiny_lm):
     points = sweep_context(tiny_lm, [8, 16], steps=2, rounds=2, progress=lambda f, m: seen.append(m))
     assert seen == ["prefill of 8 tokens", "prefill of 16 tokens"] * 2
     assert [(p.tokens, p.repeats) for p in points] == [(8, 2), (16, 2)]
+
+
+def test_the_observer_effect_times_both_and_capture_changes_no_token(tiny_lm):
+    from dataclasses import replace
+
+    from conftest import tiny_prompt
+    from engine.generate import GenerationRequest, generate
+    from engine.hooks import CAPTURE_OFF, CapturePolicy
+    from engine.records import DecodeRecord
+    from engine.speedlab import observer_effect
+
+    request = GenerationRequest(tiny_prompt(8), max_new_tokens=6, chat=False, temperature=0.9)
+    seen = []
+    effect = observer_effect(tiny_lm, request, CapturePolicy(logit_lens=3), rounds=2,
+                             progress=lambda f, text: seen.append(f))
+    assert effect.same_tokens
+    steps = [r for r in generate(tiny_lm, replace(request, temperature=0.0), CAPTURE_OFF)
+             if isinstance(r, DecodeRecord)]
+    assert len(effect.off.steps) == len(effect.on.steps) == 2 * len(steps)      # every step of every round timed
+    assert effect.ratio == effect.on.itl / effect.off.itl > 0
+    assert seen == sorted(seen) and len(seen) == 4
