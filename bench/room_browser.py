@@ -40,8 +40,7 @@ def free_port() -> int:
 
 def start_app(env: dict[str, str]) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    cmd = [str(ROOT / ".venv" / "bin" / "python"), "-m", "streamlit", "run", "app/main.py", "--server.address",
-           "127.0.0.1", "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+    cmd = [str(ROOT / ".venv" / "bin" / "python"), "-m", "app.launch", "--port", str(port)]   # as `make run` does
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

@@ -1,0 +1,109 @@
+"""The journey page's live generation against the engine alone, side by side, same prompt and capture.
+
+    python bench/page_speed.py                   # 48 new tokens, 3 interleaved rounds
+    python bench/page_speed.py --tokens 96 --rounds 5
+
+Each round runs the engine in this process (`engine.generate` with the capture policy the page would
+choose for this prompt: every layer's attention, norms and residuals, the lens on demand), then the
+same request through the app in headless Chromium (started as `make run` starts it), pressing
+Generate on the journey page. Reported per round and as medians: decode tokens/s (the engine's from
+its records; the page's from its own "Decode speed" metric, which the server measures the same way)
+and the time from Generate to the last token (engine: the generation; page: click to "Done:"). The
+ratios page / engine are the result (the issue's target: decode >= 0.7x). Writes
+bench/results/page_speed.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from room_browser import ARGS, CHROMIUM, generate_button, prepare, start_app  # noqa: E402
+
+from app.run import capture_policy  # noqa: E402
+from engine.generate import GenerationRequest, encode_prompt, generate  # noqa: E402
+from engine.loader import load_model  # noqa: E402
+from engine.records import DecodeRecord, DoneRecord  # noqa: E402
+
+PROMPT = "Write a short story about a lighthouse keeper."
+RESULTS = ROOT / "bench" / "results" / "page_speed.json"
+
+
+def engine_round(lm, tokens: int) -> dict:
+    request = GenerationRequest(PROMPT, max_new_tokens=tokens, temperature=0.0)
+    ids = encode_prompt(lm, request)
+    policy, _ = capture_policy(lm.spec, len(ids), tokens)
+    t0 = time.perf_counter()
+    records = list(generate(lm, request, policy))
+    wall = time.perf_counter() - t0
+    steps = [r.seconds for r in records if isinstance(r, DecodeRecord)]
+    done = records[-1]
+    assert isinstance(done, DoneRecord)
+    return {"decode_tok_s": len(steps) / sum(steps), "wall_s": wall, "tokens": done.generated_tokens}
+
+
+def page_round(browser, url: str, tokens: int) -> dict:
+    context, page = prepare(browser, url, PROMPT, tokens)
+    try:
+        generate_button(page).click()
+        t0 = time.perf_counter()
+        page.get_by_text("Done:", exact=False).first.wait_for(timeout=600_000)
+        wall = time.perf_counter() - t0
+        rate = page.get_by_test_id("stMetric").filter(has_text="Decode speed").get_by_test_id("stMetricValue")
+        text = rate.first.inner_text()                                       # e.g. "14.2 tok/s"
+        generated = page.get_by_test_id("stMetric").filter(has_text="Generated tokens")
+        return {"decode_tok_s": float(text.split()[0].replace(",", "")), "wall_s": wall,
+                "tokens": int(generated.get_by_test_id("stMetricValue").first.inner_text().replace(",", ""))}
+    finally:
+        context.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    from playwright.sync_api import sync_playwright
+
+    lm = load_model("default")
+    engine_round(lm, 4)                                                       # warm-up
+    rounds = []
+    proc, url = start_app({})
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page_round(browser, url, 4)                                       # warm-up: the server loads the model
+            for r in range(args.rounds):
+                rounds.append({"engine": engine_round(lm, args.tokens), "page": page_round(browser, url, args.tokens)})
+                e, pg = rounds[-1]["engine"], rounds[-1]["page"]
+                print(f"round {r + 1}: engine {e['decode_tok_s']:.1f} tok/s, {e['wall_s']:.1f} s; page "
+                      f"{pg['decode_tok_s']:.1f} tok/s, {pg['wall_s']:.1f} s", flush=True)
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    med = {side: {k: statistics.median(r[side][k] for r in rounds) for k in ("decode_tok_s", "wall_s")}
+           for side in ("engine", "page")}
+    report = {"what": f"journey page vs engine, {args.tokens} new tokens, the page's capture policy, "
+                      f"{args.rounds} interleaved rounds (medians)", "load_average": os.getloadavg(),
+              "rounds": rounds, "median": med,
+              "decode_ratio_page_to_engine": med["page"]["decode_tok_s"] / med["engine"]["decode_tok_s"],
+              "wall_ratio_engine_to_page": med["engine"]["wall_s"] / med["page"]["wall_s"]}
+    print(f"decode: page {report['decode_ratio_page_to_engine']:.2f}x the engine; end to end: the page takes "
+          f"{1 / report['wall_ratio_engine_to_page']:.2f}x the engine's time")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
