@@ -27,7 +27,7 @@ REAL_ROUNDS = 2
 SIM_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 POLICIES = ("static", "continuous")
 SPLITS = ((1, 1), (1, 2), (2, 1), (1, 3), (2, 2), (3, 1), (2, 6), (4, 4), (6, 2))    # (prefill, decode) GPUs
-LINKS = {"NVLink, same node": 0.0, "InfiniBand, another node": INTERNODE_GBS}          # 0: the GPU's own link
+LINKS = {"NVLink": 0.0, "InfiniBand": INTERNODE_GBS}          # 0: the GPU's own link
 BUDGETS = (128, 256, 512, 1024, 2048, 4096)
 
 
@@ -136,10 +136,12 @@ def long_prompt_inputs(choice: HardwareChoice) -> tuple[Workload, tuple[ServerCo
     rate = cols[0].slider("Arrivals (requests/s)", 0.5, 50.0, 12.0, 0.5, key="split.rate")
     prompt = cols[1].slider("Prompt tokens (min, max)", 16, 16384, (256, 8192), key="split.prompt")
     output = cols[2].slider("Output tokens (min, max)", 1, 2048, (16, 256), key="split.output")
-    cols = st.columns(3)
+    cols = st.columns([4, 3, 3])
     split = cols[0].selectbox("GPUs (disaggregated: how they split)", SPLITS, format_func=split_label, key="split.gpus")
     budget = cols[1].select_slider("Tokens per step (chunked prefill)", BUDGETS, value=512, key="split.budget")
-    link = cols[2].selectbox("K/V hand-off (disaggregated)", list(LINKS), key="split.link")
+    link = cols[2].selectbox("K/V hand-off (disaggregated)", list(LINKS), key="split.link",
+                             help="NVLink: prefill and decode GPUs in one node (half the spec sheet's both-ways figure "
+                                  f"each way). InfiniBand: in different nodes, {INTERNODE_GBS:g} GB/s per GPU.")
     base = ServerConfig(max_batch=64, weight_dtype=choice.weight_dtype, kv_dtype=choice.kv_dtype,
                         token_budget=int(budget))
     servers = (replace(base, policy="continuous", gpus=sum(split)), replace(base, policy="chunked", gpus=sum(split)),
@@ -170,11 +172,11 @@ def long_prompt_text(results: dict[str, SimResult]) -> str:
     return (f"Without chunking, a newcomer's whole prompt is read in a pass of its own and everyone already "
             f"decoding waits for it: 1 gap in 100 between two tokens is {stall.itl_p99 * 1e3:,.0f} ms or longer. "
             f"**Chunked prefill** cuts prompts into pieces that ride along with the decode steps (the weights are "
-            f"read once for both): that gap is {chunk.itl_p99 * 1e3:,.0f} ms, while a long prompt's TTFT "
-            f"is spread over several steps (p50 {chunk.ttft_p50:.2f} s against {stall.ttft_p50:.2f} s). "
+            f"read once for both): that gap is {chunk.itl_p99 * 1e3:,.0f} ms, while each prompt is read in "
+            f"pieces over several steps (TTFT p50 {chunk.ttft_p50:.2f} s, against {stall.ttft_p50:.2f} s unchunked). "
             f"**Disaggregation** takes prefill off the decoding GPUs altogether ({split.itl_p99 * 1e3:,.0f} ms) "
             f"and pays with a K/V hand-off per request and a fixed split: TTFT p50 {split.ttft_p50:.2f} s, rising "
-            "steeply when the prefill GPUs cannot keep up with the prompts. Goodput: "
+            "steeply when the prefill GPUs cannot keep up with the prompts: try another split. Goodput: "
             + ", ".join(f"{p} {r.goodput.requests_per_s:,.2f}" for p, r in results.items()) + " requests/s.")
 
 

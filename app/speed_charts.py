@@ -4,6 +4,7 @@ Measured series are drawn in orange, projected ones in blue, so the two planes n
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import plotly.graph_objects as go
@@ -137,8 +138,11 @@ def token_prices_figure(rows: Sequence[TokenPrices], measured: bool) -> go.Figur
                 text=[f"{r.output_per_input:,.0f}×" if r.output_per_input >= 10 else f"{r.output_per_input:.1f}×"
                       for r in rows], textposition="outside", cliponaxis=False,
                 hovertemplate="batch %{x}: $%{y:.4g} per million output tokens<extra></extra>")
+    low = min(r.input_per_million for r in rows)                    # log bars start at the axis floor: set it lower
+    high = max(r.output_per_million for r in rows)
     fig.update_xaxes(title="batch size", type="category")
-    fig.update_yaxes(type="log", title="$ per million tokens")
+    fig.update_yaxes(type="log", title="$ per million tokens", range=[math.log10(low) - 1, math.log10(high) + 0.4],
+                     dtick=1, tickprefix="$")
     fig.update_layout(height=340, margin=dict(l=0, r=0, t=20, b=0), barmode="group",
                       legend=dict(orientation="h", y=-0.25))
     return fig
@@ -186,10 +190,11 @@ def sim_policies_figure(results: dict[str, SimResult], targets: Targets) -> go.F
         fig.add_bar(x=[policy], y=[res.goodput.requests_per_s], name=policy, marker_color=color, legendgroup=policy,
                     showlegend=False, text=[f"{res.goodput.share:.0%}"], textposition="outside", cliponaxis=False,
                     row=1, col=3)
-    fig.add_hline(y=targets.ttft * 1e3, line=dict(color="#c0392b", dash="dot"), row=1, col=1)
-    fig.add_hline(y=targets.itl * 1e3, line=dict(color="#c0392b", dash="dot"), row=1, col=2)
-    fig.update_yaxes(type="log", row=1, col=1)
-    fig.update_yaxes(type="log", row=1, col=2)
+    target_line = dict(color="#c0392b", dash="dot")
+    for col, target in ((1, targets.ttft), (2, targets.itl)):        # no hline annotation: it breaks log axes
+        fig.add_hline(y=target * 1e3, line=target_line, row=1, col=col)
+        fig.update_yaxes(type="log", dtick=1, row=1, col=col)
+    fig.add_scatter(x=[None], y=[None], mode="lines", line=target_line, name="target", row=1, col=1)
     fig.update_xaxes(showticklabels=False, row=1, col=3)
     fig.update_layout(height=340, margin=dict(l=0, r=0, t=50, b=0), barmode="group",
                       legend=dict(orientation="h", y=-0.12))

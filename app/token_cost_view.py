@@ -25,6 +25,11 @@ def _row_text(p: TokenPrices) -> str:
             f"token costs **{p.output_per_input:,.1f}×** an input token")
 
 
+def bullets(first: TokenPrices, other: TokenPrices) -> None:
+    """Batch 1 and one larger batch, in words."""
+    st.markdown("\n".join(f"- {_row_text(p)}" for p in ([first, other] if other is not first else [first])))
+
+
 def projected_column(choice: HardwareChoice) -> None:
     rows = projected_token_prices(choice.spec, choice.gpu, PRICE_BATCHES, choice.context, choice.weight_dtype,
                                   choice.kv_dtype, choice.flops_efficiency, choice.bandwidth_efficiency,
@@ -37,8 +42,8 @@ def projected_column(choice: HardwareChoice) -> None:
                f"one pass; then decode steps with every user holding {choice.context:,} tokens. "
                f"${choice.dollars_per_hour:g} per GPU-hour, {choice.layout.per_replica} GPU(s).")
     plot(charts.token_prices_figure(rows, measured=False), "cost.tokens.projected")
-    chosen = next((r for r in rows if r.batch == choice.batch), rows[-1])
-    st.markdown(f"- {_row_text(rows[0])}\n- {_row_text(chosen)}")
+    chosen = next((r for r in rows if r.batch == choice.batch and r.batch > 1), rows[-1])
+    bullets(rows[0], chosen)
 
 
 def measure(lm: LoadedModel, prompt: int) -> None:
@@ -73,7 +78,7 @@ def measured_column(lm: LoadedModel | None) -> None:
         return
     rows = [token_prices(p["prefill_tok_s"], p["decode_tok_s"], float(price), p["batch"]) for p in points]
     plot(charts.token_prices_figure(rows, measured=True), "cost.tokens.measured")
-    st.markdown(f"- {_row_text(rows[0])}\n- {_row_text(rows[-1])}")
+    bullets(rows[0], rows[-1])
 
 
 def token_cost_section(choice: HardwareChoice, lm: LoadedModel | None) -> None:
