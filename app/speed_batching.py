@@ -79,6 +79,7 @@ ROWS = (("throughput (tok/s)", lambda r: _num(r.throughput_tok_s)),
         ("per-user speed, median (tok/s)", lambda r: _num(r.per_user_tok_s)),
         ("latency p50 / p95 (s)", lambda r: f"{_num(r.latency_p50)} / {_num(r.latency_p95)}"),
         ("GPUs, busy", lambda r: f"{r.gpus}, {r.busy_fraction:.0%}"),
+        ("K/V hand-off, mean (ms)", lambda r: _num(r.kv_handoff_mean * 1e3) if r.policy == "disaggregated" else "–"),
         ("mean batch", lambda r: _num(r.mean_batch)),
         ("$ per 1M output tokens", lambda r: f"${r.cost_per_million_tokens:,.3f}"))
 
@@ -175,7 +176,8 @@ def long_prompt_text(results: dict[str, SimResult]) -> str:
             f"read once for both): that gap is {chunk.itl_p99 * 1e3:,.0f} ms, while each prompt is read in "
             f"pieces over several steps (TTFT p50 {chunk.ttft_p50:.2f} s, against {stall.ttft_p50:.2f} s unchunked). "
             f"**Disaggregation** takes prefill off the decoding GPUs altogether ({split.itl_p99 * 1e3:,.0f} ms) "
-            f"and pays with a K/V hand-off per request and a fixed split: TTFT p50 {split.ttft_p50:.2f} s, rising "
+            f"and pays with a K/V hand-off per request ({split.kv_handoff_mean * 1e3:.1f} ms on average, in the first "
+            f"gap of each answer) and a fixed split: TTFT p50 {split.ttft_p50:.2f} s, rising "
             "steeply when the prefill GPUs cannot keep up with the prompts: try another split. Goodput: "
             + ", ".join(f"{p} {r.goodput.requests_per_s:,.2f}" for p, r in results.items()) + " requests/s.")
 

@@ -171,6 +171,7 @@ class SimResult:
     gpus: int
     targets: Targets
     goodput: Goodput
+    kv_handoff_mean: float = 0.0  # disaggregated: seconds to move a prompt's K/V to a decode GPU, on average
 
     def summary(self) -> dict[str, Any]:
         """Scalar results only (no records or series)."""
@@ -482,7 +483,8 @@ def _deal(items: list, n: int) -> list[list]:
 
 def _disaggregated(requests: list[SimRequest], cost: CostModel, capacity: int, server: ServerConfig,
                    link_gbs: float) -> tuple[list[_State], float]:
-    """Prefill GPUs read the prompts; each prompt's K/V then travels to a decode GPU, which only decodes."""
+    """Prefill GPUs read the prompts; each prompt's K/V then travels to a decode GPU, which only decodes.
+    Returns the decode GPUs' states and the prefill GPUs' busy seconds."""
     prefilled, prefill_busy = [], 0.0
     for share in _deal(requests, server.prefill_gpus):
         done, busy = _prefill_gpu(share, cost, server.token_budget)
@@ -534,7 +536,7 @@ def rescore(result: SimResult, targets: Targets) -> SimResult:
 
 
 def _result(states: list[_State], server: ServerConfig, capacity_tokens: int, targets: Targets,
-            extra_busy: float = 0.0) -> SimResult:
+            extra_busy: float = 0.0, handoff: float = 0.0) -> SimResult:
     """Everything the GPUs did, as one server's results; `extra_busy`: prefill GPUs' seconds."""
     records = sorted((r for s in states for r in s.records), key=lambda r: r.rid)
     start = min((r.arrival for r in records), default=0.0)
@@ -554,7 +556,7 @@ def _result(states: list[_State], server: ServerConfig, capacity_tokens: int, ta
         busy_fraction=busy / (duration * gpus), mean_batch=sum(p[1] for p in steps) / max(1, len(steps)),
         cost_per_million_tokens=server.dollars_per_hour * gpus * duration / 3600 / max(tokens, 1) * 1e6,
         kv_capacity_tokens=capacity_tokens, gpus=gpus, targets=targets,
-        goodput=goodput(records, duration, targets),
+        goodput=goodput(records, duration, targets), kv_handoff_mean=handoff,
     )
 
 
@@ -580,12 +582,15 @@ def simulate(spec: ModelSpec, gpu: GPUSpec, workload: Workload = Workload(),
     requests = sorted(make_requests(workload) if requests is None else requests, key=lambda r: (r.arrival, r.rid))
     if any(_blocks(r.prompt_tokens + r.output_tokens, server.block_size) > capacity for r in requests):
         raise ValueError("a request's prompt plus output does not fit in the KV memory on its own")
+    handoff = 0.0
     if server.policy == "disaggregated":
-        states, extra = _disaggregated(requests, cost, capacity, server, _link_gbs(gpu, server))
+        link = _link_gbs(gpu, server)
+        states, extra = _disaggregated(requests, cost, capacity, server, link)
+        handoff = sum(kv_transfer_seconds(cost, r.prompt_tokens, link) for r in requests) / max(1, len(requests))
     else:
         states, extra = [_serve([_Job(r.arrival, r) for r in share], cost, capacity, server)
                          for share in _deal(requests, server.gpus)], 0.0
-    return _result(states, server, capacity * server.block_size, targets, extra)
+    return _result(states, server, capacity * server.block_size, targets, extra, handoff)
 
 
 @dataclass(frozen=True)

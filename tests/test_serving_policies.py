@@ -92,6 +92,8 @@ def test_disaggregation_moves_the_cache_between_pools():
     assert b.finish == pytest.approx(ready_b + CM.decode_seconds(1, 2000))
     slow = run("disaggregated", kv_link_gbs=50.0)                   # InfiniBand between nodes
     assert slow[1].finish - b.finish == pytest.approx(2000 * KV * (1 / 50e9 - 1 / 450e9))
+    result = simulate(LLAMA_8B, H100, server=ServerConfig(policy="disaggregated"), requests=[A, B])
+    assert result.kv_handoff_mean == pytest.approx((ready_a - p1 + ready_b - p2) / 2)
 
 
 def test_colocated_gpus_each_serve_their_share():
