@@ -50,10 +50,12 @@ PAGES: tuple[PageInfo, ...] = (
              "projected for an H100 from the memory traffic.", section="Speed"),
     PageInfo("speed_cost.py", "Speed and cost on GPUs", ":material/payments:", "speed-cost",
              "Any model on any GPU, precision, batch and context: memory, TTFT, decode step, tokens/s, $ per "
-             "million tokens, the roofline and the batch sweep.", section="Serving"),
+             "million tokens, the roofline, the batch sweep, and why an output token costs several times an "
+             "input token.", section="Serving"),
     PageInfo("speed_batching.py", "Batching", ":material/stacks:", "batching",
-             "A simulated server, static against continuous batching, and the model really batched on this "
-             "machine.", section="Serving"),
+             "A simulated server: static against continuous batching, chunked prefill and prefill/decode "
+             "disaggregation, goodput within latency targets; and the model really batched on this machine.",
+             section="Serving"),
     PageInfo("room.py", "The room is the batch", ":material/groups:", "room",
              "Who is generating on this server right now: the live batch, prefill and decode in each step, "
              "step time and tokens/s against the batch size, measured from the room's own requests.", section="Serving"),
@@ -71,7 +73,7 @@ PAGES: tuple[PageInfo, ...] = (
              "implement it.", section="Serving"),
     PageInfo("quiz.py", "Quiz", ":material/quiz:", "quiz",
              "Questions on prefill and decode, KV sizing, GQA, attention, fusion, the cache, speculative decoding, "
-             "quantization and batching, each answer explained.", section="For the class"),
+             "quantization, batching and serving economics, each answer explained.", section="For the class"),
     PageInfo("recordings.py", "Recordings", ":material/play_circle:", "recordings",
              "Saved generations with all their captures: open one to explore every page without the model, or "
              "save your own run.", section="For the class"),

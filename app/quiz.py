@@ -1,7 +1,7 @@
 """A short quiz for a class: questions, each answer explained, every number computed by the engine.
 
 The question bank is plain data built from engine.card, engine.projection, engine.speculative,
-engine.fusion, engine.floatbits and engine.quant_lab, so a
+engine.fusion, engine.floatbits, engine.quant_lab, engine.economics and engine.serving_sim, so a
 question about KV bytes per token shows what `kv_bytes_per_token` says for the model's config, not
 a number typed in here. `render_question` draws one question with Streamlit.
 """
@@ -11,10 +11,12 @@ from dataclasses import dataclass
 
 from app.format import fmt_bytes
 from engine.card import kv_bytes_per_token, naive_weight_bytes, weight_bytes
+from engine.economics import projected_token_prices
 from engine.floatbits import format_range
 from engine.fusion import AttentionShape, largest_intermediate_bytes
 from engine.projection import IDEAL, decode_flops, gpu_memory_bytes, prefill_flops, project, users_that_fit
 from engine.quant_lab import bits_per_weight
+from engine.serving_sim import RequestRecord, Targets, goodput
 from engine.specs import gpu_preset, model_preset
 from engine.speculative import expected_tokens_per_pass
 
@@ -22,6 +24,11 @@ TARGET, BIG, GPU = "llama-3.1-8b", "llama-3.1-70b", "h100-sxm"
 ACCEPTANCE, DRAFT_K = 0.8, 4
 USERS_CONTEXT, BATCH_CONTEXT, BATCH = 10 * 1024, 1024, 64
 LONG_PROMPT, NO_CACHE_CONTEXT, BIG_VALUE = 32 * 1024, 1000, 100_000.0
+PRICE_PROMPT = 1024
+# (name, seconds to the first token, mean seconds between tokens, output tokens), served in GOODPUT_SECONDS
+GOODPUT_TRACE = (("A", 0.2, 0.030, 100), ("B", 0.4, 0.060, 80), ("C", 0.9, 0.020, 50), ("D", 0.3, 0.040, 200),
+                 ("E", 0.1, 0.010, 20), ("F", 0.45, 0.070, 120))
+GOODPUT_TARGETS, GOODPUT_SECONDS = Targets(ttft=0.5, itl=0.05), 2.0
 
 
 @dataclass(frozen=True)
@@ -236,10 +243,52 @@ def q_group_bits() -> Question:
         f"{bits_per_weight('nf4-b64'):.2f}. This is why real INT4 checkpoints are larger than half a byte per weight.")
 
 
+def q_output_price() -> Question:
+    spec, gpu = model_preset(TARGET), gpu_preset(GPU)
+    one, many = projected_token_prices(spec, gpu, (1, BATCH), PRICE_PROMPT)
+    right = many.output_per_input
+    return _numeric(
+        "outprice", "Serving economics",
+        f"{spec.name} on one {gpu.name} serves {BATCH} users at once, each with a {PRICE_PROMPT:,}-token prompt. "
+        "The GPU costs the same per hour in both phases. About how many input (prompt) tokens cost as much GPU time "
+        "as one output token?",
+        right, [1.0, one.output_per_input, 1 / right], lambda v: f"{v:,.0f}" if v >= 10 else f"{v:.1f}",
+        f"Price follows throughput: prefill reads {BATCH} x {PRICE_PROMPT:,} prompt tokens in one pass "
+        f"({many.prefill_tok_s:,.0f} tokens/s, compute-bound), decode gives each user one token per step "
+        f"({many.decode_tok_s:,.0f} tokens/s in all, each step reading the weights and all {BATCH} caches), so an "
+        f"output token costs {many.prefill_tok_s:,.0f} / {many.decode_tok_s:,.0f} = {right:.1f} input tokens. For "
+        f"one user alone it would be {one.output_per_input:,.0f}: batching narrows the gap but does not close it.")
+
+
+def _goodput_records() -> list[RequestRecord]:
+    return [RequestRecord(i, 0.0, 0.0, ttft, ttft + itl * (n - 1), 0, n, n, ttft + itl * (n - 1))
+            for i, (_, ttft, itl, n) in enumerate(GOODPUT_TRACE)]
+
+
+def q_goodput() -> Question:
+    t, records = GOODPUT_TARGETS, _goodput_records()
+    right = goodput(records, GOODPUT_SECONDS, t).requests_per_s
+    ttft_only = goodput(records, GOODPUT_SECONDS, Targets(t.ttft, float("inf"))).requests_per_s
+    itl_only = goodput(records, GOODPUT_SECONDS, Targets(float("inf"), t.itl)).requests_per_s
+    listed = "; ".join(f"{name}: first token after {ttft:g} s, {itl * 1e3:.0f} ms between tokens"
+                       for name, ttft, itl, _ in GOODPUT_TRACE)
+    met = [name for (name, *_), r in zip(GOODPUT_TRACE, records) if r.ttft <= t.ttft and r.itl <= t.itl]
+    return _numeric(
+        "goodput", "Serving economics",
+        f"A server finishes these {len(records)} requests in {GOODPUT_SECONDS:g} s. {listed}. The targets: first "
+        f"token within {t.ttft:g} s and at most {t.itl * 1e3:.0f} ms between tokens. What is the goodput?",
+        right, [len(records) / GOODPUT_SECONDS, ttft_only, itl_only], lambda v: f"{v:g} requests/s",
+        f"Goodput counts only the requests that meet both targets: {', '.join(met)}, so {len(met)} in "
+        f"{GOODPUT_SECONDS:g} s = {right:g} requests/s. Throughput counts all {len(records)} "
+        f"({len(records) / GOODPUT_SECONDS:g}/s); the TTFT target alone would pass {ttft_only * GOODPUT_SECONDS:g} "
+        f"and the gap target alone {itl_only * GOODPUT_SECONDS:g}. A server tuned for throughput can serve many "
+        "tokens late; goodput is what users were promised.")
+
+
 def questions() -> list[Question]:
     return [q_decode_bound(), q_kv_per_token(), q_gqa(), q_attention_scale(), q_fusion(), q_no_cache(), q_users(),
-            q_batching(), q_quantization(), q_group_bits(), q_bf16_range(), q_speculative_rate(),
-            q_speculative_exact()]
+            q_batching(), q_output_price(), q_goodput(), q_quantization(), q_group_bits(), q_bf16_range(),
+            q_speculative_rate(), q_speculative_exact()]
 
 
 def score(chosen: dict[str, str | None], bank: list[Question]) -> int:

@@ -4,17 +4,19 @@ Measured series are drawn in orange, projected ones in blue, so the two planes n
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from engine.economics import TokenPrices
 from engine.projection import Projection, RooflinePoint
-from engine.serving_sim import SimResult, SweepRow
+from engine.serving_sim import SimResult, SweepRow, Targets
 from engine.speedlab import CurveFit, DecodePlacement, DeviceRoof
 
 MEASURED_COLOR, PROJECTED_COLOR, PREFILL_COLOR, DECODE_COLOR = "#e8833a", "#3a7be8", "#8e44ad", "#2a9d8f"
-POLICY_COLORS = {"static": "#bbbbbb", "continuous": "#3a7be8"}
+POLICY_COLORS = {"static": "#bbbbbb", "continuous": "#3a7be8", "chunked": "#2a9d8f", "disaggregated": "#8e44ad"}
 MARGIN = dict(l=0, r=0, t=30, b=0)
 
 
@@ -125,6 +127,27 @@ def batch_sweep_figure(projs: Sequence[Projection], title: str) -> go.Figure:
     return fig
 
 
+def token_prices_figure(rows: Sequence[TokenPrices], measured: bool) -> go.Figure:
+    """$ per million input and output tokens at each batch size (log), each output bar marked with its ratio."""
+    color, light = (MEASURED_COLOR, "#f5c49c") if measured else (PROJECTED_COLOR, "#a9c6f5")
+    labels = [str(r.batch) for r in rows]
+    fig = go.Figure()
+    fig.add_bar(x=labels, y=[r.input_per_million for r in rows], name="input token", marker_color=light,
+                hovertemplate="batch %{x}: $%{y:.4g} per million input tokens<extra></extra>")
+    fig.add_bar(x=labels, y=[r.output_per_million for r in rows], name="output token", marker_color=color,
+                text=[f"{r.output_per_input:,.0f}×" if r.output_per_input >= 10 else f"{r.output_per_input:.1f}×"
+                      for r in rows], textposition="outside", cliponaxis=False,
+                hovertemplate="batch %{x}: $%{y:.4g} per million output tokens<extra></extra>")
+    low = min(r.input_per_million for r in rows)                    # log bars start at the axis floor: set it lower
+    high = max(r.output_per_million for r in rows)
+    fig.update_xaxes(title="batch size", type="category")
+    fig.update_yaxes(type="log", title="$ per million tokens", range=[math.log10(low) - 1, math.log10(high) + 0.4],
+                     dtick=1, tickprefix="$")
+    fig.update_layout(height=340, margin=dict(l=0, r=0, t=20, b=0), barmode="group",
+                      legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
 def sim_series_figure(results: dict[str, SimResult]) -> go.Figure:
     """Requests in the batch and KV tokens held, over time, for each batching policy."""
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, subplot_titles=("requests in the batch", "KV cache (tokens)"))
@@ -150,6 +173,31 @@ def sim_latency_figure(results: dict[str, SimResult]) -> go.Figure:
                     text=[f"{v:.2f} s" for v in values], textposition="outside", cliponaxis=False)
     fig.update_yaxes(title="seconds")
     fig.update_layout(height=320, margin=MARGIN, barmode="group", legend=dict(orientation="h", y=1.15))
+    return fig
+
+
+def sim_policies_figure(results: dict[str, SimResult], targets: Targets) -> go.Figure:
+    """Per policy: TTFT p50 and p95, the gap between tokens p50 and p99 (both in ms, with the targets as lines),
+    and goodput."""
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("time to first token (ms)", "time between tokens (ms)",
+                                                        "goodput (requests/s)"))
+    for policy, res in results.items():
+        color = POLICY_COLORS.get(policy, "black")
+        bars = [(1, ["p50", "p95"], [res.ttft_p50, res.ttft_p95]), (2, ["p50", "p99"], [res.itl_p50, res.itl_p99])]
+        for col, labels, seconds in bars:
+            fig.add_bar(x=labels, y=[s * 1e3 for s in seconds], name=policy, marker_color=color, legendgroup=policy,
+                        showlegend=col == 1, row=1, col=col)
+        fig.add_bar(x=[policy], y=[res.goodput.requests_per_s], name=policy, marker_color=color, legendgroup=policy,
+                    showlegend=False, text=[f"{res.goodput.share:.0%}"], textposition="outside", cliponaxis=False,
+                    row=1, col=3)
+    target_line = dict(color="#c0392b", dash="dot")
+    for col, target in ((1, targets.ttft), (2, targets.itl)):        # no hline annotation: it breaks log axes
+        fig.add_hline(y=target * 1e3, line=target_line, row=1, col=col)
+        fig.update_yaxes(type="log", dtick=1, row=1, col=col)
+    fig.add_scatter(x=[None], y=[None], mode="lines", line=target_line, name="target", row=1, col=1)
+    fig.update_xaxes(showticklabels=False, row=1, col=3)
+    fig.update_layout(height=340, margin=dict(l=0, r=0, t=50, b=0), barmode="group",
+                      legend=dict(orientation="h", y=-0.12))
     return fig
 
 

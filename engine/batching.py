@@ -156,6 +156,51 @@ def measure_batching(lm: LoadedModel, batch_sizes: Sequence[int] = (1, 2, 4, 8),
     return [_point(b, steps[b], prefill[b]) for b in batch_sizes]
 
 
+@dataclass(frozen=True)
+class PhasePoint:
+    """Prefill and decode of one batch size, measured: `batch` prompts of `prompt_tokens` read in one pass,
+    then decode steps of the whole batch."""
+
+    batch: int
+    prompt_tokens: int           # per prompt
+    prefill_seconds: float       # the fastest of the rounds: one pass over batch x prompt_tokens tokens
+    step_seconds: float          # the median decode step over all rounds: one token for every user
+
+    @property
+    def prefill_tok_s(self) -> float:
+        """Input tokens per second while prefilling."""
+        return self.batch * self.prompt_tokens / self.prefill_seconds
+
+    @property
+    def decode_tok_s(self) -> float:
+        """Output tokens per second, all users together, while decoding."""
+        return self.batch / self.step_seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"prefill_tok_s": self.prefill_tok_s, "decode_tok_s": self.decode_tok_s}
+
+
+def measure_phases(lm: LoadedModel, batch_sizes: Sequence[int] = (1, 2, 4, 8), prompt_tokens: int = 128,
+                   new_tokens: int = 8, rounds: int = 2,
+                   progress: Callable[[float, str], None] | None = None) -> list[PhasePoint]:
+    """Input and output throughput at each batch size: `b` different prompts of exactly `prompt_tokens` tokens
+    (no padding) prefilled together and decoded together, the sizes interleaved round by round."""
+    if new_tokens < 2:
+        raise InvalidRequestError("measuring decode needs at least 2 new tokens (the first comes out of prefill)")
+    steps: dict[int, list[float]] = {b: [] for b in batch_sizes}
+    prefill: dict[int, list[float]] = {b: [] for b in batch_sizes}
+    total = max(1, rounds) * len(batch_sizes)
+    for r in range(max(1, rounds)):
+        for i, b in enumerate(batch_sizes):
+            if progress:
+                progress((r * len(batch_sizes) + i) / total, f"{b} x {prompt_tokens} prompt tokens, then decode")
+            base = prompt_of_length(lm, prompt_tokens + 8 * b)
+            run = generate_batch(lm, [base[8 * k: 8 * k + prompt_tokens] for k in range(b)], new_tokens)
+            steps[b] += run.step_seconds
+            prefill[b].append(run.prefill_seconds)
+    return [PhasePoint(b, prompt_tokens, min(prefill[b]), statistics.median(steps[b])) for b in batch_sizes]
+
+
 def _point(batch: int, steps: list[float], prefills: list[float]) -> BatchPoint:
     step = statistics.median(steps) if steps else float("nan")
     return BatchPoint(batch, batch / step, 1 / step, step * 1e3, min(prefills) * 1e3)

@@ -348,6 +348,28 @@ class CostModel:
         return max(self.memory_seconds(self.prefill_bytes(prompts)),
                    self.compute_seconds(self.prefill_step_flops(prompts))) + self.comm_seconds(sum(prompts))
 
+    def chunk_pairs(self, new: int, past: int) -> float:
+        """(query, key) pairs per layer of `new` prompt tokens after `past` tokens of the same prompt already
+        cached: the causal pairs of the whole prefix less those of the part done before."""
+        def pairs(n: int) -> float:
+            return (1 - self.window_share) * causal_pairs(n) + self.window_share * causal_pairs(n, self.window)
+        return pairs(past + new) - pairs(past)
+
+    def mixed_step_seconds(self, batch: int, kv_tokens: float, chunks: Sequence[tuple[int, int, bool]] = ()) -> float:
+        """One forward pass holding `batch` decode tokens (reading `kv_tokens` cached positions in all) and
+        prompt chunks, each (new tokens, tokens of that prompt already cached, whether it ends the prompt):
+        chunked prefill. The weights are read once for every token of the pass; a chunk reads its prompt's
+        cached K/V and writes its own; the LM head runs on the last position of a prompt only. With no chunks
+        this is `decode_seconds`; with one whole prompt and no decodes, `prefill_seconds`."""
+        new = sum(n for n, _, _ in chunks)
+        kv_moved = kv_tokens + sum(self.effective_tokens(p + n) for n, p, _ in chunks)   # read past, write new
+        nbytes = self.weights_read(batch + new) + kv_moved * self.kv_bytes_per_token * self.kv_read_factor
+        head = self.lm_head_flops
+        flops = self.decode_step_flops(batch, kv_tokens) + sum(
+            n * (self.linear_flops_per_token - head) + (head if last else 0.0)
+            + self.chunk_pairs(n, p) * self.attention_flops_per_pair for n, p, last in chunks)
+        return max(self.memory_seconds(nbytes), self.compute_seconds(flops)) + self.comm_seconds(batch + new)
+
     def ideal(self) -> "CostModel":
         """The same hardware at 100% of its peaks: the ceiling."""
         return replace(self, flops_efficiency=1.0, bandwidth_efficiency=1.0)

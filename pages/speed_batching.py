@@ -13,10 +13,14 @@ st.write("A decode step reads every weight once, whether it produces a token for
 
 st.subheader("1. A serving engine, simulated")
 choice = hardware_controls("batching", lm, full=False)
-view.simulation_section(choice)
+targets = view.target_inputs()
+view.simulation_section(choice, targets)
 
-st.subheader("2. The batch limit: throughput against latency")
+st.subheader("2. Long prompts: chunked prefill and disaggregation")
+view.long_prompt_section(choice, targets)
+
+st.subheader("3. The batch limit: throughput against latency")
 view.sweep_section(choice)
 
-st.subheader("3. Real batching on this machine")
+st.subheader("4. Real batching on this machine")
 view.real_section(lm, device_roof(lm))

@@ -2,15 +2,17 @@
 import streamlit as st
 
 from app import speed_projected as view
+from app import token_cost_view
 from app.model import get_model
 from app.speed_view import hardware_controls
 
 lm = get_model()
 st.title("Speed and cost on GPUs")
-st.write("Nothing runs here: every figure is computed from the model's config and the GPU's spec sheet. Prefill "
-         "is timed as FLOPs ÷ peak FLOP/s, decode as bytes moved ÷ bandwidth (each times the share of the peak a "
-         "real engine reaches, which you can change), and the slower of the two limits each step. A server fills "
-         "90% of each card and keeps room for its own workspace; a configuration that does not fit is not priced.")
+st.write("Sections 1 to 3 run nothing: every figure is computed from the model's config and the GPU's spec "
+         "sheet. Prefill is timed as FLOPs ÷ peak FLOP/s, decode as bytes moved ÷ bandwidth (each times the share of "
+         "the peak a real engine reaches, which you can change), and the slower of the two limits each step. A server "
+         "fills 90% of each card and keeps room for its own workspace; a configuration that does not fit is not "
+         "priced. Section 4 also times the loaded model on this machine, when you press its button.")
 choice = hardware_controls("cost", lm)
 
 st.subheader("1. Memory, speed and cost")
@@ -25,3 +27,6 @@ view.roofline_section(choice, projection)
 
 st.subheader("3. Batch size: throughput against per-user speed, and the price of a token")
 view.sweep_section(choice)
+
+st.subheader("4. Why an output token costs several times an input token")
+token_cost_view.token_cost_section(choice, lm)

@@ -17,14 +17,14 @@ def by_key():
 
 def test_the_bank_has_well_formed_questions_over_every_topic():
     bank = questions()
-    assert len(bank) == 13 and len({q.key for q in bank}) == 13
+    assert len(bank) == 15 and len({q.key for q in bank}) == 15
     for q in bank:
         assert 0 <= q.answer < len(q.options) and len(set(q.options)) == len(q.options) >= 3
         assert len(q.explanation) > 80
     topics = {q.topic for q in bank}
     assert {"Prefill and decode", "KV cache sizing", "Grouped-query attention", "Speculative decoding",
             "Quantization", "Batching", "Attention arithmetic", "FlashAttention", "The KV cache",
-            "Number formats"} <= topics
+            "Number formats", "Serving economics"} <= topics
     assert len({q.answer for q in bank}) > 1          # the right answer is not always in the same place
 
 
@@ -63,6 +63,23 @@ def test_explainer_questions_match_first_principles():
     assert abs(float(q["nocache"].correct.split()[1].rstrip("x").replace(",", "")) - ratio) / ratio < 0.01
     assert q["bf16"].correct == "BF16 only"           # 100,000 > FP16's 65,504; BF16 reaches ~3.4e38
     assert q["groupbits"].correct == f"{4 + 32 / 32:.2f} bits"
+
+
+def test_serving_economics_questions_by_hand():
+    q = by_key()
+    # Llama 3.1 8B on an H100 at 60% of both peaks: 64 prompts of 1,024 tokens in one pass, then a decode step of
+    # 64 users holding 1,024 tokens each. Weights as read: all but the untied embedding table, one row per token.
+    emb, per_pair, kv = 128_256 * 4096, 2 * 32 * 32 * 256, 131_072
+    params = 2 * emb + 32 * (4096 * 4096 * 2 + 2 * 4096 * 1024 + 3 * 4096 * 14_336) + 65 * 4096
+    matmul, b, n = params - emb - 65 * 4096, 64, 1024
+    prefill_flops = b * (n * 2 * (matmul - emb) + 2 * emb + n * (n + 1) / 2 * per_pair)
+    prefill_s = max(prefill_flops / (989e12 * 0.6), (2 * (params - emb) + b * n * (2 * 4096 + kv)) / (3.35e12 * 0.6))
+    step_s = max((b * 2 * matmul + b * n * per_pair) / (989e12 * 0.6),
+                 (2 * (params - emb) + b * 2 * 4096 + b * n * kv) / (3.35e12 * 0.6))
+    ratio = (b * n / prefill_s) / (b / step_s)
+    assert q["outprice"].correct == f"{ratio:.1f}" and 3 < ratio < 10       # several times, not hundreds
+    # Requests A, D and E meet both targets (B and F are too slow between tokens, C to its first token): 3 in 2 s.
+    assert q["goodput"].correct == "1.5 requests/s" and "A, D, E" in q["goodput"].explanation
 
 
 def test_score_counts_right_answers():

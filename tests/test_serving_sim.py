@@ -44,8 +44,8 @@ def test_each_token_counted_once_against_the_step_series(policy):
     outputs = sum(r.output_tokens for r in make_requests(workload))
     assert result.total_tokens == outputs
     batch_slots = sum(p.batch for p in result.series)
-    if policy == "continuous":    # finished requests leave at once: every slot makes one token
-        assert batch_slots == outputs
+    if policy == "continuous":    # finished requests leave at once: every slot makes one token (the first: prefill)
+        assert batch_slots == outputs - workload.n_requests
     else:                         # static: finished requests pad the batch until the longest is done
         assert batch_slots > outputs
     assert result.series[-1].kv_tokens >= 0
@@ -66,15 +66,17 @@ def test_deterministic_for_a_seed():
 
 
 def test_single_request_timeline_matches_the_cost_model():
-    """One request alone: prefill, then one decode step per token, the first token after one step."""
+    """One request alone: the prefill yields the first token (TTFT = prefill), then one decode step per token."""
     req = SimRequest(0, 0.0, prompt_tokens=8, output_tokens=30)
     result = simulate(LLAMA_8B, H100, server=ServerConfig(), requests=[req])
     cm = cost_model(LLAMA_8B, H100)
     prefill = cm.prefill_seconds([8])
-    steps = [cm.decode_seconds(1, 8 + i) for i in range(30)]
+    steps = [cm.decode_seconds(1, 8 + i) for i in range(29)]
     rec = result.records[0]
-    assert rec.first_token == pytest.approx(prefill + steps[0])
-    assert rec.finish == pytest.approx(prefill + sum(steps))
+    assert rec.first_token == pytest.approx(prefill) and rec.ttft == pytest.approx(prefill)
+    assert rec.finish == rec.last_token == pytest.approx(prefill + sum(steps))
+    assert rec.itl == pytest.approx(sum(steps) / 29) and rec.max_gap == pytest.approx(max(steps))
+    assert result.itl_p50 == pytest.approx(sorted(steps)[14])
     assert 0.245 / 2 <= rec.finish <= 0.245 * 2           # FACTS worked example: ~245 ms
     assert result.busy_fraction == pytest.approx(1.0)
 

@@ -10,6 +10,8 @@ from streamlit.testing.v1 import AppTest
 
 from app.speed_feel import ANSWER, answer_pieces, due_count, presets, reading_rate, speculative_rate
 from app.speed_measured import POINTS
+from engine.economics import projected_token_prices
+from engine.specs import GPU_PRESETS, MODEL_PRESETS
 
 TIMEOUT = 120
 
@@ -116,7 +118,23 @@ def test_cost_page_reproduces_the_h100_ceiling_and_batching_economics(page):
     total, per_user = number(metric(at, "Total")), number(metric(at, "Per user"))
     assert total == pytest.approx(64 * per_user, rel=0.01)
     assert "× cheaper" in text_of(at).replace("**", "")
-    assert len(at.get("plotly_chart")) == 2
+    assert len(at.get("plotly_chart")) == 3         # the roofline, the batch sweep, input against output tokens
+
+
+def test_cost_page_prices_output_tokens_against_input_tokens_measured_and_projected(page):
+    at = page("speed_cost.py")
+    rows = projected_token_prices(MODEL_PRESETS["llama-3.1-8b"], GPU_PRESETS["h100-sxm"], prompt_tokens=1024)
+    assert f"one output token costs **{rows[0].output_per_input:,.1f}×** an input token" in text_of(at)
+    at.button(key="cost.measure_phases").click().run()
+    assert_clean(at)
+    points = at.session_state["cost.phases"]
+    assert [p["batch"] for p in points] == [1, 2, 4, 8] and all(p["prompt_tokens"] == 128 for p in points)
+    first = points[0]
+    assert first["prefill_tok_s"] == pytest.approx(128 / first["prefill_seconds"])
+    ratio = first["prefill_tok_s"] / first["decode_tok_s"]
+    assert f"batch 1: input {first['prefill_tok_s']:,.0f} tok/s, output {first['decode_tok_s']:,.0f} tok/s: one " \
+           f"output token costs **{ratio:,.1f}×**" in text_of(at)
+    assert len(at.get("plotly_chart")) == 4
 
 
 def test_cost_page_says_why_a_model_does_not_fit_and_what_would(page):
@@ -147,11 +165,25 @@ def test_batching_page_simulates_and_measures(page):
     at = page("speed_batching.py")
     table = at.table[0].value
     assert list(table.columns)[-2:] == ["static", "continuous"]
+    assert list(at.table[1].value.columns)[-3:] == ["continuous", "chunked", "disaggregated"]
+    assert "Goodput" in text_of(at) and "Chunked prefill" in text_of(at)
     at.button(key="batching.measure").click().run()
     assert_clean(at)
     rows = at.session_state["batching.points"]
     assert [r["batch"] for r in rows] == [1, 2, 4, 8]
     assert all(r["total_tok_s"] == pytest.approx(r["batch"] * r["per_user_tok_s"]) for r in rows)
+
+
+def test_batching_page_goodput_follows_the_targets(page):
+    at = page("speed_batching.py")
+    at.number_input(key="batching.itl_target").set_value(1.0).run()            # 1 ms between tokens: nobody
+    assert_clean(at)
+    cells = at.table[0].value.set_index("").loc["requests within both targets"]
+    assert list(cells) == ["0%", "0%"]
+    at.number_input(key="batching.itl_target").set_value(2000.0)
+    at.number_input(key="batching.ttft_target").set_value(60.0).run()          # a minute: everyone in time
+    cells = at.table[1].value.set_index("").loc["requests within both targets"]
+    assert list(cells) == ["100%", "100%", "100%"]
 
 
 def test_batching_page_reports_a_model_that_does_not_fit(page):
