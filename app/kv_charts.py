@@ -53,7 +53,7 @@ def gqa_mha_figure(labels: list[str], per_user: list[float], users: list[int], c
     fig = make_subplots(rows=1, cols=2, subplot_titles=(f"KV cache per user at {context}", "users that fit"))
     colors = ["#3a7be8"] + ["#bbbbbb"] * (len(labels) - 1)
     fig.add_bar(x=list(labels), y=list(per_user), marker_color=colors,
-                text=[fmt_bytes(b, binary=True) for b in per_user], textposition="outside", cliponaxis=False, row=1, col=1)
+                text=[fmt_bytes(b) for b in per_user], textposition="outside", cliponaxis=False, row=1, col=1)
     fig.add_bar(x=list(labels), y=list(users), marker_color=colors, text=[f"{u:,}" for u in users],
                 textposition="outside", cliponaxis=False, row=1, col=2)
     fig.update_layout(height=320, showlegend=False, margin=dict(l=0, r=0, t=30, b=0))
