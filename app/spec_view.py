@@ -15,6 +15,7 @@ from app.model import draft_choice, model_slot
 from app.run import Throttle
 from app.spec_run import (K_RANGE, PRESETS, Measured, SpecRun, best_k, draft_model_options,
                           is_model_spec, new_spec_run, projected_pair, speedup_curve, stream_speculative)
+from app.speed_view import efficiency_note
 from app.view import ChartSlot, plot
 from engine.drafts import Draft
 from engine.errors import EngineError
@@ -348,6 +349,6 @@ def projection_section(m: Measured) -> None:
                    help=f"E[tokens per pass] / (1 + k·c) with the projected c; at the measured k = {m.k}: "
                         f"{speedup_curve(m.a, pair.cost_ratio, range(m.k, m.k + 1))[0]:.2f}×.")
     st.caption(f"Projected, not measured: step times from engine/projection.py for one user on one {pair.gpu} "
-               "(BF16 weights, 1K tokens of context, the bandwidth efficiency the speed lab assumes); the acceptance "
+               f"(BF16 weights, 1K tokens of context, {efficiency_note()}, as on every page); the acceptance "
                "a is the one measured here. A 1B Llama drafting for the 8B accepts at its own rate (70–90% on "
                "domain text is typical), so read this as what the costs do at this acceptance.")

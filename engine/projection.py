@@ -33,8 +33,12 @@ from engine.specs import GPUSpec, ModelSpec, dtype_bytes
 from engine.units import GIB, fmt_bytes
 
 TOKENS_PER_K = 1024            # "1K tokens"
-DEFAULT_FLOPS_EFFICIENCY = 0.6      # share of peak tensor FLOP/s a real forward pass reaches
-DEFAULT_BANDWIDTH_EFFICIENCY = 0.6  # share of peak bandwidth a plain PyTorch decode step reaches
+# The one efficiency default of the projected plane: every page and the CLI project with these unless a person
+# moves a slider (docs/projection.md, "Efficiency"). Real engines decode Llama 3.1 8B at ~150 tok/s on an
+# H100 SXM; a step there reads 15.1 GB (the weights less the embedding table, plus 1K tokens of KV), so they
+# reach 150 x 15.1 GB = 2.3 TB/s of the 3.35 TB/s peak, 0.68; the best copy kernel reaches ~3.0 TB/s (0.9).
+DEFAULT_BANDWIDTH_EFFICIENCY = 0.7  # share of peak bandwidth a decode step reaches: 8B on an H100 -> 155 tok/s
+DEFAULT_FLOPS_EFFICIENCY = 0.6      # share of peak tensor FLOP/s a large prefill reaches
 DEFAULT_DOLLARS_PER_HOUR = 3.0      # rental price of one GPU
 DEFAULT_UTILIZATION = 0.9           # vLLM's default gpu_memory_utilization
 CUDA_CONTEXT_BYTES = 0.5 * GIB      # CUDA context, cuBLAS and NCCL handles: about half a GiB (0.54 GB) per GPU
