@@ -3,6 +3,7 @@ metrics and timeline, and the per-token views (distribution, logit lens) drawn f
 """
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 import numpy as np
@@ -17,8 +18,10 @@ from app.view import ChartSlot, plot
 from engine.hooks import logit_lens
 from engine.loader import LoadedModel
 from engine.sampling import filter_probs
+from engine.token_bytes import char_groups, readable, token_bytes
 
 MAX_CHIPS = 300
+HEX_ONLY = re.compile(r"<[0-9A-F ]+>")      # a chip that is bytes only, no text
 TOP_SHOWN = 12
 
 
@@ -35,11 +38,28 @@ def tokenization_section(lm: LoadedModel, prepared: Prepared) -> None:
     cols[0].metric("Tokens the model reads", f"{len(ids):,}")
     cols[1].metric("Of which chat template", f"{sum(special):,}")
     cols[2].metric("Characters per token (prompt)", f"{ratio:.2f}")
-    plot(chips_figure(texts, ids[:MAX_CHIPS], special[:MAX_CHIPS]), key="journey.chips")
+    pieces = token_bytes(lm.tokenizer, ids[:MAX_CHIPS])
+    plot(chips_figure(texts, ids[:MAX_CHIPS], special[:MAX_CHIPS], pieces=pieces), key="journey.chips")
     note = "Grey chips are the chat template and special tokens; the number under each chip is its id."
     if len(ids) > MAX_CHIPS:
         note += f" Showing the first {MAX_CHIPS} of {len(ids):,} tokens."
-    st.caption(note)
+    st.caption(note + split_note(pieces))
+
+
+def split_note(pieces: list[bytes]) -> str:
+    """One line on byte fragments, with the bytes of the first character this prompt's tokenizer split (hex only:
+    no prompt text goes into the Markdown)."""
+    split = next((run for run in char_groups(pieces) if len(run) > 1), None)
+    if split is None:
+        return ""
+    parts = " + ".join(" ".join(f"{b:02X}" for b in pieces[i]) for i in split)
+    size = sum(len(pieces[i]) for i in split)
+    hexes = [readable(pieces[i]) for i in split if HEX_ONLY.fullmatch(readable(pieces[i]))]
+    example = f" such as `{hexes[0]}`" if hexes else ""
+    return (" A token is a run of bytes, not always a whole character: a character outside ASCII takes 2 to 4 "
+            f"bytes in UTF-8, and a tokenizer may cut them apart. The first bracket here spells {size} bytes cut "
+            f"into {len(split)} tokens (`{parts}`). A chip in hex{example} holds part of a character; the bracket "
+            "under the chips of one character shows what they spell together.")
 
 
 def shapes_section(lm: LoadedModel, n_tokens: int) -> None:
