@@ -44,6 +44,29 @@ def formula_text(spec: ModelSpec, dtype: str) -> str:
     return text
 
 
+CHARTED = "kv.charted_run"
+
+
+def follow_charted_run(run: Run | None) -> None:
+    """Put the prompt of the run the chart draws into the box whenever a run this page has not shown yet is
+    charted (one made on another page, pushed by the presenter, or opened from a recording)."""
+    if run is None or st.session_state.get(CHARTED) == run.id:
+        return
+    st.session_state[CHARTED] = run.id
+    st.session_state["kv.prompt"] = run.request.prompt
+
+
+def growth_caption(run: Run) -> str:
+    """What the growth chart shows, with this run's numbers: in tokens, prefill and decode lie on one line."""
+    cached = run.cache_states()[-1].length if run.cache_states() else 0
+    return (f"Each band is one layer's K and V tensors, read from the cache object after every step; the dashed line "
+            f"is the formula above. The first {run.n_prompt:,} tokens (the prompt in its chat template) entered the "
+            f"cache in one pass, prefill, up to the dotted line; then each decode step added one token, "
+            f"{cached:,} in all. Counted in tokens it is one straight line: a token costs the same bytes whether it "
+            "came in with the prompt or was generated. In time, prefill is a single step (the journey page's "
+            "timeline).")
+
+
 class GrowthView:
     """The real cache of a run, redrawn while it streams."""
 
