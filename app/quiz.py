@@ -83,9 +83,9 @@ def q_users() -> Question:
     per_user = kv_bytes_per_token(spec, "bf16") * USERS_CONTEXT
     return _numeric(
         "users", "KV cache sizing",
-        f"{spec.name} in BF16 on one {gpu.name} ({card_size(gpu.memory_gb)}), served by an engine that keeps its default "
-        "10% of the card free plus room for its own workspace. Each user keeps 10K tokens in the KV cache. About "
-        "how many users fit at once?",
+        f"{spec.name} in BF16 on one {gpu.name} ({card_size(gpu.memory_gb)}), served by an engine that keeps its "
+        "default 10% of the card free plus room for its own workspace. Each user keeps 10K tokens in the KV cache. "
+        "About how many users fit at once?",
         right, [ideal, users_that_fit(spec.with_full_mha(), gpu, USERS_CONTEXT), users_that_fit(spec, gpu, 1024),
                 int(gpu_memory_bytes(gpu) // per_user)], lambda v: f"about {v:,.0f}",
         f"The weights take {fmt_bytes(weight_bytes(spec, 'bf16'))}; the engine fills 90% of the card's "
@@ -145,8 +145,8 @@ def q_quantization() -> Question:
         lambda v: f"{v / 1e9:,.0f} GB",
         f"Parameters x half a byte gives {naive / 1e9:.0f} GB, the textbook figure; the scales add about 4%, and the "
         f"embedding table and the LM head ({2 * spec.vocab_size * spec.d_model / 1e9:.1f} B parameters) stay at two "
-        f"bytes each, so the file is {right / 1e9:.0f} GB. It fits on one {card_size(gpu_preset(GPU).memory_gb)} GPU where "
-        "BF16 needs two. Decode reads "
+        f"bytes each, so the file is {right / 1e9:.0f} GB. It fits on one {card_size(gpu_preset(GPU).memory_gb)} "
+        "GPU where BF16 needs two. Decode reads "
         "every weight per step, so fewer bytes raise the batch-1 speed ceiling in proportion, at a quality cost of a "
         "few percent.")
 

@@ -237,8 +237,8 @@ def keep_button(run: Run | None, limits: Limits) -> None:
     if run is None or run.done is None or run.prefill is None or not store.enabled:
         return
     if not st.button("Keep on this server", key=f"recordings.keep.{run.id}", icon=":material/bookmark_add:",
-                     help=f"Up to {limits.max_saved_per_session} runs per session, {fmt_bytes(limits.max_saved_mb * MiB)} for "
-                          "everyone; the oldest go first."):
+                     help=f"Up to {limits.max_saved_per_session} runs per session, "
+                          f"{fmt_bytes(limits.max_saved_mb * MiB)} for everyone; the oldest go first."):
         return
     notice = st.empty()
     try:
@@ -260,7 +260,8 @@ def kept_message(kept: Kept, limits: Limits) -> str:
         text += (f" To stay within {limits.max_saved_per_session} per session, your oldest was removed: "
                  f"{', '.join(mine)}.")
     if others:
-        text += (f" The space for everyone's recordings ({fmt_bytes(limits.max_saved_mb * MiB)}) was full: {others} older "
+        text += (f" The space for everyone's recordings ({fmt_bytes(limits.max_saved_mb * MiB)}) was full: "
+                 f"{others} older "
                  "recording(s) of other sessions were removed.")
     return text
 
@@ -279,8 +280,8 @@ def kept_section(limits: Limits) -> None:
     st.session_state[KEPT_KEY] = sorted(names)
     if gone:
         st.info(f"{len(gone)} of your kept recordings were removed to make room for newer ones (the server keeps "
-                f"{limits.max_saved_per_session} per session and {fmt_bytes(limits.max_saved_mb * MiB)} in all; the oldest go "
-                "first).", icon=":material/delete_sweep:")
+                f"{limits.max_saved_per_session} per session and {fmt_bytes(limits.max_saved_mb * MiB)} in all; "
+                "the oldest go first).", icon=":material/delete_sweep:")
     if not entries:
         st.caption("None yet: press Keep on this server under a finished run.")
     for i, entry in enumerate(entries):

@@ -148,7 +148,8 @@ def check_capture(limits: Limits, spec: ModelSpec, policy: CapturePolicy, n_prom
     if size > limits.max_capture_bytes:
         raise InvalidRequestError(
             f"the attention capture would take {fmt_bytes(size)}; this server allows "
-            f"{fmt_bytes(limits.max_capture_bytes)} per request. Capture fewer layers, keep only the last row, or use a shorter prompt")
+            f"{fmt_bytes(limits.max_capture_bytes)} per request. Capture fewer layers, keep only the last row, or use a "
+            "shorter prompt")
 
 
 def kv_bytes(spec: ModelSpec, dtype: str, tokens: int) -> float:

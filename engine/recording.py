@@ -248,7 +248,8 @@ def _scan(chunks: Iterable[bytes], name: str, limits: Limits, gzipped: bool, cla
 
 def _too_large(name: str, what: str, limits: Limits) -> RecordingError:
     return RecordingError(f"{name} holds more than {what}, more than the largest recording this server can make "
-                          f"under its limits ({limits.max_new_tokens:,} new tokens, {fmt_bytes(limits.max_capture_bytes)} of "
+                          f"under its limits ({limits.max_new_tokens:,} new tokens, "
+                          f"{fmt_bytes(limits.max_capture_bytes)} of "
                           "capture); refused")
 
 

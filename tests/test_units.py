@@ -63,7 +63,8 @@ def test_kv_page_numbers_add_up_to_the_card(app, model, gpu, gpus):
     assert free + reserve == pytest.approx(headroom, abs=0.015)
     each = " per GPU" if gpus > 1 else ""
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["Weights" + each] == f"{weights:,.2f} GB" and metrics["Left for the cache" + each] == f"{room:,.2f} GB"
+    assert metrics["Weights" + each] == f"{weights:,.2f} GB"
+    assert metrics["Left for the cache" + each] == f"{room:,.2f} GB"
     plan = memory_plan(MODEL_PRESETS[model], GPU_PRESETS[gpu], context=8192, layout=Layout(gpus))  # the engine's split
     assert room == pytest.approx((plan.usable - plan.weights) / 1e9, abs=0.005)
 
