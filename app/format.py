@@ -1,5 +1,8 @@
 """Numbers and token text as people read them. Pure functions; no Streamlit.
 
+Sizes come from engine/units.py, shared with the engine's messages and CLI: decimal KB, MB and GB, and a
+GPU's capacity stated once as "80 GiB = 85.90 GB".
+
 Token text comes from the user or from the model, so it is never rendered as HTML or Markdown:
 `plot_text` escapes the few characters Plotly treats as markup, and `visible` makes whitespace
 (which tokens are full of) something a reader can see.
@@ -9,19 +12,7 @@ from __future__ import annotations
 import html
 import re
 
-_UNITS = ("B", "KB", "MB", "GB", "TB")
-_BIN_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
-
-
-def fmt_bytes(n: float, binary: bool = False) -> str:
-    """1_310_720 -> '1.31 MB' (decimal) or '1.25 MiB' (binary)."""
-    base, units = (1024.0, _BIN_UNITS) if binary else (1000.0, _UNITS)
-    value = float(n)
-    for unit in units:
-        if abs(value) < base or unit == units[-1]:
-            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.2f} {unit}"
-        value /= base
-    return f"{value:,.2f} {units[-1]}"
+from engine.units import CONVENTION, card_size, fmt_bytes  # noqa: F401  (one convention: engine/units.py)
 
 
 def fmt_ms(seconds: float | None) -> str:

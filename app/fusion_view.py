@@ -5,7 +5,7 @@ import streamlit as st
 import torch
 
 from app import explainer_charts as charts
-from app.format import fmt_bytes, fmt_ms, fmt_tokens
+from app.format import card_size, fmt_bytes, fmt_ms, fmt_tokens
 from app.speed_view import MEASURED, gpu_picker, measured_caption, model_picker, run_on_model, status_progress
 from app.view import plot
 from engine.errors import EngineError
@@ -14,6 +14,7 @@ from engine.fusion import (MAX_SCORE_BYTES, AttentionShape, FusionProjection, de
                            largest_intermediate_bytes, project_fusion, sweep_fusion)
 from engine.specs import ModelSpec
 from engine.loader import LoadedModel
+from engine.units import card_bytes
 
 POINTS = "fusion.points"
 LENGTHS = (64, 128, 256, 512, 1024, 2048, 4096)
@@ -90,7 +91,7 @@ def projected_table(projs: list[FusionProjection], memory_gb: float) -> None:
               "attention, fused": [fmt_ms(p.fused_seconds) for p in projs],
               "TTFT eager → fused": [f"{fmt_ms(p.eager_ttft)} → {fmt_ms(p.fused_ttft)}" for p in projs],
               "HBM traffic eager / fused": [f"{fmt_bytes(p.eager_bytes)} / {fmt_bytes(p.fused_bytes)}" for p in projs],
-              "one layer's float32 scores": [fmt_bytes(p.largest_bytes) + ("" if p.fits else f" > {memory_gb:.0f} GB")
+              "one layer's float32 scores": [fmt_bytes(p.largest_bytes) + ("" if p.fits else f" > {fmt_bytes(card_bytes(memory_gb))}")
                                              for p in projs]})
 
 
@@ -119,7 +120,7 @@ def decode_text(spec: ModelSpec, context: int) -> str:
 def projected_text(projs: list[FusionProjection], memory_gb: float) -> str:
     short, long_ = projs[0], projs[-1]
     too_big = [fmt_tokens(p.tokens) for p in projs if not p.fits]
-    fit = (f" From {too_big[0]} tokens on, one layer's float32 scores alone exceed the card's {memory_gb:.0f} GB: "
+    fit = (f" From {too_big[0]} tokens on, one layer's float32 scores alone exceed the card's {card_size(memory_gb)}: "
            "without fusion such a prompt cannot even be run in one piece." if too_big else "")
     return (f"At {fmt_tokens(short.tokens)} tokens the linear layers dominate the prefill and fusion saves "
             f"{fmt_ms(short.eager_ttft - short.fused_ttft)}. At {fmt_tokens(long_.tokens)} eager attention would take "

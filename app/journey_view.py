@@ -3,6 +3,7 @@ metrics and timeline, and the per-token views (distribution, logit lens) drawn f
 """
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Callable
 
@@ -15,11 +16,15 @@ from app.format import fmt_ms, fmt_rate, plot_text, visible
 from app.run import LOGIT_LENS_TOP, Run, Throttle, capture_policy
 from app.tokens import chars_per_token, chips_figure, special_mask
 from app.view import ChartSlot, plot
+from engine.generate import GenerationRequest
 from engine.hooks import logit_lens
 from engine.loader import LoadedModel
+from engine.records import SampledToken
 from engine.sampling import filter_probs
+from engine.token_bytes import char_groups, readable, token_bytes
 
 MAX_CHIPS = 300
+HEX_ONLY = re.compile(r"<[0-9A-F ]+>")      # a chip that is bytes only, no text
 TOP_SHOWN = 12
 TEXT_SECONDS, CHART_SECONDS = 0.2, 2.0       # redraw intervals while a run streams
 
@@ -37,11 +42,28 @@ def tokenization_section(lm: LoadedModel, prepared: Prepared) -> None:
     cols[0].metric("Tokens the model reads", f"{len(ids):,}")
     cols[1].metric("Of which chat template", f"{sum(special):,}")
     cols[2].metric("Characters per token (prompt)", f"{ratio:.2f}")
-    plot(chips_figure(texts, ids[:MAX_CHIPS], special[:MAX_CHIPS]), key="journey.chips")
+    pieces = token_bytes(lm.tokenizer, ids[:MAX_CHIPS])
+    plot(chips_figure(texts, ids[:MAX_CHIPS], special[:MAX_CHIPS], pieces=pieces), key="journey.chips")
     note = "Grey chips are the chat template and special tokens; the number under each chip is its id."
     if len(ids) > MAX_CHIPS:
         note += f" Showing the first {MAX_CHIPS} of {len(ids):,} tokens."
-    st.caption(note)
+    st.caption(note + split_note(pieces))
+
+
+def split_note(pieces: list[bytes]) -> str:
+    """One line on byte fragments, with the bytes of the first character this prompt's tokenizer split (hex only:
+    no prompt text goes into the Markdown)."""
+    split = next((run for run in char_groups(pieces) if len(run) > 1), None)
+    if split is None:
+        return ""
+    parts = " + ".join(" ".join(f"{b:02X}" for b in pieces[i]) for i in split)
+    size = sum(len(pieces[i]) for i in split)
+    hexes = [readable(pieces[i]) for i in split if HEX_ONLY.fullmatch(readable(pieces[i]))]
+    example = f" such as `{hexes[0]}`" if hexes else ""
+    return (" A token is a run of bytes, not always a whole character: a character outside ASCII takes 2 to 4 "
+            f"bytes in UTF-8, and a tokenizer may cut them apart. The first bracket here spells {size} bytes cut "
+            f"into {len(split)} tokens (`{parts}`). A chip in hex{example} holds part of a character; the bracket "
+            "under the chips of one character shows what they spell together.")
 
 
 def shapes_section(lm: LoadedModel, n_tokens: int) -> None:
@@ -131,16 +153,47 @@ def token_picker(run: Run) -> int:
                             format_func=lambda i: f"{i}: {visible(texts[i])[:20]}")
 
 
-def redraw(logit_ids: np.ndarray, logits: np.ndarray, sampling: Sampling) -> tuple[np.ndarray, np.ndarray]:
-    """Probabilities of the kept candidates under the sliders' settings, most likely first."""
-    probs = filter_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-    order = np.argsort(-logits)
-    return logit_ids[order], probs[order]
+def redraw(token: SampledToken, sampling: Sampling) -> tuple[np.ndarray, np.ndarray]:
+    """Probabilities of the stored candidates under the sliders' settings, as shares of the whole vocabulary
+    (the logits not stored count as one block), most likely first."""
+    probs = filter_probs(token.logits, sampling.temperature, sampling.top_k, sampling.top_p,
+                         token.rest_logsumexp, token.rest_count)
+    order = np.argsort(-token.logits)
+    return token.logit_ids[order], probs[order]
+
+
+def drawn_temperature(temperature: float) -> float:
+    """Greedy (temperature 0) is drawn at temperature 1, as the engine computes its probabilities."""
+    return temperature if temperature > 0 else 1.0
+
+
+def same_settings(sampling: Sampling, request: GenerationRequest) -> bool:
+    """Whether the sliders draw the distribution the token was sampled from."""
+    return (drawn_temperature(sampling.temperature) == drawn_temperature(request.temperature)
+            and sampling.top_k == request.top_k and sampling.top_p == request.top_p)
+
+
+def distribution_caption(run: Run, token: SampledToken, p_chosen: float | None, sampling: Sampling) -> str:
+    """What the bars are, and the chosen token's p read from the same bars."""
+    req = run.request
+    kept = len(token.logits)
+    rest = (f"the other {token.rest_count:,} tokens of the vocabulary count as one block, so each bar is a share "
+            "of the whole vocabulary" if token.rest_logsumexp is not None else
+            "each bar is a share of those stored (this run kept no total for the rest)")
+    text = (f"Re-drawn from the {kept} largest logits stored with this token at the sliders' settings (temperature "
+            f"{sampling.temperature:g}, top-k {sampling.top_k or 'off'}, top-p {sampling.top_p:g}); {rest}. No "
+            "model run. Temperature 0 is drawn as 1.")
+    chosen = f"the chosen token (orange) has p = {p_chosen:.1%} in these bars" if p_chosen is not None else \
+        "the chosen token is not among the bars"
+    if same_settings(sampling, req):
+        return f"{text} The answer was generated at these settings: {chosen}, the probability it was drawn with."
+    return (f"{text} Here {chosen}; the answer was generated at temperature {req.temperature:g}, top-k "
+            f"{req.top_k or 'off'}, top-p {req.top_p:g}, where it had p = {token.prob:.1%}.")
 
 
 def distribution_section(run: Run, index: int, sampling: Sampling, decode: Callable[[list[int]], str]) -> None:
     token = run.tokens[index]
-    ids, probs = redraw(token.logit_ids, token.logits, sampling)
+    ids, probs = redraw(token, sampling)
     shown = list(range(min(TOP_SHOWN, len(ids))))
     where = np.nonzero(ids == token.id)[0]
     if where.size and where[0] >= TOP_SHOWN:
@@ -148,12 +201,8 @@ def distribution_section(run: Run, index: int, sampling: Sampling, decode: Calla
     labels = [f"{plot_text(decode([int(ids[i])]), 16)} ({int(ids[i])})" for i in shown]
     chosen = shown.index(int(where[0])) if where.size and int(where[0]) in shown else None
     plot(charts.distribution_figure(labels, probs[shown], chosen), key=f"journey.dist.{run.id}.{index}")
-    req = run.request
-    st.caption(f"Re-drawn from the {len(ids)} largest logits stored with this token, at the sliders' settings "
-               f"(temperature {sampling.temperature:g}, top-k {sampling.top_k or 'off'}, top-p {sampling.top_p:g}); "
-               f"no model run. The answer was generated at temperature {req.temperature:g}, top-k "
-               f"{req.top_k or 'off'}, top-p {req.top_p:g}, where the chosen token (orange) had "
-               f"p = {token.prob:.1%}. Temperature 0 is drawn as 1.")
+    st.caption(distribution_caption(run, token, float(probs[shown][chosen]) if chosen is not None else None,
+                                    sampling))
 
 
 def lens_section(run: Run, index: int, decode: Callable[[list[int]], str], lm: LoadedModel | None = None) -> None:

@@ -12,7 +12,8 @@ from engine.paging import PagingComparison, PagingRequest
 from engine.records import CacheState
 
 def growth_figure(states: list[CacheState], bytes_per_token: float) -> go.Figure:
-    """Bytes held by the real cache after each step, stacked by layer, against the formula's straight line."""
+    """Bytes held by the real cache after each step, stacked by layer, against the formula's straight line; a
+    dotted line where prefill (the first state) ends."""
     xs = [0] + [s.length for s in states]
     n_layers = len(states[0].bytes_per_layer) if states else 0
     colors = sample_colorscale("Viridis", [i / max(1, n_layers - 1) for i in range(n_layers)])
@@ -24,6 +25,10 @@ def growth_figure(states: list[CacheState], bytes_per_token: float) -> go.Figure
     top = xs[-1] if xs else 0
     fig.add_scatter(x=[0, top], y=[0, top * bytes_per_token / 1e6], mode="lines", name="formula",
                     line=dict(color="black", dash="dash", width=1.5))
+    if states:                                          # the first state is the cache after prefill
+        fig.add_vline(x=states[0].length, line=dict(color="#555", dash="dot", width=1),
+                      annotation_text=f"prefill: {states[0].length:,} tokens in one pass",
+                      annotation_position="top left")
     fig.update_layout(height=360, margin=dict(l=0, r=0, t=10, b=0), showlegend=False,
                       xaxis_title="tokens in the cache", yaxis_title="KV cache (MB)")
     return fig
@@ -53,7 +58,7 @@ def gqa_mha_figure(labels: list[str], per_user: list[float], users: list[int], c
     fig = make_subplots(rows=1, cols=2, subplot_titles=(f"KV cache per user at {context}", "users that fit"))
     colors = ["#3a7be8"] + ["#bbbbbb"] * (len(labels) - 1)
     fig.add_bar(x=list(labels), y=list(per_user), marker_color=colors,
-                text=[fmt_bytes(b, binary=True) for b in per_user], textposition="outside", cliponaxis=False, row=1, col=1)
+                text=[fmt_bytes(b) for b in per_user], textposition="outside", cliponaxis=False, row=1, col=1)
     fig.add_bar(x=list(labels), y=list(users), marker_color=colors, text=[f"{u:,}" for u in users],
                 textposition="outside", cliponaxis=False, row=1, col=2)
     fig.update_layout(height=320, showlegend=False, margin=dict(l=0, r=0, t=30, b=0))

@@ -9,16 +9,16 @@ from dataclasses import dataclass
 import streamlit as st
 
 from app import kv_charts as charts
-from app.format import fmt_bytes, fmt_tokens, parse_tokens
+from app.format import card_size, fmt_bytes, fmt_tokens, parse_tokens
 from app.run import Run, Throttle
 from app.view import ChartSlot, plot
 from engine.card import kv_bytes_per_token, kv_bytes_per_user, weight_bytes
 from engine.loader import LoadedModel
 from engine.memory import MemoryLedger, memory_ledger
 from engine.paging import PagingConfig, compare
-from engine.projection import (GPU_COUNTS, IDEAL, Layout, memory_plan, smallest_layout, standard_layout,
+from engine.projection import (GPU_COUNTS, IDEAL, Layout, MemoryPlan, memory_plan, smallest_layout, standard_layout,
                                users_table, users_that_fit)
-from engine.specs import GPU_PRESETS, MODEL_PRESETS, ModelSpec, dtype_bytes
+from engine.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, dtype_bytes
 
 CALC_MODELS = ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b", "mistral-7b-v0.1",
                "gemma-2-9b", "gemma-3-27b", "mixtral-8x7b", "qwen3-30b-a3b", "llama-4-scout", "deepseek-v3")
@@ -42,6 +42,29 @@ def formula_text(spec: ModelSpec, dtype: str) -> str:
         text += (f"; {spec.windowed_layers} of the {spec.n_layers} layers keep only the last {spec.window - 1:,} "
                  f"tokens ({spec.window_kind} window of {spec.window:,})")
     return text
+
+
+CHARTED = "kv.charted_run"
+
+
+def follow_charted_run(run: Run | None) -> None:
+    """Put the prompt of the run the chart draws into the box whenever a run this page has not shown yet is
+    charted (one made on another page, pushed by the presenter, or opened from a recording)."""
+    if run is None or st.session_state.get(CHARTED) == run.id:
+        return
+    st.session_state[CHARTED] = run.id
+    st.session_state["kv.prompt"] = run.request.prompt
+
+
+def growth_caption(run: Run) -> str:
+    """What the growth chart shows, with this run's numbers: in tokens, prefill and decode lie on one line."""
+    cached = run.cache_states()[-1].length if run.cache_states() else 0
+    return (f"Each band is one layer's K and V tensors, read from the cache object after every step; the dashed line "
+            f"is the formula above. The first {run.n_prompt:,} tokens (the prompt in its chat template) entered the "
+            f"cache in one pass, prefill, up to the dotted line; then each decode step added one token, "
+            f"{cached:,} in all. Counted in tokens it is one straight line: a token costs the same bytes whether it "
+            "came in with the prompt or was generated. In time, prefill is a single step (the journey page's "
+            "timeline).")
 
 
 class GrowthView:
@@ -179,24 +202,34 @@ def calculator_section(choice: Choice) -> None:
     ideal = users_that_fit(spec, gpu, ctx, choice.weight_dtype, choice.kv_dtype, IDEAL, layout)
     each = " per GPU" if layout.per_replica > 1 else ""
     top, low = st.columns(3), st.columns(3)
-    top[0].metric("KV cache per token", fmt_bytes(kv_bytes_per_token(spec, choice.kv_dtype), binary=True),
+    top[0].metric("KV cache per token", fmt_bytes(kv_bytes_per_token(spec, choice.kv_dtype)),
                   help="while the token is inside every layer's window")
-    top[1].metric(f"Cache per user at {fmt_tokens(ctx)}", fmt_bytes(kv_bytes_per_user(spec, ctx, choice.kv_dtype),
-                                                                     binary=True))
+    top[1].metric(f"Cache per user at {fmt_tokens(ctx)}", fmt_bytes(kv_bytes_per_user(spec, ctx, choice.kv_dtype)))
     top[2].metric("Weights" + each, fmt_bytes(plan.weights))
-    low[0].metric("Left for the cache" + each, fmt_bytes(max(0.0, plan.usable - plan.weights), binary=True),
+    low[0].metric("Left for the cache" + each, fmt_bytes(max(0.0, plan.usable - plan.weights)),
                   help=f"{fmt_bytes(plan.usable)} a server fills (90% of the card, less "
                        f"{fmt_bytes(plan.reserve)} of CUDA context and activation workspace), minus the weights")
     low[1].metric("Users that fit", "–" if beyond else f"{users:,}", help="with a server's headroom")
     low[2].metric("With all of the card", "–" if beyond else f"{ideal:,}",
                   help="the seed's best case: weights and cache get every byte")
     st.text(formula_text(spec, choice.kv_dtype))
+    if plan.weights <= plan.usable:
+        st.text(budget_text(plan, gpu, each))
     if beyond:
         st.error(f"{spec.name} reads at most {fmt_tokens(spec.max_context)} tokens: a longer context is not something "
                  "it can serve, so it is not counted.")
     elif plan.weights > plan.usable:
         st.warning(weights_warning(choice, plan.weights, plan.usable))
     users_table_section(choice)
+
+
+def budget_text(plan: MemoryPlan, gpu: GPUSpec, each: str = "") -> str:
+    """The card split so that the numbers on screen add up: weights + room for the cache + headroom = card."""
+    free = plan.card - plan.usable - plan.reserve            # the share a server leaves unfilled (10%)
+    return (f"{gpu.name}{each}: {card_size(gpu.memory_gb)} = {fmt_bytes(plan.weights)} weights + "
+            f"{fmt_bytes(plan.usable - plan.weights)} left for the cache + {fmt_bytes(free + plan.reserve)} headroom "
+            f"({fmt_bytes(free)} a server keeps free, {fmt_bytes(plan.reserve)} of CUDA context and activation "
+            "workspace).")
 
 
 def weights_warning(choice: Choice, weights: float, usable: float) -> str:
@@ -215,7 +248,7 @@ def users_table_section(choice: Choice) -> None:
     served = [r.context <= spec.max_context for r in rows]
     left, right = st.columns([2, 3])
     left.dataframe({"context": [fmt_tokens(r.context) for r in rows],
-                    "cache per user": [fmt_bytes(r.kv_bytes_per_user, binary=True) for r in rows],
+                    "cache per user": [fmt_bytes(r.kv_bytes_per_user) for r in rows],
                     "users": [r.users if ok else None for r, ok in zip(rows, served)],
                     "all of the card": [r.users_ideal if ok else None for r, ok in zip(rows, served)]},
                    hide_index=True, key="kv.users_table")
@@ -223,9 +256,8 @@ def users_table_section(choice: Choice) -> None:
     with right:
         plot(charts.users_figure([r.context for r in shown], [r.users for r in shown], choice.context,
                                  [r.users_ideal for r in shown]), key="kv.users_chart")
-    st.caption(f"{gpu.name}: {gpu.memory_gb:g} GB of memory per GPU (counted as GiB, the way the card reports it). A server "
-               "fills 90% of it (vLLM's default) and keeps its CUDA context and an activation workspace out; the rest, "
-               "less the weights, is shared out as KV cache (blue). Grey: the seed's best case, all of the card."
+    st.caption(f"{gpu.name}: {card_size(gpu.memory_gb)} of memory per GPU. A server fills 90% of it (vLLM's default) "
+               "and keeps its CUDA context and an activation workspace out; the rest, less the weights, is shared out as KV cache (blue). Grey: the seed's best case, all of the card."
                + ("" if all(served) else f" Contexts beyond {spec.name}'s {fmt_tokens(spec.max_context)} maximum are "
                   "left empty."))
 
@@ -271,7 +303,7 @@ def gqa_vs_mha_section(choice: Choice) -> None:
              for _, s in variants]
     plot(charts.gqa_mha_figure([label for label, _ in variants], per_user, users, fmt_tokens(ctx)), key="kv.gqa_mha")
     st.text(savings_text(choice.spec, choice.kv_dtype, ctx) + f" At {fmt_tokens(ctx)} tokens: "
-            + ", ".join(f"{label} {fmt_bytes(b, binary=True)} per user, {u:,} users" for (label, _), b, u
+            + ", ".join(f"{label} {fmt_bytes(b)} per user, {u:,} users" for (label, _), b, u
                         in zip(variants, per_user, users)) + ".")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.format import fmt_bytes
+from app.format import card_size, fmt_bytes
 from engine.card import kv_bytes_per_token, naive_weight_bytes, weight_bytes
 from engine.economics import projected_token_prices
 from engine.floatbits import format_range
@@ -77,10 +77,10 @@ def q_kv_per_token() -> Question:
         f"{spec.name} has {spec.n_layers} layers, {spec.n_kv_heads} K/V heads of dimension {spec.head_dim}, "
         "and caches in BF16 (2 bytes). How much KV cache does one token take?",
         right, [right / 2, right / spec.n_layers, kv_bytes_per_token(spec.with_full_mha(), "bf16")],
-        lambda v: fmt_bytes(v, binary=True),
+        fmt_bytes,
         f"2 (K and V) x {spec.n_layers} layers x {spec.n_kv_heads} heads x {spec.head_dim} x 2 bytes = "
-        f"{right:,.0f} bytes = {fmt_bytes(right, binary=True)}. Forgetting V halves it; one layer alone is "
-        f"{fmt_bytes(right / spec.n_layers, binary=True)}; with a K/V head per query head it would be 4x more.")
+        f"{right:,.0f} bytes = {fmt_bytes(right)}. Forgetting V halves it; one layer alone is "
+        f"{fmt_bytes(right / spec.n_layers)}; with a K/V head per query head it would be 4x more.")
 
 
 def q_users() -> Question:
@@ -90,14 +90,15 @@ def q_users() -> Question:
     per_user = kv_bytes_per_token(spec, "bf16") * USERS_CONTEXT
     return _numeric(
         "users", "KV cache sizing",
-        f"{spec.name} in BF16 on one {gpu.name} ({gpu.memory_gb:.0f} GB), served by an engine that keeps its default "
-        "10% of the card free plus room for its own workspace. Each user keeps 10K tokens in the KV cache. About "
-        "how many users fit at once?",
+        f"{spec.name} in BF16 on one {gpu.name} ({card_size(gpu.memory_gb)}), served by an engine that keeps its "
+        "default 10% of the card free plus room for its own workspace. Each user keeps 10K tokens in the KV cache. "
+        "About how many users fit at once?",
         right, [ideal, users_that_fit(spec.with_full_mha(), gpu, USERS_CONTEXT), users_that_fit(spec, gpu, 1024),
                 int(gpu_memory_bytes(gpu) // per_user)], lambda v: f"about {v:,.0f}",
-        f"The weights take {fmt_bytes(weight_bytes(spec, 'bf16'))}; the engine fills 90% of the card and keeps the "
+        f"The weights take {fmt_bytes(weight_bytes(spec, 'bf16'))}; the engine fills 90% of the card's "
+        f"{fmt_bytes(gpu.memory_bytes)} and keeps the "
         f"CUDA context and an activation workspace out, and the rest holds caches of {fmt_bytes(per_user)} per user "
-        f"(10,240 tokens x {fmt_bytes(kv_bytes_per_token(spec, 'bf16'), binary=True)}), so about {right} users fit. "
+        f"(10,240 tokens x {fmt_bytes(kv_bytes_per_token(spec, 'bf16'))}), so about {right} users fit. "
         f"Giving the cache all of the card would say {ideal}; forgetting the weights overcounts; at 1K tokens ten "
         "times as many fit; without GQA a quarter.")
 
@@ -151,7 +152,8 @@ def q_quantization() -> Question:
         lambda v: f"{v / 1e9:,.0f} GB",
         f"Parameters x half a byte gives {naive / 1e9:.0f} GB, the textbook figure; the scales add about 4%, and the "
         f"embedding table and the LM head ({2 * spec.vocab_size * spec.d_model / 1e9:.1f} B parameters) stay at two "
-        f"bytes each, so the file is {right / 1e9:.0f} GB. It fits on one 80 GB GPU where BF16 needs two. Decode reads "
+        f"bytes each, so the file is {right / 1e9:.0f} GB. It fits on one {card_size(gpu_preset(GPU).memory_gb)} "
+        "GPU where BF16 needs two. Decode reads "
         "every weight per step, so fewer bytes raise the batch-1 speed ceiling in proportion, at a quality cost of a "
         "few percent.")
 
@@ -197,7 +199,7 @@ def q_fusion() -> Question:
         "How big is the matrix of attention probabilities of ONE layer?",
         right, [per_head, right / 2, shape.qo_values * 4], lambda v: f"{v / 1e9:,.1f} GB",
         f"{spec.n_heads} heads x {LONG_PROMPT:,} x {LONG_PROMPT:,} scores x 4 bytes = {right / 1e9:,.0f} GB, more "
-        f"than an 80 GB card holds. One head alone is {per_head / 1e9:,.1f} GB; Q itself (float32) is only "
+        f"than an {card_size(gpu_preset(GPU).memory_gb)} card holds. One head alone is {per_head / 1e9:,.1f} GB; Q itself (float32) is only "
         f"{shape.qo_values * 4 / 1e9:,.2f} GB. A fused kernel (FlashAttention) never writes this matrix: it keeps "
         "tiles on chip with a running softmax, so its memory grows with N, not N².")
 

@@ -20,6 +20,7 @@ from typing import Callable
 import streamlit as st
 
 from app.controls import SETTING_RANGES, in_range, session_id
+from app.format import fmt_bytes
 from app.run import LAST_RUN, Run, compact
 from engine.errors import EngineError
 from engine.limits import MiB, Limits, server_limits
@@ -189,7 +190,7 @@ def upload_section(limits: Limits) -> None:
     """A file picker for a recording; a bad file gives the RecordingError's reason."""
     upload = st.file_uploader("Open a recording file (.json.gz)", type=["gz", "json"], key=UPLOAD_KEY,
                               help=f"Files saved with 'Save this run' or `python -m engine.recording record`; "
-                                   f"at most {MAX_FILE_BYTES // 2**20} MiB.")
+                                   f"at most {fmt_bytes(MAX_FILE_BYTES)}.")
     if upload is None:
         return
     outcome = st.session_state.get(OPENED_KEY)
@@ -236,8 +237,8 @@ def keep_button(run: Run | None, limits: Limits) -> None:
     if run is None or run.done is None or run.prefill is None or not store.enabled:
         return
     if not st.button("Keep on this server", key=f"recordings.keep.{run.id}", icon=":material/bookmark_add:",
-                     help=f"Up to {limits.max_saved_per_session} runs per session, {limits.max_saved_mb:,} MiB for "
-                          "everyone; the oldest go first."):
+                     help=f"Up to {limits.max_saved_per_session} runs per session, "
+                          f"{fmt_bytes(limits.max_saved_mb * MiB)} for everyone; the oldest go first."):
         return
     notice = st.empty()
     try:
@@ -259,7 +260,8 @@ def kept_message(kept: Kept, limits: Limits) -> str:
         text += (f" To stay within {limits.max_saved_per_session} per session, your oldest was removed: "
                  f"{', '.join(mine)}.")
     if others:
-        text += (f" The space for everyone's recordings ({limits.max_saved_mb:,} MiB) was full: {others} older "
+        text += (f" The space for everyone's recordings ({fmt_bytes(limits.max_saved_mb * MiB)}) was full: "
+                 f"{others} older "
                  "recording(s) of other sessions were removed.")
     return text
 
@@ -278,8 +280,8 @@ def kept_section(limits: Limits) -> None:
     st.session_state[KEPT_KEY] = sorted(names)
     if gone:
         st.info(f"{len(gone)} of your kept recordings were removed to make room for newer ones (the server keeps "
-                f"{limits.max_saved_per_session} per session and {limits.max_saved_mb:,} MiB in all; the oldest go "
-                "first).", icon=":material/delete_sweep:")
+                f"{limits.max_saved_per_session} per session and {fmt_bytes(limits.max_saved_mb * MiB)} in all; "
+                "the oldest go first).", icon=":material/delete_sweep:")
     if not entries:
         st.caption("None yet: press Keep on this server under a finished run.")
     for i, entry in enumerate(entries):

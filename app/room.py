@@ -262,7 +262,7 @@ def prefix_section(lm, scheduler) -> None:
     stats = scheduler.prefix.stats
     st.caption(f"Measured on this server so far: {stats.hits} of {stats.lookups} prompts reused a stored start, "
                f"{stats.reused_tokens:,} prompt tokens not computed again; {stats.entries} prompt(s) kept in "
-               f"{stats.bytes / 2**20:.1f} MiB.")
+               f"{fmt_bytes(stats.bytes)}.")
     if st.button("Measure the time to first token with and without reuse", key="kv.prefix.measure"):
         from app.speed_view import status_progress
         from engine.errors import EngineError

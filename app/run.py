@@ -25,6 +25,7 @@ from engine.loader import LoadedModel
 from engine.records import CacheState, DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
 from engine.scheduler import QueueStatus, scheduler_for
 from engine.specs import ModelSpec
+from engine.units import fmt_bytes
 
 LAST_RUN = "last_run"                 # st.session_state key shared by all pages
 ATTENTION_BUDGET = 256 * 2**20        # bytes of attention probabilities one run may capture
@@ -166,7 +167,7 @@ def capture_policy(spec: ModelSpec, n_prompt: int, max_new: int, enabled: bool =
         layers = spread_layers(spec.n_layers, int(k))
         note = (f"The prompt is long ({n_prompt:,} tokens), so full attention maps (and the logit lens) were kept "
                 f"for {len(layers)} of {spec.n_layers} layers ({', '.join(map(str, layers))}) to stay within "
-                f"{budget // 2**20} MiB.")
+                f"{fmt_bytes(budget)} of capture.")
         return CapturePolicy(layers=layers, logit_lens=LOGIT_LENS_TOP, lens_on_demand=True), note
     rows = attention_bytes(spec, n_prompt, max_new, matrix=False)
     layers = spread_layers(spec.n_layers, max(1, min(int(budget // rows), allowed)))

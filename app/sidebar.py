@@ -8,7 +8,7 @@ import psutil
 import streamlit as st
 import torch
 
-from app.format import fmt_bytes
+from app.format import CONVENTION, fmt_bytes
 from app.model import model_choice
 from app.presenter import (SEEN_KEY, WATCHED_KEY, PresenterError, following, is_presenter, presenter_board,
                            presenter_box, unlock)
@@ -59,6 +59,7 @@ def render_sidebar(lm: LoadedModel | None) -> None:
             lines = [f"{name}: **{value}**" for name, value in model_rows(lm) + memory_rows(lm)]
             st.markdown("  \n".join(lines))  # our own names and numbers only, no user text
             st.caption(queue_line(lm))
+        st.caption(CONVENTION)                             # the one statement of the units every page uses
         board = presenter_board()
         if board.enabled:
             token = st.session_state.get("presenter.token_input")

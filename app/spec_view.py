@@ -9,12 +9,13 @@ from dataclasses import dataclass
 import streamlit as st
 
 from app import spec_charts as charts
-from app.controls import MAX_NEW_LIMIT, Prepared, Sampling, prepare, session_id
+from app.controls import Prepared, Sampling, new_token_limit, prepare, sanitize_settings, session_id
 from app.format import fmt_ms
 from app.model import draft_choice, model_slot
 from app.run import Throttle
 from app.spec_run import (K_RANGE, PRESETS, Measured, SpecRun, best_k, draft_model_options,
                           is_model_spec, new_spec_run, projected_pair, speedup_curve, stream_speculative)
+from app.speed_view import efficiency_note
 from app.view import ChartSlot, plot
 from engine.drafts import Draft
 from engine.errors import EngineError
@@ -112,14 +113,20 @@ def prompt_controls() -> str:
                         help="Wrapped in the chat template before tokenizing (for instruct models).")
 
 
-def run_controls() -> tuple[int, Sampling]:
+def run_controls(lm: LoadedModel) -> tuple[int, Sampling]:
+    """k, temperature, seed and max new tokens; the token limit is this server's (a stored value above it is
+    put back in range, with a word)."""
+    limit = new_token_limit(lm)
+    for message in sanitize_settings(NS, limit):
+        st.warning(message)
     cols = st.columns(4)
     k = cols[0].slider("k (tokens drafted per round)", K_RANGE[0], K_RANGE[-1], 4, key=f"{NS}.k")
     temperature = cols[1].slider("Temperature", 0.0, 1.5, 0.0, 0.05, key=f"{NS}.temperature",
                                  help="0: greedy, drafts are accepted when they equal the target's argmax. Above 0: "
                                       "rejection sampling, which keeps the target's distribution exactly.")
     seed = cols[2].number_input("Seed", 0, 2**31 - 1, 0, 1, key=f"{NS}.seed")
-    max_new = cols[3].number_input("Max new tokens", 1, MAX_NEW_LIMIT, 64, 1, key=f"{NS}.max_new")
+    max_new = cols[3].number_input("Max new tokens", 1, limit, min(64, limit), 1, key=f"{NS}.max_new",
+                                   help=f"This server allows at most {limit:,}.")
     return int(k), Sampling(float(temperature), 0, 1.0, int(seed), int(max_new))
 
 
@@ -348,6 +355,6 @@ def projection_section(m: Measured) -> None:
                    help=f"E[tokens per pass] / (1 + k·c) with the projected c; at the measured k = {m.k}: "
                         f"{speedup_curve(m.a, pair.cost_ratio, range(m.k, m.k + 1))[0]:.2f}×.")
     st.caption(f"Projected, not measured: step times from engine/projection.py for one user on one {pair.gpu} "
-               "(BF16 weights, 1K tokens of context, the bandwidth efficiency the speed lab assumes); the acceptance "
+               f"(BF16 weights, 1K tokens of context, {efficiency_note()}, as on every page); the acceptance "
                "a is the one measured here. A 1B Llama drafting for the 8B accepts at its own rate (70–90% on "
                "domain text is typical), so read this as what the costs do at this acceptance.")

@@ -14,7 +14,7 @@ import streamlit as st
 
 from app import speed_charts as charts
 from app.format import fmt_rate
-from app.speed_view import HardwareChoice, MEASURED, hardware_controls
+from app.speed_view import HardwareChoice, MEASURED, efficiency_note, hardware_controls
 from app.view import plot
 from engine.loader import LoadedModel
 from engine.projection import project
@@ -96,15 +96,14 @@ def speculative_rate(base_tok_s: float, acceptance: float = 0.8, k: int = 4, dra
 
 
 def presets(measured: float | None) -> list[Preset]:
-    llama, h100 = MODEL_PRESETS["llama-3.1-8b"], GPU_PRESETS["h100-sxm"]
-    ceiling = project(llama, h100, context=512).ceiling_tok_s_per_user
-    tuned = project(llama, h100, context=512, bandwidth_efficiency=0.75).per_user_tok_s
-    fast = project(llama, GPU_PRESETS["b200"], weight_dtype="fp8", context=512).ceiling_tok_s_per_user
+    h100 = project(MODEL_PRESETS["llama-3.1-8b"], GPU_PRESETS["h100-sxm"])    # the cost page's defaults
+    ceiling, tuned = h100.ceiling_tok_s_per_user, h100.per_user_tok_s
+    fast = project(MODEL_PRESETS["llama-3.1-8b"], GPU_PRESETS["b200"], weight_dtype="fp8").ceiling_tok_s_per_user
     out = [Preset("A person reading", reading_rate(), f"{READING_WORDS_PER_MINUTE} words/min × {TOKENS_PER_WORD} "
                   "tokens/word", "Reading")]
     if measured:
         out.append(Preset("This machine (measured)", measured, MEASURED, "This machine"))
-    out += [Preset("H100, Llama 3.1 8B, batch 1: tuned engine", tuned, "projected at 75% of peak bandwidth", "H100"),
+    out += [Preset("H100, Llama 3.1 8B, batch 1", tuned, f"{efficiency_note()}, 1K tokens of context", "H100"),
             Preset("H100, Llama 3.1 8B, batch 1: ceiling", ceiling, "projected: bandwidth ÷ bytes a step reads",
                    "H100 ceiling"),
             Preset("H100 + speculative decoding", speculative_rate(tuned),
@@ -133,14 +132,15 @@ def feel_section(lm: LoadedModel | None, measured: float | None) -> None:
     options = presets(measured)
     rate = rate_input(options)
     choice: HardwareChoice = hardware_controls("feel", lm, full=False)
-    projection = choice.project(context=512)
+    projection = choice.project()                   # batch 1, 1K tokens of context, the default efficiency
     projected = projection.per_user_tok_s            # None: it does not fit, so it has no speed
     cols = st.columns(3)
     cols[0].metric("Chosen rate", f"{rate:,} tok/s")
     cols[1].metric(MEASURED, fmt_rate(measured) if measured else "–",
                    help="The decode speed of the loaded model, from the latest measurement on this page.")
     cols[2].metric(choice.label + " (batch 1)", fmt_rate(projected) if projected else "does not fit",
-                   help=None if projected else "; ".join(projection.problems))
+                   help=f"{efficiency_note().capitalize()}, 1K tokens of context, as on the cost page." if projected
+                   else "; ".join(projection.problems))
     extra = [(choice.label, projected)] if projected else []
     names = [p.name for p in options] + [n for n, _ in extra]
     plot(charts.rates_figure(names, [p.rate for p in options] + [r for _, r in extra], rate,

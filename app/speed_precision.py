@@ -158,7 +158,7 @@ def projected_section(choice: HardwareChoice) -> None:
     st.table({"weights": names, "weight memory": [fmt_bytes(p.weight_bytes) for p in projs],
               "fits": ["yes" if p.fits else "no" for p in projs],
               "decode ceiling": [fmt_rate(p.ceiling_tok_s_per_user) if p.fits else "does not fit" for p in projs],
-              "at the chosen efficiency": [fmt_rate(p.per_user_tok_s) if p.fits else "–" for p in projs],
+              f"at {choice.bandwidth_efficiency:.0%} of peak bandwidth": [fmt_rate(p.per_user_tok_s) if p.fits else "–" for p in projs],
               "users at 1K tokens": [f"{p.users_that_fit:,}" for p in projs]})
     running = [(n, p) for n, p in zip(names, projs) if p.fits]
     if not running:

@@ -8,7 +8,7 @@ import streamlit as st
 
 from app import speed_charts as charts
 from app.format import fmt_bytes, fmt_ms, fmt_rate
-from app.speed_view import HardwareChoice, memory_line
+from app.speed_view import HardwareChoice, efficiency_note, memory_line
 from app.view import plot
 from engine.card import active_param_counts, expected_experts_touched, param_counts
 from engine.projection import Projection, roofline, sweep_batch
@@ -27,7 +27,8 @@ def speed_metrics(p: Projection) -> None:
     cols[3].metric("Whole request", fmt_ms(p.request_ms / 1e3),
                    help=f"prefill (first token) + {max(p.output_tokens - 1, 0)} decode steps")
     cols = st.columns(4)
-    cols[0].metric("Per user", fmt_rate(p.per_user_tok_s))
+    cols[0].metric("Per user", fmt_rate(p.per_user_tok_s),
+                   help=efficiency_note(p.bandwidth_efficiency, p.flops_efficiency).capitalize())
     cols[1].metric("Total", fmt_rate(p.total_tok_s), help=f"{p.replicas} replica(s) × {p.batch} users")
     cols[2].metric("Ceiling per user", fmt_rate(p.ceiling_tok_s_per_user), help="the same step at 100% of both peaks")
     cols[3].metric("$ per million output tokens", f"${p.cost_per_million_tokens:,.3f}",
@@ -59,7 +60,8 @@ def not_fit_section(p: Projection) -> None:
 def projection_section(choice: HardwareChoice) -> Projection:
     p = choice.project()
     st.markdown(f"**{choice.label}**, {p.weight_dtype.upper()} weights, {p.kv_dtype.upper()} KV cache, batch "
-                f"{p.batch} per replica, {p.context:,} tokens per user, {p.gpus} GPU(s) in all.")
+                f"{p.batch} per replica, {p.context:,} tokens per user, {p.gpus} GPU(s) in all, "
+                f"{efficiency_note(p.bandwidth_efficiency, p.flops_efficiency)}.")
     (st.success if p.fits else st.error)(memory_line(p))
     if not p.fits:
         not_fit_section(p)

@@ -31,6 +31,12 @@ def projected_label(model: str, gpu: str) -> str:
     return f"Projected for {model} on {gpu}"
 
 
+def efficiency_note(bandwidth: float = DEFAULT_BANDWIDTH_EFFICIENCY, flops: float | None = None) -> str:
+    """Where the efficiency enters a projected number: 'projected at 70% of peak bandwidth'."""
+    note = f"projected at {bandwidth:.0%} of peak bandwidth"
+    return note + (f" (decode) and {flops:.0%} of peak FLOP/s (prefill)" if flops is not None else "")
+
+
 def measured_caption(lm: LoadedModel) -> str:
     return f"{MEASURED}: {lm.label}, {lm.dtype_name}, on {lm.device}."
 

@@ -29,6 +29,7 @@ from engine.errors import InvalidRequestError
 from engine.generate import sync
 from engine.projection import linear_flops_per_token
 from engine.specs import GPUSpec, ModelSpec, dtype_bytes
+from engine.units import fmt_bytes
 
 FLOAT32_BYTES = 4            # HF's eager softmax runs in float32 whatever the model's precision
 MAX_SCORE_BYTES = 3 * 2**30  # refuse a measured eager run whose float32 score matrix would exceed this
@@ -195,7 +196,7 @@ def check_measurable(s: AttentionShape) -> None:
         raise InvalidRequestError("attention needs at least one token")
     if largest_intermediate_bytes(s) > MAX_SCORE_BYTES:
         raise InvalidRequestError(f"at {s.tokens:,} tokens the eager score matrix alone takes "
-                                  f"{largest_intermediate_bytes(s) / 2**30:.1f} GiB; choose a shorter prompt")
+                                  f"{fmt_bytes(largest_intermediate_bytes(s))}; choose a shorter prompt")
 
 
 def best_time(fn: Callable[[], torch.Tensor], device: torch.device, repeats: int) -> float:

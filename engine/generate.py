@@ -7,6 +7,7 @@ Cache positions are counted from the cache object (`cache.get_seq_length()`), ne
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from numbers import Integral, Real
@@ -183,8 +184,19 @@ def describe_token(lm: LoadedModel, logits: torch.Tensor, probs: torch.Tensor, t
     top_ids = top.indices.tolist()
     texts = lm.tokenizer.batch_decode([[i] for i in top_ids])
     candidates = [Candidate(i, t, p) for i, t, p in zip(top_ids, texts, top.values.tolist())]
+    rest, count = rest_of_logits(logits, kept.indices)
     return SampledToken(token_id, text, float(probs[token_id]), candidates,
-                        kept.indices.cpu().numpy(), kept.values.cpu().numpy())
+                        kept.indices.cpu().numpy(), kept.values.cpu().numpy(), rest, count)
+
+
+def rest_of_logits(logits: torch.Tensor, kept: torch.Tensor) -> tuple[float | None, int]:
+    """log Σ exp of the logits (V,) outside `kept` (K,) and how many they are, so that a page re-drawing the
+    distribution from the K kept logits still divides by the whole vocabulary's total."""
+    count = logits.shape[-1] - kept.shape[-1]
+    if count <= 0:
+        return None, 0
+    rest = float(torch.logsumexp(logits.float().index_fill(-1, kept, float("-inf")), dim=-1))
+    return (rest, count) if math.isfinite(rest) else (None, 0)
 
 
 def prompt_pieces(lm: LoadedModel, ids: list[int]) -> list[Piece]:

@@ -19,6 +19,7 @@ from engine.card import kv_bytes_per_token
 from engine.errors import ContextLengthError, EngineError, InsufficientMemoryError, InvalidRequestError
 from engine.hooks import CapturePolicy
 from engine.specs import ModelSpec
+from engine.units import fmt_bytes
 
 MiB = 2**20
 CAPTURED_BYTES = 4           # attention probabilities leave the engine as float32
@@ -146,8 +147,9 @@ def check_capture(limits: Limits, spec: ModelSpec, policy: CapturePolicy, n_prom
     size = capture_bytes(spec, policy, n_prompt, max_new_tokens)
     if size > limits.max_capture_bytes:
         raise InvalidRequestError(
-            f"the attention capture would take {size / MiB:,.0f} MiB; this server allows {limits.max_capture_mb:,} "
-            "MiB per request. Capture fewer layers, keep only the last row, or use a shorter prompt")
+            f"the attention capture would take {fmt_bytes(size)}; this server allows "
+            f"{fmt_bytes(limits.max_capture_bytes)} per request. Capture fewer layers, keep only the last row, or use a "
+            "shorter prompt")
 
 
 def kv_bytes(spec: ModelSpec, dtype: str, tokens: int) -> float:

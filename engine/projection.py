@@ -4,8 +4,9 @@ Pure arithmetic, no torch. Every figure is a closed-form estimate a page can sho
 formula. Conventions (docs/projection.md explains them and their sources):
 
 - "1K" tokens = 1024, so "128K" is Llama 3.1's 131,072-token context.
-- GPU memory: the spec sheet's "80 GB" of HBM is read as 80 GiB (nvidia-smi shows an H100 80GB as
-  81,559 MiB). Weights are reported in decimal GB, as the FACTS table does (8.03 B x 2 = 16.06 GB).
+- Sizes (engine/units.py): decimal GB everywhere, as the FACTS table uses them (8.03 B x 2 = 16.06 GB). The
+  one binary figure is a card's memory: the spec sheet's "80 GB" of HBM is 80 GiB = 85.90 GB (nvidia-smi
+  shows an H100 80GB as 81,559 MiB).
 - Memory headroom: a serving engine fills only `utilization` of each card (vLLM's default 0.9) and
   keeps the CUDA context and an activation workspace out of the KV cache. `IDEAL` gives weights and
   KV the whole card (the seed's table); `REALISTIC` is the default.
@@ -29,14 +30,18 @@ from engine.card import (active_param_counts, cached_layer_tokens, expert_bytes,
                          kv_bytes_per_token, kv_bytes_per_user, lm_head_params, matmul_params_per_token,
                          param_counts, weight_bytes)
 from engine.specs import GPUSpec, ModelSpec, dtype_bytes
+from engine.units import GIB, fmt_bytes
 
 TOKENS_PER_K = 1024            # "1K tokens"
-GPU_GB = 2**30                 # bytes in one spec-sheet GB of GPU memory (HBM ships in GiB)
-DEFAULT_FLOPS_EFFICIENCY = 0.6      # share of peak tensor FLOP/s a real forward pass reaches
-DEFAULT_BANDWIDTH_EFFICIENCY = 0.6  # share of peak bandwidth a plain PyTorch decode step reaches
+# The one efficiency default of the projected plane: every page and the CLI project with these unless a person
+# moves a slider (docs/projection.md, "Efficiency"). Real engines decode Llama 3.1 8B at ~150 tok/s on an
+# H100 SXM; a step there reads 15.1 GB (the weights less the embedding table, plus 1K tokens of KV), so they
+# reach 150 x 15.1 GB = 2.3 TB/s of the 3.35 TB/s peak, 0.68; the best copy kernel reaches ~3.0 TB/s (0.9).
+DEFAULT_BANDWIDTH_EFFICIENCY = 0.7  # share of peak bandwidth a decode step reaches: 8B on an H100 -> 155 tok/s
+DEFAULT_FLOPS_EFFICIENCY = 0.6      # share of peak tensor FLOP/s a large prefill reaches
 DEFAULT_DOLLARS_PER_HOUR = 3.0      # rental price of one GPU
 DEFAULT_UTILIZATION = 0.9           # vLLM's default gpu_memory_utilization
-CUDA_CONTEXT_BYTES = 0.5 * 2**30    # CUDA context, cuBLAS and NCCL handles: about half a GiB per GPU
+CUDA_CONTEXT_BYTES = 0.5 * GIB      # CUDA context, cuBLAS and NCCL handles: about half a GiB (0.54 GB) per GPU
 PROFILE_TOKENS = 8192               # tokens in vLLM's start-up profiling pass (max_num_batched_tokens)
 PROFILE_SEQS = 256                  # sequences whose FP32 logits it samples (max_num_seqs)
 GPUS_PER_NODE = 8
@@ -48,7 +53,7 @@ WEIGHT_ORDER = ("fp32", "bf16", "fp8", "int4")
 
 def gpu_memory_bytes(gpu: GPUSpec, memory_fraction: float = 1.0) -> float:
     """GPU memory in bytes: spec-sheet GB read as GiB, times the share we may fill."""
-    return gpu.memory_gb * GPU_GB * memory_fraction
+    return gpu.memory_bytes * memory_fraction
 
 
 def compute_precision(weight_dtype: str) -> str:
@@ -428,7 +433,7 @@ def cost_model(spec: ModelSpec, gpu: GPUSpec, weight_dtype: str = "bf16", kv_dty
 # --- does it fit, and if not, what would ---------------------------------------------------------------
 
 def _gb(nbytes: float) -> str:
-    return f"{nbytes / 1e9:,.1f} GB"
+    return fmt_bytes(nbytes, 1)
 
 
 def fit_problems(spec: ModelSpec, gpu: GPUSpec, plan: MemoryPlan, context: int) -> tuple[str, ...]:

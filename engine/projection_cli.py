@@ -20,6 +20,7 @@ from engine.errors import ConfigError
 from engine.projection import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_DOLLARS_PER_HOUR, DEFAULT_FLOPS_EFFICIENCY,
                                DEFAULT_UTILIZATION, IDEAL, Headroom, Layout, Projection, project)
 from engine.specs import DTYPE_BYTES, GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, dtype_bytes
+from engine.units import fmt_bytes
 
 
 class UsageError(Exception):
@@ -109,12 +110,12 @@ def _memory_rows(p: Projection) -> list[tuple[str, str]]:
     moe = f", {p.active_params / 1e9:.2f} B active per token" if p.n_experts else ""
     rows = [("GPUs", f"{p.gpus} × {p.gpu}: {p.replicas} replica(s) of {p.gpus_per_replica} "
                      f"(tensor {p.tensor_parallel} × pipeline {p.pipeline_parallel})"),
-            ("weights", f"{p.weight_bytes / 1e9:.2f} GB ({p.params / 1e9:.2f} B params{moe}, {p.weight_dtype})"),
-            ("KV per user", f"{p.kv_bytes_per_user / 2**20:,.1f} MiB at {p.context:,} tokens ({p.kv_dtype})"),
-            ("KV total", f"{p.kv_bytes_total / 2**30:,.2f} GiB for batch {p.batch} per replica"),
-            ("fits", f"{'yes' if p.fits else 'NO'}: {p.memory_needed_bytes / 1e9:,.1f} of {p.memory_bytes / 1e9:,.1f} GB "
-                     f"per GPU ({p.utilization:.0%} of {p.memory_card_bytes / 1e9:,.1f} GB, less "
-                     f"{p.reserve_bytes / 1e9:,.1f} GB of CUDA context and workspace)"),
+            ("weights", f"{fmt_bytes(p.weight_bytes)} ({p.params / 1e9:.2f} B params{moe}, {p.weight_dtype})"),
+            ("KV per user", f"{fmt_bytes(p.kv_bytes_per_user)} at {p.context:,} tokens ({p.kv_dtype})"),
+            ("KV total", f"{fmt_bytes(p.kv_bytes_total)} for batch {p.batch} per replica"),
+            ("fits", f"{'yes' if p.fits else 'NO'}: {fmt_bytes(p.memory_needed_bytes)} of {fmt_bytes(p.memory_bytes)} "
+                     f"per GPU ({p.utilization:.0%} of {fmt_bytes(p.memory_card_bytes)}, less "
+                     f"{fmt_bytes(p.reserve_bytes)} of CUDA context and workspace)"),
             ("users that fit", f"{p.users_that_fit:,} per replica at {p.context:,} tokens each "
                                f"(all of the card, no workspace: {p.users_that_fit_ideal:,})")]
     if p.n_experts:

@@ -41,6 +41,7 @@ from engine.hooks import CapturePolicy
 from engine.limits import Limits, max_recording_bytes, max_recording_values, server_limits
 from engine.records import DecodeRecord, DoneRecord, PrefillRecord
 from engine.specs import ModelSpec
+from engine.units import fmt_bytes
 
 FORMAT = "inference-playground/recording"
 VERSION = 1
@@ -159,8 +160,8 @@ def load_recording(path: str | Path) -> Recording:
     try:
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
-            raise RecordingError(f"{path.name} is {size / 2**20:.0f} MiB; recordings are at most "
-                                 f"{MAX_FILE_BYTES // 2**20} MiB")
+            raise RecordingError(f"{path.name} is {fmt_bytes(size)}; recordings are at most "
+                                 f"{fmt_bytes(MAX_FILE_BYTES)}")
         data = path.read_bytes()
     except OSError as err:
         raise RecordingError(f"cannot read {path}: {err.strerror or err}") from None
@@ -177,7 +178,7 @@ def loads_recording(data: bytes, name: str = "the file", limits: Limits | None =
     (engine.limits.max_recording_bytes and max_recording_values). Only then is it decompressed and parsed.
     """
     if len(data) > MAX_FILE_BYTES:
-        raise RecordingError(f"{name} is larger than {MAX_FILE_BYTES // 2**20} MiB; it is not a recording")
+        raise RecordingError(f"{name} is larger than {fmt_bytes(MAX_FILE_BYTES)}; it is not a recording")
     with PARSE_SLOTS.hold(on_wait):
         doc = _parse_json(_text(data, name, limits or server_limits()), name)
         _check_header(doc, name)
@@ -235,10 +236,10 @@ def _scan(chunks: Iterable[bytes], name: str, limits: Limits, gzipped: bool, cla
         size += len(chunk)
         values += chunk.count(b",") + chunk.count(b"[") + chunk.count(b"{")
         if probe is not None and size > probe:
-            raise RecordingError(f"{name} says it expands to {claimed / 2**20:,.0f} MiB, more than the "
-                                 f"{max_bytes / 2**20:,.0f} MiB of the largest recording this server can make; refused")
+            raise RecordingError(f"{name} says it expands to {fmt_bytes(claimed)}, more than the "
+                                 f"{fmt_bytes(max_bytes)} of the largest recording this server can make; refused")
         if size > max_bytes or values > max_values:
-            raise _too_large(name, f"{max_bytes / 2**20:,.0f} MiB" if size > max_bytes else
+            raise _too_large(name, fmt_bytes(max_bytes) if size > max_bytes else
                              f"{max_values:,} JSON values", limits)
     if len(head) < HEAD_BYTES:
         _check_head(head, name, gzipped)
@@ -247,7 +248,8 @@ def _scan(chunks: Iterable[bytes], name: str, limits: Limits, gzipped: bool, cla
 
 def _too_large(name: str, what: str, limits: Limits) -> RecordingError:
     return RecordingError(f"{name} holds more than {what}, more than the largest recording this server can make "
-                          f"under its limits ({limits.max_new_tokens:,} new tokens, {limits.max_capture_mb:,} MiB of "
+                          f"under its limits ({limits.max_new_tokens:,} new tokens, "
+                          f"{fmt_bytes(limits.max_capture_bytes)} of "
                           "capture); refused")
 
 

@@ -36,6 +36,8 @@ class SampledToken:
     top: list[Candidate]          # alternatives after temperature / top-k / top-p
     logit_ids: np.ndarray         # (K,) ids of the largest raw logits, kept for re-drawing
     logits: np.ndarray            # (K,) their raw logits (before temperature)
+    rest_logsumexp: float | None = None   # log Σ exp of the V - K raw logits not kept (None: none left out)
+    rest_count: int = 0                   # V - K: how many that is
 
 
 @dataclass

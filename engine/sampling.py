@@ -5,6 +5,8 @@ re-draws a distribution after a slider moves, so the two can never disagree.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -12,7 +14,7 @@ import torch
 def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
                     top_p: float = 1.0) -> torch.Tensor:
     """logits: (..., V) -> probabilities (..., V) after temperature, top-k and top-p (nucleus) filtering."""
-    logits = logits.float() / max(temperature, 1e-5)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / max(temperature, 1e-5)  # float64 stays
     if top_k and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -39,8 +41,18 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
     return int(torch.multinomial(probs, 1, generator=generator)), probs
 
 
-def filter_probs(logits: np.ndarray, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
-    """numpy twin of `logits_to_probs` for stored logits (no model run); temperature 0 shows T=1."""
-    probs = logits_to_probs(torch.from_numpy(np.asarray(logits, dtype=np.float32)),
-                            temperature if temperature > 0 else 1.0, top_k, top_p)
-    return probs.numpy()
+def filter_probs(logits: np.ndarray, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                 rest_logsumexp: float | None = None, rest_count: int = 0) -> np.ndarray:
+    """numpy twin of `logits_to_probs` for stored logits (K,) (no model run); temperature 0 shows T=1.
+
+    With `rest_logsumexp`, the log Σ exp of the `rest_count` logits that were not stored, the probabilities are
+    shares of the whole vocabulary, not of the K stored: the rest count as `rest_count` equal logits with that
+    total, each below every stored one. Exact at temperature 1 (with top-p, while its nucleus ends among the
+    stored logits) and at any temperature when top-k keeps only stored logits.
+    """
+    kept = torch.from_numpy(np.asarray(logits, dtype=np.float64))   # float64: thousands of tiny shares add up
+    if rest_logsumexp is not None and rest_count > 0:
+        each = rest_logsumexp - math.log(rest_count)
+        kept = torch.cat([kept, torch.full((rest_count,), each, dtype=torch.float64)])
+    probs = logits_to_probs(kept, temperature if temperature > 0 else 1.0, top_k, top_p)
+    return probs[: len(logits)].numpy().astype(np.float32)

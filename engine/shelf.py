@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import EngineError
+from engine.units import fmt_bytes
 
 SUFFIX = ".json.gz"
 SAVED_DIR_ENV = "PLAYGROUND_SAVED_DIR"
@@ -71,8 +72,8 @@ class Shelf:
             raise EngineError("this server keeps no recordings on its disk (started with a saved-recordings "
                               "limit of 0); use Save this run to download it instead")
         if len(data) > self.total_bytes:
-            raise EngineError(f"this recording is {len(data) / 2**20:,.1f} MiB; the server keeps at most "
-                              f"{self.total_bytes / 2**20:,.0f} MiB of recordings in all. Download it instead")
+            raise EngineError(f"this recording is {fmt_bytes(len(data))}; the server keeps at most "
+                              f"{fmt_bytes(self.total_bytes)} of recordings in all. Download it instead")
         with self._lock:
             removed = self._make_room(_folder(session), len(data))
             return Kept(self._write(_folder(session), data, title), tuple(removed))

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from engine.errors import ConfigError
+from engine.units import card_bytes
 
 # Bytes one stored value takes in each precision the playground talks about.
 DTYPE_BYTES: dict[str, float] = {
@@ -343,7 +344,7 @@ class GPUSpec:
     """Spec-sheet figures of one accelerator (dense tensor throughput, no sparsity)."""
 
     name: str
-    memory_gb: float          # decimal GB, as on the spec sheet
+    memory_gb: float          # as on the spec sheet ("80 GB"), which is GiB of HBM: see engine/units.py
     bandwidth_tbs: float      # TB/s
     bf16_tflops: float
     fp8_tflops: float | None  # None: no FP8 tensor cores
@@ -352,7 +353,8 @@ class GPUSpec:
 
     @property
     def memory_bytes(self) -> float:
-        return self.memory_gb * 1e9
+        """The card's memory in bytes: the spec sheet's "80 GB" is 80 GiB."""
+        return card_bytes(self.memory_gb)
 
     @property
     def bandwidth_bytes_s(self) -> float:

@@ -15,12 +15,16 @@ st.write("Each layer keeps the keys and values of every token it has seen, so th
 
 st.subheader("1. Watch it grow")
 clicked = False
+view.follow_charted_run(last_run())          # the box shows the prompt of the run the chart draws
 if lm is None:
     offline_notice()
 else:
     prepared, clicked, stop_slot = quick_form(lm, "kv", max_new_default=64)
     notice = st.empty()
 run = last_run()
+if lm is not None and run is not None and not clicked and prepared.request.prompt != run.request.prompt:
+    st.caption("The chart below still shows the last run, whose prompt was different: press Generate to chart "
+               "the prompt in the box.")
 if lm is not None and (clicked or run is None or run.source is None):      # the loaded model's cache
     spec, label, dtype = lm.spec, lm.label, lm.dtype_name
 elif run is not None:                                                      # a recording's
@@ -36,8 +40,7 @@ if clicked:
 if run is not None:
     replay.run_notes(run)
     growth.update(run, final=True)
-    st.caption("Each band is one layer's K and V tensors, read from the cache object after every step; the dashed "
-               "line is the formula above. The first jump is the prompt (prefill), then one token per step.")
+    st.caption(view.growth_caption(run))
 else:
     st.caption("Generate (or open a recording) to see the cache of a real run.")
 

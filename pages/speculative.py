@@ -14,7 +14,7 @@ st.write("Decoding runs the whole model once per token. Speculative decoding let
          "costs, both measured below.")
 
 choice = view.draft_controls(lm)
-k, sampling = view.run_controls()
+k, sampling = view.run_controls(lm)
 prompt = view.prompt_controls()
 prepared = view.prepare_request(lm, prompt, sampling)
 clicked, stop_slot = view.generate_button(disabled=choice is None or prepared.error is not None)

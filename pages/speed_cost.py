@@ -5,14 +5,17 @@ from app import speed_projected as view
 from app import token_cost_view
 from app.model import get_model
 from app.speed_view import hardware_controls
+from engine.projection import DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY
 
 lm = get_model()
 st.title("Speed and cost on GPUs")
 st.write("Sections 1 to 3 run nothing: every figure is computed from the model's config and the GPU's spec "
-         "sheet. Prefill is timed as FLOPs ÷ peak FLOP/s, decode as bytes moved ÷ bandwidth (each times the share of "
-         "the peak a real engine reaches, which you can change), and the slower of the two limits each step. A server "
-         "fills 90% of each card and keeps room for its own workspace; a configuration that does not fit is not "
-         "priced. Section 4 also times the loaded model on this machine, when you press its button.")
+         "sheet. Prefill is timed as FLOPs ÷ peak FLOP/s, decode as bytes moved ÷ bandwidth, each times the share of "
+         f"the peak a real engine reaches (by default {DEFAULT_BANDWIDTH_EFFICIENCY:.0%} of the bandwidth and "
+         f"{DEFAULT_FLOPS_EFFICIENCY:.0%} of the FLOP/s, as on every page; the sliders change them), and the slower "
+         "of the two limits each step. A server fills 90% of each card and keeps room for its own workspace; a "
+         "configuration that does not fit is not priced. Section 4 also times the loaded model on this machine, "
+         "when you press its button.")
 choice = hardware_controls("cost", lm)
 
 st.subheader("1. Memory, speed and cost")

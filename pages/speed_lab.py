@@ -5,7 +5,7 @@ import streamlit as st
 from app import speed_feel as feel
 from app import speed_measured as measured
 from app.model import require_model
-from app.speed_view import MEASURED, device_roof
+from app.speed_view import MEASURED, device_roof, efficiency_note
 
 lm = require_model()
 st.title("Speed lab")
@@ -23,6 +23,7 @@ measured.roofline_section(lm, roof)
 
 st.subheader("3. Feel the speed")
 st.write("The same answer, streamed at exactly the rate you choose. Compare a person reading, this machine, and "
-         "projections for data-centre GPUs.")
+         f"projections for data-centre GPUs ({efficiency_note()}, 1K tokens of context, as on the cost page; the "
+         "ceilings at 100%).")
 latest = measured.points()[-1]["itl"] if measured.points() else None
 feel.feel_section(lm, 1 / latest if latest else None)

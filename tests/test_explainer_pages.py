@@ -40,7 +40,7 @@ def text_of(at: AppTest) -> str:
 def test_flash_attention_page_measures_eager_against_fused(page, tiny_lm):
     at = page("flash_attention.py")
     assert "Projected for Llama 3.1 8B on H100 SXM" in text_of(at)
-    assert "exceed the card's 80 GB" in text_of(at)                    # 32K: 137 GB of scores in one layer
+    assert "exceed the card's 80 GiB = 85.90 GB" in text_of(at)                    # 32K: 137 GB of scores in one layer
     at.button(key="fusion.measure").click().run()
     assert_clean(at)
     points = at.session_state[POINTS]

@@ -219,10 +219,10 @@ def test_kv_calculator_gives_the_llama_8b_h100_figures(app):
     assert ideal["100K"] == 5 and ideal["128K"] == 4                                 # ~5, ~4
     users = users_column(at)                                                         # with a server's headroom
     assert 430 <= users["1K"] <= 450 and users["128K"] == 3                          # FACTS: ~440 at 1K
-    assert metric(at, "KV cache per token") == "128.00 KiB"
+    assert metric(at, "KV cache per token") == "131.07 KB"
     at.text_input(key="kv.context_text").set_value("128K").run()
     assert metric(at, "Users that fit") == "3" and metric(at, "With all of the card") == "4"
-    assert metric(at, "Cache per user at 128K") == "16.00 GiB"
+    assert metric(at, "Cache per user at 128K") == "17.18 GB"
     assert any("4× smaller" in t.value for t in at.text)                             # GQA against full MHA
 
 
@@ -230,7 +230,7 @@ def test_kv_page_shows_latent_attention_and_windows_and_flags_long_contexts(app)
     at = open_page(app, "kv_cache.py")
     at.selectbox(key="kv.model").set_value("deepseek-v3").run()
     assert_clean(at)
-    assert metric(at, "KV cache per token") == "68.62 KiB"                           # 70,272 bytes
+    assert metric(at, "KV cache per token") == "70.27 KB"                           # 70,272 bytes
     assert any("(512 latent + 64 RoPE dims" in t.value for t in at.text)
     assert any("71× smaller" in t.value for t in at.text)                            # against plain MHA
     assert metric(at, "Users that fit") == "0" and any("at least 24 GPUs" in w.value for w in at.warning)

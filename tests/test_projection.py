@@ -73,7 +73,9 @@ def test_worked_example_8_token_prompt_30_token_answer():
     assert p.prefill_ms == pytest.approx(prefill * 1e3) and p.ttft_ms == p.prefill_ms
     assert p.request_ms == pytest.approx((prefill + 29 * step) * 1e3)
     assert 5 / 2 <= p.ttft_ms <= 5 * 2 and 245 / 2 <= p.request_ms <= 245 * 2
-    assert within(p.decode_step_ms, 8.0, 0.1)
+    # FACTS gives two figures for a step: the seed's ~8 ms (125 tok/s) and real engines' ~150 tok/s (6.7 ms). The
+    # one default efficiency (0.7, was 0.6 here and 0.75 on the speed lab) sits with the engines, inside the bracket.
+    assert within(p.decode_step_ms, 1e3 / 150, 0.05) and p.decode_step_ms < 8.0
     # The seed's TTFT: prefill plus one decode step (at 9 cached tokens).
     seed_ttft = p.prefill_ms + (READ_8B + 9 * KV_PER_TOKEN_8B) / bw * 1e3
     assert 13 / 2 <= seed_ttft <= 13 * 2 and seed_ttft > 1.9 * p.ttft_ms

@@ -31,7 +31,7 @@ def test_the_bank_has_well_formed_questions_over_every_topic():
 def test_numbers_match_first_principles():
     q = by_key()
     per_token = 2 * 32 * 8 * 128 * 2                  # K and V x layers x KV heads x head_dim x BF16 bytes
-    assert per_token == 131_072 and q["kv"].correct == "128.00 KiB"
+    assert per_token == 131_072 and q["kv"].correct == "131.07 KB"
     weights = 8_030_261_248 * 2
     ideal = (80 * 2**30 - weights) / (per_token * 10 * 1024)
     assert 45 <= ideal <= 55 and f"about {math.floor(ideal)}" in q["users"].options   # FACTS' seed table: ~50

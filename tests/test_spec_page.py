@@ -166,3 +166,19 @@ def test_projected_pair_is_the_projection():
     gpu = GPU_PRESETS["h100-sxm"]
     assert pair.draft_step_ms == project(MODEL_PRESETS["llama-3.2-1b"], gpu).decode_step_ms
     assert 0 < pair.cost_ratio < 1
+
+
+def test_max_new_tokens_is_the_servers_limit(page, tiny_model_dir):
+    """Before: the box took up to 512 and the server then refused anything above its 256."""
+    from app.model import get_model
+    from engine.scheduler import scheduler_for
+
+    limit = scheduler_for(get_model()).limits.max_new_tokens
+    box = page.number_input(key=f"{NS}.max_new")
+    assert box.max == limit < 512 and box.value == min(64, limit)
+    stale = AppTest.from_file(MAIN, default_timeout=TIMEOUT)            # a value kept from before the limit
+    stale.session_state[f"{NS}.max_new"] = 512
+    stale.run().switch_page("../pages/speculative.py").run()
+    assert_clean(stale)
+    assert stale.number_input(key=f"{NS}.max_new").value == limit
+    assert any(f"takes 1 to {limit}" in w.value for w in stale.warning)
