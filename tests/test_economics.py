@@ -19,7 +19,8 @@ MATMUL = PARAMS - EMB - (2 * 32 + 1) * 4096       # every weight a token is mult
 HEAD = EMB                                        # the untied LM head: vocab x d_model
 KV = 2 * 32 * 8 * 128 * 2                         # bytes per token
 PER_PAIR = 2 * 32 * 32 * (128 + 128)              # q.k and p.v over all layers and heads
-PEAK, BW, EFF = 989e12, 3.35e12, 0.6
+PEAK, BW = 989e12, 3.35e12
+FLOPS_EFF, BW_EFF = 0.6, 0.7                      # the projection's stated defaults
 
 
 def test_prices_from_two_throughputs_by_hand():
@@ -36,13 +37,13 @@ def test_prices_from_two_throughputs_by_hand():
 
 
 def _by_hand(batch: int, n: int = 1024) -> tuple[float, float]:
-    """(input tok/s, output tok/s) for `batch` prompts of n tokens on one H100 at 60% of both peaks."""
+    """(input tok/s, output tok/s) for `batch` prompts of n tokens on one H100 at 60% of peak FLOP/s and 70% of peak bandwidth."""
     prefill_flops = batch * (n * 2 * (MATMUL - HEAD) + 2 * HEAD + n * (n + 1) / 2 * PER_PAIR)
     prefill_bytes = 2 * (PARAMS - EMB) + batch * n * 2 * 4096 + batch * n * KV    # weights, rows looked up, K/V written
-    prefill = max(prefill_flops / (PEAK * EFF), prefill_bytes / (BW * EFF))
+    prefill = max(prefill_flops / (PEAK * FLOPS_EFF), prefill_bytes / (BW * BW_EFF))
     decode_flops = batch * 2 * MATMUL + batch * n * PER_PAIR
     decode_bytes = 2 * (PARAMS - EMB) + batch * 2 * 4096 + batch * n * KV
-    step = max(decode_flops / (PEAK * EFF), decode_bytes / (BW * EFF))
+    step = max(decode_flops / (PEAK * FLOPS_EFF), decode_bytes / (BW * BW_EFF))
     return batch * n / prefill, batch / step
 
 
