@@ -24,9 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from room_browser import ARGS, CHROMIUM, generate_button, prepare, start_app  # noqa: E402
+from bench.room_browser import ARGS, CHROMIUM, generate_button, prepare, start_app  # noqa: E402
 
 from app.run import capture_policy  # noqa: E402
 from engine.generate import GenerationRequest, encode_prompt, generate  # noqa: E402
