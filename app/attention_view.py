@@ -37,8 +37,9 @@ def heatmap_section(run: Run, layer: int, head_index: int, stretch: bool) -> Non
     matrix, rows = att.head_matrix(run, layer, head_index)
     pooled = att.pool(matrix, att.valid_mask(matrix.shape[0], rows), HEATMAP_CELLS)
     plot(charts.heatmap_figure(pooled, run.position_texts(), stretch), key=f"attention.heatmap.{run.id}")
-    missing = "" if rows.all() else " Grey rows were not captured (only the last row of the prompt was kept)."
-    st.caption("Each row is one token looking back: how its attention splits over the tokens before it. Grey "
+    missing = ("" if rows.all() else " Solid grey rows were not captured (only the last row of the prompt was "
+               "kept).")
+    st.caption("Each row is one token looking back: how its attention splits over the tokens before it. Hatched "
                "cells above the diagonal are the causal mask: a token never sees later ones. Rows after the "
                "prompt are the generated tokens, one per decode step." + missing
                + pooled_note(pooled.n, pooled.factor, "This map"))
