@@ -120,14 +120,14 @@ def summary_figure(summary: HeadSummary) -> go.Figure:
                                       (summary.distance, "Greens")), start=1):
         d0, d1 = fig.layout[f"xaxis{'' if col == 1 else col}"].domain
         bar = dict(orientation="h", x=(d0 + d1) / 2, xanchor="center", len=(d1 - d0) * 0.9, lenmode="fraction",
-                   y=-60 / height, yanchor="top", thickness=10)
+                   y=-75 / height, yanchor="top", thickness=10)
         fig.add_trace(go.Heatmap(z=z, x=x, y=y, colorscale=scale, colorbar=bar,
                                  hovertemplate="layer %{y} head %{x}: %{z:.2f}<extra></extra>"), row=1, col=col)
     fig.update_xaxes(title=dict(text="head", standoff=4), type="category")
     fig.update_yaxes(title="layer", type="category", col=1)
     fig.update_yaxes(type="category", showticklabels=False, col=2)
     fig.update_yaxes(type="category", showticklabels=False, col=3)
-    fig.update_layout(height=height, margin=dict(l=0, r=0, t=30, b=70))
+    fig.update_layout(height=height, margin=dict(l=0, r=0, t=30, b=90))
     return fig
 
 
