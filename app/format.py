@@ -104,7 +104,8 @@ def log_ticks(values: Iterable[float | None], unit: str = "", prefix: str = "", 
     """Tick values, labels and range for a log axis over `values` (labels read value x scale: data in ms, unit 's'
     and scale 1e-3 label 20 as '20 ms').
 
-    1-2-5 in each decade up to two decades, one tick a decade beyond (every other decade beyond eight), at least
+    1-2-5 in each decade up to two decades, one tick a decade beyond (every other decade beyond eight; a decade
+    mark the data come within a factor 2 of is taken in), at least
     two ticks, every label in SI with its unit or prefix: the axis never prints plotly's bare minor digits."""
     pos = [float(v) for v in values if v is not None and math.isfinite(float(v)) and float(v) > 0]
     lo, hi = (min(pos), max(pos)) if pos else (1.0, 10.0)
@@ -115,6 +116,11 @@ def log_ticks(values: Iterable[float | None], unit: str = "", prefix: str = "", 
             if e % every == 0 for m in mantissas]
     inside = [t for t in grid if lo / 1.0001 <= t <= hi * 1.0001]
     below, above = [t for t in grid if t < lo / 1.0001], [t for t in grid if t > hi * 1.0001]
+    if mantissas == LOG_MANTISSAS[-1]:                       # decades: take in a decade mark the data nearly reach
+        if above and above[0] / hi <= 2:
+            inside.append(above.pop(0))
+        if below and lo / below[-1] <= 2:
+            inside.insert(0, below.pop())
     while len(inside) < 2:                                   # widen to the nearer neighbouring tick
         if below and (not above or lo / below[-1] <= above[0] / hi):
             inside.insert(0, below.pop())

@@ -105,9 +105,9 @@ def prompt_controls() -> str:
     """Three preset buttons above the prompt box: code to continue, a passage to copy, an open question."""
     if f"{NS}.prompt" not in st.session_state:
         _set_prompt(PRESETS[DEFAULT_PRESET])
-    cols = st.columns([1, 1, 1, 3])
-    for i, (col, (name, text)) in enumerate(zip(cols, PRESETS.items())):
-        col.button(name, key=f"{NS}.preset.{i}", on_click=_set_prompt, args=(text,), width="stretch")
+    row = st.container(horizontal=True)              # buttons as wide as their words, at any screen width
+    for i, (name, text) in enumerate(PRESETS.items()):
+        row.button(name, key=f"{NS}.preset.{i}", on_click=_set_prompt, args=(text,))
     return st.text_area("Prompt", height=140, key=f"{NS}.prompt",
                         help="Wrapped in the chat template before tokenizing (for instruct models).")
 
@@ -131,9 +131,9 @@ def prepare_request(lm: LoadedModel, prompt: str, sampling: Sampling) -> Prepare
 
 
 def generate_button(disabled: bool) -> tuple[bool, st.delta_generator.DeltaGenerator]:
-    left, right, _ = st.columns([1, 1, 5])
-    clicked = left.button("Generate", type="primary", key=f"{NS}.generate", disabled=disabled)
-    return clicked, right.empty()
+    row = st.container(horizontal=True)
+    clicked = row.button("Generate", type="primary", key=f"{NS}.generate", disabled=disabled)
+    return clicked, row.empty()
 
 
 # --- running ------------------------------------------------------------------------------------------------

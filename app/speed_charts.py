@@ -17,6 +17,7 @@ from engine.speedlab import CurveFit, DecodePlacement, DeviceRoof
 MEASURED_COLOR, PROJECTED_COLOR, PREFILL_COLOR, DECODE_COLOR = "#e8833a", "#3a7be8", "#8e44ad", "#2a9d8f"
 POLICY_COLORS = {"static": "#bbbbbb", "continuous": "#3a7be8"}
 MARGIN = dict(l=0, r=0, t=30, b=0)
+LABEL_AT = {"prefill": "bottom center", "decode": "bottom right"}   # under the roof, clear of its line
 TEXT_ROOM = 0.3        # share of a bar chart's value axis added past the longest bar, for its label
 
 
@@ -84,12 +85,14 @@ def device_roofline_figure(roof: DeviceRoof, decode: DecodePlacement | None,
     _roof_trace(fig, xs, [roof.attainable(x) for x in xs], f"{roof.name} ({roof.source} peaks)", "black")
     if decode is not None:
         fig.add_scatter(x=[decode.intensity], y=[decode.achieved_flops], mode="markers+text", name="decode step (measured)",
-                        text=["decode"], textposition="top center", cliponaxis=False, marker=dict(color=DECODE_COLOR, size=12))
+                        text=["decode"], textposition=LABEL_AT["decode"], cliponaxis=False,
+                        marker=dict(color=DECODE_COLOR, size=12))
         fig.add_scatter(x=[decode.intensity], y=[roof.attainable(decode.intensity)], mode="markers",
                         name="decode ceiling", marker=dict(color=DECODE_COLOR, size=12, symbol="circle-open"))
     if prefill is not None:
         fig.add_scatter(x=[prefill[0]], y=[prefill[1]], mode="markers+text", name="prefill (measured)",
-                        text=["prefill"], textposition="top center", cliponaxis=False, marker=dict(color=PREFILL_COLOR, size=12))
+                        text=["prefill"], textposition=LABEL_AT["prefill"], cliponaxis=False,
+                        marker=dict(color=PREFILL_COLOR, size=12))
     return _log_axes(fig, "Measured on this machine")
 
 
@@ -103,7 +106,7 @@ def projected_roofline_figure(line: Sequence[RooflinePoint], proj: Projection, t
               ("decode", proj.decode_intensity, proj.decode_flops / (proj.decode_step_ms / 1e3) / share, DECODE_COLOR)]
     for name, x, y, color in points:
         fig.add_scatter(x=[x], y=[y], mode="markers+text", text=[f"{name}, batch {proj.batch}"],
-                        textposition="top center", cliponaxis=False, name=name, marker=dict(color=color, size=12),
+                        textposition=LABEL_AT[name], cliponaxis=False, name=name, marker=dict(color=color, size=12),
                         hovertemplate=f"{name}: %{{x:.3g}} FLOPs/byte, %{{y:.3g}} FLOP/s<extra></extra>")
     fig.add_vline(x=proj.ridge_point, line=dict(color="grey", dash="dot"))
     return _log_axes(fig, title)
