@@ -26,7 +26,8 @@ def fusion_measured_figure(points: Sequence[dict]) -> go.Figure:
                         mode="lines+markers", line=dict(color=color), row=1, col=1)
         fig.add_scatter(x=ns, y=[p[f"{key}_bytes"] for p in points], name=f"{name}: bytes",
                         mode="lines+markers", line=dict(color=color, dash="dot"), row=1, col=2)
-    fig.update_xaxes(type="log", title="prompt tokens (N)", tickmode="array", tickvals=ns, ticktext=[si_label(n) for n in ns])
+    fig.update_xaxes(type="log", title="prompt tokens (N)", tickmode="array", tickvals=ns,
+                     ticktext=[si_label(n) for n in ns])
     log_axis(fig, "y", [p[f"{k}_seconds"] * 1e3 for p in points for k in ("eager", "fused")], unit="s", scale=1e-3,
              title="time", row=1, col=1)
     log_axis(fig, "y", [p[f"{k}_bytes"] for p in points for k in ("eager", "fused")], unit="B", title="bytes",
@@ -44,8 +45,10 @@ def fusion_projected_figure(rows: Sequence[dict], title: str) -> go.Figure:
               ("the linear layers alone", [r["linear_ms"] for r in rows], "#7f8c8d", "dot"))
     for name, ys, color, dash in series:
         fig.add_scatter(x=ns, y=ys, name=name, mode="lines+markers", line=dict(color=color, dash=dash))
-    fig.update_xaxes(type="log", title="prompt tokens", tickmode="array", tickvals=ns, ticktext=[r["label"] for r in rows])
-    log_axis(fig, "y", [y for _, ys, _, _ in series for y in ys], unit="s", scale=1e-3, title="prefill time (projected)")
+    fig.update_xaxes(type="log", title="prompt tokens", tickmode="array", tickvals=ns,
+                     ticktext=[r["label"] for r in rows])
+    log_axis(fig, "y", [y for _, ys, _, _ in series for y in ys], unit="s", scale=1e-3,
+             title="prefill time (projected)")
     fig.update_layout(height=360, margin=dict(l=0, r=0, t=40, b=0), title=dict(text=title, font=dict(size=14)),
                       legend=dict(orientation="h", y=-0.25))
     return fig

@@ -128,5 +128,6 @@ def log_ticks(values: Iterable[float | None], unit: str = "", prefix: str = "", 
             inside.append(above.pop(0))
     low, high = min(lo, inside[0]), max(hi, inside[-1])
     pad = 0.04 * max(math.log10(high / low), 0.5)
-    return dict(type="log", tickmode="array", tickvals=inside, ticktext=[si_label(t * scale, unit, prefix) for t in inside],
+    return dict(type="log", tickmode="array", tickvals=inside,
+                ticktext=[si_label(t * scale, unit, prefix) for t in inside],
                 range=[math.log10(low) - pad, math.log10(high) + pad])

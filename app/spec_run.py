@@ -287,7 +287,8 @@ def measure(run: SpecRun) -> Measured:
         expected_drafted=(sum(expected_tokens_per_pass(a, len(r.drafted)) for r in rounds) / len(rounds)
                           if rounds else 0.0),
         short_rounds=sum(1 for r in rounds if len(r.drafted) < run.k),
-        draft_per_token=draft, verify_per_round=verify, steady_drafted=steady_drafted, spec_decode=spec_decode, spec_tokens=spec_tokens,
+        draft_per_token=draft, verify_per_round=verify, steady_drafted=steady_drafted, spec_decode=spec_decode,
+        spec_tokens=spec_tokens,
         plain_step=plain_step, plain_decode=plain_decode, plain_tokens=plain_tokens, speedup=speedup,
         same_text=(run.plain.text == run.done.text) if run.plain is not None and done is not None else None)
 

@@ -293,7 +293,8 @@ def k_section(run: SpecRun, m: Measured) -> None:
     expected = [expected_tokens_per_pass(m.a, k) for k in ks]
     plot(charts.k_figure(ks, expected, m.k, m.tokens_per_pass, curves, m.speedup), key=f"{NS}.k.{run.id}")
     st.caption(f"Left: (1 − a^(k+1)) / (1 − a) with the measured a = {m.a:.2f}: {m.expected_at_k:.2f} tokens per pass "
-               f"at k = {m.k}, measured {m.tokens_per_pass:.2f}. Right: speedup(k) = E[tokens per pass] / (1 + k·(c + u)): "
+               f"at k = {m.k}, measured {m.tokens_per_pass:.2f}. Right: speedup(k) = E[tokens per pass] / "
+               "(1 + k·(c + u)): "
                "a round drafts k tokens at c each and checks them in one target pass that costs a plain step plus u "
                "per drafted token, c and u as shares of one plain target step; the diamond is the measured decode "
                "speedup. The projected line takes u = 0: on a GPU a decode step is bound by reading the weights, so "

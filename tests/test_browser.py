@@ -158,7 +158,8 @@ CLIPPED_JS = """() => [...document.querySelectorAll(
   .filter(e => e.scrollWidth > e.clientWidth + 1)
   .map(e => e.innerText.trim())
   .concat([...document.querySelectorAll('[data-testid="stMainBlockContainer"] [data-testid="stColumn"] button')]
-    .filter(b => b.getBoundingClientRect().right > b.closest('[data-testid="stColumn"]').getBoundingClientRect().right + 1)
+    .filter(b => b.getBoundingClientRect().right >
+                 b.closest('[data-testid="stColumn"]').getBoundingClientRect().right + 1)
     .map(b => 'past its column: ' + b.innerText.trim()))"""
 # chart text (bar and point labels, ticks, titles, legends) reaching past the chart's own drawing, where it is cut off
 OUTSIDE_JS = """() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(plot => {

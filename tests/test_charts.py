@@ -22,7 +22,8 @@ LLAMA, H100 = MODEL_PRESETS["llama-3.1-8b"], GPU_PRESETS["h100-sxm"]
 @pytest.mark.parametrize("value,unit,prefix,text", [
     (1e14, "FLOP/s", "", "100 TFLOP/s"), (2e15, "FLOP/s", "", "2 PFLOP/s"), (0.02, "s", "", "20 ms"),
     (2e-6, "s", "", "2 µs"), (3e9, "B", "", "3 GB"), (2000, "tok/s", "", "2k tok/s"), (0.5, "tok/s", "", "0.5 tok/s"),
-    (0.5, "", "$", "$0.5"), (1500, "", "$", "$1.5k"), (1e-4, "", "", "100µ"), (0.01, "", "", "0.01"), (1, "", "", "1")])
+    (0.5, "", "$", "$0.5"), (1500, "", "$", "$1.5k"), (1e-4, "", "", "100µ"), (0.01, "", "", "0.01"),
+    (1, "", "", "1")])
 def test_si_labels(value, unit, prefix, text):
     assert si_label(value, unit, prefix) == text
 
@@ -76,7 +77,8 @@ def test_roofline_axes_share_one_si_format_with_units():
     assert not any("^" in t or "e+" in t or "10<sup>" in t for t in y + labels(fig, "xaxis"))
     roof = DeviceRoof("this CPU", bandwidth=7.5e9, peak_flops=2.1e10, source="measured")
     place = DecodePlacement(context=64, step_seconds=0.04, bytes_read=3e8, flops=3e8, effective_bandwidth=7.5e9,
-                            achieved_flops=7.5e9, intensity=1.0, bandwidth_share=1.0, ceiling_step_seconds=0.04, ratio=1.0)
+                            achieved_flops=7.5e9, intensity=1.0, bandwidth_share=1.0, ceiling_step_seconds=0.04,
+                            ratio=1.0)
     fig = speed_charts.device_roofline_figure(roof, place, (200.0, 1.5e10))
     assert all(t.endswith("FLOP/s") for t in labels(fig, "yaxis")[:1])
     assert_readable_log_axes(fig, 2)
@@ -104,7 +106,8 @@ def test_other_log_charts_label_every_tick():
               "fused_bytes": 64.0 * n} for n in (128, 256, 512, 1024)]
     fig = explainer_charts.fusion_measured_figure(fused)
     axes = dict(assert_readable_log_axes(fig, 4))
-    assert all(t.endswith("s") for t in axes["yaxis"]["ticktext"]) and all(t.endswith("B") for t in axes["yaxis2"]["ticktext"])
+    assert all(t.endswith("s") for t in axes["yaxis"]["ticktext"])
+    assert all(t.endswith("B") for t in axes["yaxis2"]["ticktext"])
     rows = [{"tokens": n, "label": f"{n // 1024}K", "linear_ms": 0.01 * n, "eager_ms": 1e-5 * n * n,
              "fused_ms": 5e-6 * n * n} for n in (1024, 8192, 65536)]
     assert_readable_log_axes(explainer_charts.fusion_projected_figure(rows, "projected"), 2)
