@@ -6,7 +6,7 @@ one more row. `head_matrix` puts them back into one causal (N, N) matrix over ev
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -33,6 +33,24 @@ def captured_heads(run: Run, layer: int) -> tuple[tuple[int, ...], tuple[int, ..
 
 def n_positions(run: Run) -> int:
     return run.n_prompt + len(run.steps)
+
+
+def run_ids(run: Run) -> list[int]:
+    """Token ids of every cached position: the prompt, then each generated token that was fed back."""
+    return [p.id for p in run.prefill.prompt] + [t.id for t in run.tokens[:-1]]
+
+
+def recapturable(run: Run, model_label: str | None) -> bool:
+    """Layers a long prompt left out can be captured again: full maps were kept (not last rows only), the model
+    that ran it is loaded, and some layer is missing."""
+    return (model_label == run.model and run.prefill is not None and run.policy.prefill_matrix
+            and len(captured_layers(run)) < run.spec.n_layers)
+
+
+def with_layer(run: Run, cap: LayerCapture) -> Run:
+    """The same run seen with one more layer's attention (a full (heads, N, N) capture). A new object: the run
+    itself is shared (by the pages, and with followers when a presenter broadcasts it) and stays as it was."""
+    return replace(run, prefill=replace(run.prefill, captures={**run.prefill.captures, cap.layer: cap}))
 
 
 def head_matrix(run: Run, layer: int, head_index: int) -> tuple[np.ndarray, np.ndarray]:
@@ -101,11 +119,22 @@ def step_row(run: Run, layer: int, step: int) -> np.ndarray | None:
     """(heads, N_step) attention of the token fed at decode step `step` (1-based) over all earlier positions."""
     cap = run.steps[step - 1].captures.get(layer)
     if cap is None or cap.attention is None:
-        return None
+        return matrix_row(run, layer, run.n_prompt + step - 1)
     row = cap.attention[:, -1].astype(np.float32)                   # (h, T_k_kept)
     if cap.key_start:
         row = np.concatenate([np.zeros((row.shape[0], cap.key_start), np.float32), row], axis=1)
     return row
+
+
+def matrix_row(run: Run, layer: int, position: int) -> np.ndarray | None:
+    """(heads, position + 1): the query row at `position` from a layer's prefill capture when it covers it."""
+    cap = run.prefill.captures.get(layer)
+    if cap is None or cap.attention is None or cap.key_start:
+        return None
+    q = position - cap.query_start
+    if not 0 <= q < cap.attention.shape[1]:
+        return None
+    return cap.attention[:, q, : position + 1].astype(np.float32)
 
 
 @dataclass(frozen=True)

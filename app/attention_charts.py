@@ -12,7 +12,8 @@ from plotly.subplots import make_subplots
 from app.attention import HeadSummary, Pooled, gqa_groups
 from app.format import plot_text
 
-MASK_COLOR = "#e9e9ee"      # background shows through NaN cells: the masked future
+MASK_COLOR = "#e9e9ee"      # the small multiples' background shows through NaN cells: the masked future
+HATCH_COLOR, GAP_COLOR = "#b4b4c0", "#8c8c99"   # the main map: hatched future, solid grey rows not captured
 MAX_TICKS = 40
 GROUP_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                 "#bcbd22", "#17becf")
@@ -33,21 +34,51 @@ def shown(values: np.ndarray, stretch: bool) -> np.ndarray:
     return np.sqrt(values) if stretch else values
 
 
+def future_outline(m: int) -> tuple[list[float], list[float]]:
+    """The staircase around the cells (query i, key j > i) of an m x m map: the future the causal mask hides."""
+    xs, ys = [0.5], [-0.5]
+    for i in range(m - 1):
+        xs += [i + 0.5, i + 1.5]
+        ys += [i + 0.5, i + 0.5]
+    xs += [m - 0.5, 0.5]
+    ys += [-0.5, -0.5]
+    return xs, ys
+
+
+def mask_traces(values: np.ndarray) -> list[go.BaseTraceType]:
+    """The causal mask, hatched, and rows that were not captured, in solid grey, each named in the legend."""
+    m = values.shape[0]
+    xs, ys = future_outline(m)
+    traces: list[go.BaseTraceType] = [go.Scatter(
+        x=xs, y=ys, fill="toself", mode="lines", line=dict(width=0), fillcolor="white", hoverinfo="skip",
+        fillpattern=dict(shape="/", fgcolor=HATCH_COLOR, size=8, solidity=0.15), name="the future: causal mask")]
+    seen = np.tril(np.ones_like(values, dtype=bool))
+    gaps = np.isnan(values) & seen
+    if gaps.any():
+        traces.append(go.Heatmap(z=np.where(gaps, 1.0, np.nan), colorscale=[[0, GAP_COLOR], [1, GAP_COLOR]],
+                                 showscale=False, hoverinfo="skip", name="not captured"))
+        traces.append(go.Scatter(x=[None], y=[None], mode="markers", name="not captured",
+                                 marker=dict(symbol="square", size=12, color=GAP_COLOR)))
+    return traces
+
+
 def heatmap_figure(pooled: Pooled, texts: list[str], stretch: bool = True, height: int = 620) -> go.Figure:
-    """Query positions down, key positions across; grey cells are the masked future."""
+    """Query positions down, key positions across; the masked future hatched, uncaptured rows solid grey."""
     z = pooled.values
     labels = cell_labels(texts, pooled.factor, z.shape[0])
     step = tick_every(z.shape[0])
     ticks = list(range(0, z.shape[0], step))
     fig = go.Figure(go.Heatmap(
         z=shown(z, stretch), customdata=z, colorscale="Viridis", zmin=0, zmax=1 if not stretch else None,
-        colorbar=dict(title="√p" if stretch else "p"), hoverongaps=False,
+        colorbar=dict(title="√p" if stretch else "p"), hoverongaps=False, name="attention",
         hovertemplate="query %{y}<br>key %{x}<br>p = %{customdata:.3f}<extra></extra>"))
+    fig.add_traces(mask_traces(z))                   # only over empty cells: the attention stays untouched
     axis = dict(tickmode="array", tickvals=ticks, ticktext=[labels[i] for i in ticks], tickfont=dict(size=10),
-                showgrid=False, zeroline=False)
+                showgrid=False, zeroline=False, constrain="domain")
     fig.update_xaxes(title="key (attended to)", tickangle=-60, **axis)
     fig.update_yaxes(title="query (attending)", autorange="reversed", scaleanchor="x", **axis)
-    fig.update_layout(height=height, margin=dict(l=0, r=0, t=10, b=0), plot_bgcolor=MASK_COLOR)
+    fig.update_layout(height=height, margin=dict(l=0, r=0, t=30, b=0), plot_bgcolor="white",
+                      showlegend=True, legend=dict(orientation="h", x=0, y=1.0, yanchor="bottom"))
     return fig
 
 
@@ -76,20 +107,27 @@ def heads_grid_figure(pooled: list[Pooled], heads: tuple[int, ...], kv_heads: tu
 
 
 def summary_figure(summary: HeadSummary) -> go.Figure:
-    """Three layer x head maps: entropy (how spread), sink (share on the first token), distance (how far back)."""
-    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08,
+    """Three layer x head maps: entropy (how spread), sink (share on the first token), distance (how far back).
+
+    Each map's colour bar lies flat under it, as wide as the map, so no bar overlaps the next column."""
+    spacing = 0.06
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=spacing,
                         subplot_titles=("entropy (bits)", "attention to the first token", "mean distance (tokens)"))
     x = [str(h) for h in summary.heads]
     y = [str(layer) for layer in summary.layers]
-    for col, (z, scale, xbar) in enumerate(((summary.entropy, "Blues", 0.26), (summary.sink, "Oranges", 0.63),
-                                             (summary.distance, "Greens", 1.0)), start=1):
-        fig.add_trace(go.Heatmap(z=z, x=x, y=y, colorscale=scale, colorbar=dict(x=xbar, len=0.9, thickness=10),
+    height = max(300, 16 * len(summary.layers) + 150)
+    for col, (z, scale) in enumerate(((summary.entropy, "Blues"), (summary.sink, "Oranges"),
+                                      (summary.distance, "Greens")), start=1):
+        d0, d1 = fig.layout[f"xaxis{'' if col == 1 else col}"].domain
+        bar = dict(orientation="h", x=(d0 + d1) / 2, xanchor="center", len=(d1 - d0) * 0.9, lenmode="fraction",
+                   y=-75 / height, yanchor="top", thickness=10)
+        fig.add_trace(go.Heatmap(z=z, x=x, y=y, colorscale=scale, colorbar=bar,
                                  hovertemplate="layer %{y} head %{x}: %{z:.2f}<extra></extra>"), row=1, col=col)
-    fig.update_xaxes(title="head", type="category")
+    fig.update_xaxes(title=dict(text="head", standoff=4), type="category")
     fig.update_yaxes(title="layer", type="category", col=1)
     fig.update_yaxes(type="category", showticklabels=False, col=2)
     fig.update_yaxes(type="category", showticklabels=False, col=3)
-    fig.update_layout(height=max(300, 16 * len(summary.layers) + 110), margin=dict(l=0, r=0, t=30, b=0))
+    fig.update_layout(height=height, margin=dict(l=0, r=0, t=30, b=90))
     return fig
 
 

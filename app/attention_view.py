@@ -1,17 +1,25 @@
 """Sections of the attention page, each drawn from the stored run (never by running the model again)."""
 from __future__ import annotations
 
+import numpy as np
 import streamlit as st
 
 from app import attention as att
 from app import attention_charts as charts
 from app.run import Run
+from app.speed_view import run_alone
 from app.view import plot
+from engine.attention_math import capture_attention
+from engine.errors import EngineError
+from engine.loader import LoadedModel
 from engine.specs import MODEL_PRESETS, ModelSpec
 
 HEATMAP_CELLS = 160     # cells per axis of the main heatmap
 GRID_CELLS = 48         # cells per axis of each small multiple
 ROW_CELLS = 400         # key cells of a decode step's row
+RECAPTURE_HELP = ("This run kept fewer layers than the model has (a long prompt's maps fill the capture budget). "
+                  "Choosing another captures it: the model runs once up to that layer over the run's positions, and "
+                  "this session keeps that one extra layer.")
 
 
 def pooled_note(n: int, factor: int, what: str) -> str:
@@ -21,24 +29,70 @@ def pooled_note(n: int, factor: int, what: str) -> str:
             f"of a {factor}×{factor} block of attention weights.")
 
 
-def layer_and_head(run: Run) -> tuple[int, int]:
-    """Pick a captured layer and one of its heads (keys carry the run id: a new run starts fresh)."""
-    layers = att.captured_layers(run)
+def layer_options(run: Run, lm: LoadedModel | None) -> list[int]:
+    """The layers kept, or every layer when the missing ones can be captured again."""
+    if att.recapturable(run, lm.label if lm is not None else None):
+        return list(range(run.spec.n_layers))
+    return att.captured_layers(run)
+
+
+def layer_and_head(run: Run, lm: LoadedModel | None) -> tuple[Run, int, int]:
+    """Pick a layer and one of its heads (keys carry the run id: a new run starts fresh). Every layer is offered
+    when a long prompt kept fewer and the model is here to capture the one chosen; the run comes back with it."""
+    kept, layers = att.captured_layers(run), layer_options(run, lm)
     left, right = st.columns(2)
-    layer = left.select_slider("Layer", options=layers, value=layers[len(layers) // 2],
-                               key=f"attention.layer.{run.id}")
+    if len(layers) > 1:
+        layer = left.select_slider("Layer", options=layers, value=kept[len(kept) // 2], key=f"attention.layer.{run.id}",
+                                   help=None if layers == kept else RECAPTURE_HELP)
+    else:
+        layer = layers[0]
+        if run.spec.n_layers > 1:
+            left.caption(only_layer_note(run, layer))
+    if layer not in kept:
+        run = captured_again(lm, run, layer)
+        layer = layer if layer in att.captured_layers(run) else kept[0]
     heads, kv_heads = att.captured_heads(run, layer)
     head = right.select_slider("Query head", options=list(heads), key=f"attention.head.{run.id}",
                                format_func=lambda h: f"{h} (reads KV {kv_heads[heads.index(h)]})")
-    return layer, heads.index(head)
+    return run, layer, heads.index(head)
+
+
+def only_layer_note(run: Run, layer: int) -> str:
+    """Why there is no layer slider: the one layer this run kept, and why no other can be captured here."""
+    why = ("only the last query row of each step was kept, and a full map of another layer would not fit"
+           if not run.policy.prefill_matrix else "the model that ran it is not loaded here")
+    return (f"Layer {layer} is the only one of {run.spec.n_layers} layers this run kept: a long prompt's maps fill "
+            f"the capture budget, and {why}.")
+
+
+def captured_again(lm: LoadedModel, run: Run, layer: int) -> Run:
+    """The run with `layer` captured in one pass over its positions; one such layer is kept per session."""
+    key = f"attention.again.{run.id}"
+    held = st.session_state.get(key)
+    if held is None or held.layer != layer:
+        st.session_state.pop(key, None)                        # free the last one before making the next
+        n, guess = att.n_positions(run), run.prefill.seconds * (layer + 1) / run.spec.n_layers
+        try:
+            with st.spinner(f"Capturing layer {layer}: layers 0 to {layer} run over {n:,} positions (about "
+                            f"{guess:.0f} s: this prompt's prefill took {run.prefill.seconds:.1f} s for all "
+                            f"{run.spec.n_layers} layers)…"):
+                held = run_alone(lm, f"layer {layer}'s attention",
+                                 lambda: capture_attention(lm, att.run_ids(run), layer))
+        except EngineError as err:
+            st.error(f"Layer {layer} could not be captured: {err}")
+            return run
+        held.attention = held.attention.astype(np.float16)    # as the run keeps its own (app.run.compact)
+        st.session_state[key] = held
+    return att.with_layer(run, held)
 
 
 def heatmap_section(run: Run, layer: int, head_index: int, stretch: bool) -> None:
     matrix, rows = att.head_matrix(run, layer, head_index)
     pooled = att.pool(matrix, att.valid_mask(matrix.shape[0], rows), HEATMAP_CELLS)
     plot(charts.heatmap_figure(pooled, run.position_texts(), stretch), key=f"attention.heatmap.{run.id}")
-    missing = "" if rows.all() else " Grey rows were not captured (only the last row of the prompt was kept)."
-    st.caption("Each row is one token looking back: how its attention splits over the tokens before it. Grey "
+    missing = ("" if rows.all() else " Solid grey rows were not captured (only the last row of the prompt was "
+               "kept).")
+    st.caption("Each row is one token looking back: how its attention splits over the tokens before it. Hatched "
                "cells above the diagonal are the causal mask: a token never sees later ones. Rows after the "
                "prompt are the generated tokens, one per decode step." + missing
                + pooled_note(pooled.n, pooled.factor, "This map"))

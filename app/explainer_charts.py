@@ -11,8 +11,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.format import plot_text
-from app.speed_charts import MARGIN, MEASURED_COLOR, PROJECTED_COLOR
+from app.format import plot_text, si_label
+from app.speed_charts import MARGIN, MEASURED_COLOR, PROJECTED_COLOR, log_axis
 
 EAGER_COLOR, FUSED_COLOR = "#c0392b", "#27ae60"
 
@@ -26,9 +26,12 @@ def fusion_measured_figure(points: Sequence[dict]) -> go.Figure:
                         mode="lines+markers", line=dict(color=color), row=1, col=1)
         fig.add_scatter(x=ns, y=[p[f"{key}_bytes"] for p in points], name=f"{name}: bytes",
                         mode="lines+markers", line=dict(color=color, dash="dot"), row=1, col=2)
-    fig.update_xaxes(type="log", title="prompt tokens (N)", tickvals=ns)
-    fig.update_yaxes(type="log", title="ms", dtick=1, row=1, col=1)
-    fig.update_yaxes(type="log", title="bytes", exponentformat="SI", dtick=1, row=1, col=2)
+    fig.update_xaxes(type="log", title="prompt tokens (N)", tickmode="array", tickvals=ns,
+                     ticktext=[si_label(n) for n in ns])
+    log_axis(fig, "y", [p[f"{k}_seconds"] * 1e3 for p in points for k in ("eager", "fused")], unit="s", scale=1e-3,
+             title="time", row=1, col=1)
+    log_axis(fig, "y", [p[f"{k}_bytes"] for p in points for k in ("eager", "fused")], unit="B", title="bytes",
+             row=1, col=2)
     fig.update_layout(height=340, margin=dict(l=0, r=0, t=30, b=0), legend=dict(orientation="h", y=-0.3))
     return fig
 
@@ -42,8 +45,10 @@ def fusion_projected_figure(rows: Sequence[dict], title: str) -> go.Figure:
               ("the linear layers alone", [r["linear_ms"] for r in rows], "#7f8c8d", "dot"))
     for name, ys, color, dash in series:
         fig.add_scatter(x=ns, y=ys, name=name, mode="lines+markers", line=dict(color=color, dash=dash))
-    fig.update_xaxes(type="log", title="prompt tokens", tickvals=ns, ticktext=[r["label"] for r in rows])
-    fig.update_yaxes(type="log", title="ms (projected)", dtick=1)
+    fig.update_xaxes(type="log", title="prompt tokens", tickmode="array", tickvals=ns,
+                     ticktext=[r["label"] for r in rows])
+    log_axis(fig, "y", [y for _, ys, _, _ in series for y in ys], unit="s", scale=1e-3,
+             title="prefill time (projected)")
     fig.update_layout(height=360, margin=dict(l=0, r=0, t=40, b=0), title=dict(text=title, font=dict(size=14)),
                       legend=dict(orientation="h", y=-0.25))
     return fig
@@ -91,7 +96,7 @@ def channels_figure(max_abs: np.ndarray, mean_abs: np.ndarray, title: str, thres
         fig.add_hline(y=threshold, line=dict(color="grey", dash="dash"),
                       annotation_text=f"LLM.int8 threshold {threshold:g}", annotation_position="top left")
     fig.update_xaxes(title="channel")
-    fig.update_yaxes(type="log", title="|value|", dtick=1, range=[np.log10(bottom) - 0.2, np.log10(top) + 0.3])
+    log_axis(fig, "y", [bottom, top], title="|value|")
     fig.update_layout(height=300, margin=dict(l=0, r=0, t=30, b=0), title=dict(text=title, font=dict(size=13)),
                       legend=dict(orientation="h", y=-0.3))
     return fig
@@ -102,7 +107,10 @@ def bars(labels: Sequence[str], values: Sequence[float], title: str, fmt: str, c
     fig = go.Figure(go.Bar(x=list(labels), y=list(values), marker_color=color, textposition="outside",
                            text=[fmt.format(v) for v in values], cliponaxis=False))
     fig.update_layout(height=300, margin=MARGIN, title=dict(text=title, font=dict(size=13)))
-    fig.update_yaxes(type="log" if log else "linear", showticklabels=log)
+    if log:
+        log_axis(fig, "y", values)
+    else:
+        fig.update_yaxes(showticklabels=False)
     return fig
 
 

@@ -10,7 +10,9 @@ Token text comes from the user or from the model, so it is never rendered as HTM
 from __future__ import annotations
 
 import html
+import math
 import re
+from typing import Iterable
 
 from engine.units import CONVENTION, card_size, fmt_bytes  # noqa: F401  (one convention: engine/units.py)
 
@@ -67,3 +69,56 @@ def plot_text(text: str, limit: int = 24) -> str:
 def axis_labels(texts: list[str], limit: int = 12) -> list[str]:
     """Position-tagged labels for a plot axis: '12 ·the' (duplicates stay distinct)."""
     return [f"{i} {plot_text(t, limit)}" for i, t in enumerate(texts)]
+
+
+
+_SI = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+_SMALL_SI = ((1e-3, "m"), (1e-6, "µ"), (1e-9, "n"))
+SI_UNITS = ("s", "B", "B/s", "FLOP/s", "FLOPs")            # units that take an SI prefix: 'ms', 'GB', 'TFLOP/s'
+LOG_MANTISSAS = ((1, 1.5, 2, 3, 5, 7), (1, 2, 5), (1,))   # within a decade, up to two decades, beyond
+
+
+def si_label(value: float, unit: str = "", prefix: str = "") -> str:
+    """A tick label: 1e14 'FLOP/s' -> '100 TFLOP/s', 0.02 's' -> '20 ms', 2000 'tok/s' -> '2k tok/s',
+    0.5 with prefix '$' -> '$0.5'. Units of SI_UNITS take the prefix letter; any other number keeps k, M, G ..."""
+    scale, letter = next(((f, n) for f, n in _SI if abs(value) >= f * 0.999), (1.0, ""))
+    small = 1.0 if unit in SI_UNITS else 1e-3                # '20 ms', but '0.5 tok/s' and '0.01'
+    if 0 < abs(value) < small * 0.999:
+        scale, letter = next(((f, n) for f, n in _SMALL_SI if abs(value) >= f * 0.999), _SMALL_SI[-1])
+    number = f"{round(value / scale, 6):g}"
+    if unit in SI_UNITS:
+        return f"{prefix}{number} {letter}{unit}"
+    return f"{prefix}{number}{letter} {unit}" if unit else f"{prefix}{number}{letter}"
+
+
+def log_ticks(values: Iterable[float | None], unit: str = "", prefix: str = "", scale: float = 1.0) -> dict:
+    """Tick values, labels and range for a log axis over `values` (labels read value x scale: data in ms, unit 's'
+    and scale 1e-3 label 20 as '20 ms').
+
+    1-2-5 in each decade up to two decades, one tick a decade beyond (every other decade beyond eight; a decade
+    mark the data come within a factor 2 of is taken in), at least
+    two ticks, every label in SI with its unit or prefix: the axis never prints plotly's bare minor digits."""
+    pos = [float(v) for v in values if v is not None and math.isfinite(float(v)) and float(v) > 0]
+    lo, hi = (min(pos), max(pos)) if pos else (1.0, 10.0)
+    span = math.log10(hi / lo)
+    mantissas = LOG_MANTISSAS[0] if span < 1 else LOG_MANTISSAS[1] if span <= 2 else LOG_MANTISSAS[2]
+    every = 2 if span > 8 else 1
+    grid = [float(f"{m * 10.0 ** e:.12g}") for e in range(math.floor(math.log10(lo)) - 2, math.ceil(math.log10(hi)) + 2)
+            if e % every == 0 for m in mantissas]
+    inside = [t for t in grid if lo / 1.0001 <= t <= hi * 1.0001]
+    below, above = [t for t in grid if t < lo / 1.0001], [t for t in grid if t > hi * 1.0001]
+    if mantissas == LOG_MANTISSAS[-1]:                       # decades: take in a decade mark the data nearly reach
+        if above and above[0] / hi <= 2:
+            inside.append(above.pop(0))
+        if below and lo / below[-1] <= 2:
+            inside.insert(0, below.pop())
+    while len(inside) < 2:                                   # widen to the nearer neighbouring tick
+        if below and (not above or lo / below[-1] <= above[0] / hi):
+            inside.insert(0, below.pop())
+        else:
+            inside.append(above.pop(0))
+    low, high = min(lo, inside[0]), max(hi, inside[-1])
+    pad = 0.04 * max(math.log10(high / low), 0.5)
+    return dict(type="log", tickmode="array", tickvals=inside,
+                ticktext=[si_label(t * scale, unit, prefix) for t in inside],
+                range=[math.log10(low) - pad, math.log10(high) + pad])

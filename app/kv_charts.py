@@ -7,7 +7,8 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 from plotly.subplots import make_subplots
 
-from app.format import fmt_bytes, fmt_tokens
+from app.format import fmt_bytes, fmt_tokens, log_ticks
+from app.speed_charts import TEXT_ROOM
 from engine.paging import PagingComparison, PagingRequest
 from engine.records import CacheState
 
@@ -47,7 +48,9 @@ def users_figure(contexts: list[int], users: list[int], chosen: int, ideal: list
     fig.add_bar(x=xs, y=[u or None for u in users], name="a server's share", marker_color=colors,
                 text=[f"{u:,}" for u in users], textposition="outside", cliponaxis=False,
                 hovertemplate="%{x} tokens: %{text} users<extra></extra>")
-    fig.update_yaxes(type="log", title="users that fit", tickvals=[1, 10, 100, 1000, 10000])
+    ticks = log_ticks([1, *users, *(ideal or [])])
+    low, high = ticks.pop("range")
+    fig.update_yaxes(**ticks, range=[low, high + TEXT_ROOM * (high - low)], title="users that fit")
     fig.update_xaxes(type="category", title="context per user (tokens)")
     fig.update_layout(height=340, margin=dict(l=0, r=0, t=20, b=0), barmode="group", showlegend=False)
     return fig

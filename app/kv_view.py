@@ -246,7 +246,7 @@ def users_table_section(choice: Choice) -> None:
     contexts = sorted(set(CONTEXT_OPTIONS) | {choice.context})
     rows = users_table(spec, gpu, choice.kv_dtype, choice.weight_dtype, contexts, choice.layout)
     served = [r.context <= spec.max_context for r in rows]
-    left, right = st.columns([2, 3])
+    left, right = st.columns([1, 1])                # the table's four columns whole on a 1024-pixel projector
     left.dataframe({"context": [fmt_tokens(r.context) for r in rows],
                     "cache per user": [fmt_bytes(r.kv_bytes_per_user) for r in rows],
                     "users": [r.users if ok else None for r, ok in zip(rows, served)],

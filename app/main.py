@@ -10,6 +10,7 @@ if str(ROOT) not in sys.path:  # `streamlit run` puts app/ on the path, not the 
 import streamlit as st  # noqa: E402
 
 from app.controls import follow_presenter, join_session  # noqa: E402
+from app.layout import configure_page, layout_toggle  # noqa: E402
 from app.model import get_model  # noqa: E402
 from app.nav import HOME, PAGES  # noqa: E402
 from app.sidebar import render_sidebar  # noqa: E402
@@ -20,7 +21,7 @@ OFFLINE_PAGES = {"", "journey", "attention", "kv-cache", "quiz", "recordings", "
 # widget namespace of each page that takes a pushed prompt and settings
 PUSH_NAMESPACES = {"journey": "journey", "attention": "attention", "kv-cache": "kv"}
 
-st.set_page_config(page_title="Inference Playground", page_icon=":material/science:", layout="wide")
+configure_page()                                  # st.set_page_config, the projector and presenter layouts
 home = st.Page(HOME.path, title=HOME.title, icon=HOME.icon, default=True)
 by_url = {p.url_path: st.Page(p.path, title=p.title, icon=p.icon, url_path=p.url_path) for p in PAGES}
 menu: dict[str, list] = {"": [home]}
@@ -36,6 +37,7 @@ except EngineError as err:          # a launch limit that cannot work (set by ha
 follow_presenter(current.url_path, PUSH_NAMESPACES.get(current.url_path, current.url_path or "home"),
                  lambda page: st.switch_page(by_url.get(page, home)))
 render_sidebar(lm)
+layout_toggle()
 if refused:
     st.error(refused)
     if current.url_path not in OFFLINE_PAGES:

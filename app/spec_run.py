@@ -202,8 +202,8 @@ def per_token_acceptance(rounds: list[SpecRoundRecord]) -> float:
     return accepted / checked if checked else 0.0
 
 
-def costs_from_rounds(rounds: list[SpecRoundRecord]) -> tuple[float, float]:
-    """(draft seconds per drafted token, verify seconds per round).
+def costs_from_rounds(rounds: list[SpecRoundRecord]) -> tuple[float, float, float]:
+    """(draft seconds per drafted token, verify seconds per round, drafted tokens per round).
 
     Round 1 is left out when there are others: a model draft reads the whole prompt there first.
     """
@@ -211,7 +211,7 @@ def costs_from_rounds(rounds: list[SpecRoundRecord]) -> tuple[float, float]:
     drafted = sum(len(r.drafted) for r in steady)
     draft = sum(r.draft_seconds for r in steady) / drafted if drafted else 0.0
     verify = sum(r.verify_seconds for r in steady) / len(steady) if steady else 0.0
-    return draft, verify
+    return draft, verify, drafted / len(steady) if steady else 0.0
 
 
 @dataclass(frozen=True)
@@ -231,6 +231,7 @@ class Measured:
     short_rounds: int               # rounds that drafted fewer than k tokens
     draft_per_token: float
     verify_per_round: float
+    steady_drafted: float           # drafted tokens per round, over the rounds the two costs come from
     spec_decode: float              # every round's draft + verify
     spec_tokens: int                # tokens decoded after the first (which prefill gives both runs)
     plain_step: float | None        # mean plain decode step
@@ -250,6 +251,16 @@ class Measured:
         return self.verify_per_round / self.plain_step if self.plain_step else None
 
     @property
+    def check_ratio(self) -> float | None:
+        """u: what checking one more drafted token adds to a verify pass, in plain target steps.
+
+        The verify pass reads k + 1 positions where a plain step reads 1: v = 1 + k·u. On a GPU u is close to 0
+        (the step reads the weights once either way); on a CPU the arithmetic grows with the positions."""
+        if self.verify_ratio is None or not self.steady_drafted:
+            return None
+        return max(0.0, (self.verify_ratio - 1.0) / self.steady_drafted)
+
+    @property
     def drafted_per_round(self) -> float:
         return self.drafted / self.rounds if self.rounds else 0.0
 
@@ -257,7 +268,7 @@ class Measured:
 def measure(run: SpecRun) -> Measured:
     rounds, done = run.rounds, run.done
     a = per_token_acceptance(rounds)
-    draft, verify = costs_from_rounds(rounds)
+    draft, verify, steady_drafted = costs_from_rounds(rounds)
     spec_decode = sum(r.draft_seconds + r.verify_seconds for r in rounds)
     spec_tokens = sum(len(r.emitted) for r in rounds)
     drafted = sum(len(r.drafted) for r in rounds)
@@ -276,7 +287,8 @@ def measure(run: SpecRun) -> Measured:
         expected_drafted=(sum(expected_tokens_per_pass(a, len(r.drafted)) for r in rounds) / len(rounds)
                           if rounds else 0.0),
         short_rounds=sum(1 for r in rounds if len(r.drafted) < run.k),
-        draft_per_token=draft, verify_per_round=verify, spec_decode=spec_decode, spec_tokens=spec_tokens,
+        draft_per_token=draft, verify_per_round=verify, steady_drafted=steady_drafted, spec_decode=spec_decode,
+        spec_tokens=spec_tokens,
         plain_step=plain_step, plain_decode=plain_decode, plain_tokens=plain_tokens, speedup=speedup,
         same_text=(run.plain.text == run.done.text) if run.plain is not None and done is not None else None)
 
@@ -295,17 +307,18 @@ def by_position(rounds: list[SpecRoundRecord]) -> list[float]:
     return [x / n for x, n in zip(accepted, drafted)]
 
 
-def expected_speedup(a: float, k: int, c: float, v: float = 1.0) -> float:
-    """E[tokens per pass] / (v + k·c): a round costs one verify pass (v plain steps) and k drafted tokens."""
-    return expected_tokens_per_pass(a, k) / (v + k * c)
+def expected_speedup(a: float, k: int, c: float, u: float = 0.0) -> float:
+    """E[tokens per pass] / (1 + k·(c + u)): a round drafts k tokens (c plain steps each) and verifies them in one
+    pass that costs a plain step plus u for each drafted token it checks."""
+    return expected_tokens_per_pass(a, k) / (1 + k * (c + u))
 
 
-def speedup_curve(a: float, c: float, ks: range = K_RANGE, v: float = 1.0) -> list[float]:
-    return [expected_speedup(a, k, c, v) for k in ks]
+def speedup_curve(a: float, c: float, ks: range = K_RANGE, u: float = 0.0) -> list[float]:
+    return [expected_speedup(a, k, c, u) for k in ks]
 
 
-def best_k(a: float, c: float, ks: range = K_RANGE, v: float = 1.0) -> tuple[int, float]:
-    curve = speedup_curve(a, c, ks, v)
+def best_k(a: float, c: float, ks: range = K_RANGE, u: float = 0.0) -> tuple[int, float]:
+    curve = speedup_curve(a, c, ks, u)
     i = max(range(len(curve)), key=curve.__getitem__)
     return ks[i], curve[i]
 

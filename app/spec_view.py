@@ -13,7 +13,7 @@ from app.controls import Prepared, Sampling, new_token_limit, prepare, sanitize_
 from app.format import fmt_ms
 from app.model import draft_choice, model_slot
 from app.run import Throttle
-from app.spec_run import (K_RANGE, PRESETS, Measured, SpecRun, best_k, draft_model_options,
+from app.spec_run import (K_RANGE, PRESETS, Measured, SpecRun, best_k, draft_model_options, expected_speedup,
                           is_model_spec, new_spec_run, projected_pair, speedup_curve, stream_speculative)
 from app.speed_view import efficiency_note
 from app.view import ChartSlot, plot
@@ -106,9 +106,9 @@ def prompt_controls() -> str:
     """Three preset buttons above the prompt box: code to continue, a passage to copy, an open question."""
     if f"{NS}.prompt" not in st.session_state:
         _set_prompt(PRESETS[DEFAULT_PRESET])
-    cols = st.columns([1, 1, 1, 3])
-    for i, (col, (name, text)) in enumerate(zip(cols, PRESETS.items())):
-        col.button(name, key=f"{NS}.preset.{i}", on_click=_set_prompt, args=(text,), width="stretch")
+    row = st.container(horizontal=True)              # buttons as wide as their words, at any screen width
+    for i, (name, text) in enumerate(PRESETS.items()):
+        row.button(name, key=f"{NS}.preset.{i}", on_click=_set_prompt, args=(text,))
     return st.text_area("Prompt", height=140, key=f"{NS}.prompt",
                         help="Wrapped in the chat template before tokenizing (for instruct models).")
 
@@ -138,9 +138,9 @@ def prepare_request(lm: LoadedModel, prompt: str, sampling: Sampling) -> Prepare
 
 
 def generate_button(disabled: bool) -> tuple[bool, st.delta_generator.DeltaGenerator]:
-    left, right, _ = st.columns([1, 1, 5])
-    clicked = left.button("Generate", type="primary", key=f"{NS}.generate", disabled=disabled)
-    return clicked, right.empty()
+    row = st.container(horizontal=True)
+    clicked = row.button("Generate", type="primary", key=f"{NS}.generate", disabled=disabled)
+    return clicked, row.empty()
 
 
 # --- running ------------------------------------------------------------------------------------------------
@@ -288,22 +288,36 @@ def speed_section(run: SpecRun, m: Measured) -> None:
 
 def k_section(run: SpecRun, m: Measured) -> None:
     """Tokens per pass and speedup against k: the formula with the measured a, the measured point, and the
-    same a with the measured costs and with the projected H100 costs."""
+    same a with this run's measured costs and with the projected H100 costs."""
     ks = list(K_RANGE)
     pair = projected_pair()
     curves = []
-    if m.cost_ratio is not None:
-        curves.append((f"measured on this machine: c = {m.cost_ratio:.2g}", speedup_curve(m.a, m.cost_ratio),
-                       charts.MEASURED_COLOR, "solid"))
-    curves.append((f"projected: {pair.draft} → {pair.target} on {pair.gpu}, c = {pair.cost_ratio:.2f}",
+    if m.cost_ratio is not None and m.check_ratio is not None:
+        curves.append((f"measured costs: c = {share(m.cost_ratio)}, u = {share(m.check_ratio)}",
+                       speedup_curve(m.a, m.cost_ratio, u=m.check_ratio), charts.MEASURED_COLOR, "solid"))
+    curves.append((f"projected: {pair.draft} → {pair.target} on {pair.gpu}, c = {pair.cost_ratio:.2f}, u = 0",
                    speedup_curve(m.a, pair.cost_ratio), charts.PROJECTED_COLOR, "dash"))
     expected = [expected_tokens_per_pass(m.a, k) for k in ks]
     plot(charts.k_figure(ks, expected, m.k, m.tokens_per_pass, curves, m.speedup), key=f"{NS}.k.{run.id}")
     st.caption(f"Left: (1 − a^(k+1)) / (1 − a) with the measured a = {m.a:.2f}: {m.expected_at_k:.2f} tokens per pass "
-               f"at k = {m.k}, measured {m.tokens_per_pass:.2f}. Right: speedup(k) = E[tokens per pass] / (1 + k·c), "
-               f"c = one drafted token's cost / one target step; the diamond is the measured decode speedup.")
-    if m.cost_ratio is not None and m.speedup is not None:
+               f"at k = {m.k}, measured {m.tokens_per_pass:.2f}. Right: speedup(k) = E[tokens per pass] / "
+               "(1 + k·(c + u)): "
+               "a round drafts k tokens at c each and checks them in one target pass that costs a plain step plus u "
+               "per drafted token, c and u as shares of one plain target step; the diamond is the measured decode "
+               "speedup. The projected line takes u = 0: on a GPU a decode step is bound by reading the weights, so "
+               "checking a few more tokens in the same pass costs almost nothing.")
+    if m.cost_ratio is not None and m.check_ratio is not None and m.speedup is not None:
+        st.caption(line_gap(m))
         st.markdown(verdict(run, m))
+
+
+def line_gap(m: Measured) -> str:
+    """Where the measured-cost line stands at the measured k against the measured point, and why they differ."""
+    at_k = expected_speedup(m.a, m.k, m.cost_ratio, m.check_ratio)
+    return (f"At k = {m.k} the measured-cost line gives {at_k:.2f}× and the run measured {m.speedup:.2f}×. The line "
+            f"assumes every round drafts k tokens and that acceptances are independent ({m.expected_at_k:.2f} tokens "
+            f"per pass expected, {m.tokens_per_pass:.2f} measured; {m.drafted_per_round:.1f} drafted per round), and "
+            "it leaves out the first round, where a model draft reads the whole prompt.")
 
 
 def share(x: float) -> str:

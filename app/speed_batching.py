@@ -32,15 +32,15 @@ BUDGETS = (128, 256, 512, 1024, 2048, 4096)
 
 
 def workload_inputs() -> tuple[Workload, int]:
-    cols = st.columns(4)
+    cols = st.columns(3)
     rate = cols[0].slider("Arrivals (requests/s)", 0.5, 100.0, 20.0, 0.5, key="batching.rate")
     n = cols[1].select_slider("Requests", [50, 100, 200, 300, 500], value=300, key="batching.n")
-    dist = cols[2].segmented_control("Lengths", ["uniform", "lognormal"], default="uniform", key="batching.dist",
-                                     required=True)
-    max_batch = cols[3].select_slider("Batch limit", list(SIM_BATCHES), value=64, key="batching.max_batch")
-    cols = st.columns(2)
+    max_batch = cols[2].select_slider("Batch limit", list(SIM_BATCHES), value=64, key="batching.max_batch")
+    cols = st.columns([5, 5, 4])                      # room for both length options on a 1024-pixel projector
     prompt = cols[0].slider("Prompt tokens (min, max)", 16, 8192, (64, 1024), key="batching.prompt")
     output = cols[1].slider("Output tokens (min, max)", 1, 2048, (16, 512), key="batching.output")
+    dist = cols[2].segmented_control("Lengths", ["uniform", "lognormal"], default="uniform", key="batching.dist",
+                                     required=True)
     return Workload(int(n), float(rate), prompt[0], prompt[1], output[0], output[1], dist or "uniform"), int(max_batch)
 
 

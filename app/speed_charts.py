@@ -5,11 +5,12 @@ Measured series are drawn in orange, projected ones in blue, so the two planes n
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from app.format import log_ticks
 from engine.economics import TokenPrices
 from engine.projection import Projection, RooflinePoint
 from engine.serving_sim import SimResult, SweepRow, Targets
@@ -18,6 +19,8 @@ from engine.speedlab import CurveFit, DecodePlacement, DeviceRoof
 MEASURED_COLOR, PROJECTED_COLOR, PREFILL_COLOR, DECODE_COLOR = "#e8833a", "#3a7be8", "#8e44ad", "#2a9d8f"
 POLICY_COLORS = {"static": "#bbbbbb", "continuous": "#3a7be8", "chunked": "#2a9d8f", "disaggregated": "#8e44ad"}
 MARGIN = dict(l=0, r=0, t=30, b=0)
+LABEL_AT = {"prefill": "bottom center", "decode": "bottom right"}   # under the roof, clear of its line
+TEXT_ROOM = 0.3        # share of a bar chart's value axis added past the longest bar, for its label
 
 
 def context_figure(points: Sequence[dict], fit: CurveFit | None, onset: int | None,
@@ -50,9 +53,23 @@ def _roof_trace(fig: go.Figure, xs: Sequence[float], ys: Sequence[float], name: 
                     hovertemplate="%{x:.3g} FLOPs/byte: %{y:.3g} FLOP/s<extra></extra>")
 
 
+def log_axis(fig: go.Figure, axis: str, values: Iterable[float | None], unit: str = "", prefix: str = "",
+             scale: float = 1.0, **where) -> None:
+    """Make the x or y axis (of the subplot `where` picks) logarithmic with labelled SI ticks only: 1-2-5 or
+    decades, each with its unit or '$', never plotly's bare minor digits (app.format.log_ticks)."""
+    update = fig.update_xaxes if axis == "x" else fig.update_yaxes
+    update(**log_ticks(values, unit, prefix, scale), **where)
+
+
+def trace_values(fig: go.Figure, axis: str) -> list[float]:
+    """Every x (or y) value the figure's traces draw."""
+    return [v for trace in fig.data for v in (getattr(trace, axis) or ()) if v is not None]
+
+
 def _log_axes(fig: go.Figure, title: str) -> go.Figure:
-    fig.update_xaxes(type="log", title="arithmetic intensity (FLOPs per byte moved)")
-    fig.update_yaxes(type="log", title="FLOP/s", exponentformat="SI")
+    """The roofline's axes: one SI format on both, FLOP/s with its unit on every tick."""
+    log_axis(fig, "x", trace_values(fig, "x"), title="arithmetic intensity (FLOPs per byte moved)")
+    log_axis(fig, "y", trace_values(fig, "y"), unit="FLOP/s", title="attainable and achieved FLOP/s")
     fig.update_layout(height=400, margin=MARGIN, title=dict(text=title, font=dict(size=14)),
                       legend=dict(orientation="h", y=-0.2))
     return fig
@@ -70,12 +87,14 @@ def device_roofline_figure(roof: DeviceRoof, decode: DecodePlacement | None,
     _roof_trace(fig, xs, [roof.attainable(x) for x in xs], f"{roof.name} ({roof.source} peaks)", "black")
     if decode is not None:
         fig.add_scatter(x=[decode.intensity], y=[decode.achieved_flops], mode="markers+text", name="decode step (measured)",
-                        text=["decode"], textposition="top center", marker=dict(color=DECODE_COLOR, size=12))
+                        text=["decode"], textposition=LABEL_AT["decode"], cliponaxis=False,
+                        marker=dict(color=DECODE_COLOR, size=12))
         fig.add_scatter(x=[decode.intensity], y=[roof.attainable(decode.intensity)], mode="markers",
                         name="decode ceiling", marker=dict(color=DECODE_COLOR, size=12, symbol="circle-open"))
     if prefill is not None:
         fig.add_scatter(x=[prefill[0]], y=[prefill[1]], mode="markers+text", name="prefill (measured)",
-                        text=["prefill"], textposition="top center", marker=dict(color=PREFILL_COLOR, size=12))
+                        text=["prefill"], textposition=LABEL_AT["prefill"], cliponaxis=False,
+                        marker=dict(color=PREFILL_COLOR, size=12))
     return _log_axes(fig, "Measured on this machine")
 
 
@@ -89,7 +108,7 @@ def projected_roofline_figure(line: Sequence[RooflinePoint], proj: Projection, t
               ("decode", proj.decode_intensity, proj.decode_flops / (proj.decode_step_ms / 1e3) / share, DECODE_COLOR)]
     for name, x, y, color in points:
         fig.add_scatter(x=[x], y=[y], mode="markers+text", text=[f"{name}, batch {proj.batch}"],
-                        textposition="top center", name=name, marker=dict(color=color, size=12),
+                        textposition=LABEL_AT[name], cliponaxis=False, name=name, marker=dict(color=color, size=12),
                         hovertemplate=f"{name}: %{{x:.3g}} FLOPs/byte, %{{y:.3g}} FLOP/s<extra></extra>")
     fig.add_vline(x=proj.ridge_point, line=dict(color="grey", dash="dot"))
     return _log_axes(fig, title)
@@ -104,7 +123,7 @@ def experts_figure(batches: Sequence[int], touched: Sequence[float], n_experts: 
                   annotation_position="bottom right")
     fig.add_hline(y=per_token, line=dict(color=DECODE_COLOR, dash="dot"),
                   annotation_text=f"one token: {per_token}", annotation_position="top left")
-    fig.update_xaxes(type="log", title="batch size (tokens per decode step)")
+    log_axis(fig, "x", batches, title="batch size (tokens per decode step)")
     fig.update_yaxes(title="distinct experts per layer", rangemode="tozero")
     fig.update_layout(height=320, margin=MARGIN, showlegend=False)
     return fig
@@ -120,8 +139,9 @@ def batch_sweep_figure(projs: Sequence[Projection], title: str) -> go.Figure:
                     line=dict(color=PROJECTED_COLOR, dash="dash"), row=1, col=1)
     fig.add_scatter(x=bs, y=[p.cost_per_million_tokens for p in projs], name="cost", mode="lines+markers",
                     line=dict(color="#c0392b"), row=1, col=2)
-    fig.update_xaxes(type="log", title="batch size")
-    fig.update_yaxes(type="log")
+    log_axis(fig, "x", bs, title="batch size")
+    log_axis(fig, "y", [v for p in projs for v in (p.total_tok_s, p.per_user_tok_s)], unit="tok/s", row=1, col=1)
+    log_axis(fig, "y", [p.cost_per_million_tokens for p in projs], prefix="$", row=1, col=2)
     fig.update_layout(height=360, margin=dict(l=0, r=0, t=70, b=0), title=dict(text=title, font=dict(size=14)),
                       legend=dict(orientation="h", y=-0.3))
     return fig
@@ -211,8 +231,10 @@ def sim_sweep_figure(rows: Sequence[SweepRow]) -> go.Figure:
                     name="latency p50", row=1, col=2)
     fig.add_scatter(x=bs, y=[r.cost_per_million_tokens for r in rows], mode="lines+markers",
                     line=dict(color="#c0392b"), name="cost", row=1, col=3)
-    fig.update_xaxes(type="log", title="batch limit")
-    fig.update_yaxes(type="log")
+    log_axis(fig, "x", bs, title="batch limit")
+    log_axis(fig, "y", [r.throughput_tok_s for r in rows], unit="tok/s", row=1, col=1)
+    log_axis(fig, "y", [r.latency_p50 for r in rows], unit="s", row=1, col=2)
+    log_axis(fig, "y", [r.cost_per_million_tokens for r in rows], prefix="$", row=1, col=3)
     fig.update_layout(height=320, margin=MARGIN, showlegend=False)
     return fig
 
@@ -227,8 +249,8 @@ def measured_batching_figure(points: Sequence[dict], ceiling: Sequence[float]) -
                     line=dict(color=MEASURED_COLOR, dash="dash"))
     fig.add_scatter(x=bs, y=list(ceiling), name="total, ceiling on this device (projected)", mode="lines+markers",
                     line=dict(color=PROJECTED_COLOR, dash="dot"))
-    fig.update_xaxes(type="log", title="batch size", tickvals=bs)
-    fig.update_yaxes(type="log", title="tokens per second")
+    log_axis(fig, "x", bs, title="batch size")
+    log_axis(fig, "y", trace_values(fig, "y"), unit="tok/s", title="tokens per second")
     fig.update_layout(height=340, margin=MARGIN, legend=dict(orientation="h", y=-0.25))
     return fig
 
@@ -250,6 +272,8 @@ def rates_figure(names: Sequence[str], rates: Sequence[float], chosen: float,
     fig = go.Figure(go.Bar(y=list(names), x=list(rates), orientation="h", marker_color=colors,
                            text=[f"{r:,.0f} tok/s" for r in rates], textposition="outside", cliponaxis=False))
     fig.add_vline(x=chosen, line=dict(color=MEASURED_COLOR, width=2))
-    fig.update_xaxes(type="log", title="tokens per second")
+    ticks = log_ticks([*rates, chosen, min(rates, default=1) / 3], unit="tok/s")   # the shortest bar stays visible
+    low, high = ticks.pop("range")
+    fig.update_xaxes(**ticks, range=[low, high + TEXT_ROOM * (high - low)], title="tokens per second")
     fig.update_layout(height=60 + 36 * len(names), margin=MARGIN)
     return fig

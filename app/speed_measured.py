@@ -92,18 +92,18 @@ def measure_lengths(lm: LoadedModel, lengths: list[int]) -> None:
 
 def context_controls(lm: LoadedModel) -> None:
     n = context_input(lm)
-    cols = st.columns([1, 1, 1, 3])
+    row = st.container(horizontal=True)              # buttons as wide as their words, at any screen width
     st.session_state[ERROR] = None
     sweep = sweep_lengths(lm)
-    if cols[0].button("Measure N", type="primary", key="speed.measure"):
+    if row.button("Measure N", type="primary", key="speed.measure"):
         measure_lengths(lm, [n])
-    if cols[1].button(f"Sweep {len(sweep)} lengths", key="speed.sweep",
-                      help=f"Measures N = {', '.join(map(str, sweep))} in one go."):
+    if row.button(f"Sweep {len(sweep)} lengths", key="speed.sweep",
+                  help=f"Measures N = {', '.join(map(str, sweep))} in one go."):
         measure_lengths(lm, sweep)
-    if cols[2].button("Clear", key="speed.clear"):
+    if row.button("Clear", key="speed.clear"):
         st.session_state[POINTS] = []
     if st.session_state.get(ERROR):
-        cols[3].error(st.session_state[ERROR])
+        st.error(st.session_state[ERROR])
 
 
 def onset_text(lm: LoadedModel) -> str:

@@ -4,9 +4,16 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import streamlit as st
 
+from app.layout import plot_font
 from app.run import Throttle
 
 PLOT_CONFIG = {"displaylogo": False, "modeBarButtonsToRemove": ["select2d", "lasso2d"]}
+
+
+def sized(fig: go.Figure) -> go.Figure:
+    """The figure with this session's chart text size (larger in the presenter layout)."""
+    font = plot_font()
+    return fig.update_layout(font_size=font) if font else fig
 
 
 class ChartSlot:
@@ -18,12 +25,12 @@ class ChartSlot:
 
     def plot(self, fig: go.Figure) -> None:
         self.n += 1
-        self.box.plotly_chart(fig, key=f"{self.name}.{self.n}", config=PLOT_CONFIG)
+        self.box.plotly_chart(sized(fig), key=f"{self.name}.{self.n}", config=PLOT_CONFIG)
 
 
 def plot(fig: go.Figure, key: str, parent=None) -> None:
     """A chart drawn once per run."""
-    (parent or st).plotly_chart(fig, key=key, config=PLOT_CONFIG)
+    (parent or st).plotly_chart(sized(fig), key=key, config=PLOT_CONFIG)
 
 
 class ProgressLine:

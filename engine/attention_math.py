@@ -3,6 +3,7 @@
     qkv = capture_qkv(lm, ids, layer=3)          # Q, K, V of that layer for a prompt (after RoPE), one pass
     steps = attention_steps(qkv, head=5)         # Q·Kᵀ, ÷√d, causal mask, softmax, ·V for that head
     qkv.hf_difference                            # |o_proj(all heads' outputs) - HF's own attention output|
+    cap = capture_attention(lm, ids, layer=3)    # the engine's capture of one layer over a whole run's positions
 
 Q, K and V come from the layer's own modules: the residual stream entering the layer (HF's
 `output_hidden_states`), its `input_layernorm`, `q_proj` / `k_proj` / `v_proj`, and the architecture's own
@@ -16,8 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from transformers import DynamicCache
 
 from engine.errors import InvalidRequestError
+from engine.generate import forward
+from engine.hooks import CapturePolicy, LayerCapture, instrument
 from engine.loader import LoadedModel
 
 MAX_TOKENS = 48              # a prompt longer than this is cut: the matrices are shown number by number
@@ -95,6 +99,38 @@ def capture_qkv(lm: LoadedModel, ids: list[int], layer: int) -> LayerQKV:
     as_np = lambda t: t[0].float().cpu().numpy()                                        # noqa: E731
     return LayerQKV(layer, texts, as_np(q), as_np(k), as_np(v), float(attn.scaling),
                     float((ours - hf.float()).abs().max()))
+
+
+class _StopForward(Exception):
+    """Raised by a hook once the layer asked for has run: the layers above it are not needed."""
+
+
+def _stop(module: torch.nn.Module, args: tuple, output: object) -> None:
+    raise _StopForward
+
+
+_stop.playground_point = "stop after this layer"   # counted by engine.hooks.count_hooks like every hook of ours
+
+
+def capture_attention(lm: LoadedModel, ids: list[int], layer: int) -> LayerCapture:
+    """Every head's causal attention (heads, T, T) of one layer over all of `ids`, with the engine's own capture:
+    the rows a generation keeps for that layer (its prefill block, then one row per decode step).
+
+    One pass through layers 0 to `layer` only (TransformerLens' stop_at_layer): the layers above it, the final
+    norm and the LM head do not run."""
+    check_request(lm, ids, layer)
+    policy = CapturePolicy(layers=(layer,), stats=False)
+    capture = None
+    handle = lm.model.model.layers[layer].register_forward_hook(_stop)
+    try:
+        with torch.inference_mode(), instrument(lm.model, policy) as inst:
+            capture = inst.new_step()
+            forward(lm, ids, DynamicCache(config=lm.model.config), capture)
+    except _StopForward:
+        pass
+    finally:
+        handle.remove()
+    return capture.finish(lm.model)[layer]
 
 
 def head_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> dict[str, torch.Tensor]:

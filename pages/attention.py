@@ -27,9 +27,9 @@ if run is not None and run.prefill is not None and captured_layers(run):
     if run.capture_note:
         st.info(run.capture_note)
     stretch = st.toggle("Stretch colours (√p) so small weights show", value=True, key="attention.stretch")
-    pushed_choice(f"attention.layer.{run.id}", "layer", captured_layers(run))
+    pushed_choice(f"attention.layer.{run.id}", "layer", view.layer_options(run, lm))
     pushed_choice(f"attention.head.{run.id}", "head", list(captured_heads(run, captured_layers(run)[0])[0]))
-    layer, head_index = view.layer_and_head(run)
+    run, layer, head_index = view.layer_and_head(run, lm)
     presenter_push("attention", "attention",
                    view={"layer": layer, "head": captured_heads(run, layer)[0][head_index]})
     st.subheader("One head")

@@ -149,6 +149,53 @@ def button(page, name: str):
     return page.get_by_test_id("stMainBlockContainer").get_by_role("button", name=name)
 
 
+PROJECTOR = {"width": 1024, "height": 768}      # a classroom projector
+# words Streamlit cuts with '…' (metric values and labels, button captions, widget labels) in the main area, and
+# buttons (a segmented control's options) running past the column that holds them
+CLIPPED_JS = """() => [...document.querySelectorAll(
+    '[data-testid="stMainBlockContainer"] [data-testid="stMarkdownContainer"]')]
+  .filter(e => e.closest('[data-testid="stMetric"], button, label, [data-testid="stWidgetLabel"]'))
+  .filter(e => e.scrollWidth > e.clientWidth + 1)
+  .map(e => e.innerText.trim())
+  .concat([...document.querySelectorAll('[data-testid="stMainBlockContainer"] [data-testid="stColumn"] button')]
+    .filter(b => b.getBoundingClientRect().right >
+                 b.closest('[data-testid="stColumn"]').getBoundingClientRect().right + 1)
+    .map(b => 'past its column: ' + b.innerText.trim()))"""
+# chart text (bar and point labels, ticks, titles, legends) reaching past the chart's own drawing, where it is cut off
+OUTSIDE_JS = """() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(plot => {
+  const box = plot.querySelector('.main-svg').getBoundingClientRect();
+  return [...plot.querySelectorAll('.textpoint text, text.bartext, .annotation-text, .xtick text, .ytick text, ' +
+                                   '.legendtext, .gtitle, .g-xtitle text, .g-ytitle text')]
+    .filter(t => t.textContent.trim())
+    .filter(t => { const r = t.getBoundingClientRect();
+                   return r.width > 0 && (r.left < box.left - 1 || r.right > box.right + 1 ||
+                                          r.top < box.top - 1 || r.bottom > box.bottom + 1); })
+    .map(t => t.textContent.trim()); })"""
+
+
+def assert_nothing_clipped(page) -> None:
+    """Every metric value and label, button caption and widget label whole; every chart label inside its chart."""
+    assert page.evaluate(CLIPPED_JS) == [], "cut off with '…'"
+    assert page.evaluate(OUTSIDE_JS) == [], "chart text past the chart's edge"
+
+
+def projector_shot(page, name: str) -> None:
+    """What the projector shows (1024x768), then the whole page at that width (Streamlit scrolls inside the page)."""
+    shot(page, f"projector-{name}")
+    page.set_viewport_size({"width": PROJECTOR["width"], "height": 4200})
+    wait_idle(page)
+    shot(page, f"projector-{name}-full")
+    page.set_viewport_size(PROJECTOR)
+
+
+@pytest.fixture
+def projector(browser):
+    context = browser.new_context(viewport=PROJECTOR)
+    pg = context.new_page()
+    yield pg
+    context.close()
+
+
 def go_to(page, title: str) -> None:
     """Client-side navigation through the sidebar (keeps the session and its last run)."""
     page.locator('[data-testid="stSidebarNav"]').get_by_text(title, exact=True).click()
@@ -172,6 +219,72 @@ def test_every_page_opens(app_url, page, url_path, title):
     wait_idle(page)
     assert_no_exception(page)
     shot(page, f"page-{url_path or 'home'}")
+
+
+@pytest.mark.parametrize("url_path,title", PAGES)
+def test_every_page_keeps_its_words_on_a_projector(app_url, projector, url_path, title):
+    projector.goto(f"{app_url}/{url_path}")
+    wait_heading(projector, title)
+    if url_path in LAST_TEXT:
+        wait_text(projector, LAST_TEXT[url_path], 60)
+    wait_idle(projector)
+    assert_no_exception(projector)
+    assert_nothing_clipped(projector)
+    projector_shot(projector, url_path or "home")
+
+
+def test_a_run_keeps_its_words_on_a_projector(app_url, projector):
+    """The metrics a generation brings (journey, attention, KV cache) at 1024x768."""
+    projector.goto(f"{app_url}/journey")
+    wait_heading(projector, "The journey of a request")
+    set_number(projector, "Max new tokens", 12)
+    button(projector, "Generate").click()
+    wait_text(projector, "Done:", 240)
+    wait_text(projector, "Through the layers", 60)
+    wait_idle(projector)
+    assert_nothing_clipped(projector)
+    projector_shot(projector, "journey-generated")
+    for title, last, name in (("Attention", "Grouped-query attention:", "attention-generated"),
+                              ("The KV cache", "Paging preempted", "kv-cache-generated")):
+        go_to(projector, title)
+        wait_text(projector, last, 60)
+        wait_idle(projector)
+        assert_no_exception(projector)
+        assert_nothing_clipped(projector)
+        projector_shot(projector, name)
+
+
+def layout_state(page) -> dict:
+    return page.evaluate("""() => ({font: getComputedStyle(document.documentElement).fontSize,
+                                    folded: !!document.querySelector('[data-testid="stExpandSidebarButton"]'),
+                                    address: location.search})""")
+
+
+def test_presenter_layout_has_big_type_and_the_sidebar_folded(app_url, projector):
+    projector.goto(f"{app_url}/speed-cost?layout=presenter")                   # from the address
+    wait_heading(projector, "Speed and cost on GPUs")
+    wait_idle(projector)
+    assert layout_state(projector) == {"font": "20px", "folded": True, "address": "?layout=presenter"}
+    assert_nothing_clipped(projector)
+    projector_shot(projector, "presenter-speed-cost")
+
+    projector.goto(f"{app_url}/journey")                                        # from the sidebar's toggle
+    wait_heading(projector, "The journey of a request")
+    assert layout_state(projector) == {"font": "16px", "folded": False, "address": ""}
+    projector.get_by_test_id("stSidebar").get_by_text("Presenter layout").click()
+    projector.wait_for_function("() => getComputedStyle(document.documentElement).fontSize === '20px'")
+    wait_idle(projector)
+    assert layout_state(projector) == {"font": "20px", "folded": True, "address": "?layout=presenter"}
+    projector.get_by_test_id("stExpandSidebarButton").click()
+    go_to(projector, "Speed lab")                                               # it goes with the session
+    wait_heading(projector, "Speed lab")
+    wait_idle(projector)
+    assert layout_state(projector)["font"] == "20px" and "layout=presenter" in layout_state(projector)["address"]
+    assert_nothing_clipped(projector)
+    projector_shot(projector, "presenter-speed-lab")
+    projector.get_by_test_id("stSidebar").get_by_text("Presenter layout").click()  # and off again
+    projector.wait_for_function("() => getComputedStyle(document.documentElement).fontSize === '16px'")
+    assert "layout=presenter" not in layout_state(projector)["address"]
 
 
 def test_generate_stop_and_share_the_run(app_url, page):

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from test_browser import (app_url, assert_no_exception, browser, button, page, record_timing, set_number,  # noqa: F401
-                          shot, wait_heading, wait_idle, wait_text)
+from test_browser import (app_url, assert_no_exception, assert_nothing_clipped, browser, button, page,  # noqa: F401
+                          projector, projector_shot, record_timing, set_number, shot, wait_heading, wait_idle,
+                          wait_text)
 
 pytestmark = pytest.mark.browser
 
@@ -45,10 +46,14 @@ def test_ngram_copy_run(app_url, page):  # noqa: F811
     shot(page, "speculative")
 
 
-def test_early_exit_run(app_url, page):  # noqa: F811
-    open_spec_page(page, app_url)
-    page.get_by_test_id("stMainBlockContainer").get_by_text("Early exit (the model").first.click()
-    wait_idle(page)
-    generate(page, 24)
-    assert page.get_by_text("Drafting is what makes it slow").count() + page.get_by_text("helps here").count() >= 1
-    shot(page, "speculative-early-exit")
+def test_early_exit_run_on_a_projector(app_url, projector):  # noqa: F811
+    """At 1024x768: every metric, button and chart label of a finished run whole."""
+    open_spec_page(projector, app_url)
+    assert_nothing_clipped(projector)
+    projector.get_by_test_id("stMainBlockContainer").get_by_text("Early exit (the model").first.click()
+    wait_idle(projector)
+    generate(projector, 24)
+    assert (projector.get_by_text("Drafting is what makes it slow").count()
+            + projector.get_by_text("helps here").count()) >= 1
+    assert_nothing_clipped(projector)
+    projector_shot(projector, "speculative-early-exit")

@@ -179,3 +179,25 @@ def test_smollm2_knows_the_capital_of_france(smol_lm):
     assert "Paris" in records[-1].text
     assert param_counts(smol_lm.spec).total == sum(p.numel() for p in smol_lm.model.parameters())
     assert (smol_lm.spec.n_layers, smol_lm.spec.n_heads, smol_lm.spec.n_kv_heads) == (30, 9, 3)
+
+
+def test_one_layer_captured_again_equals_what_the_generation_kept(tiny_lm):
+    """The attention page re-captures a layer a long prompt left out: one pass over the run's positions must give
+    the prefill block and every decode step's row that a full capture keeps."""
+    from engine.attention_math import capture_attention
+
+    records = run(tiny_lm, policy=CapturePolicy(), max_new_tokens=5)
+    prefill, steps = records[0], records[1:-1]
+    ids = [p.id for p in prefill.prompt] + [r.token.id for r in records[:-2]]
+    n = len(prefill.prompt)
+    for layer in range(tiny_lm.spec.n_layers):
+        hooks = len(tiny_lm.model.model.layers[layer]._forward_hooks)
+        cap = capture_attention(tiny_lm, ids, layer)
+        assert len(tiny_lm.model.model.layers[layer]._forward_hooks) == hooks      # the stop hook is gone
+        assert cap.attention.shape == (tiny_lm.spec.n_heads, len(ids), len(ids)) and cap.query_start == 0
+        np.testing.assert_allclose(cap.attention[:, :n, :n], prefill.captures[layer].attention, atol=ATOL)
+        for rec in steps:
+            position = n + rec.step - 1
+            np.testing.assert_allclose(cap.attention[:, position, : position + 1], rec.captures[layer].attention[:, 0],
+                                       atol=ATOL)
+    assert count_hooks(tiny_lm.model) == 0

@@ -183,6 +183,42 @@ def test_attention_page_draws_the_shared_run(app):
     assert any(t.value.startswith("Step 2:") for t in at.text)
 
 
+def test_the_layer_slider_captures_a_layer_a_long_prompt_left_out(app, tiny_lm):
+    """A run that kept one layer (as a long prompt does): the slider still offers every layer, and choosing one
+    captures it in one pass; its map equals HF's own attention of that layer, the run itself stays as it was."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from app.run import compact, new_run
+    from engine.generate import GenerationRequest, generate as engine_generate
+    from engine.hooks import CapturePolicy
+
+    request = GenerationRequest(tiny_prompt(12), max_new_tokens=4)
+    policy = CapturePolicy(layers=(1,))
+    run = new_run(tiny_lm, request, policy, "Only layer 1 was kept.")
+    for record in engine_generate(tiny_lm, request, policy):
+        run.add(compact(record))
+    run.live = False
+    app.session_state["last_run"] = run
+    at = open_page(app, "attention.py")
+    slider = at.select_slider(key=f"attention.layer.{run.id}")
+    assert [int(o) for o in slider.options] == [0, 1, 2] and int(slider.value) == 1
+    slider.set_value(0).run()
+    assert_clean(at)
+    assert [h.value for h in at.subheader][:2] == ["One head", "All heads of layer 0"]
+    p = array(charts(at)[0]["data"][0]["customdata"])
+    ids = att.run_ids(run)
+    eager = AutoModelForCausalLM.from_pretrained(tiny_lm.source, attn_implementation="eager").eval()
+    with torch.no_grad():
+        reference = eager(torch.tensor([ids]), output_attentions=True).attentions[0][0, 0].numpy()   # layer 0, head 0
+    below = np.tril_indices(len(ids))
+    np.testing.assert_allclose(p[below], reference[below], atol=2e-3)                # stored as float16
+    at.slider(key=f"attention.step.{run.id}").set_value(2).run()                 # a step's row, from the map
+    assert_clean(at)
+    assert any(t.value.startswith("Step 2:") for t in at.text)
+    assert att.captured_layers(at.session_state["last_run"]) == [1]                    # shared run untouched
+
+
 def test_attention_page_shows_gqa_for_the_loaded_model_and_llama_8b(app):
     at = open_page(app, "attention.py")
     assert any("Nothing generated yet" in i.value for i in at.info)

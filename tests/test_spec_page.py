@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from conftest import tiny_prompt, write_tiny_llama
 from test_pages import MAIN, TIMEOUT, array, assert_clean, charts, metric
 from app.spec_charts import ACCEPTED, ALONE, BONUS, CORRECTION, REJECTED
-from app.spec_run import PRESETS, draft_model_options, per_token_acceptance, projected_pair
+from app.spec_run import (PRESETS, SpecRun, draft_model_options, expected_speedup, measure, per_token_acceptance,
+                          projected_pair)
+from engine.generate import GenerationRequest
+from engine.records import CacheState, DoneRecord, SampledToken
+from engine.speculative import DraftedToken, SpecRoundRecord
 from engine.projection import project
 from engine.specs import GPU_PRESETS, MODEL_PRESETS
 
@@ -100,6 +105,47 @@ def test_ngram_run_matches_plain_decoding_and_the_formula(page):
     ks = array(k_chart["data"][0]["x"])
     formula = [k + 1 if a == 1 else (1 - a ** (k + 1)) / (1 - a) for k in ks]
     assert expected == pytest.approx(formula, rel=1e-9)
+    line = next(t for t in k_chart["data"] if (t.get("name") or "").startswith("measured costs"))
+    # the line through this run's a, c and u, each worked out here from the records: the steady rounds (all but the
+    # first) against the mean plain decode step
+    steady = run.rounds[1:]
+    plain = sum(run.plain_steps) / len(run.plain_steps)
+    drafted = sum(len(r.drafted) for r in steady)
+    c = sum(r.draft_seconds for r in steady) / drafted / plain
+    u = (sum(r.verify_seconds for r in steady) / len(steady) / plain - 1) / (drafted / len(steady))
+    by_hand = [e / (1 + k * (c + max(u, 0.0))) for e, k in zip(formula, ks)]
+    assert array(line["y"]) == pytest.approx(by_hand, rel=1e-9)
+    m = measure(run)
+    assert any(f"the run measured {m.speedup:.2f}×" in c.value for c in at.caption)
+
+
+def token(i: int) -> SampledToken:
+    return SampledToken(i, f"t{i}", 1.0, [], np.zeros(0, np.int64), np.zeros(0, np.float32))
+
+
+def spec_round(n: int, k: int, draft_s: float, verify_s: float) -> SpecRoundRecord:
+    """A round whose k drafts all pass: k accepted tokens and the bonus."""
+    return SpecRoundRecord(round=n, drafted=[DraftedToken(i, "x", 1.0, 1.0, True) for i in range(k)], accepted=k,
+                           bonus=token(k), emitted=[token(i) for i in range(k + 1)], draft_seconds=draft_s,
+                           verify_seconds=verify_s, cache=CacheState(0, 0, []), draft_cache_length=None, draft_fed=0)
+
+
+def test_the_measured_cost_line_goes_through_the_measured_point():
+    """k = 4, every draft accepted (a = 1: 5 tokens a pass exactly); a drafted token costs 0.1 ms against a 10 ms
+    plain step (c = 0.01) and verifying 5 positions costs 14 ms (v = 1.4, so u = 0.1): each round is
+    0.4 + 14 = 14.4 ms for 5 tokens against 50 ms plainly, 3.47x. The line must say the same; a line that
+    leaves out the verify cost (the 0.00024-against-1.19x bug) says 4.81x."""
+    k, plain = 4, 0.010
+    run = SpecRun(model="m", request=GenerationRequest("p"), draft="n-gram", draft_kind="ngram", k=k)
+    run.rounds = [spec_round(n, k, k * 0.0001, 0.014) for n in range(1, 7)]
+    run.plain_steps = [plain] * 30
+    run.plain = DoneRecord("t", "length", 1, 31, 0.0, plain * 30, plain * 30)
+    m = measure(run)
+    assert m.a == 1 and m.tokens_per_pass == 5
+    assert m.cost_ratio == pytest.approx(0.01) and m.check_ratio == pytest.approx(0.1)
+    assert m.speedup == pytest.approx(50 / 14.4)
+    assert expected_speedup(m.a, k, m.cost_ratio, m.check_ratio) == pytest.approx(m.speedup)
+    assert expected_speedup(m.a, k, m.cost_ratio) == pytest.approx(5 / 1.04)      # the line without u
 
 
 def test_projection_uses_the_llama_step_times(page):
