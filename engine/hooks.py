@@ -10,6 +10,10 @@ Attention is captured by a registered attention function ("playground"): transfo
 with Q after rotary embedding and the full K/V including the cache. It always computes the
 output with PyTorch SDPA; only when the forward call carries a `StepCapture` (the keyword
 `playground_capture`) does it also compute softmax(QK^T) for the selected layers and heads.
+In decode (and for prefill without the full matrix) only the newest query row is kept: each layer
+adds one matmul of its query heads, grouped by K/V head, against its K (no copy of K), and
+scaling, softmax, the norms and the copy to host happen once per step for all layers in
+`StepCapture.finish`, which every forward with a capture must call.
 Residual hooks are ordinary forward hooks that live only inside `instrument(...)` and are
 removed in `finally`. Because the capture object travels with the call's keywords, two
 requests interleaving on one shared model never write into each other's captures.
@@ -79,13 +83,27 @@ class LayerCapture:
 
 
 @dataclass
+class NewestRows:
+    """One step's raw scores q·K^T of the newest query row, for the layers sharing one key length."""
+
+    scores: torch.Tensor                                   # (L_sel, KVH, group, T_k) float32, filled slot by slot
+    layers: list[tuple[int, torch.Tensor | None, float]] = field(default_factory=list)  # per slot: layer, mask, scaling
+
+
+@dataclass
 class StepCapture:
-    """Collects one forward pass. Created per pass; handed to the model via keyword arguments."""
+    """Collects one forward pass. Created per pass; handed to the model via keyword arguments.
+
+    The newest row's attention and the norms are gathered layer by layer as tensors and converted
+    together in `finish` (one softmax and one host copy per step, not per layer and head).
+    """
 
     policy: CapturePolicy
     layer_ids: frozenset[int]
     layers: dict[int, LayerCapture] = field(default_factory=dict)
     _resid: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (d_model,) newest position
+    _rows: dict[int, NewestRows] = field(default_factory=dict)              # key length -> the rows of that length
+    _qkv: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)   # layer -> (H, D), (KVH, D), (KVH, D)
 
     def _layer(self, i: int) -> LayerCapture:
         return self.layers.setdefault(i, LayerCapture(layer=i))
@@ -96,22 +114,39 @@ class StepCapture:
         i = module.layer_idx
         if i not in self.layer_ids:
             return
-        cap = self._layer(i)
+        newest = _newest(query[0])                                                # (H, D)
         if self.policy.stats:
-            cap.q_norm = _np(query[0, :, -1].norm(dim=-1))
-            cap.k_norm = _np(key[0, :, -1].norm(dim=-1))
-            cap.v_norm = _np(value[0, :, -1].norm(dim=-1))
-        if self.policy.attention:
-            self._attention(cap, module, query, key, mask, scaling)
+            self._qkv[i] = (newest, key[0, :, -1], value[0, :, -1])              # K, V live in the cache anyway
+        if not self.policy.attention:
+            return
+        if query.shape[2] > 1 and self.policy.prefill_matrix:
+            self._attention(self._layer(i), query, key, mask, scaling)
+        else:
+            self._newest_row(i, newest, key[0], mask, scaling)
 
-    def _attention(self, cap: LayerCapture, module: Any, query: torch.Tensor, key: torch.Tensor,
+    def _newest_row(self, i: int, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None,
+                    scaling: float) -> None:
+        """q·K^T of the newest query row, all heads in one matmul, written into this step's buffer.
+
+        query: (H, D); key: (KVH, T_k, D). Query head h reads K/V head h // (H / KVH), as transformers'
+        repeat_kv lays them out, so grouping the queries by K/V head needs no copy of K.
+        """
+        n_kv, t_k, d = key.shape
+        rows = self._rows.get(t_k)
+        if rows is None:  # one buffer per key length: every layer shares one unless some use a window
+            shape = (len(self.layer_ids), n_kv, query.shape[0] // n_kv, t_k)
+            rows = self._rows[t_k] = NewestRows(torch.empty(shape, dtype=torch.float32, device=query.device))
+        slot = rows.scores[len(rows.layers)]                                      # (KVH, group, T_k)
+        torch.matmul(query.float().reshape(n_kv, -1, d), key.float().transpose(-1, -2), out=slot)
+        rows.layers.append((i, mask, scaling))
+
+    def _attention(self, cap: LayerCapture, query: torch.Tensor, key: torch.Tensor,
                    mask: torch.Tensor | None, scaling: float) -> None:
+        """The full causal matrix (prefill) of the kept heads, for one layer."""
         heads = self.policy.head_ids(query.shape[1])
         group = query.shape[1] // key.shape[1]
         kv_of = tuple(h // group for h in heads)
         q = query[0, list(heads)]                    # (h, T_q, D)
-        if not self.policy.prefill_matrix:
-            q = q[:, -1:]
         t_q, t_k = q.shape[1], key.shape[2]
         k = key[0, list(kv_of)]                      # (h, T_k, D): each query head's own K/V head
         scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling  # (h, T_q, T_k)
@@ -127,22 +162,69 @@ class StepCapture:
 
     def on_residual(self, i: int, hidden: torch.Tensor) -> None:
         # hidden: [B, T, d_model] leaving layer i
-        newest = hidden[0, -1].detach()
-        if self.policy.stats:
-            self._layer(i).resid_norm = float(newest.float().norm())
-        if self.policy.logit_lens:
-            self._resid[i] = newest
+        if self.policy.stats or self.policy.logit_lens:
+            self._resid[i] = _newest(hidden.detach())[0]
 
     def finish(self, model: Any) -> dict[int, LayerCapture]:
-        """Run the logit lens (one batched matmul for all layers), or keep the residuals for it, and return."""
-        if self.policy.logit_lens and self._resid:
-            if self.policy.lens_on_demand:
-                for i, resid in self._resid.items():
-                    self._layer(i).resid = _np(resid)
-            else:
-                _apply_lens(model, {i: (self._layer(i), r) for i, r in self._resid.items()}, self.policy.logit_lens)
-            self._resid.clear()
+        """Convert the step's rows and norms (all layers at once), run or keep the logit lens, and return."""
+        if self._rows:
+            self._finish_rows()
+        if self._qkv:
+            self._finish_norms()
+        if self._resid:
+            self._finish_residuals(model)
         return self.layers
+
+    def _finish_residuals(self, model: Any) -> None:
+        """Residual norms, and the logit lens run now or kept for later, for every layer at once."""
+        order = list(self._resid)
+        stacked = torch.stack([self._resid[i] for i in order])                  # (L, d_model)
+        if self.policy.stats:
+            for i, norm in zip(order, stacked.float().norm(dim=-1).tolist()):
+                self._layer(i).resid_norm = norm
+        if self.policy.logit_lens and self.policy.lens_on_demand:
+            kept = _np(stacked)
+            for row, i in enumerate(order):
+                self._layer(i).resid = kept[row]
+        elif self.policy.logit_lens:
+            _apply_lens(model, {i: (self._layer(i), r) for i, r in self._resid.items()}, self.policy.logit_lens)
+        self._resid.clear()
+
+    def _finish_rows(self) -> None:
+        """Scale, mask and softmax the newest rows of every layer at once; one host copy per key length."""
+        for t_k, rows in self._rows.items():
+            n, group = len(rows.layers), rows.scores.shape[2]
+            scaling = torch.tensor([s for _, _, s in rows.layers], device=rows.scores.device)    # (L,)
+            scores = rows.scores[:n].view(n, -1, t_k) * scaling[:, None, None]   # (L, H, T_k)
+            for slot, (_, mask, _) in enumerate(rows.layers):
+                if mask is not None:  # without a mask the newest query sees every key
+                    scores[slot] = _apply_mask(scores[slot][:, None], mask, t_k)[:, 0]
+            heads = self.policy.head_ids(scores.shape[1])
+            if len(heads) < scores.shape[1]:
+                scores = scores[:, list(heads)]                                  # (L, h, T_k)
+            key_start = t_k - self.policy.max_keys if self.policy.max_keys and t_k > self.policy.max_keys else 0
+            probs = _np(torch.softmax(scores, dim=-1)[..., key_start:])          # (L, h, T_k_kept)
+            for row, (i, _, _) in enumerate(rows.layers):
+                cap = self._layer(i)
+                cap.heads, cap.kv_heads = heads, tuple(h // group for h in heads)
+                cap.attention, cap.query_start, cap.key_start = probs[row][:, None], t_k - 1, key_start
+        self._rows.clear()
+
+    def _finish_norms(self) -> None:
+        """|Q| per query head and |K|, |V| per K/V head at the newest position, every layer in one go."""
+        order = list(self._qkv)
+        parts = [torch.stack([self._qkv[i][j] for i in order]).float().norm(dim=-1) for j in range(3)]
+        q, k, v = (_np(p) for p in parts)                                       # (L, H), (L, KVH), (L, KVH)
+        for row, i in enumerate(order):
+            cap = self._layer(i)
+            cap.q_norm, cap.k_norm, cap.v_norm = q[row], k[row], v[row]
+        self._qkv.clear()
+
+
+def _newest(t: torch.Tensor) -> torch.Tensor:
+    """t[..., -1, :]: a view in decode; a copy after a longer pass, so the whole pass is not kept until finish."""
+    last = t[..., -1, :]
+    return last.clone() if t.shape[-2] > 1 else last
 
 
 def logit_lens(model: Any, captures: dict[int, LayerCapture], top: int = 5) -> dict[int, LayerCapture]:

@@ -239,6 +239,35 @@ def test_tiny_qwen2_greedy_equals_model_generate(tiny_qwen):
     assert ours == ref[0, len(prompt_ids):len(prompt_ids) + len(ours)].tolist()
 
 
+def test_decode_rows_of_full_and_windowed_layers_equal_hf_eager(tmp_path):
+    """Layers with a sliding window hold fewer keys than full layers: each key length's rows still equal
+    HF's eager attention over the whole sequence (which gives the keys outside the window zero weight)."""
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from engine.loader import load_model
+
+    torch.manual_seed(2)
+    config = Qwen2Config(**{**TINY_QWEN, "num_hidden_layers": 3, "use_sliding_window": True, "sliding_window": 6,
+                            "max_window_layers": 1})
+    assert config.layer_types == ["full_attention", "sliding_attention", "sliding_attention"]
+    Qwen2ForCausalLM(config).save_pretrained(tmp_path, safe_serialization=True)
+    write_byte_bpe_tokenizer(tmp_path, 300)
+    records = run(load_model(str(tmp_path), device="cpu", dtype="float32"), CapturePolicy(heads=(0, 8, 13)))
+    ids = [p.id for p in records[0].prompt] + [r.token.id for r in records[:-1]]
+    eager = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    with torch.no_grad():
+        reference = eager(torch.tensor([ids]), output_attentions=True).attentions     # per layer (1, H, T, T)
+    for rec in records[1:-1]:
+        position = len(records[0].prompt) + rec.step - 1                                # the token fed at this step
+        kept = {i: cap.attention.shape[-1] for i, cap in rec.captures.items()}
+        assert kept[0] == position + 1 and kept[1] == kept[2] == 6                      # two key lengths in one step
+        for layer, cap in rec.captures.items():
+            row = reference[layer][0, [0, 8, 13], position, : position + 1].numpy()     # (3, position + 1)
+            assert cap.kv_heads == (0, 1, 1)
+            np.testing.assert_allclose(cap.attention[:, 0], row[:, -kept[layer]:], atol=ATOL)
+            assert np.abs(row[:, :-kept[layer]]).max(initial=0.0) == 0.0
+
+
 # --- the real Qwen2.5-Coder extras (only where `make models` has run) -------------------------------------
 
 def provisioned(key: str) -> Path | None:
