@@ -179,7 +179,7 @@ def test_a_request_over_the_wall_time_limit_is_stopped_with_a_message(tiny_lm, m
 
 
 def test_sessions_over_the_limit_are_refused_and_a_resubmit_replaces_the_old_request(make_scheduler):
-    scheduler = make_scheduler(max_sessions=2)
+    scheduler = make_scheduler(max_sessions=2, max_batch=1)             # b waits behind a, so it is still queued
     a = scheduler.submit(request(0, new=100), CAPTURE_OFF, session="a")
     b = scheduler.submit(request(1), CAPTURE_OFF, session="b")
     with pytest.raises(SessionLimitError, match="sessions"):
