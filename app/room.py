@@ -12,7 +12,7 @@ from typing import Sequence
 import plotly.graph_objects as go
 import streamlit as st
 
-from app.format import fmt_ms, fmt_rate
+from app.format import fmt_bytes, fmt_ms, fmt_rate
 from app.view import plot
 from engine.batch import StepInfo
 from engine.scheduler import RoomState
