@@ -137,7 +137,7 @@ class StepCapture:
             shape = (len(self.layer_ids), n_kv, query.shape[0] // n_kv, t_k)
             rows = self._rows[t_k] = NewestRows(torch.empty(shape, dtype=torch.float32, device=query.device))
         slot = rows.scores[len(rows.layers)]                                      # (KVH, group, T_k)
-        torch.matmul(query.float().reshape(n_kv, -1, d), key.float().transpose(-1, -2), out=slot)
+        torch.bmm(query.float().reshape(n_kv, -1, d), key.float().transpose(1, 2), out=slot)
         rows.layers.append((i, mask, scaling))
 
     def _attention(self, cap: LayerCapture, query: torch.Tensor, key: torch.Tensor,
@@ -195,7 +195,7 @@ class StepCapture:
         for t_k, rows in self._rows.items():
             n, group = len(rows.layers), rows.scores.shape[2]
             scaling = torch.tensor([s for _, _, s in rows.layers], device=rows.scores.device)    # (L,)
-            scores = rows.scores[:n].view(n, -1, t_k) * scaling[:, None, None]   # (L, H, T_k)
+            scores = rows.scores[:n].view(n, -1, t_k).mul_(scaling[:, None, None])  # (L, H, T_k), in place
             for slot, (_, mask, _) in enumerate(rows.layers):
                 if mask is not None:  # without a mask the newest query sees every key
                     scores[slot] = _apply_mask(scores[slot][:, None], mask, t_k)[:, 0]
