@@ -112,10 +112,12 @@ def wait_heading(page, text: str, timeout_s: float = 90) -> None:
 
 
 def wait_idle(page, timeout_s: float = 60) -> None:
-    """Until no script run is going (the 'running' status widget is gone) and every chart has drawn."""
+    """Until no script run is going (the 'running' status widget is gone), no element is left over from the run
+    before (Streamlit marks those `data-stale` until the new run replaces or drops them) and every chart has drawn."""
     page.wait_for_function(
         """() => !document.querySelector('[data-testid="stStatusWidget"]') &&
                  !document.querySelector('[data-testid="stSkeleton"]') &&
+                 !document.querySelector('[data-stale="true"]') &&
                  [...document.querySelectorAll('[data-testid="stPlotlyChart"]')]
                    .every(c => c.querySelector('.main-svg'))""", timeout=timeout_s * 1000)
 
@@ -145,8 +147,11 @@ def set_prompt(page, text: str) -> None:
 
 
 def button(page, name: str):
-    """A button of the page itself (Streamlit's status widget has a Stop button of its own)."""
-    return page.get_by_test_id("stMainBlockContainer").get_by_role("button", name=name)
+    """A button of the page itself (Streamlit's status widget has a Stop button of its own), never the stale copy
+    a rerun leaves on screen until it draws the new one (a button that moved is briefly there twice)."""
+    live = page.get_by_test_id("stMainBlockContainer").locator(
+        '[data-testid="stElementContainer"]:not([data-stale="true"])')
+    return live.get_by_role("button", name=name)
 
 
 PROJECTOR = {"width": 1024, "height": 768}      # a classroom projector
