@@ -15,6 +15,7 @@ import streamlit as st
 from app.format import fmt_bytes, fmt_ms, fmt_rate
 from app.view import plot
 from engine.batch import StepInfo
+from engine.paged import BLOCK as PAGE_TOKENS, BlockTable
 from engine.scheduler import RoomState
 
 RECENT_STEPS = 50            # steps the headline numbers average over
@@ -27,7 +28,7 @@ def step_rows(state: RoomState) -> list[dict]:
     """One row per recent step: when, how many decoded, prompt tokens prefilled, its time, its throughput."""
     return [{"t": s.at - state.t0, "decode_rows": s.decode_rows, "prefill_tokens": s.prefill_tokens,
              "step_ms": s.seconds * 1e3, "tok_s": s.decode_rows / s.seconds if s.seconds > 0 else 0.0,
-             "padding": 1 - s.real_positions / s.cache_positions if s.cache_positions else 0.0}
+             "empty": 1 - s.real_positions / s.cache_positions if s.cache_positions else 0.0}
             for s in state.steps]
 
 
@@ -40,7 +41,7 @@ class RoomNumbers:
     step_seconds: float | None        # median of the recent decode steps
     total_tok_s: float | None         # tokens all users got per second, recent steps
     per_user_tok_s: float | None      # tokens one user in the batch gets per second
-    padding: float | None             # share of the batch cache's positions that are padding, last step
+    empty: float | None               # share of the handed-out cache blocks' slots that hold nothing, last step
 
 
 def room_numbers(state: RoomState) -> RoomNumbers:
@@ -48,9 +49,9 @@ def room_numbers(state: RoomState) -> RoomNumbers:
     step = statistics.median(s.seconds for s in recent) if recent else None
     total = sum(s.decode_rows for s in recent) / sum(s.seconds for s in recent) if recent else None
     last = state.steps[-1] if state.steps else None
-    padding = (1 - last.real_positions / last.cache_positions) if last and last.cache_positions else None
+    empty = (1 - last.real_positions / last.cache_positions) if last and last.cache_positions else None
     return RoomNumbers(len(state.members), state.max_batch, state.queued, state.sessions, step, total,
-                       1 / step if step else None, padding)
+                       1 / step if step else None, empty)
 
 
 def member_rows(state: RoomState, me: str | None) -> list[dict]:
@@ -118,9 +119,9 @@ def live_section(scheduler, me: str | None) -> None:
         state = scheduler.room()
         numbers, rows = room_numbers(state), step_rows(state)
         numbers_row(numbers)
-        if numbers.padding is not None:
-            st.caption(f"Measured: {numbers.padding:.0%} of the batch cache's positions are padding right now "
-                       "(rows are left-padded to the longest request; see the KV-cache page).")
+        if numbers.empty is not None:
+            st.caption(f"Measured: the paged cache hands out {PAGE_TOKENS}-token blocks; {numbers.empty:.0%} of the "
+                       "slots in them wait for tokens right now (each request's last block; see the KV-cache page).")
         members = member_rows(state, me)
         if members:
             st.dataframe(members, hide_index=True, width="stretch")
@@ -134,56 +135,75 @@ def live_section(scheduler, me: str | None) -> None:
     live()
 
 
-# --- the batch cache, for the KV-cache page ----------------------------------------------------------------
+# --- the paged batch cache, for the KV-cache page ------------------------------------------------------------
 
-PAGE_TOKENS = 16             # the block size vLLM uses by default
-
-
-def cache_rows(state: RoomState) -> list[dict]:
-    """The batch cache after the last step, one row per request: real positions and left padding (measured)."""
-    last = next((s for s in reversed(state.steps) if s.rows), None)
-    if last is None:
-        return []
-    return [{"request": label, "real": real, "pads": pads, "bytes_per_position": last.bytes_per_position}
-            for label, real, pads in last.rows]
+GRID = 32                    # blocks per row of the pool's picture
 
 
-def cache_use(rows: list[dict], block: int = PAGE_TOKENS) -> dict:
-    """Positions the padded batch cache holds against what a paged cache with `block`-token pages would."""
-    real = sum(r["real"] for r in rows)
-    padded = sum(r["real"] + r["pads"] for r in rows)
-    paged = sum(-(-r["real"] // block) * block for r in rows)
-    per = rows[0]["bytes_per_position"] if rows else 0
-    return {"real": real, "padded": padded, "paged": paged, "padded_bytes": padded * per, "paged_bytes": paged * per,
-            "real_bytes": real * per}
+def last_table(state: RoomState) -> BlockTable | None:
+    """The block table after the last step that had requests in the batch (measured)."""
+    return next((s.blocks for s in reversed(state.steps) if s.blocks is not None and s.blocks.rows), None)
 
 
-def cache_figure(rows: list[dict]) -> go.Figure:
-    """One bar per request: its padding (grey) and its real positions (blue), as the batch cache holds them."""
-    names = [f"request {r['request']}" for r in rows]
+def allocation_compare(state: RoomState, table: BlockTable) -> dict:
+    """Slots the paged cache hands out (measured) against two other layouts for the same requests (computed):
+    contiguous rows reserving each request's whole prompt + max new tokens, and rows padded to the longest."""
+    reserve = {m.id: m.prompt_tokens + m.max_new_tokens for m in state.members}
+    lengths = [n for _, _, n in table.rows]
+    return {"tokens": table.tokens, "paged": table.used * table.block,
+            "contiguous": sum(reserve.get(label, n) for label, _, n in table.rows),
+            "padded": len(lengths) * max(lengths)}
+
+
+def block_owners(table: BlockTable) -> dict[int, tuple[object, int]]:
+    """Physical block -> (its request, tokens it holds)."""
+    owners = {}
+    for label, blocks, n in table.rows:
+        for i, block in enumerate(blocks):
+            owners[block] = (label, min(table.block, n - i * table.block))
+    return owners
+
+
+def block_table_figure(table: BlockTable) -> go.Figure:
+    """The pool as a grid of blocks: each request's in its own colour, the tokens a block holds written on it."""
+    owners = block_owners(table)
     fig = go.Figure()
-    fig.add_bar(y=names, x=[r["pads"] for r in rows], orientation="h", name="padding (left)", marker_color="#c7c7c7")
-    fig.add_bar(y=names, x=[r["real"] for r in rows], orientation="h", name="the request's own K/V",
-                marker_color="#1f77b4")
-    fig.update_layout(barmode="stack", height=80 + 28 * len(rows), margin=dict(l=10, r=10, t=30, b=10),
-                      legend=dict(orientation="h", y=1.2), xaxis_title="positions in the batch cache")
+    free = [b for b in range(1, table.n_blocks + 1) if b not in owners]
+    fig.add_scatter(x=[b % GRID for b in free], y=[b // GRID for b in free], mode="markers", name="free",
+                    marker=dict(symbol="square", size=17, color="#f0f0f0", line=dict(color="#c7c7c7", width=1)),
+                    hovertemplate="block %{customdata}: free<extra></extra>", customdata=free)
+    for label, blocks, _ in table.rows:
+        fill = [owners[b][1] for b in blocks]
+        fig.add_scatter(x=[b % GRID for b in blocks], y=[b // GRID for b in blocks], mode="markers+text",
+                        name=f"request {label}", text=[str(f) for f in fill], textfont=dict(size=9, color="white"),
+                        marker=dict(symbol="square", size=17), customdata=list(zip(blocks, fill)),
+                        hovertemplate=(f"block %{{customdata[0]}}: request {label}, %{{customdata[1]}} of "
+                                       f"{table.block} tokens<extra></extra>"))
+    rows = table.n_blocks // GRID + 1
+    fig.update_layout(height=90 + 22 * rows, margin=dict(l=10, r=10, t=30, b=10), legend=dict(orientation="h", y=1.25),
+                      xaxis=dict(visible=False, range=[-1, GRID]), yaxis=dict(visible=False, autorange="reversed"))
     return fig
 
 
 def batch_cache_section(scheduler) -> None:
-    """The live batch cache on this server (measured), beside what paging would hold for the same lengths."""
+    """The live block table of this server's paged batch cache (measured), and what other layouts would hold."""
     @st.fragment(run_every=REFRESH_SECONDS)
     def live() -> None:
-        rows = cache_rows(scheduler.room())
-        if not rows:
-            st.info("Nobody's request is in the batch right now: when people generate, their rows appear here.")
+        state = scheduler.room()
+        table = last_table(state)
+        if table is None:
+            st.info("Nobody's request is in the batch right now: when people generate, their blocks appear here.")
             return
-        use = cache_use(rows)
-        plot(cache_figure(rows), "kv.batch_cache")
-        st.caption(f"Measured on this server, last step: {len(rows)} request(s) hold {use['real']:,} positions of "
-                   f"K/V; the padded batch cache allocates {use['padded']:,} ({fmt_share(use['real'], use['padded'])} "
-                   f"used). Computed from the same lengths: a paged cache with {PAGE_TOKENS}-token pages would "
-                   f"allocate {use['paged']:,} ({fmt_share(use['real'], use['paged'])} used).")
+        use = allocation_compare(state, table)
+        plot(block_table_figure(table), "kv.block_table")
+        st.caption(f"Measured on this server, read from the cache after the last step: {len(table.rows)} request(s) "
+                   f"hold {use['tokens']:,} tokens in {table.used} of {table.n_blocks} blocks of {table.block} tokens "
+                   f"({fmt_bytes(table.bytes_per_block)} each); {table.free} blocks are free, and "
+                   f"{table.empty_slots} slots in the requests' last blocks wait for tokens "
+                   f"({table.fragmentation:.0%} internal fragmentation). Computed from the same requests: "
+                   f"contiguous rows reserving prompt + max new tokens would hold {use['contiguous']:,} slots "
+                   f"({fmt_share(use['tokens'], use['contiguous'])} used); rows padded to the longest, "
+                   f"{use['padded']:,} ({fmt_share(use['tokens'], use['padded'])} used).")
     live()
 
 

@@ -7,9 +7,10 @@
 
 Requests join at a step boundary and leave as soon as they finish. A newcomer's prompt is prefilled on
 a cache of its own, `prefill_chunk` tokens per step, so a long prompt never freezes the others'
-decode; once its prompt is in, its K/V joins the batch cache. The batch cache is one DynamicCache
-whose rows are left-padded to the longest row: the attention mask hides the pads and each row's RoPE
-positions count from its own first token, so every row computes what it would compute alone.
+decode; once its prompt is in, its K/V is copied into blocks of the paged batch cache
+(`engine.paged`). For a decode step each layer gathers the rows left-padded to the longest: the
+attention mask hides the pads and each row's RoPE positions count from its own first token, so every
+row computes what it would compute alone.
 Captures ride in one `BatchCapture` that hands each row its own slice (pads cut off) for that row's
 own `StepCapture`, so a session sees exactly the captures of its own request.
 
@@ -25,7 +26,6 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
@@ -35,6 +35,7 @@ from engine.generate import (GenerationRequest, TextStream, eos_ids, finish_reas
                              prompt_pieces, sync, trim_stop)
 from engine.hooks import CAPTURE_KWARG, CapturePolicy, LayerCapture, StepCapture, instrument
 from engine.loader import LoadedModel
+from engine.paged import BlockTable, PagedBatch, SoloBatch, row_cache_state
 from engine.prefix import PrefixCache, load_prefix, reused_rows
 from engine.records import CacheState, DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
 
@@ -87,10 +88,12 @@ class StepInfo:
     decode_rows: int             # requests that got a token from the decode pass
     prefill_tokens: int          # prompt tokens prefilled in this step (0 when none)
     tags: tuple[Any, ...]        # the labels of the requests in the decode pass
-    cache_positions: int         # positions of the batch cache (longest row, pads included)
-    real_positions: int          # positions actually holding some request's K/V
-    rows: tuple[tuple[Any, int, int], ...] = ()   # per row of the batch cache after the step: (label, real, pads)
+    cache_positions: int         # slots in the blocks handed out (each request's last block partly empty)
+    real_positions: int          # slots actually holding some request's K/V
+    rows: tuple[tuple[Any, int, int], ...] = ()   # per row after the step: (label, real, left pads in the
+    #                                               gathered view attention reads; not stored)
     bytes_per_position: int = 0  # K and V bytes of one position, all layers
+    blocks: BlockTable | None = None   # the paged cache's block table after the step
 
 
 class BatchCapture:
@@ -154,63 +157,6 @@ def _decode_rows(rows: list[tuple[int, int, StepCapture]], i: int, query: torch.
             layer.query_start, layer.key_start = real - 1, start
 
 
-class PaddedCache:
-    """The batch's K/V: one DynamicCache, rows left-padded to the longest, and its mask [B, L]."""
-
-    def __init__(self) -> None:
-        self.cache: DynamicCache | None = None
-        self.mask: torch.Tensor | None = None        # [B, L] long, 1 = a real position
-        self.slots: list[Slot] = []
-
-    @property
-    def width(self) -> int:
-        return 0 if self.mask is None else self.mask.shape[1]
-
-    def pads(self) -> list[int]:
-        return [] if self.mask is None else (self.mask.shape[1] - self.mask.sum(1)).tolist()
-
-    def add(self, slot: Slot, cache: DynamicCache) -> None:
-        """Append a prefilled request's own cache (batch of one) as a new row."""
-        n = cache.get_seq_length()
-        ones = torch.ones((1, n), dtype=torch.long, device=cache.layers[0].keys.device)
-        if self.cache is None:
-            self.cache, self.mask, self.slots = cache, ones, [slot]
-            return
-        width = max(self.width, n)
-        for mine, theirs in zip(self.cache.layers, cache.layers):
-            mine.keys = torch.cat([_left_pad(mine.keys, width - self.width), _left_pad(theirs.keys, width - n)])
-            mine.values = torch.cat([_left_pad(mine.values, width - self.width),
-                                     _left_pad(theirs.values, width - n)])
-        self.mask = torch.cat([F.pad(self.mask, (width - self.width, 0)), F.pad(ones, (width - n, 0))])
-        self.slots.append(slot)
-
-    def drop(self, gone: set[Slot]) -> None:
-        """Remove finished rows, then the leading columns that are padding in every row left."""
-        if not gone:
-            return
-        keep = [b for b, s in enumerate(self.slots) if s not in gone]
-        self.slots = [self.slots[b] for b in keep]
-        if not keep:
-            self.cache = self.mask = None
-            return
-        index = torch.tensor(keep, device=self.mask.device)
-        first = int((self.mask[index].sum(0) > 0).nonzero()[0])
-        for layer in self.cache.layers:
-            layer.keys = layer.keys[index, :, first:].contiguous()
-            layer.values = layer.values[index, :, first:].contiguous()
-        self.mask = self.mask[index, first:]
-
-    def crop(self, width: int) -> None:
-        """Undo a failed step: every layer back to `width` positions."""
-        for layer in self.cache.layers:
-            if layer.keys is not None and layer.keys.shape[-2] > width:
-                layer.keys, layer.values = layer.keys[..., :width, :], layer.values[..., :width, :]
-
-    def row_cache(self, b: int, config: Any) -> DynamicCache:
-        """Row b's K/V alone (pads cut off), as a cache of its own: for probing a failure."""
-        return _row(self.cache, b, self.pads()[b], config)
-
-
 def _row(cache: DynamicCache, b: int, pad: int, config: Any) -> DynamicCache:
     """Row b of a padded cache, pads cut off, as a cache of its own (batch of one)."""
     own = DynamicCache(config=config)
@@ -219,11 +165,6 @@ def _row(cache: DynamicCache, b: int, pad: int, config: Any) -> DynamicCache:
         mine.lazy_initialization(k, v)
         mine.keys, mine.values = k, v
     return own
-
-
-def _left_pad(x: torch.Tensor, n: int) -> torch.Tensor:
-    # x: [B, KVH, T, D] -> [B, KVH, n + T, D], zeros in front
-    return F.pad(x, (0, 0, n, 0)) if n else x
 
 
 def batchable(lm: LoadedModel) -> bool:
@@ -241,7 +182,7 @@ class BatchRunner:
             raise ValueError("max_batch and prefill_chunk must be at least 1")
         self.lm, self.prefill_chunk, self.prefix = lm, prefill_chunk, prefix
         self.max_batch = max_batch if batchable(lm) else 1
-        self.batch = PaddedCache()
+        self.batch = PagedBatch() if batchable(lm) else SoloBatch()
         self.prefilling: deque[Slot] = deque()
 
     @property
@@ -270,11 +211,11 @@ class BatchRunner:
         prefilled = self._prefill() if self.prefilling else 0
         tags = tuple(s.label for s in self.batch.slots)
         rows = self._decode_step() if self.batch.slots else 0
-        pads = self.batch.pads()
-        layout = tuple((s.label, s.length, p) for s, p in zip(self.batch.slots, pads))
-        per_position = row_cache_state(self.batch.cache, 1).bytes if self.batch.cache is not None else 0  # 1 position
+        layout = tuple((s.label, s.length, p) for s, p in zip(self.batch.slots, self.batch.pads()))
+        table = self.batch.table()
         return StepInfo(time.perf_counter(), time.perf_counter() - t0, rows, prefilled, tags[:rows] if rows else (),
-                        self.batch.width * len(pads), self.batch.width * len(pads) - sum(pads), layout, per_position)
+                        table.used * table.block if table else 0, table.tokens if table else 0, layout,
+                        table.bytes_per_block // table.block if table else 0, table)
 
     # --- stopping ------------------------------------------------------------------------------------
 
@@ -412,12 +353,11 @@ class BatchRunner:
 
     def _decode_step(self) -> int:
         """One forward pass for every row of the batch, one sampled token each; returns the rows."""
-        width, slots = self.batch.width, list(self.batch.slots)
+        slots = list(self.batch.slots)
         try:
             logits, captures = self._batch_forward(slots)
         except Exception as err:  # noqa: BLE001 - find the request that fails; the others go on
-            self.batch.crop(width)
-            self._isolate(err)
+            self._isolate(err)       # no row's length moved: the new token's slot is simply written again
             return 0
         now_done: set[Slot] = set()
         for b, slot in enumerate(slots):
@@ -431,8 +371,8 @@ class BatchRunner:
         device, width = self.lm.device, self.batch.width
         ids = torch.tensor([[s.token.id] for s in slots], device=device)                 # [B, 1]
         positions = torch.tensor([[s.length] for s in slots], device=device)             # [B, 1] own positions
-        mask = torch.cat([self.batch.mask, torch.ones_like(self.batch.mask[:, :1])], 1)  # [B, L + 1]
         pads = self.batch.pads()
+        mask = self.batch.step_mask()                                                   # [B, L + 1]
         rows = [(b, pads[b], cap) for b, s in enumerate(slots) if (cap := s.new_capture()) is not None]
         capture = BatchCapture(rows) if rows else None
         union = _union_policy([s.policy for s in slots], [s.layer_ids for s in slots])
@@ -442,7 +382,6 @@ class BatchRunner:
                                 cache_position=torch.arange(width, width + 1, device=device), logits_to_keep=1,
                                 **({CAPTURE_KWARG: capture} if capture is not None else {}))
             captures = capture.finish(self.lm.model) if capture is not None else {}
-        self.batch.mask = mask
         return out.logits[:, -1], captures                                               # [B, V]
 
     def _advance(self, slot: Slot, logits: torch.Tensor, captures: dict[int, LayerCapture]) -> None:
@@ -451,7 +390,7 @@ class BatchRunner:
         sync(self.lm.device)
         now = time.perf_counter()
         slot.generated.append(slot.token.id)
-        slot.emit(DecodeRecord(len(slot.generated) - 1, now - slot.last, row_cache_state(self.batch.cache, slot.length),
+        slot.emit(DecodeRecord(len(slot.generated) - 1, now - slot.last, self.batch.state(slot.length),
                                slot.token, captures))
         slot.last = now
         self._maybe_finish(slot)
@@ -490,14 +429,6 @@ def _union_policy(policies: list[CapturePolicy], layer_ids: list[frozenset[int]]
     wanted = [ids for p, ids in zip(policies, layer_ids) if p.stats or p.logit_lens]
     layers = tuple(sorted(frozenset().union(*wanted))) if wanted else ()
     return CapturePolicy(layers=layers, attention=False, stats=bool(layers))
-
-
-def row_cache_state(cache: DynamicCache, length: int) -> CacheState:
-    """One row's cache as if it were alone: the bytes of its `length` real positions, pads left out
-    (a windowed layer holds fewer: only the rows it keeps)."""
-    per_layer = [min(length, layer.keys.shape[-2]) * layer.keys[:1, :, :1].numel() * layer.keys.element_size() * 2
-                 for layer in cache.layers if getattr(layer, "keys", None) is not None]
-    return CacheState(length, sum(per_layer), per_layer)
 
 
 def stitch_prefill(chunks: list[dict[int, LayerCapture]], n_prompt: int,

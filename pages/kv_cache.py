@@ -56,12 +56,13 @@ view.gqa_vs_mha_section(choice)
 st.subheader("4. Paged against contiguous allocation")
 view.paging_section(view.paging_inputs())
 
-st.subheader("5. This server's batch cache, live")
+st.subheader("5. This server's paged cache, live (measured)")
 if lm is None:
     st.caption("The batch cache appears here when this server runs the model.")
 else:
-    st.write("Everyone generating on this server shares one batch cache: one row per request, left-padded to the "
-             "longest. The padding is memory that holds nothing, which is the waste paging removes.")
+    st.write("Everyone generating on this server shares one paged cache, as vLLM keeps it: memory in blocks of 16 "
+             "tokens, each request holding a list of blocks (its block table) and taking a new one only when its last "
+             "is full. Section 4 simulates the same idea for a whole GPU (projected); here are the real blocks.")
     room.batch_cache_section(scheduler_for(lm))
 
 st.subheader("6. Prefix caching: prompts that start alike")

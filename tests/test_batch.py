@@ -192,7 +192,7 @@ def test_a_fault_no_row_repeats_alone_fails_the_newest_request_only(tiny_lm):
     assert_same_run(sinks[0].records, alone(tiny_lm, reqs[0]))
 
 
-def test_the_padded_cache_trims_columns_nobody_uses(tiny_lm):
+def test_the_gathered_view_is_as_wide_as_the_longest_row_left(tiny_lm):
     runner = BatchRunner(tiny_lm)
     long, short = Sink(), Sink()
     runner.add(long.slot(tiny_lm, GenerationRequest(tiny_prompt(30), max_new_tokens=4, chat=False)))

@@ -74,26 +74,25 @@ def test_the_room_page_draws_the_live_batch(tiny_model_dir, open_page):
     assert len(at.get("plotly_chart")) == 2
 
 
-def test_the_batch_cache_layout_is_the_runners_own(busy_room, tiny_lm):
-    """Rows, pads and bytes read from the steps equal the lengths and the KV formula, and paging is computed."""
-    from app.room import cache_rows, cache_use
+def test_the_block_table_is_the_runners_own(busy_room, tiny_lm):
+    """Tokens, blocks and bytes read from the steps equal the requests' lengths and the KV formula."""
+    from app.room import allocation_compare, block_owners, last_table
     from engine.card import kv_bytes_per_token
 
     scheduler, handles = busy_room
     for h in handles:
         h.result(timeout=60)
-    steps = [s for s in scheduler.room().steps if len(s.rows) >= 2]
+    steps = [s for s in scheduler.room().steps if s.blocks is not None and len(s.blocks.rows) >= 2]
     assert steps
-    step = steps[-1]
-    widths = {real + pads for _, real, pads in step.rows}
-    assert len(widths) == 1 and min(pads for _, _, pads in step.rows) == 0       # left-padded to the longest row
-    assert step.bytes_per_position == kv_bytes_per_token(tiny_lm.spec, "float32")
-    rows = [{"request": r, "real": real, "pads": pads, "bytes_per_position": step.bytes_per_position}
-            for r, real, pads in step.rows]
-    use = cache_use(rows, block=4)
-    assert use["padded"] == len(rows) * widths.pop() and use["real"] == sum(r["real"] for r in rows)
-    assert use["paged"] == sum(-(-r["real"] // 4) * 4 for r in rows) and use["real"] <= use["paged"]
-    assert cache_rows(scheduler.room())                  # the page reads the last step that had rows
+    table = steps[-1].blocks
+    assert [n for _, _, n in table.rows] == [real for _, real, _ in steps[-1].rows]
+    assert table.bytes_per_block == table.block * kv_bytes_per_token(tiny_lm.spec, "float32")
+    owners = block_owners(table)
+    assert sum(n for _, n in owners.values()) == table.tokens and len(owners) == table.used
+    use = allocation_compare(scheduler.room(), table)
+    assert use["padded"] == len(table.rows) * max(n for _, _, n in table.rows)
+    assert use["tokens"] <= use["paged"] < use["tokens"] + len(table.rows) * table.block
+    assert last_table(scheduler.room()) is not None      # the page reads the last step that had requests
 
 
 def test_prefix_reuse_is_measured_and_reuses_the_shared_start(tiny_lm):

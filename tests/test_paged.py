@@ -1,0 +1,98 @@
+"""The paged batch cache (engine/paged.py): blocks handed out and given back, and the K/V in them equal to the
+same prompt's cache computed alone."""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from conftest import tiny_prompt
+from engine import paged
+from engine.batch import BatchRunner
+from engine.generate import GenerationRequest, encode_prompt, generate
+from engine.hooks import CAPTURE_OFF
+from test_batch import Sink
+
+BLOCK = paged.BLOCK
+
+
+def prompt_of(lm, n_words: int) -> GenerationRequest:
+    return GenerationRequest(" ".join(["hello world"] * n_words), max_new_tokens=6, chat=False)
+
+
+def own_cache(lm, ids: list[int]) -> DynamicCache:
+    """The prompt's K/V computed alone by HF: the reference the pool must hold."""
+    cache = DynamicCache(config=lm.model.config)
+    with torch.inference_mode():
+        lm.model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+    return cache
+
+
+def runner_with(lm, requests):
+    runner = BatchRunner(lm, max_batch=8)
+    sinks = [Sink() for _ in requests]
+    for sink, request in zip(sinks, requests):
+        runner.add(sink.slot(lm, request))
+    return runner, sinks
+
+
+def test_each_request_gets_its_own_blocks_and_the_tail_is_counted(tiny_lm):
+    requests = [prompt_of(tiny_lm, n) for n in (2, 9, 17)]
+    runner, _ = runner_with(tiny_lm, requests)
+    info = runner.step()                       # prefill all three together, then one decode step
+    table = info.blocks
+    lengths = [len(encode_prompt(tiny_lm, r)) + 1 for r in requests]     # the prompt and one decoded token
+    assert [n for _, _, n in table.rows] == lengths
+    assert [len(blocks) for _, blocks, _ in table.rows] == [-(-n // BLOCK) for n in lengths]
+    held = [b for _, blocks, _ in table.rows for b in blocks]
+    assert len(held) == len(set(held)) and paged.NULL not in held           # no block shared, the null block kept
+    assert table.used == len(held) and table.free == table.n_blocks - len(held)
+    assert table.empty_slots == sum(-(-n // BLOCK) * BLOCK - n for n in lengths)
+    assert table.fragmentation == table.empty_slots / (len(held) * BLOCK)
+    assert info.cache_positions == len(held) * BLOCK and info.real_positions == sum(lengths)
+
+
+def test_the_pool_holds_what_the_model_computes_alone(tiny_lm):
+    requests = [prompt_of(tiny_lm, n) for n in (3, 12)]
+    runner, _ = runner_with(tiny_lm, requests)
+    runner.step()
+    for b, request in enumerate(requests):
+        ids = encode_prompt(tiny_lm, request)
+        slot = runner.batch.slots[b]
+        row = runner.batch.row_cache(b, tiny_lm.model.config)
+        reference = own_cache(tiny_lm, ids + [slot.generated[0]])          # the prompt and the token decoded
+        for mine, theirs in zip(row.layers, reference.layers):
+            torch.testing.assert_close(mine.keys, theirs.keys, atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(mine.values, theirs.values, atol=1e-5, rtol=1e-4)
+
+
+def test_a_request_leaving_gives_its_blocks_back_and_a_newcomer_takes_them(tiny_lm):
+    short = GenerationRequest(tiny_prompt(), max_new_tokens=2, chat=False)
+    long = prompt_of(tiny_lm, 20)
+    runner, sinks = runner_with(tiny_lm, [short, long])
+    runner.step()                                  # the short one leaves after one decode step
+    table = runner.batch.table()
+    assert [label for label, _, _ in table.rows] == [None]                 # only the long one is left
+    kept = table.rows[0][1]
+    newcomer = Sink()
+    runner.add(newcomer.slot(tiny_lm, prompt_of(tiny_lm, 2)))
+    runner.step()
+    after = runner.batch.table()
+    assert after.rows[0][1][:len(kept)] == kept                            # the long one's blocks did not move
+    assert min(after.rows[1][1]) < max(kept)                               # the newcomer reuses a freed low block
+
+
+def test_outputs_match_alone_when_the_pool_must_grow(tiny_lm, monkeypatch):
+    monkeypatch.setattr(paged, "FIRST_BLOCKS", 2)                          # one usable block: it doubles at once
+    requests = [GenerationRequest(tiny_prompt(), max_new_tokens=20, chat=False, seed=s, temperature=0.0)
+                for s in range(3)] + [prompt_of(tiny_lm, 15)]
+    runner, sinks = runner_with(tiny_lm, requests)
+    grown = 0
+    while not runner.idle:
+        info = runner.step()
+        if info.blocks is not None:
+            grown = max(grown, info.blocks.n_blocks)
+    assert grown > 1
+    for sink, request in zip(sinks, requests):
+        single = list(generate(tiny_lm, request, CAPTURE_OFF))
+        assert sink.records[-1].text == single[-1].text
+    assert runner.batch.pool is None                                       # idle: the memory is given back
