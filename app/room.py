@@ -164,24 +164,32 @@ def block_owners(table: BlockTable) -> dict[int, tuple[object, int]]:
     return owners
 
 
+def shown_blocks(table: BlockTable, most: int = 8 * GRID) -> int:
+    """Blocks the picture draws: the pool up to its highest block in use, whole rows, at most `most`."""
+    highest = max((b for _, blocks, _ in table.rows for b in blocks), default=0)
+    return min(table.n_blocks, max(GRID, -(-(highest + 1) // GRID) * GRID), most)
+
+
 def block_table_figure(table: BlockTable) -> go.Figure:
     """The pool as a grid of blocks: each request's in its own colour, the tokens a block holds written on it."""
-    owners = block_owners(table)
+    owners, n = block_owners(table), shown_blocks(table)
     fig = go.Figure()
-    free = [b for b in range(1, table.n_blocks + 1) if b not in owners]
+    free = [b for b in range(1, n + 1) if b not in owners]
     fig.add_scatter(x=[b % GRID for b in free], y=[b // GRID for b in free], mode="markers", name="free",
                     marker=dict(symbol="square", size=17, color="#f0f0f0", line=dict(color="#c7c7c7", width=1)),
                     hovertemplate="block %{customdata}: free<extra></extra>", customdata=free)
     for label, blocks, _ in table.rows:
-        fill = [owners[b][1] for b in blocks]
-        fig.add_scatter(x=[b % GRID for b in blocks], y=[b // GRID for b in blocks], mode="markers+text",
+        drawn = [b for b in blocks if b <= n]
+        fill = [owners[b][1] for b in drawn]
+        fig.add_scatter(x=[b % GRID for b in drawn], y=[b // GRID for b in drawn], mode="markers+text",
                         name=f"request {label}", text=[str(f) for f in fill], textfont=dict(size=9, color="white"),
-                        marker=dict(symbol="square", size=17), customdata=list(zip(blocks, fill)),
+                        marker=dict(symbol="square", size=17), customdata=list(zip(drawn, fill)),
                         hovertemplate=(f"block %{{customdata[0]}}: request {label}, %{{customdata[1]}} of "
                                        f"{table.block} tokens<extra></extra>"))
-    rows = table.n_blocks // GRID + 1
-    fig.update_layout(height=90 + 22 * rows, margin=dict(l=10, r=10, t=30, b=10), legend=dict(orientation="h", y=1.25),
-                      xaxis=dict(visible=False, range=[-1, GRID]), yaxis=dict(visible=False, autorange="reversed"))
+    rows = n // GRID + 1
+    fig.update_layout(height=70 + 24 * rows, margin=dict(l=10, r=10, t=30, b=10), legend=dict(orientation="h", y=1.02,
+                      yanchor="bottom"), xaxis=dict(visible=False, range=[-1, GRID]),
+                      yaxis=dict(visible=False, range=[rows - 0.5, -0.5]))
     return fig
 
 
@@ -196,6 +204,8 @@ def batch_cache_section(scheduler) -> None:
             return
         use = allocation_compare(state, table)
         plot(block_table_figure(table), "kv.block_table")
+        if shown_blocks(table) < table.n_blocks:
+            st.caption(f"The picture shows the first {shown_blocks(table)} blocks of the pool.")
         st.caption(f"Measured on this server, read from the cache after the last step: {len(table.rows)} request(s) "
                    f"hold {use['tokens']:,} tokens in {table.used} of {table.n_blocks} blocks of {table.block} tokens "
                    f"({fmt_bytes(table.bytes_per_block)} each); {table.free} blocks are free, and "

@@ -95,6 +95,19 @@ def test_the_block_table_is_the_runners_own(busy_room, tiny_lm):
     assert last_table(scheduler.room()) is not None      # the page reads the last step that had requests
 
 
+def test_the_block_picture_draws_the_pool_up_to_its_highest_block_in_use():
+    from app.room import GRID, block_table_figure, shown_blocks
+    from engine.paged import BlockTable
+
+    table = BlockTable(16, 4095, 4000, (("a", (1, 2), 20), ("b", (70,), 3)), 1024)
+    assert shown_blocks(table) == 3 * GRID                         # block 70 sits in the third row of 32
+    fig = block_table_figure(table)
+    drawn = {t.name: list(t.customdata) for t in fig.data}
+    assert [tuple(c) for c in drawn["request a"]] == [(1, 16), (2, 4)] and [tuple(c) for c in drawn["request b"]] == [(70, 3)]
+    assert len(drawn["free"]) == 3 * GRID - 3
+    assert shown_blocks(BlockTable(16, 9999, 0, (("c", (9000,), 1),), 1024)) == 8 * GRID     # a huge pool: capped
+
+
 def test_prefix_reuse_is_measured_and_reuses_the_shared_start(tiny_lm):
     from engine.batch import measure_prefix_reuse
 
