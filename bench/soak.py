@@ -16,7 +16,8 @@ Only public APIs: `scheduler_for(lm)`, `Scheduler.check/submit/join/leave/stats`
 `app.replay` (the Recordings page's functions), `app.presenter`, `Scheduler.submit_job` with
 `engine.speedlab.measure_context` (as the speed lab runs it).
 
-Reports what was asked and how it ended (served, refused with a message, cancelled, failed, lost: the
+When the time is up, sessions whose answer is streaming read on for up to 20 s (as a person would), the others
+leave at once. Reports what was asked and how it ended (served, refused with a message, cancelled, failed, lost: the
 last two must be 0), p50/p95 of each kind's duration, the resident memory (after warm-up, peak, final;
 final must be within 10% of after warm-up, both net of the bounded prefix cache), threads and playground hooks left (must be 0). Writes
 bench/results/soak.json and exits with status 1 when a check fails.
@@ -70,6 +71,7 @@ PROMPTS = ("What is the capital of France?", "Why is the sky blue?", "Write a ha
 WEIGHTS = {"generate": 40, "cancel": 6, "disconnect": 4, "reload": 6, "open_shipped": 8, "upload_good": 5,
            "upload_bad": 8, "keep": 6, "presenter": 8, "speed_lab": 3}
 GRACE_SECONDS = 60.0
+READ_ON_SECONDS = 20.0     # at the end, a person whose answer is streaming reads on this long before closing the tab
 ENDED = "the soak ended"
 
 
@@ -108,6 +110,7 @@ class Room:
         self.board = PresenterBoard(TOKEN)
         self.shelf = Shelf(shelf_dir, self.scheduler.limits.max_saved_per_session, 64 * 2**20)
         self.seconds, self.stop = seconds, threading.Event()
+        self.read_until = float("inf")                 # set when the soak ends: see `reads_on`
         self.outcomes: list[Outcome] = []
         self.lost: list[str] = []
         self._lock = threading.Lock()
@@ -174,7 +177,7 @@ def read_stream(room: Room, v: Visitor, handle: Any, how: str, t0: float, reques
         for record in stream:
             ttft = ttft or time.perf_counter() - t0
             records.append(record)
-            if room.stop.is_set():
+            if room.stop.is_set() and not reads_on(room, how):
                 raise Leave
             if how != "read" and len(records) == 2:
                 if how == "disconnect":
@@ -187,6 +190,12 @@ def read_stream(room: Room, v: Visitor, handle: Any, how: str, t0: float, reques
     except EngineError as err:
         return Outcome(kind, "failed", time.perf_counter() - t0, str(err), ttft)
     return stream_outcome(v, handle, kind, records, time.perf_counter() - t0, ttft, request, policy)
+
+
+def reads_on(room: Room, how: str) -> bool:
+    """When the soak ends, a session reading its answer stays a little while (as a person would) so that the
+    last answers count as served; one that stops or closes its tab mid-way leaves at once."""
+    return how == "read" and time.monotonic() < room.read_until
 
 
 def stream_outcome(v: Visitor, handle: Any, kind: str, records: list, seconds: float, ttft: float | None,
@@ -402,6 +411,7 @@ def drive(room: Room, sessions: int, seconds: float, seed: int) -> dict[str, Any
     for t in threads:
         t.start()
     room.stop.wait(seconds)
+    room.read_until = time.monotonic() + READ_ON_SECONDS
     room.stop.set()
     for t in threads:
         t.join(max(0.0, GRACE_SECONDS - (time.monotonic() - t0 - seconds)))
