@@ -78,17 +78,20 @@ def shapes_section(lm: LoadedModel, n_tokens: int) -> None:
 class ResultView:
     """Placeholders for the answer, the live metrics and the timeline, filled while streaming and after."""
 
-    def __init__(self) -> None:
+    def __init__(self, running: Callable[[], int] = lambda: 1) -> None:
         self.status = st.empty()
         cols = st.columns(5)
         self.metric_boxes = [c.empty() for c in cols]
         self.answer = st.empty()
         self.note = st.empty()
         self.timeline = ChartSlot("journey.timeline")
-        self.text_throttle, self.chart_throttle = Throttle(TEXT_SECONDS), Throttle(CHART_SECONDS)
+        self.text_throttle = Throttle(TEXT_SECONDS, running)
+        self.chart_throttle = Throttle(CHART_SECONDS, running)
 
     def update(self, run: Run, final: bool = False, timeline: bool = True) -> None:
         """Text and metrics five times a second, the timeline every two seconds; everything when final.
+        With n requests running on the server, every n-th of that (`running`): the room's pages together
+        redraw about as often as one page alone.
 
         Every redraw costs the server (one message per element) and the browser (a re-render): with a
         room of browsers on one machine, redrawing faster than a person reads slows everyone's tokens.

@@ -215,14 +215,19 @@ def stream_generation(lm: LoadedModel, run: Run, on_record: Callable[[Run], None
 
 
 class Throttle:
-    """True at most once per `interval` seconds (and always for the first and the forced call)."""
+    """True at most once per `interval` x `share()` seconds (and always for the first and the forced call).
 
-    def __init__(self, interval: float):
-        self.interval, self.last = interval, -float("inf")
+    `share` (default 1) stretches the interval while the server is busy: with the number of requests running,
+    a room's pages together redraw about as often as one page alone does.
+    """
+
+    def __init__(self, interval: float, share: Callable[[], int] = lambda: 1):
+        self.interval, self.share, self.last = interval, share, -float("inf")
 
     def __call__(self, force: bool = False) -> bool:
         now = time.perf_counter()
-        if force or now - self.last >= self.interval:
+        waited = now - self.last
+        if force or (waited >= self.interval and waited >= self.interval * max(1, self.share())):
             self.last = now
             return True
         return False

@@ -5,6 +5,7 @@ from app import journey_view as view
 from app import replay
 from app.controls import (generate_button, last_run, new_token_limit, offline_notice, page_model, prepare,
                           presenter_push, prompt_box, run_live, sampling_controls)
+from engine.scheduler import scheduler_for
 
 lm = page_model()
 st.title("The journey of a request")
@@ -38,7 +39,7 @@ else:
 st.subheader("3. The answer, token by token")
 if not clicked:
     replay.run_notes(last_run())
-result = view.ResultView()
+result = view.ResultView(running=lambda: scheduler_for(lm).stats().running)
 if clicked:
     run_live(lm, prepared, "journey", stop_slot, result.update, capture, notice)
 run = last_run()

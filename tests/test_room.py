@@ -128,3 +128,26 @@ def test_the_kv_page_measures_prefix_reuse_through_the_scheduler(open_page):
     assert set(results) == {"same opening", "same prompt"}
     assert results["same prompt"]["reused_tokens"] == results["same prompt"]["prompt_tokens"] - 1
     assert any("TTFT" in c.value for c in at.caption)
+
+
+def test_a_busy_room_stretches_each_pages_redraw_interval_by_the_requests_running(monkeypatch):
+    """With n requests running, a streaming page redraws every n x interval: the room's pages together
+    redraw about as often as one page alone."""
+    import app.run
+    from app.run import Throttle
+
+    clock, running = [100.0], [1]
+    monkeypatch.setattr(app.run.time, "perf_counter", lambda: clock[0])
+    throttle = Throttle(0.25, lambda: running[0])                        # binary fractions: exact sums
+
+    def fires_after(seconds: float) -> bool:
+        clock[0] += seconds
+        return throttle()
+
+    assert throttle() is True                                           # the first call always draws
+    assert fires_after(0.125) is False and fires_after(0.125) is True     # alone: every 0.25 s
+    running[0] = 4
+    assert fires_after(0.5) is False and fires_after(0.5) is True         # four running: every 1 s
+    running[0] = 0                                                        # an idle server counts as one
+    assert fires_after(0.125) is False and fires_after(0.125) is True
+    assert throttle(force=True) is True
