@@ -6,7 +6,9 @@
 For each mode the app is started as `make run` starts it (one at a time is PLAYGROUND_MAX_BATCH=1, how the
 server worked before continuous batching). One browser session on the journey page generates alone; then N
 sessions press Generate within a second of each other. Reported: the alone time, the time until the last of
-the N is done, and their ratio (the issue's target: <= 3x for 6 sessions). Writes bench/results/room_browser.json.
+the N is done, and their ratio (the issue's target: <= 3x for 6 sessions), and the CPU seconds the app server and
+the Chromium processes used meanwhile (on one machine the browsers compete with the model for its cores; in a room
+they run on the students' laptops). Writes bench/results/room_browser.json.
 """
 from __future__ import annotations
 
@@ -80,22 +82,50 @@ def wait_done(page, timeout_s: float = 900) -> float:
     return time.perf_counter()
 
 
-def measure(browser, url: str, sessions: int, tokens: int) -> dict:
+def cpu_seconds(server: subprocess.Popen) -> dict[str, float]:
+    """CPU seconds used so far by the app server (with its children) and by this run's Chromium processes."""
+    import psutil
+
+    def used(procs) -> float:
+        total = 0.0
+        for proc in procs:
+            try:
+                t = proc.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:               # a renderer that exited meanwhile
+                pass
+        return total
+
+    app = psutil.Process(server.pid)
+    mine = psutil.Process().children(recursive=True)
+    return {"server": used([app, *app.children(recursive=True)]),
+            "chromium": used([p for p in mine if "chrom" in p.name().lower()])}
+
+
+def spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: round(after[k] - before[k], 1) for k in before}
+
+
+def measure(browser, url: str, server: subprocess.Popen, sessions: int, tokens: int) -> dict:
     context, page = prepare(browser, url, PROMPTS[0], tokens)
+    cpu0 = cpu_seconds(server)
     generate_button(page).click()
     t0 = time.perf_counter()
     alone = wait_done(page) - t0
+    cpu_alone = spent(cpu0, cpu_seconds(server))
     context.close()
     prepared = [prepare(browser, url, PROMPTS[i % len(PROMPTS)], tokens) for i in range(sessions)]
+    cpu0 = cpu_seconds(server)
     t0 = time.perf_counter()
     for _, pg in prepared:
         generate_button(pg).click()
     clicked = time.perf_counter() - t0
     done = [wait_done(pg) - t0 for _, pg in prepared]
+    cpu_together = spent(cpu0, cpu_seconds(server))
     for ctx, _ in prepared:
         ctx.close()
     return {"alone_s": alone, "last_done_s": max(done), "first_done_s": min(done), "clicks_within_s": clicked,
-            "ratio_last_to_alone": max(done) / alone}
+            "ratio_last_to_alone": max(done) / alone, "cpu_s_alone": cpu_alone, "cpu_s_together": cpu_together}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,12 +145,13 @@ def main(argv: list[str] | None = None) -> int:
         for mode in args.modes:
             proc, url = start_app(env[mode])
             try:
-                report["modes"][mode] = result = measure(browser, url, args.sessions, args.tokens)
+                report["modes"][mode] = result = measure(browser, url, proc, args.sessions, args.tokens)
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)
             print(f"{mode:>14}: alone {result['alone_s']:.1f} s, last of {args.sessions} done after "
-                  f"{result['last_done_s']:.1f} s: {result['ratio_last_to_alone']:.2f}x", flush=True)
+                  f"{result['last_done_s']:.1f} s: {result['ratio_last_to_alone']:.2f}x; CPU seconds alone "
+                  f"{result['cpu_s_alone']}, together {result['cpu_s_together']}", flush=True)
         browser.close()
     report["load_average_after"] = os.getloadavg()
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
