@@ -2,13 +2,13 @@
 
 The engine knows models, tokens and tensors; it never imports a UI library.
 """
-from engine.card import forward_shapes, kv_bytes_per_token, model_card, param_counts, weight_bytes
+from engine.projection.card import forward_shapes, kv_bytes_per_token, model_card, param_counts, weight_bytes
 from engine.errors import EngineError
-from engine.generate import GenerationRequest, generate
-from engine.hooks import CAPTURE_ALL, CAPTURE_OFF, CapturePolicy, LayerCapture, count_hooks, hook_points
-from engine.loader import LoadedModel, load_model
-from engine.records import DecodeRecord, DoneRecord, PrefillRecord, Record, to_json
-from engine.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec
+from engine.core.generate import GenerationRequest, generate
+from engine.core.hooks import CAPTURE_ALL, CAPTURE_OFF, CapturePolicy, LayerCapture, count_hooks, hook_points
+from engine.models.loader import LoadedModel, load_model
+from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord, Record, to_json
+from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec
 
 __all__ = [
     "CAPTURE_ALL", "CAPTURE_OFF", "CapturePolicy", "DecodeRecord", "DoneRecord", "EngineError",

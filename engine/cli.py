@@ -36,14 +36,14 @@ def parse_layers(text: str | None, n_layers: int | None = None) -> tuple[int, ..
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from engine.generate import GenerationRequest, generate
-    from engine.hooks import CapturePolicy
-    from engine.loader import load_model
-    from engine.records import to_json
+    from engine.core.generate import GenerationRequest, generate
+    from engine.core.hooks import CapturePolicy
+    from engine.models.loader import load_model
+    from engine.core.records import to_json
 
     lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=_progress)
     if args.static:
-        from engine.fastpath import enable_static_decode
+        from engine.core.fastpath import enable_static_decode
 
         enable_static_decode(lm)
     layers = parse_layers(args.capture_layers, lm.spec.n_layers)
@@ -51,7 +51,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     request = GenerationRequest(args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                                 args.seed, tuple(args.stop or ()), chat=not args.raw)
     if args.draft:
-        from engine import speculative
+        from engine.speculative import decode as speculative
 
         draft = speculative.draft_from_spec(args.draft, lm)
         records: Any = speculative.speculative_generate(lm, request, draft, args.k)
@@ -65,15 +65,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_card(args: argparse.Namespace) -> int:
-    from engine.card import model_card
-    from engine.specs import ModelSpec, model_preset
+    from engine.projection.card import model_card
+    from engine.projection.specs import ModelSpec, model_preset
 
     if args.config:
         spec = read_config(args.config, ModelSpec.from_json)
     elif args.preset:
         spec = model_preset(args.preset)
     else:
-        from engine.loader import read_spec, resolve
+        from engine.models.loader import read_spec, resolve
 
         folder, label = resolve(args.model, _progress)
         spec = read_spec(folder, label)
@@ -110,8 +110,8 @@ def config_problem(err: Exception) -> str:
 
 
 def cmd_hooks(args: argparse.Namespace) -> int:
-    from engine.hooks import hook_points
-    from engine.loader import load_model
+    from engine.core.hooks import hook_points
+    from engine.models.loader import load_model
 
     lm = load_model(args.model, device="cpu", progress=_progress)
     print(json.dumps(hook_points(lm.model), indent=2))
@@ -119,11 +119,11 @@ def cmd_hooks(args: argparse.Namespace) -> int:
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
-    from engine.loader import provision
+    from engine.models.loader import provision
 
     print(json.dumps({"default": str(provision("default", _progress))}))
     if args.extras:
-        from engine.extras import provision_extras
+        from engine.models.extras import provision_extras
 
         print(json.dumps({k: str(v) for k, v in provision_extras(_progress).items()}))
     return 0
@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--draft", help="speculative draft: ngram, early-exit:N, or a model folder/extra name")
     gen.add_argument("--k", type=int, default=4, help="tokens drafted per round")
     gen.add_argument("--static", action="store_true",
-                     help="static KV cache, decode step as a CUDA graph on CUDA (engine/fastpath.py)")
+                     help="static KV cache, decode step as a CUDA graph on CUDA (engine/core/fastpath.py)")
     gen.set_defaults(func=cmd_generate)
 
     card = sub.add_parser("card", help="print a model card (parameters, bytes, KV per token) as JSON")

@@ -17,10 +17,10 @@ import sys
 from typing import Any
 
 from engine.errors import ConfigError
-from engine.projection import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_DOLLARS_PER_HOUR, DEFAULT_FLOPS_EFFICIENCY,
-                               DEFAULT_UTILIZATION, IDEAL, Headroom, Layout, Projection, project)
-from engine.specs import DTYPE_BYTES, GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, dtype_bytes
-from engine.units import fmt_bytes
+from engine.projection.cost import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_DOLLARS_PER_HOUR, DEFAULT_FLOPS_EFFICIENCY,
+                                    DEFAULT_UTILIZATION, IDEAL, Headroom, Layout, Projection, project)
+from engine.projection.specs import DTYPE_BYTES, GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, dtype_bytes
+from engine.projection.units import fmt_bytes
 
 
 class UsageError(Exception):

@@ -15,16 +15,16 @@ import pytest
 from conftest import tiny_prompt
 from app.presenter import (FREE_GUESSES, GUESSES_KEY, PresenterBoard, PresenterError, guess_wait, is_presenter,
                            unlock)
-from engine import recording
+from engine.serving import recording
 from engine.errors import ContextLengthError, EngineError, InvalidRequestError
-from engine.generate import GenerationRequest, check_types, generate
-from engine.hooks import CAPTURE_ALL
-from engine.limits import (CAPTURE_JSON_BYTES, CAPTURE_VALUES, CPU_LIMITS, GPU_LIMITS, RECORD_JSON_BYTES,
+from engine.core.generate import GenerationRequest, check_types, generate
+from engine.core.hooks import CAPTURE_ALL
+from engine.serving.limits import (CAPTURE_JSON_BYTES, CAPTURE_VALUES, CPU_LIMITS, GPU_LIMITS, RECORD_JSON_BYTES,
                            RECORD_VALUES, Limits, capture_bytes, check_prompt_chars, max_prompt_chars,
                            max_recording_bytes, max_recording_values)
-from engine.recording import (PARSE_SLOTS, ParseSlots, RecordingError, dumps_recording, load_recording,
+from engine.serving.recording import (PARSE_SLOTS, ParseSlots, RecordingError, dumps_recording, load_recording,
                               loads_recording, new_recording, _encode)
-from engine.shelf import Shelf
+from engine.serving.shelf import Shelf
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "assets" / "recordings").glob("*.json.gz"))

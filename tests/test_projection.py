@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from engine import projection as pj
+from engine.projection import cost as pj
 from engine.cli import main as engine_main
-from engine.projection import IDEAL, Layout
+from engine.projection.cost import IDEAL, Layout
 from engine.projection_cli import register
-from engine.specs import GPU_PRESETS, MODEL_PRESETS
+from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS
 
 LLAMA_8B = MODEL_PRESETS["llama-3.1-8b"]
 LLAMA_70B = MODEL_PRESETS["llama-3.1-70b"]
