@@ -189,7 +189,7 @@ def shipped_section() -> None:
 def upload_section(limits: Limits) -> None:
     """A file picker for a recording; a bad file gives the RecordingError's reason."""
     upload = st.file_uploader("Open a recording file (.json.gz)", type=["gz", "json"], key=UPLOAD_KEY,
-                              help=f"Files saved with 'Save this run' or `python -m engine.serving.recording record`; "
+                              help=f"Files saved with 'Save this run' or `python -m engine record`; "
                                    f"at most {fmt_bytes(MAX_FILE_BYTES)}.")
     if upload is None:
         return

@@ -346,6 +346,8 @@ def test_an_unforeseen_error_is_one_line_too(monkeypatch, capsys):
 def test_a_bomb_on_the_recording_command_line_gives_one_line(tmp_path, capsys):
     path = tmp_path / "bomb.json.gz"
     path.write_bytes(BOMBS["zeros (issue 14)"][0]())
-    assert recording.main(["show", str(path)]) == 1
+    from engine import cli
+
+    assert cli.main(["show", str(path)]) == 1
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "bomb.json.gz" in err and "not a playground recording" in err

@@ -10,7 +10,7 @@ import pytest
 from engine.projection import cost as pj
 from engine.cli import main as engine_main
 from engine.projection.cost import IDEAL, Layout
-from engine.projection_cli import register
+from engine.cli import add_project as register
 from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS
 
 LLAMA_8B = MODEL_PRESETS["llama-3.1-8b"]

@@ -10,8 +10,8 @@ dataclass field types, checking each value on the way, so a corrupt, truncated o
 (another JSON, a pickle, a zip) gives a `RecordingError` that says what is wrong. Nothing is ever
 unpickled and no code in a file is run.
 
-    python -m engine.serving.recording record "What is the capital of France?" france.json.gz --layers 10
-    python -m engine.serving.recording show france.json.gz
+    python -m engine record "What is the capital of France?" france.json.gz --layers 10
+    python -m engine show france.json.gz
 """
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ import functools
 import gzip
 import json
 import re
-import sys
 import threading
 import time
 import types
@@ -468,66 +467,3 @@ def _decode_array(value: Any, where: str) -> np.ndarray:
     if len(raw) != int(np.prod(shape, dtype=np.int64)) * item.itemsize:
         raise RecordingError(f"{where} holds {len(raw)} bytes, not the {shape} {dtype} array it claims")
     return np.frombuffer(raw, dtype=item).reshape(shape).astype(np.dtype(dtype))
-
-
-# --- command line ------------------------------------------------------------------------------------
-
-def record(prompt: str, out: str | Path, model: str = "default", max_new_tokens: int = 32, layers: int = 10,
-           title: str = "", max_keys: int | None = None) -> Recording:
-    """Generate greedily with the given model and save the run with attention for `layers` spread layers."""
-    from engine.core.generate import generate
-    from engine.models.loader import load_model
-
-    lm = load_model(model)
-    n = lm.spec.n_layers
-    picked = tuple(sorted({round(i * (n - 1) / max(layers - 1, 1)) for i in range(min(layers, n))}))
-    policy = CapturePolicy(layers=picked, logit_lens=5, max_keys=max_keys)
-    request = GenerationRequest(prompt, max_new_tokens=max_new_tokens)
-    records = list(generate(lm, request, policy))          # this process's own model: nobody else uses it
-    rec = new_recording(lm, request, policy, records, title or prompt[:60])
-    save_recording(rec, out)
-    return rec
-
-
-def describe(rec: Recording) -> str:
-    done = rec.done
-    captured = sorted({i for r in rec.records for i in getattr(r, "captures", {})})
-    return (f"{rec.title!r}: {rec.model} ({rec.dtype} on {rec.device}), {len(rec.records)} records, "
-            f"{done.prompt_tokens} prompt + {done.generated_tokens} generated tokens ({done.finish_reason}), "
-            f"attention of layers {captured}\n  prompt: {rec.request.prompt!r}\n  answer: {done.text!r}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m engine.serving.recording", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    rec = sub.add_parser("record", help="generate and save a recording")
-    rec.add_argument("prompt")
-    rec.add_argument("out")
-    rec.add_argument("--model", default="default")
-    rec.add_argument("--max-new-tokens", type=int, default=32)
-    rec.add_argument("--layers", type=int, default=10, help="attention of this many layers, spread over the depth")
-    rec.add_argument("--title", default="")
-    show = sub.add_parser("show", help="describe a recording")
-    show.add_argument("path")
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "record":
-            result = record(args.prompt, args.out, args.model, args.max_new_tokens, args.layers, args.title)
-            print(f"saved {args.out} ({Path(args.out).stat().st_size / 1e6:.2f} MB)")
-        else:
-            result = load_recording(args.path)
-        print(describe(result))
-    except EngineError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    except Exception as err:  # noqa: BLE001 - one line, never a traceback
-        from engine.cli import unexpected
-
-        return unexpected(err)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
