@@ -11,7 +11,7 @@ from app.view import plot
 from engine.errors import EngineError
 from engine.projection.card import kv_bytes_per_token, weight_bytes
 from engine.lab.fusion import (MAX_SCORE_BYTES, AttentionShape, FusionProjection, decode_row_bytes,
-                           largest_intermediate_bytes, project_fusion, sweep_fusion)
+                               largest_intermediate_bytes, project_fusion, sweep_fusion)
 from engine.projection.specs import ModelSpec
 from engine.models.loader import LoadedModel
 from engine.projection.units import card_bytes

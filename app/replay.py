@@ -26,7 +26,7 @@ from engine.errors import EngineError
 from engine.serving.limits import MiB, Limits, server_limits
 from engine.models.loader import LoadedModel
 from engine.serving.recording import (MAX_FILE_BYTES, PARSE_PLACES, Recording, RecordingError, dumps_recording,
-                              load_recording, loads_recording)
+                                      load_recording, loads_recording)
 from engine.core.records import PrefillRecord
 from engine.serving.scheduler import scheduler_for
 from engine.serving.shelf import Kept, Shelf, default_dir

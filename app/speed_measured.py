@@ -17,7 +17,7 @@ from engine.models.loader import LoadedModel
 from engine.projection.cost import prefill_flops
 from engine.projection.specs import MODEL_PRESETS
 from engine.lab.speed import (DEFAULT_DECODE_STEPS, ContextPoint, DeviceRoof, attention_onset, ceiling_prefill_seconds,
-                             fit_ttft, kv_bytes_per_token_loaded, measure_context, place_decode)
+                              fit_ttft, kv_bytes_per_token_loaded, measure_context, place_decode)
 
 POINTS, CTX, CTX_SLIDER, CTX_TYPED, ERROR = ("speed.points", "speed.context", "speed.context_slider",
                                              "speed.context_typed", "speed.error")

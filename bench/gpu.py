@@ -42,7 +42,7 @@ from engine.lab.memory import allocated_by, memory_ledger, peak_during  # noqa: 
 from engine.projection.cost import cost_model, project  # noqa: E402
 from engine.models.shaped import DRAFT_OF, shaped_bytes, write_shaped  # noqa: E402
 from engine.lab.speed import (DeviceRoof, copy_bandwidth, cpu_name, device_cost_model, known_gpu, matmul_flops,  # noqa: E402
-                             prompt_of_length)
+                              prompt_of_length)
 
 ROWS = CapturePolicy(prefill_matrix=False, stats=False)      # every layer's attention row, every head
 PROMPT = "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle."

@@ -22,7 +22,7 @@ from engine.lab.batching import measure_batching  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
 from engine.lab.quantize import compare_models, quantize_copy, text_ids  # noqa: E402
 from engine.lab.speed import (attention_onset, compare_decode, fit_ttft, measure_roof, place_decode,  # noqa: E402
-                             prompt_of_length, sweep_context)
+                              prompt_of_length, sweep_context)
 
 
 def context_part(lm, roof, lengths: list[int], rounds: int) -> dict:

@@ -75,11 +75,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     request = GenerationRequest(args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                                 args.seed, tuple(args.stop or ()), chat=not args.raw)
     if args.draft:
-        from engine.speculative import decode as speculative
+        from engine.speculative.decode import draft_from_spec, record_to_json, speculative_generate
 
-        draft = speculative.draft_from_spec(args.draft, lm)
-        records: Any = speculative.speculative_generate(lm, request, draft, args.k)
-        dump: Callable[[Any], dict] = speculative.record_to_json
+        draft = draft_from_spec(args.draft, lm)
+        records: Any = speculative_generate(lm, request, draft, args.k)
+        dump: Callable[[Any], dict] = record_to_json
     else:
         records = generate(lm, request, policy)
         dump = lambda rec: to_json(rec, with_captures=bool(layers is None or layers))  # noqa: E731
@@ -140,12 +140,10 @@ def cmd_hooks(args: argparse.Namespace) -> int:
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
-    from engine.models.loader import provision
+    from engine.models.loader import provision, provision_extras
 
     print(json.dumps({"default": str(provision("default", _progress))}))
     if args.extras:
-        from engine.models.extras import provision_extras
-
         print(json.dumps({k: str(v) for k, v in provision_extras(_progress).items()}))
     return 0
 

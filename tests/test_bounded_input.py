@@ -20,10 +20,10 @@ from engine.errors import ContextLengthError, EngineError, InvalidRequestError
 from engine.core.generate import GenerationRequest, check_types, generate
 from engine.core.hooks import CAPTURE_ALL
 from engine.serving.limits import (CAPTURE_JSON_BYTES, CAPTURE_VALUES, CPU_LIMITS, GPU_LIMITS, RECORD_JSON_BYTES,
-                           RECORD_VALUES, Limits, capture_bytes, check_prompt_chars, max_prompt_chars,
-                           max_recording_bytes, max_recording_values)
+                                   RECORD_VALUES, Limits, capture_bytes, check_prompt_chars, max_prompt_chars,
+                                   max_recording_bytes, max_recording_values)
 from engine.serving.recording import (PARSE_SLOTS, ParseSlots, RecordingError, dumps_recording, load_recording,
-                              loads_recording, new_recording, _encode)
+                                      loads_recording, new_recording, _encode)
 from engine.serving.shelf import Shelf
 
 ROOT = Path(__file__).resolve().parent.parent

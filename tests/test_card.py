@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from engine.projection.card import (active_param_counts, attention_params_per_layer, expected_experts_touched,
-                         kv_bytes_per_token, kv_bytes_per_user, mlp_params_per_layer, model_card,
-                         naive_weight_bytes, param_counts, weight_bytes)
+                                    kv_bytes_per_token, kv_bytes_per_user, mlp_params_per_layer, model_card,
+                                    naive_weight_bytes, param_counts, weight_bytes)
 from engine.errors import ConfigError
 from engine.projection.public_configs import PUBLIC_CONFIGS
 from engine.projection.specs import MODEL_PRESETS, ModelSpec

@@ -17,18 +17,18 @@ from conftest import tiny_prompt, write_tiny_llama
 from engine.lab.attention_math import attention_steps, capture_qkv
 from engine.lab.quant_calibrated import ALPHAS, awq, compare_methods, gptq, group_scales, rtn
 from engine.lab.kv_cache import (TokenRow, compare_runs, generate_both, generate_timed, project_answer_seconds, project_token,
-                             slope)
+                                 slope)
 from engine.errors import InvalidRequestError, NoWeightsError
 from engine.lab.floatbits import float_bits, format_range
 from engine.models.folder import PCIE, describe_folder, file_kind, pcie_seconds, time_read
 from engine.lab.fusion import (AttentionShape, Traffic, causal_mask, decode_row_bytes, eager_attention, eager_bytes,
-                           eager_bytes_per_score, fused_attention,
-                           fused_bytes, largest_intermediate_bytes, measure_fusion, project_fusion, random_qkv)
+                               eager_bytes_per_score, fused_attention,
+                               fused_bytes, largest_intermediate_bytes, measure_fusion, project_fusion, random_qkv)
 from engine.core.generate import GenerationRequest, encode_prompt, forward, generate
 from engine.core.hooks import CapturePolicy
 from engine.models.loader import load_model
 from engine.lab.quant_detail import (activation_channels, bits_per_weight, fake_nf4, fake_rtn_asym, fake_rtn_sym,
-                              grid_share, int8_errors_by_layer, int8_matmul_errors, q_proj_inputs, layer_inputs, nf4_levels, on_grid, scheme_quality)
+                                     grid_share, int8_errors_by_layer, int8_matmul_errors, q_proj_inputs, layer_inputs, nf4_levels, on_grid, scheme_quality)
 from engine.lab.quantize import all_logits
 from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS
 

@@ -16,7 +16,7 @@ from conftest import tiny_prompt
 from engine.projection.card import kv_bytes_per_token
 from engine.errors import InvalidRequestError
 from engine.core.fastpath import (FastDecoder, cache_length, disable_static_decode, enable_static_decode, graph_safe,
-                             reserved_bytes)
+                                  reserved_bytes)
 from engine.core.generate import GenerationRequest, generate
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
 from engine.models.loader import load_model

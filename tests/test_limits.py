@@ -8,7 +8,7 @@ from engine.errors import ContextLengthError, EngineError, InsufficientMemoryErr
 from engine.core.generate import GenerationRequest, generate
 from engine.core.hooks import CapturePolicy
 from engine.serving.limits import (CPU_LIMITS, ENV_VARS, GPU_LIMITS, Limits, capture_bytes, check_memory, check_request,
-                           kv_bytes)
+                                   kv_bytes)
 from engine.serving.scheduler import Scheduler
 from engine.projection.specs import model_preset
 

@@ -19,7 +19,7 @@ from engine.core.generate import GenerationRequest, generate
 from engine.core.hooks import CAPTURE_ALL, CapturePolicy
 from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord
 from engine.serving.recording import (RecordingError, dumps_recording, load_recording, loads_recording, new_recording,
-                              save_recording)
+                                      save_recording)
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "recordings"
 REQUEST = GenerationRequest(tiny_prompt(10, seed=5), max_new_tokens=6, chat=False, stop=("w9",), system=None)

@@ -8,7 +8,7 @@ import pytest
 
 from engine.projection.cost import cost_model
 from engine.projection.serving_sim import (ServerConfig, SimRequest, Workload, make_requests, simulate,
-                                sweep_max_batch)
+                                           sweep_max_batch)
 from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS
 
 LLAMA_8B = MODEL_PRESETS["llama-3.1-8b"]

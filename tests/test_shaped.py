@@ -12,7 +12,7 @@ from engine.projection.card import param_counts, weight_bytes
 from engine.core.generate import GenerationRequest, generate
 from engine.models.loader import load_model
 from engine.models.shaped import (SHAPES, hf_config, plan_shards, shaped_bytes, special_id, tensor_layout, write_shaped,
-                           write_tokenizer)
+                                  write_tokenizer)
 from engine.projection.specs import MODEL_PRESETS, ModelSpec
 
 SMALL_SHARDS = 60_000  # bytes: the tiny target splits into several shards, as the 8B does at 5 GB

@@ -9,8 +9,8 @@ from engine.errors import ContextLengthError, InvalidRequestError
 from engine.projection.cost import prefill_flops
 from engine.projection.specs import MODEL_PRESETS
 from engine.lab.speed import (ContextPoint, DeviceRoof, attention_onset, attention_share, ceiling_prefill_seconds,
-                             compare_decode, copy_bandwidth, fit_ttft, known_gpu, matmul_flops, measure_context,
-                             measure_roof, place_decode, prompt_of_length, sweep_context, time_decode)
+                              compare_decode, copy_bandwidth, fit_ttft, known_gpu, matmul_flops, measure_context,
+                              measure_roof, place_decode, prompt_of_length, sweep_context, time_decode)
 
 LLAMA_8B = MODEL_PRESETS["llama-3.1-8b"]
 SMOL = MODEL_PRESETS["smollm2-135m"]

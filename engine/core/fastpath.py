@@ -34,9 +34,9 @@ import torch
 from transformers import StaticCache
 
 from engine.projection.card import forward_shapes
-from engine.errors import EngineError, InvalidRequestError
-from engine.core.generate import (GenerationRequest, TextStream, check_context, encode_prompt, eos_ids, finish_reason,
-                             pick_token, prompt_pieces, sync, trim_stop, validate)
+from engine.errors import EngineError
+from engine.core.generate import (GenerationRequest, TextStream, admit, eos_ids, finish_reason, pick_token,
+                                  prompt_pieces, sync, trim_stop)
 from engine.core.hooks import CAPTURE_KWARG, CAPTURE_OFF, CapturePolicy, Instrument, LayerCapture, StepCapture, \
     _apply_mask, instrument
 from engine.models.loader import LoadedModel
@@ -239,13 +239,13 @@ class FastDecoder:
         return self._step(self.lm.model, ids, pos, self.cache, rows)[0, -1]
 
     def generate(self, request: GenerationRequest, policy: CapturePolicy = CAPTURE_OFF,
-                 should_stop: Callable[[], bool] | None = None) -> Iterator[Record]:
+                 should_stop: Callable[[], bool] | None = None, ids: list[int] | None = None) -> Iterator[Record]:
         """engine.core.generate's records from the static cache; a concurrent request runs on a private one."""
         if not self.lock.acquire(blocking=False):
-            yield from FastDecoder(self.lm, compile="off").generate(request, policy, should_stop)
+            yield from FastDecoder(self.lm, compile="off").generate(request, policy, should_stop, ids)
             return
         try:
-            yield from static_generate(self, request, policy, should_stop)
+            yield from static_generate(self, request, policy, should_stop, ids)
         finally:
             self.lock.release()
 
@@ -277,14 +277,10 @@ class FastDecoder:
 
 
 def static_generate(fast: FastDecoder, request: GenerationRequest, policy: CapturePolicy = CAPTURE_OFF,
-                    should_stop: Callable[[], bool] | None = None) -> Iterator[Record]:
+                    should_stop: Callable[[], bool] | None = None, ids: list[int] | None = None) -> Iterator[Record]:
     """The loop of engine.core.generate on a FastDecoder: PrefillRecord, DecodeRecord per token, DoneRecord."""
     lm = fast.lm
-    validate(request)
-    ids = encode_prompt(lm, request)
-    if not ids:
-        raise InvalidRequestError("the prompt encodes to no tokens for this model's tokenizer")
-    check_context(lm, len(ids), request.max_new_tokens)
+    ids = admit(lm, request) if ids is None else ids     # None: no door above (a benchmark, warm_up)
     generator = torch.Generator(device=lm.device).manual_seed(request.seed)
     cache, stream, stops = fast.reserve(len(ids) + request.max_new_tokens), TextStream(lm.tokenizer), eos_ids(lm)
     with torch.no_grad(), instrument(lm.model, policy) as inst:

@@ -21,7 +21,7 @@ from engine.errors import ContextLengthError, InvalidRequestError
 from engine.core.hooks import CAPTURE_KWARG, CAPTURE_OFF, CapturePolicy, LayerCapture, StepCapture, instrument
 from engine.models.loader import LoadedModel
 from engine.core.records import (CacheState, Candidate, DecodeRecord, DoneRecord, Piece, PrefillRecord, Record,
-                            SampledToken)
+                                 SampledToken)
 from engine.core.sampling import sample
 
 KEEP_LOGITS = 256       # raw logits stored per token so pages can re-draw the distribution
@@ -104,8 +104,20 @@ def encode_prompt(lm: LoadedModel, request: GenerationRequest) -> list[int]:
         messages = ([{"role": "system", "content": request.system}] if request.system else [])
         messages.append({"role": "user", "content": request.prompt})
         text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return tok(text, add_special_tokens=False)["input_ids"]
-    return tok(request.prompt)["input_ids"]
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+    else:
+        ids = tok(request.prompt)["input_ids"]
+    if not ids:
+        raise InvalidRequestError("the prompt encodes to no tokens for this model's tokenizer")
+    return ids
+
+
+def admit(lm: LoadedModel, request: GenerationRequest) -> list[int]:
+    """The door for a caller without a scheduler: check the request and tokenize it, once; its ids go down."""
+    validate(request)
+    ids = encode_prompt(lm, request)
+    check_context(lm, len(ids), request.max_new_tokens)
+    return ids
 
 
 def check_context(lm: LoadedModel, n_prompt: int, max_new_tokens: int) -> None:
@@ -204,19 +216,16 @@ def prompt_pieces(lm: LoadedModel, ids: list[int]) -> list[Piece]:
 
 
 def generate(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy = CAPTURE_OFF,
-             should_stop: Callable[[], bool] | None = None) -> Iterator[Record]:
+             should_stop: Callable[[], bool] | None = None, ids: list[int] | None = None) -> Iterator[Record]:
     """Yield a PrefillRecord, one DecodeRecord per further token, and a DoneRecord.
 
+    `ids`: the prompt as the door (Scheduler.submit) checked and tokenized it; None admits the request here.
     Close the generator (or make `should_stop` return True) to cancel; the model is ready at once.
     """
+    ids = admit(lm, request) if ids is None else ids
     if lm.fast is not None:  # opted in with engine.core.fastpath.enable_static_decode: static cache, CUDA graphs
-        yield from lm.fast.generate(request, policy, should_stop)
+        yield from lm.fast.generate(request, policy, should_stop, ids)
         return
-    validate(request)
-    ids = encode_prompt(lm, request)
-    if not ids:
-        raise InvalidRequestError("the prompt encodes to no tokens for this model's tokenizer")
-    check_context(lm, len(ids), request.max_new_tokens)
     generator = torch.Generator(device=lm.device).manual_seed(request.seed)
     cache, stream, stops = DynamicCache(config=lm.model.config), TextStream(lm.tokenizer), eos_ids(lm)
     with torch.inference_mode(), instrument(lm.model, policy) as inst:

@@ -95,6 +95,51 @@ class DoneRecord:
 Record = Union[PrefillRecord, DecodeRecord, DoneRecord]
 
 
+# --- speculative decoding: a round of drafts and their verdicts, and the run's totals ----------------------
+
+@dataclass
+class DraftedToken:
+    id: int
+    text: str                     # the token decoded on its own
+    draft_prob: float             # q(x): probability the draft gave it (1.0 for n-gram lookups)
+    target_prob: float            # p(x): probability the target gives it at the same position
+    accepted: bool
+
+
+@dataclass
+class SpecRoundRecord:
+    round: int                    # 1 for the first draft/verify round
+    drafted: list[DraftedToken]   # may be fewer than k (n-gram found nothing, or the answer is nearly done)
+    accepted: int                 # length of the drafted prefix the target accepted
+    bonus: SampledToken           # the target's own token after that prefix: a correction, or the bonus when all passed
+    emitted: list[SampledToken]   # what joined the answer: accepted drafts, then `bonus`; cut at EOS, stop, max tokens
+    draft_seconds: float          # proposing (for a model draft: catching up on the context, then k steps)
+    verify_seconds: float         # one target pass over k+1 positions, acceptance, rollback
+    cache: CacheState             # the target's cache after rollback: every token so far but the newest
+    draft_cache_length: int | None  # the draft's cache after rollback (None: n-gram lookup keeps no cache)
+    draft_fed: int                # context tokens the draft read before drafting (the whole prompt in round 1)
+    captures: dict[int, LayerCapture] = field(default_factory=dict)   # from the verify pass
+    kind: str = "spec_round"
+
+
+@dataclass
+class SpecDoneRecord(DoneRecord):
+    draft: str = ""
+    k: int = 0
+    rounds: int = 0
+    target_passes: int = 0        # the prefill pass plus one verify pass per round
+    drafted: int = 0
+    accepted: int = 0
+    acceptance_rate: float = 0.0  # accepted / drafted over the run
+    acceptance_by_position: list[float] = field(default_factory=list)  # [j]: accepted d_{j+1} / drafted d_{j+1}
+    tokens_per_pass: float = 0.0  # tokens emitted per verify pass (plain decoding: 1.0)
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+
+
+SpecRecord = Union[PrefillRecord, SpecRoundRecord, SpecDoneRecord]
+
+
 def to_json(record: Record, with_captures: bool = True) -> dict[str, Any]:
     """Plain JSON-able dict of a record (numpy arrays become lists)."""
     data = asdict(record)

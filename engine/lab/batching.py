@@ -24,27 +24,9 @@ from engine.errors import InvalidRequestError
 from engine.core.generate import sync
 from engine.models.loader import LoadedModel
 from engine.lab.speed import check_room, prompt_of_length
+from engine.serving.batch import left_pad, pad_id
 
 MAX_BATCH = 64
-
-
-def pad_id(lm: LoadedModel) -> int:
-    tok = lm.tokenizer
-    for candidate in (tok.pad_token_id, tok.eos_token_id, 0):
-        if candidate is not None:
-            return int(candidate)
-    return 0
-
-
-def left_pad(rows: Sequence[Sequence[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of ids -> input_ids [B, T] and attention mask [B, T] (1 = real token), pads on the left."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long, device=device)
-    mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long, device=device)
-        mask[i, width - len(row):] = 1
-    return ids, mask
 
 
 def batch_forward(lm: LoadedModel, input_ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache) -> torch.Tensor:

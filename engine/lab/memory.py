@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, TypeVar
 
+import psutil
 import torch
 
 from engine.projection.card import kv_cache_bytes, weight_bytes
@@ -82,8 +83,6 @@ def memory_ledger(lm: LoadedModel, cache: CacheState | None = None, static: Any 
                             peak_allocated=torch.cuda.max_memory_allocated(lm.device),
                             peak_reserved=torch.cuda.max_memory_reserved(lm.device),
                             device_total=torch.cuda.mem_get_info(lm.device)[1], **common)
-    import psutil
-
     return MemoryLedger(measured_by=CPU_SOURCE, process_rss=psutil.Process().memory_info().rss, **common)
 
 

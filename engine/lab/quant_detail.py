@@ -30,7 +30,7 @@ from torch import nn
 from engine.errors import InvalidRequestError
 from engine.models.loader import LoadedModel
 from engine.lab.quantize import (FIXED_TEXT, _block_linears, _shared_copy, all_logits, compare_logits, dequantize_int4,
-                             quantize_int4)
+                                 quantize_int4)
 
 NF4_OFFSET = 0.9677083       # QLoRA: the outermost quantile, midway between the two choices for 15 and 16 steps
 OUTLIER_THRESHOLD = 6.0      # LLM.int8: input features with any |x| >= 6 are kept in 16-bit

@@ -11,6 +11,7 @@ compared with a ratio.
 from __future__ import annotations
 
 import math
+import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
@@ -298,8 +299,6 @@ def cpu_name() -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    import platform
-
     return platform.processor() or "this CPU"
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from engine.errors import GGUFError, ModelNotFoundError
+from engine.models.folder import cache_dir
 
 Progress = Callable[[float, str], None]
 
@@ -159,8 +160,6 @@ def assemble(source: ChunkedGGUF, dest: Path, progress: Progress | None = None) 
 
 def gguf_path(key: str) -> Path:
     """Where the assembled GGUF of an extra lives: <cache>/gguf/<file name>."""
-    from engine.models.loader import cache_dir
-
     return cache_dir() / "gguf" / EXTRAS[key].file_name
 
 
@@ -169,21 +168,3 @@ def assembled_gguf(key: str, progress: Progress | None = None) -> Path:
     if key not in EXTRAS:
         raise ModelNotFoundError(f"no extra model called {key!r}; known: {', '.join(EXTRAS)}")
     return assemble(EXTRAS[key], gguf_path(key), progress)
-
-
-# --- provisioning -------------------------------------------------------------------------------------------
-
-def provision_extras(progress: Progress | None = None, keep_gguf: bool = False) -> dict[str, Path]:
-    """Assemble and convert every extra once; returns {key: safetensors folder}.
-
-    The assembled GGUFs (0.5 + 1.1 GB) are deleted after a successful conversion unless keep_gguf:
-    later loads read the safetensors copy only.
-    """
-    from engine.models.loader import provision
-
-    folders: dict[str, Path] = {}
-    for key in EXTRAS:
-        folders[key] = provision(key, progress)
-        if not keep_gguf:
-            gguf_path(key).unlink(missing_ok=True)
-    return folders

@@ -11,14 +11,24 @@ code's payload share (128 of every 130 bits from Gen3 on) / 8 bits per byte, per
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from safetensors import safe_open
+
 from engine.errors import NoWeightsError
 
+CACHE_ENV = "PLAYGROUND_CACHE"
 READ_CHUNK = 64 * 2**20
+
+
+def cache_dir() -> Path:
+    """Where converted models live; set PLAYGROUND_CACHE to move it."""
+    root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "inference-playground"
+    return Path(root).expanduser()
 
 
 @dataclass(frozen=True)
@@ -92,8 +102,6 @@ def file_kind(name: str) -> str:
 
 def shard_info(path: Path) -> ShardInfo:
     """Tensor count, parameters and dtypes of one safetensors file, from its header alone."""
-    from safetensors import safe_open
-
     dtypes: Counter[str] = Counter()
     count = 0
     with safe_open(str(path), framework="pt") as f:

@@ -14,14 +14,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import psutil
 import torch
+from huggingface_hub import snapshot_download
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from engine.core import hooks  # registers the "playground" attention implementation
 from engine.errors import (EngineError, GGUFError, HubUnavailableError, InsufficientMemoryError,
                            ModelNotFoundError, NoWeightsError, UnsupportedModelError)
+from engine.models import extras
+from engine.models.folder import cache_dir
+from engine.projection.card import weight_bytes
 from engine.projection.specs import ModelSpec
 
-CACHE_ENV = "PLAYGROUND_CACHE"
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
@@ -80,12 +85,6 @@ class LoadedModel:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
 
-def cache_dir() -> Path:
-    """Where converted models live; set PLAYGROUND_CACHE to move it."""
-    root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "inference-playground"
-    return Path(root).expanduser()
-
-
 def pick_device(device: str | None = None) -> torch.device:
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -122,8 +121,6 @@ def packaged_gguf(package: str) -> Path:
 
 def convert_gguf(gguf: Path, out: Path, progress: Progress | None = None) -> Path:
     """Dequantize a GGUF through transformers and save it once as a safetensors folder."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     report = progress or (lambda f, m: None)
     report(0.05, f"reading {gguf.name} (GGUF, dequantizing; this happens once)")
     try:
@@ -161,9 +158,22 @@ def provision(key: str = "default", progress: Progress | None = None) -> Path:
     if entry.package:
         gguf = packaged_gguf(entry.package)
     else:
-        from engine.models import extras
         gguf = extras.assembled_gguf(entry.assemble, progress)
     return convert_gguf(gguf, out, progress)
+
+
+def provision_extras(progress: Progress | None = None, keep_gguf: bool = False) -> dict[str, Path]:
+    """Assemble and convert every extra once; returns {key: safetensors folder}.
+
+    The assembled GGUFs (0.5 + 1.1 GB) are deleted after a successful conversion unless keep_gguf:
+    later loads read the safetensors copy only.
+    """
+    folders: dict[str, Path] = {}
+    for key in extras.EXTRAS:
+        folders[key] = provision(key, progress)
+        if not keep_gguf:
+            extras.gguf_path(key).unlink(missing_ok=True)
+    return folders
 
 
 # --- resolving a name to a folder -------------------------------------------------------------------
@@ -204,8 +214,6 @@ def _looks_like_hub_id(name: str) -> bool:
 
 
 def _download_from_hub(repo_id: str, progress: Progress | None) -> Path:
-    from huggingface_hub import snapshot_download
-
     if progress:
         progress(0.05, f"downloading {repo_id} from the model hub")
     try:
@@ -223,8 +231,6 @@ def _download_from_hub(repo_id: str, progress: Progress | None) -> Path:
 # --- loading -----------------------------------------------------------------------------------------
 
 def read_spec(folder: Path, label: str) -> ModelSpec:
-    from transformers import AutoConfig
-
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
     except Exception as err:  # noqa: BLE001
@@ -248,17 +254,12 @@ def check_memory(needed_bytes: float, device: torch.device, what: str = "the wei
 def free_memory(device: torch.device) -> float:
     if device.type == "cuda":
         return float(torch.cuda.mem_get_info(device)[0])
-    import psutil
-
     return float(psutil.virtual_memory().available)
 
 
 def load_model(name: str = "default", device: str | None = None, dtype: str | torch.dtype | None = None,
                progress: Progress | None = None) -> LoadedModel:
     """Load a model for the engine. Raises an EngineError subclass on any user-fixable problem."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from engine.projection.card import weight_bytes
-
     start = time.perf_counter()
     dev = pick_device(device)
     torch_dtype = pick_dtype(dtype, dev)

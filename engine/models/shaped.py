@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
 
 DTYPE_CODES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
 MAX_SHARD_BYTES = 5 * 10**9      # HF's "5GB" shards: Llama 3.1 8B in bf16 ships as 4 of them
@@ -205,8 +207,6 @@ def write_weights(shape: Shape, folder: Path, dtype: torch.dtype = torch.bfloat1
 
 def train_bpe(n_tokens: int) -> dict[str, Any]:
     """A byte-level BPE trained on CORPUS (at most n_tokens ids); returns the tokenizers JSON as a dict."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
@@ -229,9 +229,6 @@ def pad_vocab(data: dict[str, Any], n_tokens: int) -> None:
 
 def write_tokenizer(shape: Shape, folder: Path) -> None:
     """Trained BPE + fillers for ids below the specials, then the special tokens at the config's ids."""
-    from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
-
     base = shape.vocab_size - shape.n_special
     data = train_bpe(base)
     pad_vocab(data, base)

@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Sequence
 
 from engine.projection.card import (active_param_counts, cached_layer_tokens, expert_bytes,
-                         kv_bytes_per_token, kv_bytes_per_user, lm_head_params, matmul_params_per_token,
-                         param_counts, weight_bytes)
+                                    kv_bytes_per_token, kv_bytes_per_user, lm_head_params, matmul_params_per_token,
+                                    param_counts, weight_bytes)
 from engine.projection.specs import GPUSpec, ModelSpec, dtype_bytes
 from engine.projection.units import GIB, fmt_bytes
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from engine.errors import ConfigError
+from engine.projection.public_configs import PUBLIC_CONFIGS
 from engine.projection.units import card_bytes
 
 # Bytes one stored value takes in each precision the playground talks about.
@@ -180,6 +181,7 @@ def read_config(data: Mapping[str, Any]) -> Any:
 
     A dict without `model_type` is read by its architecture name, else as Llama (the playground's family).
     """
+    # lazy: transformers (and torch behind it) stay out of the torch-free projection plane until a config is read
     from transformers import AutoConfig
     from transformers.utils import logging as transformers_logging
 
@@ -312,16 +314,30 @@ def _window_fields(text: Any) -> dict[str, Any]:
 
 # --- presets ------------------------------------------------------------------------------------
 
-def _from_public(key: str, name: str) -> ModelSpec:
-    from engine.projection.public_configs import PUBLIC_CONFIGS
+class Presets(Mapping[str, ModelSpec]):
+    """Named model specs. A public config is read (through transformers, and torch behind it) on first use,
+    so importing the projection plane loads neither."""
 
-    return ModelSpec.from_hf_config(PUBLIC_CONFIGS[key], name=name)
+    def __init__(self, entries: dict[str, ModelSpec | tuple[str, str]]):
+        self._entries = dict(entries)      # a spec, or (public config key, display name) not read yet
+
+    def __getitem__(self, key: str) -> ModelSpec:
+        entry = self._entries[key]
+        if isinstance(entry, tuple):
+            entry = self._entries[key] = ModelSpec.from_hf_config(PUBLIC_CONFIGS[entry[0]], name=entry[1])
+        return entry
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
-MODEL_PRESETS: dict[str, ModelSpec] = {
-    "llama-3.1-8b": _from_public("llama-3.1-8b", "Llama 3.1 8B"),
-    "llama-3.1-70b": _from_public("llama-3.1-70b", "Llama 3.1 70B"),
-    "llama-3.1-405b": _from_public("llama-3.1-405b", "Llama 3.1 405B"),
+MODEL_PRESETS: Presets = Presets({
+    "llama-3.1-8b": ("llama-3.1-8b", "Llama 3.1 8B"),
+    "llama-3.1-70b": ("llama-3.1-70b", "Llama 3.1 70B"),
+    "llama-3.1-405b": ("llama-3.1-405b", "Llama 3.1 405B"),
     "llama-3.2-1b": ModelSpec("Llama 3.2 1B", 16, 2048, 32, 8, 64, 8192, 128_256, 131_072, 500_000.0, True),
     "llama-3.2-3b": ModelSpec("Llama 3.2 3B", 28, 3072, 24, 8, 128, 8192, 128_256, 131_072, 500_000.0, True),
     "smollm2-135m": ModelSpec("SmolLM2-135M", 30, 576, 9, 3, 64, 1536, 49_152, 8192, 100_000.0, True),
@@ -329,14 +345,14 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                                     1_000_000.0, True, True, "Qwen2ForCausalLM", "qwen2"),
     "qwen2.5-coder-1.5b": ModelSpec("Qwen2.5-Coder 1.5B", 28, 1536, 12, 2, 128, 8960, 151_936, 32_768,
                                     1_000_000.0, True, True, "Qwen2ForCausalLM", "qwen2"),
-    "mistral-7b-v0.1": _from_public("mistral-7b-v0.1", "Mistral 7B v0.1"),
-    "mixtral-8x7b": _from_public("mixtral-8x7b", "Mixtral 8x7B"),
-    "qwen3-30b-a3b": _from_public("qwen3-30b-a3b", "Qwen3 30B-A3B"),
-    "deepseek-v3": _from_public("deepseek-v3", "DeepSeek-V3"),
-    "gemma-2-9b": _from_public("gemma-2-9b", "Gemma 2 9B"),
-    "gemma-3-27b": _from_public("gemma-3-27b", "Gemma 3 27B"),
-    "llama-4-scout": _from_public("llama-4-scout", "Llama 4 Scout 17B-16E"),
-}
+    "mistral-7b-v0.1": ("mistral-7b-v0.1", "Mistral 7B v0.1"),
+    "mixtral-8x7b": ("mixtral-8x7b", "Mixtral 8x7B"),
+    "qwen3-30b-a3b": ("qwen3-30b-a3b", "Qwen3 30B-A3B"),
+    "deepseek-v3": ("deepseek-v3", "DeepSeek-V3"),
+    "gemma-2-9b": ("gemma-2-9b", "Gemma 2 9B"),
+    "gemma-3-27b": ("gemma-3-27b", "Gemma 3 27B"),
+    "llama-4-scout": ("llama-4-scout", "Llama 4 Scout 17B-16E"),
+})
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -31,8 +31,8 @@ from transformers.cache_utils import DynamicLayer
 
 from engine.projection.card import forward_shapes
 from engine.errors import EngineError
-from engine.core.generate import (GenerationRequest, TextStream, eos_ids, finish_reason, forward, pick_token,
-                             prompt_pieces, sync, trim_stop)
+from engine.core.generate import (GenerationRequest, TextStream, encode_prompt, eos_ids, finish_reason, forward,
+                                  pick_token, prompt_pieces, sync, trim_stop)
 from engine.core.hooks import CAPTURE_KWARG, CapturePolicy, LayerCapture, StepCapture, instrument
 from engine.models.loader import LoadedModel
 from engine.serving.prefix import PrefixCache, load_prefix, reused_rows
@@ -334,8 +334,6 @@ class BatchRunner:
         return sum(len(s.ids) for s in group)
 
     def _padded_prefill(self, group: list[Slot]) -> tuple:
-        from engine.lab.batching import left_pad, pad_id
-
         device = self.lm.device
         ids, mask = left_pad([s.ids for s in group], pad_id(self.lm), device)               # [B, T], [B, T]
         pads = (mask.shape[1] - mask.sum(1)).tolist()
@@ -534,8 +532,6 @@ class PrefixReuse:
 def measure_prefix_reuse(lm: LoadedModel, first: GenerationRequest, second: GenerationRequest,
                          rounds: int = 3) -> PrefixReuse:
     """Run `second` alone cold, then after `first` has filled a fresh prefix cache; best of `rounds` each."""
-    from engine.core.generate import encode_prompt
-
     ids = encode_prompt(lm, second)
     cold, warm, reused = [], [], 0
     for _ in range(rounds):
@@ -548,8 +544,6 @@ def measure_prefix_reuse(lm: LoadedModel, first: GenerationRequest, second: Gene
 
 
 def _ttft(lm: LoadedModel, request: GenerationRequest, prefix: PrefixCache | None) -> float:
-    from engine.core.generate import encode_prompt
-
     one = replace(request, max_new_tokens=1)
     got: list[Record] = []
     runner = BatchRunner(lm, max_batch=1, prefill_chunk=1 << 30, prefix=prefix)
@@ -561,3 +555,24 @@ def _ttft(lm: LoadedModel, request: GenerationRequest, prefix: PrefixCache | Non
 
 def _raise(err: Exception) -> None:
     raise err
+
+
+# --- padding rows of different lengths into one tensor ----------------------------------------------
+
+def pad_id(lm: LoadedModel) -> int:
+    tok = lm.tokenizer
+    for candidate in (tok.pad_token_id, tok.eos_token_id, 0):
+        if candidate is not None:
+            return int(candidate)
+    return 0
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of ids -> input_ids [B, T] and attention mask [B, T] (1 = real token), pads on the left."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long, device=device)
+    mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long, device=device)
+        mask[i, width - len(row):] = 1
+    return ids, mask

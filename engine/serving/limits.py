@@ -15,6 +15,8 @@ import os
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Mapping
 
+import torch
+
 from engine.projection.card import kv_bytes_per_token
 from engine.errors import ContextLengthError, EngineError, InsufficientMemoryError, InvalidRequestError
 from engine.core.hooks import CapturePolicy
@@ -197,8 +199,6 @@ def server_limits(environ: Mapping[str, str] | None = None) -> Limits:
     env = os.environ if environ is None else environ
     device = env.get("PLAYGROUND_DEVICE") or ""
     if not device:
-        import torch
-
         device = "cuda" if torch.cuda.is_available() else "cpu"
     return Limits.for_device(device).with_env(env)
 

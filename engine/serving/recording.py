@@ -38,7 +38,7 @@ from engine.errors import EngineError
 from engine.core.generate import GenerationRequest
 from engine.core.hooks import CapturePolicy
 from engine.serving.limits import Limits, max_recording_bytes, max_recording_values, server_limits
-from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord
+from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord, SpecDoneRecord, SpecRoundRecord
 from engine.projection.specs import ModelSpec
 from engine.projection.units import fmt_bytes
 
@@ -62,12 +62,7 @@ class RecordingError(EngineError):
 
 
 def _record_types() -> dict[str, type]:
-    types_ = {c.__name__: c for c in (PrefillRecord, DecodeRecord, DoneRecord)}
-    try:
-        from engine.speculative.decode import SpecDoneRecord, SpecRoundRecord
-    except ImportError:  # pragma: no cover - speculative decoding is optional
-        return types_
-    return {**types_, "SpecRoundRecord": SpecRoundRecord, "SpecDoneRecord": SpecDoneRecord}
+    return {c.__name__: c for c in (PrefillRecord, DecodeRecord, DoneRecord, SpecRoundRecord, SpecDoneRecord)}
 
 
 @dataclass

@@ -40,6 +40,8 @@ from engine.serving.limits import Limits, capture_bytes, check_memory, check_pro
 from engine.models.loader import LoadedModel, free_memory
 from engine.serving.prefix import PrefixCache
 from engine.core.records import DoneRecord
+from engine.speculative.decode import speculative_generate
+from engine.speculative.drafts import Draft
 
 SERVICE_HISTORY = 20           # finished requests the mean service time averages over
 STEP_HISTORY = 400             # batch steps kept for the room view and the wait estimate
@@ -95,7 +97,7 @@ class Handle:
     policy: CapturePolicy
     session: str | None
     scheduler: "Scheduler" = field(repr=False)
-    draft: Any = None                # engine.speculative Draft, or None for plain decoding
+    draft: Draft | None = None       # speculative decoding's draft, or None for plain decoding
     k: int = 4
     job: Callable[..., Any] | None = None   # a job run exclusively: job(progress) -> value
     label: str = ""                  # what a job is, for the room view
@@ -322,11 +324,11 @@ class Scheduler:
     # --- submitting ------------------------------------------------------------------------------
 
     def submit(self, request: GenerationRequest, policy: CapturePolicy = CAPTURE_OFF, session: str | None = None,
-               draft: Any = None, k: int = 4) -> Handle:
+               draft: Draft | None = None, k: int = 4) -> Handle:
         """Check a request and queue it; raises an EngineError subclass when it cannot be accepted.
 
         A session has at most one request in flight: submitting again cancels its previous one.
-        `draft` (an engine.speculative Draft) runs speculative decoding with `k` drafted tokens per
+        `draft` runs speculative decoding with `k` drafted tokens per
         round, exclusively (the batch drains first).
         """
         try:
@@ -630,10 +632,8 @@ class Scheduler:
             if handle.job is not None:
                 handle._records.put(JobResult(handle.job(self._progress(handle))))
                 return
-            from engine.speculative.decode import speculative_generate
-
             records = speculative_generate(self.lm, handle.request, handle.draft, handle.k, handle.policy,
-                                           should_stop=stop)
+                                           should_stop=stop, ids=handle.ids)
             try:
                 for record in records:
                     handle._records.put(self._final(handle, record, deadline))

@@ -15,21 +15,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Union
+from typing import Any, Callable, Iterator
 
 import torch
 from transformers import DynamicCache
 
 from engine.projection.card import forward_shapes
 from engine.speculative.drafts import (Draft, Drafter, EarlyExitDraft, ModelDraft, NgramDraft, Proposal, check_depth,
-                           check_vocabulary, crop_to)
+                                       check_vocabulary, crop_to)
 from engine.errors import InvalidRequestError
-from engine.core.generate import (GenerationRequest, describe_token, TextStream, finish_reason, trim_stop,
-                             cache_state, check_context, encode_prompt, eos_ids, forward, pick_token,
-                             prompt_pieces, sync, validate)
-from engine.core.hooks import CAPTURE_OFF, CapturePolicy, Instrument, LayerCapture, instrument
+from engine.core.generate import (GenerationRequest, TextStream, admit, cache_state, describe_token, eos_ids,
+                                  finish_reason, forward, pick_token, prompt_pieces, sync, trim_stop)
+from engine.core.hooks import CAPTURE_OFF, CapturePolicy, Instrument, instrument
 from engine.models.loader import LoadedModel, load_model
-from engine.core.records import CacheState, DoneRecord, PrefillRecord, SampledToken, to_json
+from engine.core.records import (DraftedToken, PrefillRecord, SampledToken, SpecDoneRecord, SpecRecord,
+                                 SpecRoundRecord, to_json)
 from engine.core.sampling import logits_to_probs, sample
 
 MAX_K = 16
@@ -37,49 +37,6 @@ MAX_K = 16
 __all__ = ["Draft", "EarlyExitDraft", "ModelDraft", "NgramDraft", "DraftedToken", "SpecRoundRecord",
            "SpecDoneRecord", "accept", "draft_from_spec", "expected_tokens_per_pass", "record_to_json",
            "speculative_generate"]
-
-
-@dataclass
-class DraftedToken:
-    id: int
-    text: str                     # the token decoded on its own
-    draft_prob: float             # q(x): probability the draft gave it (1.0 for n-gram lookups)
-    target_prob: float            # p(x): probability the target gives it at the same position
-    accepted: bool
-
-
-@dataclass
-class SpecRoundRecord:
-    round: int                    # 1 for the first draft/verify round
-    drafted: list[DraftedToken]   # may be fewer than k (n-gram found nothing, or the answer is nearly done)
-    accepted: int                 # length of the drafted prefix the target accepted
-    bonus: SampledToken           # the target's own token after that prefix: a correction, or the bonus when all passed
-    emitted: list[SampledToken]   # what joined the answer: accepted drafts, then `bonus`; cut at EOS, stop, max tokens
-    draft_seconds: float          # proposing (for a model draft: catching up on the context, then k steps)
-    verify_seconds: float         # one target pass over k+1 positions, acceptance, rollback
-    cache: CacheState             # the target's cache after rollback: every token so far but the newest
-    draft_cache_length: int | None  # the draft's cache after rollback (None: n-gram lookup keeps no cache)
-    draft_fed: int                # context tokens the draft read before drafting (the whole prompt in round 1)
-    captures: dict[int, LayerCapture] = field(default_factory=dict)   # from the verify pass
-    kind: str = "spec_round"
-
-
-@dataclass
-class SpecDoneRecord(DoneRecord):
-    draft: str = ""
-    k: int = 0
-    rounds: int = 0
-    target_passes: int = 0        # the prefill pass plus one verify pass per round
-    drafted: int = 0
-    accepted: int = 0
-    acceptance_rate: float = 0.0  # accepted / drafted over the run
-    acceptance_by_position: list[float] = field(default_factory=list)  # [j]: accepted d_{j+1} / drafted d_{j+1}
-    tokens_per_pass: float = 0.0  # tokens emitted per verify pass (plain decoding: 1.0)
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
-
-
-SpecRecord = Union[PrefillRecord, SpecRoundRecord, SpecDoneRecord]
 
 
 def expected_tokens_per_pass(acceptance: float, k: int) -> float:
@@ -184,17 +141,17 @@ class _Tally:
 
 def speculative_generate(target: LoadedModel, request: GenerationRequest, draft: Draft, k: int = 4,
                          policy: CapturePolicy = CAPTURE_OFF,
-                         should_stop: Callable[[], bool] | None = None) -> Iterator[SpecRecord]:
+                         should_stop: Callable[[], bool] | None = None,
+                         ids: list[int] | None = None) -> Iterator[SpecRecord]:
     """Yield a PrefillRecord, one SpecRoundRecord per draft/verify round, and a SpecDoneRecord.
 
-    `policy` captures the target's verify passes. Close the generator (or make `should_stop` return
-    True) to cancel; both caches belong to this run, so the shared models are ready at once.
+    `policy` captures the target's verify passes. `ids`: the prompt as the door (Scheduler.submit)
+    checked and tokenized it; None admits the request here. Close the generator (or make `should_stop`
+    return True) to cancel; both caches belong to this run, so the shared models are ready at once.
     """
-    validate(request)
+    ids = admit(target, request) if ids is None else ids
     if not 1 <= k <= MAX_K:
         raise InvalidRequestError(f"k (tokens drafted per round) must be 1 to {MAX_K}")
-    ids = encode_prompt(target, request)
-    check_context(target, len(ids), request.max_new_tokens)
     draft.check(target, len(ids), request.max_new_tokens)
     run = _Run(target, request, len(ids), list(ids), DynamicCache(config=target.model.config),
                TextStream(target.tokenizer), torch.Generator(device=target.device).manual_seed(request.seed),
