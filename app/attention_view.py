@@ -11,7 +11,7 @@ from app.speed_view import run_alone
 from app.view import plot
 from engine.lab.attention_math import capture_attention
 from engine.errors import EngineError
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 from engine.projection.specs import MODEL_PRESETS, ModelSpec
 
 HEATMAP_CELLS = 160     # cells per axis of the main heatmap

@@ -10,7 +10,7 @@ from app.speed_view import MEASURED, gpu_picker, measured_caption, model_picker,
 from app.view import plot
 from engine.lab.kv_cache import compare_runs, generate_both, project_answer_seconds, project_token, slope
 from engine.errors import EngineError
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 from engine.lab.speed import prompt_of_length
 
 RESULT = "cache.result"

@@ -24,7 +24,7 @@ from app.run import LAST_RUN, Run, capture_policy, new_run, stream_generation
 from engine.errors import EngineError
 from engine.core.generate import GenerationRequest, check_context, encode_prompt, validate
 from engine.serving.limits import check_prompt_chars, check_tokens
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 from engine.serving.scheduler import QueueStatus, SessionLimitError, scheduler_for
 
 XSRF_COOKIE = "_streamlit_xsrf"     # set by Streamlit's server on the first page load, kept by the browser

@@ -10,7 +10,7 @@ from app.speed_view import MEASURED
 from engine.projection.card import weight_bytes
 from engine.errors import EngineError
 from engine.models.folder import PCIE, FolderReport, describe_folder, pcie_seconds, time_read
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 from engine.projection.specs import MODEL_PRESETS
 
 READ = "folder.read"

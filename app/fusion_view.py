@@ -13,7 +13,7 @@ from engine.projection.card import kv_bytes_per_token, weight_bytes
 from engine.lab.fusion import (MAX_SCORE_BYTES, AttentionShape, FusionProjection, decode_row_bytes,
                                largest_intermediate_bytes, project_fusion, sweep_fusion)
 from engine.projection.specs import ModelSpec
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 from engine.projection.units import card_bytes
 
 POINTS = "fusion.points"

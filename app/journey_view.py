@@ -18,7 +18,7 @@ from app.tokens import chars_per_token, chips_figure, special_mask
 from app.view import ChartSlot, plot
 from engine.core.generate import GenerationRequest
 from engine.core.hooks import logit_lens
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 from engine.core.records import SampledToken
 from engine.core.sampling import filter_probs
 from engine.core.token_bytes import char_groups, readable, token_bytes

@@ -13,7 +13,7 @@ from app.format import card_size, fmt_bytes, fmt_tokens, parse_tokens
 from app.run import Run, Throttle
 from app.view import ChartSlot, plot
 from engine.projection.card import kv_bytes_per_token, kv_bytes_per_user, weight_bytes
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 from engine.lab.memory import MemoryLedger, memory_ledger
 from engine.projection.paging import PagingConfig, compare
 from engine.projection.cost import (GPU_COUNTS, IDEAL, Layout, MemoryPlan, memory_plan, smallest_layout, standard_layout,

@@ -11,7 +11,7 @@ from app.view import plot
 from engine.lab.quant_calibrated import compare_methods
 from engine.errors import EngineError
 from engine.lab.floatbits import FORMATS, float_bits, format_range
-from engine.models.loader import ALIASES, EMBEDDED, LoadedModel
+from engine.core.loader import ALIASES, EMBEDDED, LoadedModel
 from engine.lab.quant_detail import (EVAL_TEXT, EVAL_TOKENS, OUTLIER_THRESHOLD, SCHEMES, activation_channels,
                                      grid_share, int8_errors_by_layer, layer_inputs, nf4_levels, notable_weights,
                                      q_proj_inputs, scheme_quality, weight_rows)

@@ -24,7 +24,7 @@ from app.format import fmt_bytes
 from app.run import LAST_RUN, Run, compact
 from engine.errors import EngineError
 from engine.serving.limits import MiB, Limits, server_limits
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 from engine.serving.recording import (MAX_FILE_BYTES, PARSE_PLACES, Recording, RecordingError, dumps_recording,
                                       load_recording, loads_recording)
 from engine.core.records import PrefillRecord

@@ -21,7 +21,7 @@ import numpy as np
 
 from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, LayerCapture
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 from engine.core.records import CacheState, DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
 from engine.serving.scheduler import QueueStatus, scheduler_for
 from engine.projection.specs import ModelSpec

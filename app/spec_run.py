@@ -21,7 +21,7 @@ from engine.speculative.demo_prompts import SPECULATIVE_PROMPTS
 from engine.speculative.drafts import Draft
 from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF
-from engine.models.loader import ALIASES, EMBEDDED, LoadedModel, cache_dir, read_spec
+from engine.core.loader import ALIASES, EMBEDDED, LoadedModel, cache_dir, read_spec
 from engine.projection.cost import project
 from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord
 from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS, ModelSpec

@@ -20,7 +20,7 @@ from app.view import ChartSlot, plot
 from engine.speculative.drafts import Draft
 from engine.errors import EngineError
 from engine.serving.scheduler import QueueStatus
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 from engine.speculative.decode import draft_from_spec, expected_tokens_per_pass
 
 NS = "speculative"

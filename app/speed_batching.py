@@ -15,7 +15,7 @@ from app.speed_view import MEASURED, HardwareChoice, measured_caption, run_on_mo
 from app.view import plot
 from engine.lab.batching import measure_batching
 from engine.errors import EngineError
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 from engine.projection.cost import INTERNODE_GBS
 from engine.projection.serving_sim import ServerConfig, SimResult, Targets, Workload, rescore, simulate, sweep_max_batch
 from engine.projection.specs import GPUSpec, ModelSpec

@@ -16,7 +16,7 @@ from app import speed_charts as charts
 from app.format import fmt_rate
 from app.speed_view import HardwareChoice, MEASURED, efficiency_note, hardware_controls
 from app.view import plot
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 from engine.projection.cost import project
 from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS
 from engine.speculative.decode import expected_tokens_per_pass

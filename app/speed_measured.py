@@ -13,7 +13,7 @@ from app.format import fmt_bytes, fmt_ms, fmt_rate
 from app.speed_view import MEASURED, measured_caption, remeasure_roof, run_on_model, status_progress
 from app.view import plot
 from engine.errors import EngineError
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 from engine.projection.cost import prefill_flops
 from engine.projection.specs import MODEL_PRESETS
 from engine.lab.speed import (DEFAULT_DECODE_STEPS, ContextPoint, DeviceRoof, attention_onset, ceiling_prefill_seconds,

@@ -10,7 +10,7 @@ from app.format import fmt_bytes, fmt_rate
 from app.speed_view import MEASURED, HardwareChoice, measured_caption, run_on_model, status_progress
 from app.view import plot
 from engine.errors import EngineError
-from engine.models.loader import EMBEDDED, ALIASES, LoadedModel
+from engine.core.loader import EMBEDDED, ALIASES, LoadedModel
 from engine.lab.quantize import GROUP_SIZES, QuantizedModel, compare_models, quantize_copy, text_ids
 from engine.lab.speed import compare_decode, prompt_of_length
 

@@ -13,7 +13,7 @@ import streamlit as st
 
 from app.format import fmt_bytes, fmt_tokens
 from engine.errors import EngineError
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 from engine.projection.cost import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_DOLLARS_PER_HOUR, DEFAULT_FLOPS_EFFICIENCY,
                                     GPU_COUNTS, Layout, Projection, project, standard_layout)
 from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec

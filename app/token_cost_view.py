@@ -12,7 +12,7 @@ from app.view import plot
 from engine.lab.batching import measure_phases
 from engine.projection.economics import PRICE_BATCHES, TokenPrices, projected_token_prices, token_prices
 from engine.errors import EngineError
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 
 PHASES = "cost.phases"
 MEASURED_BATCHES = (1, 2, 4, 8)

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from engine.core.fastpath import FastDecoder  # noqa: E402
 from engine.core.generate import GenerationRequest, encode_prompt, generate  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy  # noqa: E402
-from engine.models.loader import load_model  # noqa: E402
+from engine.core.loader import load_model  # noqa: E402
 
 DECODE_PROMPT = "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle."
 PREFILL_WORDS = ("The history of computing is a story of ideas becoming machines. " * 40).strip()

@@ -37,7 +37,7 @@ from engine.projection.card import weight_bytes  # noqa: E402
 from engine.core.fastpath import FastDecoder, cache_length, new_static_cache  # noqa: E402
 from engine.core.generate import GenerationRequest, encode_prompt, forward, generate, sync  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, instrument  # noqa: E402
-from engine.models.loader import cache_dir, load_model  # noqa: E402
+from engine.core.loader import cache_dir, load_model  # noqa: E402
 from engine.lab.memory import allocated_by, memory_ledger, peak_during  # noqa: E402
 from engine.projection.cost import cost_model, project  # noqa: E402
 from engine.models.shaped import DRAFT_OF, shaped_bytes, write_shaped  # noqa: E402

@@ -35,7 +35,7 @@ from engine.errors import EngineError  # noqa: E402
 from engine.core.generate import GenerationRequest, generate  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks  # noqa: E402
 from engine.serving.limits import Limits  # noqa: E402
-from engine.models.loader import LoadedModel, load_model  # noqa: E402
+from engine.core.loader import LoadedModel, load_model  # noqa: E402
 from engine.core.records import DoneRecord  # noqa: E402
 from engine.serving.scheduler import Scheduler  # noqa: E402
 

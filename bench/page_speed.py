@@ -29,7 +29,7 @@ from bench.room_browser import ARGS, CHROMIUM, generate_button, prepare, start_a
 
 from app.run import capture_policy  # noqa: E402
 from engine.core.generate import GenerationRequest, encode_prompt, generate  # noqa: E402
-from engine.models.loader import load_model  # noqa: E402
+from engine.core.loader import load_model  # noqa: E402
 from engine.core.records import DecodeRecord, DoneRecord  # noqa: E402
 
 PROMPT = "Write a short story about a lighthouse keeper."

@@ -54,7 +54,7 @@ from engine.errors import EngineError  # noqa: E402
 from engine.core.generate import GenerationRequest  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks  # noqa: E402
 from engine.serving.limits import max_recording_bytes  # noqa: E402
-from engine.models.loader import LoadedModel, load_model  # noqa: E402
+from engine.core.loader import LoadedModel, load_model  # noqa: E402
 from engine.serving.recording import dumps_recording, new_recording  # noqa: E402
 from engine.core.records import DoneRecord  # noqa: E402
 from engine.serving.scheduler import scheduler_for  # noqa: E402

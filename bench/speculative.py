@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from engine.core.generate import GenerationRequest, encode_prompt, generate  # noqa: E402
 from engine.speculative.demo_prompts import SPECULATIVE_PROMPTS  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF  # noqa: E402
-from engine.models.loader import LoadedModel, cache_dir, load_model  # noqa: E402
+from engine.core.loader import LoadedModel, cache_dir, load_model  # noqa: E402
 from engine.speculative.decode import (Draft, SpecRoundRecord, draft_from_spec, expected_tokens_per_pass,  # noqa: E402
                                        speculative_generate)
 

@@ -62,7 +62,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # lazy (here and in every command below that runs a model): `card` and `project` start without torch
     from engine.core.generate import GenerationRequest, generate
     from engine.core.hooks import CapturePolicy
-    from engine.models.loader import load_model
+    from engine.core.loader import load_model
     from engine.core.records import to_json
 
     lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=_progress)
@@ -94,7 +94,7 @@ def cmd_card(args: argparse.Namespace) -> int:
     elif args.preset:
         spec = model_preset(args.preset)
     else:
-        from engine.models.loader import read_spec, resolve  # lazy: torch, only for a model's own folder
+        from engine.core.loader import read_spec, resolve  # lazy: torch, only for a model's own folder
 
         folder, label = resolve(args.model, _progress)
         spec = read_spec(folder, label)
@@ -132,7 +132,7 @@ def config_problem(err: Exception) -> str:
 
 def cmd_hooks(args: argparse.Namespace) -> int:
     from engine.core.hooks import hook_points
-    from engine.models.loader import load_model
+    from engine.core.loader import load_model
 
     lm = load_model(args.model, device="cpu", progress=_progress)
     print(json.dumps(hook_points(lm.model), indent=2))
@@ -140,7 +140,7 @@ def cmd_hooks(args: argparse.Namespace) -> int:
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
-    from engine.models.loader import provision, provision_extras
+    from engine.core.loader import provision, provision_extras
 
     print(json.dumps({"default": str(provision("default", _progress))}))
     if args.extras:
@@ -290,7 +290,7 @@ def record(prompt: str, out: str | Path, model: str = "default", max_new_tokens:
     """Generate greedily with the given model and save the run with attention for `layers` spread layers."""
     from engine.core.generate import GenerationRequest, generate
     from engine.core.hooks import CapturePolicy
-    from engine.models.loader import load_model
+    from engine.core.loader import load_model
     from engine.serving.recording import new_recording, save_recording
 
     lm = load_model(model)
@@ -355,7 +355,14 @@ def add_recording(sub: Any) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    add_generate(sub)
+    add_model_commands(sub)
+    add_project(sub)
+    add_recording(sub)
+    return parser
 
+
+def add_generate(sub: Any) -> None:
     gen = sub.add_parser("generate", help="generate text, one JSON step record per line")
     _model_args(gen)
     gen.add_argument("--prompt", required=True)
@@ -375,24 +382,21 @@ def build_parser() -> argparse.ArgumentParser:
                      help="static KV cache, decode step as a CUDA graph on CUDA (engine/core/fastpath.py)")
     gen.set_defaults(func=cmd_generate)
 
+
+def add_model_commands(sub: Any) -> None:
+    """card, hooks and provision."""
     card = sub.add_parser("card", help="print a model card (parameters, bytes, KV per token) as JSON")
     card.add_argument("--model", default="default")
     card.add_argument("--config", help="a Hugging Face config.json instead of a model")
     card.add_argument("--preset", help="a named preset, e.g. llama-3.1-8b")
     card.add_argument("--dtype", default="bf16")
     card.set_defaults(func=cmd_card)
-
     hooks = sub.add_parser("hooks", help="list the named hook points of a model")
     hooks.add_argument("--model", default="default")
     hooks.set_defaults(func=cmd_hooks)
-
     prov = sub.add_parser("provision", help="convert the embedded model (and --extras) to safetensors once")
     prov.add_argument("--extras", action="store_true", help="also the Qwen2.5-Coder 0.5B/1.5B extras")
     prov.set_defaults(func=cmd_provision)
-
-    add_project(sub)
-    add_recording(sub)
-    return parser
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:

@@ -307,7 +307,7 @@ def test_a_model_with_sliding_window_layers_runs_one_at_a_time(tmp_path):
 
     from conftest import TINY_CONFIG, write_tiny_tokenizer
     from engine.serving.batch import batchable
-    from engine.models.loader import load_model
+    from engine.core.loader import load_model
 
     config = MistralConfig(**{**TINY_CONFIG, "sliding_window": 8})
     MistralForCausalLM(config).save_pretrained(tmp_path / "m", safe_serialization=True)

@@ -367,7 +367,7 @@ ROOM_PROMPTS = ("What is the capital of France?", "Name three prime numbers.", "
 def test_four_sessions_generate_at_once_and_each_gets_its_own_answer(app_url, browser):
     """Four browsers press Generate together; the batch serves them all, each with the answer it would get alone."""
     from engine.core.generate import GenerationRequest, generate
-    from engine.models.loader import load_model
+    from engine.core.loader import load_model
 
     lm = load_model("default", device="cpu")
     want = [list(generate(lm, GenerationRequest(p, max_new_tokens=12)))[-1].text for p in ROOM_PROMPTS]

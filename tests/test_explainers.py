@@ -26,7 +26,7 @@ from engine.lab.fusion import (AttentionShape, Traffic, causal_mask, decode_row_
                                fused_bytes, largest_intermediate_bytes, measure_fusion, project_fusion, random_qkv)
 from engine.core.generate import GenerationRequest, encode_prompt, forward, generate
 from engine.core.hooks import CapturePolicy
-from engine.models.loader import load_model
+from engine.core.loader import load_model
 from engine.lab.quant_detail import (activation_channels, bits_per_weight, fake_nf4, fake_rtn_asym, fake_rtn_sym,
                                      grid_share, int8_errors_by_layer, int8_matmul_errors, q_proj_inputs, layer_inputs, nf4_levels, on_grid, scheme_quality)
 from engine.lab.quantize import all_logits

@@ -197,7 +197,7 @@ def tiny_qwen_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_qwen(tiny_qwen_dir):
-    from engine.models.loader import load_model
+    from engine.core.loader import load_model
 
     return load_model(str(tiny_qwen_dir), device="cpu", dtype="float32")
 
@@ -244,7 +244,7 @@ def test_decode_rows_of_full_and_windowed_layers_equal_hf_eager(tmp_path):
     HF's eager attention over the whole sequence (which gives the keys outside the window zero weight)."""
     from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    from engine.models.loader import load_model
+    from engine.core.loader import load_model
 
     torch.manual_seed(2)
     config = Qwen2Config(**{**TINY_QWEN, "num_hidden_layers": 3, "use_sliding_window": True, "sliding_window": 6,
@@ -271,7 +271,7 @@ def test_decode_rows_of_full_and_windowed_layers_equal_hf_eager(tmp_path):
 # --- the real Qwen2.5-Coder extras (only where `make models` has run) -------------------------------------
 
 def provisioned(key: str) -> Path | None:
-    from engine.models.loader import EMBEDDED, cache_dir
+    from engine.core.loader import EMBEDDED, cache_dir
 
     folder = cache_dir() / EMBEDDED[key].folder
     return folder if (folder / "config.json").exists() else None
@@ -287,7 +287,7 @@ needs_qwen_05b = pytest.mark.skipif(
 def test_qwen_coder_05b_grouping_head_dim_and_a_coding_answer():
     import json
 
-    from engine.models.loader import load_model
+    from engine.core.loader import load_model
 
     lm = load_model("qwen-0.5b", device="cpu")
     assert "head_dim" not in json.loads((lm.source / "config.json").read_text())

@@ -19,7 +19,7 @@ from engine.core.fastpath import (FastDecoder, cache_length, disable_static_deco
                                   reserved_bytes)
 from engine.core.generate import GenerationRequest, generate
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
-from engine.models.loader import load_model
+from engine.core.loader import load_model
 
 ATOL = 1e-5  # float32: SDPA against eager attention differ by rounding only
 ROWS = CapturePolicy(prefill_matrix=False, stats=False)           # every layer's attention row, graph-safe

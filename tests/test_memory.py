@@ -8,7 +8,7 @@ from conftest import tiny_prompt
 from engine.projection.card import kv_bytes_per_token, weight_bytes
 from engine.core.fastpath import FastDecoder, disable_static_decode, enable_static_decode, new_static_cache
 from engine.core.generate import GenerationRequest, generate
-from engine.models.loader import load_model
+from engine.core.loader import load_model
 from engine.lab.memory import CPU_SOURCE, allocated_by, memory_ledger, peak_during
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the allocator counters need a CUDA device")

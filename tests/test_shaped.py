@@ -10,7 +10,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from engine.projection.card import param_counts, weight_bytes
 from engine.core.generate import GenerationRequest, generate
-from engine.models.loader import load_model
+from engine.core.loader import load_model
 from engine.models.shaped import (SHAPES, hf_config, plan_shards, shaped_bytes, special_id, tensor_layout, write_shaped,
                                   write_tokenizer)
 from engine.projection.specs import MODEL_PRESETS, ModelSpec

@@ -13,7 +13,7 @@ from engine.speculative.drafts import EarlyExitDraft, ModelDraft, NgramDraft, ea
 from engine.errors import DraftMismatchError, InvalidRequestError
 from engine.core.generate import GenerationRequest, encode_prompt, generate
 from engine.core.hooks import CapturePolicy, count_hooks
-from engine.models.loader import load_model
+from engine.core.loader import load_model
 from engine.core.records import PrefillRecord
 from engine.speculative.decode import (SpecDoneRecord, SpecRoundRecord, accept_sampled, draft_from_spec,
                                        expected_tokens_per_pass, record_to_json, speculative_generate)

@@ -1,1 +1,1 @@
-"""The generation core: hooks, the prefill/decode loop, sampling and the typed records it yields."""
+"""The generation core: load a model, hook it, prefill and decode, sample, and yield typed records."""

@@ -39,7 +39,7 @@ from engine.core.generate import (GenerationRequest, TextStream, admit, eos_ids,
                                   prompt_pieces, sync, trim_stop)
 from engine.core.hooks import CAPTURE_KWARG, CAPTURE_OFF, CapturePolicy, Instrument, LayerCapture, StepCapture, \
     _apply_mask, instrument
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 from engine.core.records import CacheState, DecodeRecord, DoneRecord, PrefillRecord, Record
 
 COMPILE_MODES = ("auto", "off", "eager", "default", "reduce-overhead")

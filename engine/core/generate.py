@@ -19,7 +19,7 @@ from transformers import DynamicCache
 from engine.projection.card import forward_shapes
 from engine.errors import ContextLengthError, InvalidRequestError
 from engine.core.hooks import CAPTURE_KWARG, CAPTURE_OFF, CapturePolicy, LayerCapture, StepCapture, instrument
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 from engine.core.records import (CacheState, Candidate, DecodeRecord, DoneRecord, Piece, PrefillRecord, Record,
                                  SampledToken)
 from engine.core.sampling import sample

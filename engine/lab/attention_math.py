@@ -22,7 +22,7 @@ from transformers import DynamicCache
 from engine.errors import InvalidRequestError
 from engine.core.generate import forward
 from engine.core.hooks import CapturePolicy, LayerCapture, instrument
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 
 MAX_TOKENS = 48              # a prompt longer than this is cut: the matrices are shown number by number
 

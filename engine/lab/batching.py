@@ -22,7 +22,7 @@ from transformers import DynamicCache
 
 from engine.errors import InvalidRequestError
 from engine.core.generate import sync
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 from engine.lab.speed import check_room, prompt_of_length
 from engine.serving.batch import left_pad, pad_id
 

@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicCache
 
 from engine.core.generate import forward, sync
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 from engine.projection.cost import CostModel, cost_model, decode_flops, prefill_flops
 from engine.projection.specs import GPUSpec, ModelSpec
 from engine.lab.speed import check_room

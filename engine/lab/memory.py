@@ -22,7 +22,7 @@ import torch
 
 from engine.projection.card import kv_cache_bytes, weight_bytes
 from engine.core.fastpath import reserved_bytes
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 from engine.core.records import CacheState
 
 T = TypeVar("T")

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from engine.errors import InvalidRequestError
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 from engine.lab.quantize import (FIXED_TEXT, _block_linears, _shared_copy, all_logits, compare_logits, dequantize_int4,
                                  quantize_int4)
 

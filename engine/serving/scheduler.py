@@ -37,7 +37,7 @@ from engine.errors import EngineError, QueueFullError, RequestTimeoutError
 from engine.core.generate import GenerationRequest, check_context, encode_prompt, validate
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy
 from engine.serving.limits import Limits, capture_bytes, check_memory, check_prompt_chars, check_request, kv_bytes
-from engine.models.loader import LoadedModel, free_memory
+from engine.core.loader import LoadedModel, free_memory
 from engine.serving.prefix import PrefixCache
 from engine.core.records import DoneRecord
 from engine.speculative.decode import speculative_generate

@@ -27,7 +27,7 @@ from engine.errors import InvalidRequestError
 from engine.core.generate import (GenerationRequest, TextStream, admit, cache_state, describe_token, eos_ids,
                                   finish_reason, forward, pick_token, prompt_pieces, sync, trim_stop)
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, Instrument, instrument
-from engine.models.loader import LoadedModel, load_model
+from engine.core.loader import LoadedModel, load_model
 from engine.core.records import (DraftedToken, PrefillRecord, SampledToken, SpecDoneRecord, SpecRecord,
                                  SpecRoundRecord, to_json)
 from engine.core.sampling import logits_to_probs, sample

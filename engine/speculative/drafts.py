@@ -22,7 +22,7 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 
 from engine.errors import DraftMismatchError, InvalidRequestError
 from engine.core.generate import check_context, forward
-from engine.models.loader import LoadedModel
+from engine.core.loader import LoadedModel
 
 Pick = Callable[[torch.Tensor], tuple[int, torch.Tensor]]    # logits (V,) -> (token id, probs (V,) it came from)
 Step = Callable[[list[int], DynamicCache], torch.Tensor]     # new ids after the cache -> logits (V,) of the last
