@@ -17,7 +17,7 @@
 Output goes to stdout (JSON, or `project`'s table); progress and errors go to stderr. Errors the user
 can fix exit with status 2 (1 for `record` and `show`) and one line of explanation, never a traceback.
 A `project` configuration that does not fit is not an error: it prints why and what would make it fit.
-Commands that run a model import torch when they run, so `card` and `project` start without it.
+The parser starts without torch: a command imports it when it runs a model or reads a config through transformers.
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def parse_layers(text: str | None, n_layers: int | None = None) -> tuple[int, ..
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    # lazy (here and in every command below that runs a model): `card` and `project` start without torch
+    # lazy (here and in every command below that runs a model): the parser starts without torch
     from engine.core.generate import GenerationRequest, generate
     from engine.core.hooks import CapturePolicy
     from engine.core.loader import load_model
