@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from app.run import Run
-from engine.hooks import LayerCapture
+from engine.core.hooks import LayerCapture
 
 
 def layer_pieces(run: Run, layer: int) -> list[LayerCapture]:

@@ -13,9 +13,9 @@ from app import explainer_charts as charts
 from app.format import visible
 from app.speed_view import MEASURED, run_alone
 from app.view import plot
-from engine.attention_math import MAX_TOKENS, AttentionSteps, LayerQKV, attention_steps, capture_qkv
+from engine.lab.attention_math import MAX_TOKENS, AttentionSteps, LayerQKV, attention_steps, capture_qkv
 from engine.errors import EngineError
-from engine.loader import LoadedModel
+from engine.core.loader import LoadedModel
 
 CAPTURE = "math.capture"
 DEFAULT_PROMPT = "The capital of France is Paris, and the capital of Italy is"

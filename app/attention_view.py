@@ -9,10 +9,10 @@ from app import attention_charts as charts
 from app.run import Run
 from app.speed_view import run_alone
 from app.view import plot
-from engine.attention_math import capture_attention
+from engine.lab.attention_math import capture_attention
 from engine.errors import EngineError
-from engine.loader import LoadedModel
-from engine.specs import MODEL_PRESETS, ModelSpec
+from engine.core.loader import LoadedModel
+from engine.projection.specs import MODEL_PRESETS, ModelSpec
 
 HEATMAP_CELLS = 160     # cells per axis of the main heatmap
 GRID_CELLS = 48         # cells per axis of each small multiple

@@ -8,10 +8,10 @@ from app import explainer_charts as charts
 from app.format import fmt_ms, fmt_tokens
 from app.speed_view import MEASURED, gpu_picker, measured_caption, model_picker, run_on_model, status_progress
 from app.view import plot
-from engine.cachelab import compare_runs, generate_both, project_answer_seconds, project_token, slope
+from engine.lab.kv_cache import compare_runs, generate_both, project_answer_seconds, project_token, slope
 from engine.errors import EngineError
-from engine.loader import LoadedModel
-from engine.speedlab import prompt_of_length
+from engine.core.loader import LoadedModel
+from engine.lab.speed import prompt_of_length
 
 RESULT = "cache.result"
 PROMPTS = (8, 64, 256)

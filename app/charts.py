@@ -9,9 +9,9 @@ import numpy as np
 import plotly.graph_objects as go
 
 from app.format import plot_text
-from engine.card import forward_shapes
-from engine.hooks import LayerCapture
-from engine.specs import ModelSpec
+from engine.projection.card import forward_shapes
+from engine.core.hooks import LayerCapture
+from engine.projection.specs import ModelSpec
 
 PREFILL_COLOR, DECODE_COLOR, CHOSEN_COLOR, OTHER_COLOR = "#e8833a", "#3a7be8", "#e8833a", "#9db9e8"
 

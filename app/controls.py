@@ -22,10 +22,10 @@ from app.presenter import (PENDING_KEY, SEEN_KEY, TOKEN_KEY, follow_page, is_pre
                            presenter_board, push_button, pushed_view)
 from app.run import LAST_RUN, Run, capture_policy, new_run, stream_generation
 from engine.errors import EngineError
-from engine.generate import GenerationRequest, check_context, encode_prompt, validate
-from engine.limits import check_prompt_chars, check_tokens
-from engine.loader import LoadedModel
-from engine.scheduler import QueueStatus, SessionLimitError, scheduler_for
+from engine.core.generate import GenerationRequest, check_context, encode_prompt, validate
+from engine.serving.limits import check_prompt_chars, check_tokens
+from engine.core.loader import LoadedModel
+from engine.serving.scheduler import QueueStatus, SessionLimitError, scheduler_for
 
 XSRF_COOKIE = "_streamlit_xsrf"     # set by Streamlit's server on the first page load, kept by the browser
 

@@ -7,11 +7,11 @@ import streamlit as st
 
 from app.format import fmt_bytes
 from app.speed_view import MEASURED
-from engine.card import weight_bytes
+from engine.projection.card import weight_bytes
 from engine.errors import EngineError
-from engine.folder import PCIE, FolderReport, describe_folder, pcie_seconds, time_read
-from engine.loader import LoadedModel
-from engine.specs import MODEL_PRESETS
+from engine.models.folder import PCIE, FolderReport, describe_folder, pcie_seconds, time_read
+from engine.core.loader import LoadedModel
+from engine.projection.specs import MODEL_PRESETS
 
 READ = "folder.read"
 TARGET = "llama-3.1-8b"

@@ -1,6 +1,6 @@
 """Numbers and token text as people read them. Pure functions; no Streamlit.
 
-Sizes come from engine/units.py, shared with the engine's messages and CLI: decimal KB, MB and GB, and a
+Sizes come from engine/projection/units.py, shared with the engine's messages and CLI: decimal KB, MB and GB, and a
 GPU's capacity stated once as "80 GiB = 85.90 GB".
 
 Token text comes from the user or from the model, so it is never rendered as HTML or Markdown:
@@ -14,7 +14,7 @@ import math
 import re
 from typing import Iterable
 
-from engine.units import CONVENTION, card_size, fmt_bytes  # noqa: F401  (one convention: engine/units.py)
+from engine.projection.units import CONVENTION, card_size, fmt_bytes  # noqa: F401  (one convention: engine/projection/units.py)
 
 
 def fmt_ms(seconds: float | None) -> str:

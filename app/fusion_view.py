@@ -9,12 +9,12 @@ from app.format import card_size, fmt_bytes, fmt_ms, fmt_tokens
 from app.speed_view import MEASURED, gpu_picker, measured_caption, model_picker, run_on_model, status_progress
 from app.view import plot
 from engine.errors import EngineError
-from engine.card import kv_bytes_per_token, weight_bytes
-from engine.fusion import (MAX_SCORE_BYTES, AttentionShape, FusionProjection, decode_row_bytes,
-                           largest_intermediate_bytes, project_fusion, sweep_fusion)
-from engine.specs import ModelSpec
-from engine.loader import LoadedModel
-from engine.units import card_bytes
+from engine.projection.card import kv_bytes_per_token, weight_bytes
+from engine.lab.fusion import (MAX_SCORE_BYTES, AttentionShape, FusionProjection, decode_row_bytes,
+                               largest_intermediate_bytes, project_fusion, sweep_fusion)
+from engine.projection.specs import ModelSpec
+from engine.core.loader import LoadedModel
+from engine.projection.units import card_bytes
 
 POINTS = "fusion.points"
 LENGTHS = (64, 128, 256, 512, 1024, 2048, 4096)

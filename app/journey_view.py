@@ -16,12 +16,12 @@ from app.format import fmt_ms, fmt_rate, plot_text, visible
 from app.run import LOGIT_LENS_TOP, Run, Throttle, capture_policy
 from app.tokens import chars_per_token, chips_figure, special_mask
 from app.view import ChartSlot, plot
-from engine.generate import GenerationRequest
-from engine.hooks import logit_lens
-from engine.loader import LoadedModel
-from engine.records import SampledToken
-from engine.sampling import filter_probs
-from engine.token_bytes import char_groups, readable, token_bytes
+from engine.core.generate import GenerationRequest
+from engine.core.hooks import logit_lens
+from engine.core.loader import LoadedModel
+from engine.core.records import SampledToken
+from engine.core.sampling import filter_probs
+from engine.core.token_bytes import char_groups, readable, token_bytes
 
 MAX_CHIPS = 300
 HEX_ONLY = re.compile(r"<[0-9A-F ]+>")      # a chip that is bytes only, no text
@@ -236,7 +236,7 @@ def observer_section(lm: LoadedModel, run: Run) -> None:
     """The same request decoded with capture off and on, alternating three times, on this server (measured)."""
     from app.speed_view import run_on_model, status_progress
     from engine.errors import EngineError
-    from engine.speedlab import observer_effect
+    from engine.lab.speed import observer_effect
 
     policy = run.policy if run.policy.enabled else capture_policy(lm.spec, run.n_prompt, OBSERVER_TOKENS)[0]
     request = replace(run.request, max_new_tokens=OBSERVER_TOKENS)

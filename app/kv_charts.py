@@ -9,8 +9,8 @@ from plotly.subplots import make_subplots
 
 from app.format import fmt_bytes, fmt_tokens, log_ticks
 from app.speed_charts import TEXT_ROOM
-from engine.paging import PagingComparison, PagingRequest
-from engine.records import CacheState
+from engine.projection.paging import PagingComparison, PagingRequest
+from engine.core.records import CacheState
 
 def growth_figure(states: list[CacheState], bytes_per_token: float) -> go.Figure:
     """Bytes held by the real cache after each step, stacked by layer, against the formula's straight line; a

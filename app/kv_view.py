@@ -1,6 +1,6 @@
 """Sections of the KV-cache page: the live cache of a real run, the users calculator (with a server's headroom and
 with all of the card), what grouped-query attention, latent attention and windows save, and the paging simulation.
-Numbers come from engine/card.py, engine/projection.py and engine/paging.py.
+Numbers come from engine/projection/card.py, engine/projection/cost.py and engine/projection/paging.py.
 """
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from app import kv_charts as charts
 from app.format import card_size, fmt_bytes, fmt_tokens, parse_tokens
 from app.run import Run, Throttle
 from app.view import ChartSlot, plot
-from engine.card import kv_bytes_per_token, kv_bytes_per_user, weight_bytes
-from engine.loader import LoadedModel
-from engine.memory import MemoryLedger, memory_ledger
-from engine.paging import PagingConfig, compare
-from engine.projection import (GPU_COUNTS, IDEAL, Layout, MemoryPlan, memory_plan, smallest_layout, standard_layout,
-                               users_table, users_that_fit)
-from engine.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, dtype_bytes
+from engine.projection.card import kv_bytes_per_token, kv_bytes_per_user, weight_bytes
+from engine.core.loader import LoadedModel
+from engine.lab.memory import MemoryLedger, memory_ledger
+from engine.projection.paging import PagingConfig, compare
+from engine.projection.cost import (GPU_COUNTS, IDEAL, Layout, MemoryPlan, memory_plan, smallest_layout, standard_layout,
+                                    users_table, users_that_fit)
+from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, dtype_bytes
 
 CALC_MODELS = ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b", "mistral-7b-v0.1",
                "gemma-2-9b", "gemma-3-27b", "mixtral-8x7b", "qwen3-30b-a3b", "llama-4-scout", "deepseek-v3")

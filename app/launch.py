@@ -6,7 +6,7 @@
 
 Every flag becomes an environment variable the app reads (PLAYGROUND_MODEL, PLAYGROUND_MAX_NEW_TOKENS,
 ...), so setting the variables yourself works as well. The browser can only use the model the
-launcher named; limits left unset take the defaults for the device (engine/limits.py).
+launcher named; limits left unset take the defaults for the device (engine/serving/limits.py).
 """
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ ROOT = MAIN.parent.parent
 MODEL_ENV, DRAFT_ENV, DEVICE_ENV, DTYPE_ENV = "PLAYGROUND_MODEL", "PLAYGROUND_DRAFT", "PLAYGROUND_DEVICE", "PLAYGROUND_DTYPE"
 TOKEN_ENV = "PLAYGROUND_PRESENTER_TOKEN"
 MIN_TOKEN_CHARS = 12
-UPLOAD_MB = 64                      # largest recording a browser may upload (engine.recording reads at most 64 MiB)
+UPLOAD_MB = 64                      # largest recording a browser may upload (engine.serving.recording reads at most 64 MiB)
 
-# (Limits field, type, help): the flag is --field-with-dashes; the variable comes from engine.limits.ENV_VARS.
+# (Limits field, type, help): the flag is --field-with-dashes; the variable comes from engine.serving.limits.ENV_VARS.
 LIMIT_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("max_prompt_tokens", int, "longest prompt in tokens, chat template included"),
     ("max_new_tokens", int, "most tokens one request may generate"),
@@ -78,7 +78,7 @@ def limit_env(args: argparse.Namespace) -> dict[str, str]:
     from dataclasses import replace
 
     from engine.errors import EngineError
-    from engine.limits import ENV_VARS, Limits, validated
+    from engine.serving.limits import ENV_VARS, Limits, validated
 
     given = {name: getattr(args, name) for name, _, _ in LIMIT_FLAGS if getattr(args, name) is not None}
     try:

@@ -22,7 +22,7 @@ from typing import Callable
 import streamlit as st
 
 from engine.errors import EngineError
-from engine.loader import LoadedModel, load_model
+from engine.core.loader import LoadedModel, load_model
 
 MODEL_ENV, DEVICE_ENV, DTYPE_ENV, DRAFT_ENV = "PLAYGROUND_MODEL", "PLAYGROUND_DEVICE", "PLAYGROUND_DTYPE", "PLAYGROUND_DRAFT"
 

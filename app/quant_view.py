@@ -8,14 +8,14 @@ import streamlit as st
 from app import explainer_charts as charts
 from app.speed_view import MEASURED, measured_caption, run_alone, run_on_model, status_progress
 from app.view import plot
-from engine.calibrated import compare_methods
+from engine.lab.quant_calibrated import compare_methods
 from engine.errors import EngineError
-from engine.floatbits import FORMATS, float_bits, format_range
-from engine.loader import ALIASES, EMBEDDED, LoadedModel
-from engine.quant_lab import (EVAL_TEXT, EVAL_TOKENS, OUTLIER_THRESHOLD, SCHEMES, activation_channels,
-                              grid_share, int8_errors_by_layer, layer_inputs, nf4_levels, notable_weights,
-                              q_proj_inputs, scheme_quality, weight_rows)
-from engine.quantize import all_logits, text_ids
+from engine.lab.floatbits import FORMATS, float_bits, format_range
+from engine.core.loader import ALIASES, EMBEDDED, LoadedModel
+from engine.lab.quant_detail import (EVAL_TEXT, EVAL_TOKENS, OUTLIER_THRESHOLD, SCHEMES, activation_channels,
+                                     grid_share, int8_errors_by_layer, layer_inputs, nf4_levels, notable_weights,
+                                     q_proj_inputs, scheme_quality, weight_rows)
+from engine.lab.quantize import all_logits, text_ids
 
 OUTLIERS, GRIDS = "quantlab.outlier_data", "quantlab.grid_data"
 SCHEME_NAMES = {"rtn-asym-g32": "RTN, min + scale per 32", "rtn-asym-g64": "RTN, min + scale per 64",

@@ -1,7 +1,7 @@
 """A short quiz for a class: questions, each answer explained, every number computed by the engine.
 
-The question bank is plain data built from engine.card, engine.projection, engine.speculative,
-engine.fusion, engine.floatbits, engine.quant_lab, engine.economics and engine.serving_sim, so a
+The question bank is plain data built from engine.projection.card, engine.projection, engine.speculative,
+engine.lab.fusion, engine.lab.floatbits, engine.lab.quant_detail, engine.projection.economics and engine.projection.serving_sim, so a
 question about KV bytes per token shows what `kv_bytes_per_token` says for the model's config, not
 a number typed in here. `render_question` draws one question with Streamlit.
 """
@@ -10,15 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.format import card_size, fmt_bytes
-from engine.card import kv_bytes_per_token, naive_weight_bytes, weight_bytes
-from engine.economics import projected_token_prices
-from engine.floatbits import format_range
-from engine.fusion import AttentionShape, largest_intermediate_bytes
-from engine.projection import IDEAL, decode_flops, gpu_memory_bytes, prefill_flops, project, users_that_fit
-from engine.quant_lab import bits_per_weight
-from engine.serving_sim import RequestRecord, Targets, goodput
-from engine.specs import gpu_preset, model_preset
-from engine.speculative import expected_tokens_per_pass
+from engine.projection.card import kv_bytes_per_token, naive_weight_bytes, weight_bytes
+from engine.projection.economics import projected_token_prices
+from engine.lab.floatbits import format_range
+from engine.lab.fusion import AttentionShape, largest_intermediate_bytes
+from engine.projection.cost import IDEAL, decode_flops, gpu_memory_bytes, prefill_flops, project, users_that_fit
+from engine.lab.quant_detail import bits_per_weight
+from engine.projection.serving_sim import RequestRecord, Targets, goodput
+from engine.projection.specs import gpu_preset, model_preset
+from engine.speculative.decode import expected_tokens_per_pass
 
 TARGET, BIG, GPU = "llama-3.1-8b", "llama-3.1-70b", "h100-sxm"
 ACCEPTANCE, DRAFT_K = 0.8, 4

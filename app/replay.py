@@ -1,6 +1,6 @@
 """Recordings in the app: open a saved generation as the session's run, and save the current run.
 
-A recording (engine/recording.py) holds the records of one finished generation, captures included.
+A recording (engine/serving/recording.py) holds the records of one finished generation, captures included.
 Opened here it becomes an `app.run.Run` in `st.session_state[LAST_RUN]`, so the journey, attention
 and KV-cache pages draw it exactly as they draw a live run, without the model. That is how a class
 goes on when the model is busy or not loaded.
@@ -23,13 +23,13 @@ from app.controls import SETTING_RANGES, in_range, session_id
 from app.format import fmt_bytes
 from app.run import LAST_RUN, Run, compact
 from engine.errors import EngineError
-from engine.limits import MiB, Limits, server_limits
-from engine.loader import LoadedModel
-from engine.recording import (MAX_FILE_BYTES, PARSE_PLACES, Recording, RecordingError, dumps_recording,
-                              load_recording, loads_recording)
-from engine.records import PrefillRecord
-from engine.scheduler import scheduler_for
-from engine.shelf import Kept, Shelf, default_dir
+from engine.serving.limits import MiB, Limits, server_limits
+from engine.core.loader import LoadedModel
+from engine.serving.recording import (MAX_FILE_BYTES, PARSE_PLACES, Recording, RecordingError, dumps_recording,
+                                      load_recording, loads_recording)
+from engine.core.records import PrefillRecord
+from engine.serving.scheduler import scheduler_for
+from engine.serving.shelf import Kept, Shelf, default_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDINGS_DIR = ROOT / "assets" / "recordings"
@@ -189,7 +189,7 @@ def shipped_section() -> None:
 def upload_section(limits: Limits) -> None:
     """A file picker for a recording; a bad file gives the RecordingError's reason."""
     upload = st.file_uploader("Open a recording file (.json.gz)", type=["gz", "json"], key=UPLOAD_KEY,
-                              help=f"Files saved with 'Save this run' or `python -m engine.recording record`; "
+                              help=f"Files saved with 'Save this run' or `python -m engine record`; "
                                    f"at most {fmt_bytes(MAX_FILE_BYTES)}.")
     if upload is None:
         return

@@ -14,9 +14,9 @@ import streamlit as st
 
 from app.format import fmt_bytes, fmt_ms, fmt_rate
 from app.view import plot
-from engine.batch import StepInfo
-from engine.paged import BLOCK as PAGE_TOKENS, BlockTable
-from engine.scheduler import RoomState
+from engine.serving.batch import StepInfo
+from engine.serving.paged import BLOCK as PAGE_TOKENS, BlockTable
+from engine.serving.scheduler import RoomState
 
 RECENT_STEPS = 50            # steps the headline numbers average over
 REFRESH_SECONDS = 1.0
@@ -244,8 +244,8 @@ def measure_prefix(lm, report) -> dict:
     from dataclasses import asdict
 
     from app.speed_view import run_on_model
-    from engine.batch import measure_prefix_reuse
-    from engine.generate import GenerationRequest
+    from engine.serving.batch import measure_prefix_reuse
+    from engine.core.generate import GenerationRequest
 
     first, other = (GenerationRequest(p) for p in PREFIX_PROMPTS)
 

@@ -7,7 +7,7 @@ looked at from every page. A `Run` holds only plain data (dataclasses of numbers
 numpy arrays), never the model, a module or a hook handle.
 
 The model is shared by every session: `stream_generation` submits the request to the process-wide
-scheduler (engine/scheduler.py), which runs one request at a time, and streams the records back. A
+scheduler (engine/serving/scheduler.py), which runs one request at a time, and streams the records back. A
 run can also come from a recording file (app/replay.py), in which case no model is needed at all.
 """
 from __future__ import annotations
@@ -19,13 +19,13 @@ from typing import Callable
 
 import numpy as np
 
-from engine.generate import GenerationRequest
-from engine.hooks import CAPTURE_OFF, CapturePolicy, LayerCapture
-from engine.loader import LoadedModel
-from engine.records import CacheState, DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
-from engine.scheduler import QueueStatus, scheduler_for
-from engine.specs import ModelSpec
-from engine.units import fmt_bytes
+from engine.core.generate import GenerationRequest
+from engine.core.hooks import CAPTURE_OFF, CapturePolicy, LayerCapture
+from engine.core.loader import LoadedModel
+from engine.core.records import CacheState, DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
+from engine.serving.scheduler import QueueStatus, scheduler_for
+from engine.projection.specs import ModelSpec
+from engine.projection.units import fmt_bytes
 
 LAST_RUN = "last_run"                 # st.session_state key shared by all pages
 ATTENTION_BUDGET = 256 * 2**20        # bytes of attention probabilities one run may capture

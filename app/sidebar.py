@@ -12,9 +12,9 @@ from app.format import CONVENTION, fmt_bytes
 from app.model import model_choice
 from app.presenter import (SEEN_KEY, WATCHED_KEY, PresenterError, following, is_presenter, presenter_board,
                            presenter_box, unlock)
-from engine.card import kv_bytes_per_token, param_counts
-from engine.loader import LoadedModel
-from engine.scheduler import scheduler_for
+from engine.projection.card import kv_bytes_per_token, param_counts
+from engine.core.loader import LoadedModel
+from engine.serving.scheduler import scheduler_for
 
 PRESENTER_POLL_SECONDS = 1
 

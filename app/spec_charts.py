@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from app.format import plot_text
-from engine.speculative import SpecRoundRecord
+from engine.speculative.decode import SpecRoundRecord
 
 ACCEPTED, REJECTED, CORRECTION, BONUS, ALONE = 0, 1, 2, 3, 4
 CELL_COLORS = ("#9fdcb1", "#f3a59e", "#a9c7f5", "#cdb5f4", "#dedede")

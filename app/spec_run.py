@@ -16,17 +16,17 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine.card import param_counts
-from engine.demo_prompts import SPECULATIVE_PROMPTS
-from engine.drafts import Draft
-from engine.generate import GenerationRequest
-from engine.hooks import CAPTURE_OFF
-from engine.loader import ALIASES, EMBEDDED, LoadedModel, cache_dir, read_spec
-from engine.projection import project
-from engine.records import DecodeRecord, DoneRecord, PrefillRecord
-from engine.specs import GPU_PRESETS, MODEL_PRESETS, ModelSpec
-from engine.scheduler import Handle, QueueStatus, scheduler_for
-from engine.speculative import SpecDoneRecord, SpecRoundRecord, expected_tokens_per_pass
+from engine.projection.card import param_counts
+from engine.speculative.demo_prompts import SPECULATIVE_PROMPTS
+from engine.speculative.drafts import Draft
+from engine.core.generate import GenerationRequest
+from engine.core.hooks import CAPTURE_OFF
+from engine.core.loader import ALIASES, EMBEDDED, LoadedModel, cache_dir, read_spec
+from engine.projection.cost import project
+from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord
+from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS, ModelSpec
+from engine.serving.scheduler import Handle, QueueStatus, scheduler_for
+from engine.speculative.decode import SpecDoneRecord, SpecRoundRecord, expected_tokens_per_pass
 
 K_RANGE = range(1, 9)                    # k offered on the page and drawn on the charts
 PROJECTED_DRAFT, PROJECTED_TARGET, PROJECTED_GPU = "llama-3.2-1b", "llama-3.1-8b", "h100-sxm"
@@ -150,7 +150,7 @@ def extra_installed(key: str) -> bool:
     """Converted already, or its chunk packages are installed (the first use converts them)."""
     if (cache_dir() / EMBEDDED[key].folder / "config.json").exists():
         return True
-    from engine.extras import EXTRAS, package_chunks
+    from engine.models.extras import EXTRAS, package_chunks
 
     return all(package_chunks(module) for module in EXTRAS[key].modules())
 

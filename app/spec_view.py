@@ -17,11 +17,11 @@ from app.spec_run import (K_RANGE, PRESETS, Measured, SpecRun, best_k, draft_mod
                           is_model_spec, new_spec_run, projected_pair, speedup_curve, stream_speculative)
 from app.speed_view import efficiency_note
 from app.view import ChartSlot, plot
-from engine.drafts import Draft
+from engine.speculative.drafts import Draft
 from engine.errors import EngineError
-from engine.scheduler import QueueStatus
-from engine.loader import LoadedModel
-from engine.speculative import draft_from_spec, expected_tokens_per_pass
+from engine.serving.scheduler import QueueStatus
+from engine.core.loader import LoadedModel
+from engine.speculative.decode import draft_from_spec, expected_tokens_per_pass
 
 NS = "speculative"
 RESULT = f"{NS}.run"                 # st.session_state: the page's latest SpecRun
@@ -41,7 +41,7 @@ class DraftChoice:
 
     @property
     def spec_text(self) -> str:
-        """What engine.speculative.draft_from_spec reads."""
+        """What engine.speculative.decode.draft_from_spec reads."""
         if self.kind == "early-exit":
             return f"early-exit:{self.depth}"
         return self.model if self.kind == "model" and self.model else "ngram"
@@ -368,7 +368,7 @@ def projection_section(m: Measured) -> None:
     cols[3].metric(f"Speedup at a = {m.a:.2f}", f"{speedup:.2f}× at k = {k}",
                    help=f"E[tokens per pass] / (1 + k·c) with the projected c; at the measured k = {m.k}: "
                         f"{speedup_curve(m.a, pair.cost_ratio, range(m.k, m.k + 1))[0]:.2f}×.")
-    st.caption(f"Projected, not measured: step times from engine/projection.py for one user on one {pair.gpu} "
+    st.caption(f"Projected, not measured: step times from engine/projection/cost.py for one user on one {pair.gpu} "
                f"(BF16 weights, 1K tokens of context, {efficiency_note()}, as on every page); the acceptance "
                "a is the one measured here. A 1B Llama drafting for the 8B accepts at its own rate (70–90% on "
                "domain text is typical), so read this as what the costs do at this acceptance.")

@@ -13,13 +13,13 @@ from app import speed_charts as charts
 from app.format import fmt_rate, fmt_tokens
 from app.speed_view import MEASURED, HardwareChoice, measured_caption, run_on_model, status_progress
 from app.view import plot
-from engine.batching import measure_batching
+from engine.lab.batching import measure_batching
 from engine.errors import EngineError
-from engine.loader import LoadedModel
-from engine.projection import INTERNODE_GBS
-from engine.serving_sim import ServerConfig, SimResult, Targets, Workload, rescore, simulate, sweep_max_batch
-from engine.specs import GPUSpec, ModelSpec
-from engine.speedlab import DeviceRoof, device_cost_model
+from engine.core.loader import LoadedModel
+from engine.projection.cost import INTERNODE_GBS
+from engine.projection.serving_sim import ServerConfig, SimResult, Targets, Workload, rescore, simulate, sweep_max_batch
+from engine.projection.specs import GPUSpec, ModelSpec
+from engine.lab.speed import DeviceRoof, device_cost_model
 
 REAL_BATCHES = (1, 2, 4, 8)
 REAL_POINTS = "batching.points"

@@ -11,10 +11,10 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from app.format import log_ticks
-from engine.economics import TokenPrices
-from engine.projection import Projection, RooflinePoint
-from engine.serving_sim import SimResult, SweepRow, Targets
-from engine.speedlab import CurveFit, DecodePlacement, DeviceRoof
+from engine.projection.economics import TokenPrices
+from engine.projection.cost import Projection, RooflinePoint
+from engine.projection.serving_sim import SimResult, SweepRow, Targets
+from engine.lab.speed import CurveFit, DecodePlacement, DeviceRoof
 
 MEASURED_COLOR, PROJECTED_COLOR, PREFILL_COLOR, DECODE_COLOR = "#e8833a", "#3a7be8", "#8e44ad", "#2a9d8f"
 POLICY_COLORS = {"static": "#bbbbbb", "continuous": "#3a7be8", "chunked": "#2a9d8f", "disaggregated": "#8e44ad"}

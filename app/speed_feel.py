@@ -16,10 +16,10 @@ from app import speed_charts as charts
 from app.format import fmt_rate
 from app.speed_view import HardwareChoice, MEASURED, efficiency_note, hardware_controls
 from app.view import plot
-from engine.loader import LoadedModel
-from engine.projection import project
-from engine.specs import GPU_PRESETS, MODEL_PRESETS
-from engine.speculative import expected_tokens_per_pass
+from engine.core.loader import LoadedModel
+from engine.projection.cost import project
+from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS
+from engine.speculative.decode import expected_tokens_per_pass
 
 FRAME = 0.05
 MIN_RATE, MAX_RATE = 1, 2000
@@ -90,7 +90,7 @@ def reading_rate() -> float:
 def speculative_rate(base_tok_s: float, acceptance: float = 0.8, k: int = 4, draft_cost: float | None = None) -> float:
     """Tokens/s with a draft model: expected tokens per target pass over the cost of one pass plus k draft steps."""
     if draft_cost is None:   # Llama 3.2 1B drafting for 3.1 8B: a draft step costs its share of the weights
-        from engine.card import param_counts
+        from engine.projection.card import param_counts
         draft_cost = param_counts(MODEL_PRESETS["llama-3.2-1b"]).total / param_counts(MODEL_PRESETS["llama-3.1-8b"]).total
     return base_tok_s * expected_tokens_per_pass(acceptance, k) / (1 + k * draft_cost)
 

@@ -13,11 +13,11 @@ from app.format import fmt_bytes, fmt_ms, fmt_rate
 from app.speed_view import MEASURED, measured_caption, remeasure_roof, run_on_model, status_progress
 from app.view import plot
 from engine.errors import EngineError
-from engine.loader import LoadedModel
-from engine.projection import prefill_flops
-from engine.specs import MODEL_PRESETS
-from engine.speedlab import (DEFAULT_DECODE_STEPS, ContextPoint, DeviceRoof, attention_onset, ceiling_prefill_seconds,
-                             fit_ttft, kv_bytes_per_token_loaded, measure_context, place_decode)
+from engine.core.loader import LoadedModel
+from engine.projection.cost import prefill_flops
+from engine.projection.specs import MODEL_PRESETS
+from engine.lab.speed import (DEFAULT_DECODE_STEPS, ContextPoint, DeviceRoof, attention_onset, ceiling_prefill_seconds,
+                              fit_ttft, kv_bytes_per_token_loaded, measure_context, place_decode)
 
 POINTS, CTX, CTX_SLIDER, CTX_TYPED, ERROR = ("speed.points", "speed.context", "speed.context_slider",
                                              "speed.context_typed", "speed.error")

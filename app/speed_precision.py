@@ -10,9 +10,9 @@ from app.format import fmt_bytes, fmt_rate
 from app.speed_view import MEASURED, HardwareChoice, measured_caption, run_on_model, status_progress
 from app.view import plot
 from engine.errors import EngineError
-from engine.loader import EMBEDDED, ALIASES, LoadedModel
-from engine.quantize import GROUP_SIZES, QuantizedModel, compare_models, quantize_copy, text_ids
-from engine.speedlab import compare_decode, prompt_of_length
+from engine.core.loader import EMBEDDED, ALIASES, LoadedModel
+from engine.lab.quantize import GROUP_SIZES, QuantizedModel, compare_models, quantize_copy, text_ids
+from engine.lab.speed import compare_decode, prompt_of_length
 
 RESULTS = "precision.results"
 SPEED_PROMPT_TOKENS, SPEED_STEPS, SPEED_ROUNDS = 32, 8, 2

@@ -1,6 +1,6 @@
 """Sections of the cost calculator: one projection in full (memory, prefill, decode, throughput, cost), what a
 mixture of experts reads, the roofline with its prefill and decode points, and the sweep over batch sizes. All
-from engine/projection.py. A configuration that does not fit says why and what would fit; it is not priced.
+from engine/projection/cost.py. A configuration that does not fit says why and what would fit; it is not priced.
 """
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from app import speed_charts as charts
 from app.format import fmt_bytes, fmt_ms, fmt_rate
 from app.speed_view import HardwareChoice, efficiency_note, memory_line
 from app.view import plot
-from engine.card import active_param_counts, expected_experts_touched, param_counts
-from engine.projection import Projection, roofline, sweep_batch
+from engine.projection.card import active_param_counts, expected_experts_touched, param_counts
+from engine.projection.cost import Projection, roofline, sweep_batch
 
 SWEEP = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MOE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)

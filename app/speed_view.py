@@ -13,12 +13,12 @@ import streamlit as st
 
 from app.format import fmt_bytes, fmt_tokens
 from engine.errors import EngineError
-from engine.loader import LoadedModel
-from engine.projection import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_DOLLARS_PER_HOUR, DEFAULT_FLOPS_EFFICIENCY,
-                               GPU_COUNTS, Layout, Projection, project, standard_layout)
-from engine.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec
-from engine.scheduler import JobProgress, JobResult, QueueStatus, scheduler_for
-from engine.speedlab import DeviceRoof, measure_roof
+from engine.core.loader import LoadedModel
+from engine.projection.cost import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_DOLLARS_PER_HOUR, DEFAULT_FLOPS_EFFICIENCY,
+                                    GPU_COUNTS, Layout, Projection, project, standard_layout)
+from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec
+from engine.serving.scheduler import JobProgress, JobResult, QueueStatus, scheduler_for
+from engine.lab.speed import DeviceRoof, measure_roof
 
 MEASURED = "Measured on this machine"
 WEIGHTS = {"FP32": "fp32", "BF16": "bf16", "FP8": "fp8", "INT8": "int8", "INT4": "int4"}

@@ -1,5 +1,5 @@
 """The cost page's input-against-output section: why an output token costs several times an input token, from
-the throughput of prefill and of decode, measured on this machine and projected on a GPU (engine/economics.py).
+the throughput of prefill and of decode, measured on this machine and projected on a GPU (engine/projection/economics.py).
 """
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from app import speed_charts as charts
 from app.format import fmt_tokens
 from app.speed_view import MEASURED, HardwareChoice, measured_caption, run_on_model, status_progress
 from app.view import plot
-from engine.batching import measure_phases
-from engine.economics import PRICE_BATCHES, TokenPrices, projected_token_prices, token_prices
+from engine.lab.batching import measure_phases
+from engine.projection.economics import PRICE_BATCHES, TokenPrices, projected_token_prices, token_prices
 from engine.errors import EngineError
-from engine.loader import LoadedModel
+from engine.core.loader import LoadedModel
 
 PHASES = "cost.phases"
 MEASURED_BATCHES = (1, 2, 4, 8)

@@ -2,7 +2,7 @@
 
 A token is a run of bytes, not always a whole character: where the tokenizer cut a character's UTF-8 bytes
 (CJK, emoji), a chip shows its bytes in hex (<E4 BD>) and a bracket under the tokens of one character shows
-the character they spell together (engine/token_bytes.py).
+the character they spell together (engine/core/token_bytes.py).
 
 Drawn as a Plotly figure (bars for the boxes, text traces for labels), so token text is plot text
 escaped with `html.escape`, never HTML. Layout is computed in character cells of a monospace font.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from app.format import plot_text, visible
-from engine.token_bytes import char_groups, is_fragment, readable
+from engine.core.token_bytes import char_groups, is_fragment, readable
 
 PALETTE = ("#cfe8fc", "#ffe3c2", "#d8f5d0", "#f6d5f2", "#fff3b0", "#d9dcff", "#c9f1ee", "#ffd6d6")
 SPECIAL_COLOR = "#e4e4e4"

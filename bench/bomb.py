@@ -5,7 +5,7 @@
     python bench/bomb.py --device cuda          # the loader under the GPU server's default limits
 
 Each file is built here, written to a temporary folder, and opened by a child process that imports
-`engine.recording` from `--root` and calls `loads_recording` on the bytes, as an upload does. The child
+`engine.serving.recording` from `--root` and calls `loads_recording` on the bytes, as an upload does. The child
 reports the wall time of that call and how far it raised the process's peak resident memory
 (`ru_maxrss` after the call minus before it, the file already read). A shipped recording is timed the
 same way for comparison. The files:
@@ -42,7 +42,7 @@ UNDER_CAP = 250 * 10**6          # 238 MiB: below the 2-core CPU default cap of 
 CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
-from engine.recording import loads_recording
+from engine.serving.recording import loads_recording
 from engine.errors import EngineError
 data = open(sys.argv[2], "rb").read()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

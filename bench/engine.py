@@ -5,7 +5,7 @@
 Beside the engine's capture runs its peer: nnsight (an optional benchmark dependency, `pip install -e
 '.[bench]'`) tracing `model.generate` on an eager-attention copy of the model and saving every layer's
 attention weights at every step. Without nnsight installed that column is skipped with a message.
-With --static the engine's static-cache fast path (engine/fastpath.py; CUDA graphs on CUDA, eager on
+With --static the engine's static-cache fast path (engine/core/fastpath.py; CUDA graphs on CUDA, eager on
 CPU) runs too, capture off and with every attention row.
 
 Writes bench/results/engine.json and prints a table. Each round runs every column once (reference,
@@ -33,10 +33,10 @@ from transformers.generation.streamers import BaseStreamer
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.fastpath import FastDecoder  # noqa: E402
-from engine.generate import GenerationRequest, encode_prompt, generate  # noqa: E402
-from engine.hooks import CAPTURE_OFF, CapturePolicy  # noqa: E402
-from engine.loader import load_model  # noqa: E402
+from engine.core.fastpath import FastDecoder  # noqa: E402
+from engine.core.generate import GenerationRequest, encode_prompt, generate  # noqa: E402
+from engine.core.hooks import CAPTURE_OFF, CapturePolicy  # noqa: E402
+from engine.core.loader import load_model  # noqa: E402
 
 DECODE_PROMPT = "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle."
 PREFILL_WORDS = ("The history of computing is a story of ideas becoming machines. " * 40).strip()

@@ -3,12 +3,12 @@
     python bench/gpu.py --shape 8b       # on an H100: Llama 3.1 8B shape in bf16 (writes 16 GB once, ~7 min)
     python bench/gpu.py --shape tiny     # anywhere, CPU included: the same code at test scale
 
-The checkpoints are written once into a cache folder (engine/shaped.py): the public config of Llama 3.1
+The checkpoints are written once into a cache folder (engine/models/shaped.py): the public config of Llama 3.1
 8B (or Llama 3.2 1B) with random weights. Speed does not depend on the weights' values, only on the
 shapes, the dtype and the device, so these timings hold for the real model; the generated text is noise.
 
 Decode runs are interleaved round by round (every run once per round) and each keeps its median, so a
-noisy neighbour hits all alike. Beside each measured number: the projected ceiling (engine/projection.py
+noisy neighbour hits all alike. Beside each measured number: the projected ceiling (engine/projection/cost.py
 at 100% of the spec sheet's bandwidth, on CUDA) and the ceiling at this device's measured copy bandwidth.
 Writes bench/results/gpu.json (CPU runs: gpu-cpu-<shape>.json) after every phase, so a run cut short
 still leaves what it measured. Imports nothing from app/ (no streamlit needed).
@@ -32,17 +32,17 @@ from transformers.generation.streamers import BaseStreamer
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.batching import batch_prompts, generate_batch  # noqa: E402
-from engine.card import weight_bytes  # noqa: E402
-from engine.fastpath import FastDecoder, cache_length, new_static_cache  # noqa: E402
-from engine.generate import GenerationRequest, encode_prompt, forward, generate, sync  # noqa: E402
-from engine.hooks import CAPTURE_OFF, CapturePolicy, instrument  # noqa: E402
-from engine.loader import cache_dir, load_model  # noqa: E402
-from engine.memory import allocated_by, memory_ledger, peak_during  # noqa: E402
-from engine.projection import cost_model, project  # noqa: E402
-from engine.shaped import DRAFT_OF, shaped_bytes, write_shaped  # noqa: E402
-from engine.speedlab import (DeviceRoof, copy_bandwidth, cpu_name, device_cost_model, known_gpu, matmul_flops,  # noqa: E402
-                             prompt_of_length)
+from engine.lab.batching import batch_prompts, generate_batch  # noqa: E402
+from engine.projection.card import weight_bytes  # noqa: E402
+from engine.core.fastpath import FastDecoder, cache_length, new_static_cache  # noqa: E402
+from engine.core.generate import GenerationRequest, encode_prompt, forward, generate, sync  # noqa: E402
+from engine.core.hooks import CAPTURE_OFF, CapturePolicy, instrument  # noqa: E402
+from engine.core.loader import cache_dir, load_model  # noqa: E402
+from engine.lab.memory import allocated_by, memory_ledger, peak_during  # noqa: E402
+from engine.projection.cost import cost_model, project  # noqa: E402
+from engine.models.shaped import DRAFT_OF, shaped_bytes, write_shaped  # noqa: E402
+from engine.lab.speed import (DeviceRoof, copy_bandwidth, cpu_name, device_cost_model, known_gpu, matmul_flops,  # noqa: E402
+                              prompt_of_length)
 
 ROWS = CapturePolicy(prefill_matrix=False, stats=False)      # every layer's attention row, every head
 PROMPT = "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle."
@@ -166,7 +166,7 @@ def measure_prefill(lm: Any, fast: FastDecoder, n: int) -> dict[str, float]:
 
 
 def measure_batch(lm: Any, batch: int, prompt: int, n: int) -> dict[str, float]:
-    """engine/batching.py (static batching, dynamic cache, eager): median step for `batch` rows."""
+    """engine/lab/batching.py (static batching, dynamic cache, eager): median step for `batch` rows."""
     rows = batch_prompts(lm, batch, prompt)
     generate_batch(lm, rows, 3)                                        # warm-up
     run = generate_batch(lm, rows, n)
@@ -280,7 +280,7 @@ def print_table(s: dict) -> None:
               f"(compute-bound), measured roof {ceil['measured_prefill_s'] * 1e3:.1f} ms")
     if "batch" in s:
         b = s["batch"]
-        print(f"batch of {b['batch']} (engine/batching.py, eager): {b['total_tok_s']:.0f} tok/s in all, "
+        print(f"batch of {b['batch']} (engine/lab/batching.py, eager): {b['total_tok_s']:.0f} tok/s in all, "
               f"{b['per_user_tok_s']:.1f} per user; projected {fmt(ceil.get('projected_batch_tok_s'), '.0f')}, "
               f"measured roof {ceil['measured_batch_tok_s']:.0f}")
     if "memory" in s:

@@ -7,7 +7,7 @@ Each N runs twice, side by side in the same process: one request at a time (max_
 scheduler served before continuous batching) and batched (max_batch from the limits), so the ratio
 of the two is measured under the same load on the machine.
 
-Each session is a thread that submits its request through `engine.scheduler` (as a page does) and
+Each session is a thread that submits its request through `engine.serving.scheduler` (as a page does) and
 reads its records to the end. Checks: every request finishes or is refused with a message, none is
 lost, no exception escapes, each answer equals the same prompt run alone (greedy), and the process's
 memory stays bounded. Reports p50/p95 of the wait before running, the time to first token and the
@@ -32,12 +32,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from engine.errors import EngineError  # noqa: E402
-from engine.generate import GenerationRequest, generate  # noqa: E402
-from engine.hooks import CAPTURE_OFF, CapturePolicy, count_hooks  # noqa: E402
-from engine.limits import Limits  # noqa: E402
-from engine.loader import LoadedModel, load_model  # noqa: E402
-from engine.records import DoneRecord  # noqa: E402
-from engine.scheduler import Scheduler  # noqa: E402
+from engine.core.generate import GenerationRequest, generate  # noqa: E402
+from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks  # noqa: E402
+from engine.serving.limits import Limits  # noqa: E402
+from engine.core.loader import LoadedModel, load_model  # noqa: E402
+from engine.core.records import DoneRecord  # noqa: E402
+from engine.serving.scheduler import Scheduler  # noqa: E402
 
 PROMPTS = (
     "What is the capital of France?",
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             result.update(ok=ok(result, args.rss_bound_mb), mode=mode, tokens_per_request=tokens)
             results.append(result)
             print(line(result, limits), flush=True)
-    report = {"what": "N sessions submit at once through engine.scheduler; greedy, chat template, "
+    report = {"what": "N sessions submit at once through engine.serving.scheduler; greedy, chat template, "
                       f"capture {args.capture}; one at a time and batched side by side",
               "machine": machine(lm), "capture": args.capture, "limits": batched.to_dict(), "scenarios": results,
               "ratios": ratios(results), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}

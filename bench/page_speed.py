@@ -3,7 +3,7 @@
     python bench/page_speed.py                   # 48 new tokens, 3 interleaved rounds
     python bench/page_speed.py --tokens 96 --rounds 5
 
-Each round runs the engine in this process (`engine.generate` with the capture policy the page would
+Each round runs the engine in this process (`engine.core.generate` with the capture policy the page would
 choose for this prompt: every layer's attention, norms and residuals, the lens on demand), then the
 same request through the app in headless Chromium (started as `make run` starts it), pressing
 Generate on the journey page. Reported per round and as medians: decode tokens/s (the engine's from
@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT))
 from bench.room_browser import ARGS, CHROMIUM, generate_button, prepare, start_app  # noqa: E402
 
 from app.run import capture_policy  # noqa: E402
-from engine.generate import GenerationRequest, encode_prompt, generate  # noqa: E402
-from engine.loader import load_model  # noqa: E402
-from engine.records import DecodeRecord, DoneRecord  # noqa: E402
+from engine.core.generate import GenerationRequest, encode_prompt, generate  # noqa: E402
+from engine.core.loader import load_model  # noqa: E402
+from engine.core.records import DecodeRecord, DoneRecord  # noqa: E402
 
 PROMPT = "Write a short story about a lighthouse keeper."
 RESULTS = ROOT / "bench" / "results" / "page_speed.json"

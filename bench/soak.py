@@ -14,7 +14,7 @@ two thirds in.
 
 Only public APIs: `scheduler_for(lm)`, `Scheduler.check/submit/join/leave/stats`, `Handle.records/cancel`,
 `app.replay` (the Recordings page's functions), `app.presenter`, `Scheduler.submit_job` with
-`engine.speedlab.measure_context` (as the speed lab runs it).
+`engine.lab.speed.measure_context` (as the speed lab runs it).
 
 When the time is up, sessions whose answer is streaming read on for up to 20 s (as a person would), the others
 leave at once. Reports what was asked and how it ended (served, refused with a message, cancelled, failed, lost: the
@@ -52,15 +52,15 @@ sys.path.insert(0, str(ROOT))
 from app import replay  # noqa: E402
 from app.presenter import PresenterBoard, PresenterError, new_push, unlock  # noqa: E402
 from engine.errors import EngineError  # noqa: E402
-from engine.generate import GenerationRequest  # noqa: E402
-from engine.hooks import CAPTURE_OFF, CapturePolicy, count_hooks  # noqa: E402
-from engine.limits import max_recording_bytes  # noqa: E402
-from engine.loader import LoadedModel, load_model  # noqa: E402
-from engine.recording import dumps_recording, new_recording  # noqa: E402
-from engine.records import DoneRecord  # noqa: E402
-from engine.scheduler import scheduler_for  # noqa: E402
-from engine.shelf import Shelf  # noqa: E402
-from engine.speedlab import measure_context  # noqa: E402
+from engine.core.generate import GenerationRequest  # noqa: E402
+from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks  # noqa: E402
+from engine.serving.limits import max_recording_bytes  # noqa: E402
+from engine.core.loader import LoadedModel, load_model  # noqa: E402
+from engine.serving.recording import dumps_recording, new_recording  # noqa: E402
+from engine.core.records import DoneRecord  # noqa: E402
+from engine.serving.scheduler import scheduler_for  # noqa: E402
+from engine.serving.shelf import Shelf  # noqa: E402
+from engine.lab.speed import measure_context  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "soak.json"
 SHIPPED = sorted((ROOT / "assets" / "recordings").glob("*.json.gz"))

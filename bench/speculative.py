@@ -5,7 +5,7 @@
 On the embedded model and three fixed prompts (a code continuation, a passage to copy, an open
 question) it measures, for n-gram lookup and early exit at two depths with k in {2, 4, 6}: the
 acceptance rate, tokens per target pass, the wall-clock speedup over plain greedy decoding
-(`engine.generate`, capture off) and the draft and verify cost per round that explain it (the table
+(`engine.core.generate`, capture off) and the draft and verify cost per round that explain it (the table
 shows the median round; the JSON also has means and the first round, where a draft reads the prompt). The
 Qwen2.5-Coder pair (0.5B drafting for 1.5B) is added when both extras are installed.
 
@@ -30,12 +30,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.generate import GenerationRequest, encode_prompt, generate  # noqa: E402
-from engine.demo_prompts import SPECULATIVE_PROMPTS  # noqa: E402
-from engine.hooks import CAPTURE_OFF  # noqa: E402
-from engine.loader import LoadedModel, cache_dir, load_model  # noqa: E402
-from engine.speculative import (Draft, SpecRoundRecord, draft_from_spec, expected_tokens_per_pass,  # noqa: E402
-                                speculative_generate)
+from engine.core.generate import GenerationRequest, encode_prompt, generate  # noqa: E402
+from engine.speculative.demo_prompts import SPECULATIVE_PROMPTS  # noqa: E402
+from engine.core.hooks import CAPTURE_OFF  # noqa: E402
+from engine.core.loader import LoadedModel, cache_dir, load_model  # noqa: E402
+from engine.speculative.decode import (Draft, SpecRoundRecord, draft_from_spec, expected_tokens_per_pass,  # noqa: E402
+                                       speculative_generate)
 
 PROMPTS = SPECULATIVE_PROMPTS  # the same three prompts the speculative page offers
 DRAFTS = ("ngram", "early-exit:8", "early-exit:20")

@@ -18,11 +18,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.batching import measure_batching  # noqa: E402
-from engine.loader import load_model  # noqa: E402
-from engine.quantize import compare_models, quantize_copy, text_ids  # noqa: E402
-from engine.speedlab import (attention_onset, compare_decode, fit_ttft, measure_roof, place_decode,  # noqa: E402
-                             prompt_of_length, sweep_context)
+from engine.lab.batching import measure_batching  # noqa: E402
+from engine.core.loader import load_model  # noqa: E402
+from engine.lab.quantize import compare_models, quantize_copy, text_ids  # noqa: E402
+from engine.lab.speed import (attention_onset, compare_decode, fit_ttft, measure_roof, place_decode,  # noqa: E402
+                              prompt_of_length, sweep_context)
 
 
 def context_part(lm, roof, lengths: list[int], rounds: int) -> dict:

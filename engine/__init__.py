@@ -1,18 +1,6 @@
 """Inference Playground engine: a real Llama-family model, instrumented, one step record at a time.
 
-The engine knows models, tokens and tensors; it never imports a UI library.
+The engine knows models, tokens and tensors; it never imports a UI library. Its subpackages:
+models (loading), core (hooks, generation, records), serving, speculative, lab (measured) and
+projection (torch-free). docs/architecture.md draws them.
 """
-from engine.card import forward_shapes, kv_bytes_per_token, model_card, param_counts, weight_bytes
-from engine.errors import EngineError
-from engine.generate import GenerationRequest, generate
-from engine.hooks import CAPTURE_ALL, CAPTURE_OFF, CapturePolicy, LayerCapture, count_hooks, hook_points
-from engine.loader import LoadedModel, load_model
-from engine.records import DecodeRecord, DoneRecord, PrefillRecord, Record, to_json
-from engine.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec
-
-__all__ = [
-    "CAPTURE_ALL", "CAPTURE_OFF", "CapturePolicy", "DecodeRecord", "DoneRecord", "EngineError",
-    "GPU_PRESETS", "GPUSpec", "GenerationRequest", "LayerCapture", "LoadedModel", "MODEL_PRESETS",
-    "ModelSpec", "PrefillRecord", "Record", "count_hooks", "forward_shapes", "generate", "hook_points",
-    "kv_bytes_per_token", "load_model", "model_card", "param_counts", "to_json", "weight_bytes",
-]

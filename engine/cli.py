@@ -1,7 +1,23 @@
-"""Command line: `python -m engine generate|card|hooks|provision|project ...`.
+"""The command line, one parser for every command: `python -m engine COMMAND ...`.
 
-Output is JSON (one object per line for `generate`) on stdout; progress and errors go to stderr.
-Errors the user can fix exit with status 2 and one line of explanation, never a traceback.
+    generate   generate text, one JSON step record per line (`--draft` for speculative decoding)
+    card       a model card (parameters, bytes, KV per token) as JSON
+    hooks      the named hook points of a model
+    provision  convert the embedded model (and `--extras`) to safetensors once
+    project    memory, speed and cost of a model on GPUs, projected from its config (no torch needed)
+    record     generate greedily and save a recording;  show  describe a recording
+
+    python -m engine project --model llama-3.1-8b --gpu h100-sxm --weights bf16 --kv bf16 \\
+        --batch 1 --context 1024 [--tp T --pp P --replicas R --utilization U | --ideal] \\
+        [--prompt-tokens P --output-tokens O --efficiency E --bandwidth-efficiency E \\
+        --dollars-per-hour D] [--json]
+    python -m engine record "What is the capital of France?" france.json.gz --layers 10
+    python -m engine show france.json.gz
+
+Output goes to stdout (JSON, or `project`'s table); progress and errors go to stderr. Errors the user
+can fix exit with status 2 (1 for `record` and `show`) and one line of explanation, never a traceback.
+A `project` configuration that does not fit is not an error: it prints why and what would make it fit.
+The parser starts without torch: a command imports it when it runs a model or reads a config through transformers.
 """
 from __future__ import annotations
 
@@ -9,9 +25,16 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 from engine.errors import ConfigError, EngineError
+from engine.projection.card import model_card
+from engine.projection.cost import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_DOLLARS_PER_HOUR, DEFAULT_FLOPS_EFFICIENCY,
+                                    DEFAULT_UTILIZATION, IDEAL, Headroom, Layout, Projection, project)
+from engine.projection.specs import (DTYPE_BYTES, GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, dtype_bytes,
+                                     model_preset)
+from engine.projection.units import fmt_bytes
 
 
 def _progress(fraction: float, message: str) -> None:
@@ -36,14 +59,15 @@ def parse_layers(text: str | None, n_layers: int | None = None) -> tuple[int, ..
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from engine.generate import GenerationRequest, generate
-    from engine.hooks import CapturePolicy
-    from engine.loader import load_model
-    from engine.records import to_json
+    # lazy (here and in every command below that runs a model): the parser starts without torch
+    from engine.core.generate import GenerationRequest, generate
+    from engine.core.hooks import CapturePolicy
+    from engine.core.loader import load_model
+    from engine.core.records import to_json
 
     lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=_progress)
     if args.static:
-        from engine.fastpath import enable_static_decode
+        from engine.core.fastpath import enable_static_decode
 
         enable_static_decode(lm)
     layers = parse_layers(args.capture_layers, lm.spec.n_layers)
@@ -51,11 +75,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     request = GenerationRequest(args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                                 args.seed, tuple(args.stop or ()), chat=not args.raw)
     if args.draft:
-        from engine import speculative
+        from engine.speculative.decode import draft_from_spec, record_to_json, speculative_generate
 
-        draft = speculative.draft_from_spec(args.draft, lm)
-        records: Any = speculative.speculative_generate(lm, request, draft, args.k)
-        dump: Callable[[Any], dict] = speculative.record_to_json
+        draft = draft_from_spec(args.draft, lm)
+        records: Any = speculative_generate(lm, request, draft, args.k)
+        dump: Callable[[Any], dict] = record_to_json
     else:
         records = generate(lm, request, policy)
         dump = lambda rec: to_json(rec, with_captures=bool(layers is None or layers))  # noqa: E731
@@ -65,15 +89,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_card(args: argparse.Namespace) -> int:
-    from engine.card import model_card
-    from engine.specs import ModelSpec, model_preset
-
     if args.config:
         spec = read_config(args.config, ModelSpec.from_json)
     elif args.preset:
         spec = model_preset(args.preset)
     else:
-        from engine.loader import read_spec, resolve
+        from engine.core.loader import read_spec, resolve  # lazy: torch, only for a model's own folder
 
         folder, label = resolve(args.model, _progress)
         spec = read_spec(folder, label)
@@ -110,8 +131,8 @@ def config_problem(err: Exception) -> str:
 
 
 def cmd_hooks(args: argparse.Namespace) -> int:
-    from engine.hooks import hook_points
-    from engine.loader import load_model
+    from engine.core.hooks import hook_points
+    from engine.core.loader import load_model
 
     lm = load_model(args.model, device="cpu", progress=_progress)
     print(json.dumps(hook_points(lm.model), indent=2))
@@ -119,20 +140,229 @@ def cmd_hooks(args: argparse.Namespace) -> int:
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
-    from engine.loader import provision
+    from engine.core.loader import provision, provision_extras
 
     print(json.dumps({"default": str(provision("default", _progress))}))
     if args.extras:
-        from engine.extras import provision_extras
-
         print(json.dumps({k: str(v) for k, v in provision_extras(_progress).items()}))
     return 0
 
 
+# --- the projected plane: `project` --------------------------------------------------------------------
+
+class UsageError(Exception):
+    """Something the user typed that we cannot use; its message is the one line we print."""
+
+
+def add_project(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the `project` subcommand to an argparse subparsers object."""
+    p = subparsers.add_parser("project", help="project memory, speed and cost of a model on GPUs")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help=f"a preset: {', '.join(MODEL_PRESETS)}")
+    source.add_argument("--config", help="a Hugging Face config.json (or a folder holding one)")
+    p.add_argument("--gpu", default="h100-sxm", help=f"one of: {', '.join(GPU_PRESETS)}")
+    p.add_argument("--weights", default="bf16", help="weight precision: fp32, bf16, fp8, int8, int4")
+    p.add_argument("--kv", default="bf16", help="KV-cache precision: bf16, fp8, int4, ...")
+    p.add_argument("--batch", type=int, default=1, help="users decoded together by one replica")
+    p.add_argument("--context", type=int, default=1024, help="cached tokens per user")
+    p.add_argument("--prompt-tokens", type=int, default=None, help="default: --context")
+    p.add_argument("--output-tokens", type=int, default=128)
+    p.add_argument("--tp", type=int, default=1, help="tensor parallel GPUs per replica (1, 2, 4, 8)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages per replica")
+    p.add_argument("--replicas", type=int, default=1, help="data-parallel replicas")
+    p.add_argument("--utilization", type=float, default=DEFAULT_UTILIZATION,
+                   help="share of each GPU the server fills (vLLM's gpu_memory_utilization)")
+    p.add_argument("--ideal", action="store_true", help="give weights + KV all of each card, no workspace")
+    p.add_argument("--efficiency", type=float, default=DEFAULT_FLOPS_EFFICIENCY,
+                   help="share of peak FLOP/s reached (compute-bound work)")
+    p.add_argument("--bandwidth-efficiency", type=float, default=DEFAULT_BANDWIDTH_EFFICIENCY,
+                   help="share of peak memory bandwidth reached (bandwidth-bound work)")
+    p.add_argument("--dollars-per-hour", type=float, default=DEFAULT_DOLLARS_PER_HOUR, help="per GPU")
+    p.add_argument("--json", action="store_true", help="print the projection as JSON")
+    p.set_defaults(func=cmd_project)
+    return p
+
+
+def _model(args: argparse.Namespace) -> ModelSpec:
+    if args.config:
+        try:
+            return ModelSpec.from_json(args.config)
+        except ConfigError as err:
+            raise UsageError(named(args.config, err)) from None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError) as err:
+            raise UsageError(f"cannot read model config {args.config!r}: {config_problem(err)}") from None
+    if args.model not in MODEL_PRESETS:
+        raise UsageError(f"unknown model {args.model!r}; known: {', '.join(MODEL_PRESETS)}")
+    return MODEL_PRESETS[args.model]
+
+
+def _gpu(name: str) -> GPUSpec:
+    if name not in GPU_PRESETS:
+        raise UsageError(f"unknown GPU {name!r}; known: {', '.join(GPU_PRESETS)}")
+    return GPU_PRESETS[name]
+
+
+def _precision(name: str, what: str) -> str:
+    try:
+        dtype_bytes(name)
+    except ValueError:
+        raise UsageError(f"unknown {what} precision {name!r}; known: {', '.join(sorted(set(DTYPE_BYTES)))}") from None
+    return name
+
+
+def _headroom(args: argparse.Namespace) -> Headroom:
+    if args.ideal:
+        return IDEAL
+    if not 0 < args.utilization <= 1:
+        raise UsageError(f"--utilization must be in (0, 1], not {args.utilization}")
+    return Headroom(args.utilization)
+
+
+def _projection(args: argparse.Namespace) -> Projection:
+    spec, gpu = _model(args), _gpu(args.gpu)
+    weights, kv = _precision(args.weights, "weight"), _precision(args.kv, "KV")
+    try:
+        return project(spec, gpu, weights, kv, args.batch, args.context, args.prompt_tokens,
+                       args.output_tokens, args.efficiency, args.bandwidth_efficiency, args.dollars_per_hour,
+                       Layout(args.tp, args.pp, args.replicas), _headroom(args))
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def _memory_rows(p: Projection) -> list[tuple[str, str]]:
+    moe = f", {p.active_params / 1e9:.2f} B active per token" if p.n_experts else ""
+    rows = [("GPUs", f"{p.gpus} × {p.gpu}: {p.replicas} replica(s) of {p.gpus_per_replica} "
+                     f"(tensor {p.tensor_parallel} × pipeline {p.pipeline_parallel})"),
+            ("weights", f"{fmt_bytes(p.weight_bytes)} ({p.params / 1e9:.2f} B params{moe}, {p.weight_dtype})"),
+            ("KV per user", f"{fmt_bytes(p.kv_bytes_per_user)} at {p.context:,} tokens ({p.kv_dtype})"),
+            ("KV total", f"{fmt_bytes(p.kv_bytes_total)} for batch {p.batch} per replica"),
+            ("fits", f"{'yes' if p.fits else 'NO'}: {fmt_bytes(p.memory_needed_bytes)} of {fmt_bytes(p.memory_bytes)} "
+                     f"per GPU ({p.utilization:.0%} of {fmt_bytes(p.memory_card_bytes)}, less "
+                     f"{fmt_bytes(p.reserve_bytes)} of CUDA context and workspace)"),
+            ("users that fit", f"{p.users_that_fit:,} per replica at {p.context:,} tokens each "
+                               f"(all of the card, no workspace: {p.users_that_fit_ideal:,})")]
+    if p.n_experts:
+        rows.append(("experts read", f"{p.experts_touched:.1f} of {p.n_experts} per MoE layer per decode step "
+                                     f"({p.weight_bytes_read / 1e9:.1f} GB of weights read)"))
+    return rows
+
+
+def _speed_rows(p: Projection) -> list[tuple[str, str]]:
+    comm = f", of which {p.comm_decode_ms:.2f} ms between GPUs" if p.gpus_per_replica > 1 else ""
+    return [
+        ("prefill", f"{p.prefill_ms:,.1f} ms ({p.prompt_tokens:,} prompt tokens x {p.batch})"),
+        ("TTFT", f"{p.ttft_ms:,.1f} ms (queueing: none, the batch arrives together; + prefill)"),
+        ("decode step", f"{p.decode_step_ms:.2f} ms ({p.decode_bound}-bound{comm}; ceiling {p.ceiling_step_ms:.2f} ms)"),
+        ("per user", f"{p.per_user_tok_s:,.1f} tok/s (ceiling {p.ceiling_tok_s_per_user:,.1f})"),
+        ("total", f"{p.total_tok_s:,.0f} tok/s over {p.replicas} replica(s)"),
+        ("request", f"{p.request_ms:,.0f} ms for {p.output_tokens:,} output tokens"),
+        ("cost", f"${p.cost_per_million_tokens:,.3f} per 1M output tokens at ${p.dollars_per_hour}/GPU-hour"),
+    ]
+
+
+def format_table(p: Projection) -> str:
+    """A short human-readable summary; a configuration that does not fit says why instead of timing it."""
+    rows = _memory_rows(p)
+    if p.fits:
+        rows += _speed_rows(p)
+    else:
+        rows += [("does not fit", why) for why in p.problems] + [("would fit with", fix) for fix in p.to_fit]
+    width = max(len(k) for k, _ in rows)
+    head = f"{p.model} on {p.gpu}"
+    return "\n".join([head, "-" * len(head)] + [f"{k:<{width}}  {v}" for k, v in rows])
+
+
+def cmd_project(args: argparse.Namespace) -> int:
+    """Print the projection; 2 with a one-line error for bad input."""
+    try:
+        p = _projection(args)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(p.to_dict(), indent=2) if args.json else format_table(p))
+    return 0
+
+
+# --- recordings: `record` and `show` ------------------------------------------------------------------
+
+def record(prompt: str, out: str | Path, model: str = "default", max_new_tokens: int = 32, layers: int = 10,
+           title: str = "", max_keys: int | None = None) -> Any:
+    """Generate greedily with the given model and save the run with attention for `layers` spread layers."""
+    from engine.core.generate import GenerationRequest, generate
+    from engine.core.hooks import CapturePolicy
+    from engine.core.loader import load_model
+    from engine.serving.recording import new_recording, save_recording
+
+    lm = load_model(model)
+    n = lm.spec.n_layers
+    picked = tuple(sorted({round(i * (n - 1) / max(layers - 1, 1)) for i in range(min(layers, n))}))
+    policy = CapturePolicy(layers=picked, logit_lens=5, max_keys=max_keys)
+    request = GenerationRequest(prompt, max_new_tokens=max_new_tokens)
+    records = list(generate(lm, request, policy))          # this process's own model: nobody else uses it
+    rec = new_recording(lm, request, policy, records, title or prompt[:60])
+    save_recording(rec, out)
+    return rec
+
+
+def describe(rec: Any) -> str:
+    done = rec.done
+    captured = sorted({i for r in rec.records for i in getattr(r, "captures", {})})
+    return (f"{rec.title!r}: {rec.model} ({rec.dtype} on {rec.device}), {len(rec.records)} records, "
+            f"{done.prompt_tokens} prompt + {done.generated_tokens} generated tokens ({done.finish_reason}), "
+            f"attention of layers {captured}\n  prompt: {rec.request.prompt!r}\n  answer: {done.text!r}")
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    return _recording_command(args, lambda: record(args.prompt, args.out, args.model, args.max_new_tokens,
+                                                   args.layers, args.title))
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from engine.serving.recording import load_recording
+
+    return _recording_command(args, lambda: load_recording(args.path))
+
+
+def _recording_command(args: argparse.Namespace, run: Callable[[], Any]) -> int:
+    """Print what `run` recorded or read; 1 with one line when the file or the request is unusable."""
+    try:
+        result = run()
+    except EngineError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    if args.command == "record":
+        print(f"saved {args.out} ({Path(args.out).stat().st_size / 1e6:.2f} MB)")
+    print(describe(result))
+    return 0
+
+
+def add_recording(sub: Any) -> None:
+    rec = sub.add_parser("record", help="generate and save a recording")
+    rec.add_argument("prompt")
+    rec.add_argument("out")
+    rec.add_argument("--model", default="default")
+    rec.add_argument("--max-new-tokens", type=int, default=32)
+    rec.add_argument("--layers", type=int, default=10, help="attention of this many layers, spread over the depth")
+    rec.add_argument("--title", default="")
+    rec.set_defaults(func=cmd_record)
+    show = sub.add_parser("show", help="describe a recording")
+    show.add_argument("path")
+    show.set_defaults(func=cmd_show)
+
+
+# --- the parser and the one way out -------------------------------------------------------------------
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    add_generate(sub)
+    add_model_commands(sub)
+    add_project(sub)
+    add_recording(sub)
+    return parser
 
+
+def add_generate(sub: Any) -> None:
     gen = sub.add_parser("generate", help="generate text, one JSON step record per line")
     _model_args(gen)
     gen.add_argument("--prompt", required=True)
@@ -149,31 +379,24 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--draft", help="speculative draft: ngram, early-exit:N, or a model folder/extra name")
     gen.add_argument("--k", type=int, default=4, help="tokens drafted per round")
     gen.add_argument("--static", action="store_true",
-                     help="static KV cache, decode step as a CUDA graph on CUDA (engine/fastpath.py)")
+                     help="static KV cache, decode step as a CUDA graph on CUDA (engine/core/fastpath.py)")
     gen.set_defaults(func=cmd_generate)
 
+
+def add_model_commands(sub: Any) -> None:
+    """card, hooks and provision."""
     card = sub.add_parser("card", help="print a model card (parameters, bytes, KV per token) as JSON")
     card.add_argument("--model", default="default")
     card.add_argument("--config", help="a Hugging Face config.json instead of a model")
     card.add_argument("--preset", help="a named preset, e.g. llama-3.1-8b")
     card.add_argument("--dtype", default="bf16")
     card.set_defaults(func=cmd_card)
-
     hooks = sub.add_parser("hooks", help="list the named hook points of a model")
     hooks.add_argument("--model", default="default")
     hooks.set_defaults(func=cmd_hooks)
-
     prov = sub.add_parser("provision", help="convert the embedded model (and --extras) to safetensors once")
     prov.add_argument("--extras", action="store_true", help="also the Qwen2.5-Coder 0.5B/1.5B extras")
     prov.set_defaults(func=cmd_provision)
-
-    try:
-        from engine import projection_cli
-    except ImportError:
-        projection_cli = None
-    if projection_cli is not None:
-        projection_cli.register(sub)
-    return parser
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:

@@ -5,7 +5,7 @@ from app import journey_view as view
 from app import replay
 from app.controls import (generate_button, last_run, new_token_limit, offline_notice, page_model, prepare,
                           presenter_push, prompt_box, run_live, sampling_controls)
-from engine.scheduler import scheduler_for
+from engine.serving.scheduler import scheduler_for
 
 lm = page_model()
 st.title("The journey of a request")

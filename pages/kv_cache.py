@@ -4,8 +4,8 @@ import streamlit as st
 from app import kv_view as view
 from app import replay, room
 from app.controls import last_run, offline_notice, page_model, quick_form, run_live
-from engine.scheduler import scheduler_for
-from engine.specs import MODEL_PRESETS
+from engine.serving.scheduler import scheduler_for
+from engine.projection.specs import MODEL_PRESETS
 
 lm = page_model()
 st.title("The KV cache")

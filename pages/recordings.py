@@ -4,7 +4,7 @@ import streamlit as st
 from app import replay
 from app.controls import last_run, page_model
 from app.nav import PAGES
-from engine.scheduler import scheduler_for
+from engine.serving.scheduler import scheduler_for
 
 lm = page_model()
 st.title("Recordings")

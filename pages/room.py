@@ -4,7 +4,7 @@ import streamlit as st
 from app import room as view
 from app.controls import session_id
 from app.model import require_model
-from engine.scheduler import scheduler_for
+from engine.serving.scheduler import scheduler_for
 
 lm = require_model()
 st.title("The room is the batch")

@@ -5,7 +5,7 @@ from app import speed_projected as view
 from app import token_cost_view
 from app.model import get_model
 from app.speed_view import hardware_controls
-from engine.projection import DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY
+from engine.projection.cost import DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY
 
 lm = get_model()
 st.title("Speed and cost on GPUs")

@@ -56,7 +56,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_lm(tiny_model_dir):
-    from engine.loader import load_model
+    from engine.core.loader import load_model
 
     return load_model(str(tiny_model_dir), device="cpu", dtype="float32")
 
@@ -64,6 +64,6 @@ def tiny_lm(tiny_model_dir):
 @pytest.fixture(scope="session")
 def smol_lm():
     """The embedded SmolLM2-135M-Instruct (slow tests only)."""
-    from engine.loader import load_model
+    from engine.core.loader import load_model
 
     return load_model("default", device="cpu")

@@ -24,10 +24,10 @@ from app.controls import wait_message
 from app.model import model_slot
 from app.presenter import PresenterBoard
 from app.replay import RECORDINGS_DIR, open_bytes, run_bytes
-from engine.generate import GenerationRequest, generate
-from engine.hooks import CapturePolicy
-from engine.recording import load_recording
-from engine.scheduler import scheduler_for
+from engine.core.generate import GenerationRequest, generate
+from engine.core.hooks import CapturePolicy
+from engine.serving.recording import load_recording
+from engine.serving.scheduler import scheduler_for
 
 MAIN = "../app/main.py"
 TIMEOUT = 60

@@ -1,4 +1,4 @@
-"""Continuous batching (engine/batch.py): every request batched equals the same request run alone."""
+"""Continuous batching (engine/serving/batch.py): every request batched equals the same request run alone."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from conftest import tiny_prompt
-from engine.batch import BatchRunner, Slot
-from engine.generate import GenerationRequest, encode_prompt, generate
-from engine.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
-from engine.records import DecodeRecord, DoneRecord, PrefillRecord
+from engine.serving.batch import BatchRunner, Slot
+from engine.core.generate import GenerationRequest, encode_prompt, generate
+from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
+from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord
 
 FULL = CapturePolicy(logit_lens=3)
 
@@ -234,7 +234,7 @@ def run_in_turn(lm, jobs, prefix):
 
 
 def test_a_repeated_prompt_reuses_all_but_its_last_token_and_equals_alone(tiny_lm):
-    from engine.prefix import PrefixCache
+    from engine.serving.prefix import PrefixCache
 
     prefix = PrefixCache(64 * 2**20)
     request = GenerationRequest(tiny_prompt(24, seed=7), max_new_tokens=6, chat=False)
@@ -248,7 +248,7 @@ def test_a_repeated_prompt_reuses_all_but_its_last_token_and_equals_alone(tiny_l
 
 
 def test_a_shared_start_is_reused_and_the_tail_is_computed(tiny_lm):
-    from engine.prefix import PrefixCache
+    from engine.serving.prefix import PrefixCache
 
     prefix = PrefixCache(64 * 2**20)
     shared = tiny_prompt(20, seed=3)
@@ -263,7 +263,7 @@ def test_a_shared_start_is_reused_and_the_tail_is_computed(tiny_lm):
 
 
 def test_an_entry_without_the_captures_a_request_needs_is_not_used(tiny_lm):
-    from engine.prefix import PrefixCache
+    from engine.serving.prefix import PrefixCache
 
     prefix = PrefixCache(64 * 2**20)
     request = GenerationRequest(tiny_prompt(16, seed=2), max_new_tokens=3, chat=False)
@@ -274,8 +274,8 @@ def test_an_entry_without_the_captures_a_request_needs_is_not_used(tiny_lm):
 
 
 def test_the_prefix_cache_stays_within_its_bytes(tiny_lm):
-    from engine.card import kv_bytes_per_token
-    from engine.prefix import PrefixCache
+    from engine.projection.card import kv_bytes_per_token
+    from engine.serving.prefix import PrefixCache
 
     per_token = int(kv_bytes_per_token(tiny_lm.spec, "float32"))
     prefix = PrefixCache(40 * per_token)                      # room for one 30-token prompt, not two
@@ -287,7 +287,7 @@ def test_the_prefix_cache_stays_within_its_bytes(tiny_lm):
 
 
 def test_the_logit_lens_on_demand_equals_the_lens_at_every_step(tiny_lm):
-    from engine.hooks import logit_lens
+    from engine.core.hooks import logit_lens
 
     request = GenerationRequest(tiny_prompt(9, seed=6), max_new_tokens=5, chat=False)
     eager = alone(tiny_lm, request, CapturePolicy(logit_lens=4))
@@ -306,8 +306,8 @@ def test_a_model_with_sliding_window_layers_runs_one_at_a_time(tmp_path):
     from transformers import MistralConfig, MistralForCausalLM
 
     from conftest import TINY_CONFIG, write_tiny_tokenizer
-    from engine.batch import batchable
-    from engine.loader import load_model
+    from engine.serving.batch import batchable
+    from engine.core.loader import load_model
 
     config = MistralConfig(**{**TINY_CONFIG, "sliding_window": 8})
     MistralForCausalLM(config).save_pretrained(tmp_path / "m", safe_serialization=True)

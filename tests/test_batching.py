@@ -6,9 +6,9 @@ import torch
 from transformers import DynamicCache
 
 from conftest import tiny_prompt
-from engine.batching import BatchRun, batch_prompts, generate_batch, left_pad, measure_batching
+from engine.lab.batching import BatchRun, batch_prompts, generate_batch, left_pad, measure_batching
 from engine.errors import ContextLengthError, InvalidRequestError
-from engine.generate import GenerationRequest, encode_prompt, forward, generate
+from engine.core.generate import GenerationRequest, encode_prompt, forward, generate
 
 
 def unbatched_greedy(lm, ids, n):

@@ -15,16 +15,16 @@ import pytest
 from conftest import tiny_prompt
 from app.presenter import (FREE_GUESSES, GUESSES_KEY, PresenterBoard, PresenterError, guess_wait, is_presenter,
                            unlock)
-from engine import recording
+from engine.serving import recording
 from engine.errors import ContextLengthError, EngineError, InvalidRequestError
-from engine.generate import GenerationRequest, check_types, generate
-from engine.hooks import CAPTURE_ALL
-from engine.limits import (CAPTURE_JSON_BYTES, CAPTURE_VALUES, CPU_LIMITS, GPU_LIMITS, RECORD_JSON_BYTES,
-                           RECORD_VALUES, Limits, capture_bytes, check_prompt_chars, max_prompt_chars,
-                           max_recording_bytes, max_recording_values)
-from engine.recording import (PARSE_SLOTS, ParseSlots, RecordingError, dumps_recording, load_recording,
-                              loads_recording, new_recording, _encode)
-from engine.shelf import Shelf
+from engine.core.generate import GenerationRequest, check_types, generate
+from engine.core.hooks import CAPTURE_ALL
+from engine.serving.limits import (CAPTURE_JSON_BYTES, CAPTURE_VALUES, CPU_LIMITS, GPU_LIMITS, RECORD_JSON_BYTES,
+                                   RECORD_VALUES, Limits, capture_bytes, check_prompt_chars, max_prompt_chars,
+                                   max_recording_bytes, max_recording_values)
+from engine.serving.recording import (PARSE_SLOTS, ParseSlots, RecordingError, dumps_recording, load_recording,
+                                      loads_recording, new_recording, _encode)
+from engine.serving.shelf import Shelf
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "assets" / "recordings").glob("*.json.gz"))
@@ -346,6 +346,8 @@ def test_an_unforeseen_error_is_one_line_too(monkeypatch, capsys):
 def test_a_bomb_on_the_recording_command_line_gives_one_line(tmp_path, capsys):
     path = tmp_path / "bomb.json.gz"
     path.write_bytes(BOMBS["zeros (issue 14)"][0]())
-    assert recording.main(["show", str(path)]) == 1
+    from engine import cli
+
+    assert cli.main(["show", str(path)]) == 1
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "bomb.json.gz" in err and "not a playground recording" in err

@@ -366,8 +366,8 @@ ROOM_PROMPTS = ("What is the capital of France?", "Name three prime numbers.", "
 
 def test_four_sessions_generate_at_once_and_each_gets_its_own_answer(app_url, browser):
     """Four browsers press Generate together; the batch serves them all, each with the answer it would get alone."""
-    from engine.generate import GenerationRequest, generate
-    from engine.loader import load_model
+    from engine.core.generate import GenerationRequest, generate
+    from engine.core.loader import load_model
 
     lm = load_model("default", device="cpu")
     want = [list(generate(lm, GenerationRequest(p, max_new_tokens=12)))[-1].text for p in ROOM_PROMPTS]

@@ -1,4 +1,4 @@
-"""Model card figures against ../shared/FACTS.md and public configs, computed independently of engine/card.py:
+"""Model card figures against ../shared/FACTS.md and public configs, computed independently of engine/projection/card.py:
 by hand from each model's published config.json, and against transformers' own models and caches."""
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from engine.card import (active_param_counts, attention_params_per_layer, expected_experts_touched,
-                         kv_bytes_per_token, kv_bytes_per_user, mlp_params_per_layer, model_card,
-                         naive_weight_bytes, param_counts, weight_bytes)
+from engine.projection.card import (active_param_counts, attention_params_per_layer, expected_experts_touched,
+                                    kv_bytes_per_token, kv_bytes_per_user, mlp_params_per_layer, model_card,
+                                    naive_weight_bytes, param_counts, weight_bytes)
 from engine.errors import ConfigError
-from engine.public_configs import PUBLIC_CONFIGS
-from engine.specs import MODEL_PRESETS, ModelSpec
+from engine.projection.public_configs import PUBLIC_CONFIGS
+from engine.projection.specs import MODEL_PRESETS, ModelSpec
 
 LLAMA_8B = MODEL_PRESETS["llama-3.1-8b"]
 

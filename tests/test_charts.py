@@ -11,10 +11,10 @@ import pytest
 from app import attention_charts, explainer_charts, kv_charts, speed_charts
 from app.attention import HeadSummary, Pooled
 from app.format import log_ticks, si_label
-from engine.projection import project, roofline, sweep_batch
-from engine.serving_sim import sweep_max_batch
-from engine.specs import GPU_PRESETS, MODEL_PRESETS
-from engine.speedlab import DeviceRoof, DecodePlacement
+from engine.projection.cost import project, roofline, sweep_batch
+from engine.projection.serving_sim import sweep_max_batch
+from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS
+from engine.lab.speed import DeviceRoof, DecodePlacement
 
 LLAMA, H100 = MODEL_PRESETS["llama-3.1-8b"], GPU_PRESETS["h100-sxm"]
 

@@ -16,9 +16,9 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from conftest import tiny_prompt, write_tiny_llama
-from engine.generate import KEEP_LOGITS, GenerationRequest, generate
-from engine.loader import load_model
-from engine.sampling import filter_probs
+from engine.core.generate import KEEP_LOGITS, GenerationRequest, generate
+from engine.core.loader import load_model
+from engine.core.sampling import filter_probs
 
 VOCAB = 400                     # more than the KEEP_LOGITS (256) a token stores
 

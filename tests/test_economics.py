@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine.batching import PhasePoint, measure_phases
-from engine.economics import dollars_per_million, projected_token_prices, token_prices
+from engine.lab.batching import PhasePoint, measure_phases
+from engine.projection.economics import dollars_per_million, projected_token_prices, token_prices
 from engine.errors import InvalidRequestError
-from engine.projection import Layout
-from engine.specs import GPU_PRESETS, MODEL_PRESETS
+from engine.projection.cost import Layout
+from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS
 
 LLAMA_8B, H100 = MODEL_PRESETS["llama-3.1-8b"], GPU_PRESETS["h100-sxm"]
 

@@ -7,9 +7,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from conftest import tiny_prompt
-from engine.card import kv_bytes_per_token, param_counts
-from engine.generate import GenerationRequest, encode_prompt, generate
-from engine.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
+from engine.projection.card import kv_bytes_per_token, param_counts
+from engine.core.generate import GenerationRequest, encode_prompt, generate
+from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
 
 ATOL = 1e-5  # float32 on CPU: SDPA vs eager attention differ by rounding only
 
@@ -184,7 +184,7 @@ def test_smollm2_knows_the_capital_of_france(smol_lm):
 def test_one_layer_captured_again_equals_what_the_generation_kept(tiny_lm):
     """The attention page re-captures a layer a long prompt left out: one pass over the run's positions must give
     the prefill block and every decode step's row that a full capture keeps."""
-    from engine.attention_math import capture_attention
+    from engine.lab.attention_math import capture_attention
 
     records = run(tiny_lm, policy=CapturePolicy(), max_new_tokens=5)
     prefill, steps = records[0], records[1:-1]

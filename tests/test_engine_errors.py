@@ -11,8 +11,8 @@ import pytest
 
 from conftest import tiny_prompt
 from engine import errors
-from engine.generate import GenerationRequest, generate
-from engine.loader import convert_gguf, load_model
+from engine.core.generate import GenerationRequest, generate
+from engine.core.loader import convert_gguf, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,7 +82,7 @@ def test_invalid_requests_name_the_setting(tiny_lm, settings, message):
 
 
 def test_insufficient_memory_is_refused_with_numbers(monkeypatch, tiny_model_dir):
-    from engine import loader
+    from engine.core import loader
 
     monkeypatch.setattr(loader, "free_memory", lambda device: 1000.0)
     with pytest.raises(errors.InsufficientMemoryError, match=r"need .* GB but only"):

@@ -10,7 +10,7 @@ from app.cache_view import RESULT
 from app.engines_map import ENGINES, MECHANISMS
 from app.fusion_view import POINTS
 from app.quant_view import GRIDS, OUTLIERS
-from engine.fusion import eager_bytes, AttentionShape
+from engine.lab.fusion import eager_bytes, AttentionShape
 
 TIMEOUT = 120
 

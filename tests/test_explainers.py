@@ -14,23 +14,23 @@ from transformers import DynamicCache
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from conftest import tiny_prompt, write_tiny_llama
-from engine.attention_math import attention_steps, capture_qkv
-from engine.calibrated import ALPHAS, awq, compare_methods, gptq, group_scales, rtn
-from engine.cachelab import (TokenRow, compare_runs, generate_both, generate_timed, project_answer_seconds, project_token,
-                             slope)
+from engine.lab.attention_math import attention_steps, capture_qkv
+from engine.lab.quant_calibrated import ALPHAS, awq, compare_methods, gptq, group_scales, rtn
+from engine.lab.kv_cache import (TokenRow, compare_runs, generate_both, generate_timed, project_answer_seconds, project_token,
+                                 slope)
 from engine.errors import InvalidRequestError, NoWeightsError
-from engine.floatbits import float_bits, format_range
-from engine.folder import PCIE, describe_folder, file_kind, pcie_seconds, time_read
-from engine.fusion import (AttentionShape, Traffic, causal_mask, decode_row_bytes, eager_attention, eager_bytes,
-                           eager_bytes_per_score, fused_attention,
-                           fused_bytes, largest_intermediate_bytes, measure_fusion, project_fusion, random_qkv)
-from engine.generate import GenerationRequest, encode_prompt, forward, generate
-from engine.hooks import CapturePolicy
-from engine.loader import load_model
-from engine.quant_lab import (activation_channels, bits_per_weight, fake_nf4, fake_rtn_asym, fake_rtn_sym,
-                              grid_share, int8_errors_by_layer, int8_matmul_errors, q_proj_inputs, layer_inputs, nf4_levels, on_grid, scheme_quality)
-from engine.quantize import all_logits
-from engine.specs import GPU_PRESETS, MODEL_PRESETS
+from engine.lab.floatbits import float_bits, format_range
+from engine.models.folder import PCIE, describe_folder, file_kind, pcie_seconds, time_read
+from engine.lab.fusion import (AttentionShape, Traffic, causal_mask, decode_row_bytes, eager_attention, eager_bytes,
+                               eager_bytes_per_score, fused_attention,
+                               fused_bytes, largest_intermediate_bytes, measure_fusion, project_fusion, random_qkv)
+from engine.core.generate import GenerationRequest, encode_prompt, forward, generate
+from engine.core.hooks import CapturePolicy
+from engine.core.loader import load_model
+from engine.lab.quant_detail import (activation_channels, bits_per_weight, fake_nf4, fake_rtn_asym, fake_rtn_sym,
+                                     grid_share, int8_errors_by_layer, int8_matmul_errors, q_proj_inputs, layer_inputs, nf4_levels, on_grid, scheme_quality)
+from engine.lab.quantize import all_logits
+from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS
 
 LLAMA_8B, H100 = MODEL_PRESETS["llama-3.1-8b"], GPU_PRESETS["h100-sxm"]
 

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine import extras
+from engine.models import extras
 from engine.errors import GGUFError, ModelNotFoundError
-from engine.extras import ChunkedGGUF, assemble
-from engine.generate import GenerationRequest, generate
-from engine.hooks import CapturePolicy
+from engine.models.extras import ChunkedGGUF, assemble
+from engine.core.generate import GenerationRequest, generate
+from engine.core.hooks import CapturePolicy
 
 ATOL = 1e-5  # float32 on CPU: SDPA vs eager attention differ by rounding only
 _names = itertools.count()
@@ -197,7 +197,7 @@ def tiny_qwen_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_qwen(tiny_qwen_dir):
-    from engine.loader import load_model
+    from engine.core.loader import load_model
 
     return load_model(str(tiny_qwen_dir), device="cpu", dtype="float32")
 
@@ -229,7 +229,7 @@ def test_tiny_qwen2_attention_equals_hf_eager_with_biases_and_7_to_1_gqa(tiny_qw
 
 
 def test_tiny_qwen2_greedy_equals_model_generate(tiny_qwen):
-    from engine.hooks import CAPTURE_OFF
+    from engine.core.hooks import CAPTURE_OFF
 
     records = run(tiny_qwen, CAPTURE_OFF, max_new_tokens=12)
     prompt_ids = [p.id for p in records[0].prompt]
@@ -244,7 +244,7 @@ def test_decode_rows_of_full_and_windowed_layers_equal_hf_eager(tmp_path):
     HF's eager attention over the whole sequence (which gives the keys outside the window zero weight)."""
     from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    from engine.loader import load_model
+    from engine.core.loader import load_model
 
     torch.manual_seed(2)
     config = Qwen2Config(**{**TINY_QWEN, "num_hidden_layers": 3, "use_sliding_window": True, "sliding_window": 6,
@@ -271,7 +271,7 @@ def test_decode_rows_of_full_and_windowed_layers_equal_hf_eager(tmp_path):
 # --- the real Qwen2.5-Coder extras (only where `make models` has run) -------------------------------------
 
 def provisioned(key: str) -> Path | None:
-    from engine.loader import EMBEDDED, cache_dir
+    from engine.core.loader import EMBEDDED, cache_dir
 
     folder = cache_dir() / EMBEDDED[key].folder
     return folder if (folder / "config.json").exists() else None
@@ -287,7 +287,7 @@ needs_qwen_05b = pytest.mark.skipif(
 def test_qwen_coder_05b_grouping_head_dim_and_a_coding_answer():
     import json
 
-    from engine.loader import load_model
+    from engine.core.loader import load_model
 
     lm = load_model("qwen-0.5b", device="cpu")
     assert "head_dim" not in json.loads((lm.source / "config.json").read_text())
@@ -308,7 +308,7 @@ def test_qwen_coder_05b_grouping_head_dim_and_a_coding_answer():
 def test_qwen_coder_15b_is_a_draft_target_pair_with_the_05b():
     from transformers import AutoTokenizer
 
-    from engine.specs import ModelSpec
+    from engine.projection.specs import ModelSpec
 
     small, large = provisioned("qwen-0.5b"), provisioned("qwen-1.5b")
     spec = ModelSpec.from_json(large / "config.json")

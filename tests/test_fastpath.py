@@ -13,13 +13,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from conftest import tiny_prompt
-from engine.card import kv_bytes_per_token
+from engine.projection.card import kv_bytes_per_token
 from engine.errors import InvalidRequestError
-from engine.fastpath import (FastDecoder, cache_length, disable_static_decode, enable_static_decode, graph_safe,
-                             reserved_bytes)
-from engine.generate import GenerationRequest, generate
-from engine.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
-from engine.loader import load_model
+from engine.core.fastpath import (FastDecoder, cache_length, disable_static_decode, enable_static_decode, graph_safe,
+                                  reserved_bytes)
+from engine.core.generate import GenerationRequest, generate
+from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
+from engine.core.loader import load_model
 
 ATOL = 1e-5  # float32: SDPA against eager attention differ by rounding only
 ROWS = CapturePolicy(prefill_matrix=False, stats=False)           # every layer's attention row, graph-safe

@@ -13,11 +13,11 @@ import torch
 
 from conftest import tiny_prompt
 from engine.errors import EngineError
-from engine.generate import GenerationRequest, generate
-from engine.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
-from engine.limits import Limits
-from engine.records import DecodeRecord, DoneRecord, PrefillRecord
-from engine.scheduler import Scheduler
+from engine.core.generate import GenerationRequest, generate
+from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
+from engine.serving.limits import Limits
+from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord
+from engine.serving.scheduler import Scheduler
 
 POLICY = CapturePolicy(layers=(0, 2), logit_lens=3)
 POISON = "w90"                     # a word only the faulty request's prompt holds (tiny_prompt draws w0..w79)

@@ -9,11 +9,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from engine.errors import EngineError
-from engine.generate import GenerationRequest, generate
-from engine.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
-from engine.limits import Limits
-from engine.records import DoneRecord
-from engine.scheduler import Scheduler
+from engine.core.generate import GenerationRequest, generate
+from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
+from engine.serving.limits import Limits
+from engine.core.records import DoneRecord
+from engine.serving.scheduler import Scheduler
 
 FUZZ = settings(max_examples=120, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -14,7 +14,7 @@ from app import presenter
 from app.model import model_slot
 from app.presenter import PresenterBoard
 from app.replay import RECORDINGS_DIR
-from engine.scheduler import scheduler_for
+from engine.serving.scheduler import scheduler_for
 
 MAIN = "../app/main.py"
 SHIPPED = sorted(RECORDINGS_DIR.glob("*.json.gz"))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from app.launch import LIMIT_FLAGS, TOKEN_ENV, build_parser, launch_env, main, presenter_token, streamlit_command
-from engine.limits import ENV_VARS, Limits
+from engine.serving.limits import ENV_VARS, Limits
 
 BIN = Path(sys.executable).parent / "playground"
 

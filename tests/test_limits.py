@@ -5,12 +5,12 @@ import pytest
 
 from conftest import tiny_prompt
 from engine.errors import ContextLengthError, EngineError, InsufficientMemoryError, InvalidRequestError
-from engine.generate import GenerationRequest, generate
-from engine.hooks import CapturePolicy
-from engine.limits import (CPU_LIMITS, ENV_VARS, GPU_LIMITS, Limits, capture_bytes, check_memory, check_request,
-                           kv_bytes)
-from engine.scheduler import Scheduler
-from engine.specs import model_preset
+from engine.core.generate import GenerationRequest, generate
+from engine.core.hooks import CapturePolicy
+from engine.serving.limits import (CPU_LIMITS, ENV_VARS, GPU_LIMITS, Limits, capture_bytes, check_memory, check_request,
+                                   kv_bytes)
+from engine.serving.scheduler import Scheduler
+from engine.projection.specs import model_preset
 
 
 def test_defaults_depend_on_the_device():

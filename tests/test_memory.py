@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from conftest import tiny_prompt
-from engine.card import kv_bytes_per_token, weight_bytes
-from engine.fastpath import FastDecoder, disable_static_decode, enable_static_decode, new_static_cache
-from engine.generate import GenerationRequest, generate
-from engine.loader import load_model
-from engine.memory import CPU_SOURCE, allocated_by, memory_ledger, peak_during
+from engine.projection.card import kv_bytes_per_token, weight_bytes
+from engine.core.fastpath import FastDecoder, disable_static_decode, enable_static_decode, new_static_cache
+from engine.core.generate import GenerationRequest, generate
+from engine.core.loader import load_model
+from engine.lab.memory import CPU_SOURCE, allocated_by, memory_ledger, peak_during
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the allocator counters need a CUDA device")
 
@@ -64,7 +64,7 @@ def test_cuda_allocator_counts_weights_cache_and_workspace(tiny_model_dir):
 
 def test_the_gpu_panel_shows_allocator_rows_beside_the_formula():
     from app.kv_view import ledger_table
-    from engine.memory import CUDA_SOURCE, MemoryLedger
+    from engine.lab.memory import CUDA_SOURCE, MemoryLedger
 
     gb = 10**9
     ledger = MemoryLedger("cuda:0", CUDA_SOURCE, weights=16_060_000_000, weights_formula=16.06 * gb, kv_tokens=1000,

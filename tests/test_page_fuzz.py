@@ -15,8 +15,8 @@ from streamlit.testing.v1 import AppTest
 from conftest import tiny_prompt
 from app.controls import SETTING_RANGES
 from app.model import model_slot
-from engine.generate import MAX_PROMPT_CHARS
-from engine.scheduler import scheduler_for
+from engine.core.generate import MAX_PROMPT_CHARS
+from engine.serving.scheduler import scheduler_for
 
 MAIN = "../app/main.py"
 PIECES = ["w1 ", "Grüße, мир, 世界 ", "🙂👩🏽‍💻🚀 ", "\x00\x07\x1b[31m\u202e\ufeff ", "<script>alert(1)</script> ", "\n\t "]

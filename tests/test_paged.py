@@ -1,4 +1,4 @@
-"""The paged batch cache (engine/paged.py): blocks handed out and given back, and the K/V in them equal to the
+"""The paged batch cache (engine/serving/paged.py): blocks handed out and given back, and the K/V in them equal to the
 same prompt's cache computed alone."""
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import torch
 from transformers import DynamicCache
 
 from conftest import tiny_prompt
-from engine import paged
-from engine.batch import BatchRunner
-from engine.generate import GenerationRequest, encode_prompt, generate
-from engine.hooks import CAPTURE_OFF
+from engine.serving import paged
+from engine.serving.batch import BatchRunner
+from engine.core.generate import GenerationRequest, encode_prompt, generate
+from engine.core.hooks import CAPTURE_OFF
 from test_batch import Sink
 
 BLOCK = paged.BLOCK

@@ -18,8 +18,8 @@ from conftest import TINY_CONFIG, tiny_prompt
 from app import attention as att
 from app.format import fmt_tokens, parse_tokens
 from app.run import capture_policy
-from engine.projection import Layout, users_that_fit
-from engine.specs import GPU_PRESETS, MODEL_PRESETS
+from engine.projection.cost import Layout, users_that_fit
+from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS
 
 MAIN = "../app/main.py"
 TIMEOUT = 60
@@ -190,8 +190,8 @@ def test_the_layer_slider_captures_a_layer_a_long_prompt_left_out(app, tiny_lm):
     from transformers import AutoModelForCausalLM
 
     from app.run import compact, new_run
-    from engine.generate import GenerationRequest, generate as engine_generate
-    from engine.hooks import CapturePolicy
+    from engine.core.generate import GenerationRequest, generate as engine_generate
+    from engine.core.hooks import CapturePolicy
 
     request = GenerationRequest(tiny_prompt(12), max_new_tokens=4)
     policy = CapturePolicy(layers=(1,))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.paging import PagingConfig, compare, expected_contiguous_waste_pct, make_requests, simulate
+from engine.projection.paging import PagingConfig, compare, expected_contiguous_waste_pct, make_requests, simulate
 
 CONFIG = PagingConfig()   # 32K tokens of KV, max_len 2048, blocks of 16, 300 requests
 

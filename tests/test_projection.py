@@ -4,14 +4,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from engine import projection as pj
+from engine.projection import cost as pj
 from engine.cli import main as engine_main
-from engine.projection import IDEAL, Layout
-from engine.projection_cli import register
-from engine.specs import GPU_PRESETS, MODEL_PRESETS
+from engine.projection.cost import IDEAL, Layout
+from engine.cli import add_project as register
+from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS
 
 LLAMA_8B = MODEL_PRESETS["llama-3.1-8b"]
 LLAMA_70B = MODEL_PRESETS["llama-3.1-70b"]
@@ -428,3 +431,18 @@ def test_card_and_project_refuse_bad_configs_in_one_line(tmp_path, capsys, comma
     captured = capsys.readouterr()
     assert captured.out == "" and "Traceback" not in captured.err
     assert captured.err.count("\n") == 1 and captured.err.startswith("error:") and message in captured.err
+
+
+def test_the_projection_plane_and_the_command_line_import_no_torch():
+    """engine.projection is arithmetic on configs: all of it, the CLI and a projection from a spec load no torch."""
+    code = ("import importlib, pkgutil, sys\n"
+            "import engine.cli, engine.projection as plane\n"
+            "for m in pkgutil.iter_modules(plane.__path__): importlib.import_module('engine.projection.' + m.name)\n"
+            "from engine.projection.cost import project\n"
+            "from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS\n"
+            "assert project(MODEL_PRESETS['llama-3.2-1b'], GPU_PRESETS['h100-sxm']).fits\n"
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -8,10 +8,10 @@ from hypothesis import strategies as st
 
 from conftest import tiny_prompt
 from engine.errors import InvalidRequestError
-from engine.generate import GenerationRequest, generate
-from engine.quantize import (QuantizedWeight, QuantLinear, compare_logits, compare_models, dequantize_int4,
-                             dequantize_int8, pack_int4, perplexity, quantize_copy, quantize_int4,
-                             quantize_int8, quantized_layers, text_ids, unpack_int4, all_logits)
+from engine.core.generate import GenerationRequest, generate
+from engine.lab.quantize import (QuantizedWeight, QuantLinear, compare_logits, compare_models, dequantize_int4,
+                                 dequantize_int8, pack_int4, perplexity, quantize_copy, quantize_int4,
+                                 quantize_int8, quantized_layers, text_ids, unpack_int4, all_logits)
 
 
 def weights(n=48, k=64, seed=0):

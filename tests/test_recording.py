@@ -13,13 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import tiny_prompt
-from engine import recording
+from engine.serving import recording
 from engine.errors import EngineError
-from engine.generate import GenerationRequest, generate
-from engine.hooks import CAPTURE_ALL, CapturePolicy
-from engine.records import DecodeRecord, DoneRecord, PrefillRecord
-from engine.recording import (RecordingError, dumps_recording, load_recording, loads_recording, new_recording,
-                              save_recording)
+from engine.core.generate import GenerationRequest, generate
+from engine.core.hooks import CAPTURE_ALL, CapturePolicy
+from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord
+from engine.serving.recording import (RecordingError, dumps_recording, load_recording, loads_recording, new_recording,
+                                      save_recording)
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "recordings"
 REQUEST = GenerationRequest(tiny_prompt(10, seed=5), max_new_tokens=6, chat=False, stop=("w9",), system=None)
@@ -74,7 +74,7 @@ def test_attention_is_stored_as_float16_by_default(tiny_recording, tiny_bytes):
 
 
 def test_a_speculative_run_round_trips(tiny_lm):
-    from engine.speculative import NgramDraft, SpecDoneRecord, SpecRoundRecord, speculative_generate
+    from engine.speculative.decode import NgramDraft, SpecDoneRecord, SpecRoundRecord, speculative_generate
 
     records = list(speculative_generate(tiny_lm, REQUEST, NgramDraft(), k=3, policy=CapturePolicy(layers=(1,))))
     back = loads_recording(dumps_recording(new_recording(tiny_lm, REQUEST, CapturePolicy(layers=(1,)), records)))

@@ -6,10 +6,10 @@ from streamlit.testing.v1 import AppTest
 
 from app.room import member_rows, room_numbers, step_rows
 from conftest import tiny_prompt
-from engine.generate import GenerationRequest
-from engine.hooks import CAPTURE_OFF
-from engine.limits import Limits
-from engine.scheduler import Scheduler
+from engine.core.generate import GenerationRequest
+from engine.core.hooks import CAPTURE_OFF
+from engine.serving.limits import Limits
+from engine.serving.scheduler import Scheduler
 
 
 @pytest.fixture
@@ -65,7 +65,7 @@ def test_the_room_page_draws_the_live_batch(tiny_model_dir, open_page):
     at = open_page("room.py")
     assert any(m.label == "In the batch" for m in at.metric)
     from app.model import model_slot
-    from engine.scheduler import scheduler_for
+    from engine.serving.scheduler import scheduler_for
 
     lm = model_slot(str(tiny_model_dir), "cpu", "float32").lm
     scheduler_for(lm).submit(GenerationRequest(tiny_prompt(6), max_new_tokens=8, chat=False)).result(timeout=60)
@@ -77,7 +77,7 @@ def test_the_room_page_draws_the_live_batch(tiny_model_dir, open_page):
 def test_the_block_table_is_the_runners_own(busy_room, tiny_lm):
     """Tokens, blocks and bytes read from the steps equal the requests' lengths and the KV formula."""
     from app.room import allocation_compare, block_owners, last_table
-    from engine.card import kv_bytes_per_token
+    from engine.projection.card import kv_bytes_per_token
 
     scheduler, handles = busy_room
     for h in handles:
@@ -97,7 +97,7 @@ def test_the_block_table_is_the_runners_own(busy_room, tiny_lm):
 
 def test_the_block_picture_draws_the_pool_up_to_its_highest_block_in_use():
     from app.room import GRID, block_table_figure, shown_blocks
-    from engine.paged import BlockTable
+    from engine.serving.paged import BlockTable
 
     table = BlockTable(16, 4095, 4000, (("a", (1, 2), 20), ("b", (70,), 3)), 1024)
     assert shown_blocks(table) == 3 * GRID                         # block 70 sits in the third row of 32
@@ -109,7 +109,7 @@ def test_the_block_picture_draws_the_pool_up_to_its_highest_block_in_use():
 
 
 def test_prefix_reuse_is_measured_and_reuses_the_shared_start(tiny_lm):
-    from engine.batch import measure_prefix_reuse
+    from engine.serving.batch import measure_prefix_reuse
 
     shared = tiny_prompt(60, seed=11)
     first = GenerationRequest(shared + " w1 w2", chat=False)

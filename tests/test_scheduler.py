@@ -13,11 +13,11 @@ from streamlit.testing.v1 import AppTest
 
 from conftest import tiny_prompt
 from engine.errors import EngineError, InvalidRequestError, QueueFullError, RequestTimeoutError
-from engine.generate import GenerationRequest, generate
-from engine.hooks import CAPTURE_ALL, CAPTURE_OFF, CapturePolicy, count_hooks
-from engine.limits import Limits
-from engine.records import DecodeRecord, DoneRecord, PrefillRecord
-from engine.scheduler import Scheduler, SessionLimitError, scheduler_for
+from engine.core.generate import GenerationRequest, generate
+from engine.core.hooks import CAPTURE_ALL, CAPTURE_OFF, CapturePolicy, count_hooks
+from engine.serving.limits import Limits
+from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord
+from engine.serving.scheduler import Scheduler, SessionLimitError, scheduler_for
 
 POLICY = CapturePolicy(layers=(0, 2), logit_lens=3)
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,7 +231,7 @@ def test_invalid_requests_are_refused_at_submit_and_nothing_is_queued(make_sched
 
 
 def test_a_failure_while_running_reaches_its_session_and_the_next_request_runs(tiny_lm, make_scheduler):
-    from engine.speculative import NgramDraft
+    from engine.speculative.decode import NgramDraft
 
     scheduler = make_scheduler()
     broken = scheduler.submit(request(0), CAPTURE_OFF, draft=NgramDraft(max_ngram=99))  # checked when it runs
@@ -244,7 +244,7 @@ def test_a_failure_while_running_reaches_its_session_and_the_next_request_runs(t
 
 
 def test_speculative_requests_through_the_scheduler_match_plain_greedy_text(tiny_lm, make_scheduler):
-    from engine.speculative import NgramDraft
+    from engine.speculative.decode import NgramDraft
 
     scheduler = make_scheduler()
     req = request(4, new=20)
@@ -353,9 +353,9 @@ def streaming_page(lm, prompt: str, session: str) -> None:
     import streamlit as st
 
     from engine.errors import EngineError
-    from engine.generate import GenerationRequest
-    from engine.hooks import CapturePolicy
-    from engine.scheduler import scheduler_for
+    from engine.core.generate import GenerationRequest
+    from engine.core.hooks import CapturePolicy
+    from engine.serving.scheduler import scheduler_for
 
     answer, waiting = st.empty(), st.empty()
     request = GenerationRequest(prompt, max_new_tokens=10, chat=False)

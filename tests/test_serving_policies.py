@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from engine.projection import causal_pairs, cost_model
-from engine.serving_sim import (POLICIES, RequestRecord, ServerConfig, SimRequest, Targets, Workload, goodput,
-                                kv_transfer_seconds, make_requests, rescore, simulate)
-from engine.specs import GPU_PRESETS, MODEL_PRESETS
+from engine.projection.cost import causal_pairs, cost_model
+from engine.projection.serving_sim import (POLICIES, RequestRecord, ServerConfig, SimRequest, Targets, Workload, goodput,
+                                           kv_transfer_seconds, make_requests, rescore, simulate)
+from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS
 
 LLAMA_8B, H100 = MODEL_PRESETS["llama-3.1-8b"], GPU_PRESETS["h100-sxm"]
 CM = cost_model(LLAMA_8B, H100)

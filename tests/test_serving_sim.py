@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from engine.projection import cost_model
-from engine.serving_sim import (ServerConfig, SimRequest, Workload, make_requests, simulate,
-                                sweep_max_batch)
-from engine.specs import GPU_PRESETS, MODEL_PRESETS
+from engine.projection.cost import cost_model
+from engine.projection.serving_sim import (ServerConfig, SimRequest, Workload, make_requests, simulate,
+                                           sweep_max_batch)
+from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS
 
 LLAMA_8B = MODEL_PRESETS["llama-3.1-8b"]
 H100 = GPU_PRESETS["h100-sxm"]

@@ -8,12 +8,12 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoTokenizer
 
-from engine.card import param_counts, weight_bytes
-from engine.generate import GenerationRequest, generate
-from engine.loader import load_model
-from engine.shaped import (SHAPES, hf_config, plan_shards, shaped_bytes, special_id, tensor_layout, write_shaped,
-                           write_tokenizer)
-from engine.specs import MODEL_PRESETS, ModelSpec
+from engine.projection.card import param_counts, weight_bytes
+from engine.core.generate import GenerationRequest, generate
+from engine.core.loader import load_model
+from engine.models.shaped import (SHAPES, hf_config, plan_shards, shaped_bytes, special_id, tensor_layout, write_shaped,
+                                  write_tokenizer)
+from engine.projection.specs import MODEL_PRESETS, ModelSpec
 
 SMALL_SHARDS = 60_000  # bytes: the tiny target splits into several shards, as the 8B does at 5 GB
 

@@ -14,11 +14,11 @@ from test_pages import MAIN, TIMEOUT, array, assert_clean, charts, metric
 from app.spec_charts import ACCEPTED, ALONE, BONUS, CORRECTION, REJECTED
 from app.spec_run import (PRESETS, SpecRun, draft_model_options, expected_speedup, measure, per_token_acceptance,
                           projected_pair)
-from engine.generate import GenerationRequest
-from engine.records import CacheState, DoneRecord, SampledToken
-from engine.speculative import DraftedToken, SpecRoundRecord
-from engine.projection import project
-from engine.specs import GPU_PRESETS, MODEL_PRESETS
+from engine.core.generate import GenerationRequest
+from engine.core.records import CacheState, DoneRecord, SampledToken
+from engine.speculative.decode import DraftedToken, SpecRoundRecord
+from engine.projection.cost import project
+from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS
 
 NS = "speculative"
 REPEATING = " ".join(["w5 w6 w7 w8 w9 w10"] * 3)     # an n-gram draft finds the pattern
@@ -217,7 +217,7 @@ def test_projected_pair_is_the_projection():
 def test_max_new_tokens_is_the_servers_limit(page, tiny_model_dir):
     """Before: the box took up to 512 and the server then refused anything above its 256."""
     from app.model import get_model
-    from engine.scheduler import scheduler_for
+    from engine.serving.scheduler import scheduler_for
 
     limit = scheduler_for(get_model()).limits.max_new_tokens
     box = page.number_input(key=f"{NS}.max_new")

@@ -9,14 +9,14 @@ import torch
 from transformers import DynamicCache
 
 from conftest import tiny_prompt, write_tiny_llama
-from engine.drafts import EarlyExitDraft, ModelDraft, NgramDraft, early_exit_logits, ngram_lookup
+from engine.speculative.drafts import EarlyExitDraft, ModelDraft, NgramDraft, early_exit_logits, ngram_lookup
 from engine.errors import DraftMismatchError, InvalidRequestError
-from engine.generate import GenerationRequest, encode_prompt, generate
-from engine.hooks import CapturePolicy, count_hooks
-from engine.loader import load_model
-from engine.records import PrefillRecord
-from engine.speculative import (SpecDoneRecord, SpecRoundRecord, accept_sampled, draft_from_spec,
-                                expected_tokens_per_pass, record_to_json, speculative_generate)
+from engine.core.generate import GenerationRequest, encode_prompt, generate
+from engine.core.hooks import CapturePolicy, count_hooks
+from engine.core.loader import load_model
+from engine.core.records import PrefillRecord
+from engine.speculative.decode import (SpecDoneRecord, SpecRoundRecord, accept_sampled, draft_from_spec,
+                                       expected_tokens_per_pass, record_to_json, speculative_generate)
 
 DRAFT_KINDS = ["ngram", "early-exit:1", "early-exit:2", "model"]
 

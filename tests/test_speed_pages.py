@@ -10,8 +10,8 @@ from streamlit.testing.v1 import AppTest
 
 from app.speed_feel import ANSWER, answer_pieces, due_count, presets, reading_rate, speculative_rate
 from app.speed_measured import POINTS
-from engine.economics import projected_token_prices
-from engine.specs import GPU_PRESETS, MODEL_PRESETS
+from engine.projection.economics import projected_token_prices
+from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS
 
 TIMEOUT = 120
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from engine.errors import ContextLengthError, InvalidRequestError
-from engine.projection import prefill_flops
-from engine.specs import MODEL_PRESETS
-from engine.speedlab import (ContextPoint, DeviceRoof, attention_onset, attention_share, ceiling_prefill_seconds,
-                             compare_decode, copy_bandwidth, fit_ttft, known_gpu, matmul_flops, measure_context,
-                             measure_roof, place_decode, prompt_of_length, sweep_context, time_decode)
+from engine.projection.cost import prefill_flops
+from engine.projection.specs import MODEL_PRESETS
+from engine.lab.speed import (ContextPoint, DeviceRoof, attention_onset, attention_share, ceiling_prefill_seconds,
+                              compare_decode, copy_bandwidth, fit_ttft, known_gpu, matmul_flops, measure_context,
+                              measure_roof, place_decode, prompt_of_length, sweep_context, time_decode)
 
 LLAMA_8B = MODEL_PRESETS["llama-3.1-8b"]
 SMOL = MODEL_PRESETS["smollm2-135m"]
@@ -151,10 +151,10 @@ def test_the_observer_effect_times_both_and_capture_changes_no_token(tiny_lm):
     from dataclasses import replace
 
     from conftest import tiny_prompt
-    from engine.generate import GenerationRequest, generate
-    from engine.hooks import CAPTURE_OFF, CapturePolicy
-    from engine.records import DecodeRecord
-    from engine.speedlab import observer_effect
+    from engine.core.generate import GenerationRequest, generate
+    from engine.core.hooks import CAPTURE_OFF, CapturePolicy
+    from engine.core.records import DecodeRecord
+    from engine.lab.speed import observer_effect
 
     request = GenerationRequest(tiny_prompt(8), max_new_tokens=6, chat=False, temperature=0.9)
     seen = []

@@ -8,8 +8,8 @@ import pytest
 
 from app.journey_view import split_note
 from app.tokens import chips_figure, layout_chips
-from engine.loader import cache_dir
-from engine.token_bytes import char_groups, is_fragment, readable, token_bytes
+from engine.core.loader import cache_dir
+from engine.core.token_bytes import char_groups, is_fragment, readable, token_bytes
 
 CJK = "你好，世界。今天天气很好"
 EMOJI = "Hi 👋🏽 there 🎉🚀"

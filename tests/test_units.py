@@ -1,4 +1,4 @@
-"""One unit convention (engine/units.py): decimal KB / MB / GB everywhere, a GPU's capacity stated once as
+"""One unit convention (engine/projection/units.py): decimal KB / MB / GB everywhere, a GPU's capacity stated once as
 "80 GiB = 85.90 GB", and the numbers a page shows add up on screen."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.nav import PAGES
-from engine.projection import Layout, memory_plan
-from engine.specs import GPU_PRESETS, MODEL_PRESETS
-from engine.units import CONVENTION, card_size, fmt_bytes
+from engine.projection.cost import Layout, memory_plan
+from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS
+from engine.projection.units import CONVENTION, card_size, fmt_bytes
 
 MAIN = "../app/main.py"
 BINARY = re.compile(r"\b[KMGT]iB\b")

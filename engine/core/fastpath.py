@@ -1,0 +1,321 @@
+"""Static-cache decode with graph-safe captures: the records of `engine.core.generate`, faster on a GPU.
+
+    fast = enable_static_decode(lm)        # opt in: engine.core.generate(lm, ...) now runs this path
+    records = list(generate(lm, GenerationRequest("Why is the sky blue?"), policy))
+
+Why: an eager PyTorch decode step launches a few hundred kernels per token, one per op, so on a GPU
+an eager loop waits on the CPU, far below what the memory bandwidth allows. Here the KV cache is a
+preallocated `transformers.StaticCache` (fixed shapes and addresses), and on CUDA the decode step is
+compiled with `torch.compile(mode="reduce-overhead")`, which records it once as a CUDA graph and then
+replays it each token: one launch per step instead of hundreds.
+
+Captures stay graph-safe:
+- capture off: only the model is in the graph;
+- attention rows (the per-token pattern, no norms): a `RowCapture` rides the `playground_capture`
+  keyword into the "playground" attention function exactly as a StepCapture does, and writes
+  softmax(q k^T / sqrt(d)) of the new token, for its layers and heads, into a buffer allocated once
+  (layers, heads, cache length); after the step one copy brings the filled part to the host;
+- anything else (norms, residual stream, logit lens) runs on the same static cache eagerly, with an
+  ordinary StepCapture that sees only the filled part of the cache.
+
+Prefill is eager (its length changes with every prompt). The cache length is rounded up to a power of
+two (at least 256) so that requests of similar length reuse one cache and one compiled graph. On CPU
+nothing is compiled unless asked for (`compile="default"` uses inductor; `"eager"` only traces, which
+checks the step is one graph without graph breaks).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+from transformers import StaticCache
+
+from engine.projection.card import forward_shapes
+from engine.errors import EngineError
+from engine.core.generate import (GenerationRequest, TextStream, admit, eos_ids, finish_reason, pick_token,
+                                  prompt_pieces, sync, trim_stop)
+from engine.core.hooks import CAPTURE_KWARG, CAPTURE_OFF, CapturePolicy, Instrument, LayerCapture, StepCapture, \
+    _apply_mask, instrument
+from engine.core.loader import LoadedModel
+from engine.core.records import CacheState, DecodeRecord, DoneRecord, PrefillRecord, Record
+
+COMPILE_MODES = ("auto", "off", "eager", "default", "reduce-overhead")
+MIN_CACHE = 256
+RECOMPILE_LIMIT = 64     # cache lengths x capture variants x models before dynamo gives up and runs eagerly
+MAX_ROW_BUFFERS = 8
+
+
+def resolve_mode(mode: str, device: torch.device) -> str:
+    """'auto': CUDA graphs on CUDA, nothing compiled on CPU."""
+    if mode not in COMPILE_MODES:
+        raise EngineError(f"unknown compile mode {mode!r}; choose one of {', '.join(COMPILE_MODES)}")
+    if mode == "auto":
+        return "reduce-overhead" if device.type == "cuda" else "off"
+    return mode
+
+
+def cache_length(needed: int, limit: int) -> int:
+    """Positions the static cache holds: the next power of two >= needed (at least 256), at most `limit`."""
+    length = MIN_CACHE
+    while length < needed:
+        length *= 2
+    return max(needed, min(length, limit))
+
+
+def graph_safe(policy: CapturePolicy) -> bool:
+    """Capture off, or attention rows only: both run inside the compiled step."""
+    return not policy.enabled or (policy.attention and not policy.stats and policy.logit_lens == 0)
+
+
+def new_static_cache(lm: LoadedModel, length: int) -> StaticCache:
+    """A StaticCache for batch 1, allocated now (not at the first update) so its addresses never move."""
+    with torch.inference_mode(False):  # normal tensors: usable in and out of inference mode later
+        cache = StaticCache(config=lm.model.config, max_cache_len=length)
+        if hasattr(cache, "early_initialization"):
+            cache.early_initialization(batch_size=1, num_heads=lm.spec.n_kv_heads, head_dim=lm.spec.head_dim,
+                                       dtype=lm.dtype, device=lm.device)
+    return cache
+
+
+def static_cache_state(cache: StaticCache) -> CacheState:
+    """Length counted by the cache object; bytes of the K and V slots that hold those positions."""
+    length = int(cache.get_seq_length())
+    per_layer = [length * (_per_position(layer.keys) + _per_position(layer.values)) for layer in cache.layers]
+    return CacheState(length, sum(per_layer), per_layer)
+
+
+def _per_position(t: torch.Tensor) -> int:
+    """Bytes one position takes in a [B, KVH, max_len, D] cache tensor."""
+    return t.numel() // t.shape[2] * t.element_size()
+
+
+def reserved_bytes(cache: StaticCache | None) -> int:
+    """Bytes the static cache's tensors hold allocated, used or not."""
+    if cache is None:
+        return 0
+    return sum(t.numel() * t.element_size() for layer in cache.layers
+               for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if t is not None)
+
+
+def model_step(model: Any, input_ids: torch.Tensor, positions: torch.Tensor, cache: StaticCache,
+               capture: Any) -> torch.Tensor:
+    """One forward over input_ids [1, T] at absolute positions [T]; logits of the last position [1, 1, V]."""
+    extra = {CAPTURE_KWARG: capture} if capture is not None else {}
+    out = model(input_ids=input_ids, position_ids=positions[None], cache_position=positions, past_key_values=cache,
+                use_cache=True, logits_to_keep=1, **extra)
+    return out.logits
+
+
+@dataclass
+class FilledKeys(StepCapture):
+    """A StepCapture on a static cache: it sees only the first `filled` positions of K, V and the mask."""
+
+    filled: int = 0
+
+    def on_attention(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     mask: torch.Tensor | None, scaling: float) -> None:
+        # key, value: [B, KVH, max_len, D] -> [B, KVH, filled, D]
+        n = self.filled
+        super().on_attention(module, query, key[:, :, :n], value[:, :, :n],
+                             mask[..., :n] if mask is not None else None, scaling)
+
+
+class RowCapture:
+    """Graph-safe attention rows: softmax(q k^T / sqrt(d)) of the newest token, written into `rows`."""
+
+    def __init__(self, layer_ids: tuple[int, ...], heads: tuple[int, ...], group: int, length: int,
+                 device: torch.device):
+        self.layer_ids, self.heads = layer_ids, heads
+        self.kv_heads = tuple(h // group for h in heads)
+        self.slot = {layer: i for i, layer in enumerate(layer_ids)}
+        with torch.inference_mode(False):
+            self.rows = torch.zeros(len(layer_ids), len(heads), length, device=device)  # (L_sel, h, max_len) fp32
+        torch._dynamo.mark_static_address(self.rows)  # written inside the CUDA graph, read outside it
+
+    def on_attention(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     mask: torch.Tensor | None, scaling: float) -> None:
+        # query: [1, H, 1, D] after RoPE; key: [1, KVH, max_len, D], the whole static cache
+        slot = self.slot.get(module.layer_idx)
+        if slot is None:
+            return
+        n_kv, t_k, d = key.shape[1], key.shape[2], key.shape[3]
+        q = query[0, :, -1].float().reshape(n_kv, -1, d)                              # (KVH, group, D)
+        scores = torch.matmul(q, key[0].float().transpose(-1, -2)) * scaling          # (KVH, group, max_len)
+        scores = scores.reshape(-1, 1, t_k)[list(self.heads)]                          # (h, 1, max_len)
+        self.rows[slot].copy_(torch.softmax(_apply_mask(scores, mask, t_k), dim=-1)[:, 0])
+
+    def on_residual(self, i: int, hidden: torch.Tensor) -> None:
+        """Rows only. (Another request's residual hooks, if attached meanwhile, route the call here.)"""
+
+    def read(self, position: int, max_keys: int | None) -> dict[int, LayerCapture]:
+        """The rows of the token at `position` as LayerCaptures (one device-to-host copy for all layers)."""
+        filled = position + 1
+        start = max(0, filled - max_keys) if max_keys else 0
+        rows = self.rows[:, :, start:filled].to("cpu", copy=True).numpy()              # (L_sel, h, kept), a copy
+        return {layer: LayerCapture(layer, self.heads, self.kv_heads, rows[i][:, None, :], position, start)
+                for i, layer in enumerate(self.layer_ids)}
+
+
+def _raise_recompile_limit() -> None:
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if getattr(config, name, RECOMPILE_LIMIT) < RECOMPILE_LIMIT:
+            setattr(config, name, RECOMPILE_LIMIT)
+
+
+class FastDecoder:
+    """One static cache (and its row buffers) for a loaded model, with the decode step compiled on demand.
+
+    Not for two requests at once: a second concurrent request gets a private eager decoder instead.
+    """
+
+    def __init__(self, lm: LoadedModel, compile: str = "auto", fullgraph: bool = True):
+        self.lm = lm
+        self.mode = resolve_mode(compile, lm.device)
+        self.cache: StaticCache | None = None
+        self.row_buffers: dict[tuple, RowCapture] = {}
+        self.lock = threading.Lock()
+        self.compile_error: str | None = None
+        self.fullgraph = fullgraph
+        self._step = self._build_step()
+
+    def _build_step(self) -> Callable[..., torch.Tensor]:
+        if self.mode == "off":
+            return model_step
+        _raise_recompile_limit()
+        options = {"backend": "eager"} if self.mode == "eager" else {"mode": self.mode}
+        return torch.compile(model_step, fullgraph=self.fullgraph, dynamic=False, **options)
+
+    @property
+    def graphs(self) -> bool:
+        return self.mode == "reduce-overhead" and self.lm.device.type == "cuda"
+
+    def reserve(self, needed: int) -> StaticCache:
+        """A cleared cache of at least `needed` positions: the current one when its length fits the bucket."""
+        length = cache_length(needed, self.lm.spec.max_context)
+        if self.cache is not None and self.cache.layers[0].max_cache_len == length:
+            self.cache.reset()
+            return self.cache
+        self.cache, self.row_buffers = None, {}   # free the old tensors before allocating the new ones
+        self.cache = new_static_cache(self.lm, length)
+        return self.cache
+
+    def row_capture(self, inst: Instrument) -> RowCapture:
+        spec, length = self.lm.spec, self.cache.layers[0].max_cache_len
+        key = (tuple(sorted(inst.layer_ids)), inst.policy.head_ids(spec.n_heads))
+        if key not in self.row_buffers:
+            if len(self.row_buffers) >= MAX_ROW_BUFFERS:
+                self.row_buffers.clear()
+            self.row_buffers[key] = RowCapture(*key, spec.group_size, length, self.lm.device)
+        return self.row_buffers[key]
+
+    def prefill(self, ids: list[int], inst: Instrument) -> tuple[torch.Tensor, dict[int, LayerCapture]]:
+        """Eager forward over the prompt; logits (V,) of its last position and the captures."""
+        dev, model = self.lm.device, self.lm.model
+        capture = FilledKeys(inst.policy, inst.layer_ids, filled=len(ids)) if inst.layer_ids else None
+        logits = model_step(model, torch.tensor([ids], device=dev), torch.arange(len(ids), device=dev),
+                            self.cache, capture)
+        return logits[0, -1], (capture.finish(model) if capture is not None else {})
+
+    def decode(self, token_id: int, position: int, inst: Instrument) -> tuple[torch.Tensor, dict[int, LayerCapture]]:
+        """One token at `position`: compiled when the captures are graph-safe, else eager; logits (V,)."""
+        dev, model = self.lm.device, self.lm.model
+        ids, pos = torch.tensor([[token_id]], device=dev), torch.tensor([position], device=dev)   # [1, 1], [1]
+        if not inst.layer_ids:
+            return self._compiled(ids, pos, None), {}
+        if graph_safe(inst.policy):
+            rows = self.row_capture(inst)
+            logits = self._compiled(ids, pos, rows)
+            return logits, rows.read(position, inst.policy.max_keys)
+        capture = FilledKeys(inst.policy, inst.layer_ids, filled=position + 1)
+        return model_step(model, ids, pos, self.cache, capture)[0, -1], capture.finish(model)
+
+    def _compiled(self, ids: torch.Tensor, pos: torch.Tensor, rows: RowCapture | None) -> torch.Tensor:
+        if self.graphs:
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are consumed
+        return self._step(self.lm.model, ids, pos, self.cache, rows)[0, -1]
+
+    def generate(self, request: GenerationRequest, policy: CapturePolicy = CAPTURE_OFF,
+                 should_stop: Callable[[], bool] | None = None, ids: list[int] | None = None) -> Iterator[Record]:
+        """engine.core.generate's records from the static cache; a concurrent request runs on a private one."""
+        if not self.lock.acquire(blocking=False):
+            yield from FastDecoder(self.lm, compile="off").generate(request, policy, should_stop, ids)
+            return
+        try:
+            yield from static_generate(self, request, policy, should_stop, ids)
+        finally:
+            self.lock.release()
+
+    def warm_up(self, max_new_tokens: int = 16, policies: tuple[CapturePolicy, ...] = (CAPTURE_OFF,),
+                prompt: str = "Hello") -> float:
+        """Compile (and record the graphs) now rather than in the first user's request; returns seconds.
+
+        If the step cannot be compiled as one graph it is compiled with graph breaks allowed; if that
+        fails too the decoder stays eager (mode 'off'). `compile_error` keeps the reason; the model
+        keeps serving either way.
+        """
+        start = time.perf_counter()
+        request = GenerationRequest(prompt, max_new_tokens=max_new_tokens, chat=False)
+        while True:
+            try:
+                for policy in policies:
+                    for _ in range(2):  # reduce-overhead records the graph on a later call than the first
+                        list(self.generate(request, policy))
+                return time.perf_counter() - start
+            except Exception as err:  # noqa: BLE001 - any compiler failure: fall back, keep serving
+                if self.mode == "off":
+                    raise
+                self.compile_error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                if self.fullgraph:
+                    self.fullgraph = False
+                else:
+                    self.mode = "off"
+                self._step = self._build_step()
+
+
+def static_generate(fast: FastDecoder, request: GenerationRequest, policy: CapturePolicy = CAPTURE_OFF,
+                    should_stop: Callable[[], bool] | None = None, ids: list[int] | None = None) -> Iterator[Record]:
+    """The loop of engine.core.generate on a FastDecoder: PrefillRecord, DecodeRecord per token, DoneRecord."""
+    lm = fast.lm
+    ids = admit(lm, request) if ids is None else ids     # None: no door above (a benchmark, warm_up)
+    generator = torch.Generator(device=lm.device).manual_seed(request.seed)
+    cache, stream, stops = fast.reserve(len(ids) + request.max_new_tokens), TextStream(lm.tokenizer), eos_ids(lm)
+    with torch.no_grad(), instrument(lm.model, policy) as inst:
+        t0 = time.perf_counter()
+        logits, captures = fast.prefill(ids, inst)
+        token = pick_token(lm, logits, request, generator, stream)
+        sync(lm.device)
+        ttft = time.perf_counter() - t0
+        yield PrefillRecord(prompt_pieces(lm, ids), forward_shapes(lm.spec, len(ids)), ttft,
+                            static_cache_state(cache), token, captures)
+        generated, reason = [token.id], finish_reason(token.id, stream.text, stops, request, 1)
+        while reason is None:
+            if should_stop is not None and should_stop():
+                reason = "cancelled"
+                break
+            t = time.perf_counter()
+            logits, captures = fast.decode(token.id, len(ids) + len(generated) - 1, inst)
+            token = pick_token(lm, logits, request, generator, stream)
+            sync(lm.device)
+            generated.append(token.id)
+            yield DecodeRecord(len(generated) - 1, time.perf_counter() - t, static_cache_state(cache), token, captures)
+            reason = finish_reason(token.id, stream.text, stops, request, len(generated))
+    total = time.perf_counter() - t0
+    yield DoneRecord(trim_stop(stream.text, request.stop), reason, len(ids), len(generated), ttft,
+                     total - ttft, total)
+
+
+def enable_static_decode(lm: LoadedModel, compile: str = "auto", warm_up: bool = False) -> FastDecoder:
+    """Make engine.core.generate(lm, ...) use a static cache (and CUDA graphs on CUDA); returns the decoder."""
+    fast = FastDecoder(lm, compile)
+    if warm_up:
+        fast.warm_up()
+    lm.fast = fast
+    return fast
+
+
+def disable_static_decode(lm: LoadedModel) -> None:
+    lm.fast = None

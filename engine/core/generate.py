@@ -1,0 +1,269 @@
+"""The generation loop: prefill once, then decode one token at a time, yielding a record per step.
+
+    records = generate(lm, GenerationRequest("Why is the sky blue?"), CapturePolicy(layers=(0, 5)))
+    for rec in records: ...   # PrefillRecord, DecodeRecord..., DoneRecord
+
+Cache positions are counted from the cache object (`cache.get_seq_length()`), never guessed.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any, Callable, Iterator
+
+import torch
+from transformers import DynamicCache
+
+from engine.projection.card import forward_shapes
+from engine.errors import ContextLengthError, InvalidRequestError
+from engine.core.hooks import CAPTURE_KWARG, CAPTURE_OFF, CapturePolicy, LayerCapture, StepCapture, instrument
+from engine.core.loader import LoadedModel
+from engine.core.records import (CacheState, Candidate, DecodeRecord, DoneRecord, Piece, PrefillRecord, Record,
+                                 SampledToken)
+from engine.core.sampling import sample
+
+KEEP_LOGITS = 256       # raw logits stored per token so pages can re-draw the distribution
+TOP_CANDIDATES = 10     # alternatives listed per token
+MAX_PROMPT_CHARS = 200_000
+MAX_NEW_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt: str
+    max_new_tokens: int = 64
+    temperature: float = 0.0     # 0 = greedy
+    top_k: int = 0               # 0 = off
+    top_p: float = 1.0           # 1 = off
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+    chat: bool = True            # apply the chat template when the model has one
+    system: str | None = None
+
+
+_TYPES = {"prompt": (str,), "max_new_tokens": (Integral,), "temperature": (Real,), "top_k": (Integral,),
+          "top_p": (Real,), "seed": (Integral,), "chat": (bool,), "system": (str, type(None))}
+_WORDS = {Integral: "a whole number", Real: "a number", str: "text", bool: "true or false", type(None): "empty"}
+MAX_STOPS, MAX_STOP_CHARS = 8, 200
+
+
+def check_types(request: Any) -> None:
+    """Refuse a request whose fields have the wrong type (a float token count, a text temperature...)."""
+    if not isinstance(request, GenerationRequest):
+        raise InvalidRequestError("a request must be a GenerationRequest")
+    for name, kinds in _TYPES.items():
+        value = getattr(request, name)
+        if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+            wanted = " or ".join(_WORDS.get(k, k.__name__) for k in kinds)
+            raise InvalidRequestError(f"{name.replace('_', ' ')} must be {wanted}, not {type(value).__name__}")
+    stops = request.stop
+    if not isinstance(stops, (tuple, list)) or not all(isinstance(x, str) for x in stops):
+        raise InvalidRequestError("stop must be a list of strings")
+    if len(stops) > MAX_STOPS or any(len(x) > MAX_STOP_CHARS for x in stops):
+        raise InvalidRequestError(f"at most {MAX_STOPS} stop strings of up to {MAX_STOP_CHARS} characters each")
+    _check_text(request.system, "the system prompt")
+    for x in stops:
+        _check_text(x, "a stop string")
+
+
+def _check_text(text: str | None, what: str) -> None:
+    if text is None:
+        return
+    if len(text) > MAX_PROMPT_CHARS:
+        raise InvalidRequestError(f"{what} has {len(text):,} characters; the limit is {MAX_PROMPT_CHARS:,}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise InvalidRequestError(f"{what} holds text that is not valid Unicode ({err.reason})") from None
+
+
+def validate(request: GenerationRequest) -> None:
+    """Reject out-of-range settings with a message that names the setting."""
+    check_types(request)
+    if not request.prompt.strip():
+        raise InvalidRequestError("the prompt is empty; type something for the model to continue")
+    _check_text(request.prompt, "the prompt")
+    checks = [
+        (1 <= request.max_new_tokens <= MAX_NEW_TOKENS, f"max new tokens must be 1 to {MAX_NEW_TOKENS}"),
+        (0.0 <= request.temperature <= 10.0, "temperature must be between 0 and 10"),  # also refuses NaN
+        (request.top_k >= 0, "top-k must be 0 (off) or positive"),
+        (0.0 < request.top_p <= 1.0, "top-p must be above 0 and at most 1"),
+        (0 <= request.seed < 2**63, "the seed must be a non-negative integer"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise InvalidRequestError(message)
+
+
+def encode_prompt(lm: LoadedModel, request: GenerationRequest) -> list[int]:
+    """Token ids of the prompt, through the chat template for instruct models unless asked not to."""
+    tok = lm.tokenizer
+    if request.chat and lm.has_chat_template:
+        messages = ([{"role": "system", "content": request.system}] if request.system else [])
+        messages.append({"role": "user", "content": request.prompt})
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+    else:
+        ids = tok(request.prompt)["input_ids"]
+    if not ids:
+        raise InvalidRequestError("the prompt encodes to no tokens for this model's tokenizer")
+    return ids
+
+
+def admit(lm: LoadedModel, request: GenerationRequest) -> list[int]:
+    """The door for a caller without a scheduler: check the request and tokenize it, once; its ids go down."""
+    validate(request)
+    ids = encode_prompt(lm, request)
+    check_context(lm, len(ids), request.max_new_tokens)
+    return ids
+
+
+def check_context(lm: LoadedModel, n_prompt: int, max_new_tokens: int) -> None:
+    limit = lm.spec.max_context
+    if n_prompt > limit:
+        raise ContextLengthError(f"the prompt is {n_prompt:,} tokens; {lm.label} reads at most {limit:,}")
+    if n_prompt + max_new_tokens > limit:
+        raise ContextLengthError(
+            f"{n_prompt:,} prompt tokens + {max_new_tokens:,} new tokens exceed the {limit:,}-token context; "
+            f"ask for at most {limit - n_prompt:,} new tokens")
+
+
+def eos_ids(lm: LoadedModel) -> set[int]:
+    ids = lm.model.generation_config.eos_token_id
+    ids = set(ids if isinstance(ids, (list, tuple)) else [ids] if ids is not None else [])
+    if lm.tokenizer.eos_token_id is not None:
+        ids.add(lm.tokenizer.eos_token_id)
+    return ids
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def forward(lm: LoadedModel, ids: list[int], cache: DynamicCache, capture: StepCapture | None,
+            keep: int | None = None) -> tuple[torch.Tensor, dict[int, LayerCapture]]:
+    """Run the model over new token ids after what the cache holds.
+
+    Returns the last position's logits (V,), or with `keep` the last `keep` positions' (keep, V).
+    """
+    start = cache.get_seq_length()
+    input_ids = torch.tensor([ids], device=lm.device)                              # [1, T]
+    positions = torch.arange(start, start + len(ids), device=lm.device)            # [T]
+    extra = {CAPTURE_KWARG: capture} if capture is not None else {}
+    out = lm.model(input_ids=input_ids, past_key_values=cache, use_cache=True, cache_position=positions,
+                   logits_to_keep=keep or 1, **extra)
+    captures = capture.finish(lm.model) if capture is not None else {}
+    logits = out.logits[0]                                                         # (keep, V)
+    return (logits if keep else logits[-1]), captures
+
+
+def cache_state(cache: DynamicCache) -> CacheState:
+    per_layer = [layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+                 for layer in cache.layers if getattr(layer, "keys", None) is not None]
+    return CacheState(cache.get_seq_length(), sum(per_layer), per_layer)
+
+
+class TextStream:
+    """Turns token ids into text pieces, holding back bytes of a character that is not complete yet."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer, self.ids, self.text = tokenizer, [], ""
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        full = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if full.endswith("\ufffd"):
+            return ""
+        piece, self.text = full[len(self.text):], full
+        return piece
+
+
+def pick_token(lm: LoadedModel, logits: torch.Tensor, request: GenerationRequest,
+               generator: torch.Generator, stream: TextStream) -> SampledToken:
+    """Sample one token from logits (V,) and describe it with its alternatives."""
+    token_id, probs = sample(logits, request.temperature, request.top_k, request.top_p, generator)
+    return describe_token(lm, logits, probs, token_id, stream.push(token_id))
+
+
+def describe_token(lm: LoadedModel, logits: torch.Tensor, probs: torch.Tensor, token_id: int,
+                   text: str) -> SampledToken:
+    """A SampledToken for a chosen token: its probability, alternatives and kept raw logits; (V,) inputs."""
+    top = torch.topk(probs, min(TOP_CANDIDATES, probs.shape[-1]))
+    kept = torch.topk(logits.float(), min(KEEP_LOGITS, logits.shape[-1]))
+    top_ids = top.indices.tolist()
+    texts = lm.tokenizer.batch_decode([[i] for i in top_ids])
+    candidates = [Candidate(i, t, p) for i, t, p in zip(top_ids, texts, top.values.tolist())]
+    rest, count = rest_of_logits(logits, kept.indices)
+    return SampledToken(token_id, text, float(probs[token_id]), candidates,
+                        kept.indices.cpu().numpy(), kept.values.cpu().numpy(), rest, count)
+
+
+def rest_of_logits(logits: torch.Tensor, kept: torch.Tensor) -> tuple[float | None, int]:
+    """log Σ exp of the logits (V,) outside `kept` (K,) and how many they are, so that a page re-drawing the
+    distribution from the K kept logits still divides by the whole vocabulary's total."""
+    count = logits.shape[-1] - kept.shape[-1]
+    if count <= 0:
+        return None, 0
+    rest = float(torch.logsumexp(logits.float().index_fill(-1, kept, float("-inf")), dim=-1))
+    return (rest, count) if math.isfinite(rest) else (None, 0)
+
+
+def prompt_pieces(lm: LoadedModel, ids: list[int]) -> list[Piece]:
+    return [Piece(i, text) for i, text in zip(ids, lm.tokenizer.batch_decode([[i] for i in ids]))]
+
+
+def generate(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy = CAPTURE_OFF,
+             should_stop: Callable[[], bool] | None = None, ids: list[int] | None = None) -> Iterator[Record]:
+    """Yield a PrefillRecord, one DecodeRecord per further token, and a DoneRecord.
+
+    `ids`: the prompt as the door (Scheduler.submit) checked and tokenized it; None admits the request here.
+    Close the generator (or make `should_stop` return True) to cancel; the model is ready at once.
+    """
+    ids = admit(lm, request) if ids is None else ids
+    if lm.fast is not None:  # opted in with engine.core.fastpath.enable_static_decode: static cache, CUDA graphs
+        yield from lm.fast.generate(request, policy, should_stop, ids)
+        return
+    generator = torch.Generator(device=lm.device).manual_seed(request.seed)
+    cache, stream, stops = DynamicCache(config=lm.model.config), TextStream(lm.tokenizer), eos_ids(lm)
+    with torch.inference_mode(), instrument(lm.model, policy) as inst:
+        t0 = time.perf_counter()
+        logits, captures = forward(lm, ids, cache, inst.new_step())
+        token = pick_token(lm, logits, request, generator, stream)
+        sync(lm.device)
+        ttft = time.perf_counter() - t0
+        yield PrefillRecord(prompt_pieces(lm, ids), forward_shapes(lm.spec, len(ids)), ttft,
+                            cache_state(cache), token, captures)
+        generated, reason = [token.id], finish_reason(token.id, stream.text, stops, request, 1)
+        while reason is None:
+            if should_stop is not None and should_stop():
+                reason = "cancelled"
+                break
+            t = time.perf_counter()
+            logits, captures = forward(lm, [token.id], cache, inst.new_step())
+            token = pick_token(lm, logits, request, generator, stream)
+            sync(lm.device)
+            generated.append(token.id)
+            yield DecodeRecord(len(generated) - 1, time.perf_counter() - t, cache_state(cache), token, captures)
+            reason = finish_reason(token.id, stream.text, stops, request, len(generated))
+    total = time.perf_counter() - t0
+    yield DoneRecord(trim_stop(stream.text, request.stop), reason, len(ids), len(generated), ttft,
+                     total - ttft, total)
+
+
+def finish_reason(token_id: int, text: str, eos: set[int], request: GenerationRequest, n: int) -> str | None:
+    """Why generation ends after the n-th token, or None to go on."""
+    if token_id in eos:
+        return "eos"
+    if any(s and s in text for s in request.stop):
+        return "stop"
+    if n >= request.max_new_tokens:
+        return "length"
+    return None
+
+
+def trim_stop(text: str, stops: tuple[str, ...]) -> str:
+    cut = min((text.index(s) for s in stops if s and s in text), default=len(text))
+    return text[:cut]

@@ -1,0 +1,1 @@
+"""The measured lab: experiments timed on this machine with the loaded model."""

@@ -1,0 +1,509 @@
+"""Continuous batching: every running request advances in the same forward pass, one step at a time.
+
+    runner = BatchRunner(lm, max_batch=8)
+    runner.add(Slot(request, ids, policy, emit=print, fail=print))
+    while not runner.idle:
+        info = runner.step()     # one prefill chunk of a newcomer, then one decode pass for the batch
+
+Requests join at a step boundary and leave as soon as they finish. A newcomer's prompt is prefilled on
+a cache of its own, `prefill_chunk` tokens per step, so a long prompt never freezes the others'
+decode; once its prompt is in, its K/V is copied into blocks of the paged batch cache
+(`engine.serving.paged`). For a decode step each layer gathers the rows left-padded to the longest: the
+attention mask hides the pads and each row's RoPE positions count from its own first token, so every
+row computes what it would compute alone.
+Captures ride in one `BatchCapture` that hands each row its own slice (pads cut off) for that row's
+own `StepCapture`, so a session sees exactly the captures of its own request.
+
+Each request yields the same records as `engine.core.generate` (PrefillRecord, DecodeRecord..., DoneRecord)
+through its `emit` callback; a request that fails calls `fail` and the others go on.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from engine.projection.card import forward_shapes
+from engine.errors import EngineError
+from engine.core.generate import (GenerationRequest, TextStream, encode_prompt, eos_ids, finish_reason, forward,
+                                  pick_token, prompt_pieces, sync, trim_stop)
+from engine.core.hooks import CAPTURE_KWARG, CapturePolicy, LayerCapture, StepCapture, instrument
+from engine.core.loader import LoadedModel
+from engine.serving.paged import BlockTable, PagedBatch, SoloBatch, row_cache_state
+from engine.serving.prefix import PrefixCache, load_prefix, reused_rows
+from engine.core.records import CacheState, DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
+
+PREFILL_CHUNK = 256        # prompt tokens prefilled per step while others decode
+
+
+@dataclass(eq=False)
+class Slot:
+    """One request in the runner: its prompt ids, what it captures, and where its records go."""
+
+    request: GenerationRequest
+    ids: list[int]                                   # prompt token ids, chat template applied
+    policy: CapturePolicy
+    emit: Callable[[Record], None]                   # receives each record
+    fail: Callable[[Exception], None]                # called once if the request fails
+    should_stop: Callable[[], bool] = lambda: False  # cancel / time limit, checked before each step
+    tag: Any = None                                  # the caller's (the scheduler's handle)
+    label: Any = None                                # what step records name it by (kept; no big objects)
+    # --- state, kept by the runner ---
+    prefilled: int = 0                               # prompt tokens whose K/V is in the cache
+    reused: int = 0                                  # of those, taken from the prefix cache
+    looked_up: bool = False                          # the prefix cache was asked (once per request)
+    cache: DynamicCache | None = None                # own cache while prefilling; None once in the batch
+    chunks: list[dict[int, LayerCapture]] = field(default_factory=list)
+    token: SampledToken | None = None                # the newest token: the next decode step's input
+    generated: list[int] = field(default_factory=list)
+    length: int = 0                                  # real positions in the cache (no pads)
+    started: float = 0.0
+    last: float = 0.0                                # when the newest token was sampled
+    ttft: float = 0.0
+    finished: bool = False
+
+    def begin(self, lm: LoadedModel) -> None:
+        self.generator = torch.Generator(device=lm.device).manual_seed(self.request.seed)
+        self.stream, self.eos = TextStream(lm.tokenizer), eos_ids(lm)
+        self.layer_ids = frozenset(self.policy.layer_ids(lm.spec.n_layers)) if self.policy.enabled else frozenset()
+        self.cache = DynamicCache(config=lm.model.config)
+        self.started = self.last = time.perf_counter()
+
+    def new_capture(self) -> StepCapture | None:
+        return StepCapture(self.policy, self.layer_ids) if self.layer_ids else None
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What one step of the runner did: the live batch, for the room to see."""
+
+    at: float                    # perf_counter when the step ended
+    seconds: float               # the whole step: prefill chunk + decode pass + sampling
+    decode_rows: int             # requests that got a token from the decode pass
+    prefill_tokens: int          # prompt tokens prefilled in this step (0 when none)
+    tags: tuple[Any, ...]        # the labels of the requests in the decode pass
+    cache_positions: int         # slots in the blocks handed out (each request's last block partly empty)
+    real_positions: int          # slots actually holding some request's K/V
+    rows: tuple[tuple[Any, int, int], ...] = ()   # per row after the step: (label, real, left pads in the
+    #                                               gathered view attention reads; not stored)
+    bytes_per_position: int = 0  # K and V bytes of one position, all layers
+    blocks: BlockTable | None = None   # the paged cache's block table after the step
+
+
+class BatchCapture:
+    """Hands each row of a batched forward to that row's own StepCapture, without its pads."""
+
+    def __init__(self, rows: list[tuple[int, int, StepCapture]]):
+        self.rows = rows                             # (row in the batch, left pads, the row's capture)
+
+    def on_attention(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     mask: torch.Tensor | None, scaling: float) -> None:
+        # query: [B, H, T_q, D] (T_q = 1 in decode, = T_k in a batched prefill); key, value: [B, KVH, T_k, D];
+        # each row's pads on the left, cut off here for queries and keys alike
+        rows = [r for r in self.rows if module.layer_idx in r[2].layer_ids]
+        if query.shape[-2] == 1 and len(rows) > 1 and len({r[2].policy for r in rows}) == 1:
+            _decode_rows(rows, module.layer_idx, query, key, value, scaling)   # every row in a few calls
+            return
+        for b, pad, cap in rows:
+            q = query[b:b + 1, :, pad:] if query.shape[-2] > 1 else query[b:b + 1]
+            cap.on_attention(module, q, key[b:b + 1, :, pad:], value[b:b + 1, :, pad:], None, scaling)
+
+    def on_residual(self, i: int, hidden: torch.Tensor) -> None:
+        # hidden: [B, 1, d_model] leaving layer i
+        for b, _, cap in self.rows:
+            if i in cap.layer_ids:
+                cap.on_residual(i, hidden[b:b + 1])
+
+    def finish(self, model: Any) -> dict[int, dict[int, LayerCapture]]:
+        return {b: cap.finish(model) for b, _, cap in self.rows}
+
+
+def _decode_rows(rows: list[tuple[int, int, StepCapture]], i: int, query: torch.Tensor, key: torch.Tensor,
+                 value: torch.Tensor, scaling: float) -> None:
+    """One decode step's captures for rows sharing one policy, computed for all of them at once.
+
+    The same arithmetic as StepCapture.on_attention for each row alone: the pads are masked out
+    before the softmax and cut off after it.
+    """
+    policy = rows[0][2].policy
+    index = torch.tensor([b for b, _, _ in rows], device=query.device)
+    pads = [pad for _, pad, _ in rows]
+    q, k, v = query[index], key[index], value[index]                # [R, H, 1, D], [R, KVH, T_k, D]
+    if policy.stats:
+        norms = [t[:, :, -1].norm(dim=-1).float().cpu().numpy() for t in (q, k, v)]   # [R, H], [R, KVH], [R, KVH]
+    if policy.attention:
+        heads = policy.head_ids(q.shape[1])
+        kv_of = tuple(h // (q.shape[1] // k.shape[1]) for h in heads)
+        scores = torch.matmul(q[:, list(heads)].float(), k[:, list(kv_of)].float().transpose(-1, -2)) * scaling
+        t_k = k.shape[2]                                            # scores: [R, h, 1, T_k]
+        hidden = torch.arange(t_k, device=q.device)[None, :] < torch.tensor(pads, device=q.device)[:, None]
+        probs = torch.softmax(scores.masked_fill(hidden[:, None, None, :], float("-inf")), dim=-1)
+        probs = probs.cpu().numpy()
+    for r, (_, pad, cap) in enumerate(rows):
+        layer = cap._layer(i)
+        if policy.stats:
+            layer.q_norm, layer.k_norm, layer.v_norm = (n[r] for n in norms)
+        if policy.attention:
+            real = t_k - pad
+            start = real - policy.max_keys if policy.max_keys and real > policy.max_keys else 0
+            layer.heads, layer.kv_heads = heads, kv_of
+            layer.attention = probs[r][..., pad + start:]
+            layer.query_start, layer.key_start = real - 1, start
+
+
+def _row(cache: DynamicCache, b: int, pad: int, config: Any) -> DynamicCache:
+    """Row b of a padded cache, pads cut off, as a cache of its own (batch of one)."""
+    own = DynamicCache(config=config)
+    for mine, theirs in zip(own.layers, cache.layers):
+        k, v = theirs.keys[b:b + 1, :, pad:].contiguous(), theirs.values[b:b + 1, :, pad:].contiguous()
+        mine.lazy_initialization(k, v)
+        mine.keys, mine.values = k, v
+    return own
+
+
+def batchable(lm: LoadedModel) -> bool:
+    """Can rows of this model's cache be padded and stacked? Only when every layer keeps every position
+    (sliding-window layers drop old positions per layer, so their rows would not line up)."""
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=lm.model.config).layers)
+
+
+class BatchRunner:
+    """Runs many requests on one model: each `step()` prefills one chunk and decodes one token for all."""
+
+    def __init__(self, lm: LoadedModel, max_batch: int = 8, prefill_chunk: int = PREFILL_CHUNK,
+                 prefix: PrefixCache | None = None):
+        if max_batch < 1 or prefill_chunk < 1:
+            raise ValueError("max_batch and prefill_chunk must be at least 1")
+        self.lm, self.prefill_chunk, self.prefix = lm, prefill_chunk, prefix
+        self.max_batch = max_batch if batchable(lm) else 1
+        self.batch = PagedBatch() if batchable(lm) else SoloBatch()
+        self.prefilling: deque[Slot] = deque()
+
+    @property
+    def slots(self) -> list[Slot]:
+        return [*self.prefilling, *self.batch.slots]
+
+    @property
+    def idle(self) -> bool:
+        return not self.prefilling and not self.batch.slots
+
+    @property
+    def room(self) -> int:
+        return self.max_batch - len(self.prefilling) - len(self.batch.slots)
+
+    def add(self, slot: Slot) -> None:
+        """Take a request; it starts prefilling at the next step."""
+        if self.room <= 0:
+            raise EngineError(f"the batch already holds {self.max_batch} requests")
+        slot.begin(self.lm)
+        self.prefilling.append(slot)
+
+    def step(self) -> StepInfo:
+        """Drop stopped requests, prefill one chunk of the oldest newcomer, decode one token for the batch."""
+        t0 = time.perf_counter()
+        self._drop_stopped()
+        prefilled = self._prefill() if self.prefilling else 0
+        tags = tuple(s.label for s in self.batch.slots)
+        rows = self._decode_step() if self.batch.slots else 0
+        layout = tuple((s.label, s.length, p) for s, p in zip(self.batch.slots, self.batch.pads()))
+        table = self.batch.table()
+        return StepInfo(time.perf_counter(), time.perf_counter() - t0, rows, prefilled, tags[:rows] if rows else (),
+                        table.used * table.block if table else 0, table.tokens if table else 0, layout,
+                        table.bytes_per_block // table.block if table else 0, table)
+
+    # --- stopping ------------------------------------------------------------------------------------
+
+    def _drop_stopped(self) -> None:
+        stopped = {s for s in self.slots if s.should_stop()}
+        for slot in stopped:
+            self._finish(slot, "cancelled")
+        self.prefilling = deque(s for s in self.prefilling if s not in stopped)
+        self.batch.drop(stopped)
+
+    def _finish(self, slot: Slot, reason: str) -> None:
+        if slot.finished:
+            return
+        slot.finished = True
+        total = time.perf_counter() - slot.started
+        ttft = slot.ttft if slot.generated else total
+        slot.emit(DoneRecord(trim_stop(slot.stream.text, slot.request.stop), reason, len(slot.ids),
+                             len(slot.generated), ttft, total - ttft, total))
+
+    def _fail(self, slot: Slot, err: Exception) -> None:
+        if not slot.finished:
+            slot.finished = True
+            slot.fail(err)
+
+    # --- prefill -------------------------------------------------------------------------------------
+
+    def _prefill(self) -> int:
+        """Newcomers with short prompts are prefilled together in one padded pass; a long one, or one that
+        reuses a stored prefix, alone and chunk by chunk."""
+        group = self._prefill_group()
+        return self._prefill_together(group) if len(group) > 1 else self._prefill_step(self.prefilling[0])
+
+    def _prefill_group(self) -> list[Slot]:
+        """The oldest newcomers, in order, whose whole prompt fits one chunk and is computed from scratch."""
+        group, tokens = [], 0
+        for slot in self.prefilling:
+            if not slot.looked_up and self.prefix is not None:
+                self._reuse_prefix(slot)
+            if slot.prefilled or tokens + len(slot.ids) > self.prefill_chunk:
+                break
+            group.append(slot)
+            tokens += len(slot.ids)
+        return group
+
+    def _prefill_together(self, group: list[Slot]) -> int:
+        """One forward over the left-padded prompts of `group`; each then joins the batch with its own K/V."""
+        try:
+            logits, captures, cache, pads = self._padded_prefill(group)
+        except Exception:  # noqa: BLE001 - a failure in the group: each prompt alone finds whose it is
+            return self._prefill_step(self.prefilling[0])
+        for b, slot in enumerate(group):
+            slot.cache = _row(cache, b, pads[b], self.lm.model.config)
+            slot.chunks.append(captures.get(b, {}))
+            slot.prefilled = len(slot.ids)
+            self.prefilling.remove(slot)
+            self._first_token(slot, logits[b])
+        return sum(len(s.ids) for s in group)
+
+    def _padded_prefill(self, group: list[Slot]) -> tuple:
+        device = self.lm.device
+        ids, mask = left_pad([s.ids for s in group], pad_id(self.lm), device)               # [B, T], [B, T]
+        pads = (mask.shape[1] - mask.sum(1)).tolist()
+        cache = DynamicCache(config=self.lm.model.config)
+        rows = [(b, pads[b], cap) for b, s in enumerate(group) if (cap := s.new_capture()) is not None]
+        capture = BatchCapture(rows) if rows else None
+        union = _union_policy([s.policy for s in group], [s.layer_ids for s in group])
+        with torch.inference_mode(), instrument(self.lm.model, union):
+            out = self.lm.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                                past_key_values=cache, use_cache=True,
+                                cache_position=torch.arange(ids.shape[1], device=device), logits_to_keep=1,
+                                **({CAPTURE_KWARG: capture} if capture is not None else {}))
+            captures = capture.finish(self.lm.model) if capture is not None else {}
+        return out.logits[:, -1], captures, cache, pads                                     # logits [B, V]
+
+    def _prefill_step(self, slot: Slot) -> int:
+        """Prefill the next chunk of a newcomer's prompt on its own cache; returns the tokens done."""
+        if not slot.looked_up and self.prefix is not None:
+            self._reuse_prefix(slot)
+        lo = slot.prefilled
+        hi = len(slot.ids) if not _chunkable(slot.policy) else min(len(slot.ids), lo + self.prefill_chunk)
+        try:
+            with torch.inference_mode(), instrument(self.lm.model, slot.policy):
+                logits, captures = forward(self.lm, slot.ids[lo:hi], slot.cache, slot.new_capture())
+        except Exception as err:  # noqa: BLE001 - this request fails alone; the batch goes on
+            self.prefilling.popleft()
+            self._fail(slot, err)
+            return hi - lo
+        slot.chunks.append(captures)
+        slot.prefilled = hi
+        if hi == len(slot.ids):
+            self.prefilling.popleft()
+            self._first_token(slot, logits)
+        return hi - lo
+
+    def _reuse_prefix(self, slot: Slot) -> None:
+        """Start from the longest stored prompt start this one shares: its K/V (and captured rows) as is."""
+        slot.looked_up = True
+        entry, n = self.prefix.lookup(slot.ids, slot.policy, slot.layer_ids, self.lm.spec.n_heads)
+        if entry is None:
+            return
+        load_prefix(slot.cache, entry, n)
+        slot.prefilled = slot.reused = n
+        rows = reused_rows(entry, n, slot.policy, slot.layer_ids, self.lm.spec.n_heads)
+        if rows:
+            slot.chunks.append(rows)
+
+    def _first_token(self, slot: Slot, logits: torch.Tensor) -> None:
+        """The prompt is in: sample the first token, send the PrefillRecord, join the batch."""
+        slot.token = pick_token(self.lm, logits, slot.request, slot.generator, slot.stream)
+        sync(self.lm.device)
+        slot.last = time.perf_counter()
+        slot.ttft = slot.last - slot.started
+        slot.length = slot.cache.get_seq_length()
+        slot.generated.append(slot.token.id)
+        captures = stitch_prefill(slot.chunks, len(slot.ids), slot.policy)
+        if self.prefix is not None:
+            self.prefix.store(slot.ids, slot.cache, captures)
+        slot.emit(PrefillRecord(prompt_pieces(self.lm, slot.ids), forward_shapes(self.lm.spec, len(slot.ids)),
+                                slot.ttft, row_cache_state(slot.cache, slot.length), slot.token, captures,
+                                reused_tokens=slot.reused))
+        slot.chunks = []
+        if not self._maybe_finish(slot):
+            self.batch.add(slot, slot.cache)
+        slot.cache = None
+
+    def _maybe_finish(self, slot: Slot) -> bool:
+        reason = finish_reason(slot.token.id, slot.stream.text, slot.eos, slot.request, len(slot.generated))
+        if reason is not None:
+            self._finish(slot, reason)
+        return reason is not None
+
+    # --- decode --------------------------------------------------------------------------------------
+
+    def _decode_step(self) -> int:
+        """One forward pass for every row of the batch, one sampled token each; returns the rows."""
+        slots = list(self.batch.slots)
+        try:
+            logits, captures = self._batch_forward(slots)
+        except Exception as err:  # noqa: BLE001 - find the request that fails; the others go on
+            self._isolate(err)       # no row's length moved: the new token's slot is simply written again
+            return 0
+        now_done: set[Slot] = set()
+        for b, slot in enumerate(slots):
+            self._advance(slot, logits[b], captures.get(b, {}))
+            if slot.finished:
+                now_done.add(slot)
+        self.batch.drop(now_done)
+        return len(slots)
+
+    def _batch_forward(self, slots: list[Slot]) -> tuple[torch.Tensor, dict[int, dict[int, LayerCapture]]]:
+        device, width = self.lm.device, self.batch.width
+        ids = torch.tensor([[s.token.id] for s in slots], device=device)                 # [B, 1]
+        positions = torch.tensor([[s.length] for s in slots], device=device)             # [B, 1] own positions
+        pads = self.batch.pads()
+        mask = self.batch.step_mask()                                                   # [B, L + 1]
+        rows = [(b, pads[b], cap) for b, s in enumerate(slots) if (cap := s.new_capture()) is not None]
+        capture = BatchCapture(rows) if rows else None
+        union = _union_policy([s.policy for s in slots], [s.layer_ids for s in slots])
+        with torch.inference_mode(), instrument(self.lm.model, union):
+            out = self.lm.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                past_key_values=self.batch.cache, use_cache=True,
+                                cache_position=torch.arange(width, width + 1, device=device), logits_to_keep=1,
+                                **({CAPTURE_KWARG: capture} if capture is not None else {}))
+            captures = capture.finish(self.lm.model) if capture is not None else {}
+        return out.logits[:, -1], captures                                               # [B, V]
+
+    def _advance(self, slot: Slot, logits: torch.Tensor, captures: dict[int, LayerCapture]) -> None:
+        slot.length += 1
+        slot.token = pick_token(self.lm, logits, slot.request, slot.generator, slot.stream)
+        sync(self.lm.device)
+        now = time.perf_counter()
+        slot.generated.append(slot.token.id)
+        slot.emit(DecodeRecord(len(slot.generated) - 1, now - slot.last, self.batch.state(slot.length),
+                               slot.token, captures))
+        slot.last = now
+        self._maybe_finish(slot)
+
+    def _isolate(self, err: Exception) -> None:
+        """A batched step raised: the request behind it fails alone and the others go on.
+
+        With several rows, each runs alone once; those that raise again are the culprits. A fault
+        no row repeats alone (a passing one, or memory the whole batch needed) fails the newest
+        request, as a server preempts the last one in.
+        """
+        slots = list(self.batch.slots)
+        errors = {s: e for b, s in enumerate(slots) if len(slots) > 1 and (e := self._probe(b, s)) is not None}
+        if not errors:
+            errors = {slots[-1]: err}
+        for slot, error in errors.items():
+            self._fail(slot, error)
+        self.batch.drop(set(errors))
+
+    def _probe(self, b: int, slot: Slot) -> Exception | None:
+        try:
+            with torch.inference_mode():
+                forward(self.lm, [slot.token.id], self.batch.row_cache(b, self.lm.model.config), None)
+        except Exception as err:  # noqa: BLE001 - what this row raises alone
+            return err
+        return None
+
+
+def _chunkable(policy: CapturePolicy) -> bool:
+    """A prompt may be prefilled in chunks unless its captured prefill matrix keeps only recent keys."""
+    return not (policy.enabled and policy.attention and policy.prefill_matrix and policy.max_keys)
+
+
+def _union_policy(policies: list[CapturePolicy], layer_ids: list[frozenset[int]]) -> CapturePolicy:
+    """The residual hooks the batch needs: every layer some row reads its stream at."""
+    wanted = [ids for p, ids in zip(policies, layer_ids) if p.stats or p.logit_lens]
+    layers = tuple(sorted(frozenset().union(*wanted))) if wanted else ()
+    return CapturePolicy(layers=layers, attention=False, stats=bool(layers))
+
+
+def stitch_prefill(chunks: list[dict[int, LayerCapture]], n_prompt: int,
+                   policy: CapturePolicy) -> dict[int, LayerCapture]:
+    """One prefill capture from its chunks' captures: matrix rows stacked; norms, lens and last rows from the last."""
+    last = chunks[-1]
+    if len(chunks) == 1 or not policy.prefill_matrix:
+        return last
+    for i, cap in last.items():
+        parts = [c[i] for c in chunks if i in c and c[i].attention is not None]
+        if cap.attention is None:
+            continue
+        heads = cap.attention.shape[0]
+        full = np.zeros((heads, n_prompt, n_prompt), dtype=cap.attention.dtype)  # (h, T, T)
+        for part in parts:
+            rows, keys = part.attention.shape[1], part.attention.shape[2]
+            full[:, part.query_start:part.query_start + rows, part.key_start:part.key_start + keys] = part.attention
+        cap.attention, cap.query_start, cap.key_start = full, 0, 0
+    return last
+
+
+# --- measuring prefix reuse -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PrefixReuse:
+    """One prompt's time to first token computed from scratch, then with its start reused (measured)."""
+
+    prompt_tokens: int
+    reused_tokens: int
+    ttft_cold: float             # seconds, nothing reused
+    ttft_warm: float             # seconds, the start reused from the prefix cache
+
+
+def measure_prefix_reuse(lm: LoadedModel, first: GenerationRequest, second: GenerationRequest,
+                         rounds: int = 3) -> PrefixReuse:
+    """Run `second` alone cold, then after `first` has filled a fresh prefix cache; best of `rounds` each."""
+    ids = encode_prompt(lm, second)
+    cold, warm, reused = [], [], 0
+    for _ in range(rounds):
+        cold.append(_ttft(lm, second, None))
+        prefix = PrefixCache(2**62)
+        _ttft(lm, first, prefix)
+        warm.append(_ttft(lm, second, prefix))
+        reused = prefix.stats.reused_tokens
+    return PrefixReuse(len(ids), reused, min(cold), min(warm))
+
+
+def _ttft(lm: LoadedModel, request: GenerationRequest, prefix: PrefixCache | None) -> float:
+    one = replace(request, max_new_tokens=1)
+    got: list[Record] = []
+    runner = BatchRunner(lm, max_batch=1, prefill_chunk=1 << 30, prefix=prefix)
+    runner.add(Slot(one, encode_prompt(lm, one), CapturePolicy(layers=()), got.append, _raise))
+    while not runner.idle:
+        runner.step()
+    return next(r.seconds for r in got if isinstance(r, PrefillRecord))
+
+
+def _raise(err: Exception) -> None:
+    raise err
+
+
+# --- padding rows of different lengths into one tensor ----------------------------------------------
+
+def pad_id(lm: LoadedModel) -> int:
+    tok = lm.tokenizer
+    for candidate in (tok.pad_token_id, tok.eos_token_id, 0):
+        if candidate is not None:
+            return int(candidate)
+    return 0
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of ids -> input_ids [B, T] and attention mask [B, T] (1 = real token), pads on the left."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long, device=device)
+    mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long, device=device)
+        mask[i, width - len(row):] = 1
+    return ids, mask

@@ -1,0 +1,264 @@
+"""The batch's KV cache in fixed-size blocks, as vLLM's PagedAttention keeps it.
+
+    batch = PagedBatch(block=16)
+    batch.add(slot, own_cache)          # a prefilled request's K/V is copied into blocks of its own
+    out = model(..., past_key_values=batch.cache, attention_mask=batch.step_mask())
+    batch.table()                       # who holds which block, how full, how many free (measured)
+
+Storage: per layer one K pool and one V pool of `n_blocks * block` slots, [slots, KVH, D]. A request owns
+a list of blocks, its block table; its position p lives in slot `table[p // block] * block + p % block`.
+A request takes a new block only when its last one is full, and gives all back when it leaves, so no
+memory is reserved for tokens not yet generated and nothing is copied when others join or leave.
+
+Block 0 is the null block: never handed out, its first slot stays zero, and padding reads it. For the
+forward each layer gathers the batch's rows into the left-padded [B, KVH, W, D] that attention reads:
+vLLM's kernel reads the blocks in place; a gather is the plain-PyTorch way to the same numbers, and
+costs what DynamicCache's per-step `torch.cat` cost before it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
+
+from engine.core.records import CacheState
+
+BLOCK = 16                 # tokens per block: vLLM's default
+FIRST_BLOCKS = 64          # the pool's size at the start; it doubles when full
+NULL = 0                   # the null block
+
+
+@dataclass(frozen=True)
+class BlockTable:
+    """The pool after a step, read from the cache object: one row per request in the batch."""
+
+    block: int                                        # tokens per block
+    n_blocks: int                                     # blocks in the pool (the null block not counted)
+    free: int                                         # of those, held by nobody
+    rows: tuple[tuple[Any, tuple[int, ...], int], ...]  # (request label, its blocks in order, its tokens)
+    bytes_per_block: int                              # K and V of one block, all layers
+
+    @property
+    def used(self) -> int:
+        return self.n_blocks - self.free
+
+    @property
+    def tokens(self) -> int:
+        return sum(n for _, _, n in self.rows)
+
+    @property
+    def empty_slots(self) -> int:
+        """Slots inside handed-out blocks that hold no token yet: the tail of each request's last block."""
+        return self.used * self.block - self.tokens
+
+    @property
+    def fragmentation(self) -> float:
+        """Share of the handed-out slots that hold nothing (internal fragmentation)."""
+        return self.empty_slots / (self.used * self.block) if self.used else 0.0
+
+
+class BlockPool:
+    """K and V slots for every layer, handed out a block at a time."""
+
+    def __init__(self, like: DynamicCache, block: int = BLOCK, n_blocks: int | None = None):
+        k = like.layers[0].keys                                           # [1, KVH, T, D]
+        n_blocks = n_blocks or FIRST_BLOCKS
+        self.block, self.n_blocks = block, n_blocks
+        shape = (n_blocks * block, k.shape[1], k.shape[3])               # [slots, KVH, D]
+        self.keys = [torch.zeros(shape, dtype=k.dtype, device=k.device) for _ in like.layers]
+        self.values = [torch.zeros(shape, dtype=k.dtype, device=k.device) for _ in like.layers]
+        self.free = list(range(n_blocks - 1, NULL, -1))                  # pop() hands out the lowest first
+
+    @property
+    def bytes_per_block(self) -> int:
+        per_slot = self.keys[0][0].numel() * self.keys[0].element_size()
+        return 2 * len(self.keys) * self.block * per_slot
+
+    def allocate(self) -> int:
+        if not self.free:
+            self._grow()
+        return self.free.pop()
+
+    def release(self, blocks: list[int]) -> None:
+        self.free.extend(blocks)
+        self.free.sort(reverse=True)
+
+    def slots(self, table: list[int], lo: int, hi: int) -> torch.Tensor:
+        """Slot ids of positions lo..hi-1 of the request that owns `table`."""
+        p = torch.arange(lo, hi)
+        blocks = torch.tensor(table, dtype=torch.long)[p // self.block]
+        return (blocks * self.block + p % self.block).to(self.keys[0].device)
+
+    def _grow(self) -> None:
+        """Double the pool: the existing slots keep their ids, so no block table changes."""
+        n = self.n_blocks
+        self.keys = [torch.cat([k, torch.zeros_like(k)]) for k in self.keys]
+        self.values = [torch.cat([v, torch.zeros_like(v)]) for v in self.values]
+        self.free = list(range(2 * n - 1, n - 1, -1)) + self.free
+        self.n_blocks = 2 * n
+
+
+class PagedLayer(CacheLayerMixin):
+    """One layer's view of the paged batch: writes the step's new K/V into blocks, returns the gathered rows."""
+
+    is_sliding = False
+
+    def __init__(self, batch: PagedBatch, index: int):
+        super().__init__()
+        self.batch, self.index, self.is_initialized = batch, index, True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        pass
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        return self.batch.write_and_gather(self.index, key_states, value_states)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.batch.width + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.batch.width
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class PagedBatch:
+    """The running batch: its requests (slots), their block tables, and the HF cache the forward reads."""
+
+    def __init__(self, block: int = BLOCK):
+        self.block = block
+        self.pool: BlockPool | None = None
+        self.slots: list[Any] = []                    # runner Slots, in batch order; each has .length
+        self.tables: dict[Any, list[int]] = {}
+        self.cache: Cache | None = None
+        self._write: torch.Tensor | None = None       # [B] slot each row's new token goes to
+        self._gather: torch.Tensor | None = None      # [B, W + 1] slots attention reads, NULL for pads
+
+    @property
+    def width(self) -> int:
+        """Positions of the longest row: the left-padded view's width before this step."""
+        return max((s.length for s in self.slots), default=0)
+
+    def pads(self) -> list[int]:
+        return [self.width - s.length for s in self.slots]
+
+    def add(self, slot: Any, own: DynamicCache) -> None:
+        """Copy a prefilled request's own cache (batch of one) into blocks of its own."""
+        n = own.get_seq_length()
+        if self.pool is None:
+            self.pool = BlockPool(own, self.block)
+            self.cache = Cache(layers=[PagedLayer(self, i) for i in range(len(own.layers))])
+        table = [self.pool.allocate() for _ in range(-(-n // self.block))]
+        where = self.pool.slots(table, 0, n)
+        for i, layer in enumerate(own.layers):
+            self.pool.keys[i][where] = layer.keys[0, :, :n].transpose(0, 1)      # [n, KVH, D]
+            self.pool.values[i][where] = layer.values[0, :, :n].transpose(0, 1)
+        self.slots.append(slot)
+        self.tables[slot] = table
+
+    def drop(self, gone: set) -> None:
+        """Finished requests leave; their blocks go back to the pool at once."""
+        for slot in [s for s in self.slots if s in gone]:
+            self.pool.release(self.tables.pop(slot))
+        self.slots = [s for s in self.slots if s not in gone]
+        if not self.slots:                            # an idle server gives the pool's memory back
+            self.pool = self.cache = None
+
+    def step_mask(self) -> torch.Tensor:
+        """Plan one decode step (a new block for each row whose last one is full); its mask [B, W + 1]."""
+        for slot in self.slots:
+            if slot.length == len(self.tables[slot]) * self.block:
+                self.tables[slot].append(self.pool.allocate())
+        lengths = torch.tensor([s.length for s in self.slots])                        # [B]
+        longest = max(len(self.tables[s]) for s in self.slots)
+        tables = torch.tensor([self.tables[s] + [NULL] * (longest - len(self.tables[s])) for s in self.slots])
+        p = torch.arange(self.width + 1) - (self.width - lengths)[:, None]            # [B, W + 1] own positions
+        real = p >= 0
+        p = p.clamp(min=0)
+        slots = tables.gather(1, p // self.block) * self.block + p % self.block
+        device = self.pool.keys[0].device
+        self._gather = torch.where(real, slots, NULL).to(device)                      # [B, W + 1]
+        self._write = self._gather[:, -1]                                             # [B] the new tokens
+        return real.long().to(device)
+
+    def write_and_gather(self, layer: int, key: torch.Tensor, value: torch.Tensor):
+        # key, value: [B, KVH, 1, D] new -> pools; returns [B, KVH, W + 1, D], pads reading the null slot
+        k_pool, v_pool = self.pool.keys[layer], self.pool.values[layer]
+        k_pool[self._write] = key[:, :, 0]
+        v_pool[self._write] = value[:, :, 0]
+        b, w = self._gather.shape
+        flat = self._gather.reshape(-1)
+        k = k_pool.index_select(0, flat).view(b, w, *k_pool.shape[1:]).transpose(1, 2)
+        v = v_pool.index_select(0, flat).view(b, w, *v_pool.shape[1:]).transpose(1, 2)
+        return k, v
+
+    def row_cache(self, b: int, config: Any) -> DynamicCache:
+        """Row b's K/V alone, as a cache of its own (batch of one): for probing a failure."""
+        slot = self.slots[b]
+        where = self.pool.slots(self.tables[slot], 0, slot.length)
+        own = DynamicCache(config=config)
+        for layer, k_pool, v_pool in zip(own.layers, self.pool.keys, self.pool.values):
+            k, v = (p[where].transpose(0, 1).unsqueeze(0).contiguous() for p in (k_pool, v_pool))  # [1, KVH, n, D]
+            layer.lazy_initialization(k, v)
+            layer.keys, layer.values = k, v
+        return own
+
+    def state(self, length: int) -> CacheState:
+        """A request's cache as if it were alone: the bytes of its `length` positions."""
+        per_layer = length * self.pool.bytes_per_block // (self.block * len(self.pool.keys))
+        return CacheState(length, per_layer * len(self.pool.keys), [per_layer] * len(self.pool.keys))
+
+    def table(self) -> BlockTable | None:
+        if self.pool is None:
+            return None
+        rows = tuple((s.label, tuple(self.tables[s]), s.length) for s in self.slots)
+        return BlockTable(self.block, self.pool.n_blocks - 1, len(self.pool.free), rows, self.pool.bytes_per_block)
+
+
+
+class SoloBatch:
+    """A batch of one on the request's own HF cache: for models whose layers keep a sliding window of
+    positions (each layer its own), which neither pad nor page together."""
+
+    def __init__(self) -> None:
+        self.slots: list[Any] = []
+        self.cache: DynamicCache | None = None
+
+    @property
+    def width(self) -> int:
+        return self.slots[0].length if self.slots else 0
+
+    def pads(self) -> list[int]:
+        return [0] * len(self.slots)
+
+    def add(self, slot: Any, own: DynamicCache) -> None:
+        if self.slots:
+            raise ValueError("a solo batch holds one request")
+        self.slots, self.cache = [slot], own
+
+    def drop(self, gone: set) -> None:
+        if any(s in gone for s in self.slots):
+            self.slots, self.cache = [], None
+
+    def step_mask(self) -> torch.Tensor:
+        return torch.ones((1, self.width + 1), dtype=torch.long, device=self.cache.layers[0].keys.device)
+
+    def row_cache(self, b: int, config: Any) -> DynamicCache:
+        return self.cache
+
+    def state(self, length: int) -> CacheState:
+        return row_cache_state(self.cache, length)
+
+    def table(self) -> None:
+        return None
+
+
+def row_cache_state(cache: DynamicCache, length: int) -> CacheState:
+    """One request's own cache: the bytes of its `length` positions (a windowed layer holds fewer: only the
+    rows it keeps)."""
+    per_layer = [min(length, layer.keys.shape[-2]) * layer.keys[:1, :, :1].numel() * layer.keys.element_size() * 2
+                 for layer in cache.layers if getattr(layer, "keys", None) is not None]
+    return CacheState(length, sum(per_layer), per_layer)

@@ -1,0 +1,710 @@
+"""One model, many sessions: a bounded queue in front of a continuous batch.
+
+    scheduler = scheduler_for(lm)                       # one per loaded model, shared by every session
+    handle = scheduler.submit(GenerationRequest("Why is the sky blue?"), policy, session="a1b2")
+    for record in handle.records(on_wait=lambda s: print(s.position, s.estimated_wait)):
+        ...                                             # PrefillRecord, DecodeRecord..., DoneRecord
+    handle.cancel()                                     # queued or running; a no-op once finished
+
+A request is checked and tokenized once, when it is submitted (settings, prompt length, the launch
+limits, the memory its KV cache needs), then waits in a bounded queue. One worker thread admits
+waiting requests into the running batch (engine.serving.batch.BatchRunner) whenever it has room, and steps
+the batch: every running request gets its next token from the same forward pass, newcomers join at a
+step boundary and finished ones leave. Every request keeps its own records and captures, and
+receives exactly what it would receive alone (tests check it token for token).
+
+Speculative requests and jobs (speed-lab measurements) run exclusively, in their turn: the batch
+drains, the job runs alone, then batching resumes. Nothing outside this worker runs the shared
+model. See docs/serving.md.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import queue
+import statistics
+import threading
+import time
+from collections import deque
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator
+
+import torch
+
+from engine.serving.batch import BatchRunner, Slot, StepInfo, batchable
+from engine.errors import EngineError, QueueFullError, RequestTimeoutError
+from engine.core.generate import GenerationRequest, check_context, encode_prompt, validate
+from engine.core.hooks import CAPTURE_OFF, CapturePolicy
+from engine.serving.limits import Limits, capture_bytes, check_memory, check_prompt_chars, check_request, kv_bytes
+from engine.core.loader import LoadedModel, free_memory
+from engine.serving.prefix import PrefixCache
+from engine.core.records import DoneRecord
+from engine.speculative.decode import speculative_generate
+from engine.speculative.drafts import Draft
+
+SERVICE_HISTORY = 20           # finished requests the mean service time averages over
+STEP_HISTORY = 400             # batch steps kept for the room view and the wait estimate
+SESSION_IDLE_SECONDS = 900.0   # a person unseen this long no longer counts against max_sessions
+TIMELINE_LENGTH = 200          # finished requests kept for `timeline()`
+_END = object()                # end of a handle's record stream
+
+
+class SessionLimitError(QueueFullError):
+    """The server already serves as many browser sessions as it was launched for."""
+
+
+class JobCancelled(EngineError):
+    """A job noticed at one of its progress points that it was cancelled."""
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """A job's progress, streamed to the page that submitted it."""
+
+    fraction: float
+    text: str
+    kind: str = "progress"
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """What a job returned: its last record."""
+
+    value: Any
+    kind: str = "result"
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    """Where a request stands, for the page to show while it waits."""
+
+    state: str                       # "queued", "running", "done", "cancelled", "failed"
+    position: int                    # 1 = next to join the batch; 0 once running or finished
+    ahead: int                       # requests queued before this one
+    estimated_wait: float | None     # seconds until it starts, from measured step times (None: nothing measured yet)
+    waited: float                    # seconds since it was submitted (until it started)
+    running: int = 0                 # requests in the batch now
+    batch: int = 1                   # the most the batch holds
+
+
+@dataclass(eq=False)
+class Handle:
+    """A submitted request: iterate it for records, ask for its status, cancel it."""
+
+    id: int
+    request: GenerationRequest | None
+    policy: CapturePolicy
+    session: str | None
+    scheduler: "Scheduler" = field(repr=False)
+    draft: Draft | None = None       # speculative decoding's draft, or None for plain decoding
+    k: int = 4
+    job: Callable[..., Any] | None = None   # a job run exclusively: job(progress) -> value
+    label: str = ""                  # what a job is, for the room view
+    ids: list[int] = field(default_factory=list, repr=False)   # the prompt's token ids, encoded once at submit
+    state: str = "queued"
+    error: EngineError | None = None  # why it failed, or RequestTimeoutError when stopped by the time limit
+    submitted: float = field(default_factory=time.perf_counter)
+    started: float | None = None
+    finished: float | None = None
+    tokens: int = 0                   # tokens generated so far
+    _records: queue.Queue = field(default_factory=queue.Queue, repr=False)
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    _got_done: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.state in ("done", "cancelled", "failed")
+
+    @property
+    def exclusive(self) -> bool:
+        return self.draft is not None or self.job is not None
+
+    def status(self) -> QueueStatus:
+        return self.scheduler.status(self)
+
+    def cancel(self) -> None:
+        """Stop this request: dropped from the queue, or stopped after the current step if running."""
+        self.scheduler.cancel(self)
+
+    def get(self, timeout: float | None = None) -> Any:
+        """The next record, None on timeout, or the end marker `Handle.END` once the stream is over."""
+        try:
+            item = self._records.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if item is _END:
+            self._records.put(_END)          # keep the stream closed for later readers
+        return item
+
+    END = _END
+
+    def records(self, on_wait: Callable[[QueueStatus], None] | None = None,
+                poll: float = 0.25) -> Iterator[Any]:
+        """Yield records as they come, calling `on_wait(status)` every `poll` seconds without one.
+
+        Raises the request's EngineError if it failed before its final record. Closing the
+        iterator early (or an exception in the consumer's loop body) cancels the request.
+        """
+        try:
+            while (item := self.get(timeout=poll)) is not _END:
+                if item is None:
+                    if on_wait is not None:
+                        on_wait(self.status())
+                    continue
+                self._got_done = self._got_done or isinstance(item, (DoneRecord, JobResult))
+                yield item
+            if self.error is not None and not self._got_done:
+                raise self.error
+        finally:
+            if not self.done:
+                self.cancel()
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.records()
+
+    def result(self, timeout: float | None = None) -> list[Any]:
+        """Every record, waiting up to `timeout` seconds in all (for scripts and tests)."""
+        deadline = None if timeout is None else time.perf_counter() + timeout
+
+        def check(_: QueueStatus) -> None:
+            if deadline is not None and time.perf_counter() > deadline:
+                raise RequestTimeoutError(f"request {self.id} did not finish within {timeout} s")
+
+        return list(self.records(on_wait=check, poll=0.05))
+
+    def value(self, timeout: float | None = None) -> Any:
+        """A job's return value (raises its error if it failed)."""
+        results = [r for r in self.result(timeout) if isinstance(r, JobResult)]
+        if not results:
+            raise self.error or JobCancelled("the job was cancelled before it finished")
+        return results[-1].value
+
+    @property
+    def wait_seconds(self) -> float | None:
+        return None if self.started is None else self.started - self.submitted
+
+    @property
+    def service_seconds(self) -> float | None:
+        return None if self.started is None or self.finished is None else self.finished - self.started
+
+
+@dataclass
+class SchedulerStats:
+    """Counters since the scheduler started, and the state of the queue now."""
+
+    submitted: int = 0
+    refused: int = 0                 # raised at submit: invalid, over a limit, queue full, room full
+    served: int = 0                  # ran to their final record
+    cancelled: int = 0
+    timed_out: int = 0
+    failed: int = 0
+    queued: int = 0
+    running: int = 0                 # requests in the batch (or the one exclusive job) now
+    max_batch: int = 1
+    sessions: int = 0
+    mean_service: float | None = None
+    mean_wait: float | None = None
+    step_seconds: float | None = None   # median of the recent batch steps
+
+
+@dataclass(frozen=True)
+class Span:
+    """One finished request on the scheduler's timeline (seconds since the scheduler was made)."""
+
+    id: int
+    session: str | None
+    submitted: float
+    started: float | None          # None: cancelled while queued
+    finished: float
+    state: str
+    tokens: int
+
+
+@dataclass(frozen=True)
+class RoomMember:
+    """One request in the running batch, as the room view shows it."""
+
+    id: int
+    session: str | None
+    phase: str                     # "prefill", "decode" or the job's label
+    prompt_tokens: int
+    tokens: int                    # generated so far
+    max_new_tokens: int
+    seconds: float                 # since it joined the batch
+
+
+@dataclass(frozen=True)
+class RoomState:
+    """The live batch: who is in it, the recent steps, and the queue (measured, this server)."""
+
+    members: tuple[RoomMember, ...]
+    steps: tuple[StepInfo, ...]    # oldest first
+    queued: int
+    max_batch: int
+    sessions: int
+    t0: float                      # perf_counter of the scheduler's start (steps' `at` is relative to it)
+
+
+class Scheduler:
+    """A bounded queue, a continuous batch and one worker thread over one shared model."""
+
+    def __init__(self, lm: LoadedModel, limits: Limits | None = None):
+        self.lm = lm
+        self.limits = limits or Limits.for_device(lm.device).with_env()
+        self._cond = threading.Condition()
+        self._queue: deque[Handle] = deque()
+        self._running: dict[Handle, Slot | None] = {}    # in the batch (a Slot) or the exclusive job (None)
+        self.prefix = PrefixCache(self.limits.prefix_cache_mb * 2**20)
+        self._batchable = batchable(lm)
+        self._runner = self._new_runner()
+        self._by_session: dict[str, Handle] = {}
+        self._people: dict[str, float] = {}             # person -> last seen (monotonic)
+        self._person_of: dict[str, str] = {}            # browser session -> the person it belongs to
+        self.presence: Callable[[str], bool] | None = None   # is a browser session still connected? (set by the app)
+        self._service: deque[float] = deque(maxlen=SERVICE_HISTORY)
+        self._waits: deque[float] = deque(maxlen=SERVICE_HISTORY)
+        self._steps: deque[StepInfo] = deque(maxlen=STEP_HISTORY)
+        self._spans: deque[Span] = deque(maxlen=TIMELINE_LENGTH)
+        self._t0 = time.perf_counter()
+        self._ids = itertools.count(1)
+        self._stats = SchedulerStats()
+        self._closed = False
+        self._worker: threading.Thread | None = None
+
+    def _new_runner(self) -> BatchRunner:
+        return BatchRunner(self.lm, max_batch=self.limits.max_batch, prefix=self.prefix)
+
+    # --- sessions --------------------------------------------------------------------------------
+
+    def join(self, session: str, person: str | None = None) -> None:
+        """Count a person as present (all of one browser's tabs and reloads are one person, when the app
+        says who it is); SessionLimitError when the room is full."""
+        with self._cond:
+            self._join(session, person)
+
+    def leave(self, session: str) -> None:
+        with self._cond:
+            person = self._person_of.pop(session, session)
+            if person not in self._person_of.values():
+                self._people.pop(person, None)
+            handle = self._by_session.pop(session, None)
+        if handle is not None:
+            handle.cancel()
+
+    def _join(self, session: str, person: str | None = None) -> None:
+        now = time.monotonic()
+        person = person or self._person_of.get(session, session)
+        self._prune(now)
+        if person not in self._people and len(self._people) >= self.limits.max_sessions:
+            back = max(1, round((min(self._people.values()) + SESSION_IDLE_SECONDS - now) / 60))
+            who = "person" if self.limits.max_sessions == 1 else "people"
+            raise SessionLimitError(
+                f"this server already serves {self.limits.max_sessions} {who}, its limit of browser sessions; a "
+                "place frees as soon "
+                f"as someone closes their tab, and at the latest in {back} minute(s); meanwhile follow the "
+                "presenter's screen")
+        self._person_of[session] = person
+        self._people[person] = now
+
+    def _prune(self, now: float) -> None:
+        """Forget browser sessions that are gone, and people with no session left or idle too long."""
+        if self.presence is not None:
+            for s in [s for s in self._person_of if s not in self._by_session and not self.presence(s)]:
+                del self._person_of[s]
+        present = set(self._person_of.values())
+        for p, seen in list(self._people.items()):
+            idle = now - seen > SESSION_IDLE_SECONDS and not any(
+                self._person_of.get(s) == p for s in self._by_session)
+            if p not in present or idle:
+                del self._people[p]
+                for s in [s for s, q in self._person_of.items() if q == p and s not in self._by_session]:
+                    del self._person_of[s]
+
+    # --- submitting ------------------------------------------------------------------------------
+
+    def submit(self, request: GenerationRequest, policy: CapturePolicy = CAPTURE_OFF, session: str | None = None,
+               draft: Draft | None = None, k: int = 4) -> Handle:
+        """Check a request and queue it; raises an EngineError subclass when it cannot be accepted.
+
+        A session has at most one request in flight: submitting again cancels its previous one.
+        `draft` runs speculative decoding with `k` drafted tokens per
+        round, exclusively (the batch drains first).
+        """
+        try:
+            ids = self._check(request, policy)
+            with self._cond:
+                handle = self._new_handle(request, policy, session, draft=draft, k=k, ids=ids)
+                return self._enqueue(handle)
+        except EngineError:
+            with self._cond:
+                self._stats.refused += 1
+            raise
+
+    def submit_job(self, job: Callable[[Callable[[float, str], None]], Any], label: str,
+                   session: str | None = None) -> Handle:
+        """Queue work that needs the model to itself (a speed-lab measurement): `job(progress)` -> value.
+
+        It runs in its turn, alone; its handle streams JobProgress records and ends with a JobResult.
+        `progress(fraction, text)` raises JobCancelled once the handle is cancelled.
+        """
+        try:
+            with self._cond:
+                return self._enqueue(self._new_handle(None, CAPTURE_OFF, session, job=job, label=label))
+        except EngineError:
+            with self._cond:
+                self._stats.refused += 1
+            raise
+
+    def check(self, request: GenerationRequest, policy: CapturePolicy = CAPTURE_OFF) -> int:
+        """Every check made at submit, without queueing; returns the prompt's token count."""
+        return len(self._check(request, policy))
+
+    def _check(self, request: GenerationRequest, policy: CapturePolicy) -> list[int]:
+        """Validated and tokenized once, here at the door; the batch gets the ids."""
+        validate(request)
+        check_prompt_chars(self.limits, request.prompt, request.system)     # before the tokenizer runs
+        ids = encode_prompt(self.lm, request)
+        check_request(self.limits, self.lm.spec, self.lm.dtype_name, len(ids), request.max_new_tokens, policy)
+        check_context(self.lm, len(ids), request.max_new_tokens)
+        self._check_memory(request, policy, len(ids))
+        return ids
+
+    def _check_memory(self, request: GenerationRequest, policy: CapturePolicy, n_prompt: int) -> None:
+        """Enough memory for this request's cache and captures, after what the batch and the queue will still take."""
+        spec, new = self.lm.spec, request.max_new_tokens
+        with self._cond:
+            promised = sum(self._still_needs(h) for h in [*self._queue, *self._running])
+        check_memory(spec, self.lm.dtype_name, n_prompt + new, device_free_bytes(self.lm.device) - promised,
+                     capture_bytes(spec, policy, n_prompt, new), self.limits.reserve_mb * 2**20)
+
+    def _still_needs(self, handle: Handle) -> float:
+        if handle.request is None:
+            return 0.0
+        total = len(handle.ids) + handle.request.max_new_tokens
+        held = len(handle.ids) + handle.tokens if handle.state == "running" else 0
+        return kv_bytes(self.lm.spec, self.lm.dtype_name, max(total - held, 0))
+
+    def _new_handle(self, request: GenerationRequest | None, policy: CapturePolicy, session: str | None,
+                    **kw: Any) -> Handle:
+        return Handle(next(self._ids), request, policy, session, self, **kw)
+
+    def _enqueue(self, handle: Handle) -> Handle:
+        if self._closed:
+            raise EngineError("the server is shutting down; no new requests are taken")
+        session = handle.session
+        previous = self._by_session.get(session) if session is not None else None
+        if session is not None:
+            self._join(session)
+        frees_a_place = previous is not None and previous.state == "queued"   # it is replaced below
+        if len(self._queue) - frees_a_place - self._free_places() >= self.limits.max_queue:
+            raise QueueFullError(
+                f"{len(self._queue)} requests are already waiting, the most this server queues; "
+                f"try again in {self._retry_hint()}")
+        if previous is not None and not previous.done:
+            self._cancel_locked(previous)
+        self._queue.append(handle)
+        if session is not None:
+            self._by_session[session] = handle
+        self._stats.submitted += 1
+        self._ensure_worker()
+        self._cond.notify_all()
+        return handle
+
+    def _free_places(self) -> int:
+        """Places in the batch the queue's first requests take at the next step (none while a job runs)."""
+        if any(h.exclusive for h in self._running):
+            return 0
+        return max(self.limits.max_batch - len(self._running), 0)
+
+    def _retry_hint(self) -> str:
+        step = self._step_seconds()
+        if step is None:
+            return "a minute"
+        soonest = min((h.request.max_new_tokens - h.tokens for h in self._running if h.request), default=0)
+        return f"about {max(1, round(soonest * step))} s, when a place in the batch frees"
+
+    # --- status and cancelling -------------------------------------------------------------------
+
+    def status(self, handle: Handle) -> QueueStatus:
+        with self._cond:
+            now = time.perf_counter()
+            waited = (handle.started or now) - handle.submitted
+            running, batch = len(self._running), self.limits.max_batch
+            if handle.state != "queued":
+                return QueueStatus(handle.state, 0, 0, 0.0 if handle.state == "running" else None, waited,
+                                   running, batch)
+            position = next((i for i, h in enumerate(self._queue, 1) if h is handle), 0)
+            return QueueStatus("queued", position, position - 1, self._estimate(position), waited, running, batch)
+
+    def _step_seconds(self) -> float | None:
+        """Median of the recent decode steps (measured), or None before any."""
+        recent = [s.seconds for s in list(self._steps)[-50:] if s.decode_rows]
+        return statistics.median(recent) if recent else None
+
+    def _estimate(self, position: int) -> float | None:
+        """Seconds until the request at `position` joins the batch, if everyone uses all their tokens.
+
+        Each place in the batch frees when its request has generated its last allowed token; the
+        requests ahead take the places in order. Steps are timed from the batch as it runs now.
+        """
+        step = self._step_seconds()
+        if step is None:
+            return None
+        free_at = [self._steps_left(h) for h in self._running]                    # steps until each place frees
+        free_at += [0] * max(self.limits.max_batch - len(free_at), 0)
+        heapq.heapify(free_at)
+        for handle in list(self._queue)[:position - 1]:
+            start = max(free_at) if handle.exclusive else heapq.heappop(free_at)
+            if handle.exclusive:
+                free_at = [start + self._steps_left(handle)] * self.limits.max_batch
+            else:
+                heapq.heappush(free_at, start + self._steps_left(handle))
+        return free_at[0] * step if free_at else 0.0
+
+    def _steps_left(self, handle: Handle) -> int:
+        if handle.request is None:
+            mean = statistics.fmean(self._service) if self._service else 10.0
+            return max(1, round(mean / (self._step_seconds() or 0.1)))
+        chunks = -(-len(handle.ids) // self._runner.prefill_chunk) if handle.state == "queued" else 0
+        return chunks + handle.request.max_new_tokens - handle.tokens
+
+    def cancel(self, handle: Handle) -> None:
+        with self._cond:
+            self._cancel_locked(handle)
+
+    def _cancel_locked(self, handle: Handle) -> None:
+        handle._cancel.set()
+        if handle.state == "queued":
+            self._queue.remove(handle)
+            self._finish(handle, "cancelled")
+            self._stats.cancelled += 1
+
+    def stats(self) -> SchedulerStats:
+        with self._cond:
+            return replace(self._stats, queued=len(self._queue), running=len(self._running),
+                           max_batch=self.limits.max_batch, sessions=len(self._people),
+                           mean_service=statistics.fmean(self._service) if self._service else None,
+                           mean_wait=statistics.fmean(self._waits) if self._waits else None,
+                           step_seconds=self._step_seconds())
+
+    def timeline(self) -> list[Span]:
+        """The last finished requests, oldest first: real queueing data for a page to draw."""
+        with self._cond:
+            return list(self._spans)
+
+    def room(self) -> RoomState:
+        """The live batch and its recent steps, for the room view."""
+        with self._cond:
+            now = time.perf_counter()
+            members = tuple(self._member(h, slot, now) for h, slot in self._running.items())
+            return RoomState(members, tuple(self._steps), len(self._queue), self.limits.max_batch,
+                             len(self._people), self._t0)
+
+    def _member(self, handle: Handle, slot: Slot | None, now: float) -> RoomMember:
+        if handle.request is None or slot is None:
+            phase = handle.label or ("speculative" if handle.draft is not None else "job")
+        else:
+            phase = "prefill" if not slot.generated else "decode"
+        return RoomMember(handle.id, handle.session, phase, len(handle.ids), handle.tokens,
+                          handle.request.max_new_tokens if handle.request else 0, now - (handle.started or now))
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Cancel everything and stop the worker (tests and shutdown)."""
+        with self._cond:
+            self._closed = True
+            for handle in list(self._queue):
+                self._cancel_locked(handle)
+            for handle in self._running:
+                handle._cancel.set()
+            self._cond.notify_all()
+        if self._worker is not None:
+            self._worker.join(timeout)
+
+    # --- the worker ------------------------------------------------------------------------------
+
+    def _ensure_worker(self) -> None:
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._work, name="playground-scheduler", daemon=True)
+            self._worker.start()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and self._runner.idle and not self._closed:
+                    self._cond.wait()
+                if self._closed and self._runner.idle:
+                    return
+                exclusive = self._admit()
+            if exclusive is not None:
+                self._serve_exclusive(exclusive)
+            elif not self._runner.idle:
+                self._step()
+
+    def _admit(self) -> Handle | None:
+        """Move waiting requests into the batch while it has room; an exclusive one waits for it to drain."""
+        while self._queue and not self._closed:
+            head = self._queue[0]
+            if head.exclusive:
+                if not self._runner.idle:
+                    return None
+                self._start(self._queue.popleft(), None)
+                return head
+            self._runner.max_batch = self.limits.max_batch if self._batchable else 1   # limits may change
+            if self._runner.room <= 0:
+                return None
+            handle = self._queue.popleft()
+            self._start(handle, None)
+            try:
+                self._running[handle] = slot = self._slot(handle)
+                self._runner.add(slot)
+            except Exception as err:  # noqa: BLE001 - this request fails alone
+                self._failed(handle, err)
+                self._settle(handle)
+        return None
+
+    def _start(self, handle: Handle, slot: Slot | None) -> None:
+        handle.state, handle.started = "running", time.perf_counter()
+        self._running[handle] = slot
+        self._waits.append(handle.started - handle.submitted)
+
+    def _slot(self, handle: Handle) -> Slot:
+        deadline = handle.started + self.limits.request_seconds
+        stop = lambda: handle._cancel.is_set() or time.perf_counter() > deadline  # noqa: E731
+        emit = lambda record: handle._records.put(self._final(handle, record, deadline))  # noqa: E731
+        return Slot(handle.request, handle.ids, handle.policy, emit, lambda err: self._failed(handle, err), stop,
+                    tag=handle, label=handle.id)
+
+    def _failed(self, handle: Handle, err: Exception) -> None:
+        handle.error = err if isinstance(err, EngineError) else EngineError(
+            f"the generation failed ({type(err).__name__}: {err}); the server is fine, try again")
+
+    def _step(self) -> None:
+        """One batch step under the model's lock; then settle the requests that finished in it."""
+        try:
+            with self.lm.lock:
+                info = self._runner.step()
+        except Exception as err:  # noqa: BLE001 - a bug in a step must not stop the worker
+            for slot in self._runner.slots:
+                self._failed(slot.tag, err)
+                slot.finished = True
+            self._runner = self._new_runner()
+            self.prefix.clear()
+            info = None
+        with self._cond:
+            if info is not None and (info.decode_rows or info.prefill_tokens):
+                self._steps.append(info)
+            for handle, slot in list(self._running.items()):
+                if slot is not None and slot.finished:
+                    self._settle(handle)
+
+    def _settle(self, handle: Handle) -> None:
+        """A request left the batch: count it, time it, end its stream."""
+        del self._running[handle]
+        state = "failed" if handle.error is not None and not isinstance(handle.error, RequestTimeoutError) else "done"
+        self._service.append(time.perf_counter() - handle.started)
+        self._count(handle, state)
+        self._finish(handle, "cancelled" if state == "done" and handle._cancel.is_set()
+                     and handle.error is None else state)
+        self._cond.notify_all()
+
+    def _serve_exclusive(self, handle: Handle) -> None:
+        """A speculative request or a job, alone on the model (and its draft's), in its turn."""
+        try:
+            self._run_exclusive(handle)
+        except JobCancelled:
+            pass
+        except EngineError as err:
+            handle.error = err
+        except Exception as err:  # noqa: BLE001 - one request's failure must not stop the worker
+            self._failed(handle, err)
+        finally:
+            self._release_memory()
+        with self._cond:
+            self._settle(handle)
+
+    def _run_exclusive(self, handle: Handle) -> None:
+        deadline = handle.started + self.limits.request_seconds
+        stop = lambda: handle._cancel.is_set() or time.perf_counter() > deadline  # noqa: E731
+        with ExitStack() as locks:
+            for lock in self._locks(handle):
+                locks.enter_context(lock)
+            if handle.job is not None:
+                handle._records.put(JobResult(handle.job(self._progress(handle))))
+                return
+            records = speculative_generate(self.lm, handle.request, handle.draft, handle.k, handle.policy,
+                                           should_stop=stop, ids=handle.ids)
+            try:
+                for record in records:
+                    handle._records.put(self._final(handle, record, deadline))
+            finally:
+                records.close()
+
+    def _progress(self, handle: Handle) -> Callable[[float, str], None]:
+        def report(fraction: float, text: str) -> None:
+            if handle._cancel.is_set():
+                raise JobCancelled("cancelled")
+            handle._records.put(JobProgress(float(fraction), str(text)))
+        return report
+
+    def _count(self, handle: Handle, state: str) -> None:
+        if isinstance(handle.error, RequestTimeoutError):
+            self._stats.timed_out += 1
+        elif state == "failed":
+            self._stats.failed += 1
+        elif handle._cancel.is_set():
+            self._stats.cancelled += 1
+        else:
+            self._stats.served += 1
+
+    def _locks(self, handle: Handle) -> list[threading.Lock]:
+        draft_lm = getattr(handle.draft, "lm", None)
+        return [self.lm.lock] + ([draft_lm.lock] if draft_lm is not None and draft_lm is not self.lm else [])
+
+    def _final(self, handle: Handle, record: Any, deadline: float) -> Any:
+        """A record as the session receives it; a run stopped by the time limit ends as 'timeout'."""
+        if not isinstance(record, DoneRecord):
+            handle.tokens += len(record.emitted) if hasattr(record, "emitted") else int(hasattr(record, "token"))
+            return record
+        handle.tokens = record.generated_tokens
+        if record.finish_reason == "cancelled" and not handle._cancel.is_set() and time.perf_counter() > deadline:
+            handle.error = RequestTimeoutError(
+                f"stopped after {self.limits.request_seconds:g} s, the time limit for one request on this server; "
+                f"the {record.generated_tokens} tokens generated so far are kept")
+            return replace(record, finish_reason="timeout")
+        return record
+
+    def _finish(self, handle: Handle, state: str) -> None:
+        handle.state, handle.finished = state, time.perf_counter()
+        rel = lambda t: None if t is None else t - self._t0  # noqa: E731
+        self._spans.append(Span(handle.id, handle.session, rel(handle.submitted), rel(handle.started),
+                                rel(handle.finished), state, handle.tokens))
+        if handle.session is not None and self._by_session.get(handle.session) is handle:
+            del self._by_session[handle.session]
+        handle._records.put(_END)
+
+    def _release_memory(self) -> None:
+        if self.lm.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def device_free_bytes(device: torch.device) -> float:
+    """Memory a new request can still use: free device memory plus what PyTorch's allocator holds unused."""
+    free = free_memory(device)
+    if device.type == "cuda":
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return free
+
+
+_SCHEDULERS: dict[int, tuple[LoadedModel, Scheduler]] = {}
+_SCHEDULERS_LOCK = threading.Lock()
+
+
+def scheduler_for(lm: LoadedModel, limits: Limits | None = None) -> Scheduler:
+    """The process-wide scheduler of a loaded model (created on first use; `limits` only then)."""
+    with _SCHEDULERS_LOCK:
+        entry = _SCHEDULERS.get(id(lm))
+        if entry is None or entry[0] is not lm:
+            entry = (lm, Scheduler(lm, limits))
+            _SCHEDULERS[id(lm)] = entry
+        return entry[1]

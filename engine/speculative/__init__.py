@@ -1,0 +1,1 @@
+"""Speculative decoding: drafts propose, the target verifies in one pass."""
