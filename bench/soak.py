@@ -19,7 +19,9 @@ Only public APIs: `scheduler_for(lm)`, `Scheduler.check/submit/join/leave/stats`
 When the time is up, sessions whose answer is streaming read on for up to 20 s (as a person would), the others
 leave at once. Reports what was asked and how it ended (served, refused with a message, cancelled, failed, lost: the
 last two must be 0), p50/p95 of each kind's duration, the resident memory (after warm-up, peak, final;
-final must be within 10% of after warm-up, both net of the bounded prefix cache), threads and playground hooks left (must be 0). Writes
+and what is still in use at the end once malloc_trim has handed the allocator's free pages back: that must be
+within 10% of after warm-up, both net of the bounded prefix cache), threads and playground hooks left (must be 0).
+Writes
 bench/results/soak.json and exits with status 1 when a check fails.
 """
 from __future__ import annotations
@@ -438,6 +440,7 @@ def report(room: Room, watch: MemoryWatch, seconds: float, threads_before: int, 
     stats = room.scheduler.stats()
     warm = watch.level(max(10.0, seconds * 0.1))
     final = psutil.Process(os.getpid()).memory_info().rss - room.scheduler.prefix.stats.bytes
+    held = trimmed() - room.scheduler.prefix.stats.bytes   # what is still in use, the allocator's free pages given back
     accepted = stats.submitted - stats_before.submitted
     ended = sum(getattr(stats, k) - getattr(stats_before, k) for k in ("served", "cancelled", "failed", "timed_out"))
     counts = {k: getattr(stats, k) - getattr(stats_before, k)
@@ -445,7 +448,8 @@ def report(room: Room, watch: MemoryWatch, seconds: float, threads_before: int, 
     out = {**summary(room.outcomes), "lost": len(lost) + (accepted - ended) + stats.queued + int(stats.running),
            "scheduler": {"accepted": accepted, **counts, "queued_at_end": stats.queued, "running_at_end": stats.running},
            "memory_mb": {"after_warm_up": mb(warm), "peak": mb(watch.peak), "final": mb(final),
-                         "final_over_warm_up": round(final / warm, 3), "final_after_malloc_trim": mb(trimmed()),
+                         "final_over_warm_up": round(final / warm, 3), "final_after_malloc_trim": mb(held),
+                         "held_over_warm_up": round(held / warm, 3),
                          "every_tenth": [mb(watch.level(seconds * k / 10)) for k in range(1, 11)],
                          "prefix_cache_final": mb(room.scheduler.prefix.stats.bytes), "net_of": "the prefix cache"},
            "threads_left": threading.active_count() - threads_before,
@@ -478,8 +482,10 @@ def checks(out: dict[str, Any]) -> list[str]:
         problems.append(f"{out['failed']} failed")
     if out["lost"]:
         problems.append(f"{out['lost']} lost")
-    if out["memory_mb"]["final_over_warm_up"] > 1.10:
-        problems.append(f"final memory is {out['memory_mb']['final_over_warm_up']:.2f}x the level after warm-up")
+    if out["memory_mb"]["held_over_warm_up"] > 1.10:   # a leak survives malloc_trim; free pages kept by 30 threads'
+        #                                                  arenas do not (they made the raw figure vary 1.05-1.12)
+        problems.append(f"memory still in use at the end is {out['memory_mb']['held_over_warm_up']:.2f}x the level "
+                        "after warm-up")
     for what in ("threads_left", "hooks_left"):
         if out[what]:
             problems.append(f"{out[what]} {what.replace('_', ' ')}")

@@ -21,7 +21,7 @@ def test_thirty_sessions_for_a_minute_leave_nothing_failed_lost_or_leaked(tmp_pa
     assert result["checks"] == [], (result["checks"], result["failures"])
     assert result["failed"] == 0 and result["lost"] == 0
     assert result["threads_left"] == 0 and result["hooks_left"] == 0 and result["sessions_left"] == 0
-    assert result["memory_mb"]["final_over_warm_up"] <= 1.10
+    assert result["memory_mb"]["held_over_warm_up"] <= 1.10
     kinds = result["kinds"]
     assert kinds["bomb"]["refused"] == 2 and kinds["generate"].get("served", 0) >= 1
     assert kinds["upload_bad"].get("served", 0) == 0 and kinds["upload_bad"].get("refused", 0) >= 1
