@@ -8,7 +8,7 @@ numpy arrays), never the model, a module or a hook handle.
 
 The model is shared by every session: `stream_generation` submits the request to the process-wide
 scheduler (engine/scheduler.py), which runs one request at a time, and streams the records back. A
-run can also come from a recording file (app/replay.py), in which case no model is needed at all.
+run can also come from a recording file (app/recordings.py), in which case no model is needed at all.
 """
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """Attention: who each token looks at, per layer and head, with grouped-query attention made visible."""
 import streamlit as st
 
-from app import attention_view as view
-from app import replay
-from app.attention import captured_heads, captured_layers
+from app.attention import sections as view
+from app import recordings as replay
+from app.attention.numbers import captured_heads, captured_layers
 from app.controls import last_run, offline_notice, page_model, presenter_push, pushed_choice, quick_form, run_live
-from app.view import ProgressLine
+from app.widgets import ProgressLine
 
 lm = page_model()
 st.title("Attention")

@@ -1,7 +1,7 @@
 """Attention arithmetic, step by step: one head of one layer, the real numbers beside the shapes."""
 import streamlit as st
 
-from app import attention_math_view as view
+from app.attention import math as view
 from app.model import require_model
 
 lm = require_model()

@@ -1,7 +1,7 @@
 """FlashAttention and kernel fusion: eager attention against one fused kernel, measured here and projected."""
 import streamlit as st
 
-from app import fusion_view as view
+from app.explainers import flash_attention as view
 from app.model import require_model
 
 lm = require_model()

@@ -1,8 +1,8 @@
 """The journey of a request: tokens in, shapes through the model, the answer streaming out."""
 import streamlit as st
 
-from app import journey_view as view
-from app import replay
+from app.journey import sections as view
+from app import recordings as replay
 from app.controls import (generate_button, last_run, new_token_limit, offline_notice, page_model, prepare,
                           presenter_push, prompt_box, run_live, sampling_controls)
 

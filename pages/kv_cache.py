@@ -1,8 +1,9 @@
 """The KV cache: watch it grow in the real model, then see what it costs per user on real GPUs."""
 import streamlit as st
 
-from app import kv_view as view
-from app import replay, room
+from app.kv import sections as view
+from app import recordings as replay
+from app.speed import room
 from app.controls import last_run, offline_notice, page_model, quick_form, run_live
 from engine.scheduler import scheduler_for
 from engine.specs import MODEL_PRESETS

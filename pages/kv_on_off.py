@@ -1,7 +1,7 @@
 """The KV cache, with and without: the same answer generated both ways, each token timed."""
 import streamlit as st
 
-from app import cache_view as view
+from app.kv import on_off as view
 from app.model import require_model
 
 lm = require_model()

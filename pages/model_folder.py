@@ -1,7 +1,7 @@
 """A model is a folder: the files the engine loaded, what they hold, and how long moving them takes."""
 import streamlit as st
 
-from app import folder_view as view
+from app.explainers import model_folder as view
 from app.model import require_model
 
 lm = require_model()

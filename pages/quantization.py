@@ -1,7 +1,7 @@
 """Quantization, closely: outliers in the real activations, grids and what rounding costs, and the bits of a weight."""
 import streamlit as st
 
-from app import quant_view as view
+from app.explainers import quantization as view
 from app.model import require_model
 
 lm = require_model()

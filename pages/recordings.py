@@ -1,7 +1,7 @@
 """Recordings: finished generations saved with their captures, opened again without the model."""
 import streamlit as st
 
-from app import replay
+from app import recordings as replay
 from app.controls import last_run, page_model
 from app.nav import PAGES
 from engine.scheduler import scheduler_for

@@ -1,7 +1,7 @@
 """The room is the batch: who is generating on this server right now, and what batching does for them."""
 import streamlit as st
 
-from app import room as view
+from app.speed import room as view
 from app.controls import session_id
 from app.model import require_model
 from engine.scheduler import scheduler_for

@@ -1,9 +1,9 @@
 """Speculative decoding: a cheap draft proposes k tokens, the model checks them all in one pass."""
 import streamlit as st
 
-from app import spec_view as view
+from app.speculative import sections as view
 from app.model import require_model
-from app.spec_run import measure
+from app.speculative.numbers import measure
 
 lm = require_model()
 st.title("Speculative decoding")

@@ -1,9 +1,9 @@
 """Batching: a simulated serving engine on projected GPUs, and real batched generation on this machine."""
 import streamlit as st
 
-from app import speed_batching as view
+from app.speed import batching as view
 from app.model import require_model
-from app.speed_view import device_roof, hardware_controls
+from app.speed.common import device_roof, hardware_controls
 
 lm = require_model()
 st.title("Batching")

@@ -1,10 +1,10 @@
 """Speed and cost on GPUs: the analytic projection for any model, GPUs, precision, batch and context."""
 import streamlit as st
 
-from app import speed_projected as view
-from app import token_cost_view
+from app.speed import cost as view
+from app.speed import cost_tokens as token_cost_view
 from app.model import get_model
-from app.speed_view import hardware_controls
+from app.speed.common import hardware_controls
 from engine.projection import DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY
 
 lm = get_model()

@@ -2,10 +2,10 @@
 what a given number of tokens per second feels like."""
 import streamlit as st
 
-from app import speed_feel as feel
-from app import speed_measured as measured
+from app.speed import lab_feel as feel
+from app.speed import lab_measured as measured
 from app.model import require_model
-from app.speed_view import MEASURED, device_roof, efficiency_note
+from app.speed.common import MEASURED, device_roof, efficiency_note
 
 lm = require_model()
 st.title("Speed lab")

@@ -1,9 +1,9 @@
 """Precision: quantize a copy of the loaded model to INT8 and INT4 here, and project what precision does on a GPU."""
 import streamlit as st
 
-from app import speed_precision as view
+from app.speed import precision as view
 from app.model import require_model
-from app.speed_view import hardware_controls
+from app.speed.common import hardware_controls
 
 lm = require_model()
 st.title("Precision")

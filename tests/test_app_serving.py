@@ -23,7 +23,7 @@ from app import presenter
 from app.controls import wait_message
 from app.model import model_slot
 from app.presenter import PresenterBoard
-from app.replay import RECORDINGS_DIR, open_bytes, run_bytes
+from app.recordings import RECORDINGS_DIR, open_bytes, run_bytes
 from engine.generate import GenerationRequest, generate
 from engine.hooks import CapturePolicy
 from engine.recording import load_recording

@@ -15,7 +15,7 @@ from app.nav import PAGES
 from streamlit.testing.v1 import AppTest
 
 from conftest import TINY_CONFIG, tiny_prompt
-from app import attention as att
+from app.attention import numbers as att
 from app.format import fmt_tokens, parse_tokens
 from app.run import capture_policy
 from engine.projection import Layout, users_that_fit

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.room import member_rows, room_numbers, step_rows
+from app.speed.room import member_rows, room_numbers, step_rows
 from conftest import tiny_prompt
 from engine.generate import GenerationRequest
 from engine.hooks import CAPTURE_OFF
@@ -76,7 +76,7 @@ def test_the_room_page_draws_the_live_batch(tiny_model_dir, open_page):
 
 def test_the_batch_cache_layout_is_the_runners_own(busy_room, tiny_lm):
     """Rows, pads and bytes read from the steps equal the lengths and the KV formula, and paging is computed."""
-    from app.room import cache_rows, cache_use
+    from app.speed.room import cache_rows, cache_use
     from engine.card import kv_bytes_per_token
 
     scheduler, handles = busy_room

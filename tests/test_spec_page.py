@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 from conftest import tiny_prompt, write_tiny_llama
 from test_pages import MAIN, TIMEOUT, array, assert_clean, charts, metric
-from app.spec_charts import ACCEPTED, ALONE, BONUS, CORRECTION, REJECTED
+from app.speculative.figures import ACCEPTED, ALONE, BONUS, CORRECTION, REJECTED
 from app.spec_run import (PRESETS, SpecRun, draft_model_options, expected_speedup, measure, per_token_acceptance,
                           projected_pair)
 from engine.generate import GenerationRequest

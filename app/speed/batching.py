@@ -9,10 +9,10 @@ from dataclasses import replace
 
 import streamlit as st
 
-from app import speed_charts as charts
+from app.speed import figures as charts
 from app.format import fmt_rate, fmt_tokens
-from app.speed_view import MEASURED, HardwareChoice, measured_caption, run_on_model, status_progress
-from app.view import plot
+from app.speed.common import MEASURED, HardwareChoice, measured_caption, run_on_model, status_progress
+from app.widgets import plot
 from engine.batching import measure_batching
 from engine.errors import EngineError
 from engine.loader import LoadedModel

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import speed_charts as charts
+from app.speed import figures as charts
 from app.format import fmt_bytes, fmt_ms, fmt_rate
-from app.speed_view import MEASURED, measured_caption, remeasure_roof, run_on_model, status_progress
-from app.view import plot
+from app.speed.common import MEASURED, measured_caption, remeasure_roof, run_on_model, status_progress
+from app.widgets import plot
 from engine.errors import EngineError
 from engine.loader import LoadedModel
 from engine.projection import prefill_flops

@@ -4,10 +4,10 @@ from __future__ import annotations
 import streamlit as st
 import torch
 
-from app import explainer_charts as charts
+from app.explainers import figures as charts
 from app.format import card_size, fmt_bytes, fmt_ms, fmt_tokens
-from app.speed_view import MEASURED, gpu_picker, measured_caption, model_picker, run_on_model, status_progress
-from app.view import plot
+from app.speed.common import MEASURED, gpu_picker, measured_caption, model_picker, run_on_model, status_progress
+from app.widgets import plot
 from engine.errors import EngineError
 from engine.card import kv_bytes_per_token, weight_bytes
 from engine.fusion import (MAX_SCORE_BYTES, AttentionShape, FusionProjection, decode_row_bytes,

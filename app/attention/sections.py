@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app import attention as att
-from app import attention_charts as charts
+from app.attention import numbers as att
+from app.attention import figures as charts
 from app.run import Run
-from app.speed_view import run_alone
-from app.view import plot
+from app.speed.common import run_alone
+from app.widgets import plot
 from engine.attention_math import capture_attention
 from engine.errors import EngineError
 from engine.loader import LoadedModel

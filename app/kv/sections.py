@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from app import kv_charts as charts
+from app.kv import figures as charts
 from app.format import card_size, fmt_bytes, fmt_tokens, parse_tokens
 from app.run import Run, Throttle
-from app.view import ChartSlot, plot
+from app.widgets import ChartSlot, plot
 from engine.card import kv_bytes_per_token, kv_bytes_per_user, weight_bytes
 from engine.loader import LoadedModel
 from engine.memory import MemoryLedger, memory_ledger

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from app import speed_charts as charts
+from app.speed import figures as charts
 from app.format import fmt_rate
-from app.speed_view import HardwareChoice, MEASURED, efficiency_note, hardware_controls
-from app.view import plot
+from app.speed.common import HardwareChoice, MEASURED, efficiency_note, hardware_controls
+from app.widgets import plot
 from engine.loader import LoadedModel
 from engine.projection import project
 from engine.specs import GPU_PRESETS, MODEL_PRESETS

@@ -9,7 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.attention import HeadSummary, Pooled, gqa_groups
+from app.attention.numbers import HeadSummary, Pooled, gqa_groups
 from app.format import plot_text
 
 MASK_COLOR = "#e9e9ee"      # the small multiples' background shows through NaN cells: the masked future

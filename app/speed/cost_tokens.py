@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import speed_charts as charts
+from app.speed import figures as charts
 from app.format import fmt_tokens
-from app.speed_view import MEASURED, HardwareChoice, measured_caption, run_on_model, status_progress
-from app.view import plot
+from app.speed.common import MEASURED, HardwareChoice, measured_caption, run_on_model, status_progress
+from app.widgets import plot
 from engine.batching import measure_phases
 from engine.economics import PRICE_BATCHES, TokenPrices, projected_token_prices, token_prices
 from engine.errors import EngineError

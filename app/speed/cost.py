@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import speed_charts as charts
+from app.speed import figures as charts
 from app.format import fmt_bytes, fmt_ms, fmt_rate
-from app.speed_view import HardwareChoice, efficiency_note, memory_line
-from app.view import plot
+from app.speed.common import HardwareChoice, efficiency_note, memory_line
+from app.widgets import plot
 from engine.card import active_param_counts, expected_experts_touched, param_counts
 from engine.projection import Projection, roofline, sweep_batch
 

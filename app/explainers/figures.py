@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from app.format import plot_text, si_label
-from app.speed_charts import MARGIN, MEASURED_COLOR, PROJECTED_COLOR, log_axis
+from app.speed.figures import MARGIN, MEASURED_COLOR, PROJECTED_COLOR, log_axis
 
 EAGER_COLOR, FUSED_COLOR = "#c0392b", "#27ae60"
 

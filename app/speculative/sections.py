@@ -8,15 +8,15 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from app import spec_charts as charts
+from app.speculative import figures as charts
 from app.controls import Prepared, Sampling, new_token_limit, prepare, sanitize_settings, session_id
 from app.format import fmt_ms
 from app.model import draft_choice, model_slot
 from app.run import Throttle
 from app.spec_run import (K_RANGE, PRESETS, Measured, SpecRun, best_k, draft_model_options, expected_speedup,
                           is_model_spec, new_spec_run, projected_pair, speedup_curve, stream_speculative)
-from app.speed_view import efficiency_note
-from app.view import ChartSlot, plot
+from app.speed.common import efficiency_note
+from app.widgets import ChartSlot, plot
 from engine.drafts import Draft
 from engine.errors import EngineError
 from engine.scheduler import QueueStatus

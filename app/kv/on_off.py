@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import explainer_charts as charts
+from app.explainers import figures as charts
 from app.format import fmt_ms, fmt_tokens
-from app.speed_view import MEASURED, gpu_picker, measured_caption, model_picker, run_on_model, status_progress
-from app.view import plot
+from app.speed.common import MEASURED, gpu_picker, measured_caption, model_picker, run_on_model, status_progress
+from app.widgets import plot
 from engine.cachelab import compare_runs, generate_both, project_answer_seconds, project_token, slope
 from engine.errors import EngineError
 from engine.loader import LoadedModel

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app import explainer_charts as charts
-from app.speed_view import MEASURED, measured_caption, run_alone, run_on_model, status_progress
-from app.view import plot
+from app.explainers import figures as charts
+from app.speed.common import MEASURED, measured_caption, run_alone, run_on_model, status_progress
+from app.widgets import plot
 from engine.calibrated import compare_methods
 from engine.errors import EngineError
 from engine.floatbits import FORMATS, float_bits, format_range

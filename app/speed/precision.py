@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import speed_charts as charts
+from app.speed import figures as charts
 from app.format import fmt_bytes, fmt_rate
-from app.speed_view import MEASURED, HardwareChoice, measured_caption, run_on_model, status_progress
-from app.view import plot
+from app.speed.common import MEASURED, HardwareChoice, measured_caption, run_on_model, status_progress
+from app.widgets import plot
 from engine.errors import EngineError
 from engine.loader import EMBEDDED, ALIASES, LoadedModel
 from engine.quantize import GROUP_SIZES, QuantizedModel, compare_models, quantize_copy, text_ids

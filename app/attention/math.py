@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app import explainer_charts as charts
+from app.explainers import figures as charts
 from app.format import visible
-from app.speed_view import MEASURED, run_alone
-from app.view import plot
+from app.speed.common import MEASURED, run_alone
+from app.widgets import plot
 from engine.attention_math import MAX_TOKENS, AttentionSteps, LayerQKV, attention_steps, capture_qkv
 from engine.errors import EngineError
 from engine.loader import LoadedModel
