@@ -12,8 +12,8 @@ from streamlit.testing.v1 import AppTest
 from conftest import tiny_prompt, write_tiny_llama
 from test_pages import MAIN, TIMEOUT, array, assert_clean, charts, metric
 from app.speculative.figures import ACCEPTED, ALONE, BONUS, CORRECTION, REJECTED
-from app.spec_run import (PRESETS, SpecRun, draft_model_options, expected_speedup, measure, per_token_acceptance,
-                          projected_pair)
+from app.speculative.numbers import (PRESETS, SpecRun, draft_model_options, expected_speedup, measure,
+                                     per_token_acceptance, projected_pair)
 from engine.generate import GenerationRequest
 from engine.records import CacheState, DoneRecord, SampledToken
 from engine.speculative import DraftedToken, SpecRoundRecord

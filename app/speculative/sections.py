@@ -13,8 +13,9 @@ from app.controls import Prepared, Sampling, new_token_limit, prepare, sanitize_
 from app.format import fmt_ms
 from app.model import draft_choice, model_slot
 from app.run import Throttle
-from app.spec_run import (K_RANGE, PRESETS, Measured, SpecRun, best_k, draft_model_options, expected_speedup,
-                          is_model_spec, new_spec_run, projected_pair, speedup_curve, stream_speculative)
+from app.speculative.numbers import (K_RANGE, PRESETS, Measured, SpecRun, best_k, draft_model_options,
+                                     expected_speedup, is_model_spec, new_spec_run, projected_pair, speedup_curve,
+                                     stream_speculative)
 from app.speed.common import efficiency_note
 from app.widgets import ChartSlot, plot
 from engine.drafts import Draft
