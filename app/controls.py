@@ -21,6 +21,7 @@ from app.nav import HOME, PAGES, PageInfo
 from app.presenter import (PENDING_KEY, SEEN_KEY, TOKEN_KEY, follow_page, is_presenter, may_generate, new_broadcast,
                            presenter_board, push_button, pushed_view)
 from app.run import LAST_RUN, Run, capture_policy, new_run, stream_generation
+from engine.drafts import Draft
 from engine.errors import EngineError
 from engine.generate import GenerationRequest, check_context, encode_prompt, validate
 from engine.limits import check_prompt_chars, check_tokens
@@ -134,12 +135,12 @@ def prepare(lm: LoadedModel, prompt: str, sampling: Sampling, chat: bool = True)
     return Prepared(request, ids, prompt_ids)
 
 
-def generate_button(ns: str, prepared: Prepared) -> tuple[bool, st.delta_generator.DeltaGenerator]:
+def generate_button(ns: str, prepared: Prepared, disabled: bool = False) -> tuple[bool, st.delta_generator.DeltaGenerator]:
     """The Generate button and an empty slot beside it where Stop appears while the answer streams."""
     allowed = may_generate(st.session_state, presenter_board())
     left, right, _ = st.columns([3, 2, 7])              # wide enough for "Generate" on a 1024-px projector
     clicked = left.button("Generate", type="primary", key=f"{ns}.generate",
-                          disabled=prepared.error is not None or not allowed)
+                          disabled=disabled or prepared.error is not None or not allowed)
     if not allowed:
         st.caption("The presenter runs the model for the room: their run appears here as it streams, and every "
                    "page draws it. Generating your own is off until the presenter allows it.")
@@ -148,8 +149,12 @@ def generate_button(ns: str, prepared: Prepared) -> tuple[bool, st.delta_generat
 
 def run_live(lm: LoadedModel, prepared: Prepared, ns: str, stop_slot: st.delta_generator.DeltaGenerator,
              on_record: Callable[[Run], None], capture: bool = True,
-             notice: st.delta_generator.DeltaGenerator | None = None) -> Run | None:
+             notice: st.delta_generator.DeltaGenerator | None = None, draft: Draft | None = None,
+             k: int = 0) -> Run | None:
     """Stream one generation into the page through the scheduler; the run becomes LAST_RUN at its first record.
+
+    With a `draft`, speculative decoding drafting `k` tokens a round, then plain decoding of the same request
+    for the measured speedup (`run.speculation`); `on_record` follows both.
 
     `notice` (a slot under the Generate button) shows the queue position while waiting, and a refusal
     or failure as a message. Returns the run, or None when the server refused the request.
@@ -157,7 +162,7 @@ def run_live(lm: LoadedModel, prepared: Prepared, ns: str, stop_slot: st.delta_g
     limits = scheduler_for(lm).limits
     policy, note = capture_policy(lm.spec, len(prepared.ids), prepared.request.max_new_tokens, capture,
                                   limits.max_capture_bytes, limits.max_capture_layers)
-    run = new_run(lm, prepared.request, policy, note)
+    run = new_run(lm, prepared.request, policy, note, draft, k)
     notice = notice if notice is not None else st.empty()
     stop_slot.button("Stop", key=f"{ns}.stop", help="Stops the answer where it is (or leaves the queue); what "
                                                     "streamed so far stays.")
@@ -177,7 +182,7 @@ def run_live(lm: LoadedModel, prepared: Prepared, ns: str, stop_slot: st.delta_g
             show_wait(notice, status)
 
     try:
-        stream_generation(lm, run, record, wait, session_id())
+        stream_generation(lm, run, record, wait, session_id(), draft)
     except EngineError as err:
         notice.error(str(err))
         return None

@@ -8,24 +8,21 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from app.speculative import figures as charts
-from app.controls import Prepared, Sampling, new_token_limit, prepare, sanitize_settings, session_id
+from app.controls import Sampling, new_token_limit, sanitize_settings
 from app.format import fmt_ms
 from app.model import draft_choice, model_slot
-from app.run import Throttle
-from app.speculative.numbers import (K_RANGE, PRESETS, Measured, SpecRun, best_k, draft_model_options,
-                                     expected_speedup, is_model_spec, new_spec_run, projected_pair, speedup_curve,
-                                     stream_speculative)
+from app.run import Run, Throttle
+from app.speculative import figures as charts
+from app.speculative.drafts import draft_model_options, is_model_spec
+from app.speculative.numbers import K_RANGE, PRESETS, Measured, projected_pair
 from app.speed.common import efficiency_note
 from app.widgets import ChartSlot, plot
 from engine.drafts import Draft
 from engine.errors import EngineError
-from engine.scheduler import QueueStatus
 from engine.loader import LoadedModel
-from engine.speculative import draft_from_spec, expected_tokens_per_pass
+from engine.speculative import best_k, draft_from_spec, expected_speedup, expected_tokens_per_pass, speedup_curve
 
 NS = "speculative"
-RESULT = f"{NS}.run"                 # st.session_state: the page's latest SpecRun
 KINDS = {"ngram": "N-gram prompt lookup", "early-exit": "Early exit (the model's own first layers)",
          "model": "A separate draft model"}
 MAX_ROWS = 80                        # timeline rows drawn (the latest rounds)
@@ -131,19 +128,6 @@ def run_controls(lm: LoadedModel) -> tuple[int, Sampling]:
     return int(k), Sampling(float(temperature), 0, 1.0, int(seed), int(max_new))
 
 
-def prepare_request(lm: LoadedModel, prompt: str, sampling: Sampling) -> Prepared:
-    prepared = prepare(lm, prompt, sampling, chat=lm.has_chat_template)
-    if prepared.error:
-        st.error(prepared.error)
-    return prepared
-
-
-def generate_button(disabled: bool) -> tuple[bool, st.delta_generator.DeltaGenerator]:
-    row = st.container(horizontal=True)
-    clicked = row.button("Generate", type="primary", key=f"{NS}.generate", disabled=disabled)
-    return clicked, row.empty()
-
-
 # --- running ------------------------------------------------------------------------------------------------
 
 def build_draft(lm: LoadedModel, choice: DraftChoice) -> Draft | None:
@@ -164,48 +148,25 @@ def build_draft(lm: LoadedModel, choice: DraftChoice) -> Draft | None:
     return draft
 
 
-def run_live(lm: LoadedModel, prepared: Prepared, draft: Draft, k: int,
-             stop_slot: st.delta_generator.DeltaGenerator, timeline: "TimelineView") -> SpecRun:
-    """Speculative decoding streamed into the timeline, then plain decoding of the same request."""
-    run = new_spec_run(lm, prepared.request, draft, k)
-    st.session_state[RESULT] = run
-    stop_slot.button("Stop", key=f"{NS}.stop", help="Stops where it is; what streamed so far stays.")
-    waiting = st.empty()
-
-    def on_wait(status: QueueStatus) -> None:
-        if status.state == "queued":
-            waiting.info(f"Waiting for the model: position {status.position} in the queue "
-                         f"({status.waited:.0f} s so far)…")
-
-    def on_record(r: SpecRun) -> None:
-        waiting.empty()
-        timeline.update(r)
-
-    try:
-        stream_speculative(lm, draft, run, on_record, timeline.update_plain, on_wait, session_id())
-    except EngineError as err:
-        st.error(str(err))
-    stop_slot.empty()
-    return run
-
-
-def last_spec_run() -> SpecRun | None:
-    run = st.session_state.get(RESULT)
-    return run if isinstance(run, SpecRun) else None
+def last_speculative(run: Run | None) -> Run | None:
+    """The session's run when it was speculative (a plain run from another page has no rounds to draw)."""
+    return run if run is not None and run.speculation is not None else None
 
 
 # --- the timeline -------------------------------------------------------------------------------------------
 
-def status_line(run: SpecRun) -> str:
-    if run.status == "running":
-        if run.done is None:
-            return f"Speculative decoding with {run.draft}, k = {run.k}: round {len(run.rounds)}…"
-        return f"Now plain decoding of the same prompt, for the comparison: {len(run.plain_steps) + 1} tokens…"
-    if run.status == "stopped":
-        return (f"Stopped after {len(run.rounds)} rounds ({run.generated} tokens); no comparison with plain "
+def status_line(run: Run) -> str:
+    spec = run.speculation
+    base = spec.baseline
+    if run.live:
+        return f"Speculative decoding with {spec.draft}, k = {spec.k}: round {len(spec.rounds)}…"
+    if base is not None and base.live:
+        return f"Now plain decoding of the same prompt, for the comparison: {len(base.steps) + 1} tokens…"
+    if run.status == "stopped" or base is None or base.done is None:
+        return (f"Stopped after {len(spec.rounds)} rounds ({len(run.tokens)} tokens); no comparison with plain "
                 "decoding for a stopped run.")
-    return (f"Done: {run.done.generated_tokens} tokens in {len(run.rounds)} rounds with {run.draft}, k = {run.k}; "
-            f"then the same prompt with plain decoding ({run.plain.generated_tokens} tokens).")
+    return (f"Done: {run.done.generated_tokens} tokens in {len(spec.rounds)} rounds with {spec.draft}, k = {spec.k}; "
+            f"then the same prompt with plain decoding ({base.done.generated_tokens} tokens).")
 
 
 class TimelineView:
@@ -218,25 +179,26 @@ class TimelineView:
         self.chart = ChartSlot(f"{NS}.timeline")
         self.text_throttle, self.chart_throttle = Throttle(0.1), Throttle(0.4)
 
-    def update(self, run: SpecRun, final: bool = False) -> None:
+    def update(self, run: Run, final: bool = False) -> None:
+        spec = run.speculation
+        if spec.baseline is not None and not final:          # the plain decoding after it: the status line only
+            if self.text_throttle() or spec.baseline.done is not None:
+                self.status.caption(status_line(run))
+            return
         if not (final or self.text_throttle()):
             return
         self.status.caption(status_line(run))
         self.answer.text(run.text or "…")
-        if run.rounds and (final or self.chart_throttle()):
-            shown = run.rounds[-MAX_ROWS:]
-            if len(shown) < len(run.rounds):
-                self.note.caption(f"The latest {len(shown)} of {len(run.rounds)} rounds.")
-            self.chart.plot(charts.timeline_figure(shown, run.k))
-
-    def update_plain(self, run: SpecRun) -> None:
-        if self.text_throttle() or run.plain is not None:
-            self.status.caption(status_line(run))
+        if spec.rounds and (final or self.chart_throttle()):
+            shown = spec.rounds[-MAX_ROWS:]
+            if len(shown) < len(spec.rounds):
+                self.note.caption(f"The latest {len(shown)} of {len(spec.rounds)} rounds.")
+            self.chart.plot(charts.timeline_figure(shown, spec.k))
 
 
 # --- acceptance -------------------------------------------------------------------------------------------
 
-def acceptance_section(run: SpecRun, m: Measured) -> None:
+def acceptance_section(run: Run, m: Measured) -> None:
     cols = st.columns(4)
     cols[0].metric("Acceptance rate", f"{m.acceptance_rate:.0%}", help="Accepted drafted tokens / drafted tokens.")
     cols[1].metric("Per-token acceptance a", f"{m.a:.2f}",
@@ -245,7 +207,7 @@ def acceptance_section(run: SpecRun, m: Measured) -> None:
     cols[2].metric("Tokens per target pass", f"{m.tokens_per_pass:.2f}",
                    help="Tokens added per verify pass (plain decoding: 1).")
     cols[3].metric("Target passes", f"{m.rounds + 1:,}", help=f"1 prefill + {m.rounds} verify passes for "
-                                                             f"{run.generated} tokens (plain decoding: {run.generated}).")
+                                                             f"{len(run.tokens)} tokens (plain decoding: {len(run.tokens)}).")
     if m.by_position:
         plot(charts.position_figure(m.by_position, m.a), key=f"{NS}.positions.{run.id}")
     st.caption(f"Bars: the share of rounds whose draft at position j was accepted. A draft at position j only counts "
@@ -254,17 +216,17 @@ def acceptance_section(run: SpecRun, m: Measured) -> None:
                f"a row).{_short_rounds_note(run, m)}")
 
 
-def _short_rounds_note(run: SpecRun, m: Measured) -> str:
+def _short_rounds_note(run: Run, m: Measured) -> str:
     if not m.short_rounds:
         return ""
-    why = ("the lookup found no earlier match" if run.draft_kind == "ngram" else "the answer was nearly done")
+    why = ("the lookup found no earlier match" if run.speculation.draft_kind == "ngram" else "the answer was nearly done")
     return (f" {m.short_rounds} of {m.rounds} rounds drafted fewer than k = {m.k} tokens ({why}); each such round "
             f"is closer to a plain decoding step.")
 
 
 # --- speed ----------------------------------------------------------------------------------------------------
 
-def speed_section(run: SpecRun, m: Measured) -> None:
+def speed_section(run: Run, m: Measured) -> None:
     if m.plain_step is None:
         st.caption("The plain decoding of the same prompt did not run (the run was stopped), so there is no "
                    "measured speedup.")
@@ -281,13 +243,13 @@ def speed_section(run: SpecRun, m: Measured) -> None:
                    help="At temperature 0 it must be identical. When sampling, both runs draw from the same "
                         "distribution but not the same random numbers.")
     st.markdown("**Where each round's time went**")
-    plot(charts.round_time_figure(run.rounds, m.plain_step), key=f"{NS}.round_time.{run.id}")
+    plot(charts.round_time_figure(run.speculation.rounds, m.plain_step), key=f"{NS}.round_time.{run.id}")
     st.caption(f"Stacked bars: drafting and verifying, per round. Black ticks: what plain decoding spent on the same "
                f"number of tokens ({fmt_ms(m.plain_step)} per step, measured right after). A round below its tick "
                "won time.")
 
 
-def k_section(run: SpecRun, m: Measured) -> None:
+def k_section(run: Run, m: Measured) -> None:
     """Tokens per pass and speedup against k: the formula with the measured a, the measured point, and the
     same a with this run's measured costs and with the projected H100 costs."""
     ks = list(K_RANGE)
@@ -295,9 +257,9 @@ def k_section(run: SpecRun, m: Measured) -> None:
     curves = []
     if m.cost_ratio is not None and m.check_ratio is not None:
         curves.append((f"measured costs: c = {share(m.cost_ratio)}, u = {share(m.check_ratio)}",
-                       speedup_curve(m.a, m.cost_ratio, u=m.check_ratio), charts.MEASURED_COLOR, "solid"))
+                       speedup_curve(m.a, m.cost_ratio, ks, m.check_ratio), charts.MEASURED_COLOR, "solid"))
     curves.append((f"projected: {pair.draft} → {pair.target} on {pair.gpu}, c = {pair.cost_ratio:.2f}, u = 0",
-                   speedup_curve(m.a, pair.cost_ratio), charts.PROJECTED_COLOR, "dash"))
+                   speedup_curve(m.a, pair.cost_ratio, ks), charts.PROJECTED_COLOR, "dash"))
     expected = [expected_tokens_per_pass(m.a, k) for k in ks]
     plot(charts.k_figure(ks, expected, m.k, m.tokens_per_pass, curves, m.speedup), key=f"{NS}.k.{run.id}")
     st.caption(f"Left: (1 − a^(k+1)) / (1 − a) with the measured a = {m.a:.2f}: {m.expected_at_k:.2f} tokens per pass "
@@ -328,7 +290,7 @@ def share(x: float) -> str:
     return f"{x:.2%}" if x >= 1e-4 else "under 0.01%"
 
 
-def verdict(run: SpecRun, m: Measured) -> str:
+def verdict(run: Run, m: Measured) -> str:
     """Why this draft helps or not here, from the measured costs."""
     c, v, d, tpp = m.cost_ratio, m.verify_ratio, m.drafted_per_round, m.tokens_per_pass
     cost = v + d * c
@@ -343,7 +305,7 @@ def verdict(run: SpecRun, m: Measured) -> str:
         lines.append(f"Drafting is what makes it slow: one drafted token costs {c:.0%} of a full target step, so "
                      f"the drafts alone cost {d * c:.2f} steps per round while the round gained only {tpp - 1:.2f} "
                      "tokens over plain decoding.")
-        if run.draft_kind == "early-exit":
+        if run.speculation.draft_kind == "early-exit":
             lines.append("The early exit runs a good part of the layers and the whole LM head for every drafted "
                          "token, and this model was never trained to make its early layers predict; drafts trained "
                          "for it (EAGLE, Medusa, LayerSkip) are cheaper and right far more often.")
@@ -361,7 +323,7 @@ def verdict(run: SpecRun, m: Measured) -> str:
 
 def projection_section(m: Measured) -> None:
     pair = projected_pair()
-    k, speedup = best_k(m.a, pair.cost_ratio)
+    k, speedup = best_k(m.a, pair.cost_ratio, K_RANGE)
     cols = st.columns(4)
     cols[0].metric(f"{pair.draft} decode step", fmt_ms(pair.draft_step_ms / 1e3))
     cols[1].metric(f"{pair.target} decode step", fmt_ms(pair.target_step_ms / 1e3))
