@@ -1,5 +1,9 @@
-"""Small rendering helpers shared by the pages: placeholders that can be redrawn many times in one run."""
+"""Widgets shared by the pages: chart slots that can be redrawn many times in one run, a line that follows a
+streaming run, and one number entered three ways (slider, preset buttons, typed value) kept in step."""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import plotly.graph_objects as go
 import streamlit as st
@@ -43,3 +47,86 @@ class ProgressLine:
     def update(self, run) -> None:
         if self.throttle() or run.done is not None:
             self.box.text(f"{len(run.tokens)} tokens: {run.text}")
+
+
+# --- one number, three ways: a slider, preset buttons, a typed value, kept in step --------------------------------
+
+@dataclass(frozen=True)
+class Preset:
+    label: str
+    value: float
+    help: str | None = None
+
+
+@dataclass(frozen=True)
+class LinkedNumber:
+    """One whole number a page reads, entered by a slider, preset buttons or a typed value, all kept in step.
+
+    `st.session_state[key]` holds the number; the widgets use `key` + "_slider", "_typed" (a number box) or
+    "_text" (a text box read by `parse`, whose ValueError is shown under it) and "_error", and ".preset.<i>".
+    """
+
+    key: str
+    label: str
+    low: int
+    high: int
+    default: int
+    options: tuple[int, ...] | None = None    # a select slider over these; a typed value snaps it to the nearest
+    presets: tuple[Preset, ...] = ()
+    typed_label: str | None = None            # a typed value beside the slider
+    parse: Callable[[str], int] | None = None  # read the typed value as text (e.g. "24K") instead of a number box
+    fmt: Callable[[int], str] = str
+    placeholder: str | None = None
+
+
+def set_number(w: LinkedNumber, value: float) -> None:
+    """Put every widget of `w` at `value` (rounded, within low..high)."""
+    value = min(max(int(round(value)), w.low), w.high)
+    state = st.session_state
+    state[w.key] = value
+    state[f"{w.key}_slider"] = min(w.options, key=lambda c: abs(c - value)) if w.options else value
+    if w.typed_label is not None:
+        state[f"{w.key}_text" if w.parse else f"{w.key}_typed"] = w.fmt(value) if w.parse else value
+    state[f"{w.key}_error"] = None
+
+
+def _from_text(w: LinkedNumber) -> None:
+    try:
+        set_number(w, w.parse(st.session_state[f"{w.key}_text"]))
+    except ValueError as err:
+        st.session_state[f"{w.key}_error"] = str(err)
+
+
+def linked_number(w: LinkedNumber) -> int:
+    """Draw the slider, the presets and the typed value; the number they agree on."""
+    if w.key not in st.session_state or not w.low <= st.session_state[w.key] <= w.high:
+        set_number(w, w.default)
+    typed = w.typed_label is not None
+    if w.presets:
+        slider_at = st
+        row = st.columns([1] * len(w.presets) + ([3] if typed else []))
+        typed_at = row[-1] if typed else None
+    else:
+        slider_at, typed_at = st.columns([4, 1]) if typed else (st, None)
+    sync = dict(on_change=lambda: set_number(w, st.session_state[f"{w.key}_slider"]), key=f"{w.key}_slider")
+    if w.options:
+        slider_at.select_slider(w.label, options=w.options, format_func=w.fmt, **sync)
+    else:
+        slider_at.slider(w.label, w.low, w.high, **sync)
+    for i, (col, p) in enumerate(zip(row if w.presets else (), w.presets)):
+        col.button(p.label, key=f"{w.key}.preset.{i}", help=p.help, on_click=set_number, args=(w, p.value),
+                   width="stretch")
+    if typed_at is not None:
+        _typed_input(w, typed_at)
+    return int(st.session_state[w.key])
+
+
+def _typed_input(w: LinkedNumber, parent) -> None:
+    if w.parse is None:
+        parent.number_input(w.typed_label, w.low, w.high, key=f"{w.key}_typed",
+                            on_change=lambda: set_number(w, st.session_state[f"{w.key}_typed"]))
+        return
+    parent.text_input(w.typed_label, key=f"{w.key}_text", on_change=_from_text, args=(w,),
+                      label_visibility="collapsed", placeholder=w.placeholder)
+    if st.session_state.get(f"{w.key}_error"):
+        parent.error(st.session_state[f"{w.key}_error"])

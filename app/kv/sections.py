@@ -11,7 +11,7 @@ import streamlit as st
 from app.kv import figures as charts
 from app.format import card_size, fmt_bytes, fmt_tokens, parse_tokens
 from app.run import Run, Throttle
-from app.widgets import ChartSlot, plot
+from app.widgets import ChartSlot, LinkedNumber, Preset, linked_number, plot
 from engine.card import kv_bytes_per_token, kv_bytes_per_user, weight_bytes
 from engine.loader import LoadedModel
 from engine.memory import MemoryLedger, memory_ledger
@@ -25,7 +25,6 @@ CALC_MODELS = ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b"
 CACHE_DTYPES = {"BF16": "bf16", "FP8": "fp8", "INT4": "int4"}
 CONTEXT_OPTIONS = (1024, 2048, 4096, 8192, 10240, 16384, 32768, 65536, 102400, 131072)
 CONTEXT_PRESETS = (1024, 10240, 102400, 131072)
-CTX, CTX_TEXT, CTX_SLIDER, CTX_ERROR = "kv.context", "kv.context_text", "kv.context_slider", "kv.context_error"
 
 
 def formula_text(spec: ModelSpec, dtype: str) -> str:
@@ -126,40 +125,10 @@ def memory_section(lm: LoadedModel, run: Run | None) -> None:
 
 # --- the calculator ---------------------------------------------------------------------------------------
 
-def set_context(tokens: int) -> None:
-    """Keep the three context widgets (slider, presets, typed value) in step."""
-    st.session_state[CTX] = tokens
-    st.session_state[CTX_TEXT] = fmt_tokens(tokens)
-    st.session_state[CTX_SLIDER] = min(CONTEXT_OPTIONS, key=lambda c: abs(c - tokens))
-    st.session_state[CTX_ERROR] = None
-
-
-def context_from_text() -> None:
-    try:
-        set_context(parse_tokens(st.session_state[CTX_TEXT]))
-    except ValueError as err:
-        st.session_state[CTX_ERROR] = str(err)
-
-
-def context_from_slider() -> None:
-    set_context(st.session_state[CTX_SLIDER])
-
-
-def context_input() -> int:
-    """A slider, preset buttons and a typed value (1K to 128K) for one context length."""
-    if CTX not in st.session_state:
-        set_context(8192)
-    st.select_slider("Context length per user (tokens)", options=CONTEXT_OPTIONS, format_func=fmt_tokens,
-                     key=CTX_SLIDER, on_change=context_from_slider)
-    cols = st.columns([1, 1, 1, 1, 3])
-    for col, tokens in zip(cols, CONTEXT_PRESETS):
-        col.button(fmt_tokens(tokens), key=f"kv.preset.{tokens}", on_click=set_context, args=(tokens,),
-                   width="stretch")
-    cols[-1].text_input("Or type a length (1K to 128K)", key=CTX_TEXT, on_change=context_from_text,
-                        label_visibility="collapsed", placeholder="e.g. 24K or 24576")
-    if st.session_state.get(CTX_ERROR):
-        cols[-1].error(st.session_state[CTX_ERROR])
-    return int(st.session_state[CTX])
+CONTEXT = LinkedNumber("kv.context", "Context length per user (tokens)", 1024, 131_072, 8192, options=CONTEXT_OPTIONS,
+                       presets=tuple(Preset(fmt_tokens(t), t) for t in CONTEXT_PRESETS),
+                       typed_label="Or type a length (1K to 128K)", parse=parse_tokens, fmt=fmt_tokens,
+                       placeholder="e.g. 24K or 24576")
 
 
 @dataclass(frozen=True)
@@ -189,7 +158,7 @@ def calculator_inputs(loaded: ModelSpec, label: str) -> Choice:
                                    required=True)
     weights = cols[1].segmented_control("Weights dtype", list(CACHE_DTYPES), default="BF16", key="kv.weight_dtype",
                                         required=True)
-    context = context_input()
+    context = linked_number(CONTEXT)
     return Choice(specs[model], CACHE_DTYPES[kv or "BF16"], CACHE_DTYPES[weights or "BF16"], gpu, context,
                   standard_layout(int(n)))
 

@@ -15,7 +15,7 @@ import streamlit as st
 from app.speed import figures as charts
 from app.format import fmt_rate
 from app.speed.common import HardwareChoice, MEASURED, efficiency_note, hardware_controls
-from app.widgets import plot
+from app.widgets import LinkedNumber, Preset as WidgetPreset, linked_number, plot
 from engine.loader import LoadedModel
 from engine.projection import project
 from engine.specs import GPU_PRESETS, MODEL_PRESETS
@@ -23,7 +23,7 @@ from engine.speculative import expected_tokens_per_pass
 
 FRAME = 0.05
 MIN_RATE, MAX_RATE = 1, 2000
-RATE, RATE_SLIDER = "feel.rate", "feel.rate_slider"
+RATE = "feel.rate"
 ANSWER = (
     "A refrigerator does not make cold; it moves heat. Inside the walls a fluid called the refrigerant runs in a "
     "closed loop. In the coils behind the food compartment it evaporates at low pressure, and evaporating takes "
@@ -112,20 +112,10 @@ def presets(measured: float | None) -> list[Preset]:
     return [Preset(p.name, min(max(p.rate, MIN_RATE), MAX_RATE), p.how, p.short) for p in out]
 
 
-def _set_rate(rate: float) -> None:
-    st.session_state[RATE] = st.session_state[RATE_SLIDER] = int(round(rate))
-
-
 def rate_input(options: list[Preset]) -> int:
-    if RATE not in st.session_state:
-        _set_rate(20)
-    st.slider("Tokens per second", MIN_RATE, MAX_RATE, key=RATE_SLIDER,
-              on_change=lambda: _set_rate(st.session_state[RATE_SLIDER]))
-    cols = st.columns(len(options))
-    for i, (col, p) in enumerate(zip(cols, options)):
-        col.button(f"{p.short} · {p.rate:,.0f}", key=f"feel.preset.{i}", help=f"{p.name}: {p.how}", on_click=_set_rate,
-                   args=(p.rate,), width="stretch")
-    return int(st.session_state[RATE])
+    """Tokens per second: a slider and one button per preset rate."""
+    buttons = tuple(WidgetPreset(f"{p.short} · {p.rate:,.0f}", p.rate, f"{p.name}: {p.how}") for p in options)
+    return linked_number(LinkedNumber(RATE, "Tokens per second", MIN_RATE, MAX_RATE, 20, presets=buttons))
 
 
 def feel_section(lm: LoadedModel | None, measured: float | None) -> None:

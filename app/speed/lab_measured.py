@@ -11,7 +11,7 @@ import streamlit as st
 from app.speed import figures as charts
 from app.format import fmt_bytes, fmt_ms, fmt_rate
 from app.speed.common import MEASURED, measured_caption, remeasure_roof, run_on_model, status_progress
-from app.widgets import plot
+from app.widgets import LinkedNumber, linked_number, plot
 from engine.errors import EngineError
 from engine.loader import LoadedModel
 from engine.projection import prefill_flops
@@ -19,8 +19,7 @@ from engine.specs import MODEL_PRESETS
 from engine.speedlab import (DEFAULT_DECODE_STEPS, ContextPoint, DeviceRoof, attention_onset, ceiling_prefill_seconds,
                              fit_ttft, kv_bytes_per_token_loaded, measure_context, place_decode)
 
-POINTS, CTX, CTX_SLIDER, CTX_TYPED, ERROR = ("speed.points", "speed.context", "speed.context_slider",
-                                             "speed.context_typed", "speed.error")
+POINTS, CTX, ERROR = "speed.points", "speed.context", "speed.error"
 SWEEP = (16, 32, 64, 128, 256, 512, 1024, 1536, 2048)
 SWEEP_POINTS = 6
 REPEATS = 2              # fastest prefill and median decode step of two runs: a noisy neighbour hits less
@@ -47,25 +46,10 @@ def add_point(point: ContextPoint) -> None:
     st.session_state[POINTS] = sorted(kept + [point.to_dict()], key=lambda p: p["tokens"])
 
 
-# --- the context-length input: a slider and a typed value kept in step ------------------------------
-
-def _from_slider() -> None:
-    st.session_state[CTX] = st.session_state[CTX_TYPED] = st.session_state[CTX_SLIDER]
-
-
-def _from_typed() -> None:
-    st.session_state[CTX] = st.session_state[CTX_SLIDER] = st.session_state[CTX_TYPED]
-
-
 def context_input(lm: LoadedModel) -> int:
+    """Prompt length N: a slider and a typed value kept in step, up to what this model can measure."""
     top = max_tokens(lm)
-    if CTX not in st.session_state or st.session_state[CTX] > top:
-        start = min(256, top)
-        st.session_state[CTX] = st.session_state[CTX_SLIDER] = st.session_state[CTX_TYPED] = start
-    left, right = st.columns([4, 1])
-    left.slider("Prompt length N (tokens)", 1, top, key=CTX_SLIDER, on_change=_from_slider)
-    right.number_input("Or type N", 1, top, key=CTX_TYPED, on_change=_from_typed)
-    return int(st.session_state[CTX])
+    return linked_number(LinkedNumber(CTX, "Prompt length N (tokens)", 1, top, min(256, top), typed_label="Or type N"))
 
 
 def measure_lengths(lm: LoadedModel, lengths: list[int]) -> None:
