@@ -19,7 +19,8 @@ from typing import Callable
 
 import streamlit as st
 
-from app.controls import SETTING_RANGES, in_range, session_id
+from app.request import SETTING_RANGES, in_range
+from app.session import session_id
 from app.format import fmt_bytes
 from app.run import LAST_RUN, Run, compact
 from engine.errors import EngineError

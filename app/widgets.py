@@ -1,5 +1,8 @@
-"""Widgets shared by the pages: chart slots that can be redrawn many times in one run, a line that follows a
-streaming run, and one number entered three ways (slider, preset buttons, typed value) kept in step."""
+"""Widgets shared by the pages: chart slots that can be redrawn many times in one run, a line that follows
+a streaming run, one number entered three ways (slider, preset buttons, typed value) kept in step, and the
+request form (prompt box, sampling controls, Generate and Stop).
+
+Every widget key is namespaced by the page (`journey.temperature`, `kv.prompt`, ...)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,7 +12,10 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app.layout import plot_font
+from app.presenter import may_generate, presenter_board
+from app.request import DEFAULT_PROMPT, MAX_NEW_LIMIT, Prepared, Sampling, new_token_limit, prepare, sanitize_settings
 from app.run import Throttle
+from engine.loader import LoadedModel
 
 PLOT_CONFIG = {"displaylogo": False, "modeBarButtonsToRemove": ["select2d", "lasso2d"]}
 
@@ -130,3 +136,59 @@ def _typed_input(w: LinkedNumber, parent) -> None:
                       label_visibility="collapsed", placeholder=w.placeholder)
     if st.session_state.get(f"{w.key}_error"):
         parent.error(st.session_state[f"{w.key}_error"])
+
+
+# --- the request form ---------------------------------------------------------------------------------------
+
+def prompt_box(ns: str, default: str = DEFAULT_PROMPT, height: int = 110) -> str:
+    key = f"{ns}.prompt"
+    if key not in st.session_state:                # a push or a recording may have set it already
+        st.session_state[key] = default
+    return st.text_area("Prompt", height=height, key=key,
+                        help="For instruct models the prompt is wrapped in the chat template before tokenizing.")
+
+
+def sampling_controls(ns: str, max_new_default: int = 48, max_new_limit: int = MAX_NEW_LIMIT) -> Sampling:
+    for message in sanitize_settings(ns, max_new_limit):
+        st.warning(message)
+    cols = st.columns(5)
+    temperature = cols[0].slider("Temperature", 0.0, 2.0, 0.0, 0.05, key=f"{ns}.temperature",
+                                 help="0 picks the most likely token every time (greedy).")
+    top_k = cols[1].number_input("Top-k", 0, 1000, 0, 1, key=f"{ns}.top_k", help="Keep only the k most likely tokens; 0 = off.")
+    top_p = cols[2].slider("Top-p", 0.05, 1.0, 1.0, 0.05, key=f"{ns}.top_p",
+                           help="Keep the smallest set of tokens whose probabilities add up to p; 1 = off.")
+    seed = cols[3].number_input("Seed", 0, 2**31 - 1, 0, 1, key=f"{ns}.seed", help="Same seed, same sampled answer.")
+    max_new = cols[4].number_input("Max new tokens", 1, max_new_limit, min(max_new_default, max_new_limit), 1,
+                                   key=f"{ns}.max_new", help=f"This server allows at most {max_new_limit}.")
+    return Sampling(float(temperature), int(top_k), float(top_p), int(seed), int(max_new))
+
+
+def generate_button(ns: str, prepared: Prepared,
+                    disabled: bool = False) -> tuple[bool, st.delta_generator.DeltaGenerator]:
+    """The Generate button and an empty slot beside it where Stop appears while the answer streams."""
+    allowed = may_generate(st.session_state, presenter_board())
+    left, right, _ = st.columns([3, 2, 7])              # wide enough for "Generate" on a 1024-px projector
+    clicked = left.button("Generate", type="primary", key=f"{ns}.generate",
+                          disabled=disabled or prepared.error is not None or not allowed)
+    if not allowed:
+        st.caption("The presenter runs the model for the room: their run appears here as it streams, and every "
+                   "page draws it. Generating your own is off until the presenter allows it.")
+    return clicked, right.empty()
+
+
+def quick_form(lm: LoadedModel, ns: str, default: str = DEFAULT_PROMPT,
+               max_new_default: int = 16) -> tuple[Prepared, bool, st.delta_generator.DeltaGenerator]:
+    """A prompt, a token limit and Generate / Stop (greedy), for pages that run a request of their own.
+
+    The returned slot is Stop's; `run_live` puts the queue position and messages under the button.
+    """
+    prompt = prompt_box(ns, default, height=90)
+    limit = new_token_limit(lm)
+    for message in sanitize_settings(ns, limit):
+        st.warning(message)
+    max_new = st.number_input("Max new tokens", 1, limit, min(max_new_default, limit), 1, key=f"{ns}.max_new")
+    prepared = prepare(lm, prompt, Sampling(max_new_tokens=int(max_new)), chat=lm.has_chat_template)
+    if prepared.error:
+        st.error(prepared.error)
+    clicked, stop_slot = generate_button(ns, prepared)
+    return prepared, clicked, stop_slot

@@ -1,14 +1,16 @@
 """Speculative decoding: a cheap draft proposes k tokens, the model checks them all in one pass."""
 import streamlit as st
 
-from app.controls import generate_button, last_run, prepare, run_live
-from app.model import require_model
+from app.live import last_run, run_live
+from app.model import page_model
+from app.request import prepare
 from app.speculative.numbers import measure
 from app.speculative.sections import (TimelineView, acceptance_section, build_draft, draft_controls, k_section,
                                       last_speculative, projection_section, prompt_controls, run_controls,
                                       speed_section)
+from app.widgets import generate_button
 
-lm = require_model()
+lm = page_model()
 st.title("Speculative decoding")
 st.write("Decoding runs the whole model once per token. Speculative decoding lets a cheap draft guess the next k "
          "tokens and has the model check all of them in one forward pass: it keeps the guesses up to the first "

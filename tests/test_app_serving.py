@@ -20,7 +20,7 @@ from streamlit.testing.v1 import AppTest
 
 from conftest import tiny_prompt
 from app import presenter
-from app.controls import wait_message
+from app.live import wait_message
 from app.model import model_slot
 from app.presenter import PresenterBoard
 from app.recordings import RECORDINGS_DIR, open_bytes, run_bytes

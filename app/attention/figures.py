@@ -4,6 +4,7 @@ per-head summaries across layers, the grouped-query attention diagram and a deco
 from __future__ import annotations
 
 import html
+from typing import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -172,4 +173,18 @@ def step_row_figure(row: np.ndarray, factor: int, texts: list[str], heads: tuple
                      tickfont=dict(size=10), title="key position")
     fig.update_yaxes(autorange="reversed", type="category")
     fig.update_layout(height=22 * len(heads) + 170, margin=dict(l=0, r=0, t=10, b=0))
+    return fig
+
+
+def matrix_figure(z: np.ndarray, tokens: Sequence[str], title: str, colorscale: str = "RdBu",
+                  mid: float | None = 0.0, height: int = 360) -> go.Figure:
+    """A (T, T) query-by-key matrix with token text; -inf cells (the mask) are left empty."""
+    shown = np.where(np.isfinite(z), z, np.nan)
+    labels = [f"{i} {plot_text(t, 8)}" for i, t in enumerate(tokens)]
+    fig = go.Figure(go.Heatmap(z=shown, x=labels, y=labels, colorscale=colorscale, zmid=mid, hoverongaps=False,
+                               hovertemplate="query %{y}<br>key %{x}<br>%{z:.4f}<extra></extra>"))
+    fig.update_xaxes(title="key", tickangle=-60, tickfont=dict(size=9))
+    fig.update_yaxes(title="query", autorange="reversed", tickfont=dict(size=9))
+    fig.update_layout(height=height, margin=dict(l=0, r=0, t=30, b=0), plot_bgcolor="#e9e9ee",
+                      title=dict(text=title, font=dict(size=13)))
     return fig

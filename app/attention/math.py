@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app.explainers import figures as charts
+from app.attention import figures as charts
 from app.format import visible
-from app.speed.common import MEASURED, run_alone
+from app.format import MEASURED
+from app.live import run_alone
 from app.widgets import plot
 from engine.attention_math import MAX_TOKENS, AttentionSteps, LayerQKV, attention_steps, capture_qkv
 from engine.errors import EngineError

@@ -7,7 +7,7 @@ import streamlit as st
 from app.attention import numbers as att
 from app.attention import figures as charts
 from app.run import Run
-from app.speed.common import run_alone
+from app.live import run_alone
 from app.widgets import plot
 from engine.attention_math import capture_attention
 from engine.errors import EngineError

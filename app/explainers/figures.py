@@ -1,4 +1,5 @@
-"""Figures for the explainer pages (fusion, the cache on and off, attention arithmetic, quantization).
+"""Figures for the FlashAttention and quantization pages (the cache on and off and attention arithmetic draw
+theirs in app/kv/figures.py and app/attention/figures.py).
 
 Each builder takes plain data and returns a Plotly figure. Measured series are orange, projected ones blue,
 as on the speed pages.
@@ -11,7 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.format import plot_text, si_label
+from app.format import si_label
 from app.speed.figures import MARGIN, MEASURED_COLOR, PROJECTED_COLOR, log_axis
 
 EAGER_COLOR, FUSED_COLOR = "#c0392b", "#27ae60"
@@ -54,36 +55,6 @@ def fusion_projected_figure(rows: Sequence[dict], title: str) -> go.Figure:
     return fig
 
 
-def cache_figure(rows: Sequence[dict]) -> go.Figure:
-    """Per-token time with and without the cache (measured), and the FLOPs each needs (from the formula)."""
-    ns = [r["length"] for r in rows]
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("time per token (measured)", "FLOPs per token (formula)"))
-    for name, key, color in (("with the cache", "on", FUSED_COLOR), ("without", "off", EAGER_COLOR)):
-        fig.add_scatter(x=ns, y=[r[f"seconds_{key}"] * 1e3 for r in rows], name=f"{name}: time",
-                        mode="lines+markers", line=dict(color=color), marker=dict(size=5), row=1, col=1)
-        fig.add_scatter(x=ns, y=[r[f"flops_{key}"] for r in rows], name=f"{name}: FLOPs", mode="lines",
-                        line=dict(color=color, dash="dot"), row=1, col=2)
-    fig.update_xaxes(title="sequence length the token attends over")
-    fig.update_yaxes(title="ms", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title="FLOPs", exponentformat="SI", rangemode="tozero", row=1, col=2)
-    fig.update_layout(height=340, margin=dict(l=0, r=0, t=30, b=0), legend=dict(orientation="h", y=-0.3))
-    return fig
-
-
-def matrix_figure(z: np.ndarray, tokens: Sequence[str], title: str, colorscale: str = "RdBu",
-                  mid: float | None = 0.0, height: int = 360) -> go.Figure:
-    """A (T, T) query-by-key matrix with token text; -inf cells (the mask) are left empty."""
-    shown = np.where(np.isfinite(z), z, np.nan)
-    labels = [f"{i} {plot_text(t, 8)}" for i, t in enumerate(tokens)]
-    fig = go.Figure(go.Heatmap(z=shown, x=labels, y=labels, colorscale=colorscale, zmid=mid, hoverongaps=False,
-                               hovertemplate="query %{y}<br>key %{x}<br>%{z:.4f}<extra></extra>"))
-    fig.update_xaxes(title="key", tickangle=-60, tickfont=dict(size=9))
-    fig.update_yaxes(title="query", autorange="reversed", tickfont=dict(size=9))
-    fig.update_layout(height=height, margin=dict(l=0, r=0, t=30, b=0), plot_bgcolor="#e9e9ee",
-                      title=dict(text=title, font=dict(size=13)))
-    return fig
-
-
 def channels_figure(max_abs: np.ndarray, mean_abs: np.ndarray, title: str, threshold: float | None) -> go.Figure:
     """Per input channel: the largest |x| and the mean |x| (one layer), with LLM.int8's threshold."""
     ch = list(range(len(max_abs)))
@@ -99,18 +70,6 @@ def channels_figure(max_abs: np.ndarray, mean_abs: np.ndarray, title: str, thres
     log_axis(fig, "y", [bottom, top], title="|value|")
     fig.update_layout(height=300, margin=dict(l=0, r=0, t=30, b=0), title=dict(text=title, font=dict(size=13)),
                       legend=dict(orientation="h", y=-0.3))
-    return fig
-
-
-def bars(labels: Sequence[str], values: Sequence[float], title: str, fmt: str, color: str = MEASURED_COLOR,
-         log: bool = False) -> go.Figure:
-    fig = go.Figure(go.Bar(x=list(labels), y=list(values), marker_color=color, textposition="outside",
-                           text=[fmt.format(v) for v in values], cliponaxis=False))
-    fig.update_layout(height=300, margin=MARGIN, title=dict(text=title, font=dict(size=13)))
-    if log:
-        log_axis(fig, "y", values)
-    else:
-        fig.update_yaxes(showticklabels=False)
     return fig
 
 

@@ -6,7 +6,7 @@ import json
 import streamlit as st
 
 from app.format import fmt_bytes
-from app.speed.common import MEASURED
+from app.format import MEASURED
 from engine.card import weight_bytes
 from engine.errors import EngineError
 from engine.folder import PCIE, FolderReport, describe_folder, pcie_seconds, time_read

@@ -6,7 +6,8 @@ import numpy as np
 import streamlit as st
 
 from app.explainers import figures as charts
-from app.speed.common import MEASURED, measured_caption, run_alone, run_on_model, status_progress
+from app.format import MEASURED, measured_caption
+from app.live import run_alone, run_on_model, status_progress
 from app.widgets import plot
 from engine.calibrated import compare_methods
 from engine.errors import EngineError

@@ -11,7 +11,7 @@ import numpy as np
 import streamlit as st
 
 from app.journey import figures as charts
-from app.controls import Prepared, Sampling
+from app.request import Prepared, Sampling
 from app.format import fmt_ms, fmt_rate, plot_text, visible
 from app.run import LOGIT_LENS_TOP, Run, Throttle, capture_policy
 from app.journey.tokens import chars_per_token, chips_figure, special_mask
@@ -231,7 +231,7 @@ OBSERVER_TOKENS = 16          # decode steps per run of the measurement
 
 def observer_section(lm: LoadedModel, run: Run) -> None:
     """The same request decoded with capture off and on, alternating three times, on this server (measured)."""
-    from app.speed.common import run_on_model, status_progress
+    from app.live import run_on_model, status_progress
     from engine.errors import EngineError
     from engine.speedlab import observer_effect
 

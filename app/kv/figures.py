@@ -3,6 +3,8 @@ and paged against contiguous allocation.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 from plotly.subplots import make_subplots
@@ -11,6 +13,8 @@ from app.format import fmt_bytes, fmt_tokens, log_ticks
 from app.speed.figures import TEXT_ROOM
 from engine.paging import PagingComparison, PagingRequest
 from engine.records import CacheState
+
+WITH_CACHE_COLOR, WITHOUT_CACHE_COLOR = "#27ae60", "#c0392b"   # as fused and eager on the FlashAttention page
 
 def growth_figure(states: list[CacheState], bytes_per_token: float) -> go.Figure:
     """Bytes held by the real cache after each step, stacked by layer, against the formula's straight line; a
@@ -110,4 +114,20 @@ def paging_timeline_figure(comparison: PagingComparison) -> go.Figure:
                         line=dict(color=color), row=1, col=2)
     fig.update_xaxes(title="decode step")
     fig.update_layout(height=320, margin=dict(l=0, r=0, t=30, b=0), legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def cache_figure(rows: Sequence[dict]) -> go.Figure:
+    """Per-token time with and without the cache (measured), and the FLOPs each needs (from the formula)."""
+    ns = [r["length"] for r in rows]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("time per token (measured)", "FLOPs per token (formula)"))
+    for name, key, color in (("with the cache", "on", WITH_CACHE_COLOR), ("without", "off", WITHOUT_CACHE_COLOR)):
+        fig.add_scatter(x=ns, y=[r[f"seconds_{key}"] * 1e3 for r in rows], name=f"{name}: time",
+                        mode="lines+markers", line=dict(color=color), marker=dict(size=5), row=1, col=1)
+        fig.add_scatter(x=ns, y=[r[f"flops_{key}"] for r in rows], name=f"{name}: FLOPs", mode="lines",
+                        line=dict(color=color, dash="dot"), row=1, col=2)
+    fig.update_xaxes(title="sequence length the token attends over")
+    fig.update_yaxes(title="ms", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title="FLOPs", exponentformat="SI", rangemode="tozero", row=1, col=2)
+    fig.update_layout(height=340, margin=dict(l=0, r=0, t=30, b=0), legend=dict(orientation="h", y=-0.3))
     return fig

@@ -12,7 +12,7 @@ from app.kv import figures as charts
 from app.format import card_size, fmt_bytes, fmt_tokens, parse_tokens
 from app.run import Run, Throttle
 from app.widgets import ChartSlot, LinkedNumber, Preset, linked_number, plot
-from engine.card import kv_bytes_per_token, kv_bytes_per_user, weight_bytes
+from engine.card import kv_bytes_per_token, kv_bytes_per_user
 from engine.loader import LoadedModel
 from engine.memory import MemoryLedger, memory_ledger
 from engine.paging import PagingConfig, compare

@@ -8,14 +8,14 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from app.controls import Sampling, new_token_limit, sanitize_settings
+from app.request import Sampling, new_token_limit, sanitize_settings
 from app.format import fmt_ms
 from app.model import draft_choice, model_slot
 from app.run import Run, Throttle
 from app.speculative import figures as charts
 from app.speculative.drafts import draft_model_options, is_model_spec
 from app.speculative.numbers import K_RANGE, PRESETS, Measured, projected_pair
-from app.speed.common import efficiency_note
+from app.format import efficiency_note
 from app.widgets import ChartSlot, plot
 from engine.drafts import Draft
 from engine.errors import EngineError

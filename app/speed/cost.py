@@ -8,7 +8,8 @@ import streamlit as st
 
 from app.speed import figures as charts
 from app.format import fmt_bytes, fmt_ms, fmt_rate
-from app.speed.common import HardwareChoice, efficiency_note, memory_line
+from app.speed.hardware import HardwareChoice, memory_line
+from app.format import efficiency_note
 from app.widgets import plot
 from engine.card import active_param_counts, expected_experts_touched, param_counts
 from engine.projection import Projection, roofline, sweep_batch

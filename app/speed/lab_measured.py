@@ -10,7 +10,9 @@ import streamlit as st
 
 from app.speed import figures as charts
 from app.format import fmt_bytes, fmt_ms, fmt_rate
-from app.speed.common import MEASURED, measured_caption, remeasure_roof, run_on_model, status_progress
+from app.format import MEASURED, measured_caption
+from app.speed.hardware import remeasure_roof
+from app.live import run_on_model, status_progress
 from app.widgets import LinkedNumber, linked_number, plot
 from engine.errors import EngineError
 from engine.loader import LoadedModel
@@ -36,13 +38,13 @@ def sweep_lengths(lm: LoadedModel) -> list[int]:
     return [s for s in SWEEP if s <= max_tokens(lm)][-SWEEP_POINTS:]
 
 
-def points() -> list[dict]:
+def measured_points() -> list[dict]:
     return st.session_state.setdefault(POINTS, [])
 
 
 def add_point(point: ContextPoint) -> None:
     """Keep one point per length: a new measurement of a length replaces the old one."""
-    kept = [p for p in points() if p["tokens"] != point.tokens]
+    kept = [p for p in measured_points() if p["tokens"] != point.tokens]
     st.session_state[POINTS] = sorted(kept + [point.to_dict()], key=lambda p: p["tokens"])
 
 
@@ -115,7 +117,7 @@ def context_section(lm: LoadedModel, roof: DeviceRoof) -> None:
                f"to length) followed by {DEFAULT_DECODE_STEPS} greedy decode steps, run {REPEATS} times: the fastest "
                "prefill and the median step are kept.")
     context_controls(lm)
-    pts = points()
+    pts = measured_points()
     st.markdown(onset_text(lm))
     if not pts:
         st.info("No measurements yet: press **Measure N** or **Sweep**.")
@@ -158,7 +160,7 @@ def roofline_section(lm: LoadedModel, roof: DeviceRoof) -> None:
     if roof.source == "measured":
         st.button("Measure the peaks again", key="speed.remeasure", on_click=remeasure_roof,
                   help="If the machine was busy the first time, the peaks came out low.")
-    pts = points()
+    pts = measured_points()
     if not pts:
         st.info("Measure at least one prompt length above to place the decode step on this roofline.")
         plot(charts.device_roofline_figure(roof, None, None), "speed.roof_chart")

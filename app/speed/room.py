@@ -213,7 +213,7 @@ def measure_prefix(lm, report) -> dict:
     """Both cases through the scheduler, alone on the model: the chat template's opening, and the same prompt."""
     from dataclasses import asdict
 
-    from app.speed.common import run_on_model
+    from app.live import run_on_model
     from engine.batch import measure_prefix_reuse
     from engine.generate import GenerationRequest
 
@@ -234,7 +234,7 @@ def prefix_section(lm, scheduler) -> None:
                f"{stats.reused_tokens:,} prompt tokens not computed again; {stats.entries} prompt(s) kept in "
                f"{fmt_bytes(stats.bytes)}.")
     if st.button("Measure the time to first token with and without reuse", key="kv.prefix.measure"):
-        from app.speed.common import status_progress
+        from app.live import status_progress
         from engine.errors import EngineError
 
         with st.status("Measuring prefix reuse…", expanded=True) as box:

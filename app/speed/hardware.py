@@ -1,44 +1,25 @@
-"""Shared pieces of the speed and cost pages: the two planes' labels, the projection controls, this
-device's measured peaks (cached once per process), and measurements on the shared model, which go
-through its scheduler like every other use of the model (queue position, limits, cancel).
+"""The hardware a projection runs on, as the speed, cost and explainer pages choose it: model, GPU,
+precision, batch, context and layout pickers, and this device's measured peaks (cached once per process).
 
-Measured figures are always introduced by MEASURED; projected ones by `projected_label(...)`.
+Measured figures are always introduced by `app.format.MEASURED`; projected ones by `projected_label(...)`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
 
 import streamlit as st
 
-from app.format import fmt_bytes, fmt_tokens
-from engine.errors import EngineError
+from app.format import fmt_bytes, fmt_tokens, projected_label
 from engine.loader import LoadedModel
 from engine.projection import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_DOLLARS_PER_HOUR, DEFAULT_FLOPS_EFFICIENCY,
                                GPU_COUNTS, Layout, Projection, project, standard_layout)
 from engine.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec
-from engine.scheduler import JobProgress, JobResult, QueueStatus, scheduler_for
 from engine.speedlab import DeviceRoof, measure_roof
 
-MEASURED = "Measured on this machine"
 WEIGHTS = {"FP32": "fp32", "BF16": "bf16", "FP8": "fp8", "INT8": "int8", "INT4": "int4"}
 KV = {"BF16": "bf16", "FP8": "fp8"}
 LOADED = "loaded"
 DEFAULT_MODEL, DEFAULT_GPU = "llama-3.1-8b", "h100-sxm"
-
-
-def projected_label(model: str, gpu: str) -> str:
-    return f"Projected for {model} on {gpu}"
-
-
-def efficiency_note(bandwidth: float = DEFAULT_BANDWIDTH_EFFICIENCY, flops: float | None = None) -> str:
-    """Where the efficiency enters a projected number: 'projected at 70% of peak bandwidth'."""
-    note = f"projected at {bandwidth:.0%} of peak bandwidth"
-    return note + (f" (decode) and {flops:.0%} of peak FLOP/s (prefill)" if flops is not None else "")
-
-
-def measured_caption(lm: LoadedModel) -> str:
-    return f"{MEASURED}: {lm.label}, {lm.dtype_name}, on {lm.device}."
 
 
 # --- the projection controls -----------------------------------------------------------------------
@@ -168,50 +149,3 @@ def device_roof(lm: LoadedModel) -> DeviceRoof:
         return _device_roof(str(lm.device), lm.dtype_name)
 
 
-def run_on_model(lm: LoadedModel, what: str, job: Callable[[Callable[[float, str], None]], Any],
-                 report: Callable[[float, str], None]) -> Any:
-    """Run `job(progress)` on the shared model through its scheduler: alone, in its turn, with progress.
-
-    While it waits the page shows its place in line; leaving the page or pressing Stop cancels it.
-    Raises the job's EngineError when it fails or is cancelled.
-    """
-    from app.controls import session_id
-
-    handle = scheduler_for(lm).submit_job(job, what, session=session_id())
-    note = st.empty()
-    value = None
-    try:
-        for record in handle.records(on_wait=lambda status: note.info(_turn_message(status, what))):
-            note.empty()
-            if isinstance(record, JobProgress):
-                report(record.fraction, record.text)
-            elif isinstance(record, JobResult):
-                value = record.value
-    finally:
-        handle.cancel()
-    if handle.error is not None:
-        raise handle.error
-    if value is None:
-        raise EngineError(f"{what} was stopped before it finished")
-    return value
-
-
-def run_alone(lm: LoadedModel, what: str, work: Callable[[], Any]) -> Any:
-    """`run_on_model` for work without progress steps (a forward pass or two)."""
-    return run_on_model(lm, what, lambda progress: work(), lambda fraction, text: None)
-
-
-def _turn_message(status: QueueStatus, what: str) -> str:
-    if status.state != "queued":
-        return f"Measuring {what}…"
-    return (f"{what.capitalize()} needs the model to itself: it starts when the {status.running} running request(s) "
-            f"finish ({status.ahead} waiting before it). Stop leaves the line.")
-
-
-def status_progress(box):
-    """A progress callback (fraction, message) writing into an st.status box."""
-    bar = box.progress(0.0)
-
-    def report(fraction: float, message: str) -> None:
-        bar.progress(min(max(fraction, 0.0), 1.0), text=message)
-    return report
