@@ -31,22 +31,13 @@ def run_live(lm: LoadedModel, prepared: Prepared, ns: str, stop_slot: st.delta_g
     `notice` (a slot under the Generate button) shows the queue position while waiting, and a refusal
     or failure as a message. Returns the run, or None when the server refused the request.
     """
-    limits = scheduler_for(lm).limits
-    policy, note = capture_policy(lm.spec, len(prepared.ids), prepared.request.max_new_tokens, capture,
-                                  limits.max_capture_bytes, limits.max_capture_layers)
-    run = new_run(lm, prepared.request, policy, note, draft, k)
+    run = new_live_run(lm, prepared, capture, draft, k)
     notice = notice if notice is not None else st.empty()
     stop_slot.button("Stop", key=f"{ns}.stop", help="Stops the answer where it is (or leaves the queue); what "
                                                     "streamed so far stays.")
 
-    board = presenter_board()
-
     def record(r: Run) -> None:
-        if st.session_state.get(LAST_RUN) is not r:
-            st.session_state[LAST_RUN] = r
-            notice.empty()
-            if is_presenter(st.session_state, board):
-                board.broadcast(st.session_state.get(TOKEN_KEY), r)     # every follower watches this run
+        make_current(r, notice)
         on_record(r)
 
     def wait(status: QueueStatus) -> None:
@@ -65,6 +56,26 @@ def run_live(lm: LoadedModel, prepared: Prepared, ns: str, stop_slot: st.delta_g
     elif run.prefill is None:
         notice.empty()
     return run if run.prefill is not None else None
+
+
+def new_live_run(lm: LoadedModel, prepared: Prepared, capture: bool, draft: Draft | None, k: int) -> Run:
+    """A run about to stream, capturing as much as the server's capture limits allow."""
+    limits = scheduler_for(lm).limits
+    policy, note = capture_policy(lm.spec, len(prepared.ids), prepared.request.max_new_tokens, capture,
+                                  limits.max_capture_bytes, limits.max_capture_layers)
+    return new_run(lm, prepared.request, policy, note, draft, k)
+
+
+def make_current(run: Run, notice: st.delta_generator.DeltaGenerator) -> None:
+    """At its first record a run becomes this session's run (every page draws it), and every follower's when
+    the presenter made it."""
+    if st.session_state.get(LAST_RUN) is run:
+        return
+    st.session_state[LAST_RUN] = run
+    notice.empty()
+    board = presenter_board()
+    if is_presenter(st.session_state, board):
+        board.broadcast(st.session_state.get(TOKEN_KEY), run)     # every follower watches this run
 
 
 def show_wait(slot: st.delta_generator.DeltaGenerator, status: QueueStatus) -> None:
