@@ -268,3 +268,22 @@ def test_a_speculative_run_reads_like_a_plain_one(tiny_lm, tiny_model_dir):
             assert rows.all() and matrix.shape == (len(ids), len(ids))
             np.testing.assert_allclose(matrix, reference[layer][0, head].numpy(), atol=2e-3)   # stored as float16
     assert all(not s.captures for s in base.steps)                  # the baseline keeps its timings only
+
+
+def test_the_other_pages_draw_a_speculative_run(page):
+    """One session key for every run: after a speculative run the attention page draws its maps over every
+    position, the KV page its cache token by token, and the journey page says how to read its timings."""
+    at = run_page(page, REPEATING, 3, 12)
+    run = at.session_state[LAST_RUN]
+    n = run.n_prompt + len(run.tokens) - 1
+    at.switch_page("../pages/attention.py").run()
+    assert_clean(at)
+    p = array(charts(at)[0]["data"][0]["customdata"])                # probabilities, NaN = masked
+    assert p.shape == (n, n)
+    np.testing.assert_allclose(np.nansum(p, axis=1), 1.0, atol=2e-3)   # every position's row, a distribution
+    at.switch_page("../pages/kv_cache.py").run()
+    assert_clean(at)
+    assert any(f"{n:,}" in c.value for c in at.caption)
+    at.switch_page("../pages/journey.py").run()
+    assert_clean(at)
+    assert any("A speculative run" in c.value for c in at.caption)

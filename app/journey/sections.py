@@ -111,6 +111,8 @@ class ResultView:
                          "before on this server (the chat template's opening, or the same prompt from someone else), "
                          "so their keys and values were reused and only the rest was computed: a shorter time to "
                          "first token. The KV-cache page measures the difference.")
+        if run.speculation is not None:
+            notes.append(SPECULATIVE_NOTE)
         if notes:
             self.note.caption(" ".join(notes))
         if timeline and run.prefill is not None and (final or self.chart_throttle()):
@@ -118,6 +120,10 @@ class ResultView:
 
 
 WATCH_SECONDS = 0.5
+SPECULATIVE_NOTE = ("A speculative run (from the speculative-decoding page): each round produced several tokens in "
+                    "one verify pass, so each token's time here is its round's time shared evenly, and its attention "
+                    "row is the one that pass computed for its position. The logit lens and norms were taken at "
+                    "each pass's newest position only.")
 
 
 def watch_live(run: Run) -> None:
@@ -212,7 +218,9 @@ def lens_section(run: Run, index: int, decode: Callable[[list[int]], str], lm: L
         logit_lens(lm.model, captures, LOGIT_LENS_TOP)     # only for the token you look at; kept in the run
     if not any(c.lens for c in captures.values()):
         st.info("The logit lens of this recording is computed by the model that made it; load that model to see "
-                "it." if pending else "Nothing was captured for this token (capture was off for this run).")
+                "it." if pending else "No logit lens for this token: a speculative round takes it at its verify "
+                "pass's newest position only." if run.speculation is not None and captures else
+                "Nothing was captured for this token (capture was off for this run).")
         return
     token = run.tokens[index]
     left, right = st.columns([3, 2])
