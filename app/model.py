@@ -100,12 +100,12 @@ def get_model() -> LoadedModel | None:
     return lm
 
 
-def page_model(needed: bool = True) -> LoadedModel | None:
+def page_model(needed: bool = False) -> LoadedModel | None:
     """The one way a page gets the model (app/main.py has loaded it before the page runs).
 
-    A page that `needed` it stops here when it did not load, with the reason on screen. The pages that
-    work without it (`needed=False`: recordings, projections) get None when it did not load or this
-    browser was refused a seat because the room is full, and offer recordings (`offline_notice`).
+    None when it did not load or this browser was refused a seat because the room is full: the pages
+    that work without it draw recordings or projections instead (`offline_notice`). A page that
+    `needed` it stops here when it did not load, with the reason on screen.
     """
     if not needed:
         return None if st.session_state.get(REFUSED_KEY) else current_slot().lm

@@ -10,7 +10,7 @@ from app.recordings import run_notes
 from app.session import presenter_push, pushed_choice
 from app.widgets import ProgressLine, quick_form
 
-lm = page_model(needed=False)
+lm = page_model()
 st.title("Attention")
 st.write("Every head of every layer turns each token's query into weights over the tokens before it. The maps "
          "below come from the last generation (from any page), captured inside the real model.")

@@ -4,7 +4,7 @@ import streamlit as st
 from app.attention.math import matrices_section, steps_section
 from app.model import page_model
 
-lm = page_model()
+lm = page_model(needed=True)
 st.title("Attention, step by step")
 st.write("Each head turns every token into a query q, a key k and a value v (vectors of head_dim numbers; the "
          "keys and queries already rotated by their position, RoPE). For one query, attention is five steps: a dot "

@@ -4,7 +4,7 @@ import streamlit as st
 from app.explainers.flash_attention import measured_section, projected_section
 from app.model import page_model
 
-lm = page_model()
+lm = page_model(needed=True)
 st.title("FlashAttention and kernel fusion")
 st.write("Attention scores every query against every key: for a prompt of N tokens that is an N × N matrix per "
          "head. Written plainly (\"eager\"), each step is its own kernel: Q·Kᵀ writes the matrix to memory, scaling "

@@ -10,7 +10,7 @@ from app.request import new_token_limit, prepare
 from app.session import presenter_push
 from app.widgets import generate_button, prompt_box, sampling_controls
 
-lm = page_model(needed=False)
+lm = page_model()
 st.title("The journey of a request")
 st.write("Type a prompt and press Generate. The prompt becomes tokens, the tokens go through every layer "
          "once (prefill), and then the model produces one token per step (decode), reading its KV cache.")

@@ -11,7 +11,7 @@ from app.widgets import quick_form
 from engine.scheduler import scheduler_for
 from engine.specs import MODEL_PRESETS
 
-lm = page_model(needed=False)
+lm = page_model()
 st.title("The KV cache")
 st.write("Each layer keeps the keys and values of every token it has seen, so that a new token only computes "
          "its own. That memory grows with every token and every user, and it decides how many people one GPU "

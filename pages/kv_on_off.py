@@ -4,7 +4,7 @@ import streamlit as st
 from app.kv.on_off import measured_section, projected_section
 from app.model import page_model
 
-lm = page_model()
+lm = page_model(needed=True)
 st.title("The KV cache, with and without")
 st.write("To pick token n, attention needs the keys and values of every earlier token. They never change once "
          "computed, so a server keeps them (the KV cache) and each step pushes only the newest token through the "

@@ -4,7 +4,7 @@ import streamlit as st
 from app.explainers.model_folder import files_section, timing_section
 from app.model import page_model
 
-lm = page_model()
+lm = page_model(needed=True)
 st.title("A model is a folder")
 st.write("Before any token is generated, a model is files: a config that says how to build the network, a "
          "tokenizer, and the weights. Here is the folder the loaded model came from.")

@@ -4,7 +4,7 @@ import streamlit as st
 from app.explainers.quantization import bits_section, grids_section, methods_section, methods_text, outliers_section
 from app.model import page_model
 
-lm = page_model()
+lm = page_model(needed=True)
 st.title("Quantization, closely")
 st.write("Quantization stores numbers in fewer bits by rounding them to a small set of levels. How much that costs "
          "depends on where the levels sit and on the numbers being rounded. The Precision page measures speed and "

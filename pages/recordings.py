@@ -8,7 +8,7 @@ from app.recordings import (keep_button, kept_section, room_limits, run_notes, s
                             upload_section)
 from engine.scheduler import scheduler_for
 
-lm = page_model(needed=False)
+lm = page_model()
 st.title("Recordings")
 st.write("A recording is one finished generation saved with everything the pages draw: the tokens, their "
          "candidates and timings, the cache after every step, and the captured attention and logit lens. "

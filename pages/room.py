@@ -6,7 +6,7 @@ from app.session import session_id
 from app.speed.room import live_section
 from engine.scheduler import scheduler_for
 
-lm = page_model()
+lm = page_model(needed=True)
 st.title("The room is the batch")
 st.write("Everyone in this room shares one model. When several people press Generate, their requests do not "
          "queue one behind the other: they join the running batch at the next step, and one forward pass gives "

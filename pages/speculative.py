@@ -10,7 +10,7 @@ from app.speculative.sections import (TimelineView, acceptance_section, build_dr
                                       speed_section)
 from app.widgets import generate_button
 
-lm = page_model()
+lm = page_model(needed=True)
 st.title("Speculative decoding")
 st.write("Decoding runs the whole model once per token. Speculative decoding lets a cheap draft guess the next k "
          "tokens and has the model check all of them in one forward pass: it keeps the guesses up to the first "

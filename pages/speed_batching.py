@@ -5,7 +5,7 @@ from app.model import page_model
 from app.speed.batching import long_prompt_section, real_section, simulation_section, sweep_section, target_inputs
 from app.speed.hardware import device_roof, hardware_controls
 
-lm = page_model()
+lm = page_model(needed=True)
 st.title("Batching")
 st.write("A decode step reads every weight once, whether it produces a token for one user or for two hundred. "
          "Serving many users in the same step is how a GPU goes from idle arithmetic units to full ones, and how "

@@ -7,7 +7,7 @@ from app.speed.cost_tokens import token_cost_section
 from app.speed.hardware import hardware_controls
 from engine.projection import DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY
 
-lm = page_model(needed=False)
+lm = page_model()
 st.title("Speed and cost on GPUs")
 st.write("Sections 1 to 3 run nothing: every figure is computed from the model's config and the GPU's spec "
          "sheet. Prefill is timed as FLOPs ÷ peak FLOP/s, decode as bytes moved ÷ bandwidth, each times the share of "

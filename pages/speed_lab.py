@@ -8,7 +8,7 @@ from app.speed.hardware import device_roof
 from app.speed.lab_feel import feel_section
 from app.speed.lab_measured import context_section, measured_points, roofline_section
 
-lm = page_model()
+lm = page_model(needed=True)
 st.title("Speed lab")
 st.write("Generating text has two phases. **Prefill** reads the whole prompt in one forward pass: many tokens "
          "share one read of the weights, so it is limited by arithmetic. **Decode** makes one token per pass: every "

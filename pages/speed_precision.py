@@ -5,7 +5,7 @@ from app.model import page_model
 from app.speed.hardware import hardware_controls
 from app.speed.precision import measured_section, projected_section
 
-lm = page_model()
+lm = page_model(needed=True)
 st.title("Precision")
 st.write("Weights stored in fewer bits take less memory, and since a decode step reads every weight, fewer bytes "
          "can mean faster steps. The price is rounding: each weight moves to the nearest of 255 (INT8) or 16 (INT4) "
