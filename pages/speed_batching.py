@@ -3,7 +3,7 @@ import streamlit as st
 
 from app.model import page_model
 from app.speed.batching import long_prompt_section, real_section, simulation_section, sweep_section, target_inputs
-from app.speed.hardware import device_roof, hardware_controls
+from app.hardware import device_roof, hardware_controls
 
 lm = page_model(needed=True)
 st.title("Batching")

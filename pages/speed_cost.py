@@ -4,7 +4,7 @@ import streamlit as st
 from app.model import page_model
 from app.speed.cost import moe_section, projection_section, roofline_section, sweep_section
 from app.speed.cost_tokens import token_cost_section
-from app.speed.hardware import hardware_controls
+from app.hardware import hardware_controls
 from engine.projection import DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY
 
 lm = page_model()

@@ -4,7 +4,7 @@ import streamlit as st
 
 from app.format import MEASURED, efficiency_note
 from app.model import page_model
-from app.speed.hardware import device_roof
+from app.hardware import device_roof
 from app.speed.lab_feel import feel_section
 from app.speed.lab_measured import context_section, measured_points, roofline_section
 

@@ -2,7 +2,7 @@
 import streamlit as st
 
 from app.model import page_model
-from app.speed.hardware import hardware_controls
+from app.hardware import hardware_controls
 from app.speed.precision import measured_section, projected_section
 
 lm = page_model(needed=True)

@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from app.format import si_label
-from app.speed.figures import MARGIN, MEASURED_COLOR, PROJECTED_COLOR, log_axis
+from app.style import MARGIN, MEASURED_COLOR, PROJECTED_COLOR, log_axis
 
 EAGER_COLOR, FUSED_COLOR = "#c0392b", "#27ae60"
 

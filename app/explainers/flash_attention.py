@@ -7,7 +7,7 @@ import torch
 from app.explainers import figures as charts
 from app.format import card_size, fmt_bytes, fmt_ms, fmt_tokens
 from app.format import MEASURED, measured_caption
-from app.speed.hardware import gpu_picker, model_picker
+from app.hardware import gpu_picker, model_picker
 from app.live import run_on_model, status_progress
 from app.widgets import plot
 from engine.errors import EngineError

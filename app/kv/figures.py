@@ -10,7 +10,7 @@ from plotly.colors import sample_colorscale
 from plotly.subplots import make_subplots
 
 from app.format import fmt_bytes, fmt_tokens, log_ticks
-from app.speed.figures import TEXT_ROOM
+from app.style import TEXT_ROOM
 from engine.paging import PagingComparison, PagingRequest
 from engine.records import CacheState
 

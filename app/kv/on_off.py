@@ -7,7 +7,7 @@ import streamlit as st
 from app.kv import figures as charts
 from app.format import fmt_ms, fmt_tokens
 from app.format import MEASURED, measured_caption
-from app.speed.hardware import gpu_picker, model_picker
+from app.hardware import gpu_picker, model_picker
 from app.live import run_on_model, status_progress
 from app.widgets import plot
 from engine.cachelab import compare_runs, generate_both, project_answer_seconds, project_token, slope

@@ -12,7 +12,7 @@ import streamlit as st
 from app.speed import figures as charts
 from app.format import fmt_rate, fmt_tokens
 from app.format import MEASURED, measured_caption
-from app.speed.hardware import HardwareChoice
+from app.hardware import HardwareChoice
 from app.live import run_on_model, status_progress
 from app.widgets import plot
 from engine.batching import measure_batching

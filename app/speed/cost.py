@@ -8,7 +8,7 @@ import streamlit as st
 
 from app.speed import figures as charts
 from app.format import fmt_bytes, fmt_ms, fmt_rate
-from app.speed.hardware import HardwareChoice, memory_line
+from app.hardware import HardwareChoice, memory_line
 from app.format import efficiency_note
 from app.widgets import plot
 from engine.card import active_param_counts, expected_experts_touched, param_counts

@@ -5,22 +5,21 @@ Measured series are drawn in orange, projected ones in blue, so the two planes n
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from app.format import log_ticks
+from app.style import MARGIN, MEASURED_COLOR, PROJECTED_COLOR, TEXT_ROOM, log_axis
 from engine.economics import TokenPrices
 from engine.projection import Projection, RooflinePoint
 from engine.serving_sim import SimResult, SweepRow, Targets
 from engine.speedlab import CurveFit, DecodePlacement, DeviceRoof
 
-MEASURED_COLOR, PROJECTED_COLOR, PREFILL_COLOR, DECODE_COLOR = "#e8833a", "#3a7be8", "#8e44ad", "#2a9d8f"
+PREFILL_COLOR, DECODE_COLOR = "#8e44ad", "#2a9d8f"
 POLICY_COLORS = {"static": "#bbbbbb", "continuous": "#3a7be8", "chunked": "#2a9d8f", "disaggregated": "#8e44ad"}
-MARGIN = dict(l=0, r=0, t=30, b=0)
 LABEL_AT = {"prefill": "bottom center", "decode": "bottom right"}   # under the roof, clear of its line
-TEXT_ROOM = 0.3        # share of a bar chart's value axis added past the longest bar, for its label
 
 
 def context_figure(points: Sequence[dict], fit: CurveFit | None, onset: int | None,
@@ -51,14 +50,6 @@ def context_figure(points: Sequence[dict], fit: CurveFit | None, onset: int | No
 def _roof_trace(fig: go.Figure, xs: Sequence[float], ys: Sequence[float], name: str, color: str) -> None:
     fig.add_scatter(x=list(xs), y=list(ys), mode="lines", name=name, line=dict(color=color, width=2),
                     hovertemplate="%{x:.3g} FLOPs/byte: %{y:.3g} FLOP/s<extra></extra>")
-
-
-def log_axis(fig: go.Figure, axis: str, values: Iterable[float | None], unit: str = "", prefix: str = "",
-             scale: float = 1.0, **where) -> None:
-    """Make the x or y axis (of the subplot `where` picks) logarithmic with labelled SI ticks only: 1-2-5 or
-    decades, each with its unit or '$', never plotly's bare minor digits (app.format.log_ticks)."""
-    update = fig.update_xaxes if axis == "x" else fig.update_yaxes
-    update(**log_ticks(values, unit, prefix, scale), **where)
 
 
 def trace_values(fig: go.Figure, axis: str) -> list[float]:

@@ -14,7 +14,7 @@ import streamlit as st
 
 from app.speed import figures as charts
 from app.format import fmt_rate
-from app.speed.hardware import HardwareChoice, hardware_controls
+from app.hardware import HardwareChoice, hardware_controls
 from app.format import MEASURED, efficiency_note
 from app.widgets import LinkedNumber, Preset as WidgetPreset, linked_number, plot
 from engine.loader import LoadedModel

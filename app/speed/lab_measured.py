@@ -11,7 +11,7 @@ import streamlit as st
 from app.speed import figures as charts
 from app.format import fmt_bytes, fmt_ms, fmt_rate
 from app.format import MEASURED, measured_caption
-from app.speed.hardware import remeasure_roof
+from app.hardware import remeasure_roof
 from app.live import run_on_model, status_progress
 from app.widgets import LinkedNumber, linked_number, plot
 from engine.errors import EngineError

@@ -1,4 +1,4 @@
-"""The hardware a projection runs on, as the speed, cost and explainer pages choose it: model, GPU,
+"""The hardware a projection runs on, as the speed, cost, KV and explainer pages choose it: model, GPU,
 precision, batch, context and layout pickers, and this device's measured peaks (cached once per process).
 
 Measured figures are always introduced by `app.format.MEASURED`; projected ones by `projected_label(...)`.
