@@ -12,9 +12,13 @@ from __future__ import annotations
 import html
 import math
 import re
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
+from engine.projection.cost import DEFAULT_BANDWIDTH_EFFICIENCY
 from engine.projection.units import CONVENTION, card_size, fmt_bytes  # noqa: F401  (one convention: engine/projection/units.py)
+
+if TYPE_CHECKING:
+    from engine.core.loader import LoadedModel
 
 
 def fmt_ms(seconds: float | None) -> str:
@@ -64,12 +68,6 @@ def plot_text(text: str, limit: int = 24) -> str:
     if len(shown) > limit:
         shown = shown[: limit - 1] + "…"
     return html.escape(shown, quote=False)
-
-
-def axis_labels(texts: list[str], limit: int = 12) -> list[str]:
-    """Position-tagged labels for a plot axis: '12 ·the' (duplicates stay distinct)."""
-    return [f"{i} {plot_text(t, limit)}" for i, t in enumerate(texts)]
-
 
 
 _SI = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
@@ -122,3 +120,22 @@ def log_ticks(values: Iterable[float | None], unit: str = "", prefix: str = "", 
     return dict(type="log", tickmode="array", tickvals=inside,
                 ticktext=[si_label(t * scale, unit, prefix) for t in inside],
                 range=[math.log10(low) - pad, math.log10(high) + pad])
+
+
+# --- the two planes' labels: measured figures are introduced by MEASURED, projected ones by projected_label ------
+
+MEASURED = "Measured on this machine"
+
+
+def projected_label(model: str, gpu: str) -> str:
+    return f"Projected for {model} on {gpu}"
+
+
+def efficiency_note(bandwidth: float = DEFAULT_BANDWIDTH_EFFICIENCY, flops: float | None = None) -> str:
+    """Where the efficiency enters a projected number: 'projected at 70% of peak bandwidth'."""
+    note = f"projected at {bandwidth:.0%} of peak bandwidth"
+    return note + (f" (decode) and {flops:.0%} of peak FLOP/s (prefill)" if flops is not None else "")
+
+
+def measured_caption(lm: LoadedModel) -> str:
+    return f"{MEASURED}: {lm.label}, {lm.dtype_name}, on {lm.device}."

@@ -9,17 +9,12 @@ if str(ROOT) not in sys.path:  # `streamlit run` puts app/ on the path, not the 
 
 import streamlit as st  # noqa: E402
 
-from app.controls import follow_presenter, join_session  # noqa: E402
 from app.layout import configure_page, layout_toggle  # noqa: E402
 from app.model import get_model  # noqa: E402
-from app.nav import HOME, PAGES  # noqa: E402
+from app.nav import HOME, PAGES, page_info  # noqa: E402
+from app.session import follow_presenter, join_session  # noqa: E402
 from app.sidebar import render_sidebar  # noqa: E402
 from engine.errors import EngineError  # noqa: E402
-
-# pages that work without the model (a full room, or no model): they draw recordings or need none
-OFFLINE_PAGES = {"", "journey", "attention", "kv-cache", "quiz", "recordings", "engines"}
-# widget namespace of each page that takes a pushed prompt and settings
-PUSH_NAMESPACES = {"journey": "journey", "attention": "attention", "kv-cache": "kv"}
 
 configure_page()                                  # st.set_page_config, the projector and presenter layouts
 home = st.Page(HOME.path, title=HOME.title, icon=HOME.icon, default=True)
@@ -34,12 +29,13 @@ try:
 except EngineError as err:          # a launch limit that cannot work (set by hand, not by `playground`)
     st.error(f"This server's settings are not usable: {err}")
     st.stop()
-follow_presenter(current.url_path, PUSH_NAMESPACES.get(current.url_path, current.url_path or "home"),
+here = page_info(current.url_path)                # what nav.py says about this page
+follow_presenter(current.url_path, here.widget_namespace,
                  lambda page: st.switch_page(by_url.get(page, home)))
 render_sidebar(lm)
 layout_toggle()
 if refused:
     st.error(refused)
-    if current.url_path not in OFFLINE_PAGES:
+    if not here.offline:
         st.stop()
 current.run()

@@ -21,6 +21,8 @@ from typing import Callable
 
 import streamlit as st
 
+from app.nav import page_info
+from app.session import REFUSED_KEY
 from engine.errors import EngineError
 from engine.core.loader import LoadedModel, load_model
 
@@ -74,7 +76,9 @@ def current_slot() -> ModelSlot:
 
 
 def get_model() -> LoadedModel | None:
-    """The shared model, loading it with a progress bar on first use; None (with a message) on failure."""
+    """The shared model, loading it with a progress bar on first use; None (with a message) on failure.
+
+    app/main.py calls it before every page; pages call `page_model`."""
     slot = current_slot()
     if slot.lm is not None:
         return slot.lm
@@ -96,10 +100,29 @@ def get_model() -> LoadedModel | None:
     return lm
 
 
-def require_model() -> LoadedModel:
-    """The shared model, or stop the page here (the reason is already on screen)."""
+def page_model(needed: bool = False) -> LoadedModel | None:
+    """The one way a page gets the model (app/main.py has loaded it before the page runs).
+
+    None when it did not load or this browser was refused a seat because the room is full: the pages
+    that work without it draw recordings or projections instead (`offline_notice`). A page that
+    `needed` it stops here when it did not load, with the reason on screen.
+    """
+    if not needed:
+        return None if st.session_state.get(REFUSED_KEY) else current_slot().lm
     lm = get_model()
     if lm is None:
         st.info(f"Set {MODEL_ENV} to a model that loads (or unset it for the embedded default) and restart.")
         st.stop()
     return lm
+
+
+def offline_notice() -> None:
+    """Why this page cannot run the model, and the way to a recording."""
+    if st.session_state.get(REFUSED_KEY):
+        reason = "this server already serves as many sessions as it was started for"
+    else:
+        reason = (f"the model is not loaded on this server (set {MODEL_ENV} to a model that loads, or unset it "
+                  "for the embedded default, and restart)")
+    st.info(f"No model for this page: {reason}. Recordings still work: open one and this page shows it, "
+            "tokens, attention, cache and all.", icon=":material/cloud_off:")
+    st.page_link(str(page_info("recordings").path), label="Open a recording", icon=":material/play_circle:")

@@ -1,4 +1,6 @@
-"""The pages of the playground, in menu order, with the one line the home page says about each."""
+"""The pages of the playground, in menu order: everything the app knows about a page lives here (its
+script, title, icon, address, menu group, the line the home page says about it, whether it works
+without the model, and the widget namespace a presenter's push fills)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,26 +18,33 @@ class PageInfo:
     url_path: str
     blurb: str
     section: str = ""    # the menu group it sits in
+    offline: bool = False  # works without the model (a full room, or none loaded): draws recordings or needs none
+    namespace: str = ""  # widget keys' prefix, which a presenter's push fills; "" = the url path ("home" for home)
 
     @property
     def path(self) -> Path:
         return PAGES_DIR / self.script
 
+    @property
+    def widget_namespace(self) -> str:
+        return self.namespace or self.url_path or "home"
 
-HOME = PageInfo("home.py", "Home", ":material/home:", "", "What the playground shows.")
+
+HOME = PageInfo("home.py", "Home", ":material/home:", "", "What the playground shows.", offline=True)
 PAGES: tuple[PageInfo, ...] = (
     PageInfo("journey.py", "The journey of a request", ":material/route:", "journey",
              "Tokens, the shapes a token takes through every layer, the answer streaming with its timings, "
-             "and each token's candidates and logit lens.", section="Inside the model"),
+             "and each token's candidates and logit lens.", section="Inside the model", offline=True),
     PageInfo("attention.py", "Attention", ":material/grid_on:", "attention",
              "Who attends to whom: per layer and head, all heads at once, sinks and distances, grouped-query "
-             "attention, and each new token's row during decoding.", section="Inside the model"),
+             "attention, and each new token's row during decoding.", section="Inside the model", offline=True),
     PageInfo("attention_math.py", "Attention, step by step", ":material/calculate:", "attention-math",
              "One head of one layer with its real numbers: Q·Kᵀ, ÷√d, the causal mask, softmax and the weighted sum "
              "of V, beside the shapes, checked against the model's own output.", section="Inside the model"),
     PageInfo("kv_cache.py", "The KV cache", ":material/memory:", "kv-cache",
              "The cache growing token by token, what it costs per user on real GPUs, GQA against full "
-             "multi-head attention, and paged against contiguous allocation.", section="Inside the model"),
+             "multi-head attention, and paged against contiguous allocation.", section="Inside the model",
+             offline=True, namespace="kv"),
     PageInfo("kv_on_off.py", "The KV cache, with and without", ":material/cached:", "kv-on-off",
              "The same answer generated with the cache and without it: per-token time growing with the context "
              "against staying flat, and the compute the cache saves.", section="Inside the model"),
@@ -70,11 +79,16 @@ PAGES: tuple[PageInfo, ...] = (
              "16 GB onto an H100 projected.", section="Inside the model"),
     PageInfo("engines.py", "Where the real engines do it", ":material/map:", "engines",
              "Each mechanism shown here, the paper it comes from, and where vLLM, SGLang, TensorRT-LLM and llama.cpp "
-             "implement it.", section="Serving"),
+             "implement it.", section="Serving", offline=True),
     PageInfo("quiz.py", "Quiz", ":material/quiz:", "quiz",
              "Questions on prefill and decode, KV sizing, GQA, attention, fusion, the cache, speculative decoding, "
-             "quantization, batching and serving economics, each answer explained.", section="For the class"),
+             "quantization, batching and serving economics, each answer explained.", section="For the class",
+             offline=True),
     PageInfo("recordings.py", "Recordings", ":material/play_circle:", "recordings",
              "Saved generations with all their captures: open one to explore every page without the model, or "
-             "save your own run.", section="For the class"),
+             "save your own run.", section="For the class", offline=True),
 )
+
+
+def page_info(url_path: str) -> PageInfo | None:
+    return next((p for p in (HOME, *PAGES) if p.url_path == url_path), None)

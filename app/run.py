@@ -1,6 +1,10 @@
 """One generation as the pages see it: a `Run` that fills up record by record, and the single call
 site that drives the engine (`stream_generation`).
 
+A speculative run is a `Run` too: its `speculation` holds the draft, k, the rounds as the engine
+yielded them and the plain decoding of the same request (for the measured speedup), and each round's
+tokens also join `steps` as one decode step per token, so every page reads it like any other run.
+
 The finished (or stopped) run of a session lives in `st.session_state[LAST_RUN]`: the journey page
 writes it, and the attention and KV-cache pages draw from the same run, so one generation can be
 looked at from every page. A `Run` holds only plain data (dataclasses of numbers, strings and
@@ -8,23 +12,25 @@ numpy arrays), never the model, a module or a hook handle.
 
 The model is shared by every session: `stream_generation` submits the request to the process-wide
 scheduler (engine/serving/scheduler.py), which runs one request at a time, and streams the records back. A
-run can also come from a recording file (app/replay.py), in which case no model is needed at all.
+run can also come from a recording file (app/recordings.py), in which case no model is needed at all.
 """
 from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
 
+from engine.speculative.drafts import Draft
 from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, LayerCapture
 from engine.core.loader import LoadedModel
 from engine.core.records import CacheState, DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
-from engine.serving.scheduler import QueueStatus, scheduler_for
+from engine.serving.scheduler import Handle, QueueStatus, scheduler_for
 from engine.projection.specs import ModelSpec
+from engine.speculative.decode import SpecRoundRecord
 from engine.projection.units import fmt_bytes
 
 LAST_RUN = "last_run"                 # st.session_state key shared by all pages
@@ -40,6 +46,17 @@ class Metrics:
     tokens_per_second: float | None
     prompt_tokens: int
     generated_tokens: int
+
+
+@dataclass
+class Speculation:
+    """The speculative part of a run: the draft, k, the rounds, and plain decoding of the same request."""
+
+    draft: str                               # the draft's label
+    draft_kind: str                          # "ngram", "early-exit" or "model"
+    k: int
+    rounds: list[SpecRoundRecord] = field(default_factory=list)
+    baseline: Run | None = None              # plain decoding of the same request, run right after (the speedup)
 
 
 @dataclass
@@ -61,12 +78,16 @@ class Run:
     device: str = ""
     source: str | None = None       # the recording's title when the run was loaded from a file
     warning: str | None = None      # why the server stopped it early (its time limit), for the page to show
+    speculation: Speculation | None = None   # set for speculative decoding
 
-    def add(self, record: Record) -> None:
+    def add(self, record: Record | SpecRoundRecord) -> None:
         if isinstance(record, PrefillRecord):
             self.prefill = record
         elif isinstance(record, DecodeRecord):
             self.steps.append(record)
+        elif isinstance(record, SpecRoundRecord):
+            self.speculation.rounds.append(record)
+            self.steps.extend(round_steps(record, len(self.steps) + 1))
         elif isinstance(record, DoneRecord):
             self.done = record
 
@@ -124,6 +145,46 @@ class Run:
             prompt_tokens=self.n_prompt,
             generated_tokens=len(self.tokens),
         )
+
+
+def round_steps(rec: SpecRoundRecord, first_step: int) -> list[DecodeRecord]:
+    """A round's tokens as decode steps, one per token, as plain decoding would have made them.
+
+    The round fed [last token, d_1..d_k] at positions start..start+k in one verify pass; token j of the round came
+    out of row j (position start + j). Its captures are that row (`row_captures`), its cache the positions up to
+    start + j (bytes in proportion: every position holds the same K and V), and the round's time is shared evenly.
+    The round's own captures are dropped once cut into rows (the rejected rows are never drawn).
+    """
+    n = len(rec.emitted)
+    start, newest = rec.cache.length - n, rec.cache.length - n + len(rec.drafted)
+    seconds = (rec.draft_seconds + rec.verify_seconds) / n
+    steps = [DecodeRecord(first_step + j, seconds, cache_at(rec.cache, start + j + 1), token,
+                          row_captures(rec.captures, start + j, newest)) for j, token in enumerate(rec.emitted)]
+    rec.captures = {}
+    return steps
+
+
+def cache_at(state: CacheState, length: int) -> CacheState:
+    """The cache as it held `length` of `state.length` positions (K and V bytes grow by the same amount a position)."""
+    if state.length <= 0:
+        return CacheState(length, 0, [0] * len(state.bytes_per_layer))
+    return CacheState(length, state.bytes * length // state.length,
+                      [b * length // state.length for b in state.bytes_per_layer])
+
+
+def row_captures(captures: dict[int, LayerCapture], position: int, newest: int) -> dict[int, LayerCapture]:
+    """The captures of a verify pass seen from one query position: its attention row over the keys up to it, and
+    the norms and logit lens only where it is the pass's newest position (the only one they were taken at)."""
+    rows = {}
+    for layer, cap in captures.items():
+        row = None
+        r = position - cap.query_start
+        if cap.attention is not None and 0 <= r < cap.attention.shape[1]:
+            row = cap.attention[:, r:r + 1, :position + 1 - cap.key_start].copy()     # (h, 1, T_k_kept)
+        stats = {} if position == newest else {"q_norm": None, "k_norm": None, "v_norm": None, "resid_norm": None,
+                                                "lens": None, "resid": None}
+        rows[layer] = replace(cap, attention=row, query_start=position, **stats)
+    return rows
 
 
 # --- how much to capture -------------------------------------------------------------------------------
@@ -187,13 +248,17 @@ def compact(record: Record) -> Record:
 
 # --- the one call site that runs the model -------------------------------------------------------------
 
-def new_run(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy, note: str | None) -> Run:
+def new_run(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy, note: str | None,
+            draft: Draft | None = None, k: int = 0) -> Run:
+    """A run about to start; with a draft, a speculative one drafting `k` tokens a round."""
+    speculation = Speculation(draft.label, draft.kind, k) if draft is not None else None
     return Run(model=lm.label, spec=lm.spec, request=request, policy=policy, capture_note=note,
-               dtype=lm.dtype_name, device=str(lm.device))
+               dtype=lm.dtype_name, device=str(lm.device), speculation=speculation)
 
 
 def stream_generation(lm: LoadedModel, run: Run, on_record: Callable[[Run], None],
-                      on_wait: Callable[[QueueStatus], None] | None = None, session: str | None = None) -> Run:
+                      on_wait: Callable[[QueueStatus], None] | None = None, session: str | None = None,
+                      draft: Draft | None = None) -> Run:
     """Run `run.request` through the shared model's scheduler, calling `on_record(run)` after every record.
 
     Submitting checks the request against the server's limits (an EngineError when refused). While
@@ -201,17 +266,42 @@ def stream_generation(lm: LoadedModel, run: Run, on_record: Callable[[Run], None
     estimated wait. If `on_record` or `on_wait` raises (Streamlit stops a script that way when the
     user presses Stop or leaves the page) the request is cancelled at once, queued or running. A
     request the server stopped at its time limit keeps what streamed; `run.warning` says why.
+
+    A speculative run (`draft` given, `run.speculation` set) is followed by plain decoding of the same
+    request into `run.speculation.baseline`, unless it was stopped; `on_record(run)` follows that too.
+    The speedup compares the engine's own per-record timings, so another session's request running
+    between the two does not skew it.
     """
-    handle = scheduler_for(lm).submit(run.request, run.policy, session=session)
+    scheduler = scheduler_for(lm)
+    spec = run.speculation
+    extra = {"draft": draft, "k": spec.k} if spec is not None else {}
+    handle = scheduler.submit(run.request, run.policy, session=session, **extra)
+    follow(handle, run, run, on_record, on_wait)
+    run.warning = str(handle.error) if handle.error is not None else None
+    if spec is not None and run.done is not None and run.done.finish_reason not in ("cancelled", "timeout"):
+        spec.baseline = Run(model=run.model, spec=run.spec, request=run.request, policy=run.policy,
+                            dtype=run.dtype, device=run.device)
+        follow(scheduler.submit(run.request, run.policy, session=session), spec.baseline, run, on_record, on_wait,
+               keep_captures=False)
+    return run
+
+
+def follow(handle: Handle, into: Run, run: Run, on_record: Callable[[Run], None],
+           on_wait: Callable[[QueueStatus], None] | None, keep_captures: bool = True) -> None:
+    """Add each record of `handle` to `into` and call `on_record(run)`; cancel the request if a callback raises.
+
+    The baseline of a speculative run captures what the run captured, so both pay the same for it, and drops it
+    as it arrives (`keep_captures=False`): only its timings are read.
+    """
     try:
         for record in handle.records(on_wait=on_wait):
-            run.add(compact(record))
+            if not keep_captures and hasattr(record, "captures"):
+                record.captures = {}
+            into.add(compact(record))
             on_record(run)
     finally:
-        handle.cancel()
-        run.live = False
-    run.warning = str(handle.error) if handle.error is not None else None
-    return run
+        handle.cancel()          # a no-op once finished
+        into.live = False
 
 
 class Throttle:

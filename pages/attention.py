@@ -1,11 +1,14 @@
 """Attention: who each token looks at, per layer and head, with grouped-query attention made visible."""
 import streamlit as st
 
-from app import attention_view as view
-from app import replay
-from app.attention import captured_heads, captured_layers
-from app.controls import last_run, offline_notice, page_model, presenter_push, pushed_choice, quick_form, run_live
-from app.view import ProgressLine
+from app.attention.numbers import captured_heads, captured_layers
+from app.attention.sections import (gqa_section, grid_section, heatmap_section, layer_and_head, layer_options,
+                                    scrubber_section, summary_section)
+from app.live import last_run, run_live
+from app.model import offline_notice, page_model
+from app.recordings import run_notes
+from app.session import presenter_push, pushed_choice
+from app.widgets import ProgressLine, quick_form
 
 lm = page_model()
 st.title("Attention")
@@ -23,23 +26,23 @@ else:
 
 run = last_run()
 if run is not None and run.prefill is not None and captured_layers(run):
-    replay.run_notes(run)
+    run_notes(run)
     if run.capture_note:
         st.info(run.capture_note)
     stretch = st.toggle("Stretch colours (√p) so small weights show", value=True, key="attention.stretch")
-    pushed_choice(f"attention.layer.{run.id}", "layer", view.layer_options(run, lm))
+    pushed_choice(f"attention.layer.{run.id}", "layer", layer_options(run, lm))
     pushed_choice(f"attention.head.{run.id}", "head", list(captured_heads(run, captured_layers(run)[0])[0]))
-    run, layer, head_index = view.layer_and_head(run, lm)
+    run, layer, head_index = layer_and_head(run, lm)
     presenter_push("attention", "attention",
                    view={"layer": layer, "head": captured_heads(run, layer)[0][head_index]})
     st.subheader("One head")
-    view.heatmap_section(run, layer, head_index, stretch)
+    heatmap_section(run, layer, head_index, stretch)
     st.subheader(f"All heads of layer {layer}")
-    view.grid_section(run, layer, stretch)
+    grid_section(run, layer, stretch)
     st.subheader("Every head at a glance")
-    view.summary_section(run)
+    summary_section(run)
     st.subheader("Decoding, one step at a time")
-    view.scrubber_section(run, layer, stretch)
+    scrubber_section(run, layer, stretch)
 elif run is not None and run.prefill is not None:
     st.info("The last run captured no attention (capture was off). Generate again with capture on.")
 else:
@@ -48,6 +51,6 @@ else:
 st.subheader("Grouped-query attention")
 source = lm or run
 if source is not None:
-    view.gqa_section(source.spec, lm.label if lm is not None else run.model)
+    gqa_section(source.spec, lm.label if lm is not None else run.model)
 else:
     st.caption("Open a recording to compare its model's heads with Llama 3.1 8B.")

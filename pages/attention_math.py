@@ -1,10 +1,10 @@
 """Attention arithmetic, step by step: one head of one layer, the real numbers beside the shapes."""
 import streamlit as st
 
-from app import attention_math_view as view
-from app.model import require_model
+from app.attention.math import matrices_section, steps_section
+from app.model import page_model
 
-lm = require_model()
+lm = page_model(needed=True)
 st.title("Attention, step by step")
 st.write("Each head turns every token into a query q, a key k and a value v (vectors of head_dim numbers; the "
          "keys and queries already rotated by their position, RoPE). For one query, attention is five steps: a dot "
@@ -13,7 +13,7 @@ st.write("Each head turns every token into a query q, a key k and a value v (vec
          "weighted sum of the values. Here are the real numbers of the loaded model.")
 
 st.subheader("1. One query, number by number")
-view.steps_section(lm)
+steps_section(lm)
 
 st.subheader("2. The whole matrix at each step")
-view.matrices_section()
+matrices_section()

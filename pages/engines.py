@@ -1,7 +1,7 @@
 """Where the real engines do it: each mechanism shown here, where its idea comes from, and where to read the code."""
 import streamlit as st
 
-from app.engines_map import ENGINES, MECHANISMS, REPOS, table
+from app.explainers.engines import ENGINES, MECHANISMS, REPOS, table
 
 st.title("Where the real engines do it")
 st.write("Every page of the playground runs one mechanism in plain PyTorch so you can watch it. Production engines "

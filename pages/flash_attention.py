@@ -1,10 +1,10 @@
 """FlashAttention and kernel fusion: eager attention against one fused kernel, measured here and projected."""
 import streamlit as st
 
-from app import fusion_view as view
-from app.model import require_model
+from app.explainers.flash_attention import measured_section, projected_section
+from app.model import page_model
 
-lm = require_model()
+lm = page_model(needed=True)
 st.title("FlashAttention and kernel fusion")
 st.write("Attention scores every query against every key: for a prompt of N tokens that is an N × N matrix per "
          "head. Written plainly (\"eager\"), each step is its own kernel: Q·Kᵀ writes the matrix to memory, scaling "
@@ -13,7 +13,7 @@ st.write("Attention scores every query against every key: for a prompt of N toke
          "it in one pass over tiles of K and V, keeping a running softmax on chip: the matrix is never written out.")
 
 st.subheader("1. Eager against fused, on this machine")
-view.measured_section(lm)
+measured_section(lm)
 
 st.subheader("2. On a GPU, from the memory traffic")
-view.projected_section(lm)
+projected_section(lm)

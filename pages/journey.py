@@ -1,10 +1,14 @@
 """The journey of a request: tokens in, shapes through the model, the answer streaming out."""
 import streamlit as st
 
-from app import journey_view as view
-from app import replay
-from app.controls import (generate_button, last_run, new_token_limit, offline_notice, page_model, prepare,
-                          presenter_push, prompt_box, run_live, sampling_controls)
+from app.journey.sections import (ResultView, distribution_section, lens_section, observer_section, shapes_section,
+                                  token_picker, tokenization_section, watch_live)
+from app.live import last_run, run_live
+from app.model import offline_notice, page_model
+from app.recordings import decoder, run_notes, save_button
+from app.request import new_token_limit, prepare
+from app.session import presenter_push
+from app.widgets import generate_button, prompt_box, sampling_controls
 from engine.serving.scheduler import scheduler_for
 
 lm = page_model()
@@ -32,19 +36,19 @@ else:
     presenter_push("journey", "journey")
 
     st.subheader("1. Tokens")
-    view.tokenization_section(lm, prepared)
+    tokenization_section(lm, prepared)
     st.subheader("2. Shapes through the model")
-    view.shapes_section(lm, len(prepared.ids))
+    shapes_section(lm, len(prepared.ids))
 
 st.subheader("3. The answer, token by token")
 if not clicked:
-    replay.run_notes(last_run())
-result = view.ResultView(running=lambda: scheduler_for(lm).stats().running)
+    run_notes(last_run())
+result = ResultView(running=lambda: scheduler_for(lm).stats().running)
 if clicked:
     run_live(lm, prepared, "journey", stop_slot, result.update, capture, notice)
 run = last_run()
 if not clicked and run is not None and run.live and run.done is None:      # the presenter's run, streaming
-    view.watch_live(run)
+    watch_live(run)
     st.stop()
 if run is None or run.prefill is None:
     st.caption("Nothing generated yet.")
@@ -52,16 +56,16 @@ if run is None or run.prefill is None:
 result.update(run, final=True)
 
 st.subheader("4. One token up close")
-index = view.token_picker(run)
-decode = replay.decoder(run, lm)
+index = token_picker(run)
+decode = decoder(run, lm)
 st.markdown("**Its candidates.** Move the temperature, top-k and top-p controls above: the distribution is "
             "re-drawn from the stored logits.")
-view.distribution_section(run, index, sampling, decode)
+distribution_section(run, index, sampling, decode)
 st.markdown("**Through the layers.**")
-view.lens_section(run, index, decode, lm)
-replay.save_button(run, "journey")
+lens_section(run, index, decode, lm)
+save_button(run, "journey")
 
 if lm is not None and lm.label == run.model:
     st.subheader("5. The observer effect")
     st.write("Capturing the model's internals costs time. The same request, capture off and on, timed here:")
-    view.observer_section(lm, run)
+    observer_section(lm, run)

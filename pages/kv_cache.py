@@ -1,11 +1,15 @@
 """The KV cache: watch it grow in the real model, then see what it costs per user on real GPUs."""
 import streamlit as st
 
-from app import kv_view as view
-from app import replay, room
-from app.controls import last_run, offline_notice, page_model, quick_form, run_live
-from engine.serving.scheduler import scheduler_for
+from app.kv.sections import (GrowthView, calculator_inputs, calculator_section, follow_charted_run, formula_text,
+                             gqa_vs_mha_section, growth_caption, memory_section, paging_inputs, paging_section)
+from app.live import last_run, run_live
+from app.model import offline_notice, page_model
+from app.recordings import run_notes
+from app.speed import room
+from app.widgets import quick_form
 from engine.projection.specs import MODEL_PRESETS
+from engine.serving.scheduler import scheduler_for
 
 lm = page_model()
 st.title("The KV cache")
@@ -15,7 +19,7 @@ st.write("Each layer keeps the keys and values of every token it has seen, so th
 
 st.subheader("1. Watch it grow")
 clicked = False
-view.follow_charted_run(last_run())          # the box shows the prompt of the run the chart draws
+follow_charted_run(last_run())          # the box shows the prompt of the run the chart draws
 if lm is None:
     offline_notice()
 else:
@@ -32,29 +36,29 @@ elif run is not None:                                                      # a r
 else:
     spec, dtype = MODEL_PRESETS["smollm2-135m"], "float32"
     label = spec.name
-st.text(f"{label} in {dtype}: " + view.formula_text(spec, dtype))
-growth = view.GrowthView(spec, dtype)
+st.text(f"{label} in {dtype}: " + formula_text(spec, dtype))
+growth = GrowthView(spec, dtype)
 if clicked:
     run_live(lm, prepared, "kv", stop_slot, growth.update, notice=notice)
     run = last_run()
 if run is not None:
-    replay.run_notes(run)
+    run_notes(run)
     growth.update(run, final=True)
-    st.caption(view.growth_caption(run))
+    st.caption(growth_caption(run))
 else:
     st.caption("Generate (or open a recording) to see the cache of a real run.")
 
 st.subheader("2. How many users fit on your GPUs")
-choice = view.calculator_inputs(spec, label)
-view.calculator_section(choice)
+choice = calculator_inputs(spec, label)
+calculator_section(choice)
 if lm is not None:
-    view.memory_section(lm, run)
+    memory_section(lm, run)
 
 st.subheader("3. What the attention design saves: grouped-query, latent attention, windows")
-view.gqa_vs_mha_section(choice)
+gqa_vs_mha_section(choice)
 
 st.subheader("4. Paged against contiguous allocation")
-view.paging_section(view.paging_inputs())
+paging_section(paging_inputs())
 
 st.subheader("5. This server's paged cache, live (measured)")
 if lm is None:

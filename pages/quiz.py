@@ -1,7 +1,7 @@
 """Quiz: questions for a class, each answer explained with numbers the engine computes."""
 import streamlit as st
 
-from app.quiz import questions, render_question, score
+from app.explainers.quiz import questions, render_question, score
 
 st.title("Quiz")
 bank = questions()

@@ -1,9 +1,11 @@
 """Recordings: finished generations saved with their captures, opened again without the model."""
 import streamlit as st
 
-from app import replay
-from app.controls import last_run, page_model
+from app.live import last_run
+from app.model import page_model
 from app.nav import PAGES
+from app.recordings import (keep_button, kept_section, room_limits, run_notes, save_button, shipped_section,
+                            upload_section)
 from engine.serving.scheduler import scheduler_for
 
 lm = page_model()
@@ -20,21 +22,21 @@ elif (stats := scheduler_for(lm).stats()).queued:
             icon=":material/group:")
 
 st.subheader("Shipped with the playground")
-replay.shipped_section()
-limits = replay.room_limits(lm)
+shipped_section()
+limits = room_limits(lm)
 st.subheader("Open a file")
-replay.upload_section(limits)
+upload_section(limits)
 st.subheader("Kept on this server")
-replay.kept_section(limits)
+kept_section(limits)
 
 run = last_run()
 st.subheader("The run every page shows now")
 if run is None or run.prefill is None:
     st.caption("None yet: open a recording above or generate on the journey page.")
 else:
-    replay.run_notes(run)
+    run_notes(run)
     st.text(f"Prompt: {run.request.prompt[:300]}\nAnswer: {run.text[:300]}")
     for page in PAGES[:3]:
         st.page_link(str(page.path), label=f"See it on: {page.title}", icon=page.icon)
-    replay.save_button(run, "recordings")
-    replay.keep_button(run, limits)
+    save_button(run, "recordings")
+    keep_button(run, limits)

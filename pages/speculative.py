@@ -1,11 +1,16 @@
 """Speculative decoding: a cheap draft proposes k tokens, the model checks them all in one pass."""
 import streamlit as st
 
-from app import spec_view as view
-from app.model import require_model
-from app.spec_run import measure
+from app.live import last_run, run_live
+from app.model import page_model
+from app.request import prepare
+from app.speculative.numbers import measure
+from app.speculative.sections import (TimelineView, acceptance_section, build_draft, draft_controls, k_section,
+                                      last_speculative, projection_section, prompt_controls, run_controls,
+                                      speed_section)
+from app.widgets import generate_button
 
-lm = require_model()
+lm = page_model(needed=True)
 st.title("Speculative decoding")
 st.write("Decoding runs the whole model once per token. Speculative decoding lets a cheap draft guess the next k "
          "tokens and has the model check all of them in one forward pass: it keeps the guesses up to the first "
@@ -13,20 +18,22 @@ st.write("Decoding runs the whole model once per token. Speculative decoding let
          "number of passes changes. Whether that is faster depends on how often the draft is right and what it "
          "costs, both measured below.")
 
-choice = view.draft_controls(lm)
-k, sampling = view.run_controls(lm)
-prompt = view.prompt_controls()
-prepared = view.prepare_request(lm, prompt, sampling)
-clicked, stop_slot = view.generate_button(disabled=choice is None or prepared.error is not None)
+choice = draft_controls(lm)
+k, sampling = run_controls(lm)
+prompt = prompt_controls()
+prepared = prepare(lm, prompt, sampling, chat=lm.has_chat_template)
+if prepared.error:
+    st.error(prepared.error)
+clicked, stop_slot = generate_button("speculative", prepared, disabled=choice is None)
 
 st.subheader("1. The answer, round by round")
-timeline = view.TimelineView()
+timeline = TimelineView()
 if clicked:
-    draft = view.build_draft(lm, choice)
+    draft = build_draft(lm, choice)
     if draft is not None:
-        view.run_live(lm, prepared, draft, k, stop_slot, timeline)
-run = view.last_spec_run()
-if run is None or not run.rounds:
+        run_live(lm, prepared, "speculative", stop_slot, timeline.update, draft=draft, k=k)
+run = last_speculative(last_run())
+if run is None or not run.speculation.rounds:
     st.caption("Nothing generated yet." if run is None else "The answer ended with its first token: no rounds.")
     st.stop()
 timeline.update(run, final=True)
@@ -37,11 +44,11 @@ st.caption("Each row is one round: the drafted tokens, green where the model agr
 m = measure(run)
 
 st.subheader("2. How often the draft is right")
-view.acceptance_section(run, m)
+acceptance_section(run, m)
 
 st.subheader("3. Is it faster? Measured on this machine")
-view.speed_section(run, m)
-view.k_section(run, m)
+speed_section(run, m)
+k_section(run, m)
 
 st.subheader("4. Projected: Llama 3.2 1B drafting for Llama 3.1 8B on an H100")
-view.projection_section(m)
+projection_section(m)

@@ -1,11 +1,11 @@
 """Batching: a simulated serving engine on projected GPUs, and real batched generation on this machine."""
 import streamlit as st
 
-from app import speed_batching as view
-from app.model import require_model
-from app.speed_view import device_roof, hardware_controls
+from app.model import page_model
+from app.speed.batching import long_prompt_section, real_section, simulation_section, sweep_section, target_inputs
+from app.hardware import device_roof, hardware_controls
 
-lm = require_model()
+lm = page_model(needed=True)
 st.title("Batching")
 st.write("A decode step reads every weight once, whether it produces a token for one user or for two hundred. "
          "Serving many users in the same step is how a GPU goes from idle arithmetic units to full ones, and how "
@@ -13,14 +13,14 @@ st.write("A decode step reads every weight once, whether it produces a token for
 
 st.subheader("1. A serving engine, simulated")
 choice = hardware_controls("batching", lm, full=False)
-targets = view.target_inputs()
-view.simulation_section(choice, targets)
+targets = target_inputs()
+simulation_section(choice, targets)
 
 st.subheader("2. Long prompts: chunked prefill and disaggregation")
-view.long_prompt_section(choice, targets)
+long_prompt_section(choice, targets)
 
 st.subheader("3. The batch limit: throughput against latency")
-view.sweep_section(choice)
+sweep_section(choice)
 
 st.subheader("4. Real batching on this machine")
-view.real_section(lm, device_roof(lm))
+real_section(lm, device_roof(lm))

@@ -1,13 +1,13 @@
 """Speed and cost on GPUs: the analytic projection for any model, GPUs, precision, batch and context."""
 import streamlit as st
 
-from app import speed_projected as view
-from app import token_cost_view
-from app.model import get_model
-from app.speed_view import hardware_controls
+from app.model import page_model
+from app.speed.cost import moe_section, projection_section, roofline_section, sweep_section
+from app.speed.cost_tokens import token_cost_section
+from app.hardware import hardware_controls
 from engine.projection.cost import DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY
 
-lm = get_model()
+lm = page_model()
 st.title("Speed and cost on GPUs")
 st.write("Sections 1 to 3 run nothing: every figure is computed from the model's config and the GPU's spec "
          "sheet. Prefill is timed as FLOPs ÷ peak FLOP/s, decode as bytes moved ÷ bandwidth, each times the share of "
@@ -19,17 +19,17 @@ st.write("Sections 1 to 3 run nothing: every figure is computed from the model's
 choice = hardware_controls("cost", lm)
 
 st.subheader("1. Memory, speed and cost")
-projection = view.projection_section(choice)
+projection = projection_section(choice)
 
 if choice.spec.is_moe:
     st.subheader("Mixture of experts: what is held and what is read")
-    view.moe_section(choice, projection)
+    moe_section(choice, projection)
 
 st.subheader("2. The roofline")
-view.roofline_section(choice, projection)
+roofline_section(choice, projection)
 
 st.subheader("3. Batch size: throughput against per-user speed, and the price of a token")
-view.sweep_section(choice)
+sweep_section(choice)
 
 st.subheader("4. Why an output token costs several times an input token")
-token_cost_view.token_cost_section(choice, lm)
+token_cost_section(choice, lm)

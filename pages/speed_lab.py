@@ -2,12 +2,13 @@
 what a given number of tokens per second feels like."""
 import streamlit as st
 
-from app import speed_feel as feel
-from app import speed_measured as measured
-from app.model import require_model
-from app.speed_view import MEASURED, device_roof, efficiency_note
+from app.format import MEASURED, efficiency_note
+from app.model import page_model
+from app.hardware import device_roof
+from app.speed.lab_feel import feel_section
+from app.speed.lab_measured import context_section, measured_points, roofline_section
 
-lm = require_model()
+lm = page_model(needed=True)
 st.title("Speed lab")
 st.write("Generating text has two phases. **Prefill** reads the whole prompt in one forward pass: many tokens "
          "share one read of the weights, so it is limited by arithmetic. **Decode** makes one token per pass: every "
@@ -16,14 +17,14 @@ st.write("Generating text has two phases. **Prefill** reads the whole prompt in 
 roof = device_roof(lm)
 
 st.subheader(f"1. Longer prompts: time to first token and per-token latency ({MEASURED.lower()})")
-measured.context_section(lm, roof)
+context_section(lm, roof)
 
 st.subheader("2. The decode step on this device's roofline")
-measured.roofline_section(lm, roof)
+roofline_section(lm, roof)
 
 st.subheader("3. Feel the speed")
 st.write("The same answer, streamed at exactly the rate you choose. Compare a person reading, this machine, and "
          f"projections for data-centre GPUs ({efficiency_note()}, 1K tokens of context, as on the cost page; the "
          "ceilings at 100%).")
-latest = measured.points()[-1]["itl"] if measured.points() else None
-feel.feel_section(lm, 1 / latest if latest else None)
+latest = measured_points()[-1]["itl"] if measured_points() else None
+feel_section(lm, 1 / latest if latest else None)

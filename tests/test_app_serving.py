@@ -20,10 +20,10 @@ from streamlit.testing.v1 import AppTest
 
 from conftest import tiny_prompt
 from app import presenter
-from app.controls import wait_message
+from app.live import wait_message
 from app.model import model_slot
 from app.presenter import PresenterBoard
-from app.replay import RECORDINGS_DIR, open_bytes, run_bytes
+from app.recordings import RECORDINGS_DIR, open_bytes, run_bytes
 from engine.core.generate import GenerationRequest, generate
 from engine.core.hooks import CapturePolicy
 from engine.serving.recording import load_recording

@@ -8,8 +8,11 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from app import attention_charts, explainer_charts, kv_charts, speed_charts
-from app.attention import HeadSummary, Pooled
+from app.attention import figures as attention_charts
+from app.explainers import figures as explainer_charts
+from app.kv import figures as kv_charts
+from app.speed import figures as speed_charts
+from app.attention.numbers import HeadSummary, Pooled
 from app.format import log_ticks, si_label
 from engine.projection.cost import project, roofline, sweep_batch
 from engine.projection.serving_sim import sweep_max_batch

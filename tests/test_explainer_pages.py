@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.attention_math_view import CAPTURE
-from app.cache_view import RESULT
-from app.engines_map import ENGINES, MECHANISMS
-from app.fusion_view import POINTS
-from app.quant_view import GRIDS, OUTLIERS
+from app.attention.math import CAPTURE
+from app.kv.on_off import RESULT
+from app.explainers.engines import ENGINES, MECHANISMS
+from app.explainers.flash_attention import POINTS
+from app.explainers.quantization import GRIDS, OUTLIERS
 from engine.lab.fusion import eager_bytes, AttentionShape
 
 TIMEOUT = 120

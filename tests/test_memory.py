@@ -63,7 +63,7 @@ def test_cuda_allocator_counts_weights_cache_and_workspace(tiny_model_dir):
 
 
 def test_the_gpu_panel_shows_allocator_rows_beside_the_formula():
-    from app.kv_view import ledger_table
+    from app.kv.sections import ledger_table
     from engine.lab.memory import CUDA_SOURCE, MemoryLedger
 
     gb = 10**9

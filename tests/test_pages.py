@@ -15,7 +15,7 @@ from app.nav import PAGES
 from streamlit.testing.v1 import AppTest
 
 from conftest import TINY_CONFIG, tiny_prompt
-from app import attention as att
+from app.attention import numbers as att
 from app.format import fmt_tokens, parse_tokens
 from app.run import capture_policy
 from engine.projection.cost import Layout, users_that_fit
@@ -287,7 +287,7 @@ def test_kv_page_shows_latent_attention_and_windows_and_flags_long_contexts(app)
 
 def test_kv_context_widgets_stay_in_step_and_bad_input_gets_a_message(app):
     at = open_page(app, "kv_cache.py")
-    at.button(key="kv.preset.102400").click().run()
+    at.button(key="kv.context.preset.2").click().run()
     assert at.session_state["kv.context"] == 102400
     assert at.text_input(key="kv.context_text").value == "100K"
     at.text_input(key="kv.context_text").set_value("lots").run()

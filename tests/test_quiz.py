@@ -6,7 +6,7 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-from app.quiz import questions, score
+from app.explainers.quiz import questions, score
 
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "quiz.py")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.room import member_rows, room_numbers, step_rows
+from app.speed.room import member_rows, room_numbers, step_rows
 from conftest import tiny_prompt
 from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF
@@ -76,7 +76,7 @@ def test_the_room_page_draws_the_live_batch(tiny_model_dir, open_page):
 
 def test_the_block_table_is_the_runners_own(busy_room, tiny_lm):
     """Tokens, blocks and bytes read from the steps equal the requests' lengths and the KV formula."""
-    from app.room import allocation_compare, block_owners, last_table
+    from app.speed.room import allocation_compare, block_owners, last_table
     from engine.projection.card import kv_bytes_per_token
 
     scheduler, handles = busy_room
@@ -96,7 +96,7 @@ def test_the_block_table_is_the_runners_own(busy_room, tiny_lm):
 
 
 def test_the_block_picture_draws_the_pool_up_to_its_highest_block_in_use():
-    from app.room import GRID, block_table_figure, shown_blocks
+    from app.speed.room import GRID, block_table_figure, shown_blocks
     from engine.serving.paged import BlockTable
 
     table = BlockTable(16, 4095, 4000, (("a", (1, 2), 20), ("b", (70,), 3)), 1024)

@@ -6,17 +6,20 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+import torch
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from conftest import tiny_prompt, write_tiny_llama
 from test_pages import MAIN, TIMEOUT, array, assert_clean, charts, metric
-from app.spec_charts import ACCEPTED, ALONE, BONUS, CORRECTION, REJECTED
-from app.spec_run import (PRESETS, SpecRun, draft_model_options, expected_speedup, measure, per_token_acceptance,
-                          projected_pair)
+from app.speculative.figures import ACCEPTED, ALONE, BONUS, CORRECTION, REJECTED
+from app.run import LAST_RUN, Run, Speculation
+from app.speculative.drafts import draft_model_options
+from app.speculative.numbers import PRESETS, measure, per_token_acceptance, projected_pair
 from engine.core.generate import GenerationRequest
-from engine.core.records import CacheState, DoneRecord, SampledToken
-from engine.speculative.decode import DraftedToken, SpecRoundRecord
+from engine.core.hooks import CAPTURE_OFF
+from engine.core.records import CacheState, DecodeRecord, DoneRecord, SampledToken
+from engine.speculative.decode import DraftedToken, SpecRoundRecord, expected_speedup
 from engine.projection.cost import project
 from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS
 
@@ -88,8 +91,9 @@ def test_presets_are_the_benchmark_prompts():
 def test_ngram_run_matches_plain_decoding_and_the_formula(page):
     k = 3
     at = run_page(page, REPEATING, k, 20)
-    run = at.session_state[f"{NS}.run"]
-    assert run.status == "done" and run.plain.generated_tokens == run.done.generated_tokens
+    run = at.session_state[LAST_RUN]
+    plain = run.speculation.baseline
+    assert run.status == "done" and plain.done.generated_tokens == run.done.generated_tokens
     assert metric(at, "Same text as plain decoding") == "yes"
     assert any(t.value == run.done.text for t in at.text)
     heat = timeline(at)["data"][0]
@@ -108,8 +112,8 @@ def test_ngram_run_matches_plain_decoding_and_the_formula(page):
     line = next(t for t in k_chart["data"] if (t.get("name") or "").startswith("measured costs"))
     # the line through this run's a, c and u, each worked out here from the records: the steady rounds (all but the
     # first) against the mean plain decode step
-    steady = run.rounds[1:]
-    plain = sum(run.plain_steps) / len(run.plain_steps)
+    steady = run.speculation.rounds[1:]
+    plain = sum(s.seconds for s in plain.steps) / len(plain.steps)
     drafted = sum(len(r.drafted) for r in steady)
     c = sum(r.draft_seconds for r in steady) / drafted / plain
     u = (sum(r.verify_seconds for r in steady) / len(steady) / plain - 1) / (drafted / len(steady))
@@ -136,10 +140,12 @@ def test_the_measured_cost_line_goes_through_the_measured_point():
     0.4 + 14 = 14.4 ms for 5 tokens against 50 ms plainly, 3.47x. The line must say the same; a line that
     leaves out the verify cost (the 0.00024-against-1.19x bug) says 4.81x."""
     k, plain = 4, 0.010
-    run = SpecRun(model="m", request=GenerationRequest("p"), draft="n-gram", draft_kind="ngram", k=k)
-    run.rounds = [spec_round(n, k, k * 0.0001, 0.014) for n in range(1, 7)]
-    run.plain_steps = [plain] * 30
-    run.plain = DoneRecord("t", "length", 1, 31, 0.0, plain * 30, plain * 30)
+    baseline = Run(model="m", spec=MODEL_PRESETS["smollm2-135m"], request=GenerationRequest("p"), policy=CAPTURE_OFF,
+                   steps=[DecodeRecord(i, plain, CacheState(0, 0, []), token(i)) for i in range(1, 31)],
+                   done=DoneRecord("t", "length", 1, 31, 0.0, plain * 30, plain * 30))
+    rounds = [spec_round(n, k, k * 0.0001, 0.014) for n in range(1, 7)]
+    run = Run(model="m", spec=MODEL_PRESETS["smollm2-135m"], request=GenerationRequest("p"), policy=CAPTURE_OFF,
+              speculation=Speculation("n-gram", "ngram", k, rounds, baseline))
     m = measure(run)
     assert m.a == 1 and m.tokens_per_pass == 5
     assert m.cost_ratio == pytest.approx(0.01) and m.check_ratio == pytest.approx(0.1)
@@ -155,7 +161,7 @@ def test_projection_uses_the_llama_step_times(page):
     assert metric(at, "Draft / target step (c)") == f"{c:.2f}"
     k_chart = next(c for c in charts(at) if any("projected" in (t.get("name") or "") for t in c["data"]))
     projected = next(t for t in k_chart["data"] if "projected" in (t.get("name") or ""))
-    rate = per_token_acceptance(at.session_state[f"{NS}.run"].rounds)
+    rate = per_token_acceptance(at.session_state[LAST_RUN].speculation.rounds)
     e = [k + 1 if rate == 1 else (1 - rate ** (k + 1)) / (1 - rate) for k in array(projected["x"])]
     assert array(projected["y"]) == pytest.approx([ei / (1 + k * c) for ei, k in zip(e, array(projected["x"]))])
     heads = [s.value for s in at.main.subheader]
@@ -166,8 +172,8 @@ def test_early_exit_run(page):
     page.segmented_control(key=f"{NS}.draft").set_value("early-exit").run()
     assert page.slider(key=f"{NS}.depth").max == 2                     # 1 .. n_layers - 1
     at = run_page(page, tiny_prompt(8), 4, 10, depth=1)
-    run = at.session_state[f"{NS}.run"]
-    assert run.draft_kind == "early-exit" and run.status == "done"
+    run = at.session_state[LAST_RUN]
+    assert run.speculation.draft_kind == "early-exit" and run.status == "done"
     assert metric(at, "Same text as plain decoding") == "yes"
     check_rows([[None if v is None else int(v) for v in row] for row in timeline(at)["data"][0]["z"]],
                timeline(at)["data"][0]["y"], 4)
@@ -186,8 +192,8 @@ def test_a_launched_draft_model_is_offered_and_runs(page, small_draft_dir, monke
     page.segmented_control(key=f"{NS}.draft").set_value("model").run()
     assert page.selectbox(key=f"{NS}.model").value == str(small_draft_dir)
     at = run_page(page, tiny_prompt(8), 2, 8)
-    run = at.session_state[f"{NS}.run"]
-    assert run.draft_kind == "model" and run.status == "done"
+    run = at.session_state[LAST_RUN]
+    assert run.speculation.draft_kind == "model" and run.status == "done"
     assert metric(at, "Same text as plain decoding") == "yes"
 
 
@@ -228,3 +234,56 @@ def test_max_new_tokens_is_the_servers_limit(page, tiny_model_dir):
     assert_clean(stale)
     assert stale.number_input(key=f"{NS}.max_new").value == limit
     assert any(f"takes 1 to {limit}" in w.value for w in stale.warning)
+
+
+def test_a_speculative_run_reads_like_a_plain_one(tiny_lm, tiny_model_dir):
+    """Each round's tokens join `run.steps`, one decode step per token, with the attention row the verify pass
+    computed for it: together with the prefill they make the same (N, N) maps as HF's eager attention over the
+    finished sequence, and the cache grows one position per token, so the attention and KV pages draw a
+    speculative run like any other."""
+    from transformers import AutoModelForCausalLM
+
+    from app.attention.numbers import head_matrix
+    from app.run import new_run, stream_generation
+    from engine.speculative.drafts import NgramDraft
+    from engine.core.hooks import CapturePolicy
+
+    request = GenerationRequest(REPEATING, max_new_tokens=16, chat=False)
+    run = new_run(tiny_lm, request, CapturePolicy(), None, NgramDraft(3), k=3)
+    stream_generation(tiny_lm, run, lambda r: None, draft=NgramDraft(3))
+    base = run.speculation.baseline
+    assert run.status == "done" and any(r.accepted for r in run.speculation.rounds)
+    assert [t.id for t in run.tokens] == [t.id for t in base.tokens]                 # greedy: plain decoding's text
+    n = run.n_prompt
+    assert [s.step for s in run.steps] == list(range(1, len(run.tokens)))
+    assert [s.cache.length for s in run.steps] == list(range(n + 1, n + len(run.tokens)))
+    assert run.steps[-1].cache == run.speculation.rounds[-1].cache                  # measured where a round ends
+    ids = [p.id for p in run.prefill.prompt] + [t.id for t in run.tokens[:-1]]
+    eager = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="eager").eval()
+    with torch.no_grad():
+        reference = eager(torch.tensor([ids]), output_attentions=True).attentions   # per layer (1, H, N, N)
+    for layer in range(tiny_lm.spec.n_layers):
+        for head in range(tiny_lm.spec.n_heads):
+            matrix, rows = head_matrix(run, layer, head)
+            assert rows.all() and matrix.shape == (len(ids), len(ids))
+            np.testing.assert_allclose(matrix, reference[layer][0, head].numpy(), atol=2e-3)   # stored as float16
+    assert all(not s.captures for s in base.steps)                  # the baseline keeps its timings only
+
+
+def test_the_other_pages_draw_a_speculative_run(page):
+    """One session key for every run: after a speculative run the attention page draws its maps over every
+    position, the KV page its cache token by token, and the journey page says how to read its timings."""
+    at = run_page(page, REPEATING, 3, 12)
+    run = at.session_state[LAST_RUN]
+    n = run.n_prompt + len(run.tokens) - 1
+    at.switch_page("../pages/attention.py").run()
+    assert_clean(at)
+    p = array(charts(at)[0]["data"][0]["customdata"])                # probabilities, NaN = masked
+    assert p.shape == (n, n)
+    np.testing.assert_allclose(np.nansum(p, axis=1), 1.0, atol=2e-3)   # every position's row, a distribution
+    at.switch_page("../pages/kv_cache.py").run()
+    assert_clean(at)
+    assert any(f"{n:,}" in c.value for c in at.caption)
+    at.switch_page("../pages/journey.py").run()
+    assert_clean(at)
+    assert any("A speculative run" in c.value for c in at.caption)

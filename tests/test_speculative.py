@@ -15,8 +15,9 @@ from engine.core.generate import GenerationRequest, encode_prompt, generate
 from engine.core.hooks import CapturePolicy, count_hooks
 from engine.core.loader import load_model
 from engine.core.records import PrefillRecord
-from engine.speculative.decode import (SpecDoneRecord, SpecRoundRecord, accept_sampled, draft_from_spec,
-                                       expected_tokens_per_pass, record_to_json, speculative_generate)
+from engine.speculative.decode import (SpecDoneRecord, SpecRoundRecord, accept_sampled, best_k, draft_from_spec,
+                                       expected_speedup, expected_tokens_per_pass, record_to_json, speculative_generate,
+                                       speedup_curve)
 
 DRAFT_KINDS = ["ngram", "early-exit:1", "early-exit:2", "model"]
 
@@ -272,6 +273,17 @@ def test_expected_tokens_per_pass_formula():
     assert expected_tokens_per_pass(0.0, 4) == 1.0
     assert expected_tokens_per_pass(0.5, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
     assert expected_tokens_per_pass(1.0, 4) == 5.0
+
+
+def test_expected_speedup_and_the_best_k_by_hand():
+    """a = 0.5, a draft token at c = 0.1 of a step, no verify cost: k = 1 gives 1.5 / 1.1, k = 2 gives 1.75 / 1.2,
+    k = 3 gives 1.875 / 1.3, k = 4 gives 1.9375 / 1.4; the best is k = 2. A check cost u = 0.1 per drafted token
+    doubles the draft's share: k = 2 gives 1.75 / 1.4."""
+    curve = speedup_curve(0.5, 0.1, range(1, 5))
+    assert curve == pytest.approx([1.5 / 1.1, 1.75 / 1.2, 1.875 / 1.3, 1.9375 / 1.4])
+    assert best_k(0.5, 0.1, range(1, 5)) == (2, pytest.approx(1.75 / 1.2))
+    assert expected_speedup(0.5, 2, 0.1, 0.1) == pytest.approx(1.75 / 1.4)
+    assert expected_speedup(1.0, 4, 0.0) == 5.0                       # free drafts, all accepted: k + 1 per pass
 
 
 # --- the drafts themselves ------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.speed_feel import ANSWER, answer_pieces, due_count, presets, reading_rate, speculative_rate
-from app.speed_measured import POINTS
+from app.speed.lab_feel import ANSWER, answer_pieces, due_count, presets, reading_rate, speculative_rate
+from app.speed.lab_measured import POINTS
 from engine.projection.economics import projected_token_prices
 from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS
 

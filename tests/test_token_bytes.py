@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from app.journey_view import split_note
-from app.tokens import chips_figure, layout_chips
+from app.journey.sections import split_note
+from app.journey.tokens import chips_figure, layout_chips
 from engine.core.loader import cache_dir
 from engine.core.token_bytes import char_groups, is_fragment, readable, token_bytes
 

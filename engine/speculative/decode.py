@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from transformers import DynamicCache
@@ -35,8 +35,8 @@ from engine.core.sampling import logits_to_probs, sample
 MAX_K = 16
 
 __all__ = ["Draft", "EarlyExitDraft", "ModelDraft", "NgramDraft", "DraftedToken", "SpecRoundRecord",
-           "SpecDoneRecord", "accept", "draft_from_spec", "expected_tokens_per_pass", "record_to_json",
-           "speculative_generate"]
+           "SpecDoneRecord", "accept", "best_k", "draft_from_spec", "expected_speedup", "expected_tokens_per_pass",
+           "record_to_json", "speculative_generate", "speedup_curve"]
 
 
 def expected_tokens_per_pass(acceptance: float, k: int) -> float:
@@ -44,6 +44,23 @@ def expected_tokens_per_pass(acceptance: float, k: int) -> float:
     if acceptance >= 1.0:
         return float(k + 1)
     return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
+
+
+def expected_speedup(acceptance: float, k: int, cost: float, check: float = 0.0) -> float:
+    """E[tokens per pass] / (1 + k·(c + u)): a round drafts k tokens at `cost` c plain target steps each and verifies
+    them in one pass that costs a plain step plus `check` u for each drafted token it checks."""
+    return expected_tokens_per_pass(acceptance, k) / (1 + k * (cost + check))
+
+
+def speedup_curve(acceptance: float, cost: float, ks: Sequence[int], check: float = 0.0) -> list[float]:
+    return [expected_speedup(acceptance, k, cost, check) for k in ks]
+
+
+def best_k(acceptance: float, cost: float, ks: Sequence[int], check: float = 0.0) -> tuple[int, float]:
+    """The k of `ks` with the highest expected speedup, and that speedup."""
+    curve = speedup_curve(acceptance, cost, ks, check)
+    i = max(range(len(curve)), key=curve.__getitem__)
+    return ks[i], curve[i]
 
 
 # --- acceptance ---------------------------------------------------------------------------------------

@@ -1,0 +1,269 @@
+"""Components of the journey page: the input as tokens and shapes, the streaming answer with its
+metrics and timeline, and the per-token views (distribution, logit lens) drawn from a stored run.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Callable
+
+import numpy as np
+import streamlit as st
+
+from app.journey import figures as charts
+from app.request import Prepared, Sampling
+from app.format import fmt_ms, fmt_rate, plot_text, visible
+from app.run import LOGIT_LENS_TOP, Run, Throttle, capture_policy
+from app.journey.tokens import chars_per_token, chips_figure, special_mask
+from app.widgets import ChartSlot, plot
+from engine.core.generate import GenerationRequest
+from engine.core.hooks import logit_lens
+from engine.core.loader import LoadedModel
+from engine.core.records import SampledToken
+from engine.core.sampling import filter_probs
+from engine.core.token_bytes import char_groups, readable, token_bytes
+
+MAX_CHIPS = 300
+HEX_ONLY = re.compile(r"<[0-9A-F ]+>")      # a chip that is bytes only, no text
+TOP_SHOWN = 12
+TEXT_SECONDS, CHART_SECONDS = 0.2, 2.0       # redraw intervals while a run streams
+
+
+def tokenization_section(lm: LoadedModel, prepared: Prepared) -> None:
+    """The model input as chips with ids, and how many characters each token carries."""
+    ids = prepared.ids
+    if not ids:
+        st.caption("Type a prompt to see its tokens.")
+        return
+    special = special_mask(ids, prepared.prompt_ids, set(lm.tokenizer.all_special_ids))
+    texts = [lm.tokenizer.decode([i]) for i in ids[:MAX_CHIPS]]
+    ratio = chars_per_token(prepared.request.prompt, len(prepared.prompt_ids))
+    cols = st.columns(3)
+    cols[0].metric("Tokens the model reads", f"{len(ids):,}")
+    cols[1].metric("Of which chat template", f"{sum(special):,}")
+    cols[2].metric("Characters per token (prompt)", f"{ratio:.2f}")
+    pieces = token_bytes(lm.tokenizer, ids[:MAX_CHIPS])
+    plot(chips_figure(texts, ids[:MAX_CHIPS], special[:MAX_CHIPS], pieces=pieces), key="journey.chips")
+    note = "Grey chips are the chat template and special tokens; the number under each chip is its id."
+    if len(ids) > MAX_CHIPS:
+        note += f" Showing the first {MAX_CHIPS} of {len(ids):,} tokens."
+    st.caption(note + split_note(pieces))
+
+
+def split_note(pieces: list[bytes]) -> str:
+    """One line on byte fragments, with the bytes of the first character this prompt's tokenizer split (hex only:
+    no prompt text goes into the Markdown)."""
+    split = next((run for run in char_groups(pieces) if len(run) > 1), None)
+    if split is None:
+        return ""
+    parts = " + ".join(" ".join(f"{b:02X}" for b in pieces[i]) for i in split)
+    size = sum(len(pieces[i]) for i in split)
+    hexes = [readable(pieces[i]) for i in split if HEX_ONLY.fullmatch(readable(pieces[i]))]
+    example = f" such as `{hexes[0]}`" if hexes else ""
+    return (" A token is a run of bytes, not always a whole character: a character outside ASCII takes 2 to 4 "
+            f"bytes in UTF-8, and a tokenizer may cut them apart. The first bracket here spells {size} bytes cut "
+            f"into {len(split)} tokens (`{parts}`). A chip in hex{example} holds part of a character; the bracket "
+            "under the chips of one character shows what they spell together.")
+
+
+def shapes_section(lm: LoadedModel, n_tokens: int) -> None:
+    spec = lm.spec
+    plot(charts.shapes_figure(spec, max(n_tokens, 1)), key="journey.shapes")
+    st.caption(f"Shapes for this prompt ({max(n_tokens, 1):,} tokens) through {lm.label}: {spec.n_heads} query heads "
+               f"share {spec.n_kv_heads} K/V heads ({spec.group_size} per group), head size {spec.head_dim}. "
+               "At each later step only one new position goes through, and K and V of the earlier ones come "
+               "from the cache.")
+
+
+class ResultView:
+    """Placeholders for the answer, the live metrics and the timeline, filled while streaming and after."""
+
+    def __init__(self, running: Callable[[], int] = lambda: 1) -> None:
+        self.status = st.empty()
+        cols = st.columns(5)
+        self.metric_boxes = [c.empty() for c in cols]
+        self.answer = st.empty()
+        self.note = st.empty()
+        self.timeline = ChartSlot("journey.timeline")
+        self.text_throttle = Throttle(TEXT_SECONDS, running)
+        self.chart_throttle = Throttle(CHART_SECONDS, running)
+
+    def update(self, run: Run, final: bool = False, timeline: bool = True) -> None:
+        """Text and metrics five times a second, the timeline every two seconds; everything when final.
+        With n requests running on the server, every n-th of that (`running`): the room's pages together
+        redraw about as often as one page alone.
+
+        Every redraw costs the server (one message per element) and the browser (a re-render): with a
+        room of browsers on one machine, redrawing faster than a person reads slows everyone's tokens.
+        """
+        if not (final or self.text_throttle()):
+            return
+        self.status.caption(status_line(run))
+        m = run.metrics()
+        reused = run.prefill.reused_tokens if run.prefill else 0
+        values = [("Time to first token", fmt_ms(m.ttft), None), ("Inter-token latency", fmt_ms(m.itl), None),
+                  ("Decode speed", fmt_rate(m.tokens_per_second), None),
+                  ("Prompt tokens", f"{m.prompt_tokens:,}", f"{reused:,} reused" if reused else None),
+                  ("Generated tokens", f"{m.generated_tokens:,}", None)]
+        for box, (label, value, note) in zip(self.metric_boxes, values):
+            box.metric(label, value, delta=note, delta_color="off", delta_arrow="off")
+        self.answer.text(run.text or "…")
+        notes = [run.capture_note] if run.capture_note else []
+        if reused:
+            notes.append(f"Prefix cache: the first {reused:,} of the {m.prompt_tokens:,} prompt tokens had been read "
+                         "before on this server (the chat template's opening, or the same prompt from someone else), "
+                         "so their keys and values were reused and only the rest was computed: a shorter time to "
+                         "first token. The KV-cache page measures the difference.")
+        if run.speculation is not None:
+            notes.append(SPECULATIVE_NOTE)
+        if notes:
+            self.note.caption(" ".join(notes))
+        if timeline and run.prefill is not None and (final or self.chart_throttle()):
+            self.timeline.plot(charts.timeline_figure(run.step_seconds()))
+
+
+WATCH_SECONDS = 0.5
+SPECULATIVE_NOTE = ("A speculative run (from the speculative-decoding page): each round produced several tokens in "
+                    "one verify pass, so each token's time here is its round's time shared evenly, and its attention "
+                    "row is the one that pass computed for its position. The logit lens and norms were taken at "
+                    "each pass's newest position only.")
+
+
+def watch_live(run: Run) -> None:
+    """Someone else's run (the presenter's) as it streams: its text and numbers twice a second (the timeline
+    and every other chart once it is done), then the whole page."""
+    st.info("Watching the presenter's run as it streams. When it is done, every page draws it: explore the layers "
+            "and heads on your own.", icon=":material/cast:")
+
+    @st.fragment(run_every=WATCH_SECONDS)
+    def live() -> None:
+        if not run.live or run.done is not None:
+            st.rerun(scope="app")
+        if run.prefill is not None:
+            ResultView().update(run, final=True, timeline=False)
+    live()
+
+
+def status_line(run: Run) -> str:
+    status = run.status
+    if status == "running":
+        return f"Generating with {run.model}…"
+    if status == "stopped":
+        return f"Stopped after {len(run.tokens)} tokens; what streamed so far is kept below."
+    reason = {"eos": "the model ended its answer", "length": "the token limit was reached",
+              "stop": "a stop string appeared"}.get(run.done.finish_reason, run.done.finish_reason)
+    return f"Done: {reason}. {run.done.total_seconds:.2f} s in total."
+
+
+def token_picker(run: Run) -> int:
+    """Choose one generated token; the key carries the run id so a new run starts at its first token."""
+    texts = [t.text for t in run.tokens]
+    return st.select_slider("Generated token", options=list(range(len(texts))), key=f"journey.token.{run.id}",
+                            format_func=lambda i: f"{i}: {visible(texts[i])[:20]}")
+
+
+def redraw(token: SampledToken, sampling: Sampling) -> tuple[np.ndarray, np.ndarray]:
+    """Probabilities of the stored candidates under the sliders' settings, as shares of the whole vocabulary
+    (the logits not stored count as one block), most likely first."""
+    probs = filter_probs(token.logits, sampling.temperature, sampling.top_k, sampling.top_p,
+                         token.rest_logsumexp, token.rest_count)
+    order = np.argsort(-token.logits)
+    return token.logit_ids[order], probs[order]
+
+
+def drawn_temperature(temperature: float) -> float:
+    """Greedy (temperature 0) is drawn at temperature 1, as the engine computes its probabilities."""
+    return temperature if temperature > 0 else 1.0
+
+
+def same_settings(sampling: Sampling, request: GenerationRequest) -> bool:
+    """Whether the sliders draw the distribution the token was sampled from."""
+    return (drawn_temperature(sampling.temperature) == drawn_temperature(request.temperature)
+            and sampling.top_k == request.top_k and sampling.top_p == request.top_p)
+
+
+def distribution_caption(run: Run, token: SampledToken, p_chosen: float | None, sampling: Sampling) -> str:
+    """What the bars are, and the chosen token's p read from the same bars."""
+    req = run.request
+    kept = len(token.logits)
+    rest = (f"the other {token.rest_count:,} tokens of the vocabulary count as one block, so each bar is a share "
+            "of the whole vocabulary" if token.rest_logsumexp is not None else
+            "each bar is a share of those stored (this run kept no total for the rest)")
+    text = (f"Re-drawn from the {kept} largest logits stored with this token at the sliders' settings (temperature "
+            f"{sampling.temperature:g}, top-k {sampling.top_k or 'off'}, top-p {sampling.top_p:g}); {rest}. No "
+            "model run. Temperature 0 is drawn as 1.")
+    chosen = f"the chosen token (orange) has p = {p_chosen:.1%} in these bars" if p_chosen is not None else \
+        "the chosen token is not among the bars"
+    if same_settings(sampling, req):
+        return f"{text} The answer was generated at these settings: {chosen}, the probability it was drawn with."
+    return (f"{text} Here {chosen}; the answer was generated at temperature {req.temperature:g}, top-k "
+            f"{req.top_k or 'off'}, top-p {req.top_p:g}, where it had p = {token.prob:.1%}.")
+
+
+def distribution_section(run: Run, index: int, sampling: Sampling, decode: Callable[[list[int]], str]) -> None:
+    token = run.tokens[index]
+    ids, probs = redraw(token, sampling)
+    shown = list(range(min(TOP_SHOWN, len(ids))))
+    where = np.nonzero(ids == token.id)[0]
+    if where.size and where[0] >= TOP_SHOWN:
+        shown.append(int(where[0]))
+    labels = [f"{plot_text(decode([int(ids[i])]), 16)} ({int(ids[i])})" for i in shown]
+    chosen = shown.index(int(where[0])) if where.size and int(where[0]) in shown else None
+    plot(charts.distribution_figure(labels, probs[shown], chosen), key=f"journey.dist.{run.id}.{index}")
+    st.caption(distribution_caption(run, token, float(probs[shown][chosen]) if chosen is not None else None,
+                                    sampling))
+
+
+def lens_section(run: Run, index: int, decode: Callable[[list[int]], str], lm: LoadedModel | None = None) -> None:
+    captures = run.captures(index)
+    pending = any(c.resid is not None and c.lens is None for c in captures.values())
+    if pending and lm is not None and lm.label == run.model:
+        logit_lens(lm.model, captures, LOGIT_LENS_TOP)     # only for the token you look at; kept in the run
+    if not any(c.lens for c in captures.values()):
+        st.info("The logit lens of this recording is computed by the model that made it; load that model to see "
+                "it." if pending else "No logit lens for this token: a speculative round takes it at its verify "
+                "pass's newest position only." if run.speculation is not None and captures else
+                "Nothing was captured for this token (capture was off for this run).")
+        return
+    token = run.tokens[index]
+    left, right = st.columns([3, 2])
+    with left:
+        plot(charts.lens_figure(captures, decode, token.id), key=f"journey.lens.{run.id}.{index}")
+    with right:
+        plot(charts.resid_norm_figure(captures), key=f"journey.norm.{run.id}.{index}")
+    st.caption("Left: what the model would predict if it stopped after each layer (the residual stream sent "
+               "through the final norm and the LM head), top 5, the generated token in bold. Right: the size of "
+               "the residual stream leaving each layer at that position.")
+
+
+OBSERVER = "journey.observer"
+OBSERVER_TOKENS = 16          # decode steps per run of the measurement
+
+
+def observer_section(lm: LoadedModel, run: Run) -> None:
+    """The same request decoded with capture off and on, alternating three times, on this server (measured)."""
+    from app.live import run_on_model, status_progress
+    from engine.errors import EngineError
+    from engine.lab.speed import observer_effect
+
+    policy = run.policy if run.policy.enabled else capture_policy(lm.spec, run.n_prompt, OBSERVER_TOKENS)[0]
+    request = replace(run.request, max_new_tokens=OBSERVER_TOKENS)
+    if st.button("Measure capture off against on", key="journey.observer.measure"):
+        with st.status("Measuring the observer effect…", expanded=True) as box:
+            try:
+                st.session_state[OBSERVER] = run_on_model(lm, "the observer-effect measurement", lambda progress:
+                                                          observer_effect(lm, request, policy, 3, progress),
+                                                          status_progress(box))
+                box.update(label="Measured", state="complete", expanded=False)
+            except EngineError as err:
+                box.update(label="Stopped", state="error")
+                st.error(str(err))
+    effect = st.session_state.get(OBSERVER)
+    if effect is None:
+        return
+    plot(charts.observer_figure(effect.off.itl, effect.on.itl), key="journey.observer")
+    st.caption(f"Measured on this server: {len(effect.on.steps)} decode steps each way, three rounds alternating, "
+               f"medians. Capturing every attention row, the norms and the residual for the lens makes a step "
+               f"{effect.ratio:.2f}× as long. "
+               + ("The tokens were the same both ways: watching changes the speed, never the answer."
+                  if effect.same_tokens else "The tokens differed: a near-tie in the logits tipped the other way."))

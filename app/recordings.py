@@ -1,0 +1,311 @@
+"""Recordings in the app: open a saved generation as the session's run, and save the current run.
+
+A recording (engine/serving/recording.py) holds the records of one finished generation, captures included.
+Opened here it becomes an `app.run.Run` in `st.session_state[LAST_RUN]`, so the journey, attention
+and KV-cache pages draw it exactly as they draw a live run, without the model. That is how a class
+goes on when the model is busy or not loaded.
+
+    run = open_bytes(upload.getvalue(), upload.name)     # RecordingError for a corrupt or foreign file
+    st.session_state[LAST_RUN] = run
+    data = run_bytes(run)                                # the .json.gz to download
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import streamlit as st
+
+from app.request import SETTING_RANGES, in_range
+from app.session import session_id
+from app.format import fmt_bytes
+from app.run import LAST_RUN, Run, compact
+from engine.errors import EngineError
+from engine.serving.limits import MiB, Limits, server_limits
+from engine.core.loader import LoadedModel
+from engine.serving.recording import (MAX_FILE_BYTES, PARSE_PLACES, Recording, RecordingError, dumps_recording,
+                                      load_recording, loads_recording)
+from engine.core.records import PrefillRecord
+from engine.serving.scheduler import scheduler_for
+from engine.serving.shelf import Kept, Shelf, default_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDINGS_DIR = ROOT / "assets" / "recordings"
+UPLOAD_KEY, OPENED_KEY = "recordings.upload", "recordings.opened"
+KEPT_KEY, KEPT_NOTE_KEY = "recordings.kept", "recordings.kept_note"
+Waiting = Callable[[int], None]
+
+
+# --- recordings and runs ---------------------------------------------------------------------------------
+
+def run_from_recording(rec: Recording) -> Run:
+    """The run a recording holds, as the pages draw it; RecordingError when it is not a plain generation."""
+    if not any(isinstance(r, PrefillRecord) for r in rec.records):
+        raise RecordingError("this recording holds a speculative-decoding run; open it on the speculative "
+                             "decoding page")
+    run = Run(model=rec.model, spec=rec.spec, request=rec.request, policy=rec.policy, live=False,
+              dtype=rec.dtype, device=rec.device, source=rec.title or rec.request.prompt[:60])
+    layers = rec.policy.layers
+    if layers is not None and len(layers) < rec.spec.n_layers:
+        run.capture_note = (f"This recording kept the attention of {len(layers)} of {rec.spec.n_layers} layers "
+                            f"({', '.join(map(str, layers))}).")
+    for record in rec.records:
+        run.add(compact(record))
+    return run
+
+
+def recording_from_run(run: Run) -> Recording:
+    """A finished run as a recording; RecordingError while it has no final record."""
+    if run.prefill is None or run.done is None:
+        raise RecordingError("only a finished run can be saved (this one has no final record)")
+    records = [run.prefill, *run.steps, run.done]
+    return Recording(run.model, run.spec, run.request, run.policy, records, run.dtype, run.device,
+                     title=run.source or run.request.prompt[:60])
+
+
+def open_bytes(data: bytes, name: str = "the file", limits: Limits | None = None,
+               on_wait: Waiting | None = None) -> Run:
+    """Parse uploaded bytes into a run; RecordingError says what is wrong with a bad file."""
+    return run_from_recording(loads_recording(data, name=name, limits=limits, on_wait=on_wait))
+
+
+def open_shipped(path: Path) -> Run:
+    return run_from_recording(load_recording(path))
+
+
+def run_bytes(run: Run, on_wait: Waiting | None = None) -> bytes:
+    """The gzip-compressed JSON of a finished run (attention as float16)."""
+    return dumps_recording(recording_from_run(run), on_wait=on_wait)
+
+
+def room_limits(lm: LoadedModel | None) -> Limits:
+    """The server's limits: the scheduler's when the model is loaded, else those of the launch variables."""
+    return scheduler_for(lm).limits if lm is not None else server_limits()
+
+
+@st.cache_resource(show_spinner=False)
+def shelf(root: str, per_session: int, total_mb: int) -> Shelf:
+    """The one shelf of kept recordings of this server process."""
+    return Shelf(Path(root), per_session, total_mb * MiB)
+
+
+def room_shelf(limits: Limits) -> Shelf:
+    return shelf(str(default_dir()), limits.max_saved_per_session, limits.max_saved_mb)
+
+
+def file_name(run: Run) -> str:
+    stem = re.sub(r"[^a-z0-9]+", "-", (run.source or run.request.prompt).lower()).strip("-")[:40]
+    return f"{stem or 'run'}.json.gz"
+
+
+# --- token text without the model -------------------------------------------------------------------------
+
+def known_texts(run: Run) -> dict[int, str]:
+    """Every token id the run stored with its text: the prompt, the answer and each token's candidates."""
+    texts = {p.id: p.text for p in (run.prefill.prompt if run.prefill else [])}
+    for token in run.tokens:
+        texts.update({c.id: c.text for c in token.top})
+        texts.setdefault(token.id, token.text)
+    return texts
+
+
+def decoder(run: Run, lm: LoadedModel | None) -> Callable[[int | list[int]], str]:
+    """Token ids (one or a list) to text: the loaded tokenizer when the run came from this model, else the
+    texts the run stored (ids it never stored show as '#id')."""
+    if lm is not None and lm.label == run.model and lm.spec.vocab_size == run.spec.vocab_size:
+        return lm.tokenizer.decode
+    texts = known_texts(run)
+
+    def decode(ids: int | list[int]) -> str:
+        ids = [ids] if isinstance(ids, int) else ids
+        return "".join(texts.get(int(i), f"#{int(i)}") for i in ids)
+
+    return decode
+
+
+# --- what ships in assets/ --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Shipped:
+    path: str
+    title: str
+    prompt: str
+    answer: str
+    model: str
+    tokens: int
+    layers: int
+
+
+def shipped_paths() -> list[Path]:
+    return sorted(RECORDINGS_DIR.glob("*.json.gz"))
+
+
+@st.cache_data(show_spinner=False)
+def shipped_summaries(paths: tuple[str, ...]) -> list[Shipped]:
+    """Title, prompt and size of each shipped recording (read once per process); unreadable ones are left out."""
+    out = []
+    for path in paths:
+        try:
+            rec = load_recording(path)
+        except RecordingError:
+            continue
+        captured = {i for r in rec.records for i in getattr(r, "captures", {})}
+        out.append(Shipped(path, rec.title, rec.request.prompt, rec.done.text, rec.model,
+                           rec.done.generated_tokens, len(captured)))
+    return out
+
+
+# --- widgets ----------------------------------------------------------------------------------------------
+
+def make_current(run: Run) -> None:
+    """The run every page shows from now on; the pages' prompt boxes and sampling controls follow it."""
+    st.session_state[LAST_RUN] = run
+    req = run.request
+    for ns in ("journey", "attention", "kv"):
+        st.session_state[f"{ns}.prompt"] = req.prompt
+    for name, value in (("temperature", req.temperature), ("top_k", req.top_k), ("top_p", req.top_p),
+                        ("seed", req.seed)):
+        _, kind, low, high = SETTING_RANGES[name]
+        st.session_state[f"journey.{name}"] = in_range(value, kind, low, high)
+    st.session_state["journey.chat"] = req.chat
+
+
+def shipped_section() -> None:
+    """One row per shipped recording with an Open button."""
+    items = shipped_summaries(tuple(str(p) for p in shipped_paths()))
+    if not items:
+        st.caption(f"No recordings in {RECORDINGS_DIR.relative_to(ROOT)}.")
+        return
+    for i, item in enumerate(items):
+        left, right = st.columns([4, 1], vertical_alignment="center")
+        left.text(f"{item.title}: {item.tokens} tokens from {item.model}, attention of {item.layers} layers\n"
+                  f"Prompt: {item.prompt}\nAnswer: {item.answer.strip()[:160]}")
+        if right.button("Open", key=f"recordings.open.{i}", icon=":material/play_arrow:"):
+            make_current(open_shipped(Path(item.path)))
+
+
+def upload_section(limits: Limits) -> None:
+    """A file picker for a recording; a bad file gives the RecordingError's reason."""
+    upload = st.file_uploader("Open a recording file (.json.gz)", type=["gz", "json"], key=UPLOAD_KEY,
+                              help=f"Files saved with 'Save this run' or `python -m engine record`; "
+                                   f"at most {fmt_bytes(MAX_FILE_BYTES)}.")
+    if upload is None:
+        return
+    outcome = st.session_state.get(OPENED_KEY)
+    if outcome is None or outcome[0] != upload.file_id:
+        notice = st.empty()
+        outcome = (upload.file_id, open_upload(upload.getvalue(), upload.name, limits, waiting_notice(notice)))
+        notice.empty()
+        st.session_state[OPENED_KEY] = outcome
+    if outcome[1] is not None:
+        st.error(outcome[1])
+
+
+def waiting_notice(slot: st.delta_generator.DeltaGenerator) -> Waiting:
+    def show(waiting: int) -> None:
+        slot.info(f"The server is opening or saving {PARSE_PLACES} other recordings right now, the most it works on "
+                  f"at once; yours is next in line ({waiting} waiting)…", icon=":material/hourglass_top:")
+    return show
+
+
+def open_upload(data: bytes, name: str, limits: Limits | None = None, on_wait: Waiting | None = None) -> str | None:
+    """Make an uploaded recording the current run; the error message when it cannot be read."""
+    try:
+        make_current(open_bytes(data, name, limits, on_wait))
+    except RecordingError as err:
+        return str(err)
+    return None
+
+
+def save_button(run: Run | None, key: str) -> None:
+    """'Save this run' for a finished run; the file is built only when the button is pressed."""
+    if run is None or run.done is None or run.prefill is None:
+        st.caption("Generate (or open a recording) to save a run; a run is saved once it has finished.")
+        return
+    st.download_button("Save this run", data=lambda: run_bytes(run), file_name=file_name(run),
+                       mime="application/gzip", key=f"{key}.save.{run.id}", on_click="ignore",
+                       icon=":material/download:",
+                       help="A .json.gz file with the tokens, timings and captures; open it later on the "
+                            "Recordings page, here or on another playground.")
+
+
+def keep_button(run: Run | None, limits: Limits) -> None:
+    """'Keep on this server': the run saved to the server's disk for this session, within the caps."""
+    store = room_shelf(limits)
+    if run is None or run.done is None or run.prefill is None or not store.enabled:
+        return
+    if not st.button("Keep on this server", key=f"recordings.keep.{run.id}", icon=":material/bookmark_add:",
+                     help=f"Up to {limits.max_saved_per_session} runs per session, "
+                          f"{fmt_bytes(limits.max_saved_mb * MiB)} for everyone; the oldest go first."):
+        return
+    notice = st.empty()
+    try:
+        kept = store.keep(session_id(), run_bytes(run, waiting_notice(notice)), file_name(run)[:-len(".json.gz")])
+    except EngineError as err:
+        notice.error(str(err))
+        return
+    st.session_state[KEPT_KEY] = sorted(e.name for e in store.entries(session_id()))   # told below, not again
+    st.session_state[KEPT_NOTE_KEY] = kept_message(kept, limits)
+    st.rerun()                                     # the list above shows the new one
+
+
+def kept_message(kept: Kept, limits: Limits) -> str:
+    """What keeping did, including what it removed to stay within the caps."""
+    text = f"Kept \u201c{kept.entry.title}\u201d on this server ({kept.entry.size / 1e6:.2f} MB)."
+    mine = [e.title for e in kept.removed if e.session == kept.entry.session]
+    others = len(kept.removed) - len(mine)
+    if mine:
+        text += (f" To stay within {limits.max_saved_per_session} per session, your oldest was removed: "
+                 f"{', '.join(mine)}.")
+    if others:
+        text += (f" The space for everyone's recordings ({fmt_bytes(limits.max_saved_mb * MiB)}) was full: "
+                 f"{others} older "
+                 "recording(s) of other sessions were removed.")
+    return text
+
+
+def kept_section(limits: Limits) -> None:
+    """This session's kept recordings with an Open button each; says when some were removed meanwhile."""
+    store = room_shelf(limits)
+    if not store.enabled:
+        st.caption("This server keeps no recordings on its disk; use Save this run to download one.")
+        return
+    if note := st.session_state.pop(KEPT_NOTE_KEY, None):
+        st.success(note, icon=":material/bookmark_added:")
+    entries = store.entries(session_id())
+    names = {e.name for e in entries}
+    gone = set(st.session_state.get(KEPT_KEY, ())) - names
+    st.session_state[KEPT_KEY] = sorted(names)
+    if gone:
+        st.info(f"{len(gone)} of your kept recordings were removed to make room for newer ones (the server keeps "
+                f"{limits.max_saved_per_session} per session and {fmt_bytes(limits.max_saved_mb * MiB)} in all; "
+                "the oldest go first).", icon=":material/delete_sweep:")
+    if not entries:
+        st.caption("None yet: press Keep on this server under a finished run.")
+    for i, entry in enumerate(entries):
+        left, right = st.columns([4, 1], vertical_alignment="center")
+        when = time.strftime("%H:%M", time.localtime(entry.saved))
+        left.text(f"{entry.title} ({entry.size / 1e6:.2f} MB, kept {when})")
+        if right.button("Open", key=f"recordings.kept.{i}.{entry.name}", icon=":material/play_arrow:"):
+            open_kept(store, entry.name, limits)
+
+
+def open_kept(store: Shelf, name: str, limits: Limits) -> None:
+    try:
+        make_current(open_bytes(store.read(session_id(), name), name, limits, waiting_notice(st.empty())))
+    except EngineError as err:
+        st.error(str(err))
+
+
+def run_notes(run: Run | None) -> None:
+    """Where the shown run came from, and why the server cut it short if it did."""
+    if run is None:
+        return
+    if run.source is not None:
+        st.text(f"Showing the recording {run.source!r} ({run.model}, {run.dtype} on {run.device}); "
+                "no model runs for it.")
+    if run.warning:
+        st.warning(run.warning)

@@ -1,0 +1,111 @@
+"""This browser tab on the shared server: its id for the scheduler, the person behind it, its seat in the
+room (the session limit), and the presenter it follows.
+
+Every widget key is namespaced by the page (`journey.temperature`, `kv.prompt`, ...), so a push fills
+the keys of the page it names.
+"""
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import Callable
+
+import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+from app.nav import page_info
+from app.presenter import PENDING_KEY, SEEN_KEY, follow_page, new_broadcast, presenter_board, push_button, pushed_view
+from app.run import LAST_RUN
+from engine.core.loader import LoadedModel
+from engine.serving.scheduler import SessionLimitError, scheduler_for
+
+XSRF_COOKIE = "_streamlit_xsrf"     # set by Streamlit's server on the first page load, kept by the browser
+SESSION_KEY, REFUSED_KEY = "session.id", "session.refused"
+
+_STREAMLIT_SESSIONS: dict[str, str] = {}     # our session id -> Streamlit's, to ask whether the tab is still there
+
+
+def session_id() -> str:
+    """This browser tab's id for the scheduler (one request in flight per tab)."""
+    if SESSION_KEY not in st.session_state:
+        st.session_state[SESSION_KEY] = uuid.uuid4().hex
+        ctx = get_script_run_ctx()
+        if ctx is not None:
+            _STREAMLIT_SESSIONS[st.session_state[SESSION_KEY]] = ctx.session_id
+    return st.session_state[SESSION_KEY]
+
+
+def person_id() -> str:
+    """Who is behind this tab: the browser's XSRF cookie (hashed), the same across reloads and tabs."""
+    try:
+        cookie = st.context.cookies.get(XSRF_COOKIE)
+    except Exception:  # noqa: BLE001 - no cookies outside a browser (tests, scripts)
+        cookie = None
+    if not isinstance(cookie, str) or not cookie:
+        return session_id()
+    return "p" + hashlib.sha256(cookie.encode()).hexdigest()[:16]
+
+
+def connected(session: str) -> bool:
+    """Is this Streamlit session still connected to the server? (True where there is no server to ask.)"""
+    from streamlit.runtime import Runtime
+
+    streamlit_id = _STREAMLIT_SESSIONS.get(session)
+    if streamlit_id is None or not Runtime.exists() or Runtime.instance().is_active_session(streamlit_id):
+        return True
+    _STREAMLIT_SESSIONS.pop(session, None)
+    return False
+
+
+def join_session(lm: LoadedModel | None) -> str | None:
+    """Count this person against the server's limit; the refusal message when the room is full."""
+    if lm is None:
+        return None
+    scheduler = scheduler_for(lm)
+    scheduler.presence = connected
+    try:
+        scheduler.join(session_id(), person_id())
+    except SessionLimitError as err:
+        st.session_state[REFUSED_KEY] = True
+        return f"The model is not available to this browser: {err}."
+    st.session_state.pop(REFUSED_KEY, None)
+    return None
+
+
+# --- presenter mode ------------------------------------------------------------------------------------------
+
+def follow_presenter(here: str, ns: str, switch: Callable[[str], None]) -> None:
+    """Before a page draws: adopt a new push (moving to its page first), or nothing. `here`: the url path."""
+    board = presenter_board()
+    if not board.enabled:
+        return
+
+    def go(page: str) -> None:
+        if page_info(page) is None:
+            st.session_state.pop(PENDING_KEY, None)        # not a page of this app: stay, keep what is here
+            return
+        switch(page)
+
+    follow_page(st.session_state, board, ns, here, go)
+    run = new_broadcast(st.session_state, board)
+    if run is not None:                                    # the presenter's run becomes this session's run too
+        st.session_state[LAST_RUN] = run
+        if run.live and here != "journey":                 # still streaming: watch it on the journey page
+            go("journey")
+
+
+def presenter_push(ns: str, here: str, view: dict[str, int] | None = None) -> None:
+    """For the presenter only: push this page's prompt, settings and view to every follower."""
+    push_button(presenter_board(), ns, here, view)
+
+
+def pushed_choice(key: str, name: str, options: list[int]) -> None:
+    """Preset widget `key` to the presenter's pushed `name` (layer, head...) once per push and run."""
+    marker = f"presenter.adopted.{key}"
+    version = st.session_state.get(SEEN_KEY, 0)
+    value = pushed_view(st.session_state, name)
+    if value is None or st.session_state.get(marker) == version:
+        return
+    st.session_state[marker] = version
+    if value in options:
+        st.session_state[key] = value

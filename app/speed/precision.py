@@ -1,0 +1,177 @@
+"""Sections of the precision page: quantized copies of the loaded model measured on this machine (memory,
+decode speed, agreement, perplexity), and the projected effect of precision on a GPU.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from app.speed import figures as charts
+from app.format import fmt_bytes, fmt_rate
+from app.format import MEASURED, measured_caption
+from app.hardware import HardwareChoice
+from app.live import run_on_model, status_progress
+from app.widgets import plot
+from engine.errors import EngineError
+from engine.core.loader import EMBEDDED, ALIASES, LoadedModel
+from engine.lab.quantize import GROUP_SIZES, QuantizedModel, compare_models, quantize_copy, text_ids
+from engine.lab.speed import compare_decode, prompt_of_length
+
+RESULTS = "precision.results"
+SPEED_PROMPT_TOKENS, SPEED_STEPS, SPEED_ROUNDS = 32, 8, 2
+GPU_PRECISIONS = ("fp32", "bf16", "fp8", "int8", "int4")
+
+
+@st.cache_resource(max_entries=3, show_spinner=False)
+def quantized_copy(_lm: LoadedModel, name: str, device: str, dtype: str, scheme: str, group: int) -> QuantizedModel:
+    """One quantized copy per (model, scheme, group), shared by every session; the shared model is never changed."""
+    return quantize_copy(_lm, scheme, group)
+
+
+def inputs() -> tuple[list[str], int]:
+    cols = st.columns([2, 1, 3])
+    schemes = cols[0].pills("Precisions", ["INT8", "INT4"], default=["INT8", "INT4"], selection_mode="multi",
+                            key="precision.schemes")
+    group = cols[1].selectbox("INT4 group size", GROUP_SIZES, key="precision.group",
+                              help="Inputs that share one scale and one minimum.")
+    return [s.lower() for s in schemes or []], int(group)
+
+
+def _row(label: str, q: QuantizedModel | None, lm: LoadedModel, quality, timing) -> dict:
+    return {"precision": label, "stored_bytes": q.stored_bytes if q else lm.weight_bytes,
+            "bits_per_weight": q.bits_per_weight if q else 8 * lm.dtype.itemsize,
+            "weight_error": q.weight_error if q else 0.0, "mode": q.mode if q else "float matmul",
+            "compute": q.compute_dtype if q else lm.dtype_name,
+            "agreement": quality.top1_agreement if quality else 1.0,
+            "ppl": quality.ppl_candidate if quality else None, "ppl_change": quality.ppl_change if quality else 0.0,
+            "kl": quality.mean_kl if quality else 0.0, "itl": timing.itl, "tok_s": timing.tokens_per_second}
+
+
+def _compare(lm: LoadedModel, copies: list, ids: list[int], progress) -> tuple[list, list]:
+    """Predictions on the fixed text, then decode timed (interleaved): runs alone on the shared model."""
+    progress(0.0, f"comparing predictions on a {len(ids)}-token text")
+    qualities = [compare_models(lm, q.lm, ids) for q in copies]
+    timings = compare_decode([lm] + [q.lm for q in copies], prompt_of_length(lm, SPEED_PROMPT_TOKENS),
+                             SPEED_STEPS, SPEED_ROUNDS,
+                             progress=lambda f, m: progress(0.2 + 0.8 * f, f"timing decode: {m}"))
+    return qualities, timings
+
+
+def measure(lm: LoadedModel, schemes: list[str], group: int) -> None:
+    """Quantize, compare on the fixed text and time decoding (interleaved), holding the shared model."""
+    with st.status("Quantizing and measuring…", expanded=True) as box:
+        report = status_progress(box)
+        try:
+            copies = []
+            for i, scheme in enumerate(schemes):             # copies of the weights: the shared model is only read
+                report(0.3 * i / len(schemes), f"quantizing a copy to {scheme.upper()}")
+                copies.append(quantized_copy(lm, lm.name, str(lm.device), lm.dtype_name, scheme, group))
+            ids = text_ids(lm)
+            qualities, timings = run_on_model(lm, "the precision measurement",
+                                              lambda progress: _compare(lm, copies, ids, progress),
+                                              lambda f, m: report(0.3 + 0.7 * f, m))
+        except EngineError as err:
+            box.update(label="Stopped", state="error")
+            st.error(str(err))
+            return
+        rows = [_row(lm.dtype_name.upper(), None, lm, None, timings[0])]
+        rows += [_row(q.scheme.upper() + (f" (g{q.group_size})" if q.group_size else ""), q, lm, quality, timing)
+                 for q, quality, timing in zip(copies, qualities, timings[1:])]
+        st.session_state[RESULTS] = {"rows": rows, "tokens": len(ids)}
+        box.update(label="Measured", state="complete", expanded=False)
+
+
+def results_table(rows: list[dict]) -> None:
+    st.table({
+        "precision": [r["precision"] for r in rows],
+        "weights held": [fmt_bytes(r["stored_bytes"]) for r in rows],
+        "bits per quantized weight": [f"{r['bits_per_weight']:.2f}" for r in rows],
+        "weight error": [f"{r['weight_error']:.2%}" for r in rows],
+        "top-1 agreement": [f"{r['agreement']:.1%}" for r in rows],
+        "perplexity": [f"{r['ppl']:.2f} ({r['ppl_change']:+.1%})" if r["ppl"] else "reference" for r in rows],
+        "decode": [fmt_rate(r["tok_s"]) for r in rows],
+        "matmul": [f"{r['mode']} ({r['compute']})" for r in rows],
+    })
+
+
+def speed_text(rows: list[dict]) -> str:
+    base = rows[0]
+    parts = [f"{r['precision']} decodes at {r['tok_s'] / base['tok_s']:.2f}× the speed of {base['precision']}"
+             for r in rows[1:]]
+    slower = [r["precision"] for r in rows[1:] if r["tok_s"] < base["tok_s"]]
+    why = ("Decode is bandwidth-bound, so fewer bytes per weight should mean proportionally faster steps, but only "
+           "when a kernel reads the small integers directly and unpacks them next to the arithmetic. ")
+    if slower:
+        verdict = (f"Here {' and '.join(slower)} ran slower than {base['precision']}: this CPU has no fast path for "
+                   "them (or loses more unpacking than it saves in bytes), and a model this small spends much of "
+                   "each step outside the matrix multiplies. ")
+    else:
+        verdict = ("Here the quantized copies ran faster, though less than the bytes alone predict: the rest of each "
+                   "step (attention, norms, the float LM head, Python) does not shrink, and the kernels also take "
+                   "their activations in BF16. ")
+    return (f"{MEASURED}: " + "; ".join(parts) + ". " + why + verdict +
+            "On a GPU with fused low-bit kernels the bytes are what counts; see the projection below.")
+
+
+def origin_note(lm: LoadedModel, rows: list[dict]) -> str | None:
+    exact = [r for r in rows[1:] if r["weight_error"] < 1e-3]
+    if not exact:
+        return None
+    where = (" The embedded model was converted from a 4-bit GGUF file, so its float weights already sit on such a "
+             "grid." if ALIASES.get(lm.name, lm.name) in EMBEDDED else "")
+    return (f"{', '.join(r['precision'] for r in exact)} reproduces the weights almost exactly (error "
+            f"{exact[0]['weight_error']:.3%}): round-to-nearest found the grid the weights were already on.{where} "
+            "The small differences left come from the activations, which the kernel takes in "
+            f"{exact[0]['compute'].upper()}.")
+
+
+def measured_section(lm: LoadedModel) -> None:
+    st.caption(measured_caption(lm) + " Round-to-nearest weight-only quantization of the decoder's linear layers "
+               "(embeddings, norms and the LM head stay as loaded), on a copy: the model every session uses is untouched.")
+    schemes, group = inputs()
+    if st.button("Quantize and measure", type="primary", key="precision.run", disabled=not schemes):
+        measure(lm, schemes, group)
+    result = st.session_state.get(RESULTS)
+    if not result:
+        st.info("Press the button: quantizing takes a few seconds, timing a few more.")
+        return
+    rows = result["rows"]
+    results_table(rows)
+    cols = st.columns(3)
+    labels = [r["precision"] for r in rows]
+    with cols[0]:
+        plot(charts.precision_bars(labels, [r["stored_bytes"] / 1e6 for r in rows], "weights held", "MB"), "precision.mem")
+    with cols[1]:
+        plot(charts.precision_bars(labels, [r["tok_s"] for r in rows], "decode speed", "tok/s"), "precision.speed")
+    with cols[2]:
+        plot(charts.precision_bars(labels, [100 * r["agreement"] for r in rows], "top-1 agreement", "%"),
+             "precision.agree")
+    st.caption(f"Agreement and perplexity over a fixed {result['tokens']}-token English text: at each position, does "
+               "the quantized copy pick the same most likely next token, and how surprised is it by the real one?")
+    st.markdown(speed_text(rows))
+    note = origin_note(lm, rows)
+    if note:
+        st.info(note)
+
+
+def projected_section(choice: HardwareChoice) -> None:
+    projs = [choice.project(weight_dtype=w, context=1024) for w in GPU_PRECISIONS]
+    names = [w.upper() for w in GPU_PRECISIONS]
+    st.markdown(f"**{choice.label}**, batch 1, 1K tokens of context:")
+    st.table({"weights": names, "weight memory": [fmt_bytes(p.weight_bytes) for p in projs],
+              "fits": ["yes" if p.fits else "no" for p in projs],
+              "decode ceiling": [fmt_rate(p.ceiling_tok_s_per_user) if p.fits else "does not fit" for p in projs],
+              f"at {choice.bandwidth_efficiency:.0%} of peak bandwidth": [fmt_rate(p.per_user_tok_s) if p.fits else "–" for p in projs],
+              "users at 1K tokens": [f"{p.users_that_fit:,}" for p in projs]})
+    running = [(n, p) for n, p in zip(names, projs) if p.fits]
+    if not running:
+        st.info(f"{choice.spec.name} does not fit on one {choice.gpu.name} in any of these precisions; the cost page "
+                "shows how many GPUs it needs.")
+        return
+    plot(charts.precision_bars([n for n, _ in running], [p.ceiling_tok_s_per_user for _, p in running],
+                               "batch-1 decode ceiling", "tok/s", charts.PROJECTED_COLOR), "precision.projected")
+    st.markdown("Fewer bytes per weight raise the batch-1 ceiling in proportion to the bytes a decode step reads, "
+                "because a step takes bytes ÷ bandwidth: "
+                + ", ".join(f"{fmt_rate(p.ceiling_tok_s_per_user)} in {n} ({fmt_bytes(p.weight_bytes_read)} read)"
+                            for n, p in running)
+                + ". Real 8- and 4-bit checkpoints add scales and keep the embeddings and the LM head in 16-bit, so "
+                  "their files are larger than parameters × bits. The memory saved also holds more users' KV caches.")

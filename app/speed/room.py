@@ -1,0 +1,282 @@
+"""The room is the batch: this server's live batch, drawn from the scheduler's own steps (measured).
+
+Numbers first (`step_rows`, `room_numbers`, `member_rows`), then figures, then the page section,
+which redraws itself every second while the room generates.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from app.format import fmt_bytes, fmt_ms, fmt_rate
+from app.widgets import plot
+from engine.serving.batch import StepInfo
+from engine.serving.paged import BLOCK as PAGE_TOKENS, BlockTable
+from engine.serving.scheduler import RoomState
+
+RECENT_STEPS = 50            # steps the headline numbers average over
+REFRESH_SECONDS = 1.0
+
+
+# --- numbers ---------------------------------------------------------------------------------------------
+
+def step_rows(state: RoomState) -> list[dict]:
+    """One row per recent step: when, how many decoded, prompt tokens prefilled, its time, its throughput."""
+    return [{"t": s.at - state.t0, "decode_rows": s.decode_rows, "prefill_tokens": s.prefill_tokens,
+             "step_ms": s.seconds * 1e3, "tok_s": s.decode_rows / s.seconds if s.seconds > 0 else 0.0,
+             "empty": 1 - s.real_positions / s.cache_positions if s.cache_positions else 0.0}
+            for s in state.steps]
+
+
+@dataclass(frozen=True)
+class RoomNumbers:
+    running: int
+    max_batch: int
+    queued: int
+    sessions: int
+    step_seconds: float | None        # median of the recent decode steps
+    total_tok_s: float | None         # tokens all users got per second, recent steps
+    per_user_tok_s: float | None      # tokens one user in the batch gets per second
+    empty: float | None               # share of the handed-out cache blocks' slots that hold nothing, last step
+
+
+def room_numbers(state: RoomState) -> RoomNumbers:
+    recent: Sequence[StepInfo] = [s for s in state.steps[-RECENT_STEPS:] if s.decode_rows]
+    step = statistics.median(s.seconds for s in recent) if recent else None
+    total = sum(s.decode_rows for s in recent) / sum(s.seconds for s in recent) if recent else None
+    last = state.steps[-1] if state.steps else None
+    empty = (1 - last.real_positions / last.cache_positions) if last and last.cache_positions else None
+    return RoomNumbers(len(state.members), state.max_batch, state.queued, state.sessions, step, total,
+                       1 / step if step else None, empty)
+
+
+def member_rows(state: RoomState, me: str | None) -> list[dict]:
+    """Who is in the batch now; sessions are named by a short tag, yours as 'you'. No prompts are shown."""
+    return [{"request": m.id, "session": "you" if me and m.session == me else _tag(m.session), "phase": m.phase,
+             "prompt tokens": m.prompt_tokens, "generated": f"{m.tokens} of {m.max_new_tokens}" if m.max_new_tokens
+             else "", "in the batch for": f"{m.seconds:.1f} s"} for m in state.members]
+
+
+def _tag(session: str | None) -> str:
+    return "script" if not session else f"session {session[:4]}"
+
+
+# --- figures ---------------------------------------------------------------------------------------------
+
+def steps_figure(rows: list[dict]) -> go.Figure:
+    """Each step over time: requests decoded (bars) and prompt tokens prefilled (bars on the right axis)."""
+    fig = go.Figure()
+    fig.add_bar(x=[r["t"] for r in rows], y=[r["decode_rows"] for r in rows], name="requests decoded in the step",
+                marker_color="#1f77b4")
+    fig.add_bar(x=[r["t"] for r in rows], y=[r["prefill_tokens"] for r in rows], name="prompt tokens prefilled",
+                marker_color="#ff7f0e", yaxis="y2", opacity=0.6)
+    fig.update_layout(height=300, margin=dict(l=10, r=10, t=30, b=10), barmode="overlay",
+                      legend=dict(orientation="h", y=1.15), xaxis_title="seconds since the server started",
+                      yaxis=dict(title="requests in the step", rangemode="tozero"),
+                      yaxis2=dict(title="prompt tokens", overlaying="y", side="right", rangemode="tozero",
+                                  showgrid=False))
+    return fig
+
+
+def tradeoff_figure(rows: list[dict]) -> go.Figure:
+    """Step time and total tokens/s against the batch size, from the room's own steps."""
+    decode = [r for r in rows if r["decode_rows"] and not r["prefill_tokens"]]
+    sizes = sorted({r["decode_rows"] for r in decode})
+    step = [statistics.median(r["step_ms"] for r in decode if r["decode_rows"] == b) for b in sizes]
+    fig = go.Figure()
+    fig.add_scatter(x=sizes, y=step, mode="lines+markers", name="decode step (ms): each user's wait per token")
+    fig.add_scatter(x=sizes, y=[b / (ms / 1e3) for b, ms in zip(sizes, step)], mode="lines+markers",
+                    name="tokens/s, all users together", yaxis="y2")
+    fig.update_layout(height=300, margin=dict(l=10, r=10, t=30, b=10), legend=dict(orientation="h", y=1.15),
+                      xaxis=dict(title="requests in the batch", dtick=1),
+                      yaxis=dict(title="step (ms)", rangemode="tozero"),
+                      yaxis2=dict(title="tokens/s", overlaying="y", side="right", rangemode="tozero", showgrid=False))
+    return fig
+
+
+# --- the section -------------------------------------------------------------------------------------------
+
+def numbers_row(n: RoomNumbers) -> None:
+    cols = st.columns(5)
+    cols[0].metric("In the batch", f"{n.running} of {n.max_batch}")
+    cols[1].metric("Waiting", str(n.queued))
+    cols[2].metric("Decode step", fmt_ms(n.step_seconds) if n.step_seconds else "–")
+    cols[3].metric("tok/s, all", fmt_rate(n.total_tok_s) if n.total_tok_s else "–",
+                   help="Tokens per second for everyone together, recent steps")
+    cols[4].metric("tok/s, each", fmt_rate(n.per_user_tok_s) if n.per_user_tok_s else "–",
+                   help="Tokens per second each user in the batch gets: one per step")
+
+
+def live_section(scheduler, me: str | None) -> None:
+    """Everything measured from the scheduler, redrawn every second (a fragment: the rest of the page stays)."""
+
+    @st.fragment(run_every=REFRESH_SECONDS)
+    def live() -> None:
+        state = scheduler.room()
+        numbers, rows = room_numbers(state), step_rows(state)
+        numbers_row(numbers)
+        if numbers.empty is not None:
+            st.caption(f"Measured: the paged cache hands out {PAGE_TOKENS}-token blocks; {numbers.empty:.0%} of the "
+                       "slots in them wait for tokens right now (each request's last block; see the KV-cache page).")
+        members = member_rows(state, me)
+        if members:
+            st.dataframe(members, hide_index=True, width="stretch")
+        else:
+            st.info("Nobody is generating right now. Press Generate on the journey page (or ask the room to) "
+                    "and watch the batch fill.")
+        if rows:
+            left, right = st.columns(2)
+            plot(steps_figure(rows), "room.steps", left)
+            plot(tradeoff_figure(rows), "room.tradeoff", right)
+    live()
+
+
+# --- the paged batch cache, for the KV-cache page ------------------------------------------------------------
+
+GRID = 32                    # blocks per row of the pool's picture
+
+
+def last_table(state: RoomState) -> BlockTable | None:
+    """The block table after the last step that had requests in the batch (measured)."""
+    return next((s.blocks for s in reversed(state.steps) if s.blocks is not None and s.blocks.rows), None)
+
+
+def allocation_compare(state: RoomState, table: BlockTable) -> dict:
+    """Slots the paged cache hands out (measured) against two other layouts for the same requests (computed):
+    contiguous rows reserving each request's whole prompt + max new tokens, and rows padded to the longest."""
+    reserve = {m.id: m.prompt_tokens + m.max_new_tokens for m in state.members}
+    lengths = [n for _, _, n in table.rows]
+    return {"tokens": table.tokens, "paged": table.used * table.block,
+            "contiguous": sum(reserve.get(label, n) for label, _, n in table.rows),
+            "padded": len(lengths) * max(lengths)}
+
+
+def block_owners(table: BlockTable) -> dict[int, tuple[object, int]]:
+    """Physical block -> (its request, tokens it holds)."""
+    owners = {}
+    for label, blocks, n in table.rows:
+        for i, block in enumerate(blocks):
+            owners[block] = (label, min(table.block, n - i * table.block))
+    return owners
+
+
+def shown_blocks(table: BlockTable, most: int = 8 * GRID) -> int:
+    """Blocks the picture draws: the pool up to its highest block in use, whole rows, at most `most`."""
+    highest = max((b for _, blocks, _ in table.rows for b in blocks), default=0)
+    return min(table.n_blocks, max(GRID, -(-(highest + 1) // GRID) * GRID), most)
+
+
+def block_table_figure(table: BlockTable) -> go.Figure:
+    """The pool as a grid of blocks: each request's in its own colour, the tokens a block holds written on it."""
+    owners, n = block_owners(table), shown_blocks(table)
+    fig = go.Figure()
+    free = [b for b in range(1, n + 1) if b not in owners]
+    fig.add_scatter(x=[b % GRID for b in free], y=[b // GRID for b in free], mode="markers", name="free",
+                    marker=dict(symbol="square", size=17, color="#f0f0f0", line=dict(color="#c7c7c7", width=1)),
+                    hovertemplate="block %{customdata}: free<extra></extra>", customdata=free)
+    for label, blocks, _ in table.rows:
+        drawn = [b for b in blocks if b <= n]
+        fill = [owners[b][1] for b in drawn]
+        fig.add_scatter(x=[b % GRID for b in drawn], y=[b // GRID for b in drawn], mode="markers+text",
+                        name=f"request {label}", text=[str(f) for f in fill], textfont=dict(size=9, color="white"),
+                        marker=dict(symbol="square", size=17), customdata=list(zip(drawn, fill)),
+                        hovertemplate=(f"block %{{customdata[0]}}: request {label}, %{{customdata[1]}} of "
+                                       f"{table.block} tokens<extra></extra>"))
+    rows = n // GRID + 1
+    fig.update_layout(height=70 + 24 * rows, margin=dict(l=10, r=10, t=30, b=10), legend=dict(orientation="h", y=1.02,
+                      yanchor="bottom"), xaxis=dict(visible=False, range=[-1, GRID]),
+                      yaxis=dict(visible=False, range=[rows - 0.5, -0.5]))
+    return fig
+
+
+def batch_cache_section(scheduler) -> None:
+    """The live block table of this server's paged batch cache (measured), and what other layouts would hold."""
+    @st.fragment(run_every=REFRESH_SECONDS)
+    def live() -> None:
+        state = scheduler.room()
+        table = last_table(state)
+        if table is None:
+            st.info("Nobody's request is in the batch right now: when people generate, their blocks appear here.")
+            return
+        use = allocation_compare(state, table)
+        plot(block_table_figure(table), "kv.block_table")
+        if shown_blocks(table) < table.n_blocks:
+            st.caption(f"The picture shows the first {shown_blocks(table)} blocks of the pool.")
+        st.caption(f"Measured on this server, read from the cache after the last step: {len(table.rows)} request(s) "
+                   f"hold {use['tokens']:,} tokens in {table.used} of {table.n_blocks} blocks of {table.block} tokens "
+                   f"({fmt_bytes(table.bytes_per_block)} each); {table.free} blocks are free, and "
+                   f"{table.empty_slots} slots in the requests' last blocks wait for tokens "
+                   f"({table.fragmentation:.0%} internal fragmentation). Computed from the same requests: "
+                   f"contiguous rows reserving prompt + max new tokens would hold {use['contiguous']:,} slots "
+                   f"({fmt_share(use['tokens'], use['contiguous'])} used); rows padded to the longest, "
+                   f"{use['padded']:,} ({fmt_share(use['tokens'], use['padded'])} used).")
+    live()
+
+
+def fmt_share(part: int, whole: int) -> str:
+    return f"{part / whole:.0%}" if whole else "–"
+
+
+# --- prefix caching, for the KV-cache page ------------------------------------------------------------------
+
+PREFIX_RESULTS = "kv.prefix.results"
+PREFIX_PROMPTS = ("Explain in two sentences what the capital of France is famous for.",
+                  "Explain in two sentences why the sky looks blue on a clear day.")
+
+
+def prefix_figure(results: dict) -> go.Figure:
+    """Time to first token from scratch and with the prompt's start reused, for each case (measured)."""
+    cases = list(results)
+    fig = go.Figure()
+    fig.add_bar(x=cases, y=[results[c]["ttft_cold"] * 1e3 for c in cases], name="computed from scratch")
+    fig.add_bar(x=cases, y=[results[c]["ttft_warm"] * 1e3 for c in cases], name="start reused from the prefix cache")
+    fig.update_layout(barmode="group", height=300, margin=dict(l=10, r=10, t=30, b=10),
+                      legend=dict(orientation="h", y=1.15), yaxis_title="time to first token (ms)")
+    return fig
+
+
+def measure_prefix(lm, report) -> dict:
+    """Both cases through the scheduler, alone on the model: the chat template's opening, and the same prompt."""
+    from dataclasses import asdict
+
+    from app.live import run_on_model
+    from engine.serving.batch import measure_prefix_reuse
+    from engine.core.generate import GenerationRequest
+
+    first, other = (GenerationRequest(p) for p in PREFIX_PROMPTS)
+
+    def job(progress):
+        progress(0.0, "a different question after the same opening")
+        shared = measure_prefix_reuse(lm, first, other)
+        progress(0.5, "the same prompt again, as when a presenter's prompt is sent by the whole room")
+        return {"same opening": asdict(shared), "same prompt": asdict(measure_prefix_reuse(lm, first, first))}
+    return run_on_model(lm, "the prefix-cache measurement", job, report)
+
+
+def prefix_section(lm, scheduler) -> None:
+    """This server's prefix cache (live counters) and a measured TTFT with and without reuse."""
+    stats = scheduler.prefix.stats
+    st.caption(f"Measured on this server so far: {stats.hits} of {stats.lookups} prompts reused a stored start, "
+               f"{stats.reused_tokens:,} prompt tokens not computed again; {stats.entries} prompt(s) kept in "
+               f"{fmt_bytes(stats.bytes)}.")
+    if st.button("Measure the time to first token with and without reuse", key="kv.prefix.measure"):
+        from app.live import status_progress
+        from engine.errors import EngineError
+
+        with st.status("Measuring prefix reuse…", expanded=True) as box:
+            try:
+                st.session_state[PREFIX_RESULTS] = measure_prefix(lm, status_progress(box))
+                box.update(label="Measured", state="complete", expanded=False)
+            except EngineError as err:
+                box.update(label="Stopped", state="error")
+                st.error(str(err))
+    results = st.session_state.get(PREFIX_RESULTS)
+    if results:
+        plot(prefix_figure(results), "kv.prefix")
+        st.caption("Measured here, best of 3: " + "; ".join(
+            f"{case}: {r['reused_tokens']} of {r['prompt_tokens']} prompt tokens reused, TTFT "
+            f"{fmt_ms(r['ttft_cold'])} → {fmt_ms(r['ttft_warm'])}" for case, r in results.items()) + ".")
