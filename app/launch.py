@@ -101,7 +101,8 @@ def streamlit_command(args: argparse.Namespace) -> list[str]:
             "--server.address", args.host, "--server.port", str(args.port), "--server.headless", "true",
             "--browser.gatherUsageStats", "false", "--server.maxUploadSize", str(UPLOAD_MB),
             "--server.fileWatcherType", "none", "--server.enableXsrfProtection", "true",
-            "--client.toolbarMode", "viewer"]          # no Deploy button or developer menu for the room
+            "--client.toolbarMode", "viewer",          # no Deploy button or developer menu for the room
+            "--runner.postScriptGC", "false"]          # a full gc.collect() after every rerun: docs/serving.md
 
 
 def banner(args: argparse.Namespace, token: str | None) -> str:

@@ -43,8 +43,8 @@ def free_port() -> int:
 def start_app(env: dict[str, str]) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [str(ROOT / ".venv" / "bin" / "python"), "-m", "app.launch", "--port", str(port)]   # as `make run` does
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    log = open(os.environ.get("BENCH_SERVER_LOG", os.devnull), "ab")     # the server's output, when asked for
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from app.launch import build_parser, streamlit_command
+
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,11 +65,10 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 1
 
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory):
-    """The app as `make run` starts it: python -m streamlit run app/main.py --server.headless true."""
+    """The app as `make run` starts it: the launcher's own `streamlit run app/main.py ...` command."""
     port = free_port()
     log = tmp_path_factory.mktemp("app") / "streamlit.log"
-    cmd = [python(), "-m", "streamlit", "run", "app/main.py", "--server.address", "127.0.0.1",
-           "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+    cmd = [python(), *streamlit_command(build_parser().parse_args(["--port", str(port)]))[1:]]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -106,3 +106,10 @@ def test_playground_starts_a_server_that_answers_its_health_check():
             proc.kill()
             out, _ = proc.communicate()
     assert f"http://127.0.0.1:{port}" in out
+
+
+def test_no_full_garbage_collection_after_every_rerun():
+    """Streamlit's default collects all generations after each script run: with a room of pages redrawing
+    twice a second over a heap of runs and captures, that took most of the server's time (docs/serving.md)."""
+    cmd = streamlit_command(parse())
+    assert cmd[cmd.index("--runner.postScriptGC") + 1] == "false"
