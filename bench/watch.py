@@ -1,39 +1,60 @@
-"""Watchers: how many followers one server holds while they watch the presenter's run live, in headless Chromium.
+"""Watchers: how many followers one server holds while they watch the presenter's run live.
 
-    python bench/watch.py --followers 30 --tokens 48
+    python bench/watch.py --followers 30 --browsers 3 --tokens 48
 
-The app starts with a presenter token. The presenter unlocks presenter mode and generates on the journey page;
-every follower's page (already open on the home page) moves to the journey page and redraws the run as it
-streams. Measured per follower: how long after the presenter's page its page shows the same number of tokens
-(sampled while streaming), and how long after the presenter's "Done" its own page says done. Writes
+The app starts with a presenter token. The presenter (a headless Chromium tab) unlocks presenter mode and
+generates on the journey page; every follower (already open on the home page) moves to the journey page and
+redraws the run as it streams. `--browsers` of the followers are Chromium tabs; the rest are tabs without a
+browser (bench/st_client.py: the same websocket protocol, nothing rendered), because thirty browsers
+rendering on this machine's two cores would measure the browsers, not the server: in a room each person's
+browser renders on their own laptop.
+
+Every tab logs the moment its "Generated tokens" metric first shows each count (Chromium tabs with a 100 ms
+poll in the page; the others when the delta arrives; one machine clock). Per token count and follower: how
+long after the presenter's tab the follower's showed it (the stream lag), and how long after the
+presenter's "Done" its own tab said done. Also the server's and the browsers' CPU seconds. Writes
 bench/results/watch.json.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from room_browser import ARGS, CHROMIUM, start_app  # noqa: E402
+from room_browser import ARGS, CHROMIUM, cpu_seconds, spent, start_app  # noqa: E402
+from st_client import Tab, first_seen  # noqa: E402
 
 TOKEN = "watch-bench-token-123"
 RESULTS = Path(__file__).resolve().parent / "results" / "watch.json"
-COUNT_JS = """() => { const m = [...document.querySelectorAll('[data-testid="stMetric"]')]
-  .find(e => e.innerText.startsWith('Generated tokens'));
-  return m ? parseInt(m.innerText.split('\\n').pop().replace(/,/g, '')) || 0 : 0; }"""
+# Timers of pages that are not in front must not be slowed, or the log would lag for the browser's sake.
+WATCH_ARGS = ARGS + ["--disable-background-timer-throttling", "--disable-renderer-backgrounding",
+                     "--disable-backgrounding-occluded-windows"]
+COUNT_LOG = """() => {
+  window.__counts = [];
+  let last = 0;
+  setInterval(() => {
+    const m = [...document.querySelectorAll('[data-testid="stMetric"]')]
+      .find(e => e.innerText.startsWith('Generated tokens'));
+    const n = m ? parseInt(m.innerText.split('\\n').pop().replace(/,/g, '')) || 0 : 0;
+    if (n > last) { window.__counts.push([n, Date.now()]); last = n; }
+  }, 100);
+}"""
 
 
 def open_page(browser, url: str, path: str = ""):
     context = browser.new_context(viewport={"width": 1024, "height": 768})
     page = context.new_page()
+    page.add_init_script(f"({COUNT_LOG})()")
     page.goto(f"{url}/{path}", timeout=180_000)
     page.get_by_role("heading").first.wait_for(timeout=180_000)
-    return context, page
+    return page
 
 
 def unlock(page) -> None:
@@ -44,61 +65,108 @@ def unlock(page) -> None:
     page.get_by_text("You are the presenter", exact=False).wait_for(timeout=60_000)
 
 
-def sample_lag(lead, followers, until_s: float = 600) -> list[float]:
-    """While streaming: each time the presenter's count moves, how long each follower takes to show it."""
-    lags, deadline = [], time.perf_counter() + until_s
-    while time.perf_counter() < deadline:
-        target = lead.evaluate(COUNT_JS)
-        if target >= 1:
-            t0 = time.perf_counter()
-            for f in followers:
-                while f.evaluate(COUNT_JS) < target and time.perf_counter() - t0 < 30:
-                    f.wait_for_timeout(50)
-                lags.append(time.perf_counter() - t0)
-            return lags
-        lead.wait_for_timeout(100)
-    return lags
+def browser_seen(page) -> dict[int, float]:
+    """Token count -> when the Chromium tab first showed it (s)."""
+    return first_seen([(n, ms / 1000) for n, ms in page.evaluate("window.__counts")])
+
+
+def open_tabs(url: str, n: int) -> tuple[list[Tab], callable]:
+    """`n` browserless tabs on a thread of their own; returns them and a function that closes them."""
+    tabs = [Tab(url) for _ in range(n)]
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+
+    async def run_all() -> None:
+        await asyncio.gather(*(tab.run(stop) for tab in tabs))
+    thread = threading.Thread(target=loop.run_until_complete, args=(run_all(),), daemon=True)
+    thread.start()
+
+    def close() -> None:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(30)
+    return tabs, close
+
+
+def stream_lags(lead: dict[int, float], followers: list[dict[int, float]]) -> tuple[list[float], int]:
+    """Seconds each follower showed each count after the presenter did; and how many counts were never shown
+    by a follower (it jumped straight to the end)."""
+    lags, missed = [], 0
+    for seen in followers:
+        for k, ms in lead.items():
+            if k in seen:
+                lags.append(max(0.0, seen[k] - ms))
+            else:
+                missed += 1
+    return lags, missed
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else (values[0] if values else None)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--followers", type=int, default=30)
+    parser.add_argument("--followers", type=int, default=30, help="followers in all")
+    parser.add_argument("--browsers", type=int, default=3, help="how many of them are Chromium tabs")
     parser.add_argument("--tokens", type=int, default=48)
     args = parser.parse_args(argv)
-    from playwright.sync_api import sync_playwright
-
+    browsers = min(args.browsers, args.followers)
     proc, url = start_app({"PLAYGROUND_PRESENTER_TOKEN": TOKEN})
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            lead_ctx, lead = open_page(browser, url, "journey")
-            unlock(lead)
-            box = lead.get_by_role("spinbutton", name="Max new tokens").first
-            box.fill(str(args.tokens))
-            box.press("Enter")
-            followers = [open_page(browser, url)[1] for _ in range(args.followers)]
-            lead.get_by_test_id("stMainBlockContainer").get_by_role("button", name="Generate").click()
-            t_click = time.perf_counter()
-            lags = sample_lag(lead, followers)
-            lead.get_by_text("Done:", exact=False).first.wait_for(timeout=600_000)
-            t_done = time.perf_counter()
-            done_lags = []
-            for f in followers:
-                f.get_by_text("Done:", exact=False).first.wait_for(timeout=120_000)
-                done_lags.append(time.perf_counter() - t_done)
-            browser.close()
+        report = watch(proc, url, args.followers, browsers, args.tokens)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    report = {"followers": args.followers, "tokens": args.tokens, "presenter_done_s": t_done - t_click,
-              "stream_lag_p50_s": statistics.median(lags) if lags else None,
-              "stream_lag_max_s": max(lags) if lags else None,
-              "done_lag_p50_s": statistics.median(done_lags), "done_lag_max_s": max(done_lags),
-              "load_average": os.getloadavg()}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
     return 0
+
+
+def watch(proc, url: str, followers: int, browsers: int, tokens: int) -> dict:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout, sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=WATCH_ARGS)
+        lead = open_page(browser, url, "journey")
+        unlock(lead)
+        box = lead.get_by_role("spinbutton", name="Max new tokens").first
+        box.fill(str(tokens))
+        box.press("Enter")
+        pages = [open_page(browser, url) for _ in range(browsers)]
+        tabs, close_tabs = open_tabs(url, followers - browsers)
+        lead.wait_for_timeout(3000 + 100 * len(tabs))                  # every tab has drawn its first page
+        cpu_before = cpu_seconds(proc)
+        lead.get_by_test_id("stMainBlockContainer").get_by_role("button", name="Generate").click()
+        t_click = time.perf_counter()
+        lead.get_by_text("Done:", exact=False).first.wait_for(timeout=600_000)
+        t_done, wall_done = time.perf_counter(), time.time()
+        done_lags, never_done = [], 0
+        for i, page in enumerate(pages):
+            try:
+                page.get_by_text("Done:", exact=False).first.wait_for(timeout=max(1.0, 120 - (time.perf_counter() - t_done)) * 1000)
+                done_lags.append(time.perf_counter() - t_done)
+            except PlaywrightTimeout:
+                never_done += 1
+                page.screenshot(path=f"/tmp/watch-follower-{i}.png", full_page=True)
+        while any(t.done_at is None for t in tabs) and time.perf_counter() - t_done < 120:
+            time.sleep(0.2)
+        close_tabs()
+        cpu = spent(cpu_before, cpu_seconds(proc))
+        done_lags += [max(0.0, t.done_at - wall_done) for t in tabs if t.done_at is not None]
+        never_done += sum(t.done_at is None for t in tabs)
+        seen = [browser_seen(page) for page in pages] + [first_seen(t.counts) for t in tabs]
+        lags, missed = stream_lags(browser_seen(lead), seen)
+        browser.close()
+    return {"followers": followers, "browser_followers": browsers, "tokens": tokens,
+            "presenter_done_s": round(t_done - t_click, 2),
+            "stream_lag_p50_s": percentile(lags, 50), "stream_lag_p95_s": percentile(lags, 95),
+            "stream_lag_max_s": max(lags, default=None), "counts_shown": len(lags), "counts_not_shown": missed,
+            "done_lag_p50_s": statistics.median(done_lags) if done_lags else None,
+            "done_lag_max_s": max(done_lags, default=None), "never_done_in_120_s": never_done,
+            "server_messages_per_tab": statistics.median([t.messages for t in tabs]) if tabs else None,
+            "server_mb_per_tab": round(statistics.median([t.bytes for t in tabs]) / 1e6, 2) if tabs else None,
+            "cpu_seconds": cpu, "load_average": os.getloadavg()}
 
 
 if __name__ == "__main__":

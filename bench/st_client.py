@@ -1,0 +1,107 @@
+"""A Streamlit tab without a browser: speaks the app's own websocket protocol, as the frontend does.
+
+The server cannot tell it from a browser tab: it opens /_stcore/stream, asks for the page, reruns each
+`st.fragment(run_every=...)` on the interval the server sends (as the frontend's timers do), follows the page
+the server switches to, and reads the deltas it is sent. It renders nothing, so a room of them measures what
+the *server* holds; real browsers do their rendering on the people's own machines.
+
+Used by bench/watch.py to stand in for most of a room of followers (a few real Chromium tabs beside them
+check the whole path). Only what watching needs: no widgets are touched (each keeps its default), no uploads.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import websockets
+from streamlit.proto.BackMsg_pb2 import BackMsg
+from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+
+@dataclass
+class Tab:
+    """One tab's view of a run: when each "Generated tokens" count and the "Done:" line first arrived."""
+    url: str
+    counts: list[tuple[int, float]] = field(default_factory=list)     # (count, wall-clock s), each count once
+    done_at: float | None = None
+    messages: int = 0
+    bytes: int = 0
+    page_hash: str = ""
+    _timers: dict[str, asyncio.Task] = field(default_factory=dict)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        ws_url = self.url.replace("http", "ws", 1) + "/_stcore/stream"
+        async with websockets.connect(ws_url, subprotocols=["streamlit"], max_size=None) as ws:
+            await self._rerun(ws)                                       # the first page load
+            reader = asyncio.ensure_future(self._read(ws))
+            await stop.wait()
+            reader.cancel()
+            for timer in self._timers.values():
+                timer.cancel()
+
+    async def _read(self, ws) -> None:
+        async for raw in ws:
+            self.messages += 1
+            self.bytes += len(raw)
+            msg = ForwardMsg()
+            msg.ParseFromString(raw)
+            self._handle(ws, msg)
+
+    def _handle(self, ws, msg: ForwardMsg) -> None:
+        kind = msg.WhichOneof("type")
+        if kind == "new_session":
+            self.page_hash = msg.new_session.page_script_hash
+            if not msg.metadata.run.fragment_ids:                      # a whole-page run: the old timers go
+                self._stop_timers(list(self._timers))
+        elif kind == "auto_rerun":
+            self._start_timer(ws, msg.auto_rerun.fragment_id, msg.auto_rerun.interval)
+        elif kind == "stop_auto_rerun":
+            self._stop_timers(list(msg.stop_auto_rerun.fragment_ids))
+        elif kind == "delta" and msg.delta.WhichOneof("type") == "new_element":
+            self._read_element(msg.delta.new_element)
+
+    def _read_element(self, element) -> None:
+        now = time.time()
+        which = element.WhichOneof("type")
+        if which == "metric" and element.metric.label == "Generated tokens":
+            count = int(element.metric.body.replace(",", "") or 0)
+            if count > (self.counts[-1][0] if self.counts else 0):
+                self.counts.append((count, now))
+        elif which == "markdown" and element.markdown.body.startswith("Done:") and self.done_at is None:
+            self.done_at = now
+
+    def _start_timer(self, ws, fragment_id: str, interval: float) -> None:
+        if fragment_id in self._timers:
+            return
+
+        async def tick() -> None:
+            while True:
+                await asyncio.sleep(interval)
+                await self._rerun(ws, fragment_id)
+        self._timers[fragment_id] = asyncio.ensure_future(tick())
+
+    def _stop_timers(self, fragment_ids: list[str]) -> None:
+        for fid in fragment_ids:
+            timer = self._timers.pop(fid, None)
+            if timer is not None:
+                timer.cancel()
+
+    async def _rerun(self, ws, fragment_id: str = "") -> None:
+        msg = BackMsg()
+        state = msg.rerun_script
+        state.query_string = ""
+        state.page_script_hash = self.page_hash
+        state.fragment_id = fragment_id
+        state.is_auto_rerun = bool(fragment_id)
+        state.widget_states.SetInParent()
+        await ws.send(msg.SerializeToString())
+
+
+def first_seen(counts: list[tuple[int, float]]) -> dict[int, float]:
+    """Token count -> the wall-clock time (s) a tab first showed at least that count."""
+    seen: dict[int, float] = {}
+    for count, at in counts:
+        for k in range(max(seen, default=0) + 1, count + 1):
+            seen[k] = at
+    return seen
