@@ -8,6 +8,7 @@ from app.speed.room import member_rows, room_numbers, step_rows
 from conftest import tiny_prompt
 from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF
+from engine.lab.prefix_reuse import measure_prefix_reuse
 from engine.serving.limits import Limits
 from engine.serving.scheduler import Scheduler
 
@@ -109,8 +110,6 @@ def test_the_block_picture_draws_the_pool_up_to_its_highest_block_in_use():
 
 
 def test_prefix_reuse_is_measured_and_reuses_the_shared_start(tiny_lm):
-    from engine.serving.batch import measure_prefix_reuse
-
     shared = tiny_prompt(60, seed=11)
     first = GenerationRequest(shared + " w1 w2", chat=False)
     other = GenerationRequest(shared + " w3 w4 w5", chat=False)

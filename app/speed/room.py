@@ -6,14 +6,17 @@ which redraws itself every second while the room generates.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Sequence
 
 import plotly.graph_objects as go
 import streamlit as st
 
 from app.format import fmt_bytes, fmt_ms, fmt_rate
+from app.live import run_on_model
 from app.widgets import plot
+from engine.core.generate import GenerationRequest
+from engine.lab.prefix_reuse import measure_prefix_reuse
 from engine.serving.batch import StepInfo
 from engine.serving.paged import BLOCK as PAGE_TOKENS, BlockTable
 from engine.serving.scheduler import RoomState
@@ -241,12 +244,6 @@ def prefix_figure(results: dict) -> go.Figure:
 
 def measure_prefix(lm, report) -> dict:
     """Both cases through the scheduler, alone on the model: the chat template's opening, and the same prompt."""
-    from dataclasses import asdict
-
-    from app.live import run_on_model
-    from engine.serving.batch import measure_prefix_reuse
-    from engine.core.generate import GenerationRequest
-
     first, other = (GenerationRequest(p) for p in PREFIX_PROMPTS)
 
     def job(progress):
