@@ -14,7 +14,7 @@ from app.live import new_live_run
 from app.request import Sampling, prepare
 from app.run import stream_generation
 from engine.core.generate import GenerationRequest, generate
-from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
+from engine.core.hooks import CapturePolicy, count_hooks
 from engine.core.records import DecodeRecord, PrefillRecord
 from engine.errors import EngineError, InvalidRequestError
 from engine.serving.limits import Limits

@@ -12,7 +12,7 @@ from app.widgets import plot
 from engine.lab.quant_calibrated import compare_methods
 from engine.errors import EngineError
 from engine.lab.floatbits import FORMATS, float_bits, format_range
-from engine.core.loader import ALIASES, EMBEDDED, LoadedModel
+from engine.core.loader import LoadedModel
 from engine.lab.quant_detail import (EVAL_TEXT, EVAL_TOKENS, OUTLIER_THRESHOLD, SCHEMES, activation_channels,
                                      grid_share, int8_errors_by_layer, layer_inputs, nf4_levels, notable_weights,
                                      q_proj_inputs, scheme_quality, weight_rows)
@@ -76,7 +76,7 @@ def outliers_section(lm: LoadedModel) -> None:
     layer = st.slider("Layer", 0, lm.spec.n_layers - 1, min(15, lm.spec.n_layers - 1), key="quantlab.layer")
     outlier_metrics(data, layer)
     cols = st.columns(2)
-    normed, resid = data["normed"], data["resid"]
+    normed = data["normed"]
     with cols[0]:
         plot(charts.channels_figure(normed.max_abs[layer], normed.mean_abs[layer], f"layer {layer}: {normed.where}",
                                     OUTLIER_THRESHOLD), "quantlab.normed")
@@ -149,12 +149,11 @@ def grids_section(lm: LoadedModel) -> None:
         st.info("Press the button: a second or two per scheme.")
         return
     grids_table(data["rows"])
-    st.markdown(grids_text(lm, data))
+    st.markdown(grids_text(data))
 
 
-def grids_text(lm: LoadedModel, data: dict) -> str:
+def grids_text(data: dict) -> str:
     share = data["share"]
-    source = ALIASES.get(lm.name, lm.name) in EMBEDDED
     aligned = (f"**{share:.1%} of the groups of 32 weights already sit on a 16-level grid** (measured): "
                + ("this model was converted from a 4-bit GGUF (Q4_1: a scale and a minimum per 32 weights), so "
                   "round-to-nearest with the same layout finds the very levels the weights came from and shows "

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -31,13 +31,13 @@ from transformers.cache_utils import DynamicLayer
 
 from engine.projection.card import forward_shapes
 from engine.errors import EngineError
-from engine.core.generate import (GenerationRequest, TextStream, encode_prompt, eos_ids, finish_reason, forward,
+from engine.core.generate import (GenerationRequest, TextStream, eos_ids, finish_reason, forward,
                                   pick_token, prompt_pieces, sync, trim_stop)
 from engine.core.hooks import CAPTURE_KWARG, CapturePolicy, LayerCapture, StepCapture, instrument
 from engine.core.loader import LoadedModel
 from engine.serving.paged import BlockTable, PagedBatch, SoloBatch, row_cache_state
 from engine.serving.prefix import PrefixCache, load_prefix, reused_rows
-from engine.core.records import CacheState, DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
+from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
 
 PREFILL_CHUNK = 256        # prompt tokens prefilled per step while others decode
 
