@@ -147,6 +147,21 @@ def _turn_message(status: QueueStatus, what: str) -> str:
             f"finish ({status.ahead} waiting before it). Stop leaves the line.")
 
 
+def measure_in_box(lm: LoadedModel, label: str, what: str,
+                   job: Callable[[Callable[[float, str], None]], Any]) -> Any | None:
+    """`run_on_model` inside an st.status box that shows the job's progress: its value, or None once the box says
+    it stopped and why."""
+    with st.status(label, expanded=True) as box:
+        try:
+            value = run_on_model(lm, what, job, status_progress(box))
+        except EngineError as err:
+            box.update(label="Stopped", state="error")
+            st.error(str(err))
+            return None
+        box.update(label="Measured", state="complete", expanded=False)
+        return value
+
+
 def status_progress(box):
     """A progress callback (fraction, message) writing into an st.status box."""
     bar = box.progress(0.0)

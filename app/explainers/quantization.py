@@ -7,7 +7,7 @@ import streamlit as st
 
 from app.explainers import figures as charts
 from app.format import MEASURED, measured_caption
-from app.live import run_alone, run_on_model, status_progress
+from app.live import measure_in_box, run_alone
 from app.widgets import plot
 from engine.lab.quant_calibrated import compare_methods
 from engine.errors import EngineError
@@ -112,17 +112,11 @@ def _grids(lm: LoadedModel, schemes: list[str], progress) -> tuple:
 
 
 def measure_grids(lm: LoadedModel, schemes: list[str]) -> None:
-    with st.status("Quantizing copies and comparing…", expanded=True) as box:
-        report = status_progress(box)
-        try:
-            ids, share, rows = run_on_model(lm, "the 4-bit comparison", lambda progress: _grids(lm, schemes, progress),
-                                            report)
-        except EngineError as err:
-            box.update(label="Stopped", state="error")
-            st.error(str(err))
-            return
+    result = measure_in_box(lm, "Quantizing copies and comparing…", "the 4-bit comparison",
+                            lambda progress: _grids(lm, schemes, progress))
+    if result is not None:
+        ids, share, rows = result
         st.session_state[GRIDS] = {"rows": rows, "share": share, "tokens": len(ids)}
-        box.update(label="Measured", state="complete", expanded=False)
 
 
 def grids_table(rows: list[dict]) -> None:

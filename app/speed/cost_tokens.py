@@ -9,11 +9,10 @@ from app.speed import figures as charts
 from app.format import fmt_tokens
 from app.format import MEASURED, measured_caption
 from app.hardware import HardwareChoice
-from app.live import run_on_model, status_progress
+from app.live import measure_in_box
 from app.widgets import plot
 from engine.lab.batching import measure_phases
 from engine.projection.economics import PRICE_BATCHES, TokenPrices, projected_token_prices, token_prices
-from engine.errors import EngineError
 from engine.core.loader import LoadedModel
 
 PHASES = "cost.phases"
@@ -49,16 +48,11 @@ def projected_column(choice: HardwareChoice) -> None:
 
 
 def measure(lm: LoadedModel, prompt: int) -> None:
-    with st.status("Prefilling and decoding at each batch size…", expanded=True) as box:
-        try:
-            points = run_on_model(lm, "the prefill and decode measurement", lambda progress: measure_phases(
-                lm, MEASURED_BATCHES, prompt, MEASURED_NEW, MEASURED_ROUNDS, progress), status_progress(box))
-        except EngineError as err:
-            box.update(label="Stopped", state="error")
-            st.error(str(err))
-            return
+    points = measure_in_box(lm, "Prefilling and decoding at each batch size…", "the prefill and decode measurement",
+                            lambda progress: measure_phases(lm, MEASURED_BATCHES, prompt, MEASURED_NEW,
+                                                            MEASURED_ROUNDS, progress))
+    if points is not None:
         st.session_state[PHASES] = [p.to_dict() for p in points]
-        box.update(label="Measured", state="complete", expanded=False)
 
 
 def measured_column(lm: LoadedModel | None) -> None:
