@@ -8,7 +8,7 @@ import streamlit as st
 from app.explainers import figures as charts
 from app.format import MEASURED, measured_caption
 from app.live import measure_in_box, run_alone
-from app.widgets import plot
+from app.widgets import measured, plot
 from engine.lab.quant_calibrated import compare_methods
 from engine.errors import EngineError
 from engine.lab.floatbits import FORMATS, float_bits, format_range
@@ -67,11 +67,9 @@ def outliers_section(lm: LoadedModel) -> None:
     st.caption(measured_caption(lm) + " The input of every layer's attention projections (after its RMSNorm) and "
                "the residual stream, over a fixed English text: for each channel the largest and the mean |value| "
                "across its tokens.")
-    if st.button("Measure the activations", type="primary", key="quantlab.outliers"):
-        measure_outliers(lm)
-    data = st.session_state.get(OUTLIERS)
-    if not data:
-        st.info("Press the button: one forward pass over the text.")
+    data = measured("Measure the activations", "quantlab.outliers", OUTLIERS, lambda: measure_outliers(lm),
+                    "Press the button: one forward pass over the text.")
+    if data is None:
         return
     layer = st.slider("Layer", 0, lm.spec.n_layers - 1, min(15, lm.spec.n_layers - 1), key="quantlab.layer")
     outlier_metrics(data, layer)
@@ -136,11 +134,10 @@ def grids_section(lm: LoadedModel) -> None:
          "quantlab.levels")
     schemes = st.pills("Schemes", list(SCHEMES), default=list(SCHEMES), format_func=SCHEME_NAMES.get,
                        selection_mode="multi", key="quantlab.schemes")
-    if st.button("Quantize and compare", type="primary", key="quantlab.grids", disabled=not schemes):
-        measure_grids(lm, [s for s in SCHEMES if s in schemes])
-    data = st.session_state.get(GRIDS)
-    if not data:
-        st.info("Press the button: a second or two per scheme.")
+    chosen = [s for s in SCHEMES if s in schemes]
+    data = measured("Quantize and compare", "quantlab.grids", GRIDS, lambda: measure_grids(lm, chosen),
+                    "Press the button: a second or two per scheme.", disabled=not schemes)
+    if data is None:
         return
     grids_table(data["rows"])
     st.markdown(grids_text(data))

@@ -14,7 +14,7 @@ from app.format import fmt_rate, fmt_tokens
 from app.format import MEASURED, measured_caption
 from app.hardware import HardwareChoice
 from app.live import measure_in_box
-from app.widgets import plot
+from app.widgets import measured, plot
 from engine.lab.batching import measure_batching
 from engine.core.loader import LoadedModel
 from engine.projection.cost import INTERNODE_GBS
@@ -224,11 +224,9 @@ def real_section(lm: LoadedModel, roof: DeviceRoof) -> None:
     st.caption(measured_caption(lm) + f" Batch sizes {', '.join(map(str, REAL_BATCHES))}: different prompts of about "
                "32 tokens, left-padded, one forward pass per step for the whole batch, 12 greedy tokens each; the sizes "
                f"run interleaved, {REAL_ROUNDS} rounds, and each keeps its median step.")
-    if st.button("Measure batched generation", type="primary", key="batching.measure"):
-        measure_real(lm)
-    points = st.session_state.get(REAL_POINTS)
-    if not points:
-        st.info("Press the button to run the model at each batch size.")
+    points = measured("Measure batched generation", "batching.measure", REAL_POINTS, lambda: measure_real(lm),
+                      "Press the button to run the model at each batch size.")
+    if points is None:
         return
     plot(charts.measured_batching_figure(points, device_ceiling(lm, roof, [p["batch"] for p in points])),
          "batching.real")

@@ -10,7 +10,7 @@ from app.format import fmt_tokens
 from app.format import MEASURED, measured_caption
 from app.hardware import HardwareChoice
 from app.live import measure_in_box
-from app.widgets import plot
+from app.widgets import measured, plot
 from engine.lab.batching import measure_phases
 from engine.projection.economics import PRICE_BATCHES, TokenPrices, projected_token_prices, token_prices
 from engine.core.loader import LoadedModel
@@ -66,11 +66,9 @@ def measured_column(lm: LoadedModel | None) -> None:
                f"the sizes interleaved, {MEASURED_ROUNDS} rounds.")
     price = st.number_input("This machine's price ($ per hour, your figure)", 0.0, 100.0, DEFAULT_MACHINE_PRICE,
                             0.01, key="cost.machine_price", help="What you pay for this machine; not a measurement.")
-    if st.button("Measure prefill and decode here", type="primary", key="cost.measure_phases"):
-        measure(lm, prompt)
-    points = st.session_state.get(PHASES)
-    if not points:
-        st.info("Press the button to time both phases on the loaded model.")
+    points = measured("Measure prefill and decode here", "cost.measure_phases", PHASES, lambda: measure(lm, prompt),
+                      "Press the button to time both phases on the loaded model.")
+    if points is None:
         return
     rows = [token_prices(p["prefill_tok_s"], p["decode_tok_s"], float(price), p["batch"]) for p in points]
     plot(charts.token_prices_figure(rows, measured=True), "cost.tokens.measured")
