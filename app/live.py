@@ -4,6 +4,7 @@ Both go through the model's scheduler (queue position, limits, cancel on Stop or
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable
 
 import streamlit as st
@@ -16,7 +17,7 @@ from app.session import session_id
 from engine.speculative.drafts import Draft
 from engine.errors import EngineError
 from engine.core.loader import LoadedModel
-from engine.serving.scheduler import JobProgress, JobResult, QueueStatus, scheduler_for
+from engine.serving.scheduler import CheckedRequest, JobProgress, JobResult, QueueStatus, scheduler_for
 
 
 def run_live(lm: LoadedModel, prepared: Prepared, ns: str, stop_slot: st.delta_generator.DeltaGenerator,
@@ -31,7 +32,7 @@ def run_live(lm: LoadedModel, prepared: Prepared, ns: str, stop_slot: st.delta_g
     `notice` (a slot under the Generate button) shows the queue position while waiting, and a refusal
     or failure as a message. Returns the run, or None when the server refused the request.
     """
-    run = new_live_run(lm, prepared, capture, draft, k)
+    run, checked = new_live_run(lm, prepared, capture, draft, k)
     notice = notice if notice is not None else st.empty()
     stop_slot.button("Stop", key=f"{ns}.stop", help="Stops the answer where it is (or leaves the queue); what "
                                                     "streamed so far stays.")
@@ -45,7 +46,7 @@ def run_live(lm: LoadedModel, prepared: Prepared, ns: str, stop_slot: st.delta_g
             show_wait(notice, status)
 
     try:
-        stream_generation(lm, run, record, wait, session_id(), draft)
+        stream_generation(lm, run, record, wait, session_id(), draft, checked)
     except EngineError as err:
         notice.error(str(err))
         return None
@@ -58,12 +59,14 @@ def run_live(lm: LoadedModel, prepared: Prepared, ns: str, stop_slot: st.delta_g
     return run if run.prefill is not None else None
 
 
-def new_live_run(lm: LoadedModel, prepared: Prepared, capture: bool, draft: Draft | None, k: int) -> Run:
-    """A run about to stream, capturing as much as the server's capture limits allow."""
+def new_live_run(lm: LoadedModel, prepared: Prepared, capture: bool, draft: Draft | None,
+                 k: int) -> tuple[Run, CheckedRequest]:
+    """A run about to stream, capturing as much as the server's capture limits allow, and the checked request
+    to submit with that capture policy (its ids as the page's check encoded them)."""
     limits = scheduler_for(lm).limits
     policy, note = capture_policy(lm.spec, len(prepared.ids), prepared.request.max_new_tokens, capture,
                                   limits.max_capture_bytes, limits.max_capture_layers)
-    return new_run(lm, prepared.request, policy, note, draft, k)
+    return new_run(lm, prepared.request, policy, note, draft, k), replace(prepared.checked, policy=policy)
 
 
 def make_current(run: Run, notice: st.delta_generator.DeltaGenerator) -> None:
@@ -142,6 +145,21 @@ def _turn_message(status: QueueStatus, what: str) -> str:
         return f"Measuring {what}…"
     return (f"{what.capitalize()} needs the model to itself: it starts when the {status.running} running request(s) "
             f"finish ({status.ahead} waiting before it). Stop leaves the line.")
+
+
+def measure_in_box(lm: LoadedModel, label: str, what: str,
+                   job: Callable[[Callable[[float, str], None]], Any]) -> Any | None:
+    """`run_on_model` inside an st.status box that shows the job's progress: its value, or None once the box says
+    it stopped and why."""
+    with st.status(label, expanded=True) as box:
+        try:
+            value = run_on_model(lm, what, job, status_progress(box))
+        except EngineError as err:
+            box.update(label="Stopped", state="error")
+            st.error(str(err))
+            return None
+        box.update(label="Measured", state="complete", expanded=False)
+        return value
 
 
 def status_progress(box):

@@ -2,7 +2,8 @@
 
 A recording (engine/serving/recording.py) holds the records of one finished generation, captures included.
 Opened here it becomes an `app.run.Run` in `st.session_state[LAST_RUN]`, so the journey, attention
-and KV-cache pages draw it exactly as they draw a live run, without the model. That is how a class
+and KV-cache pages draw it exactly as they draw a live run, without the model; a speculative run comes
+back with its `Speculation` (draft, k, rounds, plain baseline), so the speculative page draws it too. That is how a class
 goes on when the model is busy or not loaded.
 
     run = open_bytes(upload.getvalue(), upload.name)     # RecordingError for a corrupt or foreign file
@@ -22,13 +23,13 @@ import streamlit as st
 from app.request import SETTING_RANGES, in_range
 from app.session import session_id
 from app.format import fmt_bytes
-from app.run import LAST_RUN, Run, compact
+from app.run import LAST_RUN, Run, Speculation, compact
 from engine.errors import EngineError
 from engine.serving.limits import MiB, Limits, server_limits
 from engine.core.loader import LoadedModel
-from engine.serving.recording import (MAX_FILE_BYTES, PARSE_PLACES, Recording, RecordingError, dumps_recording,
-                                      load_recording, loads_recording)
-from engine.core.records import PrefillRecord
+from engine.serving.recording import (MAX_FILE_BYTES, PARSE_PLACES, RecordedSpeculation, Recording, RecordingError,
+                                      dumps_recording, load_recording, loads_recording)
+from engine.core.records import PrefillRecord, SpecDoneRecord, SpecRoundRecord
 from engine.serving.scheduler import scheduler_for
 from engine.serving.shelf import Kept, Shelf, default_dir
 
@@ -42,28 +43,54 @@ Waiting = Callable[[int], None]
 # --- recordings and runs ---------------------------------------------------------------------------------
 
 def run_from_recording(rec: Recording) -> Run:
-    """The run a recording holds, as the pages draw it; RecordingError when it is not a plain generation."""
+    """The run a recording holds, as the pages draw it (a speculative run with its Speculation, baseline included)."""
     if not any(isinstance(r, PrefillRecord) for r in rec.records):
-        raise RecordingError("this recording holds a speculative-decoding run; open it on the speculative "
-                             "decoding page")
+        raise RecordingError("this recording holds no prefill record (the prompt and the first token), so no page "
+                             "can draw it")
     run = Run(model=rec.model, spec=rec.spec, request=rec.request, policy=rec.policy, live=False,
-              dtype=rec.dtype, device=rec.device, source=rec.title or rec.request.prompt[:60])
+              dtype=rec.dtype, device=rec.device, source=rec.title or rec.request.prompt[:60],
+              speculation=recorded_speculation(rec))
     layers = rec.policy.layers
     if layers is not None and len(layers) < rec.spec.n_layers:
         run.capture_note = (f"This recording kept the attention of {len(layers)} of {rec.spec.n_layers} layers "
                             f"({', '.join(map(str, layers))}).")
     for record in rec.records:
-        run.add(compact(record))
+        run.add(compact(record))          # rounds recorded straight from the engine become decode steps here
     return run
 
 
+def recorded_speculation(rec: Recording) -> Speculation | None:
+    """The speculative part of a recorded run; for records straight from the engine (rounds among them, no
+    baseline) what their final record says."""
+    saved = rec.speculation
+    if saved is not None:
+        baseline = Run(model=rec.model, spec=rec.spec, request=rec.request, policy=rec.policy, live=False,
+                       dtype=rec.dtype, device=rec.device) if saved.baseline else None
+        for record in saved.baseline:
+            baseline.add(record)
+        return Speculation(saved.draft, saved.draft_kind, saved.k, list(saved.rounds), baseline)
+    done = rec.done
+    if any(isinstance(r, SpecRoundRecord) for r in rec.records) and isinstance(done, SpecDoneRecord):
+        return Speculation(done.draft, "", done.k)
+    return None
+
+
 def recording_from_run(run: Run) -> Recording:
-    """A finished run as a recording; RecordingError while it has no final record."""
+    """A finished run as a recording (a speculative one with its rounds and baseline); RecordingError while it has
+    no final record."""
     if run.prefill is None or run.done is None:
         raise RecordingError("only a finished run can be saved (this one has no final record)")
     records = [run.prefill, *run.steps, run.done]
     return Recording(run.model, run.spec, run.request, run.policy, records, run.dtype, run.device,
-                     title=run.source or run.request.prompt[:60])
+                     title=run.source or run.request.prompt[:60], speculation=speculation_record(run.speculation))
+
+
+def speculation_record(spec: Speculation | None) -> RecordedSpeculation | None:
+    if spec is None:
+        return None
+    base = spec.baseline
+    baseline = [base.prefill, *base.steps, base.done] if base is not None and base.done and base.prefill else []
+    return RecordedSpeculation(spec.draft, spec.draft_kind, spec.k, list(spec.rounds), baseline)
 
 
 def open_bytes(data: bytes, name: str = "the file", limits: Limits | None = None,

@@ -1,6 +1,7 @@
 """The request a page builds: sampling settings, stored settings put back in range, and the request checked
-against the engine's rules before the model runs (its error is a message next to the prompt box, never a
-traceback); the scheduler checks it again when it is submitted.
+at the scheduler's door before the model runs (its error is a message next to the prompt box, never a
+traceback). The checked request, with the token ids it was encoded to, is what Generate submits: it is
+validated and tokenized once.
 """
 from __future__ import annotations
 
@@ -11,10 +12,9 @@ from typing import Any
 import streamlit as st
 
 from engine.errors import EngineError
-from engine.core.generate import GenerationRequest, check_context, encode_prompt, validate
-from engine.serving.limits import check_prompt_chars, check_tokens
+from engine.core.generate import GenerationRequest
 from engine.core.loader import LoadedModel
-from engine.serving.scheduler import scheduler_for
+from engine.serving.scheduler import CheckedRequest, scheduler_for
 
 DEFAULT_PROMPT = "Explain in two sentences why the sky is blue."
 MAX_NEW_LIMIT = 512
@@ -33,14 +33,18 @@ class Sampling:
     max_new_tokens: int = 48
 
 
-@dataclass
+@dataclass(frozen=True)
 class Prepared:
-    """A request checked against the engine's rules, with the ids the model will read."""
+    """A request as the page built it, and either the scheduler's checked request or why it was refused."""
 
     request: GenerationRequest
-    ids: list[int]                 # model input (chat template included)
-    prompt_ids: list[int]          # the prompt text alone
+    checked: CheckedRequest | None = None
     error: str | None = None
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        """The model input (chat template included), as the scheduler encoded it; empty when refused."""
+        return self.checked.ids if self.checked is not None else ()
 
 
 def sanitize_settings(ns: str, max_new_limit: int = MAX_NEW_LIMIT) -> list[str]:
@@ -80,18 +84,10 @@ def new_token_limit(lm: LoadedModel) -> int:
 
 
 def prepare(lm: LoadedModel, prompt: str, sampling: Sampling, chat: bool = True) -> Prepared:
-    """Build the request and check it the way the engine will; the error is a message, never a traceback."""
+    """Build the request and check it at the scheduler's door; the error is a message, never a traceback."""
     request = GenerationRequest(prompt, sampling.max_new_tokens, sampling.temperature, sampling.top_k,
                                 sampling.top_p, sampling.seed, chat=chat)
-    ids: list[int] = []
-    prompt_ids: list[int] = []
     try:
-        validate(request)
-        check_prompt_chars(scheduler_for(lm).limits, prompt)          # a len() before the tokenizer runs
-        ids = encode_prompt(lm, request)
-        prompt_ids = lm.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        check_context(lm, len(ids), request.max_new_tokens)
-        check_tokens(scheduler_for(lm).limits, len(ids), request.max_new_tokens)
+        return Prepared(request, scheduler_for(lm).check(request))
     except EngineError as err:
-        return Prepared(request, ids, prompt_ids, str(err))
-    return Prepared(request, ids, prompt_ids)
+        return Prepared(request, error=str(err))

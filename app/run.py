@@ -28,7 +28,7 @@ from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, LayerCapture
 from engine.core.loader import LoadedModel
 from engine.core.records import CacheState, DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
-from engine.serving.scheduler import Handle, QueueStatus, scheduler_for
+from engine.serving.scheduler import CheckedRequest, Handle, QueueStatus, scheduler_for
 from engine.projection.specs import ModelSpec
 from engine.speculative.decode import SpecRoundRecord
 from engine.projection.units import fmt_bytes
@@ -258,10 +258,11 @@ def new_run(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy, 
 
 def stream_generation(lm: LoadedModel, run: Run, on_record: Callable[[Run], None],
                       on_wait: Callable[[QueueStatus], None] | None = None, session: str | None = None,
-                      draft: Draft | None = None) -> Run:
+                      draft: Draft | None = None, checked: CheckedRequest | None = None) -> Run:
     """Run `run.request` through the shared model's scheduler, calling `on_record(run)` after every record.
 
-    Submitting checks the request against the server's limits (an EngineError when refused). While
+    `checked` is the request as the page already checked it at the scheduler's door (its ids are not encoded
+    again); without it the request is checked here, once (an EngineError when refused). While
     the request waits, `on_wait(status)` is called a few times a second with its queue position and
     estimated wait. If `on_record` or `on_wait` raises (Streamlit stops a script that way when the
     user presses Stop or leaves the page) the request is cancelled at once, queued or running. A
@@ -273,15 +274,16 @@ def stream_generation(lm: LoadedModel, run: Run, on_record: Callable[[Run], None
     between the two does not skew it.
     """
     scheduler = scheduler_for(lm)
+    checked = scheduler.check(run.request, run.policy) if checked is None else checked
     spec = run.speculation
     extra = {"draft": draft, "k": spec.k} if spec is not None else {}
-    handle = scheduler.submit(run.request, run.policy, session=session, **extra)
+    handle = scheduler.submit(checked, run.policy, session=session, **extra)
     follow(handle, run, run, on_record, on_wait)
     run.warning = str(handle.error) if handle.error is not None else None
     if spec is not None and run.done is not None and run.done.finish_reason not in ("cancelled", "timeout"):
         spec.baseline = Run(model=run.model, spec=run.spec, request=run.request, policy=run.policy,
                             dtype=run.dtype, device=run.device)
-        follow(scheduler.submit(run.request, run.policy, session=session), spec.baseline, run, on_record, on_wait,
+        follow(scheduler.submit(checked, run.policy, session=session), spec.baseline, run, on_record, on_wait,
                keep_captures=False)
     return run
 

@@ -6,7 +6,7 @@ Every widget key is namespaced by the page (`journey.temperature`, `kv.prompt`, 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import plotly.graph_objects as go
 import streamlit as st
@@ -192,3 +192,16 @@ def quick_form(lm: LoadedModel, ns: str, default: str = DEFAULT_PROMPT,
         st.error(prepared.error)
     clicked, stop_slot = generate_button(ns, prepared)
     return prepared, clicked, stop_slot
+
+
+def measured(label: str, key: str, result_key: str, measure: Callable[[], None], hint: str,
+             disabled: bool = False) -> Any | None:
+    """A primary button that runs `measure` (which stores its result in `st.session_state[result_key]`), then the
+    stored result: None, with `hint` shown, until there is one."""
+    if st.button(label, type="primary", key=key, disabled=disabled):
+        measure()
+    result = st.session_state.get(result_key)
+    if not result:
+        st.info(hint)
+        return None
+    return result

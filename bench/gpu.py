@@ -38,6 +38,7 @@ from engine.core.fastpath import FastDecoder, cache_length, new_static_cache  # 
 from engine.core.generate import GenerationRequest, encode_prompt, forward, generate, sync  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, instrument  # noqa: E402
 from engine.core.loader import cache_dir, load_model  # noqa: E402
+from engine.lab.fusion import best_time  # noqa: E402
 from engine.lab.memory import allocated_by, memory_ledger, peak_during  # noqa: E402
 from engine.projection.cost import cost_model, project  # noqa: E402
 from engine.models.shaped import DRAFT_OF, shaped_bytes, write_shaped  # noqa: E402
@@ -139,14 +140,7 @@ def warm_up(runs: dict[str, Callable[[], dict]], fast: FastDecoder, n: int, log:
 def time_prefill(fn: Callable[[], Any], device: torch.device, repeats: int = 3) -> float:
     """Best of `repeats` (after one untimed call) of a forward over the whole prompt."""
     fn()
-    best = float("inf")
-    for _ in range(repeats):
-        sync(device)
-        t = time.perf_counter()
-        fn()
-        sync(device)
-        best = min(best, time.perf_counter() - t)
-    return best
+    return best_time(fn, device, repeats)
 
 
 def measure_prefill(lm: Any, fast: FastDecoder, n: int) -> dict[str, float]:

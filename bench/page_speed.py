@@ -15,7 +15,6 @@ bench/results/page_speed.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.room_browser import ARGS, CHROMIUM, generate_button, prepare, start_app  # noqa: E402
+from bench.room_browser import ARGS, CHROMIUM, generate_button, prepare, start_app, write_report  # noqa: E402
 
 from app.run import capture_policy  # noqa: E402
 from engine.core.generate import GenerationRequest, encode_prompt, generate  # noqa: E402
@@ -98,10 +97,7 @@ def main(argv: list[str] | None = None) -> int:
               "wall_ratio_engine_to_page": med["engine"]["wall_s"] / med["page"]["wall_s"]}
     print(f"decode: page {report['decode_ratio_page_to_engine']:.2f}x the engine; end to end: the page takes "
           f"{1 / report['wall_ratio_engine_to_page']:.2f}x the engine's time")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
-    return 0
+    return write_report(report, RESULTS)
 
 
 if __name__ == "__main__":

@@ -154,9 +154,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"{result['cpu_s_alone']}, together {result['cpu_s_together']}", flush=True)
         browser.close()
     report["load_average_after"] = os.getloadavg()
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    return write_report(report, RESULTS)
+
+
+def write_report(report: dict, path: Path) -> int:
+    """The benchmark's JSON report written to `path`; the exit status."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path}")
     return 0
 
 

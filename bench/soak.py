@@ -159,8 +159,7 @@ def do_generate(room: Room, v: Visitor, how: str = "read") -> Outcome:
     request = GenerationRequest(v.rng.choice(PROMPTS), max_new_tokens=v.rng.randint(6, 16))
     policy = v.rng.choice([CAPTURE_OFF, CapturePolicy(layers=(0, 10, 20, 29), logit_lens=5)])
     try:
-        room.scheduler.check(request, policy)
-        handle = room.scheduler.submit(request, policy, session=v.sid)
+        handle = room.scheduler.submit(room.scheduler.check(request, policy), session=v.sid)
     except EngineError as err:
         return Outcome("generate" if how == "read" else how, "refused", time.perf_counter() - t0, str(err))
     return read_stream(room, v, handle, how, t0, request, policy)

@@ -9,7 +9,6 @@ from app.recordings import run_notes
 from app.speed import room
 from app.widgets import quick_form
 from engine.projection.specs import MODEL_PRESETS
-from engine.serving.scheduler import scheduler_for
 
 lm = page_model()
 st.title("The KV cache")
@@ -61,19 +60,7 @@ st.subheader("4. Paged against contiguous allocation")
 paging_section(paging_inputs())
 
 st.subheader("5. This server's paged cache, live (measured)")
-if lm is None:
-    st.caption("The batch cache appears here when this server runs the model.")
-else:
-    st.write("Everyone generating on this server shares one paged cache, as vLLM keeps it: memory in blocks of 16 "
-             "tokens, each request holding a list of blocks (its block table) and taking a new one only when its last "
-             "is full. Section 4 simulates the same idea for a whole GPU (projected); here are the real blocks.")
-    room.batch_cache_section(scheduler_for(lm))
+room.batch_cache_section(lm)
 
 st.subheader("6. Prefix caching: prompts that start alike")
-if lm is None:
-    st.caption("Prefix caching is measured when this server runs the model.")
-else:
-    st.write("A token's keys and values depend only on the tokens before it, so two prompts that open alike (the "
-             "chat template's system prompt, or the same prompt sent by a whole room) can share the cached "
-             "start: only the rest is computed.")
-    room.prefix_section(lm, scheduler_for(lm))
+room.prefix_section(lm)

@@ -61,6 +61,28 @@ def tiny_lm(tiny_model_dir):
     return load_model(str(tiny_model_dir), device="cpu", dtype="float32")
 
 
+@pytest.fixture
+def app_env(tiny_model_dir, monkeypatch) -> Path:
+    """The app reads its model from the environment: here the tiny model, on the CPU, in float32."""
+    monkeypatch.setenv("PLAYGROUND_MODEL", str(tiny_model_dir))
+    monkeypatch.setenv("PLAYGROUND_DEVICE", "cpu")
+    monkeypatch.setenv("PLAYGROUND_DTYPE", "float32")
+    return tiny_model_dir
+
+
+@pytest.fixture
+def open_script(app_env):
+    """Opens one page script on its own on the tiny model (AppTest, run once; the navigation lives in app/main.py)
+    and fails on an exception."""
+    from streamlit.testing.v1 import AppTest
+
+    def open_page(script: str, timeout: float = 120):
+        at = AppTest.from_file(f"../pages/{script}", default_timeout=timeout).run()
+        assert not at.exception, [e.value for e in at.exception]
+        return at
+    return open_page
+
+
 @pytest.fixture(scope="session")
 def smol_lm():
     """The embedded SmolLM2-135M-Instruct (slow tests only)."""

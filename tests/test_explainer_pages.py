@@ -16,14 +16,10 @@ TIMEOUT = 120
 
 
 @pytest.fixture
-def page(tiny_model_dir, monkeypatch):
-    monkeypatch.setenv("PLAYGROUND_MODEL", str(tiny_model_dir))
-    monkeypatch.setenv("PLAYGROUND_DEVICE", "cpu")
-    monkeypatch.setenv("PLAYGROUND_DTYPE", "float32")
-
+def page(open_script):
     def open_page(script: str) -> AppTest:
-        at = AppTest.from_file(f"../pages/{script}", default_timeout=TIMEOUT).run()
-        assert_clean(at)
+        at = open_script(script, TIMEOUT)
+        assert not at.error, [e.value for e in at.error]
         return at
     return open_page
 

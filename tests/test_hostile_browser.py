@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest

@@ -26,11 +26,8 @@ TIMEOUT = 60
 
 
 @pytest.fixture
-def app(tiny_model_dir, monkeypatch):
+def app(app_env):
     """The app on the tiny model, run once (home page)."""
-    monkeypatch.setenv("PLAYGROUND_MODEL", str(tiny_model_dir))
-    monkeypatch.setenv("PLAYGROUND_DEVICE", "cpu")
-    monkeypatch.setenv("PLAYGROUND_DTYPE", "float32")
     return AppTest.from_file(MAIN, default_timeout=TIMEOUT).run()
 
 

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import pytest
-from streamlit.testing.v1 import AppTest
 
 from app.speed.room import member_rows, room_numbers, step_rows
 from conftest import tiny_prompt
 from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF
+from engine.lab.prefix_reuse import measure_prefix_reuse
 from engine.serving.limits import Limits
 from engine.serving.scheduler import Scheduler
 
@@ -48,17 +48,9 @@ def test_members_name_your_session_and_hide_prompts(busy_room, tiny_lm):
 
 
 @pytest.fixture
-def open_page(tiny_model_dir, monkeypatch):
+def open_page(open_script):
     """A page of the app on the tiny model, run once with no exception."""
-    monkeypatch.setenv("PLAYGROUND_MODEL", str(tiny_model_dir))
-    monkeypatch.setenv("PLAYGROUND_DEVICE", "cpu")
-    monkeypatch.setenv("PLAYGROUND_DTYPE", "float32")
-
-    def run(script: str) -> AppTest:
-        at = AppTest.from_file(f"../pages/{script}", default_timeout=120).run()
-        assert not at.exception, [e.value for e in at.exception]
-        return at
-    return run
+    return open_script
 
 
 def test_the_room_page_draws_the_live_batch(tiny_model_dir, open_page):
@@ -109,8 +101,6 @@ def test_the_block_picture_draws_the_pool_up_to_its_highest_block_in_use():
 
 
 def test_prefix_reuse_is_measured_and_reuses_the_shared_start(tiny_lm):
-    from engine.serving.batch import measure_prefix_reuse
-
     shared = tiny_prompt(60, seed=11)
     first = GenerationRequest(shared + " w1 w2", chat=False)
     other = GenerationRequest(shared + " w3 w4 w5", chat=False)

@@ -287,3 +287,57 @@ def test_the_other_pages_draw_a_speculative_run(page):
     at.switch_page("../pages/journey.py").run()
     assert_clean(at)
     assert any("A speculative run" in c.value for c in at.caption)
+
+
+def saved(run: Run) -> dict:
+    """Everything a recording of `run` holds, as the JSON the file holds (all but when it was written)."""
+    import gzip
+    import json
+
+    from app.recordings import run_bytes
+
+    doc = json.loads(gzip.decompress(run_bytes(run)))
+    doc.pop("created")
+    return doc
+
+
+def test_a_saved_speculative_run_opens_again_as_speculative(page, tiny_model_dir):
+    """Save, then open on the recordings page of another session: the same records (each token's step with its
+    captures, the rounds, the plain baseline), and the speculative page draws the opened run as it drew the live
+    one."""
+    from app.recordings import open_bytes, run_bytes
+
+    at = run_page(page, REPEATING, 3, 12)
+    run, live_rows = at.session_state[LAST_RUN], timeline(at)
+    back = open_bytes(run_bytes(run), "spec.json.gz")
+    spec, again = run.speculation, back.speculation
+    assert again is not None and (again.draft, again.draft_kind, again.k) == (spec.draft, "ngram", 3)
+    assert len(again.rounds) == len(spec.rounds) > 0 and again.baseline.status == "done"
+    assert [t.id for t in again.baseline.tokens] == [t.id for t in spec.baseline.tokens]
+    assert saved(back) == saved(run) and "speculation" in saved(run)
+
+    other = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run()
+    other.switch_page("../pages/recordings.py").run()
+    other.file_uploader(key="recordings.upload").set_value(("spec.json.gz", run_bytes(run), "application/gzip")).run()
+    assert_clean(other)
+    assert not other.error
+    other.switch_page("../pages/speculative.py").run()
+    assert_clean(other)
+    assert timeline(other)["data"] == live_rows["data"]
+
+
+def test_rounds_recorded_straight_from_the_engine_open_as_a_speculative_run(tiny_lm):
+    from app.recordings import run_from_recording
+    from engine.core.hooks import CapturePolicy
+    from engine.serving.recording import loads_recording, dumps_recording, new_recording
+    from engine.speculative.decode import speculative_generate
+    from engine.speculative.drafts import NgramDraft
+
+    request = GenerationRequest(REPEATING, max_new_tokens=10, chat=False)
+    records = list(speculative_generate(tiny_lm, request, NgramDraft(3), k=3, policy=CapturePolicy(layers=(1,))))
+    run = run_from_recording(loads_recording(dumps_recording(new_recording(tiny_lm, request, CapturePolicy(
+        layers=(1,)), records))))
+    rounds = [r for r in records if isinstance(r, SpecRoundRecord)]
+    assert run.speculation.k == 3 and len(run.speculation.rounds) == len(rounds) and run.speculation.baseline is None
+    assert [t.id for t in run.tokens] == [records[0].token.id] + [t.id for r in rounds for t in r.emitted]
+    assert [s.cache.length for s in run.steps] == list(range(run.n_prompt + 1, run.n_prompt + len(run.tokens)))

@@ -17,16 +17,8 @@ TIMEOUT = 120
 
 
 @pytest.fixture
-def page(tiny_model_dir, monkeypatch):
-    monkeypatch.setenv("PLAYGROUND_MODEL", str(tiny_model_dir))
-    monkeypatch.setenv("PLAYGROUND_DEVICE", "cpu")
-    monkeypatch.setenv("PLAYGROUND_DTYPE", "float32")
-
-    def open_page(script: str) -> AppTest:
-        at = AppTest.from_file(f"../pages/{script}", default_timeout=TIMEOUT).run()
-        assert_clean(at)
-        return at
-    return open_page
+def page(open_script):
+    return lambda script: open_script(script, TIMEOUT)
 
 
 def assert_clean(at: AppTest) -> None:

@@ -9,7 +9,7 @@ from app.format import card_size, fmt_bytes, fmt_ms, fmt_tokens
 from app.format import MEASURED, measured_caption
 from app.hardware import gpu_picker, model_picker
 from app.live import run_on_model, status_progress
-from app.widgets import plot
+from app.widgets import measured, plot
 from engine.errors import EngineError
 from engine.projection.card import kv_bytes_per_token, weight_bytes
 from engine.lab.fusion import (MAX_SCORE_BYTES, AttentionShape, FusionProjection, decode_row_bytes,
@@ -65,11 +65,9 @@ def measured_section(lm: LoadedModel) -> None:
     options = lengths_for(lm)
     default = [n for n in options if n in DEFAULT_LENGTHS] or options[-3:]
     chosen = st.pills("Prompt lengths N", options, default=default, selection_mode="multi", key="fusion.lengths")
-    if st.button("Measure eager against fused", type="primary", key="fusion.measure", disabled=not chosen):
-        measure(lm, sorted(chosen))
-    points = st.session_state.get(POINTS)
-    if not points:
-        st.info("Press the button: each length runs the attention of one layer both ways.")
+    points = measured("Measure eager against fused", "fusion.measure", POINTS, lambda: measure(lm, sorted(chosen)),
+                      "Press the button: each length runs the attention of one layer both ways.", disabled=not chosen)
+    if points is None:
         return
     plot(charts.fusion_measured_figure(points), "fusion.measured")
     results_table(points)

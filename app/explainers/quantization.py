@@ -7,12 +7,12 @@ import streamlit as st
 
 from app.explainers import figures as charts
 from app.format import MEASURED, measured_caption
-from app.live import run_alone, run_on_model, status_progress
-from app.widgets import plot
+from app.live import measure_in_box, run_alone
+from app.widgets import measured, plot
 from engine.lab.quant_calibrated import compare_methods
 from engine.errors import EngineError
 from engine.lab.floatbits import FORMATS, float_bits, format_range
-from engine.core.loader import ALIASES, EMBEDDED, LoadedModel
+from engine.core.loader import LoadedModel
 from engine.lab.quant_detail import (EVAL_TEXT, EVAL_TOKENS, OUTLIER_THRESHOLD, SCHEMES, activation_channels,
                                      grid_share, int8_errors_by_layer, layer_inputs, nf4_levels, notable_weights,
                                      q_proj_inputs, scheme_quality, weight_rows)
@@ -67,16 +67,14 @@ def outliers_section(lm: LoadedModel) -> None:
     st.caption(measured_caption(lm) + " The input of every layer's attention projections (after its RMSNorm) and "
                "the residual stream, over a fixed English text: for each channel the largest and the mean |value| "
                "across its tokens.")
-    if st.button("Measure the activations", type="primary", key="quantlab.outliers"):
-        measure_outliers(lm)
-    data = st.session_state.get(OUTLIERS)
-    if not data:
-        st.info("Press the button: one forward pass over the text.")
+    data = measured("Measure the activations", "quantlab.outliers", OUTLIERS, lambda: measure_outliers(lm),
+                    "Press the button: one forward pass over the text.")
+    if data is None:
         return
     layer = st.slider("Layer", 0, lm.spec.n_layers - 1, min(15, lm.spec.n_layers - 1), key="quantlab.layer")
     outlier_metrics(data, layer)
     cols = st.columns(2)
-    normed, resid = data["normed"], data["resid"]
+    normed = data["normed"]
     with cols[0]:
         plot(charts.channels_figure(normed.max_abs[layer], normed.mean_abs[layer], f"layer {layer}: {normed.where}",
                                     OUTLIER_THRESHOLD), "quantlab.normed")
@@ -112,17 +110,11 @@ def _grids(lm: LoadedModel, schemes: list[str], progress) -> tuple:
 
 
 def measure_grids(lm: LoadedModel, schemes: list[str]) -> None:
-    with st.status("Quantizing copies and comparing…", expanded=True) as box:
-        report = status_progress(box)
-        try:
-            ids, share, rows = run_on_model(lm, "the 4-bit comparison", lambda progress: _grids(lm, schemes, progress),
-                                            report)
-        except EngineError as err:
-            box.update(label="Stopped", state="error")
-            st.error(str(err))
-            return
+    result = measure_in_box(lm, "Quantizing copies and comparing…", "the 4-bit comparison",
+                            lambda progress: _grids(lm, schemes, progress))
+    if result is not None:
+        ids, share, rows = result
         st.session_state[GRIDS] = {"rows": rows, "share": share, "tokens": len(ids)}
-        box.update(label="Measured", state="complete", expanded=False)
 
 
 def grids_table(rows: list[dict]) -> None:
@@ -142,19 +134,17 @@ def grids_section(lm: LoadedModel) -> None:
          "quantlab.levels")
     schemes = st.pills("Schemes", list(SCHEMES), default=list(SCHEMES), format_func=SCHEME_NAMES.get,
                        selection_mode="multi", key="quantlab.schemes")
-    if st.button("Quantize and compare", type="primary", key="quantlab.grids", disabled=not schemes):
-        measure_grids(lm, [s for s in SCHEMES if s in schemes])
-    data = st.session_state.get(GRIDS)
-    if not data:
-        st.info("Press the button: a second or two per scheme.")
+    chosen = [s for s in SCHEMES if s in schemes]
+    data = measured("Quantize and compare", "quantlab.grids", GRIDS, lambda: measure_grids(lm, chosen),
+                    "Press the button: a second or two per scheme.", disabled=not schemes)
+    if data is None:
         return
     grids_table(data["rows"])
-    st.markdown(grids_text(lm, data))
+    st.markdown(grids_text(data))
 
 
-def grids_text(lm: LoadedModel, data: dict) -> str:
+def grids_text(data: dict) -> str:
     share = data["share"]
-    source = ALIASES.get(lm.name, lm.name) in EMBEDDED
     aligned = (f"**{share:.1%} of the groups of 32 weights already sit on a 16-level grid** (measured): "
                + ("this model was converted from a 4-bit GGUF (Q4_1: a scale and a minimum per 32 weights), so "
                   "round-to-nearest with the same layout finds the very levels the weights came from and shows "

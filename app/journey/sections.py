@@ -31,13 +31,17 @@ TEXT_SECONDS, CHART_SECONDS = 0.2, 2.0       # redraw intervals while a run stre
 
 def tokenization_section(lm: LoadedModel, prepared: Prepared) -> None:
     """The model input as chips with ids, and how many characters each token carries."""
-    ids = prepared.ids
+    ids = list(prepared.ids)
     if not ids:
-        st.caption("Type a prompt to see its tokens.")
+        st.caption("Type a prompt to see its tokens." if not prepared.request.prompt.strip()
+                   else "No tokens to show: the request was refused (the message is above).")
         return
-    special = special_mask(ids, prepared.prompt_ids, set(lm.tokenizer.all_special_ids))
+    # The prompt alone, without the chat template, tokenized once more for this display only: it tells the
+    # template's tokens from the prompt's and gives characters per token. The model reads `ids`.
+    prompt_ids = lm.tokenizer(prepared.request.prompt, add_special_tokens=False)["input_ids"]
+    special = special_mask(ids, prompt_ids, set(lm.tokenizer.all_special_ids))
     texts = [lm.tokenizer.decode([i]) for i in ids[:MAX_CHIPS]]
-    ratio = chars_per_token(prepared.request.prompt, len(prepared.prompt_ids))
+    ratio = chars_per_token(prepared.request.prompt, len(prompt_ids))
     cols = st.columns(3)
     cols[0].metric("Tokens the model reads", f"{len(ids):,}")
     cols[1].metric("Of which chat template", f"{sum(special):,}")

@@ -9,7 +9,7 @@ from app.format import fmt_ms, fmt_tokens
 from app.format import MEASURED, measured_caption
 from app.hardware import gpu_picker, model_picker
 from app.live import run_on_model, status_progress
-from app.widgets import plot
+from app.widgets import measured, plot
 from engine.lab.kv_cache import compare_runs, generate_both, project_answer_seconds, project_token, slope
 from engine.errors import EngineError
 from engine.core.loader import LoadedModel
@@ -66,11 +66,9 @@ def measured_section(lm: LoadedModel) -> None:
                "between every pair of points, so a slow step on a busy machine does not tip it. FLOPs come from the "
                "projection's formulas.")
     prompt, steps = inputs(lm)
-    if st.button("Generate both ways", type="primary", key="cache.measure"):
-        measure(lm, prompt, steps)
-    result = st.session_state.get(RESULT)
-    if not result:
-        st.info("Press the button. Without the cache the run takes several times longer: that is the point.")
+    result = measured("Generate both ways", "cache.measure", RESULT, lambda: measure(lm, prompt, steps),
+                      "Press the button. Without the cache the run takes several times longer: that is the point.")
+    if result is None:
         return
     metrics(result)
     plot(charts.cache_figure(result["rows"]), "cache.chart")

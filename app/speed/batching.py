@@ -13,10 +13,9 @@ from app.speed import figures as charts
 from app.format import fmt_rate, fmt_tokens
 from app.format import MEASURED, measured_caption
 from app.hardware import HardwareChoice
-from app.live import run_on_model, status_progress
-from app.widgets import plot
+from app.live import measure_in_box
+from app.widgets import measured, plot
 from engine.lab.batching import measure_batching
-from engine.errors import EngineError
 from engine.core.loader import LoadedModel
 from engine.projection.cost import INTERNODE_GBS
 from engine.projection.serving_sim import ServerConfig, SimResult, Targets, Workload, rescore, simulate, sweep_max_batch
@@ -98,14 +97,22 @@ def scored(results: dict[str, SimResult], targets: Targets) -> dict[str, SimResu
     return {policy: rescore(res, targets) for policy, res in results.items()}
 
 
+def simulated(choice: HardwareChoice, workload: Workload, servers: tuple[ServerConfig, ...],
+             targets: Targets) -> dict[str, SimResult] | None:
+    """Each server simulated on the workload (cached) and scored against the targets; None after an error shown."""
+    try:
+        with st.spinner("Simulating…"):
+            return scored(run_policies(choice.spec, choice.gpu, workload, servers), targets)
+    except ValueError as err:
+        st.error(str(err))
+        return None
+
+
 def simulation_section(choice: HardwareChoice, targets: Targets) -> None:
     workload, max_batch = workload_inputs()
     servers = tuple(server(choice, p, max_batch) for p in POLICIES)
-    try:
-        with st.spinner("Simulating…"):
-            results = scored(run_policies(choice.spec, choice.gpu, workload, servers), targets)
-    except ValueError as err:
-        st.error(str(err))
+    results = simulated(choice, workload, servers, targets)
+    if results is None:
         return
     st.markdown(f"**{choice.label}** ({choice.weight_dtype.upper()} weights): a simulated server, "
                 f"{workload.n_requests} requests arriving at {workload.arrival_rate:g}/s, KV cache paged in blocks of "
@@ -155,11 +162,8 @@ def long_prompt_inputs(choice: HardwareChoice) -> tuple[Workload, tuple[ServerCo
 
 def long_prompt_section(choice: HardwareChoice, targets: Targets) -> None:
     workload, servers = long_prompt_inputs(choice)
-    try:
-        with st.spinner("Simulating…"):
-            results = scored(run_policies(choice.spec, choice.gpu, workload, servers), targets)
-    except ValueError as err:
-        st.error(str(err))
+    results = simulated(choice, workload, servers, targets)
+    if results is None:
         return
     gpus = servers[0].gpus
     st.markdown(f"**{choice.label}**, {gpus} GPUs, the same {workload.n_requests} requests for each policy "
@@ -204,18 +208,10 @@ def sweep_section(choice: HardwareChoice) -> None:
 # --- real batching on this machine ----------------------------------------------------------------------
 
 def measure_real(lm: LoadedModel) -> None:
-    with st.status("Running the model batched…", expanded=True) as box:
-        report = status_progress(box)
-        try:
-            points = run_on_model(lm, "the batching measurement",
-                                  lambda progress: measure_batching(lm, REAL_BATCHES, rounds=REAL_ROUNDS,
-                                                                    progress=progress), report)
-        except EngineError as err:
-            box.update(label="Stopped", state="error")
-            st.error(str(err))
-            return
+    points = measure_in_box(lm, "Running the model batched…", "the batching measurement", lambda progress:
+                            measure_batching(lm, REAL_BATCHES, rounds=REAL_ROUNDS, progress=progress))
+    if points is not None:
         st.session_state[REAL_POINTS] = [p.to_dict() for p in points]
-        box.update(label="Measured", state="complete", expanded=False)
 
 
 def device_ceiling(lm: LoadedModel, roof: DeviceRoof, batches, context: int = 40) -> list[float]:
@@ -228,11 +224,9 @@ def real_section(lm: LoadedModel, roof: DeviceRoof) -> None:
     st.caption(measured_caption(lm) + f" Batch sizes {', '.join(map(str, REAL_BATCHES))}: different prompts of about "
                "32 tokens, left-padded, one forward pass per step for the whole batch, 12 greedy tokens each; the sizes "
                f"run interleaved, {REAL_ROUNDS} rounds, and each keeps its median step.")
-    if st.button("Measure batched generation", type="primary", key="batching.measure"):
-        measure_real(lm)
-    points = st.session_state.get(REAL_POINTS)
-    if not points:
-        st.info("Press the button to run the model at each batch size.")
+    points = measured("Measure batched generation", "batching.measure", REAL_POINTS, lambda: measure_real(lm),
+                      "Press the button to run the model at each batch size.")
+    if points is None:
         return
     plot(charts.measured_batching_figure(points, device_ceiling(lm, roof, [p["batch"] for p in points])),
          "batching.real")

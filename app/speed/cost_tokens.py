@@ -9,11 +9,10 @@ from app.speed import figures as charts
 from app.format import fmt_tokens
 from app.format import MEASURED, measured_caption
 from app.hardware import HardwareChoice
-from app.live import run_on_model, status_progress
-from app.widgets import plot
+from app.live import measure_in_box
+from app.widgets import measured, plot
 from engine.lab.batching import measure_phases
 from engine.projection.economics import PRICE_BATCHES, TokenPrices, projected_token_prices, token_prices
-from engine.errors import EngineError
 from engine.core.loader import LoadedModel
 
 PHASES = "cost.phases"
@@ -49,16 +48,11 @@ def projected_column(choice: HardwareChoice) -> None:
 
 
 def measure(lm: LoadedModel, prompt: int) -> None:
-    with st.status("Prefilling and decoding at each batch size…", expanded=True) as box:
-        try:
-            points = run_on_model(lm, "the prefill and decode measurement", lambda progress: measure_phases(
-                lm, MEASURED_BATCHES, prompt, MEASURED_NEW, MEASURED_ROUNDS, progress), status_progress(box))
-        except EngineError as err:
-            box.update(label="Stopped", state="error")
-            st.error(str(err))
-            return
+    points = measure_in_box(lm, "Prefilling and decoding at each batch size…", "the prefill and decode measurement",
+                            lambda progress: measure_phases(lm, MEASURED_BATCHES, prompt, MEASURED_NEW,
+                                                            MEASURED_ROUNDS, progress))
+    if points is not None:
         st.session_state[PHASES] = [p.to_dict() for p in points]
-        box.update(label="Measured", state="complete", expanded=False)
 
 
 def measured_column(lm: LoadedModel | None) -> None:
@@ -72,11 +66,9 @@ def measured_column(lm: LoadedModel | None) -> None:
                f"the sizes interleaved, {MEASURED_ROUNDS} rounds.")
     price = st.number_input("This machine's price ($ per hour, your figure)", 0.0, 100.0, DEFAULT_MACHINE_PRICE,
                             0.01, key="cost.machine_price", help="What you pay for this machine; not a measurement.")
-    if st.button("Measure prefill and decode here", type="primary", key="cost.measure_phases"):
-        measure(lm, prompt)
-    points = st.session_state.get(PHASES)
-    if not points:
-        st.info("Press the button to time both phases on the loaded model.")
+    points = measured("Measure prefill and decode here", "cost.measure_phases", PHASES, lambda: measure(lm, prompt),
+                      "Press the button to time both phases on the loaded model.")
+    if points is None:
         return
     rows = [token_prices(p["prefill_tok_s"], p["decode_tok_s"], float(price), p["batch"]) for p in points]
     plot(charts.token_prices_figure(rows, measured=True), "cost.tokens.measured")

@@ -10,7 +10,7 @@ from app.format import fmt_bytes, fmt_rate
 from app.format import MEASURED, measured_caption
 from app.hardware import HardwareChoice
 from app.live import run_on_model, status_progress
-from app.widgets import plot
+from app.widgets import measured, plot
 from engine.errors import EngineError
 from engine.core.loader import EMBEDDED, ALIASES, LoadedModel
 from engine.lab.quantize import GROUP_SIZES, QuantizedModel, compare_models, quantize_copy, text_ids
@@ -128,11 +128,9 @@ def measured_section(lm: LoadedModel) -> None:
     st.caption(measured_caption(lm) + " Round-to-nearest weight-only quantization of the decoder's linear layers "
                "(embeddings, norms and the LM head stay as loaded), on a copy: the model every session uses is untouched.")
     schemes, group = inputs()
-    if st.button("Quantize and measure", type="primary", key="precision.run", disabled=not schemes):
-        measure(lm, schemes, group)
-    result = st.session_state.get(RESULTS)
-    if not result:
-        st.info("Press the button: quantizing takes a few seconds, timing a few more.")
+    result = measured("Quantize and measure", "precision.run", RESULTS, lambda: measure(lm, schemes, group),
+                      "Press the button: quantizing takes a few seconds, timing a few more.", disabled=not schemes)
+    if result is None:
         return
     rows = result["rows"]
     results_table(rows)

@@ -6,17 +6,21 @@ which redraws itself every second while the room generates.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
 
 import plotly.graph_objects as go
 import streamlit as st
 
 from app.format import fmt_bytes, fmt_ms, fmt_rate
+from app.live import measure_in_box
 from app.widgets import plot
+from engine.core.generate import GenerationRequest
+from engine.core.loader import LoadedModel
+from engine.lab.prefix_reuse import measure_prefix_reuse
 from engine.serving.batch import StepInfo
 from engine.serving.paged import BLOCK as PAGE_TOKENS, BlockTable
-from engine.serving.scheduler import RoomState
+from engine.serving.scheduler import RoomState, scheduler_for
 
 RECENT_STEPS = 50            # steps the headline numbers average over
 REFRESH_SECONDS = 1.0
@@ -193,8 +197,16 @@ def block_table_figure(table: BlockTable) -> go.Figure:
     return fig
 
 
-def batch_cache_section(scheduler) -> None:
+def batch_cache_section(lm: LoadedModel | None) -> None:
     """The live block table of this server's paged batch cache (measured), and what other layouts would hold."""
+    if lm is None:
+        st.caption("The batch cache appears here when this server runs the model.")
+        return
+    st.write("Everyone generating on this server shares one paged cache, as vLLM keeps it: memory in blocks of 16 "
+             "tokens, each request holding a list of blocks (its block table) and taking a new one only when its last "
+             "is full. Section 4 simulates the same idea for a whole GPU (projected); here are the real blocks.")
+    scheduler = scheduler_for(lm)
+
     @st.fragment(run_every=REFRESH_SECONDS)
     def live() -> None:
         state = scheduler.room()
@@ -239,14 +251,8 @@ def prefix_figure(results: dict) -> go.Figure:
     return fig
 
 
-def measure_prefix(lm, report) -> dict:
-    """Both cases through the scheduler, alone on the model: the chat template's opening, and the same prompt."""
-    from dataclasses import asdict
-
-    from app.live import run_on_model
-    from engine.serving.batch import measure_prefix_reuse
-    from engine.core.generate import GenerationRequest
-
+def prefix_job(lm: LoadedModel) -> Callable[[Callable[[float, str], None]], dict]:
+    """Both cases, run alone on the model through the scheduler: the chat template's opening, and the same prompt."""
     first, other = (GenerationRequest(p) for p in PREFIX_PROMPTS)
 
     def job(progress):
@@ -254,26 +260,25 @@ def measure_prefix(lm, report) -> dict:
         shared = measure_prefix_reuse(lm, first, other)
         progress(0.5, "the same prompt again, as when a presenter's prompt is sent by the whole room")
         return {"same opening": asdict(shared), "same prompt": asdict(measure_prefix_reuse(lm, first, first))}
-    return run_on_model(lm, "the prefix-cache measurement", job, report)
+    return job
 
 
-def prefix_section(lm, scheduler) -> None:
+def prefix_section(lm: LoadedModel | None) -> None:
     """This server's prefix cache (live counters) and a measured TTFT with and without reuse."""
-    stats = scheduler.prefix.stats
+    if lm is None:
+        st.caption("Prefix caching is measured when this server runs the model.")
+        return
+    st.write("A token's keys and values depend only on the tokens before it, so two prompts that open alike (the "
+             "chat template's system prompt, or the same prompt sent by a whole room) can share the cached "
+             "start: only the rest is computed.")
+    stats = scheduler_for(lm).prefix.stats
     st.caption(f"Measured on this server so far: {stats.hits} of {stats.lookups} prompts reused a stored start, "
                f"{stats.reused_tokens:,} prompt tokens not computed again; {stats.entries} prompt(s) kept in "
                f"{fmt_bytes(stats.bytes)}.")
     if st.button("Measure the time to first token with and without reuse", key="kv.prefix.measure"):
-        from app.live import status_progress
-        from engine.errors import EngineError
-
-        with st.status("Measuring prefix reuse…", expanded=True) as box:
-            try:
-                st.session_state[PREFIX_RESULTS] = measure_prefix(lm, status_progress(box))
-                box.update(label="Measured", state="complete", expanded=False)
-            except EngineError as err:
-                box.update(label="Stopped", state="error")
-                st.error(str(err))
+        results = measure_in_box(lm, "Measuring prefix reuse…", "the prefix-cache measurement", prefix_job(lm))
+        if results is not None:
+            st.session_state[PREFIX_RESULTS] = results
     results = st.session_state.get(PREFIX_RESULTS)
     if results:
         plot(prefix_figure(results), "kv.prefix")

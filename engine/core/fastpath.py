@@ -33,14 +33,12 @@ from typing import Any, Callable, Iterator
 import torch
 from transformers import StaticCache
 
-from engine.projection.card import forward_shapes
 from engine.errors import EngineError
-from engine.core.generate import (GenerationRequest, TextStream, admit, eos_ids, finish_reason, pick_token,
-                                  prompt_pieces, sync, trim_stop)
+from engine.core.generate import GenerationRequest, admit, generation_loop
 from engine.core.hooks import CAPTURE_KWARG, CAPTURE_OFF, CapturePolicy, Instrument, LayerCapture, StepCapture, \
     _apply_mask, instrument
 from engine.core.loader import LoadedModel
-from engine.core.records import CacheState, DecodeRecord, DoneRecord, PrefillRecord, Record
+from engine.core.records import CacheState, Record
 
 COMPILE_MODES = ("auto", "off", "eager", "default", "reduce-overhead")
 MIN_CACHE = 256
@@ -281,31 +279,12 @@ def static_generate(fast: FastDecoder, request: GenerationRequest, policy: Captu
     """The loop of engine.core.generate on a FastDecoder: PrefillRecord, DecodeRecord per token, DoneRecord."""
     lm = fast.lm
     ids = admit(lm, request) if ids is None else ids     # None: no door above (a benchmark, warm_up)
-    generator = torch.Generator(device=lm.device).manual_seed(request.seed)
-    cache, stream, stops = fast.reserve(len(ids) + request.max_new_tokens), TextStream(lm.tokenizer), eos_ids(lm)
+    cache = fast.reserve(len(ids) + request.max_new_tokens)
     with torch.no_grad(), instrument(lm.model, policy) as inst:
-        t0 = time.perf_counter()
-        logits, captures = fast.prefill(ids, inst)
-        token = pick_token(lm, logits, request, generator, stream)
-        sync(lm.device)
-        ttft = time.perf_counter() - t0
-        yield PrefillRecord(prompt_pieces(lm, ids), forward_shapes(lm.spec, len(ids)), ttft,
-                            static_cache_state(cache), token, captures)
-        generated, reason = [token.id], finish_reason(token.id, stream.text, stops, request, 1)
-        while reason is None:
-            if should_stop is not None and should_stop():
-                reason = "cancelled"
-                break
-            t = time.perf_counter()
-            logits, captures = fast.decode(token.id, len(ids) + len(generated) - 1, inst)
-            token = pick_token(lm, logits, request, generator, stream)
-            sync(lm.device)
-            generated.append(token.id)
-            yield DecodeRecord(len(generated) - 1, time.perf_counter() - t, static_cache_state(cache), token, captures)
-            reason = finish_reason(token.id, stream.text, stops, request, len(generated))
-    total = time.perf_counter() - t0
-    yield DoneRecord(trim_stop(stream.text, request.stop), reason, len(ids), len(generated), ttft,
-                     total - ttft, total)
+        done = yield from generation_loop(lm, request, ids, lambda: fast.prefill(ids, inst),
+                                          lambda token, position: fast.decode(token, position, inst),
+                                          lambda: static_cache_state(cache), should_stop)
+    yield done
 
 
 def enable_static_decode(lm: LoadedModel, compile: str = "auto", warm_up: bool = False) -> FastDecoder:

@@ -11,7 +11,7 @@ import math
 import time
 from dataclasses import dataclass
 from numbers import Integral, Real
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator, Iterator
 
 import torch
 from transformers import DynamicCache
@@ -226,31 +226,48 @@ def generate(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy 
     if lm.fast is not None:  # opted in with engine.core.fastpath.enable_static_decode: static cache, CUDA graphs
         yield from lm.fast.generate(request, policy, should_stop, ids)
         return
-    generator = torch.Generator(device=lm.device).manual_seed(request.seed)
-    cache, stream, stops = DynamicCache(config=lm.model.config), TextStream(lm.tokenizer), eos_ids(lm)
+    cache = DynamicCache(config=lm.model.config)
     with torch.inference_mode(), instrument(lm.model, policy) as inst:
-        t0 = time.perf_counter()
-        logits, captures = forward(lm, ids, cache, inst.new_step())
+        done = yield from generation_loop(lm, request, ids, lambda: forward(lm, ids, cache, inst.new_step()),
+                                          lambda token, _: forward(lm, [token], cache, inst.new_step()),
+                                          lambda: cache_state(cache), should_stop)
+    yield done
+
+
+Pass = tuple[torch.Tensor, dict[int, LayerCapture]]     # a forward pass: logits (V,) of its newest position, captures
+
+
+def generation_loop(lm: LoadedModel, request: GenerationRequest, ids: list[int], prefill: Callable[[], Pass],
+                    decode: Callable[[int, int], Pass], cache_now: Callable[[], CacheState],
+                    should_stop: Callable[[], bool] | None) -> Generator[Record, None, DoneRecord]:
+    """Prefill, then one decode step per token until a finish reason; yields their records, returns the DoneRecord.
+
+    `prefill()` runs the prompt, `decode(token, position)` one token at `position`, each returning the logits (V,)
+    of the newest position and the captures; `cache_now()` is the cache's state. Shared by `generate` (a
+    DynamicCache) and engine.core.fastpath.static_generate (a static cache).
+    """
+    generator = torch.Generator(device=lm.device).manual_seed(request.seed)
+    stream, stops = TextStream(lm.tokenizer), eos_ids(lm)
+    t0 = time.perf_counter()
+    logits, captures = prefill()
+    token = pick_token(lm, logits, request, generator, stream)
+    sync(lm.device)
+    ttft = time.perf_counter() - t0
+    yield PrefillRecord(prompt_pieces(lm, ids), forward_shapes(lm.spec, len(ids)), ttft, cache_now(), token, captures)
+    generated, reason = [token.id], finish_reason(token.id, stream.text, stops, request, 1)
+    while reason is None:
+        if should_stop is not None and should_stop():
+            reason = "cancelled"
+            break
+        t = time.perf_counter()
+        logits, captures = decode(token.id, len(ids) + len(generated) - 1)
         token = pick_token(lm, logits, request, generator, stream)
         sync(lm.device)
-        ttft = time.perf_counter() - t0
-        yield PrefillRecord(prompt_pieces(lm, ids), forward_shapes(lm.spec, len(ids)), ttft,
-                            cache_state(cache), token, captures)
-        generated, reason = [token.id], finish_reason(token.id, stream.text, stops, request, 1)
-        while reason is None:
-            if should_stop is not None and should_stop():
-                reason = "cancelled"
-                break
-            t = time.perf_counter()
-            logits, captures = forward(lm, [token.id], cache, inst.new_step())
-            token = pick_token(lm, logits, request, generator, stream)
-            sync(lm.device)
-            generated.append(token.id)
-            yield DecodeRecord(len(generated) - 1, time.perf_counter() - t, cache_state(cache), token, captures)
-            reason = finish_reason(token.id, stream.text, stops, request, len(generated))
+        generated.append(token.id)
+        yield DecodeRecord(len(generated) - 1, time.perf_counter() - t, cache_now(), token, captures)
+        reason = finish_reason(token.id, stream.text, stops, request, len(generated))
     total = time.perf_counter() - t0
-    yield DoneRecord(trim_stop(stream.text, request.stop), reason, len(ids), len(generated), ttft,
-                     total - ttft, total)
+    return DoneRecord(trim_stop(stream.text, request.stop), reason, len(ids), len(generated), ttft, total - ttft, total)
 
 
 def finish_reason(token_id: int, text: str, eos: set[int], request: GenerationRequest, n: int) -> str | None:

@@ -125,17 +125,33 @@ def measure_batching(lm: LoadedModel, batch_sizes: Sequence[int] = (1, 2, 4, 8),
                      progress: Callable[[float, str], None] | None = None) -> list[BatchPoint]:
     """Run the model batched at each size and time it. With several rounds the sizes are interleaved
     (1, 2, 4, 8, 1, 2, ...) so a noisy neighbour hits every size alike; each keeps its median step."""
+    steps, prefill = interleaved(lm, batch_sizes, rounds, new_tokens, lambda b: batch_prompts(lm, b, prompt_tokens),
+                                 lambda b, r: f"batch of {b}" + (f", round {r + 1}" if rounds > 1 else ""), progress)
+    return [_point(b, steps[b], prefill[b]) for b in batch_sizes]
+
+
+def interleaved(lm: LoadedModel, batch_sizes: Sequence[int], rounds: int, new_tokens: int,
+                prompts: Callable[[int], list[list[int]]], say: Callable[[int, int], str],
+                progress: Callable[[float, str], None] | None) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+    """`generate_batch` at each size, round after round with the sizes interleaved (1, 2, 4, 8, 1, 2, ...);
+    per size the decode step times of every round and the prefill time of each. `say(b, r)` labels a run."""
     steps: dict[int, list[float]] = {b: [] for b in batch_sizes}
     prefill: dict[int, list[float]] = {b: [] for b in batch_sizes}
     total = max(1, rounds) * len(batch_sizes)
     for r in range(max(1, rounds)):
         for i, b in enumerate(batch_sizes):
             if progress:
-                progress((r * len(batch_sizes) + i) / total, f"batch of {b}" + (f", round {r + 1}" if rounds > 1 else ""))
-            run = generate_batch(lm, batch_prompts(lm, b, prompt_tokens), new_tokens)
+                progress((r * len(batch_sizes) + i) / total, say(b, r))
+            run = generate_batch(lm, prompts(b), new_tokens)
             steps[b] += run.step_seconds
             prefill[b].append(run.prefill_seconds)
-    return [_point(b, steps[b], prefill[b]) for b in batch_sizes]
+    return steps, prefill
+
+
+def exact_prompts(lm: LoadedModel, batch: int, tokens: int) -> list[list[int]]:
+    """`batch` different prompts of exactly `tokens` token ids each (no padding needed)."""
+    base = prompt_of_length(lm, tokens + 8 * batch)
+    return [base[8 * k: 8 * k + tokens] for k in range(batch)]
 
 
 @dataclass(frozen=True)
@@ -169,17 +185,8 @@ def measure_phases(lm: LoadedModel, batch_sizes: Sequence[int] = (1, 2, 4, 8), p
     (no padding) prefilled together and decoded together, the sizes interleaved round by round."""
     if new_tokens < 2:
         raise InvalidRequestError("measuring decode needs at least 2 new tokens (the first comes out of prefill)")
-    steps: dict[int, list[float]] = {b: [] for b in batch_sizes}
-    prefill: dict[int, list[float]] = {b: [] for b in batch_sizes}
-    total = max(1, rounds) * len(batch_sizes)
-    for r in range(max(1, rounds)):
-        for i, b in enumerate(batch_sizes):
-            if progress:
-                progress((r * len(batch_sizes) + i) / total, f"{b} x {prompt_tokens} prompt tokens, then decode")
-            base = prompt_of_length(lm, prompt_tokens + 8 * b)
-            run = generate_batch(lm, [base[8 * k: 8 * k + prompt_tokens] for k in range(b)], new_tokens)
-            steps[b] += run.step_seconds
-            prefill[b].append(run.prefill_seconds)
+    steps, prefill = interleaved(lm, batch_sizes, rounds, new_tokens, lambda b: exact_prompts(lm, b, prompt_tokens),
+                                 lambda b, r: f"{b} x {prompt_tokens} prompt tokens, then decode", progress)
     return [PhasePoint(b, prompt_tokens, min(prefill[b]), statistics.median(steps[b])) for b in batch_sizes]
 
 

@@ -199,7 +199,8 @@ def check_measurable(s: AttentionShape) -> None:
                                   f"{fmt_bytes(largest_intermediate_bytes(s))}; choose a shorter prompt")
 
 
-def best_time(fn: Callable[[], torch.Tensor], device: torch.device, repeats: int) -> float:
+def best_time(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
+    """The fastest of `repeats` timed calls of `fn` (seconds), the device synchronized around each."""
     best = math.inf
     for _ in range(max(1, repeats)):
         sync(device)

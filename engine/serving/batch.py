@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -31,13 +31,13 @@ from transformers.cache_utils import DynamicLayer
 
 from engine.projection.card import forward_shapes
 from engine.errors import EngineError
-from engine.core.generate import (GenerationRequest, TextStream, encode_prompt, eos_ids, finish_reason, forward,
+from engine.core.generate import (GenerationRequest, TextStream, eos_ids, finish_reason, forward,
                                   pick_token, prompt_pieces, sync, trim_stop)
 from engine.core.hooks import CAPTURE_KWARG, CapturePolicy, LayerCapture, StepCapture, instrument
 from engine.core.loader import LoadedModel
 from engine.serving.paged import BlockTable, PagedBatch, SoloBatch, row_cache_state
 from engine.serving.prefix import PrefixCache, load_prefix, reused_rows
-from engine.core.records import CacheState, DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
+from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
 
 PREFILL_CHUNK = 256        # prompt tokens prefilled per step while others decode
 
@@ -446,46 +446,6 @@ def stitch_prefill(chunks: list[dict[int, LayerCapture]], n_prompt: int,
             full[:, part.query_start:part.query_start + rows, part.key_start:part.key_start + keys] = part.attention
         cap.attention, cap.query_start, cap.key_start = full, 0, 0
     return last
-
-
-# --- measuring prefix reuse -----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class PrefixReuse:
-    """One prompt's time to first token computed from scratch, then with its start reused (measured)."""
-
-    prompt_tokens: int
-    reused_tokens: int
-    ttft_cold: float             # seconds, nothing reused
-    ttft_warm: float             # seconds, the start reused from the prefix cache
-
-
-def measure_prefix_reuse(lm: LoadedModel, first: GenerationRequest, second: GenerationRequest,
-                         rounds: int = 3) -> PrefixReuse:
-    """Run `second` alone cold, then after `first` has filled a fresh prefix cache; best of `rounds` each."""
-    ids = encode_prompt(lm, second)
-    cold, warm, reused = [], [], 0
-    for _ in range(rounds):
-        cold.append(_ttft(lm, second, None))
-        prefix = PrefixCache(2**62)
-        _ttft(lm, first, prefix)
-        warm.append(_ttft(lm, second, prefix))
-        reused = prefix.stats.reused_tokens
-    return PrefixReuse(len(ids), reused, min(cold), min(warm))
-
-
-def _ttft(lm: LoadedModel, request: GenerationRequest, prefix: PrefixCache | None) -> float:
-    one = replace(request, max_new_tokens=1)
-    got: list[Record] = []
-    runner = BatchRunner(lm, max_batch=1, prefill_chunk=1 << 30, prefix=prefix)
-    runner.add(Slot(one, encode_prompt(lm, one), CapturePolicy(layers=()), got.append, _raise))
-    while not runner.idle:
-        runner.step()
-    return next(r.seconds for r in got if isinstance(r, PrefillRecord))
-
-
-def _raise(err: Exception) -> None:
-    raise err
 
 
 # --- padding rows of different lengths into one tensor ----------------------------------------------

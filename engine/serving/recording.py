@@ -10,6 +10,9 @@ dataclass field types, checking each value on the way, so a corrupt, truncated o
 (another JSON, a pickle, a zip) gives a `RecordingError` that says what is wrong. Nothing is ever
 unpickled and no code in a file is run.
 
+A speculative run keeps its speculative part beside the records (`Recording.speculation`: the draft,
+k, the rounds and the plain decoding of the same request), so it opens again as a speculative run.
+
     python -m engine record "What is the capital of France?" france.json.gz --layers 10
     python -m engine show france.json.gz
 """
@@ -28,7 +31,7 @@ import types
 import typing
 import zlib
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Union
 
@@ -66,6 +69,20 @@ def _record_types() -> dict[str, type]:
 
 
 @dataclass
+class RecordedSpeculation:
+    """The speculative part of a recorded run: what drafted, k, the rounds and plain decoding of the same request.
+
+    The rounds carry no captures: the run's records hold them, one decode step per token (app.run.round_steps).
+    """
+
+    draft: str                         # the draft's label
+    draft_kind: str                    # "ngram", "early-exit" or "model"
+    k: int
+    rounds: list[SpecRoundRecord]
+    baseline: list[Any] = field(default_factory=list)   # PrefillRecord, DecodeRecord..., DoneRecord; [] when not run
+
+
+@dataclass
 class Recording:
     """One finished generation and everything needed to show it again without the model."""
 
@@ -78,6 +95,7 @@ class Recording:
     device: str = ""
     title: str = ""
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    speculation: RecordedSpeculation | None = None
 
     @property
     def done(self) -> DoneRecord | None:
@@ -108,7 +126,10 @@ def _dumps(recording: Recording, attention_dtype: str | None) -> bytes:
            "model": {"label": recording.model, "dtype": recording.dtype, "device": recording.device,
                      "spec": _encode(recording.spec)},
            "request": _encode(recording.request), "policy": _encode(recording.policy),
-           "records": [{"type": type(r).__name__, **_encode(r, attention_dtype)} for r in recording.records]}
+           "records": _encode_records(recording.records, attention_dtype)}
+    if recording.speculation is not None:
+        doc["speculation"] = {**_encode(replace(recording.speculation, baseline=[]), attention_dtype),
+                              "baseline": _encode_records(recording.speculation.baseline, attention_dtype)}
     text = json.dumps(doc, separators=(",", ":"), allow_nan=True)
     return gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0)
 
@@ -117,6 +138,11 @@ def save_recording(recording: Recording, path: str | Path, attention_dtype: str 
     path = Path(path)
     path.write_bytes(dumps_recording(recording, attention_dtype))
     return path
+
+
+def _encode_records(records: list[Any], attention_dtype: str | None) -> list[dict[str, Any]]:
+    """Records of mixed types, each tagged with its type's name."""
+    return [{"type": type(r).__name__, **_encode(r, attention_dtype)} for r in records]
 
 
 def _encode(value: Any, attention_dtype: str | None = None) -> Any:
@@ -339,16 +365,9 @@ def _check_header(doc: Any, name: str) -> None:
 
 def _build(doc: dict) -> Recording:
     model = _mapping(doc.get("model"), "model")
-    records = doc.get("records")
-    if not isinstance(records, list) or not records:
+    built = _decode_records(doc.get("records"), "records")
+    if not built:
         raise RecordingError("it holds no records")
-    known = _record_types()
-    built = []
-    for i, r in enumerate(records):
-        kind = r.get("type") if isinstance(r, dict) else None
-        if kind not in known:
-            raise RecordingError(f"record {i} has an unknown type {kind!r}")
-        built.append(_decode({k: v for k, v in r.items() if k != "type"}, known[kind], f"records[{i}]"))
     if not isinstance(built[-1], DoneRecord):
         raise RecordingError("the last record is not the end of a generation; the file was cut short")
     return Recording(
@@ -357,7 +376,34 @@ def _build(doc: dict) -> Recording:
         policy=_decode(doc.get("policy"), CapturePolicy, "policy"), records=built,
         dtype=_decode(model.get("dtype", ""), str, "model.dtype"),
         device=_decode(model.get("device", ""), str, "model.device"),
-        title=_decode(doc.get("title", ""), str, "title"), created=_decode(doc.get("created", ""), str, "created"))
+        title=_decode(doc.get("title", ""), str, "title"), created=_decode(doc.get("created", ""), str, "created"),
+        speculation=_decode_speculation(doc.get("speculation"), "speculation"))
+
+
+def _decode_records(records: Any, where: str) -> list[Any]:
+    """Records of mixed types, each rebuilt as the type its tag names."""
+    if not isinstance(records, list):
+        raise RecordingError(f"{where} should be a list")
+    known = _record_types()
+    built = []
+    for i, r in enumerate(records):
+        kind = r.get("type") if isinstance(r, dict) else None
+        if kind not in known:
+            what = f"record {i}" if where == "records" else f"{where}[{i}]"
+            raise RecordingError(f"{what} has an unknown type {kind!r}")
+        built.append(_decode({k: v for k, v in r.items() if k != "type"}, known[kind], f"{where}[{i}]"))
+    return built
+
+
+def _decode_speculation(value: Any, where: str) -> RecordedSpeculation | None:
+    if value is None:
+        return None
+    data = _mapping(value, where)
+    baseline = _decode_records(data.get("baseline", []), f"{where}.baseline")
+    if baseline and not isinstance(baseline[-1], DoneRecord):
+        raise RecordingError(f"the last record of {where}.baseline is not the end of a generation")
+    spec = _decode({k: v for k, v in data.items() if k != "baseline"}, RecordedSpeculation, where)
+    return replace(spec, baseline=baseline)
 
 
 def _mapping(value: Any, where: str) -> dict:

@@ -1,13 +1,16 @@
 """One model, many sessions: a bounded queue in front of a continuous batch.
 
     scheduler = scheduler_for(lm)                       # one per loaded model, shared by every session
-    handle = scheduler.submit(GenerationRequest("Why is the sky blue?"), policy, session="a1b2")
+    checked = scheduler.check(GenerationRequest("Why is the sky blue?"), policy)   # raises an EngineError if refused
+    handle = scheduler.submit(checked, session="a1b2")  # or submit(request, policy, ...): checked there
     for record in handle.records(on_wait=lambda s: print(s.position, s.estimated_wait)):
         ...                                             # PrefillRecord, DecodeRecord..., DoneRecord
     handle.cancel()                                     # queued or running; a no-op once finished
 
-A request is checked and tokenized once, when it is submitted (settings, prompt length, the launch
-limits, the memory its KV cache needs), then waits in a bounded queue. One worker thread admits
+A request is checked and tokenized once, at this door (settings, prompt length, the launch limits,
+the memory its KV cache needs): `check` returns a `CheckedRequest` holding its token ids, which a page
+can show and then submit as it is; `submit` takes one (or a bare request, which it checks itself),
+then the request waits in a bounded queue. One worker thread admits
 waiting requests into the running batch (engine.serving.batch.BatchRunner) whenever it has room, and steps
 the batch: every running request gets its next token from the same forward pass, newcomers join at a
 step boundary and finished ones leave. Every request keeps its own records and captures, and
@@ -33,10 +36,11 @@ from typing import Any, Callable, Iterator
 import torch
 
 from engine.serving.batch import BatchRunner, Slot, StepInfo, batchable
-from engine.errors import EngineError, QueueFullError, RequestTimeoutError
+from engine.errors import EngineError, InvalidRequestError, QueueFullError, RequestTimeoutError
 from engine.core.generate import GenerationRequest, check_context, encode_prompt, validate
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy
-from engine.serving.limits import Limits, capture_bytes, check_memory, check_prompt_chars, check_request, kv_bytes
+from engine.serving.limits import (Limits, capture_bytes, check_capture, check_memory, check_prompt_chars, check_request,
+                                   kv_bytes)
 from engine.core.loader import LoadedModel, free_memory
 from engine.serving.prefix import PrefixCache
 from engine.core.records import DoneRecord
@@ -56,6 +60,20 @@ class SessionLimitError(QueueFullError):
 
 class JobCancelled(EngineError):
     """A job noticed at one of its progress points that it was cancelled."""
+
+
+@dataclass(frozen=True)
+class CheckedRequest:
+    """A request that passed every check at the scheduler's door, with the ids the model will read."""
+
+    request: GenerationRequest
+    policy: CapturePolicy
+    ids: tuple[int, ...]             # model input (chat template included), encoded once
+    door: Any = field(default=None, repr=False, compare=False)   # the Scheduler that checked it
+
+    @property
+    def n_prompt(self) -> int:
+        return len(self.ids)
 
 
 @dataclass(frozen=True)
@@ -101,7 +119,7 @@ class Handle:
     k: int = 4
     job: Callable[..., Any] | None = None   # a job run exclusively: job(progress) -> value
     label: str = ""                  # what a job is, for the room view
-    ids: list[int] = field(default_factory=list, repr=False)   # the prompt's token ids, encoded once at submit
+    ids: list[int] = field(default_factory=list, repr=False)   # the prompt's token ids, encoded once at the door
     state: str = "queued"
     error: EngineError | None = None  # why it failed, or RequestTimeoutError when stopped by the time limit
     submitted: float = field(default_factory=time.perf_counter)
@@ -323,18 +341,22 @@ class Scheduler:
 
     # --- submitting ------------------------------------------------------------------------------
 
-    def submit(self, request: GenerationRequest, policy: CapturePolicy = CAPTURE_OFF, session: str | None = None,
-               draft: Draft | None = None, k: int = 4) -> Handle:
-        """Check a request and queue it; raises an EngineError subclass when it cannot be accepted.
+    def submit(self, request: GenerationRequest | CheckedRequest, policy: CapturePolicy | None = None,
+               session: str | None = None, draft: Draft | None = None, k: int = 4) -> Handle:
+        """Queue a request; raises an EngineError subclass when it cannot be accepted.
 
-        A session has at most one request in flight: submitting again cancels its previous one.
-        `draft` runs speculative decoding with `k` drafted tokens per
-        round, exclusively (the batch drains first).
+        A `CheckedRequest` from `check` is not validated or tokenized again: only what may have changed since
+        is checked (a `policy` given here against the capture limits, and the memory free now). A bare request
+        is checked here, once. A session has at most one request in flight: submitting again cancels its
+        previous one. `draft` runs speculative decoding with `k` drafted tokens per round, exclusively (the
+        batch drains first).
         """
         try:
-            ids = self._check(request, policy)
+            checked = self._recheck(request, policy) if isinstance(request, CheckedRequest) else self.check(
+                request, CAPTURE_OFF if policy is None else policy)
             with self._cond:
-                handle = self._new_handle(request, policy, session, draft=draft, k=k, ids=ids)
+                handle = self._new_handle(checked.request, checked.policy, session, draft=draft, k=k,
+                                          ids=list(checked.ids))
                 return self._enqueue(handle)
         except EngineError:
             with self._cond:
@@ -356,19 +378,25 @@ class Scheduler:
                 self._stats.refused += 1
             raise
 
-    def check(self, request: GenerationRequest, policy: CapturePolicy = CAPTURE_OFF) -> int:
-        """Every check made at submit, without queueing; returns the prompt's token count."""
-        return len(self._check(request, policy))
-
-    def _check(self, request: GenerationRequest, policy: CapturePolicy) -> list[int]:
-        """Validated and tokenized once, here at the door; the batch gets the ids."""
+    def check(self, request: GenerationRequest, policy: CapturePolicy = CAPTURE_OFF) -> CheckedRequest:
+        """Every check made at submit, without queueing: validated and tokenized once, here at the door."""
         validate(request)
         check_prompt_chars(self.limits, request.prompt, request.system)     # before the tokenizer runs
         ids = encode_prompt(self.lm, request)
         check_request(self.limits, self.lm.spec, self.lm.dtype_name, len(ids), request.max_new_tokens, policy)
         check_context(self.lm, len(ids), request.max_new_tokens)
         self._check_memory(request, policy, len(ids))
-        return ids
+        return CheckedRequest(request, policy, tuple(ids), door=self)
+
+    def _recheck(self, checked: CheckedRequest, policy: CapturePolicy | None) -> CheckedRequest:
+        """A checked request at submit: its capture policy (when one is given) and the memory free now."""
+        if checked.door is not self:
+            raise InvalidRequestError("this request was checked for another model; check it again")
+        if policy is not None and policy != checked.policy:
+            checked = replace(checked, policy=policy)
+            check_capture(self.limits, self.lm.spec, policy, checked.n_prompt, checked.request.max_new_tokens)
+        self._check_memory(checked.request, checked.policy, checked.n_prompt)
+        return checked
 
     def _check_memory(self, request: GenerationRequest, policy: CapturePolicy, n_prompt: int) -> None:
         """Enough memory for this request's cache and captures, after what the batch and the queue will still take."""
