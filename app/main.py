@@ -12,8 +12,9 @@ import streamlit as st  # noqa: E402
 from app.layout import configure_page, layout_toggle  # noqa: E402
 from app.model import get_model  # noqa: E402
 from app.nav import HOME, PAGES, page_info  # noqa: E402
+from app.presenter import WATCHING_KEY  # noqa: E402
 from app.session import follow_presenter, join_session  # noqa: E402
-from app.sidebar import render_sidebar  # noqa: E402
+from app.sidebar import presenter_poll, render_sidebar  # noqa: E402
 from engine.errors import EngineError  # noqa: E402
 
 configure_page()                                  # st.set_page_config, the projector and presenter layouts
@@ -38,4 +39,6 @@ if refused:
     st.error(refused)
     if not here.offline:
         st.stop()
+st.session_state[WATCHING_KEY] = False
 current.run()
+presenter_poll(watching=st.session_state[WATCHING_KEY])   # last of the run (pages end without st.stop())

@@ -69,12 +69,25 @@ def render_sidebar(lm: LoadedModel | None) -> None:
                 except PresenterError:
                     pass                                     # the box below says how long to wait
             presenter_box(board)
+
+
+def presenter_poll(watching: bool) -> None:
+    """The presenter poll, at the end of the sidebar; main.py calls it last of all in every run.
+
+    Its timer starts when the browser receives it. Registered early, it fired while a slow page was still
+    being drawn, and Streamlit dropped that page's unsent tail when the poll's run began: followers were left
+    with a half-drawn page and no live view (seen with 30 watchers; docs/serving.md). Last, its first tick
+    comes after the page is complete. A page that is `watching` the presenter's run has a faster timer of
+    its own (journey.sections.watch_live): no poll beside it.
+    """
+    if presenter_board().enabled and not watching:
+        with st.sidebar:
             watch_presenter()
 
 
 @st.fragment(run_every=PRESENTER_POLL_SECONDS)
 def watch_presenter() -> None:
-    """Every few seconds: rerun the whole page when the presenter pushed something this session has not seen."""
+    """Every second: rerun the whole page when the presenter pushed something this session has not seen."""
     board = presenter_board()
     state = st.session_state
     live_version, _ = board.live()

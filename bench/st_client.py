@@ -50,10 +50,9 @@ class Tab:
 
     def _handle(self, ws, msg: ForwardMsg) -> None:
         kind = msg.WhichOneof("type")
-        if kind == "new_session":
-            self.page_hash = msg.new_session.page_script_hash
-            if not msg.metadata.run.fragment_ids:                      # a whole-page run: the old timers go
-                self._stop_timers(list(self._timers))
+        if kind == "new_session" and not msg.metadata.run.fragment_ids:
+            self.page_hash = msg.new_session.page_script_hash          # a whole-page run, as the frontend:
+            self._stop_timers(list(self._timers))                      # its page from now on, the old timers go
         elif kind == "auto_rerun":
             self._start_timer(ws, msg.auto_rerun.fragment_id, msg.auto_rerun.interval)
         elif kind == "stop_auto_rerun":

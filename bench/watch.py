@@ -32,6 +32,7 @@ from room_browser import ARGS, CHROMIUM, cpu_seconds, spent, start_app  # noqa: 
 from st_client import Tab, first_seen  # noqa: E402
 
 TOKEN = "watch-bench-token-123"
+PAGE_ERRORS: list[str] = []                      # errors thrown in any Chromium tab, and renderer crashes
 RESULTS = Path(__file__).resolve().parent / "results" / "watch.json"
 # Timers of pages that are not in front must not be slowed, or the log would lag for the browser's sake.
 WATCH_ARGS = ARGS + ["--disable-background-timer-throttling", "--disable-renderer-backgrounding",
@@ -51,6 +52,8 @@ COUNT_LOG = """() => {
 def open_page(browser, url: str, path: str = ""):
     context = browser.new_context(viewport={"width": 1024, "height": 768})
     page = context.new_page()
+    page.on("pageerror", lambda err: PAGE_ERRORS.append(str(err)[:300]))
+    page.on("crash", lambda _: PAGE_ERRORS.append("renderer crashed"))
     page.add_init_script(f"({COUNT_LOG})()")
     page.goto(f"{url}/{path}", timeout=180_000)
     page.get_by_role("heading").first.wait_for(timeout=180_000)
@@ -166,7 +169,7 @@ def watch(proc, url: str, followers: int, browsers: int, tokens: int) -> dict:
             "done_lag_max_s": max(done_lags, default=None), "never_done_in_120_s": never_done,
             "server_messages_per_tab": statistics.median([t.messages for t in tabs]) if tabs else None,
             "server_mb_per_tab": round(statistics.median([t.bytes for t in tabs]) / 1e6, 2) if tabs else None,
-            "cpu_seconds": cpu, "load_average": os.getloadavg()}
+            "cpu_seconds": cpu, "page_errors": PAGE_ERRORS[:5], "load_average": os.getloadavg()}
 
 
 if __name__ == "__main__":

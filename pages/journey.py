@@ -1,11 +1,10 @@
 """The journey of a request: tokens in, shapes through the model, the answer streaming out."""
 import streamlit as st
 
-from app.journey.sections import (ResultView, distribution_section, lens_section, observer_section, shapes_section,
-                                  token_picker, tokenization_section, watch_live)
+from app.journey.sections import (ResultView, run_up_close, shapes_section, tokenization_section, watch_live)
 from app.live import last_run, run_live
 from app.model import offline_notice, page_model
-from app.recordings import decoder, run_notes, save_button
+from app.recordings import run_notes
 from app.request import new_token_limit, prepare
 from app.session import presenter_push
 from app.widgets import generate_button, prompt_box, sampling_controls
@@ -47,25 +46,11 @@ result = ResultView(running=lambda: scheduler_for(lm).stats().running)
 if clicked:
     run_live(lm, prepared, "journey", stop_slot, result.update, capture, notice)
 run = last_run()
+# No st.stop() below: a page that stops while a fragment's timer fires can lose its last messages (main.py).
 if not clicked and run is not None and run.live and run.done is None:      # the presenter's run, streaming
     watch_live(run)
-    st.stop()
-if run is None or run.prefill is None:
+elif run is None or run.prefill is None:
     st.caption("Nothing generated yet.")
-    st.stop()
-result.update(run, final=True)
-
-st.subheader("4. One token up close")
-index = token_picker(run)
-decode = decoder(run, lm)
-st.markdown("**Its candidates.** Move the temperature, top-k and top-p controls above: the distribution is "
-            "re-drawn from the stored logits.")
-distribution_section(run, index, sampling, decode)
-st.markdown("**Through the layers.**")
-lens_section(run, index, decode, lm)
-save_button(run, "journey")
-
-if lm is not None and lm.label == run.model:
-    st.subheader("5. The observer effect")
-    st.write("Capturing the model's internals costs time. The same request, capture off and on, timed here:")
-    observer_section(lm, run)
+else:
+    result.update(run, final=True)
+    run_up_close(lm, run, sampling)

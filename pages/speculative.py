@@ -4,10 +4,8 @@ import streamlit as st
 from app.live import last_run, run_live
 from app.model import page_model
 from app.request import prepare
-from app.speculative.numbers import measure
-from app.speculative.sections import (TimelineView, acceptance_section, build_draft, draft_controls, k_section,
-                                      last_speculative, projection_section, prompt_controls, run_controls,
-                                      speed_section)
+from app.speculative.sections import (TimelineView, build_draft, draft_controls, last_speculative, prompt_controls,
+                                      rounds_sections, run_controls)
 from app.widgets import generate_button
 
 lm = page_model(needed=True)
@@ -33,22 +31,8 @@ if clicked:
     if draft is not None:
         run_live(lm, prepared, "speculative", stop_slot, timeline.update, draft=draft, k=k)
 run = last_speculative(last_run())
-if run is None or not run.speculation.rounds:
+if run is None or not run.speculation.rounds:          # no st.stop(): see main.py
     st.caption("Nothing generated yet." if run is None else "The answer ended with its first token: no rounds.")
-    st.stop()
-timeline.update(run, final=True)
-st.caption("Each row is one round: the drafted tokens, green where the model agreed and red from its first "
-           "disagreement on, then the model's own token (blue: its correction; violet: the bonus when every draft "
-           "passed; grey: nothing was drafted, so the round was a plain step). Hover a cell for the draft's and the "
-           "model's probability of that token.")
-m = measure(run)
-
-st.subheader("2. How often the draft is right")
-acceptance_section(run, m)
-
-st.subheader("3. Is it faster? Measured on this machine")
-speed_section(run, m)
-k_section(run, m)
-
-st.subheader("4. Projected: Llama 3.2 1B drafting for Llama 3.1 8B on an H100")
-projection_section(m)
+else:
+    timeline.update(run, final=True)
+    rounds_sections(run)

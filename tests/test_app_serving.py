@@ -356,9 +356,11 @@ def test_a_watcher_sees_the_presenters_run_while_it_streams(board):
     assert_clean(follower)
     assert any("Watching the presenter's run" in i.value for i in follower.info)
     assert follower.session_state["last_run"] is live
+    assert follower.session_state["presenter.watching"]                          # no presenter poll beside it
     live.live = False                                                            # it ended: the page draws it
     follower.run()
     assert_clean(follower) and not any("Watching" in i.value for i in follower.info)
+    assert not follower.session_state["presenter.watching"]
 
 
 def test_a_pushed_layer_and_head_reach_a_followers_attention_page(board):

@@ -11,6 +11,8 @@ import numpy as np
 import streamlit as st
 
 from app.journey import figures as charts
+from app.presenter import WATCHING_KEY
+from app.recordings import decoder, save_button
 from app.request import Prepared, Sampling
 from app.format import fmt_ms, fmt_rate, plot_text, visible
 from app.run import LOGIT_LENS_TOP, Run, Throttle, capture_policy
@@ -134,8 +136,14 @@ SPECULATIVE_NOTE = ("A speculative run (from the speculative-decoding page): eac
 
 
 def watch_live(run: Run) -> None:
-    """Someone else's run (the presenter's) as it streams: its text and numbers twice a second (the timeline
-    and every other chart once it is done), then the whole page."""
+    """Someone else's run (the presenter's) as it streams: its text and numbers twice a second, then the whole
+    page once it is done.
+
+    A room of watchers reruns this twice a second each, so it draws four elements, not the presenter's
+    twenty: every element is a message the server sends from one Python process (30 watchers drawing the full
+    view took most of the server's time and slowed the presenter's own tokens; docs/serving.md).
+    """
+    st.session_state[WATCHING_KEY] = True               # main.py: no presenter poll beside this faster timer
     st.info("Watching the presenter's run as it streams. When it is done, every page draws it: explore the layers "
             "and heads on your own.", icon=":material/cast:")
 
@@ -144,8 +152,18 @@ def watch_live(run: Run) -> None:
         if not run.live or run.done is not None:
             st.rerun(scope="app")
         if run.prefill is not None:
-            ResultView().update(run, final=True, timeline=False)
+            watch_view(run)
     live()
+
+
+def watch_view(run: Run) -> None:
+    """The streaming run in four elements: status, token count, the other numbers in one line, the text."""
+    m = run.metrics()
+    st.caption(status_line(run))
+    st.metric("Generated tokens", f"{m.generated_tokens:,}")
+    st.caption(f"Time to first token {fmt_ms(m.ttft)} · inter-token latency {fmt_ms(m.itl)} · "
+               f"decode speed {fmt_rate(m.tokens_per_second)} · {m.prompt_tokens:,} prompt tokens")
+    st.text(run.text or "…")
 
 
 def status_line(run: Run) -> str:
@@ -271,3 +289,20 @@ def observer_section(lm: LoadedModel, run: Run) -> None:
                f"{effect.ratio:.2f}× as long. "
                + ("The tokens were the same both ways: watching changes the speed, never the answer."
                   if effect.same_tokens else "The tokens differed: a near-tie in the logits tipped the other way."))
+
+
+def run_up_close(lm: LoadedModel | None, run: Run, sampling: Sampling) -> None:
+    """Sections 4 and 5 of the journey page, for a finished run: one token up close, the observer effect."""
+    st.subheader("4. One token up close")
+    index = token_picker(run)
+    decode = decoder(run, lm)
+    st.markdown("**Its candidates.** Move the temperature, top-k and top-p controls above: the distribution is "
+                "re-drawn from the stored logits.")
+    distribution_section(run, index, sampling, decode)
+    st.markdown("**Through the layers.**")
+    lens_section(run, index, decode, lm)
+    save_button(run, "journey")
+    if lm is not None and lm.label == run.model:
+        st.subheader("5. The observer effect")
+        st.write("Capturing the model's internals costs time. The same request, capture off and on, timed here:")
+        observer_section(lm, run)

@@ -14,7 +14,7 @@ from app.model import draft_choice, model_slot
 from app.run import Run, Throttle
 from app.speculative import figures as charts
 from app.speculative.drafts import draft_model_options, is_model_spec
-from app.speculative.numbers import K_RANGE, PRESETS, Measured, projected_pair
+from app.speculative.numbers import K_RANGE, PRESETS, Measured, measure, projected_pair
 from app.format import efficiency_note
 from app.widgets import ChartSlot, plot
 from engine.speculative.drafts import Draft
@@ -335,3 +335,22 @@ def projection_section(m: Measured) -> None:
                f"(BF16 weights, 1K tokens of context, {efficiency_note()}, as on every page); the acceptance "
                "a is the one measured here. A 1B Llama drafting for the 8B accepts at its own rate (70–90% on "
                "domain text is typical), so read this as what the costs do at this acceptance.")
+
+
+def rounds_sections(run: Run) -> None:
+    """The speculative page below the timeline, for a run with rounds: acceptance, speed, k, the projection."""
+    st.caption("Each row is one round: the drafted tokens, green where the model agreed and red from its "
+               "first disagreement on, then the model's own token (blue: its correction; violet: the bonus when "
+               "every draft passed; grey: nothing was drafted, so the round was a plain step). Hover a cell for "
+               "the draft's and the model's probability of that token.")
+    m = measure(run)
+
+    st.subheader("2. How often the draft is right")
+    acceptance_section(run, m)
+
+    st.subheader("3. Is it faster? Measured on this machine")
+    speed_section(run, m)
+    k_section(run, m)
+
+    st.subheader("4. Projected: Llama 3.2 1B drafting for Llama 3.1 8B on an H100")
+    projection_section(m)
