@@ -96,6 +96,19 @@ def launch_env(args: argparse.Namespace, token: str | None = None) -> dict[str, 
     return {**env, **limit_env(args)}
 
 
+def thread_env(environ: Mapping[str, str], cores: int | None = None) -> dict[str, str]:
+    """OMP_NUM_THREADS for the server when not set: every core but one for the model.
+
+    The web server shares the machine (its script threads and websockets, on a laptop the browser too).
+    With torch on every core, each decode step's parallel regions waited for the core someone else had
+    taken: on 2 cores with a browser open, the page decoded faster on one thread (docs/serving.md).
+    """
+    if environ.get("OMP_NUM_THREADS"):
+        return {}
+    cores = cores if cores is not None else len(os.sched_getaffinity(0))
+    return {"OMP_NUM_THREADS": str(max(1, cores - 1))}
+
+
 def streamlit_command(args: argparse.Namespace) -> list[str]:
     return [sys.executable, "-m", "streamlit", "run", str(MAIN),
             "--server.address", args.host, "--server.port", str(args.port), "--server.headless", "true",
@@ -118,11 +131,12 @@ def banner(args: argparse.Namespace, token: str | None) -> str:
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     token = presenter_token(args.presenter_token)
-    env = {**(os.environ if environ is None else environ), **launch_env(args, token)}
+    base = os.environ if environ is None else environ
+    env = {**base, **thread_env(base), **launch_env(args, token)}
     command = streamlit_command(args)
     if args.dry_run:
         print(" ".join(command))
-        for var, value in sorted(launch_env(args, token).items()):
+        for var, value in sorted({**thread_env(base), **launch_env(args, token)}.items()):
             print(f"{var}={value}")
         return 0
     print(banner(args, token), flush=True)

@@ -113,3 +113,11 @@ def test_no_full_garbage_collection_after_every_rerun():
     twice a second over a heap of runs and captures, that took most of the server's time (docs/serving.md)."""
     cmd = streamlit_command(parse())
     assert cmd[cmd.index("--runner.postScriptGC") + 1] == "false"
+
+
+def test_the_model_leaves_one_core_to_the_web_server():
+    from app.launch import thread_env
+    assert thread_env({}, cores=2) == {"OMP_NUM_THREADS": "1"}
+    assert thread_env({}, cores=16) == {"OMP_NUM_THREADS": "15"}
+    assert thread_env({}, cores=1) == {"OMP_NUM_THREADS": "1"}
+    assert thread_env({"OMP_NUM_THREADS": "4"}, cores=16) == {}                # the person's own setting wins

@@ -28,7 +28,7 @@ from engine.core.token_bytes import char_groups, readable, token_bytes
 MAX_CHIPS = 300
 HEX_ONLY = re.compile(r"<[0-9A-F ]+>")      # a chip that is bytes only, no text
 TOP_SHOWN = 12
-TEXT_SECONDS, CHART_SECONDS = 0.2, 2.0       # redraw intervals while a run streams
+TEXT_SECONDS, CHART_SECONDS = 0.5, 2.0       # redraw intervals while a run streams
 
 
 def tokenization_section(lm: LoadedModel, prepared: Prepared) -> None:
