@@ -95,7 +95,7 @@ class ResultView:
         self.chart_throttle = Throttle(CHART_SECONDS, running)
 
     def update(self, run: Run, final: bool = False, timeline: bool = True) -> None:
-        """Text and metrics five times a second, the timeline every two seconds; everything when final.
+        """Text and metrics twice a second, the timeline every two seconds; everything when final.
         With n requests running on the server, every n-th of that (`running`): the room's pages together
         redraw about as often as one page alone.
 
