@@ -160,11 +160,15 @@ def watch(proc, url: str, followers: int, browsers: int, tokens: int) -> dict:
         never_done += sum(t.done_at is None for t in tabs)
         seen = [browser_seen(page) for page in pages] + [first_seen(t.counts) for t in tabs]
         lags, missed = stream_lags(browser_seen(lead), seen)
+        in_browsers, _ = stream_lags(browser_seen(lead), seen[:len(pages)])
+        in_clients, _ = stream_lags(browser_seen(lead), seen[len(pages):])
         browser.close()
     return {"followers": followers, "browser_followers": browsers, "tokens": tokens,
             "presenter_done_s": round(t_done - t_click, 2),
             "stream_lag_p50_s": percentile(lags, 50), "stream_lag_p95_s": percentile(lags, 95),
             "stream_lag_max_s": max(lags, default=None), "counts_shown": len(lags), "counts_not_shown": missed,
+            "lag_p50_p95_chromium_followers_s": [percentile(in_browsers, 50), percentile(in_browsers, 95)],
+            "lag_p50_p95_browserless_followers_s": [percentile(in_clients, 50), percentile(in_clients, 95)],
             "done_lag_p50_s": statistics.median(done_lags) if done_lags else None,
             "done_lag_max_s": max(done_lags, default=None), "never_done_in_120_s": never_done,
             "server_messages_per_tab": statistics.median([t.messages for t in tabs]) if tabs else None,
