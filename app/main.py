@@ -9,14 +9,16 @@ if str(ROOT) not in sys.path:  # `streamlit run` puts app/ on the path, not the 
 
 import streamlit as st  # noqa: E402
 
+from app.runner_fixes import install as fix_script_runs  # noqa: E402
 from app.layout import configure_page, layout_toggle  # noqa: E402
 from app.model import get_model  # noqa: E402
 from app.nav import HOME, PAGES, page_info  # noqa: E402
-from app.presenter import WATCHING_KEY  # noqa: E402
 from app.session import follow_presenter, join_session  # noqa: E402
-from app.sidebar import presenter_poll, render_sidebar  # noqa: E402
+from app.sidebar import render_sidebar  # noqa: E402
+from app.watch import watch_slot, watch_strip  # noqa: E402
 from engine.errors import EngineError  # noqa: E402
 
+fix_script_runs()                                 # a room of followers: no blank or half-drawn page (runner_fixes.py)
 configure_page()                                  # st.set_page_config, the projector and presenter layouts
 home = st.Page(HOME.path, title=HOME.title, icon=HOME.icon, default=True)
 by_url = {p.url_path: st.Page(p.path, title=p.title, icon=p.icon, url_path=p.url_path) for p in PAGES}
@@ -31,14 +33,14 @@ except EngineError as err:          # a launch limit that cannot work (set by ha
     st.error(f"This server's settings are not usable: {err}")
     st.stop()
 here = page_info(current.url_path)                # what nav.py says about this page
-follow_presenter(current.url_path, here.widget_namespace,
-                 lambda page: st.switch_page(by_url.get(page, home)))
+switch = lambda page: st.switch_page(by_url.get(page, home))  # noqa: E731
+follow_presenter(current.url_path, here.widget_namespace, switch)
 render_sidebar(lm)
 layout_toggle()
 if refused:
     st.error(refused)
     if not here.offline:
         st.stop()
-st.session_state[WATCHING_KEY] = False
+slot = watch_slot()                               # the presenter's live run, at the top of the page
 current.run()
-presenter_poll(watching=st.session_state[WATCHING_KEY])   # last of the run (pages end without st.stop())
+watch_strip(slot, current.url_path, switch)      # last of the run (pages end without st.stop())

@@ -344,7 +344,6 @@ def push_button(board: PresenterBoard, ns: str, here: str, view: Mapping[str, An
 # --- watching the presenter's run ------------------------------------------------------------------------
 
 WATCHED_KEY = "presenter.watched"
-WATCHING_KEY = "presenter.watching"          # this run's page is showing the presenter's live run
 
 
 def new_broadcast(state: MutableMapping[str, Any], board: PresenterBoard) -> Any:

@@ -14,8 +14,7 @@ import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from app.nav import page_info
-from app.presenter import PENDING_KEY, SEEN_KEY, follow_page, new_broadcast, presenter_board, push_button, pushed_view
-from app.run import LAST_RUN
+from app.presenter import PENDING_KEY, SEEN_KEY, follow_page, presenter_board, push_button, pushed_view
 from engine.core.loader import LoadedModel
 from engine.serving.scheduler import SessionLimitError, scheduler_for
 
@@ -87,11 +86,6 @@ def follow_presenter(here: str, ns: str, switch: Callable[[str], None]) -> None:
         switch(page)
 
     follow_page(st.session_state, board, ns, here, go)
-    run = new_broadcast(st.session_state, board)
-    if run is not None:                                    # the presenter's run becomes this session's run too
-        st.session_state[LAST_RUN] = run
-        if run.live and here != "journey":                 # still streaming: watch it on the journey page
-            go("journey")
 
 
 def presenter_push(ns: str, here: str, view: dict[str, int] | None = None) -> None:

@@ -10,14 +10,10 @@ import torch
 
 from app.format import CONVENTION, fmt_bytes
 from app.model import model_choice
-from app.presenter import (SEEN_KEY, WATCHED_KEY, PresenterError, following, is_presenter, presenter_board,
-                           presenter_box, unlock)
+from app.presenter import PresenterError, is_presenter, presenter_board, presenter_box, unlock
 from engine.projection.card import kv_bytes_per_token, param_counts
 from engine.core.loader import LoadedModel
 from engine.serving.scheduler import scheduler_for
-
-PRESENTER_POLL_SECONDS = 1
-
 
 def memory_rows(lm: LoadedModel) -> list[tuple[str, str]]:
     """Weights as loaded, the whole process, and the GPU allocator when there is one."""
@@ -69,34 +65,3 @@ def render_sidebar(lm: LoadedModel | None) -> None:
                 except PresenterError:
                     pass                                     # the box below says how long to wait
             presenter_box(board)
-
-
-def presenter_poll(watching: bool) -> None:
-    """The presenter poll, at the end of the sidebar; main.py calls it last of all in every run.
-
-    Its timer starts when the browser receives it. Registered early, it fired while a slow page was still
-    being drawn, and Streamlit dropped that page's unsent tail when the poll's run began: followers were left
-    with a half-drawn page and no live view (seen with 30 watchers; docs/serving.md). Last, its first tick
-    comes after the page is complete. A page that is `watching` the presenter's run has a faster timer of
-    its own (journey.sections.watch_live): no poll beside it.
-    """
-    if presenter_board().enabled and not watching:
-        with st.sidebar:
-            watch_presenter()
-
-
-@st.fragment(run_every=PRESENTER_POLL_SECONDS)
-def watch_presenter() -> None:
-    """Every second: rerun the whole page when the presenter pushed something this session has not seen."""
-    board = presenter_board()
-    state = st.session_state
-    live_version, _ = board.live()
-    if following(state) and not is_presenter(state, board) and live_version > state.get(WATCHED_KEY, 0):
-        st.rerun(scope="app")                               # the presenter started a run: watch it
-    push = board.latest()
-    if push is None:
-        return
-    if following(state) and push.version > state.get(SEEN_KEY, 0):
-        st.rerun(scope="app")
-    if push.note:
-        st.text(f"Presenter: {push.note}")

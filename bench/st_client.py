@@ -18,16 +18,21 @@ import websockets
 from streamlit.proto.BackMsg_pb2 import BackMsg
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
+UP_CLOSE = "4. One token up close"        # the journey page's section drawn only for a finished run
+
 
 @dataclass
 class Tab:
-    """One tab's view of a run: when each "Generated tokens" count and the "Done:" line first arrived."""
+    """One tab's view of a run: when each "Generated tokens" count, the "Done:" line and the whole page of the
+    finished run first arrived."""
     url: str
     counts: list[tuple[int, float]] = field(default_factory=list)     # (count, wall-clock s), each count once
     done_at: float | None = None
+    page_at: float | None = None          # when the journey page drew the finished run ("4. One token up close")
     messages: int = 0
     bytes: int = 0
     page_hash: str = ""
+    error: str | None = None              # why the tab stopped reading before it was closed
     _timers: dict[str, asyncio.Task] = field(default_factory=dict)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -41,18 +46,27 @@ class Tab:
                 timer.cancel()
 
     async def _read(self, ws) -> None:
-        async for raw in ws:
-            self.messages += 1
-            self.bytes += len(raw)
-            msg = ForwardMsg()
-            msg.ParseFromString(raw)
-            self._handle(ws, msg)
+        try:
+            async for raw in ws:
+                self.messages += 1
+                self.bytes += len(raw)
+                msg = ForwardMsg()
+                msg.ParseFromString(raw)
+                self._handle(ws, msg)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:              # a tab that stops reading must say why, not go quiet
+            self.error = f"{type(err).__name__}: {err}"[:300]
+        else:
+            self.error = f"the server closed the connection ({ws.close_code} {ws.close_reason})"
 
     def _handle(self, ws, msg: ForwardMsg) -> None:
         kind = msg.WhichOneof("type")
         if kind == "new_session" and not msg.metadata.run.fragment_ids:
             self.page_hash = msg.new_session.page_script_hash          # a whole-page run, as the frontend:
             self._stop_timers(list(self._timers))                      # its page from now on, the old timers go
+        elif kind == "navigation":                                     # the page st.navigation ran, as the
+            self.page_hash = msg.navigation.page_script_hash             # frontend: its reruns name that page
         elif kind == "auto_rerun":
             self._start_timer(ws, msg.auto_rerun.fragment_id, msg.auto_rerun.interval)
         elif kind == "stop_auto_rerun":
@@ -69,6 +83,8 @@ class Tab:
                 self.counts.append((count, now))
         elif which == "markdown" and element.markdown.body.startswith("Done:") and self.done_at is None:
             self.done_at = now
+        elif which == "heading" and element.heading.body == UP_CLOSE and self.page_at is None:
+            self.page_at = now
 
     def _start_timer(self, ws, fragment_id: str, interval: float) -> None:
         if fragment_id in self._timers:

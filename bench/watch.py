@@ -3,16 +3,17 @@
     python bench/watch.py --followers 30 --browsers 3 --tokens 48
 
 The app starts with a presenter token. The presenter (a headless Chromium tab) unlocks presenter mode and
-generates on the journey page; every follower (already open on the home page) moves to the journey page and
-redraws the run as it streams. `--browsers` of the followers are Chromium tabs; the rest are tabs without a
+generates on the journey page; every follower (already open on the home page) watches the run stream in the
+strip at the top of its page (app/watch.py), then moves to the journey page, which draws the finished run. `--browsers` of the followers are Chromium tabs; the rest are tabs without a
 browser (bench/st_client.py: the same websocket protocol, nothing rendered), because thirty browsers
 rendering on this machine's two cores would measure the browsers, not the server: in a room each person's
 browser renders on their own laptop.
 
 Every tab logs the moment its "Generated tokens" metric first shows each count (Chromium tabs with a 100 ms
 poll in the page; the others when the delta arrives; one machine clock). Per token count and follower: how
-long after the presenter's tab the follower's showed it (the stream lag), and how long after the
-presenter's "Done" its own tab said done. Also the server's and the browsers' CPU seconds. Writes
+long after the presenter's tab the follower's showed it (the stream lag); how long after the presenter's
+"Done" its own tab said done, and how long until it showed the finished run's whole page (the page lag; a
+follower whose page never came is counted, with a screenshot in /tmp). Also the server's and the browsers' CPU seconds. Writes
 bench/results/watch.json.
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from room_browser import ARGS, CHROMIUM, cpu_seconds, spent, start_app  # noqa: E402
-from st_client import Tab, first_seen  # noqa: E402
+from st_client import UP_CLOSE, Tab, first_seen  # noqa: E402
 
 TOKEN = "watch-bench-token-123"
 PAGE_ERRORS: list[str] = []                      # errors thrown in any Chromium tab, and renderer crashes
@@ -126,8 +127,44 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def browser_ends(pages, t_done: float) -> list[tuple[float | None, float | None]]:
+    """Per Chromium follower: seconds after the presenter's "Done" until its tab said "Done", and until it showed
+    the finished run's whole page (None: not within 120 s; a screenshot is kept)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    ends = []
+    for i, page in enumerate(pages):
+        lags = []
+        for text in ("Done:", UP_CLOSE):
+            try:
+                left = max(1.0, 120 - (time.perf_counter() - t_done))
+                page.get_by_text(text, exact=False).first.wait_for(timeout=left * 1000)
+                lags.append(time.perf_counter() - t_done)
+            except PlaywrightTimeout:
+                lags.append(None)
+                page.screenshot(path=f"/tmp/watch-follower-{i}.png", full_page=True)
+        ends.append(tuple(lags))
+    return ends
+
+
+def tab_ends(tabs: list[Tab], wall_done: float) -> list[tuple[float | None, float | None]]:
+    """The same for the browserless followers, from the moments their messages arrived."""
+    deadline = time.perf_counter() + 120
+    while any(t.page_at is None for t in tabs) and time.perf_counter() < deadline:
+        time.sleep(0.2)
+    return [tuple(None if at is None else max(0.0, at - wall_done) for at in (t.done_at, t.page_at)) for t in tabs]
+
+
+def end_figures(ends: list[tuple[float | None, float | None]]) -> dict:
+    done = [d for d, _ in ends if d is not None]
+    page = [p for _, p in ends if p is not None]
+    return {"done_lag_p50_s": statistics.median(done) if done else None, "done_lag_max_s": max(done, default=None),
+            "page_lag_p50_s": statistics.median(page) if page else None, "page_lag_max_s": max(page, default=None),
+            "never_done_in_120_s": len(ends) - len(done), "page_never_drawn_in_120_s": len(ends) - len(page)}
+
+
 def watch(proc, url: str, followers: int, browsers: int, tokens: int) -> dict:
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout, sync_playwright
+    from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=WATCH_ARGS)
@@ -144,20 +181,9 @@ def watch(proc, url: str, followers: int, browsers: int, tokens: int) -> dict:
         t_click = time.perf_counter()
         lead.get_by_text("Done:", exact=False).first.wait_for(timeout=600_000)
         t_done, wall_done = time.perf_counter(), time.time()
-        done_lags, never_done = [], 0
-        for i, page in enumerate(pages):
-            try:
-                page.get_by_text("Done:", exact=False).first.wait_for(timeout=max(1.0, 120 - (time.perf_counter() - t_done)) * 1000)
-                done_lags.append(time.perf_counter() - t_done)
-            except PlaywrightTimeout:
-                never_done += 1
-                page.screenshot(path=f"/tmp/watch-follower-{i}.png", full_page=True)
-        while any(t.done_at is None for t in tabs) and time.perf_counter() - t_done < 120:
-            time.sleep(0.2)
+        ends = browser_ends(pages, t_done) + tab_ends(tabs, wall_done)     # (done lag, page lag) per follower
         close_tabs()
         cpu = spent(cpu_before, cpu_seconds(proc))
-        done_lags += [max(0.0, t.done_at - wall_done) for t in tabs if t.done_at is not None]
-        never_done += sum(t.done_at is None for t in tabs)
         seen = [browser_seen(page) for page in pages] + [first_seen(t.counts) for t in tabs]
         lags, missed = stream_lags(browser_seen(lead), seen)
         in_browsers, _ = stream_lags(browser_seen(lead), seen[:len(pages)])
@@ -169,11 +195,11 @@ def watch(proc, url: str, followers: int, browsers: int, tokens: int) -> dict:
             "stream_lag_max_s": max(lags, default=None), "counts_shown": len(lags), "counts_not_shown": missed,
             "lag_p50_p95_chromium_followers_s": [percentile(in_browsers, 50), percentile(in_browsers, 95)],
             "lag_p50_p95_browserless_followers_s": [percentile(in_clients, 50), percentile(in_clients, 95)],
-            "done_lag_p50_s": statistics.median(done_lags) if done_lags else None,
-            "done_lag_max_s": max(done_lags, default=None), "never_done_in_120_s": never_done,
+            **end_figures(ends),
             "server_messages_per_tab": statistics.median([t.messages for t in tabs]) if tabs else None,
             "server_mb_per_tab": round(statistics.median([t.bytes for t in tabs]) / 1e6, 2) if tabs else None,
-            "cpu_seconds": cpu, "page_errors": PAGE_ERRORS[:5], "load_average": os.getloadavg()}
+            "cpu_seconds": cpu, "page_errors": PAGE_ERRORS[:5],
+            "tab_errors": sorted({t.error for t in tabs if t.error})[:5], "load_average": os.getloadavg()}
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The journey of a request: tokens in, shapes through the model, the answer streaming out."""
 import streamlit as st
 
-from app.journey.sections import (ResultView, run_up_close, shapes_section, tokenization_section, watch_live)
+from app.journey.sections import ResultView, run_up_close, shapes_section, tokenization_section
 from app.live import last_run, run_live
 from app.model import offline_notice, page_model
 from app.recordings import run_notes
@@ -46,10 +46,8 @@ result = ResultView(running=lambda: scheduler_for(lm).stats().running)
 if clicked:
     run_live(lm, prepared, "journey", stop_slot, result.update, capture, notice)
 run = last_run()
-# No st.stop() below: a page that stops while a fragment's timer fires can lose its last messages (main.py).
-if not clicked and run is not None and run.live and run.done is None:      # the presenter's run, streaming
-    watch_live(run)
-elif run is None or run.prefill is None:
+# No st.stop() below: main.py draws the presenter's strip after the page.
+if run is None or run.prefill is None:
     st.caption("Nothing generated yet.")
 else:
     result.update(run, final=True)

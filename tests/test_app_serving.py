@@ -318,7 +318,7 @@ def test_a_follower_adopts_the_presenters_push_once_and_keeps_exploring(board):
     assert follower.title[0].value == "The journey of a request"
     assert follower.text_area(key="journey.prompt").value == "w5 w6 w7 pushed"
     assert follower.slider(key="journey.temperature").value == pytest.approx(0.7)
-    assert "Presenter: Look at the tokens" in [t.value for t in follower.sidebar.text]
+    assert "Presenter: Look at the tokens" in [c.value for c in follower.caption]
     follower.text_area(key="journey.prompt").input("w1 w2 my own").run()
     follower.run()
     assert follower.text_area(key="journey.prompt").value == "w1 w2 my own"      # adopted once only
@@ -346,21 +346,40 @@ def test_followers_watch_the_presenters_run_without_running_the_model(board, sch
     assert not open_page(followers[0], "journey.py").button(key="journey.generate").disabled
 
 
-def test_a_watcher_sees_the_presenters_run_while_it_streams(board):
+def watching(app) -> bool:
+    return any("The presenter's run" in c.value for c in app.caption)
+
+
+@pytest.mark.parametrize("page, lands_on", [("journey.py", "The journey of a request"), ("attention.py", "Attention"),
+                                            (None, "The journey of a request")])   # None: the home page
+def test_a_watcher_sees_the_presenters_run_while_it_streams(board, page, lands_on):
     from app.run import Run
 
-    follower = open_page(new_app(), "journey.py")
+    follower = open_page(new_app(), page) if page else new_app()
     live = Run(model="m", spec=None, request=None, policy=None)                  # a run that has not streamed yet
     board.broadcast(TOKEN, live)
-    follower.run()
-    assert_clean(follower)
-    assert any("Watching the presenter's run" in i.value for i in follower.info)
-    assert follower.session_state["last_run"] is live
-    assert follower.session_state["presenter.watching"]                          # no presenter poll beside it
-    live.live = False                                                            # it ended: the page draws it
-    follower.run()
-    assert_clean(follower) and not any("Watching" in i.value for i in follower.info)
-    assert not follower.session_state["presenter.watching"]
+    follower.run()                                           # the strip's tick: no page switch, no run of its own
+    assert_clean(follower) and watching(follower)
+    assert follower.session_state["presenter.watching"] is live and "last_run" not in follower.session_state
+    live.live = False                                                            # it ended
+    follower.run()                                                               # the strip draws its end at once
+    assert_clean(follower) and any("run is done" in c.value for c in follower.caption)
+    assert "last_run" not in follower.session_state
+    follower.run()                                                               # then the page draws it
+    assert_clean(follower) and not watching(follower)
+    assert follower.session_state["last_run"] is live and "presenter.watching" not in follower.session_state
+    assert follower.title[0].value == lands_on                 # from the home page, on to the journey page
+
+
+def test_a_follower_who_comes_after_the_run_gets_it_without_moving(board):
+    from app.run import Run
+
+    done = Run(model="m", spec=None, request=None, policy=None)
+    done.live = False
+    board.broadcast(TOKEN, done)
+    follower = new_app()
+    assert_clean(follower) and not watching(follower)
+    assert follower.session_state["last_run"] is done and follower.title[0].value != "The journey of a request"
 
 
 def test_a_pushed_layer_and_head_reach_a_followers_attention_page(board):

@@ -11,11 +11,11 @@ import numpy as np
 import streamlit as st
 
 from app.journey import figures as charts
-from app.presenter import WATCHING_KEY
 from app.recordings import decoder, save_button
 from app.request import Prepared, Sampling
 from app.format import fmt_ms, fmt_rate, plot_text, visible
 from app.run import LOGIT_LENS_TOP, Run, Throttle, capture_policy
+from app.watch import status_line
 from app.journey.tokens import chars_per_token, chips_figure, special_mask
 from app.widgets import ChartSlot, plot
 from engine.core.generate import GenerationRequest
@@ -128,53 +128,10 @@ class ResultView:
             self.timeline.plot(charts.timeline_figure(run.step_seconds()))
 
 
-WATCH_SECONDS = 0.5
 SPECULATIVE_NOTE = ("A speculative run (from the speculative-decoding page): each round produced several tokens in "
                     "one verify pass, so each token's time here is its round's time shared evenly, and its attention "
                     "row is the one that pass computed for its position. The logit lens and norms were taken at "
                     "each pass's newest position only.")
-
-
-def watch_live(run: Run) -> None:
-    """Someone else's run (the presenter's) as it streams: its text and numbers twice a second, then the whole
-    page once it is done.
-
-    A room of watchers reruns this twice a second each, so it draws four elements, not the presenter's
-    twenty: every element is a message the server sends from one Python process (30 watchers drawing the full
-    view took most of the server's time and slowed the presenter's own tokens; docs/serving.md).
-    """
-    st.session_state[WATCHING_KEY] = True               # main.py: no presenter poll beside this faster timer
-    st.info("Watching the presenter's run as it streams. When it is done, every page draws it: explore the layers "
-            "and heads on your own.", icon=":material/cast:")
-
-    @st.fragment(run_every=WATCH_SECONDS)
-    def live() -> None:
-        if not run.live or run.done is not None:
-            st.rerun(scope="app")
-        if run.prefill is not None:
-            watch_view(run)
-    live()
-
-
-def watch_view(run: Run) -> None:
-    """The streaming run in four elements: status, token count, the other numbers in one line, the text."""
-    m = run.metrics()
-    st.caption(status_line(run))
-    st.metric("Generated tokens", f"{m.generated_tokens:,}")
-    st.caption(f"Time to first token {fmt_ms(m.ttft)} · inter-token latency {fmt_ms(m.itl)} · "
-               f"decode speed {fmt_rate(m.tokens_per_second)} · {m.prompt_tokens:,} prompt tokens")
-    st.text(run.text or "…")
-
-
-def status_line(run: Run) -> str:
-    status = run.status
-    if status == "running":
-        return f"Generating with {run.model}…"
-    if status == "stopped":
-        return f"Stopped after {len(run.tokens)} tokens; what streamed so far is kept below."
-    reason = {"eos": "the model ended its answer", "length": "the token limit was reached",
-              "stop": "a stop string appeared"}.get(run.done.finish_reason, run.done.finish_reason)
-    return f"Done: {reason}. {run.done.total_seconds:.2f} s in total."
 
 
 def token_picker(run: Run) -> int:

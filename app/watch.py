@@ -1,0 +1,114 @@
+"""Watching the presenter's run: a strip at the top of whatever page a follower has open.
+
+The strip is one fragment, drawn last in every run of a follower's page (main.py) into a slot kept at the top
+of the main area. Twice a second it reruns alone: it adopts a new push (a whole-page rerun, as before), and
+while the presenter's run streams it draws that run in four elements. Starting to watch costs no page switch
+and no whole-page run: with 30 followers, those were seconds of the server's two cores in the first moments
+of every run (the stream fell seconds behind), and a whole-page run started while another one's messages were
+still on their way could blank a follower's page (docs/serving.md). When the run is done, the follower's page
+reruns once and every page draws it; a follower on the home page moves to the journey page.
+
+    slot = watch_slot()                    # main.py, before the page runs
+    ...
+    watch_strip(slot, here, switch)        # main.py, last of the run
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import streamlit as st
+
+from app.format import fmt_ms, fmt_rate
+from app.presenter import SEEN_KEY, following, is_presenter, new_broadcast, presenter_board
+from app.run import LAST_RUN, Run
+
+WATCH_SECONDS = 0.5                  # how often a follower's strip looks at the board and redraws a live run
+WATCHING_KEY = "presenter.watching"  # the presenter's run this session shows in its strip, until it is done
+ENDED_KEY = "presenter.watch_ended"  # the watched run whose end the strip has drawn
+RUN_PAGE = "journey"                 # where a follower on a page without runs (the home page) sees a run
+
+
+def watch_slot() -> st.delta_generator.DeltaGenerator | None:
+    """The place at the top of the page for the strip, when this session follows a presenter."""
+    board = presenter_board()
+    if not board.enabled or is_presenter(st.session_state, board):
+        return None
+    return st.container()
+
+
+def watch_strip(slot: st.delta_generator.DeltaGenerator | None, here: str, switch: Callable[[str], None]) -> None:
+    """Called last of all in a page's run: its timer's first tick comes after the page is drawn, so the tick
+    never starts while the page's own messages are still being sent."""
+    if slot is None:
+        return
+    with slot:
+        strip(here, switch)
+
+
+@st.fragment(run_every=WATCH_SECONDS)
+def strip(here: str, switch: Callable[[str], None]) -> None:
+    """Adopt a new push (the whole page reruns for it); draw the presenter's run while it streams; when it is
+    done, make it this session's run and draw the page again."""
+    board, state = presenter_board(), st.session_state
+    push = board.latest()
+    if push is not None and following(state) and push.version > state.get(SEEN_KEY, 0):
+        st.rerun(scope="app")
+    if push is not None and push.note:
+        st.caption(f"Presenter: {push.note}")
+    run, watched = watched_run(state, board)
+    if run is None:
+        return
+    streaming = run.live and run.done is None
+    if streaming or (watched and state.get(ENDED_KEY) is not run):
+        if not streaming:
+            state[ENDED_KEY] = run            # its end drawn here at once; the next tick the page takes it over
+        with st.container(border=True):
+            st.caption("The presenter's run, live. When it is done, every page draws it: explore the layers and "
+                       "heads on your own." if streaming else "The presenter's run is done: the page draws it now.")
+            if run.prefill is not None:
+                watch_view(run)
+        return
+    state.pop(WATCHING_KEY, None)
+    state.pop(ENDED_KEY, None)
+    state[LAST_RUN] = run
+    if here == "" and watched:                  # watched it stream on the home page: see it on the journey's
+        switch(RUN_PAGE)
+    st.rerun(scope="app")
+
+
+def watched_run(state, board) -> tuple[Run | None, bool]:
+    """The presenter's run for this session: the one it is watching, or a new broadcast when it follows; and
+    whether it was watched while it streamed."""
+    run = state.get(WATCHING_KEY)
+    if isinstance(run, Run):
+        return run, True
+    run = new_broadcast(state, board) if following(state) else None
+    if run is not None and run.live and run.done is None:
+        state[WATCHING_KEY] = run
+    return run, False
+
+
+def watch_view(run: Run) -> None:
+    """The streaming run in four elements: status, token count, the other numbers in one line, the text.
+
+    A room of followers redraws this twice a second each: every element is a message the one server process
+    sends (30 followers drawing the presenter's full view of twenty took most of the server's time and slowed
+    the presenter's own tokens; docs/serving.md).
+    """
+    m = run.metrics()
+    st.caption(status_line(run))
+    st.metric("Generated tokens", f"{m.generated_tokens:,}")
+    st.caption(f"Time to first token {fmt_ms(m.ttft)} · inter-token latency {fmt_ms(m.itl)} · "
+               f"decode speed {fmt_rate(m.tokens_per_second)} · {m.prompt_tokens:,} prompt tokens")
+    st.text(run.text or "…")
+
+
+def status_line(run: Run) -> str:
+    status = run.status
+    if status == "running":
+        return f"Generating with {run.model}…"
+    if status == "stopped":
+        return f"Stopped after {len(run.tokens)} tokens; what streamed so far is kept below."
+    reason = {"eos": "the model ended its answer", "length": "the token limit was reached",
+              "stop": "a stop string appeared"}.get(run.done.finish_reason, run.done.finish_reason)
+    return f"Done: {reason}. {run.done.total_seconds:.2f} s in total."
