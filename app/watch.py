@@ -25,6 +25,8 @@ from app.run import LAST_RUN, Run
 WATCH_SECONDS = 0.5                  # how often a follower's strip looks at the board and redraws a live run
 WATCHING_KEY = "presenter.watching"  # the presenter's run this session shows in its strip, until it is done
 ENDED_KEY = "presenter.watch_ended"  # the watched run whose end the strip has drawn
+ADOPTED_KEY = "presenter.adopted_run"  # the presenter's run this session took as its own
+ANSWER_LINK = " Its answer is in [3. The answer, token by token](#3-the-answer-token-by-token), below."
 RUN_PAGE = "journey"                 # where a follower on a page without runs (the home page) sees a run
 
 
@@ -56,8 +58,16 @@ def strip(here: str, switch: Callable[[str], None]) -> None:
     if push is not None and push.note:
         st.caption(f"Presenter: {push.note}")
     run, watched = watched_run(state, board)
-    if run is None:
-        return
+    if run is not None:
+        show_or_adopt(run, watched, here, switch)
+    elif isinstance(state.get(LAST_RUN), Run) and state[LAST_RUN] is state.get(ADOPTED_KEY):
+        st.caption("The run on this page is the presenter's: explore its layers and heads on every page."
+                   + (ANSWER_LINK if here == RUN_PAGE else ""))
+
+
+def show_or_adopt(run: Run, watched: bool, here: str, switch: Callable[[str], None]) -> None:
+    """While it streams (and once more when it has ended), draw it here; then make it this session's run."""
+    state = st.session_state
     streaming = run.live and run.done is None
     if streaming or (watched and state.get(ENDED_KEY) is not run):
         if not streaming:
@@ -70,7 +80,7 @@ def strip(here: str, switch: Callable[[str], None]) -> None:
         return
     state.pop(WATCHING_KEY, None)
     state.pop(ENDED_KEY, None)
-    state[LAST_RUN] = run
+    state[LAST_RUN] = state[ADOPTED_KEY] = run
     if here == "" and watched:                  # watched it stream on the home page: see it on the journey's
         switch(RUN_PAGE)
     st.rerun(scope="app")

@@ -40,14 +40,19 @@ WATCH_ARGS = ARGS + ["--disable-background-timer-throttling", "--disable-rendere
                      "--disable-backgrounding-occluded-windows"]
 COUNT_LOG = """() => {
   window.__counts = [];
+  window.__ends = {};
   let last = 0;
   setInterval(() => {
     const m = [...document.querySelectorAll('[data-testid="stMetric"]')]
       .find(e => e.innerText.startsWith('Generated tokens'));
     const n = m ? parseInt(m.innerText.split('\\n').pop().replace(/,/g, '')) || 0 : 0;
     if (n > last) { window.__counts.push([n, Date.now()]); last = n; }
+    const text = Object.keys(window.__ends).length < 2 ? document.body.innerText : '';
+    for (const mark of ['Done:', 'UP_CLOSE']) {
+      if (!(mark in window.__ends) && text.includes(mark)) window.__ends[mark] = Date.now();
+    }
   }, 100);
-}"""
+}""".replace("UP_CLOSE", UP_CLOSE)
 
 
 def open_page(browser, url: str, path: str = ""):
@@ -127,23 +132,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def browser_ends(pages, t_done: float) -> list[tuple[float | None, float | None]]:
+def browser_ends(pages, wall_done: float) -> list[tuple[float | None, float | None]]:
     """Per Chromium follower: seconds after the presenter's "Done" until its tab said "Done", and until it showed
-    the finished run's whole page (None: not within 120 s; a screenshot is kept)."""
+    the finished run's whole page (None: not within 120 s; a screenshot is kept). From the tab's own log."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     ends = []
     for i, page in enumerate(pages):
-        lags = []
-        for text in ("Done:", UP_CLOSE):
-            try:
-                left = max(1.0, 120 - (time.perf_counter() - t_done))
-                page.get_by_text(text, exact=False).first.wait_for(timeout=left * 1000)
-                lags.append(time.perf_counter() - t_done)
-            except PlaywrightTimeout:
-                lags.append(None)
-                page.screenshot(path=f"/tmp/watch-follower-{i}.png", full_page=True)
-        ends.append(tuple(lags))
+        try:
+            page.get_by_text(UP_CLOSE).first.wait_for(timeout=max(1.0, 120 - (time.time() - wall_done)) * 1000)
+        except PlaywrightTimeout:
+            page.screenshot(path=f"/tmp/watch-follower-{i}.png", full_page=True)
+        marks = page.evaluate("window.__ends")
+        ends.append(tuple(max(0.0, marks[m] / 1000 - wall_done) if m in marks else None for m in ("Done:", UP_CLOSE)))
     return ends
 
 
@@ -181,7 +182,7 @@ def watch(proc, url: str, followers: int, browsers: int, tokens: int) -> dict:
         t_click = time.perf_counter()
         lead.get_by_text("Done:", exact=False).first.wait_for(timeout=600_000)
         t_done, wall_done = time.perf_counter(), time.time()
-        ends = browser_ends(pages, t_done) + tab_ends(tabs, wall_done)     # (done lag, page lag) per follower
+        ends = browser_ends(pages, wall_done) + tab_ends(tabs, wall_done)     # (done lag, page lag) per follower
         close_tabs()
         cpu = spent(cpu_before, cpu_seconds(proc))
         seen = [browser_seen(page) for page in pages] + [first_seen(t.counts) for t in tabs]

@@ -6,7 +6,9 @@ tests/screenshots/timings.json.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -63,14 +65,14 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 1
     raise RuntimeError(f"the app did not answer within {timeout} s:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
-    """The app as `make run` starts it: the launcher's own `streamlit run app/main.py ...` command."""
+@contextlib.contextmanager
+def running_app(log_dir: Path, env: dict[str, str] | None = None):
+    """The app as `make run` starts it (the launcher's own `streamlit run app/main.py ...` command); its url."""
     port = free_port()
-    log = tmp_path_factory.mktemp("app") / "streamlit.log"
+    log = log_dir / "streamlit.log"
     cmd = [python(), *streamlit_command(build_parser().parse_args(["--port", str(port)]))[1:]]
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, log)
@@ -81,6 +83,12 @@ def app_url(tmp_path_factory):
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    with running_app(tmp_path_factory.mktemp("app")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

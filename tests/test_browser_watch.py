@@ -1,0 +1,70 @@
+"""Watch mode end to end in headless Chromium: a presenter generates once, and followers on other pages watch
+the run stream in the strip at the top of their own page, then explore it on their pages. The app is started
+the way `make run` starts it, with a presenter token. How many followers one server holds is bench/watch.py's
+measurement; this checks that every follower of a small room gets the run, with screenshots at the
+projector's size (1024x768) in tests/screenshots/.
+"""
+from __future__ import annotations
+
+import pytest
+
+from test_browser import (PROJECTOR, assert_no_exception, assert_nothing_clipped, browser, button,  # noqa: F401
+                          running_app, set_number, shot, wait_heading, wait_idle, wait_text)
+
+pytestmark = pytest.mark.browser
+TOKEN = "browser-watch-token-42"
+TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def room_url(tmp_path_factory):
+    with running_app(tmp_path_factory.mktemp("room"), {"PLAYGROUND_PRESENTER_TOKEN": TOKEN}) as url:
+        yield url
+
+
+def open_tab(browser, url: str, path: str, heading: str):  # noqa: F811
+    page = browser.new_context(viewport=PROJECTOR).new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    page.goto(f"{url}/{path}")
+    wait_heading(page, heading)
+    wait_idle(page)
+    return page, errors
+
+
+def unlock(page) -> None:
+    page.get_by_text("Presenter mode", exact=True).click()
+    box = page.get_by_label("Presenter token")
+    box.fill(TOKEN)
+    box.press("Enter")
+    wait_text(page, "You are the presenter")
+
+
+def test_followers_on_other_pages_watch_one_run_then_explore_it(room_url, browser):  # noqa: F811
+    lead, lead_errors = open_tab(browser, room_url, "journey", "The journey of a request")
+    unlock(lead)
+    set_number(lead, "Max new tokens", TOKENS)
+    home, home_errors = open_tab(browser, room_url, "", "Inference Playground")
+    attention, attention_errors = open_tab(browser, room_url, "attention", "Attention")
+    button(lead, "Generate").click()
+    for follower in (home, attention):                     # the strip, above the follower's own page
+        wait_text(follower, "The presenter's run", 120)
+        follower.get_by_text("Generated tokens").first.wait_for(timeout=120_000)
+    shot(home, "projector-watch-strip")
+    wait_text(lead, "Done:", 180)
+    answer = lead.get_by_test_id("stMainBlockContainer").locator('[data-testid="stText"]').first.inner_text()
+
+    wait_heading(home, "The journey of a request", 120)    # from the home page on to the journey page
+    wait_text(home, "4. One token up close", 120)
+    wait_idle(home, 120)
+    assert answer.strip() and answer.strip() in home.get_by_test_id("stMainBlockContainer").inner_text()
+    wait_text(attention, "Every head at a glance", 120)              # the attention page draws the same run
+    wait_idle(attention, 120)
+    assert attention.get_by_text("The presenter's run,").count() == 0        # no live strip once the page draws it
+    wait_text(attention, "The run on this page is the presenter's")
+    home.get_by_role("link", name="3. The answer, token by token").click()  # the strip's link to the answer
+    for page in (lead, home, attention):
+        assert_no_exception(page)
+    assert_nothing_clipped(home)
+    shot(home, "projector-watch-journey")
+    assert lead_errors == home_errors == attention_errors == []
