@@ -21,9 +21,10 @@ PLOT_CONFIG = {"displaylogo": False, "modeBarButtonsToRemove": ["select2d", "las
 
 
 def sized(fig: go.Figure) -> go.Figure:
-    """The figure with this session's chart text size (larger in the presenter layout)."""
+    """The figure with this session's chart text size (larger in the presenter layout): a copy when the size
+    changes, since a figure may be shared between sessions (`app.journey.figures.shapes_figure`)."""
     font = plot_font()
-    return fig.update_layout(font_size=font) if font else fig
+    return go.Figure(fig).update_layout(font_size=font) if font else fig
 
 
 class ChartSlot:

@@ -161,3 +161,19 @@ def test_the_causal_mask_and_uncaptured_rows_look_different():
     assert np.isnan(np.delete(gz, 2, axis=0)).all()
     assert fig.layout.plot_bgcolor in ("white", "#ffffff", "rgba(0,0,0,0)")   # no grey frame around the matrix
     assert fig.layout.xaxis.constrain == "domain" and fig.layout.yaxis.constrain == "domain"
+
+
+def test_the_shared_shapes_figure_is_built_once_and_never_changed_by_a_session(monkeypatch):
+    from app import widgets
+    from app.journey.figures import shapes_figure
+
+    spec = MODEL_PRESETS["llama-3.1-8b"]
+    shared = shapes_figure(spec, 40)
+    assert shapes_figure(spec, 40) is shared and shapes_figure(spec, 41) is not shared   # one per prompt length
+    before = shared.layout.font.size
+    monkeypatch.setattr(widgets, "plot_font", lambda: 20)                 # a session in the presenter layout
+    bigger = widgets.sized(shared)
+    assert bigger is not shared and bigger.layout.font.size == 20
+    assert shared.layout.font.size == before                              # the other sessions' copy is untouched
+    monkeypatch.setattr(widgets, "plot_font", lambda: None)
+    assert widgets.sized(shared) is shared

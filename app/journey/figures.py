@@ -4,6 +4,7 @@ the logit lens and residual norms. Each builder takes plain data and returns a P
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import plotly.graph_objects as go
@@ -97,10 +98,14 @@ def draw_layer_frame(fig: go.Figure, x0: float, x1: float, y_mid: float, half: f
     fig.add_annotation(x=x0, y=y_mid - half - 0.9, xanchor="left", showarrow=False, font=dict(size=12), text=label)
 
 
+@lru_cache(maxsize=32)
 def shapes_figure(spec: ModelSpec, tokens: int) -> go.Figure:
     """ids -> embedding -> L x (attention, MLP) -> final norm -> logits -> probabilities -> token.
 
     Laid out in character cells so the monospace text always fits its box; fixed pixel size.
+    Built once per model and prompt length and shared by every session (about 0.1 s of the server's time
+    each, on every run of the journey page: a room of followers draws it at the same moment). Never
+    changed after: `app.widgets.sized` copies a figure before it changes its font.
     """
     top, bottom = shape_nodes(spec, tokens)
     half = max(n.height for n in top) / 2 + 1
