@@ -19,7 +19,8 @@ from typing import Callable
 import streamlit as st
 
 from app.format import fmt_ms, fmt_rate
-from app.presenter import SEEN_KEY, following, is_presenter, new_broadcast, presenter_board
+from app.presenter import (SETTINGS, SEEN_KEY, Push, apply_push, following, is_presenter, new_broadcast,
+                           presenter_board)
 from app.run import LAST_RUN, Run
 
 WATCH_SECONDS = 0.5                  # how often a follower's strip looks at the board and redraws a live run
@@ -81,6 +82,10 @@ def show_or_adopt(run: Run, watched: bool, here: str, switch: Callable[[str], No
     state.pop(WATCHING_KEY, None)
     state.pop(ENDED_KEY, None)
     state[LAST_RUN] = state[ADOPTED_KEY] = run
+    if run.request is not None:                 # the journey page's form shows the request this run answered
+        settings = {name: getattr(run.request, name) for name in SETTINGS}
+        apply_push(state, Push(0, prompt=run.request.prompt, settings=settings), RUN_PAGE)
+        state[f"{RUN_PAGE}.chat"] = run.request.chat
     if here == "" and watched:                  # watched it stream on the home page: see it on the journey's
         switch(RUN_PAGE)
     st.rerun(scope="app")

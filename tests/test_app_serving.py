@@ -340,6 +340,8 @@ def test_followers_watch_the_presenters_run_without_running_the_model(board, sch
         assert f.session_state["last_run"] is run                               # the presenter's, not a copy
         open_page(f, "attention.py")
         assert f.title[0].value == "Attention"
+        assert f.session_state["journey.prompt"] == tiny_prompt(6)                 # its form: the presenter's request
+        assert f.session_state["journey.max_new"] == 5
         assert f"produce '{run.tokens[-1].text}'" in " ".join(texts(f))              # its charts draw that run
     assert scheduler.stats().submitted == submitted + 1                         # one model run for the room
     lead.toggle(key="presenter.allow_generate").set_value(True).run()

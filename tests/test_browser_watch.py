@@ -9,11 +9,12 @@ from __future__ import annotations
 import pytest
 
 from test_browser import (PROJECTOR, assert_no_exception, assert_nothing_clipped, browser, button,  # noqa: F401
-                          running_app, set_number, shot, wait_heading, wait_idle, wait_text)
+                          running_app, set_number, set_prompt, shot, wait_heading, wait_idle, wait_text)
 
 pytestmark = pytest.mark.browser
 TOKEN = "browser-watch-token-42"
 TOKENS = 8
+PROMPT = "Name three colours of the rainbow."
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +45,12 @@ def test_followers_on_other_pages_watch_one_run_then_explore_it(room_url, browse
     lead, lead_errors = open_tab(browser, room_url, "journey", "The journey of a request")
     unlock(lead)
     set_number(lead, "Max new tokens", TOKENS)
+    set_prompt(lead, PROMPT)
     home, home_errors = open_tab(browser, room_url, "", "Inference Playground")
     attention, attention_errors = open_tab(browser, room_url, "attention", "Attention")
+    journey, journey_errors = open_tab(browser, room_url, "journey", "The journey of a request")
     button(lead, "Generate").click()
-    for follower in (home, attention):                     # the strip, above the follower's own page
+    for follower in (home, attention, journey):            # the strip, above the follower's own page
         wait_text(follower, "The presenter's run", 120)
         follower.get_by_text("Generated tokens").first.wait_for(timeout=120_000)
     shot(home, "projector-watch-strip")
@@ -63,8 +66,11 @@ def test_followers_on_other_pages_watch_one_run_then_explore_it(room_url, browse
     assert attention.get_by_text("The presenter's run,").count() == 0        # no live strip once the page draws it
     wait_text(attention, "The run on this page is the presenter's")
     home.get_by_role("link", name="3. The answer, token by token").click()  # the strip's link to the answer
-    for page in (lead, home, attention):
+    wait_text(journey, "4. One token up close", 120)       # a follower already on the journey page: its form too
+    wait_idle(journey, 120)
+    assert journey.get_by_role("textbox", name="Prompt").first.input_value() == PROMPT
+    for page in (lead, home, attention, journey):
         assert_no_exception(page)
     assert_nothing_clipped(home)
     shot(home, "projector-watch-journey")
-    assert lead_errors == home_errors == attention_errors == []
+    assert lead_errors == home_errors == attention_errors == journey_errors == []
