@@ -15,6 +15,7 @@ from engine.projection.card import kv_bytes_per_token, param_counts
 from engine.core.loader import LoadedModel
 from engine.serving.scheduler import scheduler_for
 
+
 def memory_rows(lm: LoadedModel) -> list[tuple[str, str]]:
     """Weights as loaded, the whole process, and the GPU allocator when there is one."""
     rows = [("Weights", fmt_bytes(lm.weight_bytes)),
