@@ -33,7 +33,12 @@ except EngineError as err:          # a launch limit that cannot work (set by ha
     st.error(f"This server's settings are not usable: {err}")
     st.stop()
 here = page_info(current.url_path)                # what nav.py says about this page
-switch = lambda page: st.switch_page(by_url.get(page, home))  # noqa: E731
+
+
+def switch(page: str) -> None:
+    st.switch_page(by_url.get(page, home))
+
+
 follow_presenter(current.url_path, here.widget_namespace, switch)
 render_sidebar(lm)
 layout_toggle()

@@ -98,6 +98,16 @@ class Run:
             return "stopped" if self.done.finish_reason == "cancelled" else "done"
         return "running" if self.live else "stopped"
 
+    def status_line(self) -> str:
+        """The run's state in one sentence, for the line above its answer."""
+        if self.status == "running":
+            return f"Generating with {self.model}…"
+        if self.status == "stopped":
+            return f"Stopped after {len(self.tokens)} tokens; what streamed so far is kept below."
+        reason = {"eos": "the model ended its answer", "length": "the token limit was reached",
+                  "stop": "a stop string appeared"}.get(self.done.finish_reason, self.done.finish_reason)
+        return f"Done: {reason}. {self.done.total_seconds:.2f} s in total."
+
     @property
     def tokens(self) -> list[SampledToken]:
         """Generated tokens in order: the one prefill produced, then one per decode step."""

@@ -14,19 +14,18 @@ reruns once and every page draws it; a follower on the home page moves to the jo
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, MutableMapping
 
 import streamlit as st
 
 from app.format import fmt_ms, fmt_rate
 from app.presenter import (SETTINGS, SEEN_KEY, Push, apply_push, following, is_presenter, new_broadcast,
-                           presenter_board)
+                           PresenterBoard, presenter_board)
 from app.run import LAST_RUN, Run
 
 WATCH_SECONDS = 0.5                  # how often a follower's strip looks at the board and redraws a live run
 WATCHING_KEY = "presenter.watching"  # the presenter's run this session shows in its strip, until it is done
 ENDED_KEY = "presenter.watch_ended"  # the watched run whose end the strip has drawn
-ADOPTED_KEY = "presenter.adopted_run"  # the presenter's run this session took as its own
 ANSWER_LINK = " Its answer is in [3. The answer, token by token](#3-the-answer-token-by-token), below."
 RUN_PAGE = "journey"                 # where a follower on a page without runs (the home page) sees a run
 
@@ -61,7 +60,7 @@ def strip(here: str, switch: Callable[[str], None]) -> None:
     run, watched = watched_run(state, board)
     if run is not None:
         show_or_adopt(run, watched, here, switch)
-    elif isinstance(state.get(LAST_RUN), Run) and state[LAST_RUN] is state.get(ADOPTED_KEY):
+    elif isinstance(state.get(LAST_RUN), Run) and state[LAST_RUN] is board.live()[1]:   # the presenter's run
         st.caption("The run on this page is the presenter's: explore its layers and heads on every page."
                    + (ANSWER_LINK if here == RUN_PAGE else ""))
 
@@ -81,7 +80,7 @@ def show_or_adopt(run: Run, watched: bool, here: str, switch: Callable[[str], No
         return
     state.pop(WATCHING_KEY, None)
     state.pop(ENDED_KEY, None)
-    state[LAST_RUN] = state[ADOPTED_KEY] = run
+    state[LAST_RUN] = run
     if run.request is not None:                 # the journey page's form shows the request this run answered
         settings = {name: getattr(run.request, name) for name in SETTINGS}
         apply_push(state, Push(0, prompt=run.request.prompt, settings=settings), RUN_PAGE)
@@ -91,7 +90,7 @@ def show_or_adopt(run: Run, watched: bool, here: str, switch: Callable[[str], No
     st.rerun(scope="app")
 
 
-def watched_run(state, board) -> tuple[Run | None, bool]:
+def watched_run(state: MutableMapping[str, Any], board: PresenterBoard) -> tuple[Run | None, bool]:
     """The presenter's run for this session: the one it is watching, or a new broadcast when it follows; and
     whether it was watched while it streamed."""
     run = state.get(WATCHING_KEY)
@@ -111,19 +110,8 @@ def watch_view(run: Run) -> None:
     the presenter's own tokens; docs/serving.md).
     """
     m = run.metrics()
-    st.caption(status_line(run))
+    st.caption(run.status_line())
     st.metric("Generated tokens", f"{m.generated_tokens:,}")
     st.caption(f"Time to first token {fmt_ms(m.ttft)} · inter-token latency {fmt_ms(m.itl)} · "
                f"decode speed {fmt_rate(m.tokens_per_second)} · {m.prompt_tokens:,} prompt tokens")
     st.text(run.text or "…")
-
-
-def status_line(run: Run) -> str:
-    status = run.status
-    if status == "running":
-        return f"Generating with {run.model}…"
-    if status == "stopped":
-        return f"Stopped after {len(run.tokens)} tokens; what streamed so far is kept below."
-    reason = {"eos": "the model ended its answer", "length": "the token limit was reached",
-              "stop": "a stop string appeared"}.get(run.done.finish_reason, run.done.finish_reason)
-    return f"Done: {reason}. {run.done.total_seconds:.2f} s in total."

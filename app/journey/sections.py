@@ -15,7 +15,6 @@ from app.recordings import decoder, save_button
 from app.request import Prepared, Sampling
 from app.format import fmt_ms, fmt_rate, plot_text, visible
 from app.run import LOGIT_LENS_TOP, Run, Throttle, capture_policy
-from app.watch import status_line
 from app.journey.tokens import chars_per_token, chips_figure, special_mask
 from app.widgets import ChartSlot, plot
 from engine.core.generate import GenerationRequest
@@ -104,7 +103,7 @@ class ResultView:
         """
         if not (final or self.text_throttle()):
             return
-        self.status.caption(status_line(run))
+        self.status.caption(run.status_line())
         m = run.metrics()
         reused = run.prefill.reused_tokens if run.prefill else 0
         values = [("Time to first token", fmt_ms(m.ttft), None), ("Inter-token latency", fmt_ms(m.itl), None),
