@@ -12,6 +12,7 @@ from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
 from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord
 
 FULL = CapturePolicy(logit_lens=3)
+SUBSET = CapturePolicy(heads=(3, 0), stats=False)
 
 
 class Sink:
@@ -95,6 +96,18 @@ def test_requests_joining_and_leaving_mid_flight_equal_each_alone(tiny_lm):
         assert sink.error is None
         assert_same_run(sink.records, alone(tiny_lm, request, policy))
     assert count_hooks(tiny_lm.model) == 0
+
+
+@pytest.mark.parametrize("policies", [(FULL,) * 4, (SUBSET, CAPTURE_OFF, SUBSET, CAPTURE_OFF, SUBSET)],
+                         ids=["every row every head", "some rows some heads"])
+def test_a_decode_step_captured_for_all_rows_at_once_equals_each_alone(tiny_lm, policies):
+    """Rows sharing a policy have their decode captures computed together: with every row and every head
+    (each K/V head's query group in one product, nothing copied), and with some rows and some heads."""
+    jobs = [(GenerationRequest(tiny_prompt(4 + 3 * i, seed=i), max_new_tokens=6, chat=False), policy)
+            for i, policy in enumerate(policies)]
+    for sink, (request, policy) in zip(run_staggered(tiny_lm, jobs, joins=[0] * (len(jobs) - 1) + [2]), jobs):
+        assert sink.error is None
+        assert_same_run(sink.records, alone(tiny_lm, request, policy))
 
 
 def test_chunked_prefill_equals_one_pass_captures_included(tiny_lm):

@@ -132,16 +132,20 @@ def _decode_rows(rows: list[tuple[int, int, StepCapture]], i: int, query: torch.
     before the softmax and cut off after it.
     """
     policy = rows[0][2].policy
-    index = torch.tensor([b for b, _, _ in rows], device=query.device)
+    batch = [b for b, _, _ in rows]
     pads = [pad for _, pad, _ in rows]
-    q, k, v = query[index], key[index], value[index]                # [R, H, 1, D], [R, KVH, T_k, D]
+    if batch == list(range(query.shape[0])):                        # every row: views, no copy of the cache
+        q, k, v = query, key, value                                 # [R, H, 1, D], [R, KVH, T_k, D]
+    else:
+        index = torch.tensor(batch, device=query.device)
+        q, k, v = query[index], key[index], value[index]
     if policy.stats:
         norms = [t[:, :, -1].norm(dim=-1).float().cpu().numpy() for t in (q, k, v)]   # [R, H], [R, KVH], [R, KVH]
     if policy.attention:
         heads = policy.head_ids(q.shape[1])
         kv_of = tuple(h // (q.shape[1] // k.shape[1]) for h in heads)
-        scores = torch.matmul(q[:, list(heads)].float(), k[:, list(kv_of)].float().transpose(-1, -2)) * scaling
-        t_k = k.shape[2]                                            # scores: [R, h, 1, T_k]
+        scores = _newest_scores(q, k, heads, kv_of) * scaling     # [R, h, 1, T_k]
+        t_k = k.shape[2]
         hidden = torch.arange(t_k, device=q.device)[None, :] < torch.tensor(pads, device=q.device)[:, None]
         probs = torch.softmax(scores.masked_fill(hidden[:, None, None, :], float("-inf")), dim=-1)
         probs = probs.cpu().numpy()
@@ -155,6 +159,21 @@ def _decode_rows(rows: list[tuple[int, int, StepCapture]], i: int, query: torch.
             layer.heads, layer.kv_heads = heads, kv_of
             layer.attention = probs[r][..., pad + start:]
             layer.query_start, layer.key_start = real - 1, start
+
+
+def _newest_scores(q: torch.Tensor, k: torch.Tensor, heads: tuple[int, ...], kv_of: tuple[int, ...]) -> torch.Tensor:
+    """Q·Kᵀ of each row's newest query for the chosen heads, unscaled: [R, h, 1, T_k].
+
+    With every head kept, the query heads of one K/V head share one product (K is not copied once per
+    query head, as repeat_kv would): [R, KVH, group, D] @ [R, KVH, D, T_k].
+    """
+    rows, n_heads, _, dim = q.shape
+    if heads == tuple(range(n_heads)):
+        kv_heads = k.shape[1]
+        grouped = torch.matmul(q.reshape(rows, kv_heads, n_heads // kv_heads, dim).float(),
+                               k.float().transpose(-1, -2))
+        return grouped.reshape(rows, n_heads, 1, -1)
+    return torch.matmul(q[:, list(heads)].float(), k[:, list(kv_of)].float().transpose(-1, -2))
 
 
 def _row(cache: DynamicCache, b: int, pad: int, config: Any) -> DynamicCache:
