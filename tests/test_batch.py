@@ -275,6 +275,45 @@ def test_a_shared_start_is_reused_and_the_tail_is_computed(tiny_lm):
         assert_same_run(second.records, alone(tiny_lm, b, policy))
 
 
+def test_newcomers_that_reuse_a_prefix_all_start_in_one_step_and_equal_alone(tiny_lm):
+    """A room pressing Generate together with the same opening (the chat template's): each newcomer reuses the
+    stored prefix and computes its own tail on its own cache, all in the step they joined, within its budget."""
+    from engine.serving.prefix import PrefixCache
+
+    prefix = PrefixCache(64 * 2**20)
+    shared = tiny_prompt(20, seed=3)
+    run_in_turn(tiny_lm, [(GenerationRequest(shared + " w0", max_new_tokens=2, chat=False), FULL)], prefix)
+    jobs = [GenerationRequest(shared + tail, max_new_tokens=4, chat=False) for tail in (" w1 w2", " w3", " w4 w5 w6")]
+    runner = BatchRunner(tiny_lm, prefix=prefix, prefill_chunk=8)
+    sinks = [Sink() for _ in jobs]
+    for sink, request in zip(sinks, jobs):
+        runner.add(sink.slot(tiny_lm, request, FULL))
+    info = runner.step()
+    assert all(isinstance(s.records[0], PrefillRecord) and s.records[0].reused_tokens == 20 for s in sinks)
+    assert info.prefill_tokens <= 8
+    while not runner.idle:
+        runner.step()
+    for sink, request in zip(sinks, jobs):
+        assert_same_run(sink.records, alone(tiny_lm, request, FULL))
+
+
+def test_one_step_prefills_at_most_its_budget_for_all_newcomers(tiny_lm):
+    """Three 6-token prompts and a budget of 8 a step: 8, 8, then the last 2, and the first tokens come in
+    that order; nobody waits a whole step for an earlier newcomer that had already started."""
+    runner = BatchRunner(tiny_lm, prefill_chunk=8)
+    sinks = [Sink() for _ in range(3)]
+    jobs = [GenerationRequest(tiny_prompt(6, seed=s), max_new_tokens=3, chat=False) for s in range(3)]
+    n = [len(encode_prompt(tiny_lm, r)) for r in jobs]
+    for sink, request in zip(sinks, jobs):
+        runner.add(sink.slot(tiny_lm, request, FULL))
+    budgets = [runner.step().prefill_tokens for _ in range(3)]
+    assert budgets[0] == budgets[1] == 8 and sum(budgets) == sum(n)
+    while not runner.idle:
+        runner.step()
+    for sink, request in zip(sinks, jobs):
+        assert_same_run(sink.records, alone(tiny_lm, request, FULL))
+
+
 def test_an_entry_without_the_captures_a_request_needs_is_not_used(tiny_lm):
     from engine.serving.prefix import PrefixCache
 

@@ -3,11 +3,12 @@
     runner = BatchRunner(lm, max_batch=8)
     runner.add(Slot(request, ids, policy, emit=print, fail=print))
     while not runner.idle:
-        info = runner.step()     # one prefill chunk of a newcomer, then one decode pass for the batch
+        info = runner.step()     # up to one prefill chunk of newcomers' prompts, then one decode pass
 
 Requests join at a step boundary and leave as soon as they finish. A newcomer's prompt is prefilled on
-a cache of its own, `prefill_chunk` tokens per step, so a long prompt never freezes the others'
-decode; once its prompt is in, its K/V is copied into blocks of the paged batch cache
+a cache of its own, at most `prefill_chunk` prompt tokens per step for all newcomers together (every
+newcomer that fits starts in the same step), so a long prompt never freezes the others' decode; once
+its prompt is in, its K/V is copied into blocks of the paged batch cache
 (`engine.serving.paged`). For a decode step each layer gathers the rows left-padded to the longest: the
 attention mask hides the pads and each row's RoPE positions count from its own first token, so every
 row computes what it would compute alone.
@@ -224,7 +225,7 @@ class BatchRunner:
         self.prefilling.append(slot)
 
     def step(self) -> StepInfo:
-        """Drop stopped requests, prefill one chunk of the oldest newcomer, decode one token for the batch."""
+        """Drop stopped requests, prefill up to one chunk of newcomers' prompts, decode one token for the batch."""
         t0 = time.perf_counter()
         self._drop_stopped()
         prefilled = self._prefill() if self.prefilling else 0
@@ -262,29 +263,46 @@ class BatchRunner:
     # --- prefill -------------------------------------------------------------------------------------
 
     def _prefill(self) -> int:
-        """Newcomers with short prompts are prefilled together in one padded pass; a long one, or one that
-        reuses a stored prefix, alone and chunk by chunk."""
-        group = self._prefill_group()
-        return self._prefill_together(group) if len(group) > 1 else self._prefill_step(self.prefilling[0])
+        """Prompt tokens of the oldest newcomers, at most `prefill_chunk` in all per step (the oldest always
+        gets its chunk): short prompts computed from scratch together in one padded pass; a long one, or one
+        that reuses a stored prefix, on its own cache, chunk by chunk. Every newcomer that fits the step's
+        budget starts in this step: a room pressing Generate together gets its first tokens together."""
+        done = 0
+        while self.prefilling:
+            budget = self.prefill_chunk - done
+            group = self._prefill_group(budget)
+            if len(group) > 1:
+                done += self._prefill_together(group)
+            elif done == 0 or self._fits(self.prefilling[0], budget):
+                done += self._prefill_step(self.prefilling[0], budget)
+            else:
+                break
+        return done
 
-    def _prefill_group(self) -> list[Slot]:
-        """The oldest newcomers, in order, whose whole prompt fits one chunk and is computed from scratch."""
+    def _prefill_group(self, budget: int) -> list[Slot]:
+        """The oldest newcomers, in order, whose whole prompts fit `budget` and are computed from scratch."""
         group, tokens = [], 0
         for slot in self.prefilling:
             if not slot.looked_up and self.prefix is not None:
                 self._reuse_prefix(slot)
-            if slot.prefilled or tokens + len(slot.ids) > self.prefill_chunk:
+            if slot.prefilled or tokens + len(slot.ids) > budget:
                 break
             group.append(slot)
             tokens += len(slot.ids)
         return group
+
+    @staticmethod
+    def _fits(slot: Slot, budget: int) -> bool:
+        """May a newcomer after the first prefill `budget` more tokens this step? (A prompt that cannot be
+        chunked goes in whole, so only when the rest of it fits.)"""
+        return budget > 0 and (_chunkable(slot.policy) or len(slot.ids) - slot.prefilled <= budget)
 
     def _prefill_together(self, group: list[Slot]) -> int:
         """One forward over the left-padded prompts of `group`; each then joins the batch with its own K/V."""
         try:
             logits, captures, cache, pads = self._padded_prefill(group)
         except Exception:  # noqa: BLE001 - a failure in the group: each prompt alone finds whose it is
-            return self._prefill_step(self.prefilling[0])
+            return self._prefill_step(self.prefilling[0], self.prefill_chunk)
         for b, slot in enumerate(group):
             slot.cache = _row(cache, b, pads[b], self.lm.model.config)
             slot.chunks.append(captures.get(b, {}))
@@ -309,12 +327,13 @@ class BatchRunner:
             captures = capture.finish(self.lm.model) if capture is not None else {}
         return out.logits[:, -1], captures, cache, pads                                     # logits [B, V]
 
-    def _prefill_step(self, slot: Slot) -> int:
-        """Prefill the next chunk of a newcomer's prompt on its own cache; returns the tokens done."""
+    def _prefill_step(self, slot: Slot, budget: int) -> int:
+        """Prefill the next chunk (at most `budget` tokens, or the whole prompt when it cannot be chunked) of a
+        newcomer's prompt on its own cache; returns the tokens done."""
         if not slot.looked_up and self.prefix is not None:
             self._reuse_prefix(slot)
         lo = slot.prefilled
-        hi = len(slot.ids) if not _chunkable(slot.policy) else min(len(slot.ids), lo + self.prefill_chunk)
+        hi = len(slot.ids) if not _chunkable(slot.policy) else min(len(slot.ids), lo + budget)
         try:
             with torch.inference_mode(), instrument(self.lm.model, slot.policy):
                 logits, captures = forward(self.lm, slot.ids[lo:hi], slot.cache, slot.new_capture())
