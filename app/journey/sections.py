@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
 
 from app.journey import figures as charts
 from app.recordings import decoder, save_button
@@ -92,18 +93,23 @@ class ResultView:
         self.timeline = ChartSlot("journey.timeline")
         self.text_throttle = Throttle(TEXT_SECONDS, running)
         self.chart_throttle = Throttle(CHART_SECONDS, running)
+        self.shown: dict[int, tuple] = {}    # what each box shows: nothing is sent twice
 
     def update(self, run: Run, final: bool = False, timeline: bool = True) -> None:
-        """Text and metrics twice a second, the timeline every two seconds; everything when final.
+        """The answer twice a second, its metrics and timeline every two seconds; everything when final.
         With n requests running on the server, every n-th of that (`running`): the room's pages together
-        redraw about as often as one page alone.
+        redraw about as often as one page alone. An element whose content has not changed is not sent again.
 
-        Every redraw costs the server (one message per element) and the browser (a re-render): with a
-        room of browsers on one machine, redrawing faster than a person reads slows everyone's tokens.
+        Every redraw costs the server (one message per element) and the browser (a re-render of each element
+        sent; docs/serving.md measures it): with a room of browsers on one machine, redrawing faster than a
+        person reads slows everyone's tokens.
         """
         if not (final or self.text_throttle()):
             return
-        self.status.caption(run.status_line())
+        self._show(self.status, "caption", run.status_line())
+        self._show(self.answer, "text", run.text or "…")
+        if not (final or self.chart_throttle()):
+            return
         m = run.metrics()
         reused = run.prefill.reused_tokens if run.prefill else 0
         values = [("Time to first token", fmt_ms(m.ttft), None), ("Inter-token latency", fmt_ms(m.itl), None),
@@ -111,8 +117,7 @@ class ResultView:
                   ("Prompt tokens", f"{m.prompt_tokens:,}", f"{reused:,} reused" if reused else None),
                   ("Generated tokens", f"{m.generated_tokens:,}", None)]
         for box, (label, value, note) in zip(self.metric_boxes, values):
-            box.metric(label, value, delta=note, delta_color="off", delta_arrow="off")
-        self.answer.text(run.text or "…")
+            self._show(box, "metric", label, value, delta=note, delta_color="off", delta_arrow="off")
         notes = [run.capture_note] if run.capture_note else []
         if reused:
             notes.append(f"Prefix cache: the first {reused:,} of the {m.prompt_tokens:,} prompt tokens had been read "
@@ -122,9 +127,15 @@ class ResultView:
         if run.speculation is not None:
             notes.append(SPECULATIVE_NOTE)
         if notes:
-            self.note.caption(" ".join(notes))
-        if timeline and run.prefill is not None and (final or self.chart_throttle()):
+            self._show(self.note, "caption", " ".join(notes))
+        if timeline and run.prefill is not None:
             self.timeline.plot(charts.timeline_figure(run.step_seconds()))
+
+    def _show(self, box: DeltaGenerator, method: str, *args: Any, **kwargs: Any) -> None:
+        """`box.method(*args, **kwargs)`, unless the box already shows exactly that."""
+        if self.shown.get(id(box)) != (method, args, kwargs):
+            getattr(box, method)(*args, **kwargs)
+            self.shown[id(box)] = (method, args, kwargs)
 
 
 SPECULATIVE_NOTE = ("A speculative run (from the speculative-decoding page): each round produced several tokens in "
