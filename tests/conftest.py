@@ -9,6 +9,9 @@ import torch
 
 # Every AppTest of app/main.py joins the scheduler's room; a test run must not fill it.
 os.environ.setdefault("PLAYGROUND_MAX_SESSIONS", "1000")
+# Batched decode steps on CPU use packed oneDNN weights for the shapes measured faster (engine/core/small_batch.py);
+# the tests pack every linear, so that every batched test runs that kernel whatever this machine measures.
+os.environ.setdefault("PLAYGROUND_SMALL_BATCH", "all")
 
 TINY_CONFIG = dict(
     vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3,

@@ -71,6 +71,7 @@ class LoadedModel:
     load_seconds: float
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     fast: Any = field(default=None, repr=False)  # engine.core.fastpath.FastDecoder once static decode is enabled
+    small_batch: Any = field(default=None, repr=False)  # engine.core.small_batch: packed once, by the first batch
 
     @property
     def weight_bytes(self) -> int:

@@ -23,6 +23,7 @@ from transformers import DynamicCache
 from engine.errors import InvalidRequestError
 from engine.core.generate import sync
 from engine.core.loader import LoadedModel
+from engine.core.small_batch import small_batch_kernels
 from engine.lab.speed import check_room, prompt_of_length
 from engine.serving.batch import left_pad, pad_id
 
@@ -32,14 +33,16 @@ MAX_BATCH = 64
 def batch_forward(lm: LoadedModel, input_ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
     """New tokens [B, T] after what the cache holds; `mask` [B, past + T] covers cache and new tokens.
 
-    Returns the logits at each row's last position, [B, V].
+    Returns the logits at each row's last position, [B, V]. A decode step of 2 to 16 rows uses the packed
+    small-batch weights on CPU, as the server's batched steps do (engine/core/small_batch.py).
     """
     t = input_ids.shape[1]
     start = cache.get_seq_length()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -t:]                           # [B, T] per-row positions
     slots = torch.arange(start, start + t, device=input_ids.device)                   # [T] cache slots
-    out = lm.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                   use_cache=True, cache_position=slots, logits_to_keep=1)
+    with small_batch_kernels(lm):
+        out = lm.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                       use_cache=True, cache_position=slots, logits_to_keep=1)
     return out.logits[:, -1]                                                           # [B, V]
 
 

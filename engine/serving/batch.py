@@ -36,6 +36,7 @@ from engine.core.generate import (GenerationRequest, TextStream, eos_ids, finish
                                   pick_token, prompt_pieces, sync, trim_stop)
 from engine.core.hooks import CAPTURE_KWARG, CapturePolicy, LayerCapture, StepCapture, instrument
 from engine.core.loader import LoadedModel
+from engine.core.small_batch import kernels_for, small_batch_kernels
 from engine.serving.paged import BlockTable, PagedBatch, SoloBatch, row_cache_state
 from engine.serving.prefix import PrefixCache, load_prefix, reused_rows
 from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
@@ -204,6 +205,8 @@ class BatchRunner:
         self.max_batch = max_batch if batchable(lm) else 1
         self.batch = PagedBatch() if batchable(lm) else SoloBatch()
         self.prefilling: deque[Slot] = deque()
+        if self.max_batch > 1:
+            kernels_for(lm)                  # pack now (under a second), not in the first batched step
 
     @property
     def slots(self) -> list[Slot]:
@@ -412,7 +415,7 @@ class BatchRunner:
         rows = [(b, pads[b], cap) for b, s in enumerate(slots) if (cap := s.new_capture()) is not None]
         capture = BatchCapture(rows) if rows else None
         union = _union_policy([s.policy for s in slots], [s.layer_ids for s in slots])
-        with torch.inference_mode(), instrument(self.lm.model, union):
+        with torch.inference_mode(), instrument(self.lm.model, union), small_batch_kernels(self.lm):
             out = self.lm.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                                 past_key_values=self.batch.cache, use_cache=True,
                                 cache_position=torch.arange(width, width + 1, device=device), logits_to_keep=1,

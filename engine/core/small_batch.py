@@ -1,0 +1,186 @@
+"""Small-batch matrix products on CPU: a packed oneDNN kernel for the batched decode steps.
+
+A decode step of B requests multiplies a (B, d_in) activation by every weight matrix. On a CPU with AVX2
+(the 2-core machine this app is built on), torch's default float32 path (MKL sgemm) is poor at 2 <= B <= 16:
+measured single-threaded, a 1536 x 576 matrix takes 84 us at B = 1, 158 us at B = 2 and 287 us at B = 6, and
+SmolLM2's 49152 x 576 LM head 8.3 ms at B = 1 but 19.5 ms at B = 2. oneDNN's matmul on a weight packed once in
+its blocked layout takes 111 us at B = 2, 180 us at B = 6, and 7.5 ms for the LM head at B = 2. At B = 1 MKL's
+matrix-vector path is faster, and for large B (a prefill chunk) they are even. So the batched decode step, and
+only it, uses the packed copy, and only for the matrix shapes where it measured faster on this machine
+(`calibrate`): everything else, a request alone included, runs the unchanged model.
+
+    with small_batch_kernels(lm):                # on this thread: small batches use the packed weights
+        lm.model(input_ids=ids, ...)             # (packed on first use; nothing where there is no gain)
+
+The packed copies cost memory (SmolLM2-135M: about 0.5 GB beside its 0.54 GB of float32 weights), so packing
+stops at `max_bytes`. The packed kernel rounds differently from MKL, as MKL's own B = 6 path rounds differently
+from its B = 1 path: a batched row equals the same request alone within float32 tolerance, not bit for bit
+(tests/test_small_batch.py). `PLAYGROUND_SMALL_BATCH=off` turns it off; `=all` packs every CPU float32 linear
+without measuring (the tests do, so that they run the packed kernel on any machine). docs/serving.md has the
+measurements.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+ROWS = range(2, 17)             # batch sizes (rows of the activation) that use the packed weights
+PROBE_ROWS = 4                  # the batch size `calibrate` times
+MIN_GAIN = 0.9                  # packed at most this share of MKL's time, or the shape is not packed
+MAX_BYTES = 2 * 1024 ** 3       # packed copies kept at most
+ENV = "PLAYGROUND_SMALL_BATCH"  # "auto" (default): shapes measured faster; "all": every one (tests); "off"
+
+_active = threading.local()
+
+
+def available() -> bool:
+    """Whether this torch has oneDNN's packed linear (a CPU build with MKL-DNN)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` (out, in) in oneDNN's blocked layout, for `packed_linear`."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ W.T + bias with W packed by `pack_weight`; x is (..., in)."""
+    rows = x.reshape(-1, x.shape[-1])
+    return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "").reshape(*x.shape[:-1], -1)
+
+
+def _seconds(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def calibrate(weight: torch.Tensor, packed: torch.Tensor, rows: int = PROBE_ROWS) -> tuple[float, float]:
+    """Seconds of one (rows, in) product with MKL and with the packed weight on this machine: the two
+    alternate, and the fastest of each counts (the least disturbed by whatever else the machine runs)."""
+    x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
+    rounds = 4 if weight.numel() > 8_000_000 else 12          # an LM head takes milliseconds
+    mkl, onednn = [], []
+    with torch.inference_mode():
+        for _ in range(rounds + 1):                           # the first round allocates; not counted
+            mkl.append(_seconds(lambda: F.linear(x, weight)))
+            onednn.append(_seconds(lambda: packed_linear(x, packed, None)))
+    return min(mkl[1:]), min(onednn[1:])
+
+
+class SmallBatchLinear(nn.Linear):
+    """An nn.Linear (the same object, its class switched by `SmallBatchKernels.pack`) that uses its packed weight
+    inside `SmallBatchKernels.active()` for 2 to 16 rows. A copy of the module, or a new weight, finds no packed
+    weight for it and computes as nn.Linear does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kernels = getattr(_active, "kernels", None)
+        packed = kernels.packed_for(self.weight, x) if kernels is not None else None
+        if packed is None:
+            return F.linear(x, self.weight, self.bias)
+        return packed_linear(x, packed, self.bias)
+
+
+class SmallBatchKernels:
+    """The packed weights of one model, by the identity of the weight tensor they were packed from."""
+
+    def __init__(self) -> None:
+        self._packed: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+        self.nbytes = 0
+        self.shapes: dict[tuple[int, int], tuple[float, float]] = {}     # (out, in) -> (MKL s, packed s)
+
+    @classmethod
+    def pack(cls, model: nn.Module, max_bytes: int = MAX_BYTES,
+             environ: dict[str, str] | None = None) -> "SmallBatchKernels | None":
+        """Pack every float32 CPU linear whose shape measured faster packed, up to `max_bytes` of copies;
+        None when nothing was packed (not a CPU float32 model, no oneDNN, turned off, or nothing faster)."""
+        mode = (os.environ if environ is None else environ).get(ENV, "auto").lower()
+        if mode in ("off", "0", "false", "no") or not available():
+            return None
+        kernels = cls()
+        for layer in model.modules():
+            if type(layer) in (nn.Linear, SmallBatchLinear) and kernels._worth_packing(layer.weight, max_bytes,
+                                                                                         measure=mode != "all"):
+                kernels._add(layer)
+        return kernels if kernels._packed else None
+
+    def _worth_packing(self, weight: torch.Tensor, max_bytes: int, measure: bool = True) -> bool:
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            return False
+        if id(weight) in self._packed:                                  # a tied weight: packed once
+            return True
+        if self.nbytes + weight.numel() * weight.element_size() > max_bytes:
+            return False
+        if not measure:
+            return True
+        shape = tuple(weight.shape)
+        if shape not in self.shapes:
+            packed = pack_weight(weight)
+            self.shapes[shape] = calibrate(weight, packed)
+            self._probe = (id(weight), packed)                          # kept: the first of its shape
+        mkl, onednn = self.shapes[shape]
+        return onednn <= MIN_GAIN * mkl
+
+    def _add(self, layer: nn.Linear) -> None:
+        weight, key = layer.weight, id(layer.weight)
+        if key not in self._packed:
+            probe_key, packed = getattr(self, "_probe", (None, None))
+            self._packed[key] = (weakref.ref(weight), packed if probe_key == key else pack_weight(weight))
+            self.nbytes += weight.numel() * weight.element_size()
+            weakref.finalize(weight, self._packed.pop, key, None)
+        self._probe = (None, None)
+        layer.__class__ = SmallBatchLinear
+
+    def packed_for(self, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
+        """The packed copy of `weight` when `x` is a small batch this kernel serves, else None."""
+        entry = self._packed.get(id(weight))
+        if entry is None or entry[0]() is not weight or x.dtype != torch.float32 or torch.is_grad_enabled():
+            return None
+        return entry[1] if x.numel() // x.shape[-1] in ROWS else None
+
+    @property
+    def weights(self) -> int:
+        """How many weight tensors have a packed copy (a tied LM head and embedding count once)."""
+        return len(self._packed)
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Within: this thread's small batches use the packed weights."""
+        before = getattr(_active, "kernels", None)
+        _active.kernels = self
+        try:
+            yield
+        finally:
+            _active.kernels = before
+
+
+_packing = threading.Lock()
+NOT_PACKED = "not packed"        # lm.small_batch once packing found nothing to gain
+
+
+def kernels_for(lm: Any) -> SmallBatchKernels | None:
+    """The model's packed weights, packed on the first call (a CPU float32 model only); None where nothing is."""
+    with _packing:
+        if lm.small_batch is None:
+            cpu32 = lm.device.type == "cpu" and lm.dtype == torch.float32
+            lm.small_batch = (SmallBatchKernels.pack(lm.model) if cpu32 else None) or NOT_PACKED
+    return lm.small_batch if isinstance(lm.small_batch, SmallBatchKernels) else None
+
+
+@contextmanager
+def small_batch_kernels(lm: Any) -> Iterator[SmallBatchKernels | None]:
+    """Within: this thread's forward passes of 2 to 16 rows use the model's packed weights, where it has any."""
+    kernels = kernels_for(lm)
+    if kernels is None:
+        yield None
+        return
+    with kernels.active():
+        yield kernels
