@@ -7,6 +7,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `streamlit run` puts app/ on the path, not the project root
     sys.path.insert(0, str(ROOT))
 
+import pandas  # noqa: E402,F401 - imported by every run before any page: see below
 import streamlit as st  # noqa: E402
 
 from app.runner_fixes import install as fix_script_runs  # noqa: E402
@@ -18,6 +19,10 @@ from app.sidebar import render_sidebar  # noqa: E402
 from app.watch import watch_slot, watch_strip  # noqa: E402
 from engine.errors import EngineError  # noqa: E402
 
+# pandas first: Streamlit imports it lazily (st.dataframe), and plotly peeks at sys.modules for it while it
+# builds a figure. On a fresh server, one session's first table and another's chart at the same moment
+# gave plotly the half-imported module (AttributeError: partially initialized module 'pandas'), a
+# traceback in that browser. Importing it here makes every run wait until it is whole.
 fix_script_runs()                                 # a room of followers: no blank or half-drawn page (runner_fixes.py)
 configure_page()                                  # st.set_page_config, the projector and presenter layouts
 home = st.Page(HOME.path, title=HOME.title, icon=HOME.icon, default=True)
