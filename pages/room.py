@@ -3,7 +3,7 @@ import streamlit as st
 
 from app.model import page_model
 from app.session import session_id
-from app.speed.room import live_section
+from app.speed.room import kernel_note, live_section
 from engine.serving.scheduler import scheduler_for
 
 lm = page_model(needed=True)
@@ -18,3 +18,6 @@ st.caption("Read the right-hand chart as the serving trade-off: each added reque
            "slower for everyone in it (latency), while the tokens produced per second by the whole room grow "
            "almost in step with the batch (throughput), because a step reads every weight once, whatever the "
            "number of users.")
+note = kernel_note(lm)
+if note:
+    st.caption(note)

@@ -114,3 +114,15 @@ def test_a_batch_with_every_linear_packed_equals_each_request_alone(tiny_lm, mon
         assert sink.error is None
         assert_same_run(sink.records, alone(tiny_lm, request, policy))
     assert rows_seen == []                          # a request alone never does
+
+
+def test_the_room_page_says_which_kernel_its_batched_steps_use(tmp_path, monkeypatch):
+    from app.speed.room import kernel_note
+
+    lm = load_model(str(write_tiny_llama(tmp_path / "m")))
+    assert kernel_note(lm) is None                               # nothing packed yet: the page does not pack
+    monkeypatch.setattr(small_batch, "calibrate", lambda w, packed: (2e-3, 1e-3) if w.shape[0] == 96 else (1, 1))
+    lm.small_batch = SmallBatchKernels.pack(lm.model, environ={})
+    note = kernel_note(lm)
+    assert "use 1 of the model's weight matrices" in note
+    assert "96 x 64 matrix, 4 rows took 2.0 ms with the default kernel and 1.0 ms packed" in note

@@ -17,6 +17,7 @@ from app.live import measure_in_box
 from app.widgets import plot
 from engine.core.generate import GenerationRequest
 from engine.core.loader import LoadedModel
+from engine.core.small_batch import PROBE_ROWS, ROWS, kernels_for
 from engine.lab.prefix_reuse import measure_prefix_reuse
 from engine.serving.batch import StepInfo
 from engine.serving.paged import BLOCK as PAGE_TOKENS, BlockTable
@@ -142,6 +143,24 @@ def live_section(scheduler, me: str | None) -> None:
 # --- the paged batch cache, for the KV-cache page ------------------------------------------------------------
 
 GRID = 32                    # blocks per row of the pool's picture
+
+
+def kernel_note(lm: LoadedModel) -> str | None:
+    """One line on the batched steps' kernel where this server packed weights for small batches (measured at
+    start); None where it did not (a GPU, bfloat16, nothing faster, or one request at a time)."""
+    kernels = kernels_for(lm, pack=False)
+    if kernels is None:
+        return None
+    faster = kernels.faster_shapes()
+    example = ""
+    if faster:
+        (out_dim, in_dim), (mkl, packed) = max(faster.items(), key=lambda item: item[0][0] * item[0][1])
+        example = (f" For the {out_dim:,} x {in_dim:,} matrix, {PROBE_ROWS} rows took {fmt_ms(mkl)} with the "
+                   f"default kernel and {fmt_ms(packed)} packed.")
+    return (f"Measured on this server at start: the default CPU kernel (MKL) multiplies a small batch of rows "
+            f"slowly, so steps of {ROWS.start} to {ROWS.stop - 1} requests use {kernels.weights} of the model's "
+            f"weight matrices packed for oneDNN instead (the shapes that measured faster here).{example} A request "
+            "alone keeps the default kernel, which is faster for one row.")
 
 
 def last_table(state: RoomState) -> BlockTable | None:

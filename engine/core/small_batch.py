@@ -146,6 +146,10 @@ class SmallBatchKernels:
             return None
         return entry[1] if x.numel() // x.shape[-1] in ROWS else None
 
+    def faster_shapes(self) -> dict[tuple[int, int], tuple[float, float]]:
+        """The shapes packed because they measured faster: (out, in) -> (MKL s, packed s) for PROBE_ROWS rows."""
+        return {shape: t for shape, t in self.shapes.items() if t[1] <= MIN_GAIN * t[0]}
+
     @property
     def weights(self) -> int:
         """How many weight tensors have a packed copy (a tied LM head and embedding count once)."""
@@ -166,10 +170,11 @@ _packing = threading.Lock()
 NOT_PACKED = "not packed"        # lm.small_batch once packing found nothing to gain
 
 
-def kernels_for(lm: Any) -> SmallBatchKernels | None:
-    """The model's packed weights, packed on the first call (a CPU float32 model only); None where nothing is."""
+def kernels_for(lm: Any, pack: bool = True) -> SmallBatchKernels | None:
+    """The model's packed weights, packed on the first call (a CPU float32 model only) unless `pack` is False;
+    None where nothing is packed."""
     with _packing:
-        if lm.small_batch is None:
+        if lm.small_batch is None and pack:
             cpu32 = lm.device.type == "cpu" and lm.dtype == torch.float32
             lm.small_batch = (SmallBatchKernels.pack(lm.model) if cpu32 else None) or NOT_PACKED
     return lm.small_batch if isinstance(lm.small_batch, SmallBatchKernels) else None
