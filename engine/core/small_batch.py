@@ -96,6 +96,7 @@ class SmallBatchKernels:
         self._packed: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
         self.nbytes = 0
         self.shapes: dict[tuple[int, int], tuple[float, float]] = {}     # (out, in) -> (MKL s, packed s)
+        self._probe: tuple[int | None, torch.Tensor | None] = (None, None)  # the weight calibrated last, packed
 
     @classmethod
     def pack(cls, model: nn.Module, max_bytes: int = MAX_BYTES,
@@ -132,7 +133,7 @@ class SmallBatchKernels:
     def _add(self, layer: nn.Linear) -> None:
         weight, key = layer.weight, id(layer.weight)
         if key not in self._packed:
-            probe_key, packed = getattr(self, "_probe", (None, None))
+            probe_key, packed = self._probe
             self._packed[key] = (weakref.ref(weight), packed if probe_key == key else pack_weight(weight))
             self.nbytes += weight.numel() * weight.element_size()
             weakref.finalize(weight, self._packed.pop, key, None)
