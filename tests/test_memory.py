@@ -31,6 +31,22 @@ def test_cpu_ledger_measures_tensors_and_says_how(lm):
     assert allocated_by(lambda: 7, lm.device) == (7, None) and peak_during(lambda: 7, lm.device) == (7, None, None)
 
 
+def test_the_small_batch_kernels_packed_copies_are_a_row_of_their_own(tiny_model_dir):
+    from app.kv.sections import ledger_table
+    from engine.core.small_batch import kernels_for
+
+    lm = load_model(str(tiny_model_dir), device="cpu", dtype="float32")
+    assert memory_ledger(lm).packed == 0                       # reading the ledger packs nothing
+    kernels = kernels_for(lm)                                  # what the first batch does (the tests pack all)
+    linears = [m for m in lm.model.modules() if isinstance(m, torch.nn.Linear)]
+    ledger = memory_ledger(lm)
+    assert ledger.packed == kernels.nbytes == sum(m.weight.numel() * 4 for m in linears)
+    assert ledger.workspace == ledger.process_rss - ledger.weights - ledger.packed
+    table = ledger_table(ledger)
+    assert "Weights packed again for batched steps (small-batch kernel)" in table[""]
+    assert "Rest of the process: RSS − weights − packed − KV" in table[""]
+
+
 def test_the_static_cache_is_counted_whole(lm):
     enable_static_decode(lm, compile="off")
     try:

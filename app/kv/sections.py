@@ -104,8 +104,11 @@ def ledger_table(ledger: MemoryLedger) -> dict[str, list[str]]:
                  ("Workspace at the peak: peak reserved − weights − KV", ledger.workspace, None),
                  ("GPU memory (torch.cuda.mem_get_info)", ledger.device_total, None)]
     else:
+        if ledger.packed:
+            rows.append(("Weights packed again for batched steps (small-batch kernel)", ledger.packed, None))
         rows += [("Process resident memory (RSS)", ledger.process_rss, None),
-                 ("Rest of the process: RSS − weights − KV", ledger.workspace, None)]
+                 ("Rest of the process: RSS − weights − packed − KV" if ledger.packed else
+                  "Rest of the process: RSS − weights − KV", ledger.workspace, None)]
     return {"": [r[0] for r in rows], "measured": [fmt_bytes(r[1]) for r in rows],
             "formula (model card)": [fmt_bytes(r[2]) if r[2] is not None else "–" for r in rows]}
 

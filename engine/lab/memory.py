@@ -23,6 +23,7 @@ import torch
 from engine.projection.card import kv_cache_bytes, weight_bytes
 from engine.core.fastpath import reserved_bytes
 from engine.core.loader import LoadedModel
+from engine.core.small_batch import kernels_for
 from engine.core.records import CacheState
 
 T = TypeVar("T")
@@ -49,16 +50,17 @@ class MemoryLedger:
     peak_reserved: int | None = None   # CUDA: high-water mark of what the allocator took from the card
     device_total: int | None = None    # CUDA: the card's memory
     process_rss: int | None = None     # CPU: resident set size of this process
+    packed: int = 0                    # CPU: the small-batch kernel's packed weight copies (engine/core/small_batch.py)
 
     @property
     def workspace(self) -> int:
         """What the peak held beyond the weights and the KV cache.
 
         CUDA: activations, logits, CUDA-graph pools and allocator slack (peak reserved - weights - KV).
-        CPU: the rest of the process (Python, libraries, activations): RSS - weights - KV.
+        CPU: the rest of the process (Python, libraries, activations): RSS - weights - packed copies - KV.
         """
         top = self.peak_reserved if self.peak_reserved is not None else (self.process_rss or 0)
-        return top - self.weights - max(self.kv, self.kv_reserved)
+        return top - self.weights - self.packed - max(self.kv, self.kv_reserved)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "workspace": self.workspace}
@@ -83,7 +85,9 @@ def memory_ledger(lm: LoadedModel, cache: CacheState | None = None, static: Any 
                             peak_allocated=torch.cuda.max_memory_allocated(lm.device),
                             peak_reserved=torch.cuda.max_memory_reserved(lm.device),
                             device_total=torch.cuda.mem_get_info(lm.device)[1], **common)
-    return MemoryLedger(measured_by=CPU_SOURCE, process_rss=psutil.Process().memory_info().rss, **common)
+    kernels = kernels_for(lm, pack=False)
+    return MemoryLedger(measured_by=CPU_SOURCE, process_rss=psutil.Process().memory_info().rss,
+                        packed=kernels.nbytes if kernels is not None else 0, **common)
 
 
 def allocated_by(fn: Callable[[], T], device: torch.device) -> tuple[T, int | None]:
