@@ -76,6 +76,9 @@ def test_a_tied_weight_is_packed_once_and_off_packs_nothing(tmp_path):
     assert kernels.weights == len(linears) and kernels.nbytes == sum(m.weight.numel() * 4 for m in linears)
     assert SmallBatchKernels.pack(make_layers(), environ={small_batch.ENV: "off"}) is None
     assert SmallBatchKernels.pack(make_layers(), max_bytes=0, environ={small_batch.ENV: "all"}) is None
+    first_only = make_layers()
+    kernels = SmallBatchKernels.pack(first_only, max_bytes=48 * 32 * 4, environ={small_batch.ENV: "all"})
+    assert kernels.nbytes == 48 * 32 * 4 and [type(first_only[i]) for i in (0, 2)] == [SmallBatchLinear, nn.Linear]
 
 
 def test_auto_packs_the_shapes_that_measured_faster(monkeypatch):

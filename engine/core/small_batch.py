@@ -28,6 +28,7 @@ import weakref
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+import psutil
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -35,7 +36,7 @@ from torch.nn import functional as F
 ROWS = range(2, 17)             # batch sizes (rows of the activation) that use the packed weights
 PROBE_ROWS = 4                  # the batch size `calibrate` times
 MIN_GAIN = 0.9                  # packed at most this share of MKL's time, or the shape is not packed
-MAX_BYTES = 2 * 1024 ** 3       # packed copies kept at most
+MAX_BYTES = 2 * 1024 ** 3       # packed copies kept at most (and at most a quarter of the free memory)
 ENV = "PLAYGROUND_SMALL_BATCH"  # "auto" (default): shapes measured faster; "all": every one (tests); "off"
 
 _active = threading.local()
@@ -177,7 +178,8 @@ def kernels_for(lm: Any, pack: bool = True) -> SmallBatchKernels | None:
     with _packing:
         if lm.small_batch is None and pack:
             cpu32 = lm.device.type == "cpu" and lm.dtype == torch.float32
-            lm.small_batch = (SmallBatchKernels.pack(lm.model) if cpu32 else None) or NOT_PACKED
+            budget = min(MAX_BYTES, psutil.virtual_memory().available // 4)    # a machine short of memory packs less
+            lm.small_batch = (SmallBatchKernels.pack(lm.model, budget) if cpu32 else None) or NOT_PACKED
     return lm.small_batch if isinstance(lm.small_batch, SmallBatchKernels) else None
 
 
