@@ -157,7 +157,7 @@ def test_a_full_queue_refuses_with_a_message(make_scheduler):
     running = scheduler.submit(request(0, new=100), CAPTURE_OFF)
     running.get(timeout=30)                           # now running, so the queue is empty
     waiting = scheduler.submit(request(1), CAPTURE_OFF)
-    with pytest.raises(QueueFullError, match="already waiting"):
+    with pytest.raises(QueueFullError, match="^1 request is already waiting for a place in the batch, the most"):
         scheduler.submit(request(2), CAPTURE_OFF)
     assert scheduler.stats().refused == 1
     for h in (running, waiting):

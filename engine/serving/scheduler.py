@@ -425,10 +425,11 @@ class Scheduler:
         if session is not None:
             self._join(session)
         frees_a_place = previous is not None and previous.state == "queued"   # it is replaced below
-        if len(self._queue) - frees_a_place - self._free_places() >= self.limits.max_queue:
-            raise QueueFullError(
-                f"{len(self._queue)} requests are already waiting, the most this server queues; "
-                f"try again in {self._retry_hint()}")
+        waiting = len(self._queue) - frees_a_place - self._free_places()       # beyond the places free now
+        if waiting >= self.limits.max_queue:
+            many = f"{waiting} requests are" if waiting != 1 else "1 request is"
+            raise QueueFullError(f"{many} already waiting for a place in the batch, the most this server queues; "
+                                 f"try again in {self._retry_hint()}")
         if previous is not None and not previous.done:
             self._cancel_locked(previous)
         self._queue.append(handle)
