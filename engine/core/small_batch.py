@@ -77,6 +77,12 @@ def calibrate(weight: torch.Tensor, packed: torch.Tensor, rows: int = PROBE_ROWS
     return min(mkl[1:]), min(onednn[1:])
 
 
+def _faster(times: tuple[float, float]) -> bool:
+    """Whether (MKL s, packed s) from `calibrate` is worth packing for."""
+    mkl, onednn = times
+    return onednn <= MIN_GAIN * mkl
+
+
 class SmallBatchLinear(nn.Linear):
     """An nn.Linear (the same object, its class switched by `SmallBatchKernels.pack`) that uses its packed weight
     inside `SmallBatchKernels.active()` for 2 to 16 rows. A copy of the module, or a new weight, finds no packed
@@ -97,7 +103,6 @@ class SmallBatchKernels:
         self._packed: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
         self.nbytes = 0
         self.shapes: dict[tuple[int, int], tuple[float, float]] = {}     # (out, in) -> (MKL s, packed s)
-        self._probe: tuple[int | None, torch.Tensor | None] = (None, None)  # the weight calibrated last, packed
 
     @classmethod
     def pack(cls, model: nn.Module, max_bytes: int = MAX_BYTES,
@@ -125,20 +130,15 @@ class SmallBatchKernels:
             return True
         shape = tuple(weight.shape)
         if shape not in self.shapes:
-            packed = pack_weight(weight)
-            self.shapes[shape] = calibrate(weight, packed)
-            self._probe = (id(weight), packed)                          # kept: the first of its shape
-        mkl, onednn = self.shapes[shape]
-        return onednn <= MIN_GAIN * mkl
+            self.shapes[shape] = calibrate(weight, pack_weight(weight))
+        return _faster(self.shapes[shape])
 
     def _add(self, layer: nn.Linear) -> None:
         weight, key = layer.weight, id(layer.weight)
         if key not in self._packed:
-            probe_key, packed = self._probe
-            self._packed[key] = (weakref.ref(weight), packed if probe_key == key else pack_weight(weight))
+            self._packed[key] = (weakref.ref(weight), pack_weight(weight))
             self.nbytes += weight.numel() * weight.element_size()
             weakref.finalize(weight, self._packed.pop, key, None)
-        self._probe = (None, None)
         layer.__class__ = SmallBatchLinear
 
     def packed_for(self, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
@@ -150,7 +150,7 @@ class SmallBatchKernels:
 
     def faster_shapes(self) -> dict[tuple[int, int], tuple[float, float]]:
         """The shapes packed because they measured faster: (out, in) -> (MKL s, packed s) for PROBE_ROWS rows."""
-        return {shape: t for shape, t in self.shapes.items() if t[1] <= MIN_GAIN * t[0]}
+        return {shape: times for shape, times in self.shapes.items() if _faster(times)}
 
     @property
     def weights(self) -> int:
