@@ -10,17 +10,15 @@ import streamlit as st
 
 from app.request import Sampling, new_token_limit, sanitize_settings
 from app.format import fmt_ms
-from app.model import draft_choice, model_slot
-from app.run import Run, Throttle
+from app.run import Draft, Run, Throttle
 from app.speculative import figures as charts
-from app.speculative.drafts import draft_model_options, is_model_spec
+from engine.speculative.options import is_model_spec
 from app.speculative.numbers import K_RANGE, PRESETS, Measured, measure, projected_pair
 from app.format import efficiency_note
 from app.widgets import ChartSlot, plot
-from engine.speculative.drafts import Draft
 from engine.errors import EngineError
-from engine.core.loader import LoadedModel
-from engine.speculative.decode import best_k, draft_from_spec, expected_speedup, expected_tokens_per_pass, speedup_curve
+from engine.service.client import ModelClient
+from engine.speculative.decode import best_k, expected_speedup, expected_tokens_per_pass, speedup_curve
 
 NS = "speculative"
 KINDS = {"ngram": "N-gram prompt lookup", "early-exit": "Early exit (the model's own first layers)",
@@ -45,9 +43,10 @@ class DraftChoice:
         return self.model if self.kind == "model" and self.model else "ngram"
 
 
-def _launched_defaults(n_layers: int) -> tuple[str, int]:
-    """Draft kind and early-exit depth to start from, following PLAYGROUND_DRAFT when it names one."""
-    launched, depth = draft_choice(), max(1, n_layers // 3)
+def _launched_defaults(lm: ModelClient) -> tuple[str, int]:
+    """Draft kind and early-exit depth to start from, following the launcher's --draft when it names one."""
+    n_layers = lm.spec.n_layers
+    launched, depth = lm.launched_draft, max(1, n_layers // 3)
     if launched is None or launched.startswith("ngram"):
         return "ngram", depth
     if is_model_spec(launched):
@@ -56,11 +55,11 @@ def _launched_defaults(n_layers: int) -> tuple[str, int]:
     return "early-exit", min(int(value), n_layers - 1) if value.strip().isdigit() else depth
 
 
-def draft_controls(lm: LoadedModel) -> DraftChoice | None:
+def draft_controls(lm: ModelClient) -> DraftChoice | None:
     """Draft kind and its setting; None (with the reason on screen) when the choice cannot run."""
     n_layers = lm.spec.n_layers
     kinds = [k for k in KINDS if k != "early-exit" or n_layers >= 2]
-    default, depth = _launched_defaults(n_layers)
+    default, depth = _launched_defaults(lm)
     kind = st.segmented_control("Draft", kinds, format_func=KINDS.get, default=default if default in kinds else "ngram",
                                 key=f"{NS}.draft", required=True) or "ngram"
     if kind == "ngram":
@@ -78,8 +77,8 @@ def draft_controls(lm: LoadedModel) -> DraftChoice | None:
     return _model_choice(lm)
 
 
-def _model_choice(lm: LoadedModel) -> DraftChoice | None:
-    options = draft_model_options(lm, draft_choice())
+def _model_choice(lm: ModelClient) -> DraftChoice | None:
+    options = lm.draft_options()
     usable = [o for o in options if o.usable]
     for o in options:
         if not o.usable:
@@ -111,7 +110,7 @@ def prompt_controls() -> str:
                         help="Wrapped in the chat template before tokenizing (for instruct models).")
 
 
-def run_controls(lm: LoadedModel) -> tuple[int, Sampling]:
+def run_controls(lm: ModelClient) -> tuple[int, Sampling]:
     """k, temperature, seed and max new tokens; the token limit is this server's (a stored value above it is
     put back in range, with a word)."""
     limit = new_token_limit(lm)
@@ -130,22 +129,15 @@ def run_controls(lm: LoadedModel) -> tuple[int, Sampling]:
 
 # --- running ------------------------------------------------------------------------------------------------
 
-def build_draft(lm: LoadedModel, choice: DraftChoice) -> Draft | None:
-    """The engine's Draft for the choice; a model draft is loaded once per process. None after an error."""
-    box = st.empty()
-
-    def load(name: str, device: str | None = None, dtype=None) -> LoadedModel:
-        bar = box.progress(0.0, text=f"Loading the draft {name} (first use only)…")
-        slot = model_slot(name, str(device), str(dtype).removeprefix("torch."))
-        return slot.get(lambda f, text: bar.progress(min(max(f, 0.0), 1.0), text=text))
-
+def build_draft(lm: ModelClient, choice: DraftChoice) -> Draft | None:
+    """The draft for the choice, loaded where the model is (a draft model once per server); None after an error."""
     try:
-        draft = draft_from_spec(choice.spec_text, lm, load=load)
+        with st.spinner(f"Loading the draft {choice.spec_text} (first use only)…"):
+            label = lm.load_draft(choice.spec_text)
     except EngineError as err:
-        box.error(str(err))
+        st.error(str(err))
         return None
-    box.empty()
-    return draft
+    return Draft(choice.spec_text, label, choice.kind)
 
 
 def last_speculative(run: Run | None) -> Run | None:

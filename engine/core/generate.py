@@ -41,12 +41,16 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     chat: bool = True            # apply the chat template when the model has one
     system: str | None = None
+    history: tuple[tuple[str, str], ...] = ()   # earlier turns (role, text) before `prompt`, the last user turn
 
+
+ROLES = ("system", "user", "assistant")
 
 _TYPES = {"prompt": (str,), "max_new_tokens": (Integral,), "temperature": (Real,), "top_k": (Integral,),
           "top_p": (Real,), "seed": (Integral,), "chat": (bool,), "system": (str, type(None))}
 _WORDS = {Integral: "a whole number", Real: "a number", str: "text", bool: "true or false", type(None): "empty"}
 MAX_STOPS, MAX_STOP_CHARS = 8, 200
+MAX_TURNS = 256
 
 
 def check_types(request: Any) -> None:
@@ -66,7 +70,23 @@ def check_types(request: Any) -> None:
     _check_text(request.system, "the system prompt")
     for x in stops:
         _check_text(x, "a stop string")
+    check_history(request.history)
 
+
+def check_history(history: Any) -> None:
+    """Earlier turns of a conversation: (role, text) pairs with a known role."""
+    if not isinstance(history, (tuple, list)) or len(history) > MAX_TURNS:
+        raise InvalidRequestError(f"a conversation may have at most {MAX_TURNS} earlier turns")
+    for turn in history:
+        if not (isinstance(turn, (tuple, list)) and len(turn) == 2 and all(isinstance(x, str) for x in turn)):
+            raise InvalidRequestError("each earlier turn must be a role and its text")
+        if turn[0] not in ROLES:
+            raise InvalidRequestError(f"a turn's role must be one of {', '.join(ROLES)}, not {turn[0][:20]!r}")
+        _check_text(turn[1], f"a {turn[0]} turn")
+
+
+def history_chars(request: GenerationRequest) -> int:
+    return sum(len(text) for _, text in request.history)
 
 def _check_text(text: str | None, what: str) -> None:
     if text is None:
@@ -102,14 +122,26 @@ def encode_prompt(lm: LoadedModel, request: GenerationRequest) -> list[int]:
     tok = lm.tokenizer
     if request.chat and lm.has_chat_template:
         messages = ([{"role": "system", "content": request.system}] if request.system else [])
+        messages += [{"role": role, "content": text} for role, text in request.history]
         messages.append({"role": "user", "content": request.prompt})
-        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = chat_text(tok, messages)
         ids = tok(text, add_special_tokens=False)["input_ids"]
+    elif request.history:
+        raise InvalidRequestError(f"{lm.label} has no chat template, so a conversation cannot be laid out for it; "
+                                  "send the text as one prompt")
     else:
         ids = tok(request.prompt)["input_ids"]
     if not ids:
         raise InvalidRequestError("the prompt encodes to no tokens for this model's tokenizer")
     return ids
+
+
+def chat_text(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    """The model's own chat template over the messages; a template that refuses them is a message, not a crash."""
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as err:  # noqa: BLE001 - jinja's TemplateError and friends: the template's own rules
+        raise InvalidRequestError(f"the model's chat template refused these messages: {str(err)[:200]}") from None
 
 
 def admit(lm: LoadedModel, request: GenerationRequest) -> list[int]:
@@ -198,7 +230,7 @@ def describe_token(lm: LoadedModel, logits: torch.Tensor, probs: torch.Tensor, t
     candidates = [Candidate(i, t, p) for i, t, p in zip(top_ids, texts, top.values.tolist())]
     rest, count = rest_of_logits(logits, kept.indices)
     return SampledToken(token_id, text, float(probs[token_id]), candidates,
-                        kept.indices.cpu().numpy(), kept.values.cpu().numpy(), rest, count)
+                        kept.indices.cpu().numpy(), kept.values.cpu().numpy(), rest, count, float(logits[token_id]))
 
 
 def rest_of_logits(logits: torch.Tensor, kept: torch.Tensor) -> tuple[float | None, int]:

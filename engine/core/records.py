@@ -38,6 +38,18 @@ class SampledToken:
     logits: np.ndarray            # (K,) their raw logits (before temperature)
     rest_logsumexp: float | None = None   # log Σ exp of the V - K raw logits not kept (None: none left out)
     rest_count: int = 0                   # V - K: how many that is
+    logit: float | None = None            # the chosen token's own raw logit (it may lie outside the K kept)
+
+    def logprob(self) -> float | None:
+        """log p of the chosen token under the model's raw distribution (before temperature, top-k, top-p)."""
+        if self.logit is None or len(self.logits) == 0:
+            return None
+        return self.logit - self.log_total()
+
+    def log_total(self) -> float:
+        """log Σ exp of every raw logit: the K kept and the rest."""
+        kept = float(np.logaddexp.reduce(self.logits.astype(np.float64)))
+        return kept if self.rest_logsumexp is None else float(np.logaddexp(kept, self.rest_logsumexp))
 
 
 @dataclass

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 
@@ -86,6 +86,14 @@ ENV_VARS: dict[str, str] = {
     "max_saved_per_session": "PLAYGROUND_MAX_SAVED_PER_SESSION",
     "max_saved_mb": "PLAYGROUND_MAX_SAVED_MB",
 }
+def limits_from_flags(args: Any, base: Limits) -> Limits:
+    """`base` with the limits given as flags applied on top, checked."""
+    from engine.serving.flags import LIMIT_FLAGS
+
+    given = {name: getattr(args, name) for name, _, _ in LIMIT_FLAGS if getattr(args, name, None) is not None}
+    return validated(replace(base, **given))
+
+
 ZERO_OK = ("max_queue", "reserve_mb", "prefix_cache_mb", "max_saved_per_session", "max_saved_mb")
 
 
@@ -208,9 +216,10 @@ def max_prompt_chars(limits: Limits) -> int:
     return limits.max_prompt_tokens * CHARS_PER_TOKEN
 
 
-def check_prompt_chars(limits: Limits, prompt: str, system: str | None = None) -> None:
-    """Refuse a prompt far longer than the token limit allows without running the tokenizer (a len() call)."""
-    n, cap = len(prompt) + len(system or ""), max_prompt_chars(limits)
+def check_prompt_chars(limits: Limits, prompt: str, system: str | None = None, more: int = 0) -> None:
+    """Refuse a prompt far longer than the token limit allows without running the tokenizer (a len() call);
+    `more`: characters of earlier turns of a conversation."""
+    n, cap = len(prompt) + len(system or "") + more, max_prompt_chars(limits)
     if n > cap:
         raise ContextLengthError(
             f"the prompt is {n:,} characters; this server reads at most {cap:,} (its limit is "

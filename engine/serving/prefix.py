@@ -39,6 +39,7 @@ class PrefixEntry:
 class PrefixStats:
     lookups: int = 0
     hits: int = 0
+    queried_tokens: int = 0      # prompt tokens looked up (vLLM's prefix_cache_queries)
     reused_tokens: int = 0
     entries: int = 0
     bytes: int = 0
@@ -57,6 +58,7 @@ class PrefixCache:
                n_heads: int) -> tuple[PrefixEntry | None, int]:
         """The entry sharing the longest start with `ids` (at most all but the last token) that serves `policy`."""
         self.stats.lookups += 1
+        self.stats.queried_tokens += len(ids)
         want = np.asarray(ids)
         best, best_n = None, 0
         for key, entry in self._entries.items():

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import queue
 import statistics
 import threading
@@ -37,7 +38,7 @@ import torch
 
 from engine.serving.batch import BatchRunner, Slot, StepInfo, batchable
 from engine.errors import EngineError, InvalidRequestError, QueueFullError, RequestTimeoutError
-from engine.core.generate import GenerationRequest, check_context, encode_prompt, validate
+from engine.core.generate import GenerationRequest, check_context, encode_prompt, history_chars, validate
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy
 from engine.serving.limits import (Limits, capture_bytes, check_capture, check_memory, check_prompt_chars, check_request,
                                    kv_bytes)
@@ -47,6 +48,7 @@ from engine.core.records import DoneRecord
 from engine.speculative.decode import speculative_generate
 from engine.speculative.drafts import Draft
 
+log = logging.getLogger(__name__)
 SERVICE_HISTORY = 20           # finished requests the mean service time averages over
 STEP_HISTORY = 400             # batch steps kept for the room view and the wait estimate
 SESSION_IDLE_SECONDS = 900.0   # a person unseen this long no longer counts against max_sessions
@@ -56,6 +58,12 @@ _END = object()                # end of a handle's record stream
 
 class SessionLimitError(QueueFullError):
     """The server already serves as many browser sessions as it was launched for."""
+
+
+def retry_after(err: EngineError, seconds: float) -> EngineError:
+    """The error with the seconds after which trying again should work (an HTTP server's Retry-After)."""
+    err.retry_after = seconds
+    return err
 
 
 class JobCancelled(EngineError):
@@ -126,6 +134,8 @@ class Handle:
     started: float | None = None
     finished: float | None = None
     tokens: int = 0                   # tokens generated so far
+    run_id: str = ""                  # the caller's name for this request (the service's run id)
+    listeners: tuple[Callable[["Handle", Any], None], ...] = field(default=(), repr=False)   # listener(handle, record)
     _records: queue.Queue = field(default_factory=queue.Queue, repr=False)
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     _got_done: bool = False
@@ -145,6 +155,15 @@ class Handle:
         """Stop this request: dropped from the queue, or stopped after the current step if running."""
         self.scheduler.cancel(self)
 
+    def _put(self, item: Any) -> None:
+        """A record (or the end marker) for the reader, and for each listener, in the worker's thread: cheap calls only."""
+        self._records.put(item)
+        for listener in self.listeners:
+            try:
+                listener(self, item)
+            except Exception:  # noqa: BLE001 - an observer's bug must not fail the request or the batch
+                log.exception("a listener of request %s failed", self.id)
+
     def get(self, timeout: float | None = None) -> Any:
         """The next record, None on timeout, or the end marker `Handle.END` once the stream is over."""
         try:
@@ -152,7 +171,7 @@ class Handle:
         except queue.Empty:
             return None
         if item is _END:
-            self._records.put(_END)          # keep the stream closed for later readers
+            self._records.put(_END)          # keep the stream closed for later readers (listeners saw it once)
         return item
 
     END = _END
@@ -250,6 +269,7 @@ class RoomMember:
     tokens: int                    # generated so far
     max_new_tokens: int
     seconds: float                 # since it joined the batch
+    run_id: str = ""               # the service's name for it (GET /v1/playground/runs/{run_id})
 
 
 @dataclass(frozen=True)
@@ -317,11 +337,11 @@ class Scheduler:
         if person not in self._people and len(self._people) >= self.limits.max_sessions:
             back = max(1, round((min(self._people.values()) + SESSION_IDLE_SECONDS - now) / 60))
             who = "person" if self.limits.max_sessions == 1 else "people"
-            raise SessionLimitError(
+            raise retry_after(SessionLimitError(
                 f"this server already serves {self.limits.max_sessions} {who}, its limit of browser sessions; a "
                 "place frees as soon "
                 f"as someone closes their tab, and at the latest in {back} minute(s); meanwhile follow the "
-                "presenter's screen")
+                "presenter's screen"), 60.0 * back)
         self._person_of[session] = person
         self._people[person] = now
 
@@ -342,21 +362,24 @@ class Scheduler:
     # --- submitting ------------------------------------------------------------------------------
 
     def submit(self, request: GenerationRequest | CheckedRequest, policy: CapturePolicy | None = None,
-               session: str | None = None, draft: Draft | None = None, k: int = 4) -> Handle:
+               session: str | None = None, draft: Draft | None = None, k: int = 4, run_id: str = "",
+               listeners: tuple[Callable[[Handle, Any], None], ...] = ()) -> Handle:
         """Queue a request; raises an EngineError subclass when it cannot be accepted.
 
         A `CheckedRequest` from `check` is not validated or tokenized again: only what may have changed since
         is checked (a `policy` given here against the capture limits, and the memory free now). A bare request
         is checked here, once. A session has at most one request in flight: submitting again cancels its
         previous one. `draft` runs speculative decoding with `k` drafted tokens per round, exclusively (the
-        batch drains first).
+        batch drains first). `run_id` names it for the caller; each of `listeners` is called as `listener(handle, record)`
+        for every record (and the end marker `Handle.END`, once the handle's state is final) in the worker's thread
+        as it is made, whether or not anyone reads the handle.
         """
         try:
             checked = self._recheck(request, policy) if isinstance(request, CheckedRequest) else self.check(
                 request, CAPTURE_OFF if policy is None else policy)
             with self._cond:
                 handle = self._new_handle(checked.request, checked.policy, session, draft=draft, k=k,
-                                          ids=list(checked.ids))
+                                          ids=list(checked.ids), run_id=run_id, listeners=listeners)
                 return self._enqueue(handle)
         except EngineError:
             with self._cond:
@@ -364,7 +387,8 @@ class Scheduler:
             raise
 
     def submit_job(self, job: Callable[[Callable[[float, str], None]], Any], label: str,
-                   session: str | None = None) -> Handle:
+                   session: str | None = None, run_id: str = "",
+                   listeners: tuple[Callable[[Handle, Any], None], ...] = ()) -> Handle:
         """Queue work that needs the model to itself (a speed-lab measurement): `job(progress)` -> value.
 
         It runs in its turn, alone; its handle streams JobProgress records and ends with a JobResult.
@@ -372,7 +396,8 @@ class Scheduler:
         """
         try:
             with self._cond:
-                return self._enqueue(self._new_handle(None, CAPTURE_OFF, session, job=job, label=label))
+                return self._enqueue(self._new_handle(None, CAPTURE_OFF, session, job=job, label=label, run_id=run_id,
+                                                      listeners=listeners))
         except EngineError:
             with self._cond:
                 self._stats.refused += 1
@@ -381,7 +406,8 @@ class Scheduler:
     def check(self, request: GenerationRequest, policy: CapturePolicy = CAPTURE_OFF) -> CheckedRequest:
         """Every check made at submit, without queueing: validated and tokenized once, here at the door."""
         validate(request)
-        check_prompt_chars(self.limits, request.prompt, request.system)     # before the tokenizer runs
+        check_prompt_chars(self.limits, request.prompt, request.system,      # before the tokenizer runs
+                           history_chars(request))
         ids = encode_prompt(self.lm, request)
         check_request(self.limits, self.lm.spec, self.lm.dtype_name, len(ids), request.max_new_tokens, policy)
         check_context(self.lm, len(ids), request.max_new_tokens)
@@ -428,8 +454,9 @@ class Scheduler:
         waiting = len(self._queue) - frees_a_place - self._free_places()       # beyond the places free now
         if waiting >= self.limits.max_queue:
             many = f"{waiting} requests are" if waiting != 1 else "1 request is"
-            raise QueueFullError(f"{many} already waiting for a place in the batch, the most this server queues; "
-                                 f"try again in {self._retry_hint()}")
+            hint, seconds = self._retry_hint()
+            raise retry_after(QueueFullError(f"{many} already waiting for a place in the batch, the most this server "
+                                             f"queues; try again in {hint}"), seconds)
         if previous is not None and not previous.done:
             self._cancel_locked(previous)
         self._queue.append(handle)
@@ -446,12 +473,14 @@ class Scheduler:
             return 0
         return max(self.limits.max_batch - len(self._running), 0)
 
-    def _retry_hint(self) -> str:
+    def _retry_hint(self) -> tuple[str, float]:
+        """When a place should free, in words and in seconds (from the measured step time)."""
         step = self._step_seconds()
         if step is None:
-            return "a minute"
+            return "a minute", 60.0
         soonest = min((h.request.max_new_tokens - h.tokens for h in self._running if h.request), default=0)
-        return f"about {max(1, round(soonest * step))} s, when a place in the batch frees"
+        seconds = max(1, round(soonest * step))
+        return f"about {seconds} s, when a place in the batch frees", float(seconds)
 
     # --- status and cancelling -------------------------------------------------------------------
 
@@ -536,7 +565,8 @@ class Scheduler:
         else:
             phase = "prefill" if not slot.generated else "decode"
         return RoomMember(handle.id, handle.session, phase, len(handle.ids), handle.tokens,
-                          handle.request.max_new_tokens if handle.request else 0, now - (handle.started or now))
+                          handle.request.max_new_tokens if handle.request else 0, now - (handle.started or now),
+                          handle.run_id)
 
     def close(self, timeout: float = 10.0) -> None:
         """Cancel everything and stop the worker (tests and shutdown)."""
@@ -600,7 +630,7 @@ class Scheduler:
     def _slot(self, handle: Handle) -> Slot:
         deadline = handle.started + self.limits.request_seconds
         stop = lambda: handle._cancel.is_set() or time.perf_counter() > deadline  # noqa: E731
-        emit = lambda record: handle._records.put(self._final(handle, record, deadline))  # noqa: E731
+        emit = lambda record: handle._put(self._final(handle, record, deadline))  # noqa: E731
         return Slot(handle.request, handle.ids, handle.policy, emit, lambda err: self._failed(handle, err), stop,
                     tag=handle, label=handle.id)
 
@@ -659,13 +689,13 @@ class Scheduler:
             for lock in self._locks(handle):
                 locks.enter_context(lock)
             if handle.job is not None:
-                handle._records.put(JobResult(handle.job(self._progress(handle))))
+                handle._put(JobResult(handle.job(self._progress(handle))))
                 return
             records = speculative_generate(self.lm, handle.request, handle.draft, handle.k, handle.policy,
                                            should_stop=stop, ids=handle.ids)
             try:
                 for record in records:
-                    handle._records.put(self._final(handle, record, deadline))
+                    handle._put(self._final(handle, record, deadline))
             finally:
                 records.close()
 
@@ -673,7 +703,7 @@ class Scheduler:
         def report(fraction: float, text: str) -> None:
             if handle._cancel.is_set():
                 raise JobCancelled("cancelled")
-            handle._records.put(JobProgress(float(fraction), str(text)))
+            handle._put(JobProgress(float(fraction), str(text)))
         return report
 
     def _count(self, handle: Handle, state: str) -> None:
@@ -710,7 +740,7 @@ class Scheduler:
                                 rel(handle.finished), state, handle.tokens))
         if handle.session is not None and self._by_session.get(handle.session) is handle:
             del self._by_session[handle.session]
-        handle._records.put(_END)
+        handle._put(_END)
 
     def _release_memory(self) -> None:
         if self.lm.device.type == "cuda":

@@ -1,4 +1,4 @@
-"""Which drafts this process can offer the speculative page: the launcher's draft model and every installed
+"""Which drafts this server can offer for speculative decoding: the launcher's draft model and every installed
 extra that shares the loaded model's vocabulary and is smaller (judged from configs, without loading weights).
 """
 from __future__ import annotations
