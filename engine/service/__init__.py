@@ -1,0 +1,2 @@
+"""The model as a service: one engine core (the scheduler over the loaded model) behind a typed client interface,
+in-process or over HTTP (engine/server/), with every run kept for inspection. See docs/serving.md."""

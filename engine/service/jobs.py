@@ -1,0 +1,431 @@
+"""The measurements a page can ask the model server for, by name: what used to be closures over the model in
+the page's own process. A client sends a name and plain parameters; the service runs the function here, where
+the model is, and sends back plain data (dataclasses, numpy arrays).
+
+Two kinds:
+- a **job** needs the model to itself for clean timings or to run it: it waits its turn in the scheduler's
+  queue (behind the running batch), reports progress, and stops when cancelled;
+- a **quick** one reads the weights or a file and runs at once beside the batch (the logit lens of one token,
+  one layer's weight rows, the model folder's listing).
+
+    value = run_quick(lm, "quant.weight_rows", {"layer": 3})
+    job = JOBS["speed.context"]; value = job.fn(lm, progress, **job.check(params))
+
+Parameters are checked here, each with its type and range, before anything runs: a page's values and an HTTP
+client's are held to the same rules.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+
+from engine.core.generate import GenerationRequest, validate
+from engine.core.hooks import CapturePolicy, LayerCapture, logit_lens
+from engine.core.loader import LoadedModel
+from engine.errors import InvalidRequestError
+
+Progress = Callable[[float, str], None]
+MAX_IDS = 32768
+MAX_LIST = 64
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    what: str                                   # how the queue and the room call it ("the batching measurement")
+    fn: Callable[..., Any]                      # fn(lm, progress, **params) for a job; fn(lm, **params) when quick
+    params: Mapping[str, Callable[[Any, LoadedModel], Any]]   # name -> check(value, lm) -> the value to use
+    quick: bool = False
+
+    def check(self, params: Mapping[str, Any], lm: LoadedModel) -> dict[str, Any]:
+        if not isinstance(params, Mapping):
+            raise InvalidRequestError("a job's parameters must be a map of names to values")
+        unknown = set(params) - set(self.params)
+        if unknown:
+            raise InvalidRequestError(f"{self.name} takes no parameter {sorted(map(str, unknown))[0]!r} "
+                                      f"(it takes: {', '.join(self.params) or 'none'})")
+        missing = set(self.params) - set(params)
+        if missing:
+            raise InvalidRequestError(f"{self.name} needs its parameter {sorted(missing)[0]!r}")
+        return {name: rule(params[name], lm) for name, rule in self.params.items()}
+
+
+JOBS: dict[str, Job] = {}
+
+
+def job(name: str, what: str, quick: bool = False, **params: Callable[[Any, LoadedModel], Any]):
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        JOBS[name] = Job(name, what, fn, params, quick)
+        return fn
+    return register
+
+
+def find(name: Any) -> Job:
+    found = JOBS.get(name) if isinstance(name, str) else None
+    if found is None:
+        raise InvalidRequestError(f"there is no measurement called {str(name)[:60]!r} on this server "
+                                  f"(known: {', '.join(sorted(JOBS))})")
+    return found
+
+
+def run_quick(lm: LoadedModel, name: str, params: Mapping[str, Any]) -> Any:
+    """A quick one, at once, in the caller's thread (it only reads the weights)."""
+    found = find(name)
+    if not found.quick:
+        raise InvalidRequestError(f"{name} needs the model to itself: submit it as a job")
+    return found.fn(lm, **found.check(params, lm))
+
+
+# --- parameter rules -----------------------------------------------------------------------------------------
+
+def whole(low: int, high: int | Callable[[LoadedModel], int]) -> Callable[[Any, LoadedModel], int]:
+    def rule(value: Any, lm: LoadedModel) -> int:
+        top = high(lm) if callable(high) else high
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= top:
+            raise InvalidRequestError(f"a whole number from {low} to {top} was expected, not {str(value)[:40]}")
+        return int(value)
+    return rule
+
+
+def wholes(low: int, high: int | Callable[[LoadedModel], int], most: int = MAX_LIST):
+    one = whole(low, high)
+
+    def rule(value: Any, lm: LoadedModel) -> list[int]:
+        if not isinstance(value, (list, tuple)) or not 0 < len(value) <= most:
+            raise InvalidRequestError(f"a list of 1 to {most} whole numbers was expected")
+        return [one(v, lm) for v in value]
+    return rule
+
+
+def choices(options: tuple[str, ...], most: int = MAX_LIST):
+    def rule(value: Any, lm: LoadedModel) -> list[str]:
+        if not isinstance(value, (list, tuple)) or len(value) > most or any(v not in options for v in value):
+            raise InvalidRequestError(f"a list of names from {', '.join(options)} was expected")
+        return list(value)
+    return rule
+
+
+def layer(value: Any, lm: LoadedModel) -> int:
+    return whole(0, lm.spec.n_layers - 1)(value, lm)
+
+
+def token_ids(value: Any, lm: LoadedModel) -> list[int]:
+    return wholes(0, lm.spec.vocab_size - 1, MAX_IDS)(value, lm)
+
+
+def request(value: Any, lm: LoadedModel) -> GenerationRequest:
+    if not isinstance(value, GenerationRequest):
+        raise InvalidRequestError("a generation request was expected")
+    validate(value)
+    return value
+
+
+def policy(value: Any, lm: LoadedModel) -> CapturePolicy:
+    if not isinstance(value, CapturePolicy):
+        raise InvalidRequestError("a capture policy was expected")
+    return value
+
+
+def residuals(value: Any, lm: LoadedModel) -> dict[int, np.ndarray]:
+    d = lm.spec.d_model
+    if not isinstance(value, Mapping) or len(value) > lm.spec.n_layers:
+        raise InvalidRequestError("a map of layer to residual vector was expected")
+    out = {}
+    for key, vector in value.items():
+        i = layer(key, lm)
+        if not isinstance(vector, np.ndarray) or vector.shape != (d,) or vector.dtype.kind != "f":
+            raise InvalidRequestError(f"layer {i}'s residual must be {d} floating-point numbers")
+        out[i] = vector
+    return out
+
+
+# --- attention ---------------------------------------------------------------------------------------------
+
+@job("attention.layer", "one layer's attention", ids=token_ids, layer=layer)
+def attention_layer(lm: LoadedModel, progress: Progress, ids: list[int], layer: int) -> LayerCapture:
+    from engine.lab.attention_math import capture_attention
+
+    return capture_attention(lm, ids, layer)
+
+
+@job("attention.qkv", "the attention capture", ids=token_ids, layer=layer)
+def attention_qkv(lm: LoadedModel, progress: Progress, ids: list[int], layer: int) -> Any:
+    from engine.lab.attention_math import capture_qkv
+
+    return capture_qkv(lm, ids, layer)
+
+
+@job("lens", "the logit lens", quick=True, resid=residuals, top=whole(1, 20))
+def lens(lm: LoadedModel, resid: dict[int, np.ndarray], top: int) -> dict[int, list[tuple[int, float]]]:
+    """Each layer's top tokens through the final norm and the LM head: reads two weights, never the cache."""
+    captures = {i: LayerCapture(i, resid=r.astype(np.float32)) for i, r in resid.items()}
+    logit_lens(lm.model, captures, top)
+    return {i: c.lens for i, c in captures.items()}
+
+
+# --- the speed lab and the serving pages ---------------------------------------------------------------------
+
+@job("speed.context", "the prompt-length measurement", lengths=wholes(1, lambda lm: lm.spec.max_context - 16),
+     repeats=whole(1, 5))
+def speed_context(lm: LoadedModel, progress: Progress, lengths: list[int], repeats: int) -> list[Any]:
+    from engine.lab.speed import DEFAULT_DECODE_STEPS, measure_context
+
+    points = []
+    for i, n in enumerate(lengths):
+        progress(i / len(lengths), f"prefill of {n:,} tokens, then {DEFAULT_DECODE_STEPS} decode steps")
+        points.append(measure_context(lm, n, repeats=repeats))
+    return points
+
+
+@job("batching.real", "the batching measurement", batches=wholes(1, 64, 8), rounds=whole(1, 5))
+def batching_real(lm: LoadedModel, progress: Progress, batches: list[int], rounds: int) -> list[dict]:
+    from engine.lab.batching import measure_batching
+
+    return [p.to_dict() for p in measure_batching(lm, batches, rounds=rounds, progress=progress)]
+
+
+@job("cost.phases", "the prefill and decode measurement", batches=wholes(1, 64, 8), prompt=whole(1, 8192),
+     new=whole(1, 64), rounds=whole(1, 5))
+def cost_phases(lm: LoadedModel, progress: Progress, batches: list[int], prompt: int, new: int,
+                rounds: int) -> list[dict]:
+    from engine.lab.batching import measure_phases
+
+    return [p.to_dict() for p in measure_phases(lm, batches, prompt, new, rounds, progress)]
+
+
+def two_requests(value: Any, lm: LoadedModel) -> list[GenerationRequest]:
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise InvalidRequestError("two generation requests were expected")
+    return [request(v, lm) for v in value]
+
+
+@job("prefix.reuse", "the prefix-cache measurement", prompts=two_requests)
+def prefix_reuse(lm: LoadedModel, progress: Progress, prompts: list[GenerationRequest]) -> dict[str, dict]:
+    from engine.lab.prefix_reuse import measure_prefix_reuse
+
+    first, other = prompts
+    progress(0.0, "a different question after the same opening")
+    shared = measure_prefix_reuse(lm, first, other)
+    progress(0.5, "the same prompt again, as when a presenter's prompt is sent by the whole room")
+    return {"same opening": asdict(shared), "same prompt": asdict(measure_prefix_reuse(lm, first, first))}
+
+
+@job("kv.on_off", "the cache on/off measurement", prompt=whole(1, 4096), steps=whole(1, 256))
+def kv_on_off(lm: LoadedModel, progress: Progress, prompt: int, steps: int) -> tuple[Any, Any, str]:
+    """The same greedy answer with the cache and without, token by token; and the answer's text."""
+    from engine.lab.kv_cache import generate_both
+    from engine.lab.speed import prompt_of_length
+
+    ids = prompt_of_length(lm, prompt)
+    on, off = generate_both(lm, ids, steps, progress=lambda i: progress(i / steps, f"token {i} both ways"))
+    return on, off, lm.tokenizer.decode(list(on.tokens))
+
+
+@job("observer.effect", "the observer-effect measurement", request=request, policy=policy, rounds=whole(1, 5))
+def observer(lm: LoadedModel, progress: Progress, request: GenerationRequest, policy: CapturePolicy,
+             rounds: int) -> Any:
+    from engine.lab.speed import observer_effect
+
+    return observer_effect(lm, request, policy, rounds, progress)
+
+
+def boolean(value: Any, lm: LoadedModel) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidRequestError("true or false was expected")
+    return value
+
+
+@job("device.roof", "this device's peaks", quick=True, again=boolean)
+def device_roof(lm: LoadedModel, again: bool) -> Any:
+    """This device's memory bandwidth and FLOP/s (a spec sheet for a known GPU, else measured once, ~1 s; `again`
+    measures anew)."""
+    if again:
+        _roof.cache_clear()
+    return _roof(str(lm.device), lm.dtype_name)
+
+
+@functools.lru_cache(maxsize=4)
+def _roof(device: str, dtype: str) -> Any:
+    from engine.lab.speed import measure_roof
+
+    with _ROOF_LOCK:
+        return measure_roof(device, getattr(torch, dtype))
+
+
+_ROOF_LOCK = threading.Lock()
+
+
+# --- explainers -------------------------------------------------------------------------------------------------
+
+@job("fusion.sweep", "the attention timing", lengths=wholes(1, 131072, 16), repeats=whole(1, 5))
+def fusion_sweep(lm: LoadedModel, progress: Progress, lengths: list[int], repeats: int) -> list[dict]:
+    from engine.lab.fusion import sweep_fusion
+
+    return [p.to_dict() for p in sweep_fusion(lm.spec, lengths, lm.device, lm.dtype, repeats, progress=progress)]
+
+
+def _eval_ids(lm: LoadedModel) -> list[int]:
+    from engine.lab.quant_detail import EVAL_TEXT, EVAL_TOKENS
+    from engine.lab.quantize import text_ids
+
+    return text_ids(lm, EVAL_TEXT, EVAL_TOKENS)
+
+
+@job("quant.outliers", "the outlier measurement")
+def quant_outliers(lm: LoadedModel, progress: Progress) -> dict[str, Any]:
+    from engine.lab.quant_detail import activation_channels, int8_errors_by_layer, layer_inputs
+
+    ids = _eval_ids(lm)
+    hidden = layer_inputs(lm, ids)
+    normed, resid = activation_channels(lm, hidden)
+    return {"normed": normed, "resid": resid, "errors": int8_errors_by_layer(lm, hidden), "tokens": len(ids)}
+
+
+@job("quant.grids", "the 4-bit comparison", schemes=lambda value, lm: choices(_schemes())(value, lm))
+def quant_grids(lm: LoadedModel, progress: Progress, schemes: list[str]) -> dict[str, Any]:
+    from engine.lab.quant_detail import grid_share, scheme_quality
+    from engine.lab.quantize import all_logits
+
+    ids, share = _eval_ids(lm), grid_share(lm)
+    reference = all_logits(lm, ids)
+    rows = []
+    for i, scheme in enumerate(schemes):
+        progress(i / len(schemes), f"{scheme}: quantizing a copy, one pass over the text")
+        rows.append(scheme_quality(lm, scheme, ids, reference).__dict__)
+    return {"rows": rows, "share": share, "tokens": len(ids)}
+
+
+def _schemes() -> tuple[str, ...]:
+    from engine.lab.quant_detail import SCHEMES
+
+    return tuple(SCHEMES)
+
+
+@job("quant.methods", "the GPTQ/AWQ comparison", layer=layer)
+def quant_methods(lm: LoadedModel, progress: Progress, layer: int) -> Any:
+    from engine.lab.quant_calibrated import compare_methods
+    from engine.lab.quant_detail import q_proj_inputs
+
+    return compare_methods(q_proj_inputs(lm, _eval_ids(lm), layer), lm.model.model.layers[layer].self_attn.q_proj.weight)
+
+
+@job("quant.weight_rows", "one layer's weights", quick=True, layer=layer)
+def quant_weight_rows(lm: LoadedModel, layer: int) -> tuple[np.ndarray, np.ndarray]:
+    from engine.lab.quant_detail import weight_rows
+
+    return weight_rows(lm.model.model.layers[layer].self_attn.q_proj.weight)
+
+
+@job("quant.notable_weights", "some real weights", quick=True)
+def quant_notable_weights(lm: LoadedModel) -> list[tuple[str, float]]:
+    from engine.lab.quant_detail import notable_weights
+
+    return notable_weights(lm)
+
+
+@job("precision.compare", "the precision measurement", schemes=choices(("int8", "int4"), 2),
+     group=lambda v, lm: _group(v))
+def precision_compare(lm: LoadedModel, progress: Progress, schemes: list[str], group: int) -> dict[str, Any]:
+    """Quantized copies (made once per scheme and kept), their predictions on a fixed text and their decode speed,
+    interleaved with the loaded model's: one row per precision."""
+    from engine.lab.quantize import compare_models, text_ids
+    from engine.lab.speed import compare_decode, prompt_of_length
+
+    copies = []
+    for i, scheme in enumerate(schemes):
+        progress(0.3 * i / len(schemes), f"quantizing a copy to {scheme.upper()}")
+        copies.append(_quantized_copy(lm, scheme, group))
+    ids = text_ids(lm)
+    progress(0.3, f"comparing predictions on a {len(ids)}-token text")
+    qualities = [compare_models(lm, q.lm, ids) for q in copies]
+    timings = compare_decode([lm] + [q.lm for q in copies], prompt_of_length(lm, PRECISION_PROMPT), PRECISION_STEPS,
+                             PRECISION_ROUNDS, progress=lambda f, m: progress(0.5 + 0.5 * f, f"timing decode: {m}"))
+    rows = [_precision_row(lm.dtype_name.upper(), None, lm, None, timings[0])]
+    rows += [_precision_row(q.scheme.upper() + (f" (g{q.group_size})" if q.group_size else ""), q, lm, quality, t)
+             for q, quality, t in zip(copies, qualities, timings[1:])]
+    return {"rows": rows, "tokens": len(ids)}
+
+
+PRECISION_PROMPT, PRECISION_STEPS, PRECISION_ROUNDS = 32, 8, 2
+
+
+def _group(value: Any) -> int:
+    from engine.lab.quantize import GROUP_SIZES
+
+    if value not in GROUP_SIZES:
+        raise InvalidRequestError(f"the group size must be one of {', '.join(map(str, GROUP_SIZES))}")
+    return int(value)
+
+
+_COPIES: dict[tuple, Any] = {}
+_COPIES_LOCK = threading.Lock()
+MAX_COPIES = 3
+
+
+def _quantized_copy(lm: LoadedModel, scheme: str, group: int) -> Any:
+    """One quantized copy per (model, scheme, group), kept for the next measurement; the model is never changed."""
+    from engine.lab.quantize import quantize_copy
+
+    key = (id(lm), scheme, group)
+    with _COPIES_LOCK:
+        if key not in _COPIES:
+            while len(_COPIES) >= MAX_COPIES:
+                _COPIES.pop(next(iter(_COPIES)))
+            _COPIES[key] = quantize_copy(lm, scheme, group)
+        return _COPIES[key]
+
+
+def _precision_row(label: str, q: Any, lm: LoadedModel, quality: Any, timing: Any) -> dict:
+    return {"precision": label, "stored_bytes": q.stored_bytes if q else lm.weight_bytes,
+            "bits_per_weight": q.bits_per_weight if q else 8 * lm.dtype.itemsize,
+            "weight_error": q.weight_error if q else 0.0, "mode": q.mode if q else "float matmul",
+            "compute": q.compute_dtype if q else lm.dtype_name,
+            "agreement": quality.top1_agreement if quality else 1.0,
+            "ppl": quality.ppl_candidate if quality else None, "ppl_change": quality.ppl_change if quality else 0.0,
+            "kl": quality.mean_kl if quality else 0.0, "itl": timing.itl, "tok_s": timing.tokens_per_second}
+
+
+# --- the model folder --------------------------------------------------------------------------------------------
+
+@job("folder.report", "the model folder", quick=True)
+def folder_report(lm: LoadedModel) -> dict[str, Any]:
+    """The folder the weights were loaded from, as it is on the server's disk, and its config.json."""
+    import json
+
+    from engine.models.folder import describe_folder
+
+    report = describe_folder(lm.source)
+    return {"report": report, "config": json.loads((report.path / "config.json").read_text())}
+
+
+@job("folder.read", "reading the weight files", quick=True)
+def folder_read(lm: LoadedModel) -> dict[str, float]:
+    from engine.models.folder import describe_folder, time_read
+
+    timing = time_read(describe_folder(lm.source))
+    return {"bytes": timing.nbytes, "seconds": timing.seconds}
+
+
+# --- memory --------------------------------------------------------------------------------------------------------
+
+@job("memory.ledger", "the memory ledger", quick=True, cache_length=whole(0, 2**31), cache_bytes=whole(0, 2**62))
+def memory_ledger(lm: LoadedModel, cache_length: int, cache_bytes: int) -> Any:
+    """The server's memory now (torch.cuda's own figures on a GPU) beside the formula, with a run's cache."""
+    from engine.core.records import CacheState
+    from engine.lab.memory import memory_ledger as ledger
+
+    return ledger(lm, CacheState(cache_length, cache_bytes, []) if cache_length else None)
+
+
+@job("batch.kernels", "the small-batch kernel", quick=True)
+def batch_kernels(lm: LoadedModel) -> dict[str, Any] | None:
+    """The weights the batched CPU steps use packed, and the timings that chose them (measured at start)."""
+    from engine.core.small_batch import kernels_for
+
+    kernels = kernels_for(lm, pack=False)
+    return None if kernels is None else {"weights": kernels.weights, "faster": kernels.faster_shapes()}

@@ -1,0 +1,179 @@
+"""Every run the service made, kept for a while so that anyone can look at it by id: its request, its state and
+its records (tokens, timings, captures), growing while it streams.
+
+    store = RunStore(max_runs=256, max_bytes=1 << 30)
+    info = store.open(RunInfo(id=new_run_id(), kind="generation", ...))
+    store.append(info.id, record)                  # from the scheduler's worker, as each record is made
+    store.close(info.id, "done")
+    part = store.slice(info.id, since=0)           # RunSlice: the info and the records from `since` on
+    part = store.wait(info.id, since=3, timeout=1) # the same, once there is something new (a follower's stream)
+
+Bounded: at most `max_runs` runs and `max_bytes` of records; the oldest finished runs go first. A run asked for
+after it went is a clear `RunNotFoundError`, never a stale answer.
+"""
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from engine.core.generate import GenerationRequest
+from engine.core.hooks import CAPTURE_OFF, CapturePolicy
+from engine.errors import EngineError
+
+RECORD_BYTES = 4096            # a record without its captures: the token, 256 kept logits, 10 candidates
+FINISHED = ("done", "cancelled", "failed")
+
+
+class RunNotFoundError(EngineError):
+    """No run with that id: never made here, or dropped to make room for newer ones."""
+
+
+def new_run_id() -> str:
+    return "run-" + secrets.token_hex(8)
+
+
+@dataclass
+class RunInfo:
+    """What a run is: who asked for what, and where it stands."""
+
+    id: str
+    kind: str                                  # "generation", "speculative" or "job"
+    source: str                                # "api" (an HTTP client), "page" (a browser session), "cli"
+    model: str = ""                            # the model's label
+    session: str | None = None
+    request: GenerationRequest | None = None
+    policy: CapturePolicy = CAPTURE_OFF
+    draft: str | None = None                   # speculative: the draft's spec ("ngram", "early-exit:8", a model)
+    k: int = 0
+    label: str = ""                            # a job's name; a speculative run's draft, as people read it
+    parent: str | None = None                  # the run this one measures against (a speculative run's baseline)
+    created: float = field(default_factory=time.time)
+    state: str = "queued"                      # queued, running, done, cancelled, failed
+    error: str | None = None
+    finished: float | None = None
+    n_records: int = 0
+    bytes: int = 0
+
+    @property
+    def live(self) -> bool:
+        return self.state not in FINISHED
+
+
+@dataclass(frozen=True)
+class RunSlice:
+    """A run's info and its records from `start` on (all of them when start is 0)."""
+
+    info: RunInfo
+    start: int
+    records: list[Any]
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.records)
+
+
+@dataclass
+class _Entry:
+    info: RunInfo
+    records: list[Any] = field(default_factory=list)
+
+
+class RunStore:
+    """The service's runs by id, bounded in number and bytes; thread-safe."""
+
+    def __init__(self, max_runs: int = 256, max_bytes: int = 1 << 30):
+        self.max_runs, self.max_bytes = max_runs, max_bytes
+        self._runs: OrderedDict[str, _Entry] = OrderedDict()
+        self._bytes = 0
+        self._cond = threading.Condition()
+
+    def open(self, info: RunInfo) -> RunInfo:
+        with self._cond:
+            self._runs[info.id] = _Entry(info)
+            self._evict()
+        return info
+
+    def append(self, run_id: str, record: Any) -> None:
+        """One more record (from the worker thread): counted, kept, and any follower woken."""
+        size = record_bytes(record)
+        with self._cond:
+            entry = self._runs.get(run_id)
+            if entry is None:
+                return                                 # dropped while running: nobody can ask for it any more
+            entry.records.append(record)
+            entry.info.n_records += 1
+            entry.info.bytes += size
+            if entry.info.state == "queued":
+                entry.info.state = "running"
+            self._bytes += size
+            self._evict()
+            self._cond.notify_all()
+
+    def close(self, run_id: str, state: str, error: str | None = None) -> None:
+        with self._cond:
+            entry = self._runs.get(run_id)
+            if entry is not None and entry.info.live:
+                entry.info.state, entry.info.error, entry.info.finished = state, error, time.time()
+            self._cond.notify_all()
+
+    def info(self, run_id: str) -> RunInfo:
+        with self._cond:
+            return replace(self._entry(run_id).info)
+
+    def slice(self, run_id: str, since: int = 0) -> RunSlice:
+        with self._cond:
+            entry = self._entry(run_id)
+            since = min(max(since, 0), len(entry.records))
+            return RunSlice(replace(entry.info), since, entry.records[since:])
+
+    def wait(self, run_id: str, since: int, timeout: float) -> RunSlice:
+        """The records after `since`, waiting up to `timeout` seconds for one when there are none yet."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                entry = self._entry(run_id)
+                left = deadline - time.monotonic()
+                if len(entry.records) > since or not entry.info.live or left <= 0:
+                    return self.slice(run_id, since)
+                self._cond.wait(left)
+
+    def list(self, limit: int = 50) -> list[RunInfo]:
+        """The newest runs first."""
+        with self._cond:
+            return [replace(e.info) for e in reversed(self._runs.values())][:limit]
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def _entry(self, run_id: str) -> _Entry:
+        entry = self._runs.get(run_id)
+        if entry is None:
+            raise RunNotFoundError(f"no run {str(run_id)[:40]!r} on this server: it was never made here, or it was "
+                                   f"dropped to make room for newer runs (the server keeps the last {self.max_runs} "
+                                   "runs and a bounded amount of their records)")
+        return entry
+
+    def _evict(self) -> None:
+        """Drop the oldest finished runs while over either bound (running runs stay)."""
+        while len(self._runs) > self.max_runs or self._bytes > self.max_bytes:
+            victim = next((k for k, e in self._runs.items() if not e.info.live), None)
+            if victim is None:
+                return
+            self._bytes -= self._runs.pop(victim).info.bytes
+
+
+def record_bytes(record: Any) -> int:
+    """Memory a record holds: a fixed share for the token and its logits, plus every captured array."""
+    total = RECORD_BYTES
+    for cap in (getattr(record, "captures", None) or {}).values():
+        for value in vars(cap).values():
+            if isinstance(value, np.ndarray):
+                total += value.nbytes
+    return total

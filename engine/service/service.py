@@ -1,0 +1,311 @@
+"""The engine core as a service: the loaded model, its scheduler, the runs it made, the room and the presenter's
+board, behind the one typed interface every client uses (`ModelClient`, engine/service/client.py).
+
+In-process it is that client itself (the default: `make run` is one process); `python -m engine serve` puts it
+behind HTTP (engine/server/), and `RemoteModel` speaks to it from another process.
+
+    service = EngineService(load_model("default"))
+    handle = service.submit(GenerationRequest("Why is the sky blue?"), session="a1b2")
+    for record in handle.records(): ...
+    service.run_slice(handle.run_id)                # the same run, by id, for anyone
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import psutil
+import torch
+
+from engine.core.generate import GenerationRequest
+from engine.core.hooks import CAPTURE_OFF, CapturePolicy
+from engine.core.loader import LoadedModel, load_model
+from engine.errors import EngineError, InvalidRequestError
+from engine.projection.specs import ModelSpec
+from engine.service import jobs as job_registry
+from engine.service.board import PresenterBoard
+from engine.service.metrics import ServiceMetrics
+from engine.service.runs import RunInfo, RunSlice, RunStore, new_run_id
+from engine.serving.limits import Limits
+from engine.serving.prefix import PrefixStats
+from engine.serving.scheduler import (CheckedRequest, Handle, JobProgress, RoomState, SchedulerStats, Span,
+                                      scheduler_for)
+from engine.speculative.decode import draft_from_spec
+from engine.speculative.drafts import Draft
+from engine.speculative.options import DraftModelOption, draft_model_options, is_model_spec
+
+PRESENCE_STALE_SECONDS = 30.0     # a web process that has not reported its sessions this long is gone
+RUN_STORE_SHARE = 4               # the run store keeps this many requests' worth of the capture limit
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a client needs to know about the served model, without its weights."""
+
+    name: str
+    label: str
+    source: str                   # the folder the weights came from, on the server's disk
+    spec: ModelSpec
+    dtype_name: str
+    device: str
+    has_chat_template: bool
+    weight_bytes: int
+    load_seconds: float
+    limits: Limits
+    presenter_mode: bool = False
+    launched_draft: str | None = None
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    name: str
+    bytes: int
+
+
+class Presence:
+    """Which browser sessions are still connected, as each web process last reported them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._where: dict[str, str] = {}                       # session -> the web process that holds it
+        self._reports: dict[str, tuple[float, frozenset[str]]] = {}
+
+    def report(self, process: str, sessions: Iterable[str]) -> None:
+        now, held = time.monotonic(), frozenset(sessions)
+        with self._lock:
+            self._reports[process] = (now, held)
+            for s in held:
+                self._where[s] = process
+
+    def __call__(self, session: str) -> bool:
+        """True while its process says so; unknown sessions (no process reported them) count as present."""
+        with self._lock:
+            process = self._where.get(session)
+            if process is None:
+                return True
+            at, held = self._reports[process]
+            present = session in held and time.monotonic() - at < PRESENCE_STALE_SECONDS
+            if not present:
+                del self._where[session]
+            return present
+
+
+@dataclass
+class DraftModels:
+    """Draft models loaded for speculative decoding, once each, shared by every request."""
+
+    loaded: dict[str, LoadedModel] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def load(self, name: str, device: str | None = None, dtype: Any = None,
+             progress: Callable[[float, str], None] | None = None) -> LoadedModel:
+        with self.lock:
+            if name not in self.loaded:
+                self.loaded[name] = load_model(name, device=device, dtype=dtype, progress=progress)
+            return self.loaded[name]
+
+
+class EngineService:
+    """One model served: submit requests and jobs, watch the room, look up any run by id. Thread-safe."""
+
+    transport = "in-process"
+
+    def __init__(self, lm: LoadedModel, limits: Limits | None = None, presenter_token: str | None = None,
+                 launched_draft: str | None = None):
+        self.lm = lm
+        self.scheduler = scheduler_for(lm, limits)
+        self.runs = RunStore(max_bytes=max(1 << 30, RUN_STORE_SHARE * self.scheduler.limits.max_capture_bytes))
+        self.board = PresenterBoard(presenter_token)
+        self.presence = Presence()
+        self.scheduler.presence = self.presence
+        self.metrics = ServiceMetrics(self.scheduler)
+        self.launched_draft = launched_draft
+        self._drafts = DraftModels()
+        self._tokenizer_files: dict[str, bytes] | None = None
+
+    # --- what the model is (read by pages and by the pure lab functions alike) --------------------------------
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.lm.spec
+
+    @property
+    def label(self) -> str:
+        return self.lm.label
+
+    @property
+    def name(self) -> str:
+        return self.lm.name
+
+    @property
+    def source(self) -> Path:
+        return self.lm.source
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm.dtype
+
+    @property
+    def dtype_name(self) -> str:
+        return self.lm.dtype_name
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.lm.tokenizer
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.lm.has_chat_template
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.lm.weight_bytes
+
+    @property
+    def load_seconds(self) -> float:
+        return self.lm.load_seconds
+
+    @property
+    def limits(self) -> Limits:
+        return self.scheduler.limits
+
+    def info(self) -> ModelInfo:
+        lm = self.lm
+        return ModelInfo(lm.name, lm.label, str(lm.source), lm.spec, lm.dtype_name, str(lm.device),
+                         lm.has_chat_template, lm.weight_bytes, lm.load_seconds, self.limits, self.board.enabled,
+                         self.launched_draft)
+
+    # --- requests -----------------------------------------------------------------------------------------------
+
+    def check(self, request: GenerationRequest, policy: CapturePolicy = CAPTURE_OFF) -> CheckedRequest:
+        """Every check of the door, without queueing (raises an EngineError); the ids the model will read."""
+        return self.scheduler.check(request, policy)
+
+    def submit(self, request: GenerationRequest | CheckedRequest, policy: CapturePolicy | None = None,
+               session: str | None = None, draft: str | None = None, k: int = 4, source: str = "page",
+               parent: str | None = None, listeners: tuple[Callable[[Handle, Any], None], ...] = ()) -> Handle:
+        """Queue a generation (speculative with a `draft` spec: "ngram", "early-exit:N", a draft model's name) and
+        keep its run under `handle.run_id`. Raises an EngineError subclass when refused."""
+        built = self._draft(draft) if draft else None
+        base = request.request if isinstance(request, CheckedRequest) else request
+        info = RunInfo(new_run_id(), "speculative" if draft else "generation", source, self.label, session, base,
+                       policy if policy is not None else getattr(request, "policy", CAPTURE_OFF),
+                       draft=draft, k=k if draft else 0, label=built.label if built is not None else "", parent=parent)
+        extra = {"draft": built, "k": k} if built is not None else {}
+        return self._queue(info, lambda ls: self.scheduler.submit(request, policy, session=session, run_id=info.id,
+                                                                   listeners=ls, **extra), listeners)
+
+    def submit_job(self, name: str, params: Mapping[str, Any] | None = None, session: str | None = None,
+                   source: str = "page", listeners: tuple[Callable[[Handle, Any], None], ...] = ()) -> Handle:
+        """Queue a named measurement (engine/service/jobs.py) to run alone, in its turn, with progress."""
+        found = job_registry.find(name)
+        if found.quick:
+            raise InvalidRequestError(f"{name} runs at once: ask for it with quick()")
+        checked = found.check(params or {}, self.lm)
+        info = RunInfo(new_run_id(), "job", source, self.label, session, label=name)
+        work = lambda progress: found.fn(self.lm, progress, **checked)  # noqa: E731
+        return self._queue(info, lambda ls: self.scheduler.submit_job(work, found.what, session=session,
+                                                                       run_id=info.id, listeners=ls), listeners)
+
+    def quick(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
+        """A named quick computation (reads weights or files), at once, beside the running batch."""
+        return job_registry.run_quick(self.lm, name, params or {})
+
+    def _queue(self, info: RunInfo, submit: Callable[[tuple], Handle],
+               listeners: tuple[Callable[[Handle, Any], None], ...]) -> Handle:
+        self.runs.open(info)
+        try:
+            return submit((self._keep, self.metrics.meter(), *listeners))
+        except EngineError as err:
+            self.runs.close(info.id, "failed", str(err))
+            raise
+
+    def _keep(self, handle: Handle, record: Any) -> None:
+        """Every record of every run goes to the run store; a job keeps its progress, not its result."""
+        if record is Handle.END:
+            error = str(handle.error) if handle.error is not None else None
+            self.runs.close(handle.run_id, handle.state, error)
+        elif handle.job is None or isinstance(record, JobProgress):
+            self.runs.append(handle.run_id, record)
+
+    def draft_options(self) -> list[DraftModelOption]:
+        """Draft models this server offers (the launcher's and every installed extra), judged against its model."""
+        return draft_model_options(self.lm, self.launched_draft)
+
+    def load_draft(self, spec: str, progress: Callable[[float, str], None] | None = None) -> str:
+        """Load (once) the draft a spec names, so that the first speculative request does not wait for it; its label."""
+        return self._draft(spec, progress).label
+
+    def _draft(self, spec: str, progress: Callable[[float, str], None] | None = None) -> Draft:
+        if not isinstance(spec, str) or not spec.strip():
+            raise InvalidRequestError("the draft must be 'ngram', 'early-exit:N' or the name of a draft model")
+        if is_model_spec(spec) and spec not in {o.name for o in self.draft_options() if o.usable}:
+            raise InvalidRequestError(f"{spec[:80]!r} is not a draft model this server offers")
+        load = lambda name, device=None, dtype=None: self._drafts.load(name, device, dtype, progress)  # noqa: E731
+        return draft_from_spec(spec, self.lm, load=load)
+
+    # --- the room -----------------------------------------------------------------------------------------------
+
+    def stats(self) -> SchedulerStats:
+        return self.scheduler.stats()
+
+    def room(self) -> RoomState:
+        return self.scheduler.room()
+
+    def timeline(self) -> list[Span]:
+        return self.scheduler.timeline()
+
+    def prefix_stats(self) -> PrefixStats:
+        return self.scheduler.prefix.stats
+
+    def memory(self) -> list[MemoryRow]:
+        """Weights as loaded, the server process, and the GPU allocator when there is one (measured)."""
+        rows = [MemoryRow("Weights", self.lm.weight_bytes),
+                MemoryRow("Process memory", psutil.Process(os.getpid()).memory_info().rss)]
+        if self.lm.device.type == "cuda":
+            rows.append(MemoryRow("GPU allocated", torch.cuda.memory_allocated(self.lm.device)))
+        return rows
+
+    def join(self, session: str, person: str | None = None) -> None:
+        """Count a person (SessionLimitError when the room is full)."""
+        self.scheduler.join(session, person)
+
+    def leave(self, session: str) -> None:
+        self.scheduler.leave(session)
+
+    def report_presence(self, process: str, sessions: Iterable[str]) -> None:
+        """A web process's connected browser sessions: the ones it no longer lists leave the room."""
+        self.presence.report(process, sessions)
+
+    # --- runs, by id --------------------------------------------------------------------------------------------
+
+    def run_slice(self, run_id: str, since: int = 0) -> RunSlice:
+        return self.runs.slice(run_id, since)
+
+    def run_wait(self, run_id: str, since: int, timeout: float) -> RunSlice:
+        return self.runs.wait(run_id, since, timeout)
+
+    def run_list(self, limit: int = 50) -> list[RunInfo]:
+        return self.runs.list(limit)
+
+    # --- for remote clients --------------------------------------------------------------------------------------
+
+    def tokenizer_files(self) -> dict[str, bytes]:
+        """The tokenizer as the files `save_pretrained` writes: a remote client loads the same tokenizer from them."""
+        if self._tokenizer_files is None:
+            with tempfile.TemporaryDirectory() as folder:
+                self.lm.tokenizer.save_pretrained(folder)
+                self._tokenizer_files = {p.name: p.read_bytes() for p in Path(folder).iterdir() if p.is_file()}
+        return self._tokenizer_files
+
+    def close(self) -> None:
+        self.scheduler.close()
