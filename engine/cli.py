@@ -6,6 +6,7 @@
     provision  convert the embedded model (and `--extras`) to safetensors once
     project    memory, speed and cost of a model on GPUs, projected from its config (no torch needed)
     record     generate greedily and save a recording;  show  describe a recording
+    serve      serve the model over HTTP: the OpenAI API and the playground's own (engine/server/)
 
     python -m engine project --model llama-3.1-8b --gpu h100-sxm --weights bf16 --kv bf16 \\
         --batch 1 --context 1024 [--tp T --pp P --replicas R --utilization U | --ideal] \\
@@ -35,6 +36,7 @@ from engine.projection.cost import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_DOLLAR
 from engine.projection.specs import (DTYPE_BYTES, GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, dtype_bytes,
                                      model_preset)
 from engine.projection.units import fmt_bytes
+from engine.server.launch import add_serve
 
 
 def _progress(fraction: float, message: str) -> None:
@@ -359,6 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_commands(sub)
     add_project(sub)
     add_recording(sub)
+    add_serve(sub)
     return parser
 
 
