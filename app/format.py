@@ -18,7 +18,7 @@ from engine.projection.cost import DEFAULT_BANDWIDTH_EFFICIENCY
 from engine.projection.units import CONVENTION, card_size, fmt_bytes  # noqa: F401  (one convention: engine/projection/units.py)
 
 if TYPE_CHECKING:
-    from engine.core.loader import LoadedModel
+    from engine.service.client import ModelClient
 
 
 def fmt_ms(seconds: float | None) -> str:
@@ -137,5 +137,5 @@ def efficiency_note(bandwidth: float = DEFAULT_BANDWIDTH_EFFICIENCY, flops: floa
     return note + (f" (decode) and {flops:.0%} of peak FLOP/s (prefill)" if flops is not None else "")
 
 
-def measured_caption(lm: LoadedModel) -> str:
+def measured_caption(lm: ModelClient) -> str:
     return f"{MEASURED}: {lm.label}, {lm.dtype_name}, on {lm.device}."

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 import streamlit as st
 
 from app.format import fmt_bytes, fmt_tokens, projected_label
-from engine.core.loader import LoadedModel
+from engine.service.client import ModelClient
 from engine.projection.cost import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_DOLLARS_PER_HOUR, DEFAULT_FLOPS_EFFICIENCY,
                                     GPU_COUNTS, Layout, Projection, project, standard_layout)
 from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec
-from engine.lab.speed import DeviceRoof, measure_roof
+from engine.lab.speed import DeviceRoof
 
 WEIGHTS = {"FP32": "fp32", "BF16": "bf16", "FP8": "fp8", "INT8": "int8", "INT4": "int4"}
 KV = {"BF16": "bf16", "FP8": "fp8"}
@@ -53,12 +53,12 @@ class HardwareChoice:
         return project(self.spec, self.gpu, **{**kw, **overrides})
 
 
-def model_options(lm: LoadedModel | None) -> dict[str, ModelSpec]:
+def model_options(lm: ModelClient | None) -> dict[str, ModelSpec]:
     loaded = {LOADED: lm.spec} if lm is not None else {}
     return {**{k: v for k, v in MODEL_PRESETS.items()}, **loaded}
 
 
-def model_picker(ns: str, lm: LoadedModel | None, parent=None) -> ModelSpec:
+def model_picker(ns: str, lm: ModelClient | None, parent=None) -> ModelSpec:
     specs = model_options(lm)
     names = {k: (f"{lm.label} (loaded)" if k == LOADED else s.name) for k, s in specs.items()}
     key = (parent or st).selectbox("Model", list(specs), index=list(specs).index(DEFAULT_MODEL),
@@ -93,7 +93,7 @@ def layout_controls(ns: str, cols) -> Layout:
     return standard_layout(int(n), int(replicas))
 
 
-def hardware_controls(ns: str, lm: LoadedModel | None, full: bool = True) -> HardwareChoice:
+def hardware_controls(ns: str, lm: ModelClient | None, full: bool = True) -> HardwareChoice:
     """Model, GPU and precisions; with `full`, also GPUs, batch, context, output length, efficiencies and price."""
     top = st.columns(2)
     spec, gpu = model_picker(ns, lm, top[0]), gpu_picker(ns, top[1])
@@ -132,20 +132,24 @@ def memory_line(p: Projection) -> str:
 
 # --- this device -----------------------------------------------------------------------------------------
 
-@st.cache_resource(show_spinner=False)
-def _device_roof(device: str, dtype: str) -> DeviceRoof:
-    import torch
+AGAIN_KEY = "hardware.measure_again"
 
-    return measure_roof(device, getattr(torch, dtype))
+
+@st.cache_resource(show_spinner=False)
+def _device_roof(_lm: ModelClient, where: str, again: bool) -> DeviceRoof:
+    return _lm.quick("device.roof", {"again": again})
 
 
 def remeasure_roof() -> None:
     _device_roof.clear()
+    st.session_state[AGAIN_KEY] = True
 
 
-def device_roof(lm: LoadedModel) -> DeviceRoof:
-    """This device's peaks: a copy and a matmul benchmark the first time (about a second), then cached."""
+def device_roof(lm: ModelClient) -> DeviceRoof:
+    """The peaks of the device the model runs on: a copy and a matmul benchmark there the first time (about a
+    second), then kept (by the model server, and by this web process)."""
+    where = f"{getattr(lm, 'url', 'local')}:{lm.device}:{lm.dtype_name}"
     with st.spinner("Measuring this device's memory bandwidth and FLOP/s (once per server)…"):
-        return _device_roof(str(lm.device), lm.dtype_name)
+        return _device_roof(lm, where, bool(st.session_state.pop(AGAIN_KEY, False)))
 
 

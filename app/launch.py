@@ -3,6 +3,8 @@
     playground                                        # the embedded model on this machine, http://127.0.0.1:8501
     playground --model /models/Llama-3.1-8B-Instruct --device cuda --dtype bf16 \\
                --host 0.0.0.0 --port 8501 --presenter-token auto --max-sessions 60
+    playground --engine-url http://127.0.0.1:8000 --api-key KEY        # the model in a server: this process holds none
+    playground --web-processes 4 --host 0.0.0.0 --presenter-token auto  # one model server, 4 web processes, nginx
 
 Every flag becomes an environment variable the app reads (PLAYGROUND_MODEL, PLAYGROUND_MAX_NEW_TOKENS,
 ...), so setting the variables yourself works as well. The browser can only use the model the
@@ -17,29 +19,14 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from engine.serving.flags import LIMIT_FLAGS, add_limit_flags
+
 MAIN = Path(__file__).resolve().parent / "main.py"
 ROOT = MAIN.parent.parent
 MODEL_ENV, DRAFT_ENV, DEVICE_ENV, DTYPE_ENV = "PLAYGROUND_MODEL", "PLAYGROUND_DRAFT", "PLAYGROUND_DEVICE", "PLAYGROUND_DTYPE"
-TOKEN_ENV = "PLAYGROUND_PRESENTER_TOKEN"
+TOKEN_ENV, URL_ENV, KEY_ENV = "PLAYGROUND_PRESENTER_TOKEN", "PLAYGROUND_ENGINE_URL", "PLAYGROUND_API_KEY"
 MIN_TOKEN_CHARS = 12
 UPLOAD_MB = 64                      # largest recording a browser may upload (engine.serving.recording reads at most 64 MiB)
-
-# (Limits field, type, help): the flag is --field-with-dashes; the variable comes from engine.serving.limits.ENV_VARS.
-LIMIT_FLAGS: tuple[tuple[str, type, str], ...] = (
-    ("max_prompt_tokens", int, "longest prompt in tokens, chat template included"),
-    ("max_new_tokens", int, "most tokens one request may generate"),
-    ("max_queue", int, "requests that may wait for a place in the batch (0: none wait)"),
-    ("max_batch", int, "requests decoded together in one forward pass (1: one at a time)"),
-    ("prefix_cache_mb", int, "memory for prompt K/V reused by later prompts that start alike, in MiB (0: off)"),
-    ("max_sessions", int, "browser sessions served at once"),
-    ("max_capture_mb", int, "attention capture one request may hold, in MiB"),
-    ("max_capture_layers", int, "layers one request may capture"),
-    ("request_seconds", float, "wall time of one request before it is stopped"),
-    ("reserve_mb", int, "memory kept free for everything else, in MiB"),
-    ("max_saved_per_session", int, "recordings one session may keep on the server's disk (0: none)"),
-    ("max_saved_mb", int, "recordings kept on disk for all sessions together, in MiB; the oldest go first"),
-)
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -54,10 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "(default: 127.0.0.1, this machine only)")
     parser.add_argument("--port", type=int, default=8501)
     parser.add_argument("--presenter-token", help="secret that unlocks presenter mode; 'auto' makes one up")
+    parser.add_argument("--engine-url", help="use the model server at this url (python -m engine serve) instead of "
+                                             "loading a model in this process")
+    parser.add_argument("--api-key", help="the model server's API key, with --engine-url (also PLAYGROUND_API_KEY)")
+    parser.add_argument("--web-processes", type=int, default=0, metavar="N",
+                        help="start one model server and N Streamlit processes behind nginx on --host:--port "
+                             "(a room on one big machine; needs nginx)")
     parser.add_argument("--dry-run", action="store_true", help="print the command and variables, start nothing")
-    limits = parser.add_argument_group("limits (also PLAYGROUND_MAX_... environment variables)")
-    for name, kind, text in LIMIT_FLAGS:
-        limits.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
+    add_limit_flags(parser)
     return parser
 
 
@@ -92,8 +83,16 @@ def launch_env(args: argparse.Namespace, token: str | None = None) -> dict[str, 
     """The PLAYGROUND_* variables the flags stand for (only those given)."""
     env = {var: value for var, value in ((MODEL_ENV, args.model), (DRAFT_ENV, args.draft),
                                           (DEVICE_ENV, args.device), (DTYPE_ENV, args.dtype),
-                                          (TOKEN_ENV, token)) if value}
+                                          (TOKEN_ENV, token), (URL_ENV, args.engine_url),
+                                          (KEY_ENV, args.api_key)) if value}
     return {**env, **limit_env(args)}
+
+
+def server_args(args: argparse.Namespace, token: str | None) -> list[str]:
+    """`python -m engine serve` flags for the model server a room starts (limits travel as PLAYGROUND_MAX_*)."""
+    pairs = (("--model", args.model), ("--draft", args.draft), ("--device", args.device), ("--dtype", args.dtype),
+             ("--presenter-token", token))
+    return [x for flag, value in pairs if value for x in (flag, value)]
 
 
 def thread_env(environ: Mapping[str, str], cores: int | None = None) -> dict[str, str]:
@@ -121,6 +120,10 @@ def streamlit_command(args: argparse.Namespace) -> list[str]:
 def banner(args: argparse.Namespace, token: str | None) -> str:
     shown = "this machine's addresses" if args.host in ("0.0.0.0", "::") else args.host
     lines = [f"Inference Playground on http://{args.host}:{args.port} ({shown})"]
+    if args.engine_url:
+        lines.append(f"The model: the server at {args.engine_url} (this process holds none)")
+        if token:
+            lines.append("Note: presenter mode is the model server's: start it with --presenter-token")
     if token:
         lines.append(f"Presenter token: {token}  (enter it in the sidebar's presenter box; keep it to yourself)")
     elif args.host not in ("127.0.0.1", "localhost", "::1"):
@@ -141,6 +144,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return 0
     print(banner(args, token), flush=True)
     os.chdir(ROOT)
+    if args.web_processes:
+        from app.processes import serve_room
+
+        return serve_room(command, env, args.host, args.port, args.web_processes, args.engine_url,
+                          server_args(args, token), UPLOAD_MB)
     os.execve(command[0], command, env)   # the server replaces this process: Ctrl+C and signals reach it
 
 

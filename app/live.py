@@ -10,24 +10,26 @@ from typing import Any, Callable
 import streamlit as st
 
 from app.nav import page_info
-from app.presenter import TOKEN_KEY, is_presenter, presenter_board
+from app.presenter import SETTINGS, TOKEN_KEY, Push, is_presenter, presenter_board
 from app.request import Prepared
-from app.run import LAST_RUN, Run, capture_policy, new_run, stream_generation
+from app.run import LAST_RUN, Draft, Run, capture_policy, new_run, run_from_slice, stream_generation
 from app.session import session_id
-from engine.speculative.drafts import Draft
+from app.watch import FORM_KEY
 from engine.errors import EngineError
-from engine.core.loader import LoadedModel
-from engine.serving.scheduler import CheckedRequest, JobProgress, JobResult, QueueStatus, scheduler_for
+from engine.service.client import ModelClient
+from engine.service.jobs import JOBS
+from engine.serving.scheduler import CheckedRequest, JobProgress, JobResult, QueueStatus
 
 
-def run_live(lm: LoadedModel, prepared: Prepared, ns: str, stop_slot: st.delta_generator.DeltaGenerator,
+def run_live(lm: ModelClient, prepared: Prepared, ns: str, stop_slot: st.delta_generator.DeltaGenerator,
              on_record: Callable[[Run], None], capture: bool = True,
              notice: st.delta_generator.DeltaGenerator | None = None, draft: Draft | None = None,
              k: int = 0) -> Run | None:
-    """Stream one generation into the page through the scheduler; the run becomes LAST_RUN at its first record.
+    """Stream one generation into the page through the model's scheduler; the run becomes LAST_RUN at its first
+    record.
 
-    With a `draft`, speculative decoding drafting `k` tokens a round, then plain decoding of the same request
-    for the measured speedup (`run.speculation`); `on_record` follows both.
+    With a `draft` (its spec and label), speculative decoding drafting `k` tokens a round, then plain decoding of
+    the same request for the measured speedup (`run.speculation`); `on_record` follows both.
 
     `notice` (a slot under the Generate button) shows the queue position while waiting, and a refusal
     or failure as a message. Returns the run, or None when the server refused the request.
@@ -59,11 +61,11 @@ def run_live(lm: LoadedModel, prepared: Prepared, ns: str, stop_slot: st.delta_g
     return run if run.prefill is not None else None
 
 
-def new_live_run(lm: LoadedModel, prepared: Prepared, capture: bool, draft: Draft | None,
+def new_live_run(lm: ModelClient, prepared: Prepared, capture: bool, draft: Draft | None,
                  k: int) -> tuple[Run, CheckedRequest]:
     """A run about to stream, capturing as much as the server's capture limits allow, and the checked request
     to submit with that capture policy (its ids as the page's check encoded them)."""
-    limits = scheduler_for(lm).limits
+    limits = lm.limits
     policy, note = capture_policy(lm.spec, len(prepared.ids), prepared.request.max_new_tokens, capture,
                                   limits.max_capture_bytes, limits.max_capture_layers)
     return new_run(lm, prepared.request, policy, note, draft, k), replace(prepared.checked, policy=policy)
@@ -78,7 +80,7 @@ def make_current(run: Run, notice: st.delta_generator.DeltaGenerator) -> None:
     notice.empty()
     board = presenter_board()
     if is_presenter(st.session_state, board):
-        board.broadcast(st.session_state.get(TOKEN_KEY), run)     # every follower watches this run
+        board.broadcast(st.session_state.get(TOKEN_KEY), run.id)  # every follower streams this run from the server
 
 
 def show_wait(slot: st.delta_generator.DeltaGenerator, status: QueueStatus) -> None:
@@ -102,6 +104,28 @@ def wait_message(status: QueueStatus) -> str:
             f"{status.waited:.0f} s. Stop leaves the line.")
 
 
+LINK_KEY = "run_link.opened"        # the ?run= id this session has opened already
+
+
+def open_run_link(lm: ModelClient | None) -> None:
+    """`?run=<id>` in the address: the run with that id on the model server becomes this session's run (once per
+    link), so a request made with curl or the `openai` package, with captures, opens on every page."""
+    run_id = st.query_params.get("run")
+    if not run_id or lm is None or st.session_state.get(LINK_KEY) == run_id:
+        return
+    st.session_state[LINK_KEY] = run_id
+    try:
+        part = lm.run_slice(run_id[:80])
+    except EngineError as err:
+        st.warning(f"The run in the link cannot be opened: {err}")
+        return
+    run = run_from_slice(part, lm.spec)
+    st.session_state[LAST_RUN] = run
+    if run.request is not None:
+        settings = {name: getattr(run.request, name) for name in SETTINGS}
+        st.session_state[FORM_KEY] = (Push(0, prompt=run.request.prompt, settings=settings), run.request.chat)
+
+
 def last_run() -> Run | None:
     run = st.session_state.get(LAST_RUN)
     return run if isinstance(run, Run) else None
@@ -109,35 +133,35 @@ def last_run() -> Run | None:
 
 # --- measurements on the shared model -----------------------------------------------------------------------
 
-def run_on_model(lm: LoadedModel, what: str, job: Callable[[Callable[[float, str], None]], Any],
-                 report: Callable[[float, str], None]) -> Any:
-    """Run `job(progress)` on the shared model through its scheduler: alone, in its turn, with progress.
+def run_on_model(lm: ModelClient, name: str, params: dict[str, Any], report: Callable[[float, str], None]) -> Any:
+    """Run the named measurement (engine/service/jobs.py) where the model is: alone, in its turn, with progress.
 
     While it waits the page shows its place in line; leaving the page or pressing Stop cancels it.
     Raises the job's EngineError when it fails or is cancelled.
     """
-    handle = scheduler_for(lm).submit_job(job, what, session=session_id())
+    what = JOBS[name].what
+    handle = lm.submit_job(name, params, session=session_id())
     note = st.empty()
-    value = None
+    value, got = None, False
     try:
         for record in handle.records(on_wait=lambda status: note.info(_turn_message(status, what))):
             note.empty()
             if isinstance(record, JobProgress):
                 report(record.fraction, record.text)
             elif isinstance(record, JobResult):
-                value = record.value
+                value, got = record.value, True
     finally:
         handle.cancel()
     if handle.error is not None:
         raise handle.error
-    if value is None:
+    if not got:
         raise EngineError(f"{what} was stopped before it finished")
     return value
 
 
-def run_alone(lm: LoadedModel, what: str, work: Callable[[], Any]) -> Any:
+def run_alone(lm: ModelClient, name: str, params: dict[str, Any] | None = None) -> Any:
     """`run_on_model` for work without progress steps (a forward pass or two)."""
-    return run_on_model(lm, what, lambda progress: work(), lambda fraction, text: None)
+    return run_on_model(lm, name, params or {}, lambda fraction, text: None)
 
 
 def _turn_message(status: QueueStatus, what: str) -> str:
@@ -147,13 +171,12 @@ def _turn_message(status: QueueStatus, what: str) -> str:
             f"finish ({status.ahead} waiting before it). Stop leaves the line.")
 
 
-def measure_in_box(lm: LoadedModel, label: str, what: str,
-                   job: Callable[[Callable[[float, str], None]], Any]) -> Any | None:
+def measure_in_box(lm: ModelClient, label: str, name: str, params: dict[str, Any] | None = None) -> Any | None:
     """`run_on_model` inside an st.status box that shows the job's progress: its value, or None once the box says
     it stopped and why."""
     with st.status(label, expanded=True) as box:
         try:
-            value = run_on_model(lm, what, job, status_progress(box))
+            value = run_on_model(lm, name, params or {}, status_progress(box))
         except EngineError as err:
             box.update(label="Stopped", state="error")
             st.error(str(err))

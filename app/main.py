@@ -16,7 +16,8 @@ from app.model import get_model  # noqa: E402
 from app.nav import HOME, PAGES, page_info  # noqa: E402
 from app.session import follow_presenter, join_session  # noqa: E402
 from app.sidebar import render_sidebar  # noqa: E402
-from app.watch import watch_slot, watch_strip  # noqa: E402
+from app.live import open_run_link  # noqa: E402
+from app.watch import fill_form, watch_slot, watch_strip  # noqa: E402
 from engine.errors import EngineError  # noqa: E402
 
 # pandas first: Streamlit imports it lazily (st.dataframe), and plotly peeks at sys.modules for it while it
@@ -34,8 +35,8 @@ current = st.navigation(menu, expanded=True)     # every page listed: no "View m
 lm = get_model()
 try:
     refused = join_session(lm)
-except EngineError as err:          # a launch limit that cannot work (set by hand, not by `playground`)
-    st.error(f"This server's settings are not usable: {err}")
+except EngineError as err:          # the model server went away, or a limit set by hand cannot work
+    st.error(f"The model is not available right now: {err}")
     st.stop()
 here = page_info(current.url_path)                # what nav.py says about this page
 
@@ -44,6 +45,8 @@ def switch(page: str) -> None:
     st.switch_page(by_url.get(page, home))
 
 
+open_run_link(None if refused else lm)            # ?run=<id>: a run made through the API, on every page
+fill_form()                                       # a run adopted last run: its request in the form
 follow_presenter(current.url_path, here.widget_namespace, switch)
 render_sidebar(lm)
 layout_toggle()

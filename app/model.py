@@ -1,16 +1,19 @@
-"""The one model every session shares: loaded once per process, with a progress bar the first time.
+"""The served model as every page reaches it: one `ModelClient` per process (engine/service/client.py), loaded once,
+with a progress bar the first time.
 
-Which model, device and dtype come from the environment, so `make run` needs no arguments:
+In-process (the default, `make run`): this process loads the model and serves it itself (`EngineService`).
+Remote (`playground --engine-url http://host:8000`, or PLAYGROUND_ENGINE_URL): the model lives in a model server
+(`python -m engine serve`) and this process holds none; pages make the same calls over HTTP.
 
-    PLAYGROUND_MODEL   "default" (SmolLM2-135M-Instruct), an extra's key, a local folder or a hub id
-    PLAYGROUND_DEVICE  "cpu", "cuda", "cuda:1" ... (default: CUDA when present)
-    PLAYGROUND_DTYPE   "float32", "bf16", "fp16" ... (default: bf16 on CUDA, float32 on CPU)
-    PLAYGROUND_DRAFT   the speculative page's draft: "ngram", "early-exit:N" or a model (default: none named)
+    PLAYGROUND_ENGINE_URL  a model server to use instead of loading a model here (PLAYGROUND_API_KEY: its key)
+    PLAYGROUND_MODEL       "default" (SmolLM2-135M-Instruct), an extra's key, a local folder or a hub id
+    PLAYGROUND_DEVICE      "cpu", "cuda", "cuda:1" ... (default: CUDA when present)
+    PLAYGROUND_DTYPE       "float32", "bf16", "fp16" ... (default: bf16 on CUDA, float32 on CPU)
+    PLAYGROUND_DRAFT       the speculative page's draft: "ngram", "early-exit:N" or a model (default: none named)
 
-`st.cache_resource` holds a `ModelSlot` per (name, device, dtype). The slot is created instantly;
-the first session that needs the model loads it under the slot's lock while its page shows a
-progress bar, and every later session gets the loaded model at once. No Streamlit call happens
-inside the cached function, so nothing is recorded for replay.
+`st.cache_resource` holds a `ModelSlot` per choice. The slot is created instantly; the first session that needs
+the model loads it (or waits for the server) under the slot's lock while its page shows a progress bar, and every
+later session gets the client at once. No Streamlit call happens inside the cached function.
 """
 from __future__ import annotations
 
@@ -24,9 +27,11 @@ import streamlit as st
 from app.nav import page_info
 from app.session import REFUSED_KEY
 from engine.errors import EngineError
-from engine.core.loader import LoadedModel, load_model
+from engine.service.client import ModelClient
 
 MODEL_ENV, DEVICE_ENV, DTYPE_ENV, DRAFT_ENV = "PLAYGROUND_MODEL", "PLAYGROUND_DEVICE", "PLAYGROUND_DTYPE", "PLAYGROUND_DRAFT"
+URL_ENV, KEY_ENV, TOKEN_ENV = "PLAYGROUND_ENGINE_URL", "PLAYGROUND_API_KEY", "PLAYGROUND_PRESENTER_TOKEN"
+SERVER_WAIT_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -34,13 +39,17 @@ class ModelChoice:
     name: str
     device: str | None
     dtype: str | None
+    url: str | None = None            # a model server to use instead
+
+    @property
+    def shown(self) -> str:
+        return f"the model server at {self.url}" if self.url else self.name
 
 
 def model_choice() -> ModelChoice:
-    """The model this process serves, read from the environment."""
-    return ModelChoice(os.environ.get(MODEL_ENV) or "default",
-                       os.environ.get(DEVICE_ENV) or None,
-                       os.environ.get(DTYPE_ENV) or None)
+    """The model this process serves (or the server it uses), read from the environment."""
+    return ModelChoice(os.environ.get(MODEL_ENV) or "default", os.environ.get(DEVICE_ENV) or None,
+                       os.environ.get(DTYPE_ENV) or None, os.environ.get(URL_ENV) or None)
 
 
 def draft_choice() -> str | None:
@@ -51,45 +60,64 @@ def draft_choice() -> str | None:
 
 @dataclass
 class ModelSlot:
-    """Holds one loaded model; `get` loads it the first time (thread-safe)."""
+    """Holds the one client; `get` makes it the first time (thread-safe)."""
 
     choice: ModelChoice
-    lm: LoadedModel | None = None
+    client: ModelClient | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def get(self, progress: Callable[[float, str], None] | None = None) -> LoadedModel:
+    def get(self, progress: Callable[[float, str], None] | None = None) -> ModelClient:
         with self.lock:
-            if self.lm is None:
-                c = self.choice
-                self.lm = load_model(c.name, device=c.device, dtype=c.dtype, progress=progress)
-            return self.lm
+            if self.client is None:
+                self.client = connect(self.choice, progress)
+            return self.client
+
+
+def connect(choice: ModelChoice, progress: Callable[[float, str], None] | None = None) -> ModelClient:
+    """The remote client of the named server, or a service around a model loaded here."""
+    if choice.url:
+        from engine.service.client import wait_until_ready
+
+        return wait_until_ready(choice.url, SERVER_WAIT_SECONDS, os.environ.get(KEY_ENV) or None,
+                                on_wait=lambda text: progress(0.5, f"Waiting for the model server: {text}")
+                                if progress else None)
+    from engine.core.loader import load_model
+    from engine.service.service import EngineService
+
+    lm = load_model(choice.name, device=choice.device, dtype=choice.dtype, progress=progress)
+    return EngineService(lm, presenter_token=os.environ.get(TOKEN_ENV) or None, launched_draft=draft_choice())
 
 
 @st.cache_resource(show_spinner=False)
-def model_slot(name: str, device: str | None, dtype: str | None) -> ModelSlot:
-    return ModelSlot(ModelChoice(name, device, dtype))
+def model_slot(name: str, device: str | None, dtype: str | None, url: str | None = None) -> ModelSlot:
+    return ModelSlot(ModelChoice(name, device, dtype, url))
 
 
 def current_slot() -> ModelSlot:
     c = model_choice()
-    return model_slot(c.name, c.device, c.dtype)
+    return model_slot(c.name, c.device, c.dtype, c.url)
 
 
-def get_model() -> LoadedModel | None:
-    """The shared model, loading it with a progress bar on first use; None (with a message) on failure.
+def current_client() -> ModelClient | None:
+    """The client once made (None before the first page made it, or when it failed)."""
+    return current_slot().client
+
+
+def get_model() -> ModelClient | None:
+    """The shared client, making it with a progress bar on first use; None (with a message) on failure.
 
     app/main.py calls it before every page; pages call `page_model`."""
     slot = current_slot()
-    if slot.lm is not None:
-        return slot.lm
+    if slot.client is not None:
+        return slot.client
     box = st.empty()
-    bar = box.progress(0.0, text=f"Loading {slot.choice.name} (first start only)…")
+    bar = box.progress(0.0, text=f"Loading {slot.choice.shown} (first start only)…")
 
     def report(fraction: float, message: str) -> None:
         bar.progress(min(max(fraction, 0.0), 1.0), text=message)
 
     try:
-        lm = slot.get(report)
+        client = slot.get(report)
     except EngineError as err:
         box.error(f"The model could not be loaded: {err}")
         return None
@@ -97,23 +125,24 @@ def get_model() -> LoadedModel | None:
         box.error(f"The model could not be loaded ({type(err).__name__}): {err}")
         return None
     box.empty()
-    return lm
+    return client
 
 
-def page_model(needed: bool = False) -> LoadedModel | None:
-    """The one way a page gets the model (app/main.py has loaded it before the page runs).
+def page_model(needed: bool = False) -> ModelClient | None:
+    """The one way a page gets the model (app/main.py has made the client before the page runs).
 
     None when it did not load or this browser was refused a seat because the room is full: the pages
     that work without it draw recordings or projections instead (`offline_notice`). A page that
     `needed` it stops here when it did not load, with the reason on screen.
     """
     if not needed:
-        return None if st.session_state.get(REFUSED_KEY) else current_slot().lm
-    lm = get_model()
-    if lm is None:
-        st.info(f"Set {MODEL_ENV} to a model that loads (or unset it for the embedded default) and restart.")
+        return None if st.session_state.get(REFUSED_KEY) else current_client()
+    client = get_model()
+    if client is None:
+        st.info(f"Set {MODEL_ENV} to a model that loads (or unset it for the embedded default), or "
+                f"{URL_ENV} to a running model server, and restart.")
         st.stop()
-    return lm
+    return client
 
 
 def offline_notice() -> None:

@@ -1,11 +1,10 @@
-"""Presenter mode: one person at the front pushes a prompt, settings and a view; every follower picks it up.
+"""Presenter mode on the page: one person at the front pushes a prompt, settings and a view; every follower picks
+it up. The board itself (engine/service/board.py) lives with the model: one per model server, shared by every
+browser session of every web process. The presenter unlocks it with the token given to
+`playground --presenter-token`. A follower's page adopts a push once, when it sees a version newer than the last
+one it adopted, so between pushes followers explore on their own.
 
-The board is process-wide (one per server, shared by every browser session) and thread-safe. The
-presenter unlocks it with the token given to `playground --presenter-token` (compared in constant
-time). Each push gets a new version number; a follower's page adopts a push once, when it sees a
-version newer than the last one it adopted, so between pushes followers explore on their own.
-
-    board = presenter_board()                                    # the process-wide board
+    board = presenter_board()                                    # the model server's board
     board.push(token, prompt="Why is the sky blue?", settings={"temperature": 0.7}, page="attention",
                view={"layer": 12, "head": 3})
     push = new_push(st.session_state, board)                     # on a follower's page: None, or a Push to adopt
@@ -17,20 +16,15 @@ as HTML.
 from __future__ import annotations
 
 import hashlib
-import hmac
-import os
-import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, MutableMapping
 
+from engine.service.board import (MAX_NOTE_CHARS, SETTINGS, BoardState, PresenterBoard, PresenterError,  # noqa: F401
+                                  Push)
+
 TOKEN_ENV = "PLAYGROUND_PRESENTER_TOKEN"
-MAX_PROMPT_CHARS = 20_000
-MAX_NOTE_CHARS = 500
-SETTINGS = {"temperature": float, "top_k": int, "top_p": float, "seed": int, "max_new_tokens": int}
 WIDGET_KEYS = {"prompt": "prompt", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
                "seed": "seed", "max_new_tokens": "max_new"}   # push field -> widget key after "<page>."
-VIEW_KEYS = {"layer": int, "head": int, "step": int, "token": int}
 FOLLOW_KEY, SEEN_KEY, TOKEN_KEY, VIEW_KEY, PENDING_KEY = (
     "presenter.follow", "presenter.seen", "presenter.token", "presenter.view", "presenter.pending")
 GUESSES_KEY = "presenter.guesses"     # (wrong tokens tried, time of the last one, digest of the last one)
@@ -38,146 +32,17 @@ FREE_GUESSES = 3                      # wrong tokens a session may try before ea
 GUESS_DELAY_SECONDS, MAX_GUESS_DELAY_SECONDS = 2.0, 300.0    # 2, 4, 8 ... seconds, at most 5 minutes
 
 
-class PresenterError(Exception):
-    """A push that is refused: presenter mode off, a wrong token, or a value out of bounds."""
+# --- the model server's board -----------------------------------------------------------------------
+
+_OFF = PresenterBoard(None)
 
 
-@dataclass(frozen=True)
-class Push:
-    """What the presenter pushed, version-numbered."""
+def presenter_board() -> PresenterBoard:
+    """The board of the model this process serves (in-process or remote); a board that is off when there is none."""
+    from app.model import current_client
 
-    version: int
-    prompt: str | None = None
-    settings: dict[str, float | int] = field(default_factory=dict)
-    page: str | None = None          # url path of the page to show ("attention", "kv-cache", ...)
-    view: dict[str, int] = field(default_factory=dict)   # layer, head, step, token
-    note: str = ""                   # one line for followers ("Look at head 3 of layer 12")
-    at: float = field(default_factory=time.time)
-
-
-class PresenterBoard:
-    """The latest push, behind a lock; only the holder of the token can write it."""
-
-    def __init__(self, token: str | None):
-        self._token = token.encode() if token else None
-        self._lock = threading.Lock()
-        self._latest: Push | None = None
-        self._version = 0
-        self._live: Any = None             # the presenter's run as it streams (app.run.Run), for watchers
-        self._live_version = 0
-        self.followers_may_generate = True
-
-    def broadcast(self, token: str | None, run: Any) -> int:
-        """Share the presenter's run with every watcher; the same object keeps growing as it streams."""
-        self._authorize(token)
-        with self._lock:
-            self._live_version += 1
-            self._live = run
-            return self._live_version
-
-    def live(self) -> tuple[int, Any]:
-        """(version, run) of the presenter's latest run, or (0, None)."""
-        with self._lock:
-            return self._live_version, self._live
-
-    def allow_generate(self, token: str | None, allowed: bool) -> None:
-        self._authorize(token)
-        self.followers_may_generate = bool(allowed)
-
-    @property
-    def enabled(self) -> bool:
-        return self._token is not None
-
-    def check(self, token: str | None) -> bool:
-        """True when `token` is the presenter's (constant-time comparison)."""
-        if self._token is None or not token:
-            return False
-        return hmac.compare_digest(self._token, token.encode())
-
-    def push(self, token: str | None, prompt: str | None = None, settings: Mapping[str, Any] | None = None,
-             page: str | None = None, view: Mapping[str, Any] | None = None, note: str = "") -> Push:
-        """Publish a new push to every follower; PresenterError when refused."""
-        self._authorize(token)
-        fields_ = dict(prompt=_prompt(prompt), settings=_settings(settings or {}), page=_page(page),
-                       view=_view(view or {}), note=_text(note, MAX_NOTE_CHARS, "the note"))
-        with self._lock:
-            self._version += 1
-            self._latest = Push(self._version, **fields_)
-            return self._latest
-
-    def clear(self, token: str | None) -> None:
-        """Stop leading: followers keep what they have and see no new push."""
-        self._authorize(token)
-        with self._lock:
-            self._latest = None
-
-    def latest(self) -> Push | None:
-        with self._lock:
-            return self._latest
-
-    def _authorize(self, token: str | None) -> None:
-        if self._token is None:
-            raise PresenterError("presenter mode is off on this server; start it with "
-                                 "`playground --presenter-token auto`")
-        if not self.check(token):
-            raise PresenterError("that is not the presenter token")
-
-
-def _text(value: Any, limit: int, what: str) -> str:
-    if not isinstance(value, str):
-        raise PresenterError(f"{what} must be text")
-    if len(value) > limit:
-        raise PresenterError(f"{what} is {len(value):,} characters; at most {limit:,} can be pushed")
-    return value
-
-
-def _prompt(prompt: str | None) -> str | None:
-    return None if prompt is None else _text(prompt, MAX_PROMPT_CHARS, "the prompt")
-
-
-def _page(page: str | None) -> str | None:
-    if page is None:
-        return None
-    page = _text(page, 64, "the page")
-    if not all(c.isalnum() or c in "-_" for c in page):
-        raise PresenterError(f"{page!r} is not a page name")
-    return page
-
-
-def _numbers(values: Mapping[str, Any], allowed: Mapping[str, type], what: str) -> dict[str, Any]:
-    out = {}
-    for key, value in values.items():
-        kind = allowed.get(key)
-        if kind is None:
-            raise PresenterError(f"{key!r} is not a {what} that can be pushed ({', '.join(allowed)})")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) > 2**62:
-            raise PresenterError(f"{key} must be a number")
-        out[key] = kind(value)
-    return out
-
-
-def _settings(values: Mapping[str, Any]) -> dict[str, Any]:
-    return _numbers(values, SETTINGS, "setting")
-
-
-def _view(values: Mapping[str, Any]) -> dict[str, int]:
-    return _numbers(values, VIEW_KEYS, "view field")
-
-
-# --- the process-wide board ------------------------------------------------------------------------
-
-_BOARD: PresenterBoard | None = None
-_BOARD_LOCK = threading.Lock()
-
-
-def presenter_board(environ: Mapping[str, str] | None = None) -> PresenterBoard:
-    """The one board of this server process, keyed by the launch token."""
-    global _BOARD
-    with _BOARD_LOCK:
-        if _BOARD is None:
-            env = os.environ if environ is None else environ
-            _BOARD = PresenterBoard(env.get(TOKEN_ENV) or None)
-        return _BOARD
+    client = current_client()
+    return client.board if client is not None else _OFF
 
 
 # --- what a session does (state: st.session_state, or any dict in tests) ----------------------------
@@ -347,7 +212,7 @@ WATCHED_KEY = "presenter.watched"
 
 
 def new_broadcast(state: MutableMapping[str, Any], board: PresenterBoard) -> Any:
-    """The presenter's run when this session follows and has not taken it up yet (it is marked taken)."""
+    """The presenter's run id when this session follows and has not taken it up yet (it is marked taken)."""
     version, run = board.live()
     if run is None or not following(state) or is_presenter(state, board) or version <= state.get(WATCHED_KEY, 0):
         return None

@@ -26,11 +26,10 @@ from app.format import fmt_bytes
 from app.run import LAST_RUN, Run, Speculation, compact
 from engine.errors import EngineError
 from engine.serving.limits import MiB, Limits, server_limits
-from engine.core.loader import LoadedModel
+from engine.service.client import ModelClient
 from engine.serving.recording import (MAX_FILE_BYTES, PARSE_PLACES, RecordedSpeculation, Recording, RecordingError,
                                       dumps_recording, load_recording, loads_recording)
 from engine.core.records import PrefillRecord, SpecDoneRecord, SpecRoundRecord
-from engine.serving.scheduler import scheduler_for
 from engine.serving.shelf import Kept, Shelf, default_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,9 +107,9 @@ def run_bytes(run: Run, on_wait: Waiting | None = None) -> bytes:
     return dumps_recording(recording_from_run(run), on_wait=on_wait)
 
 
-def room_limits(lm: LoadedModel | None) -> Limits:
+def room_limits(lm: ModelClient | None) -> Limits:
     """The server's limits: the scheduler's when the model is loaded, else those of the launch variables."""
-    return scheduler_for(lm).limits if lm is not None else server_limits()
+    return lm.limits if lm is not None else server_limits()
 
 
 @st.cache_resource(show_spinner=False)
@@ -139,7 +138,7 @@ def known_texts(run: Run) -> dict[int, str]:
     return texts
 
 
-def decoder(run: Run, lm: LoadedModel | None) -> Callable[[int | list[int]], str]:
+def decoder(run: Run, lm: ModelClient | None) -> Callable[[int | list[int]], str]:
     """Token ids (one or a list) to text: the loaded tokenizer when the run came from this model, else the
     texts the run stored (ids it never stored show as '#id')."""
     if lm is not None and lm.label == run.model and lm.spec.vocab_size == run.spec.vocab_size:

@@ -13,8 +13,8 @@ import streamlit as st
 
 from engine.errors import EngineError
 from engine.core.generate import GenerationRequest
-from engine.core.loader import LoadedModel
-from engine.serving.scheduler import CheckedRequest, scheduler_for
+from engine.service.client import ModelClient
+from engine.serving.scheduler import CheckedRequest
 
 DEFAULT_PROMPT = "Explain in two sentences why the sky is blue."
 MAX_NEW_LIMIT = 512
@@ -78,16 +78,16 @@ def number(x: int | float) -> str:
     return f"{x:,}" if isinstance(x, int) else f"{x:g}"
 
 
-def new_token_limit(lm: LoadedModel) -> int:
+def new_token_limit(lm: ModelClient) -> int:
     """The most new tokens a widget offers: the page's limit or the server's, whichever is lower."""
-    return min(MAX_NEW_LIMIT, scheduler_for(lm).limits.max_new_tokens)
+    return min(MAX_NEW_LIMIT, lm.limits.max_new_tokens)
 
 
-def prepare(lm: LoadedModel, prompt: str, sampling: Sampling, chat: bool = True) -> Prepared:
+def prepare(lm: ModelClient, prompt: str, sampling: Sampling, chat: bool = True) -> Prepared:
     """Build the request and check it at the scheduler's door; the error is a message, never a traceback."""
     request = GenerationRequest(prompt, sampling.max_new_tokens, sampling.temperature, sampling.top_k,
                                 sampling.top_p, sampling.seed, chat=chat)
     try:
-        return Prepared(request, scheduler_for(lm).check(request))
+        return Prepared(request, lm.check(request))
     except EngineError as err:
         return Prepared(request, error=str(err))

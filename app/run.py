@@ -10,33 +10,41 @@ writes it, and the attention and KV-cache pages draw from the same run, so one g
 looked at from every page. A `Run` holds only plain data (dataclasses of numbers, strings and
 numpy arrays), never the model, a module or a hook handle.
 
-The model is shared by every session: `stream_generation` submits the request to the process-wide
-scheduler (engine/serving/scheduler.py), which runs one request at a time, and streams the records back. A
-run can also come from a recording file (app/recordings.py), in which case no model is needed at all.
+The model is shared by every session: `stream_generation` submits the request through the page's ModelClient
+(in-process or a model server) to the model's scheduler, which batches it with everyone else's, and streams the
+records back. The run keeps the server's run id, so anyone can open it again by id (`run_from_slice`: a
+presenter's followers, a `?run=` link). A run can also come from a recording file (app/recordings.py), in which
+case no model is needed at all.
 """
 from __future__ import annotations
 
 import time
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
-from engine.speculative.drafts import Draft
 from engine.core.generate import GenerationRequest
-from engine.core.hooks import CAPTURE_OFF, CapturePolicy, LayerCapture
-from engine.core.loader import LoadedModel
+from engine.core.hooks import CapturePolicy, LayerCapture
 from engine.core.records import CacheState, DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
-from engine.serving.scheduler import CheckedRequest, Handle, QueueStatus, scheduler_for
 from engine.projection.specs import ModelSpec
+from engine.service.client import ModelClient
+from engine.service.runs import RunInfo, RunSlice
+from engine.serving.scheduler import CheckedRequest, QueueStatus
 from engine.speculative.decode import SpecRoundRecord
-from engine.projection.units import fmt_bytes
+from engine.serving.capture import LOGIT_LENS_TOP, capture_policy  # noqa: F401 - the pages' capture, named here
 
 LAST_RUN = "last_run"                 # st.session_state key shared by all pages
-ATTENTION_BUDGET = 256 * 2**20        # bytes of attention probabilities one run may capture
-LOGIT_LENS_TOP = 5
-CAPTURED_BYTES = 4                    # the engine captures float32 probabilities
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A speculative run's draft as a page names it: the spec the server builds it from, and its label."""
+
+    spec: str                                # "ngram", "early-exit:8", a draft model's name
+    label: str
+    kind: str                                # "ngram", "early-exit" or "model"
 
 
 @dataclass
@@ -86,8 +94,8 @@ class Run:
         elif isinstance(record, DecodeRecord):
             self.steps.append(record)
         elif isinstance(record, SpecRoundRecord):
-            self.speculation.rounds.append(record)
             self.steps.extend(round_steps(record, len(self.steps) + 1))
+            self.speculation.rounds.append(replace(record, captures={}))    # cut into rows above; not kept twice
         elif isinstance(record, DoneRecord):
             self.done = record
 
@@ -163,14 +171,14 @@ def round_steps(rec: SpecRoundRecord, first_step: int) -> list[DecodeRecord]:
     The round fed [last token, d_1..d_k] at positions start..start+k in one verify pass; token j of the round came
     out of row j (position start + j). Its captures are that row (`row_captures`), its cache the positions up to
     start + j (bytes in proportion: every position holds the same K and V), and the round's time is shared evenly.
-    The round's own captures are dropped once cut into rows (the rejected rows are never drawn).
+    The run keeps the round without its captures once they are cut into rows (the rejected rows are never drawn);
+    the record itself is not changed (a follower's page may read the same one).
     """
     n = len(rec.emitted)
     start, newest = rec.cache.length - n, rec.cache.length - n + len(rec.drafted)
     seconds = (rec.draft_seconds + rec.verify_seconds) / n
     steps = [DecodeRecord(first_step + j, seconds, cache_at(rec.cache, start + j + 1), token,
                           row_captures(rec.captures, start + j, newest)) for j, token in enumerate(rec.emitted)]
-    rec.captures = {}
     return steps
 
 
@@ -197,68 +205,20 @@ def row_captures(captures: dict[int, LayerCapture], position: int, newest: int) 
     return rows
 
 
-# --- how much to capture -------------------------------------------------------------------------------
-
-def attention_bytes(spec: ModelSpec, n_prompt: int, max_new: int, matrix: bool) -> int:
-    """Bytes of attention probabilities one layer captures: the prefill rows plus one row per step."""
-    prefill_rows = n_prompt * n_prompt if matrix else n_prompt
-    decode_rows = sum(n_prompt + s for s in range(1, max_new))
-    return spec.n_heads * (prefill_rows + decode_rows) * CAPTURED_BYTES
-
-
-def spread_layers(n_layers: int, k: int) -> tuple[int, ...]:
-    """k layers spread over the depth (k=1: the middle one)."""
-    if k >= n_layers:
-        return tuple(range(n_layers))
-    if k == 1:
-        return (n_layers // 2,)
-    return tuple(sorted({round(i * (n_layers - 1) / (k - 1)) for i in range(k)}))
-
-
-def capture_policy(spec: ModelSpec, n_prompt: int, max_new: int, enabled: bool = True,
-                   budget: int = ATTENTION_BUDGET, max_layers: int | None = None) -> tuple[CapturePolicy, str | None]:
-    """All layers and heads when the prompt is short; fewer layers, or last rows only, when it is long.
-
-    `budget` (bytes) and `max_layers` are the server's capture limits. Returns the policy and, when
-    something was left out, a sentence the page shows.
-    """
-    if not enabled:
-        return CAPTURE_OFF, "Capture is off: no attention maps, logit lens or norms for this run."
-    full = attention_bytes(spec, n_prompt, max_new, matrix=True)
-    allowed = min(spec.n_layers, max_layers or spec.n_layers)
-    if full * spec.n_layers <= budget and allowed == spec.n_layers:
-        return CapturePolicy(logit_lens=LOGIT_LENS_TOP, lens_on_demand=True), None
-    if full * allowed <= budget:
-        layers = spread_layers(spec.n_layers, allowed)
-        note = (f"This server captures at most {allowed} layers per request, so attention maps (and the logit "
-                f"lens) were kept for layers {', '.join(map(str, layers))} of {spec.n_layers}.")
-        return CapturePolicy(layers=layers, logit_lens=LOGIT_LENS_TOP, lens_on_demand=True), note
-    k = min(budget // full, allowed)
-    if k >= 1:
-        layers = spread_layers(spec.n_layers, int(k))
-        note = (f"The prompt is long ({n_prompt:,} tokens), so full attention maps (and the logit lens) were kept "
-                f"for {len(layers)} of {spec.n_layers} layers ({', '.join(map(str, layers))}) to stay within "
-                f"{fmt_bytes(budget)} of capture.")
-        return CapturePolicy(layers=layers, logit_lens=LOGIT_LENS_TOP, lens_on_demand=True), note
-    rows = attention_bytes(spec, n_prompt, max_new, matrix=False)
-    layers = spread_layers(spec.n_layers, max(1, min(int(budget // rows), allowed)))
-    note = (f"The prompt is very long ({n_prompt:,} tokens): only the last query row of each step was kept, "
-            f"for {len(layers)} of {spec.n_layers} layers.")
-    return CapturePolicy(layers=layers, prefill_matrix=False, logit_lens=LOGIT_LENS_TOP,
-                         lens_on_demand=True), note
-
-
 def compact(record: Record) -> Record:
-    """Store captured attention as float16: half the session memory, more precision than a plot shows."""
-    for cap in getattr(record, "captures", {}).values():
-        if cap.attention is not None and cap.attention.dtype != np.float16:
-            cap.attention = cap.attention.astype(np.float16)
-    return record
+    """The record with its captured attention as float16: half the session memory, more precision than a plot shows.
+    A copy where anything changes: the record may be shared (the server's run store, a follower's page)."""
+    captures = getattr(record, "captures", None)
+    if not captures or all(c.attention is None or c.attention.dtype == np.float16 for c in captures.values()):
+        return record
+    halved = {i: c if c.attention is None else replace(c, attention=c.attention.astype(np.float16))
+              for i, c in captures.items()}
+    return replace(record, captures=halved)
 
 
 # --- the one call site that runs the model -------------------------------------------------------------
 
-def new_run(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy, note: str | None,
+def new_run(lm: ModelClient, request: GenerationRequest, policy: CapturePolicy, note: str | None,
             draft: Draft | None = None, k: int = 0) -> Run:
     """A run about to start; with a draft, a speculative one drafting `k` tokens a round."""
     speculation = Speculation(draft.label, draft.kind, k) if draft is not None else None
@@ -266,39 +226,40 @@ def new_run(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy, 
                dtype=lm.dtype_name, device=str(lm.device), speculation=speculation)
 
 
-def stream_generation(lm: LoadedModel, run: Run, on_record: Callable[[Run], None],
+def stream_generation(lm: ModelClient, run: Run, on_record: Callable[[Run], None],
                       on_wait: Callable[[QueueStatus], None] | None = None, session: str | None = None,
                       draft: Draft | None = None, checked: CheckedRequest | None = None) -> Run:
-    """Run `run.request` through the shared model's scheduler, calling `on_record(run)` after every record.
+    """Run `run.request` through the model's scheduler, calling `on_record(run)` after every record.
 
-    `checked` is the request as the page already checked it at the scheduler's door (its ids are not encoded
-    again); without it the request is checked here, once (an EngineError when refused). While
-    the request waits, `on_wait(status)` is called a few times a second with its queue position and
-    estimated wait. If `on_record` or `on_wait` raises (Streamlit stops a script that way when the
-    user presses Stop or leaves the page) the request is cancelled at once, queued or running. A
-    request the server stopped at its time limit keeps what streamed; `run.warning` says why.
+    `checked` is the request as the page already checked it at the door; without it the request is checked at
+    submit (an EngineError when refused). While the request waits, `on_wait(status)` is called a few times a
+    second with its queue position and estimated wait. If `on_record` or `on_wait` raises (Streamlit stops a
+    script that way when the user presses Stop or leaves the page) the request is cancelled at once, queued or
+    running. A request the server stopped at its time limit keeps what streamed; `run.warning` says why. The run
+    takes the server's run id at submit.
 
     A speculative run (`draft` given, `run.speculation` set) is followed by plain decoding of the same
     request into `run.speculation.baseline`, unless it was stopped; `on_record(run)` follows that too.
     The speedup compares the engine's own per-record timings, so another session's request running
     between the two does not skew it.
     """
-    scheduler = scheduler_for(lm)
-    checked = scheduler.check(run.request, run.policy) if checked is None else checked
+    request = checked if checked is not None else run.request
     spec = run.speculation
-    extra = {"draft": draft, "k": spec.k} if spec is not None else {}
-    handle = scheduler.submit(checked, run.policy, session=session, **extra)
+    extra = {"draft": draft.spec, "k": spec.k} if spec is not None and draft is not None else {}
+    handle = lm.submit(request, run.policy, session=session, **extra)
+    run.id = handle.run_id
     follow(handle, run, run, on_record, on_wait)
     run.warning = str(handle.error) if handle.error is not None else None
     if spec is not None and run.done is not None and run.done.finish_reason not in ("cancelled", "timeout"):
         spec.baseline = Run(model=run.model, spec=run.spec, request=run.request, policy=run.policy,
                             dtype=run.dtype, device=run.device)
-        follow(scheduler.submit(checked, run.policy, session=session), spec.baseline, run, on_record, on_wait,
-               keep_captures=False)
+        baseline = lm.submit(request, run.policy, session=session, parent=run.id)
+        spec.baseline.id = baseline.run_id
+        follow(baseline, spec.baseline, run, on_record, on_wait, keep_captures=False)
     return run
 
 
-def follow(handle: Handle, into: Run, run: Run, on_record: Callable[[Run], None],
+def follow(handle: Any, into: Run, run: Run, on_record: Callable[[Run], None],
            on_wait: Callable[[QueueStatus], None] | None, keep_captures: bool = True) -> None:
     """Add each record of `handle` to `into` and call `on_record(run)`; cancel the request if a callback raises.
 
@@ -307,13 +268,36 @@ def follow(handle: Handle, into: Run, run: Run, on_record: Callable[[Run], None]
     """
     try:
         for record in handle.records(on_wait=on_wait):
-            if not keep_captures and hasattr(record, "captures"):
-                record.captures = {}
+            if not keep_captures and getattr(record, "captures", None):
+                record = replace(record, captures={})
             into.add(compact(record))
             on_record(run)
     finally:
         handle.cancel()          # a no-op once finished
         into.live = False
+
+
+# --- a run opened by id ------------------------------------------------------------------------------------------
+
+def run_from_slice(part: RunSlice, spec: ModelSpec, into: Run | None = None) -> Run:
+    """A run as the server keeps it (a presenter's, a `?run=` link's), or `into` grown by the records after it."""
+    run = into if into is not None else run_of(part.info, spec)
+    for record in part.records:
+        run.add(compact(record))
+    run.live = part.info.live
+    if part.info.error and not part.info.live:
+        run.warning = part.info.error
+    return run
+
+
+def run_of(info: RunInfo, spec: ModelSpec) -> Run:
+    """An empty Run for a stored run's info (its records are added by `run_from_slice`)."""
+    speculation = None
+    if info.kind == "speculative":
+        kind = "ngram" if info.draft.startswith("ngram") else "early-exit" if info.draft.startswith("early") else "model"
+        speculation = Speculation(info.label or info.draft, kind, info.k)
+    return Run(model=info.model, spec=spec, request=info.request, policy=info.policy, id=info.id,
+               started=info.created, speculation=speculation)
 
 
 class Throttle:

@@ -7,6 +7,9 @@ the keys of the page it names.
 from __future__ import annotations
 
 import hashlib
+import os
+import socket
+import time
 import uuid
 from typing import Callable
 
@@ -15,13 +18,16 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from app.nav import page_info
 from app.presenter import PENDING_KEY, SEEN_KEY, follow_page, presenter_board, push_button, pushed_view
-from engine.core.loader import LoadedModel
-from engine.serving.scheduler import SessionLimitError, scheduler_for
+from engine.service.client import ModelClient
+from engine.serving.scheduler import SessionLimitError
 
 XSRF_COOKIE = "_streamlit_xsrf"     # set by Streamlit's server on the first page load, kept by the browser
 SESSION_KEY, REFUSED_KEY = "session.id", "session.refused"
 
 _STREAMLIT_SESSIONS: dict[str, str] = {}     # our session id -> Streamlit's, to ask whether the tab is still there
+PROCESS = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"   # this web process, for presence reports
+PRESENCE_SECONDS = 5.0                        # a web process tells the model server its open tabs this often
+_last_report = [0.0]
 
 
 def session_id() -> str:
@@ -56,14 +62,28 @@ def connected(session: str) -> bool:
     return False
 
 
-def join_session(lm: LoadedModel | None) -> str | None:
+def open_sessions() -> list[str]:
+    """This process's browser sessions that are still connected (the closed ones are forgotten here)."""
+    return [s for s in list(_STREAMLIT_SESSIONS) if connected(s)]
+
+
+def report_presence(client: ModelClient, force: bool = False) -> None:
+    """Tell the model server which of its sessions this process still has open: a closed tab frees its place in
+    the room at the next report (in every web process, whichever one the tab was on)."""
+    now = time.monotonic()
+    if force or now - _last_report[0] >= PRESENCE_SECONDS:
+        _last_report[0] = now
+        client.report_presence(PROCESS, open_sessions())
+
+
+def join_session(client: ModelClient | None) -> str | None:
     """Count this person against the server's limit; the refusal message when the room is full."""
-    if lm is None:
+    if client is None:
         return None
-    scheduler = scheduler_for(lm)
-    scheduler.presence = connected
+    session = session_id()
     try:
-        scheduler.join(session_id(), person_id())
+        report_presence(client)
+        client.join(session, person_id())
     except SessionLimitError as err:
         st.session_state[REFUSED_KEY] = True
         return f"The model is not available to this browser: {err}."

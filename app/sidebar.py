@@ -6,26 +6,24 @@ import os
 
 import psutil
 import streamlit as st
-import torch
 
 from app.format import CONVENTION, fmt_bytes
 from app.model import model_choice
 from app.presenter import PresenterError, is_presenter, presenter_board, presenter_box, unlock
 from engine.projection.card import kv_bytes_per_token, param_counts
-from engine.core.loader import LoadedModel
-from engine.serving.scheduler import scheduler_for
+from engine.service.client import ModelClient
 
 
-def memory_rows(lm: LoadedModel) -> list[tuple[str, str]]:
-    """Weights as loaded, the whole process, and the GPU allocator when there is one."""
-    rows = [("Weights", fmt_bytes(lm.weight_bytes)),
-            ("Process memory", fmt_bytes(psutil.Process(os.getpid()).memory_info().rss))]
-    if lm.device.type == "cuda":
-        rows.append(("GPU allocated", fmt_bytes(torch.cuda.memory_allocated(lm.device))))
+def memory_rows(lm: ModelClient) -> list[tuple[str, str]]:
+    """Weights as loaded, the model's process, and the GPU allocator when there is one (measured where the model
+    is); with a remote model, this web process too."""
+    rows = [(row.name, fmt_bytes(row.bytes)) for row in lm.memory()]
+    if lm.transport != "in-process":
+        rows.append(("This web process", fmt_bytes(psutil.Process(os.getpid()).memory_info().rss)))
     return rows
 
 
-def model_rows(lm: LoadedModel) -> list[tuple[str, str]]:
+def model_rows(lm: ModelClient) -> list[tuple[str, str]]:
     spec = lm.spec
     kv = kv_bytes_per_token(spec, lm.dtype_name)
     return [("Device", str(lm.device)), ("Dtype", lm.dtype_name),
@@ -33,12 +31,13 @@ def model_rows(lm: LoadedModel) -> list[tuple[str, str]]:
             ("Layers", str(spec.n_layers)),
             ("Heads (query / KV)", f"{spec.n_heads} / {spec.n_kv_heads}"),
             ("KV cache per token", fmt_bytes(kv)),
-            ("Loaded in", f"{lm.load_seconds:.1f} s")]
+            ("Loaded in", f"{lm.load_seconds:.1f} s"),
+            ("Served", "in this process" if lm.transport == "in-process" else f"by the model server at {lm.url}")]
 
 
-def queue_line(lm: LoadedModel) -> str:
+def queue_line(lm: ModelClient) -> str:
     """How busy the shared model is right now: the batch, the line, the step time (measured)."""
-    stats = scheduler_for(lm).stats()
+    stats = lm.stats()
     if not stats.running and not stats.queued:
         return f"The model is free. {stats.sessions} session(s) here."
     step = f"; a step takes {stats.step_seconds * 1e3:.0f} ms" if stats.step_seconds else ""
@@ -46,7 +45,7 @@ def queue_line(lm: LoadedModel) -> str:
             f"{stats.sessions} session(s) here.")
 
 
-def render_sidebar(lm: LoadedModel | None) -> None:
+def render_sidebar(lm: ModelClient | None) -> None:
     with st.sidebar:
         st.subheader("Model")
         if lm is None:

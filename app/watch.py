@@ -19,15 +19,30 @@ from typing import Any, Callable, MutableMapping
 import streamlit as st
 
 from app.format import fmt_ms, fmt_rate
+from app.model import current_client
 from app.presenter import (SETTINGS, SEEN_KEY, Push, apply_push, following, is_presenter, new_broadcast,
                            PresenterBoard, presenter_board)
-from app.run import LAST_RUN, Run
+from app.run import LAST_RUN, Run, run_from_slice
+from engine.errors import EngineError
+from engine.service.client import ModelClient
 
 WATCH_SECONDS = 0.5                  # how often a follower's strip looks at the board and redraws a live run
 WATCHING_KEY = "presenter.watching"  # the presenter's run this session shows in its strip, until it is done
+READ_KEY = "presenter.watch_read"    # how many of that run's records the strip has read from the server
 ENDED_KEY = "presenter.watch_ended"  # the watched run whose end the strip has drawn
 ANSWER_LINK = " Its answer is in [3. The answer, token by token](#3-the-answer-token-by-token), below."
 RUN_PAGE = "journey"                 # where a follower on a page without runs (the home page) sees a run
+FORM_KEY = "presenter.form"          # the adopted run's request, for the journey page's form at the next run
+
+
+def fill_form() -> None:
+    """Before any widget is drawn (main.py): the journey page's form takes the request of the run just adopted.
+    (Written at adoption, it could meet the form's widgets already drawn in the same run.)"""
+    form = st.session_state.pop(FORM_KEY, None)
+    if form is not None:
+        push, chat = form
+        apply_push(st.session_state, push, RUN_PAGE)
+        st.session_state[f"{RUN_PAGE}.chat"] = chat
 
 
 def watch_slot() -> st.delta_generator.DeltaGenerator | None:
@@ -60,7 +75,7 @@ def strip(here: str, switch: Callable[[str], None]) -> None:
     run, watched = watched_run(state, board)
     if run is not None:
         show_or_adopt(run, watched, here, switch)
-    elif isinstance(state.get(LAST_RUN), Run) and state[LAST_RUN] is board.live()[1]:   # the presenter's run
+    elif isinstance(state.get(LAST_RUN), Run) and state[LAST_RUN].id == board.live()[1]:   # the presenter's run
         st.caption("The run on this page is the presenter's: explore its layers and heads on every page."
                    + (ANSWER_LINK if here == RUN_PAGE else ""))
 
@@ -83,23 +98,57 @@ def show_or_adopt(run: Run, watched: bool, here: str, switch: Callable[[str], No
     state[LAST_RUN] = run
     if run.request is not None:                 # the journey page's form shows the request this run answered
         settings = {name: getattr(run.request, name) for name in SETTINGS}
-        apply_push(state, Push(0, prompt=run.request.prompt, settings=settings), RUN_PAGE)
-        state[f"{RUN_PAGE}.chat"] = run.request.chat
+        state[FORM_KEY] = (Push(0, prompt=run.request.prompt, settings=settings), run.request.chat)
     if here == "" and watched:                  # watched it stream on the home page: see it on the journey's
         switch(RUN_PAGE)
     st.rerun(scope="app")
 
 
 def watched_run(state: MutableMapping[str, Any], board: PresenterBoard) -> tuple[Run | None, bool]:
-    """The presenter's run for this session: the one it is watching, or a new broadcast when it follows; and
-    whether it was watched while it streamed."""
+    """The presenter's run for this session: the one it is watching (grown by the records made since the last tick),
+    or a new broadcast when it follows; and whether it was watched while it streamed. Runs are read from the model
+    server by id, so a follower in any web process sees the same run."""
+    client = current_client()
     run = state.get(WATCHING_KEY)
-    if isinstance(run, Run):
-        return run, True
-    run = new_broadcast(state, board) if following(state) else None
-    if run is not None and run.live and run.done is None:
+    if client is None:
+        return None, False
+    try:
+        if isinstance(run, Run):
+            return read_more(client, state, run), True
+        run_id = new_broadcast(state, board) if following(state) else None
+        if run_id is None:
+            return None, False
+        state[READ_KEY] = 0
+        run = read_more(client, state, None, run_id)
+    except EngineError as err:                  # the run was dropped from the server's store, or the server is gone
+        state.pop(WATCHING_KEY, None)
+        st.caption(f"The presenter's run cannot be shown: {err}")
+        return None, False
+    if run.live and run.done is None:
         state[WATCHING_KEY] = run
+    elif run.speculation is not None:
+        attach_baseline(client, run)
     return run, False
+
+
+def read_more(client: ModelClient, state: MutableMapping[str, Any], run: Run | None, run_id: str | None = None) -> Run:
+    """The run with every record the server made since this session last read it."""
+    part = client.run_slice(run.id if run is not None else run_id, state.get(READ_KEY, 0))
+    state[READ_KEY] = part.end
+    run = run_from_slice(part, client.spec, run)
+    if not run.live and run.speculation is not None:
+        attach_baseline(client, run)
+    return run
+
+
+def attach_baseline(client: ModelClient, run: Run) -> None:
+    """A speculative run's plain decoding of the same request (its measured speedup), when the server has it."""
+    if run.speculation.baseline is not None:
+        return
+    child = next((info for info in client.run_list() if info.parent == run.id and not info.live), None)
+    if child is not None:
+        baseline = run_from_slice(client.run_slice(child.id), client.spec)
+        run.speculation.baseline = baseline
 
 
 def watch_view(run: Run) -> None:

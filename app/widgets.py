@@ -15,7 +15,7 @@ from app.layout import plot_font
 from app.presenter import may_generate, presenter_board
 from app.request import DEFAULT_PROMPT, MAX_NEW_LIMIT, Prepared, Sampling, new_token_limit, prepare, sanitize_settings
 from app.run import Throttle
-from engine.core.loader import LoadedModel
+from engine.service.client import ModelClient
 
 PLOT_CONFIG = {"displaylogo": False, "modeBarButtonsToRemove": ["select2d", "lasso2d"]}
 
@@ -177,7 +177,7 @@ def generate_button(ns: str, prepared: Prepared,
     return clicked, right.empty()
 
 
-def quick_form(lm: LoadedModel, ns: str, default: str = DEFAULT_PROMPT,
+def quick_form(lm: ModelClient, ns: str, default: str = DEFAULT_PROMPT,
                max_new_default: int = 16) -> tuple[Prepared, bool, st.delta_generator.DeltaGenerator]:
     """A prompt, a token limit and Generate / Stop (greedy), for pages that run a request of their own.
 

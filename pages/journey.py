@@ -8,7 +8,6 @@ from app.recordings import run_notes
 from app.request import new_token_limit, prepare
 from app.session import presenter_push
 from app.widgets import generate_button, prompt_box, sampling_controls
-from engine.serving.scheduler import scheduler_for
 
 lm = page_model()
 st.title("The journey of a request")
@@ -42,7 +41,7 @@ else:
 st.subheader("3. The answer, token by token")
 if not clicked:
     run_notes(last_run())
-result = ResultView(running=lambda: scheduler_for(lm).stats().running)
+result = ResultView(running=lambda: lm.stats().running)
 if clicked:
     run_live(lm, prepared, "journey", stop_slot, result.update, capture, notice)
 run = last_run()

@@ -6,7 +6,6 @@ from app.model import page_model
 from app.nav import PAGES
 from app.recordings import (keep_button, kept_section, room_limits, run_notes, save_button, shipped_section,
                             upload_section)
-from engine.serving.scheduler import scheduler_for
 
 lm = page_model()
 st.title("Recordings")
@@ -17,7 +16,7 @@ st.write("A recording is one finished generation saved with everything the pages
 if lm is None:
     st.info("No model is available to this session right now: recordings are the way to explore the pages.",
             icon=":material/cloud_off:")
-elif (stats := scheduler_for(lm).stats()).queued:
+elif (stats := lm.stats()).queued:
     st.info(f"The model is busy: {stats.queued} request(s) are waiting for it. A recording opens at once.",
             icon=":material/group:")
 

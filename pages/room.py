@@ -4,7 +4,6 @@ import streamlit as st
 from app.model import page_model
 from app.session import session_id
 from app.speed.room import kernel_note, live_section
-from engine.serving.scheduler import scheduler_for
 
 lm = page_model(needed=True)
 st.title("The room is the batch")
@@ -13,7 +12,7 @@ st.write("Everyone in this room shares one model. When several people press Gene
          "every one of them their next token. A newcomer's prompt is read in chunks between those steps, so "
          "nobody's answer freezes while it is read, and a finished answer leaves its place to the next person "
          "waiting. All of this is measured on this server, live.")
-live_section(scheduler_for(lm), session_id())
+live_section(lm, session_id())
 st.caption("Read the right-hand chart as the serving trade-off: each added request makes a step a little "
            "slower for everyone in it (latency), while the tokens produced per second by the whole room grow "
            "almost in step with the batch (throughput), because a step reads every weight once, whatever the "

@@ -14,19 +14,19 @@ from app.format import visible
 from app.format import MEASURED
 from app.live import run_alone
 from app.widgets import plot
-from engine.lab.attention_math import MAX_TOKENS, AttentionSteps, LayerQKV, attention_steps, capture_qkv
+from engine.lab.attention_math import MAX_TOKENS, AttentionSteps, LayerQKV, attention_steps
 from engine.errors import EngineError
-from engine.core.loader import LoadedModel
+from engine.service.client import ModelClient
 
 CAPTURE = "math.capture"
 DEFAULT_PROMPT = "The capital of France is Paris, and the capital of Italy is"
 DIMS_SHOWN = 6
 
 
-def capture(lm: LoadedModel, prompt: str, layer: int) -> None:
+def capture(lm: ModelClient, prompt: str, layer: int) -> None:
     ids = lm.tokenizer(prompt)["input_ids"]
     try:
-        st.session_state[CAPTURE] = run_alone(lm, "the attention capture", lambda: capture_qkv(lm, ids, layer))
+        st.session_state[CAPTURE] = run_alone(lm, "attention.qkv", {"ids": ids, "layer": layer})
     except EngineError as err:
         st.error(str(err))
         return
@@ -34,7 +34,7 @@ def capture(lm: LoadedModel, prompt: str, layer: int) -> None:
         st.warning(f"The prompt has {len(ids)} tokens; the first {MAX_TOKENS} are used so every number fits on screen.")
 
 
-def capture_controls(lm: LoadedModel) -> None:
+def capture_controls(lm: ModelClient) -> None:
     cols = st.columns([5, 3, 2], vertical_alignment="bottom")
     prompt = cols[0].text_input("Prompt", DEFAULT_PROMPT, max_chars=400, key="math.prompt")
     layer = cols[1].slider("Layer", 0, lm.spec.n_layers - 1, min(3, lm.spec.n_layers - 1), key="math.layer")
@@ -85,7 +85,7 @@ def output_table(s: AttentionSteps, row: int) -> None:
     st.dataframe(body, hide_index=True, width="stretch", height=table_height(row + 2))
 
 
-def steps_section(lm: LoadedModel) -> None:
+def steps_section(lm: ModelClient) -> None:
     capture_controls(lm)
     qkv: LayerQKV | None = st.session_state.get(CAPTURE)
     if qkv is None:

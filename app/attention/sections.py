@@ -9,9 +9,8 @@ from app.attention import figures as charts
 from app.run import Run
 from app.live import run_alone
 from app.widgets import plot
-from engine.lab.attention_math import capture_attention
 from engine.errors import EngineError
-from engine.core.loader import LoadedModel
+from engine.service.client import ModelClient
 from engine.projection.specs import MODEL_PRESETS, ModelSpec
 
 HEATMAP_CELLS = 160     # cells per axis of the main heatmap
@@ -29,14 +28,14 @@ def pooled_note(n: int, factor: int, what: str) -> str:
             f"of a {factor}×{factor} block of attention weights.")
 
 
-def layer_options(run: Run, lm: LoadedModel | None) -> list[int]:
+def layer_options(run: Run, lm: ModelClient | None) -> list[int]:
     """The layers kept, or every layer when the missing ones can be captured again."""
     if att.recapturable(run, lm.label if lm is not None else None):
         return list(range(run.spec.n_layers))
     return att.captured_layers(run)
 
 
-def layer_and_head(run: Run, lm: LoadedModel | None) -> tuple[Run, int, int]:
+def layer_and_head(run: Run, lm: ModelClient | None) -> tuple[Run, int, int]:
     """Pick a layer and one of its heads (keys carry the run id: a new run starts fresh). Every layer is offered
     when a long prompt kept fewer and the model is here to capture the one chosen; the run comes back with it."""
     kept, layers = att.captured_layers(run), layer_options(run, lm)
@@ -65,7 +64,7 @@ def only_layer_note(run: Run, layer: int) -> str:
             f"the capture budget, and {why}.")
 
 
-def captured_again(lm: LoadedModel, run: Run, layer: int) -> Run:
+def captured_again(lm: ModelClient, run: Run, layer: int) -> Run:
     """The run with `layer` captured in one pass over its positions; one such layer is kept per session."""
     key = f"attention.again.{run.id}"
     held = st.session_state.get(key)
@@ -76,8 +75,7 @@ def captured_again(lm: LoadedModel, run: Run, layer: int) -> Run:
             with st.spinner(f"Capturing layer {layer}: layers 0 to {layer} run over {n:,} positions (about "
                             f"{guess:.0f} s: this prompt's prefill took {run.prefill.seconds:.1f} s for all "
                             f"{run.spec.n_layers} layers)…"):
-                held = run_alone(lm, f"layer {layer}'s attention",
-                                 lambda: capture_attention(lm, att.run_ids(run), layer))
+                held = run_alone(lm, "attention.layer", {"ids": list(att.run_ids(run)), "layer": layer})
         except EngineError as err:
             st.error(f"Layer {layer} could not be captured: {err}")
             return run

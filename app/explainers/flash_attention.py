@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import streamlit as st
-import torch
 
 from app.explainers import figures as charts
 from app.format import card_size, fmt_bytes, fmt_ms, fmt_tokens
@@ -13,9 +12,9 @@ from app.widgets import measured, plot
 from engine.errors import EngineError
 from engine.projection.card import kv_bytes_per_token, weight_bytes
 from engine.lab.fusion import (MAX_SCORE_BYTES, AttentionShape, FusionProjection, decode_row_bytes,
-                               largest_intermediate_bytes, project_fusion, sweep_fusion)
+                               largest_intermediate_bytes, project_fusion)
 from engine.projection.specs import ModelSpec
-from engine.core.loader import LoadedModel
+from engine.service.client import ModelClient
 from engine.projection.units import card_bytes
 
 POINTS = "fusion.points"
@@ -25,24 +24,24 @@ REPEATS = 2
 PROJECTED_LENGTHS = (1024, 4096, 16384, 32768, 131072)
 
 
-def lengths_for(lm: LoadedModel) -> list[int]:
+def lengths_for(lm: ModelClient) -> list[int]:
     """The lengths this model's context and the score-matrix limit allow."""
     itemsize = lm.dtype.itemsize
     return [n for n in LENGTHS if n <= lm.spec.max_context
             and largest_intermediate_bytes(AttentionShape.of_spec(lm.spec, n, itemsize)) <= MAX_SCORE_BYTES]
 
 
-def measure(lm: LoadedModel, lengths: list[int]) -> None:
+def measure(lm: ModelClient, lengths: list[int]) -> None:
     with st.status("Timing eager and fused attention…", expanded=True) as box:
         report = status_progress(box)
         try:
-            points = run_on_model(lm, "the attention timing", lambda progress: sweep_fusion(
-                lm.spec, lengths, lm.device, lm.dtype, REPEATS, progress=progress), report)   # alone, for clean timings
-        except (EngineError, torch.OutOfMemoryError, RuntimeError) as err:
+            points = run_on_model(lm, "fusion.sweep", {"lengths": list(lengths), "repeats": REPEATS},
+                                  report)                                                # alone, for clean timings
+        except EngineError as err:
             box.update(label="Stopped", state="error")
             st.error(f"The measurement stopped: {err}")
             return
-        st.session_state[POINTS] = [p.to_dict() for p in points]
+        st.session_state[POINTS] = points
         box.update(label=f"Measured {len(points)} lengths", state="complete", expanded=False)
 
 
@@ -57,7 +56,7 @@ def results_table(points: list[dict]) -> None:
               "largest difference": [f"{p['max_difference']:.1e}" for p in points]})
 
 
-def measured_section(lm: LoadedModel) -> None:
+def measured_section(lm: ModelClient) -> None:
     st.caption(measured_caption(lm) + f" One layer's attention with the loaded model's shapes ({lm.spec.n_heads} "
                f"query heads, {lm.spec.n_kv_heads} K/V heads, head_dim {lm.spec.head_dim}) on random Q, K, V (the "
                f"values do not change the work), best of {REPEATS} runs each. Bytes are counted from the tensors each "
@@ -95,7 +94,7 @@ def projected_table(projs: list[FusionProjection], memory_gb: float) -> None:
                                              for p in projs]})
 
 
-def projected_section(lm: LoadedModel) -> None:
+def projected_section(lm: ModelClient) -> None:
     cols = st.columns(2)
     spec, gpu = model_picker("fusion", lm, cols[0]), gpu_picker("fusion", cols[1])
     projs = [project_fusion(spec, gpu, n) for n in PROJECTED_LENGTHS if n <= spec.max_context]

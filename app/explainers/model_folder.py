@@ -1,16 +1,14 @@
 """Sections of the model-folder page: the files the engine loaded, what the weights hold, read and copy times."""
 from __future__ import annotations
 
-import json
-
 import streamlit as st
 
 from app.format import fmt_bytes
 from app.format import MEASURED
 from engine.projection.card import weight_bytes
 from engine.errors import EngineError
-from engine.models.folder import PCIE, FolderReport, describe_folder, pcie_seconds, time_read
-from engine.core.loader import LoadedModel
+from engine.models.folder import PCIE, FolderReport, pcie_seconds
+from engine.service.client import ModelClient
 from engine.projection.specs import MODEL_PRESETS
 
 READ = "folder.read"
@@ -18,16 +16,18 @@ TARGET = "llama-3.1-8b"
 
 
 @st.cache_data(show_spinner=False, max_entries=4)
-def folder_report(path: str) -> FolderReport:
-    return describe_folder(path)
+def folder_report(_lm: ModelClient, where: str) -> dict:
+    """The folder as it is on the model server's disk, and its config.json (read there)."""
+    return _lm.quick("folder.report")
 
 
-def files_section(lm: LoadedModel) -> FolderReport | None:
+def files_section(lm: ModelClient) -> FolderReport | None:
     try:
-        report = folder_report(str(lm.source))
-    except (EngineError, OSError) as err:
+        read = folder_report(lm, f"{getattr(lm, 'url', 'local')}:{lm.source}")
+    except EngineError as err:
         st.error(f"The model folder cannot be read: {err}")
         return None
+    report = read["report"]
     st.caption(f"{MEASURED}: the folder {lm.label} was loaded from, as it is on disk.")
     st.table({"file": [f.name for f in report.files], "what": [f.kind for f in report.files],
               "size": [fmt_bytes(f.size) for f in report.files]})
@@ -40,26 +40,25 @@ def files_section(lm: LoadedModel) -> FolderReport | None:
                 "text into ids; the safetensors files are a small JSON header (names, dtypes, shapes, offsets) "
                 "followed by the raw numbers, so a loader can map them straight into memory without running code.")
     with st.expander("config.json, as the engine read it"):
-        st.json(json.loads((report.path / "config.json").read_text()))
+        st.json(read["config"])
     return report
 
 
-def measure_read(report: FolderReport) -> None:
+def measure_read(lm: ModelClient) -> None:
+    """Every weight file read once where the model is, timed there."""
     try:
         with st.spinner("Reading every weight byte once…"):
-            timing = time_read(report)
-    except OSError as err:
+            st.session_state[READ] = lm.quick("folder.read")            # bytes, seconds
+    except EngineError as err:
         st.error(f"Reading the weights failed: {err}")
-        return
-    st.session_state[READ] = {"bytes": timing.nbytes, "seconds": timing.seconds}
 
 
-def timing_section(lm: LoadedModel, report: FolderReport) -> None:
+def timing_section(lm: ModelClient, report: FolderReport) -> None:
     cols = st.columns([1, 3])
     cols[0].metric("Load time", f"{lm.load_seconds:.2f} s",
                    help="Measured at start-up: config, weights and tokenizer, from this folder into memory.")
     if cols[1].button("Time reading the weight files", key="folder.read_button"):
-        measure_read(report)
+        measure_read(lm)
     read = st.session_state.get(READ)
     target = MODEL_PRESETS[TARGET]
     nbytes = weight_bytes(target, "bf16")

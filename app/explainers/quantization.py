@@ -9,14 +9,10 @@ from app.explainers import figures as charts
 from app.format import MEASURED, measured_caption
 from app.live import measure_in_box, run_alone
 from app.widgets import measured, plot
-from engine.lab.quant_calibrated import compare_methods
 from engine.errors import EngineError
 from engine.lab.floatbits import FORMATS, float_bits, format_range
-from engine.core.loader import LoadedModel
-from engine.lab.quant_detail import (EVAL_TEXT, EVAL_TOKENS, OUTLIER_THRESHOLD, SCHEMES, activation_channels,
-                                     grid_share, int8_errors_by_layer, layer_inputs, nf4_levels, notable_weights,
-                                     q_proj_inputs, scheme_quality, weight_rows)
-from engine.lab.quantize import all_logits, text_ids
+from engine.lab.quant_detail import OUTLIER_THRESHOLD, SCHEMES, nf4_levels
+from engine.service.client import ModelClient
 
 OUTLIERS, GRIDS = "quantlab.outlier_data", "quantlab.grid_data"
 SCHEME_NAMES = {"rtn-asym-g32": "RTN, min + scale per 32", "rtn-asym-g64": "RTN, min + scale per 64",
@@ -24,27 +20,12 @@ SCHEME_NAMES = {"rtn-asym-g32": "RTN, min + scale per 32", "rtn-asym-g64": "RTN,
                 "nf4-b64": "NF4, absmax per 64"}
 
 
-def eval_ids(lm: LoadedModel) -> list[int]:
-    return text_ids(lm, EVAL_TEXT, EVAL_TOKENS)
-
-
-# --- outliers --------------------------------------------------------------------------------------------
-
-def _outliers(lm: LoadedModel) -> tuple:
-    ids = eval_ids(lm)
-    hidden = layer_inputs(lm, ids)
-    normed, resid = activation_channels(lm, hidden)
-    return ids, normed, resid, int8_errors_by_layer(lm, hidden)
-
-
-def measure_outliers(lm: LoadedModel) -> None:
+def measure_outliers(lm: ModelClient) -> None:
     try:
         with st.spinner("One forward pass over the text, every layer's inputs kept…"):
-            ids, normed, resid, errors = run_alone(lm, "the outlier measurement", lambda: _outliers(lm))
+            st.session_state[OUTLIERS] = run_alone(lm, "quant.outliers")   # normed, resid, errors, tokens
     except EngineError as err:
         st.error(str(err))
-        return
-    st.session_state[OUTLIERS] = {"normed": normed, "resid": resid, "errors": errors, "tokens": len(ids)}
 
 
 def outlier_metrics(data: dict, layer: int) -> None:
@@ -63,7 +44,7 @@ def outlier_metrics(data: dict, layer: int) -> None:
     cols[2].metric("LLM.int8", f"{err.mixed:.1%}", help="Outlier channels kept in 16-bit, the rest INT8 per token.")
 
 
-def outliers_section(lm: LoadedModel) -> None:
+def outliers_section(lm: ModelClient) -> None:
     st.caption(measured_caption(lm) + " The input of every layer's attention projections (after its RMSNorm) and "
                "the residual stream, over a fixed English text: for each channel the largest and the mean |value| "
                "across its tokens.")
@@ -79,7 +60,7 @@ def outliers_section(lm: LoadedModel) -> None:
         plot(charts.channels_figure(normed.max_abs[layer], normed.mean_abs[layer], f"layer {layer}: {normed.where}",
                                     OUTLIER_THRESHOLD), "quantlab.normed")
     with cols[1]:
-        w_max, w_mean = weight_rows(lm.model.model.layers[layer].self_attn.q_proj.weight)
+        w_max, w_mean = lm.quick("quant.weight_rows", {"layer": layer})
         plot(charts.channels_figure(w_max, w_mean, f"layer {layer}: q_proj weights per input channel", None),
              "quantlab.weights")
     st.markdown(outliers_text(data, layer))
@@ -99,22 +80,10 @@ def outliers_text(data: dict, layer: int) -> str:
 
 # --- grids and what they cost ------------------------------------------------------------------------------
 
-def _grids(lm: LoadedModel, schemes: list[str], progress) -> tuple:
-    ids, share = eval_ids(lm), grid_share(lm)
-    reference = all_logits(lm, ids)
-    rows = []
-    for i, scheme in enumerate(schemes):
-        progress(i / len(schemes), f"{SCHEME_NAMES[scheme]}: quantizing a copy, one pass over the text")
-        rows.append(scheme_quality(lm, scheme, ids, reference).__dict__)
-    return ids, share, rows
-
-
-def measure_grids(lm: LoadedModel, schemes: list[str]) -> None:
-    result = measure_in_box(lm, "Quantizing copies and comparing…", "the 4-bit comparison",
-                            lambda progress: _grids(lm, schemes, progress))
+def measure_grids(lm: ModelClient, schemes: list[str]) -> None:
+    result = measure_in_box(lm, "Quantizing copies and comparing…", "quant.grids", {"schemes": schemes})
     if result is not None:
-        ids, share, rows = result
-        st.session_state[GRIDS] = {"rows": rows, "share": share, "tokens": len(ids)}
+        st.session_state[GRIDS] = result                         # rows, share, tokens
 
 
 def grids_table(rows: list[dict]) -> None:
@@ -126,7 +95,7 @@ def grids_table(rows: list[dict]) -> None:
               "KL (nats/token)": [f"{r['mean_kl']:.4f}" for r in rows]})
 
 
-def grids_section(lm: LoadedModel) -> None:
+def grids_section(lm: ModelClient) -> None:
     st.caption(measured_caption(lm) + " Each scheme rounds every decoder-block linear of a copy (the shared model is "
                "untouched), then both models read the same text once and are compared token by token.")
     plot(charts.levels_figure({"RTN (even steps)": np.linspace(-1, 1, 16).tolist(),
@@ -174,18 +143,17 @@ def methods_text() -> str:
 METHODS = "quantlab.method_data"
 
 
-def measure_methods(lm: LoadedModel, layer: int) -> None:
+def measure_methods(lm: ModelClient, layer: int) -> None:
     try:
         with st.spinner("One forward pass for the layer's inputs, then RTN, GPTQ and AWQ on its q_proj…"):
-            result = run_alone(lm, "the GPTQ/AWQ comparison", lambda: compare_methods(
-                q_proj_inputs(lm, eval_ids(lm), layer), lm.model.model.layers[layer].self_attn.q_proj.weight))
+            result = run_alone(lm, "quant.methods", {"layer": layer})
     except EngineError as err:
         st.error(str(err))
         return
     st.session_state[METHODS] = {"layer": layer, "result": result}
 
 
-def methods_section(lm: LoadedModel) -> None:
+def methods_section(lm: ModelClient) -> None:
     cols = st.columns([2, 3], vertical_alignment="bottom")
     top = lm.spec.n_layers - 1
     layer = cols[0].number_input("Layer", 0, top, min(15, top), key="quantlab.m_layer")
@@ -207,8 +175,8 @@ def methods_section(lm: LoadedModel) -> None:
 
 # --- bits ------------------------------------------------------------------------------------------------------
 
-def bits_section(lm: LoadedModel) -> None:
-    weights = notable_weights(lm)
+def bits_section(lm: ModelClient) -> None:
+    weights = lm.quick("quant.notable_weights")
     label = st.selectbox("A real weight of the loaded model", range(len(weights)),
                          format_func=lambda i: f"{weights[i][0]}: {weights[i][1]:.8g}", key="quantlab.weight")
     value = weights[label][1]

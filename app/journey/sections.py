@@ -19,8 +19,8 @@ from app.run import LOGIT_LENS_TOP, Run, Throttle, capture_policy
 from app.journey.tokens import chars_per_token, chips_figure, special_mask
 from app.widgets import ChartSlot, plot
 from engine.core.generate import GenerationRequest
-from engine.core.hooks import logit_lens
-from engine.core.loader import LoadedModel
+from engine.errors import EngineError
+from engine.service.client import ModelClient
 from engine.core.records import SampledToken
 from engine.core.sampling import filter_probs
 from engine.core.token_bytes import char_groups, readable, token_bytes
@@ -31,7 +31,7 @@ TOP_SHOWN = 12
 TEXT_SECONDS, CHART_SECONDS = 0.5, 2.0       # redraw intervals while a run streams
 
 
-def tokenization_section(lm: LoadedModel, prepared: Prepared) -> None:
+def tokenization_section(lm: ModelClient, prepared: Prepared) -> None:
     """The model input as chips with ids, and how many characters each token carries."""
     ids = list(prepared.ids)
     if not ids:
@@ -72,7 +72,7 @@ def split_note(pieces: list[bytes]) -> str:
             "under the chips of one character shows what they spell together.")
 
 
-def shapes_section(lm: LoadedModel, n_tokens: int) -> None:
+def shapes_section(lm: ModelClient, n_tokens: int) -> None:
     spec = lm.spec
     plot(charts.shapes_figure(spec, max(n_tokens, 1)), key="journey.shapes")
     st.caption(f"Shapes for this prompt ({max(n_tokens, 1):,} tokens) through {lm.label}: {spec.n_heads} query heads "
@@ -203,11 +203,11 @@ def distribution_section(run: Run, index: int, sampling: Sampling, decode: Calla
                                     sampling))
 
 
-def lens_section(run: Run, index: int, decode: Callable[[list[int]], str], lm: LoadedModel | None = None) -> None:
+def lens_section(run: Run, index: int, decode: Callable[[list[int]], str], lm: ModelClient | None = None) -> None:
     captures = run.captures(index)
     pending = any(c.resid is not None and c.lens is None for c in captures.values())
     if pending and lm is not None and lm.label == run.model:
-        logit_lens(lm.model, captures, LOGIT_LENS_TOP)     # only for the token you look at; kept in the run
+        fill_lens(lm, captures)                            # only for the token you look at; kept in the run
     if not any(c.lens for c in captures.values()):
         st.info("The logit lens of this recording is computed by the model that made it; load that model to see "
                 "it." if pending else "No logit lens for this token: a speculative round takes it at its verify "
@@ -225,23 +225,33 @@ def lens_section(run: Run, index: int, decode: Callable[[list[int]], str], lm: L
                "the residual stream leaving each layer at that position.")
 
 
+def fill_lens(lm: ModelClient, captures: dict) -> None:
+    """The logit lens of the layers that kept their residual, computed where the model is (two weight reads)."""
+    resid = {i: c.resid for i, c in captures.items() if c.resid is not None and c.lens is None}
+    try:
+        lens = lm.quick("lens", {"resid": resid, "top": LOGIT_LENS_TOP})
+    except EngineError as err:
+        st.warning(f"The logit lens could not be computed: {err}")
+        return
+    for i, top in lens.items():
+        captures[i].lens = top
+
+
 OBSERVER = "journey.observer"
 OBSERVER_TOKENS = 16          # decode steps per run of the measurement
 
 
-def observer_section(lm: LoadedModel, run: Run) -> None:
+def observer_section(lm: ModelClient, run: Run) -> None:
     """The same request decoded with capture off and on, alternating three times, on this server (measured)."""
     from app.live import run_on_model, status_progress
-    from engine.errors import EngineError
-    from engine.lab.speed import observer_effect
 
     policy = run.policy if run.policy.enabled else capture_policy(lm.spec, run.n_prompt, OBSERVER_TOKENS)[0]
     request = replace(run.request, max_new_tokens=OBSERVER_TOKENS)
     if st.button("Measure capture off against on", key="journey.observer.measure"):
         with st.status("Measuring the observer effect…", expanded=True) as box:
             try:
-                st.session_state[OBSERVER] = run_on_model(lm, "the observer-effect measurement", lambda progress:
-                                                          observer_effect(lm, request, policy, 3, progress),
+                st.session_state[OBSERVER] = run_on_model(lm, "observer.effect",
+                                                          {"request": request, "policy": policy, "rounds": 3},
                                                           status_progress(box))
                 box.update(label="Measured", state="complete", expanded=False)
             except EngineError as err:
@@ -258,7 +268,7 @@ def observer_section(lm: LoadedModel, run: Run) -> None:
                   if effect.same_tokens else "The tokens differed: a near-tie in the logits tipped the other way."))
 
 
-def run_up_close(lm: LoadedModel | None, run: Run, sampling: Sampling) -> None:
+def run_up_close(lm: ModelClient | None, run: Run, sampling: Sampling) -> None:
     """Sections 4 and 5 of the journey page, for a finished run: one token up close, the observer effect."""
     st.subheader("4. One token up close")
     index = token_picker(run)

@@ -10,10 +10,9 @@ from app.format import MEASURED, measured_caption
 from app.hardware import gpu_picker, model_picker
 from app.live import run_on_model, status_progress
 from app.widgets import measured, plot
-from engine.lab.kv_cache import compare_runs, generate_both, project_answer_seconds, project_token, slope
+from engine.lab.kv_cache import compare_runs, project_answer_seconds, project_token, slope
 from engine.errors import EngineError
-from engine.core.loader import LoadedModel
-from engine.lab.speed import prompt_of_length
+from engine.service.client import ModelClient
 
 RESULT = "cache.result"
 PROMPTS = (8, 64, 256)
@@ -21,7 +20,7 @@ PROJECTED_LENGTHS = (1024, 8192, 32768, 131072)
 ANSWER_PROMPT, ANSWER_TOKENS = 1024, 1000
 
 
-def inputs(lm: LoadedModel) -> tuple[int, int]:
+def inputs(lm: ModelClient) -> tuple[int, int]:
     cols = st.columns(2)
     prompts = [n for n in PROMPTS if n + 16 < lm.spec.max_context]
     prompt = cols[0].segmented_control("Prompt tokens", prompts, default=prompts[0], key="cache.prompt", required=True)
@@ -30,20 +29,18 @@ def inputs(lm: LoadedModel) -> tuple[int, int]:
     return int(prompt), int(steps)
 
 
-def measure(lm: LoadedModel, prompt: int, steps: int) -> None:
-    ids = prompt_of_length(lm, prompt)
+def measure(lm: ModelClient, prompt: int, steps: int) -> None:
     with st.status("Generating with the cache and without, token by token…", expanded=True) as box:
         report = status_progress(box)
         try:
-            on, off = run_on_model(lm, "the cache on/off measurement", lambda progress: generate_both(
-                lm, ids, steps, progress=lambda i: progress(i / steps, f"token {i} both ways")), report)
+            on, off, text = run_on_model(lm, "kv.on_off", {"prompt": prompt, "steps": steps}, report)
             rows = compare_runs(lm.spec, on, off)
         except (EngineError, ValueError) as err:
             box.update(label="Stopped", state="error")
             st.error(str(err))
             return
         st.session_state[RESULT] = {"rows": [r.__dict__ | {"saved": r.flops_saved} for r in rows],
-                                    "text": lm.tokenizer.decode(list(on.tokens)), "prompt": prompt,
+                                    "text": text, "prompt": prompt,
                                     "slope_on": slope(rows, "seconds_on"), "slope_off": slope(rows, "seconds_off"),
                                     "total_on": sum(on.seconds), "total_off": sum(off.seconds)}
         box.update(label="Measured", state="complete", expanded=False)
@@ -59,7 +56,7 @@ def metrics(result: dict) -> None:
     cols[3].metric("Answer, no cache", f"{result['total_off']:.2f} s", help="Every token, the prefill included.")
 
 
-def measured_section(lm: LoadedModel) -> None:
+def measured_section(lm: ModelClient) -> None:
     st.caption(measured_caption(lm) + " The same greedy answer twice, token by token in turn: with the cache (prefill "
                "once, then one token per forward pass) and without (every step runs the whole sequence again). Each "
                "token is timed; the prefill, the same work both ways, is left out. The trend is the median slope "
@@ -90,7 +87,7 @@ def measured_text(result: dict) -> str:
             f"{rows[-1]['saved']:.1%} of the FLOPs ({rows[-1]['flops_off'] / rows[-1]['flops_on']:,.0f}× fewer).")
 
 
-def projected_section(lm: LoadedModel) -> None:
+def projected_section(lm: ModelClient) -> None:
     cols = st.columns(2)
     spec, gpu = model_picker("cache", lm, cols[0]), gpu_picker("cache", cols[1])
     lengths = [n for n in PROJECTED_LENGTHS if n <= spec.max_context]

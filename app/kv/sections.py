@@ -13,8 +13,9 @@ from app.format import card_size, fmt_bytes, fmt_tokens, parse_tokens
 from app.run import Run, Throttle
 from app.widgets import ChartSlot, LinkedNumber, Preset, linked_number, plot
 from engine.projection.card import kv_bytes_per_token, kv_bytes_per_user
-from engine.core.loader import LoadedModel
-from engine.lab.memory import MemoryLedger, memory_ledger
+from engine.service.client import ModelClient
+from engine.errors import EngineError
+from engine.lab.memory import MemoryLedger
 from engine.projection.paging import PagingConfig, compare
 from engine.projection.cost import (GPU_COUNTS, IDEAL, Layout, MemoryPlan, memory_plan, smallest_layout, standard_layout,
                                     users_table, users_that_fit)
@@ -113,10 +114,16 @@ def ledger_table(ledger: MemoryLedger) -> dict[str, list[str]]:
             "formula (model card)": [fmt_bytes(r[2]) if r[2] is not None else "–" for r in rows]}
 
 
-def memory_section(lm: LoadedModel, run: Run | None) -> None:
+def memory_section(lm: ModelClient, run: Run | None) -> None:
     """Measured memory of the process serving the model (open by default on a GPU)."""
     states = run.cache_states() if run is not None and run.source is None else []
-    ledger = memory_ledger(lm, states[-1] if states else None)
+    last = states[-1] if states else None
+    try:
+        ledger = lm.quick("memory.ledger", {"cache_length": last.length if last else 0,
+                                            "cache_bytes": last.bytes if last else 0})
+    except EngineError as err:
+        st.caption(f"The memory of the model's process could not be read: {err}")
+        return
     on_gpu = ledger.peak_reserved is not None
     with st.expander("Memory on this GPU, measured" if on_gpu else "Memory of this process, measured (CPU)",
                      expanded=on_gpu):

@@ -15,8 +15,7 @@ from app.format import MEASURED, measured_caption
 from app.hardware import HardwareChoice
 from app.live import measure_in_box
 from app.widgets import measured, plot
-from engine.lab.batching import measure_batching
-from engine.core.loader import LoadedModel
+from engine.service.client import ModelClient
 from engine.projection.cost import INTERNODE_GBS
 from engine.projection.serving_sim import ServerConfig, SimResult, Targets, Workload, rescore, simulate, sweep_max_batch
 from engine.projection.specs import GPUSpec, ModelSpec
@@ -207,20 +206,20 @@ def sweep_section(choice: HardwareChoice) -> None:
 
 # --- real batching on this machine ----------------------------------------------------------------------
 
-def measure_real(lm: LoadedModel) -> None:
-    points = measure_in_box(lm, "Running the model batched…", "the batching measurement", lambda progress:
-                            measure_batching(lm, REAL_BATCHES, rounds=REAL_ROUNDS, progress=progress))
+def measure_real(lm: ModelClient) -> None:
+    points = measure_in_box(lm, "Running the model batched…", "batching.real",
+                            {"batches": list(REAL_BATCHES), "rounds": REAL_ROUNDS})
     if points is not None:
-        st.session_state[REAL_POINTS] = [p.to_dict() for p in points]
+        st.session_state[REAL_POINTS] = points
 
 
-def device_ceiling(lm: LoadedModel, roof: DeviceRoof, batches, context: int = 40) -> list[float]:
+def device_ceiling(lm: ModelClient, roof: DeviceRoof, batches, context: int = 40) -> list[float]:
     """Total tok/s this device could reach at each batch size (its measured peaks, the projection's formula)."""
     cm = device_cost_model(lm, roof)
     return [b / cm.decode_seconds(b, b * context) for b in batches]
 
 
-def real_section(lm: LoadedModel, roof: DeviceRoof) -> None:
+def real_section(lm: ModelClient, roof: DeviceRoof) -> None:
     st.caption(measured_caption(lm) + f" Batch sizes {', '.join(map(str, REAL_BATCHES))}: different prompts of about "
                "32 tokens, left-padded, one forward pass per step for the whole batch, 12 greedy tokens each; the sizes "
                f"run interleaved, {REAL_ROUNDS} rounds, and each keeps its median step.")

@@ -11,9 +11,8 @@ from app.format import MEASURED, measured_caption
 from app.hardware import HardwareChoice
 from app.live import measure_in_box
 from app.widgets import measured, plot
-from engine.lab.batching import measure_phases
 from engine.projection.economics import PRICE_BATCHES, TokenPrices, projected_token_prices, token_prices
-from engine.core.loader import LoadedModel
+from engine.service.client import ModelClient
 
 PHASES = "cost.phases"
 MEASURED_BATCHES = (1, 2, 4, 8)
@@ -47,15 +46,15 @@ def projected_column(choice: HardwareChoice) -> None:
     bullets(rows[0], chosen)
 
 
-def measure(lm: LoadedModel, prompt: int) -> None:
-    points = measure_in_box(lm, "Prefilling and decoding at each batch size…", "the prefill and decode measurement",
-                            lambda progress: measure_phases(lm, MEASURED_BATCHES, prompt, MEASURED_NEW,
-                                                            MEASURED_ROUNDS, progress))
+def measure(lm: ModelClient, prompt: int) -> None:
+    points = measure_in_box(lm, "Prefilling and decoding at each batch size…", "cost.phases",
+                            {"batches": list(MEASURED_BATCHES), "prompt": prompt, "new": MEASURED_NEW,
+                             "rounds": MEASURED_ROUNDS})
     if points is not None:
-        st.session_state[PHASES] = [p.to_dict() for p in points]
+        st.session_state[PHASES] = points
 
 
-def measured_column(lm: LoadedModel | None) -> None:
+def measured_column(lm: ModelClient | None) -> None:
     st.markdown(f"**{MEASURED}**")
     if lm is None:
         st.info("No model is loaded on this server, so nothing can be measured here.")
@@ -75,7 +74,7 @@ def measured_column(lm: LoadedModel | None) -> None:
     bullets(rows[0], rows[-1])
 
 
-def token_cost_section(choice: HardwareChoice, lm: LoadedModel | None) -> None:
+def token_cost_section(choice: HardwareChoice, lm: ModelClient | None) -> None:
     st.write("A GPU costs the same per hour whether it is reading prompts or writing answers, so a token costs the "
              "time its phase needs: output ÷ input = (input tokens/s in prefill) ÷ (output tokens/s in decode). "
              "Prefill pushes every prompt token through each weight it reads: one read serves the whole prompt, and "

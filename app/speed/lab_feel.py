@@ -17,7 +17,7 @@ from app.format import fmt_rate
 from app.hardware import HardwareChoice, hardware_controls
 from app.format import MEASURED, efficiency_note
 from app.widgets import LinkedNumber, Preset as WidgetPreset, linked_number, plot
-from engine.core.loader import LoadedModel
+from engine.service.client import ModelClient
 from engine.projection.cost import project
 from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS
 from engine.speculative.decode import expected_tokens_per_pass
@@ -49,7 +49,7 @@ def due_count(elapsed: float, rate: float, total: int) -> int:
     return min(total, math.floor(elapsed * rate + 1e-9) + 1)
 
 
-def answer_pieces(lm: LoadedModel | None, text: str = ANSWER) -> tuple[list[str], str]:
+def answer_pieces(lm: ModelClient | None, text: str = ANSWER) -> tuple[list[str], str]:
     """The answer cut into the loaded tokenizer's tokens (cumulative text after each), or into words when the
     tokenizer cannot reproduce the text. Returns (prefixes, what the pieces are)."""
     if lm is not None:
@@ -119,7 +119,7 @@ def rate_input(options: list[Preset]) -> int:
     return linked_number(LinkedNumber(RATE, "Tokens per second", MIN_RATE, MAX_RATE, 20, presets=buttons))
 
 
-def feel_section(lm: LoadedModel | None, measured: float | None) -> None:
+def feel_section(lm: ModelClient | None, measured: float | None) -> None:
     options = presets(measured)
     rate = rate_input(options)
     choice: HardwareChoice = hardware_controls("feel", lm, full=False)

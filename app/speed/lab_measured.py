@@ -15,11 +15,11 @@ from app.hardware import remeasure_roof
 from app.live import run_on_model, status_progress
 from app.widgets import LinkedNumber, linked_number, plot
 from engine.errors import EngineError
-from engine.core.loader import LoadedModel
+from engine.service.client import ModelClient
 from engine.projection.cost import prefill_flops
 from engine.projection.specs import MODEL_PRESETS
 from engine.lab.speed import (DEFAULT_DECODE_STEPS, ContextPoint, DeviceRoof, attention_onset, ceiling_prefill_seconds,
-                              fit_ttft, kv_bytes_per_token_loaded, measure_context, place_decode)
+                              fit_ttft, kv_bytes_per_token_loaded, place_decode)
 
 POINTS, CTX, ERROR = "speed.points", "speed.context", "speed.error"
 SWEEP = (16, 32, 64, 128, 256, 512, 1024, 1536, 2048)
@@ -29,11 +29,11 @@ MAX_MEASURED_TOKENS = 8192
 ONSET_SHARE = 0.1
 
 
-def max_tokens(lm: LoadedModel) -> int:
+def max_tokens(lm: ModelClient) -> int:
     return min(lm.spec.max_context - DEFAULT_DECODE_STEPS, MAX_MEASURED_TOKENS)
 
 
-def sweep_lengths(lm: LoadedModel) -> list[int]:
+def sweep_lengths(lm: ModelClient) -> list[int]:
     """The longest few of SWEEP that fit the model's context."""
     return [s for s in SWEEP if s <= max_tokens(lm)][-SWEEP_POINTS:]
 
@@ -48,25 +48,18 @@ def add_point(point: ContextPoint) -> None:
     st.session_state[POINTS] = sorted(kept + [point.to_dict()], key=lambda p: p["tokens"])
 
 
-def context_input(lm: LoadedModel) -> int:
+def context_input(lm: ModelClient) -> int:
     """Prompt length N: a slider and a typed value kept in step, up to what this model can measure."""
     top = max_tokens(lm)
     return linked_number(LinkedNumber(CTX, "Prompt length N (tokens)", 1, top, min(256, top), typed_label="Or type N"))
 
 
-def measure_lengths(lm: LoadedModel, lengths: list[int]) -> None:
+def measure_lengths(lm: ModelClient, lengths: list[int]) -> None:
     """Prefill and decode at each length under the model's lock, with progress; errors next to the buttons."""
     with st.status(f"Measuring {len(lengths)} prompt length(s)…", expanded=True) as box:
         report = status_progress(box)
-        def job(progress):
-            points = []
-            for i, n in enumerate(lengths):
-                progress(i / len(lengths), f"prefill of {n:,} tokens, then {DEFAULT_DECODE_STEPS} decode steps")
-                points.append(measure_context(lm, n, repeats=REPEATS))
-            return points
-
         try:
-            for point in run_on_model(lm, "the prompt-length measurement", job, report):
+            for point in run_on_model(lm, "speed.context", {"lengths": list(lengths), "repeats": REPEATS}, report):
                 add_point(point)
         except EngineError as err:
             st.session_state[ERROR] = str(err)
@@ -76,7 +69,7 @@ def measure_lengths(lm: LoadedModel, lengths: list[int]) -> None:
         box.update(label=f"Measured {len(lengths)} length(s)", state="complete", expanded=False)
 
 
-def context_controls(lm: LoadedModel) -> None:
+def context_controls(lm: ModelClient) -> None:
     n = context_input(lm)
     row = st.container(horizontal=True)              # buttons as wide as their words, at any screen width
     st.session_state[ERROR] = None
@@ -92,7 +85,7 @@ def context_controls(lm: LoadedModel) -> None:
         st.error(st.session_state[ERROR])
 
 
-def onset_text(lm: LoadedModel) -> str:
+def onset_text(lm: ModelClient) -> str:
     ours, llama = attention_onset(lm.spec, ONSET_SHARE), attention_onset(MODEL_PRESETS["llama-3.1-8b"], ONSET_SHARE)
     half = attention_onset(lm.spec, 0.5)
     return (f"**Where N² starts to show (projected from the FLOPs).** Every prompt token costs 2 FLOPs per parameter "
@@ -112,7 +105,7 @@ def fit_text(fit) -> str:
             "runs less efficiently than the big matrix multiplies, so it often shows earlier than the FLOPs say.")
 
 
-def context_section(lm: LoadedModel, roof: DeviceRoof) -> None:
+def context_section(lm: ModelClient, roof: DeviceRoof) -> None:
     st.caption(measured_caption(lm) + " Each point is a real prefill of exactly N tokens (a repeated text, cut "
                f"to length) followed by {DEFAULT_DECODE_STEPS} greedy decode steps, run {REPEATS} times: the fastest "
                "prefill and the median step are kept.")
@@ -134,7 +127,7 @@ def context_section(lm: LoadedModel, roof: DeviceRoof) -> None:
 
 # --- the decode step on this device's roofline ------------------------------------------------------
 
-def prefill_placement(lm: LoadedModel, point: dict) -> tuple[float, float]:
+def prefill_placement(lm: ModelClient, point: dict) -> tuple[float, float]:
     """(FLOPs per byte, achieved FLOP/s) of a measured prefill: its FLOPs over weights + K/V written."""
     n = point["tokens"]
     flops = prefill_flops(lm.spec, n)
@@ -152,7 +145,7 @@ def roof_metrics(roof: DeviceRoof) -> None:
                    help="Below this arithmetic intensity a kernel waits on memory; above it, on arithmetic.")
 
 
-def roofline_section(lm: LoadedModel, roof: DeviceRoof) -> None:
+def roofline_section(lm: ModelClient, roof: DeviceRoof) -> None:
     st.caption(f"{MEASURED}: {roof.name}. " + ("Peaks measured here once per server: copying a 256 MB tensor and a "
                "2048×2048 matrix multiply, best of 5 each." if roof.source == "measured" else
                "Peaks from the GPU's spec sheet."))

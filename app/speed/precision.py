@@ -12,19 +12,12 @@ from app.hardware import HardwareChoice
 from app.live import run_on_model, status_progress
 from app.widgets import measured, plot
 from engine.errors import EngineError
-from engine.core.loader import EMBEDDED, ALIASES, LoadedModel
-from engine.lab.quantize import GROUP_SIZES, QuantizedModel, compare_models, quantize_copy, text_ids
-from engine.lab.speed import compare_decode, prompt_of_length
+from engine.core.loader import EMBEDDED, ALIASES
+from engine.lab.quantize import GROUP_SIZES
+from engine.service.client import ModelClient
 
 RESULTS = "precision.results"
-SPEED_PROMPT_TOKENS, SPEED_STEPS, SPEED_ROUNDS = 32, 8, 2
 GPU_PRECISIONS = ("fp32", "bf16", "fp8", "int8", "int4")
-
-
-@st.cache_resource(max_entries=3, show_spinner=False)
-def quantized_copy(_lm: LoadedModel, name: str, device: str, dtype: str, scheme: str, group: int) -> QuantizedModel:
-    """One quantized copy per (model, scheme, group), shared by every session; the shared model is never changed."""
-    return quantize_copy(_lm, scheme, group)
 
 
 def inputs() -> tuple[list[str], int]:
@@ -36,47 +29,18 @@ def inputs() -> tuple[list[str], int]:
     return [s.lower() for s in schemes or []], int(group)
 
 
-def _row(label: str, q: QuantizedModel | None, lm: LoadedModel, quality, timing) -> dict:
-    return {"precision": label, "stored_bytes": q.stored_bytes if q else lm.weight_bytes,
-            "bits_per_weight": q.bits_per_weight if q else 8 * lm.dtype.itemsize,
-            "weight_error": q.weight_error if q else 0.0, "mode": q.mode if q else "float matmul",
-            "compute": q.compute_dtype if q else lm.dtype_name,
-            "agreement": quality.top1_agreement if quality else 1.0,
-            "ppl": quality.ppl_candidate if quality else None, "ppl_change": quality.ppl_change if quality else 0.0,
-            "kl": quality.mean_kl if quality else 0.0, "itl": timing.itl, "tok_s": timing.tokens_per_second}
-
-
-def _compare(lm: LoadedModel, copies: list, ids: list[int], progress) -> tuple[list, list]:
-    """Predictions on the fixed text, then decode timed (interleaved): runs alone on the shared model."""
-    progress(0.0, f"comparing predictions on a {len(ids)}-token text")
-    qualities = [compare_models(lm, q.lm, ids) for q in copies]
-    timings = compare_decode([lm] + [q.lm for q in copies], prompt_of_length(lm, SPEED_PROMPT_TOKENS),
-                             SPEED_STEPS, SPEED_ROUNDS,
-                             progress=lambda f, m: progress(0.2 + 0.8 * f, f"timing decode: {m}"))
-    return qualities, timings
-
-
-def measure(lm: LoadedModel, schemes: list[str], group: int) -> None:
-    """Quantize, compare on the fixed text and time decoding (interleaved), holding the shared model."""
+def measure(lm: ModelClient, schemes: list[str], group: int) -> None:
+    """Quantized copies (kept on the server), compared on a fixed text and timed decoding, interleaved with the
+    loaded model, alone on the model in its turn."""
     with st.status("Quantizing and measuring…", expanded=True) as box:
-        report = status_progress(box)
         try:
-            copies = []
-            for i, scheme in enumerate(schemes):             # copies of the weights: the shared model is only read
-                report(0.3 * i / len(schemes), f"quantizing a copy to {scheme.upper()}")
-                copies.append(quantized_copy(lm, lm.name, str(lm.device), lm.dtype_name, scheme, group))
-            ids = text_ids(lm)
-            qualities, timings = run_on_model(lm, "the precision measurement",
-                                              lambda progress: _compare(lm, copies, ids, progress),
-                                              lambda f, m: report(0.3 + 0.7 * f, m))
+            result = run_on_model(lm, "precision.compare", {"schemes": schemes, "group": group},
+                                  status_progress(box))
         except EngineError as err:
             box.update(label="Stopped", state="error")
             st.error(str(err))
             return
-        rows = [_row(lm.dtype_name.upper(), None, lm, None, timings[0])]
-        rows += [_row(q.scheme.upper() + (f" (g{q.group_size})" if q.group_size else ""), q, lm, quality, timing)
-                 for q, quality, timing in zip(copies, qualities, timings[1:])]
-        st.session_state[RESULTS] = {"rows": rows, "tokens": len(ids)}
+        st.session_state[RESULTS] = result                        # rows, tokens
         box.update(label="Measured", state="complete", expanded=False)
 
 
@@ -112,7 +76,7 @@ def speed_text(rows: list[dict]) -> str:
             "On a GPU with fused low-bit kernels the bytes are what counts; see the projection below.")
 
 
-def origin_note(lm: LoadedModel, rows: list[dict]) -> str | None:
+def origin_note(lm: ModelClient, rows: list[dict]) -> str | None:
     exact = [r for r in rows[1:] if r["weight_error"] < 1e-3]
     if not exact:
         return None
@@ -124,7 +88,7 @@ def origin_note(lm: LoadedModel, rows: list[dict]) -> str | None:
             f"{exact[0]['compute'].upper()}.")
 
 
-def measured_section(lm: LoadedModel) -> None:
+def measured_section(lm: ModelClient) -> None:
     st.caption(measured_caption(lm) + " Round-to-nearest weight-only quantization of the decoder's linear layers "
                "(embeddings, norms and the LM head stay as loaded), on a copy: the model every session uses is untouched.")
     schemes, group = inputs()

@@ -6,8 +6,8 @@ which redraws itself every second while the room generates.
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
 import plotly.graph_objects as go
 import streamlit as st
@@ -16,12 +16,11 @@ from app.format import fmt_bytes, fmt_ms, fmt_rate
 from app.live import measure_in_box
 from app.widgets import plot
 from engine.core.generate import GenerationRequest
-from engine.core.loader import LoadedModel
-from engine.core.small_batch import PROBE_ROWS, ROWS, kernels_for
-from engine.lab.prefix_reuse import measure_prefix_reuse
+from engine.service.client import ModelClient
+from engine.core.small_batch import PROBE_ROWS, ROWS
 from engine.serving.batch import StepInfo
 from engine.serving.paged import BLOCK as PAGE_TOKENS, BlockTable
-from engine.serving.scheduler import RoomState, scheduler_for
+from engine.serving.scheduler import RoomState
 
 RECENT_STEPS = 50            # steps the headline numbers average over
 REFRESH_SECONDS = 1.0
@@ -60,14 +59,20 @@ def room_numbers(state: RoomState) -> RoomNumbers:
 
 
 def member_rows(state: RoomState, me: str | None) -> list[dict]:
-    """Who is in the batch now; sessions are named by a short tag, yours as 'you'. No prompts are shown."""
+    """Who is in the batch now; sessions are named by a short tag, yours as 'you', a request from the API as such;
+    each with a link that opens its run on every page. No prompts are shown."""
     return [{"request": m.id, "session": "you" if me and m.session == me else _tag(m.session), "phase": m.phase,
              "prompt tokens": m.prompt_tokens, "generated": f"{m.tokens} of {m.max_new_tokens}" if m.max_new_tokens
-             else "", "in the batch for": f"{m.seconds:.1f} s"} for m in state.members]
+             else "", "in the batch for": f"{m.seconds:.1f} s", "run": f"?run={m.run_id}" if m.run_id else None}
+            for m in state.members]
 
 
 def _tag(session: str | None) -> str:
-    return "script" if not session else f"session {session[:4]}"
+    return "an API client" if not session else f"session {session[:4]}"
+
+
+MEMBER_COLUMNS = {"run": st.column_config.LinkColumn(
+    "run", display_text="open its run", help="Opens its run on every page (its attention too, when it was captured)")}
 
 
 # --- figures ---------------------------------------------------------------------------------------------
@@ -116,12 +121,12 @@ def numbers_row(n: RoomNumbers) -> None:
                    help="Tokens per second each user in the batch gets: one per step")
 
 
-def live_section(scheduler, me: str | None) -> None:
+def live_section(lm: ModelClient, me: str | None) -> None:
     """Everything measured from the scheduler, redrawn every second (a fragment: the rest of the page stays)."""
 
     @st.fragment(run_every=REFRESH_SECONDS)
     def live() -> None:
-        state = scheduler.room()
+        state = lm.room()
         numbers, rows = room_numbers(state), step_rows(state)
         numbers_row(numbers)
         if numbers.empty is not None:
@@ -129,7 +134,7 @@ def live_section(scheduler, me: str | None) -> None:
                        "slots in them wait for tokens right now (each request's last block; see the KV-cache page).")
         members = member_rows(state, me)
         if members:
-            st.dataframe(members, hide_index=True, width="stretch")
+            st.dataframe(members, hide_index=True, width="stretch", column_config=MEMBER_COLUMNS)
         else:
             st.info("Nobody is generating right now. Press Generate on the journey page (or ask the room to) "
                     "and watch the batch fill.")
@@ -145,20 +150,20 @@ def live_section(scheduler, me: str | None) -> None:
 GRID = 32                    # blocks per row of the pool's picture
 
 
-def kernel_note(lm: LoadedModel) -> str | None:
+def kernel_note(lm: ModelClient) -> str | None:
     """One line on the batched steps' kernel where this server packed weights for small batches (measured at
     start); None where it did not (a GPU, bfloat16, nothing faster, or one request at a time)."""
-    kernels = kernels_for(lm, pack=False)
+    kernels = lm.quick("batch.kernels")
     if kernels is None:
         return None
-    faster = kernels.faster_shapes()
+    faster = kernels["faster"]
     example = ""
     if faster:
         (out_dim, in_dim), (mkl, packed) = max(faster.items(), key=lambda item: item[0][0] * item[0][1])
         example = (f" For the {out_dim:,} x {in_dim:,} matrix, {PROBE_ROWS} rows took {fmt_ms(mkl)} with the "
                    f"default kernel and {fmt_ms(packed)} packed.")
     return (f"Measured on this server at start: the default CPU kernel (MKL) multiplies a small batch of rows "
-            f"slowly, so steps of {ROWS.start} to {ROWS.stop - 1} requests use {kernels.weights} of the model's "
+            f"slowly, so steps of {ROWS.start} to {ROWS.stop - 1} requests use {kernels['weights']} of the model's "
             f"weight matrices packed for oneDNN instead (the shapes that measured faster here).{example} A request "
             "alone keeps the default kernel, which is faster for one row.")
 
@@ -216,7 +221,7 @@ def block_table_figure(table: BlockTable) -> go.Figure:
     return fig
 
 
-def batch_cache_section(lm: LoadedModel | None) -> None:
+def batch_cache_section(lm: ModelClient | None) -> None:
     """The live block table of this server's paged batch cache (measured), and what other layouts would hold."""
     if lm is None:
         st.caption("The batch cache appears here when this server runs the model.")
@@ -224,11 +229,9 @@ def batch_cache_section(lm: LoadedModel | None) -> None:
     st.write("Everyone generating on this server shares one paged cache, as vLLM keeps it: memory in blocks of 16 "
              "tokens, each request holding a list of blocks (its block table) and taking a new one only when its last "
              "is full. Section 4 simulates the same idea for a whole GPU (projected); here are the real blocks.")
-    scheduler = scheduler_for(lm)
-
     @st.fragment(run_every=REFRESH_SECONDS)
     def live() -> None:
-        state = scheduler.room()
+        state = lm.room()
         table = last_table(state)
         if table is None:
             st.info("Nobody's request is in the batch right now: when people generate, their blocks appear here.")
@@ -270,19 +273,7 @@ def prefix_figure(results: dict) -> go.Figure:
     return fig
 
 
-def prefix_job(lm: LoadedModel) -> Callable[[Callable[[float, str], None]], dict]:
-    """Both cases, run alone on the model through the scheduler: the chat template's opening, and the same prompt."""
-    first, other = (GenerationRequest(p) for p in PREFIX_PROMPTS)
-
-    def job(progress):
-        progress(0.0, "a different question after the same opening")
-        shared = measure_prefix_reuse(lm, first, other)
-        progress(0.5, "the same prompt again, as when a presenter's prompt is sent by the whole room")
-        return {"same opening": asdict(shared), "same prompt": asdict(measure_prefix_reuse(lm, first, first))}
-    return job
-
-
-def prefix_section(lm: LoadedModel | None) -> None:
+def prefix_section(lm: ModelClient | None) -> None:
     """This server's prefix cache (live counters) and a measured TTFT with and without reuse."""
     if lm is None:
         st.caption("Prefix caching is measured when this server runs the model.")
@@ -290,12 +281,13 @@ def prefix_section(lm: LoadedModel | None) -> None:
     st.write("A token's keys and values depend only on the tokens before it, so two prompts that open alike (the "
              "chat template's system prompt, or the same prompt sent by a whole room) can share the cached "
              "start: only the rest is computed.")
-    stats = scheduler_for(lm).prefix.stats
+    stats = lm.prefix_stats()
     st.caption(f"Measured on this server so far: {stats.hits} of {stats.lookups} prompts reused a stored start, "
                f"{stats.reused_tokens:,} prompt tokens not computed again; {stats.entries} prompt(s) kept in "
                f"{fmt_bytes(stats.bytes)}.")
     if st.button("Measure the time to first token with and without reuse", key="kv.prefix.measure"):
-        results = measure_in_box(lm, "Measuring prefix reuse…", "the prefix-cache measurement", prefix_job(lm))
+        prompts = [GenerationRequest(p) for p in PREFIX_PROMPTS]     # the chat template's opening, then the same prompt
+        results = measure_in_box(lm, "Measuring prefix reuse…", "prefix.reuse", {"prompts": prompts})
         if results is not None:
             st.session_state[PREFIX_RESULTS] = results
     results = st.session_state.get(PREFIX_RESULTS)
