@@ -86,6 +86,20 @@ def open_script(app_env):
     return open_page
 
 
+def app_client(model_dir):
+    """The app's own client of the tiny model (the one every AppTest session of this process uses), or None before
+    a page made it."""
+    from app.model import model_slot
+
+    return model_slot(str(model_dir), "cpu", "float32", None).client
+
+
+def app_lm(model_dir):
+    """The model the app's in-process service loaded (None before a page loaded it)."""
+    client = app_client(model_dir)
+    return client.lm if client is not None else None
+
+
 @pytest.fixture(scope="session")
 def smol_lm():
     """The embedded SmolLM2-135M-Instruct (slow tests only)."""

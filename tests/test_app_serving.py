@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from conftest import tiny_prompt
+from conftest import app_client, app_lm, tiny_prompt
 from app import presenter
 from app.live import wait_message
 from app.model import model_slot
@@ -57,7 +57,7 @@ def new_app() -> AppTest:
 def leave_when_done(tiny_model_dir):
     """Each AppTest is a browser session that counts against max_sessions: close it as a closed tab would."""
     yield
-    lm = model_slot(str(tiny_model_dir), "cpu", "float32").lm
+    lm = app_lm(tiny_model_dir)
     while _APPS:
         at = _APPS.pop()
         if lm is not None and "session.id" in at.session_state:
@@ -68,7 +68,7 @@ def leave_when_done(tiny_model_dir):
 def scheduler(env):
     """The scheduler every app session of this process submits to (the app's own model)."""
     new_app()
-    lm = model_slot(str(env), "cpu", "float32").lm
+    lm = app_lm(env)
     sched = scheduler_for(lm)
     limits = sched.limits
     yield sched
@@ -297,9 +297,24 @@ def test_save_this_run_and_open_it_again(env):
 
 @pytest.fixture
 def board(env, monkeypatch):
+    """Presenter mode on: the app's own model service holds the board (as a model server does for every web
+    process)."""
+    new_app()
     b = PresenterBoard(TOKEN)
-    monkeypatch.setattr(presenter, "_BOARD", b)
+    monkeypatch.setattr(app_client(env), "board", b)
     return b
+
+
+def stored_run(env, live: bool = True):
+    """A run in the app's run store, as a presenter's request would make one (no records yet)."""
+    from engine.service.runs import RunInfo, new_run_id
+
+    service = app_client(env)
+    info = service.runs.open(RunInfo(new_run_id(), "generation", "page", service.label, state="running",
+                                     request=GenerationRequest(tiny_prompt(4), chat=False), policy=CapturePolicy()))
+    if not live:
+        service.runs.close(info.id, "done")
+    return service, info.id
 
 
 def test_a_follower_adopts_the_presenters_push_once_and_keeps_exploring(board):
@@ -337,7 +352,8 @@ def test_followers_watch_the_presenters_run_without_running_the_model(board, sch
     for f in followers:
         f.run()
         assert_clean(f)
-        assert f.session_state["last_run"] is run                               # the presenter's, not a copy
+        adopted = f.session_state["last_run"]                                 # the presenter's, read from the server
+        assert adopted.id == run.id and adopted.text == run.text and len(adopted.steps) == len(run.steps)
         open_page(f, "attention.py")
         assert f.title[0].value == "Attention"
         assert f.session_state["journey.prompt"] == tiny_prompt(6)                 # its form: the presenter's request
@@ -354,34 +370,29 @@ def watching(app) -> bool:
 
 @pytest.mark.parametrize("page, lands_on", [("journey.py", "The journey of a request"), ("attention.py", "Attention"),
                                             (None, "The journey of a request")])   # None: the home page
-def test_a_watcher_sees_the_presenters_run_while_it_streams(board, page, lands_on):
-    from app.run import Run
-
+def test_a_watcher_sees_the_presenters_run_while_it_streams(board, env, page, lands_on):
     follower = open_page(new_app(), page) if page else new_app()
-    live = Run(model="m", spec=None, request=None, policy=None)                  # a run that has not streamed yet
-    board.broadcast(TOKEN, live)
+    service, run_id = stored_run(env)                                            # a run that has not streamed yet
+    board.broadcast(TOKEN, run_id)
     follower.run()                                           # the strip's tick: no page switch, no run of its own
     assert_clean(follower) and watching(follower)
-    assert follower.session_state["presenter.watching"] is live and "last_run" not in follower.session_state
-    live.live = False                                                            # it ended
+    assert follower.session_state["presenter.watching"].id == run_id and "last_run" not in follower.session_state
+    service.runs.close(run_id, "done")                                           # it ended
     follower.run()                                                               # the strip draws its end at once
     assert_clean(follower) and any("run is done" in c.value for c in follower.caption)
     assert "last_run" not in follower.session_state
     follower.run()                                                               # then the page draws it
     assert_clean(follower) and not watching(follower)
-    assert follower.session_state["last_run"] is live and "presenter.watching" not in follower.session_state
+    assert follower.session_state["last_run"].id == run_id and "presenter.watching" not in follower.session_state
     assert follower.title[0].value == lands_on                 # from the home page, on to the journey page
 
 
-def test_a_follower_who_comes_after_the_run_gets_it_without_moving(board):
-    from app.run import Run
-
-    done = Run(model="m", spec=None, request=None, policy=None)
-    done.live = False
-    board.broadcast(TOKEN, done)
+def test_a_follower_who_comes_after_the_run_gets_it_without_moving(board, env):
+    _, run_id = stored_run(env, live=False)
+    board.broadcast(TOKEN, run_id)
     follower = new_app()
     assert_clean(follower) and not watching(follower)
-    assert follower.session_state["last_run"] is done and follower.title[0].value != "The journey of a request"
+    assert follower.session_state["last_run"].id == run_id and follower.title[0].value != "The journey of a request"
 
 
 def test_a_pushed_layer_and_head_reach_a_followers_attention_page(board):

@@ -12,14 +12,14 @@ import pytest
 from conftest import tiny_prompt
 from app.live import new_live_run
 from app.request import Sampling, prepare
-from app.run import stream_generation
+from app.run import Draft, stream_generation
 from engine.core.generate import GenerationRequest, generate
 from engine.core.hooks import CapturePolicy, count_hooks
 from engine.core.records import DecodeRecord, PrefillRecord
 from engine.errors import EngineError, InvalidRequestError
 from engine.serving.limits import Limits
+from engine.service.service import EngineService
 from engine.serving.scheduler import Scheduler, scheduler_for
-from engine.speculative.drafts import NgramDraft
 
 POLICY = CapturePolicy(layers=(0, 2), logit_lens=3)
 
@@ -76,22 +76,28 @@ def test_check_then_submit_tokenizes_once_and_runs_what_the_engine_runs_alone(co
         scheduler.close()
 
 
+@pytest.fixture
+def served(counted):
+    """The counting model behind the in-process service, as the app reaches it."""
+    return EngineService(counted)
+
+
 @pytest.mark.parametrize("speculative", [False, True])
-def test_the_app_path_tokenizes_once_from_prompt_box_to_last_token(counted, speculative):
+def test_the_app_path_tokenizes_once_from_prompt_box_to_last_token(counted, served, speculative):
     """prepare (the page's check, every rerun) then Generate: the run and, when speculative, its plain baseline
     read the ids the page's check encoded."""
-    prepared = prepare(counted, tiny_prompt(7), Sampling(max_new_tokens=5), chat=False)
+    prepared = prepare(served, tiny_prompt(7), Sampling(max_new_tokens=5), chat=False)
     assert prepared.error is None and len(prepared.ids) == 7 and counted.tokenizer.calls == 1
-    draft = NgramDraft(3) if speculative else None
-    run, checked = new_live_run(counted, prepared, True, draft, 3)
+    draft = Draft("ngram:3", "n-gram lookup (n <= 3)", "ngram") if speculative else None
+    run, checked = new_live_run(served, prepared, True, draft, 3)
     assert checked.ids == prepared.ids and checked.policy == run.policy
-    stream_generation(counted, run, lambda r: None, draft=draft, checked=checked)
+    stream_generation(served, run, lambda r: None, draft=draft, checked=checked)
     assert run.status == "done" and run.n_prompt == 7 and len(run.tokens) >= 1
     assert (run.speculation.baseline.status == "done") if speculative else run.speculation is None
     assert counted.tokenizer.calls == 1
 
 
-def test_a_refused_request_gives_the_same_message_at_the_page_and_at_submit(counted):
+def test_a_refused_request_gives_the_same_message_at_the_page_and_at_submit(counted, served):
     label = counted.label
     cases = [("   ", 8, "the prompt is empty; type something for the model to continue"),
              (tiny_prompt(300), 8, f"the prompt is 300 tokens; {label} reads at most 256"),
@@ -102,7 +108,7 @@ def test_a_refused_request_gives_the_same_message_at_the_page_and_at_submit(coun
              (tiny_prompt(10), 0, "max new tokens must be 1 to 4096")]
     scheduler = scheduler_for(counted)
     for prompt, new, message in cases:
-        prepared = prepare(counted, prompt, Sampling(max_new_tokens=new), chat=False)
+        prepared = prepare(served, prompt, Sampling(max_new_tokens=new), chat=False)
         assert prepared.error == message and prepared.ids == ()
         with pytest.raises(EngineError) as err:
             scheduler.submit(prepared.request)

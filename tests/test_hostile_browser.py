@@ -3,6 +3,8 @@ people whose runs were removed are told, wrong presenter tokens slow down. Drive
 the tiny model."""
 from __future__ import annotations
 
+from conftest import app_client, app_lm
+
 import zlib
 from dataclasses import replace
 
@@ -43,7 +45,7 @@ def room(tiny_model_dir, monkeypatch, tmp_path):
         at.switch_page("../pages/recordings.py").run()
         assert not at.exception, [e.value for e in at.exception]
         apps.append(at)
-        lm = model_slot(str(tiny_model_dir), "cpu", "float32").lm
+        lm = app_lm(tiny_model_dir)
         return at
 
     first = new_app()
@@ -115,8 +117,8 @@ def test_someone_whose_runs_made_room_for_others_is_told_on_their_next_visit(roo
     assert any("were removed to make room" in i.value for i in first.info), [i.value for i in first.info]
 
 
-def test_a_session_guessing_presenter_tokens_is_slowed_and_told_how_long(room, monkeypatch):
-    monkeypatch.setattr(presenter, "_BOARD", PresenterBoard("front-of-the-room-token"))
+def test_a_session_guessing_presenter_tokens_is_slowed_and_told_how_long(room, tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(app_client(tiny_model_dir), "board", PresenterBoard("front-of-the-room-token"))
     at = room[0][0].run()
     for i in range(presenter.FREE_GUESSES):
         at.text_input(key="presenter.token_input").input(f"guess number {i}").run()

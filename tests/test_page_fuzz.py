@@ -67,7 +67,7 @@ def test_the_journey_page_survives_any_input_and_serves_the_next_request(tiny_mo
     monkeypatch.setenv("PLAYGROUND_DEVICE", "cpu")
     monkeypatch.setenv("PLAYGROUND_DTYPE", "float32")
 
-    lm = model_slot(str(tiny_model_dir), "cpu", "float32").get()
+    lm = model_slot(str(tiny_model_dir), "cpu", "float32", None).get().lm
     max_new_limit = min(SETTING_RANGES["max_new"][3], scheduler_for(lm).limits.max_new_tokens)
 
     @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])

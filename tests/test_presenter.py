@@ -116,7 +116,8 @@ def demo_page():
 
 
 def test_a_presenter_session_pushes_to_a_follower_session(monkeypatch):
-    monkeypatch.setattr(presenter, "_BOARD", PresenterBoard(TOKEN))
+    board = PresenterBoard(TOKEN)
+    monkeypatch.setattr(presenter, "presenter_board", lambda: board)
     lead, follower = AppTest.from_function(demo_page), AppTest.from_function(demo_page)
     lead.run()
     follower.run()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from app.speed.room import member_rows, room_numbers, step_rows
-from conftest import tiny_prompt
+from conftest import tiny_prompt, app_lm
 from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF
 from engine.lab.prefix_reuse import measure_prefix_reuse
@@ -59,7 +59,7 @@ def test_the_room_page_draws_the_live_batch(tiny_model_dir, open_page):
     from app.model import model_slot
     from engine.serving.scheduler import scheduler_for
 
-    lm = model_slot(str(tiny_model_dir), "cpu", "float32").lm
+    lm = app_lm(tiny_model_dir)
     scheduler_for(lm).submit(GenerationRequest(tiny_prompt(6), max_new_tokens=8, chat=False)).result(timeout=60)
     at.run()
     assert not at.exception

@@ -122,10 +122,15 @@ def test_a_batch_with_every_linear_packed_equals_each_request_alone(tiny_lm, mon
 def test_the_room_page_says_which_kernel_its_batched_steps_use(tmp_path, monkeypatch):
     from app.speed.room import kernel_note
 
+    from engine.service.service import EngineService
+
     lm = load_model(str(write_tiny_llama(tmp_path / "m")))
-    assert kernel_note(lm) is None                               # nothing packed yet: the page does not pack
+    served = EngineService(lm)                                   # its scheduler's first batch runner packs
+    lm.small_batch = None
+    assert kernel_note(served) is None                           # nothing packed: asking does not pack
     monkeypatch.setattr(small_batch, "calibrate", lambda w, packed: (2e-3, 1e-3) if w.shape[0] == 96 else (1, 1))
     lm.small_batch = SmallBatchKernels.pack(lm.model, environ={})
-    note = kernel_note(lm)
+    note = kernel_note(served)
+    served.close()
     assert "use 1 of the model's weight matrices" in note
     assert "96 x 64 matrix, 4 rows took 2.0 ms with the default kernel and 1.0 ms packed" in note

@@ -14,7 +14,7 @@ from conftest import tiny_prompt, write_tiny_llama
 from test_pages import MAIN, TIMEOUT, array, assert_clean, charts, metric
 from app.speculative.figures import ACCEPTED, ALONE, BONUS, CORRECTION, REJECTED
 from app.run import LAST_RUN, Run, Speculation
-from app.speculative.drafts import draft_model_options
+from engine.speculative.options import draft_model_options
 from app.speculative.numbers import PRESETS, measure, per_token_acceptance, projected_pair
 from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF
@@ -187,8 +187,10 @@ def test_draft_model_kind_explains_when_nothing_can_draft(page):
     assert page.button(key=f"{NS}.generate").disabled
 
 
-def test_a_launched_draft_model_is_offered_and_runs(page, small_draft_dir, monkeypatch):
-    monkeypatch.setenv("PLAYGROUND_DRAFT", str(small_draft_dir))
+def test_a_launched_draft_model_is_offered_and_runs(page, small_draft_dir, tiny_model_dir, monkeypatch):
+    from app.model import current_client
+
+    monkeypatch.setattr(current_client(), "launched_draft", str(small_draft_dir))   # as `--draft` starts the server
     page.segmented_control(key=f"{NS}.draft").set_value("model").run()
     assert page.selectbox(key=f"{NS}.model").value == str(small_draft_dir)
     at = run_page(page, tiny_prompt(8), 2, 8)
@@ -223,9 +225,8 @@ def test_projected_pair_is_the_projection():
 def test_max_new_tokens_is_the_servers_limit(page, tiny_model_dir):
     """Before: the box took up to 512 and the server then refused anything above its 256."""
     from app.model import get_model
-    from engine.serving.scheduler import scheduler_for
 
-    limit = scheduler_for(get_model()).limits.max_new_tokens
+    limit = get_model().limits.max_new_tokens
     box = page.number_input(key=f"{NS}.max_new")
     assert box.max == limit < 512 and box.value == min(64, limit)
     stale = AppTest.from_file(MAIN, default_timeout=TIMEOUT)            # a value kept from before the limit
@@ -244,13 +245,14 @@ def test_a_speculative_run_reads_like_a_plain_one(tiny_lm, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     from app.attention.numbers import head_matrix
-    from app.run import new_run, stream_generation
-    from engine.speculative.drafts import NgramDraft
+    from app.run import Draft, new_run, stream_generation
     from engine.core.hooks import CapturePolicy
+    from engine.service.service import EngineService
 
+    served, draft = EngineService(tiny_lm), Draft("ngram:3", "n-gram lookup (n <= 3)", "ngram")
     request = GenerationRequest(REPEATING, max_new_tokens=16, chat=False)
-    run = new_run(tiny_lm, request, CapturePolicy(), None, NgramDraft(3), k=3)
-    stream_generation(tiny_lm, run, lambda r: None, draft=NgramDraft(3))
+    run = new_run(served, request, CapturePolicy(), None, draft, k=3)
+    stream_generation(served, run, lambda r: None, draft=draft)
     base = run.speculation.baseline
     assert run.status == "done" and any(r.accepted for r in run.speculation.rounds)
     assert [t.id for t in run.tokens] == [t.id for t in base.tokens]                 # greedy: plain decoding's text

@@ -1,0 +1,349 @@
+"""The model server as a client sees it: `python -m engine serve` started for real on a loopback port, spoken to
+with the official `openai` package, httpx and raw sockets. The tiny Llama the tests write is the model.
+
+Checked against independent references: the command line's greedy tokens (`python -m engine generate`), the same
+prompt run alone in this process (captures), and OpenAI's own error shape and status codes.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from conftest import tiny_prompt
+from servers import python, running_server, tiny_args, ROOT
+from engine.core.generate import GenerationRequest, generate
+from engine.core.hooks import CapturePolicy
+from engine.core.records import PrefillRecord
+
+KEY = "a-long-enough-test-key"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    with running_server(tmp_path_factory.mktemp("serve"), tiny_args(tiny_model_dir, "--max-batch", "8")) as (url, proc):
+        yield url, proc
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def model(client) -> str:
+    return client.models.list().data[0].id
+
+
+def error_of(response: httpx.Response) -> dict:
+    body = response.json()
+    assert set(body) == {"error"} and {"message", "type", "param", "code"} <= set(body["error"]), body
+    assert body["error"]["message"] and "Traceback" not in body["error"]["message"]
+    return body["error"]
+
+
+def run_tokens(url: str, run_id: str) -> list[int]:
+    records = httpx.get(f"{url}/v1/playground/runs/{run_id}", timeout=30).json()["records"]
+    return [r["token"]["id"] for r in records if "token" in r]
+
+
+# --- the OpenAI API, against independent references ------------------------------------------------------------
+
+def test_models_lists_the_served_model(client, model, tiny_model_dir):
+    cards = client.models.list().data
+    assert len(cards) == 1 and cards[0].id == model and cards[0].owned_by == "inference-playground"
+
+
+def test_greedy_completion_equals_the_command_line_token_for_token(server, client, model, tiny_model_dir):
+    prompt = tiny_prompt(9, seed=3)
+    out = subprocess.run([python(), "-m", "engine", "generate", *tiny_args(tiny_model_dir), "--prompt", prompt,
+                          "--max-new-tokens", "12", "--raw"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    cli_ids = [r["token"]["id"] for r in lines if "token" in r]
+    cli_text = lines[-1]["text"]
+
+    reply = client.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0)
+    assert reply.choices[0].text == cli_text
+    assert run_tokens(server[0], reply.playground["run_id"]) == cli_ids
+    assert reply.usage.completion_tokens == len(cli_ids) and reply.usage.prompt_tokens == lines[0]["cache"]["length"]
+
+
+def test_streaming_deltas_concatenate_to_the_same_text_with_usage_last(client, model):
+    prompt = tiny_prompt(7, seed=5)
+    whole = client.completions.create(model=model, prompt=prompt, max_tokens=10, temperature=0)
+    chunks = list(client.completions.create(model=model, prompt=prompt, max_tokens=10, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == \
+        [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == whole.usage.total_tokens
+
+
+def test_a_stop_string_ends_the_text_before_it_streamed_or_not(client, model):
+    prompt = tiny_prompt(7, seed=5)
+    free = client.completions.create(model=model, prompt=prompt, max_tokens=10, temperature=0).choices[0].text
+    words = free.split()
+    assert len(words) >= 3
+    stop = " " + words[2]                                          # a stop string that appears in the answer
+    cut = client.completions.create(model=model, prompt=prompt, max_tokens=10, temperature=0, stop=[stop])
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=model, prompt=prompt, max_tokens=10, temperature=0, stop=[stop], stream=True) if c.choices)
+    assert cut.choices[0].text == free[:free.index(stop)] == streamed
+    assert cut.choices[0].finish_reason == "stop"
+
+
+def test_logprobs_are_the_models_own_log_softmax(server, client, model, tiny_lm):
+    prompt = tiny_prompt(6, seed=8)
+    reply = client.completions.create(model=model, prompt=prompt, max_tokens=4, temperature=0, logprobs=3)
+    lp = reply.choices[0].logprobs
+    records = list(generate(tiny_lm, GenerationRequest(prompt, max_new_tokens=4, chat=False)))
+    tokens = [r.token for r in records if hasattr(r, "token")]
+    import torch
+
+    ids = tiny_lm.tokenizer(prompt)["input_ids"]
+    with torch.no_grad():
+        logits = tiny_lm.model(torch.tensor([ids + [t.id for t in tokens[:-1]]])).logits[0, len(ids) - 1:].double()
+    expected = torch.log_softmax(logits, -1)
+    for j, token in enumerate(tokens):
+        assert lp.token_logprobs[j] == pytest.approx(float(expected[j, token.id]), abs=1e-4)
+        top = sorted(lp.top_logprobs[j].values(), reverse=True)
+        assert top == pytest.approx(sorted(expected[j].topk(3).values.tolist(), reverse=True), abs=1e-4)
+
+
+def test_a_seeded_sample_repeats(client, model):
+    prompt = tiny_prompt(5, seed=2)
+    a, b = (client.completions.create(model=model, prompt=prompt, max_tokens=8, temperature=1.0, top_p=0.9,
+                                      seed=1234, extra_body={"top_k": 20}).choices[0].text for _ in range(2))
+    assert a == b
+
+
+def test_a_chat_request_to_a_model_without_a_chat_template_is_a_clear_400(server, model):
+    r = httpx.post(server[0] + "/v1/chat/completions", json={"model": model, "messages": [
+        {"role": "user", "content": "w1 w2"}, {"role": "assistant", "content": "w3"}, {"role": "user", "content": "w4"}]})
+    assert r.status_code == 400 and "chat template" in error_of(r)["message"]
+
+
+# --- captures, runs by id, the room, metrics ---------------------------------------------------------------------
+
+def test_a_captured_request_is_inspectable_by_id_and_equals_the_same_prompt_alone(server, client, model, tiny_lm):
+    prompt = tiny_prompt(8, seed=4)
+    reply = client.completions.create(model=model, prompt=prompt, max_tokens=4, temperature=0,
+                                      extra_body={"playground": {"capture": True}})
+    info = reply.playground
+    assert info["captured"] and info["run_id"].startswith("run-")
+    for rid in (info["run_id"], reply.id):                       # by the run id and by the OpenAI response id
+        part = httpx.get(f"{server[0]}/v1/playground/runs/{rid}", timeout=30).json()
+        assert part["info"]["source"] == "api" and part["info"]["state"] == "done"
+    alone = [r for r in generate(tiny_lm, GenerationRequest(prompt, max_new_tokens=4, chat=False),
+                                 CapturePolicy(logit_lens=5, lens_on_demand=True))]
+    served = [r for r in part["records"] if "captures" in r]
+    assert len(served) == len([r for r in alone if hasattr(r, "captures")])
+    for mine, theirs in zip(served, alone):
+        for layer, cap in theirs.captures.items():
+            got = np.asarray(mine["captures"][str(layer)]["attention"], dtype=np.float32)
+            np.testing.assert_allclose(got, cap.attention, atol=1e-5)
+    assert isinstance(alone[0], PrefillRecord)
+
+
+def test_the_run_stream_sends_every_record_then_ends(server, client, model):
+    reply = client.completions.create(model=model, prompt=tiny_prompt(5), max_tokens=5, temperature=0)
+    with httpx.stream("GET", f"{server[0]}/v1/playground/runs/{reply.playground['run_id']}/stream", timeout=30) as r:
+        events = [line.removeprefix("event: ") for line in r.iter_lines() if line.startswith("event: ")]
+    assert events[0] == "info" and events[-1] == "end" and events.count("record") == 6     # prefill, 4 decode, done
+
+
+def test_an_unknown_run_is_a_404_in_openais_shape(server):
+    r = httpx.get(server[0] + "/v1/playground/runs/run-0000000000000000")
+    assert r.status_code == 404 and error_of(r)["code"] == "run_not_found"
+
+
+def test_metrics_use_vllms_names_and_count_requests(server, client, model):
+    def scrape() -> dict[str, float]:
+        text = httpx.get(server[0] + "/metrics").text
+        return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+                if line and not line.startswith("#")}
+    before = scrape()
+    client.completions.create(model=model, prompt=tiny_prompt(5), max_tokens=3, temperature=0)
+    after = scrape()
+    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
+        assert f"playground:{name}" in after
+    assert after["playground:generation_tokens_total"] - before.get("playground:generation_tokens_total", 0) == 3
+    assert after["playground:time_to_first_token_seconds_count"] > before.get(
+        "playground:time_to_first_token_seconds_count", 0)
+    assert after["playground:prefix_cache_queries_total"] >= 5
+
+
+# --- clients that go away -------------------------------------------------------------------------------------------
+
+def test_a_client_that_disconnects_mid_stream_leaves_the_batch_at_once(server, client, model):
+    stream = client.completions.create(model=model, prompt=tiny_prompt(6), max_tokens=250, temperature=0, stream=True)
+    first = next(iter(stream))
+    run_id = first.playground["run_id"]
+    next(iter(stream))
+    closed = time.time()
+    stream.close()
+    deadline = time.monotonic() + 10
+    while (info := httpx.get(f"{server[0]}/v1/playground/runs/{run_id}").json()["info"])["state"] == "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert info["state"] == "cancelled" and info["n_records"] < 250
+    room = httpx.get(server[0] + "/v1/playground/room").json()
+    steps = [s for s in room["steps"] if s["decode_rows"]]
+    step = sorted(s["seconds"] for s in steps)[len(steps) // 2]
+    assert info["finished"] - closed < 0.25 + 3 * step                 # noticed at once, out before its next steps
+    assert not room["members"]
+
+
+def test_a_client_that_never_reads_its_stream_disturbs_nobody(server, client, model):
+    body = json.dumps({"model": model, "prompt": tiny_prompt(6), "max_tokens": 200, "stream": True}).encode()
+    host, port = server[0].removeprefix("http://").split(":")
+    silent = socket.create_connection((host, int(port)))
+    silent.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    try:
+        reply = client.completions.create(model=model, prompt=tiny_prompt(5, seed=9), max_tokens=6, temperature=0)
+        assert reply.choices[0].finish_reason in ("length", "stop")
+        deadline = time.monotonic() + 30                        # the silent one runs to its end, then leaves the batch
+        while httpx.get(server[0] + "/v1/playground/room").json()["members"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        silent.close()
+    assert httpx.get(server[0] + "/health").status_code == 200
+
+
+def test_a_hundred_connections_opened_and_dropped_leave_the_server_serving(server, client, model):
+    host, port = server[0].removeprefix("http://").split(":")
+    for i in range(100):
+        s = socket.create_connection((host, int(port)))
+        if i % 3 == 1:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{\"mod")
+        elif i % 3 == 2:
+            s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.close()
+    reply = client.completions.create(model=model, prompt=tiny_prompt(5), max_tokens=3, temperature=0)
+    assert reply.usage.completion_tokens == 3
+
+
+# --- bad input: a clear OpenAI-style error, the right status, nothing else disturbed ---------------------------------
+
+BAD = [
+    ("malformed JSON", b'{"model": "m", "prompt": ', 400, None),
+    ("not UTF-8", b'{"model": "m", "prompt": "\xff\xfe"}', 400, None),
+    ("wrong type", {"prompt": "w1", "temperature": "hot"}, 400, "temperature"),
+    ("unknown field", {"prompt": "w1", "frobnicate": 1}, 400, "frobnicate"),
+    ("n > 1", {"prompt": "w1", "n": 2}, 400, "n"),
+    ("max_tokens 0", {"prompt": "w1", "max_tokens": 0}, 400, None),
+    ("max_tokens 10^9", {"prompt": "w1", "max_tokens": 10**9}, 400, None),
+    ("empty prompt", {"prompt": "   "}, 400, None),
+    ("1 MB prompt", {"prompt": "w1 " * 350_000}, 400, None),
+    ("over the context", {"prompt": "w1 " * 300}, 400, None),
+    ("a penalty", {"prompt": "w1", "presence_penalty": 0.5}, 400, None),
+]
+
+
+@pytest.mark.parametrize("what, body, status, param", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_gets_a_clear_error_with_the_right_status(server, model, what, body, status, param):
+    if isinstance(body, dict):
+        r = httpx.post(server[0] + "/v1/completions", json={"model": model, **body}, timeout=30)
+    else:
+        r = httpx.post(server[0] + "/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    error = error_of(r)
+    assert error["type"] == "invalid_request_error"
+    if param:
+        assert param in error["message"]
+
+
+def test_an_unknown_model_is_a_404_the_openai_client_understands(client):
+    with pytest.raises(openai.NotFoundError) as err:
+        client.completions.create(model="gpt-17", prompt="w1", max_tokens=2)
+    assert "does not exist" in str(err.value)
+
+
+def test_a_body_over_the_cap_is_a_413(server, model):
+    r = httpx.post(server[0] + "/v1/completions", content=b"x" * (9 * 2**20), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and error_of(r)["code"] == "request_too_large"
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=30),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+                    max_leaves=12)
+FIELDS = st.sampled_from(["model", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+                          "n", "stream", "logprobs", "top_logprobs", "stream_options", "playground", "user", "echo"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.dictionaries(FIELDS, JSON, max_size=6), chat=st.booleans())
+def test_any_request_body_gets_an_answer_or_a_clear_error_never_a_crash(server, model, body, chat):
+    if "model" not in body or not isinstance(body["model"], str):
+        body["model"] = model
+    body["max_tokens"] = body.get("max_tokens") if not isinstance(body.get("max_tokens"), int) else 2
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    r = httpx.post(server[0] + path, content=json.dumps(body, allow_nan=True), timeout=60,
+                   headers={"content-type": "application/json"})
+    assert r.status_code in (200, 400, 404, 413, 429), r.text
+    if r.status_code != 200:
+        error_of(r)
+    elif not body.get("stream"):
+        assert r.json()["choices"]
+
+
+def test_the_server_survives_the_fuzz(server, client, model):
+    assert server[1].poll() is None
+    assert client.completions.create(model=model, prompt=tiny_prompt(4), max_tokens=2, temperature=0).choices
+
+
+# --- a server of its own: a key, a full queue, a model that does not load -----------------------------------------------
+
+@pytest.fixture(scope="module")
+def guarded(tiny_model_dir, tmp_path_factory):
+    args = tiny_args(tiny_model_dir, "--api-key", KEY, "--max-batch", "1", "--max-queue", "0")
+    with running_server(tmp_path_factory.mktemp("guarded"), args) as (url, _):
+        yield url
+
+
+def test_an_api_key_guards_every_v1_route(guarded):
+    r = httpx.get(guarded + "/v1/models")
+    assert r.status_code == 401 and error_of(r)["type"] == "authentication_error"
+    assert httpx.get(guarded + "/v1/models", headers={"Authorization": "Bearer wrong-key-0000000"}).status_code == 401
+    assert httpx.get(guarded + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    assert httpx.get(guarded + "/health").status_code == 200
+
+
+def test_a_full_queue_is_a_429_with_retry_after_and_the_running_request_goes_on(guarded):
+    c = openai.OpenAI(base_url=guarded + "/v1", api_key=KEY, max_retries=0)
+    name = c.models.list().data[0].id
+    first = c.completions.create(model=name, prompt=tiny_prompt(6), max_tokens=250, stream=True)
+    next(iter(first))                                               # the one place in the batch is taken
+    r = httpx.post(guarded + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                   json={"model": name, "prompt": "w1 w2", "max_tokens": 2})
+    assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1 and error_of(r)["code"] == "queue_full"
+    rest = "".join(chunk.choices[0].text for chunk in first if chunk.choices)
+    assert rest                                                     # the running one finished its answer
+
+
+def test_a_model_that_does_not_load_answers_503_with_the_reason(tmp_path):
+    with running_server(tmp_path, ["--model", str(tmp_path / "missing"), "--device", "cpu"], ready=False) as (url, _):
+        deadline = time.monotonic() + 60
+        while (r := httpx.get(url + "/v1/models")).status_code == 503 and "could not be loaded" not in r.text:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert r.status_code == 503 and "could not be loaded" in error_of(r)["message"]
+        assert r.headers["retry-after"]
+
+
+def test_a_wide_bind_without_a_key_is_refused_at_start(tiny_model_dir):
+    out = subprocess.run([python(), "-m", "engine", "serve", *tiny_args(tiny_model_dir), "--host", "0.0.0.0"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--api-key" in out.stderr and "Traceback" not in out.stderr
+
+
