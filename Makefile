@@ -36,10 +36,10 @@ run: provision
 	$(VENV)/bin/playground --host $(HOST) --port $(PORT)
 
 browser:
-	@command -v chromium >/dev/null 2>&1 || { \
-	  echo "Installing Debian's chromium for the browser tests"; \
+	@command -v chromium >/dev/null 2>&1 && { command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx; } || { \
+	  echo "Installing Debian's chromium (browser tests) and nginx (a room of several web processes)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium chromium-driver; }
+	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium chromium-driver nginx; }
 
 test: provision browser
 	$(PY) -m pytest -q
