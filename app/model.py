@@ -25,13 +25,13 @@ from typing import Callable
 import streamlit as st
 
 from app.nav import page_info
-from app.session import REFUSED_KEY
 from engine.errors import EngineError
 from engine.service.client import ModelClient
 
 MODEL_ENV, DEVICE_ENV, DTYPE_ENV, DRAFT_ENV = "PLAYGROUND_MODEL", "PLAYGROUND_DEVICE", "PLAYGROUND_DTYPE", "PLAYGROUND_DRAFT"
 URL_ENV, KEY_ENV, TOKEN_ENV = "PLAYGROUND_ENGINE_URL", "PLAYGROUND_API_KEY", "PLAYGROUND_PRESENTER_TOKEN"
 SERVER_WAIT_SECONDS = 600.0
+REFUSED_KEY = "session.refused"      # set while this browser is refused a seat (the room is full): app/session.py
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import hashlib
 import time
 from typing import Any, Callable, Mapping, MutableMapping
 
+from app.model import current_client
 from engine.service.board import (MAX_NOTE_CHARS, SETTINGS, BoardState, PresenterBoard, PresenterError,  # noqa: F401
                                   Push)
 
@@ -39,8 +40,6 @@ _OFF = PresenterBoard(None)
 
 def presenter_board() -> PresenterBoard:
     """The board of the model this process serves (in-process or remote); a board that is off when there is none."""
-    from app.model import current_client
-
     client = current_client()
     return client.board if client is not None else _OFF
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import threading
 import time
 import uuid
 from typing import Callable
@@ -16,18 +17,21 @@ from typing import Callable
 import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
+from app.model import REFUSED_KEY
 from app.nav import page_info
 from app.presenter import PENDING_KEY, SEEN_KEY, follow_page, presenter_board, push_button, pushed_view
 from engine.service.client import ModelClient
 from engine.serving.scheduler import SessionLimitError
 
 XSRF_COOKIE = "_streamlit_xsrf"     # set by Streamlit's server on the first page load, kept by the browser
-SESSION_KEY, REFUSED_KEY = "session.id", "session.refused"
+SESSION_KEY = "session.id"
 
 _STREAMLIT_SESSIONS: dict[str, str] = {}     # our session id -> Streamlit's, to ask whether the tab is still there
 PROCESS = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"   # this web process, for presence reports
 PRESENCE_SECONDS = 5.0                        # a web process tells the model server its open tabs this often
 _last_report = [0.0]
+_REPORTER: list[threading.Thread] = []
+_REPORTER_LOCK = threading.Lock()
 
 
 def session_id() -> str:
@@ -76,11 +80,32 @@ def report_presence(client: ModelClient, force: bool = False) -> None:
         client.report_presence(PROCESS, open_sessions())
 
 
+def keep_reporting(client: ModelClient) -> None:
+    """Report this process's open sessions every PRESENCE_SECONDS, whether or not a page runs (a room of followers
+    runs only fragments): a thread, started once per process."""
+    with _REPORTER_LOCK:
+        if _REPORTER:
+            return
+        _REPORTER.append(threading.Thread(target=_report_forever, args=(client,), name="playground-presence",
+                                          daemon=True))
+        _REPORTER[0].start()
+
+
+def _report_forever(client: ModelClient) -> None:
+    while True:
+        time.sleep(PRESENCE_SECONDS)
+        try:
+            report_presence(client, force=True)
+        except Exception:  # noqa: BLE001 - the server is away for a moment: the next report will do
+            pass
+
+
 def join_session(client: ModelClient | None) -> str | None:
     """Count this person against the server's limit; the refusal message when the room is full."""
     if client is None:
         return None
     session = session_id()
+    keep_reporting(client)
     try:
         report_presence(client)
         client.join(session, person_id())

@@ -9,15 +9,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from servers import free_port, python
 from app.launch import build_parser, streamlit_command
 
 pytestmark = pytest.mark.browser
@@ -38,17 +37,6 @@ LAST_TEXT = {"": "paged against contiguous allocation", "journey": "Nothing gene
              "attention": "Grouped-query attention:", "kv-cache": "Paging preempted"}
 LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 200   # ~2,000 tokens
 RENDER_LIMIT_S = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def python() -> str:
-    venv = ROOT / ".venv" / "bin" / "python"
-    return str(venv) if venv.exists() else sys.executable
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120) -> None:

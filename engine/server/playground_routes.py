@@ -176,9 +176,8 @@ async def _event_stream(handle: Handle, stream: RecordStream) -> AsyncIterator[b
     try:
         yield wire.encode({"t": "run", "run_id": handle.run_id, "id": handle.id})
         async for record in stream.records(tick=STATUS_SECONDS):
-            if record is None:
-                if handle.state == "queued":
-                    yield wire.encode({"t": "status", "status": handle.status()})
+            if record is None:                 # waiting: in line, or being prefilled (the page says which)
+                yield wire.encode({"t": "status", "status": handle.status()})
                 continue
             yield wire.encode({"t": "record", "r": record})
         error = None if handle.error is None else {"code": error_code(handle.error), "message": str(handle.error)}
@@ -189,30 +188,22 @@ async def _event_stream(handle: Handle, stream: RecordStream) -> AsyncIterator[b
 
 # --- the room ----------------------------------------------------------------------------------------------------------
 
-@router.get("/stats")
-async def stats(request: Request) -> Response:
-    return reply(request, service(request).stats())
+def _read_route(path: str, read: str, doc: str) -> None:
+    """GET /v1/playground/{path}: the service's `read()`, as it is now."""
+    async def route(request: Request) -> Response:
+        return reply(request, getattr(service(request), read)())
+    route.__doc__ = doc
+    router.add_api_route(f"/{path}", route, methods=["GET"], name=read)
 
 
-@router.get("/room")
-async def room(request: Request) -> Response:
-    """The live batch: who is in it, the recent steps (prefill tokens, decode rows, time, the block table), the queue."""
-    return reply(request, service(request).room())
-
-
-@router.get("/timeline")
-async def timeline(request: Request) -> Response:
-    return reply(request, service(request).timeline())
-
-
-@router.get("/prefix")
-async def prefix(request: Request) -> Response:
-    return reply(request, service(request).prefix_stats())
-
-
-@router.get("/memory")
-async def memory(request: Request) -> Response:
-    return reply(request, service(request).memory())
+for _path, _read, _doc in (
+        ("stats", "stats", "The queue and the batch now, and counters since the start."),
+        ("room", "room", "The live batch: who is in it, the recent steps (prefill tokens, decode rows, time, the "
+                         "block table), the queue."),
+        ("timeline", "timeline", "The last finished requests: when each was submitted, started and finished."),
+        ("prefix", "prefix_stats", "The prefix cache's counters."),
+        ("memory", "memory", "Weights, the server process and the GPU allocator (measured).")):
+    _read_route(_path, _read, _doc)
 
 
 @router.post("/sessions/join")

@@ -40,7 +40,8 @@ from engine.speculative.drafts import Draft
 from engine.speculative.options import DraftModelOption, draft_model_options, is_model_spec
 
 PRESENCE_STALE_SECONDS = 30.0     # a web process that has not reported its sessions this long is gone
-RUN_STORE_SHARE = 4               # the run store keeps this many requests' worth of the capture limit
+RUN_STORE_SHARE = 2               # the run store keeps this many requests' worth of the capture limit...
+RUN_STORE_MIN = 256 * 2**20       # ...and at least this much
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,11 @@ class DraftModels:
             return self.loaded[name]
 
 
+def _of_model(name: str) -> Any:
+    """A read-only attribute of the loaded model, as the service's own (what a page reads of "the model")."""
+    return property(lambda self: getattr(self.lm, name))
+
+
 class EngineService:
     """One model served: submit requests and jobs, watch the room, look up any run by id. Thread-safe."""
 
@@ -119,7 +125,7 @@ class EngineService:
                  launched_draft: str | None = None):
         self.lm = lm
         self.scheduler = scheduler_for(lm, limits)
-        self.runs = RunStore(max_bytes=max(1 << 30, RUN_STORE_SHARE * self.scheduler.limits.max_capture_bytes))
+        self.runs = RunStore(max_bytes=max(RUN_STORE_MIN, RUN_STORE_SHARE * self.scheduler.limits.max_capture_bytes))
         self.board = PresenterBoard(presenter_token)
         self.presence = Presence()
         self.scheduler.presence = self.presence
@@ -130,49 +136,17 @@ class EngineService:
 
     # --- what the model is (read by pages and by the pure lab functions alike) --------------------------------
 
-    @property
-    def spec(self) -> ModelSpec:
-        return self.lm.spec
-
-    @property
-    def label(self) -> str:
-        return self.lm.label
-
-    @property
-    def name(self) -> str:
-        return self.lm.name
-
-    @property
-    def source(self) -> Path:
-        return self.lm.source
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.lm.dtype
-
-    @property
-    def dtype_name(self) -> str:
-        return self.lm.dtype_name
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.lm.tokenizer
-
-    @property
-    def has_chat_template(self) -> bool:
-        return self.lm.has_chat_template
-
-    @property
-    def weight_bytes(self) -> int:
-        return self.lm.weight_bytes
-
-    @property
-    def load_seconds(self) -> float:
-        return self.lm.load_seconds
+    spec: ModelSpec = _of_model("spec")
+    label: str = _of_model("label")
+    name: str = _of_model("name")
+    source: Path = _of_model("source")
+    device: torch.device = _of_model("device")
+    dtype: torch.dtype = _of_model("dtype")
+    dtype_name: str = _of_model("dtype_name")
+    tokenizer: Any = _of_model("tokenizer")
+    has_chat_template: bool = _of_model("has_chat_template")
+    weight_bytes: int = _of_model("weight_bytes")
+    load_seconds: float = _of_model("load_seconds")
 
     @property
     def limits(self) -> Limits:

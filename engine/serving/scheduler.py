@@ -760,10 +760,11 @@ _SCHEDULERS_LOCK = threading.Lock()
 
 
 def scheduler_for(lm: LoadedModel, limits: Limits | None = None) -> Scheduler:
-    """The process-wide scheduler of a loaded model (created on first use; `limits` only then)."""
+    """The process-wide scheduler of a loaded model (created on first use, or after the last one was closed;
+    `limits` only then)."""
     with _SCHEDULERS_LOCK:
         entry = _SCHEDULERS.get(id(lm))
-        if entry is None or entry[0] is not lm:
+        if entry is None or entry[0] is not lm or entry[1]._closed:
             entry = (lm, Scheduler(lm, limits))
             _SCHEDULERS[id(lm)] = entry
         return entry[1]
