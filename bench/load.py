@@ -152,20 +152,27 @@ def scenario(lm: LoadedModel, n: int, tokens: int, policy: CapturePolicy, limits
     scheduler = Scheduler(lm, limits)
     requests = [GenerationRequest(PROMPTS[i % len(PROMPTS)], max_new_tokens=tokens) for i in range(n)]
     outcomes = [Outcome(r.prompt, 0.0) for r in requests]
-    gate = threading.Barrier(n + 1)
-    threads = [threading.Thread(target=session, args=(scheduler, r, policy, f"user{i}", gate, o))
-               for i, (r, o) in enumerate(zip(requests, outcomes))]
     with MemoryWatch() as mem:
-        for t in threads:
-            t.start()
-        gate.wait()
-        t0 = time.perf_counter()
-        for t in threads:
-            t.join()
+        t0 = burst([lambda gate, r=r, o=o, i=i: session(scheduler, r, policy, f"user{i}", gate, o)
+                    for i, (r, o) in enumerate(zip(requests, outcomes))])
     scheduler.close()
     result = summarize(n, outcomes, expected, t0, mem, limits)
     result["hooks_left"] = count_hooks(lm.model)
     return result
+
+
+def burst(sessions: list) -> float:
+    """Run each `session(gate)` in a thread of its own, all released at one moment (the gate); wait for all of
+    them. Returns that moment (perf_counter)."""
+    gate = threading.Barrier(len(sessions) + 1)
+    threads = [threading.Thread(target=s, args=(gate,)) for s in sessions]
+    for t in threads:
+        t.start()
+    gate.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return t0
 
 
 def references(lm: LoadedModel, tokens: int) -> dict[str, str]:

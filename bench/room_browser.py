@@ -1,10 +1,11 @@
 """The room in a browser: one session alone, then N sessions pressing Generate together, in headless Chromium.
 
     python bench/room_browser.py                 # 6 sessions, 48 new tokens, batched and one at a time
-    python bench/room_browser.py --sessions 6 --tokens 48 --modes batched
+    python bench/room_browser.py --sessions 6 --tokens 48 --modes batched remote "remote, 2 web processes"
 
 For each mode the app is started as `make run` starts it (one at a time is PLAYGROUND_MAX_BATCH=1, how the
-server worked before continuous batching). After one warm-up run, one browser session on the journey page
+server worked before continuous batching; "remote" is `playground --web-processes 1`: the model in its own server
+process, the app a client of it, nginx in front; "remote, 2 web processes" splits the sessions over two). After one warm-up run, one browser session on the journey page
 generates alone, three times; then N sessions press Generate at the same moment, three times.
 Reported: the median time alone, the median time until the last of the N is done, and their ratio (the issue's
 target: <= 3x for 6 sessions), each run's times, and the CPU seconds the app server and
@@ -42,13 +43,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_app(env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+def start_app(env: dict[str, str], args: list[str]) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    cmd = [str(ROOT / ".venv" / "bin" / "python"), "-m", "app.launch", "--port", str(port)]   # as `make run` does
+    cmd = [str(ROOT / ".venv" / "bin" / "python"), "-m", "app.launch", "--port", str(port), *args]  # as `make run` does
     log = open(os.environ.get("BENCH_SERVER_LOG", os.devnull), "ab")     # the server's output, when asked for
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
@@ -98,7 +99,7 @@ def cpu_seconds(server: subprocess.Popen) -> dict[str, float]:
                 pass
         return total
 
-    app = psutil.Process(server.pid)
+    app = psutil.Process(server.pid)             # the launcher: in-process, the app; remote, every process it started
     mine = psutil.Process().children(recursive=True)
     return {"server": used([app, *app.children(recursive=True)]),
             "chromium": used([p for p in mine if "chrom" in p.name().lower()])}
@@ -166,14 +167,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
-    env = {"one at a time": {"PLAYGROUND_MAX_BATCH": "1"}, "batched": {}}
+    env = {"one at a time": {"PLAYGROUND_MAX_BATCH": "1"}, "batched": {}, "remote": {}, "remote, 2 web processes": {}}
+    launch = {"remote": ["--web-processes", "1"], "remote, 2 web processes": ["--web-processes", "2"]}
     report = {"what": f"{args.sessions} browser sessions press Generate together on the journey page "
                       f"({args.tokens} new tokens, capture on), against one session alone",
               "load_average": os.getloadavg(), "modes": {}}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         for mode in args.modes:
-            proc, url = start_app(env[mode])
+            proc, url = start_app(env[mode], launch.get(mode, []))
             try:
                 report["modes"][mode] = result = measure(browser, url, proc, args.sessions, args.tokens, args.repeats)
             finally:

@@ -1,0 +1,181 @@
+"""The model through its HTTP API against the same model in-process: N sessions at once, side by side in one run.
+
+    python bench/api.py                                   # SmolLM2, 20 sessions, 16 and 64 tokens, capture off and on
+    python bench/api.py --sessions 20 --tokens 16 --rounds 3 --model /models/llama --device cuda
+
+In-process: N threads submit through the scheduler in this process and read the records (bench/load.py's
+sessions, batched). Through the API: `python -m engine serve` runs the same model with the same limits and thread
+count in another process, and N threads each stream one chat completion with the official `openai` package
+(capture on: `"playground": {"capture": true}`, the pages' policy). The two alternate round by round (the machine
+is shared and noisy); medians of the rounds. Every answer must equal the same prompt run alone (greedy).
+Writes bench/results/api.json. The issue's targets: API total tok/s >= 0.9x in-process, p95 completion <= 1.15x.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import openai  # noqa: E402
+import torch  # noqa: E402
+
+from load import CAPTURES, PROMPTS, Outcome, burst, machine, pct, references, scenario  # noqa: E402
+from engine.core.loader import load_model  # noqa: E402
+from engine.serving.limits import Limits  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "api.json"
+VLLM_ANCHOR = {16: {"tok_s": 63.8, "p95_s": 4.5}, 64: {"tok_s": 96.3, "p95_s": 9.2}}   # the issue's, same machine
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args: argparse.Namespace, limits: Limits, threads: int) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "engine", "serve", "--model", args.model, "--port", str(port), "--log-level",
+           "warning", "--max-batch", str(limits.max_batch), "--max-queue", str(limits.max_queue),
+           "--threads", str(threads)]
+    cmd += [x for flag, v in (("--device", args.device), ("--dtype", args.dtype)) if v for x in (flag, v)]
+    log = open(ROOT / "bench" / "results" / "api-server.log", "w")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2):
+                return proc, url
+        except OSError:
+            if proc.poll() is not None:
+                raise SystemExit(f"the server exited; see {log.name}")
+            time.sleep(0.5)
+    raise SystemExit("the server did not start")
+
+
+def api_session(client: openai.OpenAI, model: str, prompt: str, tokens: int, capture: bool, gate: threading.Barrier,
+                out: Outcome) -> None:
+    """One client: a streaming chat completion, read to the end."""
+    gate.wait()
+    out.submitted = time.perf_counter()
+    extra = {"playground": {"capture": True}} if capture else None
+    try:
+        stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}],
+                                                max_tokens=tokens, temperature=0, stream=True,
+                                                stream_options={"include_usage": True}, extra_body=extra)
+        text = []
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                out.first = out.first or time.perf_counter()
+                text.append(chunk.choices[0].delta.content)
+            if chunk.usage is not None:
+                out.tokens = chunk.usage.completion_tokens
+        out.text = "".join(text)
+    except openai.RateLimitError as err:
+        out.refused = str(err)
+    except Exception as err:  # noqa: BLE001 - reported, and it fails the run
+        out.error = f"{type(err).__name__}: {err}"
+    out.finished = time.perf_counter()
+    out.started = out.submitted
+
+
+def api_scenario(client: openai.OpenAI, model: str, n: int, tokens: int, capture: bool, expected: dict) -> dict:
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
+    outcomes = [Outcome(p, 0.0) for p in prompts]
+    t0 = burst([lambda gate, p=p, o=o: api_session(client, model, p, tokens, capture, gate, o)
+                for p, o in zip(prompts, outcomes)])
+    served = [o for o in outcomes if o.finished is not None and o.error is None and not o.refused]
+    makespan = max(o.finished for o in served) - t0 if served else float("nan")
+    done = [o.finished - o.submitted for o in served]
+    return {"served": len(served), "errors": [o.error for o in outcomes if o.error],
+            "refused": sum(bool(o.refused) for o in outcomes),
+            "wrong_answers": sum(o.text != expected[o.prompt] for o in served),
+            "throughput_tok_s": sum(o.tokens for o in served) / makespan,
+            "completion_p95_s": pct(done, 0.95), "ttft_p95_s": pct([o.first - o.submitted for o in served if o.first],
+                                                                   0.95)}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--device")
+    parser.add_argument("--dtype")
+    parser.add_argument("--sessions", type=int, default=20)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--captures", nargs="+", default=["off", "full"], choices=sorted(CAPTURES))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1),
+                        help="torch threads, the same for this process and the server (default: every core but one, "
+                             "as `playground` and `python -m engine serve` run the model)")
+    parser.add_argument("--out", default=str(RESULTS))
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    lm = load_model(args.model, device=args.device, dtype=args.dtype)
+    base = Limits.for_device(lm.device).with_env()
+    limits = replace(base, max_queue=max(base.max_queue, args.sessions))
+    proc, url = start_server(args, limits, args.threads)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    model = client.models.list().data[0].id
+    rows = []
+    try:
+        for tokens in args.tokens:
+            expected = references(lm, tokens)
+            for capture in args.captures:
+                rows.append(compare(args, lm, limits, client, model, tokens, capture, expected))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    report = {"what": f"{args.sessions} sessions at once: in-process (scheduler, this process) against the HTTP API "
+                      "(python -m engine serve, streaming openai clients), alternating, medians of the rounds",
+              "machine": machine(lm), "threads": args.threads, "limits": limits.to_dict(), "rows": rows,
+              "vllm_anchor": VLLM_ANCHOR, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+def compare(args: argparse.Namespace, lm, limits: Limits, client: openai.OpenAI, model: str, tokens: int,
+            capture: str, expected: dict) -> dict:
+    """Alternate in-process and API rounds; medians; the ratios."""
+    local, remote = [], []
+    for _ in range(args.rounds):
+        local.append(scenario(lm, args.sessions, tokens, CAPTURES[capture], limits, expected))
+        remote.append(api_scenario(client, model, args.sessions, tokens, capture == "full", expected))
+    med = lambda runs, key: statistics.median(r[key] for r in runs)  # noqa: E731
+    row = {"tokens": tokens, "capture": capture, "sessions": args.sessions,
+           "in_process": {k: med(local, k) for k in ("throughput_tok_s", "completion_p95_s", "ttft_p95_s")},
+           "api": {k: med(remote, k) for k in ("throughput_tok_s", "completion_p95_s", "ttft_p95_s")},
+           "rounds": {"in_process": local, "api": remote}}
+    row["throughput_ratio"] = row["api"]["throughput_tok_s"] / row["in_process"]["throughput_tok_s"]
+    row["p95_ratio"] = row["api"]["completion_p95_s"] / row["in_process"]["completion_p95_s"]
+    clean = all(not r["errors"] and not r["wrong_answers"] and r["served"] == args.sessions for r in local + remote)
+    row["ok"] = clean
+    print(f"{tokens:3d} tokens, capture {capture:4s}: in-process {row['in_process']['throughput_tok_s']:.1f} tok/s "
+          f"p95 {row['in_process']['completion_p95_s']:.2f} s | API {row['api']['throughput_tok_s']:.1f} tok/s "
+          f"p95 {row['api']['completion_p95_s']:.2f} s | ratio {row['throughput_ratio']:.2f}x tok/s, "
+          f"{row['p95_ratio']:.2f}x p95 {'ok' if clean else 'ERRORS'}", flush=True)
+    return row
+
+
+if __name__ == "__main__":
+    sys.exit(main())
