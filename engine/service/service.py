@@ -111,6 +111,14 @@ class DraftModels:
             return self.loaded[name]
 
 
+def run_store_bytes(limits: Limits, environ: Mapping[str, str] | None = None) -> int:
+    """The run store's budget: PLAYGROUND_RUN_STORE_MB, else twice a request's capture limit (256 MiB at least)."""
+    mb = (os.environ if environ is None else environ).get("PLAYGROUND_RUN_STORE_MB", "").strip()
+    if mb.isdigit():
+        return int(mb) * 2**20
+    return max(RUN_STORE_MIN, RUN_STORE_SHARE * limits.max_capture_bytes)
+
+
 def _of_model(name: str) -> Any:
     """A read-only attribute of the loaded model, as the service's own (what a page reads of "the model")."""
     return property(lambda self: getattr(self.lm, name))
@@ -125,7 +133,7 @@ class EngineService:
                  launched_draft: str | None = None):
         self.lm = lm
         self.scheduler = scheduler_for(lm, limits)
-        self.runs = RunStore(max_bytes=max(RUN_STORE_MIN, RUN_STORE_SHARE * self.scheduler.limits.max_capture_bytes))
+        self.runs = RunStore(max_bytes=run_store_bytes(self.scheduler.limits))
         self.board = PresenterBoard(presenter_token)
         self.presence = Presence()
         self.scheduler.presence = self.presence
