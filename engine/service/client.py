@@ -32,6 +32,7 @@ from engine.errors import EngineError
 from engine.projection.specs import ModelSpec
 from engine.service import wire
 from engine.service.board import BoardState, PresenterError, Push
+from engine.service.replicas import ReplicaView
 from engine.service.runs import RunInfo, RunNotFoundError, RunSlice
 from engine.service.service import MemoryRow, ModelInfo
 from engine.serving.limits import Limits
@@ -77,6 +78,7 @@ class ModelClient(Protocol):
     def load_draft(self, spec: str, progress: Callable[[float, str], None] | None = None) -> str: ...
     def stats(self) -> SchedulerStats: ...
     def room(self) -> RoomState: ...
+    def replicas_view(self) -> list[ReplicaView]: ...
     def timeline(self) -> list[Span]: ...
     def prefix_stats(self) -> PrefixStats: ...
     def memory(self) -> list[MemoryRow]: ...
@@ -216,6 +218,9 @@ class RemoteModel:
 
     def room(self) -> RoomState:
         return self._call("GET", "/v1/playground/room")
+
+    def replicas_view(self) -> list[ReplicaView]:
+        return self._call("GET", "/v1/playground/replicas")
 
     def timeline(self) -> list[Span]:
         return self._call("GET", "/v1/playground/timeline")
