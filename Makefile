@@ -40,7 +40,7 @@ $(VENV)/.installed: pyproject.toml $(LOCK)
 # on a Python the lock was not made with.
 .PHONY: $(VENV)/constraints.txt
 $(VENV)/constraints.txt:
-	@if [ "$(LOCKED)" != 1 ]; then echo "Installing the newest releases pyproject.toml allows (LOCKED=$(LOCKED))"; : > $@; \
+	@if [ "$(LOCKED)" != 1 ]; then echo "Installing the newest releases pyproject.toml allows"; : > $@; \
 	elif [ "$$($(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')" != "$(LOCK_PYTHON)" ]; then \
 	  echo "$(LOCK) was made on Python $(LOCK_PYTHON): installing the newest releases pyproject.toml allows"; : > $@; \
 	else grep -v '^torch==' $(LOCK) > $@; fi

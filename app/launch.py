@@ -25,7 +25,7 @@ MAIN = Path(__file__).resolve().parent / "main.py"
 ROOT = MAIN.parent.parent
 MODEL_ENV, DRAFT_ENV, DEVICE_ENV, DTYPE_ENV = "PLAYGROUND_MODEL", "PLAYGROUND_DRAFT", "PLAYGROUND_DEVICE", "PLAYGROUND_DTYPE"
 TOKEN_ENV = "PLAYGROUND_PRESENTER_TOKEN"
-JOIN_CODE_ENV, PUBLIC_URL_ENV = "PLAYGROUND_JOIN_CODE", "PLAYGROUND_PUBLIC_URL"   # engine/service/join.py, app/join.py
+JOIN_CODE_ENV, PUBLIC_URL_ENV = "PLAYGROUND_JOIN_CODE", "PLAYGROUND_PUBLIC_URL"   # read by app/join.py
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MIN_TOKEN_CHARS = 12
 UPLOAD_MB = 64                      # largest recording a browser may upload (engine.serving.recording reads at most 64 MiB)
@@ -181,6 +181,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     args = build_parser().parse_args(argv)
     token = presenter_token(args.presenter_token)
     base = os.environ if environ is None else environ
+    args.public_url = args.public_url or base.get(PUBLIC_URL_ENV)
     code = join_code(args, base)
     given = {**thread_env(base), **launch_env(args, token, code)}
     env = {var: value for var, value in {**base, **given}.items() if code or var != JOIN_CODE_ENV}

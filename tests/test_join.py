@@ -206,8 +206,11 @@ def test_an_open_room_drops_a_code_left_in_the_environment(monkeypatch, capsys):
     monkeypatch.setattr(launch.os, "chdir", lambda path: None)
     launch.main(["--host", "0.0.0.0", "--open-room"], {join.JOIN_CODE_ENV: "left-over-code", "PATH": "/bin"})
     assert join.JOIN_CODE_ENV not in started and "WARNING" in capsys.readouterr().out
-    launch.main(["--host", "0.0.0.0", "--join-code", "Workshop-2026"], {"PATH": "/bin"})
-    assert started[join.JOIN_CODE_ENV] == "Workshop-2026" and "?join=Workshop-2026" in capsys.readouterr().out
+    launch.main(["--host", "0.0.0.0", "--join-code", "Workshop-2026"],
+                {"PATH": "/bin", launch.PUBLIC_URL_ENV: "https://room.example.org"})
+    assert started[join.JOIN_CODE_ENV] == "Workshop-2026"
+    assert "Join link: https://room.example.org/?join=Workshop-2026" in capsys.readouterr().out
+    assert started[launch.PUBLIC_URL_ENV] == "https://room.example.org"
 
 
 # --- the app's door (AppTest: no cookies, so membership lives in the session) ---------------------------------------
