@@ -28,6 +28,7 @@ from engine.core.hooks import CAPTURE_OFF, CapturePolicy
 from engine.errors import EngineError
 from engine.service import wire
 from engine.service.board import PresenterBoard
+from engine.service.join import room_gate
 from engine.service.client import ERROR_CODES
 from engine.service.runs import RunInfo, RunNotFoundError, RunSlice
 from engine.service.service import MemoryRow, ModelInfo, Presence
@@ -53,6 +54,7 @@ class ClusterService:
     def __init__(self, replicas: Any, presenter_token: str | None, max_sessions: int):
         self.replicas = replicas                               # the replicas' DeploymentHandle
         self.board = PresenterBoard(presenter_token)
+        self.gate = room_gate()                                # the hosted room's join code, for every replica
         self.presence = Presence()
         self.people = People(lambda: max_sessions, busy=self._busy)
         self.people.presence = self.presence

@@ -22,7 +22,9 @@ from starlette.concurrency import run_in_threadpool
 
 from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy
-from engine.errors import InvalidRequestError
+from engine.errors import InvalidRequestError, QueueFullError
+from engine.service.board import PresenterError
+from engine.serving.people import retry_after
 from engine.server.state import ServerState, run_headers
 from engine.server.streams import RecordStream
 from engine.service import wire
@@ -32,6 +34,14 @@ from engine.serving.scheduler import Handle
 
 router = APIRouter(prefix="/v1/playground")
 REQUEST_TYPES = wire.class_names(GenerationRequest, CapturePolicy)
+
+
+class JoinRefusedError(PresenterError):
+    """A join code refused: wrong, replaced, or the room closed to newcomers (403)."""
+
+
+class JoinWaitError(QueueFullError):
+    """Too many wrong join codes from this browser or address: wait (429 with Retry-After)."""
 STATUS_SECONDS = 0.25          # how often a queued request's place in line is sent
 RUN_WAIT_MAX = 10.0            # the longest a GET of a run waits for something new
 RUN_STREAM_TICK = 1.0
@@ -260,6 +270,40 @@ async def board_write(action: str, request: Request) -> Response:
         b.allow_generate(token, bool(body.get("allowed")))
         return reply(request, True)
     raise InvalidRequestError(f"the board has no action {action[:40]!r} (check, push, clear, broadcast, allow)")
+
+
+# --- the hosted room's join gate ----------------------------------------------------------------------------------
+
+@router.post("/gate/{action}")
+async def gate(action: str, request: Request) -> Response:
+    """The join code of a hosted room (engine/service/join.py), for the web processes: whether one is needed, a
+    member token for the right code, and (the presenter only) the code, a new one, the room closed to newcomers."""
+    from engine.service.join import JoinRefused
+
+    body, svc = await read(request), service(request)
+    g = svc.gate
+    if action == "status":
+        return reply(request, {"required": g.required(), "closed": g.closed()})
+    if action == "admits":
+        return reply(request, g.admits(text(body, "token", required=False, limit=512)))
+    if action == "join":
+        try:
+            return reply(request, g.join(text(body, "code", limit=200), text(body, "client") or "",
+                                         text(body, "address", required=False) or ""))
+        except JoinRefused as err:
+            if err.wait_seconds > 0:
+                raise retry_after(JoinWaitError(str(err)), err.wait_seconds) from None
+            raise JoinRefusedError(str(err)) from None
+    if not svc.board.check(text(body, "presenter", required=False, limit=1024)):
+        raise PresenterError("only the presenter may see or change the join code")
+    if action == "code":
+        return reply(request, g.code())
+    if action == "rotate":
+        return reply(request, g.rotate())
+    if action == "close":
+        g.close(bool(body.get("closed")))
+        return reply(request, True)
+    raise InvalidRequestError(f"the gate has no action {action[:40]!r} (status, admits, join, code, rotate, close)")
 
 
 # --- runs, by id ---------------------------------------------------------------------------------------------------------

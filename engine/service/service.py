@@ -29,6 +29,7 @@ from engine.errors import EngineError, InvalidRequestError
 from engine.projection.specs import ModelSpec
 from engine.service import jobs as job_registry
 from engine.service.board import PresenterBoard
+from engine.service.join import room_gate
 from engine.service.metrics import ServiceMetrics
 from engine.service.replicas import ReplicaSnapshot, ReplicaView
 from engine.service.runs import RunInfo, RunSlice, RunStore, new_run_id
@@ -136,6 +137,7 @@ class EngineService:
         self.scheduler = scheduler_for(lm, limits)
         self.runs = RunStore(max_bytes=run_store_bytes(self.scheduler.limits))
         self.board = PresenterBoard(presenter_token)
+        self.gate = room_gate()                      # the hosted room's join code (PLAYGROUND_JOIN_CODE)
         self.presence = Presence()
         self.scheduler.presence = self.presence
         self.metrics = ServiceMetrics(self.scheduler)
