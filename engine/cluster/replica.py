@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from dataclasses import replace
 from typing import Any, AsyncIterator, Mapping
@@ -111,7 +112,7 @@ class ModelReplica:
                 svc = self.service
                 snapshot = ReplicaSnapshot(self.replica, self.node, svc.label, svc.room(), svc.stats(),
                                            svc.prefix_stats(), tuple(i.id for i in svc.run_list(200)),
-                                           tuple(svc.memory()))
+                                           tuple(svc.memory()), os.getpid())
                 hub.report.remote(snapshot)
             except Exception:  # noqa: BLE001 - the hub is restarting: the next report will do
                 log.warning("replica %s could not report to the hub", self.replica, exc_info=True)

@@ -86,11 +86,10 @@ class PlaygroundRouter(RequestRouter):
             self._prefixes.append((prompt[:PREFIX_CHARS], chosen))
 
     def _load(self, replica: RunningReplica) -> float:
-        stats = replica.routing_stats or {}
-        if "running" in stats:
-            return float(stats["running"]) + float(stats.get("queued", 0))
+        """Requests on the replica: the router's own count of what it sent (fresh), or the replica's last report."""
         cached = self._replica_queue_len_cache.get(replica.replica_id)
-        return float(cached or 0)
+        reported = replica.routing_stats or {}
+        return float(max(cached or 0, reported.get("running", 0) + reported.get("queued", 0)))
 
 
 def route_of(pending: Optional[PendingRequest]) -> dict[str, Any]:

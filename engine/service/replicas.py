@@ -21,6 +21,7 @@ class ReplicaSnapshot:
     prefix: Any                    # engine.serving.prefix.PrefixStats
     runs: tuple[str, ...]          # its newest run ids (which replica holds a run)
     memory: tuple[Any, ...] = ()   # engine.service.service.MemoryRow
+    pid: int = 0                   # its process on its node
     at: float = field(default_factory=time.time)
 
 

@@ -263,7 +263,7 @@ class EngineService:
     def replicas_view(self) -> list[ReplicaView]:
         """This server as the one replica of its room (a cluster has N: engine/cluster/service.py)."""
         snapshot = ReplicaSnapshot("this server", "this machine", self.label, self.room(), self.stats(),
-                                   self.prefix_stats(), (), tuple(self.memory()))
+                                   self.prefix_stats(), (), tuple(self.memory()), os.getpid())
         return [ReplicaView(snapshot, 0.0)]
 
     def join(self, session: str, person: str | None = None) -> None:
