@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--web-processes", type=int, default=0, metavar="N",
                         help="start one model server and N Streamlit processes behind nginx on --host:--port "
                              "(a room on one big machine; needs nginx)")
+    parser.add_argument("--replicas", type=int, default=0, metavar="N",
+                        help="the model server as N replicas on Ray Serve (the cluster extra), with --web-processes "
+                             "web processes (default 1) in front")
+    parser.add_argument("--ray-address", help="with --replicas: join this Ray cluster instead of starting one here")
     parser.add_argument("--join-code", help="the room's join code (default off loopback: one made up at start; "
                                             f"also {JOIN_CODE_ENV})")
     parser.add_argument("--open-room", action="store_true", help="no join code even off loopback: anyone who can "
@@ -132,7 +136,8 @@ def launch_env(args: argparse.Namespace, token: str | None = None, code: str | N
 def server_args(args: argparse.Namespace, token: str | None) -> list[str]:
     """`python -m engine serve` flags for the model server a room starts (limits travel as PLAYGROUND_MAX_*)."""
     pairs = (("--model", args.model), ("--draft", args.draft), ("--device", args.device), ("--dtype", args.dtype),
-             ("--presenter-token", token))
+             ("--presenter-token", token), ("--replicas", args.replicas and str(args.replicas)),
+             ("--ray-address", args.ray_address))
     return [x for flag, value in pairs if value for x in (flag, value)]
 
 
@@ -195,10 +200,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return 0
     print(banner(args, token, code), flush=True)
     os.chdir(ROOT)
-    if args.web_processes:
+    if args.web_processes or args.replicas:
         from app.processes import serve_room
 
-        return serve_room(command, env, args.host, args.port, args.web_processes, args.engine_url,
+        return serve_room(command, env, args.host, args.port, args.web_processes or 1, args.engine_url,
                           server_args(args, token), UPLOAD_MB)
     os.execve(command[0], command, env)   # the server replaces this process: Ctrl+C and signals reach it
 

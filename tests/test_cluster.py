@@ -45,7 +45,12 @@ def client(cluster):
 
 
 def replicas(url: str) -> list[dict]:
-    return [v for v in httpx.get(url + "/v1/playground/replicas", timeout=30).json() if v["seconds_ago"] < 5]
+    return [v for v in httpx.get(url + "/v1/playground/replicas", timeout=30).json() if v["seconds_ago"] < 3]
+
+
+def all_replicas(url: str) -> list[dict]:
+    """As the room page sees them: the missing ones too (until their replacement reports)."""
+    return httpx.get(url + "/v1/playground/replicas", timeout=30).json()
 
 
 def holder(url: str, run_id: str, seconds: float = 10) -> str:
@@ -137,7 +142,11 @@ def test_a_replica_killed_mid_run_fails_its_request_clearly_the_other_goes_on_an
     assert time.monotonic() - started < 30 and "replica" in str(failed.value)
     survivor.join(120)
     assert other_reply["r"].choices[0].finish_reason in ("length", "stop")  # nothing lost for the one that lives
-    deadline = time.monotonic() + 90                                       # Ray Serve brings a replica back
+    deadline = time.monotonic() + 30                                       # the room shows it missing...
+    while not any(v["snapshot"]["replica"] == home and v["seconds_ago"] > 3 for v in all_replicas(cluster)):
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    deadline = time.monotonic() + 90                                       # ...then Ray Serve brings one back
     while True:
         ids = {v["snapshot"]["replica"] for v in replicas(cluster)}
         if len(ids) == 2 and victim["snapshot"]["replica"] not in ids:

@@ -23,20 +23,20 @@ class Ingress:
     """One ingress replica: HTTP in, routed calls to the model replicas out, the room's shared state here."""
 
     def __init__(self, replicas: Any, presenter_token: str | None, api_key: str | None, served_name: str | None,
-                 max_sessions: int):
+                 max_sessions: int, expected: int = 1):
         self.state = ServerState(served_name=served_name or "", api_key=api_key)
         self._asgi = create_app(self.state)
-        threading.Thread(target=self._connect, args=(replicas, presenter_token, max_sessions),
+        threading.Thread(target=self._connect, args=(replicas, presenter_token, max_sessions, expected),
                          name="playground-connect", daemon=True).start()
 
-    def _connect(self, replicas: Any, presenter_token: str | None, max_sessions: int) -> None:
+    def _connect(self, replicas: Any, presenter_token: str | None, max_sessions: int, expected: int) -> None:
         """Wait for the replicas (loading their models), then serve: /health says 503 until then."""
         from engine.cluster.service import ClusterService
 
         while True:
             try:
                 self.state.loading = "waiting for the model replicas"
-                service = ClusterService(replicas, presenter_token, max_sessions)
+                service = ClusterService(replicas, presenter_token, max_sessions, expected)
                 break
             except Exception as err:  # noqa: BLE001 - replicas still loading: try again
                 log.info("replicas not ready yet (%s)", err)

@@ -32,7 +32,7 @@ def serve_cluster(args: argparse.Namespace, api_key: str | None, token: str | No
     cpus = args.replica_cpus or 1.0
     replicas = replica_deployment(args.replicas, cpus, 1.0 if cuda else 0.0).bind(
         args.model, args.device, args.dtype, limits.to_dict(), args.threads or max(1, int(cpus)), args.draft)
-    ingress = Ingress.bind(replicas, token, api_key, args.served_model_name, limits.max_sessions)
+    ingress = Ingress.bind(replicas, token, api_key, args.served_model_name, limits.max_sessions, args.replicas)
     serve.run(ingress, name=APP_NAME, route_prefix="/", blocking=False)
     print(f"{args.replicas} replica(s) of {args.model} on Ray Serve, served on http://{args.host}:{args.port}/v1 "
           f"(/health answers 200 when the replicas are ready)", file=sys.stderr, flush=True)

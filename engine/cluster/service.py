@@ -40,6 +40,7 @@ log = logging.getLogger("engine.cluster")
 CALL_SECONDS = 120.0
 POLL_SECONDS = 0.5               # how often the ingress reads the replicas' snapshots
 RUNS_KEPT = 100_000
+FORGET_SECONDS = 120.0           # a missing replica is shown this long at most
 
 
 class ReplicaLostError(EngineError):
@@ -51,14 +52,14 @@ class ClusterService:
 
     transport = "cluster"
 
-    def __init__(self, replicas: Any, presenter_token: str | None, max_sessions: int):
+    def __init__(self, replicas: Any, presenter_token: str | None, max_sessions: int, expected: int = 1):
         self.replicas = replicas                               # the replicas' DeploymentHandle
         self.board = PresenterBoard(presenter_token)
         self.gate = room_gate()                                # the hosted room's join code, for every replica
         self.presence = Presence()
         self.people = People(lambda: max_sessions, busy=self._busy)
         self.people.presence = self.presence
-        self.max_sessions = max_sessions
+        self.max_sessions, self.expected = max_sessions, expected
         self.hub = hub_actor()
         self._info: ModelInfo = self._call("info")
         self._snapshots: list[ReplicaSnapshot] = []
@@ -151,8 +152,12 @@ class ClusterService:
     # --- the room --------------------------------------------------------------------------------------------------------
 
     def replicas_view(self) -> list[ReplicaView]:
+        """Every replica that reports, and one that stopped, shown missing until its replacement reports (or for
+        FORGET_SECONDS)."""
         now = time.time()
-        return [ReplicaView(s, now - s.at) for s in sorted(self._snapshots, key=lambda s: s.replica)]
+        views = [ReplicaView(s, now - s.at) for s in sorted(self._snapshots, key=lambda s: s.replica)]
+        live = sum(not v.missing for v in views)
+        return [v for v in views if not v.missing or (live < self.expected and v.seconds_ago < FORGET_SECONDS)]
 
     def live_snapshots(self) -> list[ReplicaSnapshot]:
         return [v.snapshot for v in self.replicas_view() if not v.missing]

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-MISSING_SECONDS = 5.0           # a replica silent this long is shown as missing
+MISSING_SECONDS = 3.0           # a replica silent this long (three reports) is shown as missing
 
 
 @dataclass(frozen=True)
