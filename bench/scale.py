@@ -82,10 +82,50 @@ def measure(args: argparse.Namespace, expected: dict[int, dict]) -> dict:
                 for name, client in clients.items():
                     runs[(name, tokens)].append(api_scenario(client, model, args.sessions, tokens, False,
                                                              expected[tokens]))
+        fault = kill_one(servers["2 replicas"][1], clients["2 replicas"], model)
     finally:
         for proc, _ in servers.values():
             stop(proc)
-    return summarize(runs, args)
+    return {**summarize(runs, args), "fault": fault}
+
+
+def kill_one(url: str, client: openai.OpenAI, model: str) -> dict:
+    """A replica killed while it streams an answer: seconds until that request fails, until the room shows the
+    replica missing, and until its replacement reports."""
+    import signal
+
+    import httpx
+
+    def views() -> list[dict]:
+        return httpx.get(url + "/v1/playground/replicas", timeout=30).json()
+
+    stream = iter(client.completions.create(model=model, prompt="Write a long story about a lighthouse keeper.",
+                                            max_tokens=256, temperature=0, stream=True))
+    run_id = next(stream).playground["run_id"]
+    next(stream)
+    time.sleep(1.5)                                         # the replica lists the run in its next snapshot
+    victim = next(v["snapshot"] for v in views() if run_id in v["snapshot"]["runs"])
+    before = {v["snapshot"]["replica"] for v in views()}
+    t0 = time.monotonic()
+    os.kill(victim["pid"], signal.SIGKILL)
+    try:
+        for _ in stream:
+            pass
+        failed = None
+    except openai.APIError:
+        failed = time.monotonic() - t0
+    missing = back = None
+    while time.monotonic() - t0 < 180 and back is None:
+        now = views()
+        if missing is None and any(v["snapshot"]["replica"] == victim["replica"] and v["seconds_ago"] > 3 for v in now):
+            missing = time.monotonic() - t0
+        fresh = {v["snapshot"]["replica"] for v in now if v["seconds_ago"] < 3} - before
+        if fresh:
+            back = time.monotonic() - t0
+        time.sleep(0.25)
+    print(f"fault: the request failed after {failed} s, the replica shown missing after {missing} s, its "
+          f"replacement reported after {back} s", flush=True)
+    return {"request_failed_s": failed, "shown_missing_s": missing, "replacement_s": back}
 
 
 def summarize(runs: dict, args: argparse.Namespace) -> dict:
