@@ -67,7 +67,7 @@ def new_live_run(lm: ModelClient, prepared: Prepared, capture: bool, draft: Draf
     to submit with that capture policy (its ids as the page's check encoded them)."""
     limits = lm.limits
     policy, note = capture_policy(lm.spec, len(prepared.ids), prepared.request.max_new_tokens, capture,
-                                  limits.max_capture_bytes, limits.max_capture_layers)
+                                  limits.max_capture_bytes, limits.max_capture_layers, lm.dtype.itemsize)
     return new_run(lm, prepared.request, policy, note, draft, k), replace(prepared.checked, policy=policy)
 
 
