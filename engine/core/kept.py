@@ -51,7 +51,7 @@ class KeptInputs:
         if layer not in self._ends:
             return
         end = start + hidden.shape[0]
-        with self._lock:
+        with self._lock, torch.inference_mode():        # buffers made in a forward pass are inference tensors
             buf = self._room(layer, end)
             buf[start:end].copy_(hidden.detach())
             self._ends[layer] = end
@@ -74,12 +74,17 @@ class KeptInputs:
     def truncate(self, n: int) -> None:
         """The run holds `n` positions (a speculative run's rejected drafts beyond it are dropped); buffers shrink to
         what they hold, so a finished run keeps no spare room."""
-        with self._lock:
+        with self._lock, torch.inference_mode():
             self.length = min(self.length, n)
             for i, buf in self._buffers.items():
                 self._ends[i] = min(self._ends[i], n)
                 if buf.shape[0] > n:
                     self._buffers[i] = buf[:n].clone()
+
+    def prompt(self, n: int) -> dict[int, torch.Tensor]:
+        """Each kept layer's input at positions 0..n-1 (views), for the prefix cache to copy."""
+        with self._lock:
+            return {i: b[:n] for i, b in self._buffers.items() if self._ends[i] >= n}
 
     def input(self, layer: int) -> torch.Tensor | None:
         """(n, d_model): the residual entering `layer` at every committed position, or None when not kept."""

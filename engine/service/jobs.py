@@ -331,8 +331,11 @@ def context_lengths(value: Any, lm: LoadedModel) -> list[int]:
     from engine.errors import ContextLengthError
     from engine.serving.scheduler import scheduler_for
 
-    lengths = wholes(1, lm.spec.max_context, 16)(value, lm)
+    lengths = wholes(1, 2**31, 16)(value, lm)
     limit = scheduler_for(lm).limits.max_prompt_tokens
+    if max(lengths) > lm.spec.max_context:
+        raise ContextLengthError(f"{max(lengths):,} tokens were asked for; {lm.label} reads at most "
+                                 f"{lm.spec.max_context:,}")
     if max(lengths) > limit:
         raise ContextLengthError(f"{max(lengths):,} tokens were asked for; this server reads at most {limit:,} tokens "
                                  f"of prompt ({lm.label} itself reads {lm.spec.max_context:,})")

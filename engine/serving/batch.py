@@ -369,6 +369,9 @@ class BatchRunner:
             return
         load_prefix(slot.cache, entry, n)
         slot.prefilled = slot.reused = n
+        if slot.kept is not None:                   # the reused part's kept inputs come from the entry as well
+            for i in slot.kept.layers:
+                slot.kept.write(i, 0, entry.inputs[i][:n])
         rows = reused_rows(entry, n, slot.policy, slot.layer_ids, self.lm.spec.n_heads)
         if rows:
             slot.chunks.append(rows)
@@ -383,7 +386,8 @@ class BatchRunner:
         slot.generated.append(slot.token.id)
         captures = stitch_prefill(slot.chunks, len(slot.ids), slot.policy)
         if self.prefix is not None:
-            self.prefix.store(slot.ids, slot.cache, captures)
+            inputs = slot.kept.prompt(len(slot.ids)) if slot.kept is not None else None
+            self.prefix.store(slot.ids, slot.cache, captures, inputs)
         slot.emit(PrefillRecord(prompt_pieces(self.lm, slot.ids), forward_shapes(self.lm.spec, len(slot.ids)),
                                 slot.ttft, row_cache_state(slot.cache, slot.length), slot.token, captures,
                                 reused_tokens=slot.reused))
