@@ -283,3 +283,20 @@ def test_the_long_text_and_the_slider_job(service, tiny_lm):
     point = points[-1]
     assert point.kv_bytes == 64 * 2 * 3 * 2 * 16 * 4 and point.summaries.entropy.shape == (3, 4)
     assert point.attention_bytes == 3 * 4 * 64 * 64 * 4 and point.prefill_seconds > 0
+
+
+def test_a_speculative_run_keeps_its_accepted_positions_only(service, tiny_lm):
+    """Verify passes write their drafts' positions; rejected ones are overwritten or cut at the end, so the kept
+    inputs hold exactly the positions the run read and the maps equal HF's eager attention over them."""
+    from engine.service.jobs import position_ids
+
+    policy = CapturePolicy(attention=False, logit_lens=0, inputs=None)
+    prompt = " ".join([tiny_prompt(8, seed=1)] * 4)                                 # repeats: n-grams get drafted
+    handle = service.submit(GenerationRequest(prompt, max_new_tokens=12), policy, draft="ngram", k=3)
+    records = list(handle.records())
+    ids = position_ids(records)
+    assert service.quick("attention.kept", {"run": handle.run_id}).positions == len(ids)
+    reference = eager_attentions(tiny_lm, ids)
+    m = service.quick("attention.map", {"run": handle.run_id, "layer": 2, "heads": [3]})[0]
+    below = np.tril_indices(len(ids))
+    np.testing.assert_allclose(m.values[below], reference[2][0, 3].numpy()[below], atol=1e-5)

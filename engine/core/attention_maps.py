@@ -21,8 +21,9 @@ import torch
 
 from engine.core.recompute import AttentionInputs, layer_qk, run_layers
 
-ROW_TILE = 256          # query rows computed together
-KEY_TILE = 1024         # keys per tile of the online softmax
+MAP_ROWS = 256          # query rows of a map computed together
+ROW_TILE = 128          # query rows of the summaries computed together (measured fastest here: tiles stay in cache)
+KEY_TILE = 512          # keys per tile of the online softmax
 LOG2 = math.log(2.0)
 
 
@@ -30,11 +31,27 @@ def scores(qk: AttentionInputs, heads: list[int], q0: int, q1: int, k0: int, k1:
     """(h, q1-q0, k1-k0) float32 logits of query rows q0..q1-1 against keys k0..k1-1; -inf where masked."""
     q = qk.q[heads, q0:q1].float()                                                  # (h, Tq, D)
     k = qk.k[[qk.kv_head(h) for h in heads], k0:k1].float()                          # (h, Tk, D)
-    s = torch.matmul(q, k.transpose(-1, -2)) * qk.scaling
+    s = torch.matmul(q, k.transpose(-1, -2)).mul_(qk.scaling)
     if qk.softcap is not None:
-        s = torch.tanh(s / qk.softcap) * qk.softcap
-    seen = qk.visible(torch.arange(q0, q1, device=s.device), torch.arange(k0, k1, device=s.device))
-    return s.masked_fill(~seen, float("-inf"))
+        s = torch.tanh(s.div_(qk.softcap)).mul_(qk.softcap)
+    for a, b in masked_spans(qk, q0, q1, k0, k1):                                   # only keys some row cannot see
+        seen = qk.visible(torch.arange(q0, q1, device=s.device), torch.arange(a, b, device=s.device))
+        s[..., a - k0:b - k0].masked_fill_(~seen, float("-inf"))
+    return s
+
+
+def masked_spans(qk: AttentionInputs, q0: int, q1: int, k0: int, k1: int) -> list[tuple[int, int]]:
+    """The key ranges of a tile that some of its rows may not see: after the first row (the causal mask) and,
+    with a sliding window, before the last row's window; every other key is seen by every row."""
+    spans = [(max(k0, q0 + 1), k1)]
+    if qk.window is not None:
+        spans.append((k0, min(k1, q1 - qk.window)))
+    return [(a, b) for a, b in spans if a < b]
+
+
+def seen_whole(qk: AttentionInputs, q0: int, q1: int, k0: int, k1: int) -> bool:
+    """Does every query row of the tile see every key of it (no mask to apply)?"""
+    return not masked_spans(qk, q0, q1, k0, k1)
 
 
 def attention_rows(qk: AttentionInputs, heads: list[int], start: int, stop: int) -> torch.Tensor:
@@ -72,7 +89,7 @@ def attention_map(qk: AttentionInputs, head: int, cells: int, rows: tuple[int, i
     """A head's map of a region (default: all of it) in at most `cells` cells per axis, a tile of rows at a time."""
     rows, keys = rows or (0, qk.n), keys or (0, qk.n)
     f = pool_factor(rows, keys, cells)
-    tile = f * max(1, ROW_TILE // f)
+    tile = f * max(1, MAP_ROWS // f)
     parts = [_pooled_tile(qk, head, r0, min(r0 + tile, rows[1]), keys, f) for r0 in range(rows[0], rows[1], tile)]
     values = np.concatenate(parts, axis=0) if parts else np.zeros((0, 0), np.float32)
     return AttentionMap(qk.layer, head, qk.kv_head(head), values, f, rows, keys, qk.n)
@@ -80,20 +97,27 @@ def attention_map(qk: AttentionInputs, head: int, cells: int, rows: tuple[int, i
 
 def _pooled_tile(qk: AttentionInputs, head: int, r0: int, r1: int, keys: tuple[int, int], f: int) -> np.ndarray:
     """Rows r0..r1-1 of the map, softmax over every key they see, cut to `keys`, as (ceil(Tq/f), ceil(Tk/f))."""
-    s = scores(qk, [head], r0, r1, 0, max(r1, keys[1]))[0]                          # (Tq, K) whole rows
-    p = torch.softmax(s, dim=-1).nan_to_num_(0.0)[:, keys[0]:keys[1]]                # rows that see nothing: 0
-    seen = torch.isfinite(s[:, keys[0]:keys[1]])
+    width = max(r1, keys[1])                                    # every row sees itself: no row is all -inf
+    p = torch.softmax(scores(qk, [head], r0, r1, 0, width)[0], dim=-1)[:, keys[0]:keys[1]]    # (Tq, Tk)
+    seen = qk.visible(torch.arange(r0, r1, device=p.device), torch.arange(keys[0], keys[1], device=p.device))
     if f == 1:
         return torch.where(seen, p, torch.nan).cpu().numpy()
-    total, count = _block_sum(p, f), _block_sum(seen.float(), f)
+    total, count = _block_sum(p, f), _block_sum(seen, f)
     return torch.where(count > 0, total / count.clamp(min=1), torch.nan).cpu().numpy()
 
 
 def _block_sum(a: torch.Tensor, f: int) -> torch.Tensor:
-    """Sums of f x f blocks of a (R, C) tensor, zero-padded to multiples of f."""
-    r, c = -(-a.shape[0] // f) * f, -(-a.shape[1] // f) * f
-    padded = torch.nn.functional.pad(a, (0, c - a.shape[1], 0, r - a.shape[0]))
-    return padded.reshape(r // f, f, c // f, f).sum(dim=(1, 3))
+    """float32 sums of f x f blocks of a (R, C) tensor (the last block of each axis may be shorter); no copy of a."""
+    return _group_sum(_group_sum(a, f, 1), f, 0)
+
+
+def _group_sum(a: torch.Tensor, f: int, dim: int) -> torch.Tensor:
+    n = a.shape[dim]
+    main = n // f * f
+    parts = [a.narrow(dim, 0, main).unflatten(dim, (n // f, f)).sum(dim + 1, dtype=torch.float32)]
+    if main < n:
+        parts.append(a.narrow(dim, main, n - main).sum(dim, keepdim=True, dtype=torch.float32))
+    return torch.cat(parts, dim)
 
 
 # --- per-head summaries over the whole length --------------------------------------------------------------------
@@ -128,17 +152,24 @@ class _Running:
         zeros = lambda: torch.zeros(shape, device=device)  # noqa: E731
         return cls(torch.full(shape, float("-inf"), device=device), zeros(), zeros(), zeros(), zeros(), zeros())
 
-    def add(self, s: torch.Tensor, k_pos: torch.Tensor, q_pos: torch.Tensor, window: int) -> None:
-        # s: (H, Tq, Tk) logits, -inf where masked; k_pos: (Tk,) from k_pos[0] on; q_pos: (Tq,)
+    def add(self, s: torch.Tensor, k0: int, q_pos: torch.Tensor, window: int, masked: bool, local: bool) -> None:
+        # s: (H, Tq, Tk) logits of keys k0..k0+Tk-1, -inf where masked (only when `masked`); q_pos: (Tq,);
+        # `local`: some (query, key) pair of the tile is within `window` positions
         m = torch.maximum(self.m, s.amax(dim=-1))
         base = torch.where(torch.isfinite(m), m, torch.zeros_like(m))              # rows that saw nothing yet: 0
         scale = torch.exp(self.m - base)                                            # old sums to the new max
-        e = torch.exp(s - base[..., None])                                          # masked: exp(-inf) = 0
-        near = (q_pos[:, None] - k_pos[None, :]) < window                            # (Tq, Tk)
-        self.total = self.total * scale + e.sum(-1)
-        self.es = self.es * scale + (e * s.nan_to_num(neginf=0.0)).sum(-1)
-        self.ej = self.ej * scale + torch.matmul(e, k_pos.float())
-        self.local = self.local * scale + (e * near).sum(-1)
+        shifted = s.sub_(base[..., None])                                           # in place: s is ours
+        e = torch.exp(shifted)                                                      # masked: exp(-inf) = 0
+        if masked:
+            shifted.nan_to_num_(neginf=0.0)
+        j = torch.arange(k0, k0 + s.shape[-1], device=s.device, dtype=s.dtype)
+        total = e.sum(-1)
+        self.es = self.es * scale + torch.linalg.vecdot(e, shifted) + base * total   # Σ e·s = Σ e·(s - base) + base Σ e
+        self.total = self.total * scale + total
+        self.ej = self.ej * scale + torch.matmul(e, j)
+        self.local = self.local * scale
+        if local:
+            self.local += torch.linalg.vecdot(e, ((q_pos[:, None] - j[None, :]) < window).to(e.dtype))
         self.sink = self.sink * scale + (e[..., 0] if self.first_tile else 0.0)
         self.first_tile = False
         self.m = m
@@ -168,9 +199,9 @@ def _tile_stats(qk: AttentionInputs, heads: list[int], r0: int, r1: int, window:
     run.first_tile = first < KEY_TILE
     for k0 in range(first - first % KEY_TILE, r1, KEY_TILE):
         k1 = min(k0 + KEY_TILE, r1)
-        run.add(scores(qk, heads, r0, r1, k0, k1), torch.arange(k0, k1, device=device), q_pos, window)
-    log_total = torch.log(run.total)
-    entropy = (log_total + run.m - run.es / run.total) / LOG2
+        run.add(scores(qk, heads, r0, r1, k0, k1), k0, q_pos, window, not seen_whole(qk, r0, r1, k0, k1),
+                r0 - (k1 - 1) < window)
+    entropy = (torch.log(run.total) + run.m - run.es / run.total) / LOG2
     distance = q_pos.float() - run.ej / run.total
     parts = (entropy, run.sink / run.total, distance, run.local / run.total)
     return torch.stack([p.double().sum(-1) for p in parts]).cpu()

@@ -224,12 +224,17 @@ def kept_state(run: str, info: Any, kept: Any) -> KeptState:
 
 def position_ids(records: list[Any]) -> list[int]:
     """Every position's token id: the prompt, then each generated token fed back."""
-    from engine.core.records import DecodeRecord, PrefillRecord
+    from engine.core.records import DecodeRecord, PrefillRecord, SpecRoundRecord
 
     prefill = next((r for r in records if isinstance(r, PrefillRecord)), None)
     if prefill is None:
         return []
-    tokens = [prefill.token.id] + [r.token.id for r in records if isinstance(r, DecodeRecord)]
+    tokens = [prefill.token.id]
+    for r in records:
+        if isinstance(r, DecodeRecord):
+            tokens.append(r.token.id)
+        elif isinstance(r, SpecRoundRecord):
+            tokens.extend(t.id for t in r.emitted)
     return [p.id for p in prefill.prompt] + tokens[:-1]
 
 

@@ -121,7 +121,7 @@ class RunStore:
             entry = self._entry(run_id)
             if entry.kept is None:
                 raise NothingKeptError(f"run {run_id[:40]!r} kept nothing to compute its attention from: it ran with "
-                                       "capture off, or as speculative decoding (whose maps ride in its records)")
+                                       "capture off, or its maps ride in its records")
             return replace(entry.info), entry.kept, list(entry.records)
 
     def _grow(self, entry: _Entry, size: int) -> None:
@@ -156,7 +156,7 @@ class RunStore:
         """A finished run's kept inputs shrink to the positions it holds; the store counts what they take now."""
         if entry.kept is None:
             return
-        entry.kept.truncate(entry.kept.length)
+        entry.kept.truncate(min(entry.kept.length, positions(entry.records)))
         self._grow(entry, entry.kept.nbytes - entry.kept_bytes)
         entry.kept_bytes = entry.kept.nbytes
         self._evict()
@@ -206,6 +206,15 @@ class RunStore:
             if victim is None:
                 return
             self._bytes -= self._runs.pop(victim).info.bytes
+
+
+def positions(records: list[Any]) -> int:
+    """Positions a run's model read: its prompt, then every token it generated but the last (a speculative round's
+    rejected drafts are not among them)."""
+    n_prompt = next((len(r.prompt) for r in records if getattr(r, "kind", "") == "prefill"), 0)
+    tokens = sum(1 if getattr(r, "kind", "") in ("prefill", "decode") else len(getattr(r, "emitted", ()))
+                 for r in records if getattr(r, "kind", "") in ("prefill", "decode", "spec_round"))
+    return n_prompt + max(tokens - 1, 0)
 
 
 def record_bytes(record: Any) -> int:

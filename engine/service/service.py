@@ -184,8 +184,8 @@ class EngineService:
         info = RunInfo(new_run_id(), "speculative" if draft else "generation", source, self.label, session, base,
                        policy if policy is not None else getattr(request, "policy", CAPTURE_OFF),
                        draft=draft, k=k if draft else 0, label=built.label if built is not None else "", parent=parent)
-        kept = self._kept(info, request) if built is None else None
-        extra = {"draft": built, "k": k} if built is not None else {"kept": kept}
+        kept = self._kept(info, request)
+        extra = {"draft": built, "k": k, "kept": kept} if built is not None else {"kept": kept}
         return self._queue(info, lambda ls: self.scheduler.submit(request, policy, session=session, run_id=info.id,
                                                                    listeners=ls, **extra), listeners, kept)
 

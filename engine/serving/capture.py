@@ -88,6 +88,10 @@ def capture_policy(spec: ModelSpec, n_prompt: int, max_new: int, enabled: bool =
 
 def on_demand_note(spec: ModelSpec, positions: int, plan: KeptPlan, budget: int) -> str:
     """What the page says about a run whose maps are computed on demand."""
+    if not plan.layers:
+        return (f"Not even one layer's input fits this server's {fmt_bytes(budget)} capture budget at {positions:,} "
+                "positions, so this run keeps no attention: the norms and the logit lens only. A larger "
+                "--max-capture-mb would keep it.")
     kept = (f"the residual stream entering every layer" if len(plan.layers) == spec.n_layers else
             f"the residual stream entering {len(plan.layers)} of {spec.n_layers} layers "
             f"({', '.join(map(str, plan.layers)) or 'none'}; any other layer is rebuilt from the one below it first)")

@@ -376,7 +376,7 @@ class Scheduler:
         batch drains first). `run_id` names it for the caller; each of `listeners` is called as `listener(handle, record)`
         for every record (and the end marker `Handle.END`, once the handle's state is final) in the worker's thread
         as it is made, whether or not anyone reads the handle. `kept` receives the inputs of the layers the policy
-        keeps, at every position (plain decoding only).
+        keeps, at every position.
         """
         try:
             checked = self._recheck(request, policy) if isinstance(request, CheckedRequest) else self.check(
@@ -698,7 +698,7 @@ class Scheduler:
                 handle._put(JobResult(handle.job(self._progress(handle))))
                 return
             records = speculative_generate(self.lm, handle.request, handle.draft, handle.k, handle.policy,
-                                           should_stop=stop, ids=handle.ids)
+                                           should_stop=stop, ids=handle.ids, kept=handle.kept)
             try:
                 for record in records:
                     handle._put(self._final(handle, record, deadline))
