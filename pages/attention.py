@@ -61,7 +61,7 @@ if lm is not None:
 else:
     st.caption("The context-length slider needs the model.")
 st.markdown("**The same views for Llama 3.1 8B at 32K tokens.**")
-target_section(lm.limits.max_capture_bytes if lm is not None else 512 * 2**20)
+target_section()
 
 st.subheader("Grouped-query attention")
 source = lm or run

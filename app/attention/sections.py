@@ -133,9 +133,8 @@ def summary_section(run: Run, lm: ModelClient | None) -> None:
     if summary is None:
         return
     plot(charts.summary_figure(summary), key=f"attention.summary.{run.id}")
-    how = ("from the maps this run holds" if whole else "on the model server, over every query row of every layer, "
-           "a tile of keys at a time with an online softmax (as FlashAttention computes attention), so no N×N map is "
-           "ever held")
+    how = ("from the maps this run holds" if whole else "on the model server a tile of keys at a time, with an "
+           "online softmax as FlashAttention computes attention, so no N×N map is ever held")
     st.caption(f"Per head, averaged over every query row after the first ({summary.rows:,} rows), computed {how}: "
                "entropy (low = the head looks at few tokens), the share of attention on the first token (an "
                f"'attention sink'), how many positions back the head looks on average, and the share on the last "

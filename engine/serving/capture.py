@@ -92,10 +92,10 @@ def on_demand_note(spec: ModelSpec, positions: int, plan: KeptPlan, budget: int)
         return (f"Not even one layer's input fits this server's {fmt_bytes(budget)} capture budget at {positions:,} "
                 "positions, so this run keeps no attention: the norms and the logit lens only. A larger "
                 "--max-capture-mb would keep it.")
-    kept = (f"the residual stream entering every layer" if len(plan.layers) == spec.n_layers else
+    kept = ("the residual stream entering every layer" if len(plan.layers) == spec.n_layers else
             f"the residual stream entering {len(plan.layers)} of {spec.n_layers} layers "
-            f"({', '.join(map(str, plan.layers)) or 'none'}; any other layer is rebuilt from the one below it first)")
-    return (f"Full maps of every layer would not fit this server's {fmt_bytes(budget)} capture budget at "
-            f"{positions:,} positions, so the server keeps {kept}: {fmt_bytes(plan.per_position)} per token, "
-            f"{fmt_bytes(plan.total)} for this run. Every layer's and head's map is computed from it, exactly, when "
-            "you look at it.")
+            f"({', '.join(map(str, plan.layers))}; any other layer is rebuilt from the one below it first)")
+    maps = attention_bytes(spec, positions, 1, matrix=True) * spec.n_layers
+    return (f"Full maps of every layer ({fmt_bytes(maps)}) would not fit this server's {fmt_bytes(budget)} capture "
+            f"budget at {positions:,} positions, so the server keeps {kept}, and every layer's and head's map is "
+            "computed from it, exactly, when you look at it.")
