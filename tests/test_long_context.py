@@ -45,7 +45,7 @@ def test_long_prompts_keep_every_layer_on_demand_within_the_budget():
     assert short.attention and short.inputs is None and note is None                # maps in the records, and inputs
     long, note = capture_policy(spec, 2000, 256)
     assert not long.attention and long.inputs is None and long.layers is None        # every layer, on demand
-    assert "of 30 layers" not in note and "per token" in note
+    assert "of 30 layers" not in note and "would not fit" in note and "exactly" in note
     assert capture_bytes(spec, long, 2000, 256) <= 256 * 2**20
     huge, note = capture_policy(spec, 8000, 192)                                     # 566 MB would not fit 256 MiB
     assert 1 <= len(huge.inputs) < spec.n_layers and huge.inputs[0] == 0 and "rebuilt" in note
