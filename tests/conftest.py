@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny Llama whose random weights the tests write themselves, loaded by the real loader."""
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -12,6 +13,45 @@ os.environ.setdefault("PLAYGROUND_MAX_SESSIONS", "1000")
 # Batched decode steps on CPU use packed oneDNN weights for the shapes measured faster (engine/core/small_batch.py);
 # the tests pack every linear, so that every batched test runs that kernel whatever this machine measures.
 os.environ.setdefault("PLAYGROUND_SMALL_BATCH", "all")
+
+# Deprecations that a library logs rather than warns (pyproject's filterwarnings turns the warned ones into errors).
+DEPRECATION_LOGGERS = ("transformers", "streamlit.deprecation_util", "torch")
+
+
+class _Deprecations(logging.Handler):
+    """Keeps every logged record that says something is deprecated."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if "deprecat" in text.lower():
+            self.seen.append(f"{record.name}: {text}")
+
+
+@pytest.fixture(autouse=True)
+def no_logged_deprecation(request):
+    """Fails a test during which transformers, Streamlit or torch logged a deprecation (e.g. transformers'
+    `logger.warning_once("... is deprecated ...")`: only the first test that triggers it fails).
+
+    `@pytest.mark.library_deprecation("text")` lets through a message containing "text" that a library logs
+    about its own calls (never about ours), with the reason beside the mark."""
+    marker = request.node.get_closest_marker("library_deprecation")
+    allowed = marker.args if marker else ()
+    handler = _Deprecations()
+    loggers = [logging.getLogger(name) for name in DEPRECATION_LOGGERS]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+    seen = [text for text in handler.seen if not any(part in text for part in allowed)]
+    assert not seen, "deprecated calls: " + "; ".join(seen)
+
 
 TINY_CONFIG = dict(
     vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import time
 import urllib.request
@@ -37,6 +38,11 @@ LAST_TEXT = {"": "paged against contiguous allocation", "journey": "Nothing gene
              "attention": "Grouped-query attention:", "kv-cache": "Paging preempted"}
 LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 200   # ~2,000 tokens
 RENDER_LIMIT_S = 10.0
+# The app's own process: every deprecation warning printed (not only the first of each in __main__), so the check
+# below fails the day a call the app makes is deprecated (pyproject's filterwarnings covers the test process).
+SHOW_DEPRECATIONS = {"PYTHONWARNINGS": "default::DeprecationWarning,default::PendingDeprecationWarning,"
+                                       "default::FutureWarning"}
+DEPRECATED = re.compile(r"DeprecationWarning|FutureWarning|\bdeprecated\b", re.I)
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120) -> None:
@@ -53,6 +59,20 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 1
     raise RuntimeError(f"the app did not answer within {timeout} s:\n{log.read_text()[-3000:]}")
 
 
+def assert_no_deprecation(log: Path) -> None:
+    """Nothing the app's process printed says deprecated (Python's warnings, Streamlit's and transformers' logs)."""
+    said = [line for line in log.read_text(errors="replace").splitlines() if DEPRECATED.search(line)]
+    assert not said, "the app's process printed deprecations:\n" + "\n".join(said[:20])
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 @contextlib.contextmanager
 def running_app(log_dir: Path, env: dict[str, str] | None = None):
     """The app as `make run` starts it (the launcher's own `streamlit run app/main.py ...` command); its url."""
@@ -60,17 +80,15 @@ def running_app(log_dir: Path, env: dict[str, str] | None = None):
     log = log_dir / "streamlit.log"
     cmd = [python(), *streamlit_command(build_parser().parse_args(["--port", str(port)]))[1:]]
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, **SHOW_DEPRECATIONS, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, log)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
+    assert_no_deprecation(log)
 
 
 @pytest.fixture(scope="module")

@@ -194,7 +194,7 @@ def test_counts_and_cache_match_transformers_own_models(model_type):
     spec = ModelSpec.from_hf_config(data)
     assert param_counts(spec).total == sum(p.numel() for p in model.parameters())
     with torch.no_grad():
-        cache = model(torch.randint(0, 128, (1, 20)), use_cache=True).past_key_values
+        cache = model(torch.randint(0, 128, (1, 20)), use_cache=True).cache
     held = sum(layer.keys.numel() + layer.values.numel() for layer in cache.layers) * 4   # float32
     assert held == kv_bytes_per_user(spec, 20, "fp32")      # MLA too: transformers caches the latent
 

@@ -23,7 +23,7 @@ def own_cache(lm, ids: list[int]) -> DynamicCache:
     """The prompt's K/V computed alone by HF: the reference the pool must hold."""
     cache = DynamicCache(config=lm.model.config)
     with torch.inference_mode():
-        lm.model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+        lm.model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True)
     return cache
 
 

@@ -20,6 +20,7 @@ from engine.service.client import ModelClient
 from engine.core.small_batch import PROBE_ROWS, ROWS
 from engine.serving.batch import StepInfo
 from engine.serving.paged import BLOCK as PAGE_TOKENS, BlockTable
+from engine.service.replicas import ReplicaView
 from engine.serving.scheduler import RoomState
 
 RECENT_STEPS = 50            # steps the headline numbers average over
@@ -122,10 +123,15 @@ def numbers_row(n: RoomNumbers) -> None:
 
 
 def live_section(lm: ModelClient, me: str | None) -> None:
-    """Everything measured from the scheduler, redrawn every second (a fragment: the rest of the page stays)."""
+    """Everything measured from the scheduler, redrawn every second (a fragment: the rest of the page stays); with
+    several replicas (a cluster on Ray Serve), each one's batch side by side first."""
 
     @st.fragment(run_every=REFRESH_SECONDS)
     def live() -> None:
+        views = lm.replicas_view()
+        if len(views) > 1:
+            replicas_row(views, me, lm.stats().sessions)
+            st.caption(f"Below: replica {views[0].snapshot.replica[:8]}'s steps in detail.")
         state = lm.room()
         numbers, rows = room_numbers(state), step_rows(state)
         numbers_row(numbers)
@@ -143,6 +149,37 @@ def live_section(lm: ModelClient, me: str | None) -> None:
             plot(steps_figure(rows), "room.steps", left)
             plot(tradeoff_figure(rows), "room.tradeoff", right)
     live()
+
+
+REPLICA_COLUMNS = 3          # replicas side by side (a projector's width)
+
+
+def replicas_row(views: Sequence[ReplicaView], me: str | None, people: int) -> None:
+    """Each replica's batch, side by side: a replica that stopped reporting is shown missing until it is back."""
+    st.markdown(f"**{len(views)} replicas serve this room** ({people} people): each holds its own batch and KV cache; "
+                "a person's requests stay on one replica, and prompts that start alike meet on the one that "
+                "holds their start.")
+    for start in range(0, len(views), REPLICA_COLUMNS):
+        for col, view in zip(st.columns(REPLICA_COLUMNS), views[start:start + REPLICA_COLUMNS]):
+            with col.container(border=True):
+                replica_card(view, me)
+
+
+def replica_card(view: ReplicaView, me: str | None) -> None:
+    snap = view.snapshot
+    n = room_numbers(snap.room)
+    st.markdown(f"**Replica {snap.replica[:8]}**")
+    if view.missing:
+        st.error(f"Missing: no report for {view.seconds_ago:.0f} s. Its requests failed with a message; Ray Serve "
+                 "is starting a new one.", icon=":material/error:")
+        return
+    st.caption(f"{n.running} of {n.max_batch} in the batch, {n.queued} waiting; a step "
+               f"{fmt_ms(n.step_seconds) if n.step_seconds else '–'}, "
+               f"{fmt_rate(n.total_tok_s) if n.total_tok_s else '–'} in all; {snap.stats.served} served.")
+    members = member_rows(snap.room, me)
+    if members:
+        st.dataframe([{k: m[k] for k in ("session", "phase", "generated")} for m in members], hide_index=True,
+                     width="stretch")
 
 
 # --- the paged batch cache, for the KV-cache page ------------------------------------------------------------

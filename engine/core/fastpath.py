@@ -102,7 +102,7 @@ def model_step(model: Any, input_ids: torch.Tensor, positions: torch.Tensor, cac
                capture: Any) -> torch.Tensor:
     """One forward over input_ids [1, T] at absolute positions [T]; logits of the last position [1, 1, V]."""
     extra = {CAPTURE_KWARG: capture} if capture is not None else {}
-    out = model(input_ids=input_ids, position_ids=positions[None], cache_position=positions, past_key_values=cache,
+    out = model(input_ids=input_ids, position_ids=positions[None], cache=cache,
                 use_cache=True, logits_to_keep=1, **extra)
     return out.logits
 

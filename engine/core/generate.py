@@ -188,7 +188,7 @@ def forward(lm: LoadedModel, ids: list[int], cache: DynamicCache, capture: StepC
     extra = {CAPTURE_KWARG: capture} if capture is not None else {}
     if capture is not None:
         capture.start = start                                                     # where kept inputs are written
-    out = lm.model(input_ids=input_ids, past_key_values=cache, use_cache=True, cache_position=positions,
+    out = lm.model(input_ids=input_ids, position_ids=positions[None], cache=cache, use_cache=True,
                    logits_to_keep=keep or 1, **extra)
     captures = capture.finish(lm.model) if capture is not None else {}
     logits = out.logits[0]                                                         # (keep, V)

@@ -37,12 +37,10 @@ def batch_forward(lm: LoadedModel, input_ids: torch.Tensor, mask: torch.Tensor, 
     small-batch weights on CPU, as the server's batched steps do (engine/core/small_batch.py).
     """
     t = input_ids.shape[1]
-    start = cache.get_seq_length()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -t:]                           # [B, T] per-row positions
-    slots = torch.arange(start, start + t, device=input_ids.device)                   # [T] cache slots
     with small_batch_kernels(lm):
-        out = lm.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                       use_cache=True, cache_position=slots, logits_to_keep=1)
+        out = lm.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache,
+                       use_cache=True, logits_to_keep=1)
     return out.logits[:, -1]                                                           # [B, V]
 
 

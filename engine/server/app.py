@@ -16,6 +16,7 @@ from typing import Any, Awaitable, Callable
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.errors import EngineError, InvalidRequestError
@@ -51,7 +52,7 @@ async def health(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     service = request.app.state.server.service
-    body = service.metrics.exposition() if service is not None else b""
+    body = await run_in_threadpool(service.metrics.exposition) if service is not None else b""
     return Response(body, media_type=CONTENT_TYPE)
 
 

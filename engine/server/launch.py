@@ -44,6 +44,11 @@ def add_serve(sub: Any) -> None:
     serve.add_argument("--threads", type=int, default=None,
                        help="torch threads on a CPU (default: OMP_NUM_THREADS, else every core but one)")
     serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    cluster = serve.add_argument_group("past one machine (Ray Serve; pip install '.[cluster]')")
+    cluster.add_argument("--replicas", type=int, default=0, metavar="N",
+                         help="serve N replicas of the model on Ray Serve, behind one ingress")
+    cluster.add_argument("--ray-address", help="join this Ray cluster (e.g. ray://head:10001) instead of starting one")
+    cluster.add_argument("--replica-cpus", type=float, default=None, help="CPUs per replica (default 1)")
     add_limit_flags(serve)
     serve.set_defaults(func=cmd_serve)
 
@@ -67,11 +72,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"error: {args.host} is reachable from other machines: give --api-key KEY (or --api-key auto), or "
               "--no-api-key to let anyone who reaches the port use the model", file=sys.stderr)
         return 2
-    state = ServerState(served_name=args.served_model_name or "", api_key=api_key)
     print(banner(args, api_key if args.api_key == "auto" else None, token if args.presenter_token == "auto" else None,
                  bool(api_key)), file=sys.stderr, flush=True)
+    if args.replicas or args.ray_address:
+        return serve_replicas(args, api_key, token)
+    state = ServerState(served_name=args.served_model_name or "", api_key=api_key)
     serve(state, lambda progress: load_service(args, state, token, progress), args.host, args.port, args.log_level)
     return 0
+
+
+def serve_replicas(args: argparse.Namespace, api_key: str | None, token: str | None) -> int:
+    """The cluster: only now is Ray imported (an optional extra)."""
+    try:
+        from engine.cluster.launch import serve_cluster
+    except ImportError:
+        print("error: --replicas runs the model server on Ray Serve, which is not installed: "
+              "pip install 'inference-playground[cluster]' (or `make test`, which installs it)", file=sys.stderr)
+        return 2
+    if args.replicas < 1:
+        args.replicas = 1
+    return serve_cluster(args, api_key, token)
 
 
 def load_service(args: argparse.Namespace, state: Any, token: str | None, progress: Any) -> Any:

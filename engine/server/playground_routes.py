@@ -22,7 +22,9 @@ from starlette.concurrency import run_in_threadpool
 
 from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy
-from engine.errors import InvalidRequestError
+from engine.errors import InvalidRequestError, QueueFullError
+from engine.service.board import PresenterError
+from engine.serving.people import retry_after
 from engine.server.state import ServerState, run_headers
 from engine.server.streams import RecordStream
 from engine.service import wire
@@ -32,6 +34,14 @@ from engine.serving.scheduler import Handle
 
 router = APIRouter(prefix="/v1/playground")
 REQUEST_TYPES = wire.class_names(GenerationRequest, CapturePolicy)
+
+
+class JoinRefusedError(PresenterError):
+    """A join code refused: wrong, replaced, or the room closed to newcomers (403)."""
+
+
+class JoinWaitError(QueueFullError):
+    """Too many wrong join codes from this browser or address: wait (429 with Retry-After)."""
 STATUS_SECONDS = 0.25          # how often a queued request's place in line is sent
 RUN_WAIT_MAX = 10.0            # the longest a GET of a run waits for something new
 RUN_STREAM_TICK = 1.0
@@ -168,13 +178,15 @@ async def quick(request: Request) -> Response:
 
 
 def _events(handle: Handle, stream: RecordStream) -> StreamingResponse:
-    return StreamingResponse(_event_stream(handle, stream), media_type=MSGPACK, headers=run_headers(handle.run_id))
+    return StreamingResponse(event_stream(handle, stream), media_type=MSGPACK, headers=run_headers(handle.run_id))
 
 
-async def _event_stream(handle: Handle, stream: RecordStream) -> AsyncIterator[bytes]:
-    """Closing the connection cancels the request: this generator ends at its next await, and `finally` runs."""
+async def event_stream(handle: Handle, stream: RecordStream, replica: str | None = None) -> AsyncIterator[bytes]:
+    """The events of a submitted request, each one MessagePack message: `run` (its ids, and the replica that holds
+    it in a cluster), `status` while it waits, each `record`, `end`. Closing the connection cancels the request:
+    this generator ends at its next await, and `finally` runs."""
     try:
-        yield wire.encode({"t": "run", "run_id": handle.run_id, "id": handle.id})
+        yield wire.encode({"t": "run", "run_id": handle.run_id, "id": handle.id, "replica": replica})
         async for record in stream.records(tick=STATUS_SECONDS):
             if record is None:                 # waiting: in line, or being prefilled (the page says which)
                 yield wire.encode({"t": "status", "status": handle.status()})
@@ -191,7 +203,7 @@ async def _event_stream(handle: Handle, stream: RecordStream) -> AsyncIterator[b
 def _read_route(path: str, read: str, doc: str) -> None:
     """GET /v1/playground/{path}: the service's `read()`, as it is now."""
     async def route(request: Request) -> Response:
-        return reply(request, getattr(service(request), read)())
+        return reply(request, await run_in_threadpool(getattr(service(request), read)))
     route.__doc__ = doc
     router.add_api_route(f"/{path}", route, methods=["GET"], name=read)
 
@@ -202,7 +214,9 @@ for _path, _read, _doc in (
                          "block table), the queue."),
         ("timeline", "timeline", "The last finished requests: when each was submitted, started and finished."),
         ("prefix", "prefix_stats", "The prefix cache's counters."),
-        ("memory", "memory", "Weights, the server process and the GPU allocator (measured).")):
+        ("memory", "memory", "Weights, the server process and the GPU allocator (measured)."),
+        ("replicas", "replicas_view", "Each replica's batch, queue and memory, and how long ago it last reported "
+                                      "(one for a single server)")):
     _read_route(_path, _read, _doc)
 
 
@@ -250,12 +264,46 @@ async def board_write(action: str, request: Request) -> Response:
         b.clear(token)
         return reply(request, True)
     if action == "broadcast":
-        service(request).run_slice(text(body, "run_id"), 0)         # only a run that exists can be watched
+        await run_in_threadpool(service(request).run_slice, text(body, "run_id"), 0)   # only a run that exists
         return reply(request, b.broadcast(token, text(body, "run_id")))
     if action == "allow":
         b.allow_generate(token, bool(body.get("allowed")))
         return reply(request, True)
     raise InvalidRequestError(f"the board has no action {action[:40]!r} (check, push, clear, broadcast, allow)")
+
+
+# --- the hosted room's join gate ----------------------------------------------------------------------------------
+
+@router.post("/gate/{action}")
+async def gate(action: str, request: Request) -> Response:
+    """The join code of a hosted room (engine/service/join.py), for the web processes: whether one is needed, a
+    member token for the right code, and (the presenter only) the code, a new one, the room closed to newcomers."""
+    from engine.service.join import JoinRefused
+
+    body, svc = await read(request), service(request)
+    g = svc.gate
+    if action == "status":
+        return reply(request, {"required": g.required(), "closed": g.closed()})
+    if action == "admits":
+        return reply(request, g.admits(text(body, "token", required=False, limit=512)))
+    if action == "join":
+        try:
+            return reply(request, g.join(text(body, "code", limit=200), text(body, "client") or "",
+                                         text(body, "address", required=False) or ""))
+        except JoinRefused as err:
+            if err.wait_seconds > 0:
+                raise retry_after(JoinWaitError(str(err)), err.wait_seconds) from None
+            raise JoinRefusedError(str(err)) from None
+    if not svc.board.check(text(body, "presenter", required=False, limit=1024)):
+        raise PresenterError("only the presenter may see or change the join code")
+    if action == "code":
+        return reply(request, g.code())
+    if action == "rotate":
+        return reply(request, g.rotate())
+    if action == "close":
+        g.close(bool(body.get("closed")))
+        return reply(request, True)
+    raise InvalidRequestError(f"the gate has no action {action[:40]!r} (status, admits, join, code, rotate, close)")
 
 
 # --- runs, by id ---------------------------------------------------------------------------------------------------------
@@ -270,7 +318,7 @@ def run_id(value: str) -> str:
 
 @router.get("/runs")
 async def runs(request: Request, limit: int = 50) -> Response:
-    return reply(request, service(request).run_list(max(1, min(limit, 1000))))
+    return reply(request, await run_in_threadpool(service(request).run_list, max(1, min(limit, 1000))))
 
 
 @router.get("/runs/{rid}")
@@ -280,7 +328,7 @@ async def run(rid: str, request: Request, since: int = 0, wait: float = 0.0) -> 
     if wait > 0:
         part = await run_in_threadpool(svc.run_wait, run_id(rid), since, min(wait, RUN_WAIT_MAX))
     else:
-        part = svc.run_slice(run_id(rid), since)
+        part = await run_in_threadpool(svc.run_slice, run_id(rid), since)
     return reply(request, part)
 
 
@@ -288,7 +336,7 @@ async def run(rid: str, request: Request, since: int = 0, wait: float = 0.0) -> 
 async def run_stream(rid: str, request: Request, since: int = 0) -> Response:
     """Server-sent events: `info` first, then each record as it is made (JSON), until the run ends."""
     svc, rid = service(request), run_id(rid)
-    svc.run_slice(rid, 0)                                              # 404 before the stream starts
+    await run_in_threadpool(svc.run_slice, rid, 0)                     # 404 before the stream starts
     return EventSourceResponse(_run_events(svc, rid, since, request))
 
 

@@ -32,6 +32,7 @@ from engine.errors import EngineError
 from engine.projection.specs import ModelSpec
 from engine.service import wire
 from engine.service.board import BoardState, PresenterError, Push
+from engine.service.replicas import ReplicaView
 from engine.service.runs import RunInfo, RunNotFoundError, RunSlice
 from engine.service.service import MemoryRow, ModelInfo
 from engine.serving.limits import Limits
@@ -77,6 +78,7 @@ class ModelClient(Protocol):
     def load_draft(self, spec: str, progress: Callable[[float, str], None] | None = None) -> str: ...
     def stats(self) -> SchedulerStats: ...
     def room(self) -> RoomState: ...
+    def replicas_view(self) -> list[ReplicaView]: ...
     def timeline(self) -> list[Span]: ...
     def prefix_stats(self) -> PrefixStats: ...
     def memory(self) -> list[MemoryRow]: ...
@@ -124,8 +126,11 @@ def raise_for(response: httpx.Response) -> None:
         message, code = str(body.get("message")), str(body.get("code"))
     except Exception:  # noqa: BLE001 - a proxy's error page, an empty body
         message, code = f"the model server answered {response.status_code}", ""
+    retry = response.headers.get("retry-after", "")
     if code in ERROR_CODES:
-        raise ERROR_CODES[code](message)
+        err = ERROR_CODES[code](message)
+        err.retry_after = float(retry) if retry.isdigit() else None
+        raise err
     raise (ServerUnavailableError if response.status_code == 503 else EngineError)(message)
 
 
@@ -144,6 +149,7 @@ class RemoteModel:
                                  limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
         self._info = self._call("GET", "/v1/playground/model")
         self.board = RemoteBoard(self)
+        self.gate = RemoteGate(self)
         self._tokenizer: Any = None
         self._tokenizer_lock = threading.Lock()
 
@@ -216,6 +222,9 @@ class RemoteModel:
 
     def room(self) -> RoomState:
         return self._call("GET", "/v1/playground/room")
+
+    def replicas_view(self) -> list[ReplicaView]:
+        return self._call("GET", "/v1/playground/replicas")
 
     def timeline(self) -> list[Span]:
         return self._call("GET", "/v1/playground/timeline")
@@ -413,6 +422,43 @@ class RemoteBoard:
         with self._lock:
             self._state = None
         return value
+
+
+class RemoteGate:
+    """The model server's join gate (engine/service/join.py's JoinGate, the same calls): one code and one set of
+    members for every web process of a room. What only the presenter may do carries their token."""
+
+    def __init__(self, client: RemoteModel):
+        self.client = client
+
+    def _ask(self, action: str, **fields: Any) -> Any:
+        return self.client._call("POST", f"/v1/playground/gate/{action}", fields)
+
+    def required(self) -> bool:
+        return bool(self._ask("status")["required"])
+
+    def closed(self) -> bool:
+        return bool(self._ask("status")["closed"])
+
+    def admits(self, token: str | None) -> bool:
+        return bool(token) and bool(self._ask("admits", token=token))
+
+    def join(self, code: str, client: str, address: str = "") -> str:
+        from engine.service.join import JoinRefused
+
+        try:
+            return self._ask("join", code=code, client=client, address=address)
+        except EngineError as err:
+            raise JoinRefused(str(err), getattr(err, "retry_after", 0.0) or 0.0) from None
+
+    def code(self, presenter: str | None = None) -> str | None:
+        return self._ask("code", presenter=presenter)
+
+    def rotate(self, presenter: str | None = None) -> str:
+        return self._ask("rotate", presenter=presenter)
+
+    def close(self, closed: bool, presenter: str | None = None) -> None:
+        self._ask("close", closed=bool(closed), presenter=presenter)
 
 
 def wait_until_ready(url: str, timeout: float = 600.0, api_key: str | None = None,

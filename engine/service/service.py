@@ -30,7 +30,9 @@ from engine.errors import EngineError, InvalidRequestError
 from engine.projection.specs import ModelSpec
 from engine.service import jobs as job_registry
 from engine.service.board import PresenterBoard
+from engine.service.join import room_gate
 from engine.service.metrics import ServiceMetrics
+from engine.service.replicas import ReplicaSnapshot, ReplicaView
 from engine.service.runs import RunInfo, RunSlice, RunStore, new_run_id
 from engine.serving.limits import Limits
 from engine.serving.prefix import PrefixStats
@@ -137,6 +139,7 @@ class EngineService:
         self.scheduler = scheduler_for(lm, limits)
         self.runs = RunStore(max_bytes=run_store_bytes(self.scheduler.limits))
         self.board = PresenterBoard(presenter_token)
+        self.gate = room_gate()                      # the hosted room's join code (PLAYGROUND_JOIN_CODE)
         self.presence = Presence()
         self.scheduler.presence = self.presence
         self.metrics = ServiceMetrics(self.scheduler)
@@ -272,6 +275,12 @@ class EngineService:
         if self.lm.device.type == "cuda":
             rows.append(MemoryRow("GPU allocated", torch.cuda.memory_allocated(self.lm.device)))
         return rows
+
+    def replicas_view(self) -> list[ReplicaView]:
+        """This server as the one replica of its room (a cluster has N: engine/cluster/service.py)."""
+        snapshot = ReplicaSnapshot("this server", "this machine", self.label, self.room(), self.stats(),
+                                   self.prefix_stats(), (), tuple(self.memory()), os.getpid())
+        return [ReplicaView(snapshot, 0.0)]
 
     def join(self, session: str, person: str | None = None) -> None:
         """Count a person (SessionLimitError when the room is full)."""

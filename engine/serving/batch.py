@@ -334,8 +334,7 @@ class BatchRunner:
         union = _union_policy([s.policy for s in group], [s.layer_ids for s in group], self.lm.spec.n_layers)
         with torch.inference_mode(), instrument(self.lm.model, union):
             out = self.lm.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                                past_key_values=cache, use_cache=True,
-                                cache_position=torch.arange(ids.shape[1], device=device), logits_to_keep=1,
+                                cache=cache, use_cache=True, logits_to_keep=1,
                                 **({CAPTURE_KWARG: capture} if capture is not None else {}))
             captures = capture.finish(self.lm.model) if capture is not None else {}
         return out.logits[:, -1], captures, cache, pads                                     # logits [B, V]
@@ -421,7 +420,7 @@ class BatchRunner:
         return len(slots)
 
     def _batch_forward(self, slots: list[Slot]) -> tuple[torch.Tensor, dict[int, dict[int, LayerCapture]]]:
-        device, width = self.lm.device, self.batch.width
+        device = self.lm.device
         ids = torch.tensor([[s.token.id] for s in slots], device=device)                 # [B, 1]
         positions = torch.tensor([[s.length] for s in slots], device=device)             # [B, 1] own positions
         pads = self.batch.pads()
@@ -431,8 +430,7 @@ class BatchRunner:
         union = _union_policy([s.policy for s in slots], [s.layer_ids for s in slots], self.lm.spec.n_layers)
         with torch.inference_mode(), instrument(self.lm.model, union), small_batch_kernels(self.lm):
             out = self.lm.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                past_key_values=self.batch.cache, use_cache=True,
-                                cache_position=torch.arange(width, width + 1, device=device), logits_to_keep=1,
+                                cache=self.batch.cache, use_cache=True, logits_to_keep=1,
                                 **({CAPTURE_KWARG: capture} if capture is not None else {}))
             captures = capture.finish(self.lm.model) if capture is not None else {}
         return out.logits[:, -1], captures                                               # [B, V]

@@ -2,7 +2,7 @@
 
     batch = PagedBatch(block=16)
     batch.add(slot, own_cache)          # a prefilled request's K/V is copied into blocks of its own
-    out = model(..., past_key_values=batch.cache, attention_mask=batch.step_mask())
+    out = model(..., cache=batch.cache, attention_mask=batch.step_mask())
     batch.table()                       # who holds which block, how full, how many free (measured)
 
 Storage: per layer one K pool and one V pool of `n_blocks * block` slots, [slots, KVH, D]. A request owns

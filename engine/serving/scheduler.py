@@ -44,6 +44,7 @@ from engine.serving.limits import (Limits, capture_bytes, check_capture, check_m
                                    kv_bytes)
 from engine.core.kept import KeptInputs
 from engine.core.loader import LoadedModel, free_memory
+from engine.serving.people import People, SessionLimitError, retry_after  # noqa: F401 - SessionLimitError: here too
 from engine.serving.prefix import PrefixCache
 from engine.core.records import DoneRecord
 from engine.speculative.decode import speculative_generate
@@ -52,19 +53,8 @@ from engine.speculative.drafts import Draft
 log = logging.getLogger(__name__)
 SERVICE_HISTORY = 20           # finished requests the mean service time averages over
 STEP_HISTORY = 400             # batch steps kept for the room view and the wait estimate
-SESSION_IDLE_SECONDS = 900.0   # a person unseen this long no longer counts against max_sessions
 TIMELINE_LENGTH = 200          # finished requests kept for `timeline()`
 _END = object()                # end of a handle's record stream
-
-
-class SessionLimitError(QueueFullError):
-    """The server already serves as many browser sessions as it was launched for."""
-
-
-def retry_after(err: EngineError, seconds: float) -> EngineError:
-    """The error with the seconds after which trying again should work (an HTTP server's Retry-After)."""
-    err.retry_after = seconds
-    return err
 
 
 class JobCancelled(EngineError):
@@ -300,9 +290,7 @@ class Scheduler:
         self._batchable = batchable(lm)
         self._runner = self._new_runner()
         self._by_session: dict[str, Handle] = {}
-        self._people: dict[str, float] = {}             # person -> last seen (monotonic)
-        self._person_of: dict[str, str] = {}            # browser session -> the person it belongs to
-        self.presence: Callable[[str], bool] | None = None   # is a browser session still connected? (set by the app)
+        self.people = People(lambda: self.limits.max_sessions, busy=lambda session: session in self._by_session)
         self._service: deque[float] = deque(maxlen=SERVICE_HISTORY)
         self._waits: deque[float] = deque(maxlen=SERVICE_HISTORY)
         self._steps: deque[StepInfo] = deque(maxlen=STEP_HISTORY)
@@ -322,45 +310,22 @@ class Scheduler:
         """Count a person as present (all of one browser's tabs and reloads are one person, when the app
         says who it is); SessionLimitError when the room is full."""
         with self._cond:
-            self._join(session, person)
+            self.people.join(session, person)
 
     def leave(self, session: str) -> None:
         with self._cond:
-            person = self._person_of.pop(session, session)
-            if person not in self._person_of.values():
-                self._people.pop(person, None)
+            self.people.leave(session)
             handle = self._by_session.pop(session, None)
         if handle is not None:
             handle.cancel()
 
-    def _join(self, session: str, person: str | None = None) -> None:
-        now = time.monotonic()
-        person = person or self._person_of.get(session, session)
-        self._prune(now)
-        if person not in self._people and len(self._people) >= self.limits.max_sessions:
-            back = max(1, round((min(self._people.values()) + SESSION_IDLE_SECONDS - now) / 60))
-            who = "person" if self.limits.max_sessions == 1 else "people"
-            raise retry_after(SessionLimitError(
-                f"this server already serves {self.limits.max_sessions} {who}, its limit of browser sessions; a "
-                "place frees as soon "
-                f"as someone closes their tab, and at the latest in {back} minute(s); meanwhile follow the "
-                "presenter's screen"), 60.0 * back)
-        self._person_of[session] = person
-        self._people[person] = now
+    @property
+    def presence(self) -> Callable[[str], bool] | None:
+        return self.people.presence
 
-    def _prune(self, now: float) -> None:
-        """Forget browser sessions that are gone, and people with no session left or idle too long."""
-        if self.presence is not None:
-            for s in [s for s in self._person_of if s not in self._by_session and not self.presence(s)]:
-                del self._person_of[s]
-        present = set(self._person_of.values())
-        for p, seen in list(self._people.items()):
-            idle = now - seen > SESSION_IDLE_SECONDS and not any(
-                self._person_of.get(s) == p for s in self._by_session)
-            if p not in present or idle:
-                del self._people[p]
-                for s in [s for s, q in self._person_of.items() if q == p and s not in self._by_session]:
-                    del self._person_of[s]
+    @presence.setter
+    def presence(self, value: Callable[[str], bool] | None) -> None:
+        self.people.presence = value
 
     # --- submitting ------------------------------------------------------------------------------
 
@@ -455,7 +420,7 @@ class Scheduler:
         session = handle.session
         previous = self._by_session.get(session) if session is not None else None
         if session is not None:
-            self._join(session)
+            self.people.join(session)
         frees_a_place = previous is not None and previous.state == "queued"   # it is replaced below
         waiting = len(self._queue) - frees_a_place - self._free_places()       # beyond the places free now
         if waiting >= self.limits.max_queue:
@@ -547,7 +512,7 @@ class Scheduler:
     def stats(self) -> SchedulerStats:
         with self._cond:
             return replace(self._stats, queued=len(self._queue), running=len(self._running),
-                           max_batch=self.limits.max_batch, sessions=len(self._people),
+                           max_batch=self.limits.max_batch, sessions=len(self.people),
                            mean_service=statistics.fmean(self._service) if self._service else None,
                            mean_wait=statistics.fmean(self._waits) if self._waits else None,
                            step_seconds=self._step_seconds())
@@ -563,7 +528,7 @@ class Scheduler:
             now = time.perf_counter()
             members = tuple(self._member(h, slot, now) for h, slot in self._running.items())
             return RoomState(members, tuple(self._steps), len(self._queue), self.limits.max_batch,
-                             len(self._people), self._t0)
+                             len(self.people), self._t0)
 
     def _member(self, handle: Handle, slot: Slot | None, now: float) -> RoomMember:
         if handle.request is None or slot is None:

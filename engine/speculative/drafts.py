@@ -125,7 +125,7 @@ def early_exit_logits(model: Any, n_layers: int, ids: list[int], cache: DynamicC
     rope = base.rotary_emb(hidden, positions)                                             # cos, sin [1, T, head_dim]
     for i, layer in enumerate(base.layers[:n_layers]):
         hidden = layer(hidden, attention_mask=masks[_mask_kind(base.config, i)], position_embeddings=rope,
-                       position_ids=positions, past_key_values=cache, use_cache=True)     # [1, T, d_model]
+                       position_ids=positions, cache=cache, use_cache=True)     # [1, T, d_model]
     return model.lm_head(base.norm(hidden[:, -1]))[0]                                     # (V,)
 
 
@@ -137,7 +137,7 @@ def _mask_kind(config: Any, i: int) -> str:
 
 
 def _masks(config: Any, hidden: torch.Tensor, cache: DynamicCache, positions: torch.Tensor) -> dict[str, Any]:
-    args = dict(config=config, inputs_embeds=hidden, attention_mask=None, past_key_values=cache,
+    args = dict(config=config, inputs_embeds=hidden, attention_mask=None, cache=cache,
                 position_ids=positions)
     kinds = {_mask_kind(config, i) for i in range(config.num_hidden_layers)}
     masks = {"full_attention": create_causal_mask(**args)}
