@@ -180,20 +180,20 @@ def test_service_maps_rows_and_summaries_equal_eager_and_the_records(service, ti
     run, records = run_with(service, tiny_prompt(60), 6, policy)
     ids = position_ids(records)
     reference = eager_attentions(tiny_lm, ids)
-    state = service.quick("attention.kept", {"run": run})
+    state = service.quick("attention.kept", {"run_id": run})
     assert state.positions == len(ids) and state.bytes == len(ids) * state.bytes_per_position
-    maps = service.quick("attention.map", {"run": run, "layer": 2, "heads": [0, 3]})
+    maps = service.quick("attention.map", {"run_id": run, "layer": 2, "heads": [0, 3]})
     for m in maps:
         below = np.tril_indices(len(ids))
         np.testing.assert_allclose(m.values[below], reference[2][0, m.head].numpy()[below], atol=1e-5)
     n_prompt = len(records[0].prompt)
     np.testing.assert_allclose(maps[0].values[:n_prompt, :n_prompt][np.tril_indices(n_prompt)],
                                records[0].captures[2].attention[0][np.tril_indices(n_prompt)], atol=1e-5)
-    pooled = service.quick("attention.map", {"run": run, "layer": 0, "heads": [1], "cells": 16})[0]
+    pooled = service.quick("attention.map", {"run_id": run, "layer": 0, "heads": [1], "cells": 16})[0]
     assert pooled.factor == 5 and "5x5" in pooled.how
-    row = service.quick("attention.row", {"run": run, "layer": 1, "position": 30})
+    row = service.quick("attention.row", {"run_id": run, "layer": 1, "position": 30})
     np.testing.assert_allclose(row.probs, reference[1][0, :, 30, :31].numpy(), atol=1e-5)
-    summary = service.submit_job("attention.summary", {"run": run, "window": 4}).value()
+    summary = service.submit_job("attention.summary", {"run_id": run, "window": 4}).value()
     for layer in range(3):
         mine = np.stack([summary.entropy[layer], summary.sink[layer], summary.distance[layer], summary.local[layer]])
         np.testing.assert_allclose(mine, reference_stats(reference[layer][0].numpy(), 4), rtol=1e-4, atol=1e-5)
@@ -203,14 +203,14 @@ def test_a_layer_not_kept_is_rebuilt_by_a_job(service, tiny_lm):
     policy = CapturePolicy(attention=False, logit_lens=0, inputs=(0,))
     run, records = run_with(service, tiny_prompt(50), 3, policy)
     with pytest.raises(InvalidRequestError, match="attention.rebuild"):
-        service.quick("attention.map", {"run": run, "layer": 2, "heads": [0]})
-    state = service.submit_job("attention.rebuild", {"run": run, "layer": 2}).value()
+        service.quick("attention.map", {"run_id": run, "layer": 2, "heads": [0]})
+    state = service.submit_job("attention.rebuild", {"run_id": run, "layer": 2}).value()
     assert state.rebuilt == (2,) and state.layers == (0,)
     from engine.service.jobs import position_ids
 
     ids = position_ids(records)
     reference = eager_attentions(tiny_lm, ids)
-    m = service.quick("attention.map", {"run": run, "layer": 2, "heads": [1]})[0]
+    m = service.quick("attention.map", {"run_id": run, "layer": 2, "heads": [1]})[0]
     below = np.tril_indices(len(ids))
     np.testing.assert_allclose(m.values[below], reference[2][0, 1].numpy()[below], atol=1e-5)
 
@@ -233,7 +233,7 @@ def test_batched_runs_with_a_shared_prefix_keep_their_own_inputs(tiny_lm):
         for run, records in results:
             ids = position_ids(records)
             reference = eager_attentions(tiny_lm, ids)
-            m = svc.quick("attention.map", {"run": run, "layer": 1, "heads": [2]})[0]
+            m = svc.quick("attention.map", {"run_id": run, "layer": 1, "heads": [2]})[0]
             below = np.tril_indices(len(ids))
             np.testing.assert_allclose(m.values[below], reference[1][0, 2].numpy()[below], atol=1e-5)
     finally:
@@ -249,22 +249,22 @@ def test_bad_requests_and_an_evicted_run_get_clear_messages(tiny_lm, monkeypatch
     try:
         policy = CapturePolicy(attention=False, inputs=None)
         old, _ = run_with(svc, tiny_prompt(60), 4, policy)
-        cases = [({"run": old, "layer": 3, "heads": [0]}, "layer 3 is out of range"),
-                 ({"run": old, "layer": 0, "heads": [4]}, "query heads out of range"),
-                 ({"run": old, "layer": 0, "heads": [0], "rows": [0, 999]}, "reach past the run")]
+        cases = [({"run_id": old, "layer": 3, "heads": [0]}, "layer 3 is out of range"),
+                 ({"run_id": old, "layer": 0, "heads": [4]}, "query heads out of range"),
+                 ({"run_id": old, "layer": 0, "heads": [0], "rows": [0, 999]}, "reach past the run")]
         for params, message in cases:
             with pytest.raises(InvalidRequestError, match=message):
                 svc.quick("attention.map", params)
         with pytest.raises(InvalidRequestError, match="position 999 is out of range"):
-            svc.quick("attention.row", {"run": old, "layer": 0, "position": 999})
+            svc.quick("attention.row", {"run_id": old, "layer": 0, "position": 999})
         off, _ = run_with(svc, tiny_prompt(5), 2, CapturePolicy(layers=()))
         with pytest.raises(InvalidRequestError, match="kept nothing"):
-            svc.quick("attention.map", {"run": off, "layer": 0, "heads": [0]})
+            svc.quick("attention.map", {"run_id": off, "layer": 0, "heads": [0]})
         for _ in range(4):
             run_with(svc, tiny_prompt(200), 40, policy)                              # each ~0.1 MB... until old goes
         run_with(svc, tiny_prompt(200), 40, CapturePolicy(layers=None, inputs=None))  # maps in the records: 1 MB+
         with pytest.raises(RunNotFoundError, match="dropped to make room"):
-            svc.quick("attention.map", {"run": old, "layer": 0, "heads": [0]})
+            svc.quick("attention.map", {"run_id": old, "layer": 0, "heads": [0]})
         with pytest.raises(ContextLengthError, match="reads at most"):
             svc.submit_job("attention.context", {"lengths": [128, 4096]})
     finally:
@@ -295,8 +295,8 @@ def test_a_speculative_run_keeps_its_accepted_positions_only(service, tiny_lm):
     handle = service.submit(GenerationRequest(prompt, max_new_tokens=12), policy, draft="ngram", k=3)
     records = list(handle.records())
     ids = position_ids(records)
-    assert service.quick("attention.kept", {"run": handle.run_id}).positions == len(ids)
+    assert service.quick("attention.kept", {"run_id": handle.run_id}).positions == len(ids)
     reference = eager_attentions(tiny_lm, ids)
-    m = service.quick("attention.map", {"run": handle.run_id, "layer": 2, "heads": [3]})[0]
+    m = service.quick("attention.map", {"run_id": handle.run_id, "layer": 2, "heads": [3]})[0]
     below = np.tril_indices(len(ids))
     np.testing.assert_allclose(m.values[below], reference[2][0, 3].numpy()[below], atol=1e-5)

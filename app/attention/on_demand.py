@@ -44,7 +44,7 @@ def cached(key: tuple, compute: Callable[[], Any]) -> Any:
 
 def kept_state(lm: ModelClient, run: Run) -> Any:
     """What the server keeps for this run now (asked every time: a rebuilt layer changes it)."""
-    return lm.quick("attention.kept", {"run": run.id})
+    return lm.quick("attention.kept", {"run_id": run.id})
 
 
 def ready(lm: ModelClient, run: Run, layer: int) -> bool:
@@ -55,7 +55,7 @@ def ready(lm: ModelClient, run: Run, layer: int) -> bool:
     below = max((i for i in state.layers if i <= layer), default=0)
     label = (f"Layer {layer}'s input was not kept: rebuilding it from layer {below} over {state.positions:,} positions "
              "(the layers in between run once)…")
-    return measure_in_box(lm, label, "attention.rebuild", {"run": run.id, "layer": layer}) is not None
+    return measure_in_box(lm, label, "attention.rebuild", {"run_id": run.id, "layer": layer}) is not None
 
 
 def pooled(m: Any) -> att.Pooled:
@@ -64,21 +64,21 @@ def pooled(m: Any) -> att.Pooled:
 
 def head_map(lm: ModelClient, run: Run, layer: int, head: int, cells: int) -> att.Pooled:
     key = (run.id, "map", layer, head, cells)
-    return cached(key, lambda: pooled(lm.quick("attention.map", {"run": run.id, "layer": layer, "heads": [head],
+    return cached(key, lambda: pooled(lm.quick("attention.map", {"run_id": run.id, "layer": layer, "heads": [head],
                                                                  "cells": cells})[0]))
 
 
 def layer_maps(lm: ModelClient, run: Run, layer: int, cells: int) -> list[att.Pooled]:
     heads = list(range(run.spec.n_heads))
     key = (run.id, "grid", layer, cells)
-    return cached(key, lambda: [pooled(m) for m in lm.quick("attention.map", {"run": run.id, "layer": layer,
+    return cached(key, lambda: [pooled(m) for m in lm.quick("attention.map", {"run_id": run.id, "layer": layer,
                                                                                "heads": heads, "cells": cells})])
 
 
 def row(lm: ModelClient, run: Run, layer: int, position: int) -> np.ndarray:
     """(heads, position + 1): every query head's attention from one position."""
     key = (run.id, "row", layer, position)
-    return cached(key, lambda: lm.quick("attention.row", {"run": run.id, "layer": layer,
+    return cached(key, lambda: lm.quick("attention.row", {"run_id": run.id, "layer": layer,
                                                           "position": position}).probs)
 
 
@@ -88,7 +88,7 @@ def summary(lm: ModelClient, run: Run, window: int) -> att.HeadSummary | None:
     store = st.session_state.setdefault(CACHE, OrderedDict())
     if key not in store:
         value = measure_in_box(lm, "Summarising every head over the whole run…", "attention.summary",
-                               {"run": run.id, "window": window})
+                               {"run_id": run.id, "window": window})
         if value is None:
             return None
         store[key] = att.from_summaries(value)

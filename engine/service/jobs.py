@@ -163,7 +163,7 @@ def attention_qkv(lm: LoadedModel, progress: Progress, ids: list[int], layer: in
 
 # --- attention on demand, from what a run kept (engine/core/recompute.py) ---------------------------------------
 
-def run_id(value: Any, lm: LoadedModel) -> str:
+def a_run(value: Any, lm: LoadedModel) -> str:
     if not isinstance(value, str) or not 0 < len(value) <= 80:
         raise InvalidRequestError("a run id (the run_id a generation returned) was expected")
     return value
@@ -203,7 +203,7 @@ def span(value: Any, lm: LoadedModel) -> tuple[int, int]:
 class KeptState:
     """What a run keeps to recompute its attention, as a page or client reads it."""
 
-    run: str
+    run_id: str
     positions: int              # positions kept (prompt + every generated token fed back)
     layers: tuple[int, ...]     # layers whose input is kept
     rebuilt: tuple[int, ...]    # layers whose input was rebuilt on demand and is held now
@@ -213,12 +213,12 @@ class KeptState:
     live: bool                  # the run is still generating (more positions will come)
 
 
-def _kept(runs: Any, run: str) -> tuple[Any, Any, list[Any]]:
-    return runs.kept(run)
+def _kept(runs: Any, run_id: str) -> tuple[Any, Any, list[Any]]:
+    return runs.kept(run_id)
 
 
-def kept_state(run: str, info: Any, kept: Any) -> KeptState:
-    return KeptState(run, kept.length, kept.layers, tuple(kept.recomputed), kept.nbytes, kept.bytes_per_position,
+def kept_state(run_id: str, info: Any, kept: Any) -> KeptState:
+    return KeptState(run_id, kept.length, kept.layers, tuple(kept.recomputed), kept.nbytes, kept.bytes_per_position,
                      str(kept.dtype).removeprefix("torch."), info.live)
 
 
@@ -242,34 +242,34 @@ class LayerNotKeptError(InvalidRequestError):
     """A layer's input was not kept: it must be rebuilt first (a job, since it runs layers of the model)."""
 
 
-def _qk(lm: LoadedModel, kept: Any, run: str, layer: int) -> Any:
+def _qk(lm: LoadedModel, kept: Any, run_id: str, layer: int) -> Any:
     from engine.core.recompute import layer_qk
 
     x = kept.input(layer)
     if x is None:
-        raise LayerNotKeptError(f"run {run[:40]!r} kept the inputs of layers {', '.join(map(str, kept.layers))}; "
+        raise LayerNotKeptError(f"run {run_id[:40]!r} kept the inputs of layers {', '.join(map(str, kept.layers))}; "
                                 f"layer {layer}'s must first be rebuilt from layer {kept.below(layer) or 0} "
                                 "(the job attention.rebuild)")
     if x.shape[0] == 0:
-        raise InvalidRequestError(f"run {run[:40]!r} has no positions yet: its prompt is still being read")
+        raise InvalidRequestError(f"run {run_id[:40]!r} has no positions yet: its prompt is still being read")
     return layer_qk(lm.model, layer, x)
 
 
-@job("attention.kept", "what a run kept", quick=True, runs=True, run=run_id)
-def attention_kept(lm: LoadedModel, runs: Any, run: str) -> KeptState:
-    info, kept, _ = _kept(runs, run)
-    return kept_state(run, info, kept)
+@job("attention.kept", "what a run kept", quick=True, runs=True, run_id=a_run)
+def attention_kept(lm: LoadedModel, runs: Any, run_id: str) -> KeptState:
+    info, kept, _ = _kept(runs, run_id)
+    return kept_state(run_id, info, kept)
 
 
-@job("attention.map", "attention maps", quick=True, runs=True, run=run_id, layer=a_layer, heads=heads,
+@job("attention.map", "attention maps", quick=True, runs=True, run_id=a_run, layer=a_layer, heads=heads,
      cells=optional(whole(1, 1024), 160), rows=optional(span), keys=optional(span))
-def attention_maps(lm: LoadedModel, runs: Any, run: str, layer: int, heads: list[int], cells: int,
+def attention_maps(lm: LoadedModel, runs: Any, run_id: str, layer: int, heads: list[int], cells: int,
                    rows: tuple[int, int] | None, keys: tuple[int, int] | None) -> list[Any]:
     """Maps of some heads of one layer (exact, or pooled into at most `cells` cells per axis, saying how)."""
     from engine.core.attention_maps import attention_map
 
-    _, kept, _ = _kept(runs, run)
-    qk = _qk(lm, kept, run, layer)
+    _, kept, _ = _kept(runs, run_id)
+    qk = _qk(lm, kept, run_id, layer)
     for name, part in (("rows", rows), ("keys", keys)):
         if part is not None and part[1] > qk.n:
             raise InvalidRequestError(f"{name} {part[0]}..{part[1] - 1} reach past the run's {qk.n:,} positions")
@@ -286,12 +286,12 @@ class AttentionRow:
     kv_heads: tuple[int, ...]   # the K/V head each query head reads
 
 
-@job("attention.row", "an attention row", quick=True, runs=True, run=run_id, layer=a_layer, position=whole(0, 2**31))
-def attention_row(lm: LoadedModel, runs: Any, run: str, layer: int, position: int) -> AttentionRow:
+@job("attention.row", "an attention row", quick=True, runs=True, run_id=a_run, layer=a_layer, position=whole(0, 2**31))
+def attention_row(lm: LoadedModel, runs: Any, run_id: str, layer: int, position: int) -> AttentionRow:
     from engine.core.attention_maps import attention_rows
 
-    _, kept, _ = _kept(runs, run)
-    qk = _qk(lm, kept, run, layer)
+    _, kept, _ = _kept(runs, run_id)
+    qk = _qk(lm, kept, run_id, layer)
     if position >= qk.n:
         raise InvalidRequestError(f"position {position:,} is out of range: the run has positions 0 to {qk.n - 1:,}")
     every = list(range(qk.q.shape[0]))
@@ -299,27 +299,27 @@ def attention_row(lm: LoadedModel, runs: Any, run: str, layer: int, position: in
     return AttentionRow(layer, position, probs, tuple(qk.kv_head(h) for h in every))
 
 
-@job("attention.rebuild", "rebuilding a layer's input", runs=True, run=run_id, layer=a_layer)
-def attention_rebuild(lm: LoadedModel, progress: Progress, runs: Any, run: str, layer: int) -> KeptState:
+@job("attention.rebuild", "rebuilding a layer's input", runs=True, run_id=a_run, layer=a_layer)
+def attention_rebuild(lm: LoadedModel, progress: Progress, runs: Any, run_id: str, layer: int) -> KeptState:
     """A layer whose input the run did not keep, rebuilt from the nearest kept layer below (a partial prefill)."""
     from engine.core.recompute import layer_input
 
-    info, kept, records = _kept(runs, run)
+    info, kept, records = _kept(runs, run_id)
     first = kept.below(layer) or 0
     report = lambda i: progress((i - first + 1) / max(layer - first, 1),   # noqa: E731
                                 f"layer {i} over {kept.length:,} positions")
     progress(0.0, f"layers {first} to {layer - 1} over {kept.length:,} positions")
     layer_input(lm.model, kept, layer, position_ids(records), report)
-    return kept_state(run, info, kept)
+    return kept_state(run_id, info, kept)
 
 
-@job("attention.summary", "the per-head summaries", runs=True, run=run_id, window=optional(whole(1, 4096), 16))
-def attention_summary(lm: LoadedModel, progress: Progress, runs: Any, run: str, window: int) -> Any:
+@job("attention.summary", "the per-head summaries", runs=True, run_id=a_run, window=optional(whole(1, 4096), 16))
+def attention_summary(lm: LoadedModel, progress: Progress, runs: Any, run_id: str, window: int) -> Any:
     """Every head of every layer summarised over the whole run (entropy, sink, distance, local mass), blockwise."""
     from engine.core.attention_maps import summarise
     from engine.core.recompute import embeddings
 
-    _, kept, records = _kept(runs, run)
+    _, kept, records = _kept(runs, run_id)
     held = getattr(kept, "summaries", {})
     if window not in held:
         first = kept.input(0)
