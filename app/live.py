@@ -67,7 +67,7 @@ def new_live_run(lm: ModelClient, prepared: Prepared, capture: bool, draft: Draf
     to submit with that capture policy (its ids as the page's check encoded them)."""
     limits = lm.limits
     policy, note = capture_policy(lm.spec, len(prepared.ids), prepared.request.max_new_tokens, capture,
-                                  limits.max_capture_bytes, limits.max_capture_layers)
+                                  limits.max_capture_bytes, limits.max_capture_layers, lm.dtype.itemsize)
     return new_run(lm, prepared.request, policy, note, draft, k), replace(prepared.checked, policy=policy)
 
 
@@ -133,8 +133,10 @@ def last_run() -> Run | None:
 
 # --- measurements on the shared model -----------------------------------------------------------------------
 
-def run_on_model(lm: ModelClient, name: str, params: dict[str, Any], report: Callable[[float, str], None]) -> Any:
-    """Run the named measurement (engine/service/jobs.py) where the model is: alone, in its turn, with progress.
+def run_on_model(lm: ModelClient, name: str, params: dict[str, Any], report: Callable[[float, str], None],
+                 partial: Callable[[Any], None] | None = None) -> Any:
+    """Run the named measurement (engine/service/jobs.py) where the model is: alone, in its turn, with progress
+    (and, for a job that sends them, its results so far to `partial`).
 
     While it waits the page shows its place in line; leaving the page or pressing Stop cancels it.
     Raises the job's EngineError when it fails or is cancelled.
@@ -148,6 +150,8 @@ def run_on_model(lm: ModelClient, name: str, params: dict[str, Any], report: Cal
             note.empty()
             if isinstance(record, JobProgress):
                 report(record.fraction, record.text)
+                if partial is not None and getattr(record, "partial", None) is not None:
+                    partial(record.partial)
             elif isinstance(record, JobResult):
                 value, got = record.value, True
     finally:

@@ -62,31 +62,86 @@ def parse_layers(text: str | None, n_layers: int | None = None) -> tuple[int, ..
 
 def cmd_generate(args: argparse.Namespace) -> int:
     # lazy (here and in every command below that runs a model): the parser starts without torch
-    from engine.core.generate import GenerationRequest, generate
-    from engine.core.hooks import CapturePolicy
+    from engine.core.generate import GenerationRequest, admit
     from engine.core.loader import load_model
-    from engine.core.records import to_json
 
     lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=_progress)
     if args.static:
         from engine.core.fastpath import enable_static_decode
 
         enable_static_decode(lm)
-    layers = parse_layers(args.capture_layers, lm.spec.n_layers)
-    policy = CapturePolicy(layers=layers, logit_lens=args.logit_lens, max_keys=args.max_keys)
     request = GenerationRequest(args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                                 args.seed, tuple(args.stop or ()), chat=not args.raw)
     if args.draft:
         from engine.speculative.decode import draft_from_spec, record_to_json, speculative_generate
 
-        draft = draft_from_spec(args.draft, lm)
-        records: Any = speculative_generate(lm, request, draft, args.k)
-        dump: Callable[[Any], dict] = record_to_json
-    else:
-        records = generate(lm, request, policy)
-        dump = lambda rec: to_json(rec, with_captures=bool(layers is None or layers))  # noqa: E731
-    for record in records:
-        print(json.dumps(dump(record), ensure_ascii=False), flush=True)
+        records = speculative_generate(lm, request, draft_from_spec(args.draft, lm), args.k)
+        for record in records:
+            print(json.dumps(record_to_json(record), ensure_ascii=False), flush=True)
+        return 0
+    ids = admit(lm, request)                       # a prompt over the model's context is refused here, up front
+    policy = _cli_policy(args, lm.spec.n_layers)
+    _check_cli_capture(args, lm, policy, len(ids), request.max_new_tokens)
+    return _generate_and_write(args, lm, request, ids, policy)
+
+
+def _cli_policy(args: argparse.Namespace, n_layers: int) -> Any:
+    from engine.core.hooks import CapturePolicy
+
+    layers = parse_layers(args.capture_layers, n_layers)
+    inputs = parse_layers(args.keep_inputs, n_layers)
+    return CapturePolicy(layers=layers, logit_lens=args.logit_lens, max_keys=args.max_keys,
+                         prefill_matrix=not args.last_row, inputs=inputs)
+
+
+def _check_cli_capture(args: argparse.Namespace, lm: Any, policy: Any, n_prompt: int, max_new: int) -> None:
+    """The capture budget the server applies (--max-capture-mb, PLAYGROUND_MAX_CAPTURE_MB, the device's default),
+    and the memory free: refused before anything runs, with what would fit."""
+    from engine.serving.capture import attention_bytes
+    from engine.serving.limits import Limits, capture_bytes, check_memory, inputs_bytes, maps_bytes
+    from engine.serving.scheduler import device_free_bytes
+
+    limits = Limits.for_device(lm.device).with_env()
+    budget = (args.max_capture_mb or limits.max_capture_mb) * 2**20
+    spec, value = lm.spec, lm.dtype.itemsize
+    size = capture_bytes(spec, policy, n_prompt, max_new, value)
+    if size > budget:
+        maps, kept = maps_bytes(spec, policy, n_prompt, max_new), inputs_bytes(spec, policy, n_prompt + max_new, value)
+        one_layer = attention_bytes(spec, n_prompt, max_new, matrix=policy.prefill_matrix)
+        every_input = spec.n_layers * spec.d_model * value
+        raise EngineError(
+            f"this capture would take {fmt_bytes(size)} ({fmt_bytes(maps)} of attention maps, {fmt_bytes(kept)} of "
+            f"kept layer inputs) for {n_prompt:,} prompt tokens and {max_new:,} new ones, over the capture budget of "
+            f"{fmt_bytes(budget)} (--max-capture-mb, PLAYGROUND_MAX_CAPTURE_MB); nothing was run. Within it: "
+            f"maps of at most {budget // max(one_layer, 1):,} layer(s) (--capture-layers), only each step's newest "
+            f"row (--last-row), or --keep-inputs, which keeps what recomputes any layer's map exactly: "
+            f"{fmt_bytes(every_input)} per token for every layer, {fmt_bytes(every_input * (n_prompt + max_new))} here")
+    check_memory(spec, lm.dtype_name, n_prompt + max_new, device_free_bytes(lm.device), size,
+                 limits.reserve_mb * 2**20)
+
+
+def _generate_and_write(args: argparse.Namespace, lm: Any, request: Any, ids: list[int], policy: Any) -> int:
+    """One JSON line per record (no floats of captures: those go to the safetensors file), then the file."""
+    from engine.core.capture_file import write_capture
+    from engine.core.generate import generate
+    from engine.core.kept import KeptInputs
+    from engine.core.records import to_json
+
+    kept = None
+    if policy.keeps_inputs:
+        kept = KeptInputs(policy.input_ids(lm.spec.n_layers), lm.spec.d_model, lm.dtype, lm.device,
+                          len(ids) + request.max_new_tokens)
+    out = Path(args.capture_out) if policy.enabled else None
+    records = []
+    for record in generate(lm, request, policy, ids=ids, kept=kept):
+        line = to_json(record, with_captures=False)
+        if out is not None and record.kind == "prefill":
+            line["captures_file"] = str(out)
+        print(json.dumps(line, ensure_ascii=False), flush=True)
+        records.append(record)
+    if out is not None:
+        size = write_capture(out, lm, ids, records, kept, policy)
+        print(f"captures written to {out} ({fmt_bytes(size)}, safetensors, docs/capture_format.md)", file=sys.stderr)
     return 0
 
 
@@ -379,6 +434,14 @@ def add_generate(sub: Any) -> None:
     gen.add_argument("--capture-layers", default="none", help="all, none, or e.g. 0,5,10-12")
     gen.add_argument("--logit-lens", type=int, default=0, help="top tokens per captured layer (0: off)")
     gen.add_argument("--max-keys", type=int, default=None, help="keep at most this many keys per attention row")
+    gen.add_argument("--last-row", action="store_true", help="at prefill keep only the last query row, not the full map")
+    gen.add_argument("--keep-inputs", default="none",
+                     help="all, none or e.g. 0,10,20: keep these layers' inputs (every position), from which any map of "
+                          "theirs is recomputed exactly; linear in the length")
+    gen.add_argument("--capture-out", default="capture.safetensors",
+                     help="where captures go, as tensors (safetensors; docs/capture_format.md)")
+    gen.add_argument("--max-capture-mb", type=int, default=None,
+                     help="capture budget (default: the server's, PLAYGROUND_MAX_CAPTURE_MB or the device's default)")
     gen.add_argument("--draft", help="speculative draft: ngram, early-exit:N, or a model folder/extra name")
     gen.add_argument("--k", type=int, default=4, help="tokens drafted per round")
     gen.add_argument("--static", action="store_true",

@@ -1,9 +1,11 @@
-"""Attention: who each token looks at, per layer and head, with grouped-query attention made visible."""
+"""Attention: who each token looks at, per layer and head, with grouped-query attention made visible, at any length."""
 import streamlit as st
 
-from app.attention.numbers import captured_heads, captured_layers
-from app.attention.sections import (gqa_section, grid_section, heatmap_section, layer_and_head, layer_options,
-                                    scrubber_section, summary_section)
+from app.attention import on_demand as od
+from app.attention.context import context_section, target_section
+from app.attention.numbers import captured_layers
+from app.attention.sections import (gqa_section, grid_section, heatmap_section, heads_of, kept_line, layer_and_head,
+                                    layer_options, scrubber_section, summary_section)
 from app.live import last_run, run_live
 from app.model import offline_notice, page_model
 from app.recordings import run_notes
@@ -13,7 +15,9 @@ from app.widgets import ProgressLine, quick_form
 lm = page_model()
 st.title("Attention")
 st.write("Every head of every layer turns each token's query into weights over the tokens before it. The maps "
-         "below come from the last generation (from any page), captured inside the real model.")
+         "below come from the last generation (from any page), computed from the real model's own Q and K: a short "
+         "prompt's maps ride with the run; a long one's are computed exactly on the model server when you look, "
+         "from the residual stream the run kept (memory that grows with the length, not its square).")
 
 if lm is None:
     offline_notice()
@@ -25,28 +29,39 @@ else:
             run_live(lm, prepared, "attention", stop_slot, progress.update, notice=notice)
 
 run = last_run()
-if run is not None and run.prefill is not None and captured_layers(run):
+if run is not None and run.prefill is not None and (captured_layers(run) or od.on_server(run, lm)):
     run_notes(run)
     if run.capture_note:
         st.info(run.capture_note)
+    if od.on_server(run, lm):
+        kept_line(lm, run)
     stretch = st.toggle("Stretch colours (√p) so small weights show", value=True, key="attention.stretch")
-    pushed_choice(f"attention.layer.{run.id}", "layer", layer_options(run, lm))
-    pushed_choice(f"attention.head.{run.id}", "head", list(captured_heads(run, captured_layers(run)[0])[0]))
-    run, layer, head_index = layer_and_head(run, lm)
-    presenter_push("attention", "attention",
-                   view={"layer": layer, "head": captured_heads(run, layer)[0][head_index]})
+    layers = layer_options(run, lm)
+    pushed_choice(f"attention.layer.{run.id}", "layer", layers)
+    pushed_choice(f"attention.head.{run.id}", "head", list(heads_of(run, layers[0])[0]))
+    layer, head_index = layer_and_head(run, lm)
+    presenter_push("attention", "attention", view={"layer": layer, "head": heads_of(run, layer)[0][head_index]})
     st.subheader("One head")
-    heatmap_section(run, layer, head_index, stretch)
+    heatmap_section(run, layer, head_index, stretch, lm)
     st.subheader(f"All heads of layer {layer}")
-    grid_section(run, layer, stretch)
+    grid_section(run, layer, stretch, lm)
     st.subheader("Every head at a glance")
-    summary_section(run)
+    summary_section(run, lm)
     st.subheader("Decoding, one step at a time")
-    scrubber_section(run, layer, stretch)
+    scrubber_section(run, layer, stretch, lm)
 elif run is not None and run.prefill is not None:
-    st.info("The last run captured no attention (capture was off). Generate again with capture on.")
+    st.info("The last run captured no attention (capture was off, or the model that made it is not loaded here). "
+            "Generate again with capture on.")
 else:
     st.info("Nothing generated yet: run a request above or on the journey page, or open a recording.")
+
+st.subheader("Attention across the whole context")
+if lm is not None:
+    context_section(lm)
+else:
+    st.caption("The context-length slider needs the model.")
+st.markdown("**The same views for Llama 3.1 8B at 32K tokens.**")
+target_section()
 
 st.subheader("Grouped-query attention")
 source = lm or run

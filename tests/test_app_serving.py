@@ -19,9 +19,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from conftest import app_client, app_lm, tiny_prompt
-from app import presenter
 from app.live import wait_message
-from app.model import model_slot
 from app.presenter import PresenterBoard
 from app.recordings import RECORDINGS_DIR, open_bytes, run_bytes
 from engine.core.generate import GenerationRequest, generate

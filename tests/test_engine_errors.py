@@ -100,13 +100,14 @@ def cli(*args):
                           timeout=300)
 
 
-def test_cli_generate_writes_one_json_record_per_line(tiny_model_dir):
+def test_cli_generate_writes_one_json_record_per_line(tiny_model_dir, tmp_path):
     out = cli("generate", "--model", str(tiny_model_dir), "--prompt", tiny_prompt(), "--max-new-tokens", "4",
-              "--capture-layers", "0-1")
+              "--capture-layers", "0-1", "--capture-out", str(tmp_path / "run.safetensors"))
     assert out.returncode == 0, out.stderr
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     assert [line["kind"] for line in lines][0] == "prefill" and lines[-1]["kind"] == "done"
-    assert set(lines[1]["captures"]) == {"0", "1"} and "cache" in lines[1]
+    assert lines[0]["captures_file"] == str(tmp_path / "run.safetensors") and "cache" in lines[1]
+    assert "captures" not in lines[1]                                    # tensors go to the file, not JSON floats
     assert lines[-1]["generated_tokens"] == len(lines) - 1
 
 

@@ -191,16 +191,23 @@ def test_inside_and_outside_inference_mode(lm):
     assert tokens(fast.generate(request(6), ROWS)) == inside == tokens(generate(lm, request(6)))
 
 
-def test_cli_static_flag_gives_the_same_records(lm, tiny_model_dir):
+def test_cli_static_flag_gives_the_same_records(lm, tiny_model_dir, tmp_path):
     out = subprocess.run([sys.executable, "-m", "engine", "generate", "--model", str(tiny_model_dir), "--prompt",
-                          tiny_prompt(), "--max-new-tokens", "6", "--capture-layers", "0-1", "--static"],
+                          tiny_prompt(), "--max-new-tokens", "6", "--capture-layers", "0-1", "--static",
+                          "--capture-out", str(tmp_path / "run.safetensors")],
                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=300)
     assert out.returncode == 0, out.stderr
     static = [json.loads(line) for line in out.stdout.splitlines()]
     plain = list(generate(lm, GenerationRequest(tiny_prompt(), max_new_tokens=6), CapturePolicy(layers=(0, 1))))
     assert [r["token"]["id"] for r in static[:-1]] == tokens(plain)
     assert [r["cache"]["length"] for r in static[:-1]] == [r.cache.length for r in plain[:-1]]
-    assert static[-1]["text"] == plain[-1].text and set(static[1]["captures"]) == {"0", "1"}
+    assert static[-1]["text"] == plain[-1].text
+    from engine.core.capture_file import read_capture
+
+    cap = read_capture(tmp_path / "run.safetensors")
+    assert {"layer.0.attention.prefill", "layer.1.attention.decode"} <= set(cap.tensors)
+    np.testing.assert_allclose(cap.tensors["layer.1.attention.decode"][0, :, :cap.meta["n_prompt"] + 1].numpy(),
+                               plain[1].captures[1].attention[:, -1], atol=1e-5)
 
 
 def test_graph_safe_policies():

@@ -12,7 +12,6 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app import presenter
-from app.model import model_slot
 from app.presenter import PresenterBoard
 from app.recordings import RECORDINGS_DIR
 from engine.serving.scheduler import scheduler_for

@@ -17,7 +17,6 @@ from streamlit.testing.v1 import AppTest
 from conftest import TINY_CONFIG, tiny_prompt
 from app.attention import numbers as att
 from app.format import fmt_tokens, parse_tokens
-from app.run import capture_policy
 from engine.projection.cost import Layout, users_that_fit
 from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS
 
@@ -180,40 +179,76 @@ def test_attention_page_draws_the_shared_run(app):
     assert any(t.value.startswith("Step 2:") for t in at.text)
 
 
-def test_the_layer_slider_captures_a_layer_a_long_prompt_left_out(app, tiny_lm):
-    """A run that kept one layer (as a long prompt does): the slider still offers every layer, and choosing one
-    captures it in one pass; its map equals HF's own attention of that layer, the run itself stays as it was."""
+def eager_attention(model_dir, ids):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from app.run import compact, new_run
-    from engine.core.generate import GenerationRequest, generate as engine_generate
+    eager = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval()
+    with torch.no_grad():
+        return eager(torch.tensor([ids]), output_attentions=True).attentions
+
+
+def on_demand_run(at: AppTest, inputs: tuple[int, ...] | None):
+    """A long prompt's run as the page's capture makes it when maps do not fit (none in the records, layer inputs
+    kept on the model server), made through the app's own client (in-process or remote)."""
+    from app.model import current_client
+    from app.run import run_from_slice
+    from engine.core.generate import GenerationRequest
     from engine.core.hooks import CapturePolicy
 
-    request = GenerationRequest(tiny_prompt(12), max_new_tokens=4)
-    policy = CapturePolicy(layers=(1,))
-    run = new_run(tiny_lm, request, policy, "Only layer 1 was kept.")
-    for record in engine_generate(tiny_lm, request, policy):
-        run.add(compact(record))
-    run.live = False
-    app.session_state["last_run"] = run
+    client = current_client()
+    policy = CapturePolicy(attention=False, logit_lens=5, lens_on_demand=True, inputs=inputs)
+    handle = client.submit(GenerationRequest(tiny_prompt(40), max_new_tokens=4), policy)
+    list(handle.records())
+    run = run_from_slice(client.run_slice(handle.run_id), client.spec)
+    at.session_state["last_run"] = run
+    return run
+
+
+def test_a_long_runs_maps_are_computed_on_demand_for_every_layer(app, app_env):
+    """Every layer is offered; one whose input was not kept is rebuilt first (a job), and its map, computed on the
+    model server, equals HF's eager attention; the summaries cover every layer, and a step's row comes too."""
+    run = on_demand_run(app, inputs=(0,))
     at = open_page(app, "attention.py")
+    assert not att.captured_layers(run)
     slider = at.select_slider(key=f"attention.layer.{run.id}")
-    assert [int(o) for o in slider.options] == [0, 1, 2] and int(slider.value) == 1
-    slider.set_value(0).run()
-    assert_clean(at)
-    assert [h.value for h in at.subheader][:2] == ["One head", "All heads of layer 0"]
+    assert [int(o) for o in slider.options] == [0, 1, 2] and int(slider.value) == 1      # layer 1: rebuilt
+    assert [h.value for h in at.subheader][:2] == ["One head", "All heads of layer 1"]
+    assert any("per token" in c.value and "Kept on the model server" in c.value for c in at.caption)
     p = array(charts(at)[0]["data"][0]["customdata"])
     ids = att.run_ids(run)
-    eager = AutoModelForCausalLM.from_pretrained(tiny_lm.source, attn_implementation="eager").eval()
-    with torch.no_grad():
-        reference = eager(torch.tensor([ids]), output_attentions=True).attentions[0][0, 0].numpy()   # layer 0, head 0
+    reference = eager_attention(app_env, ids)[1][0, 0].numpy()
     below = np.tril_indices(len(ids))
-    np.testing.assert_allclose(p[below], reference[below], atol=2e-3)                # stored as float16
-    at.slider(key=f"attention.step.{run.id}").set_value(2).run()                 # a step's row, from the map
+    np.testing.assert_allclose(p[below], reference[below], atol=1e-5)                 # exact, not float16
+    summary = next(c for c in charts(at) if c["layout"].get("annotations") and "entropy (bits)" in
+                   [a["text"] for a in c["layout"]["annotations"]])
+    assert len(summary["data"]) == 4 and len(summary["data"][0]["y"]) == 3              # 4 views x every layer
+    at.slider(key=f"attention.step.{run.id}").set_value(2).run()
     assert_clean(at)
     assert any(t.value.startswith("Step 2:") for t in at.text)
-    assert att.captured_layers(at.session_state["last_run"]) == [1]                    # shared run untouched
+
+
+def test_a_run_the_server_dropped_gets_a_message(app):
+    from dataclasses import replace
+
+    run = on_demand_run(app, inputs=None)
+    app.session_state["last_run"] = replace(run, id="run-00000000deadbeef")
+    at = open_page(app, "attention.py")
+    assert any("no longer has this run" in e.value for e in at.error)
+
+
+def test_the_context_slider_measures_the_long_text(app):
+    at = open_page(app, "attention.py")
+    slider = at.select_slider(key="attention.context.n")
+    assert [int(o) for o in slider.options] == [128, 256]                              # the tiny model reads 256
+    assert any("whole context, 256 tokens" in c.value for c in at.caption)
+    slider.set_value(256).run()
+    at.button(key="attention.context.run").click().run()
+    assert_clean(at)
+    points = at.session_state["attention.context.points"]
+    assert [p["n"] for p in points] == [128, 256] and points[-1]["kv_bytes"] == 256 * 2 * 3 * 2 * 16 * 4
+    assert any("Hugging Face's output_attentions would hold" in c.value for c in at.caption)
+    assert any("would fill 26 H100s" in c.value for c in at.caption)                  # 2.2 TB of maps at 32K
 
 
 def test_attention_page_shows_gqa_for_the_loaded_model_and_llama_8b(app):
@@ -327,16 +362,6 @@ def test_kv_paging_simulation_shows_paging_wastes_less(app):
 
 
 # --- components the pages rely on ----------------------------------------------------------------------------
-
-def test_long_prompts_are_captured_within_the_budget():
-    spec = MODEL_PRESETS["smollm2-135m"]
-    short, note = capture_policy(spec, 60, 32)
-    assert short.layers is None and note is None
-    long, note = capture_policy(spec, 2000, 4)
-    assert long.layers is not None and 1 <= len(long.layers) < spec.n_layers and "2,000 tokens" in note
-    per_layer = spec.n_heads * 4 * (2000 * 2000 + sum(2000 + s for s in range(1, 4)))
-    assert per_layer * len(long.layers) <= 256 * 2**20
-
 
 def test_pooling_averages_only_what_a_token_can_see():
     n = 10

@@ -56,7 +56,6 @@ def open_page(open_script):
 def test_the_room_page_draws_the_live_batch(tiny_model_dir, open_page):
     at = open_page("room.py")
     assert any(m.label == "In the batch" for m in at.metric)
-    from app.model import model_slot
     from engine.serving.scheduler import scheduler_for
 
     lm = app_lm(tiny_model_dir)

@@ -108,27 +108,48 @@ def heads_grid_figure(pooled: list[Pooled], heads: tuple[int, ...], kv_heads: tu
 
 
 def summary_figure(summary: HeadSummary) -> go.Figure:
-    """Three layer x head maps: entropy (how spread), sink (share on the first token), distance (how far back).
+    """Layer x head maps: entropy (how spread), sink (share on the first token), distance (how far back) and, when
+    known, local mass (share on the last few positions).
 
     Each map's colour bar lies flat under it, as wide as the map, so no bar overlaps the next column."""
-    spacing = 0.06
-    fig = make_subplots(rows=1, cols=3, horizontal_spacing=spacing,
-                        subplot_titles=("entropy (bits)", "attention to the first token", "mean distance (tokens)"))
+    maps = [(summary.entropy, "Blues", "entropy (bits)"), (summary.sink, "Oranges", "attention to the first token"),
+            (summary.distance, "Greens", "mean distance (tokens)")]
+    if summary.local is not None:
+        maps.append((summary.local, "Purples", f"on the last {summary.window} tokens"))
+    fig = make_subplots(rows=1, cols=len(maps), horizontal_spacing=0.05, subplot_titles=[m[2] for m in maps])
     x = [str(h) for h in summary.heads]
     y = [str(layer) for layer in summary.layers]
     height = max(300, 16 * len(summary.layers) + 150)
-    for col, (z, scale) in enumerate(((summary.entropy, "Blues"), (summary.sink, "Oranges"),
-                                      (summary.distance, "Greens")), start=1):
+    for col, (z, scale, _) in enumerate(maps, start=1):
         d0, d1 = fig.layout[f"xaxis{'' if col == 1 else col}"].domain
         bar = dict(orientation="h", x=(d0 + d1) / 2, xanchor="center", len=(d1 - d0) * 0.9, lenmode="fraction",
                    y=-75 / height, yanchor="top", thickness=10)
         fig.add_trace(go.Heatmap(z=z, x=x, y=y, colorscale=scale, colorbar=bar,
                                  hovertemplate="layer %{y} head %{x}: %{z:.2f}<extra></extra>"), row=1, col=col)
+        fig.update_yaxes(type="category", showticklabels=col == 1, title="layer" if col == 1 else None, col=col)
     fig.update_xaxes(title=dict(text="head", standoff=4), type="category")
-    fig.update_yaxes(title="layer", type="category", col=1)
-    fig.update_yaxes(type="category", showticklabels=False, col=2)
-    fig.update_yaxes(type="category", showticklabels=False, col=3)
+    fig.update_annotations(font_size=12)
     fig.update_layout(height=height, margin=dict(l=0, r=0, t=30, b=90))
+    return fig
+
+
+def context_figure(points: list[dict]) -> go.Figure:
+    """Measured at each N: prefill time (left axis) and the bytes a run holds (right, log): the KV cache, what the
+    engine keeps to recompute attention, and what output_attentions would hold."""
+    n = [p["n"] for p in points]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("prefill time (s)", "bytes held (log scale)"),
+                        horizontal_spacing=0.12)
+    fig.add_scatter(x=n, y=[p["prefill_seconds"] for p in points], mode="lines+markers", name="prefill",
+                    row=1, col=1)
+    fig.add_scatter(x=n, y=[p["summary_seconds"] for p in points], mode="lines+markers", name="every head summarised",
+                    row=1, col=1)
+    for key, name, dash in (("kv_bytes", "KV cache", "solid"), ("kept_bytes", "kept to recompute attention", "solid"),
+                            ("attention_bytes", "output_attentions (n² per head)", "dot")):
+        fig.add_scatter(x=n, y=[p[key] for p in points], mode="lines+markers", name=name, line=dict(dash=dash),
+                        row=1, col=2)
+    fig.update_xaxes(title="N (tokens)", type="log")
+    fig.update_yaxes(type="log", row=1, col=2)
+    fig.update_layout(height=330, margin=dict(l=0, r=0, t=30, b=0), legend=dict(orientation="h", y=-0.25))
     return fig
 
 

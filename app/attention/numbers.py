@@ -6,7 +6,8 @@ one more row. `head_matrix` puts them back into one causal (N, N) matrix over ev
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -38,19 +39,6 @@ def n_positions(run: Run) -> int:
 def run_ids(run: Run) -> list[int]:
     """Token ids of every cached position: the prompt, then each generated token that was fed back."""
     return [p.id for p in run.prefill.prompt] + [t.id for t in run.tokens[:-1]]
-
-
-def recapturable(run: Run, model_label: str | None) -> bool:
-    """Layers a long prompt left out can be captured again: full maps were kept (not last rows only), the model
-    that ran it is loaded, and some layer is missing."""
-    return (model_label == run.model and run.prefill is not None and run.policy.prefill_matrix
-            and len(captured_layers(run)) < run.spec.n_layers)
-
-
-def with_layer(run: Run, cap: LayerCapture) -> Run:
-    """The same run seen with one more layer's attention (a full (heads, N, N) capture). A new object: the run
-    itself is shared (by the pages, and with followers when a presenter broadcasts it) and stays as it was."""
-    return replace(run, prefill=replace(run.prefill, captures={**run.prefill.captures, cap.layer: cap}))
 
 
 def head_matrix(run: Run, layer: int, head_index: int) -> tuple[np.ndarray, np.ndarray]:
@@ -137,6 +125,9 @@ def matrix_row(run: Run, layer: int, position: int) -> np.ndarray | None:
     return cap.attention[:, q, : position + 1].astype(np.float32)
 
 
+LOCAL_WINDOW = 16         # "local": the weight on this many most recent positions (the query's own included)
+
+
 @dataclass(frozen=True)
 class HeadSummary:
     layers: list[int]
@@ -145,43 +136,49 @@ class HeadSummary:
     sink: np.ndarray       # (layers, heads) attention paid to position 0
     distance: np.ndarray   # (layers, heads) mean positions looked back
     rows: int              # query rows averaged per (layer, head)
+    local: np.ndarray | None = None   # (layers, heads) weight on the `window` most recent positions
+    window: int = LOCAL_WINDOW
 
 
-def piece_stats(cap: LayerCapture) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Sums over this capture's query rows (position > 0) of entropy, sink and distance, per head."""
+def from_summaries(s: Any) -> HeadSummary:
+    """The server's blockwise summaries (engine.core.attention_maps.Summaries) as the page draws them."""
+    return HeadSummary(list(s.layers), tuple(range(s.entropy.shape[1])), s.entropy, s.sink, s.distance, s.n - 1,
+                       s.local, s.window)
+
+
+def piece_stats(cap: LayerCapture, window: int = LOCAL_WINDOW) -> tuple[np.ndarray, ...]:
+    """Sums over this capture's query rows (position > 0) of entropy, sink, distance and local mass per head, and
+    the rows counted."""
     q_pos = cap.query_start + np.arange(cap.attention.shape[1])
     k_pos = cap.key_start + np.arange(cap.attention.shape[2])
     keep = q_pos > 0                                                 # position 0 can only see itself
     back = np.clip(q_pos[keep, None] - k_pos[None, :], 0, None)      # (T_q, T_k) positions looked back
-    n_heads = cap.attention.shape[0]
-    entropy, sink, distance = np.zeros(n_heads), np.zeros(n_heads), np.zeros(n_heads)
-    for h in range(n_heads):                                         # one head at a time bounds memory
+    near = (q_pos[keep, None] - k_pos[None, :] < window) & (q_pos[keep, None] >= k_pos[None, :])
+    sums = np.zeros((4, cap.attention.shape[0]))
+    for h in range(cap.attention.shape[0]):                          # one head at a time bounds memory
         a = cap.attention[h][keep].astype(np.float32)                # (T_q, T_k)
-        entropy[h] = -np.sum(a * np.log2(np.maximum(a, 1e-30)))
-        sink[h] = a[:, 0].sum() if cap.key_start == 0 else 0.0
-        distance[h] = np.sum(a * back)
-    return entropy, sink, distance, int(keep.sum())
+        sums[:, h] = (-np.sum(a * np.log2(np.maximum(a, 1e-30))), a[:, 0].sum() if cap.key_start == 0 else 0.0,
+                      np.sum(a * back), np.sum(a * near))
+    return (*sums, int(keep.sum()))
 
 
 def head_summary(run: Run) -> HeadSummary | None:
-    """Entropy, sink and distance for every captured (layer, head), averaged over all captured rows."""
+    """Entropy, sink, distance and local mass for every captured (layer, head), averaged over all captured rows."""
     layers = captured_layers(run)
     if not layers:
         return None
     heads = captured_heads(run, layers[0])[0]
-    ent, snk, dist = (np.zeros((len(layers), len(heads))) for _ in range(3))
+    sums = np.zeros((4, len(layers), len(heads)))
     count = 0
     for r, layer in enumerate(layers):
         count = 0
         for cap in layer_pieces(run, layer):
-            e, s, d, n = piece_stats(cap)
-            ent[r] += e
-            snk[r] += s
-            dist[r] += d
+            *parts, n = piece_stats(cap)
+            sums[:, r] += np.stack(parts)
             count += n
         if count:
-            ent[r], snk[r], dist[r] = ent[r] / count, snk[r] / count, dist[r] / count
-    return HeadSummary(layers, heads, ent, snk, dist, count)
+            sums[:, r] /= count
+    return HeadSummary(layers, heads, sums[0], sums[1], sums[2], count, sums[3])
 
 
 def gqa_groups(n_heads: int, n_kv_heads: int) -> list[int]:

@@ -1,13 +1,13 @@
 """Sections of the attention page, each drawn from the stored run (never by running the model again)."""
 from __future__ import annotations
 
-import numpy as np
 import streamlit as st
 
-from app.attention import numbers as att
 from app.attention import figures as charts
+from app.attention import numbers as att
+from app.attention import on_demand as od
+from app.format import fmt_bytes
 from app.run import Run
-from app.live import run_alone
 from app.widgets import plot
 from engine.errors import EngineError
 from engine.service.client import ModelClient
@@ -16,115 +16,141 @@ from engine.projection.specs import MODEL_PRESETS, ModelSpec
 HEATMAP_CELLS = 160     # cells per axis of the main heatmap
 GRID_CELLS = 48         # cells per axis of each small multiple
 ROW_CELLS = 400         # key cells of a decode step's row
-RECAPTURE_HELP = ("This run kept fewer layers than the model has (a long prompt's maps fill the capture budget). "
-                  "Choosing another captures it: the model runs once up to that layer over the run's positions, and "
-                  "this session keeps that one extra layer.")
+ON_DEMAND_HELP = ("This run's maps are computed on the model server when you look at them, from the residual stream "
+                  "it kept at every position: exact, for any layer and head.")
 
 
 def pooled_note(n: int, factor: int, what: str) -> str:
     if factor == 1:
         return ""
     return (f" {what} is downsampled: {n:,} positions drawn as {-(-n // factor):,} cells per axis, each the mean "
-            f"of a {factor}×{factor} block of attention weights.")
+            f"of the visible attention weights in a {factor}×{factor} block (masked cells left out).")
 
 
 def layer_options(run: Run, lm: ModelClient | None) -> list[int]:
-    """The layers kept, or every layer when the missing ones can be captured again."""
-    if att.recapturable(run, lm.label if lm is not None else None):
+    """Every layer when the server computes the maps; else the layers whose maps the run holds."""
+    if od.on_server(run, lm):
         return list(range(run.spec.n_layers))
     return att.captured_layers(run)
 
 
-def layer_and_head(run: Run, lm: ModelClient | None) -> tuple[Run, int, int]:
-    """Pick a layer and one of its heads (keys carry the run id: a new run starts fresh). Every layer is offered
-    when a long prompt kept fewer and the model is here to capture the one chosen; the run comes back with it."""
-    kept, layers = att.captured_layers(run), layer_options(run, lm)
+def heads_of(run: Run, layer: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(query heads, the K/V head each reads) of a layer: as captured, or every head (computed on demand)."""
+    if layer in att.captured_layers(run):
+        return att.captured_heads(run, layer)
+    group = run.spec.n_heads // run.spec.n_kv_heads
+    return tuple(range(run.spec.n_heads)), tuple(h // group for h in range(run.spec.n_heads))
+
+
+def layer_and_head(run: Run, lm: ModelClient | None) -> tuple[int, int]:
+    """Pick a layer and one of its heads (keys carry the run id: a new run starts fresh)."""
+    layers = layer_options(run, lm)
     left, right = st.columns(2)
     if len(layers) > 1:
-        layer = left.select_slider("Layer", options=layers, value=kept[len(kept) // 2], key=f"attention.layer.{run.id}",
-                                   help=None if layers == kept else RECAPTURE_HELP)
+        layer = left.select_slider("Layer", options=layers, value=layers[len(layers) // 2],
+                                   key=f"attention.layer.{run.id}",
+                                   help=ON_DEMAND_HELP if layers != att.captured_layers(run) else None)
     else:
         layer = layers[0]
         if run.spec.n_layers > 1:
-            left.caption(only_layer_note(run, layer))
-    if layer not in kept:
-        run = captured_again(lm, run, layer)
-        layer = layer if layer in att.captured_layers(run) else kept[0]
-    heads, kv_heads = att.captured_heads(run, layer)
+            left.caption(f"Layer {layer} is the only one of {run.spec.n_layers} layers this recording kept, and the "
+                         "model that made it is not the one loaded here.")
+    heads, kv_heads = heads_of(run, layer)
     head = right.select_slider("Query head", options=list(heads), key=f"attention.head.{run.id}",
                                format_func=lambda h: f"{h} (reads KV {kv_heads[heads.index(h)]})")
-    return run, layer, heads.index(head)
+    return layer, heads.index(head)
 
 
-def only_layer_note(run: Run, layer: int) -> str:
-    """Why there is no layer slider: the one layer this run kept, and why no other can be captured here."""
-    why = ("only the last query row of each step was kept, and a full map of another layer would not fit"
-           if not run.policy.prefill_matrix else "the model that ran it is not loaded here")
-    return (f"Layer {layer} is the only one of {run.spec.n_layers} layers this run kept: a long prompt's maps fill "
-            f"the capture budget, and {why}.")
+def kept_line(lm: ModelClient, run: Run) -> None:
+    """What the server keeps for this run, per token and in all, beside the run."""
+    try:
+        state = od.kept_state(lm, run)
+    except EngineError as err:
+        st.error(f"The model server no longer has this run's attention: {err}. Generate again to look at it.")
+        return
+    layers = ("every layer" if len(state.layers) == run.spec.n_layers else
+              f"{len(state.layers)} of {run.spec.n_layers} layers (any other is rebuilt from the one below it)")
+    st.caption(f"Kept on the model server to recompute this run's attention: the residual stream entering {layers}, "
+               f"{fmt_bytes(state.bytes_per_position)} per token ({state.dtype}), {fmt_bytes(state.bytes)} for its "
+               f"{state.positions:,} positions. Full maps would take {fmt_bytes(full_maps_bytes(run, state))}.")
 
 
-def captured_again(lm: ModelClient, run: Run, layer: int) -> Run:
-    """The run with `layer` captured in one pass over its positions; one such layer is kept per session."""
-    key = f"attention.again.{run.id}"
-    held = st.session_state.get(key)
-    if held is None or held.layer != layer:
-        st.session_state.pop(key, None)                        # free the last one before making the next
-        n, guess = att.n_positions(run), run.prefill.seconds * (layer + 1) / run.spec.n_layers
-        try:
-            with st.spinner(f"Capturing layer {layer}: layers 0 to {layer} run over {n:,} positions (about "
-                            f"{guess:.0f} s: this prompt's prefill took {run.prefill.seconds:.1f} s for all "
-                            f"{run.spec.n_layers} layers)…"):
-                held = run_alone(lm, "attention.layer", {"ids": list(att.run_ids(run)), "layer": layer})
-        except EngineError as err:
-            st.error(f"Layer {layer} could not be captured: {err}")
-            return run
-        held.attention = held.attention.astype(np.float16)    # as the run keeps its own (app.run.compact)
-        st.session_state[key] = held
-    return att.with_layer(run, held)
+def full_maps_bytes(run: Run, state) -> float:  # noqa: ANN001 - a KeptState
+    return run.spec.n_layers * run.spec.n_heads * state.positions ** 2 * 4
 
 
-def heatmap_section(run: Run, layer: int, head_index: int, stretch: bool) -> None:
-    matrix, rows = att.head_matrix(run, layer, head_index)
-    pooled = att.pool(matrix, att.valid_mask(matrix.shape[0], rows), HEATMAP_CELLS)
+def server_maps(lm: ModelClient, run: Run, layer: int, fetch):  # noqa: ANN001, ANN201 - a thunk and its value
+    """`fetch()` once the layer's input is on the server (rebuilt first when needed); None with a message if not."""
+    try:
+        return fetch() if od.ready(lm, run, layer) else None
+    except EngineError as err:
+        st.error(f"These maps could not be computed: {err}")
+        return None
+
+
+def heatmap_section(run: Run, layer: int, head_index: int, stretch: bool, lm: ModelClient | None) -> None:
+    if od.needs_server(run, lm, layer):
+        head = heads_of(run, layer)[0][head_index]
+        pooled = server_maps(lm, run, layer, lambda: od.head_map(lm, run, layer, head, HEATMAP_CELLS))
+        if pooled is None:
+            return
+        missing = ""
+    else:
+        matrix, rows = att.head_matrix(run, layer, head_index)
+        pooled = att.pool(matrix, att.valid_mask(matrix.shape[0], rows), HEATMAP_CELLS)
+        missing = ("" if rows.all() else " Solid grey rows were not captured (only the last row of the prompt was "
+                   "kept).")
     plot(charts.heatmap_figure(pooled, run.position_texts(), stretch), key=f"attention.heatmap.{run.id}")
-    missing = ("" if rows.all() else " Solid grey rows were not captured (only the last row of the prompt was "
-               "kept).")
     st.caption("Each row is one token looking back: how its attention splits over the tokens before it. Hatched "
                "cells above the diagonal are the causal mask: a token never sees later ones. Rows after the "
                "prompt are the generated tokens, one per decode step." + missing
                + pooled_note(pooled.n, pooled.factor, "This map"))
 
 
-def grid_section(run: Run, layer: int, stretch: bool) -> None:
-    heads, kv_heads = att.captured_heads(run, layer)
-    pooled = []
-    for i in range(len(heads)):
-        matrix, rows = att.head_matrix(run, layer, i)
-        pooled.append(att.pool(matrix, att.valid_mask(matrix.shape[0], rows), GRID_CELLS))
+def grid_section(run: Run, layer: int, stretch: bool, lm: ModelClient | None) -> None:
+    heads, kv_heads = heads_of(run, layer)
+    if od.needs_server(run, lm, layer):
+        pooled = server_maps(lm, run, layer, lambda: od.layer_maps(lm, run, layer, GRID_CELLS))
+        if pooled is None:
+            return
+    else:
+        pooled = []
+        for i in range(len(heads)):
+            matrix, rows = att.head_matrix(run, layer, i)
+            pooled.append(att.pool(matrix, att.valid_mask(matrix.shape[0], rows), GRID_CELLS))
     plot(charts.heads_grid_figure(pooled, heads, kv_heads, stretch), key=f"attention.grid.{run.id}")
     st.caption(f"All {len(heads)} query heads of layer {layer}; heads reading the same K/V head share a group."
                + pooled_note(pooled[0].n, pooled[0].factor, "Each small map"))
 
 
-def summary_section(run: Run) -> None:
-    summary = att.head_summary(run)
+def summary_section(run: Run, lm: ModelClient | None) -> None:
+    whole = len(att.captured_layers(run)) == run.spec.n_layers or not od.on_server(run, lm)
+    try:
+        summary = att.head_summary(run) if whole else od.summary(lm, run, att.LOCAL_WINDOW)
+    except EngineError as err:
+        st.error(f"The summaries could not be computed: {err}")
+        return
     if summary is None:
         return
     plot(charts.summary_figure(summary), key=f"attention.summary.{run.id}")
-    st.caption("Per head, averaged over every captured query row after the first: entropy (low = the head "
-               "looks at few tokens), the share of attention on the first token (an 'attention sink'), and "
-               "how many positions back the head looks on average.")
+    how = ("from the maps this run holds" if whole else "on the model server a tile of keys at a time, with an "
+           "online softmax as FlashAttention computes attention, so no N×N map is ever held")
+    st.caption(f"Per head, averaged over every query row after the first ({summary.rows:,} rows), computed {how}: "
+               "entropy (low = the head looks at few tokens), the share of attention on the first token (an "
+               f"'attention sink'), how many positions back the head looks on average, and the share on the last "
+               f"{summary.window} positions (a local head keeps most of its weight there).")
 
 
-def scrubber_section(run: Run, layer: int, stretch: bool) -> None:
+def scrubber_section(run: Run, layer: int, stretch: bool, lm: ModelClient | None) -> None:
     if not run.steps:
         st.caption("This run produced a single token, so there is no decode step to scrub through.")
         return
     texts = run.position_texts()
     step = 1 if len(run.steps) == 1 else st.slider("Decode step", 1, len(run.steps), len(run.steps),
                                                    key=f"attention.step.{run.id}")
-    row = att.step_row(run, layer, step)
+    row = att.step_row(run, layer, step) if layer in att.captured_layers(run) else None
+    if row is None and od.on_server(run, lm):
+        row = server_maps(lm, run, layer, lambda: od.row(lm, run, layer, run.n_prompt + step - 1))
     if row is None:
         st.caption("This layer was not captured at that step.")
         return
@@ -132,7 +158,7 @@ def scrubber_section(run: Run, layer: int, stretch: bool) -> None:
     fed = run.tokens[step - 1].text
     st.text(f"Step {step}: the token {fed!r} (position {run.n_prompt + step - 1}) looks back at "
             f"{row.shape[1]:,} positions to produce {run.tokens[step].text!r}.")
-    heads = att.captured_heads(run, layer)[0]
+    heads = heads_of(run, layer)[0]
     plot(charts.step_row_figure(pooled, factor, texts, heads, stretch), key=f"attention.row.{run.id}")
     if factor > 1:
         st.caption(f"Downsampled: each cell is the mean of {factor} neighbouring positions.")

@@ -19,6 +19,7 @@ from transformers import DynamicCache
 from engine.projection.card import forward_shapes
 from engine.errors import ContextLengthError, InvalidRequestError
 from engine.core.hooks import CAPTURE_KWARG, CAPTURE_OFF, CapturePolicy, LayerCapture, StepCapture, instrument
+from engine.core.kept import KeptInputs
 from engine.core.loader import LoadedModel
 from engine.core.records import (CacheState, Candidate, DecodeRecord, DoneRecord, Piece, PrefillRecord, Record,
                                  SampledToken)
@@ -185,6 +186,8 @@ def forward(lm: LoadedModel, ids: list[int], cache: DynamicCache, capture: StepC
     input_ids = torch.tensor([ids], device=lm.device)                              # [1, T]
     positions = torch.arange(start, start + len(ids), device=lm.device)            # [T]
     extra = {CAPTURE_KWARG: capture} if capture is not None else {}
+    if capture is not None:
+        capture.start = start                                                     # where kept inputs are written
     out = lm.model(input_ids=input_ids, position_ids=positions[None], cache=cache, use_cache=True,
                    logits_to_keep=keep or 1, **extra)
     captures = capture.finish(lm.model) if capture is not None else {}
@@ -248,10 +251,12 @@ def prompt_pieces(lm: LoadedModel, ids: list[int]) -> list[Piece]:
 
 
 def generate(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy = CAPTURE_OFF,
-             should_stop: Callable[[], bool] | None = None, ids: list[int] | None = None) -> Iterator[Record]:
+             should_stop: Callable[[], bool] | None = None, ids: list[int] | None = None,
+             kept: KeptInputs | None = None) -> Iterator[Record]:
     """Yield a PrefillRecord, one DecodeRecord per further token, and a DoneRecord.
 
     `ids`: the prompt as the door (Scheduler.submit) checked and tokenized it; None admits the request here.
+    `kept`: where the inputs of the layers `policy.inputs` names go, every position (to recompute attention).
     Close the generator (or make `should_stop` return True) to cancel; the model is ready at once.
     """
     ids = admit(lm, request) if ids is None else ids
@@ -259,7 +264,7 @@ def generate(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy 
         yield from lm.fast.generate(request, policy, should_stop, ids)
         return
     cache = DynamicCache(config=lm.model.config)
-    with torch.inference_mode(), instrument(lm.model, policy) as inst:
+    with torch.inference_mode(), instrument(lm.model, policy, kept) as inst:
         done = yield from generation_loop(lm, request, ids, lambda: forward(lm, ids, cache, inst.new_step()),
                                           lambda token, _: forward(lm, [token], cache, inst.new_step()),
                                           lambda: cache_state(cache), should_stop)

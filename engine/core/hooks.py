@@ -5,6 +5,8 @@ Hook points reuse the model's own module paths:
     model.layers.{i}.self_attn   attention probabilities per query head  (heads, T_q, T_k)
                                  and the norms of Q (per query head) and K, V (per K/V head)
     model.layers.{i}             the residual stream leaving layer i      (d_model,) at the newest position
+    model.layers.{i} (input)     the residual stream entering layer i     (T, d_model), every position, kept in a
+                                 `KeptInputs` to compute attention again on demand (engine/core/recompute.py)
 
 Attention is captured by a registered attention function ("playground"): transformers calls it
 with Q after rotary embedding and the full K/V including the cache. It always computes the
@@ -30,6 +32,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
 
+from engine.core.kept import KeptInputs
+
 ATTENTION_NAME = "playground"
 CAPTURE_KWARG = "playground_capture"
 
@@ -46,10 +50,22 @@ class CapturePolicy:
     stats: bool = True                     # norms of Q, K, V and of the residual stream
     logit_lens: int = 0                    # top tokens each layer would predict (0: off)
     lens_on_demand: bool = False           # keep each layer's residual; compute the lens only when asked (logit_lens())
+    inputs: tuple[int, ...] | None = ()    # layers whose input (every position) is kept to recompute attention; None: all
 
     @property
     def enabled(self) -> bool:
-        return (self.layers is None or len(self.layers) > 0) and (self.attention or self.stats or self.logit_lens > 0)
+        return ((self.layers is None or len(self.layers) > 0) and (self.attention or self.stats or self.logit_lens > 0)
+                or self.keeps_inputs)
+
+    @property
+    def keeps_inputs(self) -> bool:
+        return self.inputs is None or len(self.inputs) > 0
+
+    def input_ids(self, n_layers: int) -> tuple[int, ...]:
+        """The layers whose input this policy keeps."""
+        if self.inputs is None:
+            return tuple(range(n_layers))
+        return tuple(i for i in self.inputs if 0 <= i < n_layers)
 
     def layer_ids(self, n_layers: int) -> tuple[int, ...]:
         if self.layers is None:
@@ -101,6 +117,8 @@ class StepCapture:
     policy: CapturePolicy
     layer_ids: frozenset[int]
     layers: dict[int, LayerCapture] = field(default_factory=dict)
+    kept: KeptInputs | None = None         # where each kept layer's input goes (None: nowhere)
+    start: int = 0                         # absolute position of this pass's first token (set by the caller)
     _resid: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (d_model,) newest position
     _rows: dict[int, NewestRows] = field(default_factory=dict)              # key length -> the rows of that length
     _qkv: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)   # layer -> (H, D), (KVH, D), (KVH, D)
@@ -160,6 +178,11 @@ class StepCapture:
         cap.attention = _np(probs)
         cap.query_start, cap.key_start = t_k - t_q, key_start
 
+    def on_layer_input(self, i: int, hidden: torch.Tensor) -> None:
+        # hidden: [1, T, d_model] entering layer i, positions start..start+T-1
+        if self.kept is not None:
+            self.kept.write(i, self.start, hidden[0])
+
     def on_residual(self, i: int, hidden: torch.Tensor) -> None:
         # hidden: [B, T, d_model] leaving layer i
         if self.policy.stats or self.policy.logit_lens:
@@ -173,6 +196,8 @@ class StepCapture:
             self._finish_norms()
         if self._resid:
             self._finish_residuals(model)
+        if self.kept is not None:
+            self.kept.commit()
         return self.layers
 
     def _finish_residuals(self, model: Any) -> None:
@@ -273,6 +298,8 @@ def playground_attention(module: Any, query: torch.Tensor, key: torch.Tensor, va
                          scaling: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """SDPA attention that also feeds a StepCapture when the call carries one."""
     capture: StepCapture | None = kwargs.pop(CAPTURE_KWARG, None)
+    if getattr(capture, "grab_only", False):           # engine/core/recompute.py: Q and K are all it needs
+        capture.grab(module, query, key, scaling, kwargs)
     out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                     scaling=scaling, **kwargs)
     if capture is not None:
@@ -301,24 +328,30 @@ def hook_points(model: Any) -> dict[str, str]:
 class Instrument:
     """Handed out by `instrument()`: makes one StepCapture per forward pass."""
 
-    def __init__(self, policy: CapturePolicy, n_layers: int):
-        self.policy = policy
+    def __init__(self, policy: CapturePolicy, n_layers: int, kept: KeptInputs | None = None):
+        self.policy, self.kept = policy, kept
         self.layer_ids = frozenset(policy.layer_ids(n_layers)) if policy.enabled else frozenset()
+        self.input_ids = frozenset(policy.input_ids(n_layers)) if kept is not None else frozenset()
 
     def new_step(self) -> StepCapture | None:
-        return StepCapture(self.policy, self.layer_ids) if self.layer_ids else None
+        if not self.layer_ids and not self.input_ids:
+            return None
+        return StepCapture(self.policy, self.layer_ids, kept=self.kept)
 
 
 @contextmanager
-def instrument(model: Any, policy: CapturePolicy) -> Iterator[Instrument]:
-    """Attach the residual hooks a policy needs; they are removed when the block exits, even on error."""
+def instrument(model: Any, policy: CapturePolicy, kept: KeptInputs | None = None) -> Iterator[Instrument]:
+    """Attach the residual hooks a policy needs (and, for kept inputs, a pre-hook on each kept layer); they are
+    removed when the block exits, even on error."""
     layers = decoder_layers(model)
-    inst = Instrument(policy, len(layers))
+    inst = Instrument(policy, len(layers), kept)
     handles = []
     try:
         if policy.stats or policy.logit_lens:
             for i in sorted(inst.layer_ids):
                 handles.append(layers[i].register_forward_hook(_residual_hook(i), with_kwargs=True))
+        for i in policy.input_ids(len(layers)) if policy.keeps_inputs else ():
+            handles.append(layers[i].register_forward_pre_hook(_input_hook(i), with_kwargs=True))
         yield inst
     finally:
         for handle in handles:
@@ -331,6 +364,15 @@ def _residual_hook(i: int):
         if capture is not None:
             capture.on_residual(i, output[0] if isinstance(output, tuple) else output)
     hook.playground_point = f"model.layers.{i}"  # marks our hooks apart from transformers' own
+    return hook
+
+
+def _input_hook(i: int):
+    def hook(module: Any, args: tuple, kwargs: dict) -> None:
+        capture = kwargs.get(CAPTURE_KWARG)
+        if capture is not None and hasattr(capture, "on_layer_input"):
+            capture.on_layer_input(i, args[0] if args else kwargs["hidden_states"])
+    hook.playground_point = f"model.layers.{i} (input)"
     return hook
 
 

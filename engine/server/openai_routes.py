@@ -101,11 +101,11 @@ def capture(options: p.PlaygroundOptions | None, service: EngineService, n_promp
     limits = service.limits
     if want is True:
         return capture_policy(service.spec, n_prompt, max_new, True, limits.max_capture_bytes,
-                              limits.max_capture_layers)
+                              limits.max_capture_layers, service.dtype.itemsize)
     return CapturePolicy(layers=None if want.layers is None else tuple(want.layers),
                          heads=None if want.heads is None else tuple(want.heads), attention=want.attention,
                          prefill_matrix=want.prefill_matrix, max_keys=want.max_keys, stats=want.stats,
-                         logit_lens=want.logit_lens), None
+                         logit_lens=want.logit_lens, inputs=None if want.inputs is None else tuple(want.inputs)), None
 
 
 # --- running it -------------------------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ class CaptureSpec(Strict):
     max_keys: int | None = Field(default=None, ge=1)
     stats: bool = True
     logit_lens: int = Field(default=0, ge=0, le=MAX_TOP_LOGPROBS)
+    inputs: list[int] | None = Field(default_factory=list)   # layers whose input is kept (attention on demand); null: all
 
 
 class PlaygroundOptions(Strict):

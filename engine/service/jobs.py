@@ -41,6 +41,7 @@ class Job:
     fn: Callable[..., Any]                      # fn(lm, progress, **params) for a job; fn(lm, **params) when quick
     params: Mapping[str, Callable[[Any, LoadedModel], Any]]   # name -> check(value, lm) -> the value to use
     quick: bool = False
+    runs: bool = False                          # fn also takes `runs=`: the service's run store (work on a run by id)
 
     def check(self, params: Mapping[str, Any], lm: LoadedModel) -> dict[str, Any]:
         if not isinstance(params, Mapping):
@@ -49,18 +50,18 @@ class Job:
         if unknown:
             raise InvalidRequestError(f"{self.name} takes no parameter {sorted(map(str, unknown))[0]!r} "
                                       f"(it takes: {', '.join(self.params) or 'none'})")
-        missing = set(self.params) - set(params)
+        missing = {n for n, rule in self.params.items() if n not in params and not hasattr(rule, "default")}
         if missing:
             raise InvalidRequestError(f"{self.name} needs its parameter {sorted(missing)[0]!r}")
-        return {name: rule(params[name], lm) for name, rule in self.params.items()}
+        return {name: rule(params[name], lm) if name in params else rule.default for name, rule in self.params.items()}
 
 
 JOBS: dict[str, Job] = {}
 
 
-def job(name: str, what: str, quick: bool = False, **params: Callable[[Any, LoadedModel], Any]):
+def job(name: str, what: str, quick: bool = False, runs: bool = False, **params: Callable[[Any, LoadedModel], Any]):
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-        JOBS[name] = Job(name, what, fn, params, quick)
+        JOBS[name] = Job(name, what, fn, params, quick, runs)
         return fn
     return register
 
@@ -73,12 +74,12 @@ def find(name: Any) -> Job:
     return found
 
 
-def run_quick(lm: LoadedModel, name: str, params: Mapping[str, Any]) -> Any:
-    """A quick one, at once, in the caller's thread (it only reads the weights)."""
+def run_quick(lm: LoadedModel, name: str, params: Mapping[str, Any], runs: Any = None) -> Any:
+    """A quick one, at once, in the caller's thread (it only reads the weights, and a run's kept state)."""
     found = find(name)
     if not found.quick:
         raise InvalidRequestError(f"{name} needs the model to itself: submit it as a job")
-    return found.fn(lm, **found.check(params, lm))
+    return found.fn(lm, **found.check(params, lm), **({"runs": runs} if found.runs else {}))
 
 
 # --- parameter rules -----------------------------------------------------------------------------------------
@@ -158,6 +159,205 @@ def attention_qkv(lm: LoadedModel, progress: Progress, ids: list[int], layer: in
     from engine.lab.attention_math import capture_qkv
 
     return capture_qkv(lm, ids, layer)
+
+
+# --- attention on demand, from what a run kept (engine/core/recompute.py) ---------------------------------------
+
+def a_run(value: Any, lm: LoadedModel) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= 80:
+        raise InvalidRequestError("a run id (the run_id a generation returned) was expected")
+    return value
+
+
+def a_layer(value: Any, lm: LoadedModel) -> int:
+    top = lm.spec.n_layers - 1
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= top:
+        raise InvalidRequestError(f"layer {str(value)[:20]} is out of range: {lm.label} has layers 0 to {top}")
+    return int(value)
+
+
+def heads(value: Any, lm: LoadedModel) -> list[int]:
+    top = lm.spec.n_heads - 1
+    ok = isinstance(value, (list, tuple)) and 0 < len(value) <= lm.spec.n_heads
+    if not ok or any(isinstance(h, bool) or not isinstance(h, (int, np.integer)) or not 0 <= h <= top for h in value):
+        raise InvalidRequestError(f"query heads out of range: {lm.label} has query heads 0 to {top} in each layer")
+    return [int(h) for h in value]
+
+
+def optional(rule: Callable[[Any, LoadedModel], Any], default: Any = None) -> Callable[[Any, LoadedModel], Any]:
+    """A parameter that may be left out (its default), or null."""
+    def checked(value: Any, lm: LoadedModel) -> Any:
+        return default if value is None else rule(value, lm)
+    checked.default = default
+    return checked
+
+
+def span(value: Any, lm: LoadedModel) -> tuple[int, int]:
+    if (not isinstance(value, (list, tuple)) or len(value) != 2 or any(isinstance(v, bool) or not isinstance(
+            v, (int, np.integer)) for v in value) or not 0 <= value[0] < value[1]):
+        raise InvalidRequestError("a span of positions [start, stop) with 0 <= start < stop was expected")
+    return int(value[0]), int(value[1])
+
+
+@dataclass(frozen=True)
+class KeptState:
+    """What a run keeps to recompute its attention, as a page or client reads it."""
+
+    run_id: str
+    positions: int              # positions kept (prompt + every generated token fed back)
+    layers: tuple[int, ...]     # layers whose input is kept
+    rebuilt: tuple[int, ...]    # layers whose input was rebuilt on demand and is held now
+    bytes: int                  # what it holds in all
+    bytes_per_position: int
+    dtype: str
+    live: bool                  # the run is still generating (more positions will come)
+
+
+def _kept(runs: Any, run_id: str) -> tuple[Any, Any, list[Any]]:
+    return runs.kept(run_id)
+
+
+def kept_state(run_id: str, info: Any, kept: Any) -> KeptState:
+    return KeptState(run_id, kept.length, kept.layers, tuple(kept.recomputed), kept.nbytes, kept.bytes_per_position,
+                     str(kept.dtype).removeprefix("torch."), info.live)
+
+
+def position_ids(records: list[Any]) -> list[int]:
+    """Every position's token id: the prompt, then each generated token fed back."""
+    from engine.core.records import DecodeRecord, PrefillRecord, SpecRoundRecord
+
+    prefill = next((r for r in records if isinstance(r, PrefillRecord)), None)
+    if prefill is None:
+        return []
+    tokens = [prefill.token.id]
+    for r in records:
+        if isinstance(r, DecodeRecord):
+            tokens.append(r.token.id)
+        elif isinstance(r, SpecRoundRecord):
+            tokens.extend(t.id for t in r.emitted)
+    return [p.id for p in prefill.prompt] + tokens[:-1]
+
+
+class LayerNotKeptError(InvalidRequestError):
+    """A layer's input was not kept: it must be rebuilt first (a job, since it runs layers of the model)."""
+
+
+def _qk(lm: LoadedModel, kept: Any, run_id: str, layer: int) -> Any:
+    from engine.core.recompute import layer_qk
+
+    x = kept.input(layer)
+    if x is None:
+        raise LayerNotKeptError(f"run {run_id[:40]!r} kept the inputs of layers {', '.join(map(str, kept.layers))}; "
+                                f"layer {layer}'s must first be rebuilt from layer {kept.below(layer) or 0} "
+                                "(the job attention.rebuild)")
+    if x.shape[0] == 0:
+        raise InvalidRequestError(f"run {run_id[:40]!r} has no positions yet: its prompt is still being read")
+    return layer_qk(lm.model, layer, x)
+
+
+@job("attention.kept", "what a run kept", quick=True, runs=True, run_id=a_run)
+def attention_kept(lm: LoadedModel, runs: Any, run_id: str) -> KeptState:
+    info, kept, _ = _kept(runs, run_id)
+    return kept_state(run_id, info, kept)
+
+
+@job("attention.map", "attention maps", quick=True, runs=True, run_id=a_run, layer=a_layer, heads=heads,
+     cells=optional(whole(1, 1024), 160), rows=optional(span), keys=optional(span))
+def attention_maps(lm: LoadedModel, runs: Any, run_id: str, layer: int, heads: list[int], cells: int,
+                   rows: tuple[int, int] | None, keys: tuple[int, int] | None) -> list[Any]:
+    """Maps of some heads of one layer (exact, or pooled into at most `cells` cells per axis, saying how)."""
+    from engine.core.attention_maps import attention_map
+
+    _, kept, _ = _kept(runs, run_id)
+    qk = _qk(lm, kept, run_id, layer)
+    for name, part in (("rows", rows), ("keys", keys)):
+        if part is not None and part[1] > qk.n:
+            raise InvalidRequestError(f"{name} {part[0]}..{part[1] - 1} reach past the run's {qk.n:,} positions")
+    return [attention_map(qk, h, cells, rows, keys) for h in heads]
+
+
+@dataclass(frozen=True)
+class AttentionRow:
+    """Every query head's attention from one position over all the positions before it."""
+
+    layer: int
+    position: int
+    probs: np.ndarray           # (H, position + 1) float32
+    kv_heads: tuple[int, ...]   # the K/V head each query head reads
+
+
+@job("attention.row", "an attention row", quick=True, runs=True, run_id=a_run, layer=a_layer, position=whole(0, 2**31))
+def attention_row(lm: LoadedModel, runs: Any, run_id: str, layer: int, position: int) -> AttentionRow:
+    from engine.core.attention_maps import attention_rows
+
+    _, kept, _ = _kept(runs, run_id)
+    qk = _qk(lm, kept, run_id, layer)
+    if position >= qk.n:
+        raise InvalidRequestError(f"position {position:,} is out of range: the run has positions 0 to {qk.n - 1:,}")
+    every = list(range(qk.q.shape[0]))
+    probs = attention_rows(qk, every, position, position + 1)[:, 0].cpu().numpy()
+    return AttentionRow(layer, position, probs, tuple(qk.kv_head(h) for h in every))
+
+
+@job("attention.rebuild", "rebuilding a layer's input", runs=True, run_id=a_run, layer=a_layer)
+def attention_rebuild(lm: LoadedModel, progress: Progress, runs: Any, run_id: str, layer: int) -> KeptState:
+    """A layer whose input the run did not keep, rebuilt from the nearest kept layer below (a partial prefill)."""
+    from engine.core.recompute import layer_input
+
+    info, kept, records = _kept(runs, run_id)
+    first = kept.below(layer) or 0
+    report = lambda i: progress((i - first + 1) / max(layer - first, 1),   # noqa: E731
+                                f"layer {i} over {kept.length:,} positions")
+    progress(0.0, f"layers {first} to {layer - 1} over {kept.length:,} positions")
+    layer_input(lm.model, kept, layer, position_ids(records), report)
+    return kept_state(run_id, info, kept)
+
+
+@job("attention.summary", "the per-head summaries", runs=True, run_id=a_run, window=optional(whole(1, 4096), 16))
+def attention_summary(lm: LoadedModel, progress: Progress, runs: Any, run_id: str, window: int) -> Any:
+    """Every head of every layer summarised over the whole run (entropy, sink, distance, local mass), blockwise."""
+    from engine.core.attention_maps import summarise
+    from engine.core.recompute import embeddings
+
+    _, kept, records = _kept(runs, run_id)
+    held = getattr(kept, "summaries", {})
+    if window not in held:
+        first = kept.input(0)
+        first = embeddings(lm.model, position_ids(records)[: kept.length], lm.device) if first is None else first
+        n = lm.spec.n_layers
+        held[window] = summarise(lm.model, first, lambda i: kept.input(i) if i in kept.layers else None, n, window,
+                                 lambda i, text: progress(i / n, text))
+        kept.summaries = held
+    return held[window]
+
+
+def context_lengths(value: Any, lm: LoadedModel) -> list[int]:
+    """Lengths for the long-text job: 1 to the model's context, and no more than this server's prompt limit."""
+    from engine.errors import ContextLengthError
+    from engine.serving.scheduler import scheduler_for
+
+    lengths = wholes(1, 2**31, 16)(value, lm)
+    limit = scheduler_for(lm).limits.max_prompt_tokens
+    if max(lengths) > lm.spec.max_context:
+        raise ContextLengthError(f"{max(lengths):,} tokens were asked for; {lm.label} reads at most "
+                                 f"{lm.spec.max_context:,}")
+    if max(lengths) > limit:
+        raise ContextLengthError(f"{max(lengths):,} tokens were asked for; this server reads at most {limit:,} tokens "
+                                 f"of prompt ({lm.label} itself reads {lm.spec.max_context:,})")
+    return lengths
+
+
+@job("attention.context", "attention over a long text", lengths=context_lengths, window=optional(whole(1, 4096), 16))
+def attention_context(lm: LoadedModel, progress: Progress, lengths: list[int], window: int) -> list[Any]:
+    """The first N tokens of a long public-domain text, for each N: prefill time, KV bytes, every head summarised.
+    Each length's point is sent as it is measured (JobProgress.partial), so a page redraws as N grows."""
+    from engine.lab.long_context import sweep
+
+    points = []
+    for point in sweep(lm, lengths, window, progress):
+        points.append(point)
+        progress(len(points) / len(lengths), f"N = {point.n:,} measured", list(points))
+    return points
 
 
 @job("lens", "the logit lens", quick=True, resid=residuals, top=whole(1, 20))

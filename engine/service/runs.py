@@ -24,7 +24,7 @@ import numpy as np
 
 from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy
-from engine.errors import EngineError
+from engine.errors import EngineError, InvalidRequestError
 
 RECORD_BYTES = 4096            # a record without its captures: the token, 256 kept logits, 10 candidates
 FINISHED = ("done", "cancelled", "failed")
@@ -32,6 +32,10 @@ FINISHED = ("done", "cancelled", "failed")
 
 class RunNotFoundError(EngineError):
     """No run with that id: never made here, or dropped to make room for newer ones."""
+
+
+class NothingKeptError(InvalidRequestError):
+    """The run exists but kept nothing to recompute its attention from."""
 
 
 def new_run_id() -> str:
@@ -82,6 +86,8 @@ class RunSlice:
 class _Entry:
     info: RunInfo
     records: list[Any] = field(default_factory=list)
+    kept: Any = None                           # the run's KeptInputs: what recomputes its attention on demand
+    kept_bytes: int = 0                        # what the store counts for them
 
 
 class RunStore:
@@ -98,6 +104,29 @@ class RunStore:
             self._runs[info.id] = _Entry(info)
             self._evict()
         return info
+
+    def attach(self, run_id: str, kept: Any, reserved: int) -> None:
+        """A run's kept layer inputs, counted in the store's bytes (`reserved` while it runs, what it holds after)."""
+        with self._cond:
+            entry = self._runs.get(run_id)
+            if entry is not None:
+                entry.kept, entry.kept_bytes = kept, reserved
+                self._grow(entry, reserved)
+                self._evict()
+
+    def kept(self, run_id: str) -> tuple[RunInfo, Any, list[Any]]:
+        """A run's info, its kept layer inputs and its records; RunNotFoundError when it went, a clear message when it
+        kept nothing to recompute attention from."""
+        with self._cond:
+            entry = self._entry(run_id)
+            if entry.kept is None:
+                raise NothingKeptError(f"run {run_id[:40]!r} kept nothing to compute its attention from: it ran with "
+                                       "capture off, or its maps ride in its records")
+            return replace(entry.info), entry.kept, list(entry.records)
+
+    def _grow(self, entry: _Entry, size: int) -> None:
+        entry.info.bytes += size
+        self._bytes += size
 
     def append(self, run_id: str, record: Any) -> None:
         """One more record (from the worker thread): counted, kept, and any follower woken."""
@@ -120,7 +149,17 @@ class RunStore:
             entry = self._runs.get(run_id)
             if entry is not None and entry.info.live:
                 entry.info.state, entry.info.error, entry.info.finished = state, error, time.time()
+                self._settle_kept(entry)
             self._cond.notify_all()
+
+    def _settle_kept(self, entry: _Entry) -> None:
+        """A finished run's kept inputs shrink to the positions it holds; the store counts what they take now."""
+        if entry.kept is None:
+            return
+        entry.kept.truncate(min(entry.kept.length, positions(entry.records)))
+        self._grow(entry, entry.kept.nbytes - entry.kept_bytes)
+        entry.kept_bytes = entry.kept.nbytes
+        self._evict()
 
     def info(self, run_id: str) -> RunInfo:
         with self._cond:
@@ -167,6 +206,15 @@ class RunStore:
             if victim is None:
                 return
             self._bytes -= self._runs.pop(victim).info.bytes
+
+
+def positions(records: list[Any]) -> int:
+    """Positions a run's model read: its prompt, then every token it generated but the last (a speculative round's
+    rejected drafts are not among them)."""
+    n_prompt = next((len(r.prompt) for r in records if getattr(r, "kind", "") == "prefill"), 0)
+    tokens = sum(1 if getattr(r, "kind", "") in ("prefill", "decode") else len(getattr(r, "emitted", ()))
+                 for r in records if getattr(r, "kind", "") in ("prefill", "decode", "spec_round"))
+    return n_prompt + max(tokens - 1, 0)
 
 
 def record_bytes(record: Any) -> int:

@@ -24,6 +24,7 @@ import torch
 
 from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy
+from engine.core.kept import KeptInputs
 from engine.core.loader import LoadedModel, load_model
 from engine.errors import EngineError, InvalidRequestError
 from engine.projection.specs import ModelSpec
@@ -44,6 +45,7 @@ from engine.speculative.options import DraftModelOption, draft_model_options, is
 PRESENCE_STALE_SECONDS = 30.0     # a web process that has not reported its sessions this long is gone
 RUN_STORE_SHARE = 2               # the run store keeps this many requests' worth of the capture limit...
 RUN_STORE_MIN = 256 * 2**20       # ...and at least this much
+KEPT_GUESS = 256                  # prompt positions a run's kept inputs make room for before its prompt is counted
 
 
 @dataclass(frozen=True)
@@ -185,9 +187,19 @@ class EngineService:
         info = RunInfo(new_run_id(), "speculative" if draft else "generation", source, self.label, session, base,
                        policy if policy is not None else getattr(request, "policy", CAPTURE_OFF),
                        draft=draft, k=k if draft else 0, label=built.label if built is not None else "", parent=parent)
-        extra = {"draft": built, "k": k} if built is not None else {}
+        kept = self._kept(info, request)
+        extra = {"draft": built, "k": k, "kept": kept} if built is not None else {"kept": kept}
         return self._queue(info, lambda ls: self.scheduler.submit(request, policy, session=session, run_id=info.id,
-                                                                   listeners=ls, **extra), listeners)
+                                                                   listeners=ls, **extra), listeners, kept)
+
+    def _kept(self, info: RunInfo, request: GenerationRequest | CheckedRequest) -> KeptInputs | None:
+        """Where a plain run's kept layer inputs go, when its policy keeps some."""
+        if not info.policy.keeps_inputs:
+            return None
+        base = request.request if isinstance(request, CheckedRequest) else request
+        n_prompt = request.n_prompt if isinstance(request, CheckedRequest) else KEPT_GUESS
+        layers = info.policy.input_ids(self.lm.spec.n_layers)
+        return KeptInputs(layers, self.lm.spec.d_model, self.lm.dtype, self.lm.device, n_prompt + base.max_new_tokens)
 
     def submit_job(self, name: str, params: Mapping[str, Any] | None = None, session: str | None = None,
                    source: str = "page", listeners: tuple[Callable[[Handle, Any], None], ...] = ()) -> Handle:
@@ -196,6 +208,8 @@ class EngineService:
         if found.quick:
             raise InvalidRequestError(f"{name} runs at once: ask for it with quick()")
         checked = found.check(params or {}, self.lm)
+        if found.runs:
+            checked["runs"] = self.runs
         info = RunInfo(new_run_id(), "job", source, self.label, session, label=name)
         work = lambda progress: found.fn(self.lm, progress, **checked)  # noqa: E731
         return self._queue(info, lambda ls: self.scheduler.submit_job(work, found.what, session=session,
@@ -203,11 +217,13 @@ class EngineService:
 
     def quick(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         """A named quick computation (reads weights or files), at once, beside the running batch."""
-        return job_registry.run_quick(self.lm, name, params or {})
+        return job_registry.run_quick(self.lm, name, params or {}, self.runs)
 
     def _queue(self, info: RunInfo, submit: Callable[[tuple], Handle],
-               listeners: tuple[Callable[[Handle, Any], None], ...]) -> Handle:
+               listeners: tuple[Callable[[Handle, Any], None], ...], kept: KeptInputs | None = None) -> Handle:
         self.runs.open(info)
+        if kept is not None:                       # counted in the run store from the start, room for every token
+            self.runs.attach(info.id, kept, kept.bytes_per_position * kept.capacity)
         try:
             return submit((self._keep, self.metrics.meter(), *listeners))
         except EngineError as err:

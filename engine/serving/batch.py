@@ -35,6 +35,7 @@ from engine.errors import EngineError
 from engine.core.generate import (GenerationRequest, TextStream, eos_ids, finish_reason, forward,
                                   pick_token, prompt_pieces, sync, trim_stop)
 from engine.core.hooks import CAPTURE_KWARG, CapturePolicy, LayerCapture, StepCapture, instrument
+from engine.core.kept import KeptInputs
 from engine.core.loader import LoadedModel
 from engine.core.small_batch import kernels_for, small_batch_kernels
 from engine.serving.paged import BlockTable, PagedBatch, SoloBatch, row_cache_state
@@ -54,6 +55,7 @@ class Slot:
     emit: Callable[[Record], None]                   # receives each record
     fail: Callable[[Exception], None]                # called once if the request fails
     should_stop: Callable[[], bool] = lambda: False  # cancel / time limit, checked before each step
+    kept: KeptInputs | None = None                   # where kept layer inputs go (policy.inputs), every position
     tag: Any = None                                  # the caller's (the scheduler's handle)
     label: Any = None                                # what step records name it by (kept; no big objects)
     # --- state, kept by the runner ---
@@ -77,8 +79,11 @@ class Slot:
         self.cache = DynamicCache(config=lm.model.config)
         self.started = self.last = time.perf_counter()
 
-    def new_capture(self) -> StepCapture | None:
-        return StepCapture(self.policy, self.layer_ids) if self.layer_ids else None
+    def new_capture(self, start: int = 0) -> StepCapture | None:
+        """A capture for one pass whose first token sits at position `start` of this request."""
+        if not self.layer_ids and self.kept is None:
+            return None
+        return StepCapture(self.policy, self.layer_ids, kept=self.kept, start=start)
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,11 @@ class BatchCapture:
         for b, pad, cap in rows:
             q = query[b:b + 1, :, pad:] if query.shape[-2] > 1 else query[b:b + 1]
             cap.on_attention(module, q, key[b:b + 1, :, pad:], value[b:b + 1, :, pad:], None, scaling)
+
+    def on_layer_input(self, i: int, hidden: torch.Tensor) -> None:
+        # hidden: [B, T, d_model] entering layer i; each row's pads (prefill) on the left, cut off here
+        for b, pad, cap in self.rows:
+            cap.on_layer_input(i, hidden[b:b + 1, pad:] if hidden.shape[1] > 1 else hidden[b:b + 1])
 
     def on_residual(self, i: int, hidden: torch.Tensor) -> None:
         # hidden: [B, 1, d_model] leaving layer i
@@ -319,9 +329,9 @@ class BatchRunner:
         ids, mask = left_pad([s.ids for s in group], pad_id(self.lm), device)               # [B, T], [B, T]
         pads = (mask.shape[1] - mask.sum(1)).tolist()
         cache = DynamicCache(config=self.lm.model.config)
-        rows = [(b, pads[b], cap) for b, s in enumerate(group) if (cap := s.new_capture()) is not None]
+        rows = [(b, pads[b], cap) for b, s in enumerate(group) if (cap := s.new_capture(0)) is not None]
         capture = BatchCapture(rows) if rows else None
-        union = _union_policy([s.policy for s in group], [s.layer_ids for s in group])
+        union = _union_policy([s.policy for s in group], [s.layer_ids for s in group], self.lm.spec.n_layers)
         with torch.inference_mode(), instrument(self.lm.model, union):
             out = self.lm.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
                                 cache=cache, use_cache=True, logits_to_keep=1,
@@ -358,6 +368,9 @@ class BatchRunner:
             return
         load_prefix(slot.cache, entry, n)
         slot.prefilled = slot.reused = n
+        if slot.kept is not None:                   # the reused part's kept inputs come from the entry as well
+            for i in slot.kept.layers:
+                slot.kept.write(i, 0, entry.inputs[i][:n])
         rows = reused_rows(entry, n, slot.policy, slot.layer_ids, self.lm.spec.n_heads)
         if rows:
             slot.chunks.append(rows)
@@ -372,7 +385,8 @@ class BatchRunner:
         slot.generated.append(slot.token.id)
         captures = stitch_prefill(slot.chunks, len(slot.ids), slot.policy)
         if self.prefix is not None:
-            self.prefix.store(slot.ids, slot.cache, captures)
+            inputs = slot.kept.prompt(len(slot.ids)) if slot.kept is not None else None
+            self.prefix.store(slot.ids, slot.cache, captures, inputs)
         slot.emit(PrefillRecord(prompt_pieces(self.lm, slot.ids), forward_shapes(self.lm.spec, len(slot.ids)),
                                 slot.ttft, row_cache_state(slot.cache, slot.length), slot.token, captures,
                                 reused_tokens=slot.reused))
@@ -411,9 +425,9 @@ class BatchRunner:
         positions = torch.tensor([[s.length] for s in slots], device=device)             # [B, 1] own positions
         pads = self.batch.pads()
         mask = self.batch.step_mask()                                                   # [B, L + 1]
-        rows = [(b, pads[b], cap) for b, s in enumerate(slots) if (cap := s.new_capture()) is not None]
+        rows = [(b, pads[b], cap) for b, s in enumerate(slots) if (cap := s.new_capture(s.length)) is not None]
         capture = BatchCapture(rows) if rows else None
-        union = _union_policy([s.policy for s in slots], [s.layer_ids for s in slots])
+        union = _union_policy([s.policy for s in slots], [s.layer_ids for s in slots], self.lm.spec.n_layers)
         with torch.inference_mode(), instrument(self.lm.model, union), small_batch_kernels(self.lm):
             out = self.lm.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                                 cache=self.batch.cache, use_cache=True, logits_to_keep=1,
@@ -461,11 +475,14 @@ def _chunkable(policy: CapturePolicy) -> bool:
     return not (policy.enabled and policy.attention and policy.prefill_matrix and policy.max_keys)
 
 
-def _union_policy(policies: list[CapturePolicy], layer_ids: list[frozenset[int]]) -> CapturePolicy:
-    """The residual hooks the batch needs: every layer some row reads its stream at."""
+def _union_policy(policies: list[CapturePolicy], layer_ids: list[frozenset[int]],
+                  n_layers: int = 0) -> CapturePolicy:
+    """The hooks the batch needs: every layer some row reads its stream at, and every layer some row keeps the
+    input of."""
     wanted = [ids for p, ids in zip(policies, layer_ids) if p.stats or p.logit_lens]
     layers = tuple(sorted(frozenset().union(*wanted))) if wanted else ()
-    return CapturePolicy(layers=layers, attention=False, stats=bool(layers))
+    inputs = tuple(sorted(frozenset().union(*(p.input_ids(n_layers) for p in policies if p.keeps_inputs))))
+    return CapturePolicy(layers=layers, attention=False, stats=bool(layers), inputs=inputs)
 
 
 def stitch_prefill(chunks: list[dict[int, LayerCapture]], n_prompt: int,

@@ -20,7 +20,7 @@ import torch
 from engine.projection.card import kv_bytes_per_token
 from engine.errors import ContextLengthError, EngineError, InsufficientMemoryError, InvalidRequestError
 from engine.core.hooks import CapturePolicy
-from engine.projection.specs import ModelSpec
+from engine.projection.specs import ModelSpec, dtype_bytes
 from engine.projection.units import fmt_bytes
 
 MiB = 2**20
@@ -136,7 +136,21 @@ def check_tokens(limits: Limits, n_prompt: int, max_new_tokens: int) -> None:
             f"{max_new_tokens:,} new tokens were asked for; this server allows at most {limits.max_new_tokens:,}")
 
 
-def capture_bytes(spec: ModelSpec, policy: CapturePolicy, n_prompt: int, max_new_tokens: int) -> int:
+def capture_bytes(spec: ModelSpec, policy: CapturePolicy, n_prompt: int, max_new_tokens: int,
+                  value_bytes: int = CAPTURED_BYTES) -> int:
+    """Upper bound of what a policy captures over a whole generation: the attention probabilities it keeps, and the
+    layer inputs it keeps to recompute attention (`value_bytes` each: the model's dtype)."""
+    return (maps_bytes(spec, policy, n_prompt, max_new_tokens)
+            + inputs_bytes(spec, policy, n_prompt + max_new_tokens, value_bytes))
+
+
+def inputs_bytes(spec: ModelSpec, policy: CapturePolicy, positions: int, value_bytes: int = CAPTURED_BYTES) -> int:
+    """Bytes of the layer inputs a policy keeps over `positions` positions: layers x d_model x positions x bytes."""
+    layers = len(policy.input_ids(spec.n_layers)) if policy.keeps_inputs else 0
+    return layers * spec.d_model * positions * value_bytes
+
+
+def maps_bytes(spec: ModelSpec, policy: CapturePolicy, n_prompt: int, max_new_tokens: int) -> int:
     """Upper bound of the attention probabilities a policy captures over a whole generation."""
     if not policy.enabled or not policy.attention:
         return 0
@@ -149,12 +163,12 @@ def capture_bytes(spec: ModelSpec, policy: CapturePolicy, n_prompt: int, max_new
 
 
 def check_capture(limits: Limits, spec: ModelSpec, policy: CapturePolicy, n_prompt: int,
-                  max_new_tokens: int) -> None:
+                  max_new_tokens: int, value_bytes: int = CAPTURED_BYTES) -> None:
     layers = len(policy.layer_ids(spec.n_layers)) if policy.enabled else 0
     if layers > limits.max_capture_layers:
         raise InvalidRequestError(
             f"capturing {layers} layers was asked for; this server captures at most {limits.max_capture_layers}")
-    size = capture_bytes(spec, policy, n_prompt, max_new_tokens)
+    size = capture_bytes(spec, policy, n_prompt, max_new_tokens, value_bytes)
     if size > limits.max_capture_bytes:
         raise InvalidRequestError(
             f"the attention capture would take {fmt_bytes(size)}; this server allows "
@@ -184,10 +198,11 @@ def check_request(limits: Limits, spec: ModelSpec, dtype: str, n_prompt: int, ma
                   policy: CapturePolicy, free_bytes: float | None = None) -> None:
     """Every launch-time limit a single request must meet; raises an EngineError subclass."""
     check_tokens(limits, n_prompt, max_new_tokens)
-    check_capture(limits, spec, policy, n_prompt, max_new_tokens)
+    value = int(dtype_bytes(dtype))
+    check_capture(limits, spec, policy, n_prompt, max_new_tokens, value)
     if free_bytes is not None:
         check_memory(spec, dtype, n_prompt + max_new_tokens, free_bytes,
-                     capture_bytes(spec, policy, n_prompt, max_new_tokens), limits.reserve_mb * MiB)
+                     capture_bytes(spec, policy, n_prompt, max_new_tokens, value), limits.reserve_mb * MiB)
 
 
 # --- what a browser sends besides a request: the prompt's characters, a recording file ------------------------

@@ -33,6 +33,7 @@ class PrefixEntry:
     values: list[torch.Tensor]
     attention: dict[int, tuple[tuple[int, ...], np.ndarray]] = field(default_factory=dict)  # layer -> (heads, (h, T, T))
     nbytes: int = 0
+    inputs: dict[int, torch.Tensor] = field(default_factory=dict)   # layer -> (T, d_model) its input, kept inputs
 
 
 @dataclass
@@ -72,8 +73,10 @@ class PrefixCache:
         self.stats.reused_tokens += best_n
         return best, best_n
 
-    def store(self, ids: list[int], cache: DynamicCache, captures: dict[int, LayerCapture]) -> None:
-        """Keep a prefilled prompt's K/V (references: nothing here is ever written in place)."""
+    def store(self, ids: list[int], cache: DynamicCache, captures: dict[int, LayerCapture],
+              inputs: dict[int, torch.Tensor] | None = None) -> None:
+        """Keep a prefilled prompt's K/V (references: nothing here is ever written in place), with its captured maps
+        and its kept layer inputs (T, d_model) when they fit too (those are copied: a run's buffers move)."""
         if self.max_bytes <= 0 or any(np.array_equal(e.ids, ids) for e in self._entries.values()):
             return
         keys = [layer.keys for layer in cache.layers]
@@ -81,13 +84,16 @@ class PrefixCache:
         attention = {i: (c.heads, c.attention) for i, c in captures.items()
                      if c.attention is not None and c.query_start == 0 and c.key_start == 0
                      and c.attention.shape[1:] == (len(ids), len(ids))}
-        nbytes = sum(t.numel() * t.element_size() for t in keys + values) + sum(a.nbytes for _, a in attention.values())
-        if nbytes > self.max_bytes:
-            attention, nbytes = {}, sum(t.numel() * t.element_size() for t in keys + values)
-            if nbytes > self.max_bytes:
-                return
+        kv = sum(t.numel() * t.element_size() for t in keys + values)
+        inputs = inputs or {}
+        extra = sum(a.nbytes for _, a in attention.values()) + sum(t.numel() * t.element_size() for t in inputs.values())
+        if kv > self.max_bytes:
+            return
+        if kv + extra > self.max_bytes:
+            attention, inputs, extra = {}, {}, 0
         self._ids += 1
-        self._entries[self._ids] = PrefixEntry(np.asarray(ids), keys, values, attention, nbytes)
+        copies = {i: t.clone() for i, t in inputs.items()}
+        self._entries[self._ids] = PrefixEntry(np.asarray(ids), keys, values, attention, kv + extra, copies)
         self._evict()
 
     def _evict(self) -> None:
@@ -127,7 +133,9 @@ def _needs_matrix(policy: CapturePolicy, layer_ids: frozenset[int]) -> bool:
 
 
 def _serves(entry: PrefixEntry, policy: CapturePolicy, layer_ids: frozenset[int], n_heads: int) -> bool:
-    """Can this entry stand in for the prefill of its part, captures included?"""
+    """Can this entry stand in for the prefill of its part, captures (and kept layer inputs) included?"""
+    if policy.keeps_inputs and not set(policy.input_ids(len(entry.keys))) <= set(entry.inputs):
+        return False
     if not _needs_matrix(policy, layer_ids):
         return True
     if policy.max_keys:

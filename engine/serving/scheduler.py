@@ -42,6 +42,7 @@ from engine.core.generate import GenerationRequest, check_context, encode_prompt
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy
 from engine.serving.limits import (Limits, capture_bytes, check_capture, check_memory, check_prompt_chars, check_request,
                                    kv_bytes)
+from engine.core.kept import KeptInputs
 from engine.core.loader import LoadedModel, free_memory
 from engine.serving.people import People, SessionLimitError, retry_after  # noqa: F401 - SessionLimitError: here too
 from engine.serving.prefix import PrefixCache
@@ -81,6 +82,7 @@ class JobProgress:
     fraction: float
     text: str
     kind: str = "progress"
+    partial: Any = None              # a result so far, for a page that draws it as the job goes (None: none)
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,7 @@ class Handle:
     finished: float | None = None
     tokens: int = 0                   # tokens generated so far
     run_id: str = ""                  # the caller's name for this request (the service's run id)
+    kept: KeptInputs | None = field(default=None, repr=False)   # where its kept layer inputs go (policy.inputs)
     listeners: tuple[Callable[["Handle", Any], None], ...] = field(default=(), repr=False)   # listener(handle, record)
     _records: queue.Queue = field(default_factory=queue.Queue, repr=False)
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -328,7 +331,7 @@ class Scheduler:
 
     def submit(self, request: GenerationRequest | CheckedRequest, policy: CapturePolicy | None = None,
                session: str | None = None, draft: Draft | None = None, k: int = 4, run_id: str = "",
-               listeners: tuple[Callable[[Handle, Any], None], ...] = ()) -> Handle:
+               listeners: tuple[Callable[[Handle, Any], None], ...] = (), kept: KeptInputs | None = None) -> Handle:
         """Queue a request; raises an EngineError subclass when it cannot be accepted.
 
         A `CheckedRequest` from `check` is not validated or tokenized again: only what may have changed since
@@ -337,14 +340,16 @@ class Scheduler:
         previous one. `draft` runs speculative decoding with `k` drafted tokens per round, exclusively (the
         batch drains first). `run_id` names it for the caller; each of `listeners` is called as `listener(handle, record)`
         for every record (and the end marker `Handle.END`, once the handle's state is final) in the worker's thread
-        as it is made, whether or not anyone reads the handle.
+        as it is made, whether or not anyone reads the handle. `kept` receives the inputs of the layers the policy
+        keeps, at every position.
         """
         try:
             checked = self._recheck(request, policy) if isinstance(request, CheckedRequest) else self.check(
                 request, CAPTURE_OFF if policy is None else policy)
             with self._cond:
                 handle = self._new_handle(checked.request, checked.policy, session, draft=draft, k=k,
-                                          ids=list(checked.ids), run_id=run_id, listeners=listeners)
+                                          ids=list(checked.ids), run_id=run_id, listeners=listeners,
+                                          kept=kept if checked.policy.keeps_inputs else None)
                 return self._enqueue(handle)
         except EngineError:
             with self._cond:
@@ -385,7 +390,8 @@ class Scheduler:
             raise InvalidRequestError("this request was checked for another model; check it again")
         if policy is not None and policy != checked.policy:
             checked = replace(checked, policy=policy)
-            check_capture(self.limits, self.lm.spec, policy, checked.n_prompt, checked.request.max_new_tokens)
+            check_capture(self.limits, self.lm.spec, policy, checked.n_prompt, checked.request.max_new_tokens,
+                          self.lm.dtype.itemsize)
         self._check_memory(checked.request, checked.policy, checked.n_prompt)
         return checked
 
@@ -395,7 +401,7 @@ class Scheduler:
         with self._cond:
             promised = sum(self._still_needs(h) for h in [*self._queue, *self._running])
         check_memory(spec, self.lm.dtype_name, n_prompt + new, device_free_bytes(self.lm.device) - promised,
-                     capture_bytes(spec, policy, n_prompt, new), self.limits.reserve_mb * 2**20)
+                     capture_bytes(spec, policy, n_prompt, new, self.lm.dtype.itemsize), self.limits.reserve_mb * 2**20)
 
     def _still_needs(self, handle: Handle) -> float:
         if handle.request is None:
@@ -597,7 +603,7 @@ class Scheduler:
         stop = lambda: handle._cancel.is_set() or time.perf_counter() > deadline  # noqa: E731
         emit = lambda record: handle._put(self._final(handle, record, deadline))  # noqa: E731
         return Slot(handle.request, handle.ids, handle.policy, emit, lambda err: self._failed(handle, err), stop,
-                    tag=handle, label=handle.id)
+                    kept=handle.kept, tag=handle, label=handle.id)
 
     def _failed(self, handle: Handle, err: Exception) -> None:
         handle.error = err if isinstance(err, EngineError) else EngineError(
@@ -657,18 +663,18 @@ class Scheduler:
                 handle._put(JobResult(handle.job(self._progress(handle))))
                 return
             records = speculative_generate(self.lm, handle.request, handle.draft, handle.k, handle.policy,
-                                           should_stop=stop, ids=handle.ids)
+                                           should_stop=stop, ids=handle.ids, kept=handle.kept)
             try:
                 for record in records:
                     handle._put(self._final(handle, record, deadline))
             finally:
                 records.close()
 
-    def _progress(self, handle: Handle) -> Callable[[float, str], None]:
-        def report(fraction: float, text: str) -> None:
+    def _progress(self, handle: Handle) -> Callable[..., None]:
+        def report(fraction: float, text: str, partial: Any = None) -> None:
             if handle._cancel.is_set():
                 raise JobCancelled("cancelled")
-            handle._put(JobProgress(float(fraction), str(text)))
+            handle._put(JobProgress(float(fraction), str(text), partial=partial))
         return report
 
     def _count(self, handle: Handle, state: str) -> None:

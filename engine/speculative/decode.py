@@ -27,6 +27,7 @@ from engine.errors import InvalidRequestError
 from engine.core.generate import (GenerationRequest, TextStream, admit, cache_state, describe_token, eos_ids,
                                   finish_reason, forward, pick_token, prompt_pieces, sync, trim_stop)
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, Instrument, instrument
+from engine.core.kept import KeptInputs
 from engine.core.loader import LoadedModel, load_model
 from engine.core.records import (DraftedToken, PrefillRecord, SampledToken, SpecDoneRecord, SpecRecord,
                                  SpecRoundRecord, to_json)
@@ -159,10 +160,11 @@ class _Tally:
 def speculative_generate(target: LoadedModel, request: GenerationRequest, draft: Draft, k: int = 4,
                          policy: CapturePolicy = CAPTURE_OFF,
                          should_stop: Callable[[], bool] | None = None,
-                         ids: list[int] | None = None) -> Iterator[SpecRecord]:
+                         ids: list[int] | None = None, kept: KeptInputs | None = None) -> Iterator[SpecRecord]:
     """Yield a PrefillRecord, one SpecRoundRecord per draft/verify round, and a SpecDoneRecord.
 
-    `policy` captures the target's verify passes. `ids`: the prompt as the door (Scheduler.submit)
+    `policy` captures the target's verify passes; `kept` receives the inputs of the layers it keeps (a verify pass
+    writes its drafts' positions; the next pass overwrites the rejected ones). `ids`: the prompt as the door (Scheduler.submit)
     checked and tokenized it; None admits the request here. Close the generator (or make `should_stop`
     return True) to cancel; both caches belong to this run, so the shared models are ready at once.
     """
@@ -174,7 +176,7 @@ def speculative_generate(target: LoadedModel, request: GenerationRequest, draft:
                TextStream(target.tokenizer), torch.Generator(device=target.device).manual_seed(request.seed),
                eos_ids(target))
     drafter, tally = draft.start(), _Tally()
-    with torch.inference_mode(), instrument(target.model, policy) as inst:
+    with torch.inference_mode(), instrument(target.model, policy, kept) as inst:
         t0 = time.perf_counter()
         prefill = _prefill(run, inst)
         yield prefill
