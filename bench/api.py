@@ -33,6 +33,7 @@ import torch  # noqa: E402
 
 from load import CAPTURES, PROMPTS, Outcome, burst, machine, pct, references, scenario  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
+from engine.serving.capture import capture_policy  # noqa: E402
 from engine.serving.limits import Limits  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "api.json"
@@ -57,11 +58,17 @@ def start_server(args: argparse.Namespace, limits: Limits, threads: int) -> tupl
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
+    wait_healthy(proc, url)
+    return proc, url
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, seconds: float = 600) -> None:
+    """Until the server answers /health; a server that exits or never answers ends the benchmark with a line."""
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(url + "/health", timeout=2):
-                return proc, url
+                return
         except OSError:
             if proc.poll() is not None:
                 raise SystemExit("the server exited (BENCH_SERVER_LOG=path keeps its output)")
@@ -154,9 +161,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r["ok"] for r in rows) else 1
 
 
+def same_capture(lm, limits: Limits, tokens: int, capture: str) -> None:
+    """The in-process sessions capture what the server captures for an API request that asks for captures."""
+    if capture != "full":
+        return
+    for prompt in PROMPTS:
+        n = len(lm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                 tokenize=True, return_dict=True)["input_ids"])
+        served, _ = capture_policy(lm.spec, n, tokens, True, limits.max_capture_bytes, limits.max_capture_layers,
+                                   lm.dtype.itemsize)
+        if served != CAPTURES["full"]:
+            raise SystemExit(f"the server captures {served} for {prompt!r}, the in-process sessions "
+                             f"{CAPTURES['full']}: the comparison would not be fair")
+
+
 def compare(args: argparse.Namespace, lm, limits: Limits, client: openai.OpenAI, model: str, tokens: int,
             capture: str, expected: dict) -> dict:
     """Alternate in-process and API rounds; medians; the ratios."""
+    same_capture(lm, limits, tokens, capture)
     local, remote = [], []
     for _ in range(args.rounds):
         local.append(scenario(lm, args.sessions, tokens, CAPTURES[capture], limits, expected))

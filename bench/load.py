@@ -35,6 +35,7 @@ from engine.errors import EngineError  # noqa: E402
 from engine.core.generate import GenerationRequest, generate  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks  # noqa: E402
 from engine.serving.limits import Limits  # noqa: E402
+from engine.serving.capture import LOGIT_LENS_TOP  # noqa: E402
 from engine.core.loader import LoadedModel, load_model  # noqa: E402
 from engine.core.records import DoneRecord  # noqa: E402
 from engine.serving.scheduler import Scheduler  # noqa: E402
@@ -51,8 +52,8 @@ PROMPTS = (
     "What is a transformer in machine learning?",
     "Give me a tip for learning to cook.",
 )
-CAPTURES = {"off": CAPTURE_OFF,              # "full": what a page captures for short prompts (app.run.capture_policy)
-            "full": CapturePolicy(logit_lens=5, lens_on_demand=True)}
+CAPTURES = {"off": CAPTURE_OFF,              # "full": what a page (and an API request asking for captures) keeps
+            "full": CapturePolicy(logit_lens=LOGIT_LENS_TOP, lens_on_demand=True, inputs=None)}   # for short prompts
 RESULTS = ROOT / "bench" / "results" / "load.json"
 
 

@@ -23,7 +23,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +31,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import openai  # noqa: E402
 
-from api import api_scenario, free_port  # noqa: E402
+from api import api_scenario, free_port, wait_healthy  # noqa: E402
 from load import machine, references  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
 
@@ -49,16 +48,8 @@ def start(args: argparse.Namespace, extra: list[str]) -> tuple[subprocess.Popen,
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2):
-                return proc, url
-        except OSError:
-            if proc.poll() is not None:
-                raise SystemExit("the server exited (BENCH_SERVER_LOG=path keeps its output)")
-            time.sleep(1)
-    raise SystemExit("the server did not start")
+    wait_healthy(proc, url)
+    return proc, url
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import logging
 import statistics
-import tempfile
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import ray
-import torch
 
 from engine.cluster.hub import hub_actor
 from engine.service.replicas import ReplicaSnapshot, ReplicaView
@@ -29,7 +26,7 @@ from engine.errors import EngineError
 from engine.service import wire
 from engine.service.board import PresenterBoard
 from engine.service.join import room_gate
-from engine.service.client import ERROR_CODES
+from engine.service.client import ERROR_CODES, DescribedModel
 from engine.service.runs import RunInfo, RunNotFoundError, RunSlice
 from engine.service.service import MemoryRow, ModelInfo, Presence
 from engine.serving.people import People
@@ -47,7 +44,7 @@ class ReplicaLostError(EngineError):
     """The replica that held a request stopped while it ran (Ray Serve is bringing it back)."""
 
 
-class ClusterService:
+class ClusterService(DescribedModel):
     """N replicas as one model server: the EngineService interface, routed and shared."""
 
     transport = "cluster"
@@ -66,7 +63,7 @@ class ClusterService:
         self._where: OrderedDict[str, str] = OrderedDict()     # run id -> the replica that holds it
         self._live: dict[str, "ClusterHandle"] = {}            # session -> its request in flight
         self._lock = threading.Lock()
-        self._tokenizer: Any = None
+        self._tokenizer_lock = threading.Lock()
         self.metrics = ClusterMetrics(self)
         self._closed = threading.Event()
         threading.Thread(target=self._poll, name="playground-hub-reader", daemon=True).start()
@@ -76,33 +73,12 @@ class ClusterService:
     def info(self) -> ModelInfo:
         return replace(self._info, presenter_mode=self.board.enabled, limits=self.limits)
 
-    spec = property(lambda self: self._info.spec)
-    label = property(lambda self: self._info.label)
-    name = property(lambda self: self._info.name)
-    source = property(lambda self: Path(self._info.source))
-    dtype_name = property(lambda self: self._info.dtype_name)
-    device = property(lambda self: torch.device(self._info.device))
-    dtype = property(lambda self: getattr(torch, self._info.dtype_name))
-    has_chat_template = property(lambda self: self._info.has_chat_template)
-    weight_bytes = property(lambda self: self._info.weight_bytes)
-    load_seconds = property(lambda self: self._info.load_seconds)
-    launched_draft = property(lambda self: self._info.launched_draft)
     limits = property(lambda self: replace(self._info.limits, max_sessions=self.max_sessions))
-
-    @property
-    def tokenizer(self) -> Any:
-        with self._lock:
-            if self._tokenizer is None:
-                from transformers import AutoTokenizer
-
-                folder = Path(tempfile.mkdtemp(prefix="playground-tokenizer-"))
-                for name, data in self.tokenizer_files().items():
-                    (folder / Path(name).name).write_bytes(data)
-                self._tokenizer = AutoTokenizer.from_pretrained(folder)
-            return self._tokenizer
 
     def tokenizer_files(self) -> dict[str, bytes]:
         return self._call("tokenizer_files")
+
+    _tokenizer_files = tokenizer_files
 
     # --- requests ------------------------------------------------------------------------------------------------------
 

@@ -136,24 +136,14 @@ def raise_for(response: httpx.Response) -> None:
 
 # --- the remote transport ---------------------------------------------------------------------------------------
 
-class RemoteModel:
-    """A ModelClient over HTTP: the served model's description, and every call one request to the server."""
+class DescribedModel:
+    """What a model served elsewhere is, read from its ModelInfo (`self._info`), and its tokenizer, loaded here once
+    from the server's files (`_tokenizer_files`): tokenizing for display costs no request."""
 
-    transport = "remote"
+    _info: ModelInfo
+    _tokenizer: Any = None
+    _tokenizer_lock: threading.Lock            # each instance its own
 
-    def __init__(self, url: str, api_key: str | None = None, timeout: float = READ_SECONDS):
-        self.url = url.rstrip("/")
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=self.url, headers=headers,
-                                 timeout=httpx.Timeout(timeout, connect=CONNECT_SECONDS),
-                                 limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
-        self._info = self._call("GET", "/v1/playground/model")
-        self.board = RemoteBoard(self)
-        self.gate = RemoteGate(self)
-        self._tokenizer: Any = None
-        self._tokenizer_lock = threading.Lock()
-
-    # what the model is
     name = property(lambda self: self._info.name)
     label = property(lambda self: self._info.label)
     source = property(lambda self: Path(self._info.source))
@@ -172,20 +162,38 @@ class RemoteModel:
 
     @property
     def tokenizer(self) -> Any:
-        """The server's tokenizer, loaded here from its files (fetched once): tokenizing for display costs no request."""
         with self._tokenizer_lock:
             if self._tokenizer is None:
-                self._tokenizer = self._load_tokenizer()
+                from transformers import AutoTokenizer
+
+                folder = Path(tempfile.mkdtemp(prefix="playground-tokenizer-"))
+                for name, data in self._tokenizer_files().items():
+                    (folder / Path(name).name).write_bytes(data)
+                self._tokenizer = AutoTokenizer.from_pretrained(folder)
             return self._tokenizer
 
-    def _load_tokenizer(self) -> Any:
-        from transformers import AutoTokenizer
+    def _tokenizer_files(self) -> dict[str, bytes]:
+        raise NotImplementedError
 
-        files = self._call("GET", "/v1/playground/tokenizer")
-        folder = Path(tempfile.mkdtemp(prefix="playground-tokenizer-"))
-        for name, data in files.items():
-            (folder / Path(name).name).write_bytes(data)
-        return AutoTokenizer.from_pretrained(folder)
+
+class RemoteModel(DescribedModel):
+    """A ModelClient over HTTP: the served model's description, and every call one request to the server."""
+
+    transport = "remote"
+
+    def __init__(self, url: str, api_key: str | None = None, timeout: float = READ_SECONDS):
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=self.url, headers=headers,
+                                 timeout=httpx.Timeout(timeout, connect=CONNECT_SECONDS),
+                                 limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+        self._info = self._call("GET", "/v1/playground/model")
+        self.board = RemoteBoard(self)
+        self.gate = RemoteGate(self)
+        self._tokenizer_lock = threading.Lock()
+
+    def _tokenizer_files(self) -> dict[str, bytes]:
+        return self._call("GET", "/v1/playground/tokenizer")
 
     # requests
     def check(self, request: GenerationRequest, policy: CapturePolicy = CAPTURE_OFF) -> CheckedRequest:
