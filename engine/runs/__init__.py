@@ -29,7 +29,7 @@ from safetensors.numpy import save as save_tensors
 
 from engine.core.hooks import LayerCapture
 from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord, SpecRoundRecord
-from engine.errors import EngineError
+from engine.errors import InvalidRequestError
 from engine.projection.units import fmt_bytes
 from engine.serving.capture import LOGIT_LENS_TOP
 from engine.serving.limits import Limits, max_recording_bytes, server_limits
@@ -44,7 +44,7 @@ SUFFIX = ".run.zip"
 
 
 
-class RunFileError(EngineError):
+class RunFileError(InvalidRequestError):
     """A file that is not a run this playground reads, with the reason in one line."""
 
 
