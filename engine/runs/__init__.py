@@ -408,8 +408,9 @@ def attention_tolerance(run: RunFile) -> float:
 
 def attention_differences(run: RunFile, fresh: list[Any]) -> dict[tuple[str, int], float]:
     """Max |fresh - file| per captured map: the prefill pass's, then each decode step's while both runs chose the
-    same tokens. `fresh`: the records of the same request run again (engine.core.generate.generate)."""
-    mine = [run.prefill] + run.steps
+    same tokens (a speculative run: the prefill pass only, its later passes verified rounds). `fresh`: the records of
+    the same request run again with plain decoding (engine.core.generate.generate)."""
+    mine = [run.prefill] + ([] if run.rounds else run.steps)
     again = [r for r in fresh if isinstance(r, (PrefillRecord, DecodeRecord))]
     out: dict[tuple[str, int], float] = {}
     for old, new in zip(mine, again):
