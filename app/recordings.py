@@ -20,6 +20,7 @@ from typing import Callable
 
 import streamlit as st
 
+from app.recent import recent, remember
 from app.request import SETTING_RANGES, in_range
 from app.session import session_id
 from app.format import fmt_bytes
@@ -189,6 +190,7 @@ def shipped_summaries(paths: tuple[str, ...]) -> list[Shipped]:
 def make_current(run: Run) -> None:
     """The run every page shows from now on; the pages' prompt boxes and sampling controls follow it."""
     st.session_state[LAST_RUN] = run
+    remember(run)
     req = run.request
     for ns in ("journey", "attention", "kv"):
         st.session_state[f"{ns}.prompt"] = req.prompt
@@ -317,6 +319,23 @@ def kept_section(limits: Limits) -> None:
         left.text(f"{entry.title} ({entry.size / 1e6:.2f} MB, kept {when})")
         if right.button("Open", key=f"recordings.kept.{i}.{entry.name}", icon=":material/play_arrow:"):
             open_kept(store, entry.name, limits)
+
+
+def recent_section(limits: Limits) -> None:
+    """This person's last runs (kept in this web process across reloads and tabs), an Open button each."""
+    runs = recent(limits)
+    if not runs:
+        st.caption("None yet: a finished run, generated or opened here, is listed here and reopens after a reload.")
+    shown = st.session_state.get(LAST_RUN)
+    for i, run in enumerate(runs):
+        left, right = st.columns([4, 1], vertical_alignment="center")
+        when = time.strftime("%H:%M", time.localtime(run.started))
+        left.text(f"{run.request.prompt[:80]!r} → {run.text.strip()[:60]!r} ({run.model}, {when})")
+        if run is shown:
+            right.caption("Shown now")
+        elif right.button("Open", key=f"recordings.recent.{i}.{run.id}", icon=":material/history:"):
+            make_current(run)
+            st.rerun()
 
 
 def open_kept(store: Shelf, name: str, limits: Limits) -> None:
