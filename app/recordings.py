@@ -28,7 +28,8 @@ from app.run import LAST_RUN, Run, Speculation, compact
 from engine.errors import EngineError
 from engine.serving.limits import MiB, Limits, server_limits
 from engine.service.client import ModelClient
-from engine.serving.recording import (MAX_FILE_BYTES, PARSE_PLACES, RecordedSpeculation, Recording, RecordingError,
+from engine import runs as run_files
+from engine.serving.recording import (MAX_FILE_BYTES, PARSE_PLACES, PARSE_SLOTS, RecordedSpeculation, Recording, RecordingError,
                                       dumps_recording, load_recording, loads_recording)
 from engine.core.records import PrefillRecord, SpecDoneRecord, SpecRoundRecord
 from engine.serving.shelf import Kept, Shelf, default_dir
@@ -95,7 +96,11 @@ def speculation_record(spec: Speculation | None) -> RecordedSpeculation | None:
 
 def open_bytes(data: bytes, name: str = "the file", limits: Limits | None = None,
                on_wait: Waiting | None = None) -> Run:
-    """Parse uploaded bytes into a run; RecordingError says what is wrong with a bad file."""
+    """Parse uploaded bytes (a recording, or a run file: a .zip, engine/runs) into a run; RecordingError (or
+    RunFileError) says what is wrong with a bad file."""
+    if data[:2] == b"PK":
+        with PARSE_SLOTS.hold(on_wait):
+            return run_from_recording(run_files.loads(data, name, limits).recording)
     return run_from_recording(loads_recording(data, name=name, limits=limits, on_wait=on_wait))
 
 
@@ -217,8 +222,10 @@ def shipped_section() -> None:
 
 def upload_section(limits: Limits) -> None:
     """A file picker for a recording; a bad file gives the RecordingError's reason."""
-    upload = st.file_uploader("Open a recording file (.json.gz)", type=["gz", "json"], key=UPLOAD_KEY,
-                              help=f"Files saved with 'Save this run' or `python -m engine record`; "
+    upload = st.file_uploader("Open a recording (.json.gz) or a run file (.run.zip)", type=["gz", "json", "zip"],
+                              key=UPLOAD_KEY,
+                              help=f"Files saved with 'Save this run', `python -m engine record`, the run file in an "
+                                   f"'Open in a notebook' download or `GET /v1/playground/runs/<id>/file`; "
                                    f"at most {fmt_bytes(MAX_FILE_BYTES)}.")
     if upload is None:
         return
@@ -243,7 +250,7 @@ def open_upload(data: bytes, name: str, limits: Limits | None = None, on_wait: W
     """Make an uploaded recording the current run; the error message when it cannot be read."""
     try:
         make_current(open_bytes(data, name, limits, on_wait))
-    except RecordingError as err:
+    except EngineError as err:                       # RecordingError, RunFileError: one line, the run shown stays
         return str(err)
     return None
 

@@ -58,3 +58,28 @@ def test_the_speculative_page_offers_its_run_in_a_notebook(page, tiny_lm):  # no
     assert file.rounds and [t.id for t in file.tokens] == [t.id for t in run.tokens]
     worst = attention_differences(file, list(engine_generate(tiny_lm, file.request, file.policy)))
     assert {where for where, _ in worst} == {"prefill"} and max(worst.values()) <= 1e-5
+
+
+def test_a_run_file_opens_on_the_recordings_page_and_a_bad_one_is_one_line(app, tiny_lm):  # noqa: F811
+    """The uploader takes run files too; a truncated, tampered, newer, contradicting or oversized one gets one
+    st.error line and the run shown before stays."""
+    from test_runs import bad_files
+
+    at = open_page(app, "journey.py")
+    generate(at, "journey", tiny_prompt(8, seed=21), 3)
+    shown = at.session_state[LAST_RUN]
+    data = run_file_bytes(shown, client())
+    open_page(at, "recordings.py")
+    oversized = data + b"\0" * (64 * 2**20)
+    for name, bad in [*bad_files(data).items(), ("oversized", oversized)]:
+        at.file_uploader(key="recordings.upload").set_value((f"{name}.run.zip", bad, "application/zip")).run()
+        assert_clean(at)
+        errors = [e.value for e in at.error]
+        assert len(errors) == 1 and "\n" not in errors[0] and f"{name}.run.zip" in errors[0], (name, errors)
+        assert at.session_state[LAST_RUN] is shown                     # nothing else lost
+    at.file_uploader(key="recordings.upload").set_value(("good.run.zip", data, "application/zip")).run()
+    assert_clean(at) and not at.error
+    opened = at.session_state[LAST_RUN]
+    assert opened is not shown and [t.id for t in opened.tokens] == [t.id for t in shown.tokens]
+    open_page(at, "attention.py")
+    assert LABEL in buttons(at)                                        # and it goes to a notebook again
