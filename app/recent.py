@@ -105,7 +105,7 @@ def reopen_last(limits: Limits | None = None) -> Run | None:
     runs = recent(limits)
     if not runs:
         return None
-    from app.recordings import make_current            # the pages' prompt boxes follow the run
+    from app.recordings import make_current            # here: app.recordings imports this module
 
     make_current(runs[0])
     return runs[0]
