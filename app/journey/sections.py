@@ -279,8 +279,9 @@ def run_up_close(lm: ModelClient | None, run: Run, sampling: Sampling) -> None:
     distribution_section(run, index, sampling, decode)
     st.markdown("**Through the layers.**")
     lens_section(run, index, decode, lm)
-    save_button(run, "journey")
-    notebook_button(run, lm, "journey")
+    with st.container(horizontal=True):              # the run's two downloads side by side
+        save_button(run, "journey")
+        notebook_button(run, lm, "journey")
     if lm is not None and lm.label == run.model:
         st.subheader("5. The observer effect")
         st.write("Capturing the model's internals costs time. The same request, capture off and on, timed here:")

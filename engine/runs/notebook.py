@@ -73,8 +73,12 @@ fresh = list(generate(lm, run.request, run.policy))
 assert [p.id for p in fresh[0].prompt] == run.prompt_ids, "this tokenizer splits the prompt differently"
 TOL = attention_tolerance(run)
 worst = attention_differences(run, fresh)
+by_pass = {}                                           # each pass's largest difference, and where
 for (where, layer), diff in worst.items():
-    print(f"{where:>8} layer {layer:>2}: max |fresh - file| = {diff:.2e}")
+    if diff >= by_pass.get(where, (0, -1.0))[1]:
+        by_pass[where] = (layer, diff)
+for where, (layer, diff) in by_pass.items():
+    print(f"{where:>8}: max |fresh - file| = {diff:.2e} (layer {layer}, over {len(run.layers)} layers)")
 print(f"{len(worst)} captured maps compared; the largest difference is {max(worst.values()):.2e} (tolerance {TOL:.0e})")
 assert max(worst.values()) <= TOL, "the fresh run's attention differs from the file's"'''
 
@@ -120,7 +124,8 @@ docs/runs.md in the project has the whole table."""
 def notebook(run: RunFile, run_file: str, page: str = "journey", layer: int | None = None,
              head: int | None = None) -> nbformat.NotebookNode:
     """The notebook for `run` (saved beside it as `run_file`), opening on the head the page showed."""
-    layer = layer if layer is not None and layer in run.layers else (run.layers[0] if run.layers else 0)
+    middle = run.layers[len(run.layers) // 2] if run.layers else 0          # the attention page's default too
+    layer = layer if layer is not None and layer in run.layers else middle
     heads = run.capture(layer).heads if run.layers else (0,)
     head = head if head is not None and head in heads else heads[0]
     model = run.source or run.name or "default"
