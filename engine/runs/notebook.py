@@ -95,18 +95,23 @@ print(f"transformers output_attentions, layer {LAYER} head {HEAD}: max |differen
 assert hf_diff <= TOL'''
 
 NNSIGHT = '''try:
-    from nnsight import LanguageModel
+    import nnsight
 except ImportError:
     print("nnsight is not installed here (pip install nnsight): this check is skipped; "
           "the transformers cell above compared the same head.")
 else:
-    nn_model = LanguageModel(str(lm.source), dtype=lm.dtype, attn_implementation="eager", dispatch=True)
+    Model = getattr(nnsight, "TransformersModel", None)                   # nnsight 0.8; LanguageModel before
+    task = {"task": "text-generation"} if Model is not None else {}
+    nn_model = (Model or nnsight.LanguageModel)(str(lm.source), dtype=lm.dtype, attn_implementation="eager",
+                                                dispatch=True, **task)
     with nn_model.trace(torch.tensor([run.prompt_ids])):
         weights = nn_model.model.layers[LAYER].self_attn.output[1].save()   # (batch, heads, queries, keys)
     weights = getattr(weights, "value", weights)
-    got = weights[0, HEAD].float().cpu().numpy()
+    got = weights[0, HEAD].detach().float().cpu().numpy()
     got = got[cap.query_start:cap.query_start + mine.shape[0], cap.key_start:cap.key_start + mine.shape[1]]
-    print(f"nnsight, layer {LAYER} head {HEAD}: max |difference| from the playground = {np.abs(got - mine).max():.2e}")'''
+    nn_diff = float(np.abs(got - mine).max())
+    print(f"nnsight, layer {LAYER} head {HEAD}: max |difference| from the playground = {nn_diff:.2e}")
+    assert nn_diff <= TOL'''
 
 HOOKS = """## The same capture points in TransformerLens
 
