@@ -9,6 +9,7 @@ import zipfile
 
 from conftest import tiny_prompt
 from test_pages import app, assert_clean, generate, open_page  # noqa: F401 - `app`: the fixture
+from test_runs import execute, kernel, outputs  # noqa: F401 - `kernel`: the fixture
 from test_spec_page import REPEATING, page, run_page  # noqa: F401 - `page`: the fixture
 from app.notebook import notebook_zip, run_file_bytes
 from app.run import LAST_RUN
@@ -49,15 +50,20 @@ def test_journey_and_attention_pages_offer_the_run_in_a_notebook(app, tiny_lm): 
     assert "LAYER, HEAD = 1, 2" in "".join(notebook["cells"][1]["source"])
 
 
-def test_the_speculative_page_offers_its_run_in_a_notebook(page, tiny_lm):  # noqa: F811
+def test_the_speculative_page_offers_its_run_in_a_notebook(page, tiny_lm, kernel, tmp_path, monkeypatch):  # noqa: F811
     at = run_page(page, REPEATING, 2, 8)
     assert_clean(at)
     assert LABEL in buttons(at)
     run = at.session_state[LAST_RUN]
-    file = loads(run_file_bytes(run, client()), "spec.run.zip")
+    data = run_file_bytes(run, client())
+    file = loads(data, "spec.run.zip")
     assert file.rounds and [t.id for t in file.tokens] == [t.id for t in run.tokens]
     worst = attention_differences(file, list(engine_generate(tiny_lm, file.request, file.policy)))
     assert {where for where, _ in worst} == {"prefill"} and max(worst.values()) <= 1e-5
+    nb = execute(data, tmp_path, kernel, "speculative", None, None, monkeypatch)      # the rounds table too
+    text, kinds = outputs(nb)
+    assert kinds.count("application/vnd.plotly.v1+json") == 3
+    assert "3 captured maps compared; the largest difference is 0.00e+00" in text    # the prefill pass, 3 layers
 
 
 def test_a_run_file_opens_on_the_recordings_page_and_a_bad_one_is_one_line(app, tiny_lm):  # noqa: F811
