@@ -45,9 +45,12 @@ def notebook_zip(run: Run, lm: ModelClient | None, page: str, layer: int | None,
 def run_file_bytes(run: Run, lm: ModelClient | None, view: dict | None = None) -> bytes:
     """The run file of a finished run: with the model that made it, full precision and the prefill's logit lens."""
     recording = recording_from_run(run)
-    if lm is None or lm.label != run.model:
-        return dumps(recording, texts=known_texts(recording), view=view)
-    return file_of(served_records(recording, run, lm), lm, view)
+    if lm is not None and lm.label == run.model:
+        try:
+            return file_of(served_records(recording, run, lm), lm, view)
+        except EngineError:                          # the server went away meanwhile: the session's copy still goes
+            pass
+    return dumps(recording, texts=known_texts(recording), view=view)
 
 
 def served_records(recording: Recording, run: Run, lm: ModelClient) -> Recording:

@@ -108,12 +108,14 @@ def bad_files(data: bytes) -> dict[str, bytes]:
     tensors["records.0.captures.1.attention"] = np.ones((4, 30, 30), np.float32)
     bigger = json.loads(json.dumps(doc))
     bigger["tensors"]["index"]["records.0.captures.1.attention"]["shape"] = [4, 30, 30]
+    headless = json.loads(json.dumps(doc))
+    headless["recording"]["records"] = headless["recording"]["records"][-1:]
     flipped = bytearray(blob)
     flipped[-8] ^= 0xFF
     return {"truncated": data[: len(data) // 2], "tampered": repack(doc, bytes(flipped), fix_hash=False),
             "newer": repack(newer, blob), "index contradicts": repack(shape, blob),
             "heads contradict": repack(heads, blob), "positions contradict": repack(bigger, save_tensors(tensors)),
-            "not a run": b"hello", "foreign zip": _zip({"a.txt": b"x"})}
+            "not a run": b"hello", "foreign zip": _zip({"a.txt": b"x"}), "no prefill": repack(headless, blob)}
 
 
 def _zip(members: dict[str, bytes]) -> bytes:
@@ -127,7 +129,7 @@ def _zip(members: dict[str, bytes]) -> bytes:
 EXPECTED = {"truncated": "damaged or truncated zip", "tampered": "checksum", "newer": "version 2 run file",
             "index contradicts": "but run.json says", "heads contradict": "contradicts run.json",
             "positions contradict": "contradicts run.json", "not a run": "not a run file",
-            "foreign zip": "zip without run.json"}
+            "foreign zip": "zip without run.json", "no prefill": "holds no prefill record"}
 
 
 @pytest.mark.parametrize("kind", sorted(EXPECTED))

@@ -138,8 +138,7 @@ def dumps(recording: Recording, source: str = "", name: str = "", texts: dict[in
     doc = document(recording, attention_dtype=None)
     tensors: dict[str, np.ndarray] = {}
     doc = _lift_arrays(doc, "", tensors)
-    blob = save_tensors(tensors, metadata={"format": FORMAT + "/tensors", "version": str(VERSION)}) if tensors \
-        else save_tensors({"empty": np.zeros(0, np.float32)})
+    blob = save_tensors(tensors, metadata={"format": FORMAT + "/tensors", "version": str(VERSION)})
     header = {"format": FORMAT, "version": VERSION, "exported": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "source": str(source), "name": str(name), "view": dict(view or {}),
               "texts": {str(k): v for k, v in sorted((texts or known_texts(recording)).items())},
@@ -215,9 +214,11 @@ def loads(data: bytes, name: str = "the file", limits: Limits | None = None) -> 
         raise RunFileError(f"{name} is {fmt_bytes(len(data))}; run files are at most {fmt_bytes(MAX_FILE_BYTES)}")
     if data[:2] == GZIP_MAGIC:                  # a recording saved before run files existed
         try:
-            return RunFile(loads_recording(data, name, limits), version=0)
+            recording = loads_recording(data, name, limits)
         except RecordingError as err:
             raise RunFileError(str(err)) from None
+        _check_prefill(recording, name)
+        return RunFile(recording, texts=known_texts(recording), version=0)
     if data[:2] != b"PK":
         raise RunFileError(f"{name} is not a run file (a .zip holding {RUN_JSON} and {TENSORS}) nor a recording")
     doc, blob = _unzip(data, name, limits or server_limits())
@@ -227,6 +228,7 @@ def loads(data: bytes, name: str = "the file", limits: Limits | None = None) -> 
         recording = build(_place_arrays(doc.get("recording"), tensors, "recording"))
     except RecordingError as err:
         raise RunFileError(f"{name} is not a valid run: {err}") from None
+    _check_prefill(recording, name)
     _check_shapes(recording, name)
     return RunFile(recording, tensors, _string(doc, "source"), _string(doc, "name"), _texts(doc.get("texts"), name),
                    doc.get("view") if isinstance(doc.get("view"), dict) else {}, doc["version"])
@@ -302,6 +304,12 @@ def _place_arrays(value: Any, tensors: dict[str, np.ndarray], where: str) -> Any
     if isinstance(value, list):
         return [_place_arrays(v, tensors, f"{where}[{i}]") for i, v in enumerate(value)]
     return value
+
+
+def _check_prefill(recording: Recording, name: str) -> None:
+    if not any(isinstance(r, PrefillRecord) for r in recording.records):
+        raise RunFileError(f"{name} holds no prefill record (the prompt and the first token): there is no run to "
+                           "open")
 
 
 def _check_shapes(recording: Recording, name: str) -> None:
