@@ -235,19 +235,20 @@ def test_notebook_runs_on_smollm2(smol_lm, kernel, tmp_path, monkeypatch):
     assert_nnsight(text, "layer 12 head 3")
 
 
-def test_the_command_line_writes_the_notebook_beside_a_run_file(tiny_run, tmp_path):
+def test_the_command_line_writes_the_notebook_beside_a_run_file(tiny_run, tmp_path, capsys):
     """`python -m engine notebook FILE`: for a file from the API (or an old recording); a bad file is one line."""
-    import subprocess
-
     import nbformat
+
+    from engine.cli import main
 
     path = tmp_path / "api.run.zip"
     path.write_bytes(tiny_run[1])
-    cmd = [sys.executable, "-m", "engine", "notebook", str(path), "--page", "attention", "--layer", "2", "--head", "1"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent)
-    assert out.returncode == 0, out.stderr
+    args = ["notebook", str(path), "--page", "attention", "--layer", "2", "--head", "1"]
+    assert main(args) == 0
     nb = nbformat.read(tmp_path / "api.ipynb", as_version=4)
     assert "RUN_FILE = 'api.run.zip'" in nb.cells[1].source and "LAYER, HEAD = 2, 1" in nb.cells[1].source
     path.write_bytes(tiny_run[1][:100])
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent)
-    assert out.returncode == 1 and out.stderr.count("\n") == 1 and "truncated zip" in out.stderr
+    capsys.readouterr()
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "truncated zip" in err
