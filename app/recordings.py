@@ -29,8 +29,8 @@ from engine.errors import EngineError
 from engine.serving.limits import MiB, Limits, server_limits
 from engine.service.client import ModelClient
 from engine import runs as run_files
-from engine.serving.recording import (MAX_FILE_BYTES, PARSE_PLACES, PARSE_SLOTS, RecordedSpeculation, Recording, RecordingError,
-                                      dumps_recording, load_recording, loads_recording)
+from engine.serving.recording import (MAX_FILE_BYTES, PARSE_PLACES, PARSE_SLOTS, RecordedSpeculation, Recording,
+                                      RecordingError, dumps_recording, load_recording, loads_recording)
 from engine.core.records import PrefillRecord, SpecDoneRecord, SpecRoundRecord
 from engine.serving.shelf import Kept, Shelf, default_dir
 
@@ -221,7 +221,7 @@ def shipped_section() -> None:
 
 
 def upload_section(limits: Limits) -> None:
-    """A file picker for a recording; a bad file gives the RecordingError's reason."""
+    """A file picker for a recording or a run file; a bad file gives the error's one line."""
     upload = st.file_uploader("Open a recording (.json.gz) or a run file (.run.zip)", type=["gz", "json", "zip"],
                               key=UPLOAD_KEY,
                               help=f"Files saved with 'Save this run', `python -m engine record`, the run file in an "

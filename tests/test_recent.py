@@ -34,7 +34,7 @@ def test_runs_are_kept_per_person_newest_first_within_both_caps(tiny_lm):
     assert store.runs("p1") == [b, c]                                  # opened again: newest, not twice
     d, e = finished_run(tiny_lm, 40_000), finished_run(tiny_lm, 40_000)
     store.add("p2", d)
-    store.add("p2", e)                                                 # 4 runs > 3 fit: p1 (seen first) loses its oldest
+    store.add("p2", e)                                   # 4 runs, room for 3: p1 (seen first) loses its oldest
     assert store.runs("p1") == [b] and store.runs("p2") == [e, d] and store.bytes <= 3 * size
     assert RecentRuns(per_person=0, total_bytes=size).runs("p1") == []
 

@@ -85,7 +85,10 @@ class RunFile:
         """The generated tokens (SampledToken: id, text, prob, top candidates), the first from prefill."""
         out = [self.prefill.token]
         for r in self.recording.records:
-            out += [r.token] if isinstance(r, DecodeRecord) else list(r.emitted) if isinstance(r, SpecRoundRecord) else []
+            if isinstance(r, DecodeRecord):
+                out.append(r.token)
+            elif isinstance(r, SpecRoundRecord):
+                out += list(r.emitted)
         return out
 
     token_ids = property(lambda self: [t.id for t in self.tokens])
@@ -432,7 +435,8 @@ def attention_differences(run: RunFile, fresh: list[Any]) -> dict[tuple[str, int
             if other.attention.shape != cap.attention.shape:
                 raise RunFileError(f"{where}, layer {layer}: the fresh map is {list(other.attention.shape)}, the "
                                    f"file's {list(cap.attention.shape)}")
-            out[(where, layer)] = float(np.abs(other.attention.astype(np.float32) - cap.attention.astype(np.float32)).max())
+            diff = other.attention.astype(np.float32) - cap.attention.astype(np.float32)
+            out[(where, layer)] = float(np.abs(diff).max())
         if old.token.id != new.token.id:
             break
     return out

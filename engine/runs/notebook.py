@@ -53,7 +53,8 @@ else:
 
 ROUNDS = '''rounds = run.rounds
 fig = go.Figure(go.Table(header=dict(values=["round", "drafted", "accepted", "target's token", "draft s", "verify s"]),
-                         cells=dict(values=[[r.round for r in rounds], ["".join(d.text for d in r.drafted) for r in rounds],
+                         cells=dict(values=[[r.round for r in rounds],
+                                            ["".join(d.text for d in r.drafted) for r in rounds],
                                             [r.accepted for r in rounds], [r.bonus.text for r in rounds],
                                             [f"{r.draft_seconds:.4f}" for r in rounds],
                                             [f"{r.verify_seconds:.4f}" for r in rounds]])))
@@ -91,7 +92,8 @@ mine = run.head_map(LAYER, HEAD)
 theirs = out.attentions[LAYER][0, HEAD].float().cpu().numpy()
 theirs = theirs[cap.query_start:cap.query_start + mine.shape[0], cap.key_start:cap.key_start + mine.shape[1]]
 hf_diff = float(np.abs(theirs - mine).max())
-print(f"transformers output_attentions, layer {LAYER} head {HEAD}: max |difference| from the playground = {hf_diff:.2e}")
+print(f"transformers output_attentions, layer {LAYER} head {HEAD}: "
+      f"max |difference| from the playground = {hf_diff:.2e}")
 assert hf_diff <= TOL'''
 
 NNSIGHT = '''try:
