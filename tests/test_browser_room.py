@@ -21,7 +21,7 @@ from test_browser import (PROJECTOR, assert_no_exception, browser, button, set_n
 from test_browser_watch import TOKEN, unlock
 
 pytestmark = pytest.mark.browser
-TOKENS = 24
+TOKENS = 12
 
 
 @pytest.fixture(scope="module")

@@ -38,8 +38,8 @@ def test_ngram_copy_run(app_url, page):  # noqa: F811
     open_spec_page(page, app_url)
     button(page, "Copy a passage").click()
     wait_idle(page)
-    seconds = generate(page, 48)
-    record_timing("speculative_ngram_copy_48_tokens_s", seconds)
+    seconds = generate(page, 24)
+    record_timing("speculative_ngram_copy_24_tokens_s", seconds)
     assert page.get_by_text("Decode speedup (measured)").count() == 1
     assert page.get_by_text("Same text as plain decoding").count() == 1
     assert page.locator(".js-plotly-plot").count() >= 4          # timeline, positions, round times, k
@@ -52,7 +52,7 @@ def test_early_exit_run_on_a_projector(app_url, projector):  # noqa: F811
     assert_nothing_clipped(projector)
     projector.get_by_test_id("stMainBlockContainer").get_by_text("Early exit (the model").first.click()
     wait_idle(projector)
-    generate(projector, 24)
+    generate(projector, 12)
     assert (projector.get_by_text("Drafting is what makes it slow").count()
             + projector.get_by_text("helps here").count()) >= 1
     assert_nothing_clipped(projector)
