@@ -43,7 +43,6 @@ TENSOR_KEY = "__tensor__"
 SUFFIX = ".run.zip"
 
 
-
 class RunFileError(InvalidRequestError):
     """A file that is not a run this playground reads, with the reason in one line."""
 
