@@ -63,6 +63,7 @@ def test_round_trip_gives_the_same_records_and_arrays(tiny_run, tiny_lm):
             np.testing.assert_array_equal(new.captures[layer].attention, cap.attention)   # float32 kept exactly
             assert new.captures[layer].attention.dtype == np.float32
     assert run.timings["ttft_s"] == rec.done.ttft
+    assert run.as_torch("records.0.captures.1.attention").shape == rec.records[0].captures[1].attention.shape
     lens = run.logit_lens()
     assert [row["layer"] for row in lens] == run.layers and all(row["token"] == tiny_lm.tokenizer.decode([row["id"]])
                                                                  for row in lens)

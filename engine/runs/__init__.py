@@ -6,6 +6,7 @@ documented in docs/runs.md), and `load` to get it back as typed records and nump
     run.prompt_ids, run.token_texts, run.layers   # plain values
     run.head_map(layer=3, head=1)                 # (T, T) float32: the prefill attention of one query head
     run.tensors["records.0.captures.3.attention"] # every array, by the name it has in tensors.safetensors
+    run.as_torch("records.0.captures.3.attention")  # the same as a torch tensor
 
 Inside the zip: `run.json` (the request, the model, every record with its timings and tokens; each array replaced by
 {"__tensor__": name}) and `tensors.safetensors` (those arrays, named by their place in run.json). Anything wrong
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import torch
 from safetensors.numpy import load as load_tensors
 from safetensors.numpy import save as save_tensors
 
@@ -117,6 +119,12 @@ class RunFile:
         if head not in cap.heads:
             raise RunFileError(f"the run kept heads {list(cap.heads)} of layer {layer}, not head {head}")
         return cap.attention[cap.heads.index(head)].astype(np.float32)
+
+    def as_torch(self, name: str) -> torch.Tensor:
+        """One array of the file as a torch tensor (sharing the numpy array's memory)."""
+        if name not in self.tensors:
+            raise RunFileError(f"the run has no tensor {name!r}")
+        return torch.from_numpy(self.tensors[name])
 
     def text(self, token_id: int) -> str:
         return self.texts.get(int(token_id), f"#{int(token_id)}")
