@@ -18,7 +18,9 @@ from safetensors.numpy import save as save_tensors
 from conftest import tiny_prompt
 from engine.core.generate import GenerationRequest, generate
 from engine.core.hooks import CapturePolicy
-from engine.runs import (RUN_JSON, TENSORS, RunFileError, attention_differences, dumps, load, loads, texts_with)
+from engine.runs import (RUN_JSON, TENSORS, RunFileError, attention_differences, dumps, load, loads, texts_with,
+                         unpacked_cap)
+from engine.serving.limits import server_limits
 from engine.runs.notebook import bundle
 from engine.serving.recording import MAX_FILE_BYTES, dumps_recording, new_recording
 
@@ -143,10 +145,12 @@ def test_a_bad_file_is_one_clear_line(tiny_run, kind):
 
 def test_an_oversized_file_and_a_zip_bomb_are_refused(tiny_run, tmp_path):
     big = tmp_path / "big.run.zip"
-    with open(big, "wb") as f:
-        f.truncate(MAX_FILE_BYTES + 1)
+    with open(big, "wb") as f:                      # on disk: up to the largest run the server can make
+        f.truncate(unpacked_cap(server_limits()) + 1)
     with pytest.raises(RunFileError, match="run files are at most"):
         load(big)
+    with pytest.raises(RunFileError, match="run files are at most 67.11 MB"):     # an upload: the upload cap
+        loads(tiny_run[1] + bytes(MAX_FILE_BYTES), "big.run.zip")
     doc, _ = unpack(tiny_run[1])
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:

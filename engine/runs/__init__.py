@@ -205,23 +205,32 @@ def texts_with(recording: Recording, decode: Callable[[list[int]], str] | None) 
 
 # --- reading ------------------------------------------------------------------------------------------------
 
+def unpacked_cap(limits: Limits) -> int:
+    """The most a run file of the largest run a server under `limits` can make holds, unpacked."""
+    return max_recording_bytes(limits) + 2 * limits.max_capture_bytes
+
+
 def load(path: str | Path, limits: Limits | None = None) -> RunFile:
-    """Read a run file (or an old .json.gz recording); RunFileError with one line for anything else."""
-    path = Path(path)
+    """Read a run file (or an old .json.gz recording) from disk; RunFileError with one line for anything else.
+    A file on disk may be as large as the largest run the server can make (a notebook opens any run it exported);
+    bytes from elsewhere (`loads`: an upload) at most the upload cap."""
+    path, cap = Path(path), unpacked_cap(limits or server_limits())
     try:
         size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise RunFileError(f"{path.name} is {fmt_bytes(size)}; run files are at most {fmt_bytes(MAX_FILE_BYTES)}")
+        if size > cap:
+            raise RunFileError(f"{path.name} is {fmt_bytes(size)}; run files are at most {fmt_bytes(cap)}")
         data = path.read_bytes()
     except OSError as err:
         raise RunFileError(f"cannot read {path}: {err.strerror or err}") from None
-    return loads(data, path.name, limits)
+    return loads(data, path.name, limits, max_bytes=cap)
 
 
-def loads(data: bytes, name: str = "the file", limits: Limits | None = None) -> RunFile:
-    """The bytes of a run file (an upload, an HTTP reply) or of an old .json.gz recording, read back."""
-    if len(data) > MAX_FILE_BYTES:
-        raise RunFileError(f"{name} is {fmt_bytes(len(data))}; run files are at most {fmt_bytes(MAX_FILE_BYTES)}")
+def loads(data: bytes, name: str = "the file", limits: Limits | None = None,
+          max_bytes: int = MAX_FILE_BYTES) -> RunFile:
+    """The bytes of a run file (an upload, an HTTP reply) or of an old .json.gz recording, read back; at most
+    `max_bytes` (the upload cap unless said)."""
+    if len(data) > max_bytes:
+        raise RunFileError(f"{name} is {fmt_bytes(len(data))}; run files are at most {fmt_bytes(max_bytes)}")
     if data[:2] == GZIP_MAGIC:                  # a recording saved before run files existed
         try:
             recording = loads_recording(data, name, limits)
@@ -246,7 +255,7 @@ def loads(data: bytes, name: str = "the file", limits: Limits | None = None) -> 
 
 def _unzip(data: bytes, name: str, limits: Limits) -> tuple[Any, bytes]:
     """run.json (parsed) and the safetensors bytes, once the zip's own sizes pass the cap (no zip bomb unpacks)."""
-    cap = max_recording_bytes(limits) + 2 * limits.max_capture_bytes
+    cap = unpacked_cap(limits)
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as z:
             members = {i.filename: i for i in z.infolist()}
