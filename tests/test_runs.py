@@ -257,3 +257,25 @@ def test_the_command_line_writes_the_notebook_beside_a_run_file(tiny_run, tmp_pa
     assert main(args) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "truncated zip" in err
+
+
+def test_the_services_run_file_fills_the_lens_as_the_engine_computes_it_and_refuses_a_job(tiny_lm):
+    """file_of on the in-process service: the page's policy keeps only residuals; the exported lens equals the lens
+    the engine computes in the pass (an independent path). A measurement job has no run file: one line."""
+    from engine.runs import file_of, recording_of
+    from engine.service.service import EngineService
+
+    svc = EngineService(tiny_lm)
+    try:
+        request = GenerationRequest(tiny_prompt(7, seed=3), max_new_tokens=2, chat=False)
+        handle = svc.submit(request, CapturePolicy(logit_lens=5, lens_on_demand=True), source="api")
+        handle.result(timeout=60)
+        run = loads(file_of(recording_of(svc.run_slice(handle.run_id), svc), svc))
+        direct = list(generate(tiny_lm, request, CapturePolicy(logit_lens=5)))[0].captures
+        assert [row["id"] for row in run.logit_lens()] == [direct[i].lens[0][0] for i in sorted(direct)]
+        job = svc.submit_job("speed.context", {"lengths": [8], "repeats": 1})
+        job.value(timeout=120)
+        with pytest.raises(RunFileError, match="is a measurement, not a generation"):
+            recording_of(svc.run_slice(job.run_id), svc)
+    finally:
+        svc.close()
