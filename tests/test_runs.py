@@ -209,8 +209,12 @@ def outputs(nb) -> tuple[str, list[str]]:
     return text, kinds
 
 
-def test_notebook_runs_top_to_bottom_on_the_tiny_model(tiny_run, kernel, tmp_path, monkeypatch):
-    nb = execute(tiny_run[1], tmp_path, kernel, "attention", 1, 2, monkeypatch)
+def test_notebook_runs_top_to_bottom_on_the_tiny_model(tiny_run, tiny_lm, kernel, tmp_path, monkeypatch):
+    """Made on a machine whose weights folder is not here: the notebook falls back to what the playground was started
+    with (here the tiny model's folder)."""
+    rec, _ = tiny_run
+    moved = dumps(rec, "/no/such/folder", str(tiny_lm.source), texts_with(rec, tiny_lm.tokenizer.decode))
+    nb = execute(moved, tmp_path, kernel, "attention", 1, 2, monkeypatch)
     text, kinds = outputs(nb)
     assert kinds.count("application/vnd.plotly.v1+json") == 2               # the heatmap and the logit-lens table
     maps = len(loads(tiny_run[1]).token_ids) * 3                             # every pass, every layer

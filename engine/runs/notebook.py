@@ -135,11 +135,8 @@ def notebook(run: RunFile, run_file: str, page: str = "journey", layer: int | No
     layer = layer if layer is not None and layer in run.layers else middle
     heads = run.capture(layer).heads if run.layers else (0,)
     head = head if head is not None and head in heads else heads[0]
-    model = run.source or run.name or "default"
     cells = [new_markdown_cell(_intro(run, page)),
-             new_code_cell(f"RUN_FILE = {run_file!r}   # the run file that came with this notebook\n"
-                           f"MODEL = {model!r}   # the weights that made the run; change it where they are elsewhere\n"
-                           f"LAYER, HEAD = {layer}, {head}   # the head the page showed"),
+             new_code_cell(_parameters(run, run_file, layer, head)),
              new_code_cell(LOAD)]
     if run.layers:
         cells += [new_markdown_cell("## The page's views, from the file alone"), new_code_cell(HEATMAP),
@@ -154,6 +151,17 @@ def notebook(run: RunFile, run_file: str, page: str = "journey", layer: int | No
                                     "`output_attentions=True`, then nnsight when it is installed."),
                   new_code_cell(HF), new_code_cell(NNSIGHT), new_markdown_cell(HOOKS)]
     return new_notebook(cells=cells, metadata={"kernelspec": dict(KERNEL), "language_info": {"name": "python"}})
+
+
+def _parameters(run: RunFile, run_file: str, layer: int, head: int) -> str:
+    """The first code cell: the file, the weights (where they were, else what the playground was started with) and
+    the head to look at."""
+    return (f"from pathlib import Path\n\n"
+            f"RUN_FILE = {run_file!r}   # the run file that came with this notebook\n"
+            f"MODEL = {run.source or run.name or 'default'!r}   # the weights that made the run\n"
+            f"if not Path(MODEL).exists():   # not on this machine: what the playground was started with\n"
+            f"    MODEL = {run.name or 'default'!r}   # 'default': the embedded model; or set the weights' folder\n"
+            f"LAYER, HEAD = {layer}, {head}   # the head the page showed")
 
 
 def _intro(run: RunFile, page: str) -> str:
