@@ -12,6 +12,7 @@ import streamlit as st
 from app.nav import page_info
 from app.presenter import SETTINGS, TOKEN_KEY, Push, is_presenter, presenter_board
 from app.request import Prepared
+from app.recent import remember
 from app.run import LAST_RUN, Draft, Run, capture_policy, new_run, run_from_slice, stream_generation
 from app.session import session_id
 from app.watch import FORM_KEY
@@ -58,6 +59,7 @@ def run_live(lm: ModelClient, prepared: Prepared, ns: str, stop_slot: st.delta_g
         notice.warning(run.warning)
     elif run.prefill is None:
         notice.empty()
+    remember(run, lm.limits)                     # a reload or a second tab of this person opens it again
     return run if run.prefill is not None else None
 
 

@@ -18,6 +18,7 @@ from app.nav import HOME, PAGES, page_info  # noqa: E402
 from app.session import follow_presenter, join_session  # noqa: E402
 from app.sidebar import render_sidebar  # noqa: E402
 from app.live import open_run_link  # noqa: E402
+from app.recent import reopen_last  # noqa: E402
 from app.watch import fill_form, watch_slot, watch_strip  # noqa: E402
 from engine.errors import EngineError  # noqa: E402
 
@@ -48,6 +49,7 @@ def switch(page: str) -> None:
 
 
 open_run_link(None if refused else lm)            # ?run=<id>: a run made through the API, on every page
+reopen_last(lm.limits if lm is not None else None)  # a reload or a second tab: this person's last run again
 fill_form()                                       # a run adopted last run: its request in the form
 follow_presenter(current.url_path, here.widget_namespace, switch)
 render_sidebar(lm)

@@ -20,6 +20,7 @@ from typing import Callable
 
 import streamlit as st
 
+from app.recent import recent, remember
 from app.request import SETTING_RANGES, in_range
 from app.session import session_id
 from app.format import fmt_bytes
@@ -27,8 +28,9 @@ from app.run import LAST_RUN, Run, Speculation, compact
 from engine.errors import EngineError
 from engine.serving.limits import MiB, Limits, server_limits
 from engine.service.client import ModelClient
-from engine.serving.recording import (MAX_FILE_BYTES, PARSE_PLACES, RecordedSpeculation, Recording, RecordingError,
-                                      dumps_recording, load_recording, loads_recording)
+from engine import runs as run_files
+from engine.serving.recording import (MAX_FILE_BYTES, PARSE_PLACES, PARSE_SLOTS, RecordedSpeculation, Recording,
+                                      RecordingError, dumps_recording, load_recording, loads_recording)
 from engine.core.records import PrefillRecord, SpecDoneRecord, SpecRoundRecord
 from engine.serving.shelf import Kept, Shelf, default_dir
 
@@ -94,7 +96,11 @@ def speculation_record(spec: Speculation | None) -> RecordedSpeculation | None:
 
 def open_bytes(data: bytes, name: str = "the file", limits: Limits | None = None,
                on_wait: Waiting | None = None) -> Run:
-    """Parse uploaded bytes into a run; RecordingError says what is wrong with a bad file."""
+    """Parse uploaded bytes (a recording, or a run file: a .zip, engine/runs) into a run; RecordingError (or
+    RunFileError) says what is wrong with a bad file."""
+    if data[:2] == b"PK":
+        with PARSE_SLOTS.hold(on_wait):
+            return run_from_recording(run_files.loads(data, name, limits).recording)
     return run_from_recording(loads_recording(data, name=name, limits=limits, on_wait=on_wait))
 
 
@@ -189,6 +195,7 @@ def shipped_summaries(paths: tuple[str, ...]) -> list[Shipped]:
 def make_current(run: Run) -> None:
     """The run every page shows from now on; the pages' prompt boxes and sampling controls follow it."""
     st.session_state[LAST_RUN] = run
+    remember(run)
     req = run.request
     for ns in ("journey", "attention", "kv"):
         st.session_state[f"{ns}.prompt"] = req.prompt
@@ -214,9 +221,11 @@ def shipped_section() -> None:
 
 
 def upload_section(limits: Limits) -> None:
-    """A file picker for a recording; a bad file gives the RecordingError's reason."""
-    upload = st.file_uploader("Open a recording file (.json.gz)", type=["gz", "json"], key=UPLOAD_KEY,
-                              help=f"Files saved with 'Save this run' or `python -m engine record`; "
+    """A file picker for a recording or a run file; a bad file gives the error's one line."""
+    upload = st.file_uploader("Open a recording (.json.gz) or a run file (.run.zip)", type=["gz", "json", "zip"],
+                              key=UPLOAD_KEY,
+                              help=f"Files saved with 'Save this run', `python -m engine record`, the run file in an "
+                                   f"'Open in a notebook' download or `GET /v1/playground/runs/<id>/file`; "
                                    f"at most {fmt_bytes(MAX_FILE_BYTES)}.")
     if upload is None:
         return
@@ -241,7 +250,7 @@ def open_upload(data: bytes, name: str, limits: Limits | None = None, on_wait: W
     """Make an uploaded recording the current run; the error message when it cannot be read."""
     try:
         make_current(open_bytes(data, name, limits, on_wait))
-    except RecordingError as err:
+    except EngineError as err:                       # RecordingError, RunFileError: one line, the run shown stays
         return str(err)
     return None
 
@@ -317,6 +326,23 @@ def kept_section(limits: Limits) -> None:
         left.text(f"{entry.title} ({entry.size / 1e6:.2f} MB, kept {when})")
         if right.button("Open", key=f"recordings.kept.{i}.{entry.name}", icon=":material/play_arrow:"):
             open_kept(store, entry.name, limits)
+
+
+def recent_section(limits: Limits) -> None:
+    """This person's last runs (kept in this web process across reloads and tabs), an Open button each."""
+    runs = recent(limits)
+    if not runs:
+        st.caption("None yet: a finished run, generated or opened here, is listed here and reopens after a reload.")
+    shown = st.session_state.get(LAST_RUN)
+    for i, run in enumerate(runs):
+        left, right = st.columns([4, 1], vertical_alignment="center")
+        when = time.strftime("%H:%M", time.localtime(run.started))
+        left.text(f"{run.request.prompt[:80]!r} → {run.text.strip()[:60]!r} ({run.model}, {when})")
+        if run is shown:
+            right.caption("Shown now")
+        elif right.button("Open", key=f"recordings.recent.{i}.{run.id}", icon=":material/history:"):
+            make_current(run)
+            st.rerun()
 
 
 def open_kept(store: Shelf, name: str, limits: Limits) -> None:

@@ -380,6 +380,26 @@ def cmd_show(args: argparse.Namespace) -> int:
     return _recording_command(args, lambda: load_recording(args.path))
 
 
+def cmd_notebook(args: argparse.Namespace) -> int:
+    """Write the notebook that opens a run file (or an old recording), beside it."""
+    import nbformat                                   # here: only this command needs it
+
+    from engine.runs import load
+    from engine.runs.notebook import notebook
+
+    path = Path(args.path)
+    try:
+        run = load(path)
+    except EngineError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    stem = path.name.removesuffix(".zip").removesuffix(".run").removesuffix(".json.gz")
+    out = path.with_name(stem + ".ipynb")
+    nbformat.write(notebook(run, path.name, args.page, args.layer, args.head), str(out))
+    print(f"wrote {out}: run it from the top (jupyter, or `jupyter-execute {out}`)")
+    return 0
+
+
 def _recording_command(args: argparse.Namespace, run: Callable[[], Any]) -> int:
     """Print what `run` recorded or read; 1 with one line when the file or the request is unusable."""
     try:
@@ -405,6 +425,12 @@ def add_recording(sub: Any) -> None:
     show = sub.add_parser("show", help="describe a recording")
     show.add_argument("path")
     show.set_defaults(func=cmd_show)
+    nb = sub.add_parser("notebook", help="write the notebook that opens a run file (or a recording), beside it")
+    nb.add_argument("path", help="a .run.zip (Open in a notebook, GET /v1/playground/runs/<id>/file) or a .json.gz")
+    nb.add_argument("--page", default="journey", choices=["journey", "attention", "speculative"])
+    nb.add_argument("--layer", type=int, default=None, help="the layer the notebook opens on (default: the middle one)")
+    nb.add_argument("--head", type=int, default=None)
+    nb.set_defaults(func=cmd_notebook)
 
 
 # --- the parser and the one way out -------------------------------------------------------------------

@@ -7,6 +7,7 @@ from app.attention.numbers import captured_layers
 from app.attention.sections import (gqa_section, grid_section, heatmap_section, heads_of, kept_line, layer_and_head,
                                     layer_options, scrubber_section, summary_section)
 from app.live import last_run, run_live
+from app.notebook import notebook_button
 from app.model import offline_notice, page_model
 from app.recordings import run_notes
 from app.session import presenter_push, pushed_choice
@@ -43,6 +44,7 @@ if run is not None and run.prefill is not None and (captured_layers(run) or od.o
     presenter_push("attention", "attention", view={"layer": layer, "head": heads_of(run, layer)[0][head_index]})
     st.subheader("One head")
     heatmap_section(run, layer, head_index, stretch, lm)
+    notebook_button(run, lm, "attention", layer, heads_of(run, layer)[0][head_index])
     st.subheader(f"All heads of layer {layer}")
     grid_section(run, layer, stretch, lm)
     st.subheader("Every head at a glance")

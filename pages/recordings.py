@@ -4,8 +4,8 @@ import streamlit as st
 from app.live import last_run
 from app.model import page_model
 from app.nav import PAGES
-from app.recordings import (keep_button, kept_section, room_limits, run_notes, save_button, shipped_section,
-                            upload_section)
+from app.recordings import (keep_button, kept_section, recent_section, room_limits, run_notes, save_button,
+                            shipped_section, upload_section)
 
 lm = page_model()
 st.title("Recordings")
@@ -27,6 +27,8 @@ st.subheader("Open a file")
 upload_section(limits)
 st.subheader("Kept on this server")
 kept_section(limits)
+st.subheader("Your last runs")
+recent_section(limits)
 
 run = last_run()
 st.subheader("The run every page shows now")

@@ -2,6 +2,7 @@
 import streamlit as st
 
 from app.live import last_run, run_live
+from app.notebook import notebook_button
 from app.model import page_model
 from app.request import prepare
 from app.speculative.sections import (TimelineView, build_draft, draft_controls, last_speculative, prompt_controls,
@@ -36,3 +37,4 @@ if run is None or not run.speculation.rounds:          # no st.stop(): see main.
 else:
     timeline.update(run, final=True)
     rounds_sections(run)
+    notebook_button(run, lm, "speculative")

@@ -400,3 +400,34 @@ def test_four_sessions_generate_at_once_and_each_gets_its_own_answer(app_url, br
     finally:
         for c in contexts:
             c.close()
+
+
+def test_a_run_survives_a_reload_and_opens_in_a_second_tab(app_url, browser):
+    """A reload (a new Streamlit session, the same browser cookie: the same person) draws the person's last run
+    again, and so does a second tab; both offer it in a notebook."""
+    context = browser.new_context(viewport={"width": 1440, "height": 2400})
+    try:
+        pg = context.new_page()
+        pg.goto(f"{app_url}/journey")
+        wait_heading(pg, "The journey of a request")
+        set_number(pg, "Max new tokens", 5)
+        set_prompt(pg, "Name one colour of the rainbow.")
+        button(pg, "Generate").click()
+        wait_text(pg, "Done:", 240)
+        wait_idle(pg)
+        answer = [a for a in pg.get_by_test_id("stText").all_inner_texts() if a.strip()]
+        pg.reload()
+        wait_heading(pg, "The journey of a request")
+        wait_text(pg, "One token up close", 60)
+        wait_idle(pg)
+        assert_no_exception(pg)
+        assert set(answer) <= set(a for a in pg.get_by_test_id("stText").all_inner_texts() if a.strip())
+        assert pg.get_by_role("button", name="Open in a notebook").count() == 1
+        second = context.new_page()
+        second.goto(f"{app_url}/attention")
+        wait_heading(second, "One head")
+        wait_idle(second)
+        assert_no_exception(second)
+        assert second.get_by_role("button", name="Open in a notebook").count() == 1
+    finally:
+        context.close()

@@ -22,6 +22,7 @@ from test_pages import (app, test_attention_page_draws_the_shared_run,  # noqa: 
                         test_kv_page_shows_the_measured_memory_ledger,
                         test_a_long_runs_maps_are_computed_on_demand_for_every_layer,
                         test_a_run_the_server_dropped_gets_a_message, test_the_context_slider_measures_the_long_text)
+from test_notebook_pages import test_journey_and_attention_pages_offer_the_run_in_a_notebook  # noqa: F401
 from test_speed_pages import test_precision_page_quantizes_a_copy_and_measures_it  # noqa: F401
 from test_speed_pages import test_speed_lab_measures_and_the_curve_grows  # noqa: F401
 

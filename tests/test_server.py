@@ -357,3 +357,24 @@ def test_without_replicas_nothing_of_ray_is_imported():
     out = subprocess.run([python(), "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_request_made_with_openai_comes_back_as_a_run_file(server, client, model, tiny_lm):
+    """GET /v1/playground/runs/{id}/file: the run file engine.runs.load reads, its attention the engine's own for the
+    same prompt (float32, to rounding), its logit lens filled in by the server; a live or unknown run is one line."""
+    from engine.runs import loads
+
+    prompt = tiny_prompt(8, seed=5)
+    reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}], max_tokens=3,
+                                           temperature=0, extra_body={"playground": {"capture": True}})
+    r = httpx.get(f"{server[0]}/v1/playground/runs/{reply.id}/file", timeout=60)
+    assert r.status_code == 200 and r.headers["content-type"] == "application/zip"
+    run = loads(r.content, "api.run.zip")
+    assert run.request.prompt == prompt and run.source == str(tiny_lm.source)
+    alone = list(generate(tiny_lm, run.request, run.policy))
+    assert run.prompt_ids == [p.id for p in alone[0].prompt] and run.token_ids[0] == alone[0].token.id
+    for layer in run.layers:
+        np.testing.assert_allclose(run.capture(layer).attention, alone[0].captures[layer].attention, atol=1e-5)
+    assert len(run.logit_lens()) == len(run.layers)                      # computed from the kept residuals
+    missing = httpx.get(server[0] + "/v1/playground/runs/run-0000000000000000/file")
+    assert missing.status_code == 404 and error_of(missing)["code"] == "run_not_found"

@@ -12,6 +12,7 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from app.journey import figures as charts
+from app.notebook import notebook_button
 from app.recordings import decoder, save_button
 from app.request import Prepared, Sampling
 from app.format import fmt_ms, fmt_rate, plot_text, visible
@@ -278,7 +279,9 @@ def run_up_close(lm: ModelClient | None, run: Run, sampling: Sampling) -> None:
     distribution_section(run, index, sampling, decode)
     st.markdown("**Through the layers.**")
     lens_section(run, index, decode, lm)
-    save_button(run, "journey")
+    with st.container(horizontal=True):              # the run's two downloads side by side
+        save_button(run, "journey")
+        notebook_button(run, lm, "journey")
     if lm is not None and lm.label == run.model:
         st.subheader("5. The observer effect")
         st.write("Capturing the model's internals costs time. The same request, capture off and on, timed here:")

@@ -4,6 +4,8 @@ For people and scripts (JSON, the default):
     GET  /v1/playground/runs                  the newest runs
     GET  /v1/playground/runs/{id}?since=N     one run: its request, state and records (tokens, timings, captures)
     GET  /v1/playground/runs/{id}/stream      the same as server-sent events while it runs
+    GET  /v1/playground/runs/{id}/file        a finished run as a run file (.zip: run.json + tensors.safetensors,
+                                              docs/runs.md), for engine.runs.load and the generated notebook
     GET  /v1/playground/room                  the live batch and its recent steps, as the room page draws them
 For the web app's client (MessagePack, `Accept: application/x-msgpack`; engine/service/client.py): the model's
 description and tokenizer, the door's check, generation and jobs as streams of records, the room, the sessions,
@@ -20,6 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
+from engine import runs as run_files
 from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy
 from engine.errors import InvalidRequestError, QueueFullError
@@ -338,6 +341,19 @@ async def run_stream(rid: str, request: Request, since: int = 0) -> Response:
     svc, rid = service(request), run_id(rid)
     await run_in_threadpool(svc.run_slice, rid, 0)                     # 404 before the stream starts
     return EventSourceResponse(_run_events(svc, rid, since, request))
+
+
+@router.get("/runs/{rid}/file")
+async def run_file(rid: str, request: Request) -> Response:
+    """A finished run as a run file (engine/runs), the same file the pages' "Open in a notebook" carries."""
+    svc, rid = service(request), run_id(rid)
+    data = await run_in_threadpool(_run_file, svc, rid)
+    return Response(data, media_type="application/zip",
+                    headers={"Content-Disposition": f'attachment; filename="{rid[:40]}{run_files.SUFFIX}"'})
+
+
+def _run_file(svc: EngineService, rid: str) -> bytes:
+    return run_files.file_of(run_files.recording_of(svc.run_slice(rid), svc), svc)
 
 
 async def _run_events(svc: EngineService, rid: str, since: int, request: Request) -> AsyncIterator[str]:

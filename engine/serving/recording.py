@@ -122,6 +122,12 @@ def dumps_recording(recording: Recording, attention_dtype: str | None = "float16
 
 
 def _dumps(recording: Recording, attention_dtype: str | None) -> bytes:
+    text = json.dumps(document(recording, attention_dtype), separators=(",", ":"), allow_nan=True)
+    return gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0)
+
+
+def document(recording: Recording, attention_dtype: str | None = "float16") -> dict[str, Any]:
+    """A recording as plain JSON values (arrays as {ARRAY_KEY: base64, dtype, shape}); a run file reuses it."""
     doc = {"format": FORMAT, "version": VERSION, "title": recording.title, "created": recording.created,
            "model": {"label": recording.model, "dtype": recording.dtype, "device": recording.device,
                      "spec": _encode(recording.spec)},
@@ -130,8 +136,7 @@ def _dumps(recording: Recording, attention_dtype: str | None) -> bytes:
     if recording.speculation is not None:
         doc["speculation"] = {**_encode(replace(recording.speculation, baseline=[]), attention_dtype),
                               "baseline": _encode_records(recording.speculation.baseline, attention_dtype)}
-    text = json.dumps(doc, separators=(",", ":"), allow_nan=True)
-    return gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0)
+    return doc
 
 
 def save_recording(recording: Recording, path: str | Path, attention_dtype: str | None = "float16") -> Path:
@@ -363,6 +368,12 @@ def _check_header(doc: Any, name: str) -> None:
                              f"{VERSION} and older. Update the playground to open it")
 
 
+def build(doc: dict) -> Recording:
+    """A parsed recording document as typed records; RecordingError saying which value is wrong.
+    Arrays may be stored ({ARRAY_KEY: ...}) or already numpy arrays (a run file's tensors)."""
+    return _build(doc)
+
+
 def _build(doc: dict) -> Recording:
     model = _mapping(doc.get("model"), "model")
     built = _decode_records(doc.get("records"), "records")
@@ -493,7 +504,17 @@ def _decode_scalar(value: Any, tp: Any, where: str) -> Any:
     raise RecordingError(f"{where} should be {getattr(tp, '__name__', tp)}, not {type(value).__name__}")
 
 
+def stored_array(value: Any, where: str = "an array") -> np.ndarray:
+    """The numpy array a stored array ({ARRAY_KEY: base64, dtype, shape}) holds; RecordingError when damaged."""
+    return _decode_array(value, where)
+
+
 def _decode_array(value: Any, where: str) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        if value.dtype.name not in ARRAY_DTYPES:
+            raise RecordingError(f"{where} has an array of dtype {value.dtype.name}; only {', '.join(ARRAY_DTYPES)} "
+                                 "are read")
+        return value
     data = _mapping(value, where)
     dtype, shape, payload = data.get("dtype"), data.get("shape"), data.get(ARRAY_KEY)
     if dtype not in ARRAY_DTYPES:

@@ -1,0 +1,62 @@
+"""A person's last runs (app/recent.py): bounded per person and in bytes, oldest first out; listed on the Recordings
+page and opened from there. The reload itself, in Chromium: tests/test_browser.py."""
+from __future__ import annotations
+
+import numpy as np
+
+from conftest import tiny_prompt
+from test_pages import app, generate, open_page  # noqa: F401 - `app`: the fixture
+from app.recent import RecentRuns, run_bytes
+from app.run import LAST_RUN, Run
+from engine.core.generate import GenerationRequest
+from engine.core.hooks import CAPTURE_OFF, LayerCapture
+from engine.core.records import CacheState, DoneRecord, PrefillRecord, SampledToken
+
+
+def finished_run(tiny_lm, n_bytes: int) -> Run:
+    """A finished run whose captures hold `n_bytes` of attention (what the store counts)."""
+    run = Run(model=tiny_lm.label, spec=tiny_lm.spec, request=GenerationRequest("w1"), policy=CAPTURE_OFF)
+    token = SampledToken(5, " w1", 1.0, [], np.zeros(0, np.int64), np.zeros(0, np.float32))
+    cap = LayerCapture(0, heads=(0,), kv_heads=(0,), attention=np.zeros((1, 1, n_bytes // 4), np.float32))
+    run.add(PrefillRecord([], {}, 0.1, CacheState(1, 0, []), token, {0: cap}))
+    run.add(DoneRecord(" w1", "length", 1, 1, 0.1, 0.0, 0.1))
+    return run
+
+
+def test_runs_are_kept_per_person_newest_first_within_both_caps(tiny_lm):
+    size = run_bytes(finished_run(tiny_lm, 40_000))
+    store = RecentRuns(per_person=2, total_bytes=3 * size)
+    a, b, c = (finished_run(tiny_lm, 40_000) for _ in range(3))
+    for run in (a, b, c):
+        store.add("p1", run)
+    assert store.runs("p1") == [c, b]                                  # two per person: the oldest went
+    store.add("p1", b)
+    assert store.runs("p1") == [b, c]                                  # opened again: newest, not twice
+    d, e = finished_run(tiny_lm, 40_000), finished_run(tiny_lm, 40_000)
+    store.add("p2", d)
+    store.add("p2", e)                                   # 4 runs, room for 3: p1 (seen first) loses its oldest
+    assert store.runs("p1") == [b] and store.runs("p2") == [e, d] and store.bytes <= 3 * size
+    assert RecentRuns(per_person=0, total_bytes=size).runs("p1") == []
+
+
+def test_the_recordings_page_lists_this_persons_last_runs(app):  # noqa: F811
+    at = open_page(app, "journey.py")
+    generate(at, "journey", tiny_prompt(6, seed=11), 3)
+    first = at.session_state[LAST_RUN]
+    generate(at, "journey", tiny_prompt(6, seed=12), 3)
+    open_page(at, "recordings.py")
+    rows = [t.value for t in at.text if "→" in t.value]
+    assert len(rows) == 2 and tiny_prompt(6, seed=12)[:20] in rows[0] and tiny_prompt(6, seed=11)[:20] in rows[1]
+    at.button(key=f"recordings.recent.1.{first.id}").click().run()
+    assert at.session_state[LAST_RUN] is first
+
+
+def test_the_person_is_the_xsrf_token_whatever_its_mask():
+    """Tornado re-masks its XSRF cookie on every page load (two loads of one browser, as Chromium kept them)."""
+    from app.session import xsrf_token
+
+    first = "2|b7be5fd4|1b8eed0441711859daccfc1e87f1dae5|1795645335"
+    after_reload = "2|f6a3d300|5a9361d0006c948d9bd170cac6ec5631|1795645335"
+    assert xsrf_token(first) == xsrf_token(after_reload) == "ac30b2d0f6cf478d6d72a3ca304f8531"
+    assert xsrf_token("2|b7be5fd5|1b8eed0441711859daccfc1e87f1dae5|1795645335") != xsrf_token(first)
+    assert xsrf_token("plain-old-cookie") == "plain-old-cookie" and xsrf_token("2|zz|yy|1") == "2|zz|yy|1"
