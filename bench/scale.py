@@ -90,8 +90,12 @@ def kill_one(url: str, client: openai.OpenAI, model: str) -> dict:
     def views() -> list[dict]:
         return httpx.get(url + "/v1/playground/replicas", timeout=30).json()
 
-    stream = iter(client.completions.create(model=model, prompt="Write a long story about a lighthouse keeper.",
-                                            max_tokens=256, temperature=0, stream=True))
+    deadline = time.monotonic() + 180
+    while len([v for v in views() if v["seconds_ago"] < 3]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)                                     # both replicas report before one is killed
+    stream = iter(client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Write a long story about a lighthouse keeper."}],
+        max_tokens=256, temperature=0, stream=True))                     # greedy, it runs all 256 tokens
     run_id = next(stream).playground["run_id"]
     next(stream)
     time.sleep(1.5)                                         # the replica lists the run in its next snapshot
@@ -158,6 +162,21 @@ def projected(sessions: int = 200, max_gpus: int = 8, ttft_target: float = 1.0, 
             "fewest_replicas_meeting_targets": fewest}
 
 
+def fault_only(args: argparse.Namespace) -> int:
+    """Two replicas started, one killed mid-answer; the timings replace the fault section of the last results."""
+    proc, url = start(args, SETUPS["2 replicas"])
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+        fault = kill_one(url, client, client.models.list().data[0].id)
+    finally:
+        stop(proc)
+    report = json.loads(RESULTS.read_text())
+    report.setdefault("measured", {})["fault"] = {**fault, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote the fault section of {RESULTS}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="default")
@@ -165,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--projection-only", action="store_true")
+    parser.add_argument("--fault-only", action="store_true", help="time a replica's death again, into the last results")
     args = parser.parse_args(argv)
+    if args.fault_only:
+        return fault_only(args)
     report = {"projected": projected(), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     for row in report["projected"]["rows"]:
         print(f"projected: {row['replicas']} x H100, 200 at once: p95 TTFT {row['ttft_p95_s']:.2f} s, p95 ITL "
