@@ -373,13 +373,11 @@ ROOM_PROMPTS = ("What is the capital of France?", "Name three prime numbers.", "
                 "What does a GPU do?")
 
 
-def test_four_sessions_generate_at_once_and_each_gets_its_own_answer(app_url, browser):
+def test_four_sessions_generate_at_once_and_each_gets_its_own_answer(app_url, browser, smol_lm):
     """Four browsers press Generate together; the batch serves them all, each with the answer it would get alone."""
     from engine.core.generate import GenerationRequest, generate
-    from engine.core.loader import load_model
 
-    lm = load_model("default", device="cpu")
-    want = [list(generate(lm, GenerationRequest(p, max_new_tokens=12)))[-1].text for p in ROOM_PROMPTS]
+    want = [list(generate(smol_lm, GenerationRequest(p, max_new_tokens=12)))[-1].text for p in ROOM_PROMPTS]
     contexts = [browser.new_context(viewport={"width": 1400, "height": 2400}) for _ in ROOM_PROMPTS]
     pages = [c.new_page() for c in contexts]
     try:

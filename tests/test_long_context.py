@@ -2,9 +2,9 @@
 how the server recomputes from it (in-process; tests/test_remote_pages.py runs the page over HTTP), the long text."""
 from __future__ import annotations
 
+import contextlib
+import io
 import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,12 +20,17 @@ from engine.projection.specs import MODEL_PRESETS
 from engine.serving.capture import capture_policy, kept_plan
 from engine.serving.limits import capture_bytes
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=300)
+    """`python -m engine ARGS`, run in this process (its exit code, stdout and stderr; no interpreter to start:
+    tests/test_engine_errors.py runs the command line as a process of its own)."""
+    from engine.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(["python", "-m", "engine", *args], code, out.getvalue(), err.getvalue())
 
 
 def eager_attentions(lm, ids):
