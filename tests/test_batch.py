@@ -133,12 +133,35 @@ def test_chunked_prefill_does_not_freeze_the_others(tiny_lm):
     assert sum(isinstance(r, DecodeRecord) for r in first.records) == 1 + 5   # the first step decoded once too
 
 
+SAMPLING = [dict(temperature=0.9, top_k=20, top_p=0.95), dict(temperature=0.0), dict(temperature=1.3, top_p=0.8),
+            dict(temperature=0.9, top_k=20, top_p=0.95), dict(temperature=0.7, top_k=5)]
+
+
 def test_seeded_sampling_gives_the_same_text_batched_or_alone(tiny_lm):
-    jobs = [(GenerationRequest(tiny_prompt(8, seed=s), max_new_tokens=10, temperature=0.9, top_k=20, top_p=0.95,
-                               seed=s, chat=False), CAPTURE_OFF) for s in range(4)]
-    sinks = run_staggered(tiny_lm, jobs, joins=[0, 1, 1, 3])
+    """Rows that filter alike share one softmax, the others have their own; each row draws with its own seed."""
+    jobs = [(GenerationRequest(tiny_prompt(8, seed=s), max_new_tokens=10, seed=s, chat=False, **kw), CAPTURE_OFF)
+            for s, kw in enumerate(SAMPLING)]
+    sinks = run_staggered(tiny_lm, jobs, joins=[0, 1, 1, 3, 0])
     for sink, (request, policy) in zip(sinks, jobs):
         assert_same_run(sink.records, alone(tiny_lm, request, policy))
+
+
+def test_picking_every_row_at_once_describes_each_token_as_picking_it_alone(tiny_lm):
+    from engine.core.generate import TextStream, pick_token, pick_tokens
+
+    logits = torch.randn(len(SAMPLING), 50_000, generator=torch.Generator().manual_seed(0)) * 4
+    requests = [GenerationRequest("x", seed=s, **kw) for s, kw in enumerate(SAMPLING)]
+    gens = lambda: [torch.Generator().manual_seed(r.seed) for r in requests]  # noqa: E731
+    streams = lambda: [TextStream(tiny_lm.tokenizer) for _ in requests]  # noqa: E731
+    together = pick_tokens(tiny_lm, logits, requests, gens(), streams())
+    for row, r, g, stream, a in zip(logits, requests, gens(), streams(), together):
+        b = pick_token(tiny_lm, row, r, g, stream)
+        assert (a.id, a.text, [c.id for c in a.top], [c.text for c in a.top]) == \
+               (b.id, b.text, [c.id for c in b.top], [c.text for c in b.top])
+        np.testing.assert_allclose([a.prob, *(c.prob for c in a.top)], [b.prob, *(c.prob for c in b.top)], rtol=1e-6)
+        assert np.array_equal(a.logit_ids, b.logit_ids) and np.array_equal(a.logits, b.logits)
+        assert a.rest_logsumexp == pytest.approx(b.rest_logsumexp, rel=1e-6) and a.rest_count == b.rest_count
+        assert a.logit == b.logit
 
 
 def test_a_cancelled_request_leaves_and_the_others_finish(tiny_lm):
@@ -295,6 +318,37 @@ def test_newcomers_that_reuse_a_prefix_all_start_in_one_step_and_equal_alone(tin
         runner.step()
     for sink, request in zip(sinks, jobs):
         assert_same_run(sink.records, alone(tiny_lm, request, FULL))
+
+
+def test_newcomers_on_stored_starts_of_different_lengths_prefill_their_rests_in_one_pass(tiny_lm):
+    """Without captures, newcomers that reuse stored starts of different lengths, and one with nothing stored,
+    prefill the rest of their prompts in one padded pass (each row's cache: its start right-aligned, pads, its
+    rest), not one pass each; every answer equals its prompt alone."""
+    from engine.serving.prefix import PrefixCache
+
+    prefix = PrefixCache(64 * 2**20)
+    long_start, short_start = tiny_prompt(20, seed=3), tiny_prompt(12, seed=5)
+    run_in_turn(tiny_lm, [(GenerationRequest(start + " w0", max_new_tokens=2, chat=False), CAPTURE_OFF)
+                          for start in (long_start, short_start)], prefix)
+    jobs = [GenerationRequest(p, max_new_tokens=5, chat=False)
+            for p in (long_start + " w1 w2", short_start + " w3", tiny_prompt(6, seed=9), long_start + " w4 w5 w6")]
+    runner = BatchRunner(tiny_lm, prefix=prefix)
+    sinks = [Sink() for _ in jobs]
+    for sink, request in zip(sinks, jobs):
+        runner.add(sink.slot(tiny_lm, request))
+    passes = []
+    hook = tiny_lm.model.register_forward_pre_hook(lambda *_: passes.append(1))
+    try:
+        runner.step()
+    finally:
+        hook.remove()
+    assert [s.records[0].reused_tokens for s in sinks] == [20, 12, 0, 20]
+    assert len(passes) == 2                          # one prefill pass for all four, then their first decode pass
+    while not runner.idle:
+        runner.step()
+    for sink, request in zip(sinks, jobs):
+        assert sink.error is None
+        assert_same_run(sink.records, alone(tiny_lm, request))
 
 
 def test_one_step_prefills_at_most_its_budget_for_all_newcomers(tiny_lm):

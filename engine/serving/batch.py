@@ -33,7 +33,7 @@ from transformers.cache_utils import DynamicLayer
 from engine.projection.card import forward_shapes
 from engine.errors import EngineError
 from engine.core.generate import (GenerationRequest, TextStream, eos_ids, finish_reason, forward,
-                                  pick_token, prompt_pieces, sync, trim_stop)
+                                  pick_token, pick_tokens, prompt_pieces, sync, trim_stop)
 from engine.core.hooks import CAPTURE_KWARG, CapturePolicy, LayerCapture, StepCapture, instrument
 from engine.core.kept import KeptInputs
 from engine.core.loader import LoadedModel
@@ -188,14 +188,39 @@ def _newest_scores(q: torch.Tensor, k: torch.Tensor, heads: tuple[int, ...], kv_
     return torch.matmul(q[:, list(heads)].float(), k[:, list(kv_of)].float().transpose(-1, -2))
 
 
-def _row(cache: DynamicCache, b: int, pad: int, config: Any) -> DynamicCache:
-    """Row b of a padded cache, pads cut off, as a cache of its own (batch of one)."""
+def _row(cache: DynamicCache, b: int, keep: torch.Tensor | int, config: Any) -> DynamicCache:
+    """Row b of a padded cache as a cache of its own (batch of one): the positions `keep` (an index tensor), or,
+    given an int, everything after that many leading pads."""
     own = DynamicCache(config=config)
     for mine, theirs in zip(own.layers, cache.layers):
-        k, v = theirs.keys[b:b + 1, :, pad:].contiguous(), theirs.values[b:b + 1, :, pad:].contiguous()
+        if isinstance(keep, int):
+            k, v = theirs.keys[b:b + 1, :, keep:].contiguous(), theirs.values[b:b + 1, :, keep:].contiguous()
+        else:
+            k, v = theirs.keys[b:b + 1].index_select(2, keep), theirs.values[b:b + 1].index_select(2, keep)
         mine.lazy_initialization(k, v)
         mine.keys, mine.values = k, v
     return own
+
+
+def _stacked_starts(caches: list[DynamicCache | None], starts: list[int], config: Any) -> DynamicCache:
+    """One cache [B, KVH, W, D] holding each row's prefilled start (W = the longest), right-aligned: zeros on the
+    left of the shorter ones (the mask hides them). A row with no start is all zeros."""
+    width = max(starts)
+    stacked = DynamicCache(config=config)
+    if width == 0:
+        return stacked
+    like = next(c for c, n in zip(caches, starts) if n).layers
+    for i, layer in enumerate(stacked.layers):
+        k0, v0 = like[i].keys, like[i].values
+        keys = k0.new_zeros((len(starts), k0.shape[1], width, k0.shape[3]))
+        values = v0.new_zeros((len(starts), v0.shape[1], width, v0.shape[3]))
+        for b, (cache, n) in enumerate(zip(caches, starts)):
+            if n:
+                keys[b, :, width - n:] = cache.layers[i].keys[0, :, :n]
+                values[b, :, width - n:] = cache.layers[i].values[0, :, :n]
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+    return stacked
 
 
 def batchable(lm: LoadedModel) -> bool:
@@ -293,15 +318,22 @@ class BatchRunner:
         return done
 
     def _prefill_group(self, budget: int) -> list[Slot]:
-        """The oldest newcomers, in order, whose whole prompts fit `budget` and are computed from scratch."""
+        """The oldest newcomers, in order, whose rest of prompt fits `budget` together, for one padded pass: from
+        scratch, or on top of a start already in their cache (a reused prefix, earlier chunks). A pass over
+        such starts carries no captures (a captured prefill is stitched from its own chunks), so it stops at
+        the first newcomer that captures."""
         group, tokens = [], 0
         for slot in self.prefilling:
             if not slot.looked_up and self.prefix is not None:
                 self._reuse_prefix(slot)
-            if slot.prefilled or tokens + len(slot.ids) > budget:
+            rest = len(slot.ids) - slot.prefilled
+            if tokens + rest > budget:
                 break
             group.append(slot)
-            tokens += len(slot.ids)
+            tokens += rest
+        if any(s.prefilled for s in group):
+            captured = [i for i, s in enumerate(group) if s.new_capture(s.prefilled) is not None]
+            group = group[:captured[0]] if captured else group
         return group
 
     @staticmethod
@@ -311,33 +343,47 @@ class BatchRunner:
         return budget > 0 and (_chunkable(slot.policy) or len(slot.ids) - slot.prefilled <= budget)
 
     def _prefill_together(self, group: list[Slot]) -> int:
-        """One forward over the left-padded prompts of `group`; each then joins the batch with its own K/V."""
+        """One forward over the left-padded rest of each prompt in `group`; each then joins the batch with its own
+        K/V."""
         try:
-            logits, captures, cache, pads = self._padded_prefill(group)
+            logits, captures, cache, keep = self._padded_prefill(group)
         except Exception:  # noqa: BLE001 - a failure in the group: each prompt alone finds whose it is
             return self._prefill_step(self.prefilling[0], self.prefill_chunk)
+        done = 0
         for b, slot in enumerate(group):
-            slot.cache = _row(cache, b, pads[b], self.lm.model.config)
+            slot.cache = _row(cache, b, keep[b], self.lm.model.config)
             slot.chunks.append(captures.get(b, {}))
+            done += len(slot.ids) - slot.prefilled
             slot.prefilled = len(slot.ids)
             self.prefilling.remove(slot)
             self._first_token(slot, logits[b])
-        return sum(len(s.ids) for s in group)
+        return done
 
     def _padded_prefill(self, group: list[Slot]) -> tuple:
+        """The group's rests in one pass. Row b's cache holds [its start, right-aligned to the longest start W]
+        [left pads][its rest]: the mask hides both kinds of pads and each token's position counts from its own
+        first, so each row computes what it would alone. Returns logits [B, V], the captures, the cache, and
+        per row what of the cache is its own (leading pads to cut, or the index of its positions)."""
         device = self.lm.device
-        ids, mask = left_pad([s.ids for s in group], pad_id(self.lm), device)               # [B, T], [B, T]
+        starts = [s.prefilled for s in group]
+        ids, mask = left_pad([s.ids[n:] for s, n in zip(group, starts)], pad_id(self.lm), device)   # [B, T]
         pads = (mask.shape[1] - mask.sum(1)).tolist()
-        cache = DynamicCache(config=self.lm.model.config)
+        cache = _stacked_starts([s.cache for s in group], starts, self.lm.model.config)
+        width = max(starts)
+        own = torch.arange(width, device=device)[None, :] >= torch.tensor([width - n for n in starts],
+                                                                           device=device)[:, None]
+        positions = (mask.cumsum(-1) - 1).clamp(min=0) + torch.tensor(starts, device=device)[:, None]
         rows = [(b, pads[b], cap) for b, s in enumerate(group) if (cap := s.new_capture(0)) is not None]
         capture = BatchCapture(rows) if rows else None
         union = _union_policy([s.policy for s in group], [s.layer_ids for s in group], self.lm.spec.n_layers)
         with torch.inference_mode(), instrument(self.lm.model, union):
-            out = self.lm.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                                cache=cache, use_cache=True, logits_to_keep=1,
+            out = self.lm.model(input_ids=ids, attention_mask=torch.cat([own.long(), mask], dim=1),
+                                position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1,
                                 **({CAPTURE_KWARG: capture} if capture is not None else {}))
             captures = capture.finish(self.lm.model) if capture is not None else {}
-        return out.logits[:, -1], captures, cache, pads                                     # logits [B, V]
+        real = torch.cat([own, mask.bool()], dim=1)                                     # [B, W + T]
+        keep = pads if width == 0 else [row.nonzero().flatten() for row in real]
+        return out.logits[:, -1], captures, cache, keep                                 # logits [B, V]
 
     def _prefill_step(self, slot: Slot, budget: int) -> int:
         """Prefill the next chunk (at most `budget` tokens, or the whole prompt when it cannot be chunked) of a
@@ -411,9 +457,12 @@ class BatchRunner:
         except Exception as err:  # noqa: BLE001 - find the request that fails; the others go on
             self._isolate(err)       # no row's length moved: the new token's slot is simply written again
             return 0
+        tokens = pick_tokens(self.lm, logits, [s.request for s in slots], [s.generator for s in slots],
+                             [s.stream for s in slots])
+        sync(self.lm.device)
         now_done: set[Slot] = set()
         for b, slot in enumerate(slots):
-            self._advance(slot, logits[b], captures.get(b, {}))
+            self._advance(slot, tokens[b], captures.get(b, {}))
             if slot.finished:
                 now_done.add(slot)
         self.batch.drop(now_done)
@@ -435,10 +484,9 @@ class BatchRunner:
             captures = capture.finish(self.lm.model) if capture is not None else {}
         return out.logits[:, -1], captures                                               # [B, V]
 
-    def _advance(self, slot: Slot, logits: torch.Tensor, captures: dict[int, LayerCapture]) -> None:
+    def _advance(self, slot: Slot, token: SampledToken, captures: dict[int, LayerCapture]) -> None:
         slot.length += 1
-        slot.token = pick_token(self.lm, logits, slot.request, slot.generator, slot.stream)
-        sync(self.lm.device)
+        slot.token = token
         now = time.perf_counter()
         slot.generated.append(slot.token.id)
         slot.emit(DecodeRecord(len(slot.generated) - 1, now - slot.last, self.batch.state(slot.length),

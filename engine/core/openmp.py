@@ -1,0 +1,40 @@
+"""Torch's CPU threads (OpenMP) and the threads of this program: keep one-off parallel work off long-lived threads.
+
+    packed = in_passing_thread(lambda: pack_every_weight(model))   # done in a thread that ends with it
+
+OpenMP (libgomp, behind torch's CPU ops) keeps a team of worker threads for every thread that ever ran a parallel
+region, for as long as that thread lives. With more of them than cores, libgomp stops spinning at its barriers
+(its "throttled" spin count), and every parallel region of the step loop then waits on a futex instead. Measured on
+this 2-core machine with two torch threads: while the main thread, which had packed the small-batch weights, still
+held its team, the scheduler's batched decode steps took 1.5x as long (20 sessions, 64 tokens: 60 against 97 tok/s).
+So work that runs once (packing weights, loading a model in a benchmark) runs in a passing thread, and the
+step loop's thread stays the only one with a team.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+
+def in_passing_thread(fn: Callable[[], Any]) -> Any:
+    """fn() in a thread of its own that ends with it, for one-off parallel work off the step loop's thread.
+
+    OpenMP (libgomp, torch's CPU threads) keeps a team of worker threads for every thread that ever ran a
+    parallel region, for as long as that thread lives. With more of them than cores it stops spinning at its
+    barriers, and every parallel region of the step loop then waits on a futex: measured on 2 cores, a batched
+    decode step took 1.5x as long while the thread that had packed the weights (the main one) still lived.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as err:  # noqa: BLE001 - raised again in the caller's thread
+            box["error"] = err
+
+    thread = threading.Thread(target=run, name="playground-once")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
