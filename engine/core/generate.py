@@ -23,7 +23,7 @@ from engine.core.kept import KeptInputs
 from engine.core.loader import LoadedModel
 from engine.core.records import (CacheState, Candidate, DecodeRecord, DoneRecord, Piece, PrefillRecord, Record,
                                  SampledToken)
-from engine.core.sampling import sample
+from engine.core.sampling import logits_to_probs, sample
 
 KEEP_LOGITS = 256       # raw logits stored per token so pages can re-draw the distribution
 TOP_CANDIDATES = 10     # alternatives listed per token
@@ -234,6 +234,48 @@ def describe_token(lm: LoadedModel, logits: torch.Tensor, probs: torch.Tensor, t
     rest, count = rest_of_logits(logits, kept.indices)
     return SampledToken(token_id, text, float(probs[token_id]), candidates,
                         kept.indices.cpu().numpy(), kept.values.cpu().numpy(), rest, count, float(logits[token_id]))
+
+
+def pick_tokens(lm: LoadedModel, logits: torch.Tensor, requests: list[GenerationRequest],
+                generators: list[torch.Generator], streams: list[TextStream]) -> list[SampledToken]:
+    """`pick_token` for every row of a batched step's logits (B, V) at once: the same filtering, draws and
+    descriptions, with one softmax per group of rows that filter alike, one top-k over every row and one
+    tokenizer call for every row's alternatives, where B single-row calls cost a batched decode step
+    about a tenth of its time on a CPU."""
+    probs = torch.empty(logits.shape, dtype=torch.promote_types(logits.dtype, torch.float32), device=logits.device)
+    groups: dict[tuple[float, int, float], list[int]] = {}
+    for b, r in enumerate(requests):
+        groups.setdefault((r.temperature if r.temperature > 0 else 1.0, r.top_k, r.top_p), []).append(b)
+    for (temperature, top_k, top_p), rows in groups.items():
+        index = torch.tensor(rows, device=logits.device)
+        probs[index] = logits_to_probs(logits[index], temperature, top_k, top_p)
+    greedy = torch.argmax(logits, dim=-1).tolist()
+    ids = [greedy[b] if r.temperature <= 0 else int(torch.multinomial(probs[b], 1, generator=generators[b]))
+           for b, r in enumerate(requests)]
+    top = torch.topk(probs, min(TOP_CANDIDATES, probs.shape[-1]), dim=-1)
+    kept = torch.topk(logits.float(), min(KEEP_LOGITS, logits.shape[-1]), dim=-1)
+    rests = rest_of_logits_rows(logits, kept.indices)
+    top_ids, top_probs = top.indices.tolist(), top.values.tolist()
+    texts = lm.tokenizer.batch_decode([[i] for row in top_ids for i in row])
+    chosen = torch.tensor(ids, device=logits.device)[:, None]
+    chosen_probs = probs.gather(-1, chosen)[:, 0].tolist()
+    chosen_logits = logits.gather(-1, chosen)[:, 0].float().tolist()
+    kept_ids, kept_values = kept.indices.cpu().numpy(), kept.values.cpu().numpy()
+    width = top.indices.shape[-1]
+    return [SampledToken(ids[b], streams[b].push(ids[b]), chosen_probs[b],
+                         [Candidate(i, t, p) for i, t, p in zip(top_ids[b], texts[b * width:(b + 1) * width],
+                                                                top_probs[b])],
+                         kept_ids[b], kept_values[b], *rests[b], chosen_logits[b])
+            for b in range(len(requests))]
+
+
+def rest_of_logits_rows(logits: torch.Tensor, kept: torch.Tensor) -> list[tuple[float | None, int]]:
+    """`rest_of_logits` for each row of logits (B, V) and kept ids (B, K)."""
+    count = logits.shape[-1] - kept.shape[-1]
+    if count <= 0:
+        return [(None, 0)] * logits.shape[0]
+    rest = torch.logsumexp(logits.float().scatter(-1, kept, float("-inf")), dim=-1).tolist()
+    return [(r, count) if math.isfinite(r) else (None, 0) for r in rest]
 
 
 def rest_of_logits(logits: torch.Tensor, kept: torch.Tensor) -> tuple[float | None, int]:
