@@ -33,6 +33,7 @@ import torch  # noqa: E402
 
 from load import CAPTURES, PROMPTS, Outcome, burst, machine, pct, references, scenario  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
+from engine.core.openmp import in_passing_thread  # noqa: E402
 from engine.serving.capture import capture_policy  # noqa: E402
 from engine.serving.limits import Limits  # noqa: E402
 
@@ -127,9 +128,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--captures", nargs="+", default=["off", "full"], choices=sorted(CAPTURES))
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1),
-                        help="torch threads, the same for this process and the server (default: every core but one, "
-                             "as `playground` and `python -m engine serve` run the model)")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                        help="torch threads, the same for this process and the server (default: every core, as "
+                             "`python -m engine serve` runs the model)")
     parser.add_argument("--out", default=str(RESULTS))
     return parser.parse_args(argv)
 
@@ -137,7 +138,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    lm = load_model(args.model, device=args.device, dtype=args.dtype)
+    # the model's work off this thread, as in the app and the server (engine.core.small_batch.in_passing_thread)
+    lm = in_passing_thread(lambda: load_model(args.model, device=args.device, dtype=args.dtype))
     base = Limits.for_device(lm.device).with_env()
     limits = replace(base, max_queue=max(base.max_queue, args.sessions))
     proc, url = start_server(args, limits, args.threads)
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         for tokens in args.tokens:
-            expected = references(lm, tokens)
+            expected = in_passing_thread(lambda: references(lm, tokens))
             for capture in args.captures:
                 rows.append(compare(args, lm, limits, client, model, tokens, capture, expected))
     finally:

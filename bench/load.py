@@ -37,6 +37,7 @@ from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks  # noqa: E
 from engine.serving.limits import Limits  # noqa: E402
 from engine.serving.capture import LOGIT_LENS_TOP  # noqa: E402
 from engine.core.loader import LoadedModel, load_model  # noqa: E402
+from engine.core.openmp import in_passing_thread  # noqa: E402
 from engine.core.records import DoneRecord  # noqa: E402
 from engine.serving.scheduler import Scheduler  # noqa: E402
 
@@ -213,13 +214,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    lm = load_model(args.model, device=args.device, dtype=args.dtype)
+    lm = in_passing_thread(lambda: load_model(args.model, device=args.device, dtype=args.dtype))   # as the app does
     base = Limits.for_device(lm.device).with_env()
     batched = replace(base, max_batch=args.batch or base.max_batch, max_queue=max(base.max_queue, max(args.sessions)))
     single = replace(batched, max_batch=1)
     results = []
     for tokens in args.tokens:
-        expected = references(lm, tokens)
+        expected = in_passing_thread(lambda: references(lm, tokens))
         runs = [(n, mode, limits) for n in args.sessions for mode, limits in (("one at a time", single),
                                                                                 ("batched", batched))]
         if args.overload:

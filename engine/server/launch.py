@@ -42,7 +42,7 @@ def add_serve(sub: Any) -> None:
     serve.add_argument("--presenter-token", default=os.environ.get(TOKEN_ENV) or None,
                        help="secret that unlocks presenter mode for the web app ('auto' makes one up)")
     serve.add_argument("--threads", type=int, default=None,
-                       help="torch threads on a CPU (default: OMP_NUM_THREADS, else every core but one)")
+                       help="torch threads on a CPU (default: OMP_NUM_THREADS, else every core)")
     serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     cluster = serve.add_argument_group("past one machine (Ray Serve; pip install '.[cluster]')")
     cluster.add_argument("--replicas", type=int, default=0, metavar="N",
@@ -111,16 +111,15 @@ def load_service(args: argparse.Namespace, state: Any, token: str | None, progre
 
 
 def cpu_threads(asked: int | None) -> int:
-    """Torch's threads for a model on the CPU: as asked, else OMP_NUM_THREADS, else every core but one.
+    """Torch's threads for a model on the CPU: as asked, else OMP_NUM_THREADS, else every core.
 
-    The event loop and the request threads need a core, and on a small machine the clients often share it: with
-    every core given to torch, each step's parallel regions wait for a core someone else holds (OpenMP threads spin
-    at every barrier). Measured on this 2-core machine, 20 streaming clients on the same machine: 4 tok/s with two
-    threads, 29 tok/s with one (docs/serving.md).
+    Measured on this 2-core machine with 20 streaming clients on the same cores (bench/api.py): two threads
+    decode 64-token answers at about 97 tok/s, one at 71 (docs/serving.md). `playground`, which also runs the
+    web app beside the server, sets OMP_NUM_THREADS to every core but one (app/launch.py).
     """
     import torch
 
-    threads = asked or int(os.environ.get("OMP_NUM_THREADS") or 0) or max(1, len(os.sched_getaffinity(0)) - 1)
+    threads = asked or int(os.environ.get("OMP_NUM_THREADS") or 0) or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
     return threads
 

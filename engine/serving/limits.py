@@ -35,7 +35,7 @@ class Limits:
     max_prompt_tokens: int = 2048        # after the chat template
     max_new_tokens: int = 256
     max_queue: int = 32                  # requests waiting for a place in the batch (running ones not counted)
-    max_batch: int = 16                  # requests decoded together in one forward pass
+    max_batch: int = 32                  # requests decoded together in one forward pass
     prefix_cache_mb: int = 64            # prompt K/V kept for later prompts that start alike (0: off)
     max_sessions: int = 40               # browser sessions served at once
     max_capture_mb: int = 256            # attention probabilities one request may capture
