@@ -62,6 +62,18 @@ def open_tab(browser, url: str, path: str, heading: str):  # noqa: F811
     return context, page
 
 
+def reload_until_placed(page, heading: str, seconds: float = 60) -> None:
+    """Reload until this tab has a place among the room's people: a closed tab's place frees at its web process's
+    next report (every 5 s)."""
+    deadline = time.monotonic() + seconds
+    while page.get_by_text("already serves 3 people").count():
+        assert time.monotonic() < deadline, "the closed tab's place never freed"
+        time.sleep(2)
+        page.reload()
+        wait_heading(page, heading)
+        wait_idle(page)
+
+
 def test_a_presenter_in_one_web_process_leads_a_follower_in_the_other(room, browser):  # noqa: F811
     _, (first, second), _ = room
     lead_ctx, lead = open_tab(browser, first, "journey", "The journey of a request")
@@ -86,15 +98,7 @@ def test_a_presenter_in_one_web_process_leads_a_follower_in_the_other(room, brow
     newcomer_ctx, newcomer = open_tab(browser, first, "journey", "The journey of a request")
     wait_text(newcomer, "already serves 3 people", 60)          # the people are counted across both processes
     follow_ctx.close()                                         # a tab closes in the other process...
-    deadline = time.monotonic() + 60
-    while True:                                                # ...and its place frees at that process's next report
-        newcomer.reload()
-        wait_heading(newcomer, "The journey of a request")
-        wait_idle(newcomer)
-        if newcomer.get_by_text("already serves 3 people").count() == 0:
-            break
-        assert time.monotonic() < deadline, "the closed tab's place never freed"
-        time.sleep(2)
+    reload_until_placed(newcomer, "The journey of a request")  # ...and its place frees at that process's next report
     assert_no_exception(newcomer)
     for ctx in (lead_ctx, filler_ctx, newcomer_ctx):
         ctx.close()
@@ -103,6 +107,7 @@ def test_a_presenter_in_one_web_process_leads_a_follower_in_the_other(room, brow
 def test_through_nginx_a_browser_stays_on_its_web_process(room, browser):  # noqa: F811
     url, _, _ = room
     ctx, page = open_tab(browser, url, "journey", "The journey of a request")
+    reload_until_placed(page, "The journey of a request")    # the tabs the test before closed free their places
     cookie = next(c for c in ctx.cookies() if c["name"] == "playground_route")
     set_number(page, "Max new tokens", TOKENS)
     button(page, "Generate").click()
