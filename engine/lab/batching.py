@@ -33,7 +33,7 @@ MAX_BATCH = 64
 def batch_forward(lm: LoadedModel, input_ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
     """New tokens [B, T] after what the cache holds; `mask` [B, past + T] covers cache and new tokens.
 
-    Returns the logits at each row's last position, [B, V]. A decode step of 2 to 16 rows uses the packed
+    Returns the logits at each row's last position, [B, V]. A decode step of 2 to 32 rows uses the packed
     small-batch weights on CPU, as the server's batched steps do (engine/core/small_batch.py).
     """
     t = input_ids.shape[1]
