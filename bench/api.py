@@ -129,8 +129,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--captures", nargs="+", default=["off", "full"], choices=sorted(CAPTURES))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
-                        help="torch threads, the same for this process and the server (default: every core, as "
-                             "`python -m engine serve` runs the model)")
+                        help="torch threads, the same for this process and the server (default: every core; "
+                             "`python -m engine serve` leaves one to its neighbours unless told)")
     parser.add_argument("--out", default=str(RESULTS))
     return parser.parse_args(argv)
 

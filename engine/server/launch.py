@@ -42,7 +42,7 @@ def add_serve(sub: Any) -> None:
     serve.add_argument("--presenter-token", default=os.environ.get(TOKEN_ENV) or None,
                        help="secret that unlocks presenter mode for the web app ('auto' makes one up)")
     serve.add_argument("--threads", type=int, default=None,
-                       help="torch threads on a CPU (default: OMP_NUM_THREADS, else every core)")
+                       help="torch threads on a CPU (default: OMP_NUM_THREADS, else every core but one)")
     serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     cluster = serve.add_argument_group("past one machine (Ray Serve; pip install '.[cluster]')")
     cluster.add_argument("--replicas", type=int, default=0, metavar="N",
@@ -111,15 +111,17 @@ def load_service(args: argparse.Namespace, state: Any, token: str | None, progre
 
 
 def cpu_threads(asked: int | None) -> int:
-    """Torch's threads for a model on the CPU: as asked, else OMP_NUM_THREADS, else every core.
+    """Torch's threads for a model on the CPU: as asked, else OMP_NUM_THREADS, else every core but one.
 
-    Measured on this 2-core machine with 20 streaming clients on the same cores (bench/api.py): two threads
-    decode 64-token answers at about 97 tok/s, one at 71 (docs/serving.md). `playground`, which also runs the
-    web app beside the server, sets OMP_NUM_THREADS to every core but one (app/launch.py).
+    Every core pays when nothing else on the machine is busy: with 20 light streaming clients on this 2-core
+    machine, two threads decoded 64-token answers at about 97 tok/s, one at 71 (bench/api.py --threads). But a
+    parallel region waits for its slowest thread, and beside busy neighbours (a browser, the web app) a thread
+    often waits for its core: with two Chromium pages and Streamlit on the same 2 cores, an 8-row decode step took
+    about 1 s with two threads and 0.21 s with one (docs/serving.md). So the default leaves a core to the rest.
     """
     import torch
 
-    threads = asked or int(os.environ.get("OMP_NUM_THREADS") or 0) or len(os.sched_getaffinity(0))
+    threads = asked or int(os.environ.get("OMP_NUM_THREADS") or 0) or max(1, len(os.sched_getaffinity(0)) - 1)
     torch.set_num_threads(threads)
     return threads
 
