@@ -226,22 +226,14 @@ def pick_token(lm: LoadedModel, logits: torch.Tensor, request: GenerationRequest
 def describe_token(lm: LoadedModel, logits: torch.Tensor, probs: torch.Tensor, token_id: int,
                    text: str) -> SampledToken:
     """A SampledToken for a chosen token: its probability, alternatives and kept raw logits; (V,) inputs."""
-    top = torch.topk(probs, min(TOP_CANDIDATES, probs.shape[-1]))
-    kept = torch.topk(logits.float(), min(KEEP_LOGITS, logits.shape[-1]))
-    top_ids = top.indices.tolist()
-    texts = lm.tokenizer.batch_decode([[i] for i in top_ids])
-    candidates = [Candidate(i, t, p) for i, t, p in zip(top_ids, texts, top.values.tolist())]
-    rest, count = rest_of_logits(logits, kept.indices)
-    return SampledToken(token_id, text, float(probs[token_id]), candidates,
-                        kept.indices.cpu().numpy(), kept.values.cpu().numpy(), rest, count, float(logits[token_id]))
+    return describe_tokens(lm, logits[None], probs[None], [token_id], [text])[0]
 
 
 def pick_tokens(lm: LoadedModel, logits: torch.Tensor, requests: list[GenerationRequest],
                 generators: list[torch.Generator], streams: list[TextStream]) -> list[SampledToken]:
-    """`pick_token` for every row of a batched step's logits (B, V) at once: the same filtering, draws and
-    descriptions, with one softmax per group of rows that filter alike, one top-k over every row and one
-    tokenizer call for every row's alternatives, where B single-row calls cost a batched decode step
-    about a tenth of its time on a CPU."""
+    """`pick_token` for every row of a batched step's logits (B, V) at once: the same filtering and draws, with
+    one softmax per group of rows that filter alike (row by row, this and the descriptions cost a batched decode
+    step about a tenth of its time on a CPU); each row draws with its own generator."""
     probs = torch.empty(logits.shape, dtype=torch.promote_types(logits.dtype, torch.float32), device=logits.device)
     groups: dict[tuple[float, int, float], list[int]] = {}
     for b, r in enumerate(requests):
@@ -252,40 +244,37 @@ def pick_tokens(lm: LoadedModel, logits: torch.Tensor, requests: list[Generation
     greedy = torch.argmax(logits, dim=-1).tolist()
     ids = [greedy[b] if r.temperature <= 0 else int(torch.multinomial(probs[b], 1, generator=generators[b]))
            for b, r in enumerate(requests)]
+    return describe_tokens(lm, logits, probs, ids, [stream.push(i) for stream, i in zip(streams, ids)])
+
+
+def describe_tokens(lm: LoadedModel, logits: torch.Tensor, probs: torch.Tensor, ids: list[int],
+                    texts: list[str]) -> list[SampledToken]:
+    """`describe_token` for each row of logits and probs (B, V): one top-k over every row and one tokenizer call
+    for every row's alternatives."""
     top = torch.topk(probs, min(TOP_CANDIDATES, probs.shape[-1]), dim=-1)
     kept = torch.topk(logits.float(), min(KEEP_LOGITS, logits.shape[-1]), dim=-1)
-    rests = rest_of_logits_rows(logits, kept.indices)
-    top_ids, top_probs = top.indices.tolist(), top.values.tolist()
-    texts = lm.tokenizer.batch_decode([[i] for row in top_ids for i in row])
+    rests = rest_of_logits(logits, kept.indices)
+    top_ids, top_probs, width = top.indices.tolist(), top.values.tolist(), top.indices.shape[-1]
+    names = lm.tokenizer.batch_decode([[i] for row in top_ids for i in row])
     chosen = torch.tensor(ids, device=logits.device)[:, None]
     chosen_probs = probs.gather(-1, chosen)[:, 0].tolist()
     chosen_logits = logits.gather(-1, chosen)[:, 0].float().tolist()
     kept_ids, kept_values = kept.indices.cpu().numpy(), kept.values.cpu().numpy()
-    width = top.indices.shape[-1]
-    return [SampledToken(ids[b], streams[b].push(ids[b]), chosen_probs[b],
-                         [Candidate(i, t, p) for i, t, p in zip(top_ids[b], texts[b * width:(b + 1) * width],
+    return [SampledToken(ids[b], texts[b], chosen_probs[b],
+                         [Candidate(i, t, p) for i, t, p in zip(top_ids[b], names[b * width:(b + 1) * width],
                                                                 top_probs[b])],
                          kept_ids[b], kept_values[b], *rests[b], chosen_logits[b])
-            for b in range(len(requests))]
+            for b in range(len(ids))]
 
 
-def rest_of_logits_rows(logits: torch.Tensor, kept: torch.Tensor) -> list[tuple[float | None, int]]:
-    """`rest_of_logits` for each row of logits (B, V) and kept ids (B, K)."""
+def rest_of_logits(logits: torch.Tensor, kept: torch.Tensor) -> list[tuple[float | None, int]]:
+    """log Σ exp of each row's logits (B, V) outside its `kept` ids (B, K), and how many they are, so that a page
+    re-drawing the distribution from the K kept logits still divides by the whole vocabulary's total."""
     count = logits.shape[-1] - kept.shape[-1]
     if count <= 0:
         return [(None, 0)] * logits.shape[0]
     rest = torch.logsumexp(logits.float().scatter(-1, kept, float("-inf")), dim=-1).tolist()
     return [(r, count) if math.isfinite(r) else (None, 0) for r in rest]
-
-
-def rest_of_logits(logits: torch.Tensor, kept: torch.Tensor) -> tuple[float | None, int]:
-    """log Σ exp of the logits (V,) outside `kept` (K,) and how many they are, so that a page re-drawing the
-    distribution from the K kept logits still divides by the whole vocabulary's total."""
-    count = logits.shape[-1] - kept.shape[-1]
-    if count <= 0:
-        return None, 0
-    rest = float(torch.logsumexp(logits.float().index_fill(-1, kept, float("-inf")), dim=-1))
-    return (rest, count) if math.isfinite(rest) else (None, 0)
 
 
 def prompt_pieces(lm: LoadedModel, ids: list[int]) -> list[Piece]:

@@ -17,13 +17,8 @@ from typing import Any, Callable
 
 
 def in_passing_thread(fn: Callable[[], Any]) -> Any:
-    """fn() in a thread of its own that ends with it, for one-off parallel work off the step loop's thread.
-
-    OpenMP (libgomp, torch's CPU threads) keeps a team of worker threads for every thread that ever ran a
-    parallel region, for as long as that thread lives. With more of them than cores it stops spinning at its
-    barriers, and every parallel region of the step loop then waits on a futex: measured on 2 cores, a batched
-    decode step took 1.5x as long while the thread that had packed the weights (the main one) still lived.
-    """
+    """fn() in a thread of its own that ends with it, so that the OpenMP team fn's parallel work makes ends too
+    (this module's docstring says why); fn's exception is raised here."""
     box: dict[str, Any] = {}
 
     def run() -> None:

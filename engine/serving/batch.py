@@ -79,9 +79,14 @@ class Slot:
         self.cache = DynamicCache(config=lm.model.config)
         self.started = self.last = time.perf_counter()
 
+    @property
+    def captures(self) -> bool:
+        """Whether this request captures anything in its passes (attention, norms, lens, kept inputs)."""
+        return bool(self.layer_ids) or self.kept is not None
+
     def new_capture(self, start: int = 0) -> StepCapture | None:
         """A capture for one pass whose first token sits at position `start` of this request."""
-        if not self.layer_ids and self.kept is None:
+        if not self.captures:
             return None
         return StepCapture(self.policy, self.layer_ids, kept=self.kept, start=start)
 
@@ -188,15 +193,11 @@ def _newest_scores(q: torch.Tensor, k: torch.Tensor, heads: tuple[int, ...], kv_
     return torch.matmul(q[:, list(heads)].float(), k[:, list(kv_of)].float().transpose(-1, -2))
 
 
-def _row(cache: DynamicCache, b: int, keep: torch.Tensor | int, config: Any) -> DynamicCache:
-    """Row b of a padded cache as a cache of its own (batch of one): the positions `keep` (an index tensor), or,
-    given an int, everything after that many leading pads."""
+def _row(cache: DynamicCache, b: int, keep: torch.Tensor, config: Any) -> DynamicCache:
+    """Row b of a padded cache, only its positions `keep` (an index), as a cache of its own (batch of one)."""
     own = DynamicCache(config=config)
     for mine, theirs in zip(own.layers, cache.layers):
-        if isinstance(keep, int):
-            k, v = theirs.keys[b:b + 1, :, keep:].contiguous(), theirs.values[b:b + 1, :, keep:].contiguous()
-        else:
-            k, v = theirs.keys[b:b + 1].index_select(2, keep), theirs.values[b:b + 1].index_select(2, keep)
+        k, v = theirs.keys[b:b + 1].index_select(2, keep), theirs.values[b:b + 1].index_select(2, keep)
         mine.lazy_initialization(k, v)
         mine.keys, mine.values = k, v
     return own
@@ -332,7 +333,7 @@ class BatchRunner:
             group.append(slot)
             tokens += rest
         if any(s.prefilled for s in group):
-            captured = [i for i, s in enumerate(group) if s.new_capture(s.prefilled) is not None]
+            captured = [i for i, s in enumerate(group) if s.captures]
             group = group[:captured[0]] if captured else group
         return group
 
@@ -363,7 +364,7 @@ class BatchRunner:
         """The group's rests in one pass. Row b's cache holds [its start, right-aligned to the longest start W]
         [left pads][its rest]: the mask hides both kinds of pads and each token's position counts from its own
         first, so each row computes what it would alone. Returns logits [B, V], the captures, the cache, and
-        per row what of the cache is its own (leading pads to cut, or the index of its positions)."""
+        each row's own positions in it."""
         device = self.lm.device
         starts = [s.prefilled for s in group]
         ids, mask = left_pad([s.ids[n:] for s, n in zip(group, starts)], pad_id(self.lm), device)   # [B, T]
@@ -381,8 +382,7 @@ class BatchRunner:
                                 position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1,
                                 **({CAPTURE_KWARG: capture} if capture is not None else {}))
             captures = capture.finish(self.lm.model) if capture is not None else {}
-        real = torch.cat([own, mask.bool()], dim=1)                                     # [B, W + T]
-        keep = pads if width == 0 else [row.nonzero().flatten() for row in real]
+        keep = [row.nonzero().flatten() for row in torch.cat([own, mask.bool()], dim=1)]   # each row's positions
         return out.logits[:, -1], captures, cache, keep                                 # logits [B, V]
 
     def _prefill_step(self, slot: Slot, budget: int) -> int:
