@@ -39,6 +39,8 @@ from engine.serving.capture import LOGIT_LENS_TOP  # noqa: E402
 from engine.core.loader import LoadedModel, load_model  # noqa: E402
 from engine.core.openmp import in_passing_thread  # noqa: E402
 from engine.core.records import DoneRecord  # noqa: E402
+from engine.lab.memory import cuda  # noqa: E402
+from engine.projection.card import kv_cache_bytes, weight_bytes  # noqa: E402
 from engine.serving.scheduler import Scheduler  # noqa: E402
 
 PROMPTS = (
@@ -154,13 +156,32 @@ def scenario(lm: LoadedModel, n: int, tokens: int, policy: CapturePolicy, limits
     scheduler = Scheduler(lm, limits)
     requests = [GenerationRequest(PROMPTS[i % len(PROMPTS)], max_new_tokens=tokens) for i in range(n)]
     outcomes = [Outcome(r.prompt, 0.0) for r in requests]
+    if cuda(lm.device):
+        torch.cuda.synchronize(lm.device)
+        torch.cuda.reset_peak_memory_stats(lm.device)
     with MemoryWatch() as mem:
         t0 = burst([lambda gate, r=r, o=o, i=i: session(scheduler, r, policy, f"user{i}", gate, o)
                     for i, (r, o) in enumerate(zip(requests, outcomes))])
     scheduler.close()
     result = summarize(n, outcomes, expected, t0, mem, limits)
+    result.update(gpu_memory(lm, requests[:limits.max_batch], tokens))
     result["hooks_left"] = count_hooks(lm.model)
     return result
+
+
+def gpu_memory(lm: LoadedModel, running: list[GenerationRequest], tokens: int) -> dict:
+    """CUDA: the allocator's high-water marks during the burst beside the ledger's formula for the same moment,
+    weights plus the K/V of one full batch at its longest (each prompt with its chat template, plus every new
+    token). What the peak holds beyond that is workspace: activations, logits, the paged pool's spare blocks."""
+    if not cuda(lm.device):
+        return {}
+    prompt_tokens = [len(lm.tokenizer.apply_chat_template([{"role": "user", "content": r.prompt}], tokenize=True,
+                                                          add_generation_prompt=True, return_dict=True)["input_ids"])
+                     for r in running]
+    kv = sum(kv_cache_bytes(lm.spec, p + tokens, lm.dtype_name) for p in prompt_tokens)
+    return {"gpu_peak_allocated_gb": torch.cuda.max_memory_allocated(lm.device) / 1e9,
+            "gpu_peak_reserved_gb": torch.cuda.max_memory_reserved(lm.device) / 1e9,
+            "ledger_weights_gb": weight_bytes(lm.spec, lm.dtype_name) / 1e9, "ledger_kv_gb": kv / 1e9}
 
 
 def burst(sessions: list) -> float:
@@ -203,7 +224,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 5, 10, 20, 30])
     parser.add_argument("--tokens", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--batch", type=int, help="the batched run's max_batch (default: the device's limit)")
-    parser.add_argument("--capture", choices=sorted(CAPTURES), default="full")
+    parser.add_argument("--capture", choices=sorted(CAPTURES), nargs="+", default=["full"],
+                        help="one or more: each runs every scenario (the references are computed once)")
+    parser.add_argument("--batched-only", action="store_true", help="leave out the one-at-a-time runs")
     parser.add_argument("--overload", type=int, default=30, help="one more burst this large against a short queue "
                                                                  "(0: skip)")
     parser.add_argument("--overload-queue", type=int, default=10)
@@ -221,47 +244,62 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for tokens in args.tokens:
         expected = in_passing_thread(lambda: references(lm, tokens))
-        runs = [(n, mode, limits) for n in args.sessions for mode, limits in (("one at a time", single),
-                                                                                ("batched", batched))]
+        modes = (("batched", batched),) if args.batched_only else (("one at a time", single), ("batched", batched))
+        runs = [(n, mode, limits) for n in args.sessions for mode, limits in modes]
         if args.overload:
             runs.append((args.overload, "batched, short queue", replace(batched, max_queue=args.overload_queue)))
-        for n, mode, limits in runs:
-            result = scenario(lm, n, tokens, CAPTURES[args.capture], limits, expected)
-            result.update(ok=ok(result, args.rss_bound_mb), mode=mode, tokens_per_request=tokens)
-            results.append(result)
-            print(line(result, limits), flush=True)
+        for capture in args.capture:
+            for n, mode, limits in runs:
+                result = scenario(lm, n, tokens, CAPTURES[capture], limits, expected)
+                result.update(ok=ok(result, args.rss_bound_mb), mode=mode, tokens_per_request=tokens, capture=capture)
+                results.append(result)
+                print(line(result, limits), flush=True)
     report = {"what": "N sessions submit at once through engine.serving.scheduler; greedy, chat template, "
-                      f"capture {args.capture}; one at a time and batched side by side",
-              "machine": machine(lm), "capture": args.capture, "limits": batched.to_dict(), "scenarios": results,
+                      f"capture {', '.join(args.capture)}; one at a time and batched side by side",
+              "machine": machine(lm), "capture": args.capture if len(args.capture) > 1 else args.capture[0],
+              "limits": batched.to_dict(), "scenarios": results,
               "ratios": ratios(results), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     for r in report["ratios"]:
-        print(f"N={r['sessions']:3d} {r['tokens']:3d} tokens: p95 completion batched / one at a time "
+        print(f"N={r['sessions']:3d} {r['tokens']:3d} tokens, capture {r['capture']}: p95 completion batched / one at a time "
               f"{r['completion_p95_ratio']:.2f}, total tok/s {r['throughput_ratio']:.2f}x")
     print(f"wrote {args.out}")
     return 0 if all(r["ok"] for r in results) else 1
 
 
 def line(result: dict, limits: Limits) -> str:
-    return (f"N={result['sessions']:3d} {result['tokens_per_request']:3d} tok {result['mode']:>20}: "
+    r = {k: ("–" if v is None else f"{v:.2f}") for k, v in result.items() if k.endswith("_s")}   # None: none served
+    return (f"N={result['sessions']:3d} {result['tokens_per_request']:3d} tok {result['capture']:>4} "
+            f"{result['mode']:>20}: "
             f"served {result['served']:3d} refused {result['refused']:3d} lost {result['lost']}  "
-            f"wait p50/p95 {result['wait_p50_s']:.2f}/{result['wait_p95_s']:.2f} s  "
-            f"ttft p95 {result['ttft_p95_s']:.2f} s  done p50/p95 {result['completion_p50_s']:.2f}/"
-            f"{result['completion_p95_s']:.2f} s  {result['throughput_tok_s']:.1f} tok/s  "
-            f"peak RSS {result['rss_peak_mb']:.0f} MB  {'ok' if result['ok'] else 'FAILED'}")
+            f"wait p50/p95 {r['wait_p50_s']}/{r['wait_p95_s']} s  ttft p95 {r['ttft_p95_s']} s  "
+            f"done p50/p95 {r['completion_p50_s']}/{r['completion_p95_s']} s  "
+            f"{result['throughput_tok_s'] or 0:.1f} tok/s  peak RSS {result['rss_peak_mb']:.0f} MB{gpu_line(result)}  "
+            f"{'ok' if result['ok'] else 'FAILED'}{first_error(result)}")
+
+
+def first_error(result: dict) -> str:
+    return f"\n    first error: {result['errors'][0]}" if result["errors"] else ""
+
+
+def gpu_line(result: dict) -> str:
+    if "gpu_peak_allocated_gb" not in result:
+        return ""
+    return (f"  GPU peak {result['gpu_peak_allocated_gb']:.2f} GB allocated / {result['gpu_peak_reserved_gb']:.2f} "
+            f"reserved, ledger {result['ledger_weights_gb']:.2f} + KV {result['ledger_kv_gb']:.3f} GB")
 
 
 def ratios(results: list[dict]) -> list[dict]:
     """Batched against one at a time, per N and token count, from the same run."""
     pairs = {}
     for r in results:
-        pairs.setdefault((r["sessions"], r["tokens_per_request"]), {})[r["mode"]] = r
+        pairs.setdefault((r["sessions"], r["tokens_per_request"], r["capture"]), {})[r["mode"]] = r
     out = []
-    for (n, tokens), modes in sorted(pairs.items()):
+    for (n, tokens, capture), modes in sorted(pairs.items()):
         one, many = modes.get("one at a time"), modes.get("batched")
         if one and many and one["completion_p95_s"] and one["throughput_tok_s"]:
-            out.append({"sessions": n, "tokens": tokens,
+            out.append({"sessions": n, "tokens": tokens, "capture": capture,
                         "completion_p95_ratio": many["completion_p95_s"] / one["completion_p95_s"],
                         "throughput_ratio": many["throughput_tok_s"] / one["throughput_tok_s"]})
     return out

@@ -98,6 +98,19 @@ def test_requests_joining_and_leaving_mid_flight_equal_each_alone(tiny_lm):
     assert count_hooks(tiny_lm.model) == 0
 
 
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_requests_joining_and_leaving_mid_flight_equal_each_alone(tiny_model_dir):
+    """The paged pool, the batched captures and the prefill grouping on the GPU, in float32."""
+    from engine.core.loader import load_model
+
+    lm = load_model(str(tiny_model_dir), device="cuda", dtype="float32")
+    jobs = [(GenerationRequest(tiny_prompt(n, seed=n), max_new_tokens=m, chat=False), policy)
+            for (n, m), policy in zip(((5, 12), (17, 4), (9, 9), (30, 7)), (FULL, CAPTURE_OFF, SUBSET, FULL))]
+    for sink, (request, policy) in zip(run_staggered(lm, jobs, joins=[0, 0, 2, 5]), jobs):
+        assert sink.error is None
+        assert_same_run(sink.records, alone(lm, request, policy))
+
 @pytest.mark.parametrize("policies", [(FULL,) * 4, (SUBSET, CAPTURE_OFF, SUBSET, CAPTURE_OFF, SUBSET)],
                          ids=["every row every head", "some rows some heads"])
 def test_a_decode_step_captured_for_all_rows_at_once_equals_each_alone(tiny_lm, policies):

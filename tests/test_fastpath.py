@@ -230,6 +230,15 @@ def test_cuda_graphs_greedy_equals_model_generate_in_float32(tiny_model_dir):
     assert [r.token.id for r in records[:-1]] == ref[0, len(prompt):].tolist()
 
 
+
+@needs_cuda
+def test_greedy_on_cuda_in_float32_equals_greedy_on_the_cpu(tiny_model_dir):
+    """The engine's plain path (no graphs) on both devices: the same tokens, and logits close."""
+    runs = {d: list(generate(load_model(str(tiny_model_dir), device=d, dtype="float32"), request(24)))
+            for d in ("cpu", "cuda")}
+    assert tokens(runs["cuda"]) == tokens(runs["cpu"])
+    assert runs["cuda"][-1].text == runs["cpu"][-1].text
+
 @needs_cuda
 @pytest.mark.parametrize("dtype,atol", [("float32", 1e-4), ("bfloat16", 2e-2)])
 def test_cuda_graph_rows_equal_hf_eager(tiny_model_dir, dtype, atol):

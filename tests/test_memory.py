@@ -69,7 +69,9 @@ def test_cuda_allocator_counts_weights_cache_and_workspace(tiny_model_dir):
                                torch.device("cuda"))
     assert lm.weight_bytes <= weights < lm.weight_bytes + 2**20      # + small buffers (rotary frequencies)
     cache, kv = allocated_by(lambda: new_static_cache(lm, 256), lm.device)
-    assert kv == kv_bytes_per_token(lm.spec, "fp32") * 256           # exactly the formula
+    # the formula, plus each layer's position counter (transformers' StaticLayer keeps an int64 scalar on the
+    # device; the caching allocator's smallest block is 512 bytes): seen on an H200, 2026-11-26
+    assert kv - kv_bytes_per_token(lm.spec, "fp32") * 256 in (0, lm.spec.n_layers * 512)
     del cache
     fast = FastDecoder(lm)
     lm.fast = fast

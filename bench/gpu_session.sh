@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Issue 24's checks on a lent GPU machine, in one command: the CUDA tests, bench/gpu.py on the Llama 3.1 8B
+# shape, the room (bench/load.py) and the HTTP API (bench/api.py) on it. Logs and JSON go to $OUT.
+#
+#     bash bench/gpu_session.sh                    # every step, in this order
+#     bash bench/gpu_session.sh load api           # only those (the checkpoint is reused if still there)
+#     bash bench/gpu_session.sh rest               # the steps that have not finished yet
+#
+# Each step runs under its own time limit (a hung step cannot eat the lease) and is logged with its exit code;
+# a step that fails does not stop the next. Wheels in .whl/ (the server's and the openai client's, which
+# the device image lacks) are installed first. The shaped checkpoint is written to $SHAPED (default
+# /tmp/shaped), where a later call on the same warm machine finds it.
+#
+# DEADLINE (seconds, default 570) bounds the whole command: a step starts only with MIN_STEP seconds left and
+# is cut at the deadline. Steps that finished are listed in $SHAPED/done, so `bash bench/gpu_session.sh rest`
+# on the same warm machine runs only the others. SHAPE=tiny DEVICE=cpu DTYPE=float32 rehearses it on a CPU.
+set -u
+OUT=${OUT:-bench/results/gpu-session}
+SHAPED=${SHAPED:-/tmp/shaped}
+PY=${PY:-python3} SHAPE=${SHAPE:-8b} DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bf16}
+DEADLINE=${DEADLINE:-570} MIN_STEP=${MIN_STEP:-45}
+MODEL=$SHAPED/$([ "$SHAPE" = 8b ] && echo Llama-3.1-8B || echo tiny-Llama)-shaped-bf16-seed0
+LOG=$OUT/session.log
+ALL="env write gpu load api tests"
+export PYTHONUNBUFFERED=1 PLAYGROUND_CACHE=${PLAYGROUND_CACHE:-/tmp/pg-cache} TOKENIZERS_PARALLELISM=false
+mkdir -p "$OUT"
+
+if [ -z "${NO_WHEELS:-}" ] && [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    >>"$LOG" 2>&1 && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+step() {  # step NAME SECONDS COMMAND...
+  local name=$1 limit=$2 left=$((DEADLINE - SECONDS)) rc; shift 2
+  if [ "$left" -lt "$MIN_STEP" ]; then echo "=== $name: skipped, ${left} s left" | tee -a "$LOG"; return; fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "=== $name: start $(date +%T), limit ${limit} s" | tee -a "$LOG"
+  timeout -k 5 "$limit" "$@" >>"$LOG" 2>&1; rc=$?
+  echo "=== $name: exit $rc after $((SECONDS - DEADLINE + left)) s" | tee -a "$LOG"
+  case $rc in 124|137) ;; *) echo "$name" >>"$SHAPED/done" ;; esac     # ran to its end, passed or not
+}
+
+env_report() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+  $PY -c "import torch, transformers, sys; print(sys.version); print('torch', torch.__version__, 'cuda',
+torch.version.cuda, torch.cuda.get_device_name(0)); print('transformers', transformers.__version__)"
+  $PY -c "import fastapi, uvicorn, openai; print('fastapi', fastapi.__version__, 'openai', openai.__version__)"
+  df -h /tmp | tail -1; free -g | head -2; nproc
+}
+
+run() {
+  case $1 in
+    env)   env_report >>"$LOG" 2>&1; echo env >>"$SHAPED/done" ;;
+    write) step write 240 $PY bench/gpu.py --shape "$SHAPE" --no-draft --cache "$SHAPED" --write-only ;;
+    gpu)   step gpu 330 $PY bench/gpu.py --shape "$SHAPE" --no-draft --cache "$SHAPED" --device "$DEVICE" \
+             --dtype "$DTYPE" --rounds 2 --tokens 64 --skip hf-static --out "$OUT/gpu.json" ;;
+    load)  step load 150 $PY bench/load.py --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" --sessions 1 10 30 \
+             --tokens 64 --capture off full --batched-only --overload 0 --out "$OUT/load.json" ;;
+    api)   export BENCH_SERVER_LOG="$OUT/server.log"
+           step api 200 $PY bench/api.py --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" --sessions 30 \
+             --tokens 64 --rounds 2 --out "$OUT/api.json" ;;
+    tests) step tests 200 $PY -m pytest -q -p no:cacheprovider --junitxml="$OUT/tests.xml" \
+             tests/test_fastpath.py tests/test_memory.py tests/test_batch.py -k "cuda and not smollm2" ;;
+    *)     echo "unknown step $1" | tee -a "$LOG" ;;
+  esac
+}
+
+mkdir -p "$SHAPED"; touch "$SHAPED/done"
+steps=${*:-$ALL}
+[ "$steps" = rest ] && steps=$(for s in $ALL; do grep -qx "$s" "$SHAPED/done" || echo "$s"; done)
+for s in $steps; do run "$s"; done
+echo "=== done: $(tr '\n' ' ' <"$SHAPED/done")" | tee -a "$LOG"
