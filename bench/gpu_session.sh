@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 24's checks on a lent GPU machine, in one command: the CUDA tests, bench/gpu.py on the Llama 3.1 8B
-# shape, the room (bench/load.py) and the HTTP API (bench/api.py) on it. Logs and JSON go to $OUT.
+# shape, where its decode steps spend their time (bench/gpu_profile.py), the room (bench/load.py) and the HTTP
+# API (bench/api.py) on it. Logs and JSON go to $OUT.
 #
 #     bash bench/gpu_session.sh                    # every step, in this order
 #     bash bench/gpu_session.sh load api           # only those (the checkpoint is reused if still there)
@@ -21,7 +22,7 @@ PY=${PY:-python3} SHAPE=${SHAPE:-8b} DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bf16}
 DEADLINE=${DEADLINE:-570} MIN_STEP=${MIN_STEP:-45}
 MODEL=$SHAPED/$([ "$SHAPE" = 8b ] && echo Llama-3.1-8B || echo tiny-Llama)-shaped-bf16-seed0
 LOG=$OUT/session.log
-ALL="env write gpu load api tests"
+ALL="env write gpu profile load api tests"
 export PYTHONUNBUFFERED=1 PLAYGROUND_CACHE=${PLAYGROUND_CACHE:-/tmp/pg-cache} TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUT"
 
@@ -54,6 +55,8 @@ run() {
     write) step write 240 $PY bench/gpu.py --shape "$SHAPE" --no-draft --cache "$SHAPED" --write-only ;;
     gpu)   step gpu 330 $PY bench/gpu.py --shape "$SHAPE" --no-draft --cache "$SHAPED" --device "$DEVICE" \
              --dtype "$DTYPE" --rounds 2 --tokens 64 --skip hf-static --out "$OUT/gpu.json" ;;
+    profile) step profile 150 $PY bench/gpu_profile.py --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" \
+             --out "$OUT/gpu-profile.json" ;;
     load)  step load 150 $PY bench/load.py --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" --sessions 1 10 30 \
              --tokens 64 --capture off full --batched-only --overload 0 --out "$OUT/load.json" ;;
     api)   export BENCH_SERVER_LOG="$OUT/server.log"

@@ -210,6 +210,51 @@ def test_cli_static_flag_gives_the_same_records(lm, tiny_model_dir, tmp_path):
                                plain[1].captures[1].attention[:, -1], atol=1e-5)
 
 
+def same_records(a: list, b: list) -> None:
+    """Field by field: the same device and the same operations give the same numbers, exactly."""
+    assert len(a) == len(b) and [r.kind for r in a] == [r.kind for r in b]
+    for x, y in zip(a[:-1], b[:-1]):
+        tx, ty = x.token, y.token
+        assert (tx.id, tx.text, tx.prob, tx.top, tx.rest_logsumexp, tx.rest_count, tx.logit) == \
+            (ty.id, ty.text, ty.prob, ty.top, ty.rest_logsumexp, ty.rest_count, ty.logit)
+        assert np.array_equal(tx.logit_ids, ty.logit_ids) and np.array_equal(tx.logits, ty.logits)
+        assert (x.cache.length, x.cache.bytes) == (y.cache.length, y.cache.bytes)
+        assert x.captures.keys() == y.captures.keys()
+        for layer in x.captures:
+            assert np.array_equal(x.captures[layer].attention, y.captures[layer].attention)
+            assert (x.captures[layer].query_start, x.captures[layer].key_start) == \
+                (y.captures[layer].query_start, y.captures[layer].key_start)
+    assert (a[-1].text, a[-1].finish_reason, a[-1].generated_tokens) == \
+        (b[-1].text, b[-1].finish_reason, b[-1].generated_tokens)
+
+
+@pytest.mark.parametrize("policy", POLICIES[:3], ids=["off", "rows", "heads-maxkeys"])
+def test_the_pipelined_greedy_loop_gives_the_records_of_the_plain_loop(lm, policy, monkeypatch):
+    """Greedy requests choose the next token on the device and queue its step before the host describes this
+    one (engine/core/fastpath.py: pipelined_loop); ended by length, by a stop string and by a cancel, each
+    record equals the plain loop's, and the step computed for nothing after the end disturbs no later request."""
+    import engine.core.fastpath as fastpath
+
+    fast = FastDecoder(lm, compile="off")
+    first = list(fast.generate(request(12), policy))
+    stop = next(r.token.text for r in first[3:-1] if r.token.text.strip())
+    seen: list = []
+    runs = {"length": lambda: list(fast.generate(request(12), policy)),
+            "stop": lambda: list(fast.generate(request(12, stop=(stop,)), policy)),
+            "cancel": lambda: [seen.append(r) or r for r in fast.generate(request(12), policy,
+                                                                          should_stop=lambda: len(seen) >= 5)]}
+    piped = {}
+    for name, run in runs.items():
+        seen.clear()
+        piped[name] = run()
+    monkeypatch.setattr(fastpath, "overlaps", lambda *_: False)
+    for name, run in runs.items():
+        seen.clear()
+        same_records(piped[name], run())
+    assert [piped[k][-1].finish_reason for k in runs] == ["length", "stop", "cancelled"]
+    assert len(piped["cancel"]) == 6 and len(piped["stop"]) < len(piped["length"])
+    same_records(piped["length"], first)
+
 def test_graph_safe_policies():
     assert graph_safe(CAPTURE_OFF) and graph_safe(ROWS)
     assert not graph_safe(CapturePolicy()) and not graph_safe(CapturePolicy(stats=False, logit_lens=2))

@@ -28,17 +28,21 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator, Iterator
 
 import torch
 from transformers import StaticCache
 
 from engine.errors import EngineError
-from engine.core.generate import GenerationRequest, admit, generation_loop
+from engine.projection.card import forward_shapes
+from engine.core.generate import (GenerationRequest, TextStream, admit, eos_ids, facts_to_host, finish_reason,
+                                  generation_loop, pick_token, prompt_pieces, sync, token_facts, tokens_from,
+                                  trim_stop)
 from engine.core.hooks import CAPTURE_KWARG, CAPTURE_OFF, CapturePolicy, Instrument, LayerCapture, StepCapture, \
     _apply_mask, instrument
 from engine.core.loader import LoadedModel
-from engine.core.records import CacheState, Record
+from engine.core.records import CacheState, DecodeRecord, DoneRecord, PrefillRecord, Record
+from engine.core.sampling import logits_to_probs
 
 COMPILE_MODES = ("auto", "off", "eager", "default", "reduce-overhead")
 MIN_CACHE = 256
@@ -78,9 +82,10 @@ def new_static_cache(lm: LoadedModel, length: int) -> StaticCache:
     return cache
 
 
-def static_cache_state(cache: StaticCache) -> CacheState:
-    """Length counted by the cache object; bytes of the K and V slots that hold those positions."""
-    length = int(cache.get_seq_length())
+def static_cache_state(cache: StaticCache, length: int | None = None) -> CacheState:
+    """Length counted by the cache object (a device read), or the `length` the caller knows it holds; bytes of the
+    K and V slots that hold those positions."""
+    length = int(cache.get_seq_length()) if length is None else length
     per_layer = [length * (_per_position(layer.keys) + _per_position(layer.values)) for layer in cache.layers]
     return CacheState(length, sum(per_layer), per_layer)
 
@@ -150,9 +155,19 @@ class RowCapture:
 
     def read(self, position: int, max_keys: int | None) -> dict[int, LayerCapture]:
         """The rows of the token at `position` as LayerCaptures (one device-to-host copy for all layers)."""
+        return self.captures(*self.queue_read(position, max_keys))
+
+    def queue_read(self, position: int, max_keys: int | None, non_blocking: bool = False) -> tuple[torch.Tensor, int,
+                                                                                                     int]:
+        """Copy the kept rows of the token at `position` to the host; non_blocking: queued, whole once the device
+        reaches it. Returns what `captures` takes."""
         filled = position + 1
         start = max(0, filled - max_keys) if max_keys else 0
-        rows = self.rows[:, :, start:filled].to("cpu", copy=True).numpy()              # (L_sel, h, kept), a copy
+        rows = self.rows[:, :, start:filled].to("cpu", copy=True, non_blocking=non_blocking)   # (L_sel, h, kept)
+        return rows, position, start
+
+    def captures(self, rows: torch.Tensor, position: int, start: int) -> dict[int, LayerCapture]:
+        rows = rows.numpy()
         return {layer: LayerCapture(layer, self.heads, self.kv_heads, rows[i][:, None, :], position, start)
                 for i, layer in enumerate(self.layer_ids)}
 
@@ -231,6 +246,12 @@ class FastDecoder:
         capture = FilledKeys(inst.policy, inst.layer_ids, filled=position + 1)
         return model_step(model, ids, pos, self.cache, capture)[0, -1], capture.finish(model)
 
+    def launch(self, ids: torch.Tensor, pos: torch.Tensor, position: int, inst: Instrument) -> InFlight:
+        """Queue one decode step whose token ids [1, 1] and position [1] are already on the device; waits for
+        nothing. Only for graph-safe captures (see `pipelined_loop`)."""
+        rows = self.row_capture(inst) if inst.layer_ids else None
+        return InFlight(self._compiled(ids, pos, rows), pos, position, rows)
+
     def _compiled(self, ids: torch.Tensor, pos: torch.Tensor, rows: RowCapture | None) -> torch.Tensor:
         if self.graphs:
             torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are consumed
@@ -281,10 +302,91 @@ def static_generate(fast: FastDecoder, request: GenerationRequest, policy: Captu
     ids = admit(lm, request) if ids is None else ids     # None: no door above (a benchmark, warm_up)
     cache = fast.reserve(len(ids) + request.max_new_tokens)
     with torch.no_grad(), instrument(lm.model, policy) as inst:
-        done = yield from generation_loop(lm, request, ids, lambda: fast.prefill(ids, inst),
-                                          lambda token, position: fast.decode(token, position, inst),
-                                          lambda: static_cache_state(cache), should_stop)
+        if overlaps(request, inst):
+            done = yield from pipelined_loop(fast, request, ids, inst, should_stop)
+        else:
+            done = yield from generation_loop(lm, request, ids, lambda: fast.prefill(ids, inst),
+                                              lambda token, position: fast.decode(token, position, inst),
+                                              lambda: static_cache_state(cache), should_stop)
     yield done
+
+
+@dataclass
+class InFlight:
+    """A decode step queued on the device: its logits (V,) once it has run, its position, its rows buffer."""
+
+    logits: torch.Tensor
+    pos: torch.Tensor            # [1] on the device
+    position: int
+    rows: RowCapture | None
+
+
+def overlaps(request: GenerationRequest, inst: Instrument) -> bool:
+    """Greedy, with nothing captured or the graph-safe rows: the next step's input can be chosen on the device."""
+    return request.temperature <= 0 and (not inst.layer_ids or graph_safe(inst.policy))
+
+
+def pipelined_loop(fast: FastDecoder, request: GenerationRequest, ids: list[int], inst: Instrument,
+                   should_stop: Callable[[], bool] | None) -> Generator[Record, None, DoneRecord]:
+    """generation_loop's records for a greedy request, with the host's work on each token done while the device
+    already computes the next.
+
+    Token k's argmax stays on the device and feeds step k + 1, which is queued before the host waits for
+    anything; the host then reads what describes token k (queued copies, whole once an event after them has
+    passed) and builds its record while step k + 1 runs. On a CPU the same code runs in order. When token k
+    ends the answer (an end-of-sequence token, a stop string, a cancel), step k + 1 was computed for nothing:
+    its cache position is cleared with the cache before the next request. Same records as generation_loop
+    (tests/test_fastpath.py).
+    """
+    lm, device = fast.lm, fast.lm.device
+    stream, stops = TextStream(lm.tokenizer), eos_ids(lm)
+    t0 = time.perf_counter()
+    logits, captures = fast.prefill(ids, inst)
+    token = pick_token(lm, logits, request, None, stream)
+    sync(device)
+    ttft = time.perf_counter() - t0
+    yield PrefillRecord(prompt_pieces(lm, ids), forward_shapes(lm.spec, len(ids)), ttft,
+                        static_cache_state(fast.cache, len(ids)), token, captures)
+    generated, reason = [token.id], _reason(token.id, stream, stops, request, 1, should_stop)
+    step = None if reason is not None else fast.launch(torch.tensor([[token.id]], device=device),
+                                                       torch.tensor([len(ids)], device=device), len(ids), inst)
+    while reason is None:
+        t = time.perf_counter()
+        chosen = torch.argmax(step.logits[None], dim=-1)                                      # (1,), on the device
+        probs = logits_to_probs(step.logits[None], 1.0, request.top_k, request.top_p)
+        facts = facts_to_host(token_facts(step.logits[None], probs, chosen), non_blocking=True)
+        rows = step.rows.queue_read(step.position, inst.policy.max_keys, non_blocking=True) if step.rows else None
+        copied, done_step = _event(device), step
+        if len(generated) + 1 < request.max_new_tokens:            # a token after this one may be wanted
+            step = fast.launch(chosen.view(1, 1), step.pos + 1, step.position + 1, inst)
+        if copied is not None:
+            copied.synchronize()
+        token = tokens_from(lm, facts, [stream.push(int(facts["ids"][0]))])[0]
+        generated.append(token.id)
+        yield DecodeRecord(len(generated) - 1, time.perf_counter() - t,
+                           static_cache_state(fast.cache, done_step.position + 1), token,
+                           done_step.rows.captures(*rows) if rows is not None else {})
+        reason = _reason(token.id, stream, stops, request, len(generated), should_stop)
+    total = time.perf_counter() - t0
+    return DoneRecord(trim_stop(stream.text, request.stop), reason, len(ids), len(generated), ttft, total - ttft, total)
+
+
+def _reason(token_id: int, stream: TextStream, stops: set[int], request: GenerationRequest, n: int,
+            should_stop: Callable[[], bool] | None) -> str | None:
+    """generation_loop's: a finish reason after the n-th token, else "cancelled" when asked to stop."""
+    reason = finish_reason(token_id, stream.text, stops, request, n)
+    if reason is None and should_stop is not None and should_stop():
+        return "cancelled"
+    return reason
+
+
+def _event(device: torch.device) -> torch.cuda.Event | None:
+    """An event recorded now on the device's stream (None off CUDA, where every copy has finished already)."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
 
 
 def enable_static_decode(lm: LoadedModel, compile: str = "auto", warm_up: bool = False) -> FastDecoder:

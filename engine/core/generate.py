@@ -251,30 +251,45 @@ def describe_tokens(lm: LoadedModel, logits: torch.Tensor, probs: torch.Tensor, 
                     texts: list[str]) -> list[SampledToken]:
     """`describe_token` for each row of logits and probs (B, V): one top-k over every row and one tokenizer call
     for every row's alternatives."""
+    chosen = torch.tensor(ids, device=logits.device)
+    return tokens_from(lm, facts_to_host(token_facts(logits, probs, chosen)), texts)
+
+
+def token_facts(logits: torch.Tensor, probs: torch.Tensor, chosen: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What describes each row's chosen token (B,), computed where the logits (B, V) are, without waiting on them:
+    the top candidates, the kept raw logits, the log-sum-exp of the rest, the chosen token's probability and
+    logit. `facts_to_host` brings them over, `tokens_from` makes the SampledTokens."""
     top = torch.topk(probs, min(TOP_CANDIDATES, probs.shape[-1]), dim=-1)
     kept = torch.topk(logits.float(), min(KEEP_LOGITS, logits.shape[-1]), dim=-1)
-    rests = rest_of_logits(logits, kept.indices)
-    top_ids, top_probs, width = top.indices.tolist(), top.values.tolist(), top.indices.shape[-1]
+    facts = {"ids": chosen, "top_ids": top.indices, "top_probs": top.values, "kept_ids": kept.indices,
+             "kept_values": kept.values, "chosen_probs": probs.gather(-1, chosen[:, None])[:, 0],
+             "chosen_logits": logits.gather(-1, chosen[:, None])[:, 0].float()}
+    if logits.shape[-1] > kept.indices.shape[-1]:
+        facts["rest"] = torch.logsumexp(logits.float().scatter(-1, kept.indices, float("-inf")), dim=-1)
+    facts["vocab"] = torch.tensor(logits.shape[-1])
+    return facts
+
+
+def facts_to_host(facts: dict[str, torch.Tensor], non_blocking: bool = False) -> dict[str, torch.Tensor]:
+    """The facts on the CPU. non_blocking: the copies are queued (into pinned memory on CUDA), and are whole once
+    the device has reached them (an event recorded after this call)."""
+    return {k: v.to("cpu", non_blocking=non_blocking) for k, v in facts.items()}
+
+
+def tokens_from(lm: LoadedModel, facts: dict[str, torch.Tensor], texts: list[str]) -> list[SampledToken]:
+    """SampledTokens from facts on the host (see `token_facts`), one tokenizer call for every row's alternatives."""
+    ids, top_ids, top_probs = facts["ids"].tolist(), facts["top_ids"].tolist(), facts["top_probs"].tolist()
+    width, count = len(top_ids[0]), int(facts["vocab"]) - facts["kept_ids"].shape[-1]
     names = lm.tokenizer.batch_decode([[i] for row in top_ids for i in row])
-    chosen = torch.tensor(ids, device=logits.device)[:, None]
-    chosen_probs = probs.gather(-1, chosen)[:, 0].tolist()
-    chosen_logits = logits.gather(-1, chosen)[:, 0].float().tolist()
-    kept_ids, kept_values = kept.indices.cpu().numpy(), kept.values.cpu().numpy()
+    rests = [(r, count) if math.isfinite(r) else (None, 0) for r in facts["rest"].tolist()] if "rest" in facts \
+        else [(None, 0)] * len(ids)
+    chosen_probs, chosen_logits = facts["chosen_probs"].tolist(), facts["chosen_logits"].tolist()
+    kept_ids, kept_values = facts["kept_ids"].numpy(), facts["kept_values"].numpy()
     return [SampledToken(ids[b], texts[b], chosen_probs[b],
                          [Candidate(i, t, p) for i, t, p in zip(top_ids[b], names[b * width:(b + 1) * width],
                                                                 top_probs[b])],
                          kept_ids[b], kept_values[b], *rests[b], chosen_logits[b])
             for b in range(len(ids))]
-
-
-def rest_of_logits(logits: torch.Tensor, kept: torch.Tensor) -> list[tuple[float | None, int]]:
-    """log Σ exp of each row's logits (B, V) outside its `kept` ids (B, K), and how many they are, so that a page
-    re-drawing the distribution from the K kept logits still divides by the whole vocabulary's total."""
-    count = logits.shape[-1] - kept.shape[-1]
-    if count <= 0:
-        return [(None, 0)] * logits.shape[0]
-    rest = torch.logsumexp(logits.float().scatter(-1, kept, float("-inf")), dim=-1).tolist()
-    return [(r, count) if math.isfinite(r) else (None, 0) for r in rest]
 
 
 def prompt_pieces(lm: LoadedModel, ids: list[int]) -> list[Piece]:
