@@ -7,7 +7,8 @@ For each path, per decode step: the wall time, the time the GPU spent in kernels
 profiler's trace), how many host-device synchronisations and copies the host asked for, and the host
 operations that took the most time. Paths: `generate` (eager, dynamic cache, one request), the fast
 path (static cache, CUDA graphs on CUDA; engine/core/fastpath.py), and the scheduler's batched step
-(engine/serving/batch.py, paged KV) with 1 and with `--rows` requests. A step whose wall time is far
+(engine/serving/batch.py, paged KV) with 1 and with `--rows` requests, eager and, on CUDA, as CUDA graphs
+(engine/serving/graphed.py). A step whose wall time is far
 above its kernel time waits on the host: the table says on what. The two single-request paths' steps include
 their prompt's prefill, spread over the steps. Writes bench/results/gpu-profile.json.
 """
@@ -33,6 +34,8 @@ from engine.core.generate import GenerationRequest, encode_prompt, generate  # n
 from engine.core.hooks import CAPTURE_OFF  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
 from engine.serving.batch import BatchRunner, Slot  # noqa: E402
+from engine.serving.graphed import graphed_decode  # noqa: E402
+from engine.serving.limits import Limits  # noqa: E402
 
 PROMPTS = ("What is the capital of France?", "Write a haiku about autumn.", "Why do we need sleep?")
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
@@ -77,10 +80,10 @@ def decode_only(records: list) -> int:
     return sum(1 for r in records if r.kind == "decode")
 
 
-def scheduler_steps(lm: Any, rows: int, steps: int) -> Callable[[], int]:
+def scheduler_steps(lm: Any, rows: int, steps: int, graphs: Any = None) -> Callable[[], int]:
     """`steps` batched decode steps of `rows` requests, timed once every request is in the batch."""
     def run() -> int:
-        runner = BatchRunner(lm, max_batch=max(rows, 2))
+        runner = BatchRunner(lm, max_batch=max(rows, 2), graphs=graphs)
         for i in range(rows):
             r = request(i, steps + 64)
             runner.add(Slot(r, encode_prompt(lm, r), CAPTURE_OFF, lambda _: None, print, lambda: False))
@@ -118,9 +121,15 @@ def main() -> None:
              "fast path": lambda: decode_only(list(fast.generate(request(0, args.steps + 1)))),
              "scheduler, 1 row": scheduler_steps(lm, 1, args.steps),
              f"scheduler, {args.rows} rows": scheduler_steps(lm, args.rows, args.steps)}
+    graphs = graphed_decode(lm, Limits.for_device(lm.device))          # CUDA only: compiles its shapes here
+    if graphs is not None:
+        paths["graphed, 1 row"] = scheduler_steps(lm, 1, args.steps, graphs)
+        paths[f"graphed, {args.rows} rows"] = scheduler_steps(lm, args.rows, args.steps, graphs)
     report = {"model": lm.label, "device": str(lm.device), "dtype": lm.dtype_name, "torch": torch.__version__,
               "device_name": torch.cuda.get_device_name(lm.device) if lm.device.type == "cuda" else "cpu",
-              "fast_path_mode": fast.mode, "paths": {}}
+              "fast_path_mode": fast.mode, "paths": {},
+              "batch_graphs": None if graphs is None else {"mode": graphs.mode, "error": graphs.error,
+                                                           "shapes": sorted(graphs.shapes)}}
     for name, run in paths.items():
         row = profiled(run, lm.device)
         row["wall_ms_unprofiled"] = times(run)

@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"what": "N sessions submit at once through engine.serving.scheduler; greedy, chat template, "
                       f"capture {', '.join(args.capture)}; one at a time and batched side by side",
               "machine": machine(lm), "capture": args.capture if len(args.capture) > 1 else args.capture[0],
-              "limits": batched.to_dict(), "scenarios": results,
+              "limits": batched.to_dict(), "scenarios": results, "batch_graphs": graphs_report(lm),
               "ratios": ratios(results), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
@@ -281,6 +281,15 @@ def line(result: dict, limits: Limits) -> str:
 
 def first_error(result: dict) -> str:
     return f"\n    first error: {result['errors'][0]}" if result["errors"] else ""
+
+
+def graphs_report(lm: LoadedModel) -> dict | None:
+    """Whether the batched steps ran as CUDA graphs (engine/serving/graphed.py), on which shapes, on what pool."""
+    graphs = lm.batch_graphs
+    if graphs is None:
+        return None
+    pool = sum(t.numel() * t.element_size() for t in (*graphs.pool.keys, *graphs.pool.values))
+    return {"mode": graphs.mode, "error": graphs.error, "shapes": sorted(graphs.shapes), "pool_gb": pool / 1e9}
 
 
 def gpu_line(result: dict) -> str:

@@ -98,3 +98,16 @@ def test_the_gpu_panel_shows_allocator_rows_beside_the_formula():
     assert table["Allocated now (torch.cuda.memory_allocated)"] == ("16.20 GB", "16.19 GB")   # weights + cache
     assert table["Workspace at the peak: peak reserved − weights − KV"][0] == "1.11 GB"
     assert "Process resident memory (RSS)" not in table
+
+
+def test_the_gpu_panel_shows_the_batch_pool_kept_for_cuda_graphs_apart_from_the_workspace():
+    from app.kv.sections import ledger_table
+    from engine.lab.memory import CUDA_SOURCE, MemoryLedger
+
+    ledger = MemoryLedger("cuda:0", CUDA_SOURCE, weights=16 * 10**9, weights_formula=16e9, kv_tokens=0, kv=0,
+                          kv_formula=0, kv_reserved_tokens=0, kv_reserved=0, kv_reserved_formula=0,
+                          allocated=29 * 10**9, peak_allocated=29 * 10**9, peak_reserved=30 * 10**9,
+                          device_total=85 * 10**9, kv_pool=12 * 10**9, kv_pool_tokens=91_552)
+    table = dict(zip(*(ledger_table(ledger)[k] for k in ("", "measured"))))
+    assert table["Batch K/V pool kept for CUDA graphs (91,552 positions)"] == "12.00 GB"
+    assert table["Workspace at the peak: peak reserved − weights − KV − pool"] == "2.00 GB"

@@ -98,11 +98,15 @@ def ledger_table(ledger: MemoryLedger) -> dict[str, list[str]]:
     if ledger.kv_reserved_tokens:
         rows.append((f"Static KV cache held ({ledger.kv_reserved_tokens:,} positions)", ledger.kv_reserved,
                      ledger.kv_reserved_formula))
+    if ledger.kv_pool:
+        rows.append((f"Batch K/V pool kept for CUDA graphs ({ledger.kv_pool_tokens:,} positions)", ledger.kv_pool,
+                     None))
     if ledger.peak_reserved is not None:
         rows += [("Allocated now (torch.cuda.memory_allocated)", ledger.allocated,
                   ledger.weights_formula + ledger.kv_reserved_formula),
                  ("Peak reserved (torch.cuda.max_memory_reserved)", ledger.peak_reserved, None),
-                 ("Workspace at the peak: peak reserved − weights − KV", ledger.workspace, None),
+                 ("Workspace at the peak: peak reserved − weights − KV" + (" − pool" if ledger.kv_pool else ""),
+                  ledger.workspace, None),
                  ("GPU memory (torch.cuda.mem_get_info)", ledger.device_total, None)]
     else:
         if ledger.packed:

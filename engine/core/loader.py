@@ -72,6 +72,7 @@ class LoadedModel:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     fast: Any = field(default=None, repr=False)  # engine.core.fastpath.FastDecoder once static decode is enabled
     small_batch: Any = field(default=None, repr=False)  # engine.core.small_batch: packed once, by the first batch
+    batch_graphs: Any = field(default=None, repr=False)  # engine.serving.graphed: the CUDA-graphed batch step
 
     @property
     def weight_bytes(self) -> int:

@@ -51,16 +51,19 @@ class MemoryLedger:
     device_total: int | None = None    # CUDA: the card's memory
     process_rss: int | None = None     # CPU: resident set size of this process
     packed: int = 0                    # CPU: the small-batch kernel's packed weight copies (engine/core/small_batch.py)
+    kv_pool: int = 0                   # CUDA: the batch's K/V pool, kept for its CUDA graphs (engine/serving/graphed.py)
+    kv_pool_tokens: int = 0            # positions it holds
 
     @property
     def workspace(self) -> int:
         """What the peak held beyond the weights and the KV cache.
 
-        CUDA: activations, logits, CUDA-graph pools and allocator slack (peak reserved - weights - KV).
+        CUDA: activations, logits, CUDA-graph pools and allocator slack (peak reserved - weights - KV - the
+        batch's kept K/V pool).
         CPU: the rest of the process (Python, libraries, activations): RSS - weights - packed copies - KV.
         """
         top = self.peak_reserved if self.peak_reserved is not None else (self.process_rss or 0)
-        return top - self.weights - self.packed - max(self.kv, self.kv_reserved)
+        return top - self.weights - self.packed - max(self.kv, self.kv_reserved) - self.kv_pool
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "workspace": self.workspace}
@@ -81,6 +84,10 @@ def memory_ledger(lm: LoadedModel, cache: CacheState | None = None, static: Any 
                   kv_reserved_tokens=reserved_tokens, kv_reserved=reserved_bytes(static),
                   kv_reserved_formula=kv_cache_bytes(lm.spec, reserved_tokens, dtype))
     if cuda(lm.device):
+        pool = getattr(lm.batch_graphs, "pool", None)
+        if pool is not None:
+            common.update(kv_pool=sum(t.numel() * t.element_size() for t in (*pool.keys, *pool.values)),
+                          kv_pool_tokens=pool.keys[0].shape[0])
         return MemoryLedger(measured_by=CUDA_SOURCE, allocated=torch.cuda.memory_allocated(lm.device),
                             peak_allocated=torch.cuda.max_memory_allocated(lm.device),
                             peak_reserved=torch.cuda.max_memory_reserved(lm.device),

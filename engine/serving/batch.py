@@ -38,6 +38,7 @@ from engine.core.hooks import CAPTURE_KWARG, CapturePolicy, LayerCapture, StepCa
 from engine.core.kept import KeptInputs
 from engine.core.loader import LoadedModel
 from engine.core.small_batch import kernels_for, small_batch_kernels
+from engine.serving.graphed import GraphedDecode
 from engine.serving.paged import BlockTable, PagedBatch, SoloBatch, row_cache_state
 from engine.serving.prefix import PrefixCache, load_prefix, reused_rows
 from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
@@ -234,14 +235,16 @@ class BatchRunner:
     """Runs many requests on one model: each `step()` prefills one chunk and decodes one token for all."""
 
     def __init__(self, lm: LoadedModel, max_batch: int = 8, prefill_chunk: int = PREFILL_CHUNK,
-                 prefix: PrefixCache | None = None):
+                 prefix: PrefixCache | None = None, graphs: GraphedDecode | None = None):
+        """`graphs`: decode steps that capture nothing run as CUDA graphs on its kept pool (engine.serving.graphed)."""
         if max_batch < 1 or prefill_chunk < 1:
             raise ValueError("max_batch and prefill_chunk must be at least 1")
         self.lm, self.prefill_chunk, self.prefix = lm, prefill_chunk, prefix
         self.max_batch = max_batch if batchable(lm) else 1
-        self.batch = PagedBatch() if batchable(lm) else SoloBatch()
+        self.graphs = graphs if batchable(lm) else None
+        self.batch = SoloBatch() if not batchable(lm) else graphs.new_batch() if self.graphs else PagedBatch()
         self.prefilling: deque[Slot] = deque()
-        if self.max_batch > 1:
+        if self.max_batch > 1 and self.graphs is None:
             kernels_for(lm)                  # pack now (under a second), not in the first batched step
 
     @property
@@ -470,13 +473,19 @@ class BatchRunner:
 
     def _batch_forward(self, slots: list[Slot]) -> tuple[torch.Tensor, dict[int, dict[int, LayerCapture]]]:
         device = self.lm.device
+        pads = self.batch.pads()
+        rows = [(b, pads[b], cap) for b, s in enumerate(slots) if (cap := s.new_capture(s.length)) is not None]
+        union = _union_policy([s.policy for s in slots], [s.layer_ids for s in slots], self.lm.spec.n_layers)
+        if not rows and not union.enabled and self.graphs is not None and (shape := self.graphs.fits(self.batch)):
+            try:
+                return self.graphs.forward(self.batch, [s.token.id for s in slots], [s.length for s in slots],
+                                           shape), {}
+            except Exception as err:  # noqa: BLE001 - a step that cannot run graphed runs eagerly, as all after it
+                self.graphs.give_up(err)
         ids = torch.tensor([[s.token.id] for s in slots], device=device)                 # [B, 1]
         positions = torch.tensor([[s.length] for s in slots], device=device)             # [B, 1] own positions
-        pads = self.batch.pads()
         mask = self.batch.step_mask()                                                   # [B, L + 1]
-        rows = [(b, pads[b], cap) for b, s in enumerate(slots) if (cap := s.new_capture(s.length)) is not None]
         capture = BatchCapture(rows) if rows else None
-        union = _union_policy([s.policy for s in slots], [s.layer_ids for s in slots], self.lm.spec.n_layers)
         with torch.inference_mode(), instrument(self.lm.model, union), small_batch_kernels(self.lm):
             out = self.lm.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                                 cache=self.batch.cache, use_cache=True, logits_to_keep=1,

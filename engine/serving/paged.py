@@ -28,6 +28,7 @@ from engine.core.records import CacheState
 BLOCK = 16                 # tokens per block: vLLM's default
 FIRST_BLOCKS = 64          # the pool's size at the start; it doubles when full
 NULL = 0                   # the null block
+SCRATCH = 1                # a slot of the null block nobody reads: a CUDA graph's padding rows write there
 
 
 @dataclass(frozen=True)
@@ -64,11 +65,22 @@ class BlockPool:
 
     def __init__(self, like: DynamicCache, block: int = BLOCK, n_blocks: int | None = None):
         k = like.layers[0].keys                                           # [1, KVH, T, D]
+        self.allocate_pools(len(like.layers), k.shape[1], k.shape[3], k.dtype, k.device, block, n_blocks)
+
+    @classmethod
+    def of_shape(cls, n_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+                 block: int = BLOCK, n_blocks: int | None = None) -> "BlockPool":
+        pool = cls.__new__(cls)
+        pool.allocate_pools(n_layers, kv_heads, head_dim, dtype, device, block, n_blocks)
+        return pool
+
+    def allocate_pools(self, n_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+                       block: int, n_blocks: int | None) -> None:
         n_blocks = n_blocks or FIRST_BLOCKS
         self.block, self.n_blocks = block, n_blocks
-        shape = (n_blocks * block, k.shape[1], k.shape[3])               # [slots, KVH, D]
-        self.keys = [torch.zeros(shape, dtype=k.dtype, device=k.device) for _ in like.layers]
-        self.values = [torch.zeros(shape, dtype=k.dtype, device=k.device) for _ in like.layers]
+        shape = (n_blocks * block, kv_heads, head_dim)                   # [slots, KVH, D]
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.free = list(range(n_blocks - 1, NULL, -1))                  # pop() hands out the lowest first
 
     @property
@@ -128,12 +140,18 @@ class PagedLayer(CacheLayerMixin):
 class PagedBatch:
     """The running batch: its requests (slots), their block tables, and the HF cache the forward reads."""
 
-    def __init__(self, block: int = BLOCK):
-        self.block = block
-        self.pool: BlockPool | None = None
+    def __init__(self, block: int = BLOCK, pool: BlockPool | None = None):
+        """`pool`: a pool made beforehand and kept for good (a CUDA graph reads and writes its tensors in place,
+        so they must never move); by default one is made at the first request and dropped when the batch
+        empties."""
+        self.block = pool.block if pool is not None else block
+        self.pool, self.kept_pool = pool, pool
+        if pool is not None:
+            self.cache = Cache(layers=[PagedLayer(self, i) for i in range(len(pool.keys))])
         self.slots: list[Any] = []                    # runner Slots, in batch order; each has .length
         self.tables: dict[Any, list[int]] = {}
-        self.cache: Cache | None = None
+        if pool is None:
+            self.cache: Cache | None = None
         self._write: torch.Tensor | None = None       # [B] slot each row's new token goes to
         self._gather: torch.Tensor | None = None      # [B, W + 1] slots attention reads, NULL for pads
 
@@ -164,24 +182,33 @@ class PagedBatch:
         for slot in [s for s in self.slots if s in gone]:
             self.pool.release(self.tables.pop(slot))
         self.slots = [s for s in self.slots if s not in gone]
-        if not self.slots:                            # an idle server gives the pool's memory back
+        if not self.slots and self.kept_pool is None:  # an idle server gives the pool's memory back
             self.pool = self.cache = None
 
-    def step_mask(self) -> torch.Tensor:
-        """Plan one decode step (a new block for each row whose last one is full); its mask [B, W + 1]."""
+    def step_mask(self, rows: int | None = None, width: int | None = None) -> torch.Tensor:
+        """Plan one decode step (a new block for each row whose last one is full); its mask [B, W + 1].
+
+        With `rows` and `width` (a CUDA graph's fixed shapes) the mask is [rows, width]: more keys on the left,
+        all hidden, and rows of padding after the batch's, each reading the null slot and writing a scratch
+        slot nobody reads."""
         for slot in self.slots:
             if slot.length == len(self.tables[slot]) * self.block:
                 self.tables[slot].append(self.pool.allocate())
-        lengths = torch.tensor([s.length for s in self.slots])                        # [B]
+        n = len(self.slots)
+        rows, width = rows or n, width or self.width + 1
+        lengths = torch.tensor([s.length for s in self.slots] + [0] * (rows - n))                 # [R]
         longest = max(len(self.tables[s]) for s in self.slots)
-        tables = torch.tensor([self.tables[s] + [NULL] * (longest - len(self.tables[s])) for s in self.slots])
-        p = torch.arange(self.width + 1) - (self.width - lengths)[:, None]            # [B, W + 1] own positions
+        tables = torch.tensor([self.tables[s] + [NULL] * (longest - len(self.tables[s])) for s in self.slots]
+                              + [[NULL] * longest] * (rows - n))
+        p = torch.arange(width) - (width - 1 - lengths)[:, None]                     # [R, width] own positions
         real = p >= 0
         p = p.clamp(min=0)
         slots = tables.gather(1, p // self.block) * self.block + p % self.block
         device = self.pool.keys[0].device
-        self._gather = torch.where(real, slots, NULL).to(device)                      # [B, W + 1]
-        self._write = self._gather[:, -1]                                             # [B] the new tokens
+        gather = torch.where(real, slots, NULL)                                      # [R, width]
+        write = gather[:, -1].clone()                                                # [R] the new tokens
+        write[n:] = SCRATCH
+        self._gather, self._write = gather.to(device), write.to(device)
         return real.long().to(device)
 
     def write_and_gather(self, layer: int, key: torch.Tensor, value: torch.Tensor):

@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from engine.serving.graphed import graphed_decode
 from engine.serving.batch import BatchRunner, Slot, StepInfo, batchable
 from engine.errors import EngineError, InvalidRequestError, QueueFullError, RequestTimeoutError
 from engine.core.generate import GenerationRequest, check_context, encode_prompt, history_chars, validate
@@ -302,7 +303,8 @@ class Scheduler:
         self._worker: threading.Thread | None = None
 
     def _new_runner(self) -> BatchRunner:
-        return BatchRunner(self.lm, max_batch=self.limits.max_batch, prefix=self.prefix)
+        return BatchRunner(self.lm, max_batch=self.limits.max_batch, prefix=self.prefix,
+                           graphs=graphed_decode(self.lm, self.limits))
 
     # --- sessions --------------------------------------------------------------------------------
 

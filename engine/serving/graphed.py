@@ -1,0 +1,171 @@
+"""The batched decode step as a CUDA graph: the room's steps without the per-op launch cost of eager PyTorch.
+
+    graphs = graphed_decode(lm, limits)            # on CUDA; None elsewhere (or PLAYGROUND_BATCH_GRAPHS=off)
+    runner = BatchRunner(lm, max_batch=32, graphs=graphs)
+
+Why: an eager decode step of Llama 3.1 8B launches about two thousand kernels, one per op, whatever the batch;
+on an H200 the scheduler's step took 61 ms for one request and 88 ms for thirty (bench/results/gpu-load.json),
+while reading the weights once takes about 4 ms. The fast path (engine/core/fastpath.py) removed that cost for
+one request with a static cache; this does it for the paged batch, as vLLM captures its decode step per batch
+size.
+
+A graph replays fixed shapes at fixed addresses, so:
+- rows are padded to the batch's limit (padding rows read the null slot and write a scratch slot: on a GPU a
+  decode step reads the weights once however many rows it has, so 32 rows cost what 8 do) and the keys each
+  row attends to are padded on the left to a power of two (at least 256), hidden by the mask;
+- the mask is passed whole ([rows, 1, 1, width], True where a row attends), so transformers builds none;
+- the K/V pool is made once, sized for the limits within a share of the free memory, and kept: its tensors
+  never move. A batch that outgrows it runs eagerly from then on, as does any step that captures attention
+  or norms (those need the eager hooks).
+The step is compiled with `torch.compile(mode="reduce-overhead")` (cudagraph trees), one graph per shape:
+one per key width, as rows are padded to one size; the scheduler compiles the usual widths (WARM_WIDTHS) when
+it starts, and a longer one when a batch first needs it. Each row computes what it computes eagerly,
+within rounding (tests/test_graphed.py: the same tokens as the eager batch and as each request alone).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import torch
+
+from engine.core.fastpath import _raise_recompile_limit, resolve_mode
+from engine.core.loader import LoadedModel, free_memory
+from engine.projection.card import kv_bytes_per_token
+from engine.serving.limits import Limits
+from engine.serving.paged import BLOCK, NULL, SCRATCH, BlockPool, PagedBatch
+
+MIN_WIDTH = 256
+WARM_WIDTHS = (256, 512)   # compiled when the scheduler starts: prompts and answers of a room's usual length
+POOL_SHARE = 0.2           # of the device's free memory, at most, for the kept K/V pool
+ENV_MODE = "PLAYGROUND_BATCH_GRAPHS"
+log = logging.getLogger(__name__)
+
+
+def batched_step(model: Any, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any
+                 ) -> torch.Tensor:
+    """One decode token for every row: ids and positions [R, 1], mask [R, 1, 1, W]; logits [R, 1, V]."""
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                logits_to_keep=1)
+    return out.logits
+
+
+def bucket(n: int, buckets: tuple[int, ...]) -> int | None:
+    return next((b for b in buckets if b >= n), None)
+
+
+def width_bucket(width: int, limit: int) -> int | None:
+    """The power of two >= width (at least MIN_WIDTH); None past `limit`."""
+    w = MIN_WIDTH
+    while w < width:
+        w *= 2
+    return w if w <= limit else None
+
+
+class GraphedDecode:
+    """A kept K/V pool and the batched decode step compiled over it, one graph per (rows, width) shape."""
+
+    def __init__(self, lm: LoadedModel, n_blocks: int, compile: str = "auto", max_rows: int = 32,
+                 row_buckets: tuple[int, ...] = ()):
+        """Rows are padded to the first of `row_buckets` + (max_rows,) that holds the batch."""
+        self.lm, self.mode = lm, resolve_mode(compile, lm.device)
+        spec = lm.spec
+        self.pool = BlockPool.of_shape(spec.n_layers, spec.n_kv_heads, spec.head_dim, lm.dtype, lm.device,
+                                       BLOCK, n_blocks)
+        for t in (*self.pool.keys, *self.pool.values):
+            torch._dynamo.mark_static_address(t)       # written and read in place by every replay
+        self.address = self.pool.keys[0].data_ptr()    # a pool that outgrew itself has moved: eager from then on
+        self.rows = tuple(b for b in row_buckets if b < max_rows) + (max_rows,)
+        self.shapes: set[tuple[int, int]] = set()
+        self.error: str | None = None                  # why the graphs were given up (the batch runs eagerly)
+        if self.mode == "off":
+            self.step = batched_step
+        else:
+            _raise_recompile_limit()
+            options = {"backend": "eager"} if self.mode == "eager" else {"mode": self.mode}
+            self.step = torch.compile(batched_step, fullgraph=True, dynamic=False, **options)
+
+    @property
+    def graphs(self) -> bool:
+        return self.mode == "reduce-overhead" and self.lm.device.type == "cuda"
+
+    def new_batch(self) -> PagedBatch:
+        """A paged batch on the kept pool (empty: every block back in the free list)."""
+        self.pool.free = list(range(self.pool.n_blocks - 1, NULL, -1))
+        return PagedBatch(pool=self.pool)
+
+    def fits(self, batch: PagedBatch) -> tuple[int, int] | None:
+        """The (rows, width) shape of this step, or None when it must run eagerly (pool outgrown, too wide)."""
+        if self.error is not None or batch.pool is not self.pool or self.pool.keys[0].data_ptr() != self.address:
+            return None
+        rows = bucket(len(batch.slots), self.rows)
+        width = width_bucket(batch.width + 1, self.lm.spec.max_context)
+        return (rows, width) if rows is not None and width is not None else None
+
+    def forward(self, batch: PagedBatch, ids: list[int], positions: list[int], shape: tuple[int, int]
+                ) -> torch.Tensor:
+        """Logits [B, V] of the batch's next tokens through the graph of `shape`."""
+        rows, width = shape
+        device, n = self.lm.device, len(ids)
+        mask = batch.step_mask(rows, width).bool()[:, None, None, :]                  # [R, 1, 1, W]
+        ids_t = torch.tensor(ids + ids[:1] * (rows - n), device=device)[:, None]       # padding: any real token
+        pos_t = torch.tensor(positions + [0] * (rows - n), device=device)[:, None]
+        if self.graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        self.shapes.add(shape)
+        with torch.inference_mode():
+            return self.step(self.lm.model, ids_t, pos_t, mask, batch.cache)[:n, -1]
+
+    def give_up(self, err: Exception) -> None:
+        """A step could not run graphed (a compiler failure, say): every later step runs eagerly."""
+        self.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        log.warning("the batched decode step runs eagerly from now on: %s", self.error)
+
+    def warm_up(self, widths: tuple[int, ...] = WARM_WIDTHS) -> float:
+        """Compile (and record) the graphs of every row bucket at these widths on an idle pool; seconds.
+
+        Padding rows only: they read the null slot and write the scratch slot, so the pool stays clean."""
+        start = time.perf_counter()
+        batch = PagedBatch(pool=self.pool)
+        device = self.lm.device
+        for width in widths:
+            for rows in self.rows:
+                batch._gather = torch.full((rows, width), NULL, device=device)
+                batch._write = torch.full((rows,), SCRATCH, device=device)
+                mask = torch.zeros(rows, 1, 1, width, dtype=torch.bool, device=device)
+                mask[..., -1] = True
+                zeros = torch.zeros(rows, 1, dtype=torch.long, device=device)
+                for _ in range(3):           # compile, record, replay
+                    if self.graphs:
+                        torch.compiler.cudagraph_mark_step_begin()
+                    with torch.inference_mode():
+                        self.step(self.lm.model, zeros, zeros, mask, batch.cache)
+                self.shapes.add((rows, width))
+        return time.perf_counter() - start
+
+
+def pool_blocks(lm: LoadedModel, limits: Limits) -> int:
+    """Blocks for the kept pool: every place in the batch at the longest request, within POOL_SHARE of free memory."""
+    per_block = kv_bytes_per_token(lm.spec, lm.dtype_name) * BLOCK
+    wanted = limits.max_batch * -(-(limits.max_prompt_tokens + limits.max_new_tokens) // BLOCK)
+    affordable = int(POOL_SHARE * max(free_memory(lm.device) - limits.reserve_mb * 2**20, 0) // per_block)
+    return max(2, min(wanted, affordable) + 1)                     # + the null block
+
+
+def graphed_decode(lm: LoadedModel, limits: Limits) -> GraphedDecode | None:
+    """The model's graphed batch step, made once (on CUDA, unless PLAYGROUND_BATCH_GRAPHS=off)."""
+    mode = os.environ.get(ENV_MODE, "auto")
+    if lm.device.type != "cuda" or mode == "off" or limits.max_batch < 2:
+        return None
+    if lm.batch_graphs is None:
+        graphs = GraphedDecode(lm, pool_blocks(lm, limits), mode, max_rows=limits.max_batch)
+        log.info("compiling the batched decode step for %d rows at %s keys (once per process)", limits.max_batch,
+                 " and ".join(map(str, WARM_WIDTHS)))
+        try:
+            log.info("compiled in %.0f s", graphs.warm_up())
+        except Exception as err:  # noqa: BLE001 - any compiler failure: the batch runs eagerly, the server serves
+            graphs.give_up(err)
+        lm.batch_graphs = graphs
+    return lm.batch_graphs

@@ -1,0 +1,118 @@
+"""The batched decode step on fixed shapes over a kept pool (engine/serving/graphed.py), checked on the CPU: the
+padding, the wide mask and the fallbacks compute what each request computes alone. On CUDA the same step is
+recorded as a CUDA graph (the CUDA test at the end)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import tiny_prompt
+from engine.core.generate import GenerationRequest, encode_prompt
+from engine.core.hooks import CAPTURE_OFF, CapturePolicy
+from engine.core.loader import load_model
+from engine.serving.batch import BatchRunner, Slot
+from engine.serving.graphed import MIN_WIDTH, GraphedDecode, width_bucket
+from engine.serving.paged import NULL, SCRATCH
+from test_batch import Sink, alone, assert_same_run
+
+ROWS = CapturePolicy(stats=False)
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_model_dir):
+    """A private copy: the graphed runner leaves the small-batch kernels unpacked."""
+    return load_model(str(tiny_model_dir), device="cpu", dtype="float32")
+
+
+def run(lm, graphs, jobs, joins, max_batch=8):
+    """(request, policy) jobs through one runner on `graphs`' pool; job i joins at step joins[i]."""
+    runner = BatchRunner(lm, max_batch=max_batch, graphs=graphs)
+    sinks = [Sink() for _ in jobs]
+    step = 0
+    while step < 1000 and (not runner.idle or step <= max(joins)):
+        for i, (request, policy) in enumerate(jobs):
+            if joins[i] == step:
+                runner.add(Slot(request, encode_prompt(lm, request), policy, sinks[i].records.append,
+                                sinks[i]._fail, lambda: False))
+        runner.step()
+        step += 1
+    return sinks
+
+
+def jobs_of(policies, lengths=((5, 12), (17, 4), (9, 9), (30, 7))):
+    return [(GenerationRequest(tiny_prompt(n, seed=n), max_new_tokens=m, chat=False), p)
+            for (n, m), p in zip(lengths, policies)]
+
+
+def test_padded_rows_and_keys_compute_what_each_request_computes_alone(lm):
+    graphs = GraphedDecode(lm, n_blocks=64, compile="off", max_rows=8)
+    jobs = jobs_of([CAPTURE_OFF] * 4)
+    sinks = run(lm, graphs, jobs, joins=[0, 0, 2, 5])
+    for sink, (request, policy) in zip(sinks, jobs):
+        assert sink.error is None
+        assert_same_run(sink.records, alone(lm, request, policy))
+    assert graphs.shapes == {(8, MIN_WIDTH)}                     # every decode step ran padded, none eagerly
+    assert not graphs.pool.keys[0][NULL].any()                   # pads read a slot that stays zero
+    assert graphs.pool.keys[0][SCRATCH].any()                    # padding rows ran, and wrote where none reads
+
+
+def test_steps_that_capture_run_eagerly_beside_graphed_ones(lm):
+    graphs = GraphedDecode(lm, n_blocks=64, compile="off", max_rows=8)
+    jobs = jobs_of([ROWS, CAPTURE_OFF, CAPTURE_OFF, ROWS], lengths=((5, 3), (17, 14), (9, 16), (30, 4)))
+    sinks = run(lm, graphs, jobs, joins=[0, 0, 1, 8])
+    for sink, (request, policy) in zip(sinks, jobs):
+        assert sink.error is None
+        assert_same_run(sink.records, alone(lm, request, policy))
+    assert graphs.shapes == {(8, MIN_WIDTH)}                     # between the two capturing requests
+
+
+def test_a_pool_that_outgrows_itself_moves_and_the_batch_goes_on_eagerly(lm):
+    graphs = GraphedDecode(lm, n_blocks=4, compile="off", max_rows=8)     # 3 blocks of 16 positions
+    jobs = jobs_of([CAPTURE_OFF] * 4)
+    sinks = run(lm, graphs, jobs, joins=[0, 0, 0, 0])
+    for sink, (request, policy) in zip(sinks, jobs):
+        assert sink.error is None
+        assert_same_run(sink.records, alone(lm, request, policy))
+    assert graphs.pool.n_blocks > 4 and graphs.fits(graphs.new_batch()) is None
+
+
+def test_the_batched_step_traces_as_one_graph_and_warms_up_on_padding_only(lm):
+    graphs = GraphedDecode(lm, n_blocks=64, compile="eager", max_rows=16, row_buckets=(8,))   # fullgraph: a
+    graphs.warm_up((MIN_WIDTH,))                                                             # break raises
+    assert graphs.shapes == {(8, MIN_WIDTH), (16, MIN_WIDTH)}
+    pool = torch.stack(graphs.pool.keys)                                  # [L, slots, KVH, D]
+    assert not pool[:, NULL].any() and not pool[:, SCRATCH + 1:].any()    # only the scratch slot was written
+    jobs = jobs_of([CAPTURE_OFF] * 3)
+    for sink, (request, policy) in zip(run(lm, graphs, jobs, joins=[0, 1, 2]), jobs):
+        assert_same_run(sink.records, alone(lm, request, policy))
+
+
+
+def test_a_step_that_cannot_run_graphed_runs_eagerly_and_so_do_all_after_it(lm):
+    graphs = GraphedDecode(lm, n_blocks=64, compile="off", max_rows=8)
+    calls = []
+
+    def broken(*args):
+        calls.append(1)
+        raise RuntimeError("the compiler gave up\nmore lines")
+    graphs.step = broken
+    jobs = jobs_of([CAPTURE_OFF] * 3)
+    for sink, (request, policy) in zip(run(lm, graphs, jobs, joins=[0, 0, 3]), jobs):
+        assert sink.error is None
+        assert_same_run(sink.records, alone(lm, request, policy))
+    assert len(calls) == 1 and graphs.error == "RuntimeError: the compiler gave up"
+
+def test_width_buckets():
+    assert [width_bucket(w, 4096) for w in (1, 256, 257, 1000, 4096, 4097)] == [256, 256, 512, 1024, 4096, None]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_graphed_batch_equals_each_request_alone(tiny_model_dir):
+    cuda = load_model(str(tiny_model_dir), device="cuda", dtype="float32")
+    graphs = GraphedDecode(cuda, n_blocks=64, max_rows=8)                  # auto: CUDA graphs
+    assert graphs.graphs
+    graphs.warm_up((MIN_WIDTH,))
+    jobs = jobs_of([CAPTURE_OFF] * 4)
+    for sink, (request, policy) in zip(run(cuda, graphs, jobs, joins=[0, 0, 2, 5]), jobs):
+        assert sink.error is None
+        assert_same_run(sink.records, alone(cuda, request, policy))
