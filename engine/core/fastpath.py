@@ -18,6 +18,10 @@ Captures stay graph-safe:
 - anything else (norms, residual stream, logit lens) runs on the same static cache eagerly, with an
   ordinary StepCapture that sees only the filled part of the cache.
 
+Greedy requests (capture off or rows) run pipelined: each token is chosen on the device and the next step is
+queued before the host describes this one, so the host's per-token work (a softmax and top-k over the vocabulary,
+the tokenizer, the records) overlaps the next graph instead of leaving the GPU idle (`pipelined_loop`).
+
 Prefill is eager (its length changes with every prompt). The cache length is rounded up to a power of
 two (at least 256) so that requests of similar length reuse one cache and one compiled graph. On CPU
 nothing is compiled unless asked for (`compile="default"` uses inductor; `"eager"` only traces, which
