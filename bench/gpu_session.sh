@@ -3,7 +3,7 @@
 # shape, where its decode steps spend their time (bench/gpu_profile.py), the room (bench/load.py) and the HTTP
 # API (bench/api.py) on it. Logs and JSON go to $OUT.
 #
-#     bash bench/gpu_session.sh                    # every step, in this order
+#     bash bench/gpu_session.sh                    # every step, in this order (the most wanted first)
 #     bash bench/gpu_session.sh load api           # only those (the checkpoint is reused if still there)
 #     bash bench/gpu_session.sh rest               # the steps that have not finished yet
 #
@@ -22,7 +22,8 @@ PY=${PY:-python3} SHAPE=${SHAPE:-8b} DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bf16}
 DEADLINE=${DEADLINE:-570} MIN_STEP=${MIN_STEP:-45}
 MODEL=$SHAPED/$([ "$SHAPE" = 8b ] && echo Llama-3.1-8B || echo tiny-Llama)-shaped-bf16-seed0
 LOG=$OUT/session.log
-ALL="env write gpu profile load api tests load-eager"
+ALL="env write tests gpu load load-eager profile api"
+export PLAYGROUND_BATCH_GRAPH_WIDTHS=${PLAYGROUND_BATCH_GRAPH_WIDTHS:-256}     # one compile per process
 export PYTHONUNBUFFERED=1 PLAYGROUND_CACHE=${PLAYGROUND_CACHE:-/tmp/pg-cache} TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUT"
 

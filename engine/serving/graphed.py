@@ -39,6 +39,7 @@ from engine.serving.paged import BLOCK, NULL, SCRATCH, BlockPool, PagedBatch
 
 MIN_WIDTH = 256
 WARM_WIDTHS = (256, 512)   # compiled when the scheduler starts: prompts and answers of a room's usual length
+ENV_WIDTHS = "PLAYGROUND_BATCH_GRAPH_WIDTHS"   # e.g. "256" to compile fewer at start
 POOL_SHARE = 0.2           # of the device's free memory, at most, for the kept K/V pool
 ENV_MODE = "PLAYGROUND_BATCH_GRAPHS"
 log = logging.getLogger(__name__)
@@ -154,6 +155,13 @@ def pool_blocks(lm: LoadedModel, limits: Limits) -> int:
     return max(2, min(wanted, affordable) + 1)                     # + the null block
 
 
+def warm_widths() -> tuple[int, ...]:
+    """The key widths compiled at start: PLAYGROUND_BATCH_GRAPH_WIDTHS (comma-separated) or WARM_WIDTHS."""
+    text = os.environ.get(ENV_WIDTHS, "")
+    widths = tuple(width_bucket(int(w), 1 << 30) for w in text.split(",") if w.strip().isdigit())
+    return widths or WARM_WIDTHS
+
+
 def graphed_decode(lm: LoadedModel, limits: Limits) -> GraphedDecode | None:
     """The model's graphed batch step, made once (on CUDA, unless PLAYGROUND_BATCH_GRAPHS=off)."""
     mode = os.environ.get(ENV_MODE, "auto")
@@ -161,10 +169,11 @@ def graphed_decode(lm: LoadedModel, limits: Limits) -> GraphedDecode | None:
         return None
     if lm.batch_graphs is None:
         graphs = GraphedDecode(lm, pool_blocks(lm, limits), mode, max_rows=limits.max_batch)
+        widths = warm_widths()
         log.info("compiling the batched decode step for %d rows at %s keys (once per process)", limits.max_batch,
-                 " and ".join(map(str, WARM_WIDTHS)))
+                 " and ".join(map(str, widths)))
         try:
-            log.info("compiled in %.0f s", graphs.warm_up())
+            log.info("compiled in %.0f s", graphs.warm_up(widths))
         except Exception as err:  # noqa: BLE001 - any compiler failure: the batch runs eagerly, the server serves
             graphs.give_up(err)
         lm.batch_graphs = graphs
