@@ -116,7 +116,7 @@ class GraphedDecode:
         if self.graphs:
             torch.compiler.cudagraph_mark_step_begin()
         self.shapes.add(shape)
-        with torch.inference_mode():
+        with torch.no_grad():        # as the fast path's graphs run (inference tensors stay out of the graphs)
             return self.step(self.lm.model, ids_t, pos_t, mask, batch.cache)[:n, -1]
 
     def give_up(self, err: Exception) -> None:
@@ -141,7 +141,7 @@ class GraphedDecode:
                 for _ in range(3):           # compile, record, replay
                     if self.graphs:
                         torch.compiler.cudagraph_mark_step_begin()
-                    with torch.inference_mode():
+                    with torch.no_grad():
                         self.step(self.lm.model, zeros, zeros, mask, batch.cache)
                 self.shapes.add((rows, width))
         return time.perf_counter() - start
