@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from engine.core.fastpath import _raise_recompile_limit, resolve_mode
+from engine.core.fastpath import COMPILE_MODES, _raise_recompile_limit, resolve_mode
 from engine.core.loader import LoadedModel, free_memory
 from engine.projection.card import kv_bytes_per_token
 from engine.serving.limits import Limits
@@ -165,6 +165,9 @@ def warm_widths() -> tuple[int, ...]:
 def graphed_decode(lm: LoadedModel, limits: Limits) -> GraphedDecode | None:
     """The model's graphed batch step, made once (on CUDA, unless PLAYGROUND_BATCH_GRAPHS=off)."""
     mode = os.environ.get(ENV_MODE, "auto")
+    if mode not in COMPILE_MODES:
+        log.warning("%s=%s is not one of %s; using auto", ENV_MODE, mode, ", ".join(COMPILE_MODES))
+        mode = "auto"
     if lm.device.type != "cuda" or mode == "off" or limits.max_batch < 2:
         return None
     if lm.batch_graphs is None:
