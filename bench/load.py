@@ -36,12 +36,14 @@ from engine.core.generate import GenerationRequest, generate  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks  # noqa: E402
 from engine.serving.limits import Limits  # noqa: E402
 from engine.serving.capture import LOGIT_LENS_TOP  # noqa: E402
+from engine.core.kept import kept_for  # noqa: E402
 from engine.core.loader import LoadedModel, load_model  # noqa: E402
 from engine.core.openmp import in_passing_thread  # noqa: E402
 from engine.core.records import DoneRecord  # noqa: E402
 from engine.lab.memory import cuda  # noqa: E402
 from engine.projection.card import kv_cache_bytes, weight_bytes  # noqa: E402
 from engine.serving.scheduler import Scheduler  # noqa: E402
+from engine.service.service import KEPT_GUESS  # noqa: E402
 
 PROMPTS = (
     "What is the capital of France?",
@@ -55,7 +57,9 @@ PROMPTS = (
     "What is a transformer in machine learning?",
     "Give me a tip for learning to cook.",
 )
-CAPTURES = {"off": CAPTURE_OFF,              # "full": what a page (and an API request asking for captures) keeps
+# "full": what a page (and an API request asking for captures) keeps, the inputs of its layers included (a session
+# keeps them as a page's run does, engine.core.kept.kept_for)
+CAPTURES = {"off": CAPTURE_OFF,
             "full": CapturePolicy(logit_lens=LOGIT_LENS_TOP, lens_on_demand=True, inputs=None)}   # for short prompts
 RESULTS = ROOT / "bench" / "results" / "load.json"
 
@@ -102,10 +106,11 @@ class MemoryWatch:
 def session(scheduler: Scheduler, request: GenerationRequest, policy: CapturePolicy, name: str,
             gate: threading.Barrier, out: Outcome) -> None:
     """One browser session: submit, then read every record (as a page streaming the answer does)."""
+    kept = kept_for(scheduler.lm, policy, KEPT_GUESS + request.max_new_tokens)   # as a page's run keeps them
     gate.wait()
     out.submitted = time.perf_counter()
     try:
-        handle = scheduler.submit(request, policy, session=name)
+        handle = scheduler.submit(request, policy, session=name, kept=kept)
     except EngineError as err:
         out.refused = str(err)
         return

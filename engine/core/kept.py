@@ -12,6 +12,7 @@ verify pass whose drafts were rejected) overwrites what it wrote before instead 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import torch
 
@@ -100,3 +101,11 @@ class KeptInputs:
     def below(self, layer: int) -> int | None:
         """The nearest kept layer at or below `layer` (None: start from the embeddings)."""
         return max((i for i in self.layers if i <= layer), default=None)
+
+
+def kept_for(lm: Any, policy: Any, capacity: int) -> KeptInputs | None:
+    """Where a run keeps the inputs of the layers its capture policy names (room for `capacity` positions at
+    first), or None when it keeps none. What a page's run keeps (engine/service/service.py), and a benchmark's."""
+    if not policy.keeps_inputs:
+        return None
+    return KeptInputs(policy.input_ids(lm.spec.n_layers), lm.spec.d_model, lm.dtype, lm.device, capacity)

@@ -24,7 +24,7 @@ import torch
 
 from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy
-from engine.core.kept import KeptInputs
+from engine.core.kept import KeptInputs, kept_for
 from engine.core.loader import LoadedModel, load_model
 from engine.errors import EngineError, InvalidRequestError
 from engine.projection.specs import ModelSpec
@@ -194,12 +194,9 @@ class EngineService:
 
     def _kept(self, info: RunInfo, request: GenerationRequest | CheckedRequest) -> KeptInputs | None:
         """Where a plain run's kept layer inputs go, when its policy keeps some."""
-        if not info.policy.keeps_inputs:
-            return None
         base = request.request if isinstance(request, CheckedRequest) else request
         n_prompt = request.n_prompt if isinstance(request, CheckedRequest) else KEPT_GUESS
-        layers = info.policy.input_ids(self.lm.spec.n_layers)
-        return KeptInputs(layers, self.lm.spec.d_model, self.lm.dtype, self.lm.device, n_prompt + base.max_new_tokens)
+        return kept_for(self.lm, info.policy, n_prompt + base.max_new_tokens)
 
     def submit_job(self, name: str, params: Mapping[str, Any] | None = None, session: str | None = None,
                    source: str = "page", listeners: tuple[Callable[[Handle, Any], None], ...] = ()) -> Handle:
