@@ -274,6 +274,17 @@ def test_a_body_over_the_cap_is_a_413(server, model):
     assert r.status_code == 413 and error_of(r)["code"] == "request_too_large"
 
 
+def test_a_chunked_body_is_counted_as_it_arrives_and_one_over_the_cap_is_a_413(server, model):
+    """No Content-Length: the guard reads the body (up to the cap) before the route does."""
+    chunks = lambda body: (body[i:i + 2**20] for i in range(0, len(body), 2**20))  # noqa: E731 - httpx: chunked
+    r = httpx.post(server[0] + "/v1/completions", content=chunks(b"x" * (9 * 2**20)),
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 413 and error_of(r)["code"] == "request_too_large"
+    body = json.dumps({"model": model, "prompt": "w1 w2", "max_tokens": 2, "temperature": 0}).encode()
+    r = httpx.post(server[0] + "/v1/completions", content=chunks(body), headers={"content-type": "application/json"})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+
+
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=30),
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
                     max_leaves=12)

@@ -71,10 +71,13 @@ class Guard:
             return await self.app(scope, receive, send)
         request = Request(scope)
         refusal = refused(request, scope["app"].state.server)
+        if refusal is None and request.headers.get("content-length") is None and request.method in ("POST", "PUT",
+                                                                                                    "PATCH"):
+            body = await read_capped(receive)          # a chunked body: counted as it arrives, then handed on whole
+            refusal = too_large() if body is None else None
+            receive = replay(body or b"", receive)
         if refusal is not None:
             return await refusal(scope, receive, send)
-        if request.headers.get("content-length") is None and request.method in ("POST", "PUT", "PATCH"):
-            receive = capped(receive)
         await self.app(scope, receive, send)
 
 
@@ -84,9 +87,13 @@ def refused(request: Request, state: ServerState) -> Response | None:
         return api_error(AuthError("a valid API key is needed: send it as `Authorization: Bearer <key>`"))
     length = request.headers.get("content-length")
     if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-        return api_error(BodyTooLargeError(f"the request body is over {MAX_BODY_BYTES // 2**20} MiB, the most this "
-                                           "server reads"))
+        return too_large()
     return None
+
+
+def too_large() -> Response:
+    return api_error(BodyTooLargeError(f"the request body is over {MAX_BODY_BYTES // 2**20} MiB, the most this server "
+                                       "reads"))
 
 
 def authorized(request: Request, key: str) -> bool:
@@ -95,18 +102,32 @@ def authorized(request: Request, key: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
 
 
-def capped(receive: Callable[[], Awaitable[dict]]) -> Callable[[], Awaitable[dict]]:
-    """A chunked body (no Content-Length) counted as it arrives, refused past the cap."""
-    seen = 0
-
-    async def wrapped() -> dict:
-        nonlocal seen
+async def read_capped(receive: Callable[[], Awaitable[dict]]) -> bytes | None:
+    """The whole body of a request sent without a Content-Length; None as soon as it passes the cap."""
+    parts, seen = [], 0
+    while True:
         message = await receive()
-        seen += len(message.get("body", b""))
+        if message["type"] != "http.request":
+            return b"".join(parts)                     # the client went away: what came, for the app to refuse
+        parts.append(message.get("body", b""))
+        seen += len(parts[-1])
         if seen > MAX_BODY_BYTES:
-            raise BodyTooLargeError(f"the request body is over {MAX_BODY_BYTES // 2**20} MiB, the most this server reads")
-        return message
-    return wrapped
+            return None
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+def replay(body: bytes, receive: Callable[[], Awaitable[dict]]) -> Callable[[], Awaitable[dict]]:
+    """A receive that gives the body read already, then whatever the connection sends next (a disconnect)."""
+    sent = False
+
+    async def again() -> dict:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+    return again
 
 
 async def engine_error(request: Request, err: Exception) -> Response:
