@@ -39,7 +39,7 @@ from transformers import StaticCache
 
 from engine.errors import EngineError
 from engine.projection.card import forward_shapes
-from engine.core.generate import (GenerationRequest, TextStream, admit, eos_ids, facts_to_host, finish_reason,
+from engine.core.generate import (GenerationRequest, TextStream, admit, end_reason, eos_ids, facts_to_host,
                                   generation_loop, pick_token, prompt_pieces, sync, token_facts, tokens_from,
                                   trim_stop)
 from engine.core.hooks import CAPTURE_KWARG, CAPTURE_OFF, CapturePolicy, Instrument, LayerCapture, StepCapture, \
@@ -351,7 +351,7 @@ def pipelined_loop(fast: FastDecoder, request: GenerationRequest, ids: list[int]
     ttft = time.perf_counter() - t0
     yield PrefillRecord(prompt_pieces(lm, ids), forward_shapes(lm.spec, len(ids)), ttft,
                         static_cache_state(fast.cache, len(ids)), token, captures)
-    generated, reason = [token.id], _reason(token.id, stream, stops, request, 1, should_stop)
+    generated, reason = [token.id], end_reason(token.id, stream.text, stops, request, 1, should_stop)
     step = None if reason is not None else fast.launch(torch.tensor([[token.id]], device=device),
                                                        torch.tensor([len(ids)], device=device), len(ids), inst)
     while reason is None:
@@ -370,18 +370,9 @@ def pipelined_loop(fast: FastDecoder, request: GenerationRequest, ids: list[int]
         yield DecodeRecord(len(generated) - 1, time.perf_counter() - t,
                            static_cache_state(fast.cache, done_step.position + 1), token,
                            done_step.rows.captures(*rows) if rows is not None else {})
-        reason = _reason(token.id, stream, stops, request, len(generated), should_stop)
+        reason = end_reason(token.id, stream.text, stops, request, len(generated), should_stop)
     total = time.perf_counter() - t0
     return DoneRecord(trim_stop(stream.text, request.stop), reason, len(ids), len(generated), ttft, total - ttft, total)
-
-
-def _reason(token_id: int, stream: TextStream, stops: set[int], request: GenerationRequest, n: int,
-            should_stop: Callable[[], bool] | None) -> str | None:
-    """generation_loop's: a finish reason after the n-th token, else "cancelled" when asked to stop."""
-    reason = finish_reason(token_id, stream.text, stops, request, n)
-    if reason is None and should_stop is not None and should_stop():
-        return "cancelled"
-    return reason
 
 
 def _event(device: torch.device) -> torch.cuda.Event | None:

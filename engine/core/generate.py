@@ -337,18 +337,15 @@ def generation_loop(lm: LoadedModel, request: GenerationRequest, ids: list[int],
     sync(lm.device)
     ttft = time.perf_counter() - t0
     yield PrefillRecord(prompt_pieces(lm, ids), forward_shapes(lm.spec, len(ids)), ttft, cache_now(), token, captures)
-    generated, reason = [token.id], finish_reason(token.id, stream.text, stops, request, 1)
+    generated, reason = [token.id], end_reason(token.id, stream.text, stops, request, 1, should_stop)
     while reason is None:
-        if should_stop is not None and should_stop():
-            reason = "cancelled"
-            break
         t = time.perf_counter()
         logits, captures = decode(token.id, len(ids) + len(generated) - 1)
         token = pick_token(lm, logits, request, generator, stream)
         sync(lm.device)
         generated.append(token.id)
         yield DecodeRecord(len(generated) - 1, time.perf_counter() - t, cache_now(), token, captures)
-        reason = finish_reason(token.id, stream.text, stops, request, len(generated))
+        reason = end_reason(token.id, stream.text, stops, request, len(generated), should_stop)
     total = time.perf_counter() - t0
     return DoneRecord(trim_stop(stream.text, request.stop), reason, len(ids), len(generated), ttft, total - ttft, total)
 
@@ -362,6 +359,15 @@ def finish_reason(token_id: int, text: str, eos: set[int], request: GenerationRe
     if n >= request.max_new_tokens:
         return "length"
     return None
+
+
+def end_reason(token_id: int, text: str, eos: set[int], request: GenerationRequest, n: int,
+               should_stop: Callable[[], bool] | None) -> str | None:
+    """`finish_reason`, else "cancelled" when asked to stop: checked after each token, before the next pass."""
+    reason = finish_reason(token_id, text, eos, request, n)
+    if reason is None and should_stop is not None and should_stop():
+        return "cancelled"
+    return reason
 
 
 def trim_stop(text: str, stops: tuple[str, ...]) -> str:
