@@ -8,14 +8,17 @@ profiler's trace), how many host-device synchronisations and copies the host ask
 operations that took the most time. Paths: `generate` (eager, dynamic cache, one request), the fast
 path (static cache, CUDA graphs on CUDA; engine/core/fastpath.py), and the scheduler's batched step
 (engine/serving/batch.py, paged KV) with 1 and with `--rows` requests, eager and, on CUDA, as CUDA graphs
-(engine/serving/graphed.py). A step whose wall time is far
-above its kernel time waits on the host: the table says on what. The two single-request paths' steps include
+(engine/serving/graphed.py), and one long prompt's prefill (engine.core.generate.forward, `--prefill` tokens).
+A step whose wall time is far above its kernel time waits on the host: the table says on what. Where the kernel
+time itself goes is split into matmuls, attention and the rest (norms, activations, copies), with the costliest
+kernels by name: what a prefill slower than its matmuls spends on. The two single-request paths' steps include
 their prompt's prefill, spread over the steps. Writes bench/results/gpu-profile.json.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -30,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.core.fastpath import FastDecoder  # noqa: E402
-from engine.core.generate import GenerationRequest, encode_prompt, generate  # noqa: E402
+from engine.core.generate import GenerationRequest, encode_prompt, forward, generate  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
 from engine.serving.batch import BatchRunner, Slot  # noqa: E402
@@ -40,6 +43,20 @@ from engine.serving.limits import Limits  # noqa: E402
 PROMPTS = ("What is the capital of France?", "Write a haiku about autumn.", "Why do we need sleep?")
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 COPIES = ("cudaMemcpyAsync", "cudaMemcpy")
+KINDS = {"matmul": re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm\d\d_|splitk", re.I),   # cuBLAS/CUTLASS names
+         "attention": re.compile(r"flash|fmha|attention|sdpa|softmax", re.I)}
+
+
+def kernels(prof: Any, steps: int, top: int = 10) -> dict:
+    """Kernel time per step by kind (matmul, attention, other) and the `top` costliest kernels by name."""
+    by_name: Counter = Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            by_name[e.name] += (e.self_device_time_total or 0.0) / 1e3 / steps
+    kinds = Counter()
+    for name, ms in by_name.items():
+        kinds[next((k for k, pattern in KINDS.items() if pattern.search(name)), "other")] += ms
+    return {"kernel_ms_by_kind": dict(kinds), "top_kernels_ms": {k[:120]: v for k, v in by_name.most_common(top)}}
 
 
 def summarize(prof: Any, steps: int, wall: float) -> dict:
@@ -56,7 +73,7 @@ def summarize(prof: Any, steps: int, wall: float) -> dict:
             "graph_launches": calls["cudaGraphLaunch"] / steps, "kernel_launches": launches / steps,
             "aten_ops": sum(n for k, n in calls.items() if k.startswith("aten::")) / steps,
             "local_scalar_dense": calls["aten::_local_scalar_dense"] / steps,
-            "top_host_ops_ms": {k: v / 1e3 / steps for k, v in host.most_common(10)}}
+            "top_host_ops_ms": {k: v / 1e3 / steps for k, v in host.most_common(10)}, **kernels(prof, steps)}
 
 
 def profiled(run: Callable[[], int], device: torch.device) -> dict:
@@ -95,6 +112,19 @@ def scheduler_steps(lm: Any, rows: int, steps: int, graphs: Any = None) -> Calla
     return run
 
 
+def prefill_pass(lm: Any, n: int) -> Callable[[], int]:
+    """One forward over an n-token prompt, as the engine prefills (dynamic cache, the last position's logits)."""
+    from transformers import DynamicCache
+
+    ids = (encode_prompt(lm, request(0, 1)) * n)[:n]
+
+    def run() -> int:
+        with torch.inference_mode():
+            forward(lm, ids, DynamicCache(config=lm.model.config), None)
+        return 1
+    return run
+
+
 def times(run: Callable[[], int], rounds: int = 3) -> float:
     """Median wall ms per step without the profiler (it adds its own host time)."""
     seen = []
@@ -112,6 +142,7 @@ def main() -> None:
     p.add_argument("--dtype", default=None)
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--rows", type=int, default=30)
+    p.add_argument("--prefill", type=int, default=2048, help="prompt tokens of the profiled prefill (0: none)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu-profile.json"))
     args = p.parse_args()
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
@@ -121,6 +152,8 @@ def main() -> None:
              "fast path": lambda: decode_only(list(fast.generate(request(0, args.steps + 1)))),
              "scheduler, 1 row": scheduler_steps(lm, 1, args.steps),
              f"scheduler, {args.rows} rows": scheduler_steps(lm, args.rows, args.steps)}
+    if args.prefill:
+        paths[f"prefill, {args.prefill} tokens"] = prefill_pass(lm, min(args.prefill, lm.spec.max_context))
     graphs = graphed_decode(lm, Limits.for_device(lm.device))          # CUDA only: compiles its shapes here
     if graphs is not None:
         paths["graphed, 1 row"] = scheduler_steps(lm, 1, args.steps, graphs)
@@ -139,6 +172,8 @@ def main() -> None:
               f"launches {row['kernel_launches']:6.1f} + graphs {row['graph_launches']:.1f}, "
               f"aten ops {row['aten_ops']:6.0f}, .item() {row['local_scalar_dense']:.1f}", flush=True)
         print("    " + ", ".join(f"{k[6:]} {v:.2f}" for k, v in list(row["top_host_ops_ms"].items())[:8]))
+        if row["kernel_ms_by_kind"]:
+            print("    kernels: " + ", ".join(f"{k} {v:.2f} ms" for k, v in row["kernel_ms_by_kind"].items()))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy
 from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord, SampledToken
-from engine.core.token_bytes import token_bytes
+from engine.core.token_bytes import token_bytes, token_texts
 from engine.errors import EngineError, InvalidRequestError
 from engine.server import protocol as p
 from engine.server.state import ServerState, api_error, log, run_headers
@@ -302,4 +302,4 @@ class Reply:
 
     def _texts(self, ids: list[int]) -> tuple[list[str], list[bytes]]:
         tokenizer = self.service.tokenizer
-        return tokenizer.batch_decode([[i] for i in ids]), token_bytes(tokenizer, ids)
+        return token_texts(tokenizer, ids), token_bytes(tokenizer, ids)
