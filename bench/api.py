@@ -6,8 +6,9 @@
 In-process: N threads submit through the scheduler in this process and read the records (bench/load.py's
 sessions, batched). Through the API: `python -m engine serve` runs the same model with the same limits and thread
 count in another process, and N threads each stream one chat completion with the official `openai` package
-(capture on: `"playground": {"capture": true}`, the pages' policy). The two alternate round by round (the machine
-is shared and noisy); medians of the rounds. Every answer must equal the same prompt run alone (greedy).
+(capture on: `"playground": {"capture": true}`, the pages' policy), spread over `--client-procs` processes
+(bench/api_clients.py: one process of clients is a ceiling of its own at GPU speeds). The two alternate round
+by round (the machine is shared and noisy); medians of the rounds. Every answer must equal the same prompt run alone (greedy).
 Writes bench/results/api.json. The issue's targets: API total tok/s >= 0.9x in-process, p95 completion <= 1.15x.
 """
 from __future__ import annotations
@@ -18,7 +19,6 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from dataclasses import replace
@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import openai  # noqa: E402
 import torch  # noqa: E402
 
-from load import CAPTURES, PROMPTS, Outcome, burst, machine, pct, references, scenario  # noqa: E402
+from api_clients import ClientPool  # noqa: E402
+from load import CAPTURES, PROMPTS, machine, pct, references, scenario  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
 from engine.core.openmp import in_passing_thread  # noqa: E402
 from engine.serving.capture import capture_policy  # noqa: E402
@@ -77,46 +78,18 @@ def wait_healthy(proc: subprocess.Popen, url: str, seconds: float = 600) -> None
     raise SystemExit("the server did not start")
 
 
-def api_session(client: openai.OpenAI, model: str, prompt: str, tokens: int, capture: bool, gate: threading.Barrier,
-                out: Outcome) -> None:
-    """One client: a streaming chat completion, read to the end."""
-    gate.wait()
-    out.submitted = time.perf_counter()
-    extra = {"playground": {"capture": True}} if capture else None
-    try:
-        stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}],
-                                                max_tokens=tokens, temperature=0, stream=True,
-                                                stream_options={"include_usage": True}, extra_body=extra)
-        text = []
-        for chunk in stream:
-            if chunk.choices and chunk.choices[0].delta.content:
-                out.first = out.first or time.perf_counter()
-                text.append(chunk.choices[0].delta.content)
-            if chunk.usage is not None:
-                out.tokens = chunk.usage.completion_tokens
-        out.text = "".join(text)
-    except openai.RateLimitError as err:
-        out.refused = str(err)
-    except Exception as err:  # noqa: BLE001 - reported, and it fails the run
-        out.error = f"{type(err).__name__}: {err}"
-    out.finished = time.perf_counter()
-    out.started = out.submitted
-
-
-def api_scenario(client: openai.OpenAI, model: str, n: int, tokens: int, capture: bool, expected: dict) -> dict:
+def api_scenario(pool: ClientPool, model: str, n: int, tokens: int, capture: bool, expected: dict) -> dict:
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
-    outcomes = [Outcome(p, 0.0) for p in prompts]
-    t0 = burst([lambda gate, p=p, o=o: api_session(client, model, p, tokens, capture, gate, o)
-                for p, o in zip(prompts, outcomes)])
-    served = [o for o in outcomes if o.finished is not None and o.error is None and not o.refused]
-    makespan = max(o.finished for o in served) - t0 if served else float("nan")
-    done = [o.finished - o.submitted for o in served]
-    return {"served": len(served), "errors": [o.error for o in outcomes if o.error],
-            "refused": sum(bool(o.refused) for o in outcomes),
-            "wrong_answers": sum(o.text != expected[o.prompt] for o in served),
-            "throughput_tok_s": sum(o.tokens for o in served) / makespan,
-            "completion_p95_s": pct(done, 0.95), "ttft_p95_s": pct([o.first - o.submitted for o in served if o.first],
-                                                                   0.95)}
+    t0, outcomes = pool.run(model, prompts, tokens, capture)
+    served = [o for o in outcomes if o["finished"] is not None and o["error"] is None and not o["refused"]]
+    makespan = max(o["finished"] for o in served) - t0 if served else float("nan")
+    done = [o["finished"] - o["submitted"] for o in served]
+    return {"served": len(served), "errors": [o["error"] for o in outcomes if o["error"]],
+            "refused": sum(bool(o["refused"]) for o in outcomes),
+            "wrong_answers": sum(o["text"] != expected[o["prompt"]] for o in served),
+            "throughput_tok_s": sum(o["tokens"] for o in served) / makespan,
+            "completion_p95_s": pct(done, 0.95),
+            "ttft_p95_s": pct([o["first"] - o["submitted"] for o in served if o["first"]], 0.95)}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -131,6 +104,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                         help="torch threads, the same for this process and the server (default: every core; "
                              "`python -m engine serve` leaves one to its neighbours unless told)")
+    parser.add_argument("--client-procs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2 - 1)),
+                        help="processes the API's client threads are spread over (bench/api_clients.py: one "
+                             "process of openai clients tops out near 1,000 tok/s); default: 1 on 2 to 5 cores")
     parser.add_argument("--out", default=str(RESULTS))
     return parser.parse_args(argv)
 
@@ -143,20 +119,21 @@ def main(argv: list[str] | None = None) -> int:
     base = Limits.for_device(lm.device).with_env()
     limits = replace(base, max_queue=max(base.max_queue, args.sessions))
     proc, url = start_server(args, limits, args.threads)
-    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
-    model = client.models.list().data[0].id
+    model = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0).models.list().data[0].id
+    pool = ClientPool(args.client_procs, url + "/v1")
     rows = []
     try:
         for tokens in args.tokens:
             expected = in_passing_thread(lambda: references(lm, tokens))
             for capture in args.captures:
-                rows.append(compare(args, lm, limits, client, model, tokens, capture, expected))
+                rows.append(compare(args, lm, limits, pool, model, tokens, capture, expected))
     finally:
+        pool.close()
         proc.terminate()
         proc.wait(timeout=30)
     report = {"what": f"{args.sessions} sessions at once: in-process (scheduler, this process) against the HTTP API "
                       "(python -m engine serve, streaming openai clients), alternating, medians of the rounds",
-              "machine": machine(lm), "threads": args.threads, "limits": limits.to_dict(), "rows": rows,
+              "machine": machine(lm), "threads": args.threads, "client_processes": args.client_procs, "limits": limits.to_dict(), "rows": rows,
               "vllm_anchor": VLLM_ANCHOR, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
@@ -177,14 +154,14 @@ def same_capture(lm, limits: Limits, tokens: int, capture: str) -> None:
                              f"{CAPTURES['full']}: the comparison would not be fair")
 
 
-def compare(args: argparse.Namespace, lm, limits: Limits, client: openai.OpenAI, model: str, tokens: int,
+def compare(args: argparse.Namespace, lm, limits: Limits, pool: ClientPool, model: str, tokens: int,
             capture: str, expected: dict) -> dict:
     """Alternate in-process and API rounds; medians; the ratios."""
     same_capture(lm, limits, tokens, capture)
     local, remote = [], []
     for _ in range(args.rounds):
         local.append(scenario(lm, args.sessions, tokens, CAPTURES[capture], limits, expected))
-        remote.append(api_scenario(client, model, args.sessions, tokens, capture == "full", expected))
+        remote.append(api_scenario(pool, model, args.sessions, tokens, capture == "full", expected))
     med = lambda runs, key: statistics.median(r[key] for r in runs)  # noqa: E731
     row = {"tokens": tokens, "capture": capture, "sessions": args.sessions,
            "in_process": {k: med(local, k) for k in ("throughput_tok_s", "completion_p95_s", "ttft_p95_s")},
