@@ -29,7 +29,7 @@ PY=${PY:-python3} SHAPE=${SHAPE:-8b} DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bf16}
 DEADLINE=${DEADLINE:-570} MIN_STEP=${MIN_STEP:-45}
 MODEL=$SHAPED/$([ "$SHAPE" = 8b ] && echo Llama-3.1-8B || echo tiny-Llama)-shaped-bf16-seed0
 LOG=$OUT/session.log
-ALL="env write tests gpu load load-eager profile api smollm2"
+ALL="env write tests gpu load profile api smollm2 load-eager"
 export PLAYGROUND_BATCH_GRAPH_WIDTHS=${PLAYGROUND_BATCH_GRAPH_WIDTHS:-256}     # one compile per process
 export PYTHONUNBUFFERED=1 PLAYGROUND_CACHE=${PLAYGROUND_CACHE:-/tmp/pg-cache} TOKENIZERS_PARALLELISM=false
 
@@ -75,7 +75,7 @@ run() {
              --dtype "$DTYPE" --rounds 2 --tokens 64 --skip hf-static --out "$OUT/gpu.json" ;;
     profile) step profile 150 $PY bench/gpu_profile.py --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" \
              --out "$OUT/gpu-profile.json" ;;
-    load)  step load 150 $PY bench/load.py --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" --sessions 1 10 30 \
+    load)  step load 200 $PY bench/load.py --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" --sessions 1 10 30 \
              --tokens 64 --capture off full --batched-only --overload 0 --out "$OUT/load.json" ;;
     api)   export BENCH_SERVER_LOG="$OUT/server.log"
            step api 200 $PY bench/api.py --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" --sessions 30 \

@@ -346,6 +346,25 @@ def test_load_of_many_sessions_loses_nothing(tiny_lm, sessions, queue):
     assert all("waiting" in m for m in result["refusal_messages"]) and (result["refused"] > 0) == (sessions > fit)
     assert result["hooks_left"] == 0 and bench.ok(result, rss_bound_mb=512)
     assert result["wait_p95_s"] >= result["wait_p50_s"] >= 0 and result["throughput_tok_s"] > 0
+    assert result["tie_divergences"] == 0                         # float32 on a CPU: every answer is the same
+
+
+def test_the_load_benchmark_tells_a_rounding_tie_from_a_wrong_answer(tiny_lm):
+    """bench/load.py's verdict: an answer that leaves the alone run where the alone run's two best raw logits were
+    within rounding is a tie (bf16 on a GPU); leaving it at a clear winner, or at a token outside the kept logits,
+    is wrong."""
+    bench = load_bench()
+    ref = bench.references(tiny_lm, 6)[bench.PROMPTS[0]]
+    assert ref.verdict(ref.ids, ref.text) == "same" and len(ref.ids) == len(ref.logits) == 6
+    kept_ids, kept = ref.logits[2]
+    runner_up = int(kept_ids[1])                                  # the alone run's second choice at step 2
+    left = ref.ids[:2] + [runner_up, 7]
+    margin = float(kept[0] - kept[1]) / max(1.0, abs(float(kept[0])))
+    loose = bench.Reference(ref.text, ref.ids, ref.logits, eps=2 * margin / bench.TIE_EPS)
+    tight = bench.Reference(ref.text, ref.ids, ref.logits, eps=margin / bench.TIE_EPS / 2)
+    assert loose.verdict(left, "other") == "tie" and tight.verdict(left, "other") == "wrong"
+    assert loose.verdict(ref.ids[:2] + [int(kept_ids[-1]) + 10**6], "other") == "wrong"   # not among the kept
+    assert loose.verdict(ref.ids, "same ids, other text") == "wrong"
 
 
 def streaming_page(lm, prompt: str, session: str) -> None:
