@@ -63,7 +63,7 @@ def decodes_as_its_backend(tokenizer: Any) -> bool:
     known = _MEMO.setdefault(tokenizer, {})
     if "plain" not in known:
         backend = getattr(tokenizer, "_tokenizer", None)
-        ids = tokenizer.encode(TIDIED, add_special_tokens=False) if backend is not None else []
+        ids = backend.encode(TIDIED, add_special_tokens=False).ids if backend is not None else []
         known["plain"] = backend is not None and all(
             tokenizer.decode(ids, skip_special_tokens=skip) == backend.decode(ids, skip_special_tokens=skip)
             for skip in (True, False))
