@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.speed.room import member_rows, room_numbers, step_rows
+from app.speed.room import member_rows, room_numbers, step_rows, steps_figure, tradeoff_figure
 from conftest import tiny_prompt, app_lm
 from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF
@@ -34,6 +34,22 @@ def test_room_numbers_follow_the_steps_the_scheduler_took(busy_room):
     recent = [s for s in state.steps[-50:] if s.decode_rows]
     assert numbers.total_tok_s == pytest.approx(sum(s.decode_rows for s in recent) / sum(s.seconds for s in recent))
     assert numbers.running == 0 and numbers.max_batch == 3 and numbers.queued == 0
+
+
+def test_the_room_charts_show_every_point_on_axes_of_their_own(busy_room):
+    """Both charts' two y axes start at 0 and end above their largest value, with ticks of their own (plotly gives an
+    overlaying axis the first's tick grid by default, and a chart redrawn every second kept an older range)."""
+    scheduler, handles = busy_room
+    for h in handles:
+        h.result(timeout=60)
+    rows = step_rows(scheduler.room())
+    for fig in (steps_figure(rows), tradeoff_figure(rows)):
+        layout = fig.layout
+        for axis, name in ((layout.yaxis, "y"), (layout.yaxis2, "y2")):
+            values = [v for trace in fig.data if (trace.yaxis or "y") == name for v in trace.y]
+            assert values and axis.range[0] == 0 and axis.range[1] > max(values)
+            assert axis.tickmode == "auto" and axis.autorange is False
+        assert layout.yaxis2.overlaying == "y" and layout.yaxis2.showgrid is False
 
 
 def test_members_name_your_session_and_hide_prompts(busy_room, tiny_lm):

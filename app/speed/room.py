@@ -87,10 +87,18 @@ def steps_figure(rows: list[dict]) -> go.Figure:
                 marker_color="#ff7f0e", yaxis="y2", opacity=0.6)
     fig.update_layout(height=300, margin=dict(l=10, r=10, t=30, b=10), barmode="overlay",
                       legend=dict(orientation="h", y=1.15), xaxis_title="seconds since the server started",
-                      yaxis=dict(title="requests in the step", rangemode="tozero"),
-                      yaxis2=dict(title="prompt tokens", overlaying="y", side="right", rangemode="tozero",
-                                  showgrid=False))
+                      yaxis=from_zero("requests in the step", [r["decode_rows"] for r in rows]),
+                      yaxis2=from_zero("prompt tokens", [r["prefill_tokens"] for r in rows], right=True))
     return fig
+
+
+def from_zero(title: str, values: list[float], right: bool = False) -> dict:
+    """A y axis from 0 to a little above the largest value, its ticks its own. Set here, not left to plotly: a
+    second axis overlaying the first takes the first's tick grid by default (ticks at 3.53, 7.06, ...), and a
+    chart redrawn every second kept an earlier range, so a new point could run off its top."""
+    top = max([v for v in values if v is not None] or [1.0]) or 1.0
+    axis = dict(title=title, range=[0, top * 1.12], tickmode="auto", nticks=6, autorange=False)
+    return axis | (dict(overlaying="y", side="right", showgrid=False) if right else {})
 
 
 def tradeoff_figure(rows: list[dict]) -> go.Figure:
@@ -98,14 +106,13 @@ def tradeoff_figure(rows: list[dict]) -> go.Figure:
     decode = [r for r in rows if r["decode_rows"] and not r["prefill_tokens"]]
     sizes = sorted({r["decode_rows"] for r in decode})
     step = [statistics.median(r["step_ms"] for r in decode if r["decode_rows"] == b) for b in sizes]
+    together = [b / (ms / 1e3) for b, ms in zip(sizes, step)]
     fig = go.Figure()
     fig.add_scatter(x=sizes, y=step, mode="lines+markers", name="decode step (ms): each user's wait per token")
-    fig.add_scatter(x=sizes, y=[b / (ms / 1e3) for b, ms in zip(sizes, step)], mode="lines+markers",
-                    name="tokens/s, all users together", yaxis="y2")
+    fig.add_scatter(x=sizes, y=together, mode="lines+markers", name="tokens/s, all users together", yaxis="y2")
     fig.update_layout(height=300, margin=dict(l=10, r=10, t=30, b=10), legend=dict(orientation="h", y=1.15),
                       xaxis=dict(title="requests in the batch", dtick=1),
-                      yaxis=dict(title="step (ms)", rangemode="tozero"),
-                      yaxis2=dict(title="tokens/s", overlaying="y", side="right", rangemode="tozero", showgrid=False))
+                      yaxis=from_zero("step (ms)", step), yaxis2=from_zero("tokens/s", together, right=True))
     return fig
 
 
