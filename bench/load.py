@@ -176,12 +176,12 @@ def summarize(n: int, outcomes: list[Outcome], expected: dict[str, Reference], t
     done = [o.finished - o.submitted for o in served]
     makespan = max((o.finished for o in served), default=t0) - t0
     tokens = sum(o.tokens for o in served)
+    verdicts = [expected[o.prompt].verdict(o.ids, o.text) for o in served]
     return {
         "sessions": n, "max_queue": limits.max_queue, "max_batch": limits.max_batch, "served": len(served), "refused": len(refused),
         "errors": [o.error for o in outcomes if o.error], "lost": n - len(served) - len(refused),
         "refusal_messages": sorted({o.refused for o in refused}),
-        "wrong_answers": sum(expected[o.prompt].verdict(o.ids, o.text) == "wrong" for o in served),
-        "tie_divergences": sum(expected[o.prompt].verdict(o.ids, o.text) == "tie" for o in served),
+        "wrong_answers": verdicts.count("wrong"), "tie_divergences": verdicts.count("tie"),
         "wait_p50_s": pct(waits, 0.5), "wait_p95_s": pct(waits, 0.95),
         "ttft_p50_s": pct(ttft, 0.5), "ttft_p95_s": pct(ttft, 0.95),
         "completion_p50_s": pct(done, 0.5), "completion_p95_s": pct(done, 0.95),

@@ -72,7 +72,7 @@ def decodes_as_its_backend(tokenizer: Any) -> bool:
 
 TIDIED = "Hi , there . It 's fine ! Is n't it ? Yes , we 're done"     # what clean_up_tokenization changes
 
-_MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()     # tokenizer -> {"texts"|"bytes": {id: value}}
+_MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # tokenizer -> {"texts"|"bytes": {id: ...}, "plain": bool}
 
 
 def _remembered(tokenizer: Any, kind: str, ids: list[int], compute: Callable[[Any, list[int]], list]) -> list:

@@ -23,6 +23,7 @@ from engine.errors import InvalidRequestError
 from engine.core.generate import forward
 from engine.core.hooks import CapturePolicy, LayerCapture, instrument
 from engine.core.loader import LoadedModel
+from engine.core.token_bytes import token_texts
 
 MAX_TOKENS = 48              # a prompt longer than this is cut: the matrices are shown number by number
 
@@ -95,7 +96,7 @@ def capture_qkv(lm: LoadedModel, ids: list[int], layer: int) -> LayerQKV:
         v = _split_heads(attn.v_proj(normed), d)
         hf = attn(hidden_states=normed, position_embeddings=pe, attention_mask=None)[0][0]  # (T, d_model)
         ours = all_heads_output(q[0].float(), k[0].float(), v[0].float(), float(attn.scaling), attn.o_proj)
-    texts = tuple(lm.tokenizer.batch_decode([[i] for i in ids]))
+    texts = tuple(token_texts(lm.tokenizer, ids))
     as_np = lambda t: t[0].float().cpu().numpy()                                        # noqa: E731
     return LayerQKV(layer, texts, as_np(q), as_np(k), as_np(v), float(attn.scaling),
                     float((ours - hf.float()).abs().max()))
