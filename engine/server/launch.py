@@ -44,6 +44,10 @@ def add_serve(sub: Any) -> None:
     serve.add_argument("--threads", type=int, default=None,
                        help="torch threads on a CPU (default: OMP_NUM_THREADS, else every core but one)")
     serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    serve.add_argument("--runs-dir", help="the run store's folder: every finished run kept on disk (default: "
+                                          "$PLAYGROUND_CACHE/runs; also PLAYGROUND_RUNS_DIR)")
+    serve.add_argument("--runs-mb", type=int, help="the run store's budget in MiB, oldest evicted first (default "
+                                                   "2048; 0 keeps none on disk; also PLAYGROUND_RUNS_MB)")
     cluster = serve.add_argument_group("past one machine (Ray Serve; pip install '.[cluster]')")
     cluster.add_argument("--replicas", type=int, default=0, metavar="N",
                          help="serve N replicas of the model on Ray Serve, behind one ingress")
@@ -68,6 +72,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from engine.server.state import ServerState
 
     api_key, token = secret(args.api_key, "API key"), secret(args.presenter_token, "presenter token")
+    if args.runs_dir:                 # read by engine/store, here and in every replica (they inherit PLAYGROUND_*)
+        os.environ["PLAYGROUND_RUNS_DIR"] = args.runs_dir
+    if args.runs_mb is not None:
+        os.environ["PLAYGROUND_RUNS_MB"] = str(max(args.runs_mb, 0))
     if args.host not in LOOPBACK and not api_key and not args.no_api_key:
         print(f"error: {args.host} is reachable from other machines: give --api-key KEY (or --api-key auto), or "
               "--no-api-key to let anyone who reaches the port use the model", file=sys.stderr)

@@ -9,7 +9,9 @@ its records (tokens, timings, captures), growing while it streams.
     part = store.wait(info.id, since=3, timeout=1) # the same, once there is something new (a follower's stream)
 
 Bounded: at most `max_runs` runs and `max_bytes` of records; the oldest finished runs go first. A run asked for
-after it went is a clear `RunNotFoundError`, never a stale answer.
+after it went is a clear `RunNotFoundError`, never a stale answer. With the run store on disk (engine/store,
+engine/service/ondisk.py) a finished run is `hold`-ed until its file is written, then `release`-d: from then on
+its file answers for it (the service reads it back), and memory keeps only what recomputes attention.
 """
 from __future__ import annotations
 
@@ -88,6 +90,7 @@ class _Entry:
     records: list[Any] = field(default_factory=list)
     kept: Any = None                           # the run's KeptInputs: what recomputes its attention on demand
     kept_bytes: int = 0                        # what the store counts for them
+    held: bool = False                         # its file is being written to disk (or waits for space): kept here
 
 
 class RunStore:
@@ -161,6 +164,29 @@ class RunStore:
         entry.kept_bytes = entry.kept.nbytes
         self._evict()
 
+    def hold(self, run_id: str) -> None:
+        """Keep a finished run in memory, whatever the bounds, until `release` (its file is being written)."""
+        with self._cond:
+            entry = self._runs.get(run_id)
+            if entry is not None:
+                entry.held = True
+
+    def release(self, run_id: str, on_disk: bool = False) -> None:
+        """A held run may go again; `on_disk`: its run file is written, so unless its kept layer inputs are needed
+        here (to recompute its attention) it leaves memory now and is read back from the file."""
+        with self._cond:
+            entry = self._runs.get(run_id)
+            if entry is None:
+                return
+            entry.held = False
+            if on_disk and entry.kept is None and not entry.info.live:
+                self._bytes -= self._runs.pop(run_id).info.bytes
+            self._evict()
+
+    def __contains__(self, run_id: str) -> bool:
+        with self._cond:
+            return run_id in self._runs
+
     def info(self, run_id: str) -> RunInfo:
         with self._cond:
             return replace(self._entry(run_id).info)
@@ -200,9 +226,9 @@ class RunStore:
         return entry
 
     def _evict(self) -> None:
-        """Drop the oldest finished runs while over either bound (running runs stay)."""
+        """Drop the oldest finished runs while over either bound (running runs and held ones stay)."""
         while len(self._runs) > self.max_runs or self._bytes > self.max_bytes:
-            victim = next((k for k, e in self._runs.items() if not e.info.live), None)
+            victim = next((k for k, e in self._runs.items() if not e.info.live and not e.held), None)
             if victim is None:
                 return
             self._bytes -= self._runs.pop(victim).info.bytes
