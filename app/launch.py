@@ -30,6 +30,7 @@ ROOT = MAIN.parent.parent
 MODEL_ENV, DRAFT_ENV, DEVICE_ENV, DTYPE_ENV = "PLAYGROUND_MODEL", "PLAYGROUND_DRAFT", "PLAYGROUND_DEVICE", "PLAYGROUND_DTYPE"
 TOKEN_ENV, URL_ENV, KEY_ENV = "PLAYGROUND_PRESENTER_TOKEN", "PLAYGROUND_ENGINE_URL", "PLAYGROUND_API_KEY"
 JOIN_CODE_ENV, PUBLIC_URL_ENV = "PLAYGROUND_JOIN_CODE", "PLAYGROUND_PUBLIC_URL"   # read by app/join.py
+RUNS_DIR_ENV, RUNS_MB_ENV = "PLAYGROUND_RUNS_DIR", "PLAYGROUND_RUNS_MB"             # read by engine/store
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MIN_TOKEN_CHARS = 12
 UPLOAD_MB = 64                      # largest recording a browser may upload (engine.serving.recording reads at most 64 MiB)
@@ -63,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                                  "reach the port can use the model")
     parser.add_argument("--public-url", help="the address participants open, for the join link (default: "
                                              "http://<this machine's address>:<port>)")
+    parser.add_argument("--runs-dir", help="the run store's folder: every finished run kept on disk (default: "
+                                           "$PLAYGROUND_CACHE/runs; also PLAYGROUND_RUNS_DIR)")
+    parser.add_argument("--runs-mb", type=int, help="the run store's budget in MiB, the oldest runs evicted first "
+                                                    "(default 2048; 0 keeps none on disk; also PLAYGROUND_RUNS_MB)")
     parser.add_argument("--dry-run", action="store_true", help="print the command and variables, start nothing")
     add_limit_flags(parser)
     return parser
@@ -129,7 +134,10 @@ def launch_env(args: argparse.Namespace, token: str | None = None, code: str | N
     env = {var: value for var, value in ((MODEL_ENV, args.model), (DRAFT_ENV, args.draft),
                                           (DEVICE_ENV, args.device), (DTYPE_ENV, args.dtype),
                                           (TOKEN_ENV, token), (JOIN_CODE_ENV, code), (PUBLIC_URL_ENV, public),
-                                          (URL_ENV, args.engine_url), (KEY_ENV, args.api_key)) if value}
+                                          (URL_ENV, args.engine_url), (KEY_ENV, args.api_key),
+                                          (RUNS_DIR_ENV, args.runs_dir),
+                                          (RUNS_MB_ENV, None if args.runs_mb is None else str(args.runs_mb)))
+           if value}
     return {**env, **limit_env(args)}
 
 
@@ -204,7 +212,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         from app.processes import serve_room
 
         return serve_room(command, env, args.host, args.port, args.web_processes or 1, args.engine_url,
-                          server_args(args, token), UPLOAD_MB)
+                          server_args(args, token), UPLOAD_MB, None if args.engine_url else args.api_key)
     os.execve(command[0], command, env)   # the server replaces this process: Ctrl+C and signals reach it
 
 

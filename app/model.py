@@ -17,8 +17,12 @@ later session gets the client at once. No Streamlit call happens inside the cach
 """
 from __future__ import annotations
 
+import json
 import os
 import threading
+import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -32,6 +36,10 @@ MODEL_ENV, DEVICE_ENV, DTYPE_ENV, DRAFT_ENV = "PLAYGROUND_MODEL", "PLAYGROUND_DE
 URL_ENV, KEY_ENV, TOKEN_ENV = "PLAYGROUND_ENGINE_URL", "PLAYGROUND_API_KEY", "PLAYGROUND_PRESENTER_TOKEN"
 SERVER_WAIT_SECONDS = 600.0
 REFUSED_KEY = "session.refused"      # set while this browser is refused a seat (the room is full): app/session.py
+STATUS_ENV = "PLAYGROUND_ROOM_STATUS"    # the room's status.json (app/processes.py), when a supervisor runs the room
+HEALTH_SECONDS = 1.0                 # a model server's health is asked at most this often per web process
+RETRY_SECONDS = 2.0                  # a page that waits for the model server looks again this often
+_health: dict[str, object] = {"at": -HEALTH_SECONDS, "away": None}
 
 
 @dataclass(frozen=True)
@@ -155,3 +163,47 @@ def offline_notice() -> None:
     st.info(f"No model for this page: {reason}. Recordings still work: open one and this page shows it, "
             "tokens, attention, cache and all.", icon=":material/cloud_off:")
     st.page_link(str(page_info("recordings").path), label="Open a recording", icon=":material/play_circle:")
+
+
+# --- while the model server restarts ------------------------------------------------------------------------------
+
+def model_away() -> str | None:
+    """With the model in a model server: None while it answers, else the line every page shows meanwhile (asked of
+    its /health at most once a second per web process)."""
+    url = model_choice().url
+    now = time.monotonic()
+    if not url or now - float(_health["at"]) < HEALTH_SECONDS:
+        return None if not url else _health["away"]
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=3) as reply:
+            away = None if reply.status == 200 else away_line(url)
+    except (OSError, urllib.error.HTTPError):
+        away = away_line(url)
+    _health.update(at=now, away=away)
+    return away
+
+
+def away_line(url: str) -> str:
+    """What a page says while the model cannot be reached: restarting (the room's supervisor says so) or away."""
+    try:
+        with open(os.environ[STATUS_ENV]) as f:
+            state = json.load(f).get("model-server", {}).get("state")
+    except (KeyError, OSError, ValueError, AttributeError):
+        state = None
+    if state in ("restarting", "starting"):
+        return ("The model is restarting; your runs are safe. This page tries again by itself in a few seconds.")
+    return (f"The model server ({url}) is not answering right now; your runs are safe (kept on disk). This page tries "
+            "again by itself every few seconds.")
+
+
+def restart_notice(line: str) -> None:
+    """The line, and a fragment that reruns the whole page as soon as the model server answers again."""
+    st.info(line, icon=":material/autorenew:")
+
+    @st.fragment(run_every=RETRY_SECONDS)
+    def retry() -> None:
+        _health["at"] = -HEALTH_SECONDS
+        if model_away() is None:
+            st.rerun(scope="app")
+
+    retry()

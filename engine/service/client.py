@@ -343,7 +343,8 @@ class RemoteHandle:
                 raise self.error
         except httpx.HTTPError as err:
             self.state, self.error = "failed", ServerUnavailableError(
-                f"the connection to the model server was lost ({type(err).__name__}); the run stopped there")
+                f"the connection to the model server was lost ({type(err).__name__}): this answer stopped there (the "
+                "server may be restarting; finished runs are kept on disk). Try again in a few seconds")
             raise self.error from None
         finally:
             self.cancel()
