@@ -28,7 +28,7 @@ def test_a_finished_run_is_read_back_from_disk_after_memory_and_after_a_restart(
     try:
         run_id = finished(service, 1)
         records = service.run_slice(run_id).records
-        assert service.writer.flush(30) and service.writer.written == 1
+        assert service.writer.flush(30) and service.writer.n_written == 1
         assert run_id not in service.runs                  # on disk: memory let go of it (nothing kept to recompute)
         assert [r.kind for r in service.run_slice(run_id).records] == [r.kind for r in records]
         data = service.run_file(run_id)

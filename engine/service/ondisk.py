@@ -42,7 +42,7 @@ class RunWriter:
     def __init__(self, runs: RunStore, disk: RunDisk, file_of: Callable[[RunSlice], bytes]):
         self.runs, self.disk, self.file_of = runs, disk, file_of
         self.pending: OrderedDict[str, None] = OrderedDict()     # refused by the disk, oldest first
-        self.written = self.failed = self.dropped = 0
+        self.n_written = self.failed = self.dropped = 0
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._idle = threading.Condition()
         self._busy = 0
@@ -112,7 +112,7 @@ class RunWriter:
             log.warning("run store: run %s could not be written (%s: %s)", run_id, type(err).__name__, err)
             self.runs.release(run_id)
             return True
-        self.written += 1
+        self.n_written += 1
         self.pending.pop(run_id, None)
         self.runs.release(run_id, on_disk=True)
         return True
