@@ -107,8 +107,8 @@ def current_slot() -> ModelSlot:
 
 
 def current_client() -> ModelClient | None:
-    """The client once made (None before the first page made it, or when it failed)."""
-    return current_slot().client
+    """The client once made (None before the first page made it, when it failed, or while its server is away)."""
+    return None if _health["away"] else current_slot().client
 
 
 def get_model() -> ModelClient | None:
@@ -116,6 +116,8 @@ def get_model() -> ModelClient | None:
 
     app/main.py calls it before every page; pages call `page_model`."""
     slot = current_slot()
+    if _health["away"]:
+        return None                      # its model server is restarting: pages that can, draw without it
     if slot.client is not None:
         return slot.client
     box = st.empty()
@@ -157,6 +159,8 @@ def offline_notice() -> None:
     """Why this page cannot run the model, and the way to a recording."""
     if st.session_state.get(REFUSED_KEY):
         reason = "this server already serves as many sessions as it was started for"
+    elif _health["away"]:
+        reason = "the model is restarting (your runs are safe: the last one is shown below)"
     else:
         reason = (f"the model is not loaded on this server (set {MODEL_ENV} to a model that loads, or unset it "
                   "for the embedded default, and restart)")
@@ -181,6 +185,13 @@ def model_away() -> str | None:
         away = away_line(url)
     _health.update(at=now, away=away)
     return away
+
+
+def note_away() -> None:
+    """A call to the model server just failed: every page of this process treats it as away until it answers."""
+    url = model_choice().url
+    if url:
+        _health.update(at=time.monotonic(), away=away_line(url))
 
 
 def away_line(url: str) -> str:
