@@ -277,9 +277,11 @@ class EngineService:
         return self.scheduler.prefix.stats
 
     def memory(self) -> list[MemoryRow]:
-        """Weights as loaded, the server process, and the GPU allocator when there is one (measured)."""
+        """Weights as loaded, the server process, the runs held in memory (as the run store counts them), and the GPU
+        allocator when there is one (measured)."""
         rows = [MemoryRow("Weights", self.lm.weight_bytes),
-                MemoryRow("Process memory", psutil.Process(os.getpid()).memory_info().rss)]
+                MemoryRow("Process memory", psutil.Process(os.getpid()).memory_info().rss),
+                MemoryRow("Runs held in memory", self.runs.bytes)]   # the rest are on disk (engine/store)
         if self.lm.device.type == "cuda":
             rows.append(MemoryRow("GPU allocated", torch.cuda.memory_allocated(self.lm.device)))
         return rows
