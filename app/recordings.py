@@ -301,7 +301,8 @@ def store_section() -> None:
     use = disk.usage()
     evicted = (f" To stay within it, {use.evicted_runs} older run(s) ({fmt_bytes(use.evicted_bytes)}) were evicted, "
                f"the last at {time.strftime('%H:%M', time.localtime(use.last_evicted))}." if use.evicted_runs else "")
-    st.caption(f"Every finished run is kept on this server's disk ({use.runs} runs, {fmt_bytes(use.bytes)} of a "
+    st.caption(f"Every finished run is kept on this server's disk ({use.runs} run{'s' * (use.runs != 1)}, "
+               f"{fmt_bytes(use.bytes)} of a "
                f"{fmt_bytes(use.budget)} budget; the oldest go first).{evicted} Each opens again by its link, after a "
                "reload or a restart.")
     if use.write_error:

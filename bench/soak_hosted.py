@@ -9,8 +9,8 @@ quota (a tmpfs of --quota-mb, mounted here when this process may: as root, or in
 
 - `--sessions` people, each a browser without the browser (bench/st_client.py's Person, Streamlit's own websocket
   protocol through nginx), joined by the link and keeping their cookies: between pauses they generate on the
-  journey page (a third with the page's capture), stop an answer mid-way, reload, or open one of their runs on the
-  Recordings page;
+  journey page (a quarter with the page's capture), stop an answer mid-way, reload, or open one of their runs on
+  the Recordings page;
 - `--api-clients` `openai` clients streaming completions through nginx's /v1/ with the room's key.
 
 Faults: SIGKILL a web process at a quarter of the time, the model server at half, fill the run store's disk at
@@ -48,8 +48,10 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))
 
 from st_client import Person  # noqa: E402
+from engine.store import open_store  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "soak_hosted.json"
 CODE = "soak-room-2026"
@@ -57,7 +59,6 @@ PROMPTS = ("What is the capital of France?", "Why is the sky blue?", "Write a ha
            "Name three prime numbers.", "What does a GPU do?", "Give me a tip for learning to cook.",
            "Translate 'good morning' into Spanish.", "What is a transformer in machine learning?")
 ACTIONS = {"generate": 50, "stop": 10, "reload": 20, "open_recording": 20}
-CAPTURE_SHARE = 1 / 3
 RUN_LINK = re.compile(r"\?run=(run-[0-9a-f]+)")
 STREAM_SECONDS = 240.0        # the longest a page or a client waits for one answer
 FAULTS = (("kill a web process", 0.25), ("kill the model server", 0.5), ("fill the run store's disk", 0.75))
@@ -199,7 +200,7 @@ async def generate(soak: Soak, p: Person, rng: random.Random, stop_after: int = 
     if not p.widgets.get("journey.generate"):
         return "refused", said(p, "the page showed no Generate button"), None
     runs_before = p.runs
-    values = {"journey.prompt": rng.choice(PROMPTS), "journey.capture": rng.random() < CAPTURE_SHARE,
+    values = {"journey.prompt": rng.choice(PROMPTS), "journey.capture": rng.random() < soak.args.capture_share,
               "journey.max_new": rng.randint(*soak.args.tokens) if not stop_after else 64}
     await p.press("journey.generate", **values)
     if stop_after:
@@ -437,6 +438,16 @@ def report(soak: Soak, lost: list[str]) -> dict:
             "load_average": os.getloadavg(), "checks": checks}
 
 
+def store_use(soak: Soak) -> dict:
+    """What the run store held at the end: runs, bytes, its budget, what it evicted and skipped."""
+    try:
+        use = open_store(soak.store / "runs", soak.args.runs_mb * 2**20).usage()
+    except Exception as err:  # noqa: BLE001 - the report says why instead
+        return {"error": str(err)}
+    return {"runs": use.runs, "mb": round(use.bytes / 2**20, 1), "budget_mb": soak.args.runs_mb,
+            "evicted_runs": use.evicted_runs, "problems": [what for _, what in use.problems]}
+
+
 # --- running it -------------------------------------------------------------------------------------------------------
 
 def parse() -> argparse.Namespace:
@@ -447,10 +458,11 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8910)
     parser.add_argument("--model", default="default")
     parser.add_argument("--tokens", type=int, nargs=2, default=(8, 24), help="new tokens per answer: from, to")
-    parser.add_argument("--pause", type=float, default=10.0, help="a person's mean pause between actions (s)")
-    parser.add_argument("--api-pause", type=float, default=2.0, help="an API client's mean pause (s)")
-    parser.add_argument("--quota-mb", type=int, default=1536, help="the run store's disk (a tmpfs); 0: none")
-    parser.add_argument("--runs-mb", type=int, default=1280, help="the run store's budget")
+    parser.add_argument("--pause", type=float, default=20.0, help="a person's mean pause between actions (s)")
+    parser.add_argument("--api-pause", type=float, default=3.0, help="an API client's mean pause (s)")
+    parser.add_argument("--capture-share", type=float, default=0.25, help="answers with the pages' capture")
+    parser.add_argument("--quota-mb", type=int, default=2560, help="the run store's disk (a tmpfs); 0: none")
+    parser.add_argument("--runs-mb", type=int, default=2048, help="the run store's budget (the default's)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     return parser.parse_args()
 
@@ -471,9 +483,10 @@ def main() -> int:
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(60)
+        store = store_use(soak)
         if args.quota_mb:
             subprocess.run(["umount", str(soak.store)], capture_output=True)
-    result = report(soak, lost)
+    result = {**report(soak, lost), "store": store}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1, default=str))
     print(json.dumps({k: result[k] for k in ("kinds", "lost", "faults_at_s", "p95_ttft_api_s", "back_after_s",

@@ -31,6 +31,7 @@ def test_two_minutes_of_the_hosted_room_with_three_faults_lose_nothing(tiny_mode
     for kind in ("api", "generate", "reload", "open_recording"):
         assert kinds[kind].get("served", 0) >= 1, (kind, kinds[kind])
     assert result["finished_runs"] >= 10
+    assert result["store"]["evicted_runs"] == 0 and result["store"]["problems"] == [], result["store"]
     assert result["restarts"]["web-1"] >= 1 and result["restarts"]["model-server"] >= 1
     assert result["back_after_s"]["model-server"] and result["back_after_s"]["web-1"]
     while_down = result["windows"].get("after: kill the model server", {}).get("api", {})
