@@ -2,9 +2,10 @@
 
     python bench/api_memory.py --seconds 180 --clients 20            # the three variants, one after the other
 
-Starts `python -m engine serve` (the embedded model) three times on this machine: runs kept in memory only (the
+Starts `python -m engine serve` (the embedded model) once per variant on this machine: runs kept in memory only (the
 run store off, PLAYGROUND_RUNS_MB=0: how the server kept them before the run store existed), runs on disk (the
-default), and runs on disk with glibc's malloc held to two arenas (MALLOC_ARENA_MAX=2). Each time `--clients` `openai`
+default), runs on disk with glibc's malloc held to two arenas (MALLOC_ARENA_MAX=2), and with a fixed mmap threshold
+(MALLOC_MMAP_THRESHOLD_=131072: every array over 128 KiB its own mapping, given back to the system when freed). Each time `--clients` `openai`
 clients ask for `--seconds`: streamed and plain completions, half with the pages' capture (extra_body playground
 capture), one stream in ten dropped after two chunks, and now and then a read of a recent run by id. Reported per
 variant: the server's resident memory every 10 s, what the run store counts as held in memory ("Runs held in
@@ -30,7 +31,8 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "api_memory.json"
 VARIANTS = {"in memory only": {"PLAYGROUND_RUNS_MB": "0"}, "on disk": {},
-            "on disk, MALLOC_ARENA_MAX=2": {"MALLOC_ARENA_MAX": "2"}}
+            "on disk, MALLOC_ARENA_MAX=2": {"MALLOC_ARENA_MAX": "2"},
+            "on disk, MALLOC_MMAP_THRESHOLD_=131072": {"MALLOC_MMAP_THRESHOLD_": "131072"}}
 PROMPTS = ("Why is the sky blue?", "Name three prime numbers.", "What does a GPU do?", "Write a haiku about tea.")
 
 
@@ -62,6 +64,7 @@ async def client(url: str, model: str, rng: random.Random, until: float, seen: l
                 status = (await http.get(f"/v1/playground/runs/{old}")).status_code
                 tally["reads"] += 1
                 tally["reads_404"] += status == 404
+    await api.close()
 
 
 def held(url: str) -> int | None:
@@ -121,8 +124,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--port", type=int, default=8920)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), help="which of them (default: all)")
     args = parser.parse_args()
-    result = {name: run_variant(name, extra, args) for name, extra in VARIANTS.items()}
+    result = {name: run_variant(name, VARIANTS[name], args) for name in args.variants}
     args.out.write_text(json.dumps({"seconds": args.seconds, "clients": args.clients, "variants": result}, indent=1))
 
 

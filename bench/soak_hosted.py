@@ -33,7 +33,6 @@ import random
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
