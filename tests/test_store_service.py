@@ -11,7 +11,7 @@ from engine import runs as run_files
 from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF
 from engine.service import ondisk
-from engine.service.runs import RunNotFoundError
+from engine.service.runs import NothingKeptError, RunNotFoundError
 from engine.service.service import EngineService
 from engine.store import open_store
 
@@ -30,6 +30,8 @@ def test_a_finished_run_is_read_back_from_disk_after_memory_and_after_a_restart(
         records = service.run_slice(run_id).records
         assert service.writer.flush(30) and service.writer.n_written == 1
         assert run_id not in service.runs                  # on disk: memory let go of it (nothing kept to recompute)
+        with pytest.raises(NothingKeptError, match="is kept on disk, but the layers' inputs"):
+            service.quick("attention.kept", {"run_id": run_id})
         assert [r.kind for r in service.run_slice(run_id).records] == [r.kind for r in records]
         data = service.run_file(run_id)
         assert data == service.disk.read(run_id) and run_files.loads(data).token_ids == \

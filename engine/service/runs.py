@@ -20,7 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -101,6 +101,7 @@ class RunStore:
         self._runs: OrderedDict[str, _Entry] = OrderedDict()
         self._bytes = 0
         self._cond = threading.Condition()
+        self.on_disk: Callable[[str], bool] = lambda run_id: False     # is a run no longer here kept on disk?
 
     def open(self, info: RunInfo) -> RunInfo:
         with self._cond:
@@ -121,6 +122,10 @@ class RunStore:
         """A run's info, its kept layer inputs and its records; RunNotFoundError when it went, a clear message when it
         kept nothing to recompute attention from."""
         with self._cond:
+            if run_id not in self._runs and self.on_disk(run_id):
+                raise NothingKeptError(f"run {run_id[:40]!r} is kept on disk, but the layers' inputs that recompute "
+                                       "its attention stay only in the memory of the server that made it, which has "
+                                       "let go of them (newer runs, or a restart); the maps its records hold still draw")
             entry = self._entry(run_id)
             if entry.kept is None:
                 raise NothingKeptError(f"run {run_id[:40]!r} kept nothing to compute its attention from: it ran with "

@@ -145,6 +145,7 @@ class EngineService:
         self.runs = RunStore(max_bytes=run_store_bytes(self.scheduler.limits))
         self.disk, self.disk_note = (disk, None) if disk is not None else open_disk(open_store)
         self.writer = RunWriter(self.runs, self.disk, self._file_of) if self.disk is not None else None
+        self.runs.on_disk = self._on_disk
         self._read_back: OrderedDict[str, RunSlice] = OrderedDict()
         self._read_lock = threading.Lock()
         self.board = PresenterBoard(presenter_token)
@@ -340,6 +341,12 @@ class EngineService:
                 if run_id not in self.runs:
                     raise RunNotFoundError(str(err)) from None
         return self._file_of(self.runs.slice(run_id))
+
+    def _on_disk(self, run_id: str) -> bool:
+        try:
+            return self.disk is not None and self.disk.row(run_id) is not None
+        except StoreError:
+            return False
 
     def _file_of(self, part: RunSlice) -> bytes:
         return run_files.file_of(run_files.recording_of(part, self), self)
