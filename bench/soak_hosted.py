@@ -198,7 +198,7 @@ async def generate(soak: Soak, p: Person, rng: random.Random, stop_after: int = 
         return "failed", "the journey page did not load", None
     if not p.widgets.get("journey.generate"):
         return "refused", said(p, "the page showed no Generate button"), None
-    runs_before = p.runs
+    runs_before, shown_before = p.runs, link_of(finished_line(p))    # the run the page showed before (if any)
     values = {"journey.prompt": rng.choice(PROMPTS), "journey.capture": rng.random() < soak.args.capture_share,
               "journey.max_new": rng.randint(*soak.args.tokens) if not stop_after else 64}
     await p.press("journey.generate", **values)
@@ -206,8 +206,9 @@ async def generate(soak: Soak, p: Person, rng: random.Random, stop_after: int = 
         await p.until(lambda q: tokens_shown(q) >= stop_after or q.runs > runs_before, STREAM_SECONDS)
         await p.press("journey.stop")
     await p.until(lambda q: q.runs > runs_before or q.closed_reason is not None, STREAM_SECONDS)
-    await p.until(lambda q: finished_line(q) is not None or q.errors or q.closed_reason is not None, 5)
-    return judged(p)
+    await p.until(lambda q: link_of(finished_line(q)) not in (None, shown_before) or q.errors
+                  or q.closed_reason is not None, 5)
+    return judged(p, shown_before)
 
 
 def said(p: Person, otherwise: str) -> str:
@@ -215,16 +216,26 @@ def said(p: Person, otherwise: str) -> str:
     return (p.errors or [t for t in p.texts if "restarting" in t or "not answering" in t] or [otherwise])[0][:200]
 
 
-def judged(p: Person) -> tuple:
-    line = finished_line(p)
+def judged(p: Person, shown_before: str | None) -> tuple:
+    """Served with a new run's link; refused or failed with what the page said (its error, or the restart line when
+    the model server went away between the page's look and the press)."""
+    run_id = link_of(finished_line(p))
     if p.closed_reason is not None:
         return "failed", f"the page lost its connection: {p.closed_reason}", None
     if p.errors:
         failed = "lost" in p.errors[0] or "went away" in p.errors[0]
         return ("failed" if failed else "refused"), p.errors[0][:200], None
-    if line is not None:
-        return "served", "", RUN_LINK.search(line).group(1)
-    return "failed", "the page ended without the run's link or a message", None
+    if run_id is not None and run_id != shown_before:
+        return "served", "", run_id
+    restart = said(p, "")
+    if restart:
+        return "refused", restart, None
+    return "failed", "the page ended without a new run's link or a message", None
+
+
+def link_of(line: str | None) -> str | None:
+    found = RUN_LINK.search(line) if line else None
+    return found.group(1) if found else None
 
 
 def tokens_shown(p: Person) -> int:
