@@ -198,12 +198,14 @@ async def generate(soak: Soak, p: Person, rng: random.Random, stop_after: int = 
         return "failed", "the journey page did not load", None
     if not p.widgets.get("journey.generate"):
         return "refused", said(p, "the page showed no Generate button"), None
-    runs_before, shown_before = p.runs, link_of(finished_line(p))    # the run the page showed before (if any)
+    runs_before, starts_before = p.runs, p.starts
+    shown_before = link_of(finished_line(p))                             # the run the page showed before (if any)
     values = {"journey.prompt": rng.choice(PROMPTS), "journey.capture": rng.random() < soak.args.capture_share,
               "journey.max_new": rng.randint(*soak.args.tokens) if not stop_after else 64}
     await p.press("journey.generate", **values)
-    if stop_after:
-        await p.until(lambda q: tokens_shown(q) >= stop_after or q.runs > runs_before, STREAM_SECONDS)
+    if stop_after:                          # Stop once this run (not the page before it) shows its tokens
+        await p.until(lambda q: q.starts > starts_before and (tokens_shown(q) >= stop_after or q.runs > runs_before),
+                      STREAM_SECONDS)
         await p.press("journey.stop")
     await p.until(lambda q: q.runs > runs_before or q.closed_reason is not None, STREAM_SECONDS)
     await p.until(lambda q: link_of(finished_line(q)) not in (None, shown_before) or q.errors

@@ -147,6 +147,7 @@ class Person:
     errors: list[str] = field(default_factory=list)            # its st.error boxes (the refusals and failures it says)
     exceptions: list[str] = field(default_factory=list)        # tracebacks a page showed (must stay empty)
     runs: int = 0                                              # whole runs of the page finished since it loaded
+    starts: int = 0                                            # whole runs of the page started since it loaded
     closed_reason: str | None = None
     page_hash: str = ""
     _ws: object = None
@@ -165,7 +166,7 @@ class Person:
         self._ws = await websockets.connect(self.url.replace("http", "ws", 1) + "/_stcore/stream",
                                             subprotocols=["streamlit"], max_size=None, open_timeout=timeout,
                                             additional_headers={"Cookie": header})
-        self.closed_reason, self.page_hash, self.runs = None, "", 0
+        self.closed_reason, self.page_hash, self.runs, self.starts = None, "", 0, 0
         self._reader = asyncio.ensure_future(self._read())
         await self.rerun(page=page, query=query)
 
@@ -255,6 +256,7 @@ class Person:
         if kind == "new_session" and not msg.metadata.run.fragment_ids:
             self.page_hash = msg.new_session.page_script_hash
             self.texts, self.errors, self.widgets = [], [], {}  # what this run of the page draws
+            self.starts += 1
         elif kind == "navigation":
             self.page_hash = msg.navigation.page_script_hash
         elif kind == "auto_rerun":
