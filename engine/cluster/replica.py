@@ -112,7 +112,7 @@ class ModelReplica:
             try:
                 svc = self.service
                 snapshot = ReplicaSnapshot(self.replica, self.node, svc.label, svc.room(), svc.stats(),
-                                           svc.prefix_stats(), tuple(i.id for i in svc.run_list(200)),
+                                           svc.prefix_stats(), tuple(svc.runs.made(200)),
                                            tuple(svc.memory()), os.getpid())
                 hub.report.remote(snapshot)
             except Exception:  # noqa: BLE001 - the hub is restarting: the next report will do

@@ -18,7 +18,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -28,6 +28,7 @@ from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy
 from engine.errors import EngineError, InvalidRequestError
 
+OPENED_KEPT = 4096             # run ids remembered as made here (engine/cluster/replica.py reports the newest)
 RECORD_BYTES = 4096            # a record without its captures: the token, 256 kept logits, 10 candidates
 FINISHED = ("done", "cancelled", "failed")
 
@@ -102,10 +103,12 @@ class RunStore:
         self._bytes = 0
         self._cond = threading.Condition()
         self.on_disk: Callable[[str], bool] = lambda run_id: False     # is a run no longer here kept on disk?
+        self._opened: deque[str] = deque(maxlen=OPENED_KEPT)             # ids this store opened, oldest first
 
     def open(self, info: RunInfo) -> RunInfo:
         with self._cond:
             self._runs[info.id] = _Entry(info)
+            self._opened.append(info.id)
             self._evict()
         return info
 
@@ -212,6 +215,12 @@ class RunStore:
                 if len(entry.records) > since or not entry.info.live or left <= 0:
                     return self.slice(run_id, since)
                 self._cond.wait(left)
+
+    def made(self, limit: int = 200) -> list[str]:
+        """The ids of the runs this store opened, newest first, whether memory still holds them or their files do
+        (a replica names its own runs with it: the folder on disk is every replica's)."""
+        with self._cond:
+            return list(reversed(self._opened))[:limit]
 
     def list(self, limit: int = 50) -> list[RunInfo]:
         """The newest runs first."""
