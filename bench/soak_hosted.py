@@ -62,6 +62,7 @@ RUN_LINK = re.compile(r"\?run=(run-[0-9a-f]+)")
 STREAM_SECONDS = 240.0        # the longest a page or a client waits for one answer
 FAULTS = (("kill a web process", 0.25), ("kill the model server", 0.5), ("fill the run store's disk", 0.75))
 FREE_AT = 0.875
+JOIN_FORM = "Join the room"
 KILLED = {"kill a web process": "web-1", "kill the model server": "model-server"}
 
 
@@ -90,6 +91,7 @@ class Soak:
     memory: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     stopping: bool = False
+    join_forms: int = 0           # page loads of a member that showed the join form (must stay 0)
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -169,6 +171,8 @@ async def connect(soak: Soak, p: Person, page: str, query: str = "", seconds: fl
         try:
             await p.open(page, query)
             if await p.until(lambda q: q.runs >= 1, 120):
+                if not query and p.shows(JOIN_FORM):     # a member sent to the join form: the cookie did not hold
+                    soak.join_forms += 1
                 return True
         except Exception:  # noqa: BLE001 - refused or dropped while a process restarts: try again shortly
             pass
@@ -434,12 +438,13 @@ def report(soak: Soak, lost: list[str]) -> dict:
     unexplained = [asdict(o) for o in soak.outcomes if o.result == "failed" and not struck(soak, o)]
     status = soak.status()
     checks = ([f"{len(lost)} runs lost"] if lost else []) + \
-             ([f"{len(unexplained)} failures while no fault struck"] if unexplained else [])
+             ([f"{len(unexplained)} failures while no fault struck"] if unexplained else []) + \
+             ([f"{soak.join_forms} page loads of members showed the join form"] if soak.join_forms else [])
     return {"seconds": soak.args.seconds, "sessions": soak.args.sessions, "api_clients": soak.args.api_clients,
             "model": soak.args.model, "faults_at_s": soak.faults, "notes": soak.notes,
             "kinds": {k: tally(v) for k, v in by_kind.items()},
             "windows": {w: {k: tally(v) for k, v in kinds.items()} for w, kinds in by_window.items()},
-            "lost": len(lost), "lost_ids": lost[:50], "finished_runs": len({o.run_id for o in soak.outcomes
+            "lost": len(lost), "lost_ids": lost[:50], "join_forms_shown_to_members": soak.join_forms, "finished_runs": len({o.run_id for o in soak.outcomes
                                                                           if o.run_id}),
             "failures_without_a_fault": unexplained[:20],
             "p95_ttft_api_s": ttft_around(soak),
