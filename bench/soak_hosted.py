@@ -444,8 +444,8 @@ def report(soak: Soak, lost: list[str]) -> dict:
             "model": soak.args.model, "faults_at_s": soak.faults, "notes": soak.notes,
             "kinds": {k: tally(v) for k, v in by_kind.items()},
             "windows": {w: {k: tally(v) for k, v in kinds.items()} for w, kinds in by_window.items()},
-            "lost": len(lost), "lost_ids": lost[:50], "join_forms_shown_to_members": soak.join_forms, "finished_runs": len({o.run_id for o in soak.outcomes
-                                                                          if o.run_id}),
+            "lost": len(lost), "lost_ids": lost[:50], "join_forms_shown_to_members": soak.join_forms,
+            "finished_runs": len({o.run_id for o in soak.outcomes if o.run_id}),
             "failures_without_a_fault": unexplained[:20],
             "p95_ttft_api_s": ttft_around(soak),
             "p95_page_answer_s": p95([o.end - o.start for o in by_kind["generate"] if o.result == "served"]),
