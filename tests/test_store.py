@@ -62,7 +62,7 @@ def test_the_oldest_runs_go_first_and_the_page_can_say_so(tmp_path):
     assert not (tmp_path / RUNS / "run-0.run.zip").exists()
     with pytest.raises(RunGoneError, match=r"evicted .* budget of 0.01 MiB \(the oldest"):
         disk.read("run-0")
-    with pytest.raises(StoreWriteError, match="not kept on disk: it is 0.01 MiB, more than the run store's whole budget"):
+    with pytest.raises(StoreWriteError, match="not kept on disk: it is 0.01 MiB, more than the run store's whole"):
         disk.put(StoredRun("run-big"), os.urandom(11 * KB))
     assert disk.usage().runs == 3
 
