@@ -1,13 +1,14 @@
 """The model server's memory under the API for a while: does it hold what the run store says it holds?
 
-    python bench/api_memory.py --seconds 180 --clients 20            # the three variants, one after the other
+    python bench/api_memory.py --seconds 180 --clients 20            # every variant, one after the other
 
 Starts `python -m engine serve` (the embedded model) once per variant on this machine: runs kept in memory only (the
 run store off, PLAYGROUND_RUNS_MB=0: how the server kept them before the run store existed), runs on disk (the
 default), runs on disk with glibc's malloc held to two arenas (MALLOC_ARENA_MAX=2), and with a fixed mmap threshold
 (MALLOC_MMAP_THRESHOLD_=131072: every array over 128 KiB its own mapping, given back to the system when freed).
-Each time `--clients` `openai` clients ask for `--seconds`: streamed and plain completions, half with the pages' capture (extra_body playground
-capture), one stream in ten dropped after two chunks, and now and then a read of a recent run by id. Reported per
+Each time `--clients` `openai` clients ask for `--seconds`: streamed and plain completions, half with the pages'
+capture (extra_body playground capture), one stream in ten dropped after two chunks, and now and then a read of a
+recent run by id. Reported per
 variant: the server's resident memory every 10 s, what the run store counts as held in memory ("Runs held in
 memory" of /v1/playground/memory), answers served, and reads by id that were 404 (bench/results/api_memory.json).
 """
