@@ -70,7 +70,7 @@ if refused:
 slot = watch_slot()                               # the presenter's live run, at the top of the page
 try:
     current.run()
+    watch_strip(slot, current.url_path, switch)  # last of the run (pages end without st.stop())
 except ServerUnavailableError:                    # the model server went away while the page drew
     note_away()
     st.rerun()
-watch_strip(slot, current.url_path, switch)      # last of the run (pages end without st.stop())
