@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from engine.server.launch import MMAP_THRESHOLD, MMAP_THRESHOLD_ENV
 from engine.serving.flags import LIMIT_FLAGS, add_limit_flags
 
 MAIN = Path(__file__).resolve().parent / "main.py"
@@ -30,6 +31,7 @@ ROOT = MAIN.parent.parent
 MODEL_ENV, DRAFT_ENV, DEVICE_ENV, DTYPE_ENV = "PLAYGROUND_MODEL", "PLAYGROUND_DRAFT", "PLAYGROUND_DEVICE", "PLAYGROUND_DTYPE"
 TOKEN_ENV, URL_ENV, KEY_ENV = "PLAYGROUND_PRESENTER_TOKEN", "PLAYGROUND_ENGINE_URL", "PLAYGROUND_API_KEY"
 JOIN_CODE_ENV, PUBLIC_URL_ENV = "PLAYGROUND_JOIN_CODE", "PLAYGROUND_PUBLIC_URL"   # read by app/join.py
+RUNS_DIR_ENV, RUNS_MB_ENV = "PLAYGROUND_RUNS_DIR", "PLAYGROUND_RUNS_MB"             # read by engine/store
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MIN_TOKEN_CHARS = 12
 UPLOAD_MB = 64                      # largest recording a browser may upload (engine.serving.recording reads at most 64 MiB)
@@ -63,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                                  "reach the port can use the model")
     parser.add_argument("--public-url", help="the address participants open, for the join link (default: "
                                              "http://<this machine's address>:<port>)")
+    parser.add_argument("--runs-dir", help="the run store's folder: every finished run kept on disk (default: "
+                                           "$PLAYGROUND_CACHE/runs; also PLAYGROUND_RUNS_DIR)")
+    parser.add_argument("--runs-mb", type=int, help="the run store's budget in MiB, the oldest runs evicted first "
+                                                    "(default 2048; 0 keeps none on disk; also PLAYGROUND_RUNS_MB)")
     parser.add_argument("--dry-run", action="store_true", help="print the command and variables, start nothing")
     add_limit_flags(parser)
     return parser
@@ -129,7 +135,10 @@ def launch_env(args: argparse.Namespace, token: str | None = None, code: str | N
     env = {var: value for var, value in ((MODEL_ENV, args.model), (DRAFT_ENV, args.draft),
                                           (DEVICE_ENV, args.device), (DTYPE_ENV, args.dtype),
                                           (TOKEN_ENV, token), (JOIN_CODE_ENV, code), (PUBLIC_URL_ENV, public),
-                                          (URL_ENV, args.engine_url), (KEY_ENV, args.api_key)) if value}
+                                          (URL_ENV, args.engine_url), (KEY_ENV, args.api_key),
+                                          (RUNS_DIR_ENV, args.runs_dir),
+                                          (RUNS_MB_ENV, None if args.runs_mb is None else str(args.runs_mb)))
+           if value}
     return {**env, **limit_env(args)}
 
 
@@ -139,6 +148,12 @@ def server_args(args: argparse.Namespace, token: str | None) -> list[str]:
              ("--presenter-token", token), ("--replicas", args.replicas and str(args.replicas)),
              ("--ray-address", args.ray_address))
     return [x for flag, value in pairs if value for x in (flag, value)]
+
+
+def malloc_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """MALLOC_MMAP_THRESHOLD_ for the web processes when not set: a run's captured arrays given back to the system
+    when freed, as the model server does (engine/server/launch.py, fixed_mmap_threshold)."""
+    return {} if environ.get(MMAP_THRESHOLD_ENV) else {MMAP_THRESHOLD_ENV: str(MMAP_THRESHOLD)}
 
 
 def thread_env(environ: Mapping[str, str], cores: int | None = None) -> dict[str, str]:
@@ -190,7 +205,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     base = os.environ if environ is None else environ
     args.public_url = args.public_url or base.get(PUBLIC_URL_ENV)
     code = join_code(args, base)
-    given = {**thread_env(base), **launch_env(args, token, code)}
+    given = {**thread_env(base), **malloc_env(base), **launch_env(args, token, code)}
     env = {var: value for var, value in {**base, **given}.items() if code or var != JOIN_CODE_ENV}
     command = streamlit_command(args)
     if args.dry_run:
@@ -204,7 +219,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         from app.processes import serve_room
 
         return serve_room(command, env, args.host, args.port, args.web_processes or 1, args.engine_url,
-                          server_args(args, token), UPLOAD_MB)
+                          server_args(args, token), UPLOAD_MB, None if args.engine_url else args.api_key)
     os.execve(command[0], command, env)   # the server replaces this process: Ctrl+C and signals reach it
 
 

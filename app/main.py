@@ -13,7 +13,7 @@ import streamlit as st  # noqa: E402
 from app.runner_fixes import install as fix_script_runs  # noqa: E402
 from app.join import admit  # noqa: E402
 from app.layout import configure_page, layout_toggle  # noqa: E402
-from app.model import get_model  # noqa: E402
+from app.model import get_model, model_away, note_away, restart_notice  # noqa: E402
 from app.nav import HOME, PAGES, page_info  # noqa: E402
 from app.session import follow_presenter, join_session  # noqa: E402
 from app.sidebar import render_sidebar  # noqa: E402
@@ -21,6 +21,7 @@ from app.live import open_run_link  # noqa: E402
 from app.recent import reopen_last  # noqa: E402
 from app.watch import fill_form, watch_slot, watch_strip  # noqa: E402
 from engine.errors import EngineError  # noqa: E402
+from engine.service.client import ServerUnavailableError  # noqa: E402
 
 # pandas first: Streamlit imports it lazily (st.dataframe), and plotly peeks at sys.modules for it while it
 # builds a figure. On a fresh server, one session's first table and another's chart at the same moment
@@ -33,31 +34,43 @@ by_url = {p.url_path: st.Page(p.path, title=p.title, icon=p.icon, url_path=p.url
 menu: dict[str, list] = {"": [home]}
 for info in PAGES:                                   # grouped, so the whole menu fits a projector's height
     menu.setdefault(info.section, []).append(by_url[info.url_path])
+away = model_away()                               # the model server restarting: no client is handed out meanwhile
 admit(menu)                                       # a hosted room's join code: a stranger gets the join form only
 current = st.navigation(menu, expanded=True)     # every page listed: no "View more" on a projector
-lm = get_model()
-try:
-    refused = join_session(lm)
-except EngineError as err:          # the model server went away, or a limit set by hand cannot work
-    st.error(f"The model is not available right now: {err}")
-    st.stop()
 here = page_info(current.url_path)                # what nav.py says about this page
+if away is not None:                              # say so; pages that need no model (recordings, runs) go on
+    restart_notice(away)
+    if not here.offline:
+        st.stop()
+lm = get_model()
 
 
 def switch(page: str) -> None:
     st.switch_page(by_url.get(page, home))
 
 
-open_run_link(None if refused else lm)            # ?run=<id>: a run made through the API, on every page
-reopen_last(lm.limits if lm is not None else None)  # a reload or a second tab: this person's last run again
-fill_form()                                       # a run adopted last run: its request in the form
-follow_presenter(current.url_path, here.widget_namespace, switch)
-render_sidebar(lm)
+try:
+    refused = join_session(lm)
+    open_run_link(None if refused else lm)        # ?run=<id>: a run made through the API, on every page
+    reopen_last(lm.limits if lm is not None else None, lm)  # a reload, a second tab, a restart: the last run
+    fill_form()                                   # a run adopted last run: its request in the form
+    follow_presenter(current.url_path, here.widget_namespace, switch)
+    render_sidebar(lm)
+except ServerUnavailableError:                    # it went away since the look above: this run again, without it
+    note_away()
+    st.rerun()
+except EngineError as err:                        # a limit set by hand cannot work
+    st.error(f"The model is not available right now: {err}")
+    st.stop()
 layout_toggle()
 if refused:
     st.error(refused)
     if not here.offline:
         st.stop()
 slot = watch_slot()                               # the presenter's live run, at the top of the page
-current.run()
-watch_strip(slot, current.url_path, switch)      # last of the run (pages end without st.stop())
+try:
+    current.run()
+    watch_strip(slot, current.url_path, switch)  # last of the run (pages end without st.stop())
+except ServerUnavailableError:                    # the model server went away while the page drew
+    note_away()
+    st.rerun()

@@ -17,8 +17,12 @@ later session gets the client at once. No Streamlit call happens inside the cach
 """
 from __future__ import annotations
 
+import json
 import os
 import threading
+import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -32,6 +36,10 @@ MODEL_ENV, DEVICE_ENV, DTYPE_ENV, DRAFT_ENV = "PLAYGROUND_MODEL", "PLAYGROUND_DE
 URL_ENV, KEY_ENV, TOKEN_ENV = "PLAYGROUND_ENGINE_URL", "PLAYGROUND_API_KEY", "PLAYGROUND_PRESENTER_TOKEN"
 SERVER_WAIT_SECONDS = 600.0
 REFUSED_KEY = "session.refused"      # set while this browser is refused a seat (the room is full): app/session.py
+STATUS_ENV = "PLAYGROUND_ROOM_STATUS"    # the room's status.json (app/processes.py), when a supervisor runs the room
+HEALTH_SECONDS = 1.0                 # a model server's health is asked at most this often per web process
+RETRY_SECONDS = 2.0                  # a page that waits for the model server looks again this often
+_health: dict[str, object] = {"at": -HEALTH_SECONDS, "away": None}
 
 
 @dataclass(frozen=True)
@@ -99,8 +107,8 @@ def current_slot() -> ModelSlot:
 
 
 def current_client() -> ModelClient | None:
-    """The client once made (None before the first page made it, or when it failed)."""
-    return current_slot().client
+    """The client once made (None before the first page made it, when it failed, or while its server is away)."""
+    return None if _health["away"] else current_slot().client
 
 
 def get_model() -> ModelClient | None:
@@ -108,6 +116,8 @@ def get_model() -> ModelClient | None:
 
     app/main.py calls it before every page; pages call `page_model`."""
     slot = current_slot()
+    if _health["away"]:
+        return None                      # its model server is restarting: pages that can, draw without it
     if slot.client is not None:
         return slot.client
     box = st.empty()
@@ -149,9 +159,62 @@ def offline_notice() -> None:
     """Why this page cannot run the model, and the way to a recording."""
     if st.session_state.get(REFUSED_KEY):
         reason = "this server already serves as many sessions as it was started for"
+    elif _health["away"]:
+        reason = "the model is restarting (your runs are safe: the last one is shown below)"
     else:
         reason = (f"the model is not loaded on this server (set {MODEL_ENV} to a model that loads, or unset it "
                   "for the embedded default, and restart)")
     st.info(f"No model for this page: {reason}. Recordings still work: open one and this page shows it, "
             "tokens, attention, cache and all.", icon=":material/cloud_off:")
     st.page_link(str(page_info("recordings").path), label="Open a recording", icon=":material/play_circle:")
+
+
+# --- while the model server restarts ------------------------------------------------------------------------------
+
+def model_away() -> str | None:
+    """With the model in a model server: None while it answers, else the line every page shows meanwhile (asked of
+    its /health at most once a second per web process)."""
+    url = model_choice().url
+    now = time.monotonic()
+    if not url or now - float(_health["at"]) < HEALTH_SECONDS:
+        return None if not url else _health["away"]
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=3) as reply:
+            away = None if reply.status == 200 else away_line(url)
+    except (OSError, urllib.error.HTTPError):
+        away = away_line(url)
+    _health.update(at=now, away=away)
+    return away
+
+
+def note_away() -> None:
+    """A call to the model server just failed: every page of this process treats it as away until it answers."""
+    url = model_choice().url
+    if url:
+        _health.update(at=time.monotonic(), away=away_line(url))
+
+
+def away_line(url: str) -> str:
+    """What a page says while the model cannot be reached: restarting (the room's supervisor says so) or away."""
+    try:
+        with open(os.environ[STATUS_ENV]) as f:
+            state = json.load(f).get("model-server", {}).get("state")
+    except (KeyError, OSError, ValueError, AttributeError):
+        state = None
+    if state in ("restarting", "starting"):
+        return ("The model is restarting; your runs are safe. This page tries again by itself in a few seconds.")
+    return (f"The model server ({url}) is not answering right now; your runs are safe (kept on disk). This page tries "
+            "again by itself every few seconds.")
+
+
+def restart_notice(line: str) -> None:
+    """The line, and a fragment that reruns the whole page as soon as the model server answers again."""
+    st.info(line, icon=":material/autorenew:")
+
+    @st.fragment(run_every=RETRY_SECONDS)
+    def retry() -> None:
+        _health["at"] = -HEALTH_SECONDS
+        if model_away() is None:
+            st.rerun(scope="app")
+
+    retry()

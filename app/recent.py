@@ -1,28 +1,70 @@
-"""A person's last runs survive a reload: kept in this web process by person (app.session.person_id: the browser's
-cookie, the same across reloads and tabs), so that a new Streamlit session of the same person, after a reload or in
-a second tab, draws the run that person last looked at, and the Recordings page lists the others.
+"""A person's runs survive a reload, a second tab, and a restart of their web process, of the model server or of the
+whole room: every finished run is a file in the run store (engine/store; the model server writes the runs it makes,
+this module the runs a person opened from a file), and the store's index lists, for each person (the browser's
+cookie: app.session.person_id, the same across reloads, tabs and web processes), the runs they made or opened.
 
-Bounded by the server's limits for kept recordings: at most `max_saved_per_session` runs per person (0: none kept)
-and `max_saved_mb` for everyone together; the oldest go first.
+    remember(run, limits)         # a finished run this session made or opened: listed for this person
+    recent(limits)                # this person's runs (`Recent`), newest first: the Recordings page lists them
+    open_recent(item, limits, lm) # one of them as a Run: from its file in the store, else from the model server
+    reopen_last(limits, lm)       # once per session, before the page draws: the person's newest run, if any
+    make_current(run)             # the run every page shows from now on (and remembered)
 
-    remember(run, limits)       # a finished run this session made or opened
-    reopen_last(limits)         # once per session, before the page draws: the person's newest run, if any
-    recent(limits)              # this person's runs, newest first (the Recordings page lists them)
+At most `max_saved_per_session` runs per person are listed (0: none). When the store cannot be used (turned off,
+written by a newer playground, a full disk) this process keeps them in memory instead, within `max_saved_mb` for
+everyone, and the Recordings page says so.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 import streamlit as st
 
-from app.run import LAST_RUN, Run
+from app.recorded import recording_from_run, run_from_recording
+from app.request import SETTING_RANGES, in_range
+from app.run import LAST_RUN, Run, run_from_slice
 from app.session import person_id
+from engine import runs as run_files
+from engine.errors import EngineError
+from engine.service.client import ModelClient
 from engine.serving.limits import MiB, Limits, server_limits
+from engine.store import RunDisk, RunGoneError, StoredRun, StoreError, open_store
 
 REOPENED_KEY = "recent.reopened"      # set once this session has looked for the person's last run
 RECORD_BYTES = 4096                   # a record's own fields, beside its captured arrays
+log = logging.getLogger("app.recent")
+
+
+@dataclass(frozen=True)
+class Recent:
+    """One of a person's runs as the Recordings page lists it."""
+
+    id: str
+    at: float                         # when the person made or opened it
+    title: str                        # the prompt's start
+    answer: str
+    model: str
+    kept: bool                        # its file is in the store (or this process holds the run)
+    run: Run | None = None            # held in this process's memory (the store could not take it)
+
+
+# --- the store, and this process's memory when the store cannot be used ----------------------------------------
+
+@st.cache_resource(show_spinner=False)
+def run_store() -> tuple[RunDisk | None, str | None]:
+    """This process's handle on the run store, or None and the line that says why runs are not kept on disk."""
+    try:
+        return open_store(), None
+    except StoreError as err:
+        log.warning("run store: %s", err)
+        return None, str(err)
+
+
+def store_note() -> str | None:
+    return run_store()[1]
 
 
 def run_bytes(run: Run) -> int:
@@ -37,7 +79,8 @@ def run_bytes(run: Run) -> int:
 
 
 class RecentRuns:
-    """Finished runs by person, newest first: at most `per_person` each and `total_bytes` for all; thread-safe."""
+    """Finished runs by person, newest first: at most `per_person` each and `total_bytes` for all; thread-safe.
+    Used only while the run store cannot take them."""
 
     def __init__(self, per_person: int, total_bytes: int):
         self.per_person, self.total_bytes = per_person, total_bytes
@@ -72,40 +115,128 @@ class RecentRuns:
 
 @st.cache_resource(show_spinner=False)
 def recent_runs() -> RecentRuns:
-    """The one store of this web process, bounded by the launch variables until the model's limits are known."""
     limits = server_limits()
     return RecentRuns(limits.max_saved_per_session, limits.max_saved_mb * MiB)
 
 
-def store(limits: Limits | None = None) -> RecentRuns:
-    """The store, its bounds the model server's own limits when given."""
+def in_memory(limits: Limits | None = None) -> RecentRuns:
+    """This process's memory of runs the store could not take, bounded by the model server's limits when given."""
     runs = recent_runs()
     if limits is not None:
         runs.per_person, runs.total_bytes = limits.max_saved_per_session, limits.max_saved_mb * MiB
     return runs
 
 
+# --- what the pages call ------------------------------------------------------------------------------------------
+
 def remember(run: Run | None, limits: Limits | None = None) -> None:
-    """Keep a finished run for this person (a run still streaming, or one with no first token, is not kept)."""
-    if run is not None and run.prefill is not None and run.done is not None:
-        store(limits).add(person_id(), run)
+    """List a finished run for this person (a run still streaming, or one with no first token, is not listed). A run
+    opened from a file gets its file written here; the model server wrote the runs it made."""
+    limits = limits or server_limits()
+    if run is None or run.prefill is None or run.done is None or limits.max_saved_per_session <= 0:
+        return
+    disk = run_store()[0]
+    try:
+        if disk is None:
+            raise StoreError(store_note() or "no run store")
+        if run.source is not None:
+            keep_file(disk, run)
+        disk.claim(person_id(), run.id, run.request.prompt, run.text, run.model, keep=limits.max_saved_per_session)
+    except StoreError:
+        in_memory(limits).add(person_id(), run)          # this process keeps it: the Recordings page says why
 
 
-def recent(limits: Limits | None = None) -> list[Run]:
-    """This person's kept runs, newest first."""
-    return store(limits).runs(person_id())
+def keep_file(disk: RunDisk, run: Run) -> None:
+    """A run opened from a file (a recording, an upload) into the store, once."""
+    try:
+        disk.row(run.id)
+        return
+    except RunGoneError:
+        pass
+    data = run_files.dumps(recording_from_run(run))
+    disk.put(StoredRun(run.id, run.started, run.model, "recording", "upload", None, run.request.prompt[:200],
+                       run.text[:200]), data)
 
 
-def reopen_last(limits: Limits | None = None) -> Run | None:
-    """Once per session: with no run yet (a reload, a second tab), the person's newest run becomes the session's."""
+def recent(limits: Limits | None = None) -> list[Recent]:
+    """This person's runs, newest first: those the store lists, and any this process holds in memory."""
+    limits = limits or server_limits()
+    disk, person = run_store()[0], person_id()
+    rows = [Recent(c.id, c.at, c.title, c.answer, c.model, c.kept)
+            for c in (disk.claims(person, limits.max_saved_per_session) if disk is not None else [])]
+    held = [Recent(r.id, r.started, r.request.prompt, r.text, r.model, True, r) for r in in_memory(limits).runs(person)]
+    merged = {item.id: item for item in rows}
+    merged.update({item.id: item for item in held})
+    return sorted(merged.values(), key=lambda item: item.at, reverse=True)[: max(limits.max_saved_per_session, 0)]
+
+
+def open_recent(item: Recent, limits: Limits | None = None, lm: ModelClient | None = None) -> Run:
+    """One of the person's runs as a Run: held here, else from its file in the store, else (a run the model server
+    has not written yet) from the server by id. An EngineError says why it cannot be opened."""
+    if item.run is not None:
+        return item.run
+    disk = run_store()[0]
+    if disk is not None:
+        try:
+            return run_from_disk(disk, item.id, limits or server_limits())
+        except RunGoneError:
+            if lm is None:
+                raise
+    if lm is None:
+        raise RunGoneError(f"run {item.id} is not in the run store, and no model server is at hand to ask")
+    return run_from_slice(lm.run_slice(item.id), lm.spec)
+
+
+def run_from_disk(disk: RunDisk, run_id: str, limits: Limits) -> Run:
+    """A run read back from its file in the store (a speculative run with its plain baseline, when that was kept)."""
+    row = disk.row(run_id)
+    run = run_from_file(disk, run_id, limits, row.kind)
+    run.started = row.created
+    if run.speculation is not None and run.speculation.baseline is None:
+        child = next(iter(disk.rows(1, parent=run_id)), None)
+        if child is not None:
+            run.speculation.baseline = run_from_file(disk, child.id, limits, child.kind)
+    return run
+
+
+def run_from_file(disk: RunDisk, run_id: str, limits: Limits, kind: str) -> Run:
+    data = disk.read(run_id)
+    run = run_from_recording(run_files.loads(data, f"run {run_id}", limits,
+                                             max_bytes=run_files.unpacked_cap(limits)).recording)
+    run.id = run_id
+    if kind != "recording":
+        run.source = None                     # the person's own run, not a recording they opened
+    return run
+
+
+def reopen_last(limits: Limits | None = None, lm: ModelClient | None = None) -> Run | None:
+    """Once per session: with no run yet (a reload, a second tab, a restarted web process), the person's newest
+    run becomes the session's."""
     if st.session_state.get(REOPENED_KEY) or st.session_state.get(LAST_RUN) is not None:
         st.session_state[REOPENED_KEY] = True
         return None
     st.session_state[REOPENED_KEY] = True
-    runs = recent(limits)
-    if not runs:
+    items = recent(limits)
+    if not items:
         return None
-    from app.recordings import make_current            # here: app.recordings imports this module
+    try:
+        run = open_recent(items[0], limits, lm)
+    except EngineError as err:                       # evicted, set aside, the model server away: the page goes on
+        log.info("the last run of this person did not reopen: %s", err)
+        return None
+    make_current(run, limits)
+    return run
 
-    make_current(runs[0])
-    return runs[0]
+
+def make_current(run: Run, limits: Limits | None = None) -> None:
+    """The run every page shows from now on; the pages' prompt boxes and sampling controls follow it."""
+    st.session_state[LAST_RUN] = run
+    remember(run, limits)
+    req = run.request
+    for ns in ("journey", "attention", "kv"):
+        st.session_state[f"{ns}.prompt"] = req.prompt
+    for name, value in (("temperature", req.temperature), ("top_k", req.top_k), ("top_p", req.top_p),
+                        ("seed", req.seed)):
+        _, kind, low, high = SETTING_RANGES[name]
+        st.session_state[f"journey.{name}"] = in_range(value, kind, low, high)
+    st.session_state["journey.chat"] = req.chat

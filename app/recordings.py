@@ -20,18 +20,17 @@ from typing import Callable
 
 import streamlit as st
 
-from app.recent import recent, remember
-from app.request import SETTING_RANGES, in_range
+from app.recent import Recent, make_current, open_recent, recent, run_store
+from app.recorded import recording_from_run, run_from_recording  # noqa: F401 - also the names others import from here
 from app.session import session_id
 from app.format import fmt_bytes
-from app.run import LAST_RUN, Run, Speculation, compact
+from app.run import LAST_RUN, Run
 from engine.errors import EngineError
 from engine.serving.limits import MiB, Limits, server_limits
 from engine.service.client import ModelClient
 from engine import runs as run_files
-from engine.serving.recording import (MAX_FILE_BYTES, PARSE_PLACES, PARSE_SLOTS, RecordedSpeculation, Recording,
-                                      RecordingError, dumps_recording, load_recording, loads_recording)
-from engine.core.records import PrefillRecord, SpecDoneRecord, SpecRoundRecord
+from engine.serving.recording import (MAX_FILE_BYTES, PARSE_PLACES, PARSE_SLOTS, RecordingError, dumps_recording,
+                                      load_recording, loads_recording)
 from engine.serving.shelf import Kept, Shelf, default_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,59 +38,6 @@ RECORDINGS_DIR = ROOT / "assets" / "recordings"
 UPLOAD_KEY, OPENED_KEY = "recordings.upload", "recordings.opened"
 KEPT_KEY, KEPT_NOTE_KEY = "recordings.kept", "recordings.kept_note"
 Waiting = Callable[[int], None]
-
-
-# --- recordings and runs ---------------------------------------------------------------------------------
-
-def run_from_recording(rec: Recording) -> Run:
-    """The run a recording holds, as the pages draw it (a speculative run with its Speculation, baseline included)."""
-    if not any(isinstance(r, PrefillRecord) for r in rec.records):
-        raise RecordingError("this recording holds no prefill record (the prompt and the first token), so no page "
-                             "can draw it")
-    run = Run(model=rec.model, spec=rec.spec, request=rec.request, policy=rec.policy, live=False,
-              dtype=rec.dtype, device=rec.device, source=rec.title or rec.request.prompt[:60],
-              speculation=recorded_speculation(rec))
-    layers = rec.policy.layers
-    if layers is not None and len(layers) < rec.spec.n_layers:
-        run.capture_note = (f"This recording kept the attention of {len(layers)} of {rec.spec.n_layers} layers "
-                            f"({', '.join(map(str, layers))}).")
-    for record in rec.records:
-        run.add(compact(record))          # rounds recorded straight from the engine become decode steps here
-    return run
-
-
-def recorded_speculation(rec: Recording) -> Speculation | None:
-    """The speculative part of a recorded run; for records straight from the engine (rounds among them, no
-    baseline) what their final record says."""
-    saved = rec.speculation
-    if saved is not None:
-        baseline = Run(model=rec.model, spec=rec.spec, request=rec.request, policy=rec.policy, live=False,
-                       dtype=rec.dtype, device=rec.device) if saved.baseline else None
-        for record in saved.baseline:
-            baseline.add(record)
-        return Speculation(saved.draft, saved.draft_kind, saved.k, list(saved.rounds), baseline)
-    done = rec.done
-    if any(isinstance(r, SpecRoundRecord) for r in rec.records) and isinstance(done, SpecDoneRecord):
-        return Speculation(done.draft, "", done.k)
-    return None
-
-
-def recording_from_run(run: Run) -> Recording:
-    """A finished run as a recording (a speculative one with its rounds and baseline); RecordingError while it has
-    no final record."""
-    if run.prefill is None or run.done is None:
-        raise RecordingError("only a finished run can be saved (this one has no final record)")
-    records = [run.prefill, *run.steps, run.done]
-    return Recording(run.model, run.spec, run.request, run.policy, records, run.dtype, run.device,
-                     title=run.source or run.request.prompt[:60], speculation=speculation_record(run.speculation))
-
-
-def speculation_record(spec: Speculation | None) -> RecordedSpeculation | None:
-    if spec is None:
-        return None
-    base = spec.baseline
-    baseline = [base.prefill, *base.steps, base.done] if base is not None and base.done and base.prefill else []
-    return RecordedSpeculation(spec.draft, spec.draft_kind, spec.k, list(spec.rounds), baseline)
 
 
 def open_bytes(data: bytes, name: str = "the file", limits: Limits | None = None,
@@ -105,7 +51,10 @@ def open_bytes(data: bytes, name: str = "the file", limits: Limits | None = None
 
 
 def open_shipped(path: Path) -> Run:
-    return run_from_recording(load_recording(path))
+    """A shipped recording as a run, with an id of its own (the same each time: the run store keeps it once)."""
+    run = run_from_recording(load_recording(path))
+    run.id = "shipped-" + re.sub(r"[^A-Za-z0-9_-]+", "-", path.name.removesuffix(".json.gz"))[:60]
+    return run
 
 
 def run_bytes(run: Run, on_wait: Waiting | None = None) -> bytes:
@@ -191,20 +140,6 @@ def shipped_summaries(paths: tuple[str, ...]) -> list[Shipped]:
 
 
 # --- widgets ----------------------------------------------------------------------------------------------
-
-def make_current(run: Run) -> None:
-    """The run every page shows from now on; the pages' prompt boxes and sampling controls follow it."""
-    st.session_state[LAST_RUN] = run
-    remember(run)
-    req = run.request
-    for ns in ("journey", "attention", "kv"):
-        st.session_state[f"{ns}.prompt"] = req.prompt
-    for name, value in (("temperature", req.temperature), ("top_k", req.top_k), ("top_p", req.top_p),
-                        ("seed", req.seed)):
-        _, kind, low, high = SETTING_RANGES[name]
-        st.session_state[f"journey.{name}"] = in_range(value, kind, low, high)
-    st.session_state["journey.chat"] = req.chat
-
 
 def shipped_section() -> None:
     """One row per shipped recording with an Open button."""
@@ -328,21 +263,55 @@ def kept_section(limits: Limits) -> None:
             open_kept(store, entry.name, limits)
 
 
-def recent_section(limits: Limits) -> None:
-    """This person's last runs (kept in this web process across reloads and tabs), an Open button each."""
-    runs = recent(limits)
-    if not runs:
-        st.caption("None yet: a finished run, generated or opened here, is listed here and reopens after a reload.")
+def recent_section(limits: Limits, lm: ModelClient | None = None) -> None:
+    """This person's last runs (kept in the run store, so across reloads, tabs and restarts), an Open button each."""
+    items = recent(limits)
+    if not items:
+        st.caption("None yet: a finished run, generated or opened here, is listed here and reopens after a reload or "
+                   "a restart of the server.")
     shown = st.session_state.get(LAST_RUN)
-    for i, run in enumerate(runs):
+    for i, item in enumerate(items):
         left, right = st.columns([4, 1], vertical_alignment="center")
-        when = time.strftime("%H:%M", time.localtime(run.started))
-        left.text(f"{run.request.prompt[:80]!r} → {run.text.strip()[:60]!r} ({run.model}, {when})")
-        if run is shown:
+        when = time.strftime("%H:%M", time.localtime(item.at))
+        gone = "" if item.kept else "; evicted from the run store to make room for newer runs"
+        left.text(f"{item.title[:80]!r} → {item.answer.strip()[:60]!r} ({item.model}, {when}{gone})\n"
+                  f"Link: ?run={item.id}")
+        if isinstance(shown, Run) and shown.id == item.id:
             right.caption("Shown now")
-        elif right.button("Open", key=f"recordings.recent.{i}.{run.id}", icon=":material/history:"):
-            make_current(run)
-            st.rerun()
+        elif item.kept and right.button("Open", key=f"recordings.recent.{i}.{item.id}", icon=":material/history:"):
+            open_listed(item, limits, lm)
+
+
+def open_listed(item: Recent, limits: Limits, lm: ModelClient | None) -> None:
+    try:
+        run = open_recent(item, limits, lm)
+    except EngineError as err:                      # evicted meanwhile, set aside, the model server away
+        st.error(f"That run cannot be opened: {err}")
+        return
+    make_current(run, limits)
+    st.rerun()
+
+
+def store_section() -> None:
+    """Where runs are kept, within what budget, what went to make room, and anything the store had to skip."""
+    disk, note = run_store()
+    if disk is None:
+        st.warning(f"Runs are kept in this web process only: {note}.", icon=":material/warning:")
+        return
+    use = disk.usage()
+    evicted = (f" To stay within it, {use.evicted_runs} older run(s) ({fmt_bytes(use.evicted_bytes)}) were evicted, "
+               f"the last at {time.strftime('%H:%M', time.localtime(use.last_evicted))}." if use.evicted_runs else "")
+    st.caption(f"Every finished run is kept on this server's disk ({use.runs} run{'s' * (use.runs != 1)}, "
+               f"{fmt_bytes(use.bytes)} of a "
+               f"{fmt_bytes(use.budget)} budget; the oldest go first).{evicted} Each opens again by its link, after a "
+               "reload or a restart.")
+    if use.write_error:
+        st.warning(f"The run store: {use.write_error}.", icon=":material/warning:")
+    elif use.free_bytes < MiB:
+        st.warning(f"The disk holding the run store is full ({use.folder}): new runs are held in memory until space "
+                   "frees; serving goes on.", icon=":material/warning:")
+    for at, what in use.problems[:5]:
+        st.caption(f"Skipped at {time.strftime('%H:%M', time.localtime(at))}: {what}.")
 
 
 def open_kept(store: Shelf, name: str, limits: Limits) -> None:

@@ -5,7 +5,7 @@ from app.live import last_run
 from app.model import page_model
 from app.nav import PAGES
 from app.recordings import (keep_button, kept_section, recent_section, room_limits, run_notes, save_button,
-                            shipped_section, upload_section)
+                            shipped_section, store_section, upload_section)
 
 lm = page_model()
 st.title("Recordings")
@@ -28,7 +28,8 @@ upload_section(limits)
 st.subheader("Kept on this server")
 kept_section(limits)
 st.subheader("Your last runs")
-recent_section(limits)
+recent_section(limits, lm)
+store_section()
 
 run = last_run()
 st.subheader("The run every page shows now")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ os.environ.setdefault("PLAYGROUND_MAX_SESSIONS", "1000")
 # Batched decode steps on CPU use packed oneDNN weights for the shapes measured faster (engine/core/small_batch.py);
 # the tests pack every linear, so that every batched test runs that kernel whatever this machine measures.
 os.environ.setdefault("PLAYGROUND_SMALL_BATCH", "all")
+# Every run the tests make is kept on disk (engine/store): in a folder of this test session's, never the user's cache.
+os.environ.setdefault("PLAYGROUND_RUNS_DIR", tempfile.mkdtemp(prefix="playground-test-runs-"))
 
 # Deprecations that a library logs rather than warns (pyproject's filterwarnings turns the warned ones into errors).
 DEPRECATION_LOGGERS = ("transformers", "streamlit.deprecation_util", "torch")

@@ -4,7 +4,8 @@ and httpx, and read the room through /v1/playground/replicas.
 
 Checked: greedy answers equal the same prompt run alone, sessions spread over both replicas and each stays on its
 own, prompts that share a long start meet on the replica that holds it, and a replica killed mid-run fails its own
-request with a clear message while the other replica's requests go on, and comes back.
+request with a clear message while the other replica's requests go on, and comes back; the runs it had finished
+stay readable by id (every replica writes them to the same run store).
 The router's policy is also checked on its own, on stand-in replicas (plain data: which replica, what load).
 """
 from __future__ import annotations
@@ -123,6 +124,7 @@ def test_prompts_that_share_a_long_start_meet_on_the_replica_that_holds_it(clust
 
 def test_a_replica_killed_mid_run_fails_its_request_clearly_the_other_goes_on_and_it_comes_back(cluster, client,
                                                                                                 model):
+    kept = ask(client, model, tiny_prompt(5, seed=6), session="doomed", tokens=4)     # finished before the kill
     stream = client.completions.create(model=model, prompt=tiny_prompt(6, seed=3), max_tokens=250, temperature=0,
                                        stream=True, extra_body={"playground": {"session": "doomed"}})
     chunks = iter(stream)
@@ -130,6 +132,7 @@ def test_a_replica_killed_mid_run_fails_its_request_clearly_the_other_goes_on_an
     texts = [c for c, _ in zip(chunks, range(3))]                       # records have streamed: no silent retry
     assert all(c.choices[0].text for c in texts)
     home = holder(cluster, run_id)
+    assert holder(cluster, kept.playground["run_id"]) == home
     victim = next(v for v in replicas(cluster) if v["snapshot"]["replica"] == home)
     other_reply: dict[str, object] = {}
     survivor = threading.Thread(target=lambda: other_reply.setdefault("r", ask(client, model, tiny_prompt(7, seed=4),
@@ -143,6 +146,8 @@ def test_a_replica_killed_mid_run_fails_its_request_clearly_the_other_goes_on_an
     assert time.monotonic() - started < 30 and "replica" in str(failed.value)
     survivor.join(120)
     assert other_reply["r"].choices[0].finish_reason in ("length", "stop")  # nothing lost for the one that lives
+    for path in ("", "/file"):                   # the dead replica's finished run, from the store every replica writes
+        assert httpx.get(f"{cluster}/v1/playground/runs/{kept.id}{path}", timeout=30).status_code == 200
     deadline = time.monotonic() + 30                                       # the room shows it missing...
     while not any(v["snapshot"]["replica"] == home and v["seconds_ago"] > 3 for v in all_replicas(cluster)):
         assert time.monotonic() < deadline

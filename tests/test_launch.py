@@ -121,3 +121,5 @@ def test_the_model_leaves_one_core_to_the_web_server():
     assert thread_env({}, cores=16) == {"OMP_NUM_THREADS": "15"}
     assert thread_env({}, cores=1) == {"OMP_NUM_THREADS": "1"}
     assert thread_env({"OMP_NUM_THREADS": "4"}, cores=16) == {}                # the person's own setting wins
+    from app.launch import malloc_env
+    assert malloc_env({}) == {"MALLOC_MMAP_THRESHOLD_": "131072"} and malloc_env({"MALLOC_MMAP_THRESHOLD_": "1"}) == {}

@@ -1,5 +1,6 @@
-"""A person's last runs (app/recent.py): bounded per person and in bytes, oldest first out; listed on the Recordings
-page and opened from there. The reload itself, in Chromium: tests/test_browser.py."""
+"""A person's last runs (app/recent.py): listed from the run store on the Recordings page and opened from there (read
+back from their files); while the store cannot take them, kept in memory, bounded per person and in bytes, oldest
+first out. The reload itself, in Chromium: tests/test_browser.py."""
 from __future__ import annotations
 
 import numpy as np
@@ -48,7 +49,9 @@ def test_the_recordings_page_lists_this_persons_last_runs(app):  # noqa: F811
     rows = [t.value for t in at.text if "→" in t.value]
     assert len(rows) == 2 and tiny_prompt(6, seed=12)[:20] in rows[0] and tiny_prompt(6, seed=11)[:20] in rows[1]
     at.button(key=f"recordings.recent.1.{first.id}").click().run()
-    assert at.session_state[LAST_RUN] is first
+    opened = at.session_state[LAST_RUN]                  # read back from its run file in the run store
+    assert opened.id == first.id and opened.text == first.text and opened.source is None
+    assert [t.id for t in opened.tokens] == [t.id for t in first.tokens]
 
 
 def test_the_person_is_the_xsrf_token_whatever_its_mask():

@@ -28,7 +28,7 @@ from engine.serving.limits import Limits
 
 READS = ("info", "tokenizer_files", "draft_options", "stats", "room", "timeline", "prefix_stats", "memory",
          "run_list", "metrics_text")
-CALLS = READS + ("check", "quick", "load_draft", "run_slice", "run_wait")
+CALLS = READS + ("check", "quick", "load_draft", "run_slice", "run_wait", "run_file")
 log = logging.getLogger("engine.cluster")
 ROOM_SESSIONS = 10**6            # the ingress counts the room's people; a replica never refuses a session
 
@@ -61,6 +61,7 @@ class ModelReplica:
             self.service.submit, as_request(body.get("request")), as_policy(body.get("policy")),
             session=body.get("session"), draft=body.get("draft"), k=body.get("k", 4),
             source=body.get("source") or "page", parent=body.get("parent"), listeners=(stream,))
+        stream.until_kept(self.service, handle.run_id)
         async for event in event_stream(handle, stream, self.replica):
             yield event
 
@@ -111,7 +112,7 @@ class ModelReplica:
             try:
                 svc = self.service
                 snapshot = ReplicaSnapshot(self.replica, self.node, svc.label, svc.room(), svc.stats(),
-                                           svc.prefix_stats(), tuple(i.id for i in svc.run_list(200)),
+                                           svc.prefix_stats(), tuple(svc.runs.made(200)),
                                            tuple(svc.memory()), os.getpid())
                 hub.report.remote(snapshot)
             except Exception:  # noqa: BLE001 - the hub is restarting: the next report will do

@@ -27,7 +27,9 @@ from engine.service import wire
 from engine.service.board import PresenterBoard
 from engine.service.join import room_gate
 from engine.service.client import ERROR_CODES, DescribedModel
+from engine.service.ondisk import info_of_row, open_disk, slice_from_disk
 from engine.service.runs import RunInfo, RunNotFoundError, RunSlice
+from engine.store import StoreError, open_store
 from engine.service.service import MemoryRow, ModelInfo, Presence
 from engine.serving.people import People
 from engine.serving.prefix import PrefixStats
@@ -58,6 +60,7 @@ class ClusterService(DescribedModel):
         self.people.presence = self.presence
         self.max_sessions, self.expected = max_sessions, expected
         self.hub = hub_actor()
+        self.disk, self.disk_note = open_disk(open_store)     # the folder every replica writes its runs to
         self._info: ModelInfo = self._call("info")
         self._snapshots: list[ReplicaSnapshot] = []
         self._where: OrderedDict[str, str] = OrderedDict()     # run id -> the replica that holds it
@@ -185,14 +188,45 @@ class ClusterService(DescribedModel):
     # --- runs, by id -----------------------------------------------------------------------------------------------------
 
     def run_slice(self, run_id: str, since: int = 0) -> RunSlice:
-        return self._call("run_slice", run_id, since, route={"replica": self._holder(run_id)})
+        return self._held_or_kept(run_id, since, lambda replica: self._call("run_slice", run_id, since,
+                                                                            route={"replica": replica}))
 
     def run_wait(self, run_id: str, since: int, timeout: float) -> RunSlice:
-        return self._call("run_wait", run_id, since, timeout, route={"replica": self._holder(run_id)})
+        return self._held_or_kept(run_id, since, lambda replica: self._call("run_wait", run_id, since, timeout,
+                                                                            route={"replica": replica}))
 
     def run_list(self, limit: int = 50) -> list[RunInfo]:
         infos = [i for r in self._replica_ids() for i in self._call("run_list", limit, route={"replica": r})]
-        return sorted(infos, key=lambda i: i.created, reverse=True)[:limit]
+        if self.disk is not None:                 # a replica that died left its runs in the folder
+            infos += [info_of_row(row) for row in self.disk.rows(limit)]
+        unique: dict[str, RunInfo] = {}
+        for info in infos:                        # each replica lists the shared folder's runs too: once each
+            unique.setdefault(info.id, info)
+        return sorted(unique.values(), key=lambda i: i.created, reverse=True)[:limit]
+
+    def run_file(self, run_id: str) -> bytes:
+        """A finished run's file: from the shared store, else built by the replica that holds it."""
+        if self.disk is not None:
+            try:
+                return self.disk.read(run_id)
+            except StoreError:
+                pass
+        return self._call("run_file", run_id, route={"replica": self._holder(run_id)})
+
+    def _held_or_kept(self, run_id: str, since: int, ask: Callable[[str], RunSlice]) -> RunSlice:
+        """A run from the replica that holds it; when that replica is gone (or has let go of it), from its file in
+        the store every replica writes to, so a replica's runs stay readable after it dies."""
+        try:
+            return ask(self._holder(run_id))
+        except (RunNotFoundError, ReplicaLostError) as err:
+            if self.disk is None:
+                raise
+            try:
+                part = slice_from_disk(self.disk, run_id, self._info.limits)
+            except RunNotFoundError:
+                raise err from None
+        since = min(max(since, 0), len(part.records))
+        return RunSlice(part.info, since, part.records[since:])
 
     def _holder(self, run_id: str) -> str:
         """The replica that holds a run: the one that made it (remembered), else the one whose snapshot lists it."""

@@ -145,7 +145,7 @@ class RunFile:
 def dumps(recording: Recording, source: str = "", name: str = "", texts: dict[int, str] | None = None,
           view: dict[str, Any] | None = None) -> bytes:
     """The bytes of a run file: run.json and tensors.safetensors in one zip (attention kept as it was captured)."""
-    doc = document(recording, attention_dtype=None)
+    doc = document(recording, attention_dtype=None, raw=True)      # arrays stay numpy: no base64 on the way
     tensors: dict[str, np.ndarray] = {}
     doc = _lift_arrays(doc, "", tensors)
     blob = save_tensors(tensors, metadata={"format": FORMAT + "/tensors", "version": str(VERSION)})
@@ -163,7 +163,10 @@ def dumps(recording: Recording, source: str = "", name: str = "", texts: dict[in
 
 
 def _lift_arrays(value: Any, path: str, tensors: dict[str, np.ndarray]) -> Any:
-    """The document with every stored array moved to `tensors` under its path (records.0.captures.3.attention)."""
+    """The document with every array moved to `tensors` under its path (records.0.captures.3.attention)."""
+    if isinstance(value, np.ndarray):
+        tensors[path] = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<"))
+        return {TENSOR_KEY: path}
     if isinstance(value, dict) and ARRAY_KEY in value:
         tensors[path] = np.ascontiguousarray(stored_array(value, path))
         return {TENSOR_KEY: path}

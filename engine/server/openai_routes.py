@@ -121,6 +121,7 @@ async def complete(http: Request, body: Any, request: GenerationRequest, chat: b
     session = body.playground.session if body.playground else None
     handle = await run_in_threadpool(service.submit, request, policy, session=session, source="api",
                                      listeners=(stream,))
+    stream.until_kept(service, handle.run_id)
     reply = Reply(state.served_name, handle, chat, service, body, policy.enabled, note)
     if body.stream:
         return EventSourceResponse(reply.events(stream, http), headers=run_headers(handle.run_id))

@@ -156,6 +156,7 @@ async def generate(request: Request) -> Response:
         session=text(body, "session", required=False), draft=text(body, "draft", required=False, limit=1024),
         k=_k(body.get("k", 4)), source=text(body, "source", required=False) or "page",
         parent=text(body, "parent", required=False), listeners=(stream,))
+    stream.until_kept(svc, handle.run_id)
     return _events(handle, stream)
 
 
@@ -353,7 +354,7 @@ async def run_file(rid: str, request: Request) -> Response:
 
 
 def _run_file(svc: EngineService, rid: str) -> bytes:
-    return run_files.file_of(run_files.recording_of(svc.run_slice(rid), svc), svc)
+    return svc.run_file(rid)
 
 
 async def _run_events(svc: EngineService, rid: str, since: int, request: Request) -> AsyncIterator[str]:

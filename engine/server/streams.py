@@ -7,12 +7,22 @@ response. The scheduler calls the stream (a listener) for every record as it is 
         ...
 
 Nothing here blocks a thread per waiting request: 30 streaming clients hold 30 queues, not 30 threads.
+
+    stream.until_kept(service, handle.run_id)   # the final record waits until the run's file is on disk
+
+A run's final record (DoneRecord) is held back until the run has ended and its run file is on disk (the service's
+`written`, engine/service/ondisk.py), so a client that saw its run finish can open it by id whatever dies next: the
+acknowledgement comes after the write, as a database's commit does. That costs the write's time at the end of each
+answer, never a token's.
 """
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
+from starlette.concurrency import run_in_threadpool
+
+from engine.core.records import DoneRecord
 from engine.serving.scheduler import Handle
 
 
@@ -22,6 +32,13 @@ class RecordStream:
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.durable: Callable[[], Awaitable[Any]] | None = None
+
+    def until_kept(self, service: Any, run_id: str) -> None:
+        """Hold the run's final record back until its run file is on disk (when the service keeps runs on disk)."""
+        written = getattr(service, "written", None)
+        if written is not None:
+            self.durable = lambda: run_in_threadpool(written, run_id)
 
     def __call__(self, handle: Handle, record: Any) -> None:
         """A scheduler listener (called in the worker's thread)."""
@@ -31,6 +48,7 @@ class RecordStream:
     async def records(self, tick: float | None = None) -> AsyncIterator[Any]:
         """Each record until the end; None every `tick` seconds while there is none (a chance to send a keep-alive
         or a queue position, which also finds out that the client has gone)."""
+        held = None
         while True:
             try:
                 item = await asyncio.wait_for(self.queue.get(), tick) if tick else await self.queue.get()
@@ -38,5 +56,12 @@ class RecordStream:
                 yield None
                 continue
             if item is Handle.END:
+                if held is not None:
+                    if self.durable is not None:
+                        await self.durable()
+                    yield held
                 return
+            if isinstance(item, DoneRecord) and self.durable is not None:
+                held = item                      # sent once the run ended and its file is written
+                continue
             yield item

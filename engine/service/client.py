@@ -32,6 +32,7 @@ from engine.errors import EngineError
 from engine.projection.specs import ModelSpec
 from engine.service import wire
 from engine.service.board import BoardState, PresenterError, Push
+from engine.service.join import room_gate
 from engine.service.replicas import ReplicaView
 from engine.service.runs import RunInfo, RunNotFoundError, RunSlice
 from engine.service.service import MemoryRow, ModelInfo
@@ -343,7 +344,8 @@ class RemoteHandle:
                 raise self.error
         except httpx.HTTPError as err:
             self.state, self.error = "failed", ServerUnavailableError(
-                f"the connection to the model server was lost ({type(err).__name__}); the run stopped there")
+                f"the connection to the model server was lost ({type(err).__name__}): this answer stopped there (the "
+                "server may be restarting; finished runs are kept on disk). Try again in a few seconds")
             raise self.error from None
         finally:
             self.cancel()
@@ -440,7 +442,23 @@ class RemoteGate:
         self.client = client
 
     def _ask(self, action: str, **fields: Any) -> Any:
-        return self.client._call("POST", f"/v1/playground/gate/{action}", fields)
+        try:
+            return self.client._call("POST", f"/v1/playground/gate/{action}", fields)
+        except ServerUnavailableError:
+            if action not in ("status", "admits", "join"):
+                raise                             # what only the presenter may do waits for the server
+            return self._here(action, fields)
+
+    def _here(self, action: str, fields: Mapping[str, Any]) -> Any:
+        """While the model server is away: this process's own gate, with the launch's code and the signing key kept
+        beside the run store, so members stay in and the link still works (a code the presenter replaced meanwhile
+        is the server's alone)."""
+        gate = room_gate()
+        if action == "status":
+            return {"required": gate.required(), "closed": gate.closed()}
+        if action == "admits":
+            return gate.admits(fields.get("token"))
+        return gate.join(str(fields.get("code")), str(fields.get("client")), str(fields.get("address", "")))
 
     def required(self) -> bool:
         return bool(self._ask("status")["required"])

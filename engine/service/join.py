@@ -27,7 +27,10 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
+from pathlib import Path
 from typing import Callable, Mapping
+
+from engine.store import store_dir
 
 JOIN_CODE_ENV = "PLAYGROUND_JOIN_CODE"
 CODE_ALPHABET = "23456789abcdefghjkmnpqrstuvwxyz"     # no 0/o, 1/l/i: read off a projector, typed on a phone
@@ -220,7 +223,34 @@ _GATE_LOCK = threading.Lock()
 def gate_from_env(environ: Mapping[str, str] | None = None) -> JoinGate:
     """A gate with the launch's code (PLAYGROUND_JOIN_CODE), or an open one when there is none."""
     env = os.environ if environ is None else environ
-    return JoinGate(env.get(JOIN_CODE_ENV) or None)
+    code = env.get(JOIN_CODE_ENV) or None
+    return JoinGate(code, member_secret(store_dir(env)) if code else None)
+
+
+def member_secret(folder: Path) -> bytes | None:
+    """The key member tokens are signed with, kept beside the run store (`member.key`, readable by this user only),
+    so that members stay in across a restart of the model server or of the whole room. None (a key for this process
+    alone) when the folder cannot be written."""
+    path = folder / "member.key"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            tmp = folder / f".member.key.{os.getpid()}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(secrets.token_bytes(32))
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)                 # made whole, or another process made it first: both read the same
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink(missing_ok=True)
+        key = path.read_bytes()
+    except OSError:
+        return None
+    return key if len(key) == 32 else None
 
 
 def room_gate() -> JoinGate:

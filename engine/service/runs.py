@@ -9,16 +9,18 @@ its records (tokens, timings, captures), growing while it streams.
     part = store.wait(info.id, since=3, timeout=1) # the same, once there is something new (a follower's stream)
 
 Bounded: at most `max_runs` runs and `max_bytes` of records; the oldest finished runs go first. A run asked for
-after it went is a clear `RunNotFoundError`, never a stale answer.
+after it went is a clear `RunNotFoundError`, never a stale answer. With the run store on disk (engine/store,
+engine/service/ondisk.py) a finished run is `hold`-ed until its file is written, then `release`-d: from then on
+its file answers for it (the service reads it back), and memory keeps only what recomputes attention.
 """
 from __future__ import annotations
 
 import secrets
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -26,6 +28,7 @@ from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy
 from engine.errors import EngineError, InvalidRequestError
 
+OPENED_KEPT = 4096             # run ids remembered as made here (engine/cluster/replica.py reports the newest)
 RECORD_BYTES = 4096            # a record without its captures: the token, 256 kept logits, 10 candidates
 FINISHED = ("done", "cancelled", "failed")
 
@@ -88,6 +91,7 @@ class _Entry:
     records: list[Any] = field(default_factory=list)
     kept: Any = None                           # the run's KeptInputs: what recomputes its attention on demand
     kept_bytes: int = 0                        # what the store counts for them
+    held: bool = False                         # its file is being written to disk (or waits for space): kept here
 
 
 class RunStore:
@@ -98,10 +102,13 @@ class RunStore:
         self._runs: OrderedDict[str, _Entry] = OrderedDict()
         self._bytes = 0
         self._cond = threading.Condition()
+        self.on_disk: Callable[[str], bool] = lambda run_id: False     # is a run no longer here kept on disk?
+        self._opened: deque[str] = deque(maxlen=OPENED_KEPT)             # ids this store opened, oldest first
 
     def open(self, info: RunInfo) -> RunInfo:
         with self._cond:
             self._runs[info.id] = _Entry(info)
+            self._opened.append(info.id)
             self._evict()
         return info
 
@@ -118,6 +125,11 @@ class RunStore:
         """A run's info, its kept layer inputs and its records; RunNotFoundError when it went, a clear message when it
         kept nothing to recompute attention from."""
         with self._cond:
+            if run_id not in self._runs and self.on_disk(run_id):
+                raise NothingKeptError(f"run {run_id[:40]!r} is kept on disk, but the layers' inputs that recompute "
+                                       "its attention stay only in the memory of the server that made it, which has "
+                                       "let go of them (newer runs, or a restart); the maps its records hold still "
+                                       "draw")
             entry = self._entry(run_id)
             if entry.kept is None:
                 raise NothingKeptError(f"run {run_id[:40]!r} kept nothing to compute its attention from: it ran with "
@@ -161,6 +173,29 @@ class RunStore:
         entry.kept_bytes = entry.kept.nbytes
         self._evict()
 
+    def hold(self, run_id: str) -> None:
+        """Keep a finished run in memory, whatever the bounds, until `release` (its file is being written)."""
+        with self._cond:
+            entry = self._runs.get(run_id)
+            if entry is not None:
+                entry.held = True
+
+    def release(self, run_id: str, on_disk: bool = False) -> None:
+        """A held run may go again; `on_disk`: its run file is written, so unless its kept layer inputs are needed
+        here (to recompute its attention) it leaves memory now and is read back from the file."""
+        with self._cond:
+            entry = self._runs.get(run_id)
+            if entry is None:
+                return
+            entry.held = False
+            if on_disk and entry.kept is None and not entry.info.live:
+                self._bytes -= self._runs.pop(run_id).info.bytes
+            self._evict()
+
+    def __contains__(self, run_id: str) -> bool:
+        with self._cond:
+            return run_id in self._runs
+
     def info(self, run_id: str) -> RunInfo:
         with self._cond:
             return replace(self._entry(run_id).info)
@@ -182,6 +217,12 @@ class RunStore:
                     return self.slice(run_id, since)
                 self._cond.wait(left)
 
+    def made(self, limit: int = 200) -> list[str]:
+        """The ids of the runs this store opened, newest first, whether memory still holds them or their files do
+        (a replica names its own runs with it: the folder on disk is every replica's)."""
+        with self._cond:
+            return list(reversed(self._opened))[:limit]
+
     def list(self, limit: int = 50) -> list[RunInfo]:
         """The newest runs first."""
         with self._cond:
@@ -200,9 +241,9 @@ class RunStore:
         return entry
 
     def _evict(self) -> None:
-        """Drop the oldest finished runs while over either bound (running runs stay)."""
+        """Drop the oldest finished runs while over either bound (running runs and held ones stay)."""
         while len(self._runs) > self.max_runs or self._bytes > self.max_bytes:
-            victim = next((k for k, e in self._runs.items() if not e.info.live), None)
+            victim = next((k for k, e in self._runs.items() if not e.info.live and not e.held), None)
             if victim is None:
                 return
             self._bytes -= self._runs.pop(victim).info.bytes

@@ -15,6 +15,7 @@ import os
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -32,8 +33,9 @@ from engine.service import jobs as job_registry
 from engine.service.board import PresenterBoard
 from engine.service.join import room_gate
 from engine.service.metrics import ServiceMetrics
+from engine.service.ondisk import RunWriter, info_of_row, open_disk, slice_from_disk
 from engine.service.replicas import ReplicaSnapshot, ReplicaView
-from engine.service.runs import RunInfo, RunSlice, RunStore, new_run_id
+from engine.service.runs import RunInfo, RunNotFoundError, RunSlice, RunStore, new_run_id
 from engine.serving.limits import Limits
 from engine.serving.prefix import PrefixStats
 from engine.serving.scheduler import (CheckedRequest, Handle, JobProgress, RoomState, SchedulerStats, Span,
@@ -41,11 +43,14 @@ from engine.serving.scheduler import (CheckedRequest, Handle, JobProgress, RoomS
 from engine.speculative.decode import draft_from_spec
 from engine.speculative.drafts import Draft
 from engine.speculative.options import DraftModelOption, draft_model_options, is_model_spec
+from engine.store import RunDisk, StoreError, open_store
+from engine import runs as run_files
 
 PRESENCE_STALE_SECONDS = 30.0     # a web process that has not reported its sessions this long is gone
 RUN_STORE_SHARE = 2               # the run store keeps this many requests' worth of the capture limit...
 RUN_STORE_MIN = 256 * 2**20       # ...and at least this much
 KEPT_GUESS = 256                  # prompt positions a run's kept inputs make room for before its prompt is counted
+DISK_SLICES = 16                  # runs read back from their files, kept parsed (a room of followers reads one run)
 
 
 @dataclass(frozen=True)
@@ -134,10 +139,15 @@ class EngineService:
     transport = "in-process"
 
     def __init__(self, lm: LoadedModel, limits: Limits | None = None, presenter_token: str | None = None,
-                 launched_draft: str | None = None):
+                 launched_draft: str | None = None, disk: RunDisk | None = None):
         self.lm = lm
         self.scheduler = scheduler_for(lm, limits)
         self.runs = RunStore(max_bytes=run_store_bytes(self.scheduler.limits))
+        self.disk, self.disk_note = (disk, None) if disk is not None else open_disk(open_store)
+        self.writer = RunWriter(self.runs, self.disk, self._file_of) if self.disk is not None else None
+        self.runs.on_disk = self._on_disk
+        self._read_back: OrderedDict[str, RunSlice] = OrderedDict()
+        self._read_lock = threading.Lock()
         self.board = PresenterBoard(presenter_token)
         self.gate = room_gate()                      # the hosted room's join code (PLAYGROUND_JOIN_CODE)
         self.presence = Presence()
@@ -232,6 +242,8 @@ class EngineService:
         if record is Handle.END:
             error = str(handle.error) if handle.error is not None else None
             self.runs.close(handle.run_id, handle.state, error)
+            if self.writer is not None and handle.job is None:
+                self.writer.finished(handle.run_id)          # its run file, written in the writer's thread
         elif handle.job is None or isinstance(record, JobProgress):
             self.runs.append(handle.run_id, record)
 
@@ -266,9 +278,11 @@ class EngineService:
         return self.scheduler.prefix.stats
 
     def memory(self) -> list[MemoryRow]:
-        """Weights as loaded, the server process, and the GPU allocator when there is one (measured)."""
+        """Weights as loaded, the server process, the runs held in memory (as the run store counts them), and the GPU
+        allocator when there is one (measured)."""
         rows = [MemoryRow("Weights", self.lm.weight_bytes),
-                MemoryRow("Process memory", psutil.Process(os.getpid()).memory_info().rss)]
+                MemoryRow("Process memory", psutil.Process(os.getpid()).memory_info().rss),
+                MemoryRow("Runs held in memory", self.runs.bytes)]   # the rest are on disk (engine/store)
         if self.lm.device.type == "cuda":
             rows.append(MemoryRow("GPU allocated", torch.cuda.memory_allocated(self.lm.device)))
         return rows
@@ -293,13 +307,65 @@ class EngineService:
     # --- runs, by id --------------------------------------------------------------------------------------------
 
     def run_slice(self, run_id: str, since: int = 0) -> RunSlice:
-        return self.runs.slice(run_id, since)
+        """A run by id: from memory while it is there, else from its run file on disk."""
+        try:
+            return self.runs.slice(run_id, since)
+        except RunNotFoundError:
+            return self._from_disk(run_id, since)
 
     def run_wait(self, run_id: str, since: int, timeout: float) -> RunSlice:
-        return self.runs.wait(run_id, since, timeout)
+        try:
+            return self.runs.wait(run_id, since, timeout)
+        except RunNotFoundError:
+            return self._from_disk(run_id, since)            # finished: nothing more will come
 
     def run_list(self, limit: int = 50) -> list[RunInfo]:
-        return self.runs.list(limit)
+        """The newest runs, those in memory and those only on disk."""
+        runs = self.runs.list(limit)
+        if self.disk is not None:
+            seen = {info.id for info in runs}
+            runs += [info_of_row(row) for row in self.disk.rows(limit) if row.id not in seen]
+        return sorted(runs, key=lambda info: info.created, reverse=True)[:limit]
+
+    def written(self, run_id: str) -> None:
+        """Return once a finished run's file is on disk (engine/server/streams.py holds its end back until then)."""
+        if self.writer is not None:
+            self.writer.written(run_id)
+
+    def run_file(self, run_id: str) -> bytes:
+        """A finished run's run file: the one on disk, else built from the records in memory."""
+        if self.disk is not None:
+            try:
+                return self.disk.read(run_id)
+            except StoreError as err:
+                if run_id not in self.runs:
+                    raise RunNotFoundError(str(err)) from None
+        return self._file_of(self.runs.slice(run_id))
+
+    def _on_disk(self, run_id: str) -> bool:
+        try:
+            return self.disk is not None and self.disk.row(run_id) is not None
+        except StoreError:
+            return False
+
+    def _file_of(self, part: RunSlice) -> bytes:
+        return run_files.file_of(run_files.recording_of(part, self), self)
+
+    def _from_disk(self, run_id: str, since: int) -> RunSlice:
+        """A run read back from its file (the last DISK_SLICES kept parsed); RunNotFoundError when there is none."""
+        if self.disk is None:
+            raise RunNotFoundError(f"no run {str(run_id)[:40]!r} on this server: it was never made here, or it was "
+                                   "dropped to make room for newer runs (and this server keeps none on disk)")
+        with self._read_lock:
+            part = self._read_back.get(run_id)
+        if part is None:
+            part = slice_from_disk(self.disk, run_id, self.limits)
+            with self._read_lock:
+                self._read_back[run_id] = part
+                while len(self._read_back) > DISK_SLICES:
+                    self._read_back.popitem(last=False)
+        since = min(max(since, 0), len(part.records))
+        return RunSlice(part.info, since, part.records[since:])
 
     # --- for remote clients --------------------------------------------------------------------------------------
 
@@ -313,3 +379,5 @@ class EngineService:
 
     def close(self) -> None:
         self.scheduler.close()
+        if self.writer is not None:
+            self.writer.close()

@@ -126,16 +126,17 @@ def _dumps(recording: Recording, attention_dtype: str | None) -> bytes:
     return gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0)
 
 
-def document(recording: Recording, attention_dtype: str | None = "float16") -> dict[str, Any]:
-    """A recording as plain JSON values (arrays as {ARRAY_KEY: base64, dtype, shape}); a run file reuses it."""
+def document(recording: Recording, attention_dtype: str | None = "float16", raw: bool = False) -> dict[str, Any]:
+    """A recording as plain JSON values (arrays as {ARRAY_KEY: base64, dtype, shape}); a run file reuses it with
+    `raw`: each array left as the numpy array it is (the run file moves them into its tensors, no base64 between)."""
     doc = {"format": FORMAT, "version": VERSION, "title": recording.title, "created": recording.created,
            "model": {"label": recording.model, "dtype": recording.dtype, "device": recording.device,
                      "spec": _encode(recording.spec)},
            "request": _encode(recording.request), "policy": _encode(recording.policy),
-           "records": _encode_records(recording.records, attention_dtype)}
+           "records": _encode_records(recording.records, attention_dtype, raw)}
     if recording.speculation is not None:
-        doc["speculation"] = {**_encode(replace(recording.speculation, baseline=[]), attention_dtype),
-                              "baseline": _encode_records(recording.speculation.baseline, attention_dtype)}
+        doc["speculation"] = {**_encode(replace(recording.speculation, baseline=[]), attention_dtype, raw),
+                              "baseline": _encode_records(recording.speculation.baseline, attention_dtype, raw)}
     return doc
 
 
@@ -145,34 +146,42 @@ def save_recording(recording: Recording, path: str | Path, attention_dtype: str 
     return path
 
 
-def _encode_records(records: list[Any], attention_dtype: str | None) -> list[dict[str, Any]]:
+def _encode_records(records: list[Any], attention_dtype: str | None, raw: bool = False) -> list[dict[str, Any]]:
     """Records of mixed types, each tagged with its type's name."""
-    return [{"type": type(r).__name__, **_encode(r, attention_dtype)} for r in records]
+    return [{"type": type(r).__name__, **_encode(r, attention_dtype, raw)} for r in records]
 
 
-def _encode(value: Any, attention_dtype: str | None = None) -> Any:
+def _encode(value: Any, attention_dtype: str | None = None, raw: bool = False) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out = {}
         for f in dataclasses.fields(value):
             v = getattr(value, f.name)
             if f.name == "attention" and isinstance(v, np.ndarray) and attention_dtype:
                 v = v.astype(attention_dtype)
-            out[f.name] = _encode(v, attention_dtype)
+            out[f.name] = _encode(v, attention_dtype, raw)
         return out
     if isinstance(value, np.ndarray):
-        return _encode_array(value)
+        return _checked_array(value) if raw else _encode_array(value)
     if isinstance(value, dict):
-        return {str(k): _encode(v, attention_dtype) for k, v in value.items()}
+        return {str(k): _encode(v, attention_dtype, raw) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_encode(v, attention_dtype) for v in value]
+        return [_encode(v, attention_dtype, raw) for v in value]
     if isinstance(value, np.generic):
         return value.item()
     return value
 
 
-def _encode_array(a: np.ndarray) -> dict[str, Any]:
-    if a.dtype.name not in ARRAY_DTYPES:
+def _checked_array(a: np.ndarray) -> np.ndarray:
+    if a.dtype not in _ARRAY_NP_DTYPES:                        # dtype objects hash: faster than their names
         raise RecordingError(f"cannot store an array of dtype {a.dtype.name}")
+    return a
+
+
+_ARRAY_NP_DTYPES = frozenset(np.dtype(name) for name in ARRAY_DTYPES)
+
+
+def _encode_array(a: np.ndarray) -> dict[str, Any]:
+    _checked_array(a)
     data = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")).tobytes()
     return {ARRAY_KEY: base64.b64encode(data).decode("ascii"), "dtype": a.dtype.name, "shape": list(a.shape)}
 

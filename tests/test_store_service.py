@@ -1,0 +1,71 @@
+"""The service keeps every finished run on disk (engine/service/ondisk.py): written once by its writer thread, read
+back by id after memory let go of it or after a restart, held in memory while the disk refuses it."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conftest import tiny_prompt
+from engine import runs as run_files
+from engine.core.generate import GenerationRequest
+from engine.core.hooks import CAPTURE_OFF
+from engine.service import ondisk
+from engine.service.runs import NothingKeptError, RunNotFoundError
+from engine.service.service import EngineService
+from engine.store import open_store
+
+
+def finished(service: EngineService, seed: int, source: str = "api") -> str:
+    request = GenerationRequest(tiny_prompt(6, seed=seed), max_new_tokens=3, chat=False)
+    handle = service.submit(request, CAPTURE_OFF, source=source)
+    list(handle.records())
+    return handle.run_id
+
+
+def test_a_finished_run_is_read_back_from_disk_after_memory_and_after_a_restart(tiny_lm, tmp_path):
+    service = EngineService(tiny_lm, disk=open_store(tmp_path, 2**26))
+    try:
+        run_id = finished(service, 1)
+        records = service.run_slice(run_id).records
+        assert service.writer.flush(30) and service.writer.n_written == 1
+        assert run_id not in service.runs                  # on disk: memory let go of it (nothing kept to recompute)
+        with pytest.raises(NothingKeptError, match="is kept on disk, but the layers' inputs"):
+            service.quick("attention.kept", {"run_id": run_id})
+        assert [r.kind for r in service.run_slice(run_id).records] == [r.kind for r in records]
+        data = service.run_file(run_id)
+        assert data == service.disk.read(run_id) and run_files.loads(data).token_ids == \
+            [r.token.id for r in records if r.kind in ("prefill", "decode")]
+    finally:
+        service.close()
+    again = EngineService(tiny_lm, disk=open_store(tmp_path, 2**26))          # the model server restarted
+    try:
+        part = again.run_slice(run_id, since=1)
+        assert part.info.state == "done" and part.info.source == "api" and part.start == 1
+        assert [r.kind for r in part.records] == [r.kind for r in records[1:]]
+        assert run_id in [info.id for info in again.run_list()]
+        with pytest.raises(RunNotFoundError, match="no run run-0000"):
+            again.run_slice("run-0000")
+    finally:
+        again.close()
+
+
+def test_a_run_the_disk_refuses_stays_readable_in_memory_and_is_written_once_it_can_be(tiny_lm, tmp_path,
+                                                                                        monkeypatch, caplog):
+    monkeypatch.setattr(ondisk, "RETRY_SECONDS", 0.2)
+    disk = open_store(tmp_path, 1024)                 # a budget smaller than any run file: every write is refused
+    service = EngineService(tiny_lm, disk=disk)
+    try:
+        service.runs.max_bytes = 1                     # memory would drop every finished run at once...
+        run_id = finished(service, 2)
+        assert service.writer.flush(30) and list(service.writer.pending) == [run_id]
+        assert service.run_slice(run_id).info.state == "done"        # ...but a run waiting for the disk is held
+        assert "was not kept on disk" in (disk.usage().write_error or "")
+        disk.budget = 2**26                            # space again (an operator freed some)
+        deadline = time.monotonic() + 20
+        while service.writer.pending and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not service.writer.pending and disk.row(run_id).size > 0 and run_id not in service.runs
+        assert service.run_slice(run_id).info.state == "done"        # from its file now
+    finally:
+        service.close()
