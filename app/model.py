@@ -160,6 +160,20 @@ def page_model(needed: bool = False) -> ModelClient | None:
     return client
 
 
+SMALL_MODEL = "SmolLM2-135M-Instruct"     # the embedded default (engine.core.loader.EMBEDDED)
+
+
+def small_model_note(label: str | None) -> str | None:
+    """One line on the embedded model's weak answers (None for any other model): what it is for, and how to load a
+    bigger one."""
+    if label != SMALL_MODEL:
+        return None
+    return ("SmolLM2-135M is a tiny model, chosen so the playground runs on any laptop: expect short, often wrong "
+            "answers, but every step shown is a real Llama-architecture step, which is what these pages are about. "
+            "For better answers start it with a bigger model: `make models`, then `playground --model qwen-1.5b`; "
+            "or `--model` a local model folder or a Hugging Face Hub id.")
+
+
 def offline_notice() -> None:
     """Why this page cannot run the model, and the way to a recording."""
     if st.session_state.get(REFUSED_KEY):
