@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
 
 from app.request import Sampling, new_token_limit, sanitize_settings
 from app.format import fmt_ms
@@ -106,7 +107,7 @@ def prompt_controls() -> str:
     row = st.container(horizontal=True)              # buttons as wide as their words, at any screen width
     for i, (name, text) in enumerate(PRESETS.items()):
         row.button(name, key=f"{NS}.preset.{i}", on_click=_set_prompt, args=(text,))
-    return st.text_area("Prompt", height=140, key=f"{NS}.prompt",
+    return st.text_area("Prompt", height=100, key=f"{NS}.prompt",
                         help="Wrapped in the chat template before tokenizing (for instruct models).")
 
 
@@ -167,9 +168,14 @@ class TimelineView:
     def __init__(self) -> None:
         self.status = st.empty()
         self.answer = st.empty()
+        self.note: DeltaGenerator | None = None
+        self.chart: ChartSlot | None = None
+        self.text_throttle, self.chart_throttle = Throttle(0.1), Throttle(0.4)
+
+    def chart_slot(self) -> None:
+        """Where the rounds' chart goes (under the section's heading, below the answer)."""
         self.note = st.empty()
         self.chart = ChartSlot(f"{NS}.timeline")
-        self.text_throttle, self.chart_throttle = Throttle(0.1), Throttle(0.4)
 
     def update(self, run: Run, final: bool = False) -> None:
         spec = run.speculation
@@ -181,7 +187,7 @@ class TimelineView:
             return
         self.status.caption(status_line(run))
         self.answer.text(run.text or "…")
-        if spec.rounds and (final or self.chart_throttle()):
+        if spec.rounds and self.chart is not None and (final or self.chart_throttle()):
             shown = spec.rounds[-MAX_ROWS:]
             if len(shown) < len(spec.rounds):
                 self.note.caption(f"The latest {len(shown)} of {len(spec.rounds)} rounds.")
