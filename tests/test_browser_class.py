@@ -166,7 +166,7 @@ def test_an_idle_room_reads_idle(app_url, client, projector):
     shown = room_metrics(projector)
     assert shown["In the batch"].startswith("0 of") and shown["Waiting"] == "0"
     assert shown["Decode step"] == shown["tok/s, all"] == shown["tok/s, each"] == "–", shown
-    idle = projector.get_by_text("Idle: nobody is generating").first.inner_text()
+    idle = projector.get_by_text("Before the room went idle").first.inner_text()
     each, together = (number(x) for x in re.search(r"([\d.,]+) tok/s for each request, ([\d.,]+) tok/s", idle).groups())
     assert together >= each * 0.99, idle
     inside = projector.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(plot => {

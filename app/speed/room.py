@@ -146,10 +146,15 @@ def numbers_row(n: RoomNumbers) -> None:
                    help="Tokens per second for everyone together: each step gives every request in it one token")
     cols[4].metric("tok/s, each", fmt_rate(n.per_user_tok_s) if live and n.per_user_tok_s else "–",
                    help="Tokens per second each request in the batch gets: one per step")
-    if n.idle and n.step_seconds:
-        st.caption(f"Idle: nobody is generating. Before the room went idle, its last decode steps took "
-                   f"{fmt_ms(n.step_seconds)} each with {n.mean_rows:.1f} request(s) in them on average: "
-                   f"{fmt_rate(n.per_user_tok_s)} for each request, {fmt_rate(n.total_tok_s)} for the room.")
+
+
+def idle_note(n: RoomNumbers) -> str | None:
+    """The last steps' figures, said to be the last ones (None when the room never stepped)."""
+    if not n.step_seconds:
+        return None
+    return (f"Before the room went idle, its last decode steps took {fmt_ms(n.step_seconds)} each with "
+            f"{n.mean_rows:.1f} request(s) in them on average: {fmt_rate(n.per_user_tok_s)} for each request, "
+            f"{fmt_rate(n.total_tok_s)} for the room.")
 
 
 def live_section(lm: ModelClient, me: str | None) -> None:
@@ -171,9 +176,11 @@ def live_section(lm: ModelClient, me: str | None) -> None:
         members = member_rows(state, me)
         if members:
             st.dataframe(members, hide_index=True, width="stretch", column_config=MEMBER_COLUMNS)
-        else:
-            st.info("Nobody is generating right now. Press Generate on the journey page (or ask the room to) "
-                    "and watch the batch fill.")
+        elif numbers.idle:
+            st.info("Idle: nobody is generating right now. Press Generate on the journey page (or ask the room to) "
+                    "and watch the batch fill.", icon=":material/hourglass_empty:")
+            if note := idle_note(numbers):
+                st.caption(note)
         if rows:
             left, right = st.columns(2)
             plot(steps_figure(rows), "room.steps", left)
