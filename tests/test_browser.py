@@ -59,6 +59,20 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 1
     raise RuntimeError(f"the app did not answer within {timeout} s:\n{log.read_text()[-3000:]}")
 
 
+def wait_model(url: str, proc: subprocess.Popen, log: Path, timeout: float = 240) -> None:
+    """Until the OpenAI API of the app answers /v1/models: its one model is loaded (it loads when the server starts)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the app exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as r:
+                if r.status == 200:
+                    return
+        time.sleep(0.5)
+    raise RuntimeError(f"the model was not loaded within {timeout} s:\n{log.read_text()[-3000:]}")
+
+
 def assert_no_deprecation(log: Path) -> None:
     """Nothing the app's process printed says deprecated (Python's warnings, Streamlit's and transformers' logs)."""
     said = [line for line in log.read_text(errors="replace").splitlines() if DEPRECATED.search(line)]
@@ -75,7 +89,8 @@ def stop(proc: subprocess.Popen) -> None:
 
 @contextlib.contextmanager
 def running_app(log_dir: Path, env: dict[str, str] | None = None):
-    """The app as `make run` starts it (the launcher's own `streamlit run app/main.py ...` command); its url."""
+    """The app as `make run` starts it (the launcher's own `streamlit run app/asgi.py ...` command: the pages and the
+    OpenAI API over one model); its url once the model is loaded."""
     port = free_port()
     log = log_dir / "streamlit.log"
     cmd = [python(), *streamlit_command(build_parser().parse_args(["--port", str(port)]))[1:]]
@@ -85,16 +100,12 @@ def running_app(log_dir: Path, env: dict[str, str] | None = None):
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, log)
+        wait_model(url, proc, log)
         yield url
     finally:
         stop(proc)
     assert_no_deprecation(log)
-
-
-@pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
-    with running_app(tmp_path_factory.mktemp("app")) as url:
-        yield url
+    assert "Did not auto detect" not in log.read_text()        # Streamlit's guess, hidden: the launcher says where
 
 
 @pytest.fixture(scope="module")
