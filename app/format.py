@@ -62,6 +62,13 @@ def visible(text: str) -> str:
     return text.replace(" ", "·").replace("\n", "⏎").replace("\t", "⇥").replace("\r", "␍")
 
 
+def token_words(text: str, ends_answer: bool = False) -> str:
+    """A token as a sentence names it: quoted with its whitespace visible, or what it is when it has no text."""
+    if ends_answer and not text.strip():
+        return "the end-of-answer token (the model's signal that it is done)"
+    return f"'{visible(text)}'" if text else "a token with no text of its own"
+
+
 def plot_text(text: str, limit: int = 24) -> str:
     """Token text safe for Plotly labels: whitespace visible, markup characters escaped, long text cut."""
     shown = visible(text)

@@ -1,13 +1,15 @@
-"""`playground`: start the app for one person or a room, wrapping `streamlit run app/main.py`.
+"""`playground`: start the app for one person or a room, wrapping `streamlit run app/asgi.py`.
 
     playground                                        # the embedded model on this machine, http://127.0.0.1:8501
+                                                      # and its OpenAI API at http://127.0.0.1:8501/v1 (app/hosted.py)
     playground --model /models/Llama-3.1-8B-Instruct --device cuda --dtype bf16 \\
                --host 0.0.0.0 --port 8501 --presenter-token auto --max-sessions 60
     playground --engine-url http://127.0.0.1:8000 --api-key KEY        # the model in a server: this process holds none
     playground --web-processes 4 --host 0.0.0.0 --presenter-token auto  # one model server, 4 web processes, nginx
 
 On any address but loopback the room asks for a join code (made up at start unless --join-code or
-PLAYGROUND_JOIN_CODE gives one; --open-room turns it off): the printed join link carries it.
+PLAYGROUND_JOIN_CODE gives one; --open-room turns it off): the printed join link carries it. There the API asks for
+a key and presenter mode for a token, each made up at start unless given, and printed beside the join link.
 
 Every flag becomes an environment variable the app reads (PLAYGROUND_MODEL, PLAYGROUND_MAX_NEW_TOKENS,
 ...), so setting the variables yourself works as well. The browser can only use the model the
@@ -27,6 +29,7 @@ from engine.server.launch import MMAP_THRESHOLD, MMAP_THRESHOLD_ENV
 from engine.serving.flags import LIMIT_FLAGS, add_limit_flags
 
 MAIN = Path(__file__).resolve().parent / "main.py"
+ASGI = MAIN.parent / "asgi.py"          # the pages and the OpenAI API over one model (app/hosted.py)
 ROOT = MAIN.parent.parent
 MODEL_ENV, DRAFT_ENV, DEVICE_ENV, DTYPE_ENV = "PLAYGROUND_MODEL", "PLAYGROUND_DRAFT", "PLAYGROUND_DEVICE", "PLAYGROUND_DTYPE"
 TOKEN_ENV, URL_ENV, KEY_ENV = "PLAYGROUND_PRESENTER_TOKEN", "PLAYGROUND_ENGINE_URL", "PLAYGROUND_API_KEY"
@@ -51,7 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--presenter-token", help="secret that unlocks presenter mode; 'auto' makes one up")
     parser.add_argument("--engine-url", help="use the model server at this url (python -m engine serve) instead of "
                                              "loading a model in this process")
-    parser.add_argument("--api-key", help="the model server's API key, with --engine-url (also PLAYGROUND_API_KEY)")
+    parser.add_argument("--api-key", help="the key of the OpenAI API at /v1 ('auto' makes one up; made up anyway off "
+                                          "loopback), or with --engine-url the model server's key (also "
+                                          "PLAYGROUND_API_KEY)")
+    parser.add_argument("--no-api", action="store_true", help="the pages only: no OpenAI API at /v1")
     parser.add_argument("--web-processes", type=int, default=0, metavar="N",
                         help="start one model server and N Streamlit processes behind nginx on --host:--port "
                              "(a room on one big machine; needs nginx)")
@@ -84,6 +90,28 @@ def presenter_token(value: str | None) -> str | None:
         raise SystemExit(f"playground: the presenter token must be at least {MIN_TOKEN_CHARS} characters "
                          "(or use --presenter-token auto)")
     return value
+
+
+def serves_api(args: argparse.Namespace) -> bool:
+    """Whether this process hosts the model for its pages and its OpenAI API (app/hosted.py): not when the model
+    lives in a model server (--engine-url, --web-processes, --replicas), nor with --no-api."""
+    return not (args.no_api or args.engine_url or args.web_processes or args.replicas)
+
+
+def room_secrets(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(presenter token, API key). Off loopback a room gets both, made up unless given: a room without a presenter
+    token has no presenter mode, and its API needs a key as its pages need the join code. With --engine-url both
+    are the model server's (the key as given, sent by this process)."""
+    hosted_room = args.host not in LOOPBACK
+    if args.engine_url:
+        return presenter_token(args.presenter_token), args.api_key
+    token = presenter_token(args.presenter_token or ("auto" if hosted_room else None))
+    if not serves_api(args):
+        return token, None
+    key = args.api_key or ("auto" if hosted_room else None)
+    if key is not None and key != "auto" and len(key) < MIN_TOKEN_CHARS:
+        raise SystemExit(f"playground: the API key must be at least {MIN_TOKEN_CHARS} characters (or --api-key auto)")
+    return token, secrets.token_urlsafe(24) if key == "auto" else key
 
 
 def join_code(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
@@ -129,13 +157,14 @@ def limit_env(args: argparse.Namespace) -> dict[str, str]:
     return {ENV_VARS[name]: str(value) for name, value in given.items()}
 
 
-def launch_env(args: argparse.Namespace, token: str | None = None, code: str | None = None) -> dict[str, str]:
+def launch_env(args: argparse.Namespace, token: str | None = None, code: str | None = None,
+               key: str | None = None) -> dict[str, str]:
     """The PLAYGROUND_* variables the flags stand for (only those given)."""
     public = room_urls(args)[0] if code else None
     env = {var: value for var, value in ((MODEL_ENV, args.model), (DRAFT_ENV, args.draft),
                                           (DEVICE_ENV, args.device), (DTYPE_ENV, args.dtype),
                                           (TOKEN_ENV, token), (JOIN_CODE_ENV, code), (PUBLIC_URL_ENV, public),
-                                          (URL_ENV, args.engine_url), (KEY_ENV, args.api_key),
+                                          (URL_ENV, args.engine_url), (KEY_ENV, key),
                                           (RUNS_DIR_ENV, args.runs_dir),
                                           (RUNS_MB_ENV, None if args.runs_mb is None else str(args.runs_mb)))
            if value}
@@ -170,42 +199,49 @@ def thread_env(environ: Mapping[str, str], cores: int | None = None) -> dict[str
 
 
 def streamlit_command(args: argparse.Namespace) -> list[str]:
-    return [sys.executable, "-m", "streamlit", "run", str(MAIN),
+    script = ASGI if serves_api(args) else MAIN
+    return [sys.executable, "-m", "streamlit", "run", str(script),
             "--server.address", args.host, "--server.port", str(args.port), "--server.headless", "true",
             "--browser.gatherUsageStats", "false", "--server.maxUploadSize", str(UPLOAD_MB),
             "--server.fileWatcherType", "none", "--server.enableXsrfProtection", "true",
             "--client.toolbarMode", "viewer",          # no Deploy button or developer menu for the room
+            "--logger.hideWelcomeMessage", "true",     # the banner says where to go (Streamlit's guess read as an error)
             "--runner.postScriptGC", "false"]          # a full gc.collect() after every rerun: docs/serving.md
 
 
-def banner(args: argparse.Namespace, token: str | None, code: str | None = None) -> str:
-    shown = "this machine's addresses" if args.host in ("0.0.0.0", "::") else args.host
-    lines = [f"Inference Playground on http://{args.host}:{args.port} ({shown})"]
+def banner(args: argparse.Namespace, token: str | None, code: str | None = None, key: str | None = None) -> str:
+    """What the launcher prints: where to open the app, the join link, the API, the presenter token."""
+    urls = room_urls(args)
+    if args.host in LOOPBACK:
+        lines = [f"Inference Playground: open {urls[0]} in a browser on this machine."]
+    else:
+        lines = [f"Inference Playground for a room on port {args.port} ({', '.join(urls)})."]
     if args.engine_url:
         lines.append(f"The model: the server at {args.engine_url} (this process holds none)")
         if token:
             lines.append("Note: presenter mode is the model server's: start it with --presenter-token")
     if code:
-        links = [f"{url}/?join={code}" for url in room_urls(args)]
+        links = [f"{url}/?join={code}" for url in urls]
         lines.append(f"Join link: {links[0]}  (share it with the room only: it lets a browser use the model)")
         lines += [f"       or: {link}" for link in links[1:]]
     elif args.open_room and args.host not in LOOPBACK:
         lines.append(f"WARNING: open room (--open-room): anyone who can reach port {args.port} can use the model, "
                      "with no join code.")
+    if serves_api(args):
+        lines.append(f"OpenAI API (notebooks, scripts, the openai package): {urls[0]}/v1"
+                     + (f"  API key: {key}" if key else "  (no key on this machine alone)"))
     if token:
         lines.append(f"Presenter token: {token}  (enter it in the sidebar's presenter box; keep it to yourself)")
-    elif args.host not in ("127.0.0.1", "localhost", "::1"):
-        lines.append("No presenter token: presenter mode is off. Use --presenter-token auto to turn it on.")
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    token = presenter_token(args.presenter_token)
+    token, key = room_secrets(args)
     base = os.environ if environ is None else environ
     args.public_url = args.public_url or base.get(PUBLIC_URL_ENV)
     code = join_code(args, base)
-    given = {**thread_env(base), **malloc_env(base), **launch_env(args, token, code)}
+    given = {**thread_env(base), **malloc_env(base), **launch_env(args, token, code, key)}
     env = {var: value for var, value in {**base, **given}.items() if code or var != JOIN_CODE_ENV}
     command = streamlit_command(args)
     if args.dry_run:
@@ -213,7 +249,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         for var, value in sorted(given.items()):
             print(f"{var}={value}")
         return 0
-    print(banner(args, token, code), flush=True)
+    print(banner(args, token, code, key), flush=True)
     os.chdir(ROOT)
     if args.web_processes or args.replicas:
         from app.processes import serve_room

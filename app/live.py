@@ -17,7 +17,7 @@ from app.run import LAST_RUN, Draft, Run, capture_policy, new_run, run_from_slic
 from app.session import session_id
 from app.watch import FORM_KEY
 from engine.errors import EngineError
-from engine.service.client import ModelClient
+from engine.service.client import ModelClient, run_id as api_run_id
 from engine.service.jobs import JOBS
 from engine.serving.scheduler import CheckedRequest, JobProgress, JobResult, QueueStatus
 
@@ -110,14 +110,15 @@ LINK_KEY = "run_link.opened"        # the ?run= id this session has opened alrea
 
 
 def open_run_link(lm: ModelClient | None) -> None:
-    """`?run=<id>` in the address: the run with that id on the model server becomes this session's run (once per
-    link), so a request made with curl or the `openai` package, with captures, opens on every page."""
+    """`?run=<id>` in the address (a run id, or the API's reply id: `chatcmpl-...`): the run with that id on the model
+    server becomes this session's run (once per link), so a request made with curl or the `openai` package, with
+    captures, opens on every page."""
     run_id = st.query_params.get("run")
     if not run_id or lm is None or st.session_state.get(LINK_KEY) == run_id:
         return
     st.session_state[LINK_KEY] = run_id
     try:
-        part = lm.run_slice(run_id[:80])
+        part = lm.run_slice(api_run_id(run_id[:80]))      # the API's reply id names the same run
     except EngineError as err:
         st.warning(f"The run in the link cannot be opened: {err}")
         return
@@ -125,6 +126,8 @@ def open_run_link(lm: ModelClient | None) -> None:
     st.session_state[LAST_RUN] = run
     if run.request is not None:
         settings = {name: getattr(run.request, name) for name in SETTINGS}
+        if not 0 <= settings.get("seed", 0) < 2**31:     # an API client's random seed: the form keeps its own
+            settings.pop("seed")
         st.session_state[FORM_KEY] = (Push(0, prompt=run.request.prompt, settings=settings), run.request.chat)
 
 

@@ -15,6 +15,7 @@ from app.join import admit  # noqa: E402
 from app.layout import configure_page, layout_toggle  # noqa: E402
 from app.model import get_model, model_away, note_away, restart_notice  # noqa: E402
 from app.nav import HOME, PAGES, page_info  # noqa: E402
+from app.nav import menu as menu_of_pages  # noqa: E402
 from app.session import follow_presenter, join_session  # noqa: E402
 from app.sidebar import render_sidebar  # noqa: E402
 from app.live import open_run_link  # noqa: E402
@@ -31,9 +32,8 @@ fix_script_runs()                                 # a room of followers: no blan
 configure_page()                                  # st.set_page_config, the projector and presenter layouts
 home = st.Page(HOME.path, title=HOME.title, icon=HOME.icon, default=True)
 by_url = {p.url_path: st.Page(p.path, title=p.title, icon=p.icon, url_path=p.url_path) for p in PAGES}
-menu: dict[str, list] = {"": [home]}
-for info in PAGES:                                   # grouped, so the whole menu fits a projector's height
-    menu.setdefault(info.section, []).append(by_url[info.url_path])
+menu: dict[str, list] = {"": [home]}                # grouped, so the whole menu fits a projector's height
+menu.update({section: [by_url[info.url_path] for info in infos] for section, infos in menu_of_pages().items()})
 away = model_away()                               # the model server restarting: no client is handed out meanwhile
 admit(menu)                                       # a hosted room's join code: a stranger gets the join form only
 current = st.navigation(menu, expanded=True)     # every page listed: no "View more" on a projector

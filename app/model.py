@@ -81,14 +81,29 @@ class ModelSlot:
             return self.client
 
 
+def api_key() -> str | None:
+    """The model server's API key: the one this process sends to a model server (`--engine-url`), or the one its
+    own API door asks of clients (app/hosted.py)."""
+    return os.environ.get(KEY_ENV) or None
+
+
 def connect(choice: ModelChoice, progress: Callable[[float, str], None] | None = None) -> ModelClient:
-    """The remote client of the named server, or a service around a model loaded here."""
+    """The remote client of the named server, the model this process hosts for its pages and its API
+    (app/hosted.py, loading since the server started), or a service around a model loaded here now."""
     if choice.url:
         from engine.service.client import wait_until_ready
 
-        return wait_until_ready(choice.url, SERVER_WAIT_SECONDS, os.environ.get(KEY_ENV) or None,
+        return wait_until_ready(choice.url, SERVER_WAIT_SECONDS, api_key(),
                                 on_wait=lambda text: progress(0.5, f"Waiting for the model server: {text}")
                                 if progress else None)
+    from app.hosted import hosted
+
+    model = hosted()
+    return model.wait(progress) if model is not None else load_here(choice, progress)
+
+
+def load_here(choice: ModelChoice, progress: Callable[[float, str], None] | None = None) -> ModelClient:
+    """The model loaded in this process, served by an in-process `EngineService`."""
     from engine.core.loader import load_model
     from engine.service.service import EngineService
 
@@ -153,6 +168,20 @@ def page_model(needed: bool = False) -> ModelClient | None:
                 f"{URL_ENV} to a running model server, and restart.")
         st.stop()
     return client
+
+
+SMALL_MODEL = "SmolLM2-135M-Instruct"     # the embedded default (engine.core.loader.EMBEDDED)
+
+
+def small_model_note(label: str | None) -> str | None:
+    """One line on the embedded model's weak answers (None for any other model): what it is for, and how to load a
+    bigger one."""
+    if label != SMALL_MODEL:
+        return None
+    return ("SmolLM2-135M is a tiny model, chosen so the playground runs on any laptop: expect short, often wrong "
+            "answers, but every step shown is a real Llama-architecture step, which is what these pages are about. "
+            "For better answers start it with a bigger model: `make models`, then `playground --model qwen-1.5b`; "
+            "or `--model` a local model folder or a Hugging Face Hub id.")
 
 
 def offline_notice() -> None:

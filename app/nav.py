@@ -90,5 +90,39 @@ PAGES: tuple[PageInfo, ...] = (
 )
 
 
+def menu() -> dict[str, list[PageInfo]]:
+    """The sidebar's groups in the sidebar's order (a group sits where its first page is in PAGES)."""
+    groups: dict[str, list[PageInfo]] = {}
+    for info in PAGES:
+        groups.setdefault(info.section, []).append(info)
+    return groups
+
+
+@dataclass(frozen=True)
+class TourStop:
+    url_path: str
+    minutes: str
+    what: str
+
+
+# A class's first twenty minutes, in the sidebar's order: what to do on each page, for a presenter on a projector.
+TOUR: tuple[TourStop, ...] = (
+    TourStop("journey", "3 min", "Ask a question and press Generate: the answer streams under the button. Then scroll "
+             "down: the prompt as tokens, the shapes through every layer, and one token's candidates as you move the "
+             "temperature."),
+    TourStop("attention", "3 min", "The same run's attention: pick a layer and a head, find the bright first column "
+             "(the attention sink), then step through decoding and watch each new token look back."),
+    TourStop("kv-cache", "3 min", "The cache growing with every token, exactly as the formula says; then, in the "
+             "calculator, Llama 3.1 8B on an H100 at 1K and at 128K tokens: how many users fit."),
+    TourStop("speculative", "3 min", "Press *Copy a passage*, then Generate: green drafts accepted, red rejected, "
+             "and the measured speedup. Try *Open question* to see it fall."),
+    TourStop("speed-cost", "2 min", "Llama 3.1 8B on an H100: move the batch from 1 to 64 and watch the cost per "
+             "million tokens drop."),
+    TourStop("room", "3 min", "Ask everyone to press Generate on the journey page at once, with this page on the "
+             "projector: the batch fills, each step gets a little slower, the room's tokens per second grow."),
+    TourStop("quiz", "3 min", "Questions for the room, each answer explained with the numbers of the pages."),
+)
+
+
 def page_info(url_path: str) -> PageInfo | None:
     return next((p for p in (HOME, *PAGES) if p.url_path == url_path), None)

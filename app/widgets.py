@@ -39,9 +39,10 @@ class ChartSlot:
         self.box.plotly_chart(sized(fig), key=f"{self.name}.{self.n}", config=PLOT_CONFIG)
 
 
-def plot(fig: go.Figure, key: str, parent=None) -> None:
-    """A chart drawn once per run."""
-    (parent or st).plotly_chart(sized(fig), key=key, config=PLOT_CONFIG)
+def plot(fig: go.Figure, key: str, parent=None, width: str = "stretch") -> None:
+    """A chart drawn once per run. `width="content"`: at the figure's own pixel width, never stretched or squeezed
+    (a figure laid out in character cells, whose text keeps its size while a stretched chart's boxes would not)."""
+    (parent or st).plotly_chart(sized(fig), key=key, config=PLOT_CONFIG, width=width)
 
 
 class ProgressLine:

@@ -1,9 +1,10 @@
-"""The journey of a request: tokens in, shapes through the model, the answer streaming out."""
+"""The journey of a request: the answer streaming under Generate, then the tokens, the shapes through the model,
+the steps, and one token up close."""
 import streamlit as st
 
 from app.journey.sections import ResultView, run_up_close, shapes_section, tokenization_section
 from app.live import last_run, run_live
-from app.model import offline_notice, page_model
+from app.model import offline_notice, page_model, small_model_note
 from app.recordings import run_notes
 from app.request import new_token_limit, prepare
 from app.session import presenter_push
@@ -11,15 +12,16 @@ from app.widgets import generate_button, prompt_box, sampling_controls
 
 lm = page_model()
 st.title("The journey of a request")
-st.write("Type a prompt and press Generate. The prompt becomes tokens, the tokens go through every layer "
-         "once (prefill), and then the model produces one token per step (decode), reading its KV cache.")
+st.write("Type a prompt and press Generate: the answer streams right below. Further down, what happened on the "
+         "way: the prompt as tokens, their shapes through every layer (prefill), then one step per new token "
+         "(decode), each reading the KV cache.")
 
 clicked = False
 if lm is None:
     offline_notice()
     sampling = sampling_controls("journey")
 else:
-    prompt = prompt_box("journey")
+    prompt = prompt_box("journey", height=90)
     sampling = sampling_controls("journey", max_new_limit=new_token_limit(lm))
     left, right = st.columns(2)
     chat = left.toggle("Use the chat template", value=lm.has_chat_template, key="journey.chat",
@@ -33,21 +35,30 @@ else:
     notice = st.empty()
     presenter_push("journey", "journey")
 
+result = ResultView(running=lambda: lm.stats().running)      # the answer, where the person is looking
+run = last_run()
+if not clicked:
+    run_notes(run)
+    if run is None or run.prefill is None:
+        st.caption("Nothing generated yet.")
+    else:
+        result.update(run, final=True)
+if note := small_model_note(lm.label if lm is not None else run.model if run is not None else None):
+    st.caption(note)
+
+if lm is not None:
     st.subheader("1. Tokens")
     tokenization_section(lm, prepared)
     st.subheader("2. Shapes through the model")
     shapes_section(lm, len(prepared.ids))
-
-st.subheader("3. The answer, token by token")
-if not clicked:
-    run_notes(last_run())
-result = ResultView(running=lambda: lm.stats().running)
+st.subheader("3. Prefill, then one step per token")
+result.timeline_slot()
 if clicked:
     run_live(lm, prepared, "journey", stop_slot, result.update, capture, notice)
-run = last_run()
+    run = last_run()
 # No st.stop() below: main.py draws the presenter's strip after the page.
-if run is None or run.prefill is None:
-    st.caption("Nothing generated yet.")
-else:
+if run is not None and run.prefill is not None:
     result.update(run, final=True)
     run_up_close(lm, run, sampling)
+else:
+    st.caption("The timeline of the steps appears here after a run.")

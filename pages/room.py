@@ -1,9 +1,11 @@
 """The room is the batch: who is generating on this server right now, and what batching does for them."""
 import streamlit as st
 
-from app.model import page_model
+from app.hosted import hosted
+from app.model import api_key, page_model
+from app.presenter import is_presenter, presenter_board
 from app.session import session_id
-from app.speed.room import kernel_note, live_section
+from app.speed.room import api_note, kernel_note, live_section
 
 lm = page_model(needed=True)
 st.title("The room is the batch")
@@ -13,10 +15,8 @@ st.write("Everyone in this room shares one model. When several people press Gene
          "nobody's answer freezes while it is read, and a finished answer leaves its place to the next person "
          "waiting. All of this is measured on this server, live.")
 live_section(lm, session_id())
-st.caption("Read the right-hand chart as the serving trade-off: each added request makes a step a little "
-           "slower for everyone in it (latency), while the tokens produced per second by the whole room grow "
-           "almost in step with the batch (throughput), because a step reads every weight once, whatever the "
-           "number of users.")
+if hosted() is not None:                       # the pages and the API in this process (app/hosted.py)
+    st.caption(api_note(st.context.url, api_key(), is_presenter(st.session_state, presenter_board())))
 note = kernel_note(lm)
 if note:
     st.caption(note)

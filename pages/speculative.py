@@ -11,11 +11,9 @@ from app.widgets import generate_button
 
 lm = page_model(needed=True)
 st.title("Speculative decoding")
-st.write("Decoding runs the whole model once per token. Speculative decoding lets a cheap draft guess the next k "
-         "tokens and has the model check all of them in one forward pass: it keeps the guesses up to the first "
-         "one it disagrees with, plus one token of its own. The answer is exactly the model's own; only the "
-         "number of passes changes. Whether that is faster depends on how often the draft is right and what it "
-         "costs, both measured below.")
+st.write("A cheap draft guesses the next k tokens; the model checks them all in one forward pass and keeps them up "
+         "to the first it disagrees with, plus one of its own. Same answer, fewer passes: whether that is faster "
+         "depends on how often the draft is right and what it costs, both measured below.")
 
 choice = draft_controls(lm)
 k, sampling = run_controls(lm)
@@ -25,8 +23,9 @@ if prepared.error:
     st.error(prepared.error)
 clicked, stop_slot = generate_button("speculative", prepared, disabled=choice is None)
 
+timeline = TimelineView()                       # the answer streams right under Generate; its rounds below
 st.subheader("1. The answer, round by round")
-timeline = TimelineView()
+timeline.chart_slot()
 if clicked:
     draft = build_draft(lm, choice)
     if draft is not None:

@@ -144,6 +144,17 @@ def app_lm(model_dir):
 
 
 @pytest.fixture(scope="session")
+def app_url(tmp_path_factory):
+    """The app as `make run` starts it (the launcher's own command: the pages and the OpenAI API over SmolLM2), one
+    process for every browser module that uses it (tests/test_browser.py, _class.py, _spec.py): its start, model
+    load and kernel measurement cost more than most of their tests."""
+    from test_browser import running_app
+
+    with running_app(tmp_path_factory.mktemp("app")) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
 def smol_lm():
     """The embedded SmolLM2-135M-Instruct (slow tests only)."""
     from engine.core.loader import load_model

@@ -34,7 +34,7 @@ PAGES = [("", "Inference Playground"), ("journey", "The journey of a request"), 
          ("attention-math", "Attention, step by step"), ("kv-on-off", "The KV cache, with and without"),
          ("flash-attention", "FlashAttention and kernel fusion"), ("quantization", "Quantization, closely"),
          ("model-folder", "A model is a folder"), ("engines", "Where the real engines do it")]
-LAST_TEXT = {"": "paged against contiguous allocation", "journey": "Nothing generated yet",
+LAST_TEXT = {"": "paged against contiguous allocation", "journey": "The timeline of the steps appears here",
              "attention": "Grouped-query attention:", "kv-cache": "Paging preempted"}
 LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 200   # ~2,000 tokens
 RENDER_LIMIT_S = 10.0
@@ -59,6 +59,20 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 1
     raise RuntimeError(f"the app did not answer within {timeout} s:\n{log.read_text()[-3000:]}")
 
 
+def wait_model(url: str, proc: subprocess.Popen, log: Path, timeout: float = 240) -> None:
+    """Until the OpenAI API of the app answers /v1/models: its one model is loaded (it loads when the server starts)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the app exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as r:
+                if r.status == 200:
+                    return
+        time.sleep(0.5)
+    raise RuntimeError(f"the model was not loaded within {timeout} s:\n{log.read_text()[-3000:]}")
+
+
 def assert_no_deprecation(log: Path) -> None:
     """Nothing the app's process printed says deprecated (Python's warnings, Streamlit's and transformers' logs)."""
     said = [line for line in log.read_text(errors="replace").splitlines() if DEPRECATED.search(line)]
@@ -75,7 +89,8 @@ def stop(proc: subprocess.Popen) -> None:
 
 @contextlib.contextmanager
 def running_app(log_dir: Path, env: dict[str, str] | None = None):
-    """The app as `make run` starts it (the launcher's own `streamlit run app/main.py ...` command); its url."""
+    """The app as `make run` starts it (the launcher's own `streamlit run app/asgi.py ...` command: the pages and the
+    OpenAI API over one model); its url once the model is loaded."""
     port = free_port()
     log = log_dir / "streamlit.log"
     cmd = [python(), *streamlit_command(build_parser().parse_args(["--port", str(port)]))[1:]]
@@ -85,16 +100,12 @@ def running_app(log_dir: Path, env: dict[str, str] | None = None):
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, log)
+        wait_model(url, proc, log)
         yield url
     finally:
         stop(proc)
     assert_no_deprecation(log)
-
-
-@pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
-    with running_app(tmp_path_factory.mktemp("app")) as url:
-        yield url
+    assert "Did not auto detect" not in log.read_text()        # Streamlit's guess, hidden: the launcher says where
 
 
 @pytest.fixture(scope="module")
@@ -193,10 +204,60 @@ OUTSIDE_JS = """() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(
     .map(t => t.textContent.trim()); })"""
 
 
+# chart text running into chart text: every label of a chart (points', bars', annotations', ticks, titles, legends) as
+# the box it is drawn in, turned as drawn (a rotated tick label is a turned box), checked pairwise by separating axes;
+# and a label drawn inside a bar or a shape (a token chip, a box of the shapes diagram) no wider than it
+COLLISIONS_JS = """() => {
+  // Every text of every plotly chart as an oriented box (its own width and height, turned as drawn), then: no two
+  // boxes of one chart intersect (separating axes), and no label drawn inside a bar or a box is wider than it.
+  const SEL = '.textpoint text, text.bartext, .annotation-text, .xtick text, .ytick text, .legendtext, .gtitle, ' +
+              '.g-xtitle text, .g-ytitle text, .g-x2title text, .g-y2title text, .cbtitle text, .cbaxis text';
+  const boxOf = e => {
+    const r = e.getBoundingClientRect(), b = e.getBBox(), m = e.getScreenCTM();
+    const scale = Math.hypot(m.a, m.b), angle = Math.atan2(m.b, m.a);
+    return {cx: (r.left + r.right) / 2, cy: (r.top + r.bottom) / 2, w: b.width * scale, h: b.height * scale * 0.8,
+            angle, r};
+  };
+  const corners = q => [[-1, -1], [1, -1], [1, 1], [-1, 1]].map(([sx, sy]) => {
+    const x = sx * q.w / 2, y = sy * q.h / 2;
+    return [q.cx + x * Math.cos(q.angle) - y * Math.sin(q.angle), q.cy + x * Math.sin(q.angle) + y * Math.cos(q.angle)];
+  });
+  const apart = (p, q) => [p.angle, p.angle + Math.PI / 2, q.angle, q.angle + Math.PI / 2].some(t => {
+    const ax = [Math.cos(t), Math.sin(t)], proj = c => c.map(([x, y]) => x * ax[0] + y * ax[1]);
+    const a = proj(corners(p)), b = proj(corners(q));
+    return Math.min(Math.max(...a), Math.max(...b)) - Math.max(Math.min(...a), Math.min(...b)) <= 1;
+  });
+  const inside = (q, r) => r.left <= q.cx && q.cx <= r.right && r.top <= q.cy && q.cy <= r.bottom;
+  return [...document.querySelectorAll('.js-plotly-plot')].flatMap(plot => {
+    const where = `chart at y=${plot.getBoundingClientRect().top | 0}`;
+    const texts = [...plot.querySelectorAll(SEL)].filter(t => t.textContent.trim() && t.getBBox().width > 0)
+      .map(t => ({t: t.textContent.trim(), e: t, q: boxOf(t)}));
+    const out = [];
+    for (let i = 0; i < texts.length; i++)
+      for (let j = i + 1; j < texts.length; j++)
+        if (!apart(texts[i].q, texts[j].q)) out.push(`${where}: '${texts[i].t}' overlaps '${texts[j].t}'`);
+    const boxes = [...plot.querySelectorAll('.bars .point path, .shapelayer path')].map(p => p.getBoundingClientRect())
+      .filter(r => r.width > 0 && r.height > 0);
+    for (const x of texts.filter(x => x.e.matches('.textpoint text, text.bartext, .annotation-text'))) {
+      const around = boxes.filter(b => inside(x.q, b)).sort((a, b) => a.width * a.height - b.width * b.height)[0];
+      if (around && x.q.r.width > around.width + 1) out.push(`${where}: '${x.t}' is wider than its box`);
+    }
+    return out;
+  });
+}"""
+
+
+def assert_figures_apart(page) -> None:
+    """No two labels of a chart overlap, and no label is wider than the chip or box it is written in."""
+    assert page.evaluate(COLLISIONS_JS) == [], "chart labels collide"
+
+
 def assert_nothing_clipped(page) -> None:
-    """Every metric value and label, button caption and widget label whole; every chart label inside its chart."""
+    """Every metric value and label, button caption and widget label whole; every chart label inside its chart and
+    clear of the others."""
     assert page.evaluate(CLIPPED_JS) == [], "cut off with '…'"
     assert page.evaluate(OUTSIDE_JS) == [], "chart text past the chart's edge"
+    assert_figures_apart(page)
 
 
 def projector_shot(page, name: str) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_browser import (app_url, assert_no_exception, assert_nothing_clipped, browser, button, page,  # noqa: F401
+from test_browser import (assert_no_exception, assert_nothing_clipped, browser, button, page,  # noqa: F401
                           projector, projector_shot, record_timing, set_number, shot, wait_heading, wait_idle,
                           wait_text)
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from app.launch import LIMIT_FLAGS, TOKEN_ENV, build_parser, launch_env, main, presenter_token, streamlit_command
+from app.launch import (LIMIT_FLAGS, TOKEN_ENV, banner, build_parser, launch_env, main, presenter_token, room_secrets,
+                        streamlit_command)
 from engine.serving.limits import ENV_VARS, Limits
 
 BIN = Path(sys.executable).parent / "playground"
@@ -68,6 +69,33 @@ def test_the_server_listens_on_localhost_by_default():
     cmd = streamlit_command(parse())
     assert cmd[cmd.index("--server.address") + 1] == "127.0.0.1"
     assert cmd[cmd.index("--server.headless") + 1] == "true"
+
+
+def test_one_command_serves_the_pages_and_the_api_and_says_where():
+    """`playground` runs app/asgi.py (pages + API over one model) unless the model lives in a model server or --no-api;
+    Streamlit's own start-up lines (and its guess at an external address) are hidden: the banner says where to go."""
+    cmd = streamlit_command(parse())
+    assert cmd[4].endswith("app/asgi.py") and cmd[cmd.index("--logger.hideWelcomeMessage") + 1] == "true"
+    for other in (("--no-api",), ("--engine-url", "http://127.0.0.1:8000"), ("--web-processes", "2")):
+        assert streamlit_command(parse(*other))[4].endswith("app/main.py")
+    args = parse("--port", "8765")
+    assert room_secrets(args) == (None, None)                                   # this machine alone: no secrets
+    text = banner(args, None)
+    assert "open http://127.0.0.1:8765 in a browser" in text and "http://127.0.0.1:8765/v1" in text
+
+
+def test_off_loopback_a_room_gets_an_api_key_and_a_presenter_token_printed():
+    args = parse("--host", "0.0.0.0", "--port", "8765", "--public-url", "http://room.example:8765")
+    token, key = room_secrets(args)
+    assert len(token) >= 20 and len(key) >= 20 and token != key
+    text = banner(args, token, "abcd-efgh-ijkl", key)
+    assert "Join link: http://room.example:8765/?join=abcd-efgh-ijkl" in text
+    assert f"http://room.example:8765/v1  API key: {key}" in text and f"Presenter token: {token}" in text
+    assert room_secrets(parse("--host", "0.0.0.0", "--api-key", "a-key-of-my-own", "--presenter-token",
+                              "a-token-of-my-own")) == ("a-token-of-my-own", "a-key-of-my-own")
+    assert room_secrets(parse("--host", "0.0.0.0", "--no-api"))[1] is None
+    with pytest.raises(SystemExit, match="at least"):
+        room_secrets(parse("--host", "0.0.0.0", "--api-key", "short"))
 
 
 def test_dry_run_prints_the_command_and_variables(capsys):

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from app.nav import PAGES
+from app.nav import PAGES, page_info
 from streamlit.testing.v1 import AppTest
 
 from conftest import TINY_CONFIG, tiny_prompt
@@ -72,8 +72,11 @@ def metric(at: AppTest, label: str) -> str:
 def test_home_links_every_page_and_sidebar_names_the_model(app, tiny_model_dir):
     assert_clean(app)
     assert app.title[0].value == "Inference Playground"
+    from app.nav import TOUR, menu
+
     links = [link.proto.label for link in app.get("page_link")]
-    assert links == [p.title for p in PAGES]
+    assert links[len(TOUR):] == [p.title for pages in menu().values() for p in pages]   # the sidebar's order
+    assert sorted(links[len(TOUR):]) == sorted(p.title for p in PAGES)                   # every page, once
     sidebar = " ".join(m.value for m in app.sidebar.markdown)
     assert "Device: **cpu**" in sidebar and "Dtype: **float32**" in sidebar
     assert "Layers: **3**" in sidebar and "Heads (query / KV): **4 / 2**" in sidebar
@@ -237,6 +240,13 @@ def test_a_run_the_server_dropped_gets_a_message(app):
     assert any("no longer has this run" in e.value for e in at.error)
 
 
+def walk(block):
+    """Every element under an AppTest block, in the order the page draws them."""
+    for node in getattr(block, "children", {}).values():
+        yield node
+        yield from walk(node)
+
+
 def test_the_context_slider_measures_the_long_text(app):
     at = open_page(app, "attention.py")
     slider = at.select_slider(key="attention.context.n")
@@ -249,6 +259,12 @@ def test_the_context_slider_measures_the_long_text(app):
     assert [p["n"] for p in points] == [128, 256] and points[-1]["kv_bytes"] == 256 * 2 * 3 * 2 * 16 * 4
     assert any("Hugging Face's output_attentions would hold" in c.value for c in at.caption)
     assert any("would fill 26 H100s" in c.value for c in at.caption)                  # 2.2 TB of maps at 32K
+    curves = next(c for c in charts(at) if c["layout"].get("yaxis2", {}).get("type") == "log")
+    assert all(t.endswith("B") for t in curves["layout"]["yaxis2"]["ticktext"])      # bytes: '10 MB', never '5'
+    nodes = list(walk(at.main))
+    slider = next(i for i, n in enumerate(nodes) if n.type == "select_slider" and n.key == "attention.context.n")
+    chart = next(i for i, n in enumerate(nodes) if n.type == "plotly_chart" and json.loads(n.proto.spec) == curves)
+    assert slider < chart                                                             # the controls above the charts
 
 
 def test_attention_page_shows_gqa_for_the_loaded_model_and_llama_8b(app):
@@ -377,3 +393,23 @@ def test_pooling_averages_only_what_a_token_can_see():
 def test_context_lengths_parse_and_print(text, tokens):
     assert parse_tokens(text) == tokens
     assert parse_tokens(fmt_tokens(tokens)) == tokens
+
+
+def test_home_gives_a_tour_in_the_sidebars_order(app):
+    """A short sequence for a class, each stop a page of the menu, in the menu's order; then every page by group."""
+    from app.nav import TOUR, menu
+
+    order = [p.url_path for pages in menu().values() for p in pages]
+    stops = [order.index(stop.url_path) for stop in TOUR]
+    assert stops == sorted(stops) and 5 <= len(TOUR) <= 8
+    at = open_page(app, "home.py")
+    labels = [link.label for link in at.get("page_link")]
+    assert labels[:len(TOUR)] == [f"{i}. {page_info(s.url_path).title} ({s.minutes})" for i, s in enumerate(TOUR, 1)]
+
+
+def test_the_embedded_model_explains_its_weak_answers():
+    from app.model import SMALL_MODEL, small_model_note
+
+    note = small_model_note(SMALL_MODEL)
+    assert "tiny model" in note and "make models" in note and "Hub id" in note
+    assert small_model_note("Qwen2.5-Coder-1.5B-Instruct") is None

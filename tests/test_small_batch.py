@@ -132,5 +132,5 @@ def test_the_room_page_says_which_kernel_its_batched_steps_use(tmp_path, monkeyp
     lm.small_batch = SmallBatchKernels.pack(lm.model, environ={})
     note = kernel_note(served)
     served.close()
-    assert "use 1 of the model's weight matrices" in note
-    assert "96 x 64 matrix, 4 rows took 2.0 ms with the default kernel and 1.0 ms packed" in note
+    assert "copies of 1 weight matrix rearranged" in note
+    assert "96 x 64, 4 requests' rows took 2.0 ms the usual way and 1.0 ms with the rearranged copy" in note

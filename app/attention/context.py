@@ -67,21 +67,16 @@ def measure(lm: ModelClient, n: int, slot: Any) -> None:
         box.update(label=f"Measured up to N = {n:,}", state="complete", expanded=False)
 
 
-def controls(lm: ModelClient, slot: Any) -> None:
+def controls(lm: ModelClient) -> tuple[int, bool, Any]:
+    """The length slider and Measure, above the charts they drive: (N, pressed, the Stop button's slot)."""
     options = length_options(lm)
     n = st.select_slider("Context length N (tokens of the text)", options=options,
                          value=options[min(2, len(options) - 1)], key="attention.context.n")
     st.caption(limit_note(lm))
     row = st.container(horizontal=True)
-    st.session_state[ERROR] = None
-    stop = st.empty()
-    if row.button(f"Measure up to N = {n:,}", type="primary", key="attention.context.run",
-                  help=f"Measures N = {', '.join(f'{x:,}' for x in lengths_up_to(n))} in turn."):
-        stop.button("Stop", key="attention.context.stop", help="Stops the measurement; what was measured stays.")
-        measure(lm, n, slot)
-        stop.empty()
-    if st.session_state.get(ERROR):
-        st.error(st.session_state[ERROR])
+    pressed = row.button(f"Measure up to N = {n:,}", type="primary", key="attention.context.run",
+                         help=f"Measures N = {', '.join(f'{x:,}' for x in lengths_up_to(n))} in turn.")
+    return n, pressed, row.empty()
 
 
 def draw(lm: ModelClient, suffix: str = "") -> None:
@@ -104,8 +99,15 @@ def context_section(lm: ModelClient) -> None:
              "local heads stay local, and some heads reach far back as N grows.")
     st.caption(measured_caption(lm) + " Each length's prefill alone (capture off), then every layer's heads over "
                "the whole length. It runs as a job on the model, in its turn, like the speed lab's.")
+    n, pressed, stop = controls(lm)
+    st.session_state[ERROR] = None
     slot = st.empty()
-    controls(lm, slot)
+    if pressed:
+        stop.button("Stop", key="attention.context.stop", help="Stops the measurement; what was measured stays.")
+        measure(lm, n, slot)
+        stop.empty()
+    if st.session_state.get(ERROR):
+        st.error(st.session_state[ERROR])
     with slot.container():
         draw(lm)
 
@@ -128,5 +130,4 @@ def target_section() -> None:
     cards = math.ceil(p.output_attentions_bytes / gpu.memory_bytes)
     st.caption("Projected from the public config and the H100's spec sheet at 60% of peak: bytes are counts, times "
                f"are FLOPs ÷ throughput. The maps themselves would fill {cards} H100s; what the engine keeps grows with "
-               "N, not N² (a room on one H100 can raise --max-capture-mb to keep every layer). Measured when a GPU is "
-               "lent (the H100 issue's run).")
+               "N, not N² (a room on one H100 can raise --max-capture-mb to keep every layer).")

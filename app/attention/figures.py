@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from app.attention.numbers import HeadSummary, Pooled, gqa_groups
-from app.format import plot_text
+from app.format import log_ticks, plot_text
 
 MASK_COLOR = "#e9e9ee"      # the small multiples' background shows through NaN cells: the masked future
 HATCH_COLOR, GAP_COLOR = "#b4b4c0", "#8c8c99"   # the main map: hatched future, solid grey rows not captured
@@ -137,7 +137,7 @@ def context_figure(points: list[dict]) -> go.Figure:
     """Measured at each N: prefill time (left axis) and the bytes a run holds (right, log): the KV cache, what the
     engine keeps to recompute attention, and what output_attentions would hold."""
     n = [p["n"] for p in points]
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("prefill time (s)", "bytes held (log scale)"),
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("time (s)", "bytes held (log scale)"),
                         horizontal_spacing=0.12)
     fig.add_scatter(x=n, y=[p["prefill_seconds"] for p in points], mode="lines+markers", name="prefill",
                     row=1, col=1)
@@ -147,8 +147,10 @@ def context_figure(points: list[dict]) -> go.Figure:
                             ("attention_bytes", "output_attentions (n² per head)", "dot")):
         fig.add_scatter(x=n, y=[p[key] for p in points], mode="lines+markers", name=name, line=dict(dash=dash),
                         row=1, col=2)
-    fig.update_xaxes(title="N (tokens)", type="log")
-    fig.update_yaxes(type="log", row=1, col=2)
+    fig.update_xaxes(title="N (tokens)", **log_ticks(n, prefix=""))
+    fig.update_yaxes(title="seconds", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title="bytes", row=1, col=2, **log_ticks([p[k] for p in points for k in
+                                                               ("kv_bytes", "kept_bytes", "attention_bytes")], "B"))
     fig.update_layout(height=330, margin=dict(l=0, r=0, t=30, b=0), legend=dict(orientation="h", y=-0.25))
     return fig
 

@@ -6,7 +6,7 @@ import streamlit as st
 from app.attention import figures as charts
 from app.attention import numbers as att
 from app.attention import on_demand as od
-from app.format import fmt_bytes
+from app.format import fmt_bytes, token_words
 from app.run import Run
 from app.widgets import plot
 from engine.errors import EngineError
@@ -155,9 +155,10 @@ def scrubber_section(run: Run, layer: int, stretch: bool, lm: ModelClient | None
         st.caption("This layer was not captured at that step.")
         return
     pooled, factor = att.pool_row(row, ROW_CELLS)
-    fed = run.tokens[step - 1].text
-    st.text(f"Step {step}: the token {fed!r} (position {run.n_prompt + step - 1}) looks back at "
-            f"{row.shape[1]:,} positions to produce {run.tokens[step].text!r}.")
+    ends = step == len(run.steps) and run.done is not None and run.done.finish_reason == "eos"
+    st.text(f"Step {step}: the token {token_words(run.tokens[step - 1].text)} (position "
+            f"{run.n_prompt + step - 1}) looks back at {row.shape[1]:,} positions to produce "
+            f"{token_words(run.tokens[step].text, ends)}.")
     heads = heads_of(run, layer)[0]
     plot(charts.step_row_figure(pooled, factor, texts, heads, stretch), key=f"attention.row.{run.id}")
     if factor > 1:

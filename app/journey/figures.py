@@ -23,8 +23,9 @@ def dims(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(f"{d:,}" for d in parts) + "]"
 
 
-CHAR_PX, LINE_PX = 6.8, 15     # monospace 11 px: one character wide, one line high
+CHAR_PX, LINE_PX, FONT_PX = 6.8, 15, 11     # monospace 11 px: one character wide, one line high
 GAP = 5                        # characters between boxes
+MAX_WIDTH_PX = 720             # a 1024-px projector's page: a wider diagram is drawn with smaller type
 
 
 @dataclass(frozen=True)
@@ -71,13 +72,13 @@ def place_row(nodes: list[Node], x0: float, y_mid: float) -> list[tuple[Node, fl
     return out
 
 
-def draw_box(fig: go.Figure, node: Node, x: float, y: float) -> None:
+def draw_box(fig: go.Figure, node: Node, x: float, y: float, font: float) -> None:
     h = node.height
     fig.add_shape(type="rect", x0=x, x1=x + node.width, y0=y - h / 2, y1=y + h / 2, fillcolor=node.color,
                   line=dict(color="#777", width=1), layer="below")
     text = "<br>".join([f"<b>{node.title}</b>", *node.lines])
     fig.add_annotation(x=x + node.width / 2, y=y, text=text, showarrow=False, align="center",
-                       font=dict(size=11, family="monospace"))
+                       font=dict(size=font, family="monospace"))
 
 
 def arrow(fig: go.Figure, x0: float, y0: float, x1: float, y1: float) -> None:
@@ -85,24 +86,34 @@ def arrow(fig: go.Figure, x0: float, y0: float, x1: float, y1: float) -> None:
                        showarrow=True, arrowhead=2, arrowwidth=1.3)
 
 
-def draw_row(fig: go.Figure, row: list[tuple[Node, float, float]]) -> None:
+def elbow(fig: go.Figure, start: tuple[float, float], end: tuple[float, float]) -> None:
+    """From the layers' frame down to the first box below: down, across, then an arrow down into the box."""
+    (x0, y0), (x1, y1) = start, end
+    bend = (y0 + y1) / 2
+    fig.add_shape(type="path", path=f"M {x0},{y0} V {bend} H {x1}", line=dict(color="#444", width=1.3))
+    arrow(fig, x1, bend, x1, y1)
+
+
+def draw_row(fig: go.Figure, row: list[tuple[Node, float, float]], font: float) -> None:
     for node, x, y in row:
-        draw_box(fig, node, x, y)
+        draw_box(fig, node, x, y, font)
     for (a, ax, ay), (b, bx, by) in zip(row, row[1:]):
         arrow(fig, ax + a.width, ay, bx, by)
 
 
-def draw_layer_frame(fig: go.Figure, x0: float, x1: float, y_mid: float, half: float, label: str) -> None:
+def draw_layer_frame(fig: go.Figure, x0: float, x1: float, y_mid: float, half: float, label: str, font: float) -> None:
     """The dashed frame around attention + MLP: the part repeated once per layer."""
     fig.add_shape(type="rect", x0=x0, x1=x1, y0=y_mid - half, y1=y_mid + half, line=dict(color="#444", dash="dash"))
-    fig.add_annotation(x=x0, y=y_mid - half - 0.9, xanchor="left", showarrow=False, font=dict(size=12), text=label)
+    fig.add_annotation(x=x0, y=y_mid - half - 0.9, xanchor="left", showarrow=False, font=dict(size=font), text=label)
 
 
 @lru_cache(maxsize=32)
 def shapes_figure(spec: ModelSpec, tokens: int) -> go.Figure:
     """ids -> embedding -> L x (attention, MLP) -> final norm -> logits -> probabilities -> token.
 
-    Laid out in character cells so the monospace text always fits its box; fixed pixel size.
+    Laid out in character cells so the monospace text always fits its box, and drawn at its own pixel size (the
+    page shows it with `width="content"`: never stretched or squeezed), at most MAX_WIDTH_PX wide: a longer prompt's
+    wider numbers get smaller type rather than a squeezed chart whose labels cross its boxes.
     Built once per model and prompt length and shared by every session (about 0.1 s of the server's time
     each, on every run of the journey page: a room of followers draws it at the same moment). Never
     changed after: `app.widgets.sized` copies a figure before it changes its font.
@@ -114,20 +125,22 @@ def shapes_figure(spec: ModelSpec, tokens: int) -> go.Figure:
     placed = place_row(top, 1, row1_mid)
     frame_x0 = placed[2][1] - 1.5
     frame_x1 = placed[3][1] + placed[3][0].width + 1.5
-    placed2 = place_row(bottom, placed[2][1], row2_mid)
-    fig = go.Figure()
-    draw_row(fig, placed)
-    draw_row(fig, placed2)
-    draw_layer_frame(fig, frame_x0, frame_x1, row1_mid, half,
-                     f"<b>× {spec.n_layers} layers</b>, each adding to the residual stream [{tokens:,}, {spec.d_model}]")
-    first, fx, fy = placed2[0]
-    arrow(fig, frame_x0 + 4, row1_mid + half, fx + 4, fy - first.height / 2)
+    placed2 = place_row(bottom, 1, row2_mid)                  # from the left edge: the page's width is the limit
     width = max(frame_x1, placed2[-1][1] + placed2[-1][0].width) + 1
     height = row2_mid + max(n.height for n in bottom) / 2 + 1
+    scale = min(1.0, MAX_WIDTH_PX / (width * CHAR_PX))
+    fig = go.Figure()
+    draw_row(fig, placed, FONT_PX * scale)
+    draw_row(fig, placed2, FONT_PX * scale)
+    draw_layer_frame(fig, frame_x0, frame_x1, row1_mid, half,
+                     f"<b>× {spec.n_layers} layers</b>, each adding to the residual stream [{tokens:,}, {spec.d_model}]",
+                     (FONT_PX + 1) * scale)
+    first, fx, fy = placed2[0]
+    elbow(fig, (frame_x0 + 4, row1_mid + half), (fx + first.width / 2, fy - first.height / 2))
     fig.update_xaxes(visible=False, range=[0, width], fixedrange=True)
     fig.update_yaxes(visible=False, range=[height, 0], fixedrange=True)
-    fig.update_layout(width=int(width * CHAR_PX), height=int(height * LINE_PX), margin=dict(l=0, r=0, t=0, b=0),
-                      plot_bgcolor="rgba(0,0,0,0)")
+    fig.update_layout(width=int(width * CHAR_PX * scale), height=int(height * LINE_PX * scale),
+                      margin=dict(l=0, r=0, t=0, b=0), plot_bgcolor="rgba(0,0,0,0)")
     return fig
 
 

@@ -50,7 +50,8 @@ def tokenization_section(lm: ModelClient, prepared: Prepared) -> None:
     cols[1].metric("Of which chat template", f"{sum(special):,}")
     cols[2].metric("Characters per token (prompt)", f"{ratio:.2f}")
     pieces = token_bytes(lm.tokenizer, ids[:MAX_CHIPS])
-    plot(chips_figure(texts, ids[:MAX_CHIPS], special[:MAX_CHIPS], pieces=pieces), key="journey.chips")
+    plot(chips_figure(texts, ids[:MAX_CHIPS], special[:MAX_CHIPS], pieces=pieces), key="journey.chips",
+         width="content")
     note = "Grey chips are the chat template and special tokens; the number under each chip is its id."
     if len(ids) > MAX_CHIPS:
         note += f" Showing the first {MAX_CHIPS} of {len(ids):,} tokens."
@@ -75,7 +76,7 @@ def split_note(pieces: list[bytes]) -> str:
 
 def shapes_section(lm: ModelClient, n_tokens: int) -> None:
     spec = lm.spec
-    plot(charts.shapes_figure(spec, max(n_tokens, 1)), key="journey.shapes")
+    plot(charts.shapes_figure(spec, max(n_tokens, 1)), key="journey.shapes", width="content")
     st.caption(f"Shapes for this prompt ({max(n_tokens, 1):,} tokens) through {lm.label}: {spec.n_heads} query heads "
                f"share {spec.n_kv_heads} K/V heads ({spec.group_size} per group), head size {spec.head_dim}. "
                "At each later step only one new position goes through, and K and V of the earlier ones come "
@@ -83,15 +84,16 @@ def shapes_section(lm: ModelClient, n_tokens: int) -> None:
 
 
 class ResultView:
-    """Placeholders for the answer, the live metrics and the timeline, filled while streaming and after."""
+    """Placeholders for the answer and its live metrics (made right under Generate, where the person looks while it
+    streams) and for the timeline (made lower down, with `timeline_slot`), filled while streaming and after."""
 
     def __init__(self, running: Callable[[], int] = lambda: 1) -> None:
         self.status = st.empty()
+        self.answer = st.empty()
         cols = st.columns(5)
         self.metric_boxes = [c.empty() for c in cols]
-        self.answer = st.empty()
         self.note = st.empty()
-        self.timeline = ChartSlot("journey.timeline")
+        self.timeline: ChartSlot | None = None
         self.text_throttle = Throttle(TEXT_SECONDS, running)
         self.chart_throttle = Throttle(CHART_SECONDS, running)
         self.shown: dict[int, tuple] = {}    # what each box shows: nothing is sent twice
@@ -130,8 +132,12 @@ class ResultView:
             notes.append(SPECULATIVE_NOTE)
         if notes:
             self._show(self.note, "caption", " ".join(notes))
-        if timeline and run.prefill is not None:
+        if timeline and self.timeline is not None and run.prefill is not None:
             self.timeline.plot(charts.timeline_figure(run.step_seconds()))
+
+    def timeline_slot(self) -> None:
+        """Where the prefill/decode timeline goes (below the tokens and shapes)."""
+        self.timeline = ChartSlot("journey.timeline")
 
     def _show(self, box: DeltaGenerator, method: str, *args: Any, **kwargs: Any) -> None:
         """`box.method(*args, **kwargs)`, unless the box already shows exactly that."""

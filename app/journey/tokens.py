@@ -5,7 +5,9 @@ A token is a run of bytes, not always a whole character: where the tokenizer cut
 the character they spell together (engine/core/token_bytes.py).
 
 Drawn as a Plotly figure (bars for the boxes, text traces for labels), so token text is plot text
-escaped with `html.escape`, never HTML. Layout is computed in character cells of a monospace font.
+escaped with `html.escape`, never HTML. Layout is computed in character cells of a monospace font, and the page
+draws the figure at its own pixel width (`plot(..., width="content")`): a chart stretched or squeezed to the column
+moves its boxes but not its text, which is how chips once ran into each other at 1024x768.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ SPECIAL_COLOR = "#e4e4e4"
 CHAR_PX = 7.8         # width of one monospace character at FONT_SIZE
 FONT_SIZE = 13
 ROW_PX = 46
-ROW_CHARS = 110       # characters per row before wrapping
+ROW_CHARS = 88        # characters per row before wrapping: 706 px, inside the 720 px a 1024-px projector gives a page
 MAX_LABEL = 18
 GROUPED_PITCH = 1.45  # row spacing (in rows) when brackets under split characters need room
 

@@ -194,7 +194,7 @@ def calculator_section(choice: Choice) -> None:
                        f"{fmt_bytes(plan.reserve)} of CUDA context and activation workspace), minus the weights")
     low[1].metric("Users that fit", "–" if beyond else f"{users:,}", help="with a server's headroom")
     low[2].metric("With all of the card", "–" if beyond else f"{ideal:,}",
-                  help="the seed's best case: weights and cache get every byte")
+                  help="the best case: weights and cache get every byte of the card, nothing held back")
     st.text(formula_text(spec, choice.kv_dtype))
     if plan.weights <= plan.usable:
         st.text(budget_text(plan, gpu, each))
@@ -240,7 +240,8 @@ def users_table_section(choice: Choice) -> None:
         plot(charts.users_figure([r.context for r in shown], [r.users for r in shown], choice.context,
                                  [r.users_ideal for r in shown]), key="kv.users_chart")
     st.caption(f"{gpu.name}: {card_size(gpu.memory_gb)} of memory per GPU. A server fills 90% of it (vLLM's default) "
-               "and keeps its CUDA context and an activation workspace out; the rest, less the weights, is shared out as KV cache (blue). Grey: the seed's best case, all of the card."
+               "and keeps its CUDA context and an activation workspace out; the rest, less the weights, is shared out as KV "
+               "cache (blue). Grey: the best case, where weights and cache get all of the card."
                + ("" if all(served) else f" Contexts beyond {spec.name}'s {fmt_tokens(spec.max_context)} maximum are "
                   "left empty."))
 

@@ -81,7 +81,7 @@ def position_figure(by_position: list[float], a: float) -> go.Figure:
     fig = go.Figure(go.Bar(x=xs, y=by_position, name="measured: accepted / drafted", marker_color=MEASURED_COLOR,
                            text=[f"{v:.0%}" for v in by_position], textposition="outside", cliponaxis=False,
                            hovertemplate="draft position %{x}: %{y:.0%} accepted<extra></extra>"))
-    fig.add_scatter(x=xs, y=[a ** j for j in xs], mode="lines+markers", name=f"a^j with a = {a:.2f}",
+    fig.add_scatter(x=xs, y=[a ** j for j in xs], mode="lines+markers", name=f"a^j with a = {a:.0%}",
                     line=dict(color=THEORY_COLOR, dash="dot"),
                     hovertemplate="a^%{x} = %{y:.0%}<extra></extra>")
     fig.update_xaxes(title="draft position j", dtick=1)

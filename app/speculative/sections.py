@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
 
 from app.request import Sampling, new_token_limit, sanitize_settings
 from app.format import fmt_ms
@@ -106,7 +107,7 @@ def prompt_controls() -> str:
     row = st.container(horizontal=True)              # buttons as wide as their words, at any screen width
     for i, (name, text) in enumerate(PRESETS.items()):
         row.button(name, key=f"{NS}.preset.{i}", on_click=_set_prompt, args=(text,))
-    return st.text_area("Prompt", height=140, key=f"{NS}.prompt",
+    return st.text_area("Prompt", height=100, key=f"{NS}.prompt",
                         help="Wrapped in the chat template before tokenizing (for instruct models).")
 
 
@@ -167,9 +168,14 @@ class TimelineView:
     def __init__(self) -> None:
         self.status = st.empty()
         self.answer = st.empty()
+        self.note: DeltaGenerator | None = None
+        self.chart: ChartSlot | None = None
+        self.text_throttle, self.chart_throttle = Throttle(0.1), Throttle(0.4)
+
+    def chart_slot(self) -> None:
+        """Where the rounds' chart goes (under the section's heading, below the answer)."""
         self.note = st.empty()
         self.chart = ChartSlot(f"{NS}.timeline")
-        self.text_throttle, self.chart_throttle = Throttle(0.1), Throttle(0.4)
 
     def update(self, run: Run, final: bool = False) -> None:
         spec = run.speculation
@@ -181,7 +187,7 @@ class TimelineView:
             return
         self.status.caption(status_line(run))
         self.answer.text(run.text or "…")
-        if spec.rounds and (final or self.chart_throttle()):
+        if spec.rounds and self.chart is not None and (final or self.chart_throttle()):
             shown = spec.rounds[-MAX_ROWS:]
             if len(shown) < len(spec.rounds):
                 self.note.caption(f"The latest {len(shown)} of {len(spec.rounds)} rounds.")
@@ -192,20 +198,41 @@ class TimelineView:
 
 def acceptance_section(run: Run, m: Measured) -> None:
     cols = st.columns(4)
-    cols[0].metric("Acceptance rate", f"{m.acceptance_rate:.0%}", help="Accepted drafted tokens / drafted tokens.")
-    cols[1].metric("Per-token acceptance a", f"{m.a:.2f}",
-                   help="Accepted / checked: each round checks drafts up to its first rejection; the drafts after "
-                        "that are discarded unjudged. This is the a of the formula.")
+    cols[0].metric("Acceptance rate a", pct(m.a), help="Drafts the model accepted / drafts it judged.")
+    cols[1].metric("Drafts kept", pct(m.acceptance_rate), help="Drafts that ended up in the answer / all drafts.")
     cols[2].metric("Tokens per target pass", f"{m.tokens_per_pass:.2f}",
                    help="Tokens added per verify pass (plain decoding: 1).")
     cols[3].metric("Target passes", f"{m.rounds + 1:,}", help=f"1 prefill + {m.rounds} verify passes for "
                                                              f"{len(run.tokens)} tokens (plain decoding: {len(run.tokens)}).")
+    st.caption(f"Two shares, two questions. The **acceptance rate a** ({pct(m.a)}) asks how often the model agreed "
+               "with a draft it judged: it judges a round's drafts in order and stops at the first it rejects. The "
+               f"drafts after that are thrown away unjudged, so **drafts kept** ({pct(m.acceptance_rate)}) is lower: "
+               "every drafted token counts there. a is the rate the formulas below use.")
     if m.by_position:
         plot(charts.position_figure(m.by_position, m.a), key=f"{NS}.positions.{run.id}")
-    st.caption(f"Bars: the share of rounds whose draft at position j was accepted. A draft at position j only counts "
-               f"when all before it passed, so with independent acceptance at rate a it is a^j (dotted); where the "
-               f"bars sit above the line, acceptances come in runs (copying a passage goes right for many tokens in "
-               f"a row).{_short_rounds_note(run, m)}")
+        st.caption(f"Bars: the share of rounds whose draft at position j was accepted. A draft at position j passes "
+                   f"only when all before it passed, so if every draft passed independently at rate a = {pct(m.a)} "
+                   f"the bars would follow a^j (dotted). {position_reading(m.by_position, m.a)}"
+                   f"{_short_rounds_note(run, m)}")
+
+
+def pct(x: float) -> str:
+    """A share written one way everywhere on the page: 0.963 -> '96%'."""
+    return f"{x:.0%}"
+
+
+def position_reading(by_position: list[float], a: float) -> str:
+    """What this run's bars say against a^j: above (acceptances come in runs), below (later drafts fail more often
+    than the first ones), or on it, read from the bars themselves."""
+    gaps = [share - a ** (j + 1) for j, share in enumerate(by_position)]
+    above, below = sum(g > 0.02 for g in gaps), sum(g < -0.02 for g in gaps)
+    if above > below:
+        return (f"Here {above} of {len(gaps)} bars sit above the line: acceptances come in runs (when the draft is "
+                "right once, as when it copies a passage, it tends to stay right).")
+    if below > above:
+        return (f"Here {below} of {len(gaps)} bars sit below the line: the draft's later guesses fail more often than "
+                "its first ones, so a long draft pays less than a suggests.")
+    return "Here the bars sit on the line: each draft passed about as often as the one before it."
 
 
 def _short_rounds_note(run: Run, m: Measured) -> str:
@@ -250,16 +277,16 @@ def k_section(run: Run, m: Measured) -> None:
     if m.cost_ratio is not None and m.check_ratio is not None:
         curves.append((f"measured costs: c = {share(m.cost_ratio)}, u = {share(m.check_ratio)}",
                        speedup_curve(m.a, m.cost_ratio, ks, m.check_ratio), charts.MEASURED_COLOR, "solid"))
-    curves.append((f"projected: {pair.draft} → {pair.target} on {pair.gpu}, c = {pair.cost_ratio:.2f}, u = 0",
+    curves.append((f"projected: {pair.draft} → {pair.target} on {pair.gpu}, c = {share(pair.cost_ratio)}, u = 0%",
                    speedup_curve(m.a, pair.cost_ratio, ks), charts.PROJECTED_COLOR, "dash"))
     expected = [expected_tokens_per_pass(m.a, k) for k in ks]
     plot(charts.k_figure(ks, expected, m.k, m.tokens_per_pass, curves, m.speedup), key=f"{NS}.k.{run.id}")
-    st.caption(f"Left: (1 − a^(k+1)) / (1 − a) with the measured a = {m.a:.2f}: {m.expected_at_k:.2f} tokens per pass "
+    st.caption(f"Left: (1 − a^(k+1)) / (1 − a) with the measured a = {pct(m.a)}: {m.expected_at_k:.2f} tokens per pass "
                f"at k = {m.k}, measured {m.tokens_per_pass:.2f}. Right: speedup(k) = E[tokens per pass] / "
                "(1 + k·(c + u)): "
                "a round drafts k tokens at c each and checks them in one target pass that costs a plain step plus u "
                "per drafted token, c and u as shares of one plain target step; the diamond is the measured decode "
-               "speedup. The projected line takes u = 0: on a GPU a decode step is bound by reading the weights, so "
+               "speedup. The projected line takes u = 0%: on a GPU a decode step is bound by reading the weights, so "
                "checking a few more tokens in the same pass costs almost nothing.")
     if m.cost_ratio is not None and m.check_ratio is not None and m.speedup is not None:
         st.caption(line_gap(m))
@@ -292,9 +319,9 @@ def verdict(run: Run, m: Measured) -> str:
              f"{tpp / cost:.2f}× from the costs and {m.speedup:.2f}× measured."]
     if m.speedup >= 1.1:
         lines.append(f"This draft helps here: it costs {share(c)} of a target step per token and the target accepted "
-                     f"enough (a = {m.a:.2f}) that each pass yields more than the round costs.")
+                     f"enough (a = {pct(m.a)}) that each pass yields more than the round costs.")
     elif c >= 0.15:
-        lines.append(f"Drafting is what makes it slow: one drafted token costs {c:.0%} of a full target step, so "
+        lines.append(f"Drafting is what makes it slow: one drafted token costs {share(c)} of a full target step, so "
                      f"the drafts alone cost {d * c:.2f} steps per round while the round gained only {tpp - 1:.2f} "
                      "tokens over plain decoding.")
         if run.speculation.draft_kind == "early-exit":
@@ -303,7 +330,7 @@ def verdict(run: Run, m: Measured) -> str:
                          "for it (EAGLE, Medusa, LayerSkip) are cheaper and right far more often.")
     else:
         lines.append(f"The draft is cheap ({share(c)} of a step per token) but too rarely right for this prompt "
-                     f"(a = {m.a:.2f}): {tpp:.2f} tokens per pass barely pays for a verify pass.")
+                     f"(a = {pct(m.a)}): {tpp:.2f} tokens per pass barely pays for a verify pass.")
     if v > 1.15:
         lines.append(f"On this CPU a verify pass over k + 1 tokens costs {v:.2f} plain steps, since the arithmetic "
                      "grows with the tokens; on a GPU a decode step is bound by reading the weights, and checking a "
@@ -319,11 +346,11 @@ def projection_section(m: Measured) -> None:
     cols = st.columns(4)
     cols[0].metric(f"{pair.draft} decode step", fmt_ms(pair.draft_step_ms / 1e3))
     cols[1].metric(f"{pair.target} decode step", fmt_ms(pair.target_step_ms / 1e3))
-    cols[2].metric("Draft / target step (c)", f"{pair.cost_ratio:.2f}")
-    cols[3].metric(f"Speedup at a = {m.a:.2f}", f"{speedup:.2f}× at k = {k}",
+    cols[2].metric("Draft / target step (c)", share(pair.cost_ratio))
+    cols[3].metric(f"Speedup at a = {pct(m.a)}", f"{speedup:.2f}× at k = {k}",
                    help=f"E[tokens per pass] / (1 + k·c) with the projected c; at the measured k = {m.k}: "
                         f"{speedup_curve(m.a, pair.cost_ratio, range(m.k, m.k + 1))[0]:.2f}×.")
-    st.caption(f"Projected, not measured: step times from engine/projection/cost.py for one user on one {pair.gpu} "
+    st.caption(f"Projected, not measured: step times from the playground's cost model for one user on one {pair.gpu} "
                f"(BF16 weights, 1K tokens of context, {efficiency_note()}, as on every page); the acceptance "
                "a is the one measured here. A 1B Llama drafting for the 8B accepts at its own rate (70–90% on "
                "domain text is typical), so read this as what the costs do at this acceptance.")

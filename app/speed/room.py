@@ -24,6 +24,7 @@ from engine.service.replicas import ReplicaView
 from engine.serving.scheduler import RoomState
 
 RECENT_STEPS = 50            # steps the headline numbers average over
+TRADEOFF_LABELS = 8          # batch sizes up to which the trade-off chart writes each point's value
 REFRESH_SECONDS = 1.0
 
 
@@ -39,24 +40,33 @@ def step_rows(state: RoomState) -> list[dict]:
 
 @dataclass(frozen=True)
 class RoomNumbers:
+    """The room's headline, from its recent decode steps. Each request in a step gets one token per step, so
+    `per_user_tok_s` = 1 / `step_seconds` and `total_tok_s` = that × the mean rows per step (never below it)."""
+
     running: int
     max_batch: int
     queued: int
     sessions: int
-    step_seconds: float | None        # median of the recent decode steps
+    step_seconds: float | None        # mean of the recent decode steps
     total_tok_s: float | None         # tokens all users got per second, recent steps
     per_user_tok_s: float | None      # tokens one user in the batch gets per second
     empty: float | None               # share of the handed-out cache blocks' slots that hold nothing, last step
+    mean_rows: float | None = None    # requests per recent decode step
+
+    @property
+    def idle(self) -> bool:
+        return self.running == 0 and self.queued == 0
 
 
 def room_numbers(state: RoomState) -> RoomNumbers:
     recent: Sequence[StepInfo] = [s for s in state.steps[-RECENT_STEPS:] if s.decode_rows]
-    step = statistics.median(s.seconds for s in recent) if recent else None
-    total = sum(s.decode_rows for s in recent) / sum(s.seconds for s in recent) if recent else None
+    seconds = sum(s.seconds for s in recent)
+    step = seconds / len(recent) if recent else None
+    rows = sum(s.decode_rows for s in recent) / len(recent) if recent else None
     last = state.steps[-1] if state.steps else None
     empty = (1 - last.real_positions / last.cache_positions) if last and last.cache_positions else None
-    return RoomNumbers(len(state.members), state.max_batch, state.queued, state.sessions, step, total,
-                       1 / step if step else None, empty)
+    return RoomNumbers(len(state.members), state.max_batch, state.queued, state.sessions, step,
+                       rows / step if step else None, 1 / step if step else None, empty, rows)
 
 
 def member_rows(state: RoomState, me: str | None) -> list[dict]:
@@ -92,12 +102,12 @@ def steps_figure(rows: list[dict]) -> go.Figure:
     return fig
 
 
-def from_zero(title: str, values: list[float], right: bool = False) -> dict:
+def from_zero(title: str, values: list[float], right: bool = False, headroom: float = 1.12) -> dict:
     """A y axis from 0 to a little above the largest value, its ticks its own. Set here, not left to plotly: a
     second axis overlaying the first takes the first's tick grid by default (ticks at 3.53, 7.06, ...), and a
     chart redrawn every second kept an earlier range, so a new point could run off its top."""
     top = max([v for v in values if v is not None] or [1.0]) or 1.0
-    axis = dict(title=title, range=[0, top * 1.12], tickmode="auto", nticks=6, autorange=False)
+    axis = dict(title=title, range=[0, top * headroom], tickmode="auto", nticks=6, autorange=False)
     return axis | (dict(overlaying="y", side="right", showgrid=False) if right else {})
 
 
@@ -107,26 +117,44 @@ def tradeoff_figure(rows: list[dict]) -> go.Figure:
     sizes = sorted({r["decode_rows"] for r in decode})
     step = [statistics.median(r["step_ms"] for r in decode if r["decode_rows"] == b) for b in sizes]
     together = [b / (ms / 1e3) for b, ms in zip(sizes, step)]
+    labelled = len(sizes) <= TRADEOFF_LABELS
+    mode = "lines+markers+text" if labelled else "lines+markers"
     fig = go.Figure()
-    fig.add_scatter(x=sizes, y=step, mode="lines+markers", name="decode step (ms): each user's wait per token")
-    fig.add_scatter(x=sizes, y=together, mode="lines+markers", name="tokens/s, all users together", yaxis="y2")
+    fig.add_scatter(x=sizes, y=step, mode=mode, name="decode step (ms): each user's wait per token",
+                    text=[f"{v:,.0f} ms" for v in step], textposition="bottom center", cliponaxis=False)
+    fig.add_scatter(x=sizes, y=together, mode=mode, name="tokens/s, all users together", yaxis="y2",
+                    text=[f"{v:,.1f} tok/s" for v in together], textposition="top center", cliponaxis=False)
     fig.update_layout(height=300, margin=dict(l=10, r=10, t=30, b=10), legend=dict(orientation="h", y=1.15),
-                      xaxis=dict(title="requests in the batch", dtick=1),
-                      yaxis=from_zero("step (ms)", step), yaxis2=from_zero("tokens/s", together, right=True))
+                      xaxis=dict(title="requests in the batch", dtick=1,
+                                 range=[min(sizes, default=1) - 0.5, max(sizes, default=1) + 0.5]),
+                      yaxis=from_zero("step (ms)", step, headroom=1.35),
+                      yaxis2=from_zero("tokens/s", together, right=True, headroom=1.35))
     return fig
 
 
 # --- the section -------------------------------------------------------------------------------------------
 
 def numbers_row(n: RoomNumbers) -> None:
+    """The batch now; the step time and speeds of the recent steps while anyone is in the batch, none when idle."""
     cols = st.columns(5)
     cols[0].metric("In the batch", f"{n.running} of {n.max_batch}")
     cols[1].metric("Waiting", str(n.queued))
-    cols[2].metric("Decode step", fmt_ms(n.step_seconds) if n.step_seconds else "–")
-    cols[3].metric("tok/s, all", fmt_rate(n.total_tok_s) if n.total_tok_s else "–",
-                   help="Tokens per second for everyone together, recent steps")
-    cols[4].metric("tok/s, each", fmt_rate(n.per_user_tok_s) if n.per_user_tok_s else "–",
-                   help="Tokens per second each user in the batch gets: one per step")
+    live = not n.idle
+    cols[2].metric("Decode step", fmt_ms(n.step_seconds) if live and n.step_seconds else "–",
+                   help=f"Mean time of the last {RECENT_STEPS} decode steps (at most)")
+    cols[3].metric("tok/s, all", fmt_rate(n.total_tok_s) if live and n.total_tok_s else "–",
+                   help="Tokens per second for everyone together: each step gives every request in it one token")
+    cols[4].metric("tok/s, each", fmt_rate(n.per_user_tok_s) if live and n.per_user_tok_s else "–",
+                   help="Tokens per second each request in the batch gets: one per step")
+
+
+def idle_note(n: RoomNumbers) -> str | None:
+    """The last steps' figures, said to be the last ones (None when the room never stepped)."""
+    if not n.step_seconds:
+        return None
+    return (f"Before the room went idle, its last decode steps took {fmt_ms(n.step_seconds)} each with "
+            f"{n.mean_rows:.1f} request(s) in them on average: {fmt_rate(n.per_user_tok_s)} for each request, "
+            f"{fmt_rate(n.total_tok_s)} for the room.")
 
 
 def live_section(lm: ModelClient, me: str | None) -> None:
@@ -142,20 +170,45 @@ def live_section(lm: ModelClient, me: str | None) -> None:
         state = lm.room()
         numbers, rows = room_numbers(state), step_rows(state)
         numbers_row(numbers)
-        if numbers.empty is not None:
+        if numbers.empty is not None and not numbers.idle:
             st.caption(f"Measured: the paged cache hands out {PAGE_TOKENS}-token blocks; {numbers.empty:.0%} of the "
                        "slots in them wait for tokens right now (each request's last block; see the KV-cache page).")
         members = member_rows(state, me)
         if members:
             st.dataframe(members, hide_index=True, width="stretch", column_config=MEMBER_COLUMNS)
-        else:
-            st.info("Nobody is generating right now. Press Generate on the journey page (or ask the room to) "
-                    "and watch the batch fill.")
+        elif numbers.idle:
+            st.info("Idle: nobody is generating right now. Press Generate on the journey page (or ask the room to) "
+                    "and watch the batch fill.", icon=":material/hourglass_empty:")
+            if note := idle_note(numbers):
+                st.caption(note)
         if rows:
             left, right = st.columns(2)
             plot(steps_figure(rows), "room.steps", left)
             plot(tradeoff_figure(rows), "room.tradeoff", right)
+            st.caption(TRADEOFF_NOTE)
     live()
+
+
+TRADEOFF_NOTE = ("Read the right-hand chart as the serving trade-off: each added request makes a step a little slower "
+                 "for everyone in it (latency), while the tokens produced per second by the whole room grow almost in "
+                 "step with the batch (throughput), because a step reads every weight once, whatever the number of "
+                 "users.")
+
+
+def api_note(page_url: str | None, key: str | None, presenter: bool) -> str:
+    """Where this room's OpenAI API answers (the same address as the pages, under /v1), and with what key."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(page_url or "")
+    base = f"{parts.scheme}://{parts.netloc}/v1" if parts.scheme and parts.netloc else "this address + /v1"
+    if key is None:
+        how = f"`OpenAI(base_url=\"{base}\", api_key=\"unused\")`"
+    elif presenter:
+        how = f"`OpenAI(base_url=\"{base}\", api_key=\"{key}\")` (the key is shown to you as the presenter)"
+    else:
+        how = f"`OpenAI(base_url=\"{base}\", api_key=...)` with the API key the presenter gives you"
+    return (f"From a notebook or a script, the same model answers the OpenAI API: {how}. Those requests join this "
+            "batch as \"an API client\", and *open its run* shows one on every page.")
 
 
 REPLICA_COLUMNS = 3          # replicas side by side (a projector's width)
@@ -204,12 +257,13 @@ def kernel_note(lm: ModelClient) -> str | None:
     example = ""
     if faster:
         (out_dim, in_dim), (mkl, packed) = max(faster.items(), key=lambda item: item[0][0] * item[0][1])
-        example = (f" For the {out_dim:,} x {in_dim:,} matrix, {PROBE_ROWS} rows took {fmt_ms(mkl)} with the "
-                   f"default kernel and {fmt_ms(packed)} packed.")
-    return (f"Measured on this server at start: the default CPU kernel (MKL) multiplies a small batch of rows "
-            f"slowly, so steps of {ROWS.start} to {ROWS.stop - 1} requests use {kernels['weights']} of the model's "
-            f"weight matrices packed for oneDNN instead (the shapes that measured faster here).{example} A request "
-            "alone keeps the default kernel, which is faster for one row.")
+        example = (f" For the largest, {out_dim:,} x {in_dim:,}, {PROBE_ROWS} requests' rows took {fmt_ms(mkl)} the "
+                   f"usual way and {fmt_ms(packed)} with the rearranged copy.")
+    return (f"A detail of this CPU server, measured when it started: the usual matrix-multiply routine is slow for a "
+            f"batch of a few rows, so for steps of {ROWS.start} to {ROWS.stop - 1} requests the server keeps copies "
+            f"of {kernels['weights']} weight {'matrix' if kernels['weights'] == 1 else 'matrices'} rearranged for a "
+            "second routine that measured faster on this "
+            f"machine.{example} One request alone keeps the usual routine.")
 
 
 def last_table(state: RoomState) -> BlockTable | None:

@@ -31,7 +31,7 @@ from engine.serving.people import retry_after
 from engine.server.state import ServerState, run_headers
 from engine.server.streams import RecordStream
 from engine.service import wire
-from engine.service.client import MSGPACK, error_code
+from engine.service.client import MSGPACK, error_code, run_id
 from engine.service.service import EngineService
 from engine.serving.scheduler import Handle
 
@@ -311,14 +311,6 @@ async def gate(action: str, request: Request) -> Response:
 
 
 # --- runs, by id ---------------------------------------------------------------------------------------------------------
-
-def run_id(value: str) -> str:
-    """`run-1a2b...`, or the OpenAI response id of the same request (`chatcmpl-1a2b...`, `cmpl-1a2b...`)."""
-    for prefix in ("chatcmpl-", "cmpl-"):
-        if value.startswith(prefix):
-            return "run-" + value.removeprefix(prefix)
-    return value
-
 
 @router.get("/runs")
 async def runs(request: Request, limit: int = 50) -> Response:

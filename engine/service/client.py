@@ -487,6 +487,14 @@ class RemoteGate:
         self._ask("close", closed=bool(closed), presenter=presenter)
 
 
+def run_id(value: str) -> str:
+    """`run-1a2b...`, or the OpenAI response id of the same request (`chatcmpl-1a2b...`, `cmpl-1a2b...`)."""
+    for prefix in ("chatcmpl-", "cmpl-"):
+        if value.startswith(prefix):
+            return "run-" + value.removeprefix(prefix)
+    return value
+
+
 def wait_until_ready(url: str, timeout: float = 600.0, api_key: str | None = None,
                      on_wait: Callable[[str], None] | None = None) -> RemoteModel:
     """A client of the server at `url`, once it answers (it loads its model first: 503 until then)."""

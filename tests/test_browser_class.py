@@ -1,0 +1,170 @@
+"""In front of a class, at a projector's 1024x768: the app as the README starts it (the launcher's own command, which
+serves the pages and the OpenAI API over one model; the session's app of tests/conftest.py), driven in headless
+Chromium and with the real `openai` client.
+
+The answer streams where the person is looking; no chart's labels collide; the API's runs join the room's batch and
+open on the pages; an idle room reads idle; the speculative page's statistics agree with each other.
+"""
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import pytest
+
+from test_browser import (assert_no_exception, assert_nothing_clipped, browser, button, projector,  # noqa: F401
+                          set_number, shot, wait_heading, wait_idle, wait_text)
+
+pytestmark = pytest.mark.browser
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def client(app_url):                                    # app_url: the app `make run` starts (tests/conftest.py)
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{app_url}/v1", api_key="unused", max_retries=0)
+
+
+# Text of the page's own elements that lie in the viewport (what the projector shows of the page), top to bottom.
+VIEWPORT_TEXT_JS = """() => [...document.querySelectorAll(
+    '[data-testid="stMainBlockContainer"] [data-testid="stText"], ' +
+    '[data-testid="stMainBlockContainer"] [data-testid="stMetricValue"]')]
+  .filter(e => { const r = e.getBoundingClientRect(); return r.height > 0 && r.top >= 0 && r.bottom <= innerHeight; })
+  .map(e => e.innerText.trim()).filter(t => t).join(' | ')"""
+
+
+def test_the_answer_streams_where_the_room_is_looking(app_url, projector):
+    """At 1024x768, without scrolling: while the run streams, the answer and its numbers change in the viewport."""
+    projector.goto(f"{app_url}/journey")
+    wait_heading(projector, "The journey of a request")
+    wait_idle(projector)
+    assert_nothing_clipped(projector)                  # the chips and the shapes diagram before any run
+    set_number(projector, "Max new tokens", 32)      # about 1.5 s at this page's speed on 2 cores: 3 redraws or more
+    before = projector.evaluate(VIEWPORT_TEXT_JS)
+    button(projector, "Generate").click()
+    seen, deadline = [], time.monotonic() + 240
+    while not projector.get_by_text("Done:").count() and time.monotonic() < deadline:
+        text = projector.evaluate(VIEWPORT_TEXT_JS)
+        if text != before and (not seen or text != seen[-1]):
+            seen.append(text)
+        projector.wait_for_timeout(150)
+    wait_text(projector, "Through the layers", 60)
+    wait_idle(projector)
+    answer = projector.get_by_test_id("stMainBlockContainer").get_by_test_id("stText").first.inner_text().strip()
+    assert len(seen) >= 2, f"the viewport changed {len(seen)} times while the answer streamed: {seen}"
+    assert answer[:20] in projector.evaluate(VIEWPORT_TEXT_JS)          # and the finished answer is in view
+    assert projector.get_by_text("SmolLM2-135M is a tiny model").count() == 1
+    assert_no_exception(projector)
+    assert_nothing_clipped(projector)                  # chips, shapes, timeline, distribution, lens, norms
+    shot(projector, "class-journey")
+
+
+def room_metrics(page) -> dict[str, str]:
+    labels = page.get_by_test_id("stMetricLabel").all_inner_texts()
+    values = page.get_by_test_id("stMetricValue").all_inner_texts()
+    return {label.strip(): value.strip() for label, value in zip(labels, values)}
+
+
+def number(text: str) -> float:
+    return float(re.sub(r"[^0-9.]", "", text))
+
+
+def test_the_api_joins_the_room_and_its_run_opens_on_the_pages(app_url, client, browser):
+    """One model for both doors: a streamed API request is in the room's batch, its numbers agree, and ?run=<id>
+    opens it on the journey page with the same answer."""
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    got: dict = {}
+
+    def ask() -> None:
+        stream = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Tell me a story about a lighthouse."}], max_tokens=40,
+            temperature=0, stream=True, extra_body={"playground": {"capture": True}})
+        parts = []
+        for chunk in stream:
+            got.setdefault("id", chunk.id)
+            parts += [c.delta.content or "" for c in chunk.choices]
+        got["text"] = "".join(parts)
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    context = browser.new_context(viewport={"width": 1024, "height": 768})
+    try:
+        room = context.new_page()
+        room.goto(f"{app_url}/room")
+        wait_heading(room, "The room is the batch")
+        room.get_by_text("an API client").first.wait_for(state="attached", timeout=60_000)
+        room.wait_for_function("() => [...document.querySelectorAll('[data-testid=\"stMetricValue\"]')]"
+                               ".some(e => e.innerText.includes('tok/s'))", timeout=30_000)
+        busy = room_metrics(room)
+        assert busy["In the batch"].startswith("1 of")
+        step, each, together = number(busy["Decode step"]), number(busy["tok/s, each"]), number(busy["tok/s, all"])
+        assert together >= each * 0.99 and each == pytest.approx(1000 / step, rel=0.06), busy
+        asking.join(240)
+        assert got.get("text") and got["id"].startswith("chatcmpl-")
+        page = context.new_page()
+        page.goto(f"{app_url}/journey?run={got['id']}")                    # the reply's own id, as a person has it
+        wait_text(page, "One token up close", 90)
+        wait_idle(page)
+        assert_no_exception(page)
+        assert got["text"].strip() in [t.strip() for t in page.get_by_test_id("stText").all_inner_texts()]
+        assert not page.get_by_test_id("stAlert").filter(has_text="Seed was").count()
+    finally:
+        asking.join(240)
+        context.close()
+
+
+def test_an_idle_room_reads_idle(app_url, client, projector):
+    """After the last answer: no step time or speeds as if someone were generating, the last ones said to be the
+    last, and the trade-off chart's point inside its chart with its value written beside it."""
+    client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, temperature=0)
+    projector.goto(f"{app_url}/room")
+    wait_heading(projector, "The room is the batch")
+    wait_text(projector, "Idle: nobody is generating", 60)
+    wait_idle(projector)
+    shown = room_metrics(projector)
+    assert shown["In the batch"].startswith("0 of") and shown["Waiting"] == "0"
+    assert shown["Decode step"] == shown["tok/s, all"] == shown["tok/s, each"] == "–", shown
+    idle = projector.get_by_text("Before the room went idle").first.inner_text()
+    each, together = (number(x) for x in re.search(r"([\d.,]+) tok/s for each request, ([\d.,]+) tok/s", idle).groups())
+    assert together >= each * 0.99, idle
+    inside = projector.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(plot => {
+        const area = plot.querySelector('.nsewdrag').getBoundingClientRect();
+        return [...plot.querySelectorAll('.scatterlayer .point')].map(p => { const r = p.getBoundingClientRect();
+            return r.top >= area.top + 0.1 * area.height && r.bottom <= area.bottom; }); })""")
+    assert inside and all(inside), "a point of the trade-off chart sits on its chart's top edge"
+    assert_nothing_clipped(projector)
+    shot(projector, "class-room-idle")
+
+
+def test_the_speculative_page_defines_each_quantity_once(app_url, projector):
+    """a is one number in one unit everywhere on the page; c and u are shares of a step everywhere; the caption says
+    which side of a^j the bars are on, as the bars are."""
+    projector.goto(f"{app_url}/speculative")
+    wait_heading(projector, "Speculative decoding")
+    wait_idle(projector)
+    set_number(projector, "Max new tokens", 16)
+    button(projector, "Generate").click()
+    wait_text(projector, "Projected, not measured", 300)
+    wait_idle(projector, 120)
+    assert_no_exception(projector)
+    shown = room_metrics(projector)
+    a = shown["Acceptance rate a"]
+    assert re.fullmatch(r"\d+%", a) and re.fullmatch(r"\d+%", shown["Drafts kept"])
+    text = projector.get_by_test_id("stMainBlockContainer").inner_text() + projector.evaluate(
+        "() => [...document.querySelectorAll('.legendtext')].map(e => ' ' + e.textContent).join('')")
+    assert set(re.findall(r"\ba = ([\d.]+%?)", text)) == {a}, re.findall(r"\ba = ([\d.]+%?)", text)
+    for name in ("c", "u"):
+        values = re.findall(rf"\b{name} = ((?:under )?[\d.,]+%?)", text)           # '17%', '0.21%', 'under 0.01%'
+        assert values and all(v.endswith("%") for v in values), (name, values)
+    bars, line = projector.evaluate("""() => { const gd = [...document.querySelectorAll('.js-plotly-plot')]
+        .find(g => g.data.some(t => (t.name || '').startsWith('a^j')));
+        return [gd.data[0].y, gd.data[1].y]; }""")
+    above = sum(b > l + 0.02 for b, l in zip(bars, line))
+    below = sum(b < l - 0.02 for b, l in zip(bars, line))
+    side = "above" if above > below else "below" if below > above else "on"
+    assert f"sit {side} the line" in text or (side == "on" and "sit on the line" in text)
+    assert_nothing_clipped(projector)
+    shot(projector, "class-speculative")
