@@ -141,19 +141,6 @@ def server_args(args: argparse.Namespace, token: str | None) -> list[str]:
     return [x for flag, value in pairs if value for x in (flag, value)]
 
 
-def thread_env(environ: Mapping[str, str], cores: int | None = None) -> dict[str, str]:
-    """OMP_NUM_THREADS for the server when not set: every core but one for the model.
-
-    The web server shares the machine (its script threads and websockets, on a laptop the browser too).
-    With torch on every core, each decode step's parallel regions waited for the core someone else had
-    taken: on 2 cores with a browser open, the page decoded faster on one thread (docs/serving.md).
-    """
-    if environ.get("OMP_NUM_THREADS"):
-        return {}
-    cores = cores if cores is not None else len(os.sched_getaffinity(0))
-    return {"OMP_NUM_THREADS": str(max(1, cores - 1))}
-
-
 def streamlit_command(args: argparse.Namespace) -> list[str]:
     return [sys.executable, "-m", "streamlit", "run", str(MAIN),
             "--server.address", args.host, "--server.port", str(args.port), "--server.headless", "true",
@@ -190,7 +177,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     base = os.environ if environ is None else environ
     args.public_url = args.public_url or base.get(PUBLIC_URL_ENV)
     code = join_code(args, base)
-    given = {**thread_env(base), **launch_env(args, token, code)}
+    given = launch_env(args, token, code)    # torch's threads: measured by the scheduler (engine/serving/threads.py)
     env = {var: value for var, value in {**base, **given}.items() if code or var != JOIN_CODE_ENV}
     command = streamlit_command(args)
     if args.dry_run:
