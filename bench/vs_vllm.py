@@ -156,12 +156,14 @@ class Server:
                 self.proc.wait(timeout=10)
 
 
-def start_ours(args: argparse.Namespace, folder: Path, port: int, side: str = "ours", root: Path = ROOT) -> Server:
+def start_ours(args: argparse.Namespace, folder: Path, port: int, side: str = "ours", root: Path = ROOT,
+               threads: int | None = None) -> Server:
     """`python -m engine serve` with its defaults (from `root`: this checkout, or --baseline's); only the queue is
     made long enough for the room."""
     cmd = [sys.executable, "-m", "engine", "serve", "--model", str(folder), "--port", str(port), "--dtype",
            "float32", "--log-level", "warning", "--max-queue", str(max(32, args.sessions))]
-    cmd += ["--threads", str(args.threads)] if args.threads else []
+    threads = threads or args.threads
+    cmd += ["--threads", str(threads)] if threads else []
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}   # its own choice, as a user gets it
     env["PYTHONPATH"] = str(root)                  # the engine of that checkout, with this virtualenv's packages
     return Server(side, cmd, port, env, args.logs / f"{side}.log", cwd=root)
@@ -255,8 +257,29 @@ def long_prompts(folder: Path, tokens: int, count: int) -> list[str]:
 
 # --- one run -----------------------------------------------------------------------------------------------------
 
+def thread_choice(server: Server) -> Any:
+    """Our server's torch threads after a scenario, as its room reports them (None from vLLM, or an older one)."""
+    if server.side == "vllm":
+        return None
+    try:
+        with urllib.request.urlopen(server.url + "/v1/playground/room", timeout=10) as reply:
+            room = json.loads(reply.read())
+    except (OSError, ValueError):
+        return None
+    found = _find(room, "threads")
+    return found if isinstance(found, dict) else None
+
+
+def _find(value: Any, key: str) -> Any:
+    if isinstance(value, dict):
+        if key in value and isinstance(value[key], dict):
+            return value[key]
+        return next((f for v in value.values() if (f := _find(v, key)) is not None), None)
+    return None
+
+
 def one_side(pool: ClientPool, server: Server, model: str, args: argparse.Namespace, prompt: str) -> dict:
-    """Every scenario against one server; the CPU seconds its processes used in each."""
+    """Every scenario against one server; the CPU seconds its processes used in each (and our threads after it)."""
     out: dict[str, Any] = {}
     steps = [("alone", lambda: alone(pool, model, args))]
     steps += [(f"room_{t}", lambda t=t: room(pool, model, args.sessions, t)) for t in args.tokens]
@@ -266,6 +289,7 @@ def one_side(pool: ClientPool, server: Server, model: str, args: argparse.Namesp
         out[key] = fn()
         out[key]["server_cpu_s"] = server.cpu_seconds() - cpu0
         out[key]["wall_s"] = time.perf_counter() - t0
+        out[key]["threads"] = thread_choice(server)
     return out
 
 
@@ -295,7 +319,7 @@ def summarize(rounds: list[dict], sides: list[str], tokens: list[int]) -> dict:
         if "prefill" in rounds[0][side] and any("ttft_s" in r[side]["prefill"] for r in rounds):
             row["prefill_s"] = med(side, "prefill", "ttft_s")
         table[side] = row
-    for other in ("vllm", "before"):
+    for other in [s for s in sides if s != "ours"]:
         if "ours" in sides and other in sides:
             table[f"ours_over_{other}"] = {k: table["ours"][k] / table[other][k] for k in table["ours"]
                                            if k in table[other] and table[other][k]}
@@ -314,7 +338,7 @@ def targets(table: dict, tokens: list[int]) -> dict[str, bool]:
 
 
 def print_table(table: dict, sides: list[str]) -> None:
-    ratios = [k for k in ("ours_over_vllm", "ours_over_before") if k in table]
+    ratios = [k for k in table if k.startswith("ours_over_")]
     print(f"{'':32s}" + "".join(f"{s:>10s}" for s in sides) + "".join(f"{k[5:]:>18s}" for k in ratios))
     for key in table[sides[0]]:
         cells = [f"{table[s].get(key, float('nan')):10.3f}" for s in sides]
@@ -337,6 +361,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--alone-repeats", type=int, default=3)
     parser.add_argument("--prefill-tokens", type=int, default=2048, help="0: no prefill scenario")
     parser.add_argument("--threads", type=int, help="our server's --threads (default: its own default)")
+    parser.add_argument("--fixed-threads", type=int, nargs="*", default=[], metavar="N",
+                        help="also serve ours with --threads N, as the side threads-N, in the same rounds")
     parser.add_argument("--port-base", type=int, help="ours on this port, vLLM on the next (default: free ports)")
     parser.add_argument("--out", type=Path, help="default bench/results/vs_vllm-<date>.json")
     args = parser.parse_args(argv)
@@ -349,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sides = [args.only] if args.only else list(SIDES)
     sides += ["before"] if args.baseline else []
+    sides += [f"threads-{n}" for n in args.fixed_threads]
     if "vllm" in sides and not vllm_ready(args.vllm_venv):
         if not args.install:
             print(f"vLLM's CPU build is not in {args.vllm_venv}: run with --install (make bench-vllm), or give "
@@ -358,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     folder = model_folder(args.model)
     args.logs = args.out.parent / "vs_vllm-logs"
     args.logs.mkdir(parents=True, exist_ok=True)
-    ports = [args.port_base + i for i in range(3)] if args.port_base else [free_port() for _ in range(3)]
+    ports = [args.port_base + i for i in range(3 + len(args.fixed_threads))] if args.port_base \
+        else [free_port() for _ in range(3 + len(args.fixed_threads))]
     name = folder.name
     servers: dict[str, Server] = {}
     pools: dict[str, ClientPool] = {}
@@ -369,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
             servers["vllm"] = start_vllm(args, folder, ports[1], name)
         if "before" in sides:
             servers["before"] = start_ours(args, folder, ports[2], "before", args.baseline.resolve())
+        for i, n in enumerate(args.fixed_threads):
+            servers[f"threads-{n}"] = start_ours(args, folder, ports[3 + i], f"threads-{n}", threads=n)
         for server in servers.values():
             server.wait()
         models = {s: openai.OpenAI(base_url=v.url + "/v1", api_key="unused").models.list().data[0].id

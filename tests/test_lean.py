@@ -163,6 +163,16 @@ def test_the_tuner_keeps_the_faster_count_and_tries_again_less_and_less_often(mo
     assert trials < tuner.choice().trials < trials + 4000 // FIRST_HOLD // 2   # held longer each time it agrees
 
 
+def test_a_count_far_slower_ends_the_trial_after_one_step(monkeypatch):
+    """On a busy machine the wrong count can take several times as long: one such step is all a trial spends."""
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    tuner = ThreadTuner(2)
+    used = drive(tuner, {2: 0.9, 1: 0.2}, 2 + FIRST_HOLD)
+    assert used[:2] == [2, 1] and set(used[2:]) == {1}
+    used = drive(tuner, {2: 0.9, 1: 0.2}, 400)
+    assert used.count(2) == tuner.choice().trials - 1                   # each later trial: one step on 2 threads
+
+
 def test_the_tuner_follows_a_change_in_the_load(monkeypatch):
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     tuner = ThreadTuner(2)

@@ -13,8 +13,10 @@ runs: a room fills, browsers open and close. So the step loop tries each candida
 step by step (so both see the same batch and the same neighbours), keeps the faster, and tries again later,
 less and less often while the answer stays the same:
 
-- a trial: `TRIAL_STEPS` decode steps on each candidate, alternating, compared as the median time of steps with
-  the same number of rows and no prefill (a prefill chunk makes a step slower whatever the threads);
+- a trial: up to `TRIAL_STEPS` decode steps on each candidate, alternating (the current count first), compared
+  as the median time of steps with the same number of rows and no prefill (a prefill chunk makes a step slower
+  whatever the threads). A trial ends after its first pair where one candidate is `DECISIVE` times slower: on a
+  busy machine the wrong count can take three or four times as long, and one such step is enough to know;
 - the faster by more than `MARGIN` wins; otherwise the current choice stays;
 - the next trial after `hold` decode steps: `FIRST_HOLD` after a change, doubling up to `MAX_HOLD` while the
   same choice keeps winning. A trial's slower steps are at most TRIAL_STEPS in MAX_HOLD + 2 x TRIAL_STEPS.
@@ -33,10 +35,11 @@ from dataclasses import dataclass, field
 import torch
 
 ENV = "PLAYGROUND_THREADS"
-TRIAL_STEPS = 4          # decode steps per candidate in one trial
+TRIAL_STEPS = 3          # decode steps per candidate in one trial, at most
+DECISIVE = 1.5           # one candidate this many times slower than the other on a pair of steps ends the trial
 MARGIN = 0.03            # the other candidate must be this much faster to win
 FIRST_HOLD = 32          # decode steps before the next trial, after a change
-MAX_HOLD = 512           # at most this many
+MAX_HOLD = 1024          # at most this many
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,8 @@ class ThreadChoice:
         text = f"{self.threads} torch thread{'s' * (self.threads != 1)} of {self.cores} cores, measured"
         if self.measured:
             parts = ", ".join(f"{t} thread{'s' * (t != 1)} {s * 1e3:.0f} ms" for t, s, _ in self.measured)
-            text += f" (last trial, steps of {self.measured[0][2]} rows: {parts}; {self.trials} trials)"
+            rows = self.measured[0][2]
+            text += f" (last trial, steps of {rows} row{'s' * (rows != 1)}: {parts}; {self.trials} trials)"
         else:
             text += " (no trial yet: every core until the first steps are timed)"
         return text
@@ -114,7 +118,8 @@ class ThreadTuner:
         """Set torch's threads for the next step (in the thread that runs it); returns the count."""
         want = self.current
         if self.auto and self.trial is None and self.countdown <= 0:
-            self.trial = _Trial([t for _ in range(TRIAL_STEPS) for t in self.candidates])
+            order = (self.current,) + tuple(t for t in self.candidates if t != self.current)
+            self.trial = _Trial([t for _ in range(TRIAL_STEPS) for t in order])
         if self.trial is not None and self.trial.order:
             want = self.trial.order[0]
         if want != self.applied:
@@ -131,7 +136,7 @@ class ThreadTuner:
             return
         if prefill_tokens == 0:
             self.trial.steps[self.trial.order.pop(0)].append((rows, seconds))
-        if not self.trial.order:
+        if not self.trial.order or _decisive(self.trial.steps):
             self._decide(self.trial)
 
     def _decide(self, trial: _Trial) -> None:
@@ -152,6 +157,12 @@ class ThreadTuner:
             self._choice = ThreadChoice(self.current, self.cores, True,
                                         tuple((t, times[t], rows) for t in sorted(times, reverse=True)),
                                         old.trials + 1, old.changes + changed)
+
+
+def _decisive(steps: dict[int, list[tuple[int, float]]]) -> bool:
+    """Whether one candidate is already DECISIVE times slower than the other at a row count both ran."""
+    found = _matched_medians(steps)
+    return found is not None and max(found[1].values()) > DECISIVE * min(found[1].values())
 
 
 def _matched_medians(steps: dict[int, list[tuple[int, float]]]) -> tuple[int, dict[int, float]] | None:
