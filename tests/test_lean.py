@@ -108,7 +108,7 @@ def test_requests_joining_a_lone_one_and_leaving_it_alone_again_equal_each_alone
     """The lone steps keep the K/V where the batch reads it: a newcomer joins mid-answer, and after the others leave
     the first goes on alone on blocks that no longer follow one another (read through the gather)."""
     jobs = [(GenerationRequest(tiny_prompt(n, seed=n), max_new_tokens=m, chat=False), policy)
-            for n, m, policy in ((7, 60, CAPTURE_OFF), (12, 20, CAPTURE_OFF), (5, 10, CapturePolicy(layers=(1,))))]
+            for n, m, policy in ((7, 40, CAPTURE_OFF), (12, 16, CAPTURE_OFF), (5, 8, CapturePolicy(layers=(1,))))]
     out = run_runner(tiny_lm, jobs, [0, 6, 9])
     for records, (request, policy) in zip(out, jobs):
         assert isinstance(records[-1], DoneRecord)
