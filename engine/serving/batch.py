@@ -479,7 +479,7 @@ class BatchRunner:
         pads = self.batch.pads()
         rows = [(b, pads[b], cap) for b, s in enumerate(slots) if (cap := s.new_capture(s.length)) is not None]
         union = _union_policy([s.policy for s in slots], [s.layer_ids for s in slots], self.lm.spec.n_layers)
-        if not rows and not union.enabled and self.lone is not None and len(slots) == 1:
+        if not rows and not union.enabled and self.lone is not None and len(slots) == 1 and self.lone.stands_in():
             return self.lone.forward(self.batch, slots[0]), {}
         if not rows and not union.enabled and self.graphs is not None and (shape := self.graphs.fits(self.batch)):
             try:

@@ -35,6 +35,11 @@ class LoneDecode:
         lean = lean_step_for(lm) if os.environ.get(ENV, "on") != "off" else None
         return cls(lean) if lean is not None else None
 
+    def stands_in(self) -> bool:
+        """Whether the lean step may stand in for the model's forward now: not while something has replaced the
+        forward of this model object (a wrapper that instruments or injects faults must see every step)."""
+        return "forward" not in vars(self.lean.lm.model)
+
     def forward(self, batch: Any, slot: Any) -> torch.Tensor:
         """Logits [1, V] of the next token of `slot`, the batch's only row (its `length` positions are in the
         pool; the newest token, `slot.token`, goes to position `length`)."""
