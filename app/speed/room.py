@@ -22,6 +22,7 @@ from engine.serving.batch import StepInfo
 from engine.serving.paged import BLOCK as PAGE_TOKENS, BlockTable
 from engine.service.replicas import ReplicaView
 from engine.serving.scheduler import RoomState
+from engine.serving.threads import ThreadChoice
 
 RECENT_STEPS = 50            # steps the headline numbers average over
 TRADEOFF_LABELS = 8          # batch sizes up to which the trade-off chart writes each point's value
@@ -170,6 +171,8 @@ def live_section(lm: ModelClient, me: str | None) -> None:
         state = lm.room()
         numbers, rows = room_numbers(state), step_rows(state)
         numbers_row(numbers)
+        if state.threads is not None:
+            st.caption(threads_note(state.threads))
         if numbers.empty is not None and not numbers.idle:
             st.caption(f"Measured: the paged cache hands out {PAGE_TOKENS}-token blocks; {numbers.empty:.0%} of the "
                        "slots in them wait for tokens right now (each request's last block; see the KV-cache page).")
@@ -209,6 +212,13 @@ def api_note(page_url: str | None, key: str | None, presenter: bool) -> str:
         how = f"`OpenAI(base_url=\"{base}\", api_key=...)` with the API key the presenter gives you"
     return (f"From a notebook or a script, the same model answers the OpenAI API: {how}. Those requests join this "
             "batch as \"an API client\", and *open its run* shows one on every page.")
+
+
+def threads_note(choice: ThreadChoice) -> str:
+    """One line on the CPU threads the steps run with, and how they were chosen (engine/serving/threads.py)."""
+    how = (" The server times its own steps with every core and with one fewer, now and then as the room changes, "
+           "and keeps the faster." if choice.auto else "")
+    return f"CPU threads: {choice.describe()}.{how}"
 
 
 REPLICA_COLUMNS = 3          # replicas side by side (a projector's width)

@@ -23,6 +23,7 @@ from engine.core import hooks  # registers the "playground" attention implementa
 from engine.errors import (EngineError, GGUFError, HubUnavailableError, InsufficientMemoryError,
                            ModelNotFoundError, NoWeightsError, UnsupportedModelError)
 from engine.models import extras
+from engine.core.layout import relayout
 from engine.models.folder import cache_dir
 from engine.projection.card import weight_bytes
 from engine.projection.specs import ModelSpec
@@ -73,6 +74,7 @@ class LoadedModel:
     fast: Any = field(default=None, repr=False)  # engine.core.fastpath.FastDecoder once static decode is enabled
     small_batch: Any = field(default=None, repr=False)  # engine.core.small_batch: packed once, by the first batch
     batch_graphs: Any = field(default=None, repr=False)  # engine.serving.graphed: the CUDA-graphed batch step
+    layout: dict = field(default_factory=dict, repr=False)  # engine.core.layout: per shape, (as stored, transposed, changed)
 
     @property
     def weight_bytes(self) -> int:
@@ -275,7 +277,9 @@ def load_model(name: str = "default", device: str | None = None, dtype: str | to
         trust_remote_code=False, device_map=str(dev) if dev.type == "cuda" else None)
     model.to(dev).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    lm = LoadedModel(model, tokenizer, spec, name, label, folder, dev, torch_dtype, 0.0)
+    lm.layout = relayout(lm)             # on a CPU: each matrix stored as a one-token step reads it fastest
+    lm.load_seconds = time.perf_counter() - start
     if progress:
         progress(1.0, "ready")
-    return LoadedModel(model, tokenizer, spec, name, label, folder, dev, torch_dtype,
-                       time.perf_counter() - start)
+    return lm

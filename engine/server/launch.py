@@ -43,7 +43,8 @@ def add_serve(sub: Any) -> None:
     serve.add_argument("--presenter-token", default=os.environ.get(TOKEN_ENV) or None,
                        help="secret that unlocks presenter mode for the web app ('auto' makes one up)")
     serve.add_argument("--threads", type=int, default=None,
-                       help="torch threads on a CPU (default: OMP_NUM_THREADS, else every core but one)")
+                       help="torch threads on a CPU (default: PLAYGROUND_THREADS or OMP_NUM_THREADS when set, else "
+                            "measured under the live load: every core, or every core but one when that is faster)")
     serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     serve.add_argument("--runs-dir", help="the run store's folder: every finished run kept on disk (default: "
                                           "$PLAYGROUND_CACHE/runs; also PLAYGROUND_RUNS_DIR)")
@@ -112,7 +113,7 @@ def load_service(args: argparse.Namespace, state: Any, token: str | None, progre
 
     lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=progress)
     if lm.device.type == "cpu":
-        cpu_threads(args.threads)
+        print(cpu_threads(args.threads), file=sys.stderr, flush=True)
     limits = limits_from_flags(args, Limits.for_device(lm.device).with_env())
     service = EngineService(lm, limits, presenter_token=token, launched_draft=args.draft)
     state.served_name = state.served_name or lm.label
@@ -141,20 +142,26 @@ def fixed_mmap_threshold(environ: Mapping[str, str] | None = None) -> bool:
         return False
 
 
-def cpu_threads(asked: int | None) -> int:
-    """Torch's threads for a model on the CPU: as asked, else OMP_NUM_THREADS, else every core but one.
+def cpu_threads(asked: int | None) -> str:
+    """Torch's threads for a model on the CPU; returns what the start-up line says about them.
 
-    Every core pays when nothing else on the machine is busy: with 20 light streaming clients on this 2-core
-    machine, two threads decoded 64-token answers at about 97 tok/s, one at 71 (bench/api.py --threads). But a
-    parallel region waits for its slowest thread, and beside busy neighbours (a browser, the web app) a thread
-    often waits for its core: with two Chromium pages and Streamlit on the same 2 cores, an 8-row decode step took
-    about 1 s with two threads and 0.21 s with one (docs/serving.md). So the default leaves a core to the rest.
+    As asked (`--threads N`, which fixes it for the scheduler too: PLAYGROUND_THREADS), else as PLAYGROUND_THREADS
+    or OMP_NUM_THREADS fix it, else every core to start with and then measured by the scheduler under the live
+    load (engine.serving.threads): alone on a machine every core is fastest, as vLLM takes them all; beside a
+    browser or busy web processes one thread fewer often is (docs/serving.md).
     """
     import torch
 
-    threads = asked or int(os.environ.get("OMP_NUM_THREADS") or 0) or max(1, len(os.sched_getaffinity(0)) - 1)
-    torch.set_num_threads(threads)
-    return threads
+    from engine.serving.threads import ENV, cores, fixed_threads
+
+    if asked:
+        os.environ[ENV] = str(asked)
+    fixed = fixed_threads()
+    torch.set_num_threads(fixed or cores())
+    if fixed:
+        return f"Torch threads: {fixed} (fixed)"
+    return (f"Torch threads: measured under the live load, {cores()} or {max(1, cores() - 1)} of {cores()} cores "
+            f"(--threads N fixes it)")
 
 
 def banner(args: argparse.Namespace, api_key: str | None, token: str | None, keyed: bool) -> str:

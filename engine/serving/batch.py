@@ -39,6 +39,7 @@ from engine.core.kept import KeptInputs
 from engine.core.loader import LoadedModel
 from engine.core.small_batch import kernels_for, small_batch_kernels
 from engine.serving.graphed import GraphedDecode
+from engine.serving.lone import LoneDecode
 from engine.serving.paged import BlockTable, PagedBatch, SoloBatch, row_cache_state
 from engine.serving.prefix import PrefixCache, load_prefix, reused_rows
 from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
@@ -244,6 +245,8 @@ class BatchRunner:
         self.graphs = graphs if batchable(lm) else None
         self.batch = SoloBatch() if not batchable(lm) else graphs.new_batch() if self.graphs else PagedBatch()
         self.prefilling: deque[Slot] = deque()
+        # a lone row that captures nothing steps on the lean step (engine.serving.lone); not beside CUDA graphs
+        self.lone = LoneDecode.for_model(lm) if batchable(lm) and self.graphs is None else None
         if self.max_batch > 1 and self.graphs is None:
             kernels_for(lm)                  # pack now (under a second), not in the first batched step
 
@@ -476,6 +479,8 @@ class BatchRunner:
         pads = self.batch.pads()
         rows = [(b, pads[b], cap) for b, s in enumerate(slots) if (cap := s.new_capture(s.length)) is not None]
         union = _union_policy([s.policy for s in slots], [s.layer_ids for s in slots], self.lm.spec.n_layers)
+        if not rows and not union.enabled and self.lone is not None and len(slots) == 1 and self.lone.stands_in():
+            return self.lone.forward(self.batch, slots[0]), {}
         if not rows and not union.enabled and self.graphs is not None and (shape := self.graphs.fits(self.batch)):
             try:
                 return self.graphs.forward(self.batch, [s.token.id for s in slots], [s.length for s in slots],

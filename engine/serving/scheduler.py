@@ -47,6 +47,7 @@ from engine.core.kept import KeptInputs
 from engine.core.loader import LoadedModel, free_memory
 from engine.serving.people import People, SessionLimitError, retry_after  # noqa: F401 - SessionLimitError: here too
 from engine.serving.prefix import PrefixCache
+from engine.serving.threads import ThreadChoice, ThreadTuner
 from engine.core.records import DoneRecord
 from engine.speculative.decode import speculative_generate
 from engine.speculative.drafts import Draft
@@ -276,6 +277,7 @@ class RoomState:
     max_batch: int
     sessions: int
     t0: float                      # perf_counter of the scheduler's start (steps' `at` is relative to it)
+    threads: ThreadChoice | None = None   # torch's CPU threads for the steps, and how they were chosen (None: GPU)
 
 
 class Scheduler:
@@ -289,6 +291,7 @@ class Scheduler:
         self._running: dict[Handle, Slot | None] = {}    # in the batch (a Slot) or the exclusive job (None)
         self.prefix = PrefixCache(self.limits.prefix_cache_mb * 2**20)
         self._batchable = batchable(lm)
+        self.threads = ThreadTuner.for_device(lm.device)   # CPU threads measured under the live load
         self._runner = self._new_runner()
         self._by_session: dict[str, Handle] = {}
         self.people = People(lambda: self.limits.max_sessions, busy=lambda session: session in self._by_session)
@@ -530,7 +533,7 @@ class Scheduler:
             now = time.perf_counter()
             members = tuple(self._member(h, slot, now) for h, slot in self._running.items())
             return RoomState(members, tuple(self._steps), len(self._queue), self.limits.max_batch,
-                             len(self.people), self._t0)
+                             len(self.people), self._t0, self.threads.choice() if self.threads else None)
 
     def _member(self, handle: Handle, slot: Slot | None, now: float) -> RoomMember:
         if handle.request is None or slot is None:
@@ -612,10 +615,15 @@ class Scheduler:
             f"the generation failed ({type(err).__name__}: {err}); the server is fine, try again")
 
     def _step(self) -> None:
-        """One batch step under the model's lock; then settle the requests that finished in it."""
+        """One batch step under the model's lock, with the threads the tuner wants; then settle the requests that
+        finished in it."""
         try:
             with self.lm.lock:
+                if self.threads is not None:
+                    self.threads.before_step()
                 info = self._runner.step()
+            if self.threads is not None:
+                self.threads.after_step(info.seconds, info.decode_rows, info.prefill_tokens)
         except Exception as err:  # noqa: BLE001 - a bug in a step must not stop the worker
             for slot in self._runner.slots:
                 self._failed(slot.tag, err)

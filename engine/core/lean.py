@@ -1,0 +1,126 @@
+"""One decode step of a Llama-family model for one sequence, on the model's own weights, without its modules.
+
+    lean = lean_step_for(lm)                          # None for a model it does not cover (it says why in `why_not`)
+    logits = lean(token_id, position, kv)             # (V,); kv(layer, k, v) stores the new K/V, returns all of it
+
+A batch-1 decode step reads every weight once (0.54 GB for SmolLM2-135M in float32), and on a CPU that is most
+of its time; the rest is host work: transformers' modules build a mask, a cache update and a dozen small tensors
+per layer through a few hundred Python calls. Measured on this 2-core machine (docs/engine.md, "Where a lone
+request's milliseconds go"), that host work was about a fifth of the step. Here a step is the same arithmetic in
+a dozen tensor operations per layer, reading the same parameters (nothing is copied): the RMS norms as
+transformers writes them, its own rotary embedding and `apply_rotary_pos_emb`, q/k/v/o and the gated MLP as
+`F.linear` on the module's weights and biases, and attention as one SDPA call over the sequence's keys (no mask:
+a single query sees every key before it). No hooks run; a step that captures anything goes through the modules.
+
+Which models: the plain decoder stacks whose layers are exactly that (`model_type` llama, qwen2, mistral without
+a sliding window): any other gets None and keeps the ordinary path. Tests check the logits against the model's
+own forward and the tokens of whole answers against `engine.core.generate` (tests/test_lean.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.nn import functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from engine.core.loader import LoadedModel
+
+COVERED = ("llama", "qwen2", "mistral")
+# kv(layer, k, v): k, v [1, KVH, 1, D] of the new position; returns the layer's keys and values [1, KVH, T, D]
+KV = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One decoder layer's parameters (the module's own tensors, not copies)."""
+
+    ln1: torch.Tensor
+    ln2: torch.Tensor
+    q: tuple[torch.Tensor, torch.Tensor | None]
+    k: tuple[torch.Tensor, torch.Tensor | None]
+    v: tuple[torch.Tensor, torch.Tensor | None]
+    o: tuple[torch.Tensor, torch.Tensor | None]
+    gate: tuple[torch.Tensor, torch.Tensor | None]
+    up: tuple[torch.Tensor, torch.Tensor | None]
+    down: tuple[torch.Tensor, torch.Tensor | None]
+
+
+def why_not(model: Any) -> str | None:
+    """Why the lean step cannot stand in for this model's forward, or None when it can."""
+    config = model.config
+    if getattr(config, "model_type", None) not in COVERED:
+        return f"model type {getattr(config, 'model_type', None)!r} (covered: {', '.join(COVERED)})"
+    if getattr(config, "hidden_act", "silu") != "silu" or getattr(config, "pretraining_tp", 1) != 1:
+        return "an activation other than SiLU, or split weights (pretraining_tp)"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "sliding-window attention"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "rotary_emb") or not hasattr(model, "lm_head"):
+        return "not a decoder stack with rotary embeddings and an LM head"
+    attn = inner.layers[0].self_attn
+    if any(hasattr(attn, name) for name in ("q_norm", "k_norm")):
+        return "per-head Q/K norms"
+    return None
+
+
+def _lin(module: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return module.weight, module.bias
+
+
+def _layer_weights(layer: Any) -> LayerWeights:
+    attn, mlp = layer.self_attn, layer.mlp
+    return LayerWeights(layer.input_layernorm.weight, layer.post_attention_layernorm.weight, _lin(attn.q_proj),
+                        _lin(attn.k_proj), _lin(attn.v_proj), _lin(attn.o_proj), _lin(mlp.gate_proj),
+                        _lin(mlp.up_proj), _lin(mlp.down_proj))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm, operation for operation: x [..., d]."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+class LeanStep:
+    """A decode step of one sequence: embedding, every layer, the final norm and the LM head."""
+
+    def __init__(self, lm: LoadedModel):
+        model = lm.model
+        self.lm, self.config = lm, model.config
+        self.layers = [_layer_weights(layer) for layer in model.model.layers]
+        self.embed, self.norm = model.model.embed_tokens, model.model.norm.weight
+        self.head = _lin(model.lm_head)
+        self.rotary = model.model.rotary_emb
+        self.eps = float(self.config.rms_norm_eps)
+        self.heads, self.kv_heads, self.head_dim = lm.spec.n_heads, lm.spec.n_kv_heads, lm.spec.head_dim
+        self.scaling = float(getattr(model.model.layers[0].self_attn, "scaling", self.head_dim ** -0.5))
+
+    def __call__(self, token: int, position: int, kv: KV) -> torch.Tensor:
+        """Logits (V,) of the token after `token`, which sits at `position`; `kv` keeps and returns the K/V."""
+        device = self.embed.weight.device
+        x = F.embedding(torch.tensor([[token]], device=device), self.embed.weight)  # [1, 1, d]
+        cos, sin = self.rotary(x, torch.tensor([[position]], device=device))        # [1, 1, D] each
+        for i, w in enumerate(self.layers):
+            x = x + self._attention(i, w, rms_norm(x, w.ln1, self.eps), cos, sin, kv)
+            h = rms_norm(x, w.ln2, self.eps)
+            x = x + F.linear(F.silu(F.linear(h, *w.gate)) * F.linear(h, *w.up), *w.down)
+        return F.linear(rms_norm(x, self.norm, self.eps), *self.head)[0, -1]          # (V,)
+
+    def _attention(self, i: int, w: LayerWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   kv: KV) -> torch.Tensor:
+        # h: [1, 1, d] -> q [1, H, 1, D], k, v [1, KVH, 1, D]; keys K, V [1, KVH, T, D]; out [1, 1, d]
+        q = F.linear(h, *w.q).view(1, 1, self.heads, self.head_dim).transpose(1, 2)
+        k = F.linear(h, *w.k).view(1, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = F.linear(h, *w.v).view(1, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        keys, values = kv(i, k, v)
+        out = F.scaled_dot_product_attention(q, keys, values, scale=self.scaling,
+                                             enable_gqa=self.heads != self.kv_heads)   # [1, H, 1, D]
+        return F.linear(out.transpose(1, 2).reshape(1, 1, -1), *w.o)
+
+
+def lean_step_for(lm: LoadedModel) -> LeanStep | None:
+    """The lean step for this model, or None where it does not apply (`why_not`)."""
+    return None if why_not(lm.model) is not None else LeanStep(lm)

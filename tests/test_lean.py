@@ -1,0 +1,202 @@
+"""A lone request's fast path: the lean step (engine/core/lean.py) against the model's own forward, the lone decode
+on the paged pool (engine/serving/lone.py) against running alone, the weights' measured layout
+(engine/core/layout.py), and the scheduler's thread tuner (engine/serving/threads.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from conftest import tiny_prompt, write_tiny_llama
+from engine.core.generate import GenerationRequest, encode_prompt, generate
+from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
+from engine.core.layout import relayout
+from engine.core.lean import LeanStep, lean_step_for, why_not
+from engine.core.loader import load_model
+from engine.core.records import DoneRecord
+from engine.serving.batch import BatchRunner, Slot
+from engine.serving.threads import FIRST_HOLD, TRIAL_STEPS, ThreadTuner, fixed_threads
+
+
+def contiguous_kv(n_layers: int):
+    """A kv callback over plain lists: each layer's keys and values grow by one position per step."""
+    keys, values = [None] * n_layers, [None] * n_layers
+
+    def kv(i, k, v):
+        keys[i] = k if keys[i] is None else torch.cat([keys[i], k], dim=2)
+        values[i] = v if values[i] is None else torch.cat([values[i], v], dim=2)
+        return keys[i], values[i]
+    return kv
+
+
+def lean_logits(lm, ids: list[int]) -> torch.Tensor:
+    """The lean step fed one token at a time from position 0: logits (T, V)."""
+    lean, kv = LeanStep(lm), contiguous_kv(lm.spec.n_layers)
+    with torch.inference_mode():
+        return torch.stack([lean(t, p, kv) for p, t in enumerate(ids)])
+
+
+def model_logits(lm, ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        out = lm.model(input_ids=torch.tensor([ids]), cache=DynamicCache(config=lm.model.config), use_cache=True)
+    return out.logits[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen(tmp_path_factory):
+    """A tiny Qwen2 (biased Q/K/V, its own rotary settings), random weights written here."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from conftest import TINY_CONFIG, write_tiny_tokenizer
+    folder = tmp_path_factory.mktemp("tiny-qwen2")
+    torch.manual_seed(1)
+    Qwen2ForCausalLM(Qwen2Config(**TINY_CONFIG)).save_pretrained(folder, safe_serialization=True)
+    write_tiny_tokenizer(folder, TINY_CONFIG["vocab_size"])
+    return load_model(str(folder), device="cpu", dtype="float32")
+
+
+@pytest.mark.parametrize("which", ["tiny_lm", "tiny_qwen"])
+def test_the_lean_step_gives_the_models_own_logits_at_every_position(which, request):
+    lm = request.getfixturevalue(which)
+    ids = torch.randint(4, lm.spec.vocab_size, (20,), generator=torch.Generator().manual_seed(0)).tolist()
+    torch.testing.assert_close(lean_logits(lm, ids), model_logits(lm, ids), atol=1e-5, rtol=1e-5)
+
+
+def test_a_model_the_lean_step_does_not_cover_says_why_and_keeps_the_ordinary_path(tmp_path):
+    lm = load_model(str(write_tiny_llama(tmp_path / "gelu", hidden_act="gelu")), device="cpu", dtype="float32")
+    assert "SiLU" in why_not(lm.model)
+    assert lean_step_for(lm) is None and BatchRunner(lm).lone is None
+
+
+def run_runner(lm, jobs, joins, runner=None):
+    """(request, policy) jobs through one runner, job i joining at step joins[i]; each job's records."""
+    runner = runner or BatchRunner(lm, max_batch=8)
+    out = [[] for _ in jobs]
+    step = 0
+    while step == 0 or not runner.idle or step <= max(joins):
+        for i, (request, policy) in enumerate(jobs):
+            if joins[i] == step:
+                runner.add(Slot(request, encode_prompt(lm, request), policy, out[i].append, pytest.fail))
+        if not runner.idle:
+            runner.step()
+        step += 1
+    return out
+
+
+def same_tokens(records, alone):
+    assert [r.token.id for r in records if hasattr(r, "token")] == [r.token.id for r in alone if hasattr(r, "token")]
+    for a, b in zip(records, alone):
+        if hasattr(b, "token"):
+            assert a.token.prob == pytest.approx(b.token.prob, abs=1e-5)
+            assert (a.cache.length, a.cache.bytes) == (b.cache.length, b.cache.bytes)
+    assert records[-1].text == alone[-1].text
+
+
+def test_a_lone_request_steps_on_the_lean_path_and_equals_itself_alone(tiny_lm, monkeypatch):
+    runner = BatchRunner(tiny_lm, max_batch=8)
+    calls = []
+    forward = runner.lone.forward
+    monkeypatch.setattr(runner.lone, "forward", lambda batch, slot: calls.append(slot) or forward(batch, slot))
+    request = GenerationRequest(tiny_prompt(9, seed=3), max_new_tokens=40, chat=False)   # past two 16-token blocks
+    (records,) = run_runner(tiny_lm, [(request, CAPTURE_OFF)], [0], runner)
+    assert len(calls) == 39                                             # every decode step after the prefill's token
+    same_tokens(records, list(generate(tiny_lm, request)))
+    assert count_hooks(tiny_lm.model) == 0
+
+
+def test_requests_joining_a_lone_one_and_leaving_it_alone_again_equal_each_alone(tiny_lm):
+    """The lone steps keep the K/V where the batch reads it: a newcomer joins mid-answer, and after the others leave
+    the first goes on alone on blocks that no longer follow one another (read through the gather)."""
+    jobs = [(GenerationRequest(tiny_prompt(n, seed=n), max_new_tokens=m, chat=False), policy)
+            for n, m, policy in ((7, 40, CAPTURE_OFF), (12, 16, CAPTURE_OFF), (5, 8, CapturePolicy(layers=(1,))))]
+    out = run_runner(tiny_lm, jobs, [0, 6, 9])
+    for records, (request, policy) in zip(out, jobs):
+        assert isinstance(records[-1], DoneRecord)
+        same_tokens(records, list(generate(tiny_lm, request, policy)))
+
+
+def test_lean_off_keeps_every_step_on_the_modules(tiny_lm, monkeypatch):
+    monkeypatch.setenv("PLAYGROUND_LEAN", "off")
+    assert BatchRunner(tiny_lm).lone is None
+
+
+def test_a_matrix_stored_transposed_keeps_its_values_and_every_answer(tiny_model_dir, monkeypatch):
+    """The layout measured faster is the same parameter with other strides: the same logits, the same answers."""
+    lm = load_model(str(tiny_model_dir), device="cpu", dtype="float32")
+    request = GenerationRequest(tiny_prompt(10), max_new_tokens=12, chat=False)
+    ids = encode_prompt(lm, request)
+    before, text = model_logits(lm, ids), list(generate(lm, request))[-1].text
+    monkeypatch.setattr("engine.core.layout.MIN_BYTES", 0)          # the tiny model's matrices count too
+    monkeypatch.setattr("engine.core.layout.time_both", lambda w, rounds=5: (2.0, 1.0))   # "transposed is faster"
+    timed = relayout(lm)
+    assert timed and all(changed for _, _, changed in timed.values())
+    assert all(not m.weight.is_contiguous() for m in lm.model.modules() if isinstance(m, torch.nn.Linear))
+    torch.testing.assert_close(model_logits(lm, ids), before, atol=1e-5, rtol=1e-5)
+    assert list(generate(lm, request))[-1].text == text
+    torch.testing.assert_close(lean_logits(lm, ids), before, atol=1e-5, rtol=1e-5)
+
+
+# --- the thread tuner ------------------------------------------------------------------------------------------------
+
+def drive(tuner: ThreadTuner, cost: dict[int, float], steps: int, rows: int = 4) -> list[int]:
+    """Steps whose time depends only on the thread count; the counts they ran with."""
+    used = []
+    for _ in range(steps):
+        t = tuner.before_step()
+        used.append(t)
+        tuner.after_step(cost[t], rows, 0)
+    return used
+
+
+def test_the_tuner_keeps_the_faster_count_and_tries_again_less_and_less_often(monkeypatch):
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    tuner = ThreadTuner(2)
+    used = drive(tuner, {2: 0.30, 1: 0.20}, 2 * TRIAL_STEPS + 100)
+    assert used[:2 * TRIAL_STEPS] == [2, 1] * TRIAL_STEPS              # a trial first, alternating
+    assert set(used[2 * TRIAL_STEPS:2 * TRIAL_STEPS + FIRST_HOLD]) == {1}   # then the faster, held
+    choice = tuner.choice()
+    assert choice.threads == 1 and choice.auto and choice.changes == 1
+    assert dict((t, s) for t, s, _ in choice.measured) == {2: 0.30, 1: 0.20}
+    assert "1 torch thread of 2 cores, measured" in choice.describe()
+    trials = choice.trials
+    drive(tuner, {2: 0.30, 1: 0.20}, 4000)
+    assert trials < tuner.choice().trials < trials + 4000 // FIRST_HOLD // 2   # held longer each time it agrees
+
+
+def test_a_count_far_slower_ends_the_trial_after_one_step(monkeypatch):
+    """On a busy machine the wrong count can take several times as long: one such step is all a trial spends."""
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    tuner = ThreadTuner(2)
+    used = drive(tuner, {2: 0.9, 1: 0.2}, 2 + FIRST_HOLD)
+    assert used[:2] == [2, 1] and set(used[2:]) == {1}
+    used = drive(tuner, {2: 0.9, 1: 0.2}, 400)
+    assert used.count(2) == tuner.choice().trials - 1                   # each later trial: one step on 2 threads
+
+
+def test_the_tuner_follows_a_change_in_the_load(monkeypatch):
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    tuner = ThreadTuner(2)
+    drive(tuner, {2: 0.30, 1: 0.20}, 200)
+    assert tuner.choice().threads == 1
+    drive(tuner, {2: 0.10, 1: 0.20}, 2000)                             # the neighbours left
+    assert tuner.choice().threads == 2
+
+
+def test_steps_that_prefill_or_differ_in_rows_do_not_decide(monkeypatch):
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    tuner = ThreadTuner(2)
+    for _ in range(20):                                                 # prefill steps: not counted, order kept
+        assert tuner.before_step() == 2
+        tuner.after_step(9.0, 4, 100)
+    assert tuner.choice().trials == 0
+
+
+def test_a_fixed_count_is_never_tuned(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    assert fixed_threads({"PLAYGROUND_THREADS": "3"}) == 3 and fixed_threads({"OMP_NUM_THREADS": "2"}) == 2
+    assert fixed_threads({}) is None and fixed_threads({"PLAYGROUND_THREADS": "auto"}) is None
+    tuner = ThreadTuner(4, fixed=3)
+    assert set(drive(tuner, {3: 0.1}, 50)) == {3} and calls == [3]
+    assert "fixed" in tuner.choice().describe()
+    assert ThreadTuner.for_device(torch.device("cuda")) is None

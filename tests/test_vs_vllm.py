@@ -1,0 +1,35 @@
+"""bench/vs_vllm.py's own parts without vLLM: our server started as the benchmark starts it, the load against it
+through the real `openai` clients, and the report, on the tiny model (the vLLM side is a benchmark, not a test)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def test_the_benchmark_measures_our_server_alone_on_the_tiny_model(tiny_model_dir, tmp_path):
+    import vs_vllm
+
+    out = tmp_path / "vs.json"
+    code = vs_vllm.main(["--only", "ours", "--model", str(tiny_model_dir), "--rounds", "1", "--sessions", "3",
+                         "--tokens", "4", "--alone-tokens", "6", "--alone-repeats", "1", "--prefill-tokens", "0",
+                         "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert code == 0 and report["clean"] and report["sides"] == ["ours"]
+    ours = report["rounds"][0]["ours"]
+    assert ours["room_4"]["served"] == 3 and ours["room_4"]["throughput_tok_s"] > 0
+    alone = ours["alone"]["runs"][0]
+    assert alone["tokens"] >= 2 and 0 < alone["ttft_s"] < 60 and alone["itl_ms"] > 0
+    assert ours["room_4"]["threads"]["cores"] >= 1                   # the room reports the threads it measured
+    assert report["ours_wrong_answers"] == {"4": 0}
+    assert set(report["table"]["ours"]) >= {"alone_itl_ms", "alone_ttft_s", "room_4_throughput_tok_s"}
+
+
+def test_without_vllm_installed_it_says_how_to_get_it(tmp_path, capsys):
+    import vs_vllm
+
+    assert vs_vllm.main(["--vllm-venv", str(tmp_path / "none"), "--out", str(tmp_path / "x.json")]) == 2
+    assert "--install" in capsys.readouterr().err
