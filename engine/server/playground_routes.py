@@ -353,7 +353,7 @@ async def run_file(rid: str, request: Request) -> Response:
 
 
 def _run_file(svc: EngineService, rid: str) -> bytes:
-    return run_files.file_of(run_files.recording_of(svc.run_slice(rid), svc), svc)
+    return run_files.file_of(run_files.recording_of(svc.run_slice(rid), svc), svc, run_id=rid)
 
 
 async def _run_events(svc: EngineService, rid: str, since: int, request: Request) -> AsyncIterator[str]:
