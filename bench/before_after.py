@@ -68,12 +68,13 @@ def ratios(before: dict, after: dict, tokens: list[int]) -> list[dict]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--before", required=True, help="a checkout of the commit before (git worktree add)")
+    p.add_argument("--after", default=str(ROOT), help="the checkout measured against it (default: this one)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--sessions", type=int, default=20)
     p.add_argument("--tokens", type=int, nargs="+", default=[16, 64])
     p.add_argument("--out", default=str(OUT))
     args = p.parse_args()
-    trees = {"before": Path(args.before).resolve(), "after": ROOT}
+    trees = {"before": Path(args.before).resolve(), "after": Path(args.after).resolve()}
     seen: dict[str, list] = {"before": [], "after": []}
     for r in range(args.rounds):
         order = ("before", "after") if r % 2 == 0 else ("after", "before")
