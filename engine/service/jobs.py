@@ -343,7 +343,7 @@ def attention_summary(lm: LoadedModel, progress: Progress, runs: Any, run_id: st
     return held[window]
 
 
-QUICK_SUMMARY = 2048   # positions up to which a run that kept every layer is summarised at once, beside the batch
+QUICK_SUMMARY = 512    # positions up to which a run that kept every layer is summarised at once, beside the batch
 
 
 @job("attention.summary_now", "the per-head summaries", quick=True, runs=True, run_id=a_run,
