@@ -84,7 +84,8 @@ def main() -> int:
     before, after = medians(seen["before"]), medians(seen["after"])
     report = {"what": f"bench/api.py on two checkouts alternating, {args.rounds} rounds, medians: {args.sessions} "
                       "sessions, in-process and through the API, capture off and the pages' capture",
-              "before": str(trees["before"]), "after": str(trees["after"]), "ratios": ratios(before, after, args.tokens),
+              "before": str(trees["before"]), "after": str(trees["after"]),
+              "ratios": ratios(before, after, args.tokens),
               "medians": {name: {f"{k[0]}/{k[1]}": v for k, v in table.items()}
                           for name, table in (("before", before), ("after", after))},
               "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}

@@ -252,8 +252,8 @@ def _qk_input(lm: LoadedModel, kept: Any, run_id: str, layer: int) -> Any:
     """(N, d_model): the residual entering `layer` at every position the run holds, or a clear message."""
     x = kept.input(layer)
     if x is None:
-        raise LayerNotKeptError(f"run {run_id[:40]!r} kept the residual entering layers "
-                                f"{', '.join(str(i) for i in kept.layers if i < lm.spec.n_layers)}; layer {layer}'s "
+        kept_layers = ", ".join(str(i) for i in kept.layers if i < lm.spec.n_layers)
+        raise LayerNotKeptError(f"run {run_id[:40]!r} kept the residual entering layers {kept_layers}; layer {layer}'s "
                                 f"must first be rebuilt from layer {kept.below(layer) or 0} (the job attention.rebuild)")
     if x.shape[0] == 0:
         raise InvalidRequestError(f"run {run_id[:40]!r} has no positions yet: its prompt is still being read")
