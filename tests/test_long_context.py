@@ -199,6 +199,9 @@ def test_service_maps_rows_and_summaries_equal_eager_and_the_records(service, ti
     for rec in views[1:-1]:
         p = n_prompt + rec.step - 1
         np.testing.assert_allclose(rec.captures[1].attention[:, 0], reference[1][0, :, p, :p + 1].numpy(), atol=1e-5)
+        norms = service.quick("run.norms", {"run_id": run, "layer": 2, "position": p})
+        for name in ("q", "k", "v"):
+            np.testing.assert_allclose(getattr(norms, name), getattr(rec.captures[2], f"{name}_norm"), rtol=1e-5)
     pooled = service.quick("attention.map", {"run_id": run, "layer": 0, "heads": [1], "cells": 16})[0]
     assert pooled.factor == 5 and "5x5" in pooled.how
     row = service.quick("attention.row", {"run_id": run, "layer": 1, "position": 30})

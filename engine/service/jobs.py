@@ -414,6 +414,32 @@ def run_lens(lm: LoadedModel, runs: Any, run_id: str, position: int, top: int) -
     return lens_at(lm.model, kept, position, top)
 
 
+@dataclass(frozen=True)
+class QKVNorms:
+    """|Q| per query head and |K|, |V| per K/V head of one layer at one position of a run."""
+
+    layer: int
+    position: int
+    q: np.ndarray               # (H,)
+    k: np.ndarray               # (KVH,)
+    v: np.ndarray               # (KVH,)
+
+
+@job("run.norms", "the Q, K, V norms of a run", quick=True, runs=True, run_id=a_run, layer=a_layer,
+     position=whole(0, 2**31))
+def run_norms(lm: LoadedModel, runs: Any, run_id: str, layer: int, position: int) -> QKVNorms:
+    """|Q|, |K|, |V| per head at one position, from the layer's own projections on the residual the run kept."""
+    from engine.core.views import qkv_norms
+
+    _, kept, _ = _kept(runs, run_id)
+    x = _qk_input(lm, kept, run_id, layer)
+    if position >= x.shape[0]:
+        raise InvalidRequestError(f"position {position:,} is out of range: the run has positions 0 to "
+                                  f"{x.shape[0] - 1:,}")
+    q, k, v = qkv_norms(lm.model, kept, layer, [position])
+    return QKVNorms(layer, position, q[0], k[0], v[0])
+
+
 @job("run.views", "a run's captures", quick=True, runs=True, run_id=a_run)
 def run_views(lm: LoadedModel, runs: Any, run_id: str) -> list[Any]:
     """A finished run's records with the views its policy names derived into them (what its files carry)."""
