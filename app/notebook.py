@@ -1,24 +1,20 @@
 """"Open in a notebook": the run a page shows, as a run file (engine/runs) and a generated notebook that reopens it,
 in one .zip download. Built only when the button is pressed.
 
-The file carries the records the model server keeps for the run (attention as float32, as captured) when it still
-has them, else the session's own copy (attention as float16, as a recording holds it); the notebook checks a fresh run
-against it to the precision it holds (engine.runs.attention_tolerance).
+The file carries the views the model server derives from the residual it keeps for the run (attention as float32)
+when it still has it, else the session's own copy (a recording's attention as float16); the notebook checks a fresh
+run against it to the precision it holds (engine.runs.attention_tolerance).
 """
 from __future__ import annotations
-
-from dataclasses import replace
 
 import streamlit as st
 
 from app.recordings import file_name, recording_from_run
 from app.run import Run
-from engine.core.records import PrefillRecord
 from engine.errors import EngineError
-from engine.runs import dumps, file_of, known_texts, recording_of
+from engine.runs import dumps, file_of, known_texts
 from engine.runs.notebook import bundle
 from engine.service.client import ModelClient
-from engine.serving.recording import Recording
 
 HELP = ("A .zip with a Jupyter notebook and this run's file (run.json and tensors.safetensors). Run the notebook "
         "from the top: it redraws this page's attention and logit lens from the file, runs the same prompt again "
@@ -47,20 +43,7 @@ def run_file_bytes(run: Run, lm: ModelClient | None, view: dict | None = None) -
     recording = recording_from_run(run)
     if lm is not None and lm.label == run.model:
         try:
-            return file_of(served_records(recording, run, lm), lm, view)
+            return file_of(recording, lm, view, run_id=run.id)    # the views derived on the server (float32)
         except EngineError:                          # the server went away meanwhile: the session's copy still goes
             pass
     return dumps(recording, texts=known_texts(recording), view=view)
-
-
-def served_records(recording: Recording, run: Run, lm: ModelClient) -> Recording:
-    """The recording with the server's own records (float32 attention) where it still keeps the run: all of them for
-    plain decoding, the prefill pass for a speculative run (whose page records are its rounds made into steps)."""
-    try:
-        served = recording_of(lm.run_slice(run.id), lm).records
-    except EngineError:
-        return recording                                     # dropped for newer runs, or a recording: the session's
-    if run.speculation is None and len(served) == len(recording.records):
-        return replace(recording, records=served)
-    prefill = next(r for r in served if isinstance(r, PrefillRecord))
-    return replace(recording, records=[prefill, *recording.records[1:]])

@@ -57,9 +57,20 @@ def open_shipped(path: Path) -> Run:
     return run
 
 
-def run_bytes(run: Run, on_wait: Waiting | None = None) -> bytes:
-    """The gzip-compressed JSON of a finished run (attention as float16)."""
-    return dumps_recording(recording_from_run(run), on_wait=on_wait)
+def run_bytes(run: Run, on_wait: Waiting | None = None, lm: ModelClient | None = None) -> bytes:
+    """The gzip-compressed JSON of a finished run (attention as float16), with the views its policy names derived on
+    the model server (`lm`) from the residual the run kept, while the server still keeps it."""
+    return dumps_recording(with_server_views(recording_from_run(run), run, lm), on_wait=on_wait)
+
+
+def with_server_views(recording: Recording, run: Run, lm: ModelClient | None) -> Recording:
+    """The recording with the views the server derives for the run; as it is when the server cannot."""
+    if lm is None or lm.label != run.model or not run.policy.views:
+        return recording
+    try:
+        return run_files.with_views(recording, lambda: lm.quick("run.views", {"run_id": run.id}))
+    except EngineError:                              # the run went from the server, or kept nothing: the records only
+        return recording
 
 
 def room_limits(lm: ModelClient | None) -> Limits:
@@ -190,19 +201,19 @@ def open_upload(data: bytes, name: str, limits: Limits | None = None, on_wait: W
     return None
 
 
-def save_button(run: Run | None, key: str) -> None:
+def save_button(run: Run | None, key: str, lm: ModelClient | None = None) -> None:
     """'Save this run' for a finished run; the file is built only when the button is pressed."""
     if run is None or run.done is None or run.prefill is None:
         st.caption("Generate (or open a recording) to save a run; a run is saved once it has finished.")
         return
-    st.download_button("Save this run", data=lambda: run_bytes(run), file_name=file_name(run),
+    st.download_button("Save this run", data=lambda: run_bytes(run, lm=lm), file_name=file_name(run),
                        mime="application/gzip", key=f"{key}.save.{run.id}", on_click="ignore",
                        icon=":material/download:",
                        help="A .json.gz file with the tokens, timings and captures; open it later on the "
                             "Recordings page, here or on another playground.")
 
 
-def keep_button(run: Run | None, limits: Limits) -> None:
+def keep_button(run: Run | None, limits: Limits, lm: ModelClient | None = None) -> None:
     """'Keep on this server': the run saved to the server's disk for this session, within the caps."""
     store = room_shelf(limits)
     if run is None or run.done is None or run.prefill is None or not store.enabled:
@@ -213,7 +224,7 @@ def keep_button(run: Run | None, limits: Limits) -> None:
         return
     notice = st.empty()
     try:
-        kept = store.keep(session_id(), run_bytes(run, waiting_notice(notice)), file_name(run)[:-len(".json.gz")])
+        kept = store.keep(session_id(), run_bytes(run, waiting_notice(notice), lm), file_name(run)[:-len(".json.gz")])
     except EngineError as err:
         notice.error(str(err))
         return

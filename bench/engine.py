@@ -34,8 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.core.fastpath import FastDecoder  # noqa: E402
-from engine.core.generate import GenerationRequest, encode_prompt, generate  # noqa: E402
+from engine.core.generate import GenerationRequest, encode_prompt, generate, generate_captured  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy  # noqa: E402
+from engine.core.kept import kept_for  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
 
 DECODE_PROMPT = "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle."
@@ -75,7 +76,8 @@ def reference_rates(model, ids: list[int], max_new: int, eos: list[int]) -> dict
 
 def engine_rates(lm, request: GenerationRequest, policy: CapturePolicy, fast: FastDecoder | None = None
                  ) -> dict[str, float]:
-    records = fast.generate(request, policy) if fast is not None else generate(lm, request, policy)
+    kept = kept_for(lm, policy, 512)
+    records = fast.generate(request, kept=kept) if fast is not None else generate(lm, request, policy, kept=kept)
     done = list(records)[-1]
     return {"ttft_s": done.ttft, "decode_tok_s": done.tokens_per_second, "tokens": done.generated_tokens}
 
@@ -118,7 +120,7 @@ def nnsight_rates(traced, ids: list[int], max_new: int, eos: list[int]) -> dict[
 
 def capture_agreement(lm, traced, request: GenerationRequest, ids: list[int], eos: list[int], step: int = 8) -> float:
     """Max |engine row - nnsight's saved eager weights| over every layer and head at one decode step."""
-    records = [r for r in generate(lm, request, FULL_ROWS) if r.kind == "decode"]
+    records = [r for r in generate_captured(lm, request, FULL_ROWS) if r.kind == "decode"]
     _, steps = nnsight_generate(traced, ids, request.max_new_tokens, eos)
     step = min(step, len(records), len(steps) - 1)
     ours = records[step - 1].captures                      # DecodeRecord.step s = the s-th forward after prefill

@@ -36,7 +36,8 @@ from engine.lab.batching import batch_prompts, generate_batch  # noqa: E402
 from engine.projection.card import weight_bytes  # noqa: E402
 from engine.core.fastpath import FastDecoder, cache_length, new_static_cache  # noqa: E402
 from engine.core.generate import GenerationRequest, encode_prompt, forward, generate, sync  # noqa: E402
-from engine.core.hooks import CAPTURE_OFF, CapturePolicy, instrument  # noqa: E402
+from engine.core.hooks import CAPTURE_OFF, CapturePolicy  # noqa: E402
+from engine.core.kept import kept_for  # noqa: E402
 from engine.core.loader import cache_dir, load_model  # noqa: E402
 from engine.lab.fusion import best_time  # noqa: E402
 from engine.lab.memory import allocated_by, memory_ledger, peak_during  # noqa: E402
@@ -98,8 +99,8 @@ def make_runs(lm: Any, fast: FastDecoder, ids: list[int], n: int, skip: set[str]
         "hf-static": lambda: hf_run(lm.model, ids, n, static=True),
         "engine-off": lambda: engine_run(generate(lm, request, CAPTURE_OFF)),
         "engine-rows": lambda: engine_run(generate(lm, request, ROWS)),
-        "fast-off": lambda: engine_run(fast.generate(request, CAPTURE_OFF)),
-        "fast-rows": lambda: engine_run(fast.generate(request, ROWS)),
+        "fast-off": lambda: engine_run(fast.generate(request)),
+        "fast-rows": lambda: engine_run(fast.generate(request, kept=kept_for(lm, ROWS, len(ids) + n))),
     }
     return {k: fn for k, fn in runs.items() if k not in skip}
 
@@ -122,9 +123,9 @@ def warm_up(runs: dict[str, Callable[[], dict]], fast: FastDecoder, n: int, log:
     eager) instead of failing when the step cannot be compiled; fast.compile_error says why.
     """
     spent = {}
-    policies = tuple(p for k, p in (("fast-off", CAPTURE_OFF), ("fast-rows", ROWS)) if k in runs)
-    if policies:
-        spent["fast path compile"] = fast.warm_up(n, policies, PROMPT)
+    capture = tuple(keeps for k, keeps in (("fast-off", False), ("fast-rows", True)) if k in runs)
+    if capture:
+        spent["fast path compile"] = fast.warm_up(n, capture, PROMPT)
         log(f"warm-up fast path ({fast.mode}): {spent['fast path compile']:.1f} s {fast.compile_error or ''}")
     for name, fn in runs.items():
         t = time.perf_counter()
@@ -149,12 +150,12 @@ def measure_prefill(lm: Any, fast: FastDecoder, n: int) -> dict[str, float]:
 
     ids = prompt_of_length(lm, n)
     with torch.inference_mode():
-        engine = time_prefill(lambda: forward(lm, ids, DynamicCache(config=lm.model.config), None), lm.device)
+        engine = time_prefill(lambda: forward(lm, ids, DynamicCache(config=lm.model.config)), lm.device)
     fast.reserve(n + 1)
-    with torch.no_grad(), instrument(lm.model, CAPTURE_OFF) as inst:
+    with torch.no_grad():
         def static() -> Any:
             fast.cache.reset()
-            return fast.prefill(ids, inst)
+            return fast.prefill(ids, None)
         static_s = time_prefill(static, lm.device)
     return {"tokens": n, "engine_s": engine, "fast_s": static_s}
 

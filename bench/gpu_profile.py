@@ -120,7 +120,7 @@ def prefill_pass(lm: Any, n: int) -> Callable[[], int]:
 
     def run() -> int:
         with torch.inference_mode():
-            forward(lm, ids, DynamicCache(config=lm.model.config), None)
+            forward(lm, ids, DynamicCache(config=lm.model.config))
         return 1
     return run
 
@@ -147,7 +147,7 @@ def main() -> None:
     args = p.parse_args()
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
     fast = FastDecoder(lm)
-    fast.warm_up(args.steps, (CAPTURE_OFF,), PROMPTS[0])
+    fast.warm_up(args.steps, (False,), PROMPTS[0])
     paths = {"generate": lambda: decode_only(list(generate(lm, request(0, args.steps + 1)))),
              "fast path": lambda: decode_only(list(fast.generate(request(0, args.steps + 1)))),
              "scheduler, 1 row": scheduler_steps(lm, 1, args.steps),

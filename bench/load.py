@@ -59,10 +59,10 @@ PROMPTS = (
     "What is a transformer in machine learning?",
     "Give me a tip for learning to cook.",
 )
-# "full": what a page (and an API request asking for captures) keeps, the inputs of its layers included (a session
-# keeps them as a page's run does, engine.core.kept.kept_for)
+# "full": what a page (and an API request asking for captures) keeps: the residual stream of every layer (a session
+# keeps it as a page's run does, engine.core.kept.kept_for)
 CAPTURES = {"off": CAPTURE_OFF,
-            "full": CapturePolicy(logit_lens=LOGIT_LENS_TOP, lens_on_demand=True, inputs=None)}   # for short prompts
+            "full": CapturePolicy(logit_lens=LOGIT_LENS_TOP, inputs=None)}   # for short prompts (capture_policy's)
 RESULTS = ROOT / "bench" / "results" / "load.json"
 
 

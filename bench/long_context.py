@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from engine.core.attention_maps import attention_map, attention_rows, summarise  # noqa: E402
 from engine.core.generate import GenerationRequest, generate  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF  # noqa: E402
-from engine.core.kept import KeptInputs  # noqa: E402
+from engine.core.kept import KeptInputs, kept_for  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
 from engine.core.recompute import embeddings, layer_input, layer_qk  # noqa: E402
 from engine.lab.long_context import text_ids  # noqa: E402
@@ -102,7 +102,7 @@ def measure(lm, n: int, budget: int, rounds: int) -> dict:
     policy, note = capture_policy(lm.spec, n, 1, budget=budget, value_bytes=lm.dtype.itemsize)
     off, on, kept = [], [], None
     for r in range(rounds):                      # interleaved, the order swapped each round: noise hits both
-        kept = KeptInputs(policy.input_ids(lm.spec.n_layers), lm.spec.d_model, lm.dtype, lm.device, n + 1)
+        kept = kept_for(lm, policy, n + 1)
         for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
             if mode == "off":
                 off.append(prefill_seconds(lm, ids, CAPTURE_OFF, None))

@@ -110,27 +110,27 @@ def _check_cli_capture(args: argparse.Namespace, lm: Any, policy: Any, n_prompt:
         one_layer = attention_bytes(spec, n_prompt, max_new, matrix=policy.prefill_matrix)
         every_input = spec.n_layers * spec.d_model * value
         raise EngineError(
-            f"this capture would take {fmt_bytes(size)} ({fmt_bytes(maps)} of attention maps, {fmt_bytes(kept)} of "
-            f"kept layer inputs) for {n_prompt:,} prompt tokens and {max_new:,} new ones, over the capture budget of "
-            f"{fmt_bytes(budget)} (--max-capture-mb, PLAYGROUND_MAX_CAPTURE_MB); nothing was run. Within it: "
-            f"maps of at most {budget // max(one_layer, 1):,} layer(s) (--capture-layers), only each step's newest "
-            f"row (--last-row), or --keep-inputs, which keeps what recomputes any layer's map exactly: "
-            f"{fmt_bytes(every_input)} per token for every layer, {fmt_bytes(every_input * (n_prompt + max_new))} here")
+            f"this capture would take {fmt_bytes(size)} ({fmt_bytes(maps)} of attention maps in the file, "
+            f"{fmt_bytes(kept)} of residual stream kept) for {n_prompt:,} prompt tokens and {max_new:,} new ones, over "
+            f"the capture budget of {fmt_bytes(budget)} (--max-capture-mb, PLAYGROUND_MAX_CAPTURE_MB); nothing was "
+            f"run. Within it: maps of at most {budget // max(one_layer, 1):,} layer(s) (--capture-layers), only each "
+            f"step's newest row (--last-row), or --keep-inputs alone, which keeps what recomputes any layer's map "
+            f"exactly: {fmt_bytes(every_input)} per token for every layer, "
+            f"{fmt_bytes(every_input * (n_prompt + max_new))} here")
     check_memory(spec, lm.dtype_name, n_prompt + max_new, device_free_bytes(lm.device), size,
                  limits.reserve_mb * 2**20)
 
 
 def _generate_and_write(args: argparse.Namespace, lm: Any, request: Any, ids: list[int], policy: Any) -> int:
-    """One JSON line per record (no floats of captures: those go to the safetensors file), then the file."""
+    """One JSON line per record as it is made, then the file: the views the flags name, derived from the residual the
+    run kept (engine/core/views.py), and the inputs --keep-inputs names."""
     from engine.core.capture_file import write_capture
     from engine.core.generate import generate
-    from engine.core.kept import KeptInputs
+    from engine.core.kept import kept_for
     from engine.core.records import to_json
+    from engine.core.views import derive_captures
 
-    kept = None
-    if policy.keeps_inputs:
-        kept = KeptInputs(policy.input_ids(lm.spec.n_layers), lm.spec.d_model, lm.dtype, lm.device,
-                          len(ids) + request.max_new_tokens)
+    kept = kept_for(lm, policy, len(ids) + request.max_new_tokens)
     out = Path(args.capture_out) if policy.enabled else None
     records = []
     for record in generate(lm, request, policy, ids=ids, kept=kept):
@@ -140,7 +140,7 @@ def _generate_and_write(args: argparse.Namespace, lm: Any, request: Any, ids: li
         print(json.dumps(line, ensure_ascii=False), flush=True)
         records.append(record)
     if out is not None:
-        size = write_capture(out, lm, ids, records, kept, policy)
+        size = write_capture(out, lm, ids, derive_captures(lm.model, kept, records, policy), kept, policy)
         print(f"captures written to {out} ({fmt_bytes(size)}, safetensors, docs/capture_format.md)", file=sys.stderr)
     return 0
 
@@ -345,7 +345,7 @@ def cmd_project(args: argparse.Namespace) -> int:
 def record(prompt: str, out: str | Path, model: str = "default", max_new_tokens: int = 32, layers: int = 10,
            title: str = "", max_keys: int | None = None) -> Any:
     """Generate greedily with the given model and save the run with attention for `layers` spread layers."""
-    from engine.core.generate import GenerationRequest, generate
+    from engine.core.generate import GenerationRequest, generate_captured
     from engine.core.hooks import CapturePolicy
     from engine.core.loader import load_model
     from engine.serving.recording import new_recording, save_recording
@@ -355,7 +355,7 @@ def record(prompt: str, out: str | Path, model: str = "default", max_new_tokens:
     picked = tuple(sorted({round(i * (n - 1) / max(layers - 1, 1)) for i in range(min(layers, n))}))
     policy = CapturePolicy(layers=picked, logit_lens=5, max_keys=max_keys)
     request = GenerationRequest(prompt, max_new_tokens=max_new_tokens)
-    records = list(generate(lm, request, policy))          # this process's own model: nobody else uses it
+    records = generate_captured(lm, request, policy)       # this process's own model: nobody else uses it
     rec = new_recording(lm, request, policy, records, title or prompt[:60])
     save_recording(rec, out)
     return rec
@@ -462,8 +462,9 @@ def add_generate(sub: Any) -> None:
     gen.add_argument("--max-keys", type=int, default=None, help="keep at most this many keys per attention row")
     gen.add_argument("--last-row", action="store_true", help="at prefill keep only the last query row, not the full map")
     gen.add_argument("--keep-inputs", default="none",
-                     help="all, none or e.g. 0,10,20: keep these layers' inputs (every position), from which any map of "
-                          "theirs is recomputed exactly; linear in the length")
+                     help="all, none or e.g. 0,10,20: write these layers' inputs (the residual stream, every position) "
+                          "to the file, from which any map of theirs is recomputed exactly; linear in the length "
+                          "(all: the final norm's input too)")
     gen.add_argument("--capture-out", default="capture.safetensors",
                      help="where captures go, as tensors (safetensors; docs/capture_format.md)")
     gen.add_argument("--max-capture-mb", type=int, default=None,

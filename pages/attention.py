@@ -16,9 +16,9 @@ from app.widgets import ProgressLine, quick_form
 lm = page_model()
 st.title("Attention")
 st.write("Every head of every layer turns each token's query into weights over the tokens before it. The maps "
-         "below come from the last generation (from any page), computed from the real model's own Q and K: a short "
-         "prompt's maps ride with the run; a long one's are computed exactly on the model server when you look, "
-         "from the residual stream the run kept (memory that grows with the length, not its square).")
+         "below come from the last generation (from any page), computed from the real model's own Q and K exactly, "
+         "on the model server when you look, from the residual stream the run kept (memory that grows with the "
+         "length, not its square).")
 
 if lm is None:
     offline_notice()

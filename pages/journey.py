@@ -27,7 +27,7 @@ else:
     chat = left.toggle("Use the chat template", value=lm.has_chat_template, key="journey.chat",
                        disabled=not lm.has_chat_template)
     capture = right.toggle("Capture internals (attention, logit lens)", value=True, key="journey.capture",
-                           help="Off: the model runs without any hooks, as fast as it can.")
+                           help="Off: the run keeps no residual stream, so nothing can be derived from it.")
     prepared = prepare(lm, prompt, sampling, chat)
     if prepared.error:
         st.error(prepared.error)

@@ -2,7 +2,8 @@
 import streamlit as st
 
 from app.kv.sections import (GrowthView, calculator_inputs, calculator_section, follow_charted_run, formula_text,
-                             gqa_vs_mha_section, growth_caption, memory_section, paging_inputs, paging_section)
+                             gqa_vs_mha_section, growth_caption, memory_section, paging_inputs, paging_section,
+                             residual_text)
 from app.live import last_run, run_live
 from app.model import offline_notice, page_model
 from app.recordings import run_notes
@@ -36,6 +37,7 @@ else:
     spec, dtype = MODEL_PRESETS["smollm2-135m"], "float32"
     label = spec.name
 st.text(f"{label} in {dtype}: " + formula_text(spec, dtype))
+st.caption(residual_text(spec, dtype))
 growth = GrowthView(spec, dtype)
 if clicked:
     run_live(lm, prepared, "kv", stop_slot, growth.update, notice=notice)

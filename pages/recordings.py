@@ -40,5 +40,5 @@ else:
     st.text(f"Prompt: {run.request.prompt[:300]}\nAnswer: {run.text[:300]}")
     for page in PAGES[:3]:
         st.page_link(str(page.path), label=f"See it on: {page.title}", icon=page.icon)
-    save_button(run, "recordings")
-    keep_button(run, limits)
+    save_button(run, "recordings", lm)
+    keep_button(run, limits, lm)

@@ -23,7 +23,7 @@ from app.format import token_words
 from app.live import wait_message
 from app.presenter import PresenterBoard
 from app.recordings import RECORDINGS_DIR, open_bytes, run_bytes
-from engine.core.generate import GenerationRequest, generate
+from engine.core.generate import GenerationRequest, generate_captured
 from engine.core.hooks import CapturePolicy
 from engine.serving.recording import load_recording
 from engine.serving.scheduler import scheduler_for
@@ -98,8 +98,22 @@ def generate_on(at: AppTest, ns: str, prompt: str, max_new: int, timeout: float 
 
 
 def alone(lm, prompt: str, max_new: int) -> list:
-    """The same request run directly on the engine with full capture, nobody else around."""
-    return list(generate(lm, GenerationRequest(prompt, max_new_tokens=max_new, chat=False), CapturePolicy()))
+    """The same request run directly on the engine, nobody else around, with every view derived from its residual."""
+    return generate_captured(lm, GenerationRequest(prompt, max_new_tokens=max_new, chat=False),
+                             CapturePolicy(logit_lens=5))
+
+
+def assert_server_maps(run, want: list) -> None:
+    """The run's prompt maps, derived on the model server by run id, equal the same request's alone."""
+    from app.model import current_client
+
+    n = len(want[0].prompt)
+    below = np.tril_indices(n)
+    for layer, cap in want[0].captures.items():
+        maps = current_client().quick("attention.map", {"run_id": run.id, "layer": layer, "heads": list(cap.heads),
+                                                        "cells": 1024})
+        for m, theirs in zip(maps, cap.attention):
+            np.testing.assert_allclose(m.values[:n, :n][below], theirs[below], atol=1e-5)
 
 
 def spans_of(sched, session: str) -> list:
@@ -150,8 +164,7 @@ def test_sessions_in_threads_each_stream_their_own_answer_through_the_scheduler(
         run, want = at.session_state["last_run"], alone(tiny_lm, prompt, 6)
         assert run.status == "done" and [t.id for t in run.tokens] == [r.token.id for r in want[:-1]]
         assert run.n_prompt == len(want[0].prompt)                                   # its own prompt, no other
-        for layer, cap in run.prefill.captures.items():                               # its own attention maps
-            np.testing.assert_allclose(cap.attention, want[0].captures[layer].attention, atol=2e-3)
+        assert_server_maps(run, want)                                                # its own attention maps
         assert [c.length for c in run.cache_states()] == [r.cache.length for r in want[:-1]]
         assert run.text in texts(at)
         spans = spans_of(scheduler, at.session_state["session.id"])
@@ -280,11 +293,16 @@ def test_save_this_run_and_open_it_again(env):
     at = generate_on(open_page(new_app(), "journey.py"), "journey", tiny_prompt(9), 5)
     run = at.session_state["last_run"]
     assert at.get("download_button")                                                  # "Save this run"
-    data = run_bytes(run)
+    from app.model import current_client
+
+    data = run_bytes(run, lm=current_client())                  # the views derived on the server, as the button does
     back = open_bytes(data, "saved.json.gz")
     assert [t.id for t in back.tokens] == [t.id for t in run.tokens] and back.text == run.text
-    for layer, cap in run.prefill.captures.items():
-        np.testing.assert_array_equal(back.prefill.captures[layer].attention, cap.attention)   # float16 both
+    want = alone(app_lm(env), tiny_prompt(9), 5)
+    assert run.prefill.captures == {} and sorted(back.prefill.captures) == sorted(want[0].captures) == [0, 1, 2]
+    for layer, cap in want[0].captures.items():
+        np.testing.assert_allclose(back.prefill.captures[layer].attention, cap.attention, atol=2e-3)   # float16
+        assert back.prefill.captures[layer].lens[0][0] == cap.lens[0][0]
     other = open_page(new_app(), "recordings.py")
     upload(other, "saved.json.gz", data)
     assert not other.error and other.session_state["last_run"].text == run.text

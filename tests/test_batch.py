@@ -1,4 +1,5 @@
-"""Continuous batching (engine/serving/batch.py): every request batched equals the same request run alone."""
+"""Continuous batching (engine/serving/batch.py): every request batched equals the same request run alone, the
+residual stream it keeps included (and so every view derived from it)."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,22 +8,26 @@ import torch
 
 from conftest import tiny_prompt
 from engine.serving.batch import BatchRunner, Slot
-from engine.core.generate import GenerationRequest, encode_prompt, generate
+from engine.core.generate import GenerationRequest, encode_prompt, generate_kept
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
+from engine.core.kept import kept_for
 from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord
+from engine.core.views import derive_captures
 
 FULL = CapturePolicy(logit_lens=3)
-SUBSET = CapturePolicy(heads=(3, 0), stats=False)
+SUBSET = CapturePolicy(layers=(0, 2), inputs=(1,), stats=False)
 
 
 class Sink:
-    """Collects one request's records and its failure."""
+    """Collects one request's records, the residual it keeps, and its failure."""
 
     def __init__(self):
-        self.records, self.error = [], None
+        self.records, self.error, self.kept = [], None, None
 
     def slot(self, lm, request, policy=CAPTURE_OFF, stop=lambda: False) -> Slot:
-        return Slot(request, encode_prompt(lm, request), policy, self.records.append, self._fail, stop)
+        ids = encode_prompt(lm, request)
+        self.kept = kept_for(lm, policy, len(ids) + request.max_new_tokens)
+        return Slot(request, ids, policy, self.records.append, self._fail, stop, kept=self.kept)
 
     def _fail(self, err):
         self.error = err
@@ -49,8 +54,38 @@ def run_staggered(lm, jobs, max_batch=8, prefill_chunk=256, joins=None):
     return sinks
 
 
-def alone(lm, request, policy=CAPTURE_OFF):
-    return list(generate(lm, request, policy))
+class Alone(list):
+    """A request's records run alone, and the residual it kept (`kept`)."""
+
+    kept = None
+
+
+def alone(lm, request, policy=CAPTURE_OFF) -> Alone:
+    records, kept = generate_kept(lm, request, policy)
+    run = Alone(records)
+    run.kept = kept
+    return run
+
+
+def assert_same_residual(batched, single, atol=1e-5):
+    """Two runs kept the same hidden states at the same positions, equal within `atol` of the largest value
+    (float32 rounding: a batched matmul sums in another order than a matmul of one row)."""
+    assert (batched is None) == (single is None)
+    if single is None:
+        return
+    assert batched.layers == single.layers and batched.length == single.length
+    for i in single.layers:
+        want = single.input(i)
+        torch.testing.assert_close(batched.input(i), want, atol=atol * max(1.0, float(want.abs().max())), rtol=0)
+
+
+def assert_same_views(lm, batched, single, policy):
+    """The captures derived from each run's residual are the same (attention, norms, lens)."""
+    mine = derive_captures(lm.model, batched.kept, batched.records, policy)
+    theirs = derive_captures(lm.model, single.kept, list(single), policy)
+    assert any(r.captures for r in theirs) == policy.views
+    for a, b in zip(mine, theirs):
+        assert_same_captures(getattr(a, "captures", {}), getattr(b, "captures", {}))
 
 
 def assert_same_captures(batched, single, atol=1e-5):
@@ -73,6 +108,10 @@ def assert_same_captures(batched, single, atol=1e-5):
 
 
 def assert_same_run(batched, single):
+    """`batched`: a Sink (or its records), `single`: alone(...): the same records, and the same residual kept."""
+    if isinstance(batched, Sink):
+        assert_same_residual(batched.kept, single.kept)
+        batched = batched.records
     assert [type(r) for r in batched] == [type(r) for r in single]
     for a, b in zip(batched, single):
         if isinstance(b, DoneRecord):
@@ -94,7 +133,10 @@ def test_requests_joining_and_leaving_mid_flight_equal_each_alone(tiny_lm):
     sinks = run_staggered(tiny_lm, jobs, joins=[0, 0, 2, 5, 6])
     for sink, (request, policy) in zip(sinks, jobs):
         assert sink.error is None
-        assert_same_run(sink.records, alone(tiny_lm, request, policy))
+        single = alone(tiny_lm, request, policy)
+        assert_same_run(sink, single)
+        assert_same_views(tiny_lm, sink, single, policy)
+        assert not sink.kept.in_pool                          # its rows left the pool with its blocks
     assert count_hooks(tiny_lm.model) == 0
 
 
@@ -109,28 +151,29 @@ def test_on_cuda_requests_joining_and_leaving_mid_flight_equal_each_alone(tiny_m
             for (n, m), policy in zip(((5, 12), (17, 4), (9, 9), (30, 7)), (FULL, CAPTURE_OFF, SUBSET, FULL))]
     for sink, (request, policy) in zip(run_staggered(lm, jobs, joins=[0, 0, 2, 5]), jobs):
         assert sink.error is None
-        assert_same_run(sink.records, alone(lm, request, policy))
+        assert_same_run(sink, alone(lm, request, policy))
 
 @pytest.mark.parametrize("policies", [(FULL,) * 4, (SUBSET, CAPTURE_OFF, SUBSET, CAPTURE_OFF, SUBSET)],
-                         ids=["every row every head", "some rows some heads"])
-def test_a_decode_step_captured_for_all_rows_at_once_equals_each_alone(tiny_lm, policies):
-    """Rows sharing a policy have their decode captures computed together: with every row and every head
-    (each K/V head's query group in one product, nothing copied), and with some rows and some heads."""
+                         ids=["every row keeps every layer", "some rows keep some layers"])
+def test_a_decode_step_writes_each_rows_residual_where_it_is_kept(tiny_lm, policies):
+    """One decode step writes every capturing row's hidden states into the pool at its own slot (rows that keep
+    nothing write the scratch slot): each run's residual equals its own alone, with every row capturing and
+    with some rows keeping some hidden states."""
     jobs = [(GenerationRequest(tiny_prompt(4 + 3 * i, seed=i), max_new_tokens=6, chat=False), policy)
             for i, policy in enumerate(policies)]
     for sink, (request, policy) in zip(run_staggered(tiny_lm, jobs, joins=[0] * (len(jobs) - 1) + [2]), jobs):
         assert sink.error is None
-        assert_same_run(sink.records, alone(tiny_lm, request, policy))
+        assert_same_run(sink, alone(tiny_lm, request, policy))
 
 
-def test_chunked_prefill_equals_one_pass_captures_included(tiny_lm):
+def test_chunked_prefill_equals_one_pass_residual_included(tiny_lm):
     long = GenerationRequest(tiny_prompt(40, seed=4), max_new_tokens=5, chat=False)
     short = GenerationRequest(tiny_prompt(6, seed=5), max_new_tokens=12, chat=False)
     last_rows = CapturePolicy(prefill_matrix=False, logit_lens=2)
     for policy in (FULL, last_rows):
         sinks = run_staggered(tiny_lm, [(short, policy), (long, policy)], prefill_chunk=7, joins=[0, 1])
-        assert_same_run(sinks[0].records, alone(tiny_lm, short, policy))
-        assert_same_run(sinks[1].records, alone(tiny_lm, long, policy))
+        assert_same_run(sinks[0], alone(tiny_lm, short, policy))
+        assert_same_run(sinks[1], alone(tiny_lm, long, policy))
 
 
 def test_chunked_prefill_does_not_freeze_the_others(tiny_lm):
@@ -156,7 +199,7 @@ def test_seeded_sampling_gives_the_same_text_batched_or_alone(tiny_lm):
             for s, kw in enumerate(SAMPLING)]
     sinks = run_staggered(tiny_lm, jobs, joins=[0, 1, 1, 3, 0])
     for sink, (request, policy) in zip(sinks, jobs):
-        assert_same_run(sink.records, alone(tiny_lm, request, policy))
+        assert_same_run(sink, alone(tiny_lm, request, policy))
 
 
 def test_picking_every_row_at_once_describes_each_token_as_picking_it_alone(tiny_lm):
@@ -191,8 +234,32 @@ def test_a_cancelled_request_leaves_and_the_others_finish(tiny_lm):
     while not runner.idle:
         runner.step()
     assert a.records[-1].finish_reason == "cancelled" and a.records[-1].generated_tokens < 20
-    assert_same_run(b.records, alone(tiny_lm, req_b, FULL))
+    assert_same_run(b, alone(tiny_lm, req_b, FULL))
     assert runner.batch.cache is None and count_hooks(tiny_lm.model) == 0
+
+
+def test_a_request_cancelled_mid_run_frees_its_residual_with_its_blocks(tiny_lm):
+    """A capturing request stopped mid-run: its blocks (K, V and the residual in them) go back to the pool, the
+    pool's free count returns to where it was, and its residual so far stays readable, copied out of the pool."""
+    runner = BatchRunner(tiny_lm)
+    flag, keep = {"stop": False}, Sink()
+    runner.add(keep.slot(tiny_lm, GenerationRequest(tiny_prompt(5, seed=8), max_new_tokens=40, chat=False), FULL))
+    runner.step()
+    pool, free = runner.batch.pool, len(runner.batch.pool.free)
+    stopped = Sink()
+    request = GenerationRequest(tiny_prompt(20, seed=4), max_new_tokens=30, chat=False)
+    runner.add(stopped.slot(tiny_lm, request, FULL, stop=lambda: flag["stop"]))
+    for _ in range(4):
+        runner.step()
+    assert stopped.kept.in_pool and len(pool.free) < free and pool.resid is not None
+    flag["stop"] = True
+    runner.step()
+    assert len(pool.free) == free and not stopped.kept.in_pool
+    n = stopped.kept.length
+    assert stopped.records[-1].finish_reason == "cancelled" and n == len(encode_prompt(tiny_lm, request)) + 4
+    single = alone(tiny_lm, request, FULL)
+    for i in single.kept.layers:
+        torch.testing.assert_close(stopped.kept.input(i), single.kept.input(i)[:n], atol=1e-5, rtol=1e-4)
 
 
 def test_a_request_that_fails_in_the_batch_fails_alone(tiny_lm):
@@ -210,7 +277,7 @@ def test_a_request_that_fails_in_the_batch_fails_alone(tiny_lm):
         runner.step()
     assert bad.error is not None and not any(isinstance(r, DoneRecord) for r in bad.records)
     assert good.error is None
-    assert_same_run(good.records, alone(tiny_lm, req, FULL))
+    assert_same_run(good, alone(tiny_lm, req, FULL))
 
 
 def test_a_fault_no_row_repeats_alone_fails_the_newest_request_only(tiny_lm):
@@ -238,7 +305,7 @@ def test_a_fault_no_row_repeats_alone_fails_the_newest_request_only(tiny_lm):
     finally:
         del tiny_lm.model.forward
     assert sinks[0].error is None and isinstance(sinks[1].error, torch.OutOfMemoryError)
-    assert_same_run(sinks[0].records, alone(tiny_lm, reqs[0]))
+    assert_same_run(sinks[0], alone(tiny_lm, reqs[0]))
 
 
 def test_the_gathered_view_is_as_wide_as_the_longest_row_left(tiny_lm):
@@ -264,7 +331,7 @@ def test_smollm2_batched_equals_alone_token_for_token(smol_lm):
     sinks = run_staggered(smol_lm, jobs, joins=[0, 0, 3, 4])
     for sink, (request, pol) in zip(sinks, jobs):
         assert sink.error is None
-        assert_same_run(sink.records, alone(smol_lm, request, pol))
+        assert_same_run(sink, alone(smol_lm, request, pol))
 
 
 # --- prefix caching ---------------------------------------------------------------------------------------
@@ -291,8 +358,8 @@ def test_a_repeated_prompt_reuses_all_but_its_last_token_and_equals_alone(tiny_l
     n = len(first.records[0].prompt)
     assert first.records[0].reused_tokens == 0 and second.records[0].reused_tokens == n - 1
     want = alone(tiny_lm, request, FULL)
-    assert_same_run(first.records, want)
-    assert_same_run(second.records, want)              # the prefill matrix too: reused rows come from the entry
+    assert_same_run(first, want)
+    assert_same_run(second, want)                      # the residual too: the reused part's comes from the entry
     assert prefix.stats.hits == 1 and prefix.stats.reused_tokens == n - 1
 
 
@@ -308,7 +375,7 @@ def test_a_shared_start_is_reused_and_the_tail_is_computed(tiny_lm):
         prefix.clear()
         _, second = run_in_turn(tiny_lm, [(a, policy), (b, policy)], prefix)
         assert second.records[0].reused_tokens == 20          # the 20 shared words
-        assert_same_run(second.records, alone(tiny_lm, b, policy))
+        assert_same_run(second, alone(tiny_lm, b, policy))
 
 
 def test_newcomers_that_reuse_a_prefix_all_start_in_one_step_and_equal_alone(tiny_lm):
@@ -330,25 +397,26 @@ def test_newcomers_that_reuse_a_prefix_all_start_in_one_step_and_equal_alone(tin
     while not runner.idle:
         runner.step()
     for sink, request in zip(sinks, jobs):
-        assert_same_run(sink.records, alone(tiny_lm, request, FULL))
+        assert_same_run(sink, alone(tiny_lm, request, FULL))
 
 
-def test_newcomers_on_stored_starts_of_different_lengths_prefill_their_rests_in_one_pass(tiny_lm):
-    """Without captures, newcomers that reuse stored starts of different lengths, and one with nothing stored,
-    prefill the rest of their prompts in one padded pass (each row's cache: its start right-aligned, pads, its
-    rest), not one pass each; every answer equals its prompt alone."""
+@pytest.mark.parametrize("policy", [CAPTURE_OFF, FULL], ids=["capture off", "every hidden state"])
+def test_newcomers_on_stored_starts_of_different_lengths_prefill_their_rests_in_one_pass(tiny_lm, policy):
+    """Newcomers that reuse stored starts of different lengths, and one with nothing stored, prefill the rest of
+    their prompts in one padded pass (each row's cache: its start right-aligned, pads, its rest), not one pass
+    each, capturing or not; every answer, and every residual, equals its prompt alone."""
     from engine.serving.prefix import PrefixCache
 
     prefix = PrefixCache(64 * 2**20)
     long_start, short_start = tiny_prompt(20, seed=3), tiny_prompt(12, seed=5)
-    run_in_turn(tiny_lm, [(GenerationRequest(start + " w0", max_new_tokens=2, chat=False), CAPTURE_OFF)
+    run_in_turn(tiny_lm, [(GenerationRequest(start + " w0", max_new_tokens=2, chat=False), policy)
                           for start in (long_start, short_start)], prefix)
     jobs = [GenerationRequest(p, max_new_tokens=5, chat=False)
             for p in (long_start + " w1 w2", short_start + " w3", tiny_prompt(6, seed=9), long_start + " w4 w5 w6")]
     runner = BatchRunner(tiny_lm, prefix=prefix)
     sinks = [Sink() for _ in jobs]
     for sink, request in zip(sinks, jobs):
-        runner.add(sink.slot(tiny_lm, request))
+        runner.add(sink.slot(tiny_lm, request, policy))
     passes = []
     hook = tiny_lm.model.register_forward_pre_hook(lambda *_: passes.append(1))
     try:
@@ -361,7 +429,7 @@ def test_newcomers_on_stored_starts_of_different_lengths_prefill_their_rests_in_
         runner.step()
     for sink, request in zip(sinks, jobs):
         assert sink.error is None
-        assert_same_run(sink.records, alone(tiny_lm, request))
+        assert_same_run(sink, alone(tiny_lm, request, policy))
 
 
 def test_one_step_prefills_at_most_its_budget_for_all_newcomers(tiny_lm):
@@ -378,18 +446,21 @@ def test_one_step_prefills_at_most_its_budget_for_all_newcomers(tiny_lm):
     while not runner.idle:
         runner.step()
     for sink, request in zip(sinks, jobs):
-        assert_same_run(sink.records, alone(tiny_lm, request, FULL))
+        assert_same_run(sink, alone(tiny_lm, request, FULL))
 
 
-def test_an_entry_without_the_captures_a_request_needs_is_not_used(tiny_lm):
+def test_an_entry_without_the_residual_a_request_keeps_is_not_used_and_is_replaced(tiny_lm):
     from engine.serving.prefix import PrefixCache
 
     prefix = PrefixCache(64 * 2**20)
     request = GenerationRequest(tiny_prompt(16, seed=2), max_new_tokens=3, chat=False)
     _, full = run_in_turn(tiny_lm, [(request, CAPTURE_OFF), (request, FULL)], prefix)
-    assert full.records[0].reused_tokens == 0                 # stored without matrices: computed again
-    rows_only = run_in_turn(tiny_lm, [(request, CapturePolicy(prefill_matrix=False))], prefix)[0]
-    assert rows_only.records[0].reused_tokens == len(full.records[0].prompt) - 1
+    assert full.records[0].reused_tokens == 0                 # stored without a residual: computed again...
+    assert prefix.stats.entries == 1                          # ...and stored again with it, in its place
+    again, off = run_in_turn(tiny_lm, [(request, FULL), (request, CAPTURE_OFF)], prefix)
+    n = len(full.records[0].prompt)
+    assert again.records[0].reused_tokens == off.records[0].reused_tokens == n - 1
+    assert_same_run(again, alone(tiny_lm, request, FULL))
 
 
 def test_the_prefix_cache_stays_within_its_bytes(tiny_lm):
@@ -403,21 +474,6 @@ def test_the_prefix_cache_stays_within_its_bytes(tiny_lm):
     assert prefix.stats.entries == 1 and prefix.stats.bytes <= 40 * per_token
     again = run_in_turn(tiny_lm, [jobs[1]], prefix)[0]        # the newest stayed
     assert again.records[0].reused_tokens == 28               # all but the last of its 29 tokens
-
-
-def test_the_logit_lens_on_demand_equals_the_lens_at_every_step(tiny_lm):
-    from engine.core.hooks import logit_lens
-
-    request = GenerationRequest(tiny_prompt(9, seed=6), max_new_tokens=5, chat=False)
-    eager = alone(tiny_lm, request, CapturePolicy(logit_lens=4))
-    lazy_policy = CapturePolicy(logit_lens=4, lens_on_demand=True)
-    (lazy,) = run_staggered(tiny_lm, [(request, lazy_policy)])
-    for a, b in zip(lazy.records[:-1], eager[:-1]):
-        assert all(c.lens is None and c.resid.shape == (tiny_lm.spec.d_model,) for c in a.captures.values())
-        logit_lens(tiny_lm.model, a.captures, 4)
-        for i, c in b.captures.items():
-            assert [t for t, _ in a.captures[i].lens] == [t for t, _ in c.lens]
-            np.testing.assert_allclose([p for _, p in a.captures[i].lens], [p for _, p in c.lens], atol=1e-6)
 
 
 def test_a_model_with_sliding_window_layers_runs_one_at_a_time(tmp_path):
@@ -436,4 +492,4 @@ def test_a_model_with_sliding_window_layers_runs_one_at_a_time(tmp_path):
     assert not batchable(lm) and runner.max_batch == 1
     request = GenerationRequest(tiny_prompt(12), max_new_tokens=12, chat=False)
     (sink,) = run_staggered(lm, [(request, FULL)], max_batch=8)
-    assert_same_run(sink.records, alone(lm, request, FULL))
+    assert_same_run(sink, alone(lm, request, FULL))

@@ -15,10 +15,10 @@ def unbatched_greedy(lm, ids, n):
     """Plain greedy decoding of one prompt through the engine's single-sequence forward."""
     tokens, cache = [], DynamicCache(config=lm.model.config)
     with torch.inference_mode():
-        logits, _ = forward(lm, ids, cache, None)
+        logits = forward(lm, ids, cache)
         for _ in range(n):
             tokens.append(int(logits.argmax()))
-            logits, _ = forward(lm, [tokens[-1]], cache, None)
+            logits = forward(lm, [tokens[-1]], cache)
     return tokens
 
 

@@ -1,4 +1,5 @@
-"""The engine against independent references: HF eager attention, model.generate, no-cache logits, formulas."""
+"""The engine against independent references: HF eager attention and hidden states, model.generate, no-cache logits,
+formulas. A run keeps its residual stream; the captures checked here are derived from it (engine/core/views.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,15 +9,16 @@ from transformers import AutoModelForCausalLM
 
 from conftest import tiny_prompt
 from engine.projection.card import kv_bytes_per_token, param_counts
-from engine.core.generate import GenerationRequest, encode_prompt, generate
+from engine.core.generate import GenerationRequest, encode_prompt, generate, generate_kept, generate_captured
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
 
 ATOL = 1e-5  # float32 on CPU: SDPA vs eager attention differ by rounding only
 
 
 def run(lm, prompt=None, policy=CAPTURE_OFF, **kw):
+    """A run's records, with the captures `policy` names derived from the residual it kept."""
     request = GenerationRequest(prompt or tiny_prompt(), **{"max_new_tokens": 8, **kw})
-    return list(generate(lm, request, policy))
+    return generate_captured(lm, request, policy)
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +45,7 @@ def test_decode_attention_rows_equal_hf_on_the_full_sequence(tiny_lm, eager_mode
         reference = eager_model(torch.tensor([ids]), output_attentions=True).attentions
     for rec in records[1:-1]:
         position = len(records[0].prompt) + rec.step - 1  # the token fed at this step
+        assert sorted(rec.captures) == list(range(tiny_lm.spec.n_layers))
         for layer, cap in rec.captures.items():
             assert cap.heads == (1, 3) and cap.attention.shape == (2, 1, position + 1)
             expected = reference[layer][0, [1, 3], position, : position + 1].numpy()
@@ -84,15 +87,60 @@ def test_kv_cache_size_follows_the_formula(tiny_lm):
     assert records[-2].cache.length == len(records[0].prompt) + records[-1].generated_tokens - 1
 
 
-def test_residual_norms_and_kv_norms_match_independent_reads(tiny_lm):
-    records = run(tiny_lm, policy=CapturePolicy(attention=False), max_new_tokens=1)
-    ids = torch.tensor([[p.id for p in records[0].prompt]])
+def test_the_kept_residual_equals_hf_hidden_states_at_every_position(tiny_lm, eager_model):
+    """What a run keeps is HF's own `output_hidden_states` (eager attention, no cache): every layer's input at every
+    position the run read, and the final norm's input (HF's last entry is that after the norm)."""
+    records, kept = generate_kept(tiny_lm, GenerationRequest(tiny_prompt(), max_new_tokens=6), CapturePolicy())
+    ids = [p.id for p in records[0].prompt] + [r.token.id for r in records[:-2]]
     with torch.no_grad():
-        hidden = tiny_lm.model(ids, output_hidden_states=True).hidden_states  # embeddings + each layer
-    for layer, cap in records[0].captures.items():
-        if layer < tiny_lm.spec.n_layers - 1:  # HF applies the final norm to the last entry
-            assert cap.resid_norm == pytest.approx(float(hidden[layer + 1][0, -1].norm()), rel=1e-5)
-        assert cap.attention is None and cap.q_norm.shape == (tiny_lm.spec.n_heads,)
+        hidden = eager_model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    n = tiny_lm.spec.n_layers
+    assert kept.layers == tuple(range(n + 1)) and kept.length == len(ids)
+    for i in range(n):
+        np.testing.assert_allclose(kept.input(i).numpy(), hidden[i][0].numpy(), atol=ATOL)
+    np.testing.assert_allclose(eager_model.model.norm(kept.input(n)).detach().numpy(), hidden[n][0].numpy(), atol=ATOL)
+
+
+def test_residual_norms_and_qkv_norms_match_independent_reads(tiny_lm, eager_model):
+    """|residual| leaving each layer and |Q|, |K|, |V| per head at each pass's newest position, derived, against
+    HF's hidden states and the layer's own projections run here (RoPE turns each pair of dims: norms are kept)."""
+    records = run(tiny_lm, policy=CapturePolicy(attention=False), max_new_tokens=4)
+    ids = [p.id for p in records[0].prompt] + [r.token.id for r in records[:-2]]
+    with torch.no_grad():
+        hidden = eager_model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    n_prompt, d = len(records[0].prompt), tiny_lm.spec.head_dim
+    for rec in records[:-1]:
+        p = n_prompt - 1 + (rec.step if rec.kind == "decode" else 0)
+        assert sorted(rec.captures) == list(range(tiny_lm.spec.n_layers))
+        for layer, cap in rec.captures.items():
+            out = hidden[layer + 1][0, p] if layer < tiny_lm.spec.n_layers - 1 else None   # HF's last is normed
+            if out is not None:
+                assert cap.resid_norm == pytest.approx(float(out.norm()), rel=1e-5)
+            block = eager_model.model.layers[layer]
+            with torch.no_grad():
+                x = block.input_layernorm(hidden[layer][0, p])
+                q, k, v = (proj(x).view(-1, d).norm(dim=-1).numpy()
+                           for proj in (block.self_attn.q_proj, block.self_attn.k_proj, block.self_attn.v_proj))
+            assert cap.attention is None
+            np.testing.assert_allclose(cap.q_norm, q, rtol=1e-5)
+            np.testing.assert_allclose(cap.k_norm, k, rtol=1e-5)
+            np.testing.assert_allclose(cap.v_norm, v, rtol=1e-5)
+
+
+def test_the_logit_lens_equals_the_final_norm_and_lm_head_on_hf_hidden_states(tiny_lm, eager_model):
+    records = run(tiny_lm, policy=CapturePolicy(attention=False, stats=False, logit_lens=4), max_new_tokens=3)
+    ids = [p.id for p in records[0].prompt] + [r.token.id for r in records[:-2]]
+    with torch.no_grad():
+        hidden = eager_model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        n_prompt = len(records[0].prompt)
+        for rec in records[:-1]:
+            p = n_prompt - 1 + (rec.step if rec.kind == "decode" else 0)
+            for layer in range(tiny_lm.spec.n_layers - 1):
+                probs = torch.softmax(eager_model.lm_head(eager_model.model.norm(hidden[layer + 1][0, p])), -1)
+                best = probs.topk(4)
+                got = rec.captures[layer].lens
+                assert [t for t, _ in got] == best.indices.tolist()
+                np.testing.assert_allclose([q for _, q in got], best.values.numpy(), atol=ATOL)
 
 
 def test_logit_lens_last_layer_is_the_model_prediction(tiny_lm):
@@ -104,27 +152,21 @@ def test_logit_lens_last_layer_is_the_model_prediction(tiny_lm):
         assert top_prob == pytest.approx(rec.token.prob, rel=1e-4)
 
 
-def test_no_hook_survives_a_run_a_cancel_or_an_error(tiny_lm):
+def test_a_capturing_run_attaches_no_hook_and_capture_off_keeps_nothing(tiny_lm):
+    """The residual comes out of the forward pass itself (output_hidden_states): no hook of ours is attached before,
+    during or after a capturing run, a cancelled one or one whose consumer failed."""
     model, policy = tiny_lm.model, CapturePolicy(logit_lens=2)
     gen = generate(tiny_lm, GenerationRequest(tiny_prompt(), max_new_tokens=8), policy)
-    next(gen)
-    assert count_hooks(model) == tiny_lm.spec.n_layers  # hooks are really attached mid-run
+    first = next(gen)
+    assert count_hooks(model) == 0 and first.captures == {}            # records carry no captures
     gen.close()
-    assert count_hooks(model) == 0
     gen = generate(tiny_lm, GenerationRequest(tiny_prompt(), max_new_tokens=8), policy)
     next(gen)
     with pytest.raises(RuntimeError):
         gen.throw(RuntimeError("consumer failed"))
     assert count_hooks(model) == 0
-    run(tiny_lm, policy=policy)
-    assert count_hooks(model) == 0
-
-
-def test_capture_off_attaches_nothing_and_captures_nothing(tiny_lm):
-    gen = generate(tiny_lm, GenerationRequest(tiny_prompt(), max_new_tokens=3), CAPTURE_OFF)
-    first = next(gen)
-    assert count_hooks(tiny_lm.model) == 0 and first.captures == {}
-    assert all(r.captures == {} for r in gen if r.kind == "decode")
+    records, kept = generate_kept(tiny_lm, GenerationRequest(tiny_prompt(), max_new_tokens=3), CAPTURE_OFF)
+    assert kept is None and all(r.captures == {} for r in records if r.kind in ("prefill", "decode"))
 
 
 def test_same_seed_same_text_and_seeds_matter(tiny_lm):
@@ -182,8 +224,8 @@ def test_smollm2_knows_the_capital_of_france(smol_lm):
 
 
 def test_one_layer_captured_again_equals_what_the_generation_kept(tiny_lm):
-    """The attention page re-captures a layer a long prompt left out: one pass over the run's positions must give
-    the prefill block and every decode step's row that a full capture keeps."""
+    """The attention explainer captures one layer over a run's positions in one pass: the prefill block and every
+    decode step's row that the views derived from the run's residual hold."""
     from engine.lab.attention_math import capture_attention
 
     records = run(tiny_lm, policy=CapturePolicy(), max_new_tokens=5)
@@ -191,9 +233,7 @@ def test_one_layer_captured_again_equals_what_the_generation_kept(tiny_lm):
     ids = [p.id for p in prefill.prompt] + [r.token.id for r in records[:-2]]
     n = len(prefill.prompt)
     for layer in range(tiny_lm.spec.n_layers):
-        hooks = len(tiny_lm.model.model.layers[layer]._forward_hooks)
         cap = capture_attention(tiny_lm, ids, layer)
-        assert len(tiny_lm.model.model.layers[layer]._forward_hooks) == hooks      # the stop hook is gone
         assert cap.attention.shape == (tiny_lm.spec.n_heads, len(ids), len(ids)) and cap.query_start == 0
         np.testing.assert_allclose(cap.attention[:, :n, :n], prefill.captures[layer].attention, atol=ATOL)
         for rec in steps:

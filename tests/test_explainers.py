@@ -123,7 +123,7 @@ def test_logits_with_the_cache_equal_logits_without(tiny_lm):
     cache = DynamicCache(config=tiny_lm.model.config)
     with torch.inference_mode():
         forward(tiny_lm, ids[:-1], cache, None)
-        last, _ = forward(tiny_lm, ids[-1:], cache, None)
+        last = forward(tiny_lm, ids[-1:], cache)
     assert torch.allclose(last, full[-1], atol=1e-5)
 
 
@@ -193,9 +193,11 @@ def test_each_step_equals_hf_eager_attention_for_the_head(tiny_lm, head):
     assert np.all(np.isneginf(s.masked[np.triu_indices(11, 1)])) and np.allclose(s.probs.sum(-1), 1)
 
 
-def test_steps_match_the_hook_capture_of_a_real_prefill(tiny_lm):
+def test_steps_match_the_capture_of_a_real_prefill(tiny_lm):
+    from engine.core.generate import generate_captured
+
     request = GenerationRequest(tiny_prompt(8, seed=4), chat=False, max_new_tokens=1)
-    prefill = next(generate(tiny_lm, request, CapturePolicy(layers=(1,), stats=False)))
+    prefill = generate_captured(tiny_lm, request, CapturePolicy(layers=(1,), stats=False))[0]
     captured = prefill.captures[1]
     s = attention_steps(capture_qkv(tiny_lm, encode_prompt(tiny_lm, request), 1), 2)
     assert np.allclose(s.probs, captured.attention[list(captured.heads).index(2)], atol=1e-5)

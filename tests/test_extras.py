@@ -19,7 +19,7 @@ import torch
 from engine.models import extras
 from engine.errors import GGUFError, ModelNotFoundError
 from engine.models.extras import ChunkedGGUF, assemble
-from engine.core.generate import GenerationRequest, generate
+from engine.core.generate import GenerationRequest, generate, generate_captured
 from engine.core.hooks import CapturePolicy
 
 ATOL = 1e-5  # float32 on CPU: SDPA vs eager attention differ by rounding only
@@ -203,8 +203,9 @@ def tiny_qwen(tiny_qwen_dir):
 
 
 def run(lm, policy=CapturePolicy(), max_new_tokens=6):
+    """A run's records with the captures `policy` names derived from the residual it kept."""
     prompt = "def quick(fox, dog):\n    return the lazy fox"
-    return list(generate(lm, GenerationRequest(prompt, max_new_tokens=max_new_tokens), policy))
+    return generate_captured(lm, GenerationRequest(prompt, max_new_tokens=max_new_tokens), policy)
 
 
 def test_tiny_qwen2_spec_derives_head_dim_and_sees_the_biases(tiny_qwen, tiny_qwen_dir):
@@ -223,6 +224,7 @@ def test_tiny_qwen2_attention_equals_hf_eager_with_biases_and_7_to_1_gqa(tiny_qw
     eager = AutoModelForCausalLM.from_pretrained(tiny_qwen_dir, attn_implementation="eager").eval()
     with torch.no_grad():
         reference = eager(torch.tensor([[p.id for p in prefill.prompt]]), output_attentions=True).attentions
+    assert sorted(prefill.captures) == list(range(tiny_qwen.spec.n_layers))
     for layer, cap in prefill.captures.items():
         assert cap.kv_heads == (0,) * 7 + (1,) * 7
         np.testing.assert_allclose(cap.attention, reference[layer][0].numpy(), atol=ATOL)
@@ -240,8 +242,8 @@ def test_tiny_qwen2_greedy_equals_model_generate(tiny_qwen):
 
 
 def test_decode_rows_of_full_and_windowed_layers_equal_hf_eager(tmp_path):
-    """Layers with a sliding window hold fewer keys than full layers: each key length's rows still equal
-    HF's eager attention over the whole sequence (which gives the keys outside the window zero weight)."""
+    """Layers with a sliding window see fewer keys than full layers: each layer's rows, derived from the kept residual
+    with the layer's own window, equal HF's eager attention over the whole sequence (zero outside the window)."""
     from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     from engine.core.loader import load_model
@@ -259,13 +261,13 @@ def test_decode_rows_of_full_and_windowed_layers_equal_hf_eager(tmp_path):
         reference = eager(torch.tensor([ids]), output_attentions=True).attentions     # per layer (1, H, T, T)
     for rec in records[1:-1]:
         position = len(records[0].prompt) + rec.step - 1                                # the token fed at this step
-        kept = {i: cap.attention.shape[-1] for i, cap in rec.captures.items()}
-        assert kept[0] == position + 1 and kept[1] == kept[2] == 6                      # two key lengths in one step
+        assert sorted(rec.captures) == [0, 1, 2]
         for layer, cap in rec.captures.items():
             row = reference[layer][0, [0, 8, 13], position, : position + 1].numpy()     # (3, position + 1)
-            assert cap.kv_heads == (0, 1, 1)
-            np.testing.assert_allclose(cap.attention[:, 0], row[:, -kept[layer]:], atol=ATOL)
-            assert np.abs(row[:, :-kept[layer]]).max(initial=0.0) == 0.0
+            assert cap.kv_heads == (0, 1, 1) and cap.attention.shape == (3, 1, position + 1)
+            np.testing.assert_allclose(cap.attention[:, 0], row, atol=ATOL)
+            seen = np.count_nonzero(cap.attention[0, 0])
+            assert seen == (position + 1 if layer == 0 else 6)                          # the window: 6 keys
 
 
 # --- the real Qwen2.5-Coder extras (only where `make models` has run) -------------------------------------
@@ -294,7 +296,7 @@ def test_qwen_coder_05b_grouping_head_dim_and_a_coding_answer():
     assert (lm.spec.n_heads, lm.spec.n_kv_heads, lm.spec.head_dim) == (14, 2, 64)
     request = GenerationRequest("Write a Python function that returns the factorial of n.", max_new_tokens=40,
                                 stop=("def factorial",))  # stops as soon as the model writes the definition
-    records = list(generate(lm, request, CapturePolicy(layers=(0, 23), prefill_matrix=False)))
+    records = generate_captured(lm, request, CapturePolicy(layers=(0, 23), prefill_matrix=False))
     for cap in records[0].captures.values():
         assert cap.kv_heads == (0,) * 7 + (1,) * 7
         np.testing.assert_allclose(cap.attention.sum(-1), 1.0, atol=1e-4)

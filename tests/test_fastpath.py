@@ -1,5 +1,6 @@
 """The static-cache fast path against independent references: model.generate, HF eager attention, the
-engine's own dynamic-cache path, the KV formula. CUDA-graph tests run only where a GPU is present."""
+engine's own dynamic-cache path (the residual it keeps included), the KV formula. CUDA-graph tests run only where a
+GPU is present."""
 from __future__ import annotations
 
 import json
@@ -15,16 +16,18 @@ from transformers import AutoModelForCausalLM
 from conftest import tiny_prompt
 from engine.projection.card import kv_bytes_per_token
 from engine.errors import InvalidRequestError
-from engine.core.fastpath import (FastDecoder, cache_length, disable_static_decode, enable_static_decode, graph_safe,
+from engine.core.fastpath import (FastDecoder, cache_length, disable_static_decode, enable_static_decode,
                                   reserved_bytes)
-from engine.core.generate import GenerationRequest, generate
+from engine.core.generate import GenerationRequest, generate, generate_captured, generate_kept
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
+from engine.core.kept import kept_for
 from engine.core.loader import cache_dir, load_model
+from engine.core.views import derive_captures
 
 ATOL = 1e-5  # float32: SDPA against eager attention differ by rounding only
-ROWS = CapturePolicy(prefill_matrix=False, stats=False)           # every layer's attention row, graph-safe
+ROWS = CapturePolicy(prefill_matrix=False, stats=False)           # every layer's attention row
 POLICIES = [CAPTURE_OFF, ROWS, CapturePolicy(heads=(1, 3), stats=False, max_keys=5),
-            CapturePolicy(layers=(0, 2), logit_lens=3)]             # the last one runs eagerly (norms, lens)
+            CapturePolicy(layers=(0, 2), logit_lens=3)]
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 
 
@@ -61,11 +64,22 @@ def assert_same_captures(ours: dict, theirs: dict) -> None:
         assert [i for i, _ in a.lens or []] == [i for i, _ in b.lens or []]
 
 
+def fast_run(lm, fast, req, policy=CAPTURE_OFF, **kw):
+    """A run on the fast path with the residual `policy` keeps, and its captures derived from it."""
+    kept = kept_for(lm, policy, 512)
+    records = list(fast.generate(req, kept=kept, **kw))
+    return derive_captures(lm.model, kept, records, policy), kept
+
+
 @pytest.mark.parametrize("policy", POLICIES, ids=["off", "rows", "heads-maxkeys", "stats-lens"])
 def test_records_equal_the_engine_path(lm, policy):
-    engine = list(generate(lm, request(), policy))
-    fast = list(FastDecoder(lm, compile="off").generate(request(), policy))
+    engine, engine_kept = generate_kept(lm, request(), policy)
+    engine = derive_captures(lm.model, engine_kept, engine, policy)
+    fast, kept = fast_run(lm, FastDecoder(lm, compile="off"), request(), policy)
     assert [r.token.id for r in fast[:-1]] == [r.token.id for r in engine[:-1]]
+    assert (kept is None) == (engine_kept is None)
+    for i in kept.layers if kept is not None else ():
+        np.testing.assert_allclose(kept.input(i).numpy(), engine_kept.input(i).numpy(), atol=ATOL)
     for a, b in zip(fast[:-1], engine[:-1]):
         assert (a.cache.length, a.cache.bytes, a.cache.bytes_per_layer) == (b.cache.length, b.cache.bytes,
                                                                               b.cache.bytes_per_layer)
@@ -84,26 +98,29 @@ def test_greedy_equals_model_generate(lm):
 
 def test_rows_equal_hf_eager_output_attentions(lm, eager_model):
     policy = CapturePolicy(heads=(0, 3), stats=False, prefill_matrix=False)
-    records = list(FastDecoder(lm, compile="off").generate(request(6), policy))
+    records, _ = fast_run(lm, FastDecoder(lm, compile="off"), request(6), policy)
     ids = [p.id for p in records[0].prompt] + [r.token.id for r in records[:-2]]
     with torch.no_grad():
         reference = eager_model(torch.tensor([ids]), output_attentions=True).attentions  # per layer (1, H, T, T)
     for rec in records[1:-1]:
         position = len(records[0].prompt) + rec.step - 1          # the token fed at this step
+        assert len(rec.captures) == lm.spec.n_layers
         for layer, cap in rec.captures.items():
             assert cap.attention.shape == (2, 1, position + 1) and cap.query_start == position
             expected = reference[layer][0, [0, 3], position, : position + 1].numpy()
             np.testing.assert_allclose(cap.attention[:, 0], expected, atol=ATOL)
 
 
-def test_the_decode_step_traces_as_one_graph(lm):
-    """Dynamo with fullgraph=True refuses any graph break: what CUDA graphs need, checked on CPU."""
+def test_the_decode_step_traces_as_one_graph_capturing_or_not(lm):
+    """Dynamo with fullgraph=True refuses any graph break: what CUDA graphs need, checked on CPU. A capturing step
+    returns its hidden states from inside the graph; the views derived from them equal the engine path's."""
     fast = FastDecoder(lm, compile="eager")
     for policy in (CAPTURE_OFF, ROWS):
-        ours = list(fast.generate(request(6), policy))
-        engine = list(generate(lm, request(6), policy))
+        ours, _ = fast_run(lm, fast, request(6), policy)
+        engine = generate_captured(lm, request(6), policy)
         assert [r.token.id for r in ours[:-1]] == [r.token.id for r in engine[:-1]]
         for a, b in zip(ours[1:-1], engine[1:-1]):
+            assert len(a.captures) == (lm.spec.n_layers if policy.enabled else 0)
             assert_same_captures(a.captures, b.captures)
     assert fast.compile_error is None
 
@@ -162,7 +179,7 @@ def test_concurrent_requests_cancel_and_errors(lm):
     second = tokens(fast.generate(request(8)))               # runs on a private cache meanwhile
     rest = tokens(first)
     assert second == expected and tokens(head) + rest == expected
-    gen = fast.generate(request(8), CapturePolicy(logit_lens=2))
+    gen = fast.generate(request(8), kept=kept_for(lm, CapturePolicy(logit_lens=2), 64))
     next(gen)
     gen.close()                                                    # cancelled mid-run
     assert not fast.lock.locked() and count_hooks(lm.model) == 0
@@ -172,23 +189,28 @@ def test_concurrent_requests_cancel_and_errors(lm):
     assert tokens(fast.generate(request(8))) == expected
 
 
-def test_rows_run_while_another_request_holds_residual_hooks(lm):
-    """The hooks of a request with norms route by the call's own capture; a RowCapture ignores them."""
-    expected = list(generate(lm, request(6), ROWS))
-    other = generate(lm, request(6), CapturePolicy(logit_lens=2))
-    next(other)                                                    # its residual hooks are attached now
-    ours = list(FastDecoder(lm, compile="off").generate(request(6), ROWS))
-    assert tokens(ours) == tokens(expected) and len(list(other)) > 0
-    for a, b in zip(ours[1:-1], expected[1:-1]):
-        assert_same_captures(a.captures, b.captures)
+def test_two_capturing_requests_at_once_each_keep_their_own_residual(lm):
+    """A second request while the first holds the shared static cache runs on a private one; each keeps its own
+    residual, equal to the engine path's."""
+    fast = FastDecoder(lm, compile="off")
+    mine, theirs = kept_for(lm, ROWS, 64), kept_for(lm, ROWS, 64)
+    first = fast.generate(request(6), kept=mine)
+    next(first)
+    other = list(fast.generate(GenerationRequest(tiny_prompt(seed=4), max_new_tokens=6), kept=theirs))
+    list(first)
+    for kept, req in ((mine, request(6)), (theirs, GenerationRequest(tiny_prompt(seed=4), max_new_tokens=6))):
+        _, want = generate_kept(lm, req, ROWS)
+        for i in want.layers:
+            np.testing.assert_allclose(kept.input(i).numpy(), want.input(i).numpy(), atol=ATOL)
+    assert len(other) > 1
 
 
 def test_inside_and_outside_inference_mode(lm):
     """bench/engine.py and the scheduler call generate under torch.inference_mode, tests without it."""
     fast = FastDecoder(lm, compile="off")
     with torch.inference_mode():
-        inside = tokens(fast.generate(request(6), ROWS))
-    assert tokens(fast.generate(request(6), ROWS)) == inside == tokens(generate(lm, request(6)))
+        inside = tokens(fast_run(lm, fast, request(6), ROWS)[0])
+    assert tokens(fast_run(lm, fast, request(6), ROWS)[0]) == inside == tokens(generate(lm, request(6)))
 
 
 def test_cli_static_flag_gives_the_same_records(lm, tiny_model_dir, tmp_path):
@@ -198,7 +220,7 @@ def test_cli_static_flag_gives_the_same_records(lm, tiny_model_dir, tmp_path):
                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=300)
     assert out.returncode == 0, out.stderr
     static = [json.loads(line) for line in out.stdout.splitlines()]
-    plain = list(generate(lm, GenerationRequest(tiny_prompt(), max_new_tokens=6), CapturePolicy(layers=(0, 1))))
+    plain = generate_captured(lm, GenerationRequest(tiny_prompt(), max_new_tokens=6), CapturePolicy(layers=(0, 1)))
     assert [r["token"]["id"] for r in static[:-1]] == tokens(plain)
     assert [r["cache"]["length"] for r in static[:-1]] == [r.cache.length for r in plain[:-1]]
     assert static[-1]["text"] == plain[-1].text
@@ -228,20 +250,19 @@ def same_records(a: list, b: list) -> None:
         (b[-1].text, b[-1].finish_reason, b[-1].generated_tokens)
 
 
-@pytest.mark.parametrize("policy", POLICIES[:3], ids=["off", "rows", "heads-maxkeys"])
-def test_the_pipelined_greedy_loop_gives_the_records_of_the_plain_loop(lm, policy, monkeypatch):
-    """Greedy requests choose the next token on the device and queue its step before the host describes this
-    one (engine/core/fastpath.py: pipelined_loop); ended by length, by a stop string and by a cancel, each
-    record equals the plain loop's, and the step computed for nothing after the end disturbs no later request."""
+def test_the_pipelined_greedy_loop_gives_the_records_of_the_plain_loop(lm, monkeypatch):
+    """Greedy requests that capture nothing choose the next token on the device and queue its step before the host
+    describes this one (engine/core/fastpath.py: pipelined_loop); ended by length, by a stop string and by a cancel,
+    each record equals the plain loop's, and the step computed for nothing after the end disturbs no later request."""
     import engine.core.fastpath as fastpath
 
     fast = FastDecoder(lm, compile="off")
-    first = list(fast.generate(request(12), policy))
+    first = list(fast.generate(request(12)))
     stop = next(r.token.text for r in first[3:-1] if r.token.text.strip())
     seen: list = []
-    runs = {"length": lambda: list(fast.generate(request(12), policy)),
-            "stop": lambda: list(fast.generate(request(12, stop=(stop,)), policy)),
-            "cancel": lambda: [seen.append(r) or r for r in fast.generate(request(12), policy,
+    runs = {"length": lambda: list(fast.generate(request(12))),
+            "stop": lambda: list(fast.generate(request(12, stop=(stop,)))),
+            "cancel": lambda: [seen.append(r) or r for r in fast.generate(request(12),
                                                                           should_stop=lambda: len(seen) >= 5)]}
     piped = {}
     for name, run in runs.items():
@@ -254,11 +275,6 @@ def test_the_pipelined_greedy_loop_gives_the_records_of_the_plain_loop(lm, polic
     assert [piped[k][-1].finish_reason for k in runs] == ["length", "stop", "cancelled"]
     assert len(piped["cancel"]) == 6 and len(piped["stop"]) < len(piped["length"])
     same_records(piped["length"], first)
-
-def test_graph_safe_policies():
-    assert graph_safe(CAPTURE_OFF) and graph_safe(ROWS)
-    assert not graph_safe(CapturePolicy()) and not graph_safe(CapturePolicy(stats=False, logit_lens=2))
-
 
 # --- on a GPU: CUDA graphs --------------------------------------------------------------------------------
 
@@ -296,7 +312,7 @@ def test_cuda_graph_rows_equal_hf_eager(tiny_model_dir, dtype, atol):
     eager = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="eager", dtype=lm.dtype).cuda()
     fast = FastDecoder(lm)
     for _ in range(3):
-        records = list(fast.generate(request(6), ROWS))
+        records, _ = fast_run(lm, fast, request(6), ROWS)
     ids = [p.id for p in records[0].prompt] + [r.token.id for r in records[:-2]]
     with torch.no_grad():
         reference = eager(torch.tensor([ids], device="cuda"), output_attentions=True).attentions

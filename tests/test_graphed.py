@@ -1,6 +1,6 @@
 """The batched decode step on fixed shapes over a kept pool (engine/serving/graphed.py), checked on the CPU: the
-padding, the wide mask and the fallbacks compute what each request computes alone. On CUDA the same step is
-recorded as a CUDA graph (the CUDA test at the end)."""
+padding, the wide mask, the residual written inside the step and the fallbacks compute what each request computes
+alone. On CUDA the same step is recorded as a CUDA graph (the CUDA test at the end)."""
 from __future__ import annotations
 
 import pytest
@@ -12,10 +12,11 @@ from engine.core.hooks import CAPTURE_OFF, CapturePolicy
 from engine.core.loader import load_model
 from engine.serving.batch import BatchRunner, Slot
 from engine.serving.graphed import MIN_WIDTH, GraphedDecode, width_bucket
-from engine.serving.paged import NULL, SCRATCH
+from engine.serving.paged import NULL, SCRATCH, PagedBatch
 from test_batch import Sink, alone, assert_same_run
 
 ROWS = CapturePolicy(stats=False)
+FULL = CapturePolicy(logit_lens=3)
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +33,7 @@ def run(lm, graphs, jobs, joins, max_batch=8):
     while step < 1000 and (not runner.idle or step <= max(joins)):
         for i, (request, policy) in enumerate(jobs):
             if joins[i] == step:
-                runner.add(Slot(request, encode_prompt(lm, request), policy, sinks[i].records.append,
-                                sinks[i]._fail, lambda: False))
+                runner.add(sinks[i].slot(lm, request, policy))
         runner.step()
         step += 1
     return sinks
@@ -50,20 +50,53 @@ def test_padded_rows_and_keys_compute_what_each_request_computes_alone(lm):
     sinks = run(lm, graphs, jobs, joins=[0, 0, 2, 5])
     for sink, (request, policy) in zip(sinks, jobs):
         assert sink.error is None
-        assert_same_run(sink.records, alone(lm, request, policy))
+        assert_same_run(sink, alone(lm, request, policy))
     assert graphs.shapes == {(8, MIN_WIDTH)}                     # every decode step ran padded, none eagerly
     assert not graphs.pool.keys[0][NULL].any()                   # pads read a slot that stays zero
     assert graphs.pool.keys[0][SCRATCH].any()                    # padding rows ran, and wrote where none reads
 
 
-def test_steps_that_capture_run_eagerly_beside_graphed_ones(lm):
+def test_steps_that_capture_run_graphed_and_each_residual_equals_alone(lm):
+    """Capturing requests beside ones that capture nothing, in a batch padded to 8 rows: every step runs on the
+    fixed shape (none eagerly), and each capturing request's residual, written inside the step, equals its own
+    alone; padding rows and rows that keep nothing write only the scratch slot."""
     graphs = GraphedDecode(lm, n_blocks=64, compile="off", max_rows=8)
-    jobs = jobs_of([ROWS, CAPTURE_OFF, CAPTURE_OFF, ROWS], lengths=((5, 3), (17, 14), (9, 16), (30, 4)))
+    jobs = jobs_of([ROWS, CAPTURE_OFF, FULL, ROWS], lengths=((5, 3), (17, 14), (9, 16), (30, 4)))
     sinks = run(lm, graphs, jobs, joins=[0, 0, 1, 8])
     for sink, (request, policy) in zip(sinks, jobs):
         assert sink.error is None
-        assert_same_run(sink.records, alone(lm, request, policy))
-    assert graphs.shapes == {(8, MIN_WIDTH)}                     # between the two capturing requests
+        assert_same_run(sink, alone(lm, request, policy))
+    assert graphs.shapes == {(8, MIN_WIDTH)}                     # every decode step on the graph's shape
+    assert not graphs.pool.resid[:, NULL].any()
+
+
+def test_a_capturing_request_in_a_batch_of_32_equals_it_alone_and_a_misrouted_padding_row_is_caught(lm):
+    """Two capturing requests among 30 that capture nothing, on the graph's fixed shape (40 rows: 8 of padding; the
+    trace itself is the test above): each one's residual equals its own alone. Then the mutation: a padding row's
+    residual routed into a real row's slot instead of the scratch slot; the same comparison must fail."""
+    jobs = jobs_of([FULL if i in (3, 17) else CAPTURE_OFF for i in range(32)],
+                   lengths=[(4 + i % 9, 3 + i % 4) for i in range(32)])
+    want = {i: alone(lm, *jobs[i]) for i in (3, 17)}
+    graphs = GraphedDecode(lm, n_blocks=64, compile="off", max_rows=40)
+    sinks = run(lm, graphs, jobs, joins=[0] * 32, max_batch=32)
+    assert graphs.shapes and all(rows == 40 for rows, _ in graphs.shapes)   # 8 padding rows in every step
+    for i, single in want.items():
+        assert sinks[i].error is None
+        assert_same_run(sinks[i], single)
+
+    class Misrouted(PagedBatch):
+        def step_mask(self, rows=None, width=None):
+            mask = super().step_mask(rows, width)
+            capturing = [b for b, s in enumerate(self.slots) if s.kept is not None]
+            if capturing and rows is not None and rows > len(self.slots):
+                self._resid_write[-1] = self._write[capturing[0]]   # the last padding row writes a real row's slot
+            return mask
+
+    graphs.new_batch = lambda: Misrouted(pool=graphs.pool)
+    wrong = run(lm, graphs, jobs, joins=[0] * 32, max_batch=32)
+    with pytest.raises(AssertionError):
+        for i, single in want.items():
+            assert_same_run(wrong[i], single)
 
 
 def test_a_pool_that_outgrows_itself_moves_and_the_batch_goes_on_eagerly(lm):
@@ -72,7 +105,7 @@ def test_a_pool_that_outgrows_itself_moves_and_the_batch_goes_on_eagerly(lm):
     sinks = run(lm, graphs, jobs, joins=[0, 0, 0, 0])
     for sink, (request, policy) in zip(sinks, jobs):
         assert sink.error is None
-        assert_same_run(sink.records, alone(lm, request, policy))
+        assert_same_run(sink, alone(lm, request, policy))
     assert graphs.pool.n_blocks > 4 and graphs.fits(graphs.new_batch()) is None
 
 
@@ -82,9 +115,10 @@ def test_the_batched_step_traces_as_one_graph_and_warms_up_on_padding_only(lm):
     assert graphs.shapes == {(8, MIN_WIDTH), (16, MIN_WIDTH)}
     pool = torch.stack(graphs.pool.keys)                                  # [L, slots, KVH, D]
     assert not pool[:, NULL].any() and not pool[:, SCRATCH + 1:].any()    # only the scratch slot was written
-    jobs = jobs_of([CAPTURE_OFF] * 3)
+    assert not graphs.pool.resid[:, NULL].any() and not graphs.pool.resid[:, SCRATCH + 1:].any()   # the residual too
+    jobs = jobs_of([FULL, CAPTURE_OFF, FULL])
     for sink, (request, policy) in zip(run(lm, graphs, jobs, joins=[0, 1, 2]), jobs):
-        assert_same_run(sink.records, alone(lm, request, policy))
+        assert_same_run(sink, alone(lm, request, policy))
 
 
 
@@ -99,7 +133,7 @@ def test_a_step_that_cannot_run_graphed_runs_eagerly_and_so_do_all_after_it(lm):
     jobs = jobs_of([CAPTURE_OFF] * 3)
     for sink, (request, policy) in zip(run(lm, graphs, jobs, joins=[0, 0, 3]), jobs):
         assert sink.error is None
-        assert_same_run(sink.records, alone(lm, request, policy))
+        assert_same_run(sink, alone(lm, request, policy))
     assert len(calls) == 1 and graphs.error == "RuntimeError: the compiler gave up"
 
 def test_width_buckets():
@@ -115,4 +149,4 @@ def test_on_cuda_the_graphed_batch_equals_each_request_alone(tiny_model_dir):
     jobs = jobs_of([CAPTURE_OFF] * 4)
     for sink, (request, policy) in zip(run(cuda, graphs, jobs, joins=[0, 0, 2, 5]), jobs):
         assert sink.error is None
-        assert_same_run(sink.records, alone(cuda, request, policy))
+        assert_same_run(sink, alone(cuda, request, policy))

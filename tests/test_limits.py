@@ -5,7 +5,8 @@ import pytest
 
 from conftest import tiny_prompt
 from engine.errors import ContextLengthError, EngineError, InsufficientMemoryError, InvalidRequestError
-from engine.core.generate import GenerationRequest, generate
+from engine.core.generate import GenerationRequest, generate_kept
+from engine.core.views import derive_captures
 from engine.core.hooks import CapturePolicy
 from engine.serving.limits import (CPU_LIMITS, ENV_VARS, GPU_LIMITS, Limits, capture_bytes, check_memory, check_request,
                                    kv_bytes)
@@ -51,14 +52,19 @@ def test_token_limits_are_checked_in_the_engine():
         check_request(limits, spec, "float32", 10, 51, off)
 
 
-def test_capture_size_estimate_matches_what_a_run_captures(tiny_lm):
+def test_capture_size_estimate_matches_what_a_run_keeps_and_its_files_carry(tiny_lm):
+    """The estimate is the residual the run keeps (every position it reads, plus the one a last token would take) and
+    the attention views its exports derive from it."""
     for policy in (CapturePolicy(), CapturePolicy(layers=(1,), heads=(0, 3), max_keys=5),
-                   CapturePolicy(prefill_matrix=False)):
+                   CapturePolicy(prefill_matrix=False), CapturePolicy(layers=(), inputs=(0, 3))):
         req = GenerationRequest(tiny_prompt(10, seed=3), max_new_tokens=6, chat=False)
-        records = list(generate(tiny_lm, req, policy))
-        got = sum(c.attention.nbytes for r in records[:-1] for c in r.captures.values())
-        bound = capture_bytes(tiny_lm.spec, policy, len(records[0].prompt), 6)
-        assert records[-1].finish_reason == "length" and got == bound
+        records, kept = generate_kept(tiny_lm, req, policy)
+        views = derive_captures(tiny_lm.model, kept, records, policy)
+        maps = sum(c.attention.nbytes for r in views[:-1] for c in r.captures.values() if c.attention is not None)
+        n = len(records[0].prompt)
+        bound = capture_bytes(tiny_lm.spec, policy, n, 6)
+        assert records[-1].finish_reason == "length" and kept.length == n + 5
+        assert bound == maps + len(kept.layers) * tiny_lm.spec.d_model * 4 * (kept.length + 1)
 
 
 def test_kv_bytes_use_the_card_formula():

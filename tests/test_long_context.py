@@ -46,13 +46,14 @@ def eager_attentions(lm, ids):
 def test_long_prompts_keep_every_layer_on_demand_within_the_budget():
     spec = MODEL_PRESETS["smollm2-135m"]
     short, note = capture_policy(spec, 60, 32)
-    assert short.attention and short.inputs is None and note is None                # maps in the records, and inputs
+    assert short.views and short.layers is None and short.inputs is None and note is None   # maps in its files too
+    assert short.residual_ids(30) == tuple(range(31))
     long, note = capture_policy(spec, 2000, 256)
-    assert not long.attention and long.inputs is None and long.layers is None        # every layer, on demand
-    assert "of 30 layers" not in note and "would not fit" in note and "exactly" in note
+    assert not long.views and long.inputs is None and note is None    # every layer's residual; maps derived on demand
     assert capture_bytes(spec, long, 2000, 256) <= 256 * 2**20
-    huge, note = capture_policy(spec, 8000, 192)                                     # 566 MB would not fit 256 MiB
-    assert 1 <= len(huge.inputs) < spec.n_layers and huge.inputs[0] == 0 and "rebuilt" in note
+    huge, note = capture_policy(spec, 8000, 192)                                     # 586 MB would not fit 256 MiB
+    assert 2 <= len(huge.inputs) < spec.n_layers and huge.inputs[0] == 0 and huge.inputs[-1] == 30
+    assert "rebuilt" in note and "would not fit" in note and "of 30 layers" in note
     assert capture_bytes(spec, huge, 8000, 192) <= 256 * 2**20
     plan = kept_plan(MODEL_PRESETS["llama-3.1-8b"], 32768, 512 * 2**20, 2)
     assert plan.per_position == len(plan.layers) * 4096 * 2
@@ -81,7 +82,7 @@ def test_cli_writes_tensors_that_recompute_attention_exactly(tiny_model_dir, tin
     cap = read_capture(path)
     n = cap.meta["n_positions"]
     assert cap.meta["kept_layers"] == [0, 1, 2] and cap.tensors["ids"].shape == (n,)
-    assert cap.tensors["layer.2.input"].shape == (n, 64)
+    assert cap.tensors["layer.2.input"].shape == cap.tensors["norm.input"].shape == (n, 64)
     assert cap.tensors["layer.1.attention.prefill"].shape == (4, cap.meta["n_prompt"], cap.meta["n_prompt"])
     reference = eager_attentions(tiny_lm, cap.tensors["ids"].tolist())
     for layer in range(3):
@@ -191,8 +192,16 @@ def test_service_maps_rows_and_summaries_equal_eager_and_the_records(service, ti
         below = np.tril_indices(len(ids))
         np.testing.assert_allclose(m.values[below], reference[2][0, m.head].numpy()[below], atol=1e-5)
     n_prompt = len(records[0].prompt)
+    views = service.quick("run.views", {"run_id": run})               # what the run's files carry, derived
+    assert records[0].captures == {} and views[0].captures[2].attention.shape == (4, n_prompt, n_prompt)
     np.testing.assert_allclose(maps[0].values[:n_prompt, :n_prompt][np.tril_indices(n_prompt)],
-                               records[0].captures[2].attention[0][np.tril_indices(n_prompt)], atol=1e-5)
+                               views[0].captures[2].attention[0][np.tril_indices(n_prompt)], atol=1e-5)
+    for rec in views[1:-1]:
+        p = n_prompt + rec.step - 1
+        np.testing.assert_allclose(rec.captures[1].attention[:, 0], reference[1][0, :, p, :p + 1].numpy(), atol=1e-5)
+        norms = service.quick("run.norms", {"run_id": run, "layer": 2, "position": p})
+        for name in ("q", "k", "v"):
+            np.testing.assert_allclose(getattr(norms, name), getattr(rec.captures[2], f"{name}_norm"), rtol=1e-5)
     pooled = service.quick("attention.map", {"run_id": run, "layer": 0, "heads": [1], "cells": 16})[0]
     assert pooled.factor == 5 and "5x5" in pooled.how
     row = service.quick("attention.row", {"run_id": run, "layer": 1, "position": 30})
@@ -204,7 +213,7 @@ def test_service_maps_rows_and_summaries_equal_eager_and_the_records(service, ti
 
 
 def test_a_layer_not_kept_is_rebuilt_by_a_job(service, tiny_lm):
-    policy = CapturePolicy(attention=False, logit_lens=0, inputs=(0,))
+    policy = CapturePolicy(layers=(), inputs=(0,))
     run, records = run_with(service, tiny_prompt(50), 3, policy)
     with pytest.raises(InvalidRequestError, match="attention.rebuild"):
         service.quick("attention.map", {"run_id": run, "layer": 2, "heads": [0]})
@@ -264,9 +273,8 @@ def test_bad_requests_and_an_evicted_run_get_clear_messages(tiny_lm, monkeypatch
         off, _ = run_with(svc, tiny_prompt(5), 2, CapturePolicy(layers=()))
         with pytest.raises(InvalidRequestError, match="kept nothing"):
             svc.quick("attention.map", {"run_id": off, "layer": 0, "heads": [0]})
-        for _ in range(4):
-            run_with(svc, tiny_prompt(200), 40, policy)                              # each ~0.1 MB... until old goes
-        run_with(svc, tiny_prompt(200), 40, CapturePolicy(layers=None, inputs=None))  # maps in the records: 1 MB+
+        for _ in range(6):
+            run_with(svc, tiny_prompt(200), 40, policy)                              # each ~0.25 MB... until old goes
         with pytest.raises(RunNotFoundError, match="dropped to make room"):
             svc.quick("attention.map", {"run_id": old, "layer": 0, "heads": [0]})
         with pytest.raises(ContextLengthError, match="reads at most"):

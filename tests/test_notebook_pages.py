@@ -13,7 +13,7 @@ from test_runs import execute, kernel, outputs  # noqa: F401 - `kernel`: the fix
 from test_spec_page import REPEATING, page, run_page  # noqa: F401 - `page`: the fixture
 from app.notebook import notebook_zip, run_file_bytes
 from app.run import LAST_RUN
-from engine.core.generate import generate as engine_generate
+from engine.core.generate import generate_captured as engine_generate
 from engine.runs import attention_differences, attention_tolerance, loads
 
 LABEL = "Open in a notebook"
@@ -37,7 +37,7 @@ def test_journey_and_attention_pages_offer_the_run_in_a_notebook(app, tiny_lm): 
     run = at.session_state[LAST_RUN]
     file = loads(run_file_bytes(run, client(), {"page": "journey"}), "journey.run.zip")
     assert attention_tolerance(file) == 1e-5                         # the server's float32 maps, not the page's fp16
-    worst = attention_differences(file, list(engine_generate(tiny_lm, file.request, file.policy)))
+    worst = attention_differences(file, engine_generate(tiny_lm, file.request, file.policy))
     assert len(worst) == 3 * len(file.token_ids) and max(worst.values()) <= 1e-5
     assert [row["layer"] for row in file.logit_lens()] == [0, 1, 2]   # filled in by the model at export
 
@@ -58,7 +58,7 @@ def test_the_speculative_page_offers_its_run_in_a_notebook(page, tiny_lm, kernel
     data = run_file_bytes(run, client())
     file = loads(data, "spec.run.zip")
     assert file.rounds and [t.id for t in file.tokens] == [t.id for t in run.tokens]
-    worst = attention_differences(file, list(engine_generate(tiny_lm, file.request, file.policy)))
+    worst = attention_differences(file, engine_generate(tiny_lm, file.request, file.policy))
     assert {where for where, _ in worst} == {"prefill"} and max(worst.values()) <= 1e-5
     nb = execute(data, tmp_path, kernel, "speculative", None, None, monkeypatch)      # the rounds table too
     text, kinds = outputs(nb)

@@ -192,15 +192,15 @@ def eager_attention(model_dir, ids):
 
 
 def on_demand_run(at: AppTest, inputs: tuple[int, ...] | None):
-    """A long prompt's run as the page's capture makes it when maps do not fit (none in the records, layer inputs
-    kept on the model server), made through the app's own client (in-process or remote)."""
+    """A long prompt's run as the page's capture makes it when not every layer fits (the residual of the layers
+    `inputs` names kept on the model server), made through the app's own client (in-process or remote)."""
     from app.model import current_client
     from app.run import run_from_slice
     from engine.core.generate import GenerationRequest
     from engine.core.hooks import CapturePolicy
 
     client = current_client()
-    policy = CapturePolicy(attention=False, logit_lens=5, lens_on_demand=True, inputs=inputs)
+    policy = CapturePolicy(layers=(), logit_lens=5, inputs=inputs)
     handle = client.submit(GenerationRequest(tiny_prompt(40), max_new_tokens=4), policy)
     list(handle.records())
     run = run_from_slice(client.run_slice(handle.run_id), client.spec)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from conftest import tiny_prompt
 from engine.serving import recording
 from engine.errors import EngineError
-from engine.core.generate import GenerationRequest, generate
+from engine.core.generate import GenerationRequest, generate, generate_captured
 from engine.core.hooks import CAPTURE_ALL, CapturePolicy
 from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord
 from engine.serving.recording import (RecordingError, dumps_recording, load_recording, loads_recording, new_recording,
@@ -27,7 +27,7 @@ REQUEST = GenerationRequest(tiny_prompt(10, seed=5), max_new_tokens=6, chat=Fals
 
 @pytest.fixture(scope="module")
 def tiny_recording(tiny_lm):
-    records = list(generate(tiny_lm, REQUEST, CAPTURE_ALL))
+    records = generate_captured(tiny_lm, REQUEST, CAPTURE_ALL)
     return new_recording(tiny_lm, REQUEST, CAPTURE_ALL, records, title="tiny")
 
 

@@ -54,4 +54,4 @@ def test_a_request_made_with_the_openai_package_opens_by_link_on_the_attention_p
     assert not at.exception, [e.value for e in at.exception]
     run = at.session_state["last_run"]
     assert run.id == reply.playground["run_id"] and run.text == reply.choices[0].text
-    assert run.captures(0) and len(at.get("plotly_chart")) >= 2            # its heatmaps, drawn from the server's run
+    assert run.captures(0) == {} and len(at.get("plotly_chart")) >= 2     # its heatmaps, derived on the server

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from safetensors.numpy import load as load_tensors
 from safetensors.numpy import save as save_tensors
+from transformers import AutoModelForCausalLM
 
 from conftest import tiny_prompt
-from engine.core.generate import GenerationRequest, generate
+from engine.core.generate import GenerationRequest, generate_captured
 from engine.core.hooks import CapturePolicy
 from engine.runs import (RUN_JSON, TENSORS, RunFileError, attention_differences, dumps, load, loads, texts_with,
                          unpacked_cap)
@@ -28,7 +30,7 @@ from engine.serving.recording import MAX_FILE_BYTES, dumps_recording, new_record
 def make_recording(lm, prompt: str, chat: bool = False, new: int = 4):
     request = GenerationRequest(prompt, max_new_tokens=new, chat=chat)
     policy = CapturePolicy(logit_lens=3)
-    return new_recording(lm, request, policy, list(generate(lm, request, policy)), title="a test run")
+    return new_recording(lm, request, policy, generate_captured(lm, request, policy), title="a test run")
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +171,7 @@ def test_fresh_run_matches_the_file(tiny_run, tiny_lm):
     """The notebook's check, here directly: the same request again gives the file's maps to float32 rounding."""
     rec, data = tiny_run
     run = loads(data)
-    worst = attention_differences(run, list(generate(tiny_lm, run.request, run.policy)))
+    worst = attention_differences(run, generate_captured(tiny_lm, run.request, run.policy))
     assert len(worst) == tiny_lm.spec.n_layers * len(run.token_ids) and max(worst.values()) <= 1e-5
 
 
@@ -263,20 +265,28 @@ def test_the_command_line_writes_the_notebook_beside_a_run_file(tiny_run, tmp_pa
     assert err.count("\n") == 1 and "truncated zip" in err
 
 
-def test_the_services_run_file_fills_the_lens_as_the_engine_computes_it_and_refuses_a_job(tiny_lm):
-    """file_of on the in-process service: the page's policy keeps only residuals; the exported lens equals the lens
-    the engine computes in the pass (an independent path). A measurement job has no run file: one line."""
+def test_the_services_run_file_carries_views_derived_from_the_kept_residual_and_refuses_a_job(tiny_lm, tiny_model_dir):
+    """file_of on the in-process service: the run keeps only its residual; the file's maps and lens are derived from
+    it on the server, equal to HF eager's attention and to the lens derived from the same run alone. A measurement
+    job has no run file: one line."""
     from engine.runs import file_of, recording_of
     from engine.service.service import EngineService
 
     svc = EngineService(tiny_lm)
     try:
         request = GenerationRequest(tiny_prompt(7, seed=3), max_new_tokens=2, chat=False)
-        handle = svc.submit(request, CapturePolicy(logit_lens=5, lens_on_demand=True), source="api")
-        handle.result(timeout=60)
-        run = loads(file_of(recording_of(svc.run_slice(handle.run_id), svc), svc))
-        direct = list(generate(tiny_lm, request, CapturePolicy(logit_lens=5)))[0].captures
+        handle = svc.submit(request, CapturePolicy(logit_lens=5), source="api")
+        records = handle.result(timeout=60)
+        assert all(getattr(r, "captures", {}) == {} for r in svc.run_slice(handle.run_id).records)
+        run = loads(file_of(recording_of(svc.run_slice(handle.run_id), svc), svc, run_id=handle.run_id))
+        direct = generate_captured(tiny_lm, request, CapturePolicy(logit_lens=5))[0].captures
         assert [row["id"] for row in run.logit_lens()] == [direct[i].lens[0][0] for i in sorted(direct)]
+        eager = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="eager").eval()
+        with torch.no_grad():
+            reference = eager(torch.tensor([run.prompt_ids]), output_attentions=True).attentions
+        assert run.layers == [0, 1, 2] and len(run.steps) == 1
+        for layer in run.layers:
+            np.testing.assert_allclose(run.head_map(layer, 2), reference[layer][0, 2].numpy(), atol=1e-5)
         job = svc.submit_job("speed.context", {"lengths": [8], "repeats": 1})
         job.value(timeout=120)
         with pytest.raises(RunFileError, match="is a measurement, not a generation"):

@@ -15,11 +15,12 @@ import httpx
 import numpy as np
 import openai
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import tiny_prompt
 from servers import python, running_server, tiny_args, ROOT
-from engine.core.generate import GenerationRequest, generate
+from engine.core.generate import GenerationRequest, generate, generate_captured
 from engine.core.hooks import CapturePolicy
 from engine.core.records import PrefillRecord
 
@@ -142,15 +143,70 @@ def test_a_captured_request_is_inspectable_by_id_and_equals_the_same_prompt_alon
     for rid in (info["run_id"], reply.id):                       # by the run id and by the OpenAI response id
         part = httpx.get(f"{server[0]}/v1/playground/runs/{rid}", timeout=30).json()
         assert part["info"]["source"] == "api" and part["info"]["state"] == "done"
-    alone = [r for r in generate(tiny_lm, GenerationRequest(prompt, max_new_tokens=4, chat=False),
-                                 CapturePolicy(logit_lens=5, lens_on_demand=True))]
-    served = [r for r in part["records"] if "captures" in r]
-    assert len(served) == len([r for r in alone if hasattr(r, "captures")])
-    for mine, theirs in zip(served, alone):
-        for layer, cap in theirs.captures.items():
-            got = np.asarray(mine["captures"][str(layer)]["attention"], dtype=np.float32)
-            np.testing.assert_allclose(got, cap.attention, atol=1e-5)
-    assert isinstance(alone[0], PrefillRecord)
+    request = GenerationRequest(prompt, max_new_tokens=4, chat=False)
+    alone = generate_captured(tiny_lm, request, CapturePolicy(logit_lens=5))
+    assert all(r.get("captures", {}) == {} for r in part["records"])    # records carry no captures: views by id
+    n = len(alone[0].prompt)
+    for layer in range(tiny_lm.spec.n_layers):
+        body = {"name": "attention.map", "params": {"run_id": info["run_id"], "layer": layer, "heads": [0, 1, 2, 3]}}
+        maps = httpx.post(f"{server[0]}/v1/playground/quick", json=body, timeout=30).json()
+        for h, m in enumerate(maps):
+            got = np.asarray(m["values"], dtype=np.float32)[:n, :n][np.tril_indices(n)]
+            np.testing.assert_allclose(got, alone[0].captures[layer].attention[h][np.tril_indices(n)], atol=1e-5)
+    body = {"name": "run.lens", "params": {"run_id": info["run_id"], "position": n - 1}}
+    lens = httpx.post(f"{server[0]}/v1/playground/quick", json=body, timeout=30).json()
+    assert [top[0][0] for top in lens["top"]] == [alone[0].captures[i].lens[0][0] for i in lens["layers"]]
+    assert lens["layers"] == list(range(tiny_lm.spec.n_layers)) and isinstance(alone[0], PrefillRecord)
+
+
+@pytest.mark.parametrize("transport", ["in-process", "remote"])
+def test_a_streaming_runs_newest_row_and_lens_are_derived_by_run_id_on_either_transport(transport, server, tiny_lm,
+                                                                                          tiny_model_dir):
+    """A page's live view: as each token arrives it asks, by run id, for the attention row of the pass that made it
+    (one layer, the heads on screen) and that position's logit lens, while the run still generates (its residual
+    read from the batch's pool). Both equal HF eager over the tokens so far, and the lens the same run alone gives;
+    through the in-process service and through the HTTP client alike."""
+    from transformers import AutoModelForCausalLM
+
+    from engine.service.client import RemoteModel
+    from engine.service.service import EngineService
+    from engine.serving.capture import capture_policy
+
+    lm = EngineService(tiny_lm) if transport == "in-process" else RemoteModel(server[0])
+    request = GenerationRequest(tiny_prompt(6, seed=8), max_new_tokens=240, chat=False)
+    policy, _ = capture_policy(tiny_lm.spec, 8, 240)
+    handle = lm.submit(request, policy)
+    asked, records, live = [], [], []
+    try:
+        for record in handle.records():
+            records.append(record)
+            if record.kind == "decode" and len(asked) < 3:
+                p = len(records[0].prompt) + record.step - 1
+                live.append(lm.quick("attention.kept", {"run_id": handle.run_id}).live)
+                asked.append((p, lm.quick("attention.row", {"run_id": handle.run_id, "layer": 1, "position": p,
+                                                            "heads": [2, 3]}).probs,
+                              lm.quick("run.lens", {"run_id": handle.run_id, "position": p})))
+            if len(asked) == 3:
+                break
+    finally:
+        handle.cancel()
+        if transport == "in-process":
+            lm.close()
+    assert any(live)
+    ids = [p.id for p in records[0].prompt] + [r.token.id for r in records if r.kind != "done"]
+    eager = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="eager").eval()
+    with torch.no_grad():
+        reference = eager(torch.tensor([ids]), output_attentions=True).attentions
+    n_prompt = len(records[0].prompt)
+    alone = generate_captured(tiny_lm, GenerationRequest(request.prompt, max_new_tokens=len(ids) - n_prompt,
+                                                         chat=False),
+                              CapturePolicy(attention=False, stats=False, logit_lens=5))
+    for p, row, lens in asked:
+        assert row.shape == (2, p + 1) and lens.position == p and lens.layers == (0, 1, 2)
+        np.testing.assert_allclose(row, reference[1][0, [2, 3], p, :p + 1].numpy(), atol=1e-5)
+        want = alone[p - n_prompt + 1].captures
+        assert [t[0][0] for t in lens.top] == [want[i].lens[0][0] for i in lens.layers]
+        np.testing.assert_allclose([t[0][1] for t in lens.top], [want[i].lens[0][1] for i in lens.layers], atol=1e-5)
 
 
 def test_the_run_stream_sends_every_record_then_ends(server, client, model):
@@ -382,10 +438,11 @@ def test_a_request_made_with_openai_comes_back_as_a_run_file(server, client, mod
     assert r.status_code == 200 and r.headers["content-type"] == "application/zip"
     run = loads(r.content, "api.run.zip")
     assert run.request.prompt == prompt and run.source == str(tiny_lm.source)
-    alone = list(generate(tiny_lm, run.request, run.policy))
+    alone = generate_captured(tiny_lm, run.request, run.policy)
     assert run.prompt_ids == [p.id for p in alone[0].prompt] and run.token_ids[0] == alone[0].token.id
+    assert run.layers == list(range(tiny_lm.spec.n_layers))              # derived on the server from the residual
     for layer in run.layers:
         np.testing.assert_allclose(run.capture(layer).attention, alone[0].captures[layer].attention, atol=1e-5)
-    assert len(run.logit_lens()) == len(run.layers)                      # computed from the kept residuals
+    assert len(run.logit_lens()) == len(run.layers)
     missing = httpx.get(server[0] + "/v1/playground/runs/run-0000000000000000/file")
     assert missing.status_code == 404 and error_of(missing)["code"] == "run_not_found"

@@ -165,12 +165,18 @@ def test_a_job_runs_alone_in_its_turn_and_returns_plain_data(service):
     assert wire.decode(wire.encode(points))[1].tokens == 16                # it crosses the wire as it is
 
 
-def test_the_quick_lens_equals_the_engines_own(service, tiny_lm):
+def test_the_quick_lens_of_residuals_a_client_sends_equals_the_engines_own(service, tiny_lm):
+    """An old recording kept each layer's residual at the newest position and asks the server for the lens."""
+    from engine.core.generate import generate_captured, generate_kept
+
     request = GenerationRequest(tiny_prompt(6), max_new_tokens=2, chat=False)
     policy = CapturePolicy(logit_lens=3)
-    lensed = list(generate(tiny_lm, request, policy))[0].captures
-    kept = list(generate(tiny_lm, request, CapturePolicy(logit_lens=3, lens_on_demand=True)))[0].captures
-    top = service.quick("lens", {"resid": {i: c.resid for i, c in kept.items()}, "top": 3})
+    lensed = generate_captured(tiny_lm, request, policy)[0].captures
+    records, kept = generate_kept(tiny_lm, request, policy)
+    last = len(records[0].prompt) - 1
+    resid = {i: kept.input(i + 1)[last].numpy() for i in range(tiny_lm.spec.n_layers)}
+    top = service.quick("lens", {"resid": resid, "top": 3})
+    assert sorted(lensed) == sorted(top) == [0, 1, 2]
     for i, capture in lensed.items():
         assert [t for t, _ in top[i]] == [t for t, _ in capture.lens]
         assert [p for _, p in top[i]] == pytest.approx([p for _, p in capture.lens], abs=1e-5)

@@ -115,7 +115,7 @@ def test_a_batch_with_every_linear_packed_equals_each_request_alone(tiny_lm, mon
     rows_seen.clear()
     for sink, (request, policy) in zip(sinks, jobs):
         assert sink.error is None
-        assert_same_run(sink.records, alone(tiny_lm, request, policy))
+        assert_same_run(sink, alone(tiny_lm, request, policy))
     assert rows_seen == []                          # a request alone never does
 
 

@@ -238,13 +238,12 @@ def test_max_new_tokens_is_the_servers_limit(page, tiny_model_dir):
 
 
 def test_a_speculative_run_reads_like_a_plain_one(tiny_lm, tiny_model_dir):
-    """Each round's tokens join `run.steps`, one decode step per token, with the attention row the verify pass
-    computed for it: together with the prefill they make the same (N, N) maps as HF's eager attention over the
-    finished sequence, and the cache grows one position per token, so the attention and KV pages draw a
-    speculative run like any other."""
+    """Each round's tokens join `run.steps`, one decode step per token, and the run keeps the residual of every
+    accepted position: the maps derived from it on the server are HF's eager attention over the finished sequence,
+    and the cache grows one position per token, so the attention and KV pages draw a speculative run like any
+    other."""
     from transformers import AutoModelForCausalLM
 
-    from app.attention.numbers import head_matrix
     from app.run import Draft, new_run, stream_generation
     from engine.core.hooks import CapturePolicy
     from engine.service.service import EngineService
@@ -264,11 +263,13 @@ def test_a_speculative_run_reads_like_a_plain_one(tiny_lm, tiny_model_dir):
     eager = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="eager").eval()
     with torch.no_grad():
         reference = eager(torch.tensor([ids]), output_attentions=True).attentions   # per layer (1, H, N, N)
+    below = np.tril_indices(len(ids))
     for layer in range(tiny_lm.spec.n_layers):
-        for head in range(tiny_lm.spec.n_heads):
-            matrix, rows = head_matrix(run, layer, head)
-            assert rows.all() and matrix.shape == (len(ids), len(ids))
-            np.testing.assert_allclose(matrix, reference[layer][0, head].numpy(), atol=2e-3)   # stored as float16
+        maps = served.quick("attention.map", {"run_id": run.id, "layer": layer,
+                                              "heads": list(range(tiny_lm.spec.n_heads)), "cells": 1024})
+        for m in maps:
+            assert m.factor == 1 and m.values.shape == (len(ids), len(ids))
+            np.testing.assert_allclose(m.values[below], reference[layer][0, m.head].numpy()[below], atol=1e-5)
     assert all(not s.captures for s in base.steps)                  # the baseline keeps its timings only
 
 

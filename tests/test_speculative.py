@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from transformers import DynamicCache
@@ -232,26 +233,36 @@ def test_caches_are_rolled_back_every_round(tiny_lm, draft_lm, kind):
     assert so_far == records[-1].generated_tokens
 
 
-def test_verify_is_one_pass_over_the_new_positions_only(tiny_lm):
-    """Attention captured in each verify pass has k+1 query rows that start at the cache length."""
-    policy = CapturePolicy(layers=(1,), stats=False)
-    exact = EarlyExitDraft(tiny_lm.model, tiny_lm.spec.n_layers)
-    records = list(speculative_generate(tiny_lm, greedy_request(0, n=20), exact, 3, policy))
+def test_a_speculative_run_keeps_the_residual_plain_decoding_keeps(tiny_lm, draft_lm):
+    """Each verify pass writes its k+1 positions' hidden states; the rejected drafts' are dropped after it and written
+    over by the next pass: the run keeps the residual of plain greedy decoding of the same request, and the rows
+    derived for each round (one per token it emitted) start at the cache length."""
+    from engine.core.generate import generate_kept
+    from engine.core.kept import kept_for
+    from engine.core.views import derive_captures
+
+    policy, request = CapturePolicy(layers=(1,), stats=False), greedy_request(0, n=20)
+    kept = kept_for(tiny_lm, policy, 64)
+    records = list(speculative_generate(tiny_lm, request, ModelDraft(draft_lm), 3, policy, kept=kept))
+    _, plain = generate_kept(tiny_lm, request, policy)
+    assert any(r.accepted < len(r.drafted) for r in records[1:-1])   # some drafts were rejected and written over
+    assert kept.layers == plain.layers and kept.length == plain.length
+    for i in kept.layers:
+        np.testing.assert_allclose(kept.input(i).numpy(), plain.input(i).numpy(), atol=1e-5)
     start = records[0].cache.length
-    for rec in records[1:-1]:
+    for rec in derive_captures(tiny_lm.model, kept, records, policy)[1:-1]:
         att = rec.captures[1]
-        assert att.attention.shape[1] == len(rec.drafted) + 1            # (heads, k+1, T_k)
-        assert att.query_start == start and att.attention.shape[2] == start + len(rec.drafted) + 1
+        assert att.attention.shape[1] == len(rec.emitted)              # (heads, tokens emitted, T_k)
+        assert att.query_start == start and att.attention.shape[2] == start + len(rec.emitted)
         start = rec.cache.length
 
 
-def test_no_hooks_remain_even_when_cancelled(tiny_lm, draft_lm):
+def test_a_speculative_run_attaches_no_hook_even_when_cancelled(tiny_lm, draft_lm):
     policy = CapturePolicy(layers=(0, 2), logit_lens=3)
     stream = speculative_generate(tiny_lm, greedy_request(0), ModelDraft(draft_lm), 3, policy)
     next(stream), next(stream)
-    assert count_hooks(tiny_lm.model) > 0
-    stream.close()
     assert count_hooks(tiny_lm.model) == 0
+    stream.close()
     list(speculative_generate(tiny_lm, greedy_request(0), draft_from_spec("early-exit:2", tiny_lm), 3, policy))
     assert count_hooks(tiny_lm.model) == 0 and count_hooks(draft_lm.model) == 0
 

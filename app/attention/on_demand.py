@@ -1,8 +1,9 @@
-"""Maps of a run computed on the model server, from what the run kept there (the residual entering its layers): any
-layer and head, pooled overviews, one row, and every head summarised at full length (engine/service/jobs.py).
+"""Maps of a run derived on the model server, from what the run kept there (the residual stream): any layer and
+head, pooled overviews, one row (the newest token's as a run streams), and every head summarised at full length
+(engine/service/jobs.py).
 
-A run whose maps ride in its records (a short prompt, a recording) is drawn from them (app/attention/numbers.py);
-one whose maps did not fit asks the server by run id. Answers are kept for a while in the session, so moving a
+A recording whose maps ride in its records is drawn from them (app/attention/numbers.py); a run the server keeps
+asks the server by run id. Answers are kept for a while in the session, so moving a
 slider back costs nothing; a run the server has dropped gets a message, never a traceback.
 """
 from __future__ import annotations
@@ -17,14 +18,15 @@ from app.attention import numbers as att
 from app.live import measure_in_box
 from app.run import Run
 from engine.service.client import ModelClient
+from engine.service.jobs import QUICK_SUMMARY
 
 CACHE = "attention.on_demand"
 MAX_CACHED = 32
 
 
 def on_server(run: Run, lm: ModelClient | None) -> bool:
-    """Does the server keep this run's inputs (its maps are computed there)? Only the model that ran it can."""
-    return lm is not None and run.policy.keeps_inputs and run.model == lm.label and run.prefill is not None
+    """Does the server keep this run's residual (its maps are derived there)? Only the model that ran it can."""
+    return lm is not None and run.policy.enabled and run.model == lm.label and run.prefill is not None
 
 
 def needs_server(run: Run, lm: ModelClient | None, layer: int) -> bool:
@@ -82,13 +84,27 @@ def row(lm: ModelClient, run: Run, layer: int, position: int) -> np.ndarray:
                                                           "position": position}).probs)
 
 
+def newest_row(lm: ModelClient, run: Run, layer: int, heads: list[int]) -> np.ndarray:
+    """(len(heads), n): the attention row of the pass that made the run's newest token, for the heads on screen,
+    derived on the server from the residual as the token streams (a live run's included; one per token, so not kept
+    in the session)."""
+    position = run.n_prompt + len(run.steps) - 1
+    return lm.quick("attention.row", {"run_id": run.id, "layer": layer, "position": position,
+                                      "heads": list(heads)}).probs
+
+
 def summary(lm: ModelClient, run: Run, window: int) -> att.HeadSummary | None:
-    """Every head of every layer summarised over the whole run: a job (queued, progress, Stop), kept per run."""
+    """Every head of every layer summarised over the whole run, kept per run: at once for a short run that kept every
+    layer, else a job (queued, progress, Stop)."""
     key = (run.id, "summary", window)
     store = st.session_state.setdefault(CACHE, OrderedDict())
     if key not in store:
-        value = measure_in_box(lm, "Summarising every head over the whole run…", "attention.summary",
-                               {"run_id": run.id, "window": window})
+        state = kept_state(lm, run)
+        if state.positions <= QUICK_SUMMARY and set(range(run.spec.n_layers)) <= set(state.layers):
+            value = lm.quick("attention.summary_now", {"run_id": run.id, "window": window})
+        else:
+            value = measure_in_box(lm, "Summarising every head over the whole run…", "attention.summary",
+                                   {"run_id": run.id, "window": window})
         if value is None:
             return None
         store[key] = att.from_summaries(value)

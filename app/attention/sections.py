@@ -68,11 +68,13 @@ def kept_line(lm: ModelClient, run: Run) -> None:
     except EngineError as err:
         st.error(f"The model server no longer has this run's attention: {err}. Generate again to look at it.")
         return
-    layers = ("every layer" if len(state.layers) == run.spec.n_layers else
-              f"{len(state.layers)} of {run.spec.n_layers} layers (any other is rebuilt from the one below it)")
-    st.caption(f"Kept on the model server to recompute this run's attention: the residual stream entering {layers}, "
+    entering = [i for i in state.layers if i < run.spec.n_layers]
+    layers = ("every layer and the final norm" if len(state.layers) == run.spec.n_layers + 1 else
+              f"{len(entering)} of {run.spec.n_layers} layers (any other is rebuilt from the one below it)")
+    st.caption(f"Kept on the model server, the only thing this run captured: the residual stream entering {layers}, "
                f"{fmt_bytes(state.bytes_per_position)} per token ({state.dtype}), {fmt_bytes(state.bytes)} for its "
-               f"{state.positions:,} positions. Full maps would take {fmt_bytes(full_maps_bytes(run, state))}.")
+               f"{state.positions:,} positions. Every map here is derived from it when you look; full maps would "
+               f"take {fmt_bytes(full_maps_bytes(run, state))}.")
 
 
 def full_maps_bytes(run: Run, state) -> float:  # noqa: ANN001 - a KeptState

@@ -148,8 +148,7 @@ class ResultView:
 
 SPECULATIVE_NOTE = ("A speculative run (from the speculative-decoding page): each round produced several tokens in "
                     "one verify pass, so each token's time here is its round's time shared evenly, and its attention "
-                    "row is the one that pass computed for its position. The logit lens and norms were taken at "
-                    "each pass's newest position only.")
+                    "row, logit lens and norms are those that pass computed for its position.")
 
 
 def token_picker(run: Run) -> int:
@@ -212,15 +211,9 @@ def distribution_section(run: Run, index: int, sampling: Sampling, decode: Calla
 
 
 def lens_section(run: Run, index: int, decode: Callable[[list[int]], str], lm: ModelClient | None = None) -> None:
-    captures = run.captures(index)
-    pending = any(c.resid is not None and c.lens is None for c in captures.values())
-    if pending and lm is not None and lm.label == run.model:
-        fill_lens(lm, captures)                            # only for the token you look at; kept in the run
+    captures, why = token_views(run, index, lm)
     if not any(c.lens for c in captures.values()):
-        st.info("The logit lens of this recording is computed by the model that made it; load that model to see "
-                "it." if pending else "No logit lens for this token: a speculative round takes it at its verify "
-                "pass's newest position only." if run.speculation is not None and captures else
-                "Nothing was captured for this token (capture was off for this run).")
+        st.info(why or "Nothing was captured for this token (capture was off for this run).")
         return
     token = run.tokens[index]
     left, right = st.columns([3, 2])
@@ -228,9 +221,41 @@ def lens_section(run: Run, index: int, decode: Callable[[list[int]], str], lm: M
         plot(charts.lens_figure(captures, decode, token.id), key=f"journey.lens.{run.id}.{index}")
     with right:
         plot(charts.resid_norm_figure(captures), key=f"journey.norm.{run.id}.{index}")
+    shown = sorted(i for i, c in captures.items() if c.lens)
+    some = "" if len(shown) >= run.spec.n_layers else (
+        f" This run kept the residual leaving {len(shown)} of {run.spec.n_layers} layers (its capture budget), so "
+        "those are the layers shown.")
     st.caption("Left: what the model would predict if it stopped after each layer (the residual stream sent "
                "through the final norm and the LM head), top 5, the generated token in bold. Right: the size of "
-               "the residual stream leaving each layer at that position.")
+               "the residual stream leaving each layer at that position." + some)
+
+
+LENS_CACHE, LENS_CACHED = "journey.lens_views", 64
+
+
+def token_views(run: Run, index: int, lm: ModelClient | None) -> tuple[dict, str | None]:
+    """The lens and residual norms of the pass that produced token `index`: from the run's records (a recording),
+    else derived on the model server from the residual the run kept (kept in the session); and why there are none."""
+    captures = run.captures(index)
+    pending = any(c.resid is not None and c.lens is None for c in captures.values())
+    here = lm is not None and lm.label == run.model
+    if pending and here:
+        fill_lens(lm, captures)                            # only for the token you look at; kept in the run
+    if captures or not (here and run.policy.enabled):
+        return captures, ("The logit lens of this recording is computed by the model that made it; load that model "
+                          "to see it." if pending else None)
+    store = st.session_state.setdefault(LENS_CACHE, {})
+    key = (run.id, index)
+    if key not in store:
+        try:
+            view = lm.quick("run.lens", {"run_id": run.id, "position": run.n_prompt - 1 + index,
+                                         "top": LOGIT_LENS_TOP})
+        except EngineError as err:
+            return {}, f"The logit lens could not be derived on the model server: {err}"
+        while len(store) >= LENS_CACHED:
+            store.pop(next(iter(store)))
+        store[key] = view.captures()
+    return store[key], None
 
 
 def fill_lens(lm: ModelClient, captures: dict) -> None:
@@ -270,8 +295,8 @@ def observer_section(lm: ModelClient, run: Run) -> None:
         return
     plot(charts.observer_figure(effect.off.itl, effect.on.itl), key="journey.observer")
     st.caption(f"Measured on this server: {len(effect.on.steps)} decode steps each way, three rounds alternating, "
-               f"medians. Capturing every attention row, the norms and the residual for the lens makes a step "
-               f"{effect.ratio:.2f}× as long. "
+               "medians. Keeping the residual stream of every layer (what every map, norm and lens is derived from) "
+               f"makes a step {effect.ratio:.2f}× as long. "
                + ("The tokens were the same both ways: watching changes the speed, never the answer."
                   if effect.same_tokens else "The tokens differed: a near-tie in the logits tipped the other way."))
 
@@ -287,7 +312,7 @@ def run_up_close(lm: ModelClient | None, run: Run, sampling: Sampling) -> None:
     st.markdown("**Through the layers.**")
     lens_section(run, index, decode, lm)
     with st.container(horizontal=True):              # the run's two downloads side by side
-        save_button(run, "journey")
+        save_button(run, "journey", lm)
         notebook_button(run, lm, "journey")
     if lm is not None and lm.label == run.model:
         st.subheader("5. The observer effect")

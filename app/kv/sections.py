@@ -12,7 +12,7 @@ from app.kv import figures as charts
 from app.format import card_size, fmt_bytes, fmt_tokens, parse_tokens
 from app.run import Run, Throttle
 from app.widgets import ChartSlot, LinkedNumber, Preset, linked_number, plot
-from engine.projection.card import kv_bytes_per_token, kv_bytes_per_user
+from engine.projection.card import kv_bytes_per_token, kv_bytes_per_user, residual_bytes_per_token
 from engine.service.client import ModelClient
 from engine.errors import EngineError
 from engine.lab.memory import MemoryLedger
@@ -42,6 +42,14 @@ def formula_text(spec: ModelSpec, dtype: str) -> str:
         text += (f"; {spec.windowed_layers} of the {spec.n_layers} layers keep only the last {spec.window - 1:,} "
                  f"tokens ({spec.window_kind} window of {spec.window:,})")
     return text
+
+
+def residual_text(spec: ModelSpec, dtype: str) -> str:
+    """Bytes one token's residual stream takes when a run captures (what every map, norm and lens derives from)."""
+    b = dtype_bytes(dtype)
+    return (f"A run that captures keeps its residual stream beside it, in the same blocks: ({spec.n_layers} layers + "
+            f"the final norm) × {spec.d_model} values × {b:g} bytes = {residual_bytes_per_token(spec, b):,.0f} bytes "
+            "per token")
 
 
 CHARTED = "kv.charted_run"
@@ -98,6 +106,11 @@ def ledger_table(ledger: MemoryLedger) -> dict[str, list[str]]:
     if ledger.kv_reserved_tokens:
         rows.append((f"Static KV cache held ({ledger.kv_reserved_tokens:,} positions)", ledger.kv_reserved,
                      ledger.kv_reserved_formula))
+    if ledger.resid_tokens:
+        rows.append((f"Residual stream the last run keeps ({ledger.resid_tokens:,} tokens)", ledger.resid,
+                     ledger.resid_formula))
+    if ledger.resid_pool:
+        rows.append((f"Residual pool beside it ({ledger.kv_pool_tokens:,} positions)", ledger.resid_pool, None))
     if ledger.kv_pool:
         rows.append((f"Batch K/V pool kept for CUDA graphs ({ledger.kv_pool_tokens:,} positions)", ledger.kv_pool,
                      None))
@@ -124,7 +137,8 @@ def memory_section(lm: ModelClient, run: Run | None) -> None:
     last = states[-1] if states else None
     try:
         ledger = lm.quick("memory.ledger", {"cache_length": last.length if last else 0,
-                                            "cache_bytes": last.bytes if last else 0})
+                                            "cache_bytes": last.bytes if last else 0,
+                                            "run_id": run.id if states and run.policy.enabled else None})
     except EngineError as err:
         st.caption(f"The memory of the model's process could not be read: {err}")
         return

@@ -81,13 +81,19 @@ def write_capture(path: str | Path, lm: Any, ids: list[int], records: list[Any],
                                         "tokens": torch.tensor(tokens, dtype=torch.int64)}
     for i in sorted(prefill.captures):
         tensors.update(_layer_tensors(i, prefill, steps))
-    for i in kept.layers if kept is not None else ():
-        x = kept.input(i)
-        if x is not None:
-            tensors[f"layer.{i}.input"] = x.detach().cpu().contiguous()
+    for i in _inputs_written(kept, policy, lm.spec.n_layers):
+        name = f"layer.{i}.input" if i < lm.spec.n_layers else "norm.input"
+        tensors[name] = kept.input(i).detach().cpu().contiguous()
     meta = _meta(lm, prefill, steps, done, policy, len(ids), len(positions), kept)
     save_file(tensors, str(path), metadata={"format": FORMAT, "version": str(VERSION), "run": json.dumps(meta)})
     return Path(path).stat().st_size
+
+
+def _inputs_written(kept: KeptInputs | None, policy: CapturePolicy, n_layers: int) -> list[int]:
+    """The hidden states the file holds: those --keep-inputs named (the run kept more when views needed them)."""
+    if kept is None:
+        return []
+    return [i for i in policy.input_ids(n_layers) if i in kept.layers]
 
 
 def _meta(lm: Any, prefill: PrefillRecord, steps: list[DecodeRecord], done: DoneRecord | None,
@@ -100,7 +106,9 @@ def _meta(lm: Any, prefill: PrefillRecord, steps: list[DecodeRecord], done: Done
             "text": done.text if done is not None else None,
             "finish_reason": done.finish_reason if done is not None else "stopped",
             "policy": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(policy).items()},
-            "attention": heads, "kept_layers": list(kept.layers) if kept is not None else [],
+            "attention": heads,
+            "kept_layers": [i for i in _inputs_written(kept, policy, lm.spec.n_layers) if i < lm.spec.n_layers],
+            "final_norm_input": lm.spec.n_layers in _inputs_written(kept, policy, lm.spec.n_layers),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 

@@ -1,4 +1,4 @@
-"""Static-cache decode with graph-safe captures: the records of `engine.core.generate`, faster on a GPU.
+"""Static-cache decode, capturing inside the compiled step: the records of `engine.core.generate`, faster on a GPU.
 
     fast = enable_static_decode(lm)        # opt in: engine.core.generate(lm, ...) now runs this path
     records = list(generate(lm, GenerationRequest("Why is the sky blue?"), policy))
@@ -9,16 +9,11 @@ preallocated `transformers.StaticCache` (fixed shapes and addresses), and on CUD
 compiled with `torch.compile(mode="reduce-overhead")`, which records it once as a CUDA graph and then
 replays it each token: one launch per step instead of hundreds.
 
-Captures stay graph-safe:
-- capture off: only the model is in the graph;
-- attention rows (the per-token pattern, no norms): a `RowCapture` rides the `playground_capture`
-  keyword into the "playground" attention function exactly as a StepCapture does, and writes
-  softmax(q k^T / sqrt(d)) of the new token, for its layers and heads, into a buffer allocated once
-  (layers, heads, cache length); after the step one copy brings the filled part to the host;
-- anything else (norms, residual stream, logit lens) runs on the same static cache eagerly, with an
-  ordinary StepCapture that sees only the filled part of the cache.
+A run that captures keeps the residual stream (engine/core/hooks.py): the compiled step returns the newest
+position's hidden states beside the logits (transformers' `output_hidden_states`, traced into the graph), and the
+run's KeptInputs copies them after the step. Nothing else is captured, so every capturing step is graph-safe.
 
-Greedy requests (capture off or rows) run pipelined: each token is chosen on the device and the next step is
+Greedy requests that capture nothing run pipelined: each token is chosen on the device and the next step is
 queued before the host describes this one, so the host's per-token work (a softmax and top-k over the vocabulary,
 the tokenizer, the records) overlaps the next graph instead of leaving the GPU idle (`pipelined_loop`).
 
@@ -42,8 +37,7 @@ from engine.projection.card import forward_shapes
 from engine.core.generate import (GenerationRequest, TextStream, admit, end_reason, eos_ids, facts_to_host,
                                   generation_loop, pick_token, prompt_pieces, sync, token_facts, tokens_from,
                                   trim_stop)
-from engine.core.hooks import CAPTURE_KWARG, CAPTURE_OFF, CapturePolicy, Instrument, LayerCapture, StepCapture, \
-    _apply_mask, instrument
+from engine.core.kept import KeptInputs
 from engine.core.loader import LoadedModel
 from engine.core.records import CacheState, DecodeRecord, DoneRecord, PrefillRecord, Record
 from engine.core.sampling import logits_to_probs
@@ -51,7 +45,6 @@ from engine.core.sampling import logits_to_probs
 COMPILE_MODES = ("auto", "off", "eager", "default", "reduce-overhead")
 MIN_CACHE = 256
 RECOMPILE_LIMIT = 64     # cache lengths x capture variants x models before dynamo gives up and runs eagerly
-MAX_ROW_BUFFERS = 8
 
 
 def resolve_mode(mode: str, device: torch.device) -> str:
@@ -69,11 +62,6 @@ def cache_length(needed: int, limit: int) -> int:
     while length < needed:
         length *= 2
     return max(needed, min(length, limit))
-
-
-def graph_safe(policy: CapturePolicy) -> bool:
-    """Capture off, or attention rows only: both run inside the compiled step."""
-    return not policy.enabled or (policy.attention and not policy.stats and policy.logit_lens == 0)
 
 
 def new_static_cache(lm: LoadedModel, length: int) -> StaticCache:
@@ -108,72 +96,14 @@ def reserved_bytes(cache: StaticCache | None) -> int:
 
 
 def model_step(model: Any, input_ids: torch.Tensor, positions: torch.Tensor, cache: StaticCache,
-               capture: Any) -> torch.Tensor:
-    """One forward over input_ids [1, T] at absolute positions [T]; logits of the last position [1, 1, V]."""
-    extra = {CAPTURE_KWARG: capture} if capture is not None else {}
+               hidden: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """One forward over input_ids [1, T] at absolute positions [T]; logits of the last position [1, 1, V], and with
+    `hidden` the hidden states of the last position too [L + 1, 1, d_model] (what a capturing run keeps)."""
     out = model(input_ids=input_ids, position_ids=positions[None], cache=cache,
-                use_cache=True, logits_to_keep=1, **extra)
-    return out.logits
-
-
-@dataclass
-class FilledKeys(StepCapture):
-    """A StepCapture on a static cache: it sees only the first `filled` positions of K, V and the mask."""
-
-    filled: int = 0
-
-    def on_attention(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     mask: torch.Tensor | None, scaling: float) -> None:
-        # key, value: [B, KVH, max_len, D] -> [B, KVH, filled, D]
-        n = self.filled
-        super().on_attention(module, query, key[:, :, :n], value[:, :, :n],
-                             mask[..., :n] if mask is not None else None, scaling)
-
-
-class RowCapture:
-    """Graph-safe attention rows: softmax(q k^T / sqrt(d)) of the newest token, written into `rows`."""
-
-    def __init__(self, layer_ids: tuple[int, ...], heads: tuple[int, ...], group: int, length: int,
-                 device: torch.device):
-        self.layer_ids, self.heads = layer_ids, heads
-        self.kv_heads = tuple(h // group for h in heads)
-        self.slot = {layer: i for i, layer in enumerate(layer_ids)}
-        with torch.inference_mode(False):
-            self.rows = torch.zeros(len(layer_ids), len(heads), length, device=device)  # (L_sel, h, max_len) fp32
-        torch._dynamo.mark_static_address(self.rows)  # written inside the CUDA graph, read outside it
-
-    def on_attention(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     mask: torch.Tensor | None, scaling: float) -> None:
-        # query: [1, H, 1, D] after RoPE; key: [1, KVH, max_len, D], the whole static cache
-        slot = self.slot.get(module.layer_idx)
-        if slot is None:
-            return
-        n_kv, t_k, d = key.shape[1], key.shape[2], key.shape[3]
-        q = query[0, :, -1].float().reshape(n_kv, -1, d)                              # (KVH, group, D)
-        scores = torch.matmul(q, key[0].float().transpose(-1, -2)) * scaling          # (KVH, group, max_len)
-        scores = scores.reshape(-1, 1, t_k)[list(self.heads)]                          # (h, 1, max_len)
-        self.rows[slot].copy_(torch.softmax(_apply_mask(scores, mask, t_k), dim=-1)[:, 0])
-
-    def on_residual(self, i: int, hidden: torch.Tensor) -> None:
-        """Rows only. (Another request's residual hooks, if attached meanwhile, route the call here.)"""
-
-    def read(self, position: int, max_keys: int | None) -> dict[int, LayerCapture]:
-        """The rows of the token at `position` as LayerCaptures (one device-to-host copy for all layers)."""
-        return self.captures(*self.queue_read(position, max_keys))
-
-    def queue_read(self, position: int, max_keys: int | None, non_blocking: bool = False) -> tuple[torch.Tensor, int,
-                                                                                                     int]:
-        """Copy the kept rows of the token at `position` to the host; non_blocking: queued, whole once the device
-        reaches it. Returns what `captures` takes."""
-        filled = position + 1
-        start = max(0, filled - max_keys) if max_keys else 0
-        rows = self.rows[:, :, start:filled].to("cpu", copy=True, non_blocking=non_blocking)   # (L_sel, h, kept)
-        return rows, position, start
-
-    def captures(self, rows: torch.Tensor, position: int, start: int) -> dict[int, LayerCapture]:
-        rows = rows.numpy()
-        return {layer: LayerCapture(layer, self.heads, self.kv_heads, rows[i][:, None, :], position, start)
-                for i, layer in enumerate(self.layer_ids)}
+                use_cache=True, logits_to_keep=1, output_hidden_states=hidden)
+    if not hidden:
+        return out.logits
+    return out.logits, torch.stack([h[:, -1] for h in out.hidden_states])
 
 
 def _raise_recompile_limit() -> None:
@@ -184,7 +114,7 @@ def _raise_recompile_limit() -> None:
 
 
 class FastDecoder:
-    """One static cache (and its row buffers) for a loaded model, with the decode step compiled on demand.
+    """One static cache for a loaded model, with the decode step compiled on demand.
 
     Not for two requests at once: a second concurrent request gets a private eager decoder instead.
     """
@@ -193,7 +123,6 @@ class FastDecoder:
         self.lm = lm
         self.mode = resolve_mode(compile, lm.device)
         self.cache: StaticCache | None = None
-        self.row_buffers: dict[tuple, RowCapture] = {}
         self.lock = threading.Lock()
         self.compile_error: str | None = None
         self.fullgraph = fullgraph
@@ -216,64 +145,58 @@ class FastDecoder:
         if self.cache is not None and self.cache.layers[0].max_cache_len == length:
             self.cache.reset()
             return self.cache
-        self.cache, self.row_buffers = None, {}   # free the old tensors before allocating the new ones
+        self.cache = None                         # free the old tensors before allocating the new ones
         self.cache = new_static_cache(self.lm, length)
         return self.cache
 
-    def row_capture(self, inst: Instrument) -> RowCapture:
-        spec, length = self.lm.spec, self.cache.layers[0].max_cache_len
-        key = (tuple(sorted(inst.layer_ids)), inst.policy.head_ids(spec.n_heads))
-        if key not in self.row_buffers:
-            if len(self.row_buffers) >= MAX_ROW_BUFFERS:
-                self.row_buffers.clear()
-            self.row_buffers[key] = RowCapture(*key, spec.group_size, length, self.lm.device)
-        return self.row_buffers[key]
-
-    def prefill(self, ids: list[int], inst: Instrument) -> tuple[torch.Tensor, dict[int, LayerCapture]]:
-        """Eager forward over the prompt; logits (V,) of its last position and the captures."""
+    def prefill(self, ids: list[int], kept: KeptInputs | None) -> torch.Tensor:
+        """Eager forward over the prompt (its hidden states into `kept`); logits (V,) of its last position."""
         dev, model = self.lm.device, self.lm.model
-        capture = FilledKeys(inst.policy, inst.layer_ids, filled=len(ids)) if inst.layer_ids else None
-        logits = model_step(model, torch.tensor([ids], device=dev), torch.arange(len(ids), device=dev),
-                            self.cache, capture)
-        return logits[0, -1], (capture.finish(model) if capture is not None else {})
+        out = model(input_ids=torch.tensor([ids], device=dev), position_ids=torch.arange(len(ids), device=dev)[None],
+                    cache=self.cache, use_cache=True, logits_to_keep=1,
+                    output_hidden_states=list(kept.layers) if kept is not None else False)
+        if kept is not None:
+            kept.write_states(0, [h[0] if h is not None else None for h in out.hidden_states])
+            kept.commit()
+        return out.logits[0, -1]
 
-    def decode(self, token_id: int, position: int, inst: Instrument) -> tuple[torch.Tensor, dict[int, LayerCapture]]:
-        """One token at `position`: compiled when the captures are graph-safe, else eager; logits (V,)."""
-        dev, model = self.lm.device, self.lm.model
+    def decode(self, token_id: int, position: int, kept: KeptInputs | None) -> torch.Tensor:
+        """One token at `position` through the compiled step (its hidden states into `kept`); logits (V,)."""
+        dev = self.lm.device
         ids, pos = torch.tensor([[token_id]], device=dev), torch.tensor([position], device=dev)   # [1, 1], [1]
-        if not inst.layer_ids:
-            return self._compiled(ids, pos, None), {}
-        if graph_safe(inst.policy):
-            rows = self.row_capture(inst)
-            logits = self._compiled(ids, pos, rows)
-            return logits, rows.read(position, inst.policy.max_keys)
-        capture = FilledKeys(inst.policy, inst.layer_ids, filled=position + 1)
-        return model_step(model, ids, pos, self.cache, capture)[0, -1], capture.finish(model)
+        if kept is None:
+            return self._compiled(ids, pos)
+        logits, states = self._compiled(ids, pos, hidden=True)                        # (V,), [L + 1, 1, d_model]
+        kept.write_states(position, list(states))
+        kept.commit()
+        return logits
 
-    def launch(self, ids: torch.Tensor, pos: torch.Tensor, position: int, inst: Instrument) -> InFlight:
+    def launch(self, ids: torch.Tensor, pos: torch.Tensor, position: int) -> InFlight:
         """Queue one decode step whose token ids [1, 1] and position [1] are already on the device; waits for
-        nothing. Only for graph-safe captures (see `pipelined_loop`)."""
-        rows = self.row_capture(inst) if inst.layer_ids else None
-        return InFlight(self._compiled(ids, pos, rows), pos, position, rows)
+        nothing. Only for runs that capture nothing (see `pipelined_loop`)."""
+        return InFlight(self._compiled(ids, pos), pos, position)
 
-    def _compiled(self, ids: torch.Tensor, pos: torch.Tensor, rows: RowCapture | None) -> torch.Tensor:
+    def _compiled(self, ids: torch.Tensor, pos: torch.Tensor, hidden: bool = False) -> Any:
         if self.graphs:
             torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are consumed
-        return self._step(self.lm.model, ids, pos, self.cache, rows)[0, -1]
+        if not hidden:
+            return self._step(self.lm.model, ids, pos, self.cache)[0, -1]
+        logits, states = self._step(self.lm.model, ids, pos, self.cache, True)
+        return logits[0, -1], states
 
-    def generate(self, request: GenerationRequest, policy: CapturePolicy = CAPTURE_OFF,
-                 should_stop: Callable[[], bool] | None = None, ids: list[int] | None = None) -> Iterator[Record]:
-        """engine.core.generate's records from the static cache; a concurrent request runs on a private one."""
+    def generate(self, request: GenerationRequest, should_stop: Callable[[], bool] | None = None,
+                 ids: list[int] | None = None, kept: KeptInputs | None = None) -> Iterator[Record]:
+        """engine.core.generate's records from the static cache (the hidden states into `kept`); a concurrent
+        request runs on a private one."""
         if not self.lock.acquire(blocking=False):
-            yield from FastDecoder(self.lm, compile="off").generate(request, policy, should_stop, ids)
+            yield from FastDecoder(self.lm, compile="off").generate(request, should_stop, ids, kept)
             return
         try:
-            yield from static_generate(self, request, policy, should_stop, ids)
+            yield from static_generate(self, request, should_stop, ids, kept)
         finally:
             self.lock.release()
 
-    def warm_up(self, max_new_tokens: int = 16, policies: tuple[CapturePolicy, ...] = (CAPTURE_OFF,),
-                prompt: str = "Hello") -> float:
+    def warm_up(self, max_new_tokens: int = 16, capture: tuple[bool, ...] = (False,), prompt: str = "Hello") -> float:
         """Compile (and record the graphs) now rather than in the first user's request; returns seconds.
 
         If the step cannot be compiled as one graph it is compiled with graph breaks allowed; if that
@@ -284,9 +207,11 @@ class FastDecoder:
         request = GenerationRequest(prompt, max_new_tokens=max_new_tokens, chat=False)
         while True:
             try:
-                for policy in policies:
+                for keeps in capture:
                     for _ in range(2):  # reduce-overhead records the graph on a later call than the first
-                        list(self.generate(request, policy))
+                        kept = KeptInputs(tuple(range(self.lm.spec.n_layers + 1)), self.lm.spec.d_model,
+                                          self.lm.dtype, self.lm.device) if keeps else None
+                        list(self.generate(request, kept=kept))
                 return time.perf_counter() - start
             except Exception as err:  # noqa: BLE001 - any compiler failure: fall back, keep serving
                 if self.mode == "off":
@@ -299,41 +224,40 @@ class FastDecoder:
                 self._step = self._build_step()
 
 
-def static_generate(fast: FastDecoder, request: GenerationRequest, policy: CapturePolicy = CAPTURE_OFF,
-                    should_stop: Callable[[], bool] | None = None, ids: list[int] | None = None) -> Iterator[Record]:
+def static_generate(fast: FastDecoder, request: GenerationRequest, should_stop: Callable[[], bool] | None = None,
+                    ids: list[int] | None = None, kept: KeptInputs | None = None) -> Iterator[Record]:
     """The loop of engine.core.generate on a FastDecoder: PrefillRecord, DecodeRecord per token, DoneRecord."""
     lm = fast.lm
     ids = admit(lm, request) if ids is None else ids     # None: no door above (a benchmark, warm_up)
     cache = fast.reserve(len(ids) + request.max_new_tokens)
-    with torch.no_grad(), instrument(lm.model, policy) as inst:
-        if overlaps(request, inst):
-            done = yield from pipelined_loop(fast, request, ids, inst, should_stop)
+    with torch.no_grad():
+        if overlaps(request, kept):
+            done = yield from pipelined_loop(fast, request, ids, should_stop)
         else:
-            done = yield from generation_loop(lm, request, ids, lambda: fast.prefill(ids, inst),
-                                              lambda token, position: fast.decode(token, position, inst),
+            done = yield from generation_loop(lm, request, ids, lambda: fast.prefill(ids, kept),
+                                              lambda token, position: fast.decode(token, position, kept),
                                               lambda: static_cache_state(cache), should_stop)
     yield done
 
 
 @dataclass
 class InFlight:
-    """A decode step queued on the device: its logits (V,) once it has run, its position, its rows buffer."""
+    """A decode step queued on the device: its logits (V,) once it has run, and its position."""
 
     logits: torch.Tensor
     pos: torch.Tensor            # [1] on the device
     position: int
-    rows: RowCapture | None
 
 
-def overlaps(request: GenerationRequest, inst: Instrument) -> bool:
-    """Greedy, with nothing captured or the graph-safe rows: the next step's input can be chosen on the device."""
-    return request.temperature <= 0 and (not inst.layer_ids or graph_safe(inst.policy))
+def overlaps(request: GenerationRequest, kept: KeptInputs | None) -> bool:
+    """Greedy, capturing nothing: the next step's input can be chosen on the device."""
+    return request.temperature <= 0 and kept is None
 
 
-def pipelined_loop(fast: FastDecoder, request: GenerationRequest, ids: list[int], inst: Instrument,
+def pipelined_loop(fast: FastDecoder, request: GenerationRequest, ids: list[int],
                    should_stop: Callable[[], bool] | None) -> Generator[Record, None, DoneRecord]:
-    """generation_loop's records for a greedy request, with the host's work on each token done while the device
-    already computes the next.
+    """generation_loop's records for a greedy request that captures nothing, with the host's work on each token done
+    while the device already computes the next.
 
     Token k's argmax stays on the device and feeds step k + 1, which is queued before the host waits for
     anything; the host then reads what describes token k (queued copies, whole once an event after them has
@@ -345,31 +269,29 @@ def pipelined_loop(fast: FastDecoder, request: GenerationRequest, ids: list[int]
     lm, device = fast.lm, fast.lm.device
     stream, stops = TextStream(lm.tokenizer), eos_ids(lm)
     t0 = time.perf_counter()
-    logits, captures = fast.prefill(ids, inst)
+    logits = fast.prefill(ids, None)
     token = pick_token(lm, logits, request, None, stream)
     sync(device)
     ttft = time.perf_counter() - t0
     yield PrefillRecord(prompt_pieces(lm, ids), forward_shapes(lm.spec, len(ids)), ttft,
-                        static_cache_state(fast.cache, len(ids)), token, captures)
+                        static_cache_state(fast.cache, len(ids)), token)
     generated, reason = [token.id], end_reason(token.id, stream.text, stops, request, 1, should_stop)
     step = None if reason is not None else fast.launch(torch.tensor([[token.id]], device=device),
-                                                       torch.tensor([len(ids)], device=device), len(ids), inst)
+                                                       torch.tensor([len(ids)], device=device), len(ids))
     while reason is None:
         t = time.perf_counter()
         chosen = torch.argmax(step.logits[None], dim=-1)                                      # (1,), on the device
         probs = logits_to_probs(step.logits[None], 1.0, request.top_k, request.top_p)
         facts = facts_to_host(token_facts(step.logits[None], probs, chosen), non_blocking=True)
-        rows = step.rows.queue_read(step.position, inst.policy.max_keys, non_blocking=True) if step.rows else None
         copied, done_step = _event(device), step
         if len(generated) + 1 < request.max_new_tokens:            # a token after this one may be wanted
-            step = fast.launch(chosen.view(1, 1), step.pos + 1, step.position + 1, inst)
+            step = fast.launch(chosen.view(1, 1), step.pos + 1, step.position + 1)
         if copied is not None:
             copied.synchronize()
         token = tokens_from(lm, facts, [stream.push(int(facts["ids"][0]))])[0]
         generated.append(token.id)
         yield DecodeRecord(len(generated) - 1, time.perf_counter() - t,
-                           static_cache_state(fast.cache, done_step.position + 1), token,
-                           done_step.rows.captures(*rows) if rows is not None else {})
+                           static_cache_state(fast.cache, done_step.position + 1), token)
         reason = end_reason(token.id, stream.text, stops, request, len(generated), should_stop)
     total = time.perf_counter() - t0
     return DoneRecord(trim_stop(stream.text, request.stop), reason, len(ids), len(generated), ttft, total - ttft, total)

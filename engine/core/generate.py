@@ -1,7 +1,10 @@
 """The generation loop: prefill once, then decode one token at a time, yielding a record per step.
 
-    records = generate(lm, GenerationRequest("Why is the sky blue?"), CapturePolicy(layers=(0, 5)))
+    records = generate(lm, GenerationRequest("Why is the sky blue?"), kept=kept)
     for rec in records: ...   # PrefillRecord, DecodeRecord..., DoneRecord
+
+What a run captures is the residual stream: each pass writes its hidden states into `kept` (engine/core/kept.py);
+every view is derived from them afterwards (engine/core/views.py).
 
 Cache positions are counted from the cache object (`cache.get_seq_length()`), never guessed.
 """
@@ -19,13 +22,14 @@ from transformers import DynamicCache
 
 from engine.projection.card import forward_shapes
 from engine.errors import ContextLengthError, InvalidRequestError
-from engine.core.hooks import CAPTURE_KWARG, CAPTURE_OFF, CapturePolicy, LayerCapture, StepCapture, instrument
-from engine.core.kept import KeptInputs
+from engine.core.hooks import CAPTURE_OFF, CapturePolicy
+from engine.core.kept import KeptInputs, kept_for
 from engine.core.loader import LoadedModel
 from engine.core.records import (CacheState, Candidate, DecodeRecord, DoneRecord, Piece, PrefillRecord, Record,
                                  SampledToken)
 from engine.core.sampling import logits_to_probs, sample
 from engine.core.token_bytes import decodes_as_its_backend, token_texts
+from engine.core.views import derive_captures
 
 KEEP_LOGITS = 256       # raw logits stored per token so pages can re-draw the distribution
 TOP_CANDIDATES = 10     # alternatives listed per token
@@ -178,23 +182,23 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def forward(lm: LoadedModel, ids: list[int], cache: DynamicCache, capture: StepCapture | None,
-            keep: int | None = None) -> tuple[torch.Tensor, dict[int, LayerCapture]]:
-    """Run the model over new token ids after what the cache holds.
+def forward(lm: LoadedModel, ids: list[int], cache: DynamicCache, kept: KeptInputs | None = None,
+            keep: int | None = None) -> torch.Tensor:
+    """Run the model over new token ids after what the cache holds; with `kept`, write the hidden states it keeps
+    (the residual stream) at these positions.
 
     Returns the last position's logits (V,), or with `keep` the last `keep` positions' (keep, V).
     """
     start = cache.get_seq_length()
     input_ids = torch.tensor([ids], device=lm.device)                              # [1, T]
     positions = torch.arange(start, start + len(ids), device=lm.device)            # [T]
-    extra = {CAPTURE_KWARG: capture} if capture is not None else {}
-    if capture is not None:
-        capture.start = start                                                     # where kept inputs are written
     out = lm.model(input_ids=input_ids, position_ids=positions[None], cache=cache, use_cache=True,
-                   logits_to_keep=keep or 1, **extra)
-    captures = capture.finish(lm.model) if capture is not None else {}
+                   logits_to_keep=keep or 1, output_hidden_states=list(kept.layers) if kept is not None else False)
+    if kept is not None:                                                           # hidden_states[i]: [1, T, d_model]
+        kept.write_states(start, [h[0] if h is not None else None for h in out.hidden_states])
+        kept.commit()
     logits = out.logits[0]                                                         # (keep, V)
-    return (logits if keep else logits[-1]), captures
+    return logits if keep else logits[-1]
 
 
 def cache_state(cache: DynamicCache) -> CacheState:
@@ -324,22 +328,40 @@ def generate(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy 
     """Yield a PrefillRecord, one DecodeRecord per further token, and a DoneRecord.
 
     `ids`: the prompt as the door (Scheduler.submit) checked and tokenized it; None admits the request here.
-    `kept`: where the inputs of the layers `policy.inputs` names go, every position (to recompute attention).
+    `kept`: where the hidden states the run keeps go, every position (engine/core/kept.py); without one, a policy
+    that captures keeps them in buffers made here, which go with the generator (`generate_kept` returns them).
     Close the generator (or make `should_stop` return True) to cancel; the model is ready at once.
     """
     ids = admit(lm, request) if ids is None else ids
+    kept = kept if kept is not None else kept_for(lm, policy, len(ids) + request.max_new_tokens)
     if lm.fast is not None:  # opted in with engine.core.fastpath.enable_static_decode: static cache, CUDA graphs
-        yield from lm.fast.generate(request, policy, should_stop, ids)
+        yield from lm.fast.generate(request, should_stop, ids, kept)
         return
     cache = DynamicCache(config=lm.model.config)
-    with torch.inference_mode(), instrument(lm.model, policy, kept) as inst:
-        done = yield from generation_loop(lm, request, ids, lambda: forward(lm, ids, cache, inst.new_step()),
-                                          lambda token, _: forward(lm, [token], cache, inst.new_step()),
+    with torch.inference_mode():
+        done = yield from generation_loop(lm, request, ids, lambda: forward(lm, ids, cache, kept),
+                                          lambda token, _: forward(lm, [token], cache, kept),
                                           lambda: cache_state(cache), should_stop)
     yield done
 
 
-Pass = tuple[torch.Tensor, dict[int, LayerCapture]]     # a forward pass: logits (V,) of its newest position, captures
+def generate_kept(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy,
+                  ids: list[int] | None = None) -> tuple[list[Record], KeptInputs | None]:
+    """A whole run and what it kept (the hidden states `policy` names), for a caller that derives views from them."""
+    ids = admit(lm, request) if ids is None else ids
+    kept = kept_for(lm, policy, len(ids) + request.max_new_tokens)
+    return list(generate(lm, request, policy, ids=ids, kept=kept)), kept
+
+
+def generate_captured(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy,
+                      ids: list[int] | None = None) -> list[Record]:
+    """A whole run with the captures `policy` names derived into its records (engine/core/views.py), as a file
+    holds them."""
+    records, kept = generate_kept(lm, request, policy, ids)
+    return derive_captures(lm.model, kept, records, policy)
+
+
+Pass = torch.Tensor     # a forward pass: logits (V,) of its newest position
 
 
 def generation_loop(lm: LoadedModel, request: GenerationRequest, ids: list[int], prefill: Callable[[], Pass],
@@ -348,25 +370,25 @@ def generation_loop(lm: LoadedModel, request: GenerationRequest, ids: list[int],
     """Prefill, then one decode step per token until a finish reason; yields their records, returns the DoneRecord.
 
     `prefill()` runs the prompt, `decode(token, position)` one token at `position`, each returning the logits (V,)
-    of the newest position and the captures; `cache_now()` is the cache's state. Shared by `generate` (a
-    DynamicCache) and engine.core.fastpath.static_generate (a static cache).
+    of the newest position; `cache_now()` is the cache's state. Shared by `generate` (a DynamicCache) and
+    engine.core.fastpath.static_generate (a static cache).
     """
     generator = torch.Generator(device=lm.device).manual_seed(request.seed)
     stream, stops = TextStream(lm.tokenizer), eos_ids(lm)
     t0 = time.perf_counter()
-    logits, captures = prefill()
+    logits = prefill()
     token = pick_token(lm, logits, request, generator, stream)
     sync(lm.device)
     ttft = time.perf_counter() - t0
-    yield PrefillRecord(prompt_pieces(lm, ids), forward_shapes(lm.spec, len(ids)), ttft, cache_now(), token, captures)
+    yield PrefillRecord(prompt_pieces(lm, ids), forward_shapes(lm.spec, len(ids)), ttft, cache_now(), token)
     generated, reason = [token.id], end_reason(token.id, stream.text, stops, request, 1, should_stop)
     while reason is None:
         t = time.perf_counter()
-        logits, captures = decode(token.id, len(ids) + len(generated) - 1)
+        logits = decode(token.id, len(ids) + len(generated) - 1)
         token = pick_token(lm, logits, request, generator, stream)
         sync(lm.device)
         generated.append(token.id)
-        yield DecodeRecord(len(generated) - 1, time.perf_counter() - t, cache_now(), token, captures)
+        yield DecodeRecord(len(generated) - 1, time.perf_counter() - t, cache_now(), token)
         reason = end_reason(token.id, stream.text, stops, request, len(generated), should_stop)
     total = time.perf_counter() - t0
     return DoneRecord(trim_stop(stream.text, request.stop), reason, len(ids), len(generated), ttft, total - ttft, total)

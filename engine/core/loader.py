@@ -255,6 +255,17 @@ def check_memory(needed_bytes: float, device: torch.device, what: str = "the wei
             "choose a smaller model or a lower precision (e.g. --dtype bf16)")
 
 
+def keep_residual_outputs(model: Any) -> None:
+    """What the engine captures is transformers' own `output_hidden_states` (engine/core/hooks.py), with two
+    settings: the last hidden state is the final norm's input, not its output (what the lens and the last layer's
+    residual norm read), and the output-recording hooks transformers installs on first use are installed now, once,
+    so that a compiled step (engine/serving/graphed.py) traces them instead of installing them inside the trace."""
+    from transformers.utils.output_capturing import maybe_install_capturing_hooks
+
+    model.config.tie_last_hidden_states = False
+    maybe_install_capturing_hooks(model.model)
+
+
 def free_memory(device: torch.device) -> float:
     if device.type == "cuda":
         return float(torch.cuda.mem_get_info(device)[0])
@@ -276,6 +287,7 @@ def load_model(name: str = "default", device: str | None = None, dtype: str | to
         folder, dtype=torch_dtype, attn_implementation=hooks.ATTENTION_NAME, use_safetensors=True,
         trust_remote_code=False, device_map=str(dev) if dev.type == "cuda" else None)
     model.to(dev).eval()
+    keep_residual_outputs(model)
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     lm = LoadedModel(model, tokenizer, spec, name, label, folder, dev, torch_dtype, 0.0)
     lm.layout = relayout(lm)             # on a CPU: each matrix stored as a one-token step reads it fastest

@@ -2,7 +2,8 @@
 residual stream that entered it.
 
     x = layer_input(lm.model, kept, layer=12, ids=ids)    # (N, d_model): kept, or rebuilt from a kept layer below
-    qk = layer_qk(lm.model, layer=12, x=x)                # AttentionInputs: Q, K after RoPE, scaling, window, softcap
+    qk = layer_qk(lm.model, layer=12, x=x)                # AttentionInputs: Q, K (and V) after RoPE, scaling, window
+    one = layer_qk(lm.model, layer=12, x=x[7:8], start=7) # Q, K, V of position 7 alone (its norms)
 
 Why it is exact: the decoder layer itself runs on the stored input (its input norm, its q/k projections with their
 biases, the architecture's own rotary embedding at positions 0..N-1); transformers calls the registered attention
@@ -34,6 +35,7 @@ class AttentionInputs:
     scaling: float                   # the layer's own scale of q·k (1/√d, or query_pre_attn_scalar^-0.5)
     window: int | None = None        # sliding window: a query sees keys i - window < j <= i; None: every j <= i
     softcap: float | None = None     # logits soft-capped as softcap · tanh(s / softcap) before the mask
+    v: torch.Tensor | None = None    # (KVH, N, D)
 
     @property
     def n(self) -> int:
@@ -66,12 +68,13 @@ class QKGrab:
     def __init__(self) -> None:
         self.inputs: AttentionInputs | None = None
 
-    def grab(self, module: Any, query: torch.Tensor, key: torch.Tensor, scaling: float | None,
+    def grab(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None,
              kwargs: dict[str, Any]) -> None:
-        # query: [1, H, N, D]; key: [1, KVH, N, D]
+        # query: [1, H, N, D]; key, value: [1, KVH, N, D]
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         window = kwargs.get("sliding_window", window_of(module))
-        self.inputs = AttentionInputs(module.layer_idx, query[0], key[0], float(scale), window, kwargs.get("softcap"))
+        self.inputs = AttentionInputs(module.layer_idx, query[0], key[0], float(scale), window, kwargs.get("softcap"),
+                                      value[0])
         raise _Grabbed
 
 
@@ -82,14 +85,16 @@ def window_of(attn: Any) -> int | None:
     return getattr(attn.config, "sliding_window", None)
 
 
-def positions(n: int, device: torch.device) -> torch.Tensor:
-    return torch.arange(n, device=device)[None]                                      # [1, N]
+def positions(n: int, device: torch.device, start: int = 0) -> torch.Tensor:
+    return torch.arange(start, start + n, device=device)[None]                       # [1, N]
 
 
-def layer_qk(model: Any, layer: int, x: torch.Tensor) -> AttentionInputs:
-    """Q and K of `layer` over positions 0..N-1, from the residual entering it. x: (N, d_model)."""
+def layer_qk(model: Any, layer: int, x: torch.Tensor, start: int = 0) -> AttentionInputs:
+    """Q, K and V of `layer` over positions start..start+N-1, from the residual entering it. x: (N, d_model).
+
+    With start > 0 the keys are those of these positions only (a position's own Q, K, V: their norms)."""
     block = decoder_layers(model)[layer]
-    pos = positions(x.shape[0], x.device)
+    pos = positions(x.shape[0], x.device, start)
     grab = QKGrab()
     with torch.inference_mode():
         pe = model.model.rotary_emb(x[None], pos)

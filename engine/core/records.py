@@ -1,7 +1,9 @@
 """Typed records the generation loop yields: one for prefill, one per decode step, one at the end.
 
-Records carry everything a page draws (token, probabilities, timings, cache size, captures), so a
-page streams them and redraws from them without touching the model again.
+Records carry the token, its probabilities, timings and the cache size, so a page streams them and redraws from
+them without touching the model again. A run's captures are not in its records: the run keeps its residual stream
+(engine/core/kept.py) and every view is derived from it when asked (engine/core/views.py); `captures` is filled only
+in records a file carries (derived when it is written) and in files written before.
 """
 from __future__ import annotations
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
 from engine.errors import InvalidRequestError
-from engine.core.generate import forward
-from engine.core.hooks import CapturePolicy, LayerCapture, instrument
+from engine.core.attention_maps import attention_rows
+from engine.core.hooks import LayerCapture
+from engine.core.recompute import embeddings, layer_qk, run_layers
 from engine.core.loader import LoadedModel
 from engine.core.token_bytes import token_texts
 
@@ -102,36 +102,16 @@ def capture_qkv(lm: LoadedModel, ids: list[int], layer: int) -> LayerQKV:
                     float((ours - hf.float()).abs().max()))
 
 
-class _StopForward(Exception):
-    """Raised by a hook once the layer asked for has run: the layers above it are not needed."""
-
-
-def _stop(module: torch.nn.Module, args: tuple, output: object) -> None:
-    raise _StopForward
-
-
-_stop.playground_point = "stop after this layer"   # counted by engine.core.hooks.count_hooks like every hook of ours
-
-
 def capture_attention(lm: LoadedModel, ids: list[int], layer: int) -> LayerCapture:
-    """Every head's causal attention (heads, T, T) of one layer over all of `ids`, with the engine's own capture:
-    the rows a generation keeps for that layer (its prefill block, then one row per decode step).
-
-    One pass through layers 0 to `layer` only (TransformerLens' stop_at_layer): the layers above it, the final
-    norm and the LM head do not run."""
+    """Every head's causal attention (heads, T, T) of one layer over all of `ids`, as the engine derives any run's:
+    the residual entering the layer (layers 0 to `layer - 1` run once over the prompt: TransformerLens'
+    stop_at_layer), then the layer's own Q and K (engine/core/recompute.py) and softmax of their scaled products."""
     check_request(lm, ids, layer)
-    policy = CapturePolicy(layers=(layer,), stats=False)
-    capture = None
-    handle = lm.model.model.layers[layer].register_forward_hook(_stop)
-    try:
-        with torch.inference_mode(), instrument(lm.model, policy) as inst:
-            capture = inst.new_step()
-            forward(lm, ids, DynamicCache(config=lm.model.config), capture)
-    except _StopForward:
-        pass
-    finally:
-        handle.remove()
-    return capture.finish(lm.model)[layer]
+    x = run_layers(lm.model, embeddings(lm.model, ids, lm.device), 0, layer)                  # (T, d_model)
+    qk = layer_qk(lm.model, layer, x)
+    heads = list(range(qk.q.shape[0]))
+    probs = attention_rows(qk, heads, 0, len(ids)).cpu().numpy()                              # (H, T, T)
+    return LayerCapture(layer, tuple(heads), tuple(qk.kv_head(h) for h in heads), probs)
 
 
 def head_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> dict[str, torch.Tensor]:

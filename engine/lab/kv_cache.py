@@ -53,7 +53,7 @@ def _next_without_cache(lm: LoadedModel, seq: list[int]) -> int:
 def _next_with_cache(lm: LoadedModel, seq: list[int], cache: DynamicCache) -> int:
     """Only what the cache does not hold yet (the prompt at first, then the newest token): the greedy next token."""
     new = seq[cache.get_seq_length():]
-    logits, _ = forward(lm, new, cache, None)
+    logits = forward(lm, new, cache)
     return int(logits.argmax())
 
 

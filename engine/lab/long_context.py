@@ -68,7 +68,7 @@ def prefill(lm: LoadedModel, ids: list[int]) -> tuple[float, int]:
     cache = DynamicCache(config=lm.model.config)
     t0 = time.perf_counter()
     with torch.inference_mode():
-        forward(lm, ids, cache, None)
+        forward(lm, ids, cache)
     sync(lm.device)
     return time.perf_counter() - t0, cache_state(cache).bytes
 

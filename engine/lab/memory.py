@@ -53,6 +53,10 @@ class MemoryLedger:
     packed: int = 0                    # CPU: the small-batch kernel's packed weight copies (engine/core/small_batch.py)
     kv_pool: int = 0                   # CUDA: the batch's K/V pool, kept for its CUDA graphs (engine/serving/graphed.py)
     kv_pool_tokens: int = 0            # positions it holds
+    resid_pool: int = 0                # CUDA: the residual pool beside it (every hidden state of every position)
+    resid_tokens: int = 0              # positions of residual the last run keeps
+    resid: int = 0                     # their bytes, read from what the run keeps
+    resid_formula: float = 0.0         # (kept hidden states) x d_model x bytes x positions
 
     @property
     def workspace(self) -> int:
@@ -63,7 +67,7 @@ class MemoryLedger:
         CPU: the rest of the process (Python, libraries, activations): RSS - weights - packed copies - KV.
         """
         top = self.peak_reserved if self.peak_reserved is not None else (self.process_rss or 0)
-        return top - self.weights - self.packed - max(self.kv, self.kv_reserved) - self.kv_pool
+        return top - self.weights - self.packed - max(self.kv, self.kv_reserved) - self.kv_pool - self.resid_pool
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "workspace": self.workspace}
@@ -73,8 +77,10 @@ def cuda(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_available()
 
 
-def memory_ledger(lm: LoadedModel, cache: CacheState | None = None, static: Any = None) -> MemoryLedger:
-    """The ledger now: weights, the last run's cache (`cache`), a static cache (default: lm.fast's), counters."""
+def memory_ledger(lm: LoadedModel, cache: CacheState | None = None, static: Any = None,
+                  kept: Any = None) -> MemoryLedger:
+    """The ledger now: weights, the last run's cache (`cache`) and the residual it keeps (`kept`, a KeptInputs), a
+    static cache (default: lm.fast's), counters."""
     dtype = lm.dtype_name
     tokens, kv = (cache.length, cache.bytes) if cache is not None else (0, 0)
     static = static if static is not None else getattr(lm.fast, "cache", None)
@@ -83,11 +89,15 @@ def memory_ledger(lm: LoadedModel, cache: CacheState | None = None, static: Any 
                   kv_tokens=tokens, kv=kv, kv_formula=kv_cache_bytes(lm.spec, tokens, dtype),
                   kv_reserved_tokens=reserved_tokens, kv_reserved=reserved_bytes(static),
                   kv_reserved_formula=kv_cache_bytes(lm.spec, reserved_tokens, dtype))
+    if kept is not None:
+        common.update(resid_tokens=kept.length, resid=kept.nbytes,
+                      resid_formula=len(kept.layers) * lm.spec.d_model * lm.dtype.itemsize * kept.length)
     if cuda(lm.device):
         pool = getattr(lm.batch_graphs, "pool", None)
         if pool is not None:
             common.update(kv_pool=sum(t.numel() * t.element_size() for t in (*pool.keys, *pool.values)),
-                          kv_pool_tokens=pool.keys[0].shape[0])
+                          kv_pool_tokens=pool.keys[0].shape[0],
+                          resid_pool=pool.resid.numel() * pool.resid.element_size() if pool.resid is not None else 0)
         return MemoryLedger(measured_by=CUDA_SOURCE, allocated=torch.cuda.memory_allocated(lm.device),
                             peak_allocated=torch.cuda.max_memory_allocated(lm.device),
                             peak_reserved=torch.cuda.max_memory_reserved(lm.device),

@@ -85,14 +85,14 @@ def time_decode(lm: LoadedModel, ids: list[int], steps: int = DEFAULT_DECODE_STE
     cache = DynamicCache(config=lm.model.config)
     with torch.inference_mode():
         t0 = time.perf_counter()
-        logits, _ = forward(lm, ids, cache, None)                      # logits: (V,)
+        logits = forward(lm, ids, cache)                      # logits: (V,)
         token = int(logits.argmax())
         sync(lm.device)
         prefill = time.perf_counter() - t0
         times = []
         for _ in range(steps):
             t = time.perf_counter()
-            logits, _ = forward(lm, [token], cache, None)
+            logits = forward(lm, [token], cache)
             token = int(logits.argmax())
             sync(lm.device)
             times.append(time.perf_counter() - t)

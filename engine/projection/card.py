@@ -162,6 +162,12 @@ def kv_bytes_per_token(spec: ModelSpec, dtype: str = "bf16") -> float:
     return spec.n_layers * kv_bytes_per_token_per_layer(spec, dtype)
 
 
+def residual_bytes_per_token(spec: ModelSpec, value_bytes: float) -> float:
+    """Bytes one token's residual stream takes when a run keeps it whole (engine/core/hooks.py): d_model values
+    entering each of the layers and the final norm, (layers + 1) x d_model x bytes per value."""
+    return (spec.n_layers + 1) * spec.d_model * value_bytes
+
+
 def cached_layer_tokens(spec: ModelSpec, context: int) -> int:
     """(layer, token) pairs held in the cache at `context`. A windowed layer keeps only the last
     window - 1 tokens between steps (the next token completes its window), as transformers' cache does."""

@@ -6,6 +6,7 @@ documented in docs/runs.md), and `load` to get it back as typed records and nump
     run.prompt_ids, run.token_texts, run.layers   # plain values
     run.head_map(layer=3, head=1)                 # (T, T) float32: the prefill attention of one query head
     run.tensors["records.0.captures.3.attention"] # every array, by the name it has in tensors.safetensors
+                                                  # (views derived from the run's residual when it was written)
     run.as_torch("records.0.captures.3.attention")  # the same as a torch tensor
 
 Inside the zip: `run.json` (the request, the model, every record with its timings and tokens; each array replaced by
@@ -31,7 +32,7 @@ from safetensors.numpy import save as save_tensors
 
 from engine.core.hooks import LayerCapture
 from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord, SpecRoundRecord
-from engine.errors import InvalidRequestError
+from engine.errors import EngineError, InvalidRequestError
 from engine.projection.units import fmt_bytes
 from engine.serving.capture import LOGIT_LENS_TOP
 from engine.serving.limits import Limits, max_recording_bytes, server_limits
@@ -403,11 +404,30 @@ def recording_of(part: Any, lm: Any) -> Recording:
                      title=info.request.prompt[:60])
 
 
-def file_of(recording: Recording, lm: Any, view: dict[str, Any] | None = None) -> bytes:
-    """The run file of a run made by `lm` (a ModelClient): the prefill's logit lens filled in where the run kept only
-    the residual (the model computes it, two weight reads), token texts from the model's tokenizer."""
+def file_of(recording: Recording, lm: Any, view: dict[str, Any] | None = None, run_id: str | None = None) -> bytes:
+    """The run file of a run made by `lm` (a ModelClient): with `run_id`, the views its policy names derived on the
+    server from the residual the run kept (`run.views`); records of older runs that kept a residual per layer get
+    their prefill's logit lens (two weight reads); token texts from the model's tokenizer."""
+    if run_id is not None and recording.policy.views:
+        try:
+            recording = with_views(recording, lambda: lm.quick("run.views", {"run_id": run_id}))
+        except EngineError:                  # it kept nothing, or went meanwhile: the file holds what the records do
+            pass
     recording = with_prefill_lens(recording, lambda resid: lm.quick("lens", {"resid": resid, "top": LOGIT_LENS_TOP}))
     return dumps(recording, str(lm.source), lm.name, texts_with(recording, lm.tokenizer.decode), view)
+
+
+def with_views(recording: Recording, views: Callable[[], list[Any]]) -> Recording:
+    """The recording with the server's records and their derived views (`views()`): all of them when they are the
+    same records (plain decoding), else the prefill pass's (a speculative run's page records are its rounds made into
+    steps)."""
+    served = views()
+    if len(served) == len(recording.records) and not recording.speculation:
+        return replace(recording, records=list(served))
+    i = next(i for i, r in enumerate(recording.records) if isinstance(r, PrefillRecord))
+    records = list(recording.records)
+    records[i] = next(r for r in served if isinstance(r, PrefillRecord))
+    return replace(recording, records=records)
 
 
 def with_prefill_lens(recording: Recording, lens: Callable[[dict[int, np.ndarray]], dict[int, Any]]) -> Recording:

@@ -64,13 +64,13 @@ fig.show()'''
 RERUN = '''import numpy as np
 import torch
 
-from engine.core.generate import generate
+from engine.core.generate import generate_captured
 from engine.core.loader import load_model
 from engine.runs import attention_differences, attention_tolerance
 
 device = "cuda" if run.recording.device.startswith("cuda") and torch.cuda.is_available() else "cpu"
 lm = load_model(MODEL, device=device, dtype=run.dtype)
-fresh = list(generate(lm, run.request, run.policy))
+fresh = generate_captured(lm, run.request, run.policy)      # the run's residual, its maps derived from it
 assert [p.id for p in fresh[0].prompt] == run.prompt_ids, "this tokenizer splits the prompt differently"
 TOL = attention_tolerance(run)
 worst = attention_differences(run, fresh)

@@ -6,7 +6,7 @@ Two kinds:
 - a **job** needs the model to itself for clean timings or to run it: it waits its turn in the scheduler's
   queue (behind the running batch), reports progress, and stops when cancelled;
 - a **quick** one reads the weights or a file and runs at once beside the batch (the logit lens of one token,
-  one layer's weight rows, the model folder's listing).
+  one head's attention row as a token streams, one layer's weight rows, the model folder's listing).
 
     value = run_quick(lm, "quant.weight_rows", {"layer": 3})
     job = JOBS["speed.context"]; value = job.fn(lm, progress, **job.check(params))
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from engine.core.generate import GenerationRequest, validate
-from engine.core.hooks import CapturePolicy, LayerCapture, logit_lens
+from engine.core.hooks import CapturePolicy, LayerCapture
 from engine.core.loader import LoadedModel
 from engine.errors import InvalidRequestError
 
@@ -201,11 +201,11 @@ def span(value: Any, lm: LoadedModel) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class KeptState:
-    """What a run keeps to recompute its attention, as a page or client reads it."""
+    """What a run keeps to derive its views from (the residual stream), as a page or client reads it."""
 
     run_id: str
     positions: int              # positions kept (prompt + every generated token fed back)
-    layers: tuple[int, ...]     # layers whose input is kept
+    layers: tuple[int, ...]     # hidden states kept: i < n_layers the input of layer i, n_layers the final norm's
     rebuilt: tuple[int, ...]    # layers whose input was rebuilt on demand and is held now
     bytes: int                  # what it holds in all
     bytes_per_position: int
@@ -245,14 +245,19 @@ class LayerNotKeptError(InvalidRequestError):
 def _qk(lm: LoadedModel, kept: Any, run_id: str, layer: int) -> Any:
     from engine.core.recompute import layer_qk
 
+    return layer_qk(lm.model, layer, _qk_input(lm, kept, run_id, layer))
+
+
+def _qk_input(lm: LoadedModel, kept: Any, run_id: str, layer: int) -> Any:
+    """(N, d_model): the residual entering `layer` at every position the run holds, or a clear message."""
     x = kept.input(layer)
     if x is None:
-        raise LayerNotKeptError(f"run {run_id[:40]!r} kept the inputs of layers {', '.join(map(str, kept.layers))}; "
-                                f"layer {layer}'s must first be rebuilt from layer {kept.below(layer) or 0} "
-                                "(the job attention.rebuild)")
+        kept_layers = ", ".join(str(i) for i in kept.layers if i < lm.spec.n_layers)
+        raise LayerNotKeptError(f"run {run_id[:40]!r} kept the residual entering layers {kept_layers}; layer {layer}'s "
+                                f"must first be rebuilt from layer {kept.below(layer) or 0} (the job attention.rebuild)")
     if x.shape[0] == 0:
         raise InvalidRequestError(f"run {run_id[:40]!r} has no positions yet: its prompt is still being read")
-    return layer_qk(lm.model, layer, x)
+    return x
 
 
 @job("attention.kept", "what a run kept", quick=True, runs=True, run_id=a_run)
@@ -286,17 +291,24 @@ class AttentionRow:
     kv_heads: tuple[int, ...]   # the K/V head each query head reads
 
 
-@job("attention.row", "an attention row", quick=True, runs=True, run_id=a_run, layer=a_layer, position=whole(0, 2**31))
-def attention_row(lm: LoadedModel, runs: Any, run_id: str, layer: int, position: int) -> AttentionRow:
+@job("attention.row", "an attention row", quick=True, runs=True, run_id=a_run, layer=a_layer, position=whole(0, 2**31),
+     heads=optional(heads))
+def attention_row(lm: LoadedModel, runs: Any, run_id: str, layer: int, position: int,
+                  heads: list[int] | None) -> AttentionRow:
+    """Some query heads' (default: every head's) attention from one position: while a run streams, its newest
+    position's row is there as soon as its token is (the residual is read from the batch's pool)."""
     from engine.core.attention_maps import attention_rows
+    from engine.core.recompute import layer_qk
 
     _, kept, _ = _kept(runs, run_id)
-    qk = _qk(lm, kept, run_id, layer)
-    if position >= qk.n:
-        raise InvalidRequestError(f"position {position:,} is out of range: the run has positions 0 to {qk.n - 1:,}")
-    every = list(range(qk.q.shape[0]))
-    probs = attention_rows(qk, every, position, position + 1)[:, 0].cpu().numpy()
-    return AttentionRow(layer, position, probs, tuple(qk.kv_head(h) for h in every))
+    x = _qk_input(lm, kept, run_id, layer)
+    if position >= x.shape[0]:
+        raise InvalidRequestError(f"position {position:,} is out of range: the run has positions 0 to "
+                                  f"{x.shape[0] - 1:,}")
+    qk = layer_qk(lm.model, layer, x[: position + 1])                   # the row sees keys 0..position only
+    shown = heads if heads is not None else list(range(qk.q.shape[0]))
+    probs = attention_rows(qk, shown, position, position + 1)[:, 0].cpu().numpy()
+    return AttentionRow(layer, position, probs, tuple(qk.kv_head(h) for h in shown))
 
 
 @job("attention.rebuild", "rebuilding a layer's input", runs=True, run_id=a_run, layer=a_layer)
@@ -331,6 +343,21 @@ def attention_summary(lm: LoadedModel, progress: Progress, runs: Any, run_id: st
     return held[window]
 
 
+QUICK_SUMMARY = 512    # positions up to which a run that kept every layer is summarised at once, beside the batch
+
+
+@job("attention.summary_now", "the per-head summaries", quick=True, runs=True, run_id=a_run,
+     window=optional(whole(1, 4096), 16))
+def attention_summary_now(lm: LoadedModel, runs: Any, run_id: str, window: int) -> Any:
+    """attention.summary at once, for a run short enough (QUICK_SUMMARY positions) that kept every layer: one pass
+    of each layer's Q and K over its positions, as a page draws a short run's maps."""
+    _, kept, _ = _kept(runs, run_id)
+    if kept.length > QUICK_SUMMARY or not set(range(lm.spec.n_layers)) <= set(kept.layers):
+        raise InvalidRequestError(f"run {run_id[:40]!r} is summarised by the job attention.summary (it is longer than "
+                                  f"{QUICK_SUMMARY:,} positions, or did not keep every layer)")
+    return attention_summary(lm, lambda *args: None, runs, run_id, window)
+
+
 def context_lengths(value: Any, lm: LoadedModel) -> list[int]:
     """Lengths for the long-text job: 1 to the model's context, and no more than this server's prompt limit."""
     from engine.errors import ContextLengthError
@@ -362,10 +389,66 @@ def attention_context(lm: LoadedModel, progress: Progress, lengths: list[int], w
 
 @job("lens", "the logit lens", quick=True, resid=residuals, top=whole(1, 20))
 def lens(lm: LoadedModel, resid: dict[int, np.ndarray], top: int) -> dict[int, list[tuple[int, float]]]:
-    """Each layer's top tokens through the final norm and the LM head: reads two weights, never the cache."""
-    captures = {i: LayerCapture(i, resid=r.astype(np.float32)) for i, r in resid.items()}
-    logit_lens(lm.model, captures, top)
-    return {i: c.lens for i, c in captures.items()}
+    """Each layer's top tokens through the final norm and the LM head from residuals a client sends (a recording
+    made before runs kept their residual on the server): reads two weights, never the cache."""
+    from engine.core.views import lens_of
+
+    if not resid:
+        return {}
+    order = sorted(resid)
+    tops = lens_of(lm.model, torch.from_numpy(np.stack([resid[i].astype(np.float32) for i in order])), top)
+    return dict(zip(order, tops))
+
+
+@job("run.lens", "the logit lens of a run", quick=True, runs=True, run_id=a_run, position=whole(0, 2**31),
+     top=optional(whole(1, 20), 5))
+def run_lens(lm: LoadedModel, runs: Any, run_id: str, position: int, top: int) -> Any:
+    """One position of a run through the layers: each kept layer's logit lens and the residual's norm leaving it,
+    derived from the residual the run kept (two weight reads per layer; live runs too)."""
+    from engine.core.views import lens_at
+
+    _, kept, _ = _kept(runs, run_id)
+    if position >= kept.length:
+        raise InvalidRequestError(f"position {position:,} is out of range: the run holds positions 0 to "
+                                  f"{kept.length - 1:,}")
+    return lens_at(lm.model, kept, position, top)
+
+
+@dataclass(frozen=True)
+class QKVNorms:
+    """|Q| per query head and |K|, |V| per K/V head of one layer at one position of a run."""
+
+    layer: int
+    position: int
+    q: np.ndarray               # (H,)
+    k: np.ndarray               # (KVH,)
+    v: np.ndarray               # (KVH,)
+
+
+@job("run.norms", "the Q, K, V norms of a run", quick=True, runs=True, run_id=a_run, layer=a_layer,
+     position=whole(0, 2**31))
+def run_norms(lm: LoadedModel, runs: Any, run_id: str, layer: int, position: int) -> QKVNorms:
+    """|Q|, |K|, |V| per head at one position, from the layer's own projections on the residual the run kept."""
+    from engine.core.views import qkv_norms
+
+    _, kept, _ = _kept(runs, run_id)
+    x = _qk_input(lm, kept, run_id, layer)
+    if position >= x.shape[0]:
+        raise InvalidRequestError(f"position {position:,} is out of range: the run has positions 0 to "
+                                  f"{x.shape[0] - 1:,}")
+    q, k, v = qkv_norms(lm.model, kept, layer, [position])
+    return QKVNorms(layer, position, q[0], k[0], v[0])
+
+
+@job("run.views", "a run's captures", quick=True, runs=True, run_id=a_run)
+def run_views(lm: LoadedModel, runs: Any, run_id: str) -> list[Any]:
+    """A finished run's records with the views its policy names derived into them (what its files carry)."""
+    from engine.core.views import derive_captures
+
+    info, kept, records = _kept(runs, run_id)
+    if info.live:
+        raise InvalidRequestError(f"run {run_id[:40]!r} is still running; its views are ready once it finishes")
+    return derive_captures(lm.model, kept, records, info.policy)
 
 
 # --- the speed lab and the serving pages ---------------------------------------------------------------------
@@ -613,13 +696,20 @@ def folder_read(lm: LoadedModel) -> dict[str, float]:
 
 # --- memory --------------------------------------------------------------------------------------------------------
 
-@job("memory.ledger", "the memory ledger", quick=True, cache_length=whole(0, 2**31), cache_bytes=whole(0, 2**62))
-def memory_ledger(lm: LoadedModel, cache_length: int, cache_bytes: int) -> Any:
-    """The server's memory now (torch.cuda's own figures on a GPU) beside the formula, with a run's cache."""
+@job("memory.ledger", "the memory ledger", quick=True, runs=True, cache_length=whole(0, 2**31),
+     cache_bytes=whole(0, 2**62), run_id=optional(a_run))
+def memory_ledger(lm: LoadedModel, runs: Any, cache_length: int, cache_bytes: int, run_id: str | None) -> Any:
+    """The server's memory now (torch.cuda's own figures on a GPU) beside the formula, with a run's cache and the
+    residual it keeps (`run_id`, when the server still keeps it)."""
     from engine.core.records import CacheState
     from engine.lab.memory import memory_ledger as ledger
+    from engine.errors import EngineError
 
-    return ledger(lm, CacheState(cache_length, cache_bytes, []) if cache_length else None)
+    try:
+        kept = runs.kept(run_id)[1] if run_id is not None else None
+    except EngineError:                        # capture off, or dropped: the ledger without it
+        kept = None
+    return ledger(lm, CacheState(cache_length, cache_bytes, []) if cache_length else None, kept=kept)
 
 
 @job("batch.kernels", "the small-batch kernel", quick=True)

@@ -349,7 +349,9 @@ class EngineService:
             return False
 
     def _file_of(self, part: RunSlice) -> bytes:
-        return run_files.file_of(run_files.recording_of(part, self), self)
+        """The run file, with the views its policy names derived from the residual it kept: what a page shows of it
+        after the residual has left memory (a restart, another replica)."""
+        return run_files.file_of(run_files.recording_of(part, self), self, run_id=part.info.id)
 
     def _from_disk(self, run_id: str, since: int) -> RunSlice:
         """A run read back from its file (the last DISK_SLICES kept parsed); RunNotFoundError when there is none."""

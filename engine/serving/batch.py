@@ -12,8 +12,10 @@ its prompt is in, its K/V is copied into blocks of the paged batch cache
 (`engine.serving.paged`). For a decode step each layer gathers the rows left-padded to the longest: the
 attention mask hides the pads and each row's RoPE positions count from its own first token, so every
 row computes what it would compute alone.
-Captures ride in one `BatchCapture` that hands each row its own slice (pads cut off) for that row's
-own `StepCapture`, so a session sees exactly the captures of its own request.
+A request that captures keeps its residual stream (engine/core/hooks.py): its prompt's into buffers of its own
+while it is prefilled, then, in the batch, in the residual pool beside its K/V blocks, written by the decode step
+itself at the slot its new token's K/V go to (`PagedBatch.keep_residual`; a graphed step does the same inside the
+graph). Every view of it is derived on demand (engine/core/views.py), so a session sees exactly its own request's.
 
 Each request yields the same records as `engine.core.generate` (PrefillRecord, DecodeRecord..., DoneRecord)
 through its `emit` callback; a request that fails calls `fail` and the others go on.
@@ -25,7 +27,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -34,14 +35,14 @@ from engine.projection.card import forward_shapes
 from engine.errors import EngineError
 from engine.core.generate import (GenerationRequest, TextStream, eos_ids, finish_reason, forward,
                                   pick_token, pick_tokens, prompt_pieces, sync, trim_stop)
-from engine.core.hooks import CAPTURE_KWARG, CapturePolicy, LayerCapture, StepCapture, instrument
+from engine.core.hooks import CapturePolicy
 from engine.core.kept import KeptInputs
 from engine.core.loader import LoadedModel
 from engine.core.small_batch import kernels_for, small_batch_kernels
 from engine.serving.graphed import GraphedDecode
 from engine.serving.lone import LoneDecode
 from engine.serving.paged import BlockTable, PagedBatch, SoloBatch, row_cache_state
-from engine.serving.prefix import PrefixCache, load_prefix, reused_rows
+from engine.serving.prefix import PrefixCache, load_prefix
 from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
 
 PREFILL_CHUNK = 256        # prompt tokens prefilled per step while others decode
@@ -57,7 +58,7 @@ class Slot:
     emit: Callable[[Record], None]                   # receives each record
     fail: Callable[[Exception], None]                # called once if the request fails
     should_stop: Callable[[], bool] = lambda: False  # cancel / time limit, checked before each step
-    kept: KeptInputs | None = None                   # where kept layer inputs go (policy.inputs), every position
+    kept: KeptInputs | None = None                   # where its residual goes (the policy's hidden states)
     tag: Any = None                                  # the caller's (the scheduler's handle)
     label: Any = None                                # what step records name it by (kept; no big objects)
     # --- state, kept by the runner ---
@@ -65,7 +66,6 @@ class Slot:
     reused: int = 0                                  # of those, taken from the prefix cache
     looked_up: bool = False                          # the prefix cache was asked (once per request)
     cache: DynamicCache | None = None                # own cache while prefilling; None once in the batch
-    chunks: list[dict[int, LayerCapture]] = field(default_factory=list)
     token: SampledToken | None = None                # the newest token: the next decode step's input
     generated: list[int] = field(default_factory=list)
     length: int = 0                                  # real positions in the cache (no pads)
@@ -77,20 +77,8 @@ class Slot:
     def begin(self, lm: LoadedModel) -> None:
         self.generator = torch.Generator(device=lm.device).manual_seed(self.request.seed)
         self.stream, self.eos = TextStream(lm.tokenizer), eos_ids(lm)
-        self.layer_ids = frozenset(self.policy.layer_ids(lm.spec.n_layers)) if self.policy.enabled else frozenset()
         self.cache = DynamicCache(config=lm.model.config)
         self.started = self.last = time.perf_counter()
-
-    @property
-    def captures(self) -> bool:
-        """Whether this request captures anything in its passes (attention, norms, lens, kept inputs)."""
-        return bool(self.layer_ids) or self.kept is not None
-
-    def new_capture(self, start: int = 0) -> StepCapture | None:
-        """A capture for one pass whose first token sits at position `start` of this request."""
-        if not self.captures:
-            return None
-        return StepCapture(self.policy, self.layer_ids, kept=self.kept, start=start)
 
 
 @dataclass(frozen=True)
@@ -108,91 +96,6 @@ class StepInfo:
     #                                               gathered view attention reads; not stored)
     bytes_per_position: int = 0  # K and V bytes of one position, all layers
     blocks: BlockTable | None = None   # the paged cache's block table after the step
-
-
-class BatchCapture:
-    """Hands each row of a batched forward to that row's own StepCapture, without its pads."""
-
-    def __init__(self, rows: list[tuple[int, int, StepCapture]]):
-        self.rows = rows                             # (row in the batch, left pads, the row's capture)
-
-    def on_attention(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     mask: torch.Tensor | None, scaling: float) -> None:
-        # query: [B, H, T_q, D] (T_q = 1 in decode, = T_k in a batched prefill); key, value: [B, KVH, T_k, D];
-        # each row's pads on the left, cut off here for queries and keys alike
-        rows = [r for r in self.rows if module.layer_idx in r[2].layer_ids]
-        if query.shape[-2] == 1 and len(rows) > 1 and len({r[2].policy for r in rows}) == 1:
-            _decode_rows(rows, module.layer_idx, query, key, value, scaling)   # every row in a few calls
-            return
-        for b, pad, cap in rows:
-            q = query[b:b + 1, :, pad:] if query.shape[-2] > 1 else query[b:b + 1]
-            cap.on_attention(module, q, key[b:b + 1, :, pad:], value[b:b + 1, :, pad:], None, scaling)
-
-    def on_layer_input(self, i: int, hidden: torch.Tensor) -> None:
-        # hidden: [B, T, d_model] entering layer i; each row's pads (prefill) on the left, cut off here
-        for b, pad, cap in self.rows:
-            cap.on_layer_input(i, hidden[b:b + 1, pad:] if hidden.shape[1] > 1 else hidden[b:b + 1])
-
-    def on_residual(self, i: int, hidden: torch.Tensor) -> None:
-        # hidden: [B, 1, d_model] leaving layer i
-        for b, _, cap in self.rows:
-            if i in cap.layer_ids:
-                cap.on_residual(i, hidden[b:b + 1])
-
-    def finish(self, model: Any) -> dict[int, dict[int, LayerCapture]]:
-        return {b: cap.finish(model) for b, _, cap in self.rows}
-
-
-def _decode_rows(rows: list[tuple[int, int, StepCapture]], i: int, query: torch.Tensor, key: torch.Tensor,
-                 value: torch.Tensor, scaling: float) -> None:
-    """One decode step's captures for rows sharing one policy, computed for all of them at once.
-
-    The same arithmetic as StepCapture.on_attention for each row alone: the pads are masked out
-    before the softmax and cut off after it.
-    """
-    policy = rows[0][2].policy
-    batch = [b for b, _, _ in rows]
-    pads = [pad for _, pad, _ in rows]
-    if batch == list(range(query.shape[0])):                        # every row: views, no copy of the cache
-        q, k, v = query, key, value                                 # [R, H, 1, D], [R, KVH, T_k, D]
-    else:
-        index = torch.tensor(batch, device=query.device)
-        q, k, v = query[index], key[index], value[index]
-    if policy.stats:
-        norms = [t[:, :, -1].norm(dim=-1).float().cpu().numpy() for t in (q, k, v)]   # [R, H], [R, KVH], [R, KVH]
-    if policy.attention:
-        heads = policy.head_ids(q.shape[1])
-        kv_of = tuple(h // (q.shape[1] // k.shape[1]) for h in heads)
-        scores = _newest_scores(q, k, heads, kv_of) * scaling     # [R, h, 1, T_k]
-        t_k = k.shape[2]
-        hidden = torch.arange(t_k, device=q.device)[None, :] < torch.tensor(pads, device=q.device)[:, None]
-        probs = torch.softmax(scores.masked_fill(hidden[:, None, None, :], float("-inf")), dim=-1)
-        probs = probs.cpu().numpy()
-    for r, (_, pad, cap) in enumerate(rows):
-        layer = cap._layer(i)
-        if policy.stats:
-            layer.q_norm, layer.k_norm, layer.v_norm = (n[r] for n in norms)
-        if policy.attention:
-            real = t_k - pad
-            start = real - policy.max_keys if policy.max_keys and real > policy.max_keys else 0
-            layer.heads, layer.kv_heads = heads, kv_of
-            layer.attention = probs[r][..., pad + start:]
-            layer.query_start, layer.key_start = real - 1, start
-
-
-def _newest_scores(q: torch.Tensor, k: torch.Tensor, heads: tuple[int, ...], kv_of: tuple[int, ...]) -> torch.Tensor:
-    """Q·Kᵀ of each row's newest query for the chosen heads, unscaled: [R, h, 1, T_k].
-
-    With every head kept, the query heads of one K/V head share one product (K is not copied once per
-    query head, as repeat_kv would): [R, KVH, group, D] @ [R, KVH, D, T_k].
-    """
-    rows, n_heads, _, dim = q.shape
-    if heads == tuple(range(n_heads)):
-        kv_heads = k.shape[1]
-        grouped = torch.matmul(q.reshape(rows, kv_heads, n_heads // kv_heads, dim).float(),
-                               k.float().transpose(-1, -2))
-        return grouped.reshape(rows, n_heads, 1, -1)
-    return torch.matmul(q[:, list(heads)].float(), k[:, list(kv_of)].float().transpose(-1, -2))
 
 
 def _row(cache: DynamicCache, b: int, keep: torch.Tensor, config: Any) -> DynamicCache:
@@ -295,6 +198,8 @@ class BatchRunner:
         if slot.finished:
             return
         slot.finished = True
+        if slot.kept is not None:
+            slot.kept.leave_pool()               # a finished run's residual is its own before anyone reads it
         total = time.perf_counter() - slot.started
         ttft = slot.ttft if slot.generated else total
         slot.emit(DoneRecord(trim_stop(slot.stream.text, slot.request.stop), reason, len(slot.ids),
@@ -303,6 +208,8 @@ class BatchRunner:
     def _fail(self, slot: Slot, err: Exception) -> None:
         if not slot.finished:
             slot.finished = True
+            if slot.kept is not None:
+                slot.kept.leave_pool()
             slot.fail(err)
 
     # --- prefill -------------------------------------------------------------------------------------
@@ -326,9 +233,7 @@ class BatchRunner:
 
     def _prefill_group(self, budget: int) -> list[Slot]:
         """The oldest newcomers, in order, whose rest of prompt fits `budget` together, for one padded pass: from
-        scratch, or on top of a start already in their cache (a reused prefix, earlier chunks). A pass over
-        such starts carries no captures (a captured prefill is stitched from its own chunks), so it stops at
-        the first newcomer that captures."""
+        scratch, or on top of a start already in their cache (a reused prefix, earlier chunks)."""
         group, tokens = [], 0
         for slot in self.prefilling:
             if not slot.looked_up and self.prefix is not None:
@@ -338,28 +243,23 @@ class BatchRunner:
                 break
             group.append(slot)
             tokens += rest
-        if any(s.prefilled for s in group):
-            captured = [i for i, s in enumerate(group) if s.captures]
-            group = group[:captured[0]] if captured else group
         return group
 
     @staticmethod
     def _fits(slot: Slot, budget: int) -> bool:
-        """May a newcomer after the first prefill `budget` more tokens this step? (A prompt that cannot be
-        chunked goes in whole, so only when the rest of it fits.)"""
-        return budget > 0 and (_chunkable(slot.policy) or len(slot.ids) - slot.prefilled <= budget)
+        """May a newcomer after the first prefill `budget` more tokens this step?"""
+        return budget > 0
 
     def _prefill_together(self, group: list[Slot]) -> int:
         """One forward over the left-padded rest of each prompt in `group`; each then joins the batch with its own
         K/V."""
         try:
-            logits, captures, cache, keep = self._padded_prefill(group)
+            logits, cache, keep = self._padded_prefill(group)
         except Exception:  # noqa: BLE001 - a failure in the group: each prompt alone finds whose it is
             return self._prefill_step(self.prefilling[0], self.prefill_chunk)
         done = 0
         for b, slot in enumerate(group):
             slot.cache = _row(cache, b, keep[b], self.lm.model.config)
-            slot.chunks.append(captures.get(b, {}))
             done += len(slot.ids) - slot.prefilled
             slot.prefilled = len(slot.ids)
             self.prefilling.remove(slot)
@@ -369,8 +269,8 @@ class BatchRunner:
     def _padded_prefill(self, group: list[Slot]) -> tuple:
         """The group's rests in one pass. Row b's cache holds [its start, right-aligned to the longest start W]
         [left pads][its rest]: the mask hides both kinds of pads and each token's position counts from its own
-        first, so each row computes what it would alone. Returns logits [B, V], the captures, the cache, and
-        each row's own positions in it."""
+        first, so each row computes what it would alone; each row that captures keeps its hidden states. Returns
+        logits [B, V], the cache, and each row's own positions in it."""
         device = self.lm.device
         starts = [s.prefilled for s in group]
         ids, mask = left_pad([s.ids[n:] for s, n in zip(group, starts)], pad_id(self.lm), device)   # [B, T]
@@ -380,16 +280,17 @@ class BatchRunner:
         own = torch.arange(width, device=device)[None, :] >= torch.tensor([width - n for n in starts],
                                                                            device=device)[:, None]
         positions = (mask.cumsum(-1) - 1).clamp(min=0) + torch.tensor(starts, device=device)[:, None]
-        rows = [(b, pads[b], cap) for b, s in enumerate(group) if (cap := s.new_capture(0)) is not None]
-        capture = BatchCapture(rows) if rows else None
-        union = _union_policy([s.policy for s in group], [s.layer_ids for s in group], self.lm.spec.n_layers)
-        with torch.inference_mode(), instrument(self.lm.model, union):
+        capturing = any(s.kept is not None for s in group)
+        with torch.inference_mode():
             out = self.lm.model(input_ids=ids, attention_mask=torch.cat([own.long(), mask], dim=1),
                                 position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1,
-                                **({CAPTURE_KWARG: capture} if capture is not None else {}))
-            captures = capture.finish(self.lm.model) if capture is not None else {}
+                                output_hidden_states=capturing)
+            for b, slot in enumerate(group):                  # hidden_states[i]: [B, T, d_model], pads on the left
+                if slot.kept is not None:
+                    slot.kept.write_states(starts[b], [h[b, pads[b]:] for h in out.hidden_states])
+                    slot.kept.commit()
         keep = [row.nonzero().flatten() for row in torch.cat([own, mask.bool()], dim=1)]   # each row's positions
-        return out.logits[:, -1], captures, cache, keep                                 # logits [B, V]
+        return out.logits[:, -1], cache, keep                                           # logits [B, V]
 
     def _prefill_step(self, slot: Slot, budget: int) -> int:
         """Prefill the next chunk (at most `budget` tokens, or the whole prompt when it cannot be chunked) of a
@@ -397,15 +298,14 @@ class BatchRunner:
         if not slot.looked_up and self.prefix is not None:
             self._reuse_prefix(slot)
         lo = slot.prefilled
-        hi = len(slot.ids) if not _chunkable(slot.policy) else min(len(slot.ids), lo + budget)
+        hi = min(len(slot.ids), lo + budget)
         try:
-            with torch.inference_mode(), instrument(self.lm.model, slot.policy):
-                logits, captures = forward(self.lm, slot.ids[lo:hi], slot.cache, slot.new_capture())
+            with torch.inference_mode():
+                logits = forward(self.lm, slot.ids[lo:hi], slot.cache, slot.kept)
         except Exception as err:  # noqa: BLE001 - this request fails alone; the batch goes on
             self.prefilling.popleft()
             self._fail(slot, err)
             return hi - lo
-        slot.chunks.append(captures)
         slot.prefilled = hi
         if hi == len(slot.ids):
             self.prefilling.popleft()
@@ -413,19 +313,17 @@ class BatchRunner:
         return hi - lo
 
     def _reuse_prefix(self, slot: Slot) -> None:
-        """Start from the longest stored prompt start this one shares: its K/V (and captured rows) as is."""
+        """Start from the longest stored prompt start this one shares: its K/V (and residual) as is."""
         slot.looked_up = True
-        entry, n = self.prefix.lookup(slot.ids, slot.policy, slot.layer_ids, self.lm.spec.n_heads)
+        entry, n = self.prefix.lookup(slot.ids, slot.kept.layers if slot.kept is not None else ())
         if entry is None:
             return
         load_prefix(slot.cache, entry, n)
         slot.prefilled = slot.reused = n
-        if slot.kept is not None:                   # the reused part's kept inputs come from the entry as well
+        if slot.kept is not None:                   # the reused part's residual comes from the entry as well
             for i in slot.kept.layers:
                 slot.kept.write(i, 0, entry.inputs[i][:n])
-        rows = reused_rows(entry, n, slot.policy, slot.layer_ids, self.lm.spec.n_heads)
-        if rows:
-            slot.chunks.append(rows)
+            slot.kept.commit()
 
     def _first_token(self, slot: Slot, logits: torch.Tensor) -> None:
         """The prompt is in: sample the first token, send the PrefillRecord, join the batch."""
@@ -435,14 +333,12 @@ class BatchRunner:
         slot.ttft = slot.last - slot.started
         slot.length = slot.cache.get_seq_length()
         slot.generated.append(slot.token.id)
-        captures = stitch_prefill(slot.chunks, len(slot.ids), slot.policy)
         if self.prefix is not None:
             inputs = slot.kept.prompt(len(slot.ids)) if slot.kept is not None else None
-            self.prefix.store(slot.ids, slot.cache, captures, inputs)
+            self.prefix.store(slot.ids, slot.cache, inputs)
         slot.emit(PrefillRecord(prompt_pieces(self.lm, slot.ids), forward_shapes(self.lm.spec, len(slot.ids)),
-                                slot.ttft, row_cache_state(slot.cache, slot.length), slot.token, captures,
+                                slot.ttft, row_cache_state(slot.cache, slot.length), slot.token,
                                 reused_tokens=slot.reused))
-        slot.chunks = []
         if not self._maybe_finish(slot):
             self.batch.add(slot, slot.cache)
         slot.cache = None
@@ -459,7 +355,7 @@ class BatchRunner:
         """One forward pass for every row of the batch, one sampled token each; returns the rows."""
         slots = list(self.batch.slots)
         try:
-            logits, captures = self._batch_forward(slots)
+            logits = self._batch_forward(slots)
         except Exception as err:  # noqa: BLE001 - find the request that fails; the others go on
             self._isolate(err)       # no row's length moved: the new token's slot is simply written again
             return 0
@@ -468,43 +364,43 @@ class BatchRunner:
         sync(self.lm.device)
         now_done: set[Slot] = set()
         for b, slot in enumerate(slots):
-            self._advance(slot, tokens[b], captures.get(b, {}))
+            self._advance(slot, tokens[b])
             if slot.finished:
                 now_done.add(slot)
         self.batch.drop(now_done)
         return len(slots)
 
-    def _batch_forward(self, slots: list[Slot]) -> tuple[torch.Tensor, dict[int, dict[int, LayerCapture]]]:
-        device = self.lm.device
-        pads = self.batch.pads()
-        rows = [(b, pads[b], cap) for b, s in enumerate(slots) if (cap := s.new_capture(s.length)) is not None]
-        union = _union_policy([s.policy for s in slots], [s.layer_ids for s in slots], self.lm.spec.n_layers)
-        if not rows and not union.enabled and self.lone is not None and len(slots) == 1 and self.lone.stands_in():
-            return self.lone.forward(self.batch, slots[0]), {}
-        if not rows and not union.enabled and self.graphs is not None and (shape := self.graphs.fits(self.batch)):
+    def _batch_forward(self, slots: list[Slot]) -> torch.Tensor:
+        """Logits [B, V] of every row's next token; the residual of every row that captures written where it is
+        kept (the pool at its new token's slot, or a solo request's own buffers)."""
+        if len(slots) == 1 and slots[0].kept is None and self.lone is not None and self.lone.stands_in():
+            return self.lone.forward(self.batch, slots[0])
+        if self.graphs is not None and (shape := self.graphs.fits(self.batch)):
             try:
-                return self.graphs.forward(self.batch, [s.token.id for s in slots], [s.length for s in slots],
-                                           shape), {}
+                return self.graphs.forward(self.batch, [s.token.id for s in slots], [s.length for s in slots], shape)
             except Exception as err:  # noqa: BLE001 - a step that cannot run graphed runs eagerly, as all after it
                 self.graphs.give_up(err)
+        device = self.lm.device
         ids = torch.tensor([[s.token.id] for s in slots], device=device)                 # [B, 1]
         positions = torch.tensor([[s.length] for s in slots], device=device)             # [B, 1] own positions
         mask = self.batch.step_mask()                                                   # [B, L + 1]
-        capture = BatchCapture(rows) if rows else None
-        with torch.inference_mode(), instrument(self.lm.model, union), small_batch_kernels(self.lm):
+        capturing = any(s.kept is not None for s in slots)
+        with torch.inference_mode(), small_batch_kernels(self.lm):
             out = self.lm.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                                 cache=self.batch.cache, use_cache=True, logits_to_keep=1,
-                                **({CAPTURE_KWARG: capture} if capture is not None else {}))
-            captures = capture.finish(self.lm.model) if capture is not None else {}
-        return out.logits[:, -1], captures                                               # [B, V]
+                                output_hidden_states=capturing)
+            if capturing:
+                self.batch.keep_residual(out.hidden_states)
+        return out.logits[:, -1]                                                        # [B, V]
 
-    def _advance(self, slot: Slot, token: SampledToken, captures: dict[int, LayerCapture]) -> None:
+    def _advance(self, slot: Slot, token: SampledToken) -> None:
         slot.length += 1
+        if slot.kept is not None:
+            slot.kept.commit(slot.length)       # the position just fed is readable
         slot.token = token
         now = time.perf_counter()
         slot.generated.append(slot.token.id)
-        slot.emit(DecodeRecord(len(slot.generated) - 1, now - slot.last, self.batch.state(slot.length),
-                               slot.token, captures))
+        slot.emit(DecodeRecord(len(slot.generated) - 1, now - slot.last, self.batch.state(slot.length), slot.token))
         slot.last = now
         self._maybe_finish(slot)
 
@@ -526,44 +422,10 @@ class BatchRunner:
     def _probe(self, b: int, slot: Slot) -> Exception | None:
         try:
             with torch.inference_mode():
-                forward(self.lm, [slot.token.id], self.batch.row_cache(b, self.lm.model.config), None)
+                forward(self.lm, [slot.token.id], self.batch.row_cache(b, self.lm.model.config))
         except Exception as err:  # noqa: BLE001 - what this row raises alone
             return err
         return None
-
-
-def _chunkable(policy: CapturePolicy) -> bool:
-    """A prompt may be prefilled in chunks unless its captured prefill matrix keeps only recent keys."""
-    return not (policy.enabled and policy.attention and policy.prefill_matrix and policy.max_keys)
-
-
-def _union_policy(policies: list[CapturePolicy], layer_ids: list[frozenset[int]],
-                  n_layers: int = 0) -> CapturePolicy:
-    """The hooks the batch needs: every layer some row reads its stream at, and every layer some row keeps the
-    input of."""
-    wanted = [ids for p, ids in zip(policies, layer_ids) if p.stats or p.logit_lens]
-    layers = tuple(sorted(frozenset().union(*wanted))) if wanted else ()
-    inputs = tuple(sorted(frozenset().union(*(p.input_ids(n_layers) for p in policies if p.keeps_inputs))))
-    return CapturePolicy(layers=layers, attention=False, stats=bool(layers), inputs=inputs)
-
-
-def stitch_prefill(chunks: list[dict[int, LayerCapture]], n_prompt: int,
-                   policy: CapturePolicy) -> dict[int, LayerCapture]:
-    """One prefill capture from its chunks' captures: matrix rows stacked; norms, lens and last rows from the last."""
-    last = chunks[-1]
-    if len(chunks) == 1 or not policy.prefill_matrix:
-        return last
-    for i, cap in last.items():
-        parts = [c[i] for c in chunks if i in c and c[i].attention is not None]
-        if cap.attention is None:
-            continue
-        heads = cap.attention.shape[0]
-        full = np.zeros((heads, n_prompt, n_prompt), dtype=cap.attention.dtype)  # (h, T, T)
-        for part in parts:
-            rows, keys = part.attention.shape[1], part.attention.shape[2]
-            full[:, part.query_start:part.query_start + rows, part.key_start:part.key_start + keys] = part.attention
-        cap.attention, cap.query_start, cap.key_start = full, 0, 0
-    return last
 
 
 # --- padding rows of different lengths into one tensor ----------------------------------------------

@@ -15,8 +15,11 @@ A graph replays fixed shapes at fixed addresses, so:
   row attends to are padded on the left to a power of two (at least 256), hidden by the mask;
 - the mask is passed whole ([rows, 1, 1, width], True where a row attends), so transformers builds none;
 - the K/V pool is made once, sized for the limits within a share of the free memory, and kept: its tensors
-  never move. A batch that outgrows it runs eagerly from then on, as does any step that captures attention
-  or norms (those need the eager hooks).
+  never move. A batch that outgrows it runs eagerly from then on;
+- capturing is part of the graph: the residual pool sits beside K and V at fixed addresses, and every step writes
+  each row's hidden states there with one `index_copy_` at a static index (its new token's slot; SCRATCH for a row
+  that captures nothing and for padding rows), as vLLM-Hook writes its rings. A step of requests that capture runs
+  graphed like any other.
 The step is compiled with `torch.compile(mode="reduce-overhead")` (cudagraph trees), one graph per shape:
 one per key width, as rows are padded to one size; the scheduler compiles the usual widths (WARM_WIDTHS) when
 it starts, and a longer one when a batch first needs it. Each row computes what it computes eagerly,
@@ -33,9 +36,9 @@ import torch
 
 from engine.core.fastpath import COMPILE_MODES, _raise_recompile_limit, resolve_mode
 from engine.core.loader import LoadedModel, free_memory
-from engine.projection.card import kv_bytes_per_token
+from engine.projection.card import kv_bytes_per_token, residual_bytes_per_token
 from engine.serving.limits import Limits
-from engine.serving.paged import BLOCK, NULL, SCRATCH, BlockPool, PagedBatch
+from engine.serving.paged import BLOCK, NULL, SCRATCH, BlockPool, PagedBatch, write_residual
 
 MIN_WIDTH = 256
 WARM_WIDTHS = (256, 512)   # compiled when the scheduler starts: prompts and answers of a room's usual length
@@ -45,11 +48,14 @@ ENV_MODE = "PLAYGROUND_BATCH_GRAPHS"
 log = logging.getLogger(__name__)
 
 
-def batched_step(model: Any, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any
-                 ) -> torch.Tensor:
-    """One decode token for every row: ids and positions [R, 1], mask [R, 1, 1, W]; logits [R, 1, V]."""
+def batched_step(model: Any, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any,
+                 resid: torch.Tensor | None = None, write: torch.Tensor | None = None) -> torch.Tensor:
+    """One decode token for every row: ids and positions [R, 1], mask [R, 1, 1, W]; logits [R, 1, V]. With a
+    residual pool `resid` [L + 1, slots, d_model], each row's hidden states are written at its slot `write` [R]."""
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
-                logits_to_keep=1)
+                logits_to_keep=1, output_hidden_states=resid is not None)
+    if resid is not None:
+        write_residual(resid, write, out.hidden_states)
     return out.logits
 
 
@@ -69,13 +75,16 @@ class GraphedDecode:
     """A kept K/V pool and the batched decode step compiled over it, one graph per (rows, width) shape."""
 
     def __init__(self, lm: LoadedModel, n_blocks: int, compile: str = "auto", max_rows: int = 32,
-                 row_buckets: tuple[int, ...] = ()):
-        """Rows are padded to the first of `row_buckets` + (max_rows,) that holds the batch."""
+                 row_buckets: tuple[int, ...] = (), residual: bool = True):
+        """Rows are padded to the first of `row_buckets` + (max_rows,) that holds the batch. `residual`: a residual
+        pool beside K and V, for requests that capture (a server that allows no capture makes none)."""
         self.lm, self.mode = lm, resolve_mode(compile, lm.device)
         spec = lm.spec
         self.pool = BlockPool.of_shape(spec.n_layers, spec.n_kv_heads, spec.head_dim, lm.dtype, lm.device,
                                        BLOCK, n_blocks)
-        for t in (*self.pool.keys, *self.pool.values):
+        if residual:
+            self.pool.ensure_residual(spec.d_model, lm.dtype)
+        for t in (*self.pool.keys, *self.pool.values, *([self.pool.resid] if residual else [])):
             torch._dynamo.mark_static_address(t)       # written and read in place by every replay
         self.address = self.pool.keys[0].data_ptr()    # a pool that outgrew itself has moved: eager from then on
         self.rows = tuple(b for b in row_buckets if b < max_rows) + (max_rows,)
@@ -98,8 +107,11 @@ class GraphedDecode:
         return PagedBatch(pool=self.pool)
 
     def fits(self, batch: PagedBatch) -> tuple[int, int] | None:
-        """The (rows, width) shape of this step, or None when it must run eagerly (pool outgrown, too wide)."""
+        """The (rows, width) shape of this step, or None when it must run eagerly (pool outgrown, too wide, a request
+        that captures on a pool without a residual part)."""
         if self.error is not None or batch.pool is not self.pool or self.pool.keys[0].data_ptr() != self.address:
+            return None
+        if self.pool.resid is None and any(getattr(s, "kept", None) is not None for s in batch.slots):
             return None
         rows = bucket(len(batch.slots), self.rows)
         width = width_bucket(batch.width + 1, self.lm.spec.max_context)
@@ -117,7 +129,8 @@ class GraphedDecode:
             torch.compiler.cudagraph_mark_step_begin()
         self.shapes.add(shape)
         with torch.no_grad():        # as the fast path's graphs run (inference tensors stay out of the graphs)
-            return self.step(self.lm.model, ids_t, pos_t, mask, batch.cache)[:n, -1]
+            return self.step(self.lm.model, ids_t, pos_t, mask, batch.cache, self.pool.resid,
+                             batch._resid_write if self.pool.resid is not None else None)[:n, -1]
 
     def give_up(self, err: Exception) -> None:
         """A step could not run graphed (a compiler failure, say): every later step runs eagerly."""
@@ -127,14 +140,15 @@ class GraphedDecode:
     def warm_up(self, widths: tuple[int, ...] = WARM_WIDTHS) -> float:
         """Compile (and record) the graphs of every row bucket at these widths on an idle pool; seconds.
 
-        Padding rows only: they read the null slot and write the scratch slot, so the pool stays clean."""
+        Padding rows only: they read the null slot and write the scratch slot (K, V and residual), so the pool
+        stays clean."""
         start = time.perf_counter()
         batch = PagedBatch(pool=self.pool)
         device = self.lm.device
         for width in widths:
             for rows in self.rows:
                 batch._gather = torch.full((rows, width), NULL, device=device)
-                batch._write = torch.full((rows,), SCRATCH, device=device)
+                batch._write = batch._resid_write = torch.full((rows,), SCRATCH, device=device)
                 mask = torch.zeros(rows, 1, 1, width, dtype=torch.bool, device=device)
                 mask[..., -1] = True
                 zeros = torch.zeros(rows, 1, dtype=torch.long, device=device)
@@ -142,14 +156,17 @@ class GraphedDecode:
                     if self.graphs:
                         torch.compiler.cudagraph_mark_step_begin()
                     with torch.no_grad():
-                        self.step(self.lm.model, zeros, zeros, mask, batch.cache)
+                        self.step(self.lm.model, zeros, zeros, mask, batch.cache, self.pool.resid,
+                                  batch._resid_write if self.pool.resid is not None else None)
                 self.shapes.add((rows, width))
         return time.perf_counter() - start
 
 
 def pool_blocks(lm: LoadedModel, limits: Limits) -> int:
-    """Blocks for the kept pool: every place in the batch at the longest request, within POOL_SHARE of free memory."""
-    per_block = kv_bytes_per_token(lm.spec, lm.dtype_name) * BLOCK
+    """Blocks for the kept pool: every place in the batch at the longest request, within POOL_SHARE of free memory
+    (a block holds K and V, and the residual when the server allows capture)."""
+    resid = residual_bytes_per_token(lm.spec, lm.dtype.itemsize) if limits.max_capture_bytes > 0 else 0
+    per_block = (kv_bytes_per_token(lm.spec, lm.dtype_name) + resid) * BLOCK
     wanted = limits.max_batch * -(-(limits.max_prompt_tokens + limits.max_new_tokens) // BLOCK)
     affordable = int(POOL_SHARE * max(free_memory(lm.device) - limits.reserve_mb * 2**20, 0) // per_block)
     return max(2, min(wanted, affordable) + 1)                     # + the null block
@@ -171,7 +188,8 @@ def graphed_decode(lm: LoadedModel, limits: Limits) -> GraphedDecode | None:
     if lm.device.type != "cuda" or mode == "off" or limits.max_batch < 2:
         return None
     if lm.batch_graphs is None:
-        graphs = GraphedDecode(lm, pool_blocks(lm, limits), mode, max_rows=limits.max_batch)
+        graphs = GraphedDecode(lm, pool_blocks(lm, limits), mode, max_rows=limits.max_batch,
+                               residual=limits.max_capture_bytes > 0)
         widths = warm_widths()
         log.info("compiling the batched decode step for %d rows at %s keys (once per process)", limits.max_batch,
                  " and ".join(map(str, widths)))

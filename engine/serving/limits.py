@@ -138,21 +138,20 @@ def check_tokens(limits: Limits, n_prompt: int, max_new_tokens: int) -> None:
 
 def capture_bytes(spec: ModelSpec, policy: CapturePolicy, n_prompt: int, max_new_tokens: int,
                   value_bytes: int = CAPTURED_BYTES) -> int:
-    """Upper bound of what a policy captures over a whole generation: the attention probabilities it keeps, and the
-    layer inputs it keeps to recompute attention (`value_bytes` each: the model's dtype)."""
+    """Upper bound of what a policy captures over a whole generation: the residual it keeps (`value_bytes` each: the
+    model's dtype), and the attention views its exports derive from it."""
     return (maps_bytes(spec, policy, n_prompt, max_new_tokens)
             + inputs_bytes(spec, policy, n_prompt + max_new_tokens, value_bytes))
 
 
 def inputs_bytes(spec: ModelSpec, policy: CapturePolicy, positions: int, value_bytes: int = CAPTURED_BYTES) -> int:
-    """Bytes of the layer inputs a policy keeps over `positions` positions: layers x d_model x positions x bytes."""
-    layers = len(policy.input_ids(spec.n_layers)) if policy.keeps_inputs else 0
-    return layers * spec.d_model * positions * value_bytes
+    """Bytes of the residual a policy keeps over `positions` positions: hidden states x d_model x positions x bytes."""
+    return len(policy.residual_ids(spec.n_layers)) * spec.d_model * positions * value_bytes
 
 
 def maps_bytes(spec: ModelSpec, policy: CapturePolicy, n_prompt: int, max_new_tokens: int) -> int:
-    """Upper bound of the attention probabilities a policy captures over a whole generation."""
-    if not policy.enabled or not policy.attention:
+    """Upper bound of the attention probabilities a policy's exports hold over a whole generation."""
+    if not policy.views or not policy.attention:
         return 0
     layers = len(policy.layer_ids(spec.n_layers))
     heads = len(policy.head_ids(spec.n_heads))
@@ -164,14 +163,14 @@ def maps_bytes(spec: ModelSpec, policy: CapturePolicy, n_prompt: int, max_new_to
 
 def check_capture(limits: Limits, spec: ModelSpec, policy: CapturePolicy, n_prompt: int,
                   max_new_tokens: int, value_bytes: int = CAPTURED_BYTES) -> None:
-    layers = len(policy.layer_ids(spec.n_layers)) if policy.enabled else 0
+    layers = len(policy.layer_ids(spec.n_layers)) if policy.views else 0
     if layers > limits.max_capture_layers:
         raise InvalidRequestError(
             f"capturing {layers} layers was asked for; this server captures at most {limits.max_capture_layers}")
     size = capture_bytes(spec, policy, n_prompt, max_new_tokens, value_bytes)
     if size > limits.max_capture_bytes:
         raise InvalidRequestError(
-            f"the attention capture would take {fmt_bytes(size)}; this server allows "
+            f"the capture would take {fmt_bytes(size)}; this server allows "
             f"{fmt_bytes(limits.max_capture_bytes)} per request. Capture fewer layers, keep only the last row, or use a "
             "shorter prompt")
 

@@ -7,6 +7,10 @@
 
 Storage: per layer one K pool and one V pool of `n_blocks * block` slots, [slots, KVH, D]. A request owns
 a list of blocks, its block table; its position p lives in slot `table[p // block] * block + p % block`.
+Beside them, once a request that captures joins, the residual pool [L + 1, slots, d_model]: the residual stream
+entering every layer and the final norm (engine/core/hooks.py), in the same slots, so a capturing request's
+residual lives in its own blocks and leaves with them. The batched step writes it itself, at the slots the new
+tokens' K/V go to (`keep_residual`; SCRATCH for rows that capture nothing and for a CUDA graph's padding rows).
 A request takes a new block only when its last one is full, and gives all back when it leaves, so no
 memory is reserved for tokens not yet generated and nothing is copied when others join or leave.
 
@@ -40,6 +44,7 @@ class BlockTable:
     free: int                                         # of those, held by nobody
     rows: tuple[tuple[Any, tuple[int, ...], int], ...]  # (request label, its blocks in order, its tokens)
     bytes_per_block: int                              # K and V of one block, all layers
+    resid_bytes_per_block: int = 0                    # the residual of one block, every hidden state (0: no pool)
 
     @property
     def used(self) -> int:
@@ -85,6 +90,16 @@ class BlockPool:
         # K and V of one block in every layer; growing keeps it. A plain int: the scheduler asks for it per row
         # per step, and reading it off a tensor each time cost a 30-row step a tenth of its host time.
         self.bytes_per_block = 2 * n_layers * block * kv_heads * head_dim * self.keys[0].element_size()
+        self.resid: torch.Tensor | None = None                            # [L + 1, slots, d_model], once needed
+        self.resid_bytes_per_block = 0
+
+    def ensure_residual(self, d_model: int, dtype: torch.dtype) -> torch.Tensor:
+        """The residual pool beside K and V (made at the first request that captures; kept while the pool lives)."""
+        if self.resid is None:
+            self.resid = torch.zeros((len(self.keys) + 1, self.n_blocks * self.block, d_model), dtype=dtype,
+                                     device=self.keys[0].device)
+            self.resid_bytes_per_block = self.resid.shape[0] * self.block * d_model * self.resid.element_size()
+        return self.resid
 
     def allocate(self) -> int:
         if not self.free:
@@ -106,6 +121,8 @@ class BlockPool:
         n = self.n_blocks
         self.keys = [torch.cat([k, torch.zeros_like(k)]) for k in self.keys]
         self.values = [torch.cat([v, torch.zeros_like(v)]) for v in self.values]
+        if self.resid is not None:
+            self.resid = torch.cat([self.resid, torch.zeros_like(self.resid)], dim=1)
         self.free = list(range(2 * n - 1, n - 1, -1)) + self.free
         self.n_blocks = 2 * n
 
@@ -151,6 +168,7 @@ class PagedBatch:
         if pool is None:
             self.cache: Cache | None = None
         self._write: torch.Tensor | None = None       # [B] slot each row's new token goes to
+        self._resid_write: torch.Tensor | None = None  # [B] the same for its residual; SCRATCH for rows keeping none
         self._gather: torch.Tensor | None = None      # [B, W + 1] slots attention reads, NULL for pads
 
     @property
@@ -162,7 +180,8 @@ class PagedBatch:
         return [self.width - s.length for s in self.slots]
 
     def add(self, slot: Any, own: DynamicCache) -> None:
-        """Copy a prefilled request's own cache (batch of one) into blocks of its own."""
+        """Copy a prefilled request's own cache (batch of one) into blocks of its own; its residual so far too, when
+        it keeps one (`slot.kept`)."""
         n = own.get_seq_length()
         if self.pool is None:
             self.pool = BlockPool(own, self.block)
@@ -172,12 +191,18 @@ class PagedBatch:
         for i, layer in enumerate(own.layers):
             self.pool.keys[i][where] = layer.keys[0, :, :n].transpose(0, 1)      # [n, KVH, D]
             self.pool.values[i][where] = layer.values[0, :, :n].transpose(0, 1)
+        kept = getattr(slot, "kept", None)
+        if kept is not None:
+            self.pool.ensure_residual(kept.d_model, kept.dtype)
+            kept.enter_pool(self.pool, table)
         self.slots.append(slot)
         self.tables[slot] = table
 
     def drop(self, gone: set) -> None:
-        """Finished requests leave; their blocks go back to the pool at once."""
+        """Finished requests leave; their blocks go back to the pool at once (a residual copied out first)."""
         for slot in [s for s in self.slots if s in gone]:
+            if getattr(slot, "kept", None) is not None:
+                slot.kept.leave_pool()
             self.pool.release(self.tables.pop(slot))
         self.slots = [s for s in self.slots if s not in gone]
         if not self.slots and self.kept_pool is None:  # an idle server gives the pool's memory back
@@ -206,8 +231,14 @@ class PagedBatch:
         gather = torch.where(real, slots, NULL)                                      # [R, width]
         write = gather[:, -1].clone()                                                # [R] the new tokens
         write[n:] = SCRATCH
+        keeps = torch.tensor([getattr(s, "kept", None) is not None for s in self.slots] + [False] * (rows - n))
         self._gather, self._write = gather.to(device), write.to(device)
+        self._resid_write = torch.where(keeps, write, SCRATCH).to(device)
         return real.long().to(device)
+
+    def keep_residual(self, hidden_states: tuple[torch.Tensor, ...]) -> None:
+        """A decode step's hidden states (L + 1 of [B, 1, d_model]) into the residual pool at the new tokens' slots."""
+        write_residual(self.pool.resid, self._resid_write, hidden_states)
 
     def write_and_gather(self, layer: int, key: torch.Tensor, value: torch.Tensor):
         # key, value: [B, KVH, 1, D] new -> pools; returns [B, KVH, W + 1, D], pads reading the null slot
@@ -240,8 +271,14 @@ class PagedBatch:
         if self.pool is None:
             return None
         rows = tuple((s.label, tuple(self.tables[s]), s.length) for s in self.slots)
-        return BlockTable(self.block, self.pool.n_blocks - 1, len(self.pool.free), rows, self.pool.bytes_per_block)
+        return BlockTable(self.block, self.pool.n_blocks - 1, len(self.pool.free), rows, self.pool.bytes_per_block,
+                          self.pool.resid_bytes_per_block)
 
+
+def write_residual(resid: torch.Tensor, write: torch.Tensor, hidden_states: tuple[torch.Tensor, ...]) -> None:
+    """Each row's newest hidden states into the residual pool: resid [L + 1, slots, d_model], write [R] (a slot per
+    row), hidden_states L + 1 of [R, T, d_model]. One in-place copy at fixed addresses (a CUDA graph replays it)."""
+    resid.index_copy_(1, write, torch.stack([h[:, -1] for h in hidden_states]))
 
 
 class SoloBatch:
@@ -270,6 +307,11 @@ class SoloBatch:
 
     def step_mask(self) -> torch.Tensor:
         return torch.ones((1, self.width + 1), dtype=torch.long, device=self.cache.layers[0].keys.device)
+
+    def keep_residual(self, hidden_states: tuple[torch.Tensor, ...]) -> None:
+        """The step's hidden states (L + 1 of [1, 1, d_model]) into the request's own kept buffers."""
+        slot = self.slots[0]
+        slot.kept.write_states(slot.length, [h[0] for h in hidden_states])
 
     def row_cache(self, b: int, config: Any) -> DynamicCache:
         return self.cache

@@ -43,7 +43,7 @@ from engine.core.generate import GenerationRequest, check_context, encode_prompt
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy
 from engine.serving.limits import (Limits, capture_bytes, check_capture, check_memory, check_prompt_chars, check_request,
                                    kv_bytes)
-from engine.core.kept import KeptInputs
+from engine.core.kept import KeptInputs, kept_for
 from engine.core.loader import LoadedModel, free_memory
 from engine.serving.people import People, SessionLimitError, retry_after  # noqa: F401 - SessionLimitError: here too
 from engine.serving.prefix import PrefixCache
@@ -129,7 +129,7 @@ class Handle:
     finished: float | None = None
     tokens: int = 0                   # tokens generated so far
     run_id: str = ""                  # the caller's name for this request (the service's run id)
-    kept: KeptInputs | None = field(default=None, repr=False)   # where its kept layer inputs go (policy.inputs)
+    kept: KeptInputs | None = field(default=None, repr=False)   # where its residual goes (the policy's hidden states)
     listeners: tuple[Callable[["Handle", Any], None], ...] = field(default=(), repr=False)   # listener(handle, record)
     _records: queue.Queue = field(default_factory=queue.Queue, repr=False)
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -345,8 +345,8 @@ class Scheduler:
         previous one. `draft` runs speculative decoding with `k` drafted tokens per round, exclusively (the
         batch drains first). `run_id` names it for the caller; each of `listeners` is called as `listener(handle, record)`
         for every record (and the end marker `Handle.END`, once the handle's state is final) in the worker's thread
-        as it is made, whether or not anyone reads the handle. `kept` receives the inputs of the layers the policy
-        keeps, at every position.
+        as it is made, whether or not anyone reads the handle. `kept` receives the residual stream the policy keeps
+        (its hidden states), at every position; without one, a policy that captures keeps it in buffers made here.
         """
         try:
             checked = self._recheck(request, policy) if isinstance(request, CheckedRequest) else self.check(
@@ -354,7 +354,7 @@ class Scheduler:
             with self._cond:
                 handle = self._new_handle(checked.request, checked.policy, session, draft=draft, k=k,
                                           ids=list(checked.ids), run_id=run_id, listeners=listeners,
-                                          kept=kept if checked.policy.keeps_inputs else None)
+                                          kept=self._kept(checked, kept))
                 return self._enqueue(handle)
         except EngineError:
             with self._cond:
@@ -377,6 +377,13 @@ class Scheduler:
             with self._cond:
                 self._stats.refused += 1
             raise
+
+    def _kept(self, checked: CheckedRequest, kept: KeptInputs | None) -> KeptInputs | None:
+        """Where a request's residual goes: the caller's buffers, or new ones when its policy captures."""
+        if not checked.policy.enabled:
+            return None
+        return kept if kept is not None else kept_for(self.lm, checked.policy,
+                                                      checked.n_prompt + checked.request.max_new_tokens)
 
     def check(self, request: GenerationRequest, policy: CapturePolicy = CAPTURE_OFF) -> CheckedRequest:
         """Every check made at submit, without queueing: validated and tokenized once, here at the door."""

@@ -26,8 +26,8 @@ from engine.speculative.drafts import (Draft, Drafter, EarlyExitDraft, ModelDraf
 from engine.errors import InvalidRequestError
 from engine.core.generate import (GenerationRequest, TextStream, admit, cache_state, describe_token, eos_ids,
                                   finish_reason, forward, pick_token, prompt_pieces, sync, trim_stop)
-from engine.core.hooks import CAPTURE_OFF, CapturePolicy, Instrument, instrument
-from engine.core.kept import KeptInputs
+from engine.core.hooks import CAPTURE_OFF, CapturePolicy
+from engine.core.kept import KeptInputs, kept_for
 from engine.core.loader import LoadedModel, load_model
 from engine.core.records import (DraftedToken, PrefillRecord, SampledToken, SpecDoneRecord, SpecRecord,
                                  SpecRoundRecord, to_json)
@@ -119,6 +119,7 @@ class _Run:
     stream: TextStream
     generator: torch.Generator
     eos: set[int]
+    kept: KeptInputs | None = None  # the target's hidden states the run keeps
 
     @property
     def generated(self) -> int:
@@ -163,8 +164,8 @@ def speculative_generate(target: LoadedModel, request: GenerationRequest, draft:
                          ids: list[int] | None = None, kept: KeptInputs | None = None) -> Iterator[SpecRecord]:
     """Yield a PrefillRecord, one SpecRoundRecord per draft/verify round, and a SpecDoneRecord.
 
-    `policy` captures the target's verify passes; `kept` receives the inputs of the layers it keeps (a verify pass
-    writes its drafts' positions; the next pass overwrites the rejected ones). `ids`: the prompt as the door (Scheduler.submit)
+    `kept` receives the target's hidden states that `policy` keeps, every position (a verify pass writes its drafts'
+    positions; the rejected ones are dropped after it). `ids`: the prompt as the door (Scheduler.submit)
     checked and tokenized it; None admits the request here. Close the generator (or make `should_stop`
     return True) to cancel; both caches belong to this run, so the shared models are ready at once.
     """
@@ -176,34 +177,35 @@ def speculative_generate(target: LoadedModel, request: GenerationRequest, draft:
                TextStream(target.tokenizer), torch.Generator(device=target.device).manual_seed(request.seed),
                eos_ids(target))
     drafter, tally = draft.start(), _Tally()
-    with torch.inference_mode(), instrument(target.model, policy, kept) as inst:
+    run.kept = kept if kept is not None else kept_for(target, policy, len(ids) + request.max_new_tokens + k)
+    with torch.inference_mode():
         t0 = time.perf_counter()
-        prefill = _prefill(run, inst)
+        prefill = _prefill(run)
         yield prefill
         reason = finish_reason(prefill.token.id, run.stream.text, run.eos, request, 1)
         while reason is None:
             if should_stop is not None and should_stop():
                 reason = "cancelled"
                 break
-            rec, reason = _round(run, drafter, k, inst, tally.rounds + 1)
+            rec, reason = _round(run, drafter, k, tally.rounds + 1)
             tally.add(rec)
             yield rec
     yield _summary(run, draft, k, tally, reason, prefill.seconds, time.perf_counter() - t0)
 
 
-def _prefill(run: _Run, inst: Instrument) -> PrefillRecord:
+def _prefill(run: _Run) -> PrefillRecord:
     """The target reads the prompt and samples the first token, exactly as plain generation does."""
     t = time.perf_counter()
-    logits, captures = forward(run.lm, run.tokens, run.cache, inst.new_step())
+    logits = forward(run.lm, run.tokens, run.cache, run.kept)
     token = pick_token(run.lm, logits, run.request, run.generator, run.stream)
     sync(run.lm.device)
     seconds = time.perf_counter() - t
     run.tokens.append(token.id)
     return PrefillRecord(prompt_pieces(run.lm, run.tokens[:run.n_prompt]), forward_shapes(run.lm.spec, run.n_prompt),
-                         seconds, cache_state(run.cache), token, captures)
+                         seconds, cache_state(run.cache), token)
 
 
-def _round(run: _Run, drafter: Drafter, k: int, inst: Instrument, number: int) -> tuple[SpecRoundRecord, str | None]:
+def _round(run: _Run, drafter: Drafter, k: int, number: int) -> tuple[SpecRoundRecord, str | None]:
     """Draft up to k tokens, verify them in one target pass, keep the agreeing prefix plus the target's token."""
     k_round = min(k, run.request.max_new_tokens - run.generated - 1)   # never draft past max_new_tokens
     t0 = time.perf_counter()
@@ -213,18 +215,20 @@ def _round(run: _Run, drafter: Drafter, k: int, inst: Instrument, number: int) -
     start = run.cache.get_seq_length()                                # every token so far but the newest
     assert start == len(run.tokens) - 1, (start, len(run.tokens))
     fed = [run.tokens[-1], *proposal.tokens]  # [last accepted, d_1..d_k]: one target pass scores all k
-    logits, captures = forward(run.lm, fed, run.cache, inst.new_step(), keep=len(fed))  # (k+1, V)
+    logits = forward(run.lm, fed, run.cache, run.kept, keep=len(fed))  # (k+1, V)
     probs = run.probs(logits)                                         # (k+1, V)
     n_ok, bonus_id = accept(proposal.tokens, proposal.probs, logits, probs, run.request.temperature, run.generator)
     emitted, reason = _emit(run, logits, probs, [*proposal.tokens[:n_ok], bonus_id])
     crop_to(run.cache, start + len(emitted))                          # drop the rejected positions' K/V
+    if run.kept is not None:
+        run.kept.rewind(start + len(emitted))                         # and their residual
     drafter.rollback(len(run.tokens) - 1)
     sync(run.lm.device)
     t2 = time.perf_counter()
     bonus = emitted[n_ok] if len(emitted) > n_ok else describe_token(run.lm, logits[n_ok], probs[n_ok], bonus_id,
                                                                    run.lm.tokenizer.decode([bonus_id]))
     record = SpecRoundRecord(number, _drafted(run, proposal, probs, n_ok), n_ok, bonus, emitted, t1 - t0, t2 - t1,
-                             cache_state(run.cache), drafter.cache_length, proposal.fed, captures)
+                             cache_state(run.cache), drafter.cache_length, proposal.fed)
     return record, reason
 
 

@@ -147,7 +147,7 @@ def _masks(config: Any, hidden: torch.Tensor, cache: DynamicCache, positions: to
 
 
 def _model_logits(lm: LoadedModel, ids: list[int], cache: DynamicCache) -> torch.Tensor:
-    return forward(lm, ids, cache, None)[0]                                                # (V,)
+    return forward(lm, ids, cache)                                              # (V,)
 
 
 # --- the draft descriptions a run is started from ---------------------------------------------------
