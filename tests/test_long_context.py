@@ -258,6 +258,7 @@ def test_bad_requests_and_an_evicted_run_get_clear_messages(tiny_lm, monkeypatch
     from engine.service.service import EngineService
 
     monkeypatch.setenv("PLAYGROUND_RUN_STORE_MB", "1")                               # room for about one run
+    monkeypatch.setenv("PLAYGROUND_RUNS_MB", "0")          # none on disk (a run read back from disk: test_store_service)
     svc = EngineService(tiny_lm)
     try:
         policy = CapturePolicy(attention=False, inputs=None)
