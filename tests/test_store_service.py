@@ -69,3 +69,19 @@ def test_a_run_the_disk_refuses_stays_readable_in_memory_and_is_written_once_it_
         assert service.run_slice(run_id).info.state == "done"        # from its file now
     finally:
         service.close()
+
+
+def test_runs_waiting_for_the_disk_are_held_by_their_files_size_not_their_count(tiny_lm, tmp_path, monkeypatch):
+    monkeypatch.setattr(ondisk, "RETRY_SECONDS", 60.0)
+    service = EngineService(tiny_lm, disk=open_store(tmp_path, 1024))          # every write is refused
+    try:
+        first = finished(service, 5)
+        assert service.writer.flush(30)
+        size = service.writer.pending[first]
+        monkeypatch.setattr(ondisk, "PENDING_BYTES", int(2.5 * size))        # room for about two such files
+        later = [finished(service, 6), finished(service, 7)]
+        assert service.writer.flush(30) and list(service.writer.pending) == later
+        assert service.writer.dropped == 1 and first not in service.writer.pending    # let go of: memory may drop it
+        assert all(service.run_slice(run_id).info.state == "done" for run_id in later)
+    finally:
+        service.close()

@@ -11,8 +11,10 @@ run whose kept layer inputs recompute its attention stays whole, within the memo
 holds the live runs and little else, and a run read by id after that, or after a restart, comes from its file.
 
 A write that fails (a full disk, a quota) gets one line in the log and keeps the run in memory, held there and
-tried again every RETRY_SECONDS while at most MAX_PENDING runs wait, so a run that finished for its client can
-still be opened by its id; serving goes on throughout.
+tried again every RETRY_SECONDS while the files of the runs waiting come to at most PENDING_BYTES, so a run that
+finished for its client can still be opened by its id; serving goes on throughout. (A count of 512 was the bound
+before: an hour's soak with the disk full for 7.5 minutes finished about 630 small runs meanwhile, and the oldest
+117 were let go of; 256 MiB holds several thousand answers of the API, or a few hundred captured ones.)
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from engine.store import RunDisk, StoredRun, StoreError, StoreWriteError
 
 RETRY_SECONDS = 5.0
 WAIT_SECONDS = 10.0                    # the longest an answer's end waits for its file to be written
-MAX_PENDING = 512                      # runs held in memory while the disk refuses them
+PENDING_BYTES = 256 * 2**20           # runs held in memory while the disk refuses them, by their files' sizes
 log = logging.getLogger("engine.service")
 
 
@@ -41,7 +43,7 @@ class RunWriter:
 
     def __init__(self, runs: RunStore, disk: RunDisk, file_of: Callable[[RunSlice], bytes]):
         self.runs, self.disk, self.file_of = runs, disk, file_of
-        self.pending: OrderedDict[str, None] = OrderedDict()     # refused by the disk, oldest first
+        self.pending: OrderedDict[str, int] = OrderedDict()      # refused by the disk, oldest first: its file's bytes
         self.n_written = self.failed = self.dropped = 0
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._idle = threading.Condition()
@@ -97,6 +99,7 @@ class RunWriter:
 
     def _write(self, run_id: str) -> bool:
         """One run's file on disk; False when the disk refused it (it waits in `pending`)."""
+        data = b""
         try:
             part = self.runs.slice(run_id)
             data = self.file_of(part)
@@ -106,7 +109,7 @@ class RunWriter:
             return True
         except StoreWriteError:
             self.failed += 1
-            self._hold(run_id)
+            self._hold(run_id, len(data))
             return False
         except Exception as err:  # noqa: BLE001 - a run that cannot be written must not stop the writer
             log.warning("run store: run %s could not be written (%s: %s)", run_id, type(err).__name__, err)
@@ -117,15 +120,15 @@ class RunWriter:
         self.runs.release(run_id, on_disk=True)
         return True
 
-    def _hold(self, run_id: str) -> None:
-        self.pending[run_id] = None
+    def _hold(self, run_id: str, size: int) -> None:
+        self.pending[run_id] = size
         self.pending.move_to_end(run_id)
-        while len(self.pending) > MAX_PENDING:
+        while len(self.pending) > 1 and sum(self.pending.values()) > PENDING_BYTES:
             oldest, _ = self.pending.popitem(last=False)
             self.runs.release(oldest)
             self.dropped += 1
-            log.warning("run store: %d runs wait for disk space; run %s is held in memory no longer", MAX_PENDING,
-                        oldest)
+            log.warning("run store: %d runs (%.0f MiB) wait for disk space; run %s is held in memory no longer",
+                        len(self.pending), sum(self.pending.values()) / 2**20, oldest)
 
     def _retry(self) -> None:
         for run_id in list(self.pending):
