@@ -15,6 +15,7 @@ from app.request import Prepared
 from app.recent import remember
 from app.run import LAST_RUN, Draft, Run, capture_policy, new_run, run_from_slice, stream_generation
 from app.session import session_id
+from app.widgets import stopped_in_line_key
 from app.watch import FORM_KEY
 from engine.errors import EngineError
 from engine.service.client import ModelClient, run_id as api_run_id
@@ -48,13 +49,18 @@ def run_live(lm: ModelClient, prepared: Prepared, ns: str, stop_slot: st.delta_g
         if run.prefill is None:                  # after the first token the answer itself shows progress
             show_wait(notice, status)
 
+    interrupted = True                           # until the stream ends: Stop (a rerun) or leaving the page
     try:
         stream_generation(lm, run, record, wait, session_id(), draft, checked)
+        interrupted = False
     except EngineError as err:
+        interrupted = False
         notice.error(str(err))
         return None
     finally:
         stop_slot.empty()
+        if interrupted and run.prefill is None:  # the rerun says so (else it shows the run before, as if unheard)
+            st.session_state[stopped_in_line_key(ns)] = True  # said by generate_button
     if run.warning:
         notice.warning(run.warning)
     elif run.prefill is None:

@@ -165,6 +165,14 @@ def sampling_controls(ns: str, max_new_default: int = 48, max_new_limit: int = M
     return Sampling(float(temperature), int(top_k), float(top_p), int(seed), int(max_new))
 
 
+STOPPED_IN_LINE = "Stopped before its first token: the request left the line, and nothing was generated."
+
+
+def stopped_in_line_key(ns: str) -> str:
+    """Set by app/live.py's run_live when Stop came before the first token; the next run of the page says so."""
+    return f"{ns}.stopped_in_line"
+
+
 def generate_button(ns: str, prepared: Prepared,
                     disabled: bool = False) -> tuple[bool, st.delta_generator.DeltaGenerator]:
     """The Generate button and an empty slot beside it where Stop appears while the answer streams."""
@@ -175,6 +183,8 @@ def generate_button(ns: str, prepared: Prepared,
     if not allowed:
         st.caption("The presenter runs the model for the room: their run appears here as it streams, and every "
                    "page draws it. Generating your own is off until the presenter allows it.")
+    if st.session_state.pop(stopped_in_line_key(ns), False) and not clicked:
+        st.caption(STOPPED_IN_LINE)
     return clicked, right.empty()
 
 

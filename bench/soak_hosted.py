@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from st_client import Person  # noqa: E402
 from engine.store import open_store  # noqa: E402
+from app.widgets import STOPPED_IN_LINE  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "soak_hosted.json"
 CODE = "soak-room-2026"
@@ -233,6 +234,8 @@ def judged(p: Person, shown_before: str | None) -> tuple:
         return ("failed" if failed else "refused"), p.errors[0][:200], None
     if run_id is not None and run_id != shown_before:
         return "served", "", run_id
+    if any(t.startswith(STOPPED_IN_LINE) for t in p.texts):
+        return "served", "", None          # Stop pressed while it waited in line (app/widgets.py): nothing to open
     restart = said(p, "")
     if restart:
         return "refused", restart, None
