@@ -108,8 +108,10 @@ def wait_message(status: QueueStatus) -> str:
     place = "next in line" if status.ahead == 0 else f"number {status.position} in line ({status.ahead} before you)"
     eta = ("no estimate yet" if status.estimated_wait is None
            else f"at most about {status.estimated_wait:.0f} s to go, from the batch's measured step time")
-    return (f"All {status.batch} places in the batch are taken. You are {place}: {eta}; waited "
-            f"{status.waited:.0f} s. Stop leaves the line.")
+    why = (f"All {status.batch} places in the batch are taken." if status.running >= status.batch else
+           f"{status.running} of {status.batch} places in the batch are in use; a request joins between two steps, "
+           "once the step running now ends.")
+    return f"{why} You are {place}: {eta}; waited {status.waited:.0f} s. Stop leaves the line."
 
 
 LINK_KEY = "run_link.opened"        # the ?run= id this session has opened already

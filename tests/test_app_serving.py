@@ -179,6 +179,8 @@ def test_a_waiting_session_sees_its_place_in_the_queue(scheduler):
         assert "Stop leaves the line" in message
         queued.cancel()
     assert "reading your prompt" in wait_message(replace(queued.status(), state="running"))
+    between = wait_message(replace(queued.status(), state="queued", running=6, batch=32))      # waiting for a step
+    assert "6 of 32 places in the batch are in use" in between and "are taken" not in between
 
 
 def test_a_session_that_stops_while_queued_leaves_the_queue(scheduler):
