@@ -128,8 +128,8 @@ class RunStore:
             if run_id not in self._runs and self.on_disk(run_id):
                 raise NothingKeptError(f"run {run_id[:40]!r} is kept on disk, but the layers' inputs that recompute "
                                        "its attention stay only in the memory of the server that made it, which has "
-                                       "let go of them (newer runs, or a restart); the maps its records hold still "
-                                       "draw")
+                                       "let go of them (newer runs, or a restart); its tokens, text and timings are "
+                                       "on disk, and a file downloaded while it was held carries its maps")
             entry = self._entry(run_id)
             if entry.kept is None:
                 raise NothingKeptError(f"run {run_id[:40]!r} kept nothing to compute its attention from: it ran with "
