@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from engine.server.launch import MMAP_THRESHOLD, MMAP_THRESHOLD_ENV
 from engine.serving.flags import LIMIT_FLAGS, add_limit_flags
 
 MAIN = Path(__file__).resolve().parent / "main.py"
@@ -179,12 +178,6 @@ def server_args(args: argparse.Namespace, token: str | None) -> list[str]:
     return [x for flag, value in pairs if value for x in (flag, value)]
 
 
-def malloc_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """MALLOC_MMAP_THRESHOLD_ for the web processes when not set: a run's captured arrays given back to the system
-    when freed, as the model server does (engine/server/launch.py, fixed_mmap_threshold)."""
-    return {} if environ.get(MMAP_THRESHOLD_ENV) else {MMAP_THRESHOLD_ENV: str(MMAP_THRESHOLD)}
-
-
 def streamlit_command(args: argparse.Namespace) -> list[str]:
     script = ASGI if serves_api(args) else MAIN
     return [sys.executable, "-m", "streamlit", "run", str(script),
@@ -228,7 +221,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     base = os.environ if environ is None else environ
     args.public_url = args.public_url or base.get(PUBLIC_URL_ENV)
     code = join_code(args, base)
-    given = {**malloc_env(base), **launch_env(args, token, code, key)}  # torch's threads: measured by the scheduler
+    given = launch_env(args, token, code, key)    # torch's threads: measured by the scheduler (engine/serving/threads.py)
     env = {var: value for var, value in {**base, **given}.items() if code or var != JOIN_CODE_ENV}
     command = streamlit_command(args)
     if args.dry_run:

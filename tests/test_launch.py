@@ -148,8 +148,3 @@ def test_the_launcher_leaves_the_threads_to_the_schedulers_measurement(capsys):
     load (engine/serving/threads.py; tests/test_threads.py). A person's own OMP_NUM_THREADS still reaches it."""
     assert main(["--dry-run"], environ={}) == 0
     assert "OMP_NUM_THREADS" not in capsys.readouterr().out
-
-
-def test_the_web_processes_give_freed_arrays_back():
-    from app.launch import malloc_env
-    assert malloc_env({}) == {"MALLOC_MMAP_THRESHOLD_": "131072"} and malloc_env({"MALLOC_MMAP_THRESHOLD_": "1"}) == {}

@@ -10,11 +10,10 @@ anyone who reaches the port may use the model.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import secrets
 import sys
-from typing import Any, Mapping
+from typing import Any
 
 from engine.serving.flags import add_limit_flags
 
@@ -74,7 +73,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from engine.server.state import ServerState
 
     api_key, token = secret(args.api_key, "API key"), secret(args.presenter_token, "presenter token")
-    fixed_mmap_threshold()
     if args.runs_dir:                 # read by engine/store, here and in every replica (they inherit PLAYGROUND_*)
         os.environ["PLAYGROUND_RUNS_DIR"] = args.runs_dir
     if args.runs_mb is not None:
@@ -119,27 +117,6 @@ def load_service(args: argparse.Namespace, state: Any, token: str | None, progre
     state.served_name = state.served_name or lm.label
     state.aliases = {lm.name, lm.label, str(lm.source)}
     return service
-
-
-MMAP_THRESHOLD_ENV, MMAP_THRESHOLD = "MALLOC_MMAP_THRESHOLD_", 128 * 1024
-M_MMAP_THRESHOLD = -3                      # glibc's mallopt parameter
-
-
-def fixed_mmap_threshold(environ: Mapping[str, str] | None = None) -> bool:
-    """Every allocation over 128 KiB its own mapping, given back to the system when it is freed (glibc).
-
-    By default glibc raises its mmap threshold each time a large block is freed, so after the first few freed
-    captures every later array of up to 32 MiB comes from the heap, which keeps what was freed: under 20 API clients
-    (half of them capturing) the server's memory rose 865 MB in 5 minutes while the runs it held stayed near 250 MB,
-    and 474 MB with the threshold fixed (bench/api_memory.py; docs/store.md). MALLOC_MMAP_THRESHOLD_, when set, wins.
-    True when the setting was made."""
-    env = os.environ if environ is None else environ
-    if env.get(MMAP_THRESHOLD_ENV) or not sys.platform.startswith("linux"):
-        return False
-    try:
-        return bool(ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
-    except (OSError, AttributeError):             # not glibc (musl, another libc): its own allocator rules
-        return False
 
 
 def cpu_threads(asked: int | None) -> str:
