@@ -17,6 +17,7 @@ later session gets the client at once. No Streamlit call happens inside the cach
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -30,7 +31,7 @@ import streamlit as st
 
 from app.nav import page_info
 from engine.errors import EngineError
-from engine.service.client import ModelClient
+from engine.service.client import ModelClient, ServerUnavailableError
 
 MODEL_ENV, DEVICE_ENV, DTYPE_ENV, DRAFT_ENV = "PLAYGROUND_MODEL", "PLAYGROUND_DEVICE", "PLAYGROUND_DTYPE", "PLAYGROUND_DRAFT"
 URL_ENV, KEY_ENV, TOKEN_ENV = "PLAYGROUND_ENGINE_URL", "PLAYGROUND_API_KEY", "PLAYGROUND_PRESENTER_TOKEN"
@@ -214,6 +215,18 @@ def model_away() -> str | None:
         away = away_line(url)
     _health.update(at=now, away=away)
     return away
+
+
+def away_safe(body: Callable[..., None]) -> Callable[..., None]:
+    """For a fragment's body (`@st.fragment(run_every=...)` above it): its ticks run outside app/main.py's guard, so
+    a model server gone between ticks is noted here (the page's next run says so), never shown as a traceback."""
+    @functools.wraps(body)
+    def guarded(*args, **kwargs) -> None:
+        try:
+            body(*args, **kwargs)
+        except ServerUnavailableError:
+            note_away()
+    return guarded
 
 
 def note_away() -> None:

@@ -19,12 +19,12 @@ from typing import Any, Callable, MutableMapping
 import streamlit as st
 
 from app.format import fmt_ms, fmt_rate
-from app.model import current_client, note_away
+from app.model import away_safe, current_client
 from app.presenter import (SETTINGS, SEEN_KEY, Push, apply_push, following, is_presenter, new_broadcast,
                            PresenterBoard, presenter_board)
 from app.run import LAST_RUN, Run, run_from_slice
 from engine.errors import EngineError
-from engine.service.client import ModelClient, ServerUnavailableError
+from engine.service.client import ModelClient
 
 WATCH_SECONDS = 0.5                  # how often a follower's strip looks at the board and redraws a live run
 WATCHING_KEY = "presenter.watching"  # the presenter's run this session shows in its strip, until it is done
@@ -63,18 +63,12 @@ def watch_strip(slot: st.delta_generator.DeltaGenerator | None, here: str, switc
 
 
 @st.fragment(run_every=WATCH_SECONDS)
+@away_safe
 def strip(here: str, switch: Callable[[str], None]) -> None:
     """Adopt a new push (the whole page reruns for it); draw the presenter's run while it streams; when it is
     done, make it this session's run and draw the page again. A tick runs outside the page's guard (app/main.py):
     a model server gone between ticks is noted, and the next run of the page says so, never a traceback (seen in
     the hosted soak: a reload showed ServerUnavailableError)."""
-    try:
-        tick(here, switch)
-    except ServerUnavailableError:
-        note_away()
-
-
-def tick(here: str, switch: Callable[[str], None]) -> None:
     board, state = presenter_board(), st.session_state
     push = board.latest()
     if push is not None and following(state) and push.version > state.get(SEEN_KEY, 0):

@@ -16,6 +16,7 @@ from app.format import fmt_bytes, fmt_ms, fmt_rate
 from app.live import measure_in_box
 from app.widgets import plot
 from engine.core.generate import GenerationRequest
+from app.model import away_safe
 from engine.service.client import ModelClient
 from engine.core.small_batch import PROBE_ROWS, ROWS
 from engine.serving.batch import StepInfo
@@ -163,6 +164,7 @@ def live_section(lm: ModelClient, me: str | None) -> None:
     several replicas (a cluster on Ray Serve), each one's batch side by side first."""
 
     @st.fragment(run_every=REFRESH_SECONDS)
+    @away_safe
     def live() -> None:
         views = lm.replicas_view()
         if len(views) > 1:
@@ -338,6 +340,7 @@ def batch_cache_section(lm: ModelClient | None) -> None:
              "tokens, each request holding a list of blocks (its block table) and taking a new one only when its last "
              "is full. Section 4 simulates the same idea for a whole GPU (projected); here are the real blocks.")
     @st.fragment(run_every=REFRESH_SECONDS)
+    @away_safe
     def live() -> None:
         state = lm.room()
         table = last_table(state)
