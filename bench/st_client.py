@@ -146,6 +146,7 @@ class Person:
     texts: list[str] = field(default_factory=list)             # what the page drew since the last whole rerun
     errors: list[str] = field(default_factory=list)            # its st.error boxes (the refusals and failures it says)
     exceptions: list[str] = field(default_factory=list)        # tracebacks a page showed (must stay empty)
+    alerts: list[str] = field(default_factory=list)            # every alert any run of any page showed, in order
     runs: int = 0                                              # whole runs of the page finished since it loaded
     starts: int = 0                                            # whole runs of the page started since it loaded
     closed_reason: str | None = None
@@ -277,6 +278,8 @@ class Person:
         value = getattr(element, which)
         if which in ("markdown", "text", "alert", "heading", "code"):
             self.texts.append(value.body)
+            if which == "alert":
+                self.alerts.append(value.body)
             if which == "alert" and value.format == ERROR:
                 self.errors.append(value.body)
         elif which == "html" and MEMBER_COOKIE in value.body:
