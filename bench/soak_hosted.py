@@ -392,6 +392,13 @@ def lost_runs(soak: Soak, workers: int = 4) -> list[str]:
     return lost
 
 
+def lost_detail(soak: Soak, lost: list[str]) -> list[dict]:
+    """What each lost run was: the action that made it, who, when it started and ended for its client."""
+    gone = set(lost)
+    return [{"run_id": o.run_id, "kind": o.kind, "who": o.who, "start": round(o.start, 1), "end": round(o.end, 1)}
+            for o in soak.outcomes if o.run_id in gone]
+
+
 def window_of(soak: Soak, t: float) -> str:
     marks = sorted(soak.faults.items(), key=lambda kv: kv[1])
     names = ["before the faults"] + [f"after: {name}" for name, _ in marks]
@@ -455,7 +462,8 @@ def report(soak: Soak, lost: list[str]) -> dict:
             "model": soak.args.model, "faults_at_s": soak.faults, "notes": soak.notes,
             "kinds": {k: tally(v) for k, v in by_kind.items()},
             "windows": {w: {k: tally(v) for k, v in kinds.items()} for w, kinds in by_window.items()},
-            "lost": len(lost), "lost_ids": lost[:50], "join_forms_shown_to_members": soak.join_forms,
+            "lost": len(lost), "lost_ids": lost[:50], "lost_runs": lost_detail(soak, lost)[:50],
+            "join_forms_shown_to_members": soak.join_forms,
             "finished_runs": len({o.run_id for o in soak.outcomes if o.run_id}),
             "failures_without_a_fault": unexplained[:20],
             "p95_ttft_api_s": ttft_around(soak),
