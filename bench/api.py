@@ -113,6 +113,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    # the in-process scheduler's threads fixed as the server's are (--threads): its tuner (engine/serving/threads.py)
+    # would otherwise spend the first steps of each short scenario on a trial (a fresh scheduler per scenario): at 16
+    # tokens that cost the in-process room ~14% (52 against 61 tok/s, alternating, 2026-11-26), a difference between
+    # the two sides that is not the API's
+    os.environ.setdefault("PLAYGROUND_THREADS", str(args.threads))
     # the model's work off this thread, as in the app and the server (engine.core.small_batch.in_passing_thread)
     lm = in_passing_thread(lambda: load_model(args.model, device=args.device, dtype=args.dtype))
     base = Limits.for_device(lm.device).with_env()
