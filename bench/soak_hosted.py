@@ -221,7 +221,12 @@ async def generate(soak: Soak, p: Person, rng: random.Random, stop_after: int = 
 
 def said(p: Person, otherwise: str) -> str:
     """Why the page offered no button: its error, its restart notice, or `otherwise`."""
-    return (p.errors or [t for t in p.texts if "restarting" in t or "not answering" in t] or [otherwise])[0][:200]
+    return (p.errors or restart_lines(p.texts) or [otherwise])[0][:200]
+
+
+def restart_lines(texts: list[str]) -> list[str]:
+    """The lines a page shows while the model server restarts or does not answer."""
+    return [t for t in texts if "restarting" in t or "not answering" in t]
 
 
 def judged(p: Person, shown_before: str | None, alerts: list[str]) -> tuple:
@@ -238,7 +243,7 @@ def judged(p: Person, shown_before: str | None, alerts: list[str]) -> tuple:
         return "served", "", run_id
     if any(t.startswith(STOPPED_IN_LINE) for t in p.texts):
         return "served", "", None          # Stop pressed while it waited in line (app/widgets.py): nothing to open
-    restart = said(p, "") or next((a for a in alerts if "restarting" in a or "not answering" in a), "")
+    restart = said(p, "") or next(iter(restart_lines(alerts)), "")
     if restart:
         return "refused", restart[:200], None
     return "failed", ("the page ended without a new run's link or a message; it showed: "

@@ -280,8 +280,8 @@ class Person:
             self.texts.append(value.body)
             if which == "alert":
                 self.alerts.append(value.body)
-            if which == "alert" and value.format == ERROR:
-                self.errors.append(value.body)
+                if value.format == ERROR:
+                    self.errors.append(value.body)
         elif which == "html" and MEMBER_COOKIE in value.body:
             found = re.search(MEMBER_COOKIE + r"=([A-Za-z0-9._-]+)", value.body)
             if found is not None:
