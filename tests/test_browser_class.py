@@ -130,9 +130,13 @@ def test_an_idle_room_reads_idle(app_url, client, projector):
     idle = projector.get_by_text("Before the room went idle").first.inner_text()
     each, together = (number(x) for x in re.search(r"([\d.,]+) tok/s for each request, ([\d.,]+) tok/s", idle).groups())
     assert together >= each * 0.99, idle
-    inside = projector.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(plot => {
-        const area = plot.querySelector('.nsewdrag').getBoundingClientRect();
-        return [...plot.querySelectorAll('.scatterlayer .point')].map(p => { const r = p.getBoundingClientRect();
+    inside = projector.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot .cartesianlayer .subplot')]
+        .flatMap(panel => {
+        const xy = [...panel.classList].find(c => c !== 'subplot');
+        const plot = panel.closest('.js-plotly-plot');      // an overlaid axis (xy2) is dragged by its base panel's
+        const area = (plot.querySelector(`.draglayer .${xy} .nsewdrag`) || plot.querySelector('.nsewdrag'))
+            .getBoundingClientRect();
+        return [...panel.querySelectorAll('.scatterlayer .point')].map(p => { const r = p.getBoundingClientRect();
             return r.top >= area.top + 0.1 * area.height && r.bottom <= area.bottom; }); })""")
     assert inside and all(inside), "a point of the trade-off chart sits on its chart's top edge"
     assert_nothing_clipped(projector)

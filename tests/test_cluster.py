@@ -125,18 +125,19 @@ def test_prompts_that_share_a_long_start_meet_on_the_replica_that_holds_it(clust
 def test_a_replica_killed_mid_run_fails_its_request_clearly_the_other_goes_on_and_it_comes_back(cluster, client,
                                                                                                 model):
     kept = ask(client, model, tiny_prompt(5, seed=6), session="doomed", tokens=4)     # finished before the kill
-    stream = client.completions.create(model=model, prompt=tiny_prompt(6, seed=3), max_tokens=250, temperature=0,
-                                       stream=True, extra_body={"playground": {"session": "doomed"}})
-    chunks = iter(stream)
-    run_id = next(chunks).playground["run_id"]
-    texts = [c for c, _ in zip(chunks, range(3))]                       # records have streamed: no silent retry
-    assert all(c.choices[0].text for c in texts)
-    home = holder(cluster, run_id)
-    assert holder(cluster, kept.playground["run_id"]) == home
+    # The session's replica is found before the stream starts: looked for after, CI's runner once had all 250
+    # tokens streamed before the kill (DID NOT RAISE).
+    home = holder(cluster, kept.playground["run_id"])
     victim = next(v for v in replicas(cluster) if v["snapshot"]["replica"] == home)
     other_reply: dict[str, object] = {}
     survivor = threading.Thread(target=lambda: other_reply.setdefault("r", ask(client, model, tiny_prompt(7, seed=4),
                                                                               session="lives", tokens=40)))
+    stream = client.completions.create(model=model, prompt=tiny_prompt(6, seed=3), max_tokens=250, temperature=0,
+                                       stream=True, extra_body={"playground": {"session": "doomed"}})
+    chunks = iter(stream)
+    assert next(chunks).playground["run_id"]
+    texts = [c for c, _ in zip(chunks, range(3))]                       # records have streamed: no silent retry
+    assert all(c.choices[0].text for c in texts)
     os.kill(victim["snapshot"]["pid"], signal.SIGKILL)
     survivor.start()
     started = time.monotonic()

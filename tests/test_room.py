@@ -37,19 +37,24 @@ def test_room_numbers_follow_the_steps_the_scheduler_took(busy_room):
 
 
 def test_the_room_charts_show_every_point_on_axes_of_their_own(busy_room):
-    """Both charts' two y axes start at 0 and end above their largest value, with ticks of their own (plotly gives an
-    overlaying axis the first's tick grid by default, and a chart redrawn every second kept an older range)."""
+    """Every y axis starts at 0 and ends above its largest value, with ticks of its own (plotly gives an overlaying
+    axis the first's tick grid by default, and a chart redrawn every second kept an older range). The steps chart
+    overlays its two axes; the trade-off chart has a panel for each, so no written value sits on the other curve."""
     scheduler, handles = busy_room
     for h in handles:
         h.result(timeout=60)
     rows = step_rows(scheduler.room())
-    for fig in (steps_figure(rows), tradeoff_figure(rows)):
+    steps, tradeoff = steps_figure(rows), tradeoff_figure(rows)
+    for fig in (steps, tradeoff):
         layout = fig.layout
         for axis, name in ((layout.yaxis, "y"), (layout.yaxis2, "y2")):
             values = [v for trace in fig.data if (trace.yaxis or "y") == name for v in trace.y]
             assert values and axis.range[0] == 0 and axis.range[1] > max(values)
             assert axis.tickmode == "auto" and axis.autorange is False
-        assert layout.yaxis2.overlaying == "y" and layout.yaxis2.showgrid is False
+    assert steps.layout.yaxis2.overlaying == "y" and steps.layout.yaxis2.showgrid is False
+    assert tradeoff.layout.yaxis2.overlaying is None                                  # a panel of its own
+    top, bottom = tradeoff.layout.yaxis.domain, tradeoff.layout.yaxis2.domain
+    assert bottom[1] < top[0]
 
 
 def test_members_name_your_session_and_hide_prompts(busy_room, tiny_lm):
