@@ -1,4 +1,4 @@
-"""Two fixes to how Streamlit 1.67 starts a session's script runs, for a room of followers on one server.
+"""Three fixes to how Streamlit 1.67 starts a session's script runs, for a room on one server.
 
 Every `st.fragment(run_every=...)` timer in a browser keeps sending reruns until the browser hears that its
 page changed. A follower's strip (app/watch.py) ticks twice a second, and when the presenter's run ends
@@ -22,15 +22,29 @@ thirty followers move to another page at once, so the server is seconds behind. 
    the event loop a moment later. No message is dropped and no request is lost; a run may start a few
    milliseconds later.
 
+3. **A press during a run started the next run beside it.** With `runner.fastReruns` (on by default), a
+   widget's rerun tells the running runner to stop and starts a new one at once, in a new thread, while the
+   old one is still inside its script until its next `st` call. Stop pressed while an answer streams: the old
+   run waits for the model's next token (300 ms a step in a loaded room), and the new run meanwhile draws the
+   session's run as still generating, with nothing left to redraw it: 3 of 91 Stops in the hosted soak's
+   stop-only run ended on "Generating with SmolLM2…" (bench/soak_hosted.py). Two runs of one session at once
+   also write its state at once. Fix: a new runner waits until the one it replaces has left its script (its
+   thread has ended: every `finally` has run), as Streamlit does with fastReruns off, for at most
+   STOP_WAIT_SECONDS; a runner stuck longer than that (a read with no timeout) no longer holds the page.
+
 `install()` is idempotent; app/main.py calls it at the top of every run.
 """
 from __future__ import annotations
+
+import threading
+import time
 
 from streamlit.runtime.app_session import AppSession, AppSessionState
 from streamlit.runtime.scriptrunner import RerunData
 from streamlit.runtime.scriptrunner.script_runner import ScriptRunner
 
 RETRY_SECONDS = 0.02
+STOP_WAIT_SECONDS = 10.0        # the longest a new run waits for the one it replaces to leave its script
 _run_script = ScriptRunner._run_script
 _create_scriptrunner = AppSession._create_scriptrunner
 
@@ -48,22 +62,34 @@ def run_unless_stale(runner: ScriptRunner, rerun_data: RerunData) -> None:
     _run_script(runner, rerun_data)
 
 
-def create_runner_in_turn(session: AppSession, rerun_data: RerunData) -> None:
-    """Streamlit calls this when the current runner refused a rerun (it has stopped), or when there is none."""
-    if session._scriptrunner is None or session._state == AppSessionState.SHUTDOWN_REQUESTED:
+def create_runner_in_turn(session: AppSession, rerun_data: RerunData, since: float | None = None) -> None:
+    """Streamlit calls this when the current runner refused a rerun (it has stopped), when there is none, and when
+    fastReruns has just told the running one to stop. The new runner starts once the old one is out of the way."""
+    since = time.monotonic() if since is None else since
+    if session._state == AppSessionState.SHUTDOWN_REQUESTED or (
+            session._scriptrunner is None and not replaced_still_running(session, since)):
         _create_scriptrunner(session, rerun_data)
+        session._playground_runner = session._scriptrunner          # the runner the next one may have to wait for
         return
-    session._event_loop.call_later(RETRY_SECONDS, retry, session, rerun_data)
+    session._event_loop.call_later(RETRY_SECONDS, retry, session, rerun_data, since)
 
 
-def retry(session: AppSession, rerun_data: RerunData) -> None:
+def replaced_still_running(session: AppSession, since: float) -> bool:
+    """The session's last runner, told to stop (fastReruns), is still inside its script, and not for too long."""
+    runner = getattr(session, "_playground_runner", None)
+    thread = getattr(runner, "_script_thread", None)
+    return (thread is not None and thread.is_alive() and thread is not threading.current_thread()
+            and time.monotonic() - since < STOP_WAIT_SECONDS)
+
+
+def retry(session: AppSession, rerun_data: RerunData, since: float) -> None:
     """The request again: to a runner that takes it, or to a new runner once the stopped one is gone."""
     if session._state == AppSessionState.SHUTDOWN_REQUESTED:
         return
     runner = session._scriptrunner
     if runner is not None and runner.request_rerun(rerun_data):
         return
-    create_runner_in_turn(session, rerun_data)
+    create_runner_in_turn(session, rerun_data, since)
 
 
 def install() -> None:

@@ -1,8 +1,13 @@
 """app/runner_fixes.py: a tick from a page the session left is skipped; a new runner waits for the old one's
-last messages. The race itself needs a loaded server (bench/watch.py); here, the rules each fix applies."""
+last messages; a press during a run starts the next run only once that run has left its script. The first two
+races need a loaded server (bench/watch.py): here, the rules each fix applies. The third is shown for real: a
+Streamlit server process and the browser's own protocol (bench/st_client.py)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 from streamlit.runtime.app_session import AppSession, AppSessionState
@@ -11,6 +16,10 @@ from streamlit.runtime.scriptrunner.script_runner import ScriptRunner
 
 from app import runner_fixes
 from app.runner_fixes import create_runner_in_turn, install, installed, stale
+from servers import ROOT, free_port, python, wait_ready
+
+sys.path.insert(0, str(ROOT / "bench"))
+from st_client import Person  # noqa: E402
 
 HOME, JOURNEY = "home-hash", "journey-hash"
 
@@ -65,3 +74,63 @@ def test_without_a_runner_one_starts_at_once(monkeypatch):
     session = SimpleNamespace(_scriptrunner=None, _state=AppSessionState.APP_NOT_RUNNING, _event_loop=None)
     create_runner_in_turn(session, RerunData())
     assert len(created) == 1
+
+
+# A page whose run, once Go is pressed, blocks 1.5 s with no `st` call (as the journey page waits for the model's next
+# token) and marks its run no longer live in its `finally`, on the object, as app/run.py's follow() does (a stopped
+# run's `st.session_state` refuses writes: StopException). Stop pressed meanwhile: the next run must see it done.
+BLOCKING_PAGE = """
+import time
+import streamlit as st
+from app.runner_fixes import install
+
+if st.query_params.get("fixed"):
+    install()                       # for every session from now on: the session without it goes first
+go = st.button("Go", key="go")
+st.button("Stop", key="stop")
+if go:
+    run = st.session_state.run = {"live": True}
+    try:
+        st.write("started")
+        time.sleep(1.5)
+        st.write("finished")
+    finally:
+        run["live"] = False
+st.write(f"live: {st.session_state.get('run', {}).get('live')}")
+"""
+
+
+def test_a_press_during_a_run_starts_the_next_run_after_it_not_beside_it(tmp_path):
+    """Streamlit alone starts the next run while the stopped one still blocks, so it draws the run as live (the
+    journey page drew a stopped answer as still generating); with the fix, after the stopped run's `finally`."""
+    script, port, log = tmp_path / "page.py", free_port(), tmp_path / "streamlit.log"
+    script.write_text(BLOCKING_PAGE)
+    with open(log, "w") as out:
+        proc = subprocess.Popen([python(), "-m", "streamlit", "run", str(script), "--server.port", str(port),
+                                 "--server.headless", "true", "--browser.gatherUsageStats", "false"],
+                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc, log, timeout=60, path="/_stcore/health")
+        assert asyncio.run(press_go_then_stop(url, "")) == ["live: True"]       # the race, as Streamlit 1.67 runs it
+        assert asyncio.run(press_go_then_stop(url, "fixed=1")) == ["live: False"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+async def press_go_then_stop(url: str, query: str) -> list[str]:
+    """What the run after Stop drew (fastReruns on, as by default)."""
+    person = Person(url)
+    await person.open(query=query)
+    try:
+        assert await person.until(lambda p: p.runs >= 1 and "stop" in p.widgets, 30)
+        await person.press("go")
+        assert await person.until(lambda p: p.shows("started"), 30)
+        runs = person.runs
+        await person.press("stop")
+        assert await person.until(lambda p: p.runs > runs and p.shows("live:"), 30)
+        return [t for t in person.texts if t.startswith("live:")]
+    finally:
+        await person.close()
