@@ -26,6 +26,8 @@ from conftest import tiny_prompt  # noqa: E402
 from servers import running_server, tiny_args  # noqa: E402
 from engine.core.generate import GenerationRequest, generate  # noqa: E402
 
+pytestmark = pytest.mark.serial
+
 SHARED = "Read this passage and answer the question after it. " * 8        # a long shared start (416 chars)
 
 

@@ -21,6 +21,8 @@ from servers import ROOT, free_port, python, tiny_args, wait_ready
 sys.path.insert(0, str(ROOT / "bench"))
 from st_client import Person  # noqa: E402
 
+pytestmark = pytest.mark.serial
+
 RUN_LINK = re.compile(r"\?run=(run-[0-9a-f]+)")
 
 

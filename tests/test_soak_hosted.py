@@ -14,6 +14,8 @@ import pytest
 
 from servers import free_port
 
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

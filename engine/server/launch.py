@@ -69,9 +69,6 @@ def secret(value: str | None, what: str) -> str | None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from engine.server.app import serve
-    from engine.server.state import ServerState
-
     api_key, token = secret(args.api_key, "API key"), secret(args.presenter_token, "presenter token")
     if args.runs_dir:                 # read by engine/store, here and in every replica (they inherit PLAYGROUND_*)
         os.environ["PLAYGROUND_RUNS_DIR"] = args.runs_dir
@@ -85,6 +82,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                  bool(api_key)), file=sys.stderr, flush=True)
     if args.replicas or args.ray_address:
         return serve_replicas(args, api_key, token)
+    from engine.server.app import serve            # here, after the checks: a refused start answers at once, not
+    from engine.server.state import ServerState    # after importing torch and transformers (9 s on a 2-core CPU)
+
     state = ServerState(served_name=args.served_model_name or "", api_key=api_key)
     serve(state, lambda progress: load_service(args, state, token, progress), args.host, args.port, args.log_level)
     return 0
