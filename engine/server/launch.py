@@ -110,6 +110,8 @@ def load_service(args: argparse.Namespace, state: Any, token: str | None, progre
     from engine.serving.limits import Limits, limits_from_flags
 
     lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=progress)
+    # Not yet ready to serve: a 503 meanwhile said "the model is still loading (ready (100%))".
+    progress(1.0, "loaded; opening the run store and starting the scheduler")
     if lm.device.type == "cpu":
         print(cpu_threads(args.threads), file=sys.stderr, flush=True)
     limits = limits_from_flags(args, Limits.for_device(lm.device).with_env())
