@@ -30,7 +30,8 @@ thirty followers move to another page at once, so the server is seconds behind. 
    stop-only run ended on "Generating with SmolLM2…" (bench/soak_hosted.py). Two runs of one session at once
    also write its state at once. Fix: a new runner waits until the one it replaces has left its script (its
    thread has ended: every `finally` has run), as Streamlit does with fastReruns off, for at most
-   STOP_WAIT_SECONDS; a runner stuck longer than that (a read with no timeout) no longer holds the page.
+   STOP_WAIT_SECONDS; a runner stuck longer than that (a read with no timeout) no longer holds the page. Requests
+   that come meanwhile wait behind the first, and reach the new runner in the order they were sent.
 
 `install()` is idempotent; app/main.py calls it at the top of every run.
 """
@@ -62,16 +63,40 @@ def run_unless_stale(runner: ScriptRunner, rerun_data: RerunData) -> None:
     _run_script(runner, rerun_data)
 
 
-def create_runner_in_turn(session: AppSession, rerun_data: RerunData, since: float | None = None) -> None:
+def create_runner_in_turn(session: AppSession, rerun_data: RerunData) -> None:
     """Streamlit calls this when the current runner refused a rerun (it has stopped), when there is none, and when
-    fastReruns has just told the running one to stop. The new runner starts once the old one is out of the way."""
-    since = time.monotonic() if since is None else since
-    if session._state == AppSessionState.SHUTDOWN_REQUESTED or (
-            session._scriptrunner is None and not replaced_still_running(session, since)):
+    fastReruns has just told the running one to stop. The request waits, behind any that wait already (in the order
+    the browser sent them), until the old runner is out of the way."""
+    if session._state == AppSessionState.SHUTDOWN_REQUESTED:
         _create_scriptrunner(session, rerun_data)
-        session._playground_runner = session._scriptrunner          # the runner the next one may have to wait for
         return
-    session._event_loop.call_later(RETRY_SECONDS, retry, session, rerun_data, since)
+    queued = getattr(session, "_playground_queued", None)
+    if queued:
+        queued.append(rerun_data)
+        return
+    session._playground_queued = [rerun_data]
+    hand_over(session, time.monotonic())
+
+
+def hand_over(session: AppSession, since: float) -> None:
+    """The waiting requests, oldest first: the first starts a new runner once the old one has left its script (or
+    `STOP_WAIT_SECONDS` after the first request), the rest go to that runner as reruns; else try again shortly."""
+    queued = session._playground_queued
+    if session._state == AppSessionState.SHUTDOWN_REQUESTED:
+        queued.clear()
+        return
+    runner = session._scriptrunner
+    if runner is None and not replaced_still_running(session, since):
+        try:
+            _create_scriptrunner(session, queued.pop(0))
+        except Exception:
+            queued.clear()                   # as Streamlit does: this request fails with its error, the next starts anew
+            raise
+        runner = session._playground_runner = session._scriptrunner   # the runner the next one may wait for
+    while queued and runner is not None and runner.request_rerun(queued[0]):
+        queued.pop(0)
+    if queued:
+        session._event_loop.call_later(RETRY_SECONDS, hand_over, session, since)
 
 
 def replaced_still_running(session: AppSession, since: float) -> bool:
@@ -80,16 +105,6 @@ def replaced_still_running(session: AppSession, since: float) -> bool:
     thread = getattr(runner, "_script_thread", None)
     return (thread is not None and thread.is_alive() and thread is not threading.current_thread()
             and time.monotonic() - since < STOP_WAIT_SECONDS)
-
-
-def retry(session: AppSession, rerun_data: RerunData, since: float) -> None:
-    """The request again: to a runner that takes it, or to a new runner once the stopped one is gone."""
-    if session._state == AppSessionState.SHUTDOWN_REQUESTED:
-        return
-    runner = session._scriptrunner
-    if runner is not None and runner.request_rerun(rerun_data):
-        return
-    create_runner_in_turn(session, rerun_data, since)
 
 
 def install() -> None:

@@ -8,6 +8,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 from types import SimpleNamespace
 
 from streamlit.runtime.app_session import AppSession, AppSessionState
@@ -64,6 +65,43 @@ def test_a_new_runner_waits_until_the_stopped_one_has_shut_down(monkeypatch):
         session._scriptrunner = None                  # its SHUTDOWN event was handled: all its messages are out
         await asyncio.sleep(5 * runner_fixes.RETRY_SECONDS)
         assert created == [tick]                      # the request was kept, and runs now, once
+
+    asyncio.run(scenario())
+
+
+class Runner:
+    """A runner as the session sees one: its script thread, and the reruns it was handed."""
+
+    def __init__(self, first: RerunData, thread: threading.Thread | None = None):
+        self.runs, self._script_thread = [first], thread
+
+    def request_rerun(self, rerun_data) -> bool:
+        self.runs.append(rerun_data)
+        return True
+
+
+def test_presses_during_a_run_wait_for_it_to_leave_its_script_then_arrive_in_order(monkeypatch):
+    """fastReruns stopped the running runner and dropped it; its script is still inside a read (a thread that has
+    not ended). Two presses meanwhile start nothing; once it ends, the first starts the new runner and the second
+    reaches it after, as the browser sent them."""
+    monkeypatch.setattr(runner_fixes, "_create_scriptrunner",
+                        lambda session, data: setattr(session, "_scriptrunner", Runner(data)))
+    leave = threading.Event()
+    old = threading.Thread(target=leave.wait, args=(30,))
+    old.start()
+
+    async def scenario() -> None:
+        session = SimpleNamespace(_scriptrunner=None, _state=AppSessionState.APP_NOT_RUNNING,
+                                  _event_loop=asyncio.get_running_loop(), _playground_runner=Runner(None, old))
+        stop, generate = RerunData(page_name="stop"), RerunData(page_name="generate")
+        create_runner_in_turn(session, stop)
+        create_runner_in_turn(session, generate)
+        await asyncio.sleep(5 * runner_fixes.RETRY_SECONDS)
+        assert session._scriptrunner is None                  # the old script has not left: nothing runs beside it
+        leave.set()
+        old.join(5)
+        await asyncio.sleep(5 * runner_fixes.RETRY_SECONDS)
+        assert session._scriptrunner.runs == [stop, generate]
 
     asyncio.run(scenario())
 
