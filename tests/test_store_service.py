@@ -9,7 +9,7 @@ import pytest
 from conftest import tiny_prompt
 from engine import runs as run_files
 from engine.core.generate import GenerationRequest
-from engine.core.hooks import CAPTURE_OFF
+from engine.core.hooks import CAPTURE_OFF, CapturePolicy
 from engine.service import ondisk
 from engine.service.runs import NothingKeptError, RunNotFoundError
 from engine.service.service import EngineService
@@ -67,6 +67,28 @@ def test_a_run_the_disk_refuses_stays_readable_in_memory_and_is_written_once_it_
             time.sleep(0.1)
         assert not service.writer.pending and disk.row(run_id).size > 0 and run_id not in service.runs
         assert service.run_slice(run_id).info.state == "done"        # from its file now
+    finally:
+        service.close()
+
+
+def test_a_captured_run_the_disk_refuses_is_not_evicted_as_it_closes(tiny_lm, tmp_path, monkeypatch):
+    """Memory over its bounds (runs waiting for a full disk hold it): a run that kept its layer inputs settles them as
+    it closes, which evicts; it must be held first, or it is gone before its file is written (the hosted hour lost
+    138 captured pages' runs in its disk-full window that way)."""
+    monkeypatch.setattr(ondisk, "RETRY_SECONDS", 0.2)
+    disk = open_store(tmp_path, 1024)                                    # every write is refused
+    service = EngineService(tiny_lm, disk=disk)
+    try:
+        service.runs.max_bytes = 1
+        request = GenerationRequest(tiny_prompt(6, seed=3), max_new_tokens=3, chat=False)
+        handle = service.submit(request, CapturePolicy(attention=False, inputs=None), source="page")
+        list(handle.records())
+        assert service.writer.flush(30) and list(service.writer.pending) == [handle.run_id]
+        disk.budget = 2**26
+        deadline = time.monotonic() + 20
+        while service.writer.pending and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert disk.row(handle.run_id).size > 0 and service.run_slice(handle.run_id).info.state == "done"
     finally:
         service.close()
 

@@ -241,8 +241,13 @@ class EngineService:
         """Every record of every run goes to the run store; a job keeps its progress, not its result."""
         if record is Handle.END:
             error = str(handle.error) if handle.error is not None else None
+            written = self.writer is not None and handle.job is None
+            # Held before it closes: closing a captured run settles its kept inputs and may evict, and with memory
+            # full of runs waiting for a full disk it went before its file was written (the hosted hour lost 138).
+            if written:
+                self.runs.hold(handle.run_id)
             self.runs.close(handle.run_id, handle.state, error)
-            if self.writer is not None and handle.job is None:
+            if written:
                 self.writer.finished(handle.run_id)          # its run file, written in the writer's thread
         elif handle.job is None or isinstance(record, JobProgress):
             self.runs.append(handle.run_id, record)
