@@ -13,7 +13,7 @@ from app.nav import page_info
 from app.presenter import SETTINGS, TOKEN_KEY, Push, is_presenter, presenter_board
 from app.request import Prepared
 from app.recent import remember
-from app.run import LAST_RUN, Draft, Run, capture_policy, new_run, run_from_slice, stream_generation
+from app.run import LAST_RUN, Draft, Run, capture_policy, new_run, run_from_slice, settle, stream_generation
 from app.session import session_id
 from app.widgets import stopped_in_line_key
 from app.watch import FORM_KEY
@@ -61,6 +61,8 @@ def run_live(lm: ModelClient, prepared: Prepared, ns: str, stop_slot: st.delta_g
         stop_slot.empty()
         if interrupted and run.prefill is None:  # the rerun says so (else it shows the run before, as if unheard)
             st.session_state[stopped_in_line_key(ns)] = True  # said by generate_button
+        elif interrupted:
+            settle(lm, run)                      # its link is shown once the server has its file
     if run.warning:
         notice.warning(run.warning)
     elif run.prefill is None:

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from engine.core.generate import GenerationRequest
+from engine.errors import EngineError
 from engine.core.hooks import CapturePolicy, LayerCapture
 from engine.core.records import CacheState, DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
 from engine.projection.specs import ModelSpec
@@ -36,6 +37,8 @@ from engine.speculative.decode import SpecRoundRecord
 from engine.serving.capture import LOGIT_LENS_TOP, capture_policy  # noqa: F401 - the pages' capture, named here
 
 LAST_RUN = "last_run"                 # st.session_state key shared by all pages
+PAST_ANY_END = 2**31                   # a record index past any run's end: a wait from it returns when the run ends
+SETTLE_SECONDS = 8.0                   # the longest a stopped run's page waits for the server to keep it
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ class Run:
     source: str | None = None       # the recording's title when the run was loaded from a file
     warning: str | None = None      # why the server stopped it early (its time limit), for the page to show
     speculation: Speculation | None = None   # set for speculative decoding
+    kept: bool | None = None        # after a Stop: whether the server said its file is on disk (None: not asked)
 
     def add(self, record: Record | SpecRoundRecord) -> None:
         if isinstance(record, PrefillRecord):
@@ -110,6 +114,9 @@ class Run:
         """The run's state in one sentence, for the line above its answer."""
         if self.status == "running":
             return f"Generating with {self.model}…"
+        if self.status == "stopped" and self.kept is False:
+            return (f"Stopped after {len(self.tokens)} tokens, shown below; the model server went away as it "
+                    "stopped, so this run was not kept and has no link.")
         if self.status == "stopped":
             return f"Stopped after {len(self.tokens)} tokens; what streamed so far is kept below."
         reason = {"eos": "the model ended its answer", "length": "the token limit was reached",
@@ -257,6 +264,15 @@ def stream_generation(lm: ModelClient, run: Run, on_record: Callable[[Run], None
         spec.baseline.id = baseline.run_id
         follow(baseline, spec.baseline, run, on_record, on_wait, keep_captures=False)
     return run
+
+
+def settle(lm: ModelClient, run: Run) -> None:
+    """After a Stop: wait until the server has ended the run and written its file, so that the link the page shows
+    opens whatever dies next; `run.kept` is False when the server could not say (it went away as the run stopped)."""
+    try:
+        run.kept = not lm.run_wait(run.id, PAST_ANY_END, SETTLE_SECONDS).info.live
+    except EngineError:
+        run.kept = False
 
 
 def follow(handle: Any, into: Run, run: Run, on_record: Callable[[Run], None],

@@ -241,6 +241,9 @@ def judged(p: Person, shown_before: str | None, alerts: list[str]) -> tuple:
         return ("failed" if failed else "refused"), p.errors[0][:200], None
     if run_id is not None and run_id != shown_before:
         return "served", "", run_id
+    unkept = next((t for t in p.texts if t.startswith("Stopped after") and "was not kept" in t), None)
+    if unkept is not None:
+        return "failed", unkept[:200], None        # stopped as the model server went away: said, and no link
     if any(t.startswith(STOPPED_IN_LINE) for t in p.texts):
         return "served", "", None          # Stop pressed while it waited in line (app/widgets.py): nothing to open
     restart = said(p, "") or next(iter(restart_lines(alerts)), "")

@@ -209,6 +209,38 @@ def test_a_streaming_runs_newest_row_and_lens_are_derived_by_run_id_on_either_tr
         np.testing.assert_allclose([t[0][1] for t in lens.top], [want[i].lens[0][1] for i in lens.layers], atol=1e-5)
 
 
+class Stop(Exception):
+    """What Streamlit raises in a page's script when its person presses Stop."""
+
+
+def test_a_page_that_stops_a_run_shows_its_link_once_the_server_has_its_file(server, tiny_lm):
+    """app/run.py `settle`, as app/live.py calls it after a Stop: the page's run stops at its second record, then the
+    page asks the server and says the run is kept only once its file opens; a server that went away as it stopped
+    gets a line saying the run was not kept, and no link."""
+    from app.run import new_run, settle, stream_generation
+    from engine.service.client import RemoteModel
+
+    lm = RemoteModel(server[0])
+    request = GenerationRequest(tiny_prompt(6, seed=9), max_new_tokens=240, chat=False)
+    run = new_run(lm, request, CapturePolicy(attention=False, stats=False), None)
+
+    def press_stop(r) -> None:
+        if len(r.tokens) == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        stream_generation(lm, run, press_stop)
+    settle(lm, run)
+    assert run.kept is True and run.status == "stopped" and "kept below" in run.status_line()
+    assert httpx.get(f"{server[0]}/v1/playground/runs/{run.id}/file", timeout=10).status_code == 200
+    with socket.socket() as s:                               # a port nobody answers on: the server went away
+        s.bind(("127.0.0.1", 0))
+        lm.http = httpx.Client(base_url=f"http://127.0.0.1:{s.getsockname()[1]}", timeout=5)
+        run.kept = None
+        settle(lm, run)
+    assert run.kept is False and "was not kept" in run.status_line() and "?run=" not in run.status_line()
+
+
 def test_the_run_stream_sends_every_record_then_ends(server, client, model):
     reply = client.completions.create(model=model, prompt=tiny_prompt(5), max_tokens=5, temperature=0)
     with httpx.stream("GET", f"{server[0]}/v1/playground/runs/{reply.playground['run_id']}/stream", timeout=30) as r:

@@ -107,3 +107,23 @@ def test_runs_waiting_for_the_disk_are_held_by_their_files_size_not_their_count(
         assert all(service.run_slice(run_id).info.state == "done" for run_id in later)
     finally:
         service.close()
+
+
+def test_a_wait_that_sees_a_stopped_run_end_returns_once_its_file_is_on_disk(tiny_lm, tmp_path, monkeypatch):
+    """A page that stopped a run asks run_wait from past its end before it shows the run's link (app/run.py `settle`):
+    it must come back with the file on disk, not as the run closes (the hosted hour lost a stopped run that way
+    when the model server was killed between the two)."""
+    disk = open_store(tmp_path, 2**26)
+    put = disk.put
+    monkeypatch.setattr(disk, "put", lambda row, data: (time.sleep(0.5), put(row, data)))   # a slow disk
+    service = EngineService(tiny_lm, disk=disk)
+    try:
+        request = GenerationRequest(tiny_prompt(6, seed=7), max_new_tokens=200, chat=False)
+        handle = service.submit(request, CAPTURE_OFF, source="page")
+        next(iter(handle.records()))
+        handle.cancel()                                     # Stop
+        part = service.run_wait(handle.run_id, 2**31, timeout=10)
+        assert not part.info.live and part.records == []
+        assert run_files.loads(disk.read(handle.run_id)).token_ids      # on disk already, not on its way
+    finally:
+        service.close()

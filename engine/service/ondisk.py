@@ -1,7 +1,7 @@
 """The service's finished runs on disk (engine/store), and back.
 
     writer = RunWriter(service.runs, disk, file_of=lambda part: ...)   # a thread of its own
-    writer.finished(run_id)               # when a run ends: its run file is written in the background
+    writer.ending(run_id); ...close it...; writer.finished(run_id)   # its run file, written in the background
     writer.flush(timeout=10)              # every finished run so far is on disk (or waits for space)
     part = slice_from_disk(disk, run_id, limits)   # a kept run as the service's RunSlice, its records from the file
 
@@ -52,11 +52,16 @@ class RunWriter:
         self._thread = threading.Thread(target=self._loop, name="playground-run-writer", daemon=True)
         self._thread.start()
 
-    def finished(self, run_id: str) -> None:
+    def ending(self, run_id: str) -> None:
+        """Before a run closes: held in memory until its file is on disk (closing a captured run settles its kept
+        inputs and may evict), and waited for by `written` from the moment a reader can see it ended."""
         with self._idle:
             self._busy += 1
             self._waiting[run_id] = threading.Event()
-        self.runs.hold(run_id)               # not evicted from memory before its file is on disk
+        self.runs.hold(run_id)
+
+    def finished(self, run_id: str) -> None:
+        """After it closed (`ending` first): its file is written in the writer's thread."""
         self._queue.put(run_id)
 
     def written(self, run_id: str, timeout: float = WAIT_SECONDS) -> None:

@@ -243,9 +243,10 @@ class EngineService:
             error = str(handle.error) if handle.error is not None else None
             written = self.writer is not None and handle.job is None
             # Held before it closes: closing a captured run settles its kept inputs and may evict, and with memory
-            # full of runs waiting for a full disk it went before its file was written (the hosted hour lost 138).
+            # full of runs waiting for a full disk it went before its file was written (the hosted hour lost 138);
+            # and a reader woken by the close (run_wait) waits for the file.
             if written:
-                self.runs.hold(handle.run_id)
+                self.writer.ending(handle.run_id)
             self.runs.close(handle.run_id, handle.state, error)
             if written:
                 self.writer.finished(handle.run_id)          # its run file, written in the writer's thread
@@ -319,10 +320,15 @@ class EngineService:
             return self._from_disk(run_id, since)
 
     def run_wait(self, run_id: str, since: int, timeout: float) -> RunSlice:
+        """The records after `since`, waiting up to `timeout` for one; a run that has ended comes back once its
+        file is on disk (a page that stopped a run asks this before it shows the run's link)."""
         try:
-            return self.runs.wait(run_id, since, timeout)
+            part = self.runs.wait(run_id, since, timeout)
         except RunNotFoundError:
             return self._from_disk(run_id, since)            # finished: nothing more will come
+        if not part.info.live:
+            self.written(run_id)
+        return part
 
     def run_list(self, limit: int = 50) -> list[RunInfo]:
         """The newest runs, those in memory and those only on disk."""
