@@ -153,15 +153,19 @@ def prompt_box(ns: str, default: str = DEFAULT_PROMPT, height: int = 110) -> str
 def sampling_controls(ns: str, max_new_default: int = 48, max_new_limit: int = MAX_NEW_LIMIT) -> Sampling:
     for message in sanitize_settings(ns, max_new_limit):
         st.warning(message)
+    defaults = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, "max_new": min(max_new_default, max_new_limit)}
+    for name, value in defaults.items():           # set here, not as the widgets' values: a push, a recording or a
+        st.session_state.setdefault(f"{ns}.{name}", value)   # link may have set them (Streamlit warns of both)
     cols = st.columns(5)
-    temperature = cols[0].slider("Temperature", 0.0, 2.0, 0.0, 0.05, key=f"{ns}.temperature",
+    temperature = cols[0].slider("Temperature", 0.0, 2.0, step=0.05, key=f"{ns}.temperature",
                                  help="0 picks the most likely token every time (greedy).")
-    top_k = cols[1].number_input("Top-k", 0, 1000, 0, 1, key=f"{ns}.top_k", help="Keep only the k most likely tokens; 0 = off.")
-    top_p = cols[2].slider("Top-p", 0.05, 1.0, 1.0, 0.05, key=f"{ns}.top_p",
+    top_k = cols[1].number_input("Top-k", 0, 1000, step=1, key=f"{ns}.top_k",
+                                 help="Keep only the k most likely tokens; 0 = off.")
+    top_p = cols[2].slider("Top-p", 0.05, 1.0, step=0.05, key=f"{ns}.top_p",
                            help="Keep the smallest set of tokens whose probabilities add up to p; 1 = off.")
-    seed = cols[3].number_input("Seed", 0, 2**31 - 1, 0, 1, key=f"{ns}.seed", help="Same seed, same sampled answer.")
-    max_new = cols[4].number_input("Max new tokens", 1, max_new_limit, min(max_new_default, max_new_limit), 1,
-                                   key=f"{ns}.max_new", help=f"This server allows at most {max_new_limit}.")
+    seed = cols[3].number_input("Seed", 0, 2**31 - 1, step=1, key=f"{ns}.seed", help="Same seed, same sampled answer.")
+    max_new = cols[4].number_input("Max new tokens", 1, max_new_limit, step=1, key=f"{ns}.max_new",
+                                   help=f"This server allows at most {max_new_limit}.")
     return Sampling(float(temperature), int(top_k), float(top_p), int(seed), int(max_new))
 
 
