@@ -2,6 +2,7 @@
 
     python bench/room_browser.py                 # 6 sessions, 48 new tokens, batched and one at a time
     python bench/room_browser.py --sessions 6 --tokens 48 --modes batched remote "remote, 2 web processes"
+    python bench/room_browser.py --modes batched --threads auto 1 2 --rounds 2 --out /tmp/threads.json
 
 For each mode the app is started as `make run` starts it (one at a time is PLAYGROUND_MAX_BATCH=1, how the
 server worked before continuous batching; "remote" is `playground --web-processes 1`: the model in its own server
@@ -35,6 +36,7 @@ PROMPTS = ("Write a short story about a lighthouse keeper.", "Write a short stor
            "Write a short story about a snowman in summer.", "Write a short story about a library at night.")
 # answers that run to the token limit, so the one alone and the N together do the same work
 RESULTS = ROOT / "bench" / "results" / "room_browser.json"
+LAUNCH = {"remote": ["--web-processes", "1"], "remote, 2 web processes": ["--web-processes", "2"]}   # `playground` args
 
 
 def free_port() -> int:
@@ -164,18 +166,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--modes", nargs="+", default=["one at a time", "batched"])
     parser.add_argument("--repeats", type=int, default=3, help="runs alone and runs together, each (medians)")
+    parser.add_argument("--threads", nargs="+", metavar="N", help="PLAYGROUND_THREADS settings to compare (e.g. "
+                        "auto 1 2): each mode once per setting, in alternating rounds (--rounds)")
+    parser.add_argument("--rounds", type=int, default=2, help="with --threads: rounds over the settings")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    if args.threads:
+        return compare_threads(args)
     from playwright.sync_api import sync_playwright
 
     env = {"one at a time": {"PLAYGROUND_MAX_BATCH": "1"}, "batched": {}, "remote": {}, "remote, 2 web processes": {}}
-    launch = {"remote": ["--web-processes", "1"], "remote, 2 web processes": ["--web-processes", "2"]}
     report = {"what": f"{args.sessions} browser sessions press Generate together on the journey page "
                       f"({args.tokens} new tokens, capture on), against one session alone",
               "load_average": os.getloadavg(), "modes": {}}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         for mode in args.modes:
-            proc, url = start_app(env[mode], launch.get(mode, []))
+            proc, url = start_app(env[mode], LAUNCH.get(mode, []))
             try:
                 report["modes"][mode] = result = measure(browser, url, proc, args.sessions, args.tokens, args.repeats)
             finally:
@@ -188,7 +195,44 @@ def main(argv: list[str] | None = None) -> int:
                   f"{result['cpu_s_together']}", flush=True)
         browser.close()
     report["load_average_after"] = os.getloadavg()
-    return write_report(report, RESULTS)
+    return write_report(report, args.out)
+
+
+def compare_threads(args: argparse.Namespace) -> int:
+    """Each mode under each PLAYGROUND_THREADS setting, the settings alternating round by round (so the machine's
+    other users weigh on each alike); the medians over the rounds, and each setting against the best fixed one."""
+    from playwright.sync_api import sync_playwright
+
+    runs: dict[str, dict[str, list[dict]]] = {m: {t: [] for t in args.threads} for m in args.modes}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        for r in range(args.rounds):
+            for mode in args.modes:
+                for threads in args.threads:
+                    proc, url = start_app({"PLAYGROUND_THREADS": threads}, LAUNCH.get(mode, []))
+                    try:
+                        result = measure(browser, url, proc, args.sessions, args.tokens, args.repeats)
+                    finally:
+                        proc.terminate()
+                        proc.wait(timeout=30)
+                    runs[mode][threads].append(result)
+                    print(f"round {r + 1}, {mode}, threads {threads}: alone {result['alone_s']:.1f} s, last of "
+                          f"{args.sessions} {result['last_done_s']:.1f} s", flush=True)
+        browser.close()
+    table = {mode: {t: {k: statistics.median(x[k] for x in rs) for k in ("alone_s", "last_done_s")}
+                    for t, rs in by.items()} for mode, by in runs.items()}
+    for mode, by in table.items():
+        fixed = [t for t in by if t != "auto"]
+        for key in ("alone_s", "last_done_s"):
+            best = min((by[t][key] for t in fixed), default=None)
+            for t in by:
+                by[t][key.replace("_s", "_over_best_fixed")] = by[t][key] / best if best else None
+    report = {"what": f"{args.sessions} browser sessions press Generate together on the journey page ({args.tokens} "
+                      f"new tokens, capture on), and one alone, under PLAYGROUND_THREADS = {', '.join(args.threads)}, "
+                      f"{args.rounds} alternating rounds, medians", "load_average": os.getloadavg(),
+              "table": table, "runs": runs}
+    print(json.dumps(table, indent=1))
+    return write_report(report, args.out)
 
 
 def write_report(report: dict, path: Path) -> int:
