@@ -58,11 +58,11 @@ def run_live(lm: ModelClient, prepared: Prepared, ns: str, stop_slot: st.delta_g
         notice.error(str(err))
         return None
     finally:
-        stop_slot.empty()
+        if interrupted and run.prefill is not None:
+            settle(lm, run)    # its link is shown once the server has its file; first: after Stop, every st call
+        stop_slot.empty()      # below raises again (Streamlit's STOP request stays set in the stopped runner)
         if interrupted and run.prefill is None:  # the rerun says so (else it shows the run before, as if unheard)
             st.session_state[stopped_in_line_key(ns)] = True  # said by generate_button
-        elif interrupted:
-            settle(lm, run)                      # its link is shown once the server has its file
     if run.warning:
         notice.warning(run.warning)
     elif run.prefill is None:

@@ -90,7 +90,7 @@ class Run:
     source: str | None = None       # the recording's title when the run was loaded from a file
     warning: str | None = None      # why the server stopped it early (its time limit), for the page to show
     speculation: Speculation | None = None   # set for speculative decoding
-    kept: bool | None = None        # after a Stop: whether the server said its file is on disk (None: not asked)
+    kept: bool | None = None        # stopped: whether the server said its file is on disk (None: not asked)
 
     def add(self, record: Record | SpecRoundRecord) -> None:
         if isinstance(record, PrefillRecord):
@@ -301,6 +301,7 @@ def run_from_slice(part: RunSlice, spec: ModelSpec, into: Run | None = None) -> 
     for record in part.records:
         run.add(compact(record))
     run.live = part.info.live
+    run.kept = not part.info.live or None          # read back from the server: it has it
     if part.info.error and not part.info.live:
         run.warning = part.info.error
     return run

@@ -109,8 +109,8 @@ class ResultView:
         """
         if not (final or self.text_throttle()):
             return
-        link = "" if run.status == "running" or run.kept is False else \
-            f" It opens again at ?run={run.id} (kept on the server's disk)."
+        unkept = run.status == "running" or (run.status == "stopped" and not run.kept)   # a Stop's file: `settle`
+        link = "" if unkept else f" It opens again at ?run={run.id} (kept on the server's disk)."
         self._show(self.status, "caption", run.status_line() + link)
         self._show(self.answer, "text", run.text or "…")
         if not (final or self.chart_throttle()):
