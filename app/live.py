@@ -15,7 +15,7 @@ from app.request import Prepared
 from app.recent import remember
 from app.run import LAST_RUN, Draft, Run, capture_policy, new_run, run_from_slice, settle, stream_generation
 from app.session import session_id
-from app.widgets import stopped_in_line_key
+from app.widgets import stopped_in_line
 from app.watch import FORM_KEY
 from engine.errors import EngineError
 from engine.service.client import ModelClient, run_id as api_run_id
@@ -50,6 +50,7 @@ def run_live(lm: ModelClient, prepared: Prepared, ns: str, stop_slot: st.delta_g
             show_wait(notice, status)
 
     interrupted = True                           # until the stream ends: Stop (a rerun) or leaving the page
+    left_line = stopped_in_line()
     try:
         stream_generation(lm, run, record, wait, session_id(), draft, checked)
         interrupted = False
@@ -57,12 +58,12 @@ def run_live(lm: ModelClient, prepared: Prepared, ns: str, stop_slot: st.delta_g
         interrupted = False
         notice.error(str(err))
         return None
-    finally:
+    finally:                   # after Stop, every st call here raises again (the stopped runner's STOP stays set)
         if interrupted and run.prefill is not None:
-            settle(lm, run)    # its link is shown once the server has its file; first: after Stop, every st call
-        stop_slot.empty()      # below raises again (Streamlit's STOP request stays set in the stopped runner)
-        if interrupted and run.prefill is None:  # the rerun says so (else it shows the run before, as if unheard)
-            st.session_state[stopped_in_line_key(ns)] = True  # said by generate_button
+            settle(lm, run)                      # its link is shown once the server has its file
+        elif interrupted:                        # the rerun says so (else it shows the run before, as if unheard)
+            left_line.add(ns)
+        stop_slot.empty()
     if run.warning:
         notice.warning(run.warning)
     elif run.prefill is None:

@@ -172,9 +172,14 @@ def sampling_controls(ns: str, max_new_default: int = 48, max_new_limit: int = M
 STOPPED_IN_LINE = "Stopped before its first token: the request left the line, and nothing was generated."
 
 
-def stopped_in_line_key(ns: str) -> str:
-    """Set by app/live.py's run_live when Stop came before the first token; the next run of the page says so."""
-    return f"{ns}.stopped_in_line"
+STOPPED_IN_LINE_KEY = "live.stopped_in_line"
+
+
+def stopped_in_line() -> set[str]:
+    """The pages (namespaces) whose last request was stopped before its first token: app/live.py's run_live adds
+    one, and the next run of that page says so. A set kept in the session and changed in place, since a stopped
+    run's own `st.session_state` refuses writes (Streamlit raises its StopException again)."""
+    return st.session_state.setdefault(STOPPED_IN_LINE_KEY, set())
 
 
 def generate_button(ns: str, prepared: Prepared,
@@ -187,8 +192,10 @@ def generate_button(ns: str, prepared: Prepared,
     if not allowed:
         st.caption("The presenter runs the model for the room: their run appears here as it streams, and every "
                    "page draws it. Generating your own is off until the presenter allows it.")
-    if st.session_state.pop(stopped_in_line_key(ns), False) and not clicked:
+    said = stopped_in_line()
+    if ns in said and not clicked:
         st.caption(STOPPED_IN_LINE)
+    said.discard(ns)
     return clicked, right.empty()
 
 
