@@ -115,8 +115,8 @@ class Run:
         if self.status == "running":
             return f"Generating with {self.model}…"
         if self.status == "stopped" and self.kept is False:
-            return (f"Stopped after {len(self.tokens)} tokens, shown below; the model server went away as it "
-                    "stopped, so this run was not kept and has no link.")
+            return (f"Stopped after {len(self.tokens)} tokens, shown below; the model server did not confirm it "
+                    "kept this run (it may be restarting), so it has no link.")
         if self.status == "stopped":
             return f"Stopped after {len(self.tokens)} tokens; what streamed so far is kept below."
         reason = {"eos": "the model ended its answer", "length": "the token limit was reached",

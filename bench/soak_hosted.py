@@ -241,7 +241,7 @@ def judged(p: Person, shown_before: str | None, alerts: list[str]) -> tuple:
         return ("failed" if failed else "refused"), p.errors[0][:200], None
     if run_id is not None and run_id != shown_before:
         return "served", "", run_id
-    unkept = next((t for t in p.texts if t.startswith("Stopped after") and "was not kept" in t), None)
+    unkept = next((t for t in p.texts if t.startswith("Stopped after") and "did not confirm" in t), None)
     if unkept is not None:
         return "failed", unkept[:200], None        # stopped as the model server went away: said, and no link
     if any(t.startswith(STOPPED_IN_LINE) for t in p.texts):

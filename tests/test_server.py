@@ -238,7 +238,7 @@ def test_a_page_that_stops_a_run_shows_its_link_once_the_server_has_its_file(ser
         lm.http = httpx.Client(base_url=f"http://127.0.0.1:{s.getsockname()[1]}", timeout=5)
         run.kept = None
         settle(lm, run)
-    assert run.kept is False and "was not kept" in run.status_line() and "?run=" not in run.status_line()
+    assert run.kept is False and "did not confirm it kept" in run.status_line() and "?run=" not in run.status_line()
 
 
 def test_the_run_stream_sends_every_record_then_ends(server, client, model):
