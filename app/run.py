@@ -116,7 +116,7 @@ class Run:
             return f"Generating with {self.model}…"
         if self.status == "stopped" and self.kept is False:
             return (f"Stopped after {len(self.tokens)} tokens, shown below; the model server did not confirm it "
-                    "kept this run (it may be restarting), so it has no link.")
+                    "kept this run (it may be busy or restarting), so it has no link here.")
         if self.status == "stopped":
             return f"Stopped after {len(self.tokens)} tokens; what streamed so far is kept below."
         reason = {"eos": "the model ended its answer", "length": "the token limit was reached",
@@ -268,7 +268,10 @@ def stream_generation(lm: ModelClient, run: Run, on_record: Callable[[Run], None
 
 def settle(lm: ModelClient, run: Run) -> None:
     """After a Stop: wait until the server has ended the run and written its file, so that the link the page shows
-    opens whatever dies next; `run.kept` is False when the server could not say (it went away as the run stopped)."""
+    opens whatever dies next; `run.kept` is False when the server could not say (it went away as the run stopped),
+    and until it has said: a page drawn meanwhile (the next run's, once Streamlit stops waiting for this one) shows
+    the unconfirmed line, not a bare one."""
+    run.kept = False
     try:
         run.kept = not lm.run_wait(run.id, PAST_ANY_END, SETTLE_SECONDS).info.live
     except EngineError:

@@ -13,7 +13,7 @@ from engine.core.hooks import CAPTURE_OFF, CapturePolicy
 from engine.service import ondisk
 from engine.service.runs import NothingKeptError, RunNotFoundError
 from engine.service.service import EngineService
-from engine.store import open_store
+from engine.store import StoreError, open_store
 
 
 def finished(service: EngineService, seed: int, source: str = "api") -> str:
@@ -125,5 +125,55 @@ def test_a_wait_that_sees_a_stopped_run_end_returns_once_its_file_is_on_disk(tin
         part = service.run_wait(handle.run_id, 2**31, timeout=10)
         assert not part.info.live and part.records == []
         assert run_files.loads(disk.read(handle.run_id)).token_ids      # on disk already, not on its way
+    finally:
+        service.close()
+
+
+def test_a_run_finished_as_the_disk_takes_a_backlog_again_is_written_before_the_backlog(tiny_lm, tmp_path,
+                                                                                        monkeypatch):
+    """Once the disk takes files again, the runs it refused meanwhile are written in slices, each newly finished run
+    first: a page that stopped a run waits for its file (`run_wait`), and the hosted hour's Stop 2.6 minutes after the
+    disk was freed waited behind hundreds of held runs written in one go, past Streamlit's 10 s."""
+    monkeypatch.setattr(ondisk, "RETRY_SECONDS", 0.2)
+    disk = open_store(tmp_path, 1024)                                    # every write is refused
+    service = EngineService(tiny_lm, disk=disk)
+    try:
+        backlog = [finished(service, seed) for seed in range(12)]
+        assert service.writer.flush(30) and list(service.writer.pending) == backlog
+        put = disk.put
+        monkeypatch.setattr(disk, "put", lambda row, data: (time.sleep(0.3), put(row, data)))   # a slow disk...
+        disk.budget = 2**26                                              # ...with space again
+        deadline = time.monotonic() + 20
+        while service.writer.n_written == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        new = finished(service, 99)
+        service.written(new, timeout=20)
+        assert disk.row(new).size > 0
+        assert len(service.writer.pending) >= 6          # most of the backlog (3.6 s of writes) still waits
+        assert service.writer.flush(30)
+        deadline = time.monotonic() + 20
+        while service.writer.pending and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(disk.row(run_id).size > 0 for run_id in backlog)
+    finally:
+        service.close()
+
+
+def test_a_wait_for_a_stopped_runs_file_keeps_within_the_wait_asked_for(tiny_lm, tmp_path, monkeypatch):
+    """A page's settle must end inside Streamlit's 10 s hand-over: `run_wait` waits for the file within its `wait`."""
+    disk = open_store(tmp_path, 2**26)
+    put = disk.put
+    monkeypatch.setattr(disk, "put", lambda row, data: (time.sleep(3.0), put(row, data)))      # a very slow disk
+    service = EngineService(tiny_lm, disk=disk)
+    try:
+        request = GenerationRequest(tiny_prompt(6, seed=8), max_new_tokens=200, chat=False)
+        handle = service.submit(request, CAPTURE_OFF, source="page")
+        next(iter(handle.records()))
+        handle.cancel()
+        part = service.run_wait(handle.run_id, 2**31, timeout=0.5)
+        assert not part.info.live
+        with pytest.raises(StoreError):
+            disk.row(handle.run_id)                     # back before the file: the wait asked for came first
+        assert service.writer.flush(30) and disk.row(handle.run_id).size > 0
     finally:
         service.close()

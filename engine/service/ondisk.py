@@ -33,6 +33,8 @@ from engine.serving.limits import Limits
 from engine.store import RunDisk, StoredRun, StoreError, StoreWriteError
 
 RETRY_SECONDS = 5.0
+DRAIN_SLICE_SECONDS = 0.25             # once the disk takes files again, the backlog is written in slices this long,
+                                       # each run finished meanwhile first (a page waits for its Stop's file)
 WAIT_SECONDS = 10.0                    # the longest an answer's end waits for its file to be written
 PENDING_BYTES = 256 * 2**20           # runs held in memory while the disk refuses them, by their files' sizes
 log = logging.getLogger("engine.service")
@@ -84,11 +86,12 @@ class RunWriter:
         self._queue.put(None)
 
     def _loop(self) -> None:
+        draining = False                     # the disk took the last held file and more wait: go on at once
         while True:
             try:
-                run_id = self._queue.get(timeout=RETRY_SECONDS if self.pending else None)
+                run_id = self._queue.get(timeout=(0.0 if draining else RETRY_SECONDS) if self.pending else None)
             except queue.Empty:
-                self._retry()
+                draining = self._retry()
                 continue
             if run_id is None:
                 return
@@ -135,10 +138,17 @@ class RunWriter:
             log.warning("run store: %d runs (%.0f MiB) wait for disk space; run %s is held in memory no longer",
                         len(self.pending), sum(self.pending.values()) / 2**20, oldest)
 
-    def _retry(self) -> None:
+    def _retry(self) -> bool:
+        """Write held runs, oldest first, for at most DRAIN_SLICE_SECONDS; True when the disk took them and more wait
+        (the writer looks at newly finished runs, then goes on). An hour's backlog written in one go kept a Stop's
+        page waiting past the 10 s Streamlit gives it, so its run was drawn without its link."""
+        deadline = time.monotonic() + DRAIN_SLICE_SECONDS
         for run_id in list(self.pending):
             if not self._write(run_id):
-                return                       # still refused: the rest wait for the next try
+                return False                 # still refused: the rest wait for the next try
+            if time.monotonic() > deadline:
+                break
+        return bool(self.pending)
 
 
 def stored_row(part: RunSlice) -> StoredRun:

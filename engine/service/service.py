@@ -33,7 +33,7 @@ from engine.service import jobs as job_registry
 from engine.service.board import PresenterBoard
 from engine.service.join import room_gate
 from engine.service.metrics import ServiceMetrics
-from engine.service.ondisk import RunWriter, info_of_row, open_disk, slice_from_disk
+from engine.service.ondisk import WAIT_SECONDS, RunWriter, info_of_row, open_disk, slice_from_disk
 from engine.service.replicas import ReplicaSnapshot, ReplicaView
 from engine.service.runs import RunInfo, RunNotFoundError, RunSlice, RunStore, new_run_id
 from engine.serving.limits import Limits
@@ -322,12 +322,13 @@ class EngineService:
     def run_wait(self, run_id: str, since: int, timeout: float) -> RunSlice:
         """The records after `since`, waiting up to `timeout` for one; a run that has ended comes back once its
         file is on disk (a page that stopped a run asks this before it shows the run's link)."""
+        deadline = time.monotonic() + timeout
         try:
             part = self.runs.wait(run_id, since, timeout)
         except RunNotFoundError:
             return self._from_disk(run_id, since)            # finished: nothing more will come
         if not part.info.live:
-            self.written(run_id)
+            self.written(run_id, max(0.0, deadline - time.monotonic()))     # within the wait the caller asked for
         return part
 
     def run_list(self, limit: int = 50) -> list[RunInfo]:
@@ -338,10 +339,10 @@ class EngineService:
             runs += [info_of_row(row) for row in self.disk.rows(limit) if row.id not in seen]
         return sorted(runs, key=lambda info: info.created, reverse=True)[:limit]
 
-    def written(self, run_id: str) -> None:
+    def written(self, run_id: str, timeout: float = WAIT_SECONDS) -> None:
         """Return once a finished run's file is on disk (engine/server/streams.py holds its end back until then)."""
         if self.writer is not None:
-            self.writer.written(run_id)
+            self.writer.written(run_id, timeout)
 
     def run_file(self, run_id: str) -> bytes:
         """A finished run's run file: with its views while its residual is held here, else the one on disk, else
