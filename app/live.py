@@ -8,6 +8,8 @@ from dataclasses import replace
 from typing import Any, Callable
 
 import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
+from streamlit.runtime.scriptrunner_utils.script_requests import ScriptRequestType
 
 from app.nav import page_info
 from app.presenter import SETTINGS, TOKEN_KEY, Push, is_presenter, presenter_board
@@ -42,10 +44,12 @@ def run_live(lm: ModelClient, prepared: Prepared, ns: str, stop_slot: st.delta_g
                                                     "streamed so far stays.")
 
     def record(r: Run) -> None:
+        stop_point()
         make_current(r, notice)
         on_record(r)
 
     def wait(status: QueueStatus) -> None:
+        stop_point()
         if run.prefill is None:                  # after the first token the answer itself shows progress
             show_wait(notice, status)
 
@@ -80,6 +84,18 @@ def new_live_run(lm: ModelClient, prepared: Prepared, capture: bool, draft: Draf
     policy, note = capture_policy(lm.spec, len(prepared.ids), prepared.request.max_new_tokens, capture,
                                   limits.max_capture_bytes, limits.max_capture_layers, lm.dtype.itemsize)
     return new_run(lm, prepared.request, policy, note, draft, k), replace(prepared.checked, policy=policy)
+
+
+def stop_point() -> None:
+    """End this script now if Stop (or any press: with fastReruns every press stops the running script) is pending,
+    drawing nothing. Streamlit raises its StopException only inside an st call, and a loaded room's page redraws its
+    answer every 0.5 s x the requests running (`Throttle`), so a Stop was noticed up to ~15 s late: past the 10 s the
+    next run waits for this one (app/runner_fixes.py), which then drew the run still streaming, with neither its
+    Stop line nor its link (the hosted hour, 89bf3d8). Peeks at Streamlit's request state (internal: STOP is
+    terminal, set by `request_stop`), then makes the st call that lets Streamlit raise as it always does."""
+    requests = getattr(get_script_run_ctx(), "script_requests", None)
+    if requests is not None and getattr(requests, "_state", None) is ScriptRequestType.STOP:
+        st.empty()
 
 
 def make_current(run: Run, notice: st.delta_generator.DeltaGenerator) -> None:

@@ -434,3 +434,25 @@ def test_a_pushed_layer_and_head_reach_a_followers_attention_page(board):
     assert follower.select_slider(key=f"attention.head.{own.id}").value == 3
     follower.select_slider(key=f"attention.layer.{own.id}").set_value(0).run()
     assert follower.select_slider(key=f"attention.layer.{own.id}").value == 0     # free to explore
+
+
+def stopping_script(marks: str) -> None:
+    from pathlib import Path
+
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    from app.live import stop_point
+
+    stop_point()                                     # nothing pending: draws nothing, goes on
+    Path(marks).write_text("before")
+    get_script_run_ctx().script_requests.request_stop()     # what a press does to the running script (fastReruns)
+    stop_point()                                     # ...noticed here, with nothing drawn in between
+    Path(marks).write_text("after")
+
+
+def test_a_pending_stop_ends_the_script_at_the_next_record_not_the_next_redraw(tmp_path):
+    """In a loaded room the answer redraws every few seconds, and Streamlit raises a Stop only inside an st call:
+    every record and queue status is a stop point (app/live.py), so a Stop acts within a step."""
+    marks = tmp_path / "marks"
+    AppTest.from_function(stopping_script, args=(str(marks),)).run(timeout=30)
+    assert marks.read_text() == "before"
