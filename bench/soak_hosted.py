@@ -249,8 +249,9 @@ def judged(p: Person, shown_before: str | None, alerts: list[str]) -> tuple:
     restart = said(p, "") or next(iter(restart_lines(alerts)), "")
     if restart:
         return "refused", restart[:200], None
-    return "failed", ("the page ended without a new run's link or a message; it showed: "
-                      + " | ".join(t[:80] for t in p.texts[-6:])), None
+    status = next((t for t in p.texts if t.startswith(("Done:", "Stopped", "Generating with"))), "no status line")
+    return "failed", (f"the page ended without a new run's link or a message; its status line: {status[:160]}; "
+                      "it showed last: " + " | ".join(t[:80] for t in p.texts[-6:])), None
 
 
 def link_of(line: str | None) -> str | None:
