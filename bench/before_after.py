@@ -65,6 +65,13 @@ def ratios(before: dict, after: dict, tokens: list[int]) -> list[dict]:
     return rows
 
 
+def spread(table: dict, tokens: int, mode: str) -> str:
+    """A capture-off cell's rounds, lowest to highest: on a shared machine a round-to-round range of 20-40% is
+    common, and a ratio of medians inside it is not a change."""
+    rounds = sorted(table[(tokens, "off")]["rounds_tok_s"][mode])
+    return "-".join(f"{v:.1f}" for v in (rounds[0], rounds[-1])) if len(rounds) > 1 else f"{rounds[0]:.1f}"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--before", required=True, help="a checkout of the commit before (git worktree add)")
@@ -94,7 +101,8 @@ def main() -> int:
         for m in MODES:
             print(f"{row['tokens']:3d} tokens, {m:10s}: capture/off before {row['before']['capture_vs_off'][m]:.2f}x, "
                   f"after {row['after']['capture_vs_off'][m]:.2f}x; capture off after/before "
-                  f"{row['off_after_vs_before'][m]:.2f}x")
+                  f"{row['off_after_vs_before'][m]:.2f}x (rounds: before {spread(before, row['tokens'], m)}, "
+                  f"after {spread(after, row['tokens'], m)} tok/s)")
     print(f"wrote {args.out}")
     return 0
 
