@@ -15,7 +15,7 @@ from engine.core.lean import LeanStep, lean_step_for, why_not
 from engine.core.loader import load_model
 from engine.core.records import DoneRecord
 from engine.serving.batch import BatchRunner, Slot
-from engine.serving.threads import FIRST_HOLD, TRIAL_STEPS, ThreadTuner, fixed_threads
+from engine.serving.threads import FIRST_HOLD, LEAVE_MARGIN, MARGIN, TRIAL_STEPS, ThreadTuner, fixed_threads
 
 
 def contiguous_kv(n_layers: int):
@@ -180,6 +180,47 @@ def test_the_tuner_follows_a_change_in_the_load(monkeypatch):
     assert tuner.choice().threads == 1
     drive(tuner, {2: 0.10, 1: 0.20}, 2000)                             # the neighbours left
     assert tuner.choice().threads == 2
+
+
+def test_fewer_threads_must_win_clearly_and_every_core_wins_back_on_a_small_margin(monkeypatch):
+    """A lone request's 1-row steps differ by a few percent between the counts, as much as steps differ among
+    themselves: leaving every core needs LEAVE_MARGIN, coming back needs MARGIN."""
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    tuner = ThreadTuner(2)
+    drive(tuner, {2: 0.100, 1: 0.100 * (1 - LEAVE_MARGIN / 2)}, 500)     # one thread a little faster: noise
+    assert tuner.choice().threads == 2 and tuner.choice().changes == 0
+    drive(tuner, {2: 0.100, 1: 0.100 * (1 - 2 * LEAVE_MARGIN)}, 2000)   # clearly faster: a busy machine
+    assert tuner.choice().threads == 1
+    drive(tuner, {2: 0.100 * (1 - 2 * MARGIN), 1: 0.100}, 2000)         # every core a little faster again
+    assert tuner.choice().threads == 2
+
+
+def test_a_batch_that_grows_or_shrinks_is_tried_at_once_not_after_the_hold(monkeypatch):
+    """The presenter alone (every core faster), then a room (one thread faster beside six browsers): the tuner
+    tries again within a few steps of the room's start, not after the hundreds of steps its hold has grown to."""
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    tuner = ThreadTuner(2)
+    drive(tuner, {2: 0.10, 1: 0.11}, 3000, rows=1)
+    assert tuner.choice().threads == 2 and tuner.hold >= 256
+    used = drive(tuner, {2: 0.60, 1: 0.20}, 40, rows=6)
+    assert tuner.choice().threads == 1 and set(used[3:3 + FIRST_HOLD]) == {1}     # one step on 2, then a trial
+    trials = tuner.choice().trials
+    drive(tuner, {2: 0.60, 1: 0.20}, tuner.countdown - 1, rows=5)       # within RESIZE of the trial's rows: held
+    assert tuner.choice().trials == trials
+    drive(tuner, {2: 0.60, 1: 0.20}, 3, rows=12)                        # twice its rows: tried at once
+    assert tuner.choice().trials == trials + 1
+
+
+def test_a_step_that_prefills_runs_on_the_chosen_count_even_in_a_trial(monkeypatch):
+    """A trial left on its other count when the batch drained must not hold the next long prompt's prefill there."""
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    tuner = ThreadTuner(2)
+    assert tuner.before_step() == 2
+    tuner.after_step(0.10, 1, 0)                                        # a trial's first step; its next is on 1
+    assert [tuner.before_step(prefill=True) for _ in range(8)] == [2] * 8
+    for _ in range(8):
+        tuner.after_step(0.50, 1, 256)                                  # prefill chunks: not the trial's
+    assert tuner.before_step() == 1                                     # the trial goes on with decode steps
 
 
 def test_steps_that_prefill_or_differ_in_rows_do_not_decide(monkeypatch):

@@ -627,7 +627,7 @@ class Scheduler:
         try:
             with self.lm.lock:
                 if self.threads is not None:
-                    self.threads.before_step()
+                    self.threads.before_step(prefill=bool(self._runner.prefilling))
                 info = self._runner.step()
             if self.threads is not None:
                 self.threads.after_step(info.seconds, info.decode_rows, info.prefill_tokens)

@@ -1,7 +1,7 @@
 """Torch's CPU threads for the step loop, chosen by measuring the live load rather than guessed.
 
     tuner = ThreadTuner.for_device(lm.device)    # on a CPU: every core against every core but one, measured
-    tuner.before_step()                          # in the step loop's thread: the count this step runs with
+    tuner.before_step(prefill)                   # in the step loop's thread: the count this step runs with
     tuner.after_step(seconds, rows, prefill)     # what the step cost
     tuner.choice()                               # what the room page and the start-up line say
 
@@ -17,9 +17,18 @@ less and less often while the answer stays the same:
   as the median time of steps with the same number of rows and no prefill (a prefill chunk makes a step slower
   whatever the threads). A trial ends after its first pair where one candidate is `DECISIVE` times slower: on a
   busy machine the wrong count can take three or four times as long, and one such step is enough to know;
-- the faster by more than `MARGIN` wins; otherwise the current choice stays;
+- the faster wins by more than `MARGIN` when it is every core, by more than `LEAVE_MARGIN` when it is fewer;
+  otherwise the current choice stays. Every core is right on a machine of its own, and the loads that make fewer
+  faster make them much faster (2 to 4 times above); a lone request's 1-row steps differ by 4-7% between the two
+  counts here, as much as steps differ among themselves, and a 3% rule flipped it to one thread for 32 steps at a
+  time (2 to 4 changes in a run of bench/vs_vllm.py, where one alone got its tokens 7% slower than with every core
+  fixed);
 - the next trial after `hold` decode steps: `FIRST_HOLD` after a change, doubling up to `MAX_HOLD` while the
-  same choice keeps winning. A trial's slower steps are at most TRIAL_STEPS in MAX_HOLD + 2 x TRIAL_STEPS.
+  same choice keeps winning. A trial's slower steps are at most TRIAL_STEPS in MAX_HOLD + 2 x TRIAL_STEPS;
+- and at once when the batch has grown or shrunk `RESIZE` times from the rows the last trial compared: a room
+  pressing Generate together is a new load (six browsers rendering beside it, on the same cores), and the count
+  that was right for the presenter alone must not be held for hundreds of steps into it (six browser sessions:
+  21.5 s for the last of six against 19.1 s with one thread fixed, when trials came only with the hold).
 
 `PLAYGROUND_THREADS=N` (or `python -m engine serve --threads N`, or OMP_NUM_THREADS set by hand) fixes the count;
 `auto` (the default) measures. On a GPU nothing is tuned.
@@ -37,9 +46,11 @@ import torch
 ENV = "PLAYGROUND_THREADS"
 TRIAL_STEPS = 3          # decode steps per candidate in one trial, at most
 DECISIVE = 1.5           # one candidate this many times slower than the other on a pair of steps ends the trial
-MARGIN = 0.03            # the other candidate must be this much faster to win
+MARGIN = 0.03            # every core must be this much faster to win back
+LEAVE_MARGIN = 0.10      # fewer threads than every core must be this much faster to win
 FIRST_HOLD = 32          # decode steps before the next trial, after a change
 MAX_HOLD = 1024          # at most this many
+RESIZE = 2               # a batch this many times larger or smaller than the last trial's is a trial at once
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,7 @@ class ThreadTuner:
         self.hold, self.countdown = FIRST_HOLD, 0           # the first steps are a trial
         self.trial: _Trial | None = None
         self.applied: int | None = None
+        self.trial_rows: int | None = None                  # the rows the last trial compared
         self._choice = ThreadChoice(self.current, n_cores, self.auto)
         self._lock = threading.Lock()
 
@@ -114,13 +126,16 @@ class ThreadTuner:
         with self._lock:
             return self._choice
 
-    def before_step(self) -> int:
-        """Set torch's threads for the next step (in the thread that runs it); returns the count."""
+    def before_step(self, prefill: bool = False) -> int:
+        """Set torch's threads for the next step (in the thread that runs it); returns the count. A step that will
+        prefill runs on the chosen count, never a trial's other one: it does not count for the trial, and a trial
+        left half done when a batch drained would otherwise hold a whole long prompt on the slower count (a
+        2,048-token prefill took 15 s against 9 s with two threads fixed, in bench/vs_vllm.py)."""
         want = self.current
         if self.auto and self.trial is None and self.countdown <= 0:
             order = (self.current,) + tuple(t for t in self.candidates if t != self.current)
             self.trial = _Trial([t for _ in range(TRIAL_STEPS) for t in order])
-        if self.trial is not None and self.trial.order:
+        if self.trial is not None and self.trial.order and not prefill:
             want = self.trial.order[0]
         if want != self.applied:
             torch.set_num_threads(want)
@@ -133,6 +148,9 @@ class ThreadTuner:
             return
         if self.trial is None:
             self.countdown -= 1
+            last = self.trial_rows
+            if last and prefill_tokens == 0 and not last / RESIZE < rows < last * RESIZE:
+                self.countdown = 0                             # a new load: try both counts now
             return
         if prefill_tokens == 0:
             self.trial.steps[self.trial.order.pop(0)].append((rows, seconds))
@@ -146,12 +164,13 @@ class ThreadTuner:
             return
         rows, times = medians
         other = min(times, key=times.get)
-        changed = other != self.current and times[other] < times[self.current] * (1 - MARGIN)
+        margin = MARGIN if other > self.current else LEAVE_MARGIN
+        changed = other != self.current and times[other] < times[self.current] * (1 - margin)
         if changed:
             self.current, self.hold = other, FIRST_HOLD
         else:
             self.hold = min(2 * self.hold, MAX_HOLD)
-        self.trial, self.countdown = None, self.hold
+        self.trial, self.countdown, self.trial_rows = None, self.hold, rows
         with self._lock:
             old = self._choice
             self._choice = ThreadChoice(self.current, self.cores, True,
