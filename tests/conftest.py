@@ -17,6 +17,29 @@ os.environ.setdefault("PLAYGROUND_SMALL_BATCH", "all")
 # Every run the tests make is kept on disk (engine/store): in a folder of this test session's, never the user's cache.
 os.environ.setdefault("PLAYGROUND_RUNS_DIR", tempfile.mkdtemp(prefix="playground-test-runs-"))
 
+
+
+def _parse_one_at_a_time() -> None:
+    """AppTest gives every script run a ScriptCache of its own (streamlit/testing/v1/local_script_runner.py), so
+    sessions run in threads at once (tests/test_app_serving.py) each parse the page with Streamlit's magic,
+    `ast.parse`, at the same moment; CPython 3.11 builds Python AST objects with interpreter-wide state that two
+    threads can interleave ("SystemError: AST constructor recursion depth mismatch", cpython gh-106905; it failed
+    test_sessions_in_threads_each_stream_their_own_answer_through_the_scheduler once in the suite on 2026-11-27).
+    The server has one ScriptCache, whose lock already parses one page at a time."""
+    import threading
+
+    from streamlit.runtime.scriptrunner import magic
+
+    lock, add_magic = threading.Lock(), magic.add_magic
+
+    def one_at_a_time(code: str, script_path: str):
+        with lock:
+            return add_magic(code, script_path)
+    magic.add_magic = one_at_a_time
+
+
+_parse_one_at_a_time()
+
 # Deprecations that a library logs rather than warns (pyproject's filterwarnings turns the warned ones into errors).
 DEPRECATION_LOGGERS = ("transformers", "streamlit.deprecation_util", "torch")
 
