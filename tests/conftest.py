@@ -18,7 +18,6 @@ os.environ.setdefault("PLAYGROUND_SMALL_BATCH", "all")
 os.environ.setdefault("PLAYGROUND_RUNS_DIR", tempfile.mkdtemp(prefix="playground-test-runs-"))
 
 
-
 def _parse_one_at_a_time() -> None:
     """AppTest gives every script run a ScriptCache of its own (streamlit/testing/v1/local_script_runner.py), so
     sessions run in threads at once (tests/test_app_serving.py) each parse the page with Streamlit's magic,
