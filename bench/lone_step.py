@@ -106,13 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     measured = {m: m.weight.data for m in lm.model.modules() if isinstance(m, torch.nn.Linear)}
     stored = {m: w.contiguous() for m, w in measured.items()}
     runner = BatchRunner(lm, max_batch=32, prefix=None)
-    lone = runner.lone
+    lone = runner.lean
     ways = {"before": (stored, None), "after": (measured, lone)}
     rounds = {k: [] for k in ways}
     for _ in range(args.rounds):
         for name, (weights, step) in ways.items():
             layout(lm, weights)
-            runner.lone = step
+            runner.lean = step
             rounds[name].append(run(lm, runner, args.tokens))
     splits = {}
     for name, (weights, step) in ways.items():

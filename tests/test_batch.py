@@ -418,13 +418,15 @@ def test_newcomers_on_stored_starts_of_different_lengths_prefill_their_rests_in_
     for sink, request in zip(sinks, jobs):
         runner.add(sink.slot(tiny_lm, request, policy))
     passes = []
-    hook = tiny_lm.model.register_forward_pre_hook(lambda *_: passes.append(1))
+    lean_rows = runner.lean.rows                     # decode passes step on the lean step, not the modules
+    runner.lean.rows = lambda batch, slots: passes.append("decode") or lean_rows(batch, slots)
+    hook = tiny_lm.model.register_forward_pre_hook(lambda *_: passes.append("modules"))
     try:
         runner.step()
     finally:
         hook.remove()
     assert [s.records[0].reused_tokens for s in sinks] == [20, 12, 0, 20]
-    assert len(passes) == 2                          # one prefill pass for all four, then their first decode pass
+    assert passes == ["modules", "decode"]           # one prefill pass for all four, then their first decode pass
     while not runner.idle:
         runner.step()
     for sink, request in zip(sinks, jobs):

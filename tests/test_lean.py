@@ -1,5 +1,5 @@
 """A lone request's fast path: the lean step (engine/core/lean.py) against the model's own forward, the lone decode
-on the paged pool (engine/serving/lone.py) against running alone, the weights' measured layout
+on the paged pool (engine/serving/lean.py) against running alone, the weights' measured layout
 (engine/core/layout.py), and the scheduler's thread tuner (engine/serving/threads.py)."""
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def test_the_lean_step_gives_the_models_own_logits_at_every_position(which, requ
 def test_a_model_the_lean_step_does_not_cover_says_why_and_keeps_the_ordinary_path(tmp_path):
     lm = load_model(str(write_tiny_llama(tmp_path / "gelu", hidden_act="gelu")), device="cpu", dtype="float32")
     assert "SiLU" in why_not(lm.model)
-    assert lean_step_for(lm) is None and BatchRunner(lm).lone is None
+    assert lean_step_for(lm) is None and BatchRunner(lm).lean is None
 
 
 def run_runner(lm, jobs, joins, runner=None):
@@ -95,8 +95,8 @@ def same_tokens(records, alone):
 def test_a_lone_request_steps_on_the_lean_path_and_equals_itself_alone(tiny_lm, monkeypatch):
     runner = BatchRunner(tiny_lm, max_batch=8)
     calls = []
-    forward = runner.lone.forward
-    monkeypatch.setattr(runner.lone, "forward", lambda batch, slot: calls.append(slot) or forward(batch, slot))
+    lone = runner.lean.lone
+    monkeypatch.setattr(runner.lean, "lone", lambda batch, slot: calls.append(slot) or lone(batch, slot))
     request = GenerationRequest(tiny_prompt(9, seed=3), max_new_tokens=40, chat=False)   # past two 16-token blocks
     (records,) = run_runner(tiny_lm, [(request, CAPTURE_OFF)], [0], runner)
     assert len(calls) == 39                                             # every decode step after the prefill's token
@@ -115,9 +115,66 @@ def test_requests_joining_a_lone_one_and_leaving_it_alone_again_equal_each_alone
         same_tokens(records, list(generate(tiny_lm, request, policy)))
 
 
+def prefilled(lm, lengths: tuple[int, ...]) -> BatchRunner:
+    """A runner whose rows (prompts of these lengths) are prefilled and ready for a decode step."""
+    runner = BatchRunner(lm, max_batch=8)
+    for n in lengths:
+        ids = torch.randint(4, lm.spec.vocab_size, (n,), generator=torch.Generator().manual_seed(n + 1)).tolist()
+        request = GenerationRequest("(token ids)", max_new_tokens=64, chat=False)
+        runner.add(Slot(request, ids, CAPTURE_OFF, lambda r: None, pytest.fail))
+    while runner.prefilling:
+        runner.step()
+    return runner
+
+
+@pytest.mark.parametrize("which", ["tiny_lm", "tiny_qwen"])
+def test_the_lean_rows_give_the_modules_logits_and_residuals_on_a_left_padded_batch(which, request):
+    """Rows of different lengths (so the keys are padded on the left and masked): the lean step's logits and the
+    L + 1 residuals it hands back equal the modules' forward on the same paged batch, with the same products."""
+    lm = request.getfixturevalue(which)
+    runner = prefilled(lm, (5, 17, 11))
+    batch, slots = runner.batch, runner.batch.slots
+    assert len(slots) == 3 and len(set(batch.pads())) == 3
+    ids = torch.tensor([s.token.id for s in slots])
+    positions = torch.tensor([s.length for s in slots])
+    mask = batch.step_mask()
+    with torch.inference_mode():
+        out = lm.model(input_ids=ids[:, None], attention_mask=mask, position_ids=positions[:, None],
+                       cache=batch.cache, use_cache=True, logits_to_keep=1, output_hidden_states=True)
+        hidden = []
+        logits = runner.lean.lean.rows(ids, positions, batch.write_and_gather, mask.bool()[:, None, None, :],
+                                       hidden=hidden)
+    torch.testing.assert_close(logits, out.logits[:, -1], atol=1e-5, rtol=1e-5)
+    assert len(hidden) == len(out.hidden_states) == lm.spec.n_layers + 1
+    for mine, theirs in zip(hidden, out.hidden_states):
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_a_batch_decodes_on_the_lean_rows_and_every_row_equals_itself_alone(tiny_lm, monkeypatch):
+    """Every decode step of two or more rows goes through `LeanDecode.rows` (the modules run the prefills only),
+    and each answer, one of them capturing, equals the same request alone."""
+    monkeypatch.setenv("PLAYGROUND_SMALL_BATCH", "all")          # the packed products too, on any machine
+    runner = BatchRunner(tiny_lm, max_batch=8)
+    rows, modules = [], []
+    lean_rows = runner.lean.rows
+    monkeypatch.setattr(runner.lean, "rows", lambda batch, slots: rows.append(len(slots)) or lean_rows(batch, slots))
+    hook = tiny_lm.model.register_forward_pre_hook(lambda module, args, kwargs: modules.append(
+        kwargs["input_ids"].shape), with_kwargs=True)
+    jobs = [(GenerationRequest(tiny_prompt(n, seed=n), max_new_tokens=m, chat=False), policy)
+            for n, m, policy in ((7, 12, CAPTURE_OFF), (12, 9, CapturePolicy(layers=(0, 1, 2))), (5, 6, CAPTURE_OFF))]
+    try:
+        out = run_runner(tiny_lm, jobs, [0, 2, 3], runner)
+    finally:
+        hook.remove()
+    assert rows and min(rows) >= 2 and max(rows) == 3
+    assert all(shape[1] > 1 or shape[0] == 1 for shape in modules)     # the modules: prefills (a 1-token one alone)
+    for records, (request, policy) in zip(out, jobs):
+        same_tokens(records, list(generate(tiny_lm, request, policy)))
+
+
 def test_lean_off_keeps_every_step_on_the_modules(tiny_lm, monkeypatch):
     monkeypatch.setenv("PLAYGROUND_LEAN", "off")
-    assert BatchRunner(tiny_lm).lone is None
+    assert BatchRunner(tiny_lm).lean is None
 
 
 def test_a_matrix_stored_transposed_keeps_its_values_and_every_answer(tiny_model_dir, monkeypatch):

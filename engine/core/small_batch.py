@@ -93,10 +93,7 @@ class SmallBatchLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kernels = getattr(_active, "kernels", None)
-        packed = kernels.packed_for(self.weight, x) if kernels is not None else None
-        if packed is None:
-            return F.linear(x, self.weight, self.bias)
-        return packed_linear(x, packed, self.bias)
+        return F.linear(x, self.weight, self.bias) if kernels is None else kernels.linear(x, self.weight, self.bias)
 
 
 class SmallBatchKernels:
@@ -150,6 +147,11 @@ class SmallBatchKernels:
         if entry is None or entry[0]() is not weight or x.dtype != torch.float32 or torch.is_grad_enabled():
             return None
         return entry[1] if x.numel() // x.shape[-1] in ROWS else None
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x @ weight.T + bias, on the packed copy where this kernel serves `x` (as F.linear elsewhere)."""
+        packed = self.packed_for(weight, x)
+        return F.linear(x, weight, bias) if packed is None else packed_linear(x, packed, bias)
 
     def faster_shapes(self) -> dict[tuple[int, int], tuple[float, float]]:
         """The shapes packed because they measured faster: (out, in) -> (MKL s, packed s) for PROBE_ROWS rows."""

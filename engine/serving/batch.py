@@ -40,7 +40,7 @@ from engine.core.kept import KeptInputs
 from engine.core.loader import LoadedModel
 from engine.core.small_batch import kernels_for, small_batch_kernels
 from engine.serving.graphed import GraphedDecode
-from engine.serving.lone import LoneDecode
+from engine.serving.lean import LeanDecode
 from engine.serving.paged import BlockTable, PagedBatch, SoloBatch, row_cache_state
 from engine.serving.prefix import PrefixCache, load_prefix
 from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
@@ -148,8 +148,8 @@ class BatchRunner:
         self.graphs = graphs if batchable(lm) else None
         self.batch = SoloBatch() if not batchable(lm) else graphs.new_batch() if self.graphs else PagedBatch()
         self.prefilling: deque[Slot] = deque()
-        # a lone row that captures nothing steps on the lean step (engine.serving.lone); not beside CUDA graphs
-        self.lone = LoneDecode.for_model(lm) if batchable(lm) and self.graphs is None else None
+        # decode steps on the lean step (engine.serving.lean) where it covers the model; not beside CUDA graphs
+        self.lean = LeanDecode.for_model(lm) if batchable(lm) and self.graphs is None else None
         if self.max_batch > 1 and self.graphs is None:
             kernels_for(lm)                  # pack now (under a second), not in the first batched step
 
@@ -373,13 +373,16 @@ class BatchRunner:
     def _batch_forward(self, slots: list[Slot]) -> torch.Tensor:
         """Logits [B, V] of every row's next token; the residual of every row that captures written where it is
         kept (the pool at its new token's slot, or a solo request's own buffers)."""
-        if len(slots) == 1 and slots[0].kept is None and self.lone is not None and self.lone.stands_in():
-            return self.lone.forward(self.batch, slots[0])
+        lean = self.lean if self.lean is not None and self.lean.stands_in() else None
+        if lean is not None and len(slots) == 1 and slots[0].kept is None:
+            return lean.lone(self.batch, slots[0])
         if self.graphs is not None and (shape := self.graphs.fits(self.batch)):
             try:
                 return self.graphs.forward(self.batch, [s.token.id for s in slots], [s.length for s in slots], shape)
             except Exception as err:  # noqa: BLE001 - a step that cannot run graphed runs eagerly, as all after it
                 self.graphs.give_up(err)
+        if lean is not None:
+            return lean.rows(self.batch, slots)
         device = self.lm.device
         ids = torch.tensor([[s.token.id] for s in slots], device=device)                 # [B, 1]
         positions = torch.tensor([[s.length] for s in slots], device=device)             # [B, 1] own positions

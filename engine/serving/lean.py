@@ -1,0 +1,97 @@
+"""The batch's decode steps on the lean step (engine.core.lean): a lone request's, and every row's at once.
+
+    lean = LeanDecode.for_model(lm)          # None where the lean step does not cover the model
+    logits = lean.lone(batch, slot)          # [1, V]; the new K/V written into the slot's next position
+    logits = lean.rows(batch, slots)         # [B, V]; every row's, its residual kept where it captures
+
+When one request is decoding and it captures nothing, the batch runner (engine.serving.batch) hands its step
+to `lone`: no left-padded gather, no mask. Its K/V stays where the batch keeps it (the same pool, the same block
+table, a new block when its last is full), so a request that arrives next joins the batch as if the lone steps had
+been ordinary ones. Its keys are read in place when its blocks follow one another in the pool (a lone request's
+usually do: blocks are handed out lowest first), else gathered.
+
+A batch of several rows steps on `rows`: the same left-padded gather and mask the modules would read
+(`PagedBatch.step_mask`, `write_and_gather`), the packed small-batch kernel for the products, and the residual of
+the rows that capture written into the pool at their new tokens' slots, as the modules' `output_hidden_states`
+was. What it leaves out is the modules' own work around the same arithmetic (each module's call, the mask built
+again for every step, the K/V repeated for every query head): on a 20-row SmolLM2 step on this 2-core machine,
+141 ms against 184 ms (docs/serving.md, "The batch on the lean step").
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from torch.nn import functional as F
+
+from engine.core.lean import LeanStep, lean_step_for
+from engine.core.loader import LoadedModel
+from engine.core.small_batch import kernels_for
+
+
+ENV = "PLAYGROUND_LEAN"        # "off": every step through the model's modules (for comparing)
+
+
+class LeanDecode:
+    """The batch's decode steps on the lean step: its only row's, or all of its rows'."""
+
+    def __init__(self, lean: LeanStep):
+        self.lean = lean
+
+    @classmethod
+    def for_model(cls, lm: LoadedModel) -> "LeanDecode | None":
+        """None where the lean step does not cover the model, or PLAYGROUND_LEAN=off."""
+        lean = lean_step_for(lm) if os.environ.get(ENV, "on") != "off" else None
+        return cls(lean) if lean is not None else None
+
+    def stands_in(self) -> bool:
+        """Whether the lean step may stand in for the model's forward now: not while something has replaced the
+        forward of this model object (a wrapper that instruments or injects faults must see every step)."""
+        return "forward" not in vars(self.lean.lm.model)
+
+    def lone(self, batch: Any, slot: Any) -> torch.Tensor:
+        """Logits [1, V] of the next token of `slot`, the batch's only row (its `length` positions are in the
+        pool; the newest token, `slot.token`, goes to position `length`)."""
+        pool, block, n = batch.pool, batch.block, slot.length
+        table = batch.tables[slot]
+        if n == len(table) * block:
+            table.append(pool.allocate())
+        write = table[n // block] * block + n % block
+        take = _reader(table, block, n + 1, pool.keys[0].device)
+
+        def kv(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            # k, v: [1, KVH, 1, D] -> the pool's slot; returns [1, KVH, n + 1, D] views or gathers of the row
+            keys, values = pool.keys[i], pool.values[i]
+            keys[write].copy_(k[0, :, 0])
+            values[write].copy_(v[0, :, 0])
+            return take(keys).transpose(0, 1)[None], take(values).transpose(0, 1)[None]
+
+        with torch.inference_mode():
+            return self.lean(slot.token.id, n, kv)[None]
+
+    def rows(self, batch: Any, slots: list) -> torch.Tensor:
+        """Logits [B, V] of every row's next token (batch order); each row's new K/V, and the residual of the rows
+        that keep one (`slot.kept`), written at its next position."""
+        device = self.lean.embed.weight.device
+        mask = batch.step_mask().bool()[:, None, None, :]                            # [B, 1, 1, W + 1]
+        ids = torch.tensor([s.token.id for s in slots], device=device)
+        positions = torch.tensor([s.length for s in slots], device=device)
+        hidden: list[torch.Tensor] | None = [] if any(s.kept is not None for s in slots) else None
+        kernels = kernels_for(self.lean.lm)
+        with torch.inference_mode():
+            logits = self.lean.rows(ids, positions, batch.write_and_gather, mask,
+                                    kernels.linear if kernels is not None else F.linear, hidden)
+            if hidden is not None:
+                batch.keep_residual(hidden)
+        return logits
+
+
+def _reader(table: list[int], block: int, n: int, device: torch.device):
+    """pool [slots, KVH, D] -> the row's first n positions [n, KVH, D]: a slice where its blocks are consecutive."""
+    first = table[0]
+    if table == list(range(first, first + len(table))):
+        return lambda pool: pool[first * block:first * block + n]
+    index = (torch.tensor(table)[:, None] * block + torch.arange(block)).flatten()[:n].to(device)
+    return lambda pool: pool.index_select(0, index)
