@@ -2,7 +2,7 @@
 model server, and the API beside it.
 
     python bench/soak_hosted.py                               # 30 sessions + 10 API clients, 60 minutes
-    python bench/soak_hosted.py --seconds 120 --sessions 6 --api-clients 3 --model /path/to/tiny   # the test's
+    python bench/soak_hosted.py --seconds 75 --sessions 6 --api-clients 3 --model /path/to/tiny   # the test's
 
 It starts `playground --web-processes 2 --host 0.0.0.0` with a join code, the run store on a disk of its own with a
 quota (a tmpfs of --quota-mb, mounted here when this process may: as root, or in a user namespace), then:
