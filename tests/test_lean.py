@@ -14,6 +14,7 @@ from engine.core.layout import relayout
 from engine.core.lean import LeanStep, lean_step_for, why_not
 from engine.core.loader import load_model
 from engine.core.records import DoneRecord
+from engine.core.small_batch import kernels_for
 from engine.serving.batch import BatchRunner, Slot
 from engine.serving.threads import FIRST_HOLD, LEAVE_MARGIN, MARGIN, TRIAL_STEPS, ThreadTuner, fixed_threads
 
@@ -148,6 +149,13 @@ def test_the_lean_rows_give_the_modules_logits_and_residuals_on_a_left_padded_ba
     assert len(hidden) == len(out.hidden_states) == lm.spec.n_layers + 1
     for mine, theirs in zip(hidden, out.hidden_states):
         torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
+    kernels = kernels_for(lm)                  # packed products, q|k|v and gate|up fused: the same within rounding
+    fused = runner.lean.fused(kernels)
+    assert all(f.qkv and f.gate_up for f in fused)
+    with torch.inference_mode():
+        packed = runner.lean.lean.rows(ids, positions, batch.write_and_gather, mask.bool()[:, None, None, :],
+                                       kernels.linear, fused=fused)
+    torch.testing.assert_close(packed, out.logits[:, -1], atol=1e-4, rtol=1e-4)
 
 
 def test_a_batch_decodes_on_the_lean_rows_and_every_row_equals_itself_alone(tiny_lm, monkeypatch):

@@ -134,3 +134,23 @@ def test_the_room_page_says_which_kernel_its_batched_steps_use(tmp_path, monkeyp
     served.close()
     assert "copies of 1 weight matrix rearranged" in note
     assert "96 x 64, 4 requests' rows took 2.0 ms the usual way and 1.0 ms with the rearranged copy" in note
+
+
+def test_weights_that_share_an_input_fuse_into_one_product_in_place_of_their_own_copies():
+    """q|k|v as one packed matrix: the same products side by side (a missing bias counts as zeros), the three
+    packed copies given back, the same fused matrix on a second call, and nothing fused past the byte budget."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 48), nn.Linear(32, 16, bias=False), nn.Linear(32, 16))
+    kernels = SmallBatchKernels.pack(model, environ={"PLAYGROUND_SMALL_BATCH": "all"})
+    before = kernels.nbytes
+    pairs = [(m.weight, m.bias) for m in model]
+    packed, bias = kernels.fuse(pairs)
+    x = torch.randn(5, 32)
+    with torch.inference_mode():
+        want = torch.cat([m(x) for m in model], dim=-1)
+        torch.testing.assert_close(packed_linear(x, packed, bias), want, atol=1e-5, rtol=1e-5)
+    assert kernels.packed_for(model[0].weight, x) is None             # their own copies were given back
+    assert kernels.nbytes == before and kernels.weights == 3          # the same bytes, in one matrix
+    assert kernels.fuse(pairs)[0] is packed
+    small = SmallBatchKernels.pack(model, max_bytes=48 * 32 * 4, environ={"PLAYGROUND_SMALL_BATCH": "all"})
+    assert small.fuse([(model[1].weight, None), (model[2].weight, None)]) is None

@@ -16,9 +16,7 @@ a single query sees every key before it). No hooks run.
 `rows` is the same step for a batch (engine/serving/lean.py): each row its own token and position, the keys each
 row reads padded on the left and hidden by `mask` [B, 1, 1, W], the products through `linear` (the packed
 small-batch kernel, engine/core/small_batch.py), and, when asked, the residual entering every layer and the final
-norm (`hidden`, as transformers' `output_hidden_states` numbers them) for the rows that capture. Measured on a
-20-row SmolLM2 step on this 2-core machine: 141 ms against 184 ms through the modules, the same tokens
-(docs/serving.md, "The batch on the lean step").
+norm (`hidden`, as transformers' `output_hidden_states` numbers them) for the rows that capture.
 
 Which models: the plain decoder stacks whose layers are exactly that (`model_type` llama, qwen2, mistral without
 a sliding window): any other gets None and keeps the ordinary path. Tests check the logits against the model's
@@ -40,6 +38,19 @@ COVERED = ("llama", "qwen2", "mistral")
 KV = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 # linear(x, weight, bias): x @ weight.T + bias, as F.linear
 Linear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+# x -> the products of x with several weights, side by side (e.g. [q | k | v])
+Product = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Fused:
+    """A layer's products that share an input, each made as one product (None: one weight at a time)."""
+
+    qkv: Product | None = None
+    gate_up: Product | None = None
+
+
+NOT_FUSED = Fused()
 
 
 @dataclass(frozen=True)
@@ -113,28 +124,33 @@ class LeanStep:
         return self.rows(torch.tensor([token], device=device), torch.tensor([position], device=device), kv)[0]
 
     def rows(self, ids: torch.Tensor, positions: torch.Tensor, kv: KV, mask: torch.Tensor | None = None,
-             linear: Linear = F.linear, hidden: list[torch.Tensor] | None = None) -> torch.Tensor:
+             linear: Linear = F.linear, hidden: list[torch.Tensor] | None = None,
+             fused: list[Fused] | None = None) -> torch.Tensor:
         """Logits [B, V] of each row's next token: ids and positions [B]; `mask` [B, 1, 1, T] (True: attend) where
-        rows read padded keys; `hidden`, when given, receives the L + 1 residuals [B, 1, d]."""
+        rows read padded keys; `hidden`, when given, receives the L + 1 residuals [B, 1, d]; `fused`, per layer,
+        products made as one."""
         x = F.embedding(ids[:, None], self.embed.weight)                               # [B, 1, d]
         cos, sin = self.rotary(x, positions[:, None])                                   # [B, 1, D] each
         for i, w in enumerate(self.layers):
+            f = fused[i] if fused is not None else NOT_FUSED
             if hidden is not None:
                 hidden.append(x)
-            x = x + self._attention(i, w, rms_norm(x, w.ln1, self.eps), cos, sin, kv, mask, linear)
+            x = x + self._attention(i, w, rms_norm(x, w.ln1, self.eps), cos, sin, kv, mask, linear, f)
             h = rms_norm(x, w.ln2, self.eps)
-            x = x + linear(F.silu(linear(h, *w.gate)) * linear(h, *w.up), *w.down)
+            gate, up = f.gate_up(h).chunk(2, dim=-1) if f.gate_up else (linear(h, *w.gate), linear(h, *w.up))
+            x = x + linear(F.silu(gate) * up, *w.down)
         if hidden is not None:
             hidden.append(x)
         return linear(rms_norm(x, self.norm, self.eps), *self.head)[:, -1]              # [B, V]
 
     def _attention(self, i: int, w: LayerWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   kv: KV, mask: torch.Tensor | None, linear: Linear) -> torch.Tensor:
+                   kv: KV, mask: torch.Tensor | None, linear: Linear, f: Fused) -> torch.Tensor:
         # h: [B, 1, d] -> q [B, H, 1, D], k, v [B, KVH, 1, D]; keys K, V [B, KVH, T, D]; out [B, 1, d]
-        b = h.shape[0]
-        q = linear(h, *w.q).view(b, 1, self.heads, self.head_dim).transpose(1, 2)
-        k = linear(h, *w.k).view(b, 1, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = linear(h, *w.v).view(b, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+        b, d, kvd = h.shape[0], self.heads * self.head_dim, self.kv_heads * self.head_dim
+        q, k, v = f.qkv(h).split((d, kvd, kvd), dim=-1) if f.qkv else (linear(h, *p) for p in (w.q, w.k, w.v))
+        q = q.view(b, 1, self.heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, 1, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         keys, values = kv(i, k, v)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling,

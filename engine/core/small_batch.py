@@ -99,9 +99,10 @@ class SmallBatchLinear(nn.Linear):
 class SmallBatchKernels:
     """The packed weights of one model, by the identity of the weight tensor they were packed from."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int = MAX_BYTES) -> None:
         self._packed: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
-        self.nbytes = 0
+        self._fused: dict[tuple[int, ...], tuple[tuple[weakref.ref, ...], torch.Tensor, torch.Tensor | None]] = {}
+        self.nbytes, self.max_bytes = 0, max_bytes
         self.shapes: dict[tuple[int, int], tuple[float, float]] = {}     # (out, in) -> (MKL s, packed s)
 
     @classmethod
@@ -112,7 +113,7 @@ class SmallBatchKernels:
         mode = (os.environ if environ is None else environ).get(ENV, "auto").lower()
         if mode in ("off", "0", "false", "no") or not available():
             return None
-        kernels = cls()
+        kernels = cls(max_bytes)
         for layer in model.modules():
             if type(layer) in (nn.Linear, SmallBatchLinear) and kernels._worth_packing(layer.weight, max_bytes,
                                                                                          measure=mode != "all"):
@@ -153,14 +154,43 @@ class SmallBatchKernels:
         packed = self.packed_for(weight, x)
         return F.linear(x, weight, bias) if packed is None else packed_linear(x, packed, bias)
 
+    def fuse(self, pairs: list[tuple[torch.Tensor, torch.Tensor | None]]
+             ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """One packed matrix (and bias) for weights that multiply the same input, e.g. q|k|v or gate|up: their
+        products side by side in one call (`packed_linear`). The weights' own packed copies are given back (the
+        fused one serves the decode steps they served). None for weights that are not CPU float32, or where it
+        would take the copies past `max_bytes`. Fused once per group of weights: a later call gets the same."""
+        weights = [w for w, _ in pairs]
+        key = tuple(id(w) for w in weights)
+        if key in self._fused and all(ref() is w for ref, w in zip(self._fused[key][0], weights)):
+            return self._fused[key][1:]
+        if any(w.device.type != "cpu" or w.dtype != torch.float32 for w in weights):
+            return None
+        size = sum(w.numel() * w.element_size() for w in weights)
+        own = {id(w): w.numel() * w.element_size() for w in weights if id(w) in self._packed}
+        if self.nbytes - sum(own.values()) + size > self.max_bytes:
+            return None
+        bias = None
+        if any(b is not None for _, b in pairs):
+            bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in pairs])
+        packed = pack_weight(torch.cat(weights))
+        for weight_id, nbytes in own.items():
+            self._packed.pop(weight_id, None)
+            self.nbytes -= nbytes
+        self._fused[key] = (tuple(weakref.ref(w) for w in weights), packed, bias)
+        weakref.finalize(weights[0], self._fused.pop, key, None)
+        self.nbytes += size
+        return packed, bias
+
     def faster_shapes(self) -> dict[tuple[int, int], tuple[float, float]]:
         """The shapes packed because they measured faster: (out, in) -> (MKL s, packed s) for PROBE_ROWS rows."""
         return {shape: times for shape, times in self.shapes.items() if _faster(times)}
 
     @property
     def weights(self) -> int:
-        """How many weight tensors have a packed copy (a tied LM head and embedding count once)."""
-        return len(self._packed)
+        """How many weight tensors have a packed copy, their own or in a fused one (a tied LM head and embedding
+        count once)."""
+        return len(self._packed) + sum(len(refs) for refs, _, _ in self._fused.values())
 
     @contextmanager
     def active(self) -> Iterator[None]:

@@ -151,7 +151,9 @@ class BatchRunner:
         # decode steps on the lean step (engine.serving.lean) where it covers the model; not beside CUDA graphs
         self.lean = LeanDecode.for_model(lm) if batchable(lm) and self.graphs is None else None
         if self.max_batch > 1 and self.graphs is None:
-            kernels_for(lm)                  # pack now (under a second), not in the first batched step
+            kernels = kernels_for(lm)        # pack now (under a second), not in the first batched step
+            if self.lean is not None:
+                self.lean.fused(kernels)
 
     @property
     def slots(self) -> list[Slot]:
