@@ -27,6 +27,7 @@ from torch.nn import functional as F
 
 from engine.core.lean import Fused, LeanStep, lean_step_for
 from engine.core.loader import LoadedModel
+from engine.core.openmp import in_passing_thread
 from engine.core.small_batch import SmallBatchKernels, kernels_for, packed_linear
 
 
@@ -93,9 +94,10 @@ class LeanDecode:
         SmolLM2 forward here 136 against 143 ms with each weight on its own."""
         if kernels is None:
             return None
-        if self._fused is None:
-            self._fused = [Fused(_product(kernels.fuse([w.q, w.k, w.v])), _product(kernels.fuse([w.gate, w.up])))
-                           for w in self.lean.layers]
+        if self._fused is None:              # packed in a passing thread: the step loop's keeps the only OpenMP team
+            self._fused = in_passing_thread(lambda: [
+                Fused(_product(kernels.fuse([w.q, w.k, w.v])), _product(kernels.fuse([w.gate, w.up])))
+                for w in self.lean.layers])
         return self._fused
 
 
