@@ -12,6 +12,8 @@ faster on this machine (`calibrate`): everything else, a request alone included,
 
     with small_batch_kernels(lm):                # on this thread: small batches use the packed weights
         lm.model(input_ids=ids, ...)             # (packed on first use; nothing where there is no gain)
+    packed, bias = kernels.fuse([(q, qb), (k, kb), (v, vb)])   # one product for weights sharing an input (the
+                                                               # lean batch step, engine/serving/lean.py)
 
 The packed copies cost memory (SmolLM2-135M: about 0.5 GB beside its 0.54 GB of float32 weights), so packing
 stops at `max_bytes`. The packed kernel rounds differently from MKL, as MKL's own B = 6 path rounds differently
