@@ -8,8 +8,9 @@ import torch
 from transformers import DynamicCache
 
 from conftest import tiny_prompt, write_tiny_llama
-from engine.core.generate import GenerationRequest, encode_prompt, generate
+from engine.core.generate import GenerationRequest, encode_prompt, generate, generate_kept
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
+from engine.core.kept import kept_for
 from engine.core.layout import relayout
 from engine.core.lean import LeanStep, lean_step_for, why_not
 from engine.core.loader import load_model
@@ -17,6 +18,9 @@ from engine.core.records import DoneRecord
 from engine.core.small_batch import kernels_for
 from engine.serving.batch import BatchRunner, Slot
 from engine.serving.threads import FIRST_HOLD, LEAVE_MARGIN, MARGIN, TRIAL_STEPS, ThreadTuner, fixed_threads
+
+
+FULL = CapturePolicy(logit_lens=3)          # every hidden state kept (as the pages' capture keeps them)
 
 
 def contiguous_kv(n_layers: int):
@@ -69,15 +73,19 @@ def test_a_model_the_lean_step_does_not_cover_says_why_and_keeps_the_ordinary_pa
     assert lean_step_for(lm) is None and BatchRunner(lm).lean is None
 
 
-def run_runner(lm, jobs, joins, runner=None):
-    """(request, policy) jobs through one runner, job i joining at step joins[i]; each job's records."""
+def run_runner(lm, jobs, joins, runner=None, kept: dict | None = None):
+    """(request, policy) jobs through one runner, job i joining at step joins[i]; each job's records (and in
+    `kept`, job i's kept residual)."""
     runner = runner or BatchRunner(lm, max_batch=8)
     out = [[] for _ in jobs]
+    kept = {} if kept is None else kept
     step = 0
     while step == 0 or not runner.idle or step <= max(joins):
         for i, (request, policy) in enumerate(jobs):
             if joins[i] == step:
-                runner.add(Slot(request, encode_prompt(lm, request), policy, out[i].append, pytest.fail))
+                ids = encode_prompt(lm, request)
+                kept[i] = kept_for(lm, policy, len(ids) + request.max_new_tokens)  # a capturing run keeps its residual
+                runner.add(Slot(request, ids, policy, out[i].append, pytest.fail, kept=kept[i]))
         if not runner.idle:
             runner.step()
         step += 1
@@ -91,6 +99,18 @@ def same_tokens(records, alone):
             assert a.token.prob == pytest.approx(b.token.prob, abs=1e-5)
             assert (a.cache.length, a.cache.bytes) == (b.cache.length, b.cache.bytes)
     assert records[-1].text == alone[-1].text
+
+
+def same_residual(kept, want):
+    """The same hidden states kept at the same positions (or none by either), within float32 rounding of the
+    largest value."""
+    assert (kept is None) == (want is None)
+    if want is None:
+        return
+    assert kept.layers == want.layers and kept.length == want.length
+    for i in want.layers:
+        expected = want.input(i)
+        torch.testing.assert_close(kept.input(i), expected, atol=1e-5 * max(1.0, float(expected.abs().max())), rtol=0)
 
 
 def test_a_lone_request_steps_on_the_lean_path_and_equals_itself_alone(tiny_lm, monkeypatch):
@@ -170,14 +190,38 @@ def test_a_batch_decodes_on_the_lean_rows_and_every_row_equals_itself_alone(tiny
         kwargs["input_ids"].shape), with_kwargs=True)
     jobs = [(GenerationRequest(tiny_prompt(n, seed=n), max_new_tokens=m, chat=False), policy)
             for n, m, policy in ((7, 12, CAPTURE_OFF), (12, 9, CapturePolicy(layers=(0, 1, 2))), (5, 6, CAPTURE_OFF))]
+    kept = {}
     try:
-        out = run_runner(tiny_lm, jobs, [0, 2, 3], runner)
+        out = run_runner(tiny_lm, jobs, [0, 2, 3], runner, kept)
     finally:
         hook.remove()
     assert rows and min(rows) >= 2 and max(rows) == 3
     assert all(shape[1] > 1 or shape[0] == 1 for shape in modules)     # the modules: prefills (a 1-token one alone)
-    for records, (request, policy) in zip(out, jobs):
-        same_tokens(records, list(generate(tiny_lm, request, policy)))
+    for i, (records, (request, policy)) in enumerate(zip(out, jobs)):
+        want, want_kept = generate_kept(tiny_lm, request, policy)
+        same_tokens(records, want)
+        same_residual(kept[i], want_kept)
+
+
+def test_a_capturing_request_alone_steps_on_the_lean_rows_without_the_packed_products(tiny_lm, monkeypatch):
+    """One row that captures goes through `rows` (the lone path captures nothing) and, as the modules' step would,
+    keeps MKL's own one-row products: the fused packed ones serve 2 to 32 rows only."""
+    from engine.serving import lean as serving_lean
+
+    monkeypatch.setenv("PLAYGROUND_SMALL_BATCH", "all")
+    runner = BatchRunner(tiny_lm, max_batch=8)
+    packed_rows, rows = [], []
+    product = serving_lean.packed_linear
+    monkeypatch.setattr(serving_lean, "packed_linear",
+                        lambda x, packed, bias: packed_rows.append(x.numel() // x.shape[-1]) or product(x, packed, bias))
+    lean_rows = runner.lean.rows
+    monkeypatch.setattr(runner.lean, "rows", lambda batch, slots: rows.append(len(slots)) or lean_rows(batch, slots))
+    request, policy, kept = GenerationRequest(tiny_prompt(8, seed=2), max_new_tokens=6, chat=False), FULL, {}
+    (records,) = run_runner(tiny_lm, [(request, policy)], [0], runner, kept)
+    assert rows == [1] * 5 and packed_rows == []
+    want, want_kept = generate_kept(tiny_lm, request, policy)
+    same_tokens(records, want)
+    same_residual(kept[0], want_kept)
 
 
 def test_lean_off_keeps_every_step_on_the_modules(tiny_lm, monkeypatch):

@@ -28,7 +28,7 @@ from torch.nn import functional as F
 from engine.core.lean import Fused, LeanStep, lean_step_for
 from engine.core.loader import LoadedModel
 from engine.core.openmp import in_passing_thread
-from engine.core.small_batch import SmallBatchKernels, kernels_for, packed_linear
+from engine.core.small_batch import ROWS, SmallBatchKernels, kernels_for, packed_linear
 
 
 ENV = "PLAYGROUND_LEAN"        # "off": every step through the model's modules (for comparing)
@@ -84,7 +84,7 @@ class LeanDecode:
         with torch.inference_mode():
             logits = self.lean.rows(ids, positions, batch.write_and_gather, mask,
                                     kernels.linear if kernels is not None else F.linear, hidden,
-                                    self.fused(kernels))
+                                    self.fused(kernels) if len(slots) in ROWS else None)   # one row: MKL's own
             if hidden is not None:
                 batch.keep_residual(hidden)
         return logits
