@@ -90,8 +90,8 @@ class LeanDecode:
         return logits
 
     def fused(self, kernels: SmallBatchKernels | None) -> list[Fused] | None:
-        """Each layer's q|k|v and gate|up as one packed product each (made once, when the batch runner starts): a 20-row
-        SmolLM2 forward here 136 against 143 ms with each weight on its own."""
+        """Each layer's q|k|v and gate|up as one packed product each, made once when the batch runner starts (a
+        20-row SmolLM2 forward here: 136 against 143 ms with each weight on its own)."""
         if kernels is None:
             return None
         if self._fused is None:              # packed in a passing thread: the step loop's keeps the only OpenMP team
