@@ -212,8 +212,11 @@ def test_a_capturing_request_alone_steps_on_the_lean_rows_without_the_packed_pro
     runner = BatchRunner(tiny_lm, max_batch=8)
     packed_rows, rows = [], []
     product = serving_lean.packed_linear
-    monkeypatch.setattr(serving_lean, "packed_linear",
-                        lambda x, packed, bias: packed_rows.append(x.numel() // x.shape[-1]) or product(x, packed, bias))
+
+    def counted(x, packed, bias):
+        packed_rows.append(x.numel() // x.shape[-1])
+        return product(x, packed, bias)
+    monkeypatch.setattr(serving_lean, "packed_linear", counted)
     lean_rows = runner.lean.rows
     monkeypatch.setattr(runner.lean, "rows", lambda batch, slots: rows.append(len(slots)) or lean_rows(batch, slots))
     request, policy, kept = GenerationRequest(tiny_prompt(8, seed=2), max_new_tokens=6, chat=False), FULL, {}
