@@ -182,3 +182,15 @@ def smol_lm():
     from engine.core.loader import load_model
 
     return load_model("default", device="cpu")
+
+
+def assert_same_residual(batched, single, atol=1e-5):
+    """Two runs kept the same hidden states at the same positions, equal within `atol` of the largest value
+    (float32 rounding: a batched matmul sums in another order than a matmul of one row)."""
+    assert (batched is None) == (single is None)
+    if single is None:
+        return
+    assert batched.layers == single.layers and batched.length == single.length
+    for i in single.layers:
+        want = single.input(i)
+        torch.testing.assert_close(batched.input(i), want, atol=atol * max(1.0, float(want.abs().max())), rtol=0)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_prompt
+from conftest import assert_same_residual, tiny_prompt
 from engine.serving.batch import BatchRunner, Slot
 from engine.core.generate import GenerationRequest, encode_prompt, generate_kept
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
@@ -65,18 +65,6 @@ def alone(lm, request, policy=CAPTURE_OFF) -> Alone:
     run = Alone(records)
     run.kept = kept
     return run
-
-
-def assert_same_residual(batched, single, atol=1e-5):
-    """Two runs kept the same hidden states at the same positions, equal within `atol` of the largest value
-    (float32 rounding: a batched matmul sums in another order than a matmul of one row)."""
-    assert (batched is None) == (single is None)
-    if single is None:
-        return
-    assert batched.layers == single.layers and batched.length == single.length
-    for i in single.layers:
-        want = single.input(i)
-        torch.testing.assert_close(batched.input(i), want, atol=atol * max(1.0, float(want.abs().max())), rtol=0)
 
 
 def assert_same_views(lm, batched, single, policy):

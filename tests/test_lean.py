@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from conftest import tiny_prompt, write_tiny_llama
+from conftest import assert_same_residual, tiny_prompt, write_tiny_llama
 from engine.core.generate import GenerationRequest, encode_prompt, generate, generate_kept
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
 from engine.core.kept import kept_for
@@ -101,18 +101,6 @@ def same_tokens(records, alone):
     assert records[-1].text == alone[-1].text
 
 
-def same_residual(kept, want):
-    """The same hidden states kept at the same positions (or none by either), within float32 rounding of the
-    largest value."""
-    assert (kept is None) == (want is None)
-    if want is None:
-        return
-    assert kept.layers == want.layers and kept.length == want.length
-    for i in want.layers:
-        expected = want.input(i)
-        torch.testing.assert_close(kept.input(i), expected, atol=1e-5 * max(1.0, float(expected.abs().max())), rtol=0)
-
-
 def test_a_lone_request_steps_on_the_lean_path_and_equals_itself_alone(tiny_lm, monkeypatch):
     runner = BatchRunner(tiny_lm, max_batch=8)
     calls = []
@@ -200,7 +188,7 @@ def test_a_batch_decodes_on_the_lean_rows_and_every_row_equals_itself_alone(tiny
     for i, (records, (request, policy)) in enumerate(zip(out, jobs)):
         want, want_kept = generate_kept(tiny_lm, request, policy)
         same_tokens(records, want)
-        same_residual(kept[i], want_kept)
+        assert_same_residual(kept[i], want_kept)
 
 
 def test_a_capturing_request_alone_steps_on_the_lean_rows_without_the_packed_products(tiny_lm, monkeypatch):
@@ -224,7 +212,7 @@ def test_a_capturing_request_alone_steps_on_the_lean_rows_without_the_packed_pro
     assert rows == [1] * 5 and packed_rows == []
     want, want_kept = generate_kept(tiny_lm, request, policy)
     same_tokens(records, want)
-    same_residual(kept[0], want_kept)
+    assert_same_residual(kept[0], want_kept)
 
 
 def test_lean_off_keeps_every_step_on_the_modules(tiny_lm, monkeypatch):
