@@ -33,17 +33,23 @@ thirty followers move to another page at once, so the server is seconds behind. 
    STOP_WAIT_SECONDS; a runner stuck longer than that (a read with no timeout) no longer holds the page. Requests
    that come meanwhile wait behind the first, and reach the new runner in the order they were sent.
 
-`install()` is idempotent; app/main.py calls it at the top of every run.
+`install()` is idempotent; app/main.py calls it at the top of every run. The fixes read private attributes of
+Streamlit 1.67 (`_pages_manager`, `_scriptrunner`, `_event_loop`, `_state`, `_script_thread`): on any other minor
+release they are not installed, the log says so once, and the app runs on Streamlit's own runner. pyproject.toml
+pins the same fence (`streamlit~=1.67.0`); docs/app.md has a minimal reproduction of each race for upstream.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
+import streamlit
 from streamlit.runtime.app_session import AppSession, AppSessionState
 from streamlit.runtime.scriptrunner import RerunData
 from streamlit.runtime.scriptrunner.script_runner import ScriptRunner
 
+FENCE = (1, 67)                 # the minor release whose private attributes the fixes read
 RETRY_SECONDS = 0.02
 STOP_WAIT_SECONDS = 10.0        # the longest a new run waits for the one it replaces to leave its script
 _run_script = ScriptRunner._run_script
@@ -107,9 +113,30 @@ def replaced_still_running(session: AppSession, since: float) -> bool:
             and time.monotonic() - since < STOP_WAIT_SECONDS)
 
 
-def install() -> None:
+def fits(version: str) -> bool:
+    """The installed Streamlit is the minor release the fixes are written for."""
+    return tuple(int(part) for part in version.split(".")[:2] if part.isdigit()) == FENCE
+
+
+def install(version: str = streamlit.__version__) -> bool:
+    """Patch the runner when Streamlit is inside the fence; say once, and patch nothing, when it is not."""
+    if not fits(version):
+        _warn_unfenced(version)
+        return False
     ScriptRunner._run_script = run_unless_stale
     AppSession._create_scriptrunner = create_runner_in_turn
+    return True
+
+
+_warned: set[str] = set()
+
+
+def _warn_unfenced(version: str) -> None:
+    if version not in _warned:
+        _warned.add(version)
+        logging.getLogger(__name__).warning(
+            "Streamlit %s is installed; the room's Stop and rerun fixes (app/runner_fixes.py) are written for "
+            "%d.%d and are off: the app runs on Streamlit's own runner", version, *FENCE)
 
 
 def installed() -> bool:

@@ -11,6 +11,7 @@ import sys
 import threading
 from types import SimpleNamespace
 
+import streamlit
 from streamlit.runtime.app_session import AppSession, AppSessionState
 from streamlit.runtime.scriptrunner import RerunData
 from streamlit.runtime.scriptrunner.script_runner import ScriptRunner
@@ -42,6 +43,30 @@ def test_install_patches_the_runner_and_the_session_once():
     assert AppSession._create_scriptrunner is runner_fixes.create_runner_in_turn
     assert "_pages_manager" in ScriptRunner.__init__.__code__.co_names          # what the fixes read (Streamlit 1.67)
     assert {"_scriptrunner", "_event_loop", "_state"} <= set(AppSession.__init__.__code__.co_names)
+
+
+def test_the_fixes_stay_off_outside_the_streamlit_release_they_are_written_for(monkeypatch, caplog):
+    monkeypatch.setattr(ScriptRunner, "_run_script", runner_fixes._run_script)
+    monkeypatch.setattr(AppSession, "_create_scriptrunner", runner_fixes._create_scriptrunner)
+    for version in ("1.68.0", "1.66.2", "2.0.0"):
+        assert not install(version)
+        assert not installed()                                                # Streamlit's own runner, untouched
+    assert sum("fixes (app/runner_fixes.py)" in r.getMessage() for r in caplog.records) == 3  # once a version
+    assert install("1.67.3") and installed()
+
+
+def test_the_lock_and_pyproject_keep_streamlit_inside_the_fence():
+    import tomllib
+
+    from packaging.specifiers import SpecifierSet
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    spec = SpecifierSet(next(d for d in deps if d.startswith("streamlit"))[len("streamlit"):])
+    locked = next(line.split("==")[1] for line in (ROOT / "constraints.txt").read_text().splitlines()
+                  if line.startswith("streamlit=="))
+    assert runner_fixes.fits(locked) and locked in spec
+    assert all(runner_fixes.fits(v) for v in spec.filter(["1.66.9", "1.67.0", "1.67.9", "1.68.0", "2.0.0"]))
+    assert runner_fixes.fits(streamlit.__version__)                           # what `make install` put here
 
 
 class StoppedRunner:
