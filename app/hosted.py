@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 API_PREFIXES = ("/v1/", "/metrics")        # what the API door takes; everything else is Streamlit's
 POLL_SECONDS = 0.2
@@ -110,13 +109,3 @@ class ApiDoor:
 def api_url(page_url: str) -> str:
     """Where the OpenAI API of a room served at `page_url` answers."""
     return page_url.rstrip("/") + "/v1"
-
-
-@asynccontextmanager
-async def lifespan(_app: Any) -> AsyncIterator[None]:
-    """At server start: the model begins loading (unless this process is a client of a model server)."""
-    from app.model import api_key, load_here, model_choice
-
-    if model_choice().url is None:
-        start_hosted(lambda progress: load_here(model_choice(), progress), api_key())
-    yield

@@ -1,0 +1,103 @@
+"""The house's import graph, read from the source (every import, module level or inside a function): no module of
+app/, engine/ or pages/ imports itself back through others, and engine/ never imports app/ or pages/ (nor a UI
+library: the engine knows only tensors and token ids)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from servers import ROOT
+
+PACKAGES = ("app", "engine", "pages")
+UI = {"streamlit", "plotly", "altair"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def imported(path: Path, name: str, known: dict[str, Path]) -> set[str]:
+    """The project's modules (and UI libraries) that `path` imports: `from a.b import c` names a.b.c when c is a
+    module, else a.b."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names}
+    return {m for m in found if m in known or m.split(".")[0] in UI}
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imported(path, name, known) for name, path in known.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next((c for c in children if c in edges), None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(edges[child]))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return found
+
+
+def test_no_module_imports_itself_back():
+    assert cycles(graph()) == []
+
+
+def test_the_engine_imports_neither_the_app_nor_a_ui_library():
+    upward = {(name, target) for name, targets in graph().items() if name.split(".")[0] == "engine"
+              for target in targets if target.split(".")[0] in {"app", "pages", *UI}}
+    assert upward == set()
+
+
+def test_the_graph_sees_a_cycle_and_an_upward_import():
+    """The checks themselves: a loop of three modules, an import inside a function, a relative import."""
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+    edges = graph()
+    assert "app.model" in edges["app.asgi"]                       # a module-level import
+    assert "engine.server.state" in edges["app.hosted"]           # an import inside a function
+    assert "streamlit" in edges["app.model"]
