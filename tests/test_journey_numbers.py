@@ -6,10 +6,11 @@ from __future__ import annotations
 import logging
 import types
 
+import numpy as np
 import pytest
 
 from conftest import app_client, tiny_prompt
-from test_pages import app, charts, generate, open_page  # noqa: F401 - `app`: the fixture
+from test_pages import app, array, charts, generate, open_page  # noqa: F401 - `app`: the fixture
 
 
 @pytest.fixture
@@ -47,3 +48,40 @@ def test_opening_a_recording_sets_the_journey_inputs_without_streamlit_warning(a
     assert not again.exception and again.session_state["last_run"].id == opened.id
     assert again.toggle(key="journey.chat").value is opened.request.chat
     assert not [w for w in widget_warnings if "default value" in w], widget_warnings
+
+
+# --- one token's candidates: temperature 0 is greedy, one axis in %, the caption quotes the bars ----------------
+
+def distribution(at) -> dict:
+    return next(c for c in charts(at) if c["layout"].get("xaxis", {}).get("title", {}).get("text") == "probability (%)")
+
+
+def candidates_caption(at) -> str:
+    return next(c.value for c in at.caption if c.value.startswith("Re-drawn from the"))
+
+
+def test_temperature_zero_puts_everything_on_the_argmax_and_the_caption_quotes_the_bars(app):  # noqa: F811
+    at = open_page(app, "journey.py")
+    generate(at, "journey", tiny_prompt(8), 3)                 # temperature 0: greedy
+    token = at.session_state["last_run"].tokens[0]
+    chart = distribution(at)
+    bars, raw = chart["data"][0], chart["data"][1]
+    assert bars["y"][0].endswith(f"({token.id})") and token.id == int(token.logit_ids[np.argmax(token.logits)])
+    assert array(bars["x"]).tolist() == [100.0] + [0.0] * (len(bars["y"]) - 1)       # all the mass on the argmax
+    assert raw["name"] == "plain softmax (temperature 1)" and array(raw["x"])[0] == pytest.approx(100 * token.prob,
+                                                                                                  rel=1e-4)
+    caption = candidates_caption(at)
+    assert f"gets {bars['text'][0]} and every other 0%" in caption and f"where it has {raw['text'][0]}" in caption
+    assert f"took it with certainty, as the most likely token: {bars['text'][0]} in these bars" in caption
+
+    on_top = []
+    for temperature in (0.05, 0.3, 0.7, 1.0, 1.5, 2.0):
+        at.slider(key="journey.temperature").set_value(temperature).run()
+        chart = distribution(at)
+        assert chart["layout"]["xaxis"]["range"] == [0, 118] and chart["layout"]["xaxis"]["ticksuffix"] == "%"
+        bars = chart["data"][0]
+        on_top.append(array(bars["x"])[0])
+        assert f"at the sliders' settings it has p = {bars['text'][0]}" in candidates_caption(at)
+        assert len(chart["data"]) == (1 if temperature == 1.0 else 2)          # at T=1 the bars are the softmax
+    assert [100.0, *on_top] == sorted([100.0, *on_top], reverse=True)        # hotter, flatter: never sharper
+    assert on_top[-1] < on_top[0]
