@@ -85,3 +85,49 @@ def test_temperature_zero_puts_everything_on_the_argmax_and_the_caption_quotes_t
         assert len(chart["data"]) == (1 if temperature == 1.0 else 2)          # at T=1 the bars are the softmax
     assert [100.0, *on_top] == sorted([100.0, *on_top], reverse=True)        # hotter, flatter: never sharper
     assert on_top[-1] < on_top[0]
+
+
+# --- the observer effect: the sentence says what was measured --------------------------------------------------
+
+def effect(off_rounds: list[list[float]], on_rounds: list[list[float]]):
+    """An ObserverEffect as observer_effect builds it from per-round step times (ms)."""
+    import statistics
+
+    from engine.lab.speed import DecodeTiming, ObserverEffect
+
+    def timing(rounds):
+        return DecodeTiming(8, 0.01, tuple(s / 1e3 for r in rounds for s in r))
+    per_round = tuple((statistics.median(a) / 1e3, statistics.median(b) / 1e3) for a, b in zip(off_rounds, on_rounds))
+    return ObserverEffect(timing(off_rounds), timing(on_rounds), True, per_round)
+
+
+@pytest.mark.parametrize("off,on,verdict", [
+    ([[33.0, 33.3, 33.6], [33.9, 34.1, 34.0], [32.9, 33.2, 33.1]],        # on within the rounds' own spread
+     [[33.8, 33.9, 34.0], [33.1, 33.3, 33.5], [34.2, 33.9, 33.7]], "nearly free"),
+    ([[30.0, 30.1, 30.2], [30.1, 30.2, 30.3], [30.0, 30.2, 30.1]],        # 6 ms more, rounds 0.1 ms apart
+     [[36.0, 36.1, 36.2], [36.1, 36.2, 36.3], [36.0, 36.1, 36.2]], "Capture costs 6.0 ms a step"),
+    ([[40.0, 40.1, 40.2], [40.1, 40.2, 40.3], [40.0, 40.2, 40.1]],
+     [[30.0, 30.1, 30.2], [30.1, 30.2, 30.3], [30.0, 30.1, 30.2]], "measure again"),
+])
+def test_the_observer_sentence_follows_its_numbers(off, on, verdict):
+    from app.journey.sections import observer_caption
+
+    e = effect(off, on)
+    text = observer_caption(e, "the residual stream entering every layer")
+    assert verdict in text and f"{e.ratio:.2f}× as long" in text
+    assert f"{e.off.itl * 1e3:.1f} ms with capture off and {e.on.itl * 1e3:.1f} ms with capture on" in text
+    assert f"({e.noise * 1e3:.1f} ms)" in text and "costs time" not in text
+    assert ("nearly free" in text) == e.within_noise
+
+
+def test_the_observer_section_quotes_its_bars(app):  # noqa: F811
+    at = open_page(app, "journey.py")
+    generate(at, "journey", tiny_prompt(8), 4)
+    at.button(key="journey.observer.measure").click().run()
+    measured = at.session_state["journey.observer"]
+    bars = next(c for c in charts(at) if c["data"] and c["data"][0].get("y") == ["capture off", "capture on"])
+    off, on = bars["data"][0]["text"]
+    caption = next(c.value for c in at.caption if c.value.startswith("Measured on this server: one decode step"))
+    assert f"took {off} with capture off and {on} with capture on" in caption
+    assert ("nearly free" in caption) == measured.within_noise and len(measured.rounds) == 3
+    assert "the residual stream entering every layer" in caption

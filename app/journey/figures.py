@@ -9,7 +9,7 @@ from functools import lru_cache
 import numpy as np
 import plotly.graph_objects as go
 
-from app.format import plot_text
+from app.format import fmt_ms, plot_text
 from engine.projection.card import forward_shapes
 from engine.core.hooks import LayerCapture
 from engine.projection.specs import ModelSpec
@@ -166,7 +166,7 @@ def observer_figure(off_seconds: float, on_seconds: float) -> go.Figure:
     """One decode step with capture off and on (ms, measured)."""
     values = [off_seconds * 1e3, on_seconds * 1e3]
     fig = go.Figure(go.Bar(x=values, y=["capture off", "capture on"], orientation="h",
-                           marker_color=[DECODE_COLOR, CHOSEN_COLOR], text=[f"{v:.1f} ms" for v in values],
+                           marker_color=[DECODE_COLOR, CHOSEN_COLOR], text=[fmt_ms(v / 1e3) for v in values],
                            textposition="outside", cliponaxis=False))
     fig.update_layout(height=150, margin=dict(l=0, r=60, t=10, b=0), xaxis_title="one decode step (ms, measured)",
                       xaxis=dict(rangemode="tozero"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import streamlit as st
@@ -22,9 +22,13 @@ from app.widgets import ChartSlot, plot
 from engine.core.generate import GenerationRequest
 from engine.errors import EngineError
 from engine.service.client import ModelClient
+from engine.core.hooks import CapturePolicy
 from engine.core.records import SampledToken
 from engine.core.sampling import filter_probs
 from engine.core.token_bytes import char_groups, readable, token_bytes
+
+if TYPE_CHECKING:
+    from engine.lab.speed import ObserverEffect
 
 MAX_CHIPS = 300
 HEX_ONLY = re.compile(r"<[0-9A-F ]+>")      # a chip that is bytes only, no text
@@ -339,11 +343,37 @@ def observer_section(lm: ModelClient, run: Run) -> None:
     if effect is None:
         return
     plot(charts.observer_figure(effect.off.itl, effect.on.itl), key="journey.observer")
-    st.caption(f"Measured on this server: {len(effect.on.steps)} decode steps each way, three rounds alternating, "
-               "medians. Keeping the residual stream of every layer (what every map, norm and lens is derived from) "
-               f"makes a step {effect.ratio:.2f}× as long. "
-               + ("The tokens were the same both ways: watching changes the speed, never the answer."
-                  if effect.same_tokens else "The tokens differed: a near-tie in the logits tipped the other way."))
+    st.caption(observer_caption(effect, kept_words(policy, run.spec.n_layers)))
+
+
+def kept_words(policy: CapturePolicy, n_layers: int) -> str:
+    """What a run with this policy keeps during its steps, in words."""
+    inputs = policy.inputs
+    return ("the residual stream entering every layer" if inputs is None else
+            f"the residual stream entering {len(inputs)} of {n_layers} layers")
+
+
+def observer_caption(effect: ObserverEffect, kept: str) -> str:
+    """What the observer measurement found, every number from it: the two medians, their ratio, and whether their
+    difference stands out from the spread between rounds of one setting."""
+    off, on, noise = (fmt_ms(x) for x in (effect.off.itl, effect.on.itl, effect.noise))
+    diff = fmt_ms(abs(effect.on.itl - effect.off.itl))
+    text = (f"Measured on this server: one decode step took {off} with capture off and {on} with capture on "
+            f"({effect.ratio:.2f}× as long; medians of {len(effect.on.steps)} steps each way, "
+            f"{len(effect.rounds) or 'several'} rounds alternating). ")
+    why = (f"During the steps the run keeps only {kept}, written in place like the KV cache; the attention maps, "
+           "norms and logit lens are computed from it afterwards, when a page asks for them.")
+    if effect.within_noise:
+        text += (f"The difference, {diff}, is within the spread between rounds of the same setting ({noise}): "
+                 f"watching is nearly free here. {why}")
+    elif effect.on.itl > effect.off.itl:
+        text += (f"Capture costs {diff} a step, more than the spread between rounds of the same setting ({noise}). "
+                 f"{why} Writing that copy is the cost.")
+    else:
+        text += (f"Capture on came out {diff} faster, more than the spread between rounds ({noise}): the machine's "
+                 "load changed during the measurement; measure again.")
+    return text + (" The tokens were the same both ways: watching changes the speed, never the answer."
+                   if effect.same_tokens else " The tokens differed: a near-tie in the logits tipped the other way.")
 
 
 def run_up_close(lm: ModelClient | None, run: Run, sampling: Sampling) -> None:
@@ -361,5 +391,6 @@ def run_up_close(lm: ModelClient | None, run: Run, sampling: Sampling) -> None:
         notebook_button(run, lm, "journey")
     if lm is not None and lm.label == run.model:
         st.subheader("5. The observer effect")
-        st.write("Capturing the model's internals costs time. The same request, capture off and on, timed here:")
+        st.write("Does watching the model slow it down? The same request decoded with capture off and with capture "
+                 "on, timed here:")
         observer_section(lm, run)
