@@ -370,12 +370,23 @@ def open_kept(store: Shelf, name: str, limits: Limits) -> None:
     st.rerun()                                     # the row says "Shown now", the pages below follow it
 
 
+def origin_sentence(run: Run) -> str:
+    """Where and how a recording was made, from its own metadata: its timings are that machine's, then."""
+    when = f" on {run.recorded[:10]}" if re.match(r"\d{4}-\d\d-\d\d", run.recorded) else ""
+    where = f"{run.dtype or 'an unknown dtype'} on {run.device or 'an unknown device'}"
+    where += f", {run.machine}" if run.machine else " (the file does not say how busy that machine was)"
+    kept = run.policy.layer_ids(run.spec.n_layers) if run.policy.enabled else ()
+    capture = (f"capturing {len(kept)} of {run.spec.n_layers} layers" if kept else "without captures")
+    return (f"Recorded{when} in {where}, {capture}. Its times (time to first token, time per token) are that "
+            "machine's at that moment, not this server's: generate here to time this server.")
+
+
 def run_notes(run: Run | None) -> None:
     """Where the shown run came from, and why the server cut it short if it did."""
     if run is None:
         return
     if run.source is not None:
-        st.text(f"Showing the recording {run.source!r} ({run.model}, {run.dtype} on {run.device}); "
-                "no model runs for it.")
+        st.text(f"Showing the recording \u201c{run.source}\u201d ({run.model}); no model runs for it.")
+        st.caption(origin_sentence(run))
     if run.warning:
         st.warning(run.warning)

@@ -131,3 +131,20 @@ def test_the_observer_section_quotes_its_bars(app):  # noqa: F811
     assert f"took {off} with capture off and {on} with capture on" in caption
     assert ("nearly free" in caption) == measured.within_noise and len(measured.rounds) == 3
     assert "the residual stream entering every layer" in caption
+
+
+# --- a recording's times are the recording machine's: the page says where and how it was made -------------------
+
+def test_an_opened_recording_says_where_when_and_how_it_was_recorded(app):  # noqa: F811
+    from app.recordings import RECORDINGS_DIR
+    from engine.serving.recording import load_recording
+
+    at = open_page(app, "recordings.py")
+    at.button(key="recordings.open.0").click().run()
+    rec = load_recording(sorted(RECORDINGS_DIR.glob("*.json.gz"))[0])
+    at = open_page(at, "journey.py")
+    said = next(c.value for c in at.caption if c.value.startswith("Recorded "))
+    assert said.startswith(f"Recorded on {rec.created[:10]} in {rec.dtype} on {rec.device}")
+    assert (rec.machine in said) if rec.machine else ("does not say how busy" in said)
+    layers = len(rec.policy.layer_ids(rec.spec.n_layers))
+    assert f"capturing {layers} of {rec.spec.n_layers} layers" in said and "not this server's" in said
