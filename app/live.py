@@ -201,10 +201,17 @@ def run_alone(lm: ModelClient, name: str, params: dict[str, Any] | None = None) 
 
 
 def _turn_message(status: QueueStatus, what: str) -> str:
+    """The line shown while a job waits for its turn or its first result. `what` is the job's own noun phrase ("the
+    precision measurement", "rebuilding a layer's input"), its capitals kept ("the GPTQ/AWQ comparison")."""
     if status.state != "queued":
-        return f"Measuring {what}…"
-    return (f"{what.capitalize()} needs the model to itself: it starts when the {status.running} running request(s) "
+        return f"{upper_first(what)}: running on the model…"
+    return (f"{upper_first(what)} needs the model to itself: it starts when the {status.running} running request(s) "
             f"finish ({status.ahead} waiting before it). Stop leaves the line.")
+
+
+def upper_first(text: str) -> str:
+    """The first letter in capitals, the rest as written (str.capitalize would lower 'GPTQ' and 'Q, K, V')."""
+    return text[:1].upper() + text[1:]
 
 
 def measure_in_box(lm: ModelClient, label: str, name: str, params: dict[str, Any] | None = None) -> Any | None:

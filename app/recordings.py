@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Callable
 
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
 
 from app.recent import Recent, make_current, open_recent, recent, run_store
 from app.recorded import recording_from_run, run_from_recording  # noqa: F401 - also the names others import from here
-from app.session import session_id
+from app.session import person_id
 from app.format import fmt_bytes
+from app.nav import PAGES
 from app.run import LAST_RUN, Run
 from engine.errors import EngineError
 from engine.serving.limits import MiB, Limits, server_limits
@@ -53,8 +55,17 @@ def open_bytes(data: bytes, name: str = "the file", limits: Limits | None = None
 def open_shipped(path: Path) -> Run:
     """A shipped recording as a run, with an id of its own (the same each time: the run store keeps it once)."""
     run = run_from_recording(load_recording(path))
-    run.id = "shipped-" + re.sub(r"[^A-Za-z0-9_-]+", "-", path.name.removesuffix(".json.gz"))[:60]
+    run.id = shipped_id(path)
     return run
+
+
+def shipped_id(path: Path) -> str:
+    return "shipped-" + re.sub(r"[^A-Za-z0-9_-]+", "-", path.name.removesuffix(".json.gz"))[:60]
+
+
+def kept_id(name: str) -> str:
+    """The run id of a kept recording (its file name: digits, a dash and a slug), the same each time it opens."""
+    return "kept-" + name.removesuffix(".json.gz")
 
 
 def run_bytes(run: Run, on_wait: Waiting | None = None, lm: ModelClient | None = None) -> bytes:
@@ -153,7 +164,7 @@ def shipped_summaries(paths: tuple[str, ...]) -> list[Shipped]:
 # --- widgets ----------------------------------------------------------------------------------------------
 
 def shipped_section() -> None:
-    """One row per shipped recording with an Open button."""
+    """One row per shipped recording with an Open button (where it is shown now: says so, in its place)."""
     items = shipped_summaries(tuple(str(p) for p in shipped_paths()))
     if not items:
         st.caption(f"No recordings in {RECORDINGS_DIR.relative_to(ROOT)}.")
@@ -161,9 +172,26 @@ def shipped_section() -> None:
     for i, item in enumerate(items):
         left, right = st.columns([4, 1], vertical_alignment="center")
         left.text(f"{item.title}: {item.tokens} tokens from {item.model}, attention of {item.layers} layers\n"
-                  f"Prompt: {item.prompt}\nAnswer: {item.answer.strip()[:160]}")
-        if right.button("Open", key=f"recordings.open.{i}", icon=":material/play_arrow:"):
+                  f"Prompt: {one_line(item.prompt, 160)}\nAnswer: {one_line(item.answer, 160)}")
+        if open_cell(right, shipped_id(Path(item.path)), f"recordings.open.{i}", ":material/play_arrow:"):
             make_current(open_shipped(Path(item.path)))
+            st.rerun()                                 # the row says "Shown now", the pages below follow it
+
+
+def one_line(text: str, limit: int) -> str:
+    """Text on one line (newlines and runs of spaces as one space), cut to `limit` characters with an ellipsis."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[:limit - 1].rstrip() + "…"
+
+
+def open_cell(cell: DeltaGenerator, run_id: str, key: str, icon: str) -> bool:
+    """A row's Open button; in its place, where the row's run is the one every page shows, 'Shown now' and a link to
+    the journey page (the result of pressing Open, next to it)."""
+    if shown_now(run_id):
+        cell.success("Shown now", icon=":material/check:")
+        cell.page_link(str(PAGES[0].path), label="See it", icon=PAGES[0].icon)
+        return False
+    return cell.button("Open", key=key, icon=icon)
 
 
 def upload_section(limits: Limits) -> None:
@@ -214,23 +242,26 @@ def save_button(run: Run | None, key: str, lm: ModelClient | None = None) -> Non
 
 
 def keep_button(run: Run | None, limits: Limits, lm: ModelClient | None = None) -> None:
-    """'Keep on this server': the run saved to the server's disk for this session, within the caps."""
+    """'Keep on this server': the run saved to the server's disk for this person (this browser's reloads and tabs,
+    across restarts of the server), within the caps."""
     store = room_shelf(limits)
     if run is None or run.done is None or run.prefill is None or not store.enabled:
         return
+    if note := st.session_state.pop(KEPT_NOTE_KEY, None):          # what the last press did, under the button
+        st.success(note, icon=":material/bookmark_added:")
     if not st.button("Keep on this server", key=f"recordings.keep.{run.id}", icon=":material/bookmark_add:",
-                     help=f"Up to {limits.max_saved_per_session} runs per session, "
+                     help=f"Up to {limits.max_saved_per_session} runs per person (this browser), "
                           f"{fmt_bytes(limits.max_saved_mb * MiB)} for everyone; the oldest go first."):
         return
     notice = st.empty()
     try:
-        kept = store.keep(session_id(), run_bytes(run, waiting_notice(notice), lm), file_name(run)[:-len(".json.gz")])
+        kept = store.keep(person_id(), run_bytes(run, waiting_notice(notice), lm), file_name(run)[:-len(".json.gz")])
     except EngineError as err:
         notice.error(str(err))
         return
-    st.session_state[KEPT_KEY] = sorted(e.name for e in store.entries(session_id()))   # told below, not again
+    st.session_state[KEPT_KEY] = sorted(e.name for e in store.entries(person_id()))   # told below, not again
     st.session_state[KEPT_NOTE_KEY] = kept_message(kept, limits)
-    st.rerun()                                     # the list above shows the new one
+    st.rerun()                                     # the list above shows the new one, the note shows here
 
 
 def kept_message(kept: Kept, limits: Limits) -> str:
@@ -239,30 +270,29 @@ def kept_message(kept: Kept, limits: Limits) -> str:
     mine = [e.title for e in kept.removed if e.session == kept.entry.session]
     others = len(kept.removed) - len(mine)
     if mine:
-        text += (f" To stay within {limits.max_saved_per_session} per session, your oldest was removed: "
+        text += (f" To stay within {limits.max_saved_per_session} per person, your oldest was removed: "
                  f"{', '.join(mine)}.")
     if others:
         text += (f" The space for everyone's recordings ({fmt_bytes(limits.max_saved_mb * MiB)}) was full: "
                  f"{others} older "
-                 "recording(s) of other sessions were removed.")
+                 "recording(s) of other people were removed.")
     return text
 
 
 def kept_section(limits: Limits) -> None:
-    """This session's kept recordings with an Open button each; says when some were removed meanwhile."""
+    """This person's kept recordings (after reloads, in every tab, after a restart) with an Open button each; says
+    when some were removed meanwhile."""
     store = room_shelf(limits)
     if not store.enabled:
         st.caption("This server keeps no recordings on its disk; use Save this run to download one.")
         return
-    if note := st.session_state.pop(KEPT_NOTE_KEY, None):
-        st.success(note, icon=":material/bookmark_added:")
-    entries = store.entries(session_id())
+    entries = store.entries(person_id())
     names = {e.name for e in entries}
     gone = set(st.session_state.get(KEPT_KEY, ())) - names
     st.session_state[KEPT_KEY] = sorted(names)
     if gone:
         st.info(f"{len(gone)} of your kept recordings were removed to make room for newer ones (the server keeps "
-                f"{limits.max_saved_per_session} per session and {fmt_bytes(limits.max_saved_mb * MiB)} in all; "
+                f"{limits.max_saved_per_session} per person and {fmt_bytes(limits.max_saved_mb * MiB)} in all; "
                 "the oldest go first).", icon=":material/delete_sweep:")
     if not entries:
         st.caption("None yet: press Keep on this server under a finished run.")
@@ -270,7 +300,7 @@ def kept_section(limits: Limits) -> None:
         left, right = st.columns([4, 1], vertical_alignment="center")
         when = time.strftime("%H:%M", time.localtime(entry.saved))
         left.text(f"{entry.title} ({entry.size / 1e6:.2f} MB, kept {when})")
-        if right.button("Open", key=f"recordings.kept.{i}.{entry.name}", icon=":material/play_arrow:"):
+        if open_cell(right, kept_id(entry.name), f"recordings.kept.{i}.{entry.name}", ":material/play_arrow:"):
             open_kept(store, entry.name, limits)
 
 
@@ -280,17 +310,20 @@ def recent_section(limits: Limits, lm: ModelClient | None = None) -> None:
     if not items:
         st.caption("None yet: a finished run, generated or opened here, is listed here and reopens after a reload or "
                    "a restart of the server.")
-    shown = st.session_state.get(LAST_RUN)
     for i, item in enumerate(items):
         left, right = st.columns([4, 1], vertical_alignment="center")
         when = time.strftime("%H:%M", time.localtime(item.at))
         gone = "" if item.kept else "; evicted from the run store to make room for newer runs"
-        left.text(f"{item.title[:80]!r} → {item.answer.strip()[:60]!r} ({item.model}, {when}{gone})\n"
-                  f"Link: ?run={item.id}")
-        if isinstance(shown, Run) and shown.id == item.id:
-            right.caption("Shown now")
-        elif item.kept and right.button("Open", key=f"recordings.recent.{i}.{item.id}", icon=":material/history:"):
+        left.text(f"\u201c{one_line(item.title, 80)}\u201d → \u201c{one_line(item.answer, 60)}\u201d "
+                  f"({item.model}, {when}{gone})\nLink: ?run={item.id}")
+        if (item.kept or shown_now(item.id)) and open_cell(right, item.id, f"recordings.recent.{i}.{item.id}",
+                                                           ":material/history:"):
             open_listed(item, limits, lm)
+
+
+def shown_now(run_id: str) -> bool:
+    shown = st.session_state.get(LAST_RUN)
+    return isinstance(shown, Run) and shown.id == run_id
 
 
 def open_listed(item: Recent, limits: Limits, lm: ModelClient | None) -> None:
@@ -326,10 +359,26 @@ def store_section() -> None:
 
 
 def open_kept(store: Shelf, name: str, limits: Limits) -> None:
+    """One of this person's kept recordings as the run every page shows; the error under its row when it is gone."""
     try:
-        make_current(open_bytes(store.read(session_id(), name), name, limits, waiting_notice(st.empty())))
+        run = open_bytes(store.read(person_id(), name), name, limits, waiting_notice(st.empty()))
     except EngineError as err:
         st.error(str(err))
+        return
+    run.id = kept_id(name)
+    make_current(run, limits)
+    st.rerun()                                     # the row says "Shown now", the pages below follow it
+
+
+def origin_sentence(run: Run) -> str:
+    """Where and how a recording was made, from its own metadata: its timings are that machine's, then."""
+    when = f" on {run.recorded[:10]}" if re.match(r"\d{4}-\d\d-\d\d", run.recorded) else ""
+    where = f"{run.dtype or 'an unknown dtype'} on {run.device or 'an unknown device'}"
+    where += f", {run.machine}" if run.machine else " (the file does not say how busy that machine was)"
+    kept = run.policy.layer_ids(run.spec.n_layers) if run.policy.enabled else ()
+    capture = (f"capturing {len(kept)} of {run.spec.n_layers} layers" if kept else "without captures")
+    return (f"Recorded{when} in {where}, {capture}. Its times (time to first token, time per token) are that "
+            "machine's at that moment, not this server's: generate here to time this server.")
 
 
 def run_notes(run: Run | None) -> None:
@@ -337,7 +386,7 @@ def run_notes(run: Run | None) -> None:
     if run is None:
         return
     if run.source is not None:
-        st.text(f"Showing the recording {run.source!r} ({run.model}, {run.dtype} on {run.device}); "
-                "no model runs for it.")
+        st.text(f"Showing the recording \u201c{run.source}\u201d ({run.model}); no model runs for it.")
+        st.caption(origin_sentence(run))
     if run.warning:
         st.warning(run.warning)

@@ -88,6 +88,8 @@ class Run:
     dtype: str = ""                 # the model's dtype when it ran ("float32", "bfloat16", ...)
     device: str = ""
     source: str | None = None       # the recording's title when the run was loaded from a file
+    recorded: str = ""              # a recording's date (ISO 8601), for a run loaded from a file
+    machine: str = ""               # where a recording ran and how busy it was (engine.serving.recording)
     warning: str | None = None      # why the server stopped it early (its time limit), for the page to show
     speculation: Speculation | None = None   # set for speculative decoding
     kept: bool | None = None        # stopped: whether the server said its file is on disk (None: not asked)

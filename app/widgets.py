@@ -142,6 +142,13 @@ def _typed_input(w: LinkedNumber, parent) -> None:
 
 # --- the request form ---------------------------------------------------------------------------------------
 
+def state_defaults(values: dict[str, Any]) -> None:
+    """Widget values set in Session State before the widgets draw, never as their `value=`: a recording, a push or a
+    link may have set them already, and Streamlit warns of a widget given both."""
+    for key, value in values.items():
+        st.session_state.setdefault(key, value)
+
+
 def prompt_box(ns: str, default: str = DEFAULT_PROMPT, height: int = 110) -> str:
     key = f"{ns}.prompt"
     if key not in st.session_state:                # a push or a recording may have set it already

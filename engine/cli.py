@@ -345,8 +345,10 @@ def cmd_project(args: argparse.Namespace) -> int:
 def record(prompt: str, out: str | Path, model: str = "default", max_new_tokens: int = 32, layers: int = 10,
            title: str = "", max_keys: int | None = None) -> Any:
     """Generate greedily with the given model and save the run with attention for `layers` spread layers."""
-    from engine.core.generate import GenerationRequest, generate_captured
-    from engine.core.hooks import CapturePolicy
+    from dataclasses import replace
+
+    from engine.core.generate import GenerationRequest, generate, generate_captured
+    from engine.core.hooks import CAPTURE_OFF, CapturePolicy
     from engine.core.loader import load_model
     from engine.serving.recording import new_recording, save_recording
 
@@ -355,6 +357,8 @@ def record(prompt: str, out: str | Path, model: str = "default", max_new_tokens:
     picked = tuple(sorted({round(i * (n - 1) / max(layers - 1, 1)) for i in range(min(layers, n))}))
     policy = CapturePolicy(layers=picked, logit_lens=5, max_keys=max_keys)
     request = GenerationRequest(prompt, max_new_tokens=max_new_tokens)
+    for _ in generate(lm, replace(request, max_new_tokens=2), CAPTURE_OFF):    # untimed: a fresh process's first
+        pass                                                                   # pass pays its one-off start-up
     records = generate_captured(lm, request, policy)       # this process's own model: nobody else uses it
     rec = new_recording(lm, request, policy, records, title or prompt[:60])
     save_recording(rec, out)

@@ -8,7 +8,7 @@ from app.model import offline_notice, page_model, small_model_note
 from app.recordings import run_notes
 from app.request import new_token_limit, prepare
 from app.session import presenter_push
-from app.widgets import generate_button, prompt_box, sampling_controls
+from app.widgets import generate_button, prompt_box, sampling_controls, state_defaults
 
 lm = page_model()
 st.title("The journey of a request")
@@ -24,9 +24,11 @@ else:
     prompt = prompt_box("journey", height=90)
     sampling = sampling_controls("journey", max_new_limit=new_token_limit(lm))
     left, right = st.columns(2)
-    chat = left.toggle("Use the chat template", value=lm.has_chat_template, key="journey.chat",
-                       disabled=not lm.has_chat_template)
-    capture = right.toggle("Capture internals (attention, logit lens)", value=True, key="journey.capture",
+    state_defaults({"journey.chat": lm.has_chat_template, "journey.capture": True})
+    if not lm.has_chat_template:                   # a recording made with a template: this model has none
+        st.session_state["journey.chat"] = False
+    chat = left.toggle("Use the chat template", key="journey.chat", disabled=not lm.has_chat_template)
+    capture = right.toggle("Capture internals (attention, logit lens)", key="journey.capture",
                            help="Off: the run keeps no residual stream, so nothing can be derived from it.")
     prepared = prepare(lm, prompt, sampling, chat)
     if prepared.error:

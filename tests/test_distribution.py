@@ -86,11 +86,12 @@ def test_journey_caption_quotes_the_chosen_bar(wide_dir, monkeypatch):
     assert not at.exception, [e.value for e in at.exception]
     token = at.session_state["last_run"].tokens[0]
     caption = next(c.value for c in at.caption if "in these bars" in c.value)
-    p = float(re.search(r"has p = ([\d.]+)% in these bars", caption).group(1)) / 100
+    p = float(re.search(r"([\d.]+)% in the plain softmax", caption).group(1)) / 100
     bars = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
-                if json.loads(c.proto.spec)["layout"].get("xaxis", {}).get("title", {}).get("text") == "probability")
-    values = bars["data"][0]["x"]
+                if json.loads(c.proto.spec)["layout"].get("xaxis", {}).get("title", {}).get("text")
+                == "probability (%)")
+    values = bars["data"][1]["x"]                                        # greedy: the plain softmax beside the bars
     if isinstance(values, dict):                                         # Plotly's base64 array
         values = np.frombuffer(base64.b64decode(values["bdata"]), dtype=values["dtype"]).tolist()
-    assert round(max(values), 3) == round(p, 3) and p == pytest.approx(token.prob, abs=5e-4)
-    assert "the probability it was drawn with" in caption and f"other {VOCAB - KEEP_LOGITS:,} tokens" in caption
+    assert round(max(values) / 100, 3) == round(p, 3) and p == pytest.approx(token.prob, abs=5e-4)
+    assert "took it with certainty" in caption and f"other {VOCAB - KEEP_LOGITS:,} tokens" in caption

@@ -121,11 +121,12 @@ def test_journey_generates_streams_and_redraws_without_the_model(app):
     at.slider(key="journey.temperature").set_value(1.5).run()
     assert_clean(at)
     assert at.session_state["last_run"] is run                                       # no new generation
-    dist = next(c for c in charts(at) if c["layout"].get("xaxis", {}).get("title", {}).get("text") == "probability")
+    dist = next(c for c in charts(at)
+                if c["layout"].get("xaxis", {}).get("title", {}).get("text") == "probability (%)")
     token = run.tokens[0]
     z = token.logits.astype(np.float64) / 1.5
     expected = np.sort(np.exp(z - z.max()) / np.exp(z - z.max()).sum())[::-1][:len(array(dist["data"][0]["x"]))]
-    np.testing.assert_allclose(array(dist["data"][0]["x"]), expected, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(array(dist["data"][0]["x"]) / 100, expected, rtol=1e-4, atol=1e-6)
 
 
 def test_journey_measures_the_observer_effect_through_the_scheduler(app):

@@ -63,3 +63,46 @@ def test_the_person_is_the_xsrf_token_whatever_its_mask():
     assert xsrf_token(first) == xsrf_token(after_reload) == "ac30b2d0f6cf478d6d72a3ca304f8531"
     assert xsrf_token("2|b7be5fd5|1b8eed0441711859daccfc1e87f1dae5|1795645335") != xsrf_token(first)
     assert xsrf_token("plain-old-cookie") == "plain-old-cookie" and xsrf_token("2|zz|yy|1") == "2|zz|yy|1"
+
+
+# --- recordings kept on the server's disk: the person's, not the tab's --------------------------------------------
+
+def kept_rows(at) -> list[str]:
+    return [t.value for t in at.text if " MB, kept " in t.value]
+
+
+def test_a_kept_recording_stays_listed_for_its_person_after_reloads_tabs_and_a_restart(app_env, monkeypatch, tmp_path):
+    """Keep on this server files the run under the person (the browser's cookie, which AppTest cannot send: set here
+    the way app.session.person_id reads it), so a new Streamlit session of the same browser lists it, and so does a
+    new shelf over the same folder (a restarted server); another browser does not see it."""
+    from streamlit.testing.v1 import AppTest
+    from app import recordings
+
+    monkeypatch.setenv("PLAYGROUND_SAVED_DIR", str(tmp_path / "kept"))
+    who = ["ana-browser"]
+    monkeypatch.setattr(recordings, "person_id", lambda: who[0])
+
+    def new_session() -> AppTest:                      # a reload, a second tab or a fresh start: a new session
+        return open_page(AppTest.from_file("../app/main.py", default_timeout=60).run(), "recordings.py")
+
+    first = new_session()
+    first.button(key="recordings.open.0").click().run()
+    run = first.session_state[LAST_RUN]
+    first.button(key=f"recordings.keep.{run.id}").click().run()
+    assert not first.exception and len(kept_rows(first)) == 1
+    title = kept_rows(first)[0]
+    assert any(s.value.startswith("Kept \u201c") for s in first.success)
+
+    reloaded = new_session()
+    assert kept_rows(reloaded) == [title] and reloaded.session_state["session.id"] != first.session_state["session.id"]
+    recordings.shelf.clear()                           # the server restarted: nothing but the folder remains
+    restarted = new_session()
+    assert kept_rows(restarted) == [title]
+    name = next(b.key for b in restarted.button if b.key and b.key.startswith("recordings.kept."))
+    restarted.button(key=name).click().run()
+    assert not restarted.exception and restarted.session_state[LAST_RUN].text == run.text
+    assert "Shown now" in [s.value for s in restarted.success]          # told in the row, next to where Open was
+
+    who[0] = "ben-browser"
+    other = new_session()
+    assert kept_rows(other) == [] and any(c.value.startswith("None yet: press Keep") for c in other.caption)

@@ -66,6 +66,24 @@ def test_a_generation_round_trips_through_a_file(tiny_recording, tmp_path):
     assert isinstance(back.records[1], DecodeRecord) and back.records[1].captures[0].attention.dtype == np.float32
 
 
+def test_a_recording_says_where_it_was_made_and_keeps_it_when_saved_again(tiny_recording, tmp_path):
+    """The machine (cores, torch threads, load average) beside the device, read back; an older file without it
+    loads with it empty; a recording opened in the app and saved again keeps its date and machine."""
+    import os
+
+    from app.recorded import recording_from_run, run_from_recording
+
+    made = tiny_recording.machine
+    assert made.startswith(f"{os.cpu_count()} CPU cores (") and "load average" in made
+    back = load_recording(save_recording(tiny_recording, tmp_path / "run.json.gz"))
+    assert (back.machine, back.created) == (made, tiny_recording.created)
+    doc = recording.document(tiny_recording)
+    del doc["model"]["machine"]
+    assert recording.build(doc).machine == ""
+    again = recording_from_run(run_from_recording(back))
+    assert (again.machine, again.created) == (made, tiny_recording.created)
+
+
 def test_attention_is_stored_as_float16_by_default(tiny_recording, tiny_bytes):
     back = loads_recording(tiny_bytes)
     assert back.records[0].captures[0].attention.dtype == np.float16

@@ -166,3 +166,11 @@ def test_the_observer_effect_times_both_and_capture_changes_no_token(tiny_lm):
     assert len(effect.off.steps) == len(effect.on.steps) == 2 * len(steps)      # every step of every round timed
     assert effect.ratio == effect.on.itl / effect.off.itl > 0
     assert seen == sorted(seen) and len(seen) == 4
+    import statistics
+
+    n = len(steps)                                                          # each round's own median, off and on
+    for r, (off, on) in enumerate(effect.rounds):
+        assert off == statistics.median(effect.off.steps[r * n:(r + 1) * n])
+        assert on == statistics.median(effect.on.steps[r * n:(r + 1) * n])
+    spread = max(abs(effect.rounds[0][i] - effect.rounds[1][i]) for i in (0, 1))
+    assert effect.noise == spread and effect.within_noise == (abs(effect.on.itl - effect.off.itl) <= spread)

@@ -9,7 +9,7 @@ from functools import lru_cache
 import numpy as np
 import plotly.graph_objects as go
 
-from app.format import plot_text
+from app.format import fmt_ms, plot_text
 from engine.projection.card import forward_shapes
 from engine.core.hooks import LayerCapture
 from engine.projection.specs import ModelSpec
@@ -166,20 +166,35 @@ def observer_figure(off_seconds: float, on_seconds: float) -> go.Figure:
     """One decode step with capture off and on (ms, measured)."""
     values = [off_seconds * 1e3, on_seconds * 1e3]
     fig = go.Figure(go.Bar(x=values, y=["capture off", "capture on"], orientation="h",
-                           marker_color=[DECODE_COLOR, CHOSEN_COLOR], text=[f"{v:.1f} ms" for v in values],
+                           marker_color=[DECODE_COLOR, CHOSEN_COLOR], text=[fmt_ms(v / 1e3) for v in values],
                            textposition="outside", cliponaxis=False))
     fig.update_layout(height=150, margin=dict(l=0, r=60, t=10, b=0), xaxis_title="one decode step (ms, measured)",
                       xaxis=dict(rangemode="tozero"))
     return fig
 
 
-def distribution_figure(labels: list[str], probs: np.ndarray, chosen: int | None) -> go.Figure:
-    """Candidates (most likely at the top) with their probability; the chosen one highlighted."""
+RAW_COLOR = "#b8b8b8"
+PERCENT_TICKS = [0, 25, 50, 75, 100]
+
+
+def distribution_figure(labels: list[str], probs: np.ndarray, chosen: int | None, raw: np.ndarray | None = None,
+                        name: str = "at the sliders' settings") -> go.Figure:
+    """Candidates (most likely at the top) with their probability in %, on one fixed 0-100% axis; the chosen one
+    highlighted; `raw`: the plain softmax (temperature 1) beside each, in grey."""
     colors = [CHOSEN_COLOR if i == chosen else OTHER_COLOR for i in range(len(labels))]
-    fig = go.Figure(go.Bar(x=probs, y=labels, orientation="h", marker_color=colors,
-                           text=[f"{p:.1%}" for p in probs], textposition="outside", cliponaxis=False))
-    fig.update_layout(height=max(220, 26 * len(labels) + 40), margin=dict(l=0, r=40, t=10, b=0),
-                      xaxis=dict(title="probability", range=[0, max(1e-9, float(np.max(probs, initial=0))) * 1.18]))
+    pct = 100 * np.asarray(probs, dtype=float)
+    fig = go.Figure(go.Bar(x=pct, y=labels, orientation="h", marker_color=colors, name=name,
+                           text=[f"{p:.1f}%" for p in pct], textposition="outside", cliponaxis=False))
+    if raw is not None:
+        raw_pct = 100 * np.asarray(raw, dtype=float)
+        fig.add_bar(x=raw_pct, y=labels, orientation="h", marker_color=RAW_COLOR, name="plain softmax (temperature 1)",
+                    text=[f"{p:.1f}%" for p in raw_pct], textposition="outside", cliponaxis=False)
+    rows = len(labels) * (2 if raw is not None else 1)
+    fig.update_layout(height=max(220, 22 * rows + 70), margin=dict(l=0, r=50, t=30 if raw is not None else 10, b=0),
+                      barmode="group", showlegend=raw is not None,
+                      legend=dict(orientation="h", x=0, y=1.0, yanchor="bottom"),
+                      xaxis=dict(title="probability (%)", range=[0, 118], tickvals=PERCENT_TICKS, ticksuffix="%",
+                                 fixedrange=True))
     fig.update_yaxes(autorange="reversed", type="category")
     return fig
 

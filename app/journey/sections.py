@@ -4,8 +4,8 @@ metrics and timeline, and the per-token views (distribution, logit lens) drawn f
 from __future__ import annotations
 
 import re
-from dataclasses import replace
-from typing import Any, Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import streamlit as st
@@ -22,9 +22,13 @@ from app.widgets import ChartSlot, plot
 from engine.core.generate import GenerationRequest
 from engine.errors import EngineError
 from engine.service.client import ModelClient
+from engine.core.hooks import CapturePolicy
 from engine.core.records import SampledToken
 from engine.core.sampling import filter_probs
 from engine.core.token_bytes import char_groups, readable, token_bytes
+
+if TYPE_CHECKING:
+    from engine.lab.speed import ObserverEffect
 
 MAX_CHIPS = 300
 HEX_ONLY = re.compile(r"<[0-9A-F ]+>")      # a chip that is bytes only, no text
@@ -159,56 +163,100 @@ def token_picker(run: Run) -> int:
                             format_func=lambda i: f"{i}: {visible(texts[i])[:20]}")
 
 
-def redraw(token: SampledToken, sampling: Sampling) -> tuple[np.ndarray, np.ndarray]:
-    """Probabilities of the stored candidates under the sliders' settings, as shares of the whole vocabulary
-    (the logits not stored count as one block), most likely first."""
-    probs = filter_probs(token.logits, sampling.temperature, sampling.top_k, sampling.top_p,
-                         token.rest_logsumexp, token.rest_count)
-    order = np.argsort(-token.logits)
-    return token.logit_ids[order], probs[order]
+@dataclass(frozen=True)
+class Candidates:
+    """The bars of one token's candidates, most likely first: what the chart draws and its caption quotes."""
+
+    ids: np.ndarray               # (n,) token ids
+    labels: list[str]
+    probs: np.ndarray             # (n,) at the sliders' settings, shares of the whole vocabulary (0..1)
+    raw: np.ndarray               # (n,) the plain softmax of the logits (temperature 1, no top-k or top-p)
+    chosen: int | None            # the generated token's bar, if it is among them
+    greedy: bool                  # the sliders' temperature is 0: all the mass on the most likely token
+
+    @property
+    def plain(self) -> bool:
+        """The sliders draw the plain softmax (temperature 1, no filter): no second set of bars needed."""
+        return bool(np.array_equal(self.probs, self.raw))
 
 
-def drawn_temperature(temperature: float) -> float:
-    """Greedy (temperature 0) is drawn at temperature 1, as the engine computes its probabilities."""
-    return temperature if temperature > 0 else 1.0
+def redraw(token: SampledToken, sampling: Sampling) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, probabilities under the sliders' settings, plain softmax at T=1) of the stored candidates, as shares of
+    the whole vocabulary (the logits not stored count as one block), most likely first. Temperature 0 is greedy
+    decoding: the most likely token gets all the mass, whatever top-k and top-p say."""
+    order = np.argsort(-token.logits, kind="stable")
+    raw = filter_probs(token.logits, 1.0, 0, 1.0, token.rest_logsumexp, token.rest_count)[order]
+    if sampling.temperature <= 0:
+        probs = np.zeros_like(raw)
+        probs[0] = 1.0                                    # the argmax: the largest stored logit
+    else:
+        probs = filter_probs(token.logits, sampling.temperature, sampling.top_k, sampling.top_p,
+                             token.rest_logsumexp, token.rest_count)[order]
+    if sampling.temperature == 1.0 and sampling.top_k == 0 and sampling.top_p >= 1.0:
+        probs = raw                                       # the same numbers, not a second computation of them
+    return token.logit_ids[order], probs, raw
 
 
-def same_settings(sampling: Sampling, request: GenerationRequest) -> bool:
-    """Whether the sliders draw the distribution the token was sampled from."""
-    return (drawn_temperature(sampling.temperature) == drawn_temperature(request.temperature)
-            and sampling.top_k == request.top_k and sampling.top_p == request.top_p)
-
-
-def distribution_caption(run: Run, token: SampledToken, p_chosen: float | None, sampling: Sampling) -> str:
-    """What the bars are, and the chosen token's p read from the same bars."""
-    req = run.request
-    kept = len(token.logits)
-    rest = (f"the other {token.rest_count:,} tokens of the vocabulary count as one block, so each bar is a share "
-            "of the whole vocabulary" if token.rest_logsumexp is not None else
-            "each bar is a share of those stored (this run kept no total for the rest)")
-    text = (f"Re-drawn from the {kept} largest logits stored with this token at the sliders' settings (temperature "
-            f"{sampling.temperature:g}, top-k {sampling.top_k or 'off'}, top-p {sampling.top_p:g}); {rest}. No "
-            "model run. Temperature 0 is drawn as 1.")
-    chosen = f"the chosen token (orange) has p = {p_chosen:.1%} in these bars" if p_chosen is not None else \
-        "the chosen token is not among the bars"
-    if same_settings(sampling, req):
-        return f"{text} The answer was generated at these settings: {chosen}, the probability it was drawn with."
-    return (f"{text} Here {chosen}; the answer was generated at temperature {req.temperature:g}, top-k "
-            f"{req.top_k or 'off'}, top-p {req.top_p:g}, where it had p = {token.prob:.1%}.")
-
-
-def distribution_section(run: Run, index: int, sampling: Sampling, decode: Callable[[list[int]], str]) -> None:
-    token = run.tokens[index]
-    ids, probs = redraw(token, sampling)
+def candidates(token: SampledToken, sampling: Sampling, decode: Callable[[list[int]], str]) -> Candidates:
+    """The TOP_SHOWN most likely candidates, plus the generated token where it ranks lower."""
+    ids, probs, raw = redraw(token, sampling)
     shown = list(range(min(TOP_SHOWN, len(ids))))
     where = np.nonzero(ids == token.id)[0]
     if where.size and where[0] >= TOP_SHOWN:
         shown.append(int(where[0]))
     labels = [f"{plot_text(decode([int(ids[i])]), 16)} ({int(ids[i])})" for i in shown]
-    chosen = shown.index(int(where[0])) if where.size and int(where[0]) in shown else None
-    plot(charts.distribution_figure(labels, probs[shown], chosen), key=f"journey.dist.{run.id}.{index}")
-    st.caption(distribution_caption(run, token, float(probs[shown][chosen]) if chosen is not None else None,
-                                    sampling))
+    chosen = shown.index(int(where[0])) if where.size else None
+    return Candidates(ids[shown], labels, probs[shown], raw[shown], chosen, sampling.temperature <= 0)
+
+
+def pct(p: float) -> str:
+    """A probability as the bars print it."""
+    return f"{100 * p:.1f}%"
+
+
+def distribution_caption(run: Run, token: SampledToken, bars: Candidates, sampling: Sampling) -> str:
+    """What the bars are, and the chosen token's p read from the same bars."""
+    req = run.request
+    rest = (f"the other {token.rest_count:,} tokens of the vocabulary count as one block, so each bar is a share "
+            "of the whole vocabulary" if token.rest_logsumexp is not None else
+            "each bar is a share of those stored (this run kept no total for the rest)")
+    text = (f"Re-drawn from the {len(token.logits)} largest logits stored with this token, at the sliders' settings "
+            f"(temperature {sampling.temperature:g}, top-k {sampling.top_k or 'off'}, top-p {sampling.top_p:g}); "
+            f"{rest}. No model run.")
+    if bars.greedy:
+        text += (f" Temperature 0 is greedy decoding: the most likely token, {bars.labels[0]}, gets "
+                 f"{pct(bars.probs[0])} and every other 0%; grey bars: the plain softmax (temperature 1) it was "
+                 f"picked from, where it has {pct(bars.raw[0])}.")
+    elif not bars.plain:
+        text += " Grey bars: the plain softmax (temperature 1, no top-k or top-p), for comparison."
+    return f"{text} {chosen_sentence(req, token, bars, sampling)}"
+
+
+def chosen_sentence(req: GenerationRequest, token: SampledToken, bars: Candidates, sampling: Sampling) -> str:
+    """How the generated token was picked, with its p from the bars (and the sampled p the engine recorded)."""
+    if bars.chosen is None:
+        return "The generated token is not among these bars."
+    p, raw = pct(bars.probs[bars.chosen]), pct(bars.raw[bars.chosen])
+    if req.temperature <= 0:
+        how = ("took it with certainty, as the most likely token" if bars.chosen == 0 else
+               "took the most likely token (a tie in the logits)")
+        here = (f"{p} in these bars, {raw} in the plain softmax" if bars.greedy else
+                f"at the sliders' settings it has p = {p} ({raw} in the plain softmax)")
+        return f"The answer was generated greedily (temperature 0), which {how}: {here}."
+    at = f"temperature {req.temperature:g}, top-k {req.top_k or 'off'}, top-p {req.top_p:g}"
+    if (sampling.temperature, sampling.top_k, sampling.top_p) == (req.temperature, req.top_k, req.top_p):
+        return f"The answer was sampled at these settings ({at}): the chosen token (orange) has p = {p}."
+    return (f"The chosen token (orange) has p = {p} in these bars; the answer was sampled at {at}, where it had "
+            f"p = {pct(token.prob)}.")
+
+
+def distribution_section(run: Run, index: int, sampling: Sampling, decode: Callable[[list[int]], str]) -> None:
+    token = run.tokens[index]
+    bars = candidates(token, sampling, decode)
+    plot(charts.distribution_figure(bars.labels, bars.probs, bars.chosen, None if bars.plain else bars.raw,
+                                    "greedy (temperature 0)" if bars.greedy else f"temperature {sampling.temperature:g}"),
+         key=f"journey.dist.{run.id}.{index}")
+    st.caption(distribution_caption(run, token, bars, sampling))
 
 
 def lens_section(run: Run, index: int, decode: Callable[[list[int]], str], lm: ModelClient | None = None) -> None:
@@ -295,11 +343,37 @@ def observer_section(lm: ModelClient, run: Run) -> None:
     if effect is None:
         return
     plot(charts.observer_figure(effect.off.itl, effect.on.itl), key="journey.observer")
-    st.caption(f"Measured on this server: {len(effect.on.steps)} decode steps each way, three rounds alternating, "
-               "medians. Keeping the residual stream of every layer (what every map, norm and lens is derived from) "
-               f"makes a step {effect.ratio:.2f}× as long. "
-               + ("The tokens were the same both ways: watching changes the speed, never the answer."
-                  if effect.same_tokens else "The tokens differed: a near-tie in the logits tipped the other way."))
+    st.caption(observer_caption(effect, kept_words(policy, run.spec.n_layers)))
+
+
+def kept_words(policy: CapturePolicy, n_layers: int) -> str:
+    """What a run with this policy keeps during its steps, in words."""
+    inputs = policy.inputs
+    return ("the residual stream entering every layer" if inputs is None else
+            f"the residual stream entering {len(inputs)} of {n_layers} layers")
+
+
+def observer_caption(effect: ObserverEffect, kept: str) -> str:
+    """What the observer measurement found, every number from it: the two medians, their ratio, and whether their
+    difference stands out from the spread between rounds of one setting."""
+    off, on, noise = (fmt_ms(x) for x in (effect.off.itl, effect.on.itl, effect.noise))
+    diff = fmt_ms(abs(effect.on.itl - effect.off.itl))
+    text = (f"Measured on this server: one decode step took {off} with capture off and {on} with capture on "
+            f"({effect.ratio:.2f}× as long; medians of {len(effect.on.steps)} steps each way, "
+            f"{len(effect.rounds) or 'several'} rounds alternating). ")
+    why = (f"During the steps the run keeps only {kept}, written in place like the KV cache; the attention maps, "
+           "norms and logit lens are computed from it afterwards, when a page asks for them.")
+    if effect.within_noise:
+        text += (f"The difference, {diff}, is within the spread between rounds of the same setting ({noise}): "
+                 f"watching is nearly free here. {why}")
+    elif effect.on.itl > effect.off.itl:
+        text += (f"Capture costs {diff} a step, more than the spread between rounds of the same setting ({noise}). "
+                 f"{why} Writing that copy is the cost.")
+    else:
+        text += (f"Capture on came out {diff} faster, more than the spread between rounds ({noise}): the machine's "
+                 "load changed during the measurement; measure again.")
+    return text + (" The tokens were the same both ways: watching changes the speed, never the answer."
+                   if effect.same_tokens else " The tokens differed: a near-tie in the logits tipped the other way.")
 
 
 def run_up_close(lm: ModelClient | None, run: Run, sampling: Sampling) -> None:
@@ -317,5 +391,6 @@ def run_up_close(lm: ModelClient | None, run: Run, sampling: Sampling) -> None:
         notebook_button(run, lm, "journey")
     if lm is not None and lm.label == run.model:
         st.subheader("5. The observer effect")
-        st.write("Capturing the model's internals costs time. The same request, capture off and on, timed here:")
+        st.write("Does watching the model slow it down? The same request decoded with capture off and with capture "
+                 "on, timed here:")
         observer_section(lm, run)

@@ -45,16 +45,26 @@ def measure(lm: ModelClient, schemes: list[str], group: int) -> None:
 
 
 def results_table(rows: list[dict]) -> None:
+    """The measured rows; a copy whose weights did not move says so in its own cells."""
+    same = {r["precision"] for r in on_its_grid(rows)}
     st.table({
         "precision": [r["precision"] for r in rows],
         "weights held": [fmt_bytes(r["stored_bytes"]) for r in rows],
         "bits per quantized weight": [f"{r['bits_per_weight']:.2f}" for r in rows],
-        "weight error": [f"{r['weight_error']:.2%}" for r in rows],
+        "weight error": [f"{r['weight_error']:.2%}" + (" (already on this grid)" if r["precision"] in same else "")
+                         for r in rows],
         "top-1 agreement": [f"{r['agreement']:.1%}" for r in rows],
-        "perplexity": [f"{r['ppl']:.2f} ({r['ppl_change']:+.1%})" if r["ppl"] else "reference" for r in rows],
+        "perplexity": [(f"{r['ppl']:.2f} ({r['ppl_change']:+.1%}"
+                        + (", activations only)" if r["precision"] in same else ")")) if r["ppl"] else "reference"
+                       for r in rows],
         "decode": [fmt_rate(r["tok_s"]) for r in rows],
         "matmul": [f"{r['mode']} ({r['compute']})" for r in rows],
     })
+
+
+def on_its_grid(rows: list[dict]) -> list[dict]:
+    """The quantized copies that reproduce the weights almost exactly (their grid is the one the weights were on)."""
+    return [r for r in rows[1:] if r["weight_error"] < 1e-3]
 
 
 def speed_text(rows: list[dict]) -> str:
@@ -76,16 +86,25 @@ def speed_text(rows: list[dict]) -> str:
             "On a GPU with fused low-bit kernels the bytes are what counts; see the projection below.")
 
 
-def origin_note(lm: ModelClient, rows: list[dict]) -> str | None:
-    exact = [r for r in rows[1:] if r["weight_error"] < 1e-3]
+def origin_note(rows: list[dict], from_4bit_file: bool) -> str | None:
+    """Why a copy shows no weight error, and why its perplexity may then beat a finer format's: computed from the
+    rows, shown above the table."""
+    exact = on_its_grid(rows)
     if not exact:
         return None
+    first = exact[0]
     where = (" The embedded model was converted from a 4-bit GGUF file, so its float weights already sit on such a "
-             "grid." if ALIASES.get(lm.name, lm.name) in EMBEDDED else "")
-    return (f"{', '.join(r['precision'] for r in exact)} reproduces the weights almost exactly (error "
-            f"{exact[0]['weight_error']:.3%}): round-to-nearest found the grid the weights were already on.{where} "
-            "The small differences left come from the activations, which the kernel takes in "
-            f"{exact[0]['compute'].upper()}.")
+             "grid." if from_4bit_file else "")
+    text = (f"{', '.join(r['precision'] for r in exact)}: weight error {first['weight_error']:.2%}, because "
+            f"round-to-nearest found the grid the weights were already on, so no weight moved.{where} Its "
+            f"perplexity change ({first['ppl_change']:+.1%}) comes from the activations, which the kernel takes in "
+            f"{first['compute'].upper()}, not from the weights.")
+    behind = [r for r in rows[1:] if r not in exact and r["ppl"] and r["ppl_change"] > first["ppl_change"]]
+    if behind:
+        text += (f" That is why it comes out ahead of {', '.join(r['precision'] for r in behind)} "
+                 f"({', '.join(format(r['ppl_change'], '+.1%') for r in behind)}): not better weights, but unmoved "
+                 "ones, where the finer format rounded every weight a little.")
+    return text
 
 
 def measured_section(lm: ModelClient) -> None:
@@ -97,6 +116,8 @@ def measured_section(lm: ModelClient) -> None:
     if result is None:
         return
     rows = result["rows"]
+    if note := origin_note(rows, ALIASES.get(lm.name, lm.name) in EMBEDDED):
+        st.info(note, icon=":material/grid_on:")
     results_table(rows)
     cols = st.columns(3)
     labels = [r["precision"] for r in rows]
@@ -110,9 +131,6 @@ def measured_section(lm: ModelClient) -> None:
     st.caption(f"Agreement and perplexity over a fixed {result['tokens']}-token English text: at each position, does "
                "the quantized copy pick the same most likely next token, and how surprised is it by the real one?")
     st.markdown(speed_text(rows))
-    note = origin_note(lm, rows)
-    if note:
-        st.info(note)
 
 
 def projected_section(choice: HardwareChoice) -> None:

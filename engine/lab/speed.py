@@ -382,11 +382,24 @@ class ObserverEffect:
     off: DecodeTiming
     on: DecodeTiming
     same_tokens: bool            # capturing changed nothing in the answer
+    rounds: tuple[tuple[float, float], ...] = ()     # each round's median step (off, on), seconds
 
     @property
     def ratio(self) -> float:
         """How much longer a decode step takes while its internals are captured."""
         return self.on.itl / self.off.itl
+
+    @property
+    def noise(self) -> float:
+        """How far apart the rounds of one setting came out (the larger spread, off or on), seconds: a difference
+        between off and on no larger than this is not told apart from the machine's own variation."""
+        if len(self.rounds) < 2:
+            return 0.0
+        return max(max(r[i] for r in self.rounds) - min(r[i] for r in self.rounds) for i in (0, 1))
+
+    @property
+    def within_noise(self) -> bool:
+        return abs(self.on.itl - self.off.itl) <= self.noise
 
 
 def observer_effect(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy, rounds: int = 3,
@@ -410,4 +423,5 @@ def observer_effect(lm: LoadedModel, request: GenerationRequest, policy: Capture
             tokens[name] = [prefill.token.id] + [x.token.id for x in steps]
     merged = {name: DecodeTiming(ts[0].prompt_tokens, min(t.prefill for t in ts),
                                  tuple(s for t in ts for s in t.steps)) for name, ts in runs.items()}
-    return ObserverEffect(merged["off"], merged["on"], tokens["off"] == tokens["on"])
+    per_round = tuple((off.itl, on.itl) for off, on in zip(runs["off"], runs["on"]))
+    return ObserverEffect(merged["off"], merged["on"], tokens["off"] == tokens["on"], per_round)

@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import gzip
 import json
+import os
 import re
 import threading
 import time
@@ -96,6 +97,7 @@ class Recording:
     title: str = ""
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     speculation: RecordedSpeculation | None = None
+    machine: str = ""                  # where it ran and how busy that was (`machine_note`); "" when not known
 
     @property
     def done(self) -> DoneRecord | None:
@@ -105,8 +107,22 @@ class Recording:
 
 def new_recording(lm: Any, request: GenerationRequest, policy: CapturePolicy, records: list[Any],
                   title: str = "") -> Recording:
-    """A Recording of records produced by `lm` (an engine.core.loader.LoadedModel)."""
-    return Recording(lm.label, lm.spec, request, policy, list(records), lm.dtype_name, str(lm.device), title)
+    """A Recording of records produced by `lm` (an engine.core.loader.LoadedModel), made on this machine."""
+    return Recording(lm.label, lm.spec, request, policy, list(records), lm.dtype_name, str(lm.device), title,
+                     machine=machine_note(str(lm.device)))
+
+
+def machine_note(device: str) -> str:
+    """Where a recording was made, for whoever opens it elsewhere: the processor, and for a CPU how busy the machine
+    was as the run finished (its timings are that machine's, then)."""
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return f"one {torch.cuda.get_device_name(torch.device(device))}"
+    text = f"{os.cpu_count() or '?'} CPU cores ({torch.get_num_threads()} torch threads)"
+    if hasattr(os, "getloadavg"):
+        text += f", load average {os.getloadavg()[0]:.1f} as the run finished"
+    return text
 
 
 # --- saving ------------------------------------------------------------------------------------------
@@ -131,7 +147,7 @@ def document(recording: Recording, attention_dtype: str | None = "float16", raw:
     `raw`: each array left as the numpy array it is (the run file moves them into its tensors, no base64 between)."""
     doc = {"format": FORMAT, "version": VERSION, "title": recording.title, "created": recording.created,
            "model": {"label": recording.model, "dtype": recording.dtype, "device": recording.device,
-                     "spec": _encode(recording.spec)},
+                     "machine": recording.machine, "spec": _encode(recording.spec)},
            "request": _encode(recording.request), "policy": _encode(recording.policy),
            "records": _encode_records(recording.records, attention_dtype, raw)}
     if recording.speculation is not None:
@@ -396,6 +412,7 @@ def _build(doc: dict) -> Recording:
         policy=_decode(doc.get("policy"), CapturePolicy, "policy"), records=built,
         dtype=_decode(model.get("dtype", ""), str, "model.dtype"),
         device=_decode(model.get("device", ""), str, "model.device"),
+        machine=_decode(model.get("machine", ""), str, "model.machine"),
         title=_decode(doc.get("title", ""), str, "title"), created=_decode(doc.get("created", ""), str, "created"),
         speculation=_decode_speculation(doc.get("speculation"), "speculation"))
 
