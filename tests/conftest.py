@@ -194,3 +194,12 @@ def assert_same_residual(batched, single, atol=1e-5):
     for i in single.layers:
         want = single.input(i)
         torch.testing.assert_close(batched.input(i), want, atol=atol * max(1.0, float(want.abs().max())), rtol=0)
+
+
+def ticking_clock():
+    """A clock that moves one second each time it is read: a scheduler given it (`Scheduler(..., clock=)`) reaches a
+    time limit of N seconds after N readings, whatever the speed of the machine."""
+    import itertools
+
+    ticks = itertools.count()
+    return lambda: float(next(ticks))

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from conftest import app_client, app_lm, tiny_prompt
+from conftest import app_client, app_lm, ticking_clock, tiny_prompt
 from app.format import token_words
 from app.live import wait_message
 from app.presenter import PresenterBoard
@@ -69,9 +69,9 @@ def scheduler(env):
     new_app()
     lm = app_lm(env)
     sched = scheduler_for(lm)
-    limits = sched.limits
+    limits, clock = sched.limits, sched.clock
     yield sched
-    sched.limits = limits
+    sched.limits, sched.clock = limits, clock
 
 
 def assert_clean(at: AppTest) -> None:
@@ -197,7 +197,8 @@ def test_a_session_that_stops_while_queued_leaves_the_queue(scheduler):
 
 def test_a_run_over_the_time_limit_stops_with_a_warning(scheduler):
     at = open_page(new_app(), "journey.py")
-    scheduler.limits = replace(scheduler.limits, request_seconds=1e-4)
+    scheduler.limits = replace(scheduler.limits, request_seconds=1)
+    scheduler.clock = ticking_clock()                  # a second per reading: over the limit at its second reading
     generate_on(at, "journey", tiny_prompt(8), 40)
     assert any("time limit" in w.value for w in at.warning)
     run = at.session_state.get("last_run")

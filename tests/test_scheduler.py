@@ -5,13 +5,14 @@ import importlib.util
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from conftest import tiny_prompt
+from conftest import ticking_clock, tiny_prompt
 from engine.errors import EngineError, InvalidRequestError, QueueFullError, RequestTimeoutError
 from engine.core.generate import GenerationRequest, generate, generate_kept
 from engine.core.kept import kept_for
@@ -52,6 +53,60 @@ def make_scheduler(tiny_lm):
     for s in made:
         s.close()
     assert count_hooks(tiny_lm.model) == 0
+
+
+class Pause:
+    """A listener that holds the scheduler's worker at a request's `at`-th record (mid-step, with the model's lock)
+    until the test releases it: what the test does meanwhile cannot race the model, however fast the machine."""
+
+    def __init__(self, at: int = 1):
+        self.at, self.seen = at, 0
+        self.reached, self.go = threading.Event(), threading.Event()
+
+    def __call__(self, handle, record) -> None:
+        self.seen += 1
+        if self.seen == self.at:
+            self.reached.set()
+            self.go.wait(120)                          # only a guard against a test that never releases it
+
+    def wait(self) -> None:
+        assert self.reached.wait(120), "the request never reached the pause"
+
+    def release(self) -> None:
+        self.go.set()
+
+    def __enter__(self) -> "Pause":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def wait_until(check, seconds: float = 60.0) -> None:
+    """Polls `check`; the limit only guards against a hang (the condition never depends on the model's speed)."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.01)
+
+
+@contextmanager
+def worker_held(scheduler: Scheduler):
+    """A job holds the scheduler's worker: requests submitted meanwhile wait in the queue, and when the block ends the
+    batch takes as many as it has places for, all in its next step."""
+    started, go = threading.Event(), threading.Event()
+
+    def hold(progress) -> None:
+        started.set()
+        go.wait(120)                                    # only a guard against a test that never releases it
+
+    job = scheduler.submit_job(hold, "a test holding the worker")
+    try:
+        assert started.wait(120), "the holding job never ran"
+        yield
+    finally:
+        go.set()
+        job.result(timeout=120)
 
 
 def token_ids(records) -> list[int]:
@@ -104,14 +159,23 @@ def test_waiting_sessions_see_their_position_and_an_estimated_wait(make_schedule
     scheduler = make_scheduler(max_batch=1)                      # one at a time: a queue of four
     first = scheduler.submit(request(0, new=30), CAPTURE_OFF)
     first.result(timeout=60)                       # one finished request gives the estimate something to use
-    handles = [scheduler.submit(request(s, new=30), CAPTURE_OFF) for s in range(1, 5)]
-    statuses = [h.status() for h in handles]
-    queued = [s for s in statuses if s.state == "queued"]
-    assert [s.position for s in queued] == list(range(1, len(queued) + 1))
-    assert all(s.estimated_wait is not None and s.estimated_wait >= 0 for s in queued)
-    assert [s.estimated_wait for s in queued] == sorted(s.estimated_wait for s in queued)
-    seen = []
-    last = list(handles[-1].records(on_wait=seen.append, poll=0.01))
+    with Pause() as pause:
+        handles = [scheduler.submit(request(1, new=30), CAPTURE_OFF, listeners=(pause,))]
+        handles += [scheduler.submit(request(s, new=30), CAPTURE_OFF) for s in range(2, 5)]
+        pause.wait()                               # the first runs, held at its first token: three wait behind it
+        statuses = [h.status() for h in handles]
+        assert [s.state for s in statuses] == ["running", "queued", "queued", "queued"]
+        queued = statuses[1:]
+        assert [s.position for s in queued] == [1, 2, 3]
+        assert all(s.estimated_wait is not None and s.estimated_wait >= 0 for s in queued)
+        assert [s.estimated_wait for s in queued] == sorted(s.estimated_wait for s in queued)
+        seen = []
+
+        def on_wait(status) -> None:
+            seen.append(status)
+            pause.release()                        # the last one has seen itself waiting: let the line move
+
+        last = list(handles[-1].records(on_wait=on_wait, poll=0.01))
     assert isinstance(last[-1], DoneRecord)
     waiting = [s.position for s in seen if s.state == "queued"]
     assert waiting and waiting == sorted(waiting, reverse=True) and waiting[-1] >= 1   # it moved up the queue
@@ -127,14 +191,17 @@ def test_waiting_sessions_see_their_position_and_an_estimated_wait(make_schedule
 
 def test_cancel_a_queued_and_a_running_request(tiny_lm, make_scheduler):
     scheduler = make_scheduler()
-    running = scheduler.submit(long_request(tiny_lm, 200), CAPTURE_OFF)
-    queued = scheduler.submit(request(1), CAPTURE_OFF)
-    assert queued.status().state == "queued"
-    queued.cancel()
-    assert queued.state == "cancelled" and queued.result(timeout=5) == []
-    first = running.get(timeout=30)                 # the prefill record: it is running
-    assert isinstance(first, PrefillRecord)
-    running.cancel()
+    long = long_request(tiny_lm, 200)
+    with Pause() as pause:
+        running = scheduler.submit(long, CAPTURE_OFF, listeners=(pause,))
+        pause.wait()                                # running, held at its first token
+        queued = scheduler.submit(request(1), CAPTURE_OFF)
+        assert queued.status().state == "queued"    # the batch takes newcomers only between steps
+        queued.cancel()
+        assert queued.state == "cancelled" and queued.result(timeout=5) == []
+        first = running.get(timeout=30)             # the prefill record: it is running
+        assert isinstance(first, PrefillRecord)
+        running.cancel()                            # before its second token, on any machine
     rest = running.result(timeout=30)
     assert isinstance(rest[-1], DoneRecord) and rest[-1].finish_reason == "cancelled"
     assert rest[-1].generated_tokens < 200 and running.state == "cancelled"
@@ -144,35 +211,37 @@ def test_cancel_a_queued_and_a_running_request(tiny_lm, make_scheduler):
 
 def test_closing_the_record_iterator_cancels_the_request(tiny_lm, make_scheduler):
     scheduler = make_scheduler()
-    handle = scheduler.submit(long_request(tiny_lm, 200), CAPTURE_OFF)
-    for _ in handle.records():
-        break                                         # a page that stopped reading (Stop button, left the page)
-    deadline = time.time() + 30
-    while not handle.done and time.time() < deadline:
-        time.sleep(0.02)
+    long = long_request(tiny_lm, 200)
+    with Pause() as pause:                            # held at its first token until the page has stopped reading
+        handle = scheduler.submit(long, CAPTURE_OFF, listeners=(pause,))
+        for _ in handle.records():
+            break                                     # a page that stopped reading (Stop button, left the page)
+    wait_until(lambda: handle.done)
     assert handle.state == "cancelled" and handle.tokens < 200
 
 
 def test_a_full_queue_refuses_with_a_message(make_scheduler):
     scheduler = make_scheduler(max_queue=1, max_batch=1)
-    running = scheduler.submit(request(0, new=100), CAPTURE_OFF)
-    running.get(timeout=30)                           # now running, so the queue is empty
-    waiting = scheduler.submit(request(1), CAPTURE_OFF)
-    with pytest.raises(QueueFullError, match="^1 request is already waiting for a place in the batch, the most"):
-        scheduler.submit(request(2), CAPTURE_OFF)
+    with Pause() as pause:
+        running = scheduler.submit(request(0, new=100), CAPTURE_OFF, listeners=(pause,))
+        pause.wait()                                  # now running (and held), so the queue is empty
+        waiting = scheduler.submit(request(1), CAPTURE_OFF)
+        with pytest.raises(QueueFullError, match="^1 request is already waiting for a place in the batch, the most"):
+            scheduler.submit(request(2), CAPTURE_OFF)
     assert scheduler.stats().refused == 1
     for h in (running, waiting):
         assert isinstance(h.result(timeout=60)[-1], DoneRecord)
 
 
 def test_a_request_over_the_wall_time_limit_is_stopped_with_a_message(tiny_lm, make_scheduler):
-    scheduler = make_scheduler(request_seconds=0.2)
+    scheduler = make_scheduler(request_seconds=20)
+    scheduler.clock = ticking_clock()                 # a second per reading: at least one reading per step
     handle = scheduler.submit(long_request(tiny_lm, 240), CAPTURE_ALL)
     records = handle.result(timeout=60)
     done = records[-1]
     assert isinstance(done, DoneRecord) and done.finish_reason == "timeout"
-    assert isinstance(handle.error, RequestTimeoutError) and "time limit" in str(handle.error)
-    assert 1 <= done.generated_tokens < 240
+    assert isinstance(handle.error, RequestTimeoutError) and "stopped after 20 s, the time limit" in str(handle.error)
+    assert 1 <= done.generated_tokens <= 21    # of 240: the prefill's token, then at most one per reading
     assert scheduler.stats().timed_out == 1
     assert count_hooks(tiny_lm.model) == 0
     nxt = scheduler.submit(request(3), CAPTURE_OFF).result(timeout=30)
@@ -180,13 +249,15 @@ def test_a_request_over_the_wall_time_limit_is_stopped_with_a_message(tiny_lm, m
 
 
 def test_sessions_over_the_limit_are_refused_and_a_resubmit_replaces_the_old_request(make_scheduler):
-    scheduler = make_scheduler(max_sessions=2, max_batch=1)             # b waits behind a, so it is still queued
-    a = scheduler.submit(request(0, new=100), CAPTURE_OFF, session="a")
-    b = scheduler.submit(request(1), CAPTURE_OFF, session="b")
-    with pytest.raises(SessionLimitError, match="sessions"):
-        scheduler.submit(request(2), CAPTURE_OFF, session="c")
-    b2 = scheduler.submit(request(3), CAPTURE_OFF, session="b")       # same session again: replaces b
-    assert b.state == "cancelled"
+    scheduler = make_scheduler(max_sessions=2, max_batch=1)
+    with Pause() as pause:
+        a = scheduler.submit(request(0, new=100), CAPTURE_OFF, session="a", listeners=(pause,))
+        pause.wait()                                                    # a runs, held: b waits behind it
+        b = scheduler.submit(request(1), CAPTURE_OFF, session="b")
+        with pytest.raises(SessionLimitError, match="sessions"):
+            scheduler.submit(request(2), CAPTURE_OFF, session="c")
+        b2 = scheduler.submit(request(3), CAPTURE_OFF, session="b")   # same session again: replaces b
+        assert b.state == "cancelled"
     assert isinstance(b2.result(timeout=60)[-1], DoneRecord)
     a.result(timeout=60)
     scheduler.leave("a")
@@ -211,14 +282,16 @@ def test_the_room_counts_people_not_page_loads(make_scheduler):
 
 def test_a_resubmit_into_a_full_queue_replaces_the_old_request(tiny_lm, make_scheduler):
     scheduler = make_scheduler(max_queue=1, max_batch=1)
-    running = scheduler.submit(long_request(tiny_lm, 200), CAPTURE_OFF, session="a")
-    running.get(timeout=30)
-    mine = scheduler.submit(request(1), CAPTURE_OFF, session="b")
-    with pytest.raises(QueueFullError):
-        scheduler.submit(request(2), CAPTURE_OFF, session="c")
-    again = scheduler.submit(request(3), CAPTURE_OFF, session="b")      # takes the place of its own request
-    assert mine.state == "cancelled" and again.status().position == 1
-    running.cancel()
+    long = long_request(tiny_lm, 200)
+    with Pause() as pause:
+        running = scheduler.submit(long, CAPTURE_OFF, session="a", listeners=(pause,))
+        pause.wait()                                                     # running, held
+        mine = scheduler.submit(request(1), CAPTURE_OFF, session="b")
+        with pytest.raises(QueueFullError):
+            scheduler.submit(request(2), CAPTURE_OFF, session="c")
+        again = scheduler.submit(request(3), CAPTURE_OFF, session="b")  # takes the place of its own request
+        assert mine.state == "cancelled" and again.status().position == 1
+        running.cancel()
     assert isinstance(again.result(timeout=60)[-1], DoneRecord)
 
 
@@ -256,39 +329,38 @@ def test_speculative_requests_through_the_scheduler_match_plain_greedy_text(tiny
 
 def test_requests_share_the_batch_and_the_room_sees_it(tiny_lm, make_scheduler):
     scheduler = make_scheduler(max_batch=3)
-    handles = [scheduler.submit(long_request(tiny_lm, 40), POLICY, session=f"r{i}") for i in range(5)]
-    statuses = [h.status() for h in handles]
+    long = long_request(tiny_lm, 40)
+    with worker_held(scheduler):                      # they all arrive before a step: three start in one step
+        handles = [scheduler.submit(long, POLICY, session=f"r{i}") for i in range(5)]
+        statuses = [h.status() for h in handles]
     for h in handles:
         h.result(timeout=120)
     assert all(h.state == "done" for h in handles)
     spans = {s.id: s for s in scheduler.timeline()}
     first, fourth = spans[handles[0].id], spans[handles[3].id]
     assert spans[handles[1].id].started < first.finished and spans[handles[2].id].started < first.finished
-    assert fourth.started >= min(s.finished for s in spans.values())            # waited for a place
+    assert fourth.started >= min(spans[h.id].finished for h in handles[:3])     # waited for a place
     steps = scheduler.room().steps
     assert max(s.decode_rows for s in steps) == 3 and all(s.decode_rows <= 3 for s in steps)
     assert {t for s in steps for t in s.tags} == {h.id for h in handles}
-    queued = [s for s in statuses if s.state == "queued" and s.position > 3]
-    assert all(s.ahead == s.position - 1 for s in statuses if s.state == "queued")
-    assert not queued or all(s.batch == 3 for s in queued)
+    assert [(s.state, s.position, s.ahead, s.batch) for s in statuses] == [("queued", i, i - 1, 3) for i in range(1, 6)]
 
 
 def test_a_queued_request_estimates_from_the_measured_steps(tiny_lm, make_scheduler):
     scheduler = make_scheduler(max_batch=2)
-    running = [scheduler.submit(long_request(tiny_lm, 200), CAPTURE_OFF) for _ in range(2)]
-    for h in running:
-        h.get(timeout=30)
-    while scheduler.stats().step_seconds is None:
-        time.sleep(0.01)
-    with tiny_lm.lock:                                   # no step runs while we read: tokens stand still
+    long = long_request(tiny_lm, 200)
+    with Pause(at=3) as pause:
+        with worker_held(scheduler):                     # both join the batch in its first step
+            running = [scheduler.submit(long, CAPTURE_OFF, listeners=(pause,)), scheduler.submit(long, CAPTURE_OFF)]
+        pause.wait()                                     # held in the third step: two measured, tokens stand still
         waiting = scheduler.submit(request(1), CAPTURE_OFF)
         status = waiting.status()
         step = scheduler.stats().step_seconds
         left = min(200 - h.tokens for h in running)
-    assert status.state == "queued" and status.position == 1 and status.ahead == 0
-    assert status.estimated_wait == pytest.approx(left * step, rel=0.05)  # at most one step's record between reads
-    for h in running:
-        h.cancel()
+        assert step is not None and status.state == "queued" and status.position == 1 and status.ahead == 0
+        assert status.estimated_wait == pytest.approx(left * step, rel=1e-9)
+        for h in running:
+            h.cancel()
     assert isinstance(waiting.result(timeout=60)[-1], DoneRecord)
 
 

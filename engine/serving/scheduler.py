@@ -283,9 +283,11 @@ class RoomState:
 class Scheduler:
     """A bounded queue, a continuous batch and one worker thread over one shared model."""
 
-    def __init__(self, lm: LoadedModel, limits: Limits | None = None):
+    def __init__(self, lm: LoadedModel, limits: Limits | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
         self.lm = lm
         self.limits = limits or Limits.for_device(lm.device).with_env()
+        self.clock = clock          # what the time limit reads (a test passes one that ticks once per reading)
         self._cond = threading.Condition()
         self._queue: deque[Handle] = deque()
         self._running: dict[Handle, Slot | None] = {}    # in the batch (a Slot) or the exclusive job (None)
@@ -611,11 +613,15 @@ class Scheduler:
         self._waits.append(handle.started - handle.submitted)
 
     def _slot(self, handle: Handle) -> Slot:
-        deadline = handle.started + self.limits.request_seconds
-        stop = lambda: handle._cancel.is_set() or time.perf_counter() > deadline  # noqa: E731
+        deadline = self._deadline()
+        stop = lambda: handle._cancel.is_set() or self.clock() > deadline  # noqa: E731
         emit = lambda record: handle._put(self._final(handle, record, deadline))  # noqa: E731
         return Slot(handle.request, handle.ids, handle.policy, emit, lambda err: self._failed(handle, err), stop,
                     kept=handle.kept, tag=handle, label=handle.id)
+
+    def _deadline(self) -> float:
+        """When a request starting now must stop: `request_seconds` later on the scheduler's clock."""
+        return self.clock() + self.limits.request_seconds
 
     def _failed(self, handle: Handle, err: Exception) -> None:
         handle.error = err if isinstance(err, EngineError) else EngineError(
@@ -671,8 +677,8 @@ class Scheduler:
             self._settle(handle)
 
     def _run_exclusive(self, handle: Handle) -> None:
-        deadline = handle.started + self.limits.request_seconds
-        stop = lambda: handle._cancel.is_set() or time.perf_counter() > deadline  # noqa: E731
+        deadline = self._deadline()
+        stop = lambda: handle._cancel.is_set() or self.clock() > deadline  # noqa: E731
         with ExitStack() as locks:
             for lock in self._locks(handle):
                 locks.enter_context(lock)
@@ -714,7 +720,7 @@ class Scheduler:
             handle.tokens += len(record.emitted) if hasattr(record, "emitted") else int(hasattr(record, "token"))
             return record
         handle.tokens = record.generated_tokens
-        if record.finish_reason == "cancelled" and not handle._cancel.is_set() and time.perf_counter() > deadline:
+        if record.finish_reason == "cancelled" and not handle._cancel.is_set() and self.clock() > deadline:
             handle.error = RequestTimeoutError(
                 f"stopped after {self.limits.request_seconds:g} s, the time limit for one request on this server; "
                 f"the {record.generated_tokens} tokens generated so far are kept")
