@@ -12,19 +12,22 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app.layout import plot_font
+from app.style import MIN_TEXT_PX, at_least
 from app.presenter import may_generate, presenter_board
 from app.request import DEFAULT_PROMPT, MAX_NEW_LIMIT, Prepared, Sampling, new_token_limit, prepare, sanitize_settings
 from app.run import Throttle
 from engine.service.client import ModelClient
 
-PLOT_CONFIG = {"displaylogo": False, "modeBarButtonsToRemove": ["select2d", "lasso2d"]}
+# No toolbar: it appears over the top right of a chart whenever the pointer is on it, where it covered bar labels and
+# column headers on a projector. Double-click still resets a zoom.
+PLOT_CONFIG = {"displayModeBar": False, "displaylogo": False}
 
 
 def sized(fig: go.Figure) -> go.Figure:
-    """The figure with this session's chart text size (larger in the presenter layout): a copy when the size
-    changes, since a figure may be shared between sessions (`app.journey.figures.shapes_figure`)."""
-    font = plot_font()
-    return go.Figure(fig).update_layout(font_size=font) if font else fig
+    """The figure with this session's chart text size (larger in the presenter layout) and no text under
+    MIN_TEXT_PX anywhere: a copy when anything changes, since a figure may be shared between sessions
+    (`app.journey.figures.shapes_figure`)."""
+    return at_least(fig, MIN_TEXT_PX, plot_font())
 
 
 class ChartSlot:

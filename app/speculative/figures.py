@@ -68,7 +68,7 @@ def timeline_figure(rounds: list[SpecRoundRecord], k: int) -> go.Figure:
     for name, color in zip(CELL_NAMES, CELL_COLORS):   # a legend for the four colours
         fig.add_scatter(x=[None], y=[None], mode="markers", name=name,
                         marker=dict(symbol="square", size=12, color=color))
-    fig.update_yaxes(autorange="reversed", type="category", tickfont=dict(size=11))
+    fig.update_yaxes(autorange="reversed", type="category", tickfont=dict(size=12))
     fig.update_xaxes(side="top", type="category")
     fig.update_layout(height=90 + ROW_PX * max(len(rounds), 3), margin=dict(l=0, r=0, t=30, b=0),
                       legend=dict(orientation="h", y=-0.02, yanchor="top", x=0), plot_bgcolor="white")

@@ -400,7 +400,7 @@ def block_table_figure(table: BlockTable) -> go.Figure:
         drawn = [b for b in blocks if b <= n]
         fill = [owners[b][1] for b in drawn]
         fig.add_scatter(x=[b % GRID for b in drawn], y=[b // GRID for b in drawn], mode="markers+text",
-                        name=f"request {label}", text=[str(f) for f in fill], textfont=dict(size=9, color="white"),
+                        name=f"request {label}", text=[str(f) for f in fill], textfont=dict(size=12, color="white"),
                         marker=dict(symbol="square", size=17), customdata=list(zip(drawn, fill)),
                         hovertemplate=(f"block %{{customdata[0]}}: request {label}, %{{customdata[1]}} of "
                                        f"{table.block} tokens<extra></extra>"))
