@@ -100,7 +100,8 @@ def projected_section(lm: ModelClient) -> None:
     spec, gpu = model_picker("fusion", lm, cols[0]), gpu_picker("fusion", cols[1])
     projs = [project_fusion(spec, gpu, n) for n in PROJECTED_LENGTHS if n <= spec.max_context]
     title = f"Projected for {spec.name} on {gpu.name}"
-    st.caption(f"{title}, BF16, one prompt, {efficiency_note(flops=DEFAULT_FLOPS_EFFICIENCY).removeprefix('projected ')} as on every page (spec "
+    reached = efficiency_note(flops=DEFAULT_FLOPS_EFFICIENCY).removeprefix("projected ")
+    st.caption(f"{title}, BF16, one prompt, {reached} as on every page (spec "
                f"sheet: {gpu.bf16_tflops:,.0f} TFLOP/s, {gpu.bandwidth_tbs} TB/s). Each attention step takes "
                "max(FLOPs ÷ FLOP/s reached, bytes ÷ bandwidth reached); eager moves every N × N matrix through memory "
                "as counted above, fused moves Q, K, V and the output.")

@@ -93,9 +93,10 @@ def projected_section(lm: ModelClient) -> None:
     spec, gpu = model_picker("cache", lm, cols[0]), gpu_picker("cache", cols[1])
     lengths = [n for n in PROJECTED_LENGTHS if n <= spec.max_context]
     projs = [project_token(spec, gpu, n) for n in lengths]
-    st.caption(f"Projected for {spec.name} on {gpu.name}, BF16, batch 1, {efficiency_note(flops=DEFAULT_FLOPS_EFFICIENCY).removeprefix('projected ')}"
-               ", as on every page: with the cache a token is one decode step (every weight and the cache read once); "
-               "without, a prefill of the whole sequence.")
+    reached = efficiency_note(flops=DEFAULT_FLOPS_EFFICIENCY).removeprefix("projected ")
+    st.caption(f"Projected for {spec.name} on {gpu.name}, BF16, batch 1, {reached}, as on every page: "
+               "with the cache a token is one decode step (every weight and the cache read once); without, a prefill "
+               "of the whole sequence.")
     st.table({"sequence length": [fmt_tokens(p.length) for p in projs],
               "with the cache": [fmt_ms(p.seconds_on) for p in projs],
               "without": [fmt_ms(p.seconds_off) for p in projs],

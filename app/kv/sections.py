@@ -68,8 +68,8 @@ def growth_caption(run: Run) -> str:
     """What the growth chart shows, with this run's numbers: in tokens, prefill and decode lie on one line."""
     cached = run.cache_states()[-1].length if run.cache_states() else 0
     return (f"Each band is one layer's K and V tensors, read from the cache object after every step; the dashed line "
-            f"is the formula (written under this caption). The first {run.n_prompt:,} tokens (the prompt in its chat template) entered the "
-            f"cache in one pass, prefill, up to the dotted line; then each decode step added one token, "
+            f"is the formula (written under this caption). The first {run.n_prompt:,} tokens (the prompt in its chat "
+            f"template) entered the cache in one pass, prefill, up to the dotted line; then each decode step added one token, "
             f"{cached:,} in all. Counted in tokens it is one straight line: a token costs the same bytes whether it "
             "came in with the prompt or was generated. In time, prefill is a single step (the journey page's "
             "timeline).")

@@ -295,7 +295,8 @@ def threads_note(choice: ThreadChoice) -> str:
     if len(times) > 1 and max(times) > OUTLIER * min(times):
         slow = max(choice.measured, key=lambda m: m[1])
         text += (f" The last trial's {slow[0]}-thread step, {max(times) / min(times):.0f}× slower, is an outlier: "
-                 f"one thread more or fewer changes the arithmetic by at most {choice.cores / (choice.cores - 1):.1f}×, "
+                 "one thread more or fewer changes the arithmetic by at most "
+                 f"{choice.cores / (choice.cores - 1):.1f}×, "
                  "so that step waited for a core another program held (the web app, a browser on this machine).")
     return text
 
