@@ -185,11 +185,12 @@ def stopped_in_line() -> set[str]:
     return st.session_state.setdefault(STOPPED_IN_LINE_KEY, set())
 
 
-def generate_button(ns: str, prepared: Prepared,
-                    disabled: bool = False) -> tuple[bool, st.delta_generator.DeltaGenerator]:
+def generate_button(ns: str, prepared: Prepared, disabled: bool = False,
+                    parent=None) -> tuple[bool, st.delta_generator.DeltaGenerator]:
     """The Generate button and an empty slot beside it where Stop appears while the answer streams."""
     allowed = may_generate(st.session_state, presenter_board())
-    left, right, _ = st.columns([3, 2, 7])              # wide enough for "Generate" on a 1024-px projector
+    cols = (parent or st).columns([3, 2, 7] if parent is None else [1, 1])   # wide enough for "Generate" at 1024 px
+    left, right = cols[0], cols[1]
     clicked = left.button("Generate", type="primary", key=f"{ns}.generate",
                           disabled=disabled or prepared.error is not None or not allowed)
     if not allowed:
@@ -212,11 +213,12 @@ def quick_form(lm: ModelClient, ns: str, default: str = DEFAULT_PROMPT,
     limit = new_token_limit(lm)
     for message in sanitize_settings(ns, limit):
         st.warning(message)
-    max_new = st.number_input("Max new tokens", 1, limit, min(max_new_default, limit), 1, key=f"{ns}.max_new")
+    row = st.columns([2, 3], vertical_alignment="bottom")    # the token limit beside Generate: one row less above
+    max_new = row[0].number_input("Max new tokens", 1, limit, min(max_new_default, limit), 1, key=f"{ns}.max_new")
     prepared = prepare(lm, prompt, Sampling(max_new_tokens=int(max_new)), chat=lm.has_chat_template)
     if prepared.error:
         st.error(prepared.error)
-    clicked, stop_slot = generate_button(ns, prepared)
+    clicked, stop_slot = generate_button(ns, prepared, parent=row[1])
     return prepared, clicked, stop_slot
 
 

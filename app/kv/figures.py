@@ -34,7 +34,7 @@ def growth_figure(states: list[CacheState], bytes_per_token: float) -> go.Figure
         fig.add_vline(x=states[0].length, line=dict(color="#555", dash="dot", width=1),
                       annotation_text=f"prefill: {states[0].length:,} tokens in one pass",
                       annotation_position="top left")
-    fig.update_layout(height=360, margin=dict(l=0, r=0, t=10, b=0), showlegend=False,
+    fig.update_layout(height=250, margin=dict(l=0, r=0, t=24, b=0), showlegend=False,   # whole under Generate at 768 px
                       xaxis_title="tokens in the cache", yaxis_title="KV cache (MB)")
     return fig
 

@@ -80,9 +80,10 @@ class GrowthView:
 
     def __init__(self, spec: ModelSpec, dtype: str):
         self.per_token = kv_bytes_per_token(spec, dtype)
-        self.answer = st.empty()                    # made right under Generate: where the room is looking
-        self.line = st.empty()
-        self.chart = ChartSlot("kv.growth")
+        words, picture = st.columns([2, 3])         # made right under Generate, side by side: where the room looks
+        self.answer = words.empty()
+        self.line = words.empty()
+        self.chart = ChartSlot("kv.growth", picture)
         self.throttle = Throttle(0.4)
 
     def update(self, run: Run, final: bool = False) -> None:
