@@ -189,7 +189,7 @@ def generate_button(ns: str, prepared: Prepared, disabled: bool = False,
                     parent=None) -> tuple[bool, st.delta_generator.DeltaGenerator]:
     """The Generate button and an empty slot beside it where Stop appears while the answer streams."""
     allowed = may_generate(st.session_state, presenter_board())
-    cols = (parent or st).columns([3, 2, 7] if parent is None else [1, 1])   # wide enough for "Generate" at 1024 px
+    cols = (parent or st).columns([3, 2, 7] if parent is None else [1, 1, 1])   # "Generate" whole at 1024 px
     left, right = cols[0], cols[1]
     clicked = left.button("Generate", type="primary", key=f"{ns}.generate",
                           disabled=disabled or prepared.error is not None or not allowed)
