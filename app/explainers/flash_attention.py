@@ -101,7 +101,7 @@ def projected_section(lm: ModelClient) -> None:
     projs = [project_fusion(spec, gpu, n) for n in PROJECTED_LENGTHS if n <= spec.max_context]
     title = f"Projected for {spec.name} on {gpu.name}"
     reached = efficiency_note(flops=DEFAULT_FLOPS_EFFICIENCY).removeprefix("projected ")
-    st.caption(f"{title}, BF16, one prompt, {reached} as on every page (spec "
+    st.caption(f"{title}, BF16, one prompt, {reached}, as on every page (spec "
                f"sheet: {gpu.bf16_tflops:,.0f} TFLOP/s, {gpu.bandwidth_tbs} TB/s). Each attention step takes "
                "max(FLOPs ÷ FLOP/s reached, bytes ÷ bandwidth reached); eager moves every N × N matrix through memory "
                "as counted above, fused moves Q, K, V and the output.")
