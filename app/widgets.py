@@ -12,19 +12,22 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app.layout import plot_font
+from app.style import MIN_TEXT_PX, at_least
 from app.presenter import may_generate, presenter_board
 from app.request import DEFAULT_PROMPT, MAX_NEW_LIMIT, Prepared, Sampling, new_token_limit, prepare, sanitize_settings
 from app.run import Throttle
 from engine.service.client import ModelClient
 
-PLOT_CONFIG = {"displaylogo": False, "modeBarButtonsToRemove": ["select2d", "lasso2d"]}
+# No toolbar: it appears over the top right of a chart whenever the pointer is on it, where it covered bar labels and
+# column headers on a projector. Double-click still resets a zoom.
+PLOT_CONFIG = {"displayModeBar": False, "displaylogo": False}
 
 
 def sized(fig: go.Figure) -> go.Figure:
-    """The figure with this session's chart text size (larger in the presenter layout): a copy when the size
-    changes, since a figure may be shared between sessions (`app.journey.figures.shapes_figure`)."""
-    font = plot_font()
-    return go.Figure(fig).update_layout(font_size=font) if font else fig
+    """The figure with this session's chart text size (larger in the presenter layout) and no text under
+    MIN_TEXT_PX anywhere: a copy when anything changes, since a figure may be shared between sessions
+    (`app.journey.figures.shapes_figure`)."""
+    return at_least(fig, MIN_TEXT_PX, plot_font())
 
 
 class ChartSlot:
@@ -189,11 +192,12 @@ def stopped_in_line() -> set[str]:
     return st.session_state.setdefault(STOPPED_IN_LINE_KEY, set())
 
 
-def generate_button(ns: str, prepared: Prepared,
-                    disabled: bool = False) -> tuple[bool, st.delta_generator.DeltaGenerator]:
+def generate_button(ns: str, prepared: Prepared, disabled: bool = False,
+                    parent=None) -> tuple[bool, st.delta_generator.DeltaGenerator]:
     """The Generate button and an empty slot beside it where Stop appears while the answer streams."""
     allowed = may_generate(st.session_state, presenter_board())
-    left, right, _ = st.columns([3, 2, 7])              # wide enough for "Generate" on a 1024-px projector
+    cols = (parent or st).columns([3, 2, 7] if parent is None else [1, 1, 1])   # "Generate" whole at 1024 px
+    left, right = cols[0], cols[1]
     clicked = left.button("Generate", type="primary", key=f"{ns}.generate",
                           disabled=disabled or prepared.error is not None or not allowed)
     if not allowed:
@@ -216,11 +220,12 @@ def quick_form(lm: ModelClient, ns: str, default: str = DEFAULT_PROMPT,
     limit = new_token_limit(lm)
     for message in sanitize_settings(ns, limit):
         st.warning(message)
-    max_new = st.number_input("Max new tokens", 1, limit, min(max_new_default, limit), 1, key=f"{ns}.max_new")
+    row = st.columns([2, 3], vertical_alignment="bottom")    # the token limit beside Generate: one row less above
+    max_new = row[0].number_input("Max new tokens", 1, limit, min(max_new_default, limit), 1, key=f"{ns}.max_new")
     prepared = prepare(lm, prompt, Sampling(max_new_tokens=int(max_new)), chat=lm.has_chat_template)
     if prepared.error:
         st.error(prepared.error)
-    clicked, stop_slot = generate_button(ns, prepared)
+    clicked, stop_slot = generate_button(ns, prepared, parent=row[1])
     return prepared, clicked, stop_slot
 
 

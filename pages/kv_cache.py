@@ -26,9 +26,6 @@ else:
     prepared, clicked, stop_slot = quick_form(lm, "kv", max_new_default=64)
     notice = st.empty()
 run = last_run()
-if lm is not None and run is not None and not clicked and prepared.request.prompt != run.request.prompt:
-    st.caption("The chart below still shows the last run, whose prompt was different: press Generate to chart "
-               "the prompt in the box.")
 if lm is not None and (clicked or run is None or run.source is None):      # the loaded model's cache
     spec, label, dtype = lm.spec, lm.label, lm.dtype_name
 elif run is not None:                                                      # a recording's
@@ -36,18 +33,21 @@ elif run is not None:                                                      # a r
 else:
     spec, dtype = MODEL_PRESETS["smollm2-135m"], "float32"
     label = spec.name
-st.text(f"{label} in {dtype}: " + formula_text(spec, dtype))
-st.caption(residual_text(spec, dtype))
-growth = GrowthView(spec, dtype)
+growth = GrowthView(spec, dtype)                 # the answer and the growing cache right under Generate
 if clicked:
     run_live(lm, prepared, "kv", stop_slot, growth.update, notice=notice)
     run = last_run()
 if run is not None:
-    run_notes(run)
     growth.update(run, final=True)
+    if lm is not None and not clicked and prepared.request.prompt != run.request.prompt:
+        st.caption("The chart still shows the last run, whose prompt was different: press Generate to chart the "
+                   "prompt in the box.")
     st.caption(growth_caption(run))
+    run_notes(run)
 else:
     st.caption("Generate (or open a recording) to see the cache of a real run.")
+st.text(f"{label} in {dtype}: " + formula_text(spec, dtype))
+st.caption(residual_text(spec, dtype))
 
 st.subheader("2. How many users fit on your GPUs")
 choice = calculator_inputs(spec, label)

@@ -177,3 +177,38 @@ def test_the_shared_shapes_figure_is_built_once_and_never_changed_by_a_session(m
     assert shared.layout.font.size == before                              # the other sessions' copy is untouched
     monkeypatch.setattr(widgets, "plot_font", lambda: None)
     assert widgets.sized(shared) is shared
+
+
+def test_no_chart_text_under_the_projector_minimum_and_no_toolbar():
+    """Every chart goes through app.widgets.sized: a font under MIN_TEXT_PX anywhere (layout, axes, annotations,
+    traces) comes back at the minimum, a bar's label is not shrunk to its bar, a heatmap's cell text gets a size
+    instead of plotly's fit-to-cell, and the shared figure itself is never changed. No toolbar over the data."""
+    import plotly.graph_objects as go
+
+    from app import widgets
+    from app.style import MIN_TEXT_PX, at_least
+
+    assert MIN_TEXT_PX >= 12 and widgets.PLOT_CONFIG["displayModeBar"] is False
+    fig = go.Figure(go.Bar(x=[1, 2], y=[3, 4], text=["a", "b"], textfont=dict(size=9)))
+    fig.add_heatmap(z=[[1, 2]], text=[["x", "y"]], texttemplate="%{text}")
+    fig.update_layout(title=dict(text="t", font=dict(size=10)), xaxis=dict(tickfont=dict(size=9)))
+    fig.add_annotation(text="note", font=dict(size=8))
+    fixed = at_least(fig)
+    assert fixed is not fig and fig.data[0].textfont.size == 9 and fig.layout.title.font.size == 10   # untouched
+    assert fixed.data[0].textfont.size == fixed.data[1].textfont.size == MIN_TEXT_PX
+    assert fixed.layout.title.font.size == fixed.layout.xaxis.tickfont.size == fixed.layout.annotations[0].font.size \
+        == MIN_TEXT_PX
+    assert fixed.layout.uniformtext.minsize == MIN_TEXT_PX and fixed.layout.uniformtext.mode == "show"
+    plain = go.Figure(go.Scatter(x=[1], y=[1], textfont=dict(size=14)))
+    assert at_least(plain) is plain                                        # nothing to change: no copy
+    assert at_least(plain, base=15).layout.font.size == 15
+
+
+def test_the_lens_axis_is_its_categories():
+    """'#1'..'#5' as plotly's numbers labelled the axis only '2, 4'."""
+    from app.journey.figures import lens_figure
+    from engine.core.hooks import LayerCapture
+
+    captures = {0: LayerCapture(0, lens=[(1, 0.5), (2, 0.3)]), 1: LayerCapture(1, lens=[(2, 0.6), (1, 0.2)])}
+    fig = lens_figure(captures, lambda t: f"tok{t}", 2)
+    assert fig.layout.xaxis.type == "category" and list(fig.data[0].x) == ["#1", "#2"]

@@ -359,6 +359,26 @@ def test_kv_page_measures_the_real_cache_against_the_formula(app):
     assert sum(trace.get("stackgroup") == "layers" for trace in growth) == c["num_hidden_layers"]
 
 
+def test_kv_page_sections_1_and_5_say_which_positions_they_count(app):
+    """'106 tokens cached' in section 1 and '1 request(s) hold 105 tokens' in section 5 for the same run: section 1
+    counts the prompt and every generated token but the last (sampled, never fed back), section 5 reads the block
+    table after the last step that still had the request, one step before its end. Both now say so, and the numbers
+    are those; the answer and the growth chart come right under Generate, above the formula."""
+    at = open_page(app, "kv_cache.py")
+    generate(at, "kv", tiny_prompt(10), 5)
+    run = at.session_state["last_run"]
+    cached = run.cache_states()[-1].length
+    assert cached == run.n_prompt + len(run.tokens) - 1
+    line = next(t.value for t in at.text if "measured on the cache object" in t.value)
+    assert line.startswith(f"{cached:,} tokens cached (the {run.n_prompt:,}-token prompt and {len(run.tokens) - 1} of "
+                           f"the {len(run.tokens)} generated: the last one was never fed back)")
+    live = next(c.value for c in at.caption if "read from the cache after the last step that had a request" in c.value)
+    assert "one step before its end, one token short" in live and f"1 request(s) hold {cached - 1:,} tokens" in live
+    texts = [t.value for t in at.text]
+    answer, formula = texts.index(run.text), next(i for i, t in enumerate(texts) if "bytes per token" in t and "×" in t)
+    assert answer < texts.index(line) < formula                  # the answer, its cache line, then the formula
+
+
 def test_kv_page_shows_the_measured_memory_ledger(app):
     at = open_page(app, "kv_cache.py")
     generate(at, "kv", tiny_prompt(10), 5)

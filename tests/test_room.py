@@ -161,3 +161,63 @@ def test_a_busy_room_stretches_each_pages_redraw_interval_by_the_requests_runnin
     running[0] = 0                                                        # an idle server counts as one
     assert fires_after(0.125) is False and fires_after(0.125) is True
     assert throttle(force=True) is True
+
+
+# --- every sentence from the numbers it describes (issue 55) ---------------------------------------------------
+
+def test_the_speeds_say_what_they_average_and_multiply_out(busy_room):
+    """'3 of 32 ... all 19.8 ... each 17.1' read as a contradiction: the speeds average the recent steps, whose batch
+    is not the batch now. The line under them says so, and its product is the 'all' figure."""
+    from app.format import fmt_rate
+    from app.speed.room import speeds_note
+
+    scheduler, handles = busy_room
+    for h in handles:
+        h.result(timeout=60)
+    n = room_numbers(scheduler.room())
+    recent = [s for s in scheduler.room().steps[-50:] if s.decode_rows]
+    assert n.steps == len(recent) and n.mean_rows == pytest.approx(sum(s.decode_rows for s in recent) / len(recent))
+    assert n.total_tok_s == pytest.approx(n.per_user_tok_s * n.mean_rows)
+    note = speeds_note(n)
+    assert (f"the last {len(recent)} decode steps, with {n.mean_rows:.2f} requests in a step on average" in note
+            and f"{fmt_rate(n.per_user_tok_s)} each × {n.mean_rows:.2f} = {fmt_rate(n.total_tok_s)} for all" in note)
+
+
+def trade_rows(*steps: tuple[int, float]) -> list[dict]:
+    return [{"t": float(i), "decode_rows": b, "prefill_tokens": 0, "step_ms": ms, "tok_s": b / ms * 1e3, "empty": 0}
+            for i, (b, ms) in enumerate(steps)]
+
+
+def test_the_trade_off_caption_reads_the_charts_points():
+    """The issue's room: steps of 31 / 66 / 30 ms for 1 / 2 / 3 requests under 'a little slower'. The sentence now
+    gives the chart's own ends and calls the 2-request point out of line; the points are the chart's."""
+    from app.speed.room import tradeoff_figure, tradeoff_points, tradeoff_reading
+
+    rows = trade_rows((1, 30), (1, 31), (1, 32), (2, 66), (2, 70), (3, 30), (3, 30))
+    fig = tradeoff_figure(rows)
+    points = tradeoff_points(rows)
+    assert list(fig.data[0].x) == [1, 2, 3] and list(fig.data[0].y) == [p.step_ms for p in points] == [31, 68, 30]
+    assert list(fig.data[1].y) == pytest.approx([1 / 0.031, 2 / 0.068, 3 / 0.030])
+    text = tradeoff_reading(points)
+    assert "From 1 request to 3 requests the median step went from 31 to 30 ms (0.97×" in text
+    assert f"from {1 / 0.031:,.1f} to {3 / 0.030:,.1f} ({(3 / 0.030) / (1 / 0.031):.2f}×)" in text
+    assert "The 2-request point (68 ms, median of 2 steps) is out of line" in text and "a little" not in text
+    steady = tradeoff_reading(tradeoff_points(trade_rows((1, 30), (2, 33), (4, 40))))
+    assert "throughput grows faster than the step slows" in steady.lower() and "out of line" not in steady
+    assert "gained nothing" in tradeoff_reading(tradeoff_points(trade_rows((1, 30), (2, 61))))
+    assert "So far every decode step had 1 request" in tradeoff_reading(tradeoff_points(trade_rows((1, 30))))
+
+
+def test_a_thread_trial_that_no_thread_count_explains_is_called_an_outlier():
+    """'2 threads 543 ms, 1 thread 35 ms': one thread fewer changes the arithmetic by at most 2x on 2 cores, so a
+    15x gap is a step that waited for its cores; the line says what a trial measures and that."""
+    from app.speed.room import threads_note
+    from engine.serving.threads import ThreadChoice
+
+    odd = threads_note(ThreadChoice(1, 2, True, ((2, 0.543, 1), (1, 0.035, 1)), 3, 1))
+    assert "2 threads 543 ms, 1 thread 35 ms" in odd
+    assert "a trial times at most 3 steps on each count" in odd
+    assert "2-thread step, 16× slower, is an outlier" in odd and "at most 2.0×" in odd
+    plain = threads_note(ThreadChoice(2, 2, True, ((2, 0.030, 1), (1, 0.041, 1)), 3, 0))
+    assert "outlier" not in plain
+    assert threads_note(ThreadChoice(1, 2, False)) == "CPU threads: 1 torch thread of 2 cores (fixed)."

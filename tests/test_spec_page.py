@@ -344,3 +344,68 @@ def test_rounds_recorded_straight_from_the_engine_open_as_a_speculative_run(tiny
     assert run.speculation.k == 3 and len(run.speculation.rounds) == len(rounds) and run.speculation.baseline is None
     assert [t.id for t in run.tokens] == [records[0].token.id] + [t.id for r in rounds for t in r.emitted]
     assert [s.cache.length for s in run.steps] == list(range(run.n_prompt + 1, run.n_prompt + len(run.tokens)))
+
+
+# --- every sentence from the numbers it describes (issue 55) ---------------------------------------------------
+
+def pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+def test_the_counts_fit_each_other_and_the_bars_sentence_reads_the_bars(page):
+    """'62 tokens in 14 rounds', 'Target passes 15' and 'Tokens per target pass 4.36' did not fit: every figure is
+    now one of the counts the status line shows, or their quotient. And the sentence under the per-position bars is
+    worked out here from the chart's own bars and line: the first and last of each, and each later draft's pass
+    rate given the one before it passed (bar j / bar j-1)."""
+    at = run_page(page, REPEATING, 3, 20)
+    run = at.session_state[LAST_RUN]
+    rounds = run.speculation.rounds
+    later = sum(len(r.emitted) for r in rounds)
+    status = next(c.value for c in at.caption if c.value.startswith("Done:"))
+    assert (f"Done: {len(run.tokens)} tokens: {len(run.tokens) - later} from the prefill, {later} from "
+            f"{len(rounds)} rounds") in status
+    assert len(run.tokens) - later == 1                                  # the prefill gives exactly the first token
+    assert metric(at, "Target passes") == str(len(rounds) + 1)
+    assert metric(at, "Tokens per verify pass") == f"{later / len(rounds):.2f}"
+    assert any(f"{later} / {len(rounds)} = {later / len(rounds):.2f} tokens per verify pass" in c.value
+               for c in at.caption)
+
+    chart = next(c for c in charts(at) if c["data"][0].get("name", "").startswith("measured: accepted"))
+    bars, line = array(chart["data"][0]["y"]), array(chart["data"][1]["y"])
+    caption = next(c.value for c in at.caption if c.value.startswith("Bars: the share of rounds"))
+    assert f"The bars go from {pct(bars[0])} to {pct(bars[-1])}, the dotted line from {pct(line[0])} to " \
+           f"{pct(line[-1])}" in caption
+    rates = [bars[0]] + [min(1.0, b / a) for a, b in zip(bars, bars[1:]) if a > 0]
+    assert f"Draft 1 passed in {pct(rates[0])} of rounds" in caption
+    assert f"in {', '.join(pct(r) for r in rates[1:])}." in caption
+    runs, fewer = sum(r > rates[0] + 0.02 for r in rates[1:]), sum(r < rates[0] - 0.02 for r in rates[1:])
+    said = ("acceptances come in runs" if runs > fewer else "later guesses fail more often" if fewer > runs
+            else "about as often as the first")
+    assert said in caption
+
+
+def test_flat_bars_under_a_falling_line_read_as_runs_not_as_later_drafts_failing():
+    """The issue's run: four bars at 86% under a^j with a = 96%. Three bars sit below the line, yet no later draft
+    failed once the one before it passed: the sentence must say runs."""
+    from app.speculative.sections import position_reading
+
+    text = position_reading([0.86] * 4, 0.96)
+    assert "each later draft, once the one before it had passed, in 100%, 100%, 100%" in text
+    assert "acceptances come in runs" in text and "fail more often" not in text
+    assert "fail more often" in position_reading([0.9, 0.5, 0.2], 0.8)
+    assert "about as often as the first" in position_reading([0.8, 0.64, 0.512], 0.8)
+
+
+def test_the_verify_cost_comes_with_its_spread(page):
+    """The verify cost read 3.64 plain steps in one run and 2.26 in the next: the page gives the fastest and slowest
+    verify pass and plain step behind its means, worked out here from the records."""
+    at = run_page(page, REPEATING, 3, 20)
+    run = at.session_state[LAST_RUN]
+    from app.format import fmt_ms
+
+    verify = [r.verify_seconds for r in run.speculation.rounds[1:]]
+    plain = [s.seconds for s in run.speculation.baseline.steps]
+    text = next(m.value for m in at.markdown if m.value.startswith("Measured: a round cost"))
+    assert (f"a verify pass took {fmt_ms(min(verify))} to {fmt_ms(max(verify))} over the {len(verify)} rounds "
+            f"counted, a plain step {fmt_ms(min(plain))} to {fmt_ms(max(plain))} over {len(plain)}") in text
+    assert "moves from run to run" in text

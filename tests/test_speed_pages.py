@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from test_pages import array, charts
+
 from app.speed.lab_feel import ANSWER, answer_pieces, due_count, presets, reading_rate, speculative_rate
 from app.speed.lab_measured import POINTS
 from engine.projection.economics import projected_token_prices
@@ -86,6 +88,30 @@ def test_speed_lab_measures_and_the_curve_grows(page):
     ratio = float(metric(at, "Measured / ceiling").rstrip("%"))
     assert 0 < ratio <= 100
     assert "TTFT ≈" in text_of(at) or "no upward bend" in text_of(at)
+
+
+def test_speed_lab_says_what_its_charts_show_in_one_unit(page):
+    """'The decode latency (right) barely moves with N' stood under a right panel rising from 33 to 45 ms, and the fit
+    read '26.2 ms + 2169.6 µs × N + 565.347 ns × N²'. Points of the issue's shape: the sentence is worked out here from
+    the chart's own trace, and the fit is in ms with three figures."""
+    from app.format import fmt_ms
+
+    at = page("speed_lab.py")
+    lengths, itl = [128, 256, 512, 1024, 2048], [0.033, 0.034, 0.036, 0.039, 0.045]
+    at.session_state[POINTS] = [{"tokens": n, "ttft": 0.0262 + 2.1696e-3 * n + 565.347e-9 * n * n, "itl": t,
+                                 "repeats": 2} for n, t in zip(lengths, itl)]
+    at.run()
+    assert_clean(at)
+    chart = next(c for c in charts(at) if any(t.get("name") == "measured ITL" for t in c["data"]))
+    trace = next(t for t in chart["data"] if t.get("name") == "measured ITL")
+    xs, ys = array(trace["x"]), array(trace["y"])                   # ms
+    grew = ys[-1] / ys[0] - 1
+    said = text_of(at)
+    assert (f"The decode latency (right) grows: {fmt_ms(ys[0] / 1e3)} a token at N = {xs[0]:,.0f}, "
+            f"{fmt_ms(ys[-1] / 1e3)} at N = {xs[-1]:,.0f} ({grew:+.0%})") in said
+    assert "barely" not in said
+    assert "TTFT ≈ 26.2 ms + 2,170 ms × K + 565 ms × K², where K = N / 1,000 tokens" in said
+    assert "µs" not in said and " ns " not in said
 
 
 def test_feel_the_speed_streams_at_the_chosen_rate(page):

@@ -74,7 +74,7 @@ def heatmap_figure(pooled: Pooled, texts: list[str], stretch: bool = True, heigh
         colorbar=dict(title="√p" if stretch else "p"), hoverongaps=False, name="attention",
         hovertemplate="query %{y}<br>key %{x}<br>p = %{customdata:.3f}<extra></extra>"))
     fig.add_traces(mask_traces(z))                   # only over empty cells: the attention stays untouched
-    axis = dict(tickmode="array", tickvals=ticks, ticktext=[labels[i] for i in ticks], tickfont=dict(size=10),
+    axis = dict(tickmode="array", tickvals=ticks, ticktext=[labels[i] for i in ticks], tickfont=dict(size=12),
                 showgrid=False, zeroline=False, constrain="domain")
     fig.update_xaxes(title="key (attended to)", tickangle=-60, **axis)
     fig.update_yaxes(title="query (attending)", autorange="reversed", scaleanchor="x", **axis)
@@ -101,7 +101,7 @@ def heads_grid_figure(pooled: list[Pooled], heads: tuple[int, ...], kv_heads: tu
                       row=i // cols + 1, col=i % cols + 1)
     fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
     fig.update_yaxes(showticklabels=False, showgrid=False, zeroline=False, autorange="reversed")
-    fig.update_annotations(font_size=11)
+    fig.update_annotations(font_size=12)
     fig.update_layout(height=150 * rows + 60, margin=dict(l=0, r=0, t=30, b=0), plot_bgcolor=MASK_COLOR,
                       coloraxis=dict(colorscale="Viridis", colorbar=dict(title="√p" if stretch else "p")))
     return fig
@@ -168,7 +168,8 @@ def gqa_figure(n_heads: int, n_kv_heads: int, title: str) -> go.Figure:
     fig.add_scatter(x=list(range(n_heads)), y=[1] * n_heads, mode="markers+text" if label_q else "markers",
                     marker=dict(symbol="square", size=14 if n_heads <= 16 else 9,
                                 color=[GROUP_COLORS[g % len(GROUP_COLORS)] for g in groups]),
-                    text=[str(h) for h in range(n_heads)], textposition="top center", textfont=dict(size=9),
+                    text=[str(h) if n_heads <= 16 or h % size == 0 else "" for h in range(n_heads)],
+                    textposition="top center",        # beyond 16 heads, each group's first: 12-px labels fit
                     hovertext=[f"query head {h} reads K/V head {g}" for h, g in enumerate(groups)], hoverinfo="text")
     fig.add_scatter(x=kv_x, y=[0] * n_kv_heads, mode="markers+text",
                     marker=dict(symbol="diamond", size=20, color=[GROUP_COLORS[g % len(GROUP_COLORS)]
@@ -193,7 +194,7 @@ def step_row_figure(row: np.ndarray, factor: int, texts: list[str], heads: tuple
                                colorscale="Viridis", colorbar=dict(title="√p" if stretch else "p"),
                                hovertemplate="%{y}, key %{x}: p = %{customdata:.3f}<extra></extra>"))
     fig.update_xaxes(tickmode="array", tickvals=ticks, ticktext=[labels[i] for i in ticks], tickangle=-60,
-                     tickfont=dict(size=10), title="key position")
+                     tickfont=dict(size=12), title="key position")
     fig.update_yaxes(autorange="reversed", type="category")
     fig.update_layout(height=22 * len(heads) + 170, margin=dict(l=0, r=0, t=10, b=0))
     return fig
@@ -206,8 +207,8 @@ def matrix_figure(z: np.ndarray, tokens: Sequence[str], title: str, colorscale: 
     labels = [f"{i} {plot_text(t, 8)}" for i, t in enumerate(tokens)]
     fig = go.Figure(go.Heatmap(z=shown, x=labels, y=labels, colorscale=colorscale, zmid=mid, hoverongaps=False,
                                hovertemplate="query %{y}<br>key %{x}<br>%{z:.4f}<extra></extra>"))
-    fig.update_xaxes(title="key", tickangle=-60, tickfont=dict(size=9))
-    fig.update_yaxes(title="query", autorange="reversed", tickfont=dict(size=9))
+    fig.update_xaxes(title="key", tickangle=-60, tickfont=dict(size=12))
+    fig.update_yaxes(title="query", autorange="reversed", tickfont=dict(size=12))
     fig.update_layout(height=height, margin=dict(l=0, r=0, t=30, b=0), plot_bgcolor="#e9e9ee",
                       title=dict(text=title, font=dict(size=13)))
     return fig

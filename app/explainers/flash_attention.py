@@ -5,7 +5,7 @@ import streamlit as st
 
 from app.explainers import figures as charts
 from app.format import card_size, fmt_bytes, fmt_ms, fmt_tokens
-from app.format import MEASURED, measured_caption
+from app.format import MEASURED, efficiency_note, measured_caption
 from app.hardware import gpu_picker, model_picker
 from app.live import run_on_model, status_progress
 from app.widgets import measured, plot
@@ -13,6 +13,7 @@ from engine.errors import EngineError
 from engine.projection.card import kv_bytes_per_token, weight_bytes
 from engine.lab.fusion import (MAX_SCORE_BYTES, AttentionShape, FusionProjection, decode_row_bytes,
                                largest_intermediate_bytes, project_fusion)
+from engine.projection.cost import DEFAULT_FLOPS_EFFICIENCY
 from engine.projection.specs import ModelSpec
 from engine.service.client import ModelClient
 from engine.projection.units import card_bytes
@@ -99,9 +100,11 @@ def projected_section(lm: ModelClient) -> None:
     spec, gpu = model_picker("fusion", lm, cols[0]), gpu_picker("fusion", cols[1])
     projs = [project_fusion(spec, gpu, n) for n in PROJECTED_LENGTHS if n <= spec.max_context]
     title = f"Projected for {spec.name} on {gpu.name}"
-    st.caption(f"{title}, BF16, one prompt, at the spec sheet's peaks ({gpu.bf16_tflops:,.0f} TFLOP/s, "
-               f"{gpu.bandwidth_tbs} TB/s). Each attention step takes max(FLOPs ÷ peak, bytes ÷ bandwidth); eager "
-               "moves every N × N matrix through memory as counted above, fused moves Q, K, V and the output.")
+    reached = efficiency_note(flops=DEFAULT_FLOPS_EFFICIENCY).removeprefix("projected ")
+    st.caption(f"{title}, BF16, one prompt, {reached}, as on every page (spec "
+               f"sheet: {gpu.bf16_tflops:,.0f} TFLOP/s, {gpu.bandwidth_tbs} TB/s). Each attention step takes "
+               "max(FLOPs ÷ FLOP/s reached, bytes ÷ bandwidth reached); eager moves every N × N matrix through memory "
+               "as counted above, fused moves Q, K, V and the output.")
     plot(charts.fusion_projected_figure(projection_rows(projs), title), "fusion.projected")
     projected_table(projs, gpu.memory_gb)
     st.markdown(projected_text(projs, gpu.memory_gb) + " " + decode_text(spec, projs[-1].tokens))

@@ -23,8 +23,8 @@ def dims(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(f"{d:,}" for d in parts) + "]"
 
 
-CHAR_PX, LINE_PX, FONT_PX = 6.8, 15, 11     # monospace 11 px: one character wide, one line high
-GAP = 5                        # characters between boxes
+CHAR_PX, LINE_PX, FONT_PX = 7.4, 16, 12     # monospace 12 px (the projector minimum): one character wide, one line high
+GAP = 3                        # characters between boxes
 MAX_WIDTH_PX = 720             # a 1024-px projector's page: a wider diagram is drawn with smaller type
 
 
@@ -215,6 +215,8 @@ def lens_figure(captures: dict[int, LayerCapture], decode, chosen_id: int) -> go
                                colorbar=dict(title="p"), hovertemplate="%{y} %{x}: %{text} (%{z:.1%})<extra></extra>"))
     fig.update_layout(height=max(260, 20 * len(layers) + 60), margin=dict(l=0, r=0, t=10, b=0))
     fig.update_yaxes(type="category")  # layer 0 at the bottom, the last layer on top
+    # categories, or plotly reads '#1'..'#5' as numbers and labels the axis only '2, 4'
+    fig.update_xaxes(type="category", title="the layer's 1st to 5th most likely next token")
     return fig
 
 

@@ -121,7 +121,7 @@ def chips_figure(texts: list[str], ids: list[int], special: list[bool] | None = 
                     text=[c.label for c in chips], textfont=dict(family="monospace", size=FONT_SIZE),
                     hoverinfo="skip")
     fig.add_scatter(x=[c.x0 + c.width / 2 for c in chips], y=[c.row * pitch + 0.42 for c in chips], mode="text",
-                    text=[str(c.id) for c in chips], textfont=dict(family="monospace", size=9, color="#666"),
+                    text=[str(c.id) for c in chips], textfont=dict(family="monospace", size=12, color="#666"),
                     hoverinfo="skip")
     if marks:
         add_brackets(fig, marks, pitch)

@@ -34,24 +34,26 @@ def growth_figure(states: list[CacheState], bytes_per_token: float) -> go.Figure
         fig.add_vline(x=states[0].length, line=dict(color="#555", dash="dot", width=1),
                       annotation_text=f"prefill: {states[0].length:,} tokens in one pass",
                       annotation_position="top left")
-    fig.update_layout(height=360, margin=dict(l=0, r=0, t=10, b=0), showlegend=False,
+    fig.update_layout(height=250, margin=dict(l=0, r=0, t=24, b=0), showlegend=False,   # whole under Generate at 768 px
                       xaxis_title="tokens in the cache", yaxis_title="KV cache (MB)")
     return fig
 
 
 def users_figure(contexts: list[int], users: list[int], chosen: int, ideal: list[int] | None = None) -> go.Figure:
     """Users that fit against context length (log scale), with a server's headroom (blue; the chosen context
-    orange) beside the best case of all of the card (grey)."""
+    orange) beside the best case of all of the card (grey). Only the chosen context's bar is labelled: twenty
+    labels at a projector's 12 px would run into each other, and the table beside the chart lists every number."""
     fig = go.Figure()
     xs = [fmt_tokens(c) for c in contexts]
     if ideal is not None:
         fig.add_bar(x=xs, y=[u or None for u in ideal], name="all of the card", marker_color="#cccccc",
-                    text=[f"{u:,}" for u in ideal], textposition="outside", cliponaxis=False,
-                    hovertemplate="%{x} tokens: %{text} users with all of the card<extra></extra>")
+                    customdata=[f"{u:,}" for u in ideal],
+                    hovertemplate="%{x} tokens: %{customdata} users with all of the card<extra></extra>")
     colors = ["#e8833a" if c == chosen else "#3a7be8" for c in contexts]
     fig.add_bar(x=xs, y=[u or None for u in users], name="a server's share", marker_color=colors,
-                text=[f"{u:,}" for u in users], textposition="outside", cliponaxis=False,
-                hovertemplate="%{x} tokens: %{text} users<extra></extra>")
+                text=[f"{u:,}" if c == chosen else "" for c, u in zip(contexts, users)], textposition="outside",
+                cliponaxis=False, customdata=[f"{u:,}" for u in users],
+                hovertemplate="%{x} tokens: %{customdata} users<extra></extra>")
     ticks = log_ticks([1, *users, *(ideal or [])])
     low, high = ticks.pop("range")
     fig.update_yaxes(**ticks, range=[low, high + TEXT_ROOM * (high - low)], title="users that fit")

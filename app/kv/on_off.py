@@ -6,12 +6,13 @@ import streamlit as st
 
 from app.kv import figures as charts
 from app.format import fmt_ms, fmt_tokens
-from app.format import MEASURED, measured_caption
+from app.format import MEASURED, efficiency_note, measured_caption
 from app.hardware import gpu_picker, model_picker
 from app.live import run_on_model, status_progress
 from app.widgets import measured, plot
 from engine.lab.kv_cache import compare_runs, project_answer_seconds, project_token, slope
 from engine.errors import EngineError
+from engine.projection.cost import DEFAULT_FLOPS_EFFICIENCY
 from engine.service.client import ModelClient
 
 RESULT = "cache.result"
@@ -92,9 +93,10 @@ def projected_section(lm: ModelClient) -> None:
     spec, gpu = model_picker("cache", lm, cols[0]), gpu_picker("cache", cols[1])
     lengths = [n for n in PROJECTED_LENGTHS if n <= spec.max_context]
     projs = [project_token(spec, gpu, n) for n in lengths]
-    st.caption(f"Projected for {spec.name} on {gpu.name}, BF16, batch 1, at the spec sheet's peaks: with the cache a "
-               "token is one decode step (every weight and the cache read once); without, a prefill of the whole "
-               "sequence.")
+    reached = efficiency_note(flops=DEFAULT_FLOPS_EFFICIENCY).removeprefix("projected ")
+    st.caption(f"Projected for {spec.name} on {gpu.name}, BF16, batch 1, {reached}, as on every page: "
+               "with the cache a token is one decode step (every weight and the cache read once); without, a prefill "
+               "of the whole sequence.")
     st.table({"sequence length": [fmt_tokens(p.length) for p in projs],
               "with the cache": [fmt_ms(p.seconds_on) for p in projs],
               "without": [fmt_ms(p.seconds_off) for p in projs],

@@ -68,8 +68,8 @@ def growth_caption(run: Run) -> str:
     """What the growth chart shows, with this run's numbers: in tokens, prefill and decode lie on one line."""
     cached = run.cache_states()[-1].length if run.cache_states() else 0
     return (f"Each band is one layer's K and V tensors, read from the cache object after every step; the dashed line "
-            f"is the formula above. The first {run.n_prompt:,} tokens (the prompt in its chat template) entered the "
-            f"cache in one pass, prefill, up to the dotted line; then each decode step added one token, "
+            f"is the formula (written under this caption). The first {run.n_prompt:,} tokens (the prompt in its chat "
+            f"template) entered the cache in one pass, prefill, up to the dotted line; then each decode step added one token, "
             f"{cached:,} in all. Counted in tokens it is one straight line: a token costs the same bytes whether it "
             "came in with the prompt or was generated. In time, prefill is a single step (the journey page's "
             "timeline).")
@@ -80,20 +80,36 @@ class GrowthView:
 
     def __init__(self, spec: ModelSpec, dtype: str):
         self.per_token = kv_bytes_per_token(spec, dtype)
-        self.chart = ChartSlot("kv.growth")
-        self.line = st.empty()
+        words, picture = st.columns([2, 3])         # made right under Generate, side by side: where the room looks
+        self.answer = words.empty()
+        self.line = words.empty()
+        self.chart = ChartSlot("kv.growth", picture)
         self.throttle = Throttle(0.4)
 
     def update(self, run: Run, final: bool = False) -> None:
         states = run.cache_states()
         if not states or not (final or self.throttle()):
             return
-        self.chart.plot(charts.growth_figure(states, self.per_token))
+        self.answer.text(run.text or "…")
         last = states[-1]
         measured = last.bytes / last.length if last.length else 0
         verdict = "matches the formula" if abs(measured - self.per_token) < 0.5 else "differs from the formula"
-        self.line.text(f"{last.length:,} tokens cached: {fmt_bytes(last.bytes)} in {len(last.bytes_per_layer)} "
-                       f"layers = {measured:,.0f} bytes per token, measured on the cache object; {verdict}.")
+        self.line.text(f"{last.length:,} tokens cached ({cached_positions(run, last.length)}): "
+                       f"{fmt_bytes(last.bytes)} in {len(last.bytes_per_layer)} layers = {measured:,.0f} bytes per "
+                       f"token, measured on the cache object; {verdict}.")
+        self.chart.plot(charts.growth_figure(states, self.per_token))
+
+
+def cached_positions(run: Run, cached: int) -> str:
+    """Which tokens the cache holds: the prompt and every generated token but the newest, which is sampled from the
+    last step's logits and enters the cache only with the step after it (a finished run's last token never does)."""
+    fed = cached - run.n_prompt
+    waiting = len(run.tokens) - fed
+    text = f"the {run.n_prompt:,}-token prompt and {fed:,} of the {len(run.tokens):,} generated"
+    if waiting == 1:
+        text += ": the newest enters with the next step" if run.status == "running" else \
+            ": the last one was never fed back"
+    return text
 
 
 # --- memory on this device, measured ----------------------------------------------------------------------

@@ -68,7 +68,7 @@ def timeline_figure(rounds: list[SpecRoundRecord], k: int) -> go.Figure:
     for name, color in zip(CELL_NAMES, CELL_COLORS):   # a legend for the four colours
         fig.add_scatter(x=[None], y=[None], mode="markers", name=name,
                         marker=dict(symbol="square", size=12, color=color))
-    fig.update_yaxes(autorange="reversed", type="category", tickfont=dict(size=11))
+    fig.update_yaxes(autorange="reversed", type="category", tickfont=dict(size=12))
     fig.update_xaxes(side="top", type="category")
     fig.update_layout(height=90 + ROW_PX * max(len(rounds), 3), margin=dict(l=0, r=0, t=30, b=0),
                       legend=dict(orientation="h", y=-0.02, yanchor="top", x=0), plot_bgcolor="white")
@@ -79,7 +79,8 @@ def position_figure(by_position: list[float], a: float) -> go.Figure:
     """Accepted / drafted at each draft position against a^j, what independent acceptance at rate a gives."""
     xs = list(range(1, len(by_position) + 1))
     fig = go.Figure(go.Bar(x=xs, y=by_position, name="measured: accepted / drafted", marker_color=MEASURED_COLOR,
-                           text=[f"{v:.0%}" for v in by_position], textposition="outside", cliponaxis=False,
+                           text=[f"{v:.0%}" for v in by_position], textposition="inside", insidetextanchor="end",
+                           textfont=dict(color="white"),     # inside the bar's top: clear of the dotted line
                            hovertemplate="draft position %{x}: %{y:.0%} accepted<extra></extra>"))
     fig.add_scatter(x=xs, y=[a ** j for j in xs], mode="lines+markers", name=f"a^j with a = {a:.0%}",
                     line=dict(color=THEORY_COLOR, dash="dot"),
@@ -113,7 +114,7 @@ def k_figure(ks: list[int], expected: list[float], measured_k: int, measured_tpp
     """Left: tokens per target pass against k. Right: speedup against k for each cost ratio, with the
     measured point. `curves`: (name, speedups, colour, dash)."""
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
-                        subplot_titles=("tokens per target pass", "speedup over plain decoding"))
+                        subplot_titles=("tokens per verify pass", "speedup over plain decoding"))
     fig.add_scatter(x=ks, y=expected, mode="lines+markers", name="expected (1 − a^(k+1)) / (1 − a)",
                     line=dict(color=THEORY_COLOR), row=1, col=1,
                     hovertemplate="k = %{x}: %{y:.2f} tokens per pass<extra></extra>")

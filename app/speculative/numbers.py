@@ -39,12 +39,18 @@ def per_token_acceptance(rounds: list[SpecRoundRecord]) -> float:
     return accepted / checked if checked else 0.0
 
 
+def steady_rounds(rounds: list[SpecRoundRecord]) -> list[SpecRoundRecord]:
+    """The rounds the costs come from: all but the first when there are others (a model draft reads the whole
+    prompt in round 1)."""
+    return rounds[1:] if len(rounds) > 1 else rounds
+
+
 def costs_from_rounds(rounds: list[SpecRoundRecord]) -> tuple[float, float, float]:
     """(draft seconds per drafted token, verify seconds per round, drafted tokens per round).
 
     Round 1 is left out when there are others: a model draft reads the whole prompt there first.
     """
-    steady = rounds[1:] if len(rounds) > 1 else rounds
+    steady = steady_rounds(rounds)
     drafted = sum(len(r.drafted) for r in steady)
     draft = sum(r.draft_seconds for r in steady) / drafted if drafted else 0.0
     verify = sum(r.verify_seconds for r in steady) / len(steady) if steady else 0.0
@@ -76,6 +82,9 @@ class Measured:
     plain_tokens: int | None
     speedup: float | None           # plain seconds per token / speculative seconds per token, decode only
     same_text: bool | None
+    verify_range: tuple[float, float] = (0.0, 0.0)         # fastest and slowest verify pass, the steady rounds
+    plain_range: tuple[float, float] | None = None         # fastest and slowest plain decode step
+    steady_rounds: int = 0                                 # rounds the costs come from (all but the first)
 
     @property
     def cost_ratio(self) -> float | None:
@@ -131,7 +140,13 @@ def measure(run: Run) -> Measured:
         draft_per_token=draft, verify_per_round=verify, steady_drafted=steady_drafted, spec_decode=spec_decode,
         spec_tokens=spec_tokens,
         plain_step=plain_step, plain_decode=plain_decode, plain_tokens=plain_tokens, speedup=speedup,
-        same_text=(plain.text == done.text) if plain is not None and done is not None else None)
+        same_text=(plain.text == done.text) if plain is not None and done is not None else None,
+        verify_range=spread([r.verify_seconds for r in steady_rounds(rounds)]),
+        plain_range=spread(plain_steps) if plain_steps else None, steady_rounds=len(steady_rounds(rounds)))
+
+
+def spread(values: list[float]) -> tuple[float, float]:
+    return (min(values), max(values)) if values else (0.0, 0.0)
 
 
 def by_position(rounds: list[SpecRoundRecord]) -> list[float]:

@@ -158,8 +158,18 @@ def status_line(run: Run) -> str:
     if run.status == "stopped" or base is None or base.done is None:
         return (f"Stopped after {len(spec.rounds)} rounds ({len(run.tokens)} tokens); no comparison with plain "
                 "decoding for a stopped run.")
-    return (f"Done: {run.done.generated_tokens} tokens in {len(spec.rounds)} rounds with {spec.draft}, k = {spec.k}; "
-            f"then the same prompt with plain decoding ({base.done.generated_tokens} tokens).")
+    return (f"Done: {token_count(run)} with {spec.draft}, k = {spec.k}; then the same prompt with plain decoding "
+            f"({base.done.generated_tokens} tokens).")
+
+
+def token_count(run: Run) -> str:
+    """How a speculative run's tokens came: '62 tokens: 1 from the prefill, 61 from 14 rounds' (each round is one
+    verify pass of the model). The other figures of the page (tokens per pass, target passes) divide these."""
+    rounds = run.speculation.rounds
+    later = sum(len(r.emitted) for r in rounds)
+    total = len(run.tokens)
+    return (f"{total:,} tokens: {total - later:,} from the prefill, {later:,} from {len(rounds):,} "
+            f"round{'s' * (len(rounds) != 1)}")
 
 
 class TimelineView:
@@ -200,10 +210,13 @@ def acceptance_section(run: Run, m: Measured) -> None:
     cols = st.columns(4)
     cols[0].metric("Acceptance rate a", pct(m.a), help="Drafts the model accepted / drafts it judged.")
     cols[1].metric("Drafts kept", pct(m.acceptance_rate), help="Drafts that ended up in the answer / all drafts.")
-    cols[2].metric("Tokens per target pass", f"{m.tokens_per_pass:.2f}",
-                   help="Tokens added per verify pass (plain decoding: 1).")
+    cols[2].metric("Tokens per verify pass", f"{m.tokens_per_pass:.2f}",
+                   help=f"{m.spec_tokens} tokens after the first / {m.rounds} verify passes (plain decoding: 1).")
     cols[3].metric("Target passes", f"{m.rounds + 1:,}", help=f"1 prefill + {m.rounds} verify passes for "
                                                              f"{len(run.tokens)} tokens (plain decoding: {len(run.tokens)}).")
+    st.caption(f"{token_count(run)}, one verify pass each: {m.spec_tokens} / {m.rounds} = {m.tokens_per_pass:.2f} "
+               f"tokens per verify pass, and {m.rounds + 1} passes of the model in all with the prefill, where plain "
+               f"decoding needs {len(run.tokens)}.")
     st.caption(f"Two shares, two questions. The **acceptance rate a** ({pct(m.a)}) asks how often the model agreed "
                "with a draft it judged: it judges a round's drafts in order and stops at the first it rejects. The "
                f"drafts after that are thrown away unjudged, so **drafts kept** ({pct(m.acceptance_rate)}) is lower: "
@@ -221,18 +234,36 @@ def pct(x: float) -> str:
     return f"{x:.0%}"
 
 
+def pass_rates(by_position: list[float]) -> list[float]:
+    """Each draft position's pass rate given that the one before it passed, from the bars (accepted / drafted at
+    position j): the first bar, then each bar over the one before it (up to the first bar at 0)."""
+    rates = by_position[:1]
+    for before, share in zip(by_position, by_position[1:]):
+        if before <= 0:
+            break
+        rates.append(min(1.0, share / before))
+    return rates
+
+
 def position_reading(by_position: list[float], a: float) -> str:
-    """What this run's bars say against a^j: above (acceptances come in runs), below (later drafts fail more often
-    than the first ones), or on it, read from the bars themselves."""
-    gaps = [share - a ** (j + 1) for j, share in enumerate(by_position)]
-    above, below = sum(g > 0.02 for g in gaps), sum(g < -0.02 for g in gaps)
+    """What this run's bars say against a^j, read from the bars themselves: whether a draft passes more often (runs),
+    less often, or as often once the one before it passed as draft 1 does."""
+    rates = pass_rates(by_position)
+    bars = f"The bars go from {pct(by_position[0])} to {pct(by_position[-1])}"
+    line = f"the dotted line from {pct(a)} to {pct(a ** len(by_position))}"
+    if len(rates) < 2:
+        return f"Here only position 1 was drafted ({pct(by_position[0])} passed)."
+    first, later = rates[0], rates[1:]
+    given = (f"Draft 1 passed in {pct(first)} of rounds; each later draft, once the one before it had passed, in "
+             f"{', '.join(pct(r) for r in later)}.")
+    above, below = sum(r > first + 0.02 for r in later), sum(r < first - 0.02 for r in later)
     if above > below:
-        return (f"Here {above} of {len(gaps)} bars sit above the line: acceptances come in runs (when the draft is "
-                "right once, as when it copies a passage, it tends to stay right).")
+        return (f"{given} {bars}, {line}: acceptances come in runs (when the draft is right once, as when it copies "
+                "a passage, it tends to stay right), so the bars fall more slowly than a^j.")
     if below > above:
-        return (f"Here {below} of {len(gaps)} bars sit below the line: the draft's later guesses fail more often than "
-                "its first ones, so a long draft pays less than a suggests.")
-    return "Here the bars sit on the line: each draft passed about as often as the one before it."
+        return (f"{given} {bars}, {line}: the draft's later guesses fail more often than its first ones, so the bars "
+                "fall faster than a^j and a long draft pays less than a suggests.")
+    return f"{given} {bars}, {line}: each draft passed about as often as the first, as a^j assumes."
 
 
 def _short_rounds_note(run: Run, m: Measured) -> str:
@@ -314,9 +345,9 @@ def verdict(run: Run, m: Measured) -> str:
     c, v, d, tpp = m.cost_ratio, m.verify_ratio, m.drafted_per_round, m.tokens_per_pass
     cost = v + d * c
     lines = [f"Measured: a round cost {v:.2f} plain steps to verify ({fmt_ms(m.verify_per_round)} against "
-             f"{fmt_ms(m.plain_step)} for one plain step) plus {d:.1f} drafted tokens at {share(c)} of a step "
+             f"{fmt_ms(m.plain_step)} for one plain step, means) plus {d:.1f} drafted tokens at {share(c)} of a step "
              f"each ({fmt_ms(m.draft_per_token)} per token): {cost:.2f} steps for {tpp:.2f} tokens, so "
-             f"{tpp / cost:.2f}× from the costs and {m.speedup:.2f}× measured."]
+             f"{tpp / cost:.2f}× from the costs and {m.speedup:.2f}× measured.", noise_note(m)]
     if m.speedup >= 1.1:
         lines.append(f"This draft helps here: it costs {share(c)} of a target step per token and the target accepted "
                      f"enough (a = {pct(m.a)}) that each pass yields more than the round costs.")
@@ -336,6 +367,17 @@ def verdict(run: Run, m: Measured) -> str:
                      "grows with the tokens; on a GPU a decode step is bound by reading the weights, and checking a "
                      "few more tokens in the same pass costs almost nothing.")
     return " ".join(lines)
+
+
+def noise_note(m: Measured) -> str:
+    """How much the timings behind the verify cost varied within this run: a second run reads differently."""
+    (v_lo, v_hi), plain = m.verify_range, m.plain_range
+    text = (f"These are means of noisy timings: a verify pass took {fmt_ms(v_lo)} to {fmt_ms(v_hi)} over the "
+            f"{m.steady_rounds} round{'s' * (m.steady_rounds != 1)} counted")
+    if plain is not None:
+        text += f", a plain step {fmt_ms(plain[0])} to {fmt_ms(plain[1])} over {m.plain_tokens}"
+    return (text + ". On a CPU shared with the web app and the browsers a step waits whenever another program has "
+            "its core, so the ratio moves from run to run; generate again to see by how much.")
 
 
 # --- the projection -------------------------------------------------------------------------------------------

@@ -154,8 +154,8 @@ def token_prices_figure(rows: Sequence[TokenPrices], measured: bool) -> go.Figur
     fig.update_xaxes(title="batch size", type="category")
     fig.update_yaxes(type="log", title="$ per million tokens", range=[math.log10(low) - 1, math.log10(high) + 0.4],
                      dtick=1, tickprefix="$")
-    fig.update_layout(height=340, margin=dict(l=0, r=0, t=20, b=0), barmode="group",
-                      legend=dict(orientation="h", y=-0.25))
+    fig.update_layout(height=340, margin=dict(l=0, r=24, t=20, b=0), barmode="group",   # r: the last label's half
+                      legend=dict(orientation="h", y=-0.25))                             # past its narrow bar
     return fig
 
 

@@ -6,6 +6,8 @@ user measures more lengths, and survives moving to other pages and back.
 """
 from __future__ import annotations
 
+import math
+
 import streamlit as st
 
 from app.speed import figures as charts
@@ -100,9 +102,40 @@ def fit_text(fit) -> str:
         return "Measure at least four lengths to fit the curve."
     if fit.onset is None:
         return ("**Measured:** the fitted curve has no upward bend yet (no positive N² term); measure longer prompts.")
-    return (f"**Measured:** TTFT ≈ {fit.a * 1e3:.1f} ms + {fit.b * 1e6:.1f} µs × N + {fit.c * 1e9:.3f} ns × N²; the "
-            f"N² term reaches {ONSET_SHARE:.0%} of the length-dependent time at N ≈ {fit.onset:,}. On a CPU, attention "
-            "runs less efficiently than the big matrix multiplies, so it often shows earlier than the FLOPs say.")
+    per_k, per_k2 = fit.b * 1e3 * 1e3, fit.c * 1e3 * 1e6            # ms per 1,000 tokens, per (1,000 tokens)²
+    return (f"**Measured:** TTFT ≈ {ms3(fit.a * 1e3)} ms + {ms3(per_k)} ms × K + {ms3(per_k2)} ms × K², where K = N / "
+            f"1,000 tokens; the N² term reaches {ONSET_SHARE:.0%} of the length-dependent time at N ≈ {fit.onset:,}. "
+            "On a CPU, attention runs less efficiently than the big matrix multiplies, so it often shows earlier than "
+            "the FLOPs say.")
+
+
+def ms3(x: float) -> str:
+    """A time in ms to three significant figures, with thousands separated: 26.2, 2,170, 0.565."""
+    if x == 0:
+        return "0"
+    x = round(x, 2 - math.floor(math.log10(abs(x))))          # 9.996 -> 10.0, then written as 10.0
+    return f"{x:,.{max(0, 2 - math.floor(math.log10(abs(x))))}f}"
+
+
+def decode_text(points: list[dict], weight_bytes: float, kv_per_token: float) -> str:
+    """How the decode latency (the right panel) moves between the shortest and longest prompt measured, beside how
+    the bytes a decode step reads (every weight, and the K/V of every cached token) move over the same range."""
+    pts = sorted(points, key=lambda p: p["tokens"])
+    if len(pts) < 2:
+        return "The decode latency (right): measure a second length to see how it moves with N."
+    lo, hi = pts[0], pts[-1]
+    grew = hi["itl"] / lo["itl"]
+    read = (weight_bytes + hi["tokens"] * kv_per_token) / (weight_bytes + lo["tokens"] * kv_per_token)
+    verb = "barely moves" if abs(grew - 1) < 0.1 else "grows" if grew > 1 else "falls"
+    text = (f"The decode latency (right) {verb}: {fmt_ms(lo['itl'])} a token at N = {lo['tokens']:,}, "
+            f"{fmt_ms(hi['itl'])} at N = {hi['tokens']:,} ({grew - 1:+.0%}). A decode step reads every weight "
+            f"({fmt_bytes(weight_bytes)}) whatever N, and beside them the K/V of the cached tokens "
+            f"({fmt_bytes(lo['tokens'] * kv_per_token)} at N = {lo['tokens']:,}, "
+            f"{fmt_bytes(hi['tokens'] * kv_per_token)} at N = {hi['tokens']:,}): {read - 1:.0%} more bytes to read.")
+    if grew - 1 > 1.5 * (read - 1) + 0.05:
+        text += (" The step grew more than its bytes: on a CPU, attention over a longer cache costs arithmetic too, "
+                 "not only reading.")
+    return text
 
 
 def context_section(lm: ModelClient, roof: DeviceRoof) -> None:
@@ -120,9 +153,8 @@ def context_section(lm: ModelClient, roof: DeviceRoof) -> None:
     plot(charts.context_figure(pts, fit, attention_onset(lm.spec, ONSET_SHARE), ceiling), "speed.context_chart")
     st.markdown(fit_text(fit))
     st.caption("The dashed blue line is the projection's prefill time for this device at 100% of the peaks "
-               "measured below; the grey line marks the projected 10% attention share. The decode latency (right) "
-               "barely moves with N: a decode step reads all the weights whatever the context, and the KV cache "
-               "it also reads is small next to them at these lengths.")
+               "measured below; the grey line marks the projected 10% attention share. "
+               + decode_text(pts, lm.weight_bytes, kv_bytes_per_token_loaded(lm)))
 
 
 # --- the decode step on this device's roofline ------------------------------------------------------

@@ -24,7 +24,7 @@ from engine.serving.batch import StepInfo
 from engine.serving.paged import BLOCK as PAGE_TOKENS, BlockTable
 from engine.service.replicas import ReplicaView
 from engine.serving.scheduler import RoomState
-from engine.serving.threads import ThreadChoice
+from engine.serving.threads import DECISIVE, TRIAL_STEPS, ThreadChoice
 
 RECENT_STEPS = 50            # steps the headline numbers average over
 TRADEOFF_LABELS = 8          # batch sizes up to which the trade-off chart writes each point's value
@@ -55,6 +55,7 @@ class RoomNumbers:
     per_user_tok_s: float | None      # tokens one user in the batch gets per second
     empty: float | None               # share of the handed-out cache blocks' slots that hold nothing, last step
     mean_rows: float | None = None    # requests per recent decode step
+    steps: int = 0                    # recent decode steps these figures average over
 
     @property
     def idle(self) -> bool:
@@ -69,7 +70,7 @@ def room_numbers(state: RoomState) -> RoomNumbers:
     last = state.steps[-1] if state.steps else None
     empty = (1 - last.real_positions / last.cache_positions) if last and last.cache_positions else None
     return RoomNumbers(len(state.members), state.max_batch, state.queued, state.sessions, step,
-                       rows / step if step else None, 1 / step if step else None, empty, rows)
+                       rows / step if step else None, 1 / step if step else None, empty, rows, len(recent))
 
 
 def member_rows(state: RoomState, me: str | None) -> list[dict]:
@@ -114,18 +115,39 @@ def from_zero(title: str, values: list[float], right: bool = False, headroom: fl
     return axis | (dict(overlaying="y", side="right", showgrid=False) if right else {})
 
 
+@dataclass(frozen=True)
+class BatchPoint:
+    """The room's decode steps at one batch size: how many, their median time, the room's tokens per second."""
+
+    size: int
+    steps: int
+    step_ms: float
+
+    @property
+    def tok_s(self) -> float:
+        return self.size / (self.step_ms / 1e3)
+
+
+def tradeoff_points(rows: list[dict]) -> list[BatchPoint]:
+    """One point per batch size, from the decode steps that prefilled nothing (a prefill chunk slows a step)."""
+    decode = [r for r in rows if r["decode_rows"] and not r["prefill_tokens"]]
+    sizes = sorted({r["decode_rows"] for r in decode})
+    return [BatchPoint(b, len(ms), statistics.median(ms)) for b in sizes
+            for ms in [[r["step_ms"] for r in decode if r["decode_rows"] == b]]]
+
+
 def tradeoff_figure(rows: list[dict]) -> go.Figure:
     """Step time above, total tokens/s below, against the batch size, from the room's own steps. Two panels on one
     x axis, not two y axes on one panel: overlaid, a point's written value could sit on the other curve's (the
     projector saw '130 ms' over '7.7 tok/s')."""
-    decode = [r for r in rows if r["decode_rows"] and not r["prefill_tokens"]]
-    sizes = sorted({r["decode_rows"] for r in decode})
-    step = [statistics.median(r["step_ms"] for r in decode if r["decode_rows"] == b) for b in sizes]
-    together = [b / (ms / 1e3) for b, ms in zip(sizes, step)]
+    points = tradeoff_points(rows)
+    sizes, step, together = [p.size for p in points], [p.step_ms for p in points], [p.tok_s for p in points]
     mode = "lines+markers+text" if len(sizes) <= TRADEOFF_LABELS else "lines+markers"
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12)
     fig.add_scatter(x=sizes, y=step, mode=mode, name="decode step (ms): each user's wait per token", row=1, col=1,
-                    text=[f"{v:,.0f} ms" for v in step], textposition="top center", cliponaxis=False)
+                    text=[f"{v:,.0f} ms" for v in step], textposition="top center", cliponaxis=False,
+                    customdata=[p.steps for p in points],
+                    hovertemplate="%{x} requests: median of %{customdata} steps, %{y:,.0f} ms<extra></extra>")
     fig.add_scatter(x=sizes, y=together, mode=mode, name="tokens/s, all users together", row=2, col=1,
                     text=[f"{v:,.1f} tok/s" for v in together], textposition="top center", cliponaxis=False)
     fig.update_layout(height=340, margin=dict(l=10, r=10, t=30, b=10), legend=dict(orientation="h", y=1.15),
@@ -134,6 +156,43 @@ def tradeoff_figure(rows: list[dict]) -> go.Figure:
     fig.update_xaxes(dtick=1, range=[min(sizes, default=1) - 0.5, max(sizes, default=1) + 0.5])
     fig.update_xaxes(title="requests in the batch", row=2, col=1)
     return fig
+
+
+def _requests(n: int) -> str:
+    return f"{n} request{'s' * (n != 1)}"
+
+
+def out_of_line(points: list[BatchPoint]) -> list[BatchPoint]:
+    """Batch sizes whose median step is slower than a larger batch's by more than a quarter: a step with more
+    requests does at least the same work, so such a point is noise (few steps that waited for a busy core)."""
+    return [p for i, p in enumerate(points) if any(p.step_ms > 1.25 * q.step_ms for q in points[i + 1:])]
+
+
+def tradeoff_reading(points: list[BatchPoint]) -> str:
+    """The trade-off chart in words, from its own points: the step time and the room's tokens per second at the
+    smallest and largest batch, and the points out of line."""
+    if not points:
+        return ""
+    if len(points) == 1:
+        p = points[0]
+        return (f"So far every decode step had {_requests(p.size)} ({p.step_ms:,.0f} ms, {p.tok_s:,.1f} tok/s): the "
+                "chart gains a point for each batch size the room reaches when people generate together.")
+    lo, hi = points[0], points[-1]
+    slower = hi.step_ms / lo.step_ms
+    text = (f"From {_requests(lo.size)} to {_requests(hi.size)} the median step went from {lo.step_ms:,.0f} to "
+            f"{hi.step_ms:,.0f} ms ({slower:.2f}×: each user's wait per token) while the room's tokens per second went "
+            f"from {lo.tok_s:,.1f} to {hi.tok_s:,.1f} ({hi.tok_s / lo.tok_s:.2f}×).")
+    if slower < hi.size / lo.size:
+        text += (" The throughput grows faster than the step slows: a step reads every weight once, whatever the "
+                 "number of users, so a bigger batch costs each user less than it gains the room.")
+    else:
+        text += (" Here the step slowed as much as the batch grew, so batching gained nothing: on a CPU the "
+                 "arithmetic, not the reading of the weights, can set the step time.")
+    for p in out_of_line(points):
+        text += (f" The {p.size}-request point ({p.step_ms:,.0f} ms, median of {p.steps} step{'s' * (p.steps != 1)}) "
+                 "is out of line: a step with more requests took less, so those few steps waited for a core busy "
+                 "with something else (the web app, a browser).")
+    return text
 
 
 # --- the section -------------------------------------------------------------------------------------------
@@ -147,9 +206,19 @@ def numbers_row(n: RoomNumbers) -> None:
     cols[2].metric("Decode step", fmt_ms(n.step_seconds) if live and n.step_seconds else "–",
                    help=f"Mean time of the last {RECENT_STEPS} decode steps (at most)")
     cols[3].metric("tok/s, all", fmt_rate(n.total_tok_s) if live and n.total_tok_s else "–",
-                   help="Tokens per second for everyone together: each step gives every request in it one token")
+                   help="Tokens per second for everyone together over the recent steps: each step gives every "
+                        "request in it one token, so this is 'each' × the requests per step, averaged")
     cols[4].metric("tok/s, each", fmt_rate(n.per_user_tok_s) if live and n.per_user_tok_s else "–",
                    help="Tokens per second each request in the batch gets: one per step")
+    if live and n.step_seconds:
+        st.caption(speeds_note(n))
+
+
+def speeds_note(n: RoomNumbers) -> str:
+    """What the three speeds average over: the recent decode steps, whose batch may differ from the batch now."""
+    return (f"Step and speeds: the last {n.steps} decode step{'s' * (n.steps != 1)}, with {n.mean_rows:.2f} requests "
+            f"in a step on average (the batch changes as people join and finish): {fmt_rate(n.per_user_tok_s)} each × "
+            f"{n.mean_rows:.2f} = {fmt_rate(n.total_tok_s)} for all.")
 
 
 def idle_note(n: RoomNumbers) -> str | None:
@@ -192,14 +261,9 @@ def live_section(lm: ModelClient, me: str | None) -> None:
             left, right = st.columns(2)
             plot(steps_figure(rows), "room.steps", left)
             plot(tradeoff_figure(rows), "room.tradeoff", right)
-            st.caption(TRADEOFF_NOTE)
+            st.caption("Right: the serving trade-off, each batch size's median decode step (latency) and the room's "
+                       "tokens per second (throughput). " + tradeoff_reading(tradeoff_points(rows)))
     live()
-
-
-TRADEOFF_NOTE = ("Read the right-hand chart as the serving trade-off: each added request makes a step a little slower "
-                 "for everyone in it (latency), while the tokens produced per second by the whole room grow almost in "
-                 "step with the batch (throughput), because a step reads every weight once, whatever the number of "
-                 "users.")
 
 
 def api_note(page_url: str | None, key: str | None, presenter: bool) -> str:
@@ -219,10 +283,25 @@ def api_note(page_url: str | None, key: str | None, presenter: bool) -> str:
 
 
 def threads_note(choice: ThreadChoice) -> str:
-    """One line on the CPU threads the steps run with, and how they were chosen (engine/serving/threads.py)."""
-    how = (" The server times its own steps with every core and with one fewer, now and then as the room changes, "
-           "and keeps the faster." if choice.auto else "")
-    return f"CPU threads: {choice.describe()}.{how}"
+    """One line on the CPU threads the steps run with, how they were chosen (engine/serving/threads.py), and what
+    the last trial's times say: a ratio no thread count explains is a step that waited for its cores."""
+    if not choice.auto:
+        return f"CPU threads: {choice.describe()}."
+    text = (f"CPU threads: {choice.describe()}. The server times its own steps with every core and with one fewer, "
+            f"now and then as the room changes, and keeps the faster: a trial times at most {TRIAL_STEPS} steps on "
+            f"each count and stops as soon as one step is {DECISIVE:g}× slower than the other's, so one step can "
+            "decide it.")
+    times = [s for _, s, _ in choice.measured]
+    if len(times) > 1 and max(times) > OUTLIER * min(times):
+        slow = max(choice.measured, key=lambda m: m[1])
+        text += (f" The last trial's {slow[0]}-thread step, {max(times) / min(times):.0f}× slower, is an outlier: "
+                 "one thread more or fewer changes the arithmetic by at most "
+                 f"{choice.cores / (choice.cores - 1):.1f}×, "
+                 "so that step waited for a core another program held (the web app, a browser on this machine).")
+    return text
+
+
+OUTLIER = 3.0       # a trial's times this far apart are not the thread count's doing
 
 
 REPLICA_COLUMNS = 3          # replicas side by side (a projector's width)
@@ -322,7 +401,7 @@ def block_table_figure(table: BlockTable) -> go.Figure:
         drawn = [b for b in blocks if b <= n]
         fill = [owners[b][1] for b in drawn]
         fig.add_scatter(x=[b % GRID for b in drawn], y=[b // GRID for b in drawn], mode="markers+text",
-                        name=f"request {label}", text=[str(f) for f in fill], textfont=dict(size=9, color="white"),
+                        name=f"request {label}", text=[str(f) for f in fill], textfont=dict(size=12, color="white"),
                         marker=dict(symbol="square", size=17), customdata=list(zip(drawn, fill)),
                         hovertemplate=(f"block %{{customdata[0]}}: request {label}, %{{customdata[1]}} of "
                                        f"{table.block} tokens<extra></extra>"))
@@ -353,7 +432,9 @@ def batch_cache_section(lm: ModelClient | None) -> None:
         plot(block_table_figure(table), "kv.block_table")
         if shown_blocks(table) < table.n_blocks:
             st.caption(f"The picture shows the first {shown_blocks(table)} blocks of the pool.")
-        st.caption(f"Measured on this server, read from the cache after the last step: {len(table.rows)} request(s) "
+        st.caption(f"Measured on this server, read from the cache after the last step that had a request in it (a "
+                   "request leaves the batch in the step that makes its last token, so a finished run is shown as it "
+                   f"was one step before its end, one token short): {len(table.rows)} request(s) "
                    f"hold {use['tokens']:,} tokens in {table.used} of {table.n_blocks} blocks of {table.block} tokens "
                    f"({fmt_bytes(table.bytes_per_block)} each); {table.free} blocks are free, and "
                    f"{table.empty_slots} slots in the requests' last blocks wait for tokens "

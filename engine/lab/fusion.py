@@ -13,7 +13,8 @@ the running softmax on chip, so no N x N matrix ever reaches main memory.
 
 Projected traffic for a GPU uses the same counts: eager moves every score matrix through HBM; fused moves
 Q, K and V in and the output out, once each (a lower bound: real kernels re-read K/V tiles, mostly from
-on-chip cache). Time is max(FLOPs / peak, bytes / bandwidth) at the spec sheet's peaks.
+on-chip cache). Time is max(FLOPs / peak, bytes / bandwidth) at the projection's default share of the spec
+sheet's peaks (engine.projection.cost), as on every page.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 
 from engine.errors import InvalidRequestError
 from engine.core.generate import sync
-from engine.projection.cost import linear_flops_per_token
+from engine.projection.cost import DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY, linear_flops_per_token
 from engine.projection.specs import GPUSpec, ModelSpec, dtype_bytes
 from engine.projection.units import fmt_bytes
 
@@ -266,15 +267,20 @@ class FusionProjection:
         return asdict(self)
 
 
-def roofline_seconds(flops: float, nbytes: float, gpu: GPUSpec, dtype: str = "bf16") -> float:
-    return max(flops / gpu.peak_flops(dtype), nbytes / gpu.bandwidth_bytes_s)
+def roofline_seconds(flops: float, nbytes: float, gpu: GPUSpec, dtype: str = "bf16",
+                     flops_efficiency: float = DEFAULT_FLOPS_EFFICIENCY,
+                     bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY) -> float:
+    """max(FLOPs / reached FLOP/s, bytes / reached bandwidth): the peaks at the projection's default efficiencies."""
+    return max(flops / (gpu.peak_flops(dtype) * flops_efficiency),
+               nbytes / (gpu.bandwidth_bytes_s * bandwidth_efficiency))
 
 
 def project_fusion(spec: ModelSpec, gpu: GPUSpec, tokens: int, dtype: str = "bf16") -> FusionProjection:
-    """One prefill of `tokens` on `gpu`: attention time eager vs fused from FLOPs and bytes, all layers."""
+    """One prefill of `tokens` on `gpu`: attention time eager vs fused from FLOPs and bytes, all layers, at the
+    projection's default efficiencies (engine.projection.cost), as on every page."""
     s = AttentionShape.of_spec(spec, tokens, dtype_bytes(dtype))
     eager = roofline_seconds(eager_flops(s), eager_bytes(s), gpu, dtype) * spec.n_layers
     fused = roofline_seconds(fused_flops(s), fused_bytes(s), gpu, dtype) * spec.n_layers
-    linear = tokens * linear_flops_per_token(spec) / gpu.peak_flops(dtype)
+    linear = tokens * linear_flops_per_token(spec) / (gpu.peak_flops(dtype) * DEFAULT_FLOPS_EFFICIENCY)
     return FusionProjection(tokens, eager, fused, eager_bytes(s) * spec.n_layers, fused_bytes(s) * spec.n_layers,
                             largest_intermediate_bytes(s), linear, largest_intermediate_bytes(s) < gpu.memory_bytes)

@@ -129,7 +129,7 @@ def slope(rows: list[TokenRow], attr: str) -> float:
 
 @dataclass(frozen=True)
 class CacheProjection:
-    """One token at sequence length n on a GPU at its peaks: with the cache, and recomputing everything."""
+    """One token at sequence length n on a GPU: with the cache, and recomputing everything."""
 
     length: int
     seconds_on: float
@@ -140,13 +140,15 @@ class CacheProjection:
         return self.seconds_off / self.seconds_on
 
 
-def ideal_cost_model(spec: ModelSpec, gpu: GPUSpec, dtype: str = "bf16") -> CostModel:
-    return cost_model(spec, gpu, dtype, dtype).ideal()
+def projection_cost_model(spec: ModelSpec, gpu: GPUSpec, dtype: str = "bf16") -> CostModel:
+    """The projection's cost model at its default efficiencies, the ones every page projects with."""
+    return cost_model(spec, gpu, dtype, dtype)
 
 
 def project_token(spec: ModelSpec, gpu: GPUSpec, length: int, dtype: str = "bf16") -> CacheProjection:
-    """With the cache a token is one decode step (weights + KV read); without, a prefill of `length` tokens."""
-    cm = ideal_cost_model(spec, gpu, dtype)
+    """With the cache a token is one decode step (weights + KV read); without, a prefill of `length` tokens. At the
+    projection's default efficiencies (engine.projection.cost), as on every page."""
+    cm = projection_cost_model(spec, gpu, dtype)
     return CacheProjection(length, cm.decode_seconds(1, length), cm.prefill_seconds([length]))
 
 
@@ -154,5 +156,5 @@ def project_answer_seconds(spec: ModelSpec, gpu: GPUSpec, prompt: int, answer: i
                            dtype: str = "bf16") -> tuple[float, float]:
     """Total seconds for `answer` tokens after `prompt`: (with the cache, without)."""
     steps = [project_token(spec, gpu, prompt + i, dtype) for i in range(1, answer)]
-    first = ideal_cost_model(spec, gpu, dtype).prefill_seconds([prompt])
+    first = projection_cost_model(spec, gpu, dtype).prefill_seconds([prompt])
     return first + sum(s.seconds_on for s in steps), first + sum(s.seconds_off for s in steps)
