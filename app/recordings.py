@@ -381,12 +381,14 @@ def origin_sentence(run: Run) -> str:
             "machine's at that moment, not this server's: generate here to time this server.")
 
 
-def run_notes(run: Run | None) -> None:
-    """Where the shown run came from, and why the server cut it short if it did."""
+def run_notes(run: Run | None, origin: bool = True) -> None:
+    """Where the shown run came from (`origin`: and where it was recorded, unless the page says so beside its
+    times), and why the server cut it short if it did."""
     if run is None:
         return
     if run.source is not None:
         st.text(f"Showing the recording \u201c{run.source}\u201d ({run.model}); no model runs for it.")
-        st.caption(origin_sentence(run))
+        if origin:
+            st.caption(origin_sentence(run))
     if run.warning:
         st.warning(run.warning)

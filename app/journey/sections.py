@@ -13,7 +13,7 @@ from streamlit.delta_generator import DeltaGenerator
 
 from app.journey import figures as charts
 from app.notebook import notebook_button
-from app.recordings import decoder, save_button
+from app.recordings import decoder, origin_sentence, save_button
 from app.request import Prepared, Sampling
 from app.format import fmt_ms, fmt_rate, plot_text, visible
 from app.run import LOGIT_LENS_TOP, Run, Throttle, capture_policy
@@ -127,7 +127,8 @@ class ResultView:
                   ("Generated tokens", f"{m.generated_tokens:,}", None)]
         for box, (label, value, note) in zip(self.metric_boxes, values):
             self._show(box, "metric", label, value, delta=note, delta_color="off", delta_arrow="off")
-        notes = [run.capture_note] if run.capture_note else []
+        notes = [origin_sentence(run)] if run.source is not None else []     # a recording: whose times these are
+        notes += [run.capture_note] if run.capture_note else []
         if reused:
             notes.append(f"Prefix cache: the first {reused:,} of the {m.prompt_tokens:,} prompt tokens had been read "
                          "before on this server (the chat template's opening, or the same prompt from someone else), "
