@@ -254,8 +254,8 @@ def chosen_sentence(req: GenerationRequest, token: SampledToken, bars: Candidate
 def distribution_section(run: Run, index: int, sampling: Sampling, decode: Callable[[list[int]], str]) -> None:
     token = run.tokens[index]
     bars = candidates(token, sampling, decode)
-    plot(charts.distribution_figure(bars.labels, bars.probs, bars.chosen, None if bars.plain else bars.raw,
-                                    "greedy (temperature 0)" if bars.greedy else f"temperature {sampling.temperature:g}"),
+    name = "greedy (temperature 0)" if bars.greedy else f"temperature {sampling.temperature:g}"
+    plot(charts.distribution_figure(bars.labels, bars.probs, bars.chosen, None if bars.plain else bars.raw, name),
          key=f"journey.dist.{run.id}.{index}")
     st.caption(distribution_caption(run, token, bars, sampling))
 
