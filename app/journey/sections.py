@@ -168,8 +168,7 @@ def token_picker(run: Run) -> int:
 class Candidates:
     """The bars of one token's candidates, most likely first: what the chart draws and its caption quotes."""
 
-    ids: np.ndarray               # (n,) token ids
-    labels: list[str]
+    labels: list[str]             # each candidate's text and token id
     probs: np.ndarray             # (n,) at the sliders' settings, shares of the whole vocabulary (0..1)
     raw: np.ndarray               # (n,) the plain softmax of the logits (temperature 1, no top-k or top-p)
     chosen: int | None            # the generated token's bar, if it is among them
@@ -207,7 +206,7 @@ def candidates(token: SampledToken, sampling: Sampling, decode: Callable[[list[i
         shown.append(int(where[0]))
     labels = [f"{plot_text(decode([int(ids[i])]), 16)} ({int(ids[i])})" for i in shown]
     chosen = shown.index(int(where[0])) if where.size else None
-    return Candidates(ids[shown], labels, probs[shown], raw[shown], chosen, sampling.temperature <= 0)
+    return Candidates(labels, probs[shown], raw[shown], chosen, sampling.temperature <= 0)
 
 
 def pct(p: float) -> str:
