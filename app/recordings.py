@@ -211,6 +211,10 @@ def upload_section(limits: Limits) -> None:
         st.session_state[OPENED_KEY] = outcome
     if outcome[1] is not None:
         st.error(outcome[1])
+    elif isinstance(shown := st.session_state.get(LAST_RUN), Run) and shown.source is not None:
+        st.success(f"Opened \u201c{shown.source}\u201d from {upload.name}: every page shows it now.",
+                   icon=":material/check:")                  # the result of opening it, under the picker
+        st.page_link(str(PAGES[0].path), label=f"See it on: {PAGES[0].title}", icon=PAGES[0].icon)
 
 
 def waiting_notice(slot: st.delta_generator.DeltaGenerator) -> Waiting:
