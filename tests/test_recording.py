@@ -215,3 +215,15 @@ def test_shipped_recordings_match_the_real_model_today(smol_lm):
         with smol_lm.lock:
             now = [r.token.id for r in generate(smol_lm, rec.request) if not isinstance(r, DoneRecord)]
         assert now == ids, f.name
+
+
+def test_the_record_command_saves_a_greedy_run_that_says_where_it_was_made(tiny_model_dir, tiny_lm, tmp_path):
+    """`python -m engine record` (engine.cli.record): an untimed warm-up pass, then the run; the file holds the same
+    tokens as plain greedy decoding and names the machine."""
+    from engine.cli import record
+
+    rec = record(tiny_prompt(7), tmp_path / "r.json.gz", model=str(tiny_model_dir), max_new_tokens=4, layers=2)
+    back = load_recording(tmp_path / "r.json.gz")
+    plain = [r.token.id for r in generate(tiny_lm, back.request) if not isinstance(r, DoneRecord)]
+    assert [r.token.id for r in back.records[:-1]] == plain and back.machine == rec.machine != ""
+    assert sorted(back.records[0].captures) == [0, 2]                 # two layers spread over the depth of 3

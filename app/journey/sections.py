@@ -13,7 +13,7 @@ from streamlit.delta_generator import DeltaGenerator
 
 from app.journey import figures as charts
 from app.notebook import notebook_button
-from app.recordings import decoder, save_button
+from app.recordings import decoder, origin_sentence, save_button
 from app.request import Prepared, Sampling
 from app.format import fmt_ms, fmt_rate, plot_text, visible
 from app.run import LOGIT_LENS_TOP, Run, Throttle, capture_policy
@@ -127,7 +127,8 @@ class ResultView:
                   ("Generated tokens", f"{m.generated_tokens:,}", None)]
         for box, (label, value, note) in zip(self.metric_boxes, values):
             self._show(box, "metric", label, value, delta=note, delta_color="off", delta_arrow="off")
-        notes = [run.capture_note] if run.capture_note else []
+        notes = [origin_sentence(run)] if run.source is not None else []     # a recording: whose times these are
+        notes += [run.capture_note] if run.capture_note else []
         if reused:
             notes.append(f"Prefix cache: the first {reused:,} of the {m.prompt_tokens:,} prompt tokens had been read "
                          "before on this server (the chat template's opening, or the same prompt from someone else), "
@@ -167,8 +168,7 @@ def token_picker(run: Run) -> int:
 class Candidates:
     """The bars of one token's candidates, most likely first: what the chart draws and its caption quotes."""
 
-    ids: np.ndarray               # (n,) token ids
-    labels: list[str]
+    labels: list[str]             # each candidate's text and token id
     probs: np.ndarray             # (n,) at the sliders' settings, shares of the whole vocabulary (0..1)
     raw: np.ndarray               # (n,) the plain softmax of the logits (temperature 1, no top-k or top-p)
     chosen: int | None            # the generated token's bar, if it is among them
@@ -206,7 +206,7 @@ def candidates(token: SampledToken, sampling: Sampling, decode: Callable[[list[i
         shown.append(int(where[0]))
     labels = [f"{plot_text(decode([int(ids[i])]), 16)} ({int(ids[i])})" for i in shown]
     chosen = shown.index(int(where[0])) if where.size else None
-    return Candidates(ids[shown], labels, probs[shown], raw[shown], chosen, sampling.temperature <= 0)
+    return Candidates(labels, probs[shown], raw[shown], chosen, sampling.temperature <= 0)
 
 
 def pct(p: float) -> str:
@@ -253,8 +253,8 @@ def chosen_sentence(req: GenerationRequest, token: SampledToken, bars: Candidate
 def distribution_section(run: Run, index: int, sampling: Sampling, decode: Callable[[list[int]], str]) -> None:
     token = run.tokens[index]
     bars = candidates(token, sampling, decode)
-    plot(charts.distribution_figure(bars.labels, bars.probs, bars.chosen, None if bars.plain else bars.raw,
-                                    "greedy (temperature 0)" if bars.greedy else f"temperature {sampling.temperature:g}"),
+    name = "greedy (temperature 0)" if bars.greedy else f"temperature {sampling.temperature:g}"
+    plot(charts.distribution_figure(bars.labels, bars.probs, bars.chosen, None if bars.plain else bars.raw, name),
          key=f"journey.dist.{run.id}.{index}")
     st.caption(distribution_caption(run, token, bars, sampling))
 

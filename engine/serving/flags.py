@@ -16,7 +16,7 @@ LIMIT_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("max_capture_layers", int, "layers one request may capture"),
     ("request_seconds", float, "wall time of one request before it is stopped"),
     ("reserve_mb", int, "memory kept free for everything else, in MiB"),
-    ("max_saved_per_session", int, "recordings one session may keep on the server's disk (0: none)"),
+    ("max_saved_per_session", int, "recordings one person (a browser) may keep on the server's disk (0: none)"),
     ("max_saved_mb", int, "recordings kept on disk for all sessions together, in MiB; the oldest go first"),
 )
 
