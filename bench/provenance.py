@@ -10,7 +10,9 @@ Python and the key libraries' versions, host memory read and copy bandwidth meas
 GPU when there is one), and "rounds" when the caller passes them separately. A run never overwrites another's
 file: each run writes bench/results/<name>/<UTC start>-<commit>.json, created exclusively; a run may save again
 (bench/gpu.py saves after every phase), always into its own file. There is no index file to merge: the folder is
-the index, its names sort by time, and `python bench/provenance.py [name]` lists the runs.
+the index, its names sort by time, and `python bench/provenance.py [name]` lists the runs. Results written before
+this module got a record reconstructed from git history (`python bench/provenance.py --reconstruct FILE...`),
+labelled "reconstructed": true.
 
 Without git (a device machine gets the working tree without .git) the commit comes from BENCH_COMMIT and
 BENCH_DIRTY, e.g. `BENCH_COMMIT=$(git rev-parse HEAD) bash bench/gpu_session.sh`; otherwise it is "unknown".
@@ -192,7 +194,43 @@ def latest(name: str) -> Path | None:
     return found[-1] if found else None
 
 
+def reconstruct(path: Path) -> dict:
+    """A provenance record for a result written before this module, from git history, labelled as reconstructed:
+    the tree it was measured on is taken to be the parent of the commit that last changed the file."""
+    rel = str(path.resolve().relative_to(ROOT))
+    last = git("log", "--follow", "-1", "--format=%H%x09%aI%x09%s", "--", rel)
+    if not last:
+        raise SystemExit(f"{rel}: not in git history")
+    commit, date, subject = last.split("\t", 2)
+    parent = git("rev-parse", f"{commit}^") or "unknown"
+    return {"reconstructed": True, "commit": parent, "dirty": "unknown", "file_commit": commit,
+            "file_commit_date": date, "from": f"git history: the parent of {commit[:7]} ({subject[:100]}), the "
+            "commit that last changed this file; the machine, command and start time were not recorded"}
+
+
+def add_reconstructed(paths: list[str]) -> None:
+    """Give each old result (one without "provenance") its reconstructed record, its other keys unchanged."""
+    for name in paths:
+        path = Path(name)
+        body = json.loads(path.read_text())
+        if not isinstance(body, dict) or "provenance" in body:
+            print(f"{name}: kept as it is")
+            continue
+        record = reconstruct(path)
+        if "commits" in body:
+            record["note"] = "the file's own \"commits\" key was written by hand when it was measured"
+        text = path.read_text()
+        lines = text.splitlines()
+        indent = (len(lines[1]) - len(lines[1].lstrip())) or None if len(lines) > 1 else None
+        end = "\n" if text.endswith("\n") else ""           # the file's own layout: a diff of one key
+        path.write_text(json.dumps({"provenance": record, **body}, indent=indent, default=str) + end)
+        print(f"{name}: reconstructed")
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv and argv[0] == "--reconstruct":
+        add_reconstructed(argv[1:])
+        return 0
     names = argv if argv else sorted(p.name for p in RESULTS.iterdir() if p.is_dir() and any(p.glob("*.json")))
     for name in names:
         for path in runs(name):
