@@ -9,7 +9,8 @@ count in another process, and N threads each stream one chat completion with the
 (capture on: `"playground": {"capture": true}`, the pages' policy), spread over `--client-procs` processes
 (bench/api_clients.py: one process of clients is a ceiling of its own at GPU speeds). The two alternate round
 by round (the machine is shared and noisy); medians of the rounds. Every answer must equal the same prompt run alone (greedy).
-Writes a new bench/results/api/<UTC time>-<commit>.json (bench/provenance.py). The issue's targets: API total tok/s >= 0.9x in-process, p95 completion <= 1.15x.
+Writes a new bench/results/api/<UTC time>-<commit>.json (bench/provenance.py). The issue's targets: API total tok/s
+>= 0.9x in-process, p95 completion <= 1.15x.
 """
 from __future__ import annotations
 

@@ -105,14 +105,13 @@ def main() -> int:
               "medians": {name: {f"{k[0]}/{k[1]}": v for k, v in table.items()}
                           for name, table in (("before", before), ("after", after))},
               "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-    out = run.save(report, out=args.out, rounds=seen)
+    run.save(report, out=args.out, rounds=seen)
     for row in report["ratios"]:
         for m in MODES:
             print(f"{row['tokens']:3d} tokens, {m:10s}: capture/off before {row['before']['capture_vs_off'][m]:.2f}x, "
                   f"after {row['after']['capture_vs_off'][m]:.2f}x; capture off after/before "
                   f"{row['off_after_vs_before'][m]:.2f}x (rounds: before {spread(before, row['tokens'], m)}, "
                   f"after {spread(after, row['tokens'], m)} tok/s)")
-    print(f"wrote {out}")
     return 0
 
 

@@ -390,9 +390,8 @@ def main() -> None:
     log(f"loaded {lm.label} in {lm.load_seconds:.1f} s ({lm.weight_bytes / 1e9:.2f} GB)")
     summary = measure_all(args, lm, weights_allocated, save)
     summary["write_seconds"] = write_s
-    out = save(summary)
+    save(summary)
     print_table(summary)
-    log(f"wrote {out}")
 
 
 if __name__ == "__main__":

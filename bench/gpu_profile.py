@@ -12,7 +12,8 @@ path (static cache, CUDA graphs on CUDA; engine/core/fastpath.py), and the sched
 A step whose wall time is far above its kernel time waits on the host: the table says on what. Where the kernel
 time itself goes is split into matmuls, attention and the rest (norms, activations, copies), with the costliest
 kernels by name: what a prefill slower than its matmuls spends on. The two single-request paths' steps include
-their prompt's prefill, spread over the steps. Writes a new bench/results/gpu-profile/<UTC time>-<commit>.json (bench/provenance.py).
+their prompt's prefill, spread over the steps. Writes a new bench/results/gpu-profile/<UTC time>-<commit>.json
+(bench/provenance.py).
 """
 from __future__ import annotations
 

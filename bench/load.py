@@ -12,7 +12,8 @@ reads its records to the end. Checks: every request finishes or is refused with 
 lost, no exception escapes, each answer equals the same prompt run alone (greedy) or leaves it only at a
 tie (a token whose raw logit, in the alone run, was within rounding of the chosen one's: in bf16 another batch
 shape sums in another order; counted apart as tie_divergences), and the process's memory stays bounded. Reports p50/p95 of the wait before running, the time to first token and the
-completion time (all from the moment of submitting), and the throughput. Writes a new bench/results/load/<UTC time>-<commit>.json
+completion time (all from the moment of submitting), and the throughput. Writes a new bench/results/load/<UTC
+time>-<commit>.json
 (bench/provenance.py).
 """
 from __future__ import annotations
@@ -307,11 +308,10 @@ def main(argv: list[str] | None = None) -> int:
               "machine": machine(lm), "capture": args.capture if len(args.capture) > 1 else args.capture[0],
               "limits": batched.to_dict(), "scenarios": results, "batch_graphs": graphs_report(lm),
               "ratios": ratios(results), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-    out = run.save(report, out=args.out)
+    run.save(report, out=args.out)
     for r in report["ratios"]:
         print(f"N={r['sessions']:3d} {r['tokens']:3d} tokens, capture {r['capture']}: p95 completion batched / one at a time "
               f"{r['completion_p95_ratio']:.2f}, total tok/s {r['throughput_ratio']:.2f}x")
-    print(f"wrote {out}")
     return 0 if all(r["ok"] for r in results) else 1
 
 

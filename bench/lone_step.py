@@ -10,7 +10,8 @@ inflate), and split into its parts, each timed alone in the same layout: the wei
 describing the token (softmax, top-k, log-sum-exp, its text), and the rest (attention, norms, rotary, residuals,
 the cache's writes and reads, and the Python around them). Also the memory floor: the
 weights' bytes over this machine's read bandwidth (a sum over a buffer as large as the weights, one thread).
-Writes a new bench/results/lone_step/<UTC time>-<commit>.json (bench/provenance.py). docs/engine.md, "Where a lone request's milliseconds go", reads it.
+Writes a new bench/results/lone_step/<UTC time>-<commit>.json (bench/provenance.py). docs/engine.md, "Where a lone
+request's milliseconds go", reads it.
 """
 from __future__ import annotations
 

@@ -10,7 +10,8 @@
     .venv/bin/python bench/long_context.py [--lengths 512,2048,8192] [--budget-mb 256] [--rounds 2] [--threads 1]
 
 Writes a new bench/results/long_context/<UTC time>-<commit>.json (bench/provenance.py; with os.getloadavg()
-before and after: the machine is shared) and prints a table. Targets on this CPU: capture on within 1.5x of capture off at 8,192, capture bytes <= 1 GB at 8,192, one
+before and after: the machine is shared) and prints a table. Targets on this CPU: capture on within 1.5x of capture
+off at 8,192, capture bytes <= 1 GB at 8,192, one
 head's map on demand in <= 1 s.
 """
 from __future__ import annotations

@@ -12,7 +12,8 @@ file: each run writes bench/results/<name>/<UTC start>-<commit>.json, created ex
 (bench/gpu.py saves after every phase), always into its own file. There is no index file to merge: the folder is
 the index, its names sort by time, and `python bench/provenance.py [name]` lists the runs. Results written before
 this module got a record reconstructed from git history (`python bench/provenance.py --reconstruct FILE...`),
-labelled "reconstructed": true.
+labelled "reconstructed": true; an earlier version the docs still quote is brought back as a file of its own with
+`--restore COMMIT FILE` (bench/results/<name>-<the commit it was measured on>.json).
 
 Without git (a device machine gets the working tree without .git) the commit comes from BENCH_COMMIT and
 BENCH_DIRTY, e.g. `BENCH_COMMIT=$(git rev-parse HEAD) bash bench/gpu_session.sh`; otherwise it is "unknown".
@@ -208,6 +209,23 @@ def reconstruct(path: Path) -> dict:
             "commit that last changed this file; the machine, command and start time were not recorded"}
 
 
+def restore(commit: str, rel: str) -> Path:
+    """An earlier version of a result that the docs still quote, brought back beside it as a file of its own:
+    bench/results/<stem>-<measured commit>.json, from the version `commit` wrote, with a reconstructed record."""
+    full = git("rev-parse", commit)
+    text = git("show", f"{full}:{rel}")
+    if full is None or text is None:
+        raise SystemExit(f"{rel} is not in {commit}")
+    subject, date = git("log", "-1", "--format=%s", full) or "", git("log", "-1", "--format=%aI", full)
+    parent = git("rev-parse", f"{full}^") or "unknown"
+    record = {"reconstructed": True, "commit": parent, "dirty": "unknown", "file_commit": full,
+              "file_commit_date": date, "from": f"git history: {rel} as {full[:7]} ({subject[:100]}) wrote it; "
+              "measured on its parent; the machine, command and start time were not recorded"}
+    out = ROOT / Path(rel).with_name(f"{Path(rel).stem}-{parent[:7]}.json")
+    out.write_text(json.dumps({"provenance": record, **json.loads(text)}, indent=2, default=str) + "\n")
+    return out
+
+
 def add_reconstructed(paths: list[str]) -> None:
     """Give each old result (one without "provenance") its reconstructed record, its other keys unchanged."""
     for name in paths:
@@ -230,6 +248,9 @@ def add_reconstructed(paths: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--reconstruct":
         add_reconstructed(argv[1:])
+        return 0
+    if argv and argv[0] == "--restore":                     # --restore COMMIT bench/results/NAME.json
+        print(restore(argv[1], argv[2]).relative_to(ROOT))
         return 0
     names = argv if argv else sorted(p.name for p in RESULTS.iterdir() if p.is_dir() and any(p.glob("*.json")))
     for name in names:

@@ -11,7 +11,8 @@ generates alone, three times; then N sessions press Generate at the same moment,
 Reported: the median time alone, the median time until the last of the N is done, and their ratio (the issue's
 target: <= 3x for 6 sessions), each run's times, and the CPU seconds the app server and
 the Chromium processes used meanwhile (on one machine the browsers compete with the model for its cores; in a room
-they run on the students' laptops). Writes a new bench/results/room_browser/<UTC time>-<commit>.json (bench/provenance.py).
+they run on the students' laptops). Writes a new bench/results/room_browser/<UTC time>-<commit>.json
+(bench/provenance.py).
 """
 from __future__ import annotations
 
@@ -241,7 +242,7 @@ def compare_threads(args: argparse.Namespace, run: provenance.Run) -> int:
 
 def write_report(report: dict, run: provenance.Run, out: Path | None = None) -> int:
     """The benchmark's JSON report written with its provenance (bench/provenance.py); the exit status."""
-    print(f"wrote {run.save(report, out=out)}")
+    run.save(report, out=out)
     return 0
 
 

@@ -173,7 +173,7 @@ def fault_only(args: argparse.Namespace, run: provenance.Run) -> int:
     last = provenance.latest("scale")
     report = {"fault_only": True, "fault_section_of": str(last.relative_to(ROOT)) if last else None,
               "measured": {"fault": {**fault, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}}}
-    print(f"wrote {run.save(report)}")
+    run.save(report)
     return 0
 
 
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         expected = {t: references(lm, t) for t in args.tokens}
         report.update(machine=machine(lm), load_average=os.getloadavg(), measured=measure(args, expected))
         report["load_average_after"] = os.getloadavg()
-    print(f"wrote {run.save(report)}")
+    run.save(report)
     return 0
 
 

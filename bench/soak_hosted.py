@@ -17,7 +17,8 @@ Faults: SIGKILL a web process at a quarter of the time, the model server at half
 three quarters (a file takes all its free space; it is removed again at seven eighths, as an operator would).
 
 Reported (a new bench/results/soak_hosted/<UTC time>-<commit>.json, bench/provenance.py): asked / served /
-refused (with each message) / failed (with each message) / lost for each kind and each fault window, p95 time to first token of the API clients in the span before
+refused (with each message) / failed (with each message) / lost for each kind and each fault window, p95 time to
+first token of the API clients in the span before
 and after each fault, how long each process took to come back, and the resident memory of every process at start
 and end (sampled every 30 s). **Lost** is a run that finished for its client (an API stream that ended, a page that
 showed its Done or Stopped line with its link) and cannot be opened by its id at the end: it must be 0. A failure

@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = run.save(result, out=args.out)
     print_table(rows + (qwen["runs"] if qwen else []))
-    print(f"\nwrote {out} in {result['seconds']:.0f} s")
+    print(f"\n{out} in {result['seconds']:.0f} s")
     return 0
 
 

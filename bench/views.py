@@ -117,12 +117,11 @@ def main() -> int:
               "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
               "load_before": load_before, "load_after": os.getloadavg(), "rows": rows,
               "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-    out = run.save(report, out=args.out)
+    run.save(report, out=args.out)
     print(f"{'N':>6} {'kept':>5} {'map 1 head':>11} {'map all':>8} {'row live':>9} {'row done':>9} {'lens':>7}")
     for r in rows:
         print(f"{r['n']:>6} {len(r['kept_layers']):>5} {r['map_one_head_s']:>10.3f}s {r['map_every_head_s']:>7.3f}s "
               f"{r['row_live_s']:>8.3f}s {r['row_done_s']:>8.3f}s {r['lens_s']:>6.3f}s")
-    print(f"wrote {out}")
     return 0
 
 

@@ -38,7 +38,6 @@ import argparse
 import gzip
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -458,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
             pool.close()
         for server in servers.values():
             server.stop()
-    print(f"wrote {record.save(report, out=args.out)}")
+    record.save(report, out=args.out)
     return 0 if report["clean"] else 1
 
 
