@@ -43,7 +43,7 @@ def git(*args: str) -> str | None:
         done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return done.stdout.strip() if done.returncode == 0 else None
+    return done.stdout.rstrip() if done.returncode == 0 else None     # rstrip: status lines open with a space
 
 
 def source() -> dict:

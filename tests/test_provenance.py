@@ -76,3 +76,10 @@ def test_every_benchmark_writes_through_provenance():
     writers = [p.name for p in scripts if "provenance" in p.read_text()]
     assert not [p.name for p in scripts if writes_json_itself(p)]
     assert len(writers) >= 20, writers
+
+
+def test_a_dirty_tree_names_its_changed_files_but_not_results(monkeypatch):
+    status = " M bench/engine.py\nM  README.md\n M bench/results/engine.json"
+    monkeypatch.setattr(provenance, "git", lambda *args: status if args[0] == "status" else "f" * 40)
+    found = provenance.source()
+    assert found["dirty"] is True and found["changed"] == ["bench/engine.py", "README.md"]
