@@ -77,7 +77,7 @@ def spec_qwen(d: dict) -> tuple:
 
 def soak_counts(d: dict) -> tuple:
     k = d["kinds"]
-    return (d["lost"], d["finished_runs"], d["finished_runs"], k["api"]["asked"], k["api"]["served"],
+    return (d["lost"], d["finished_runs"] - d["lost"], d["finished_runs"], k["api"]["asked"], k["api"]["served"],
             k["api"]["refused"], k["api"]["failed"], k["generate"]["asked"], k["generate"]["served"],
             k["generate"]["refused"], k["generate"]["failed"], k["stop"]["asked"], k["stop"]["served"],
             k["stop"]["refused"], k["stop"]["failed"], k["reload"]["asked"], k["open_recording"]["asked"])
