@@ -306,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"what": "N sessions submit at once through engine.serving.scheduler; greedy, chat template, "
                       f"capture {', '.join(args.capture)}; one at a time and batched side by side",
               "machine": machine(lm), "capture": args.capture if len(args.capture) > 1 else args.capture[0],
+              "units": {"rss_start_mb, rss_peak_mb, rss_end_mb": "MiB (2**20 bytes)"},
               "limits": batched.to_dict(), "scenarios": results, "batch_graphs": graphs_report(lm),
               "ratios": ratios(results), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     run.save(report, out=args.out)
@@ -322,7 +323,7 @@ def line(result: dict, limits: Limits) -> str:
             f"served {result['served']:3d} refused {result['refused']:3d} lost {result['lost']}  "
             f"{ties(result)}wait p50/p95 {r['wait_p50_s']}/{r['wait_p95_s']} s  ttft p95 {r['ttft_p95_s']} s  "
             f"done p50/p95 {r['completion_p50_s']}/{r['completion_p95_s']} s  "
-            f"{result['throughput_tok_s'] or 0:.1f} tok/s  peak RSS {result['rss_peak_mb']:.0f} MB{gpu_line(result)}  "
+            f"{result['throughput_tok_s'] or 0:.1f} tok/s  peak RSS {result['rss_peak_mb']:.0f} MiB{gpu_line(result)}  "
             f"{'ok' if result['ok'] else 'FAILED'}{first_error(result)}")
 
 
