@@ -214,6 +214,14 @@ def vs_earlier(d: dict) -> tuple:
     return r["alone_itl_ms"], r["room_16_throughput_tok_s"], r["room_64_throughput_tok_s"], r["prefill_s"]
 
 
+def vs_fair_answers(d: dict) -> tuple:
+    ours, vllm = d["answers"]["ours"], d["answers"]["vllm"]
+    rounds = len(d["rounds"])
+    return (ours["16"]["wrong"], ours["16"]["answers"], ours["64"]["wrong"], ours["64"]["answers"],
+            len(d["prompts"]["room"]), len(set(d["prompts"]["room"])), rounds, vllm["16"]["equal_ours"],
+            vllm["16"]["answers"], vllm["64"]["equal_ours"], vllm["64"]["answers"])
+
+
 def threads_room(d: dict) -> tuple:
     t = d["table"]["batched"]
     return t["auto"]["last_done_s"], t["1"]["last_done_s"]
@@ -354,6 +362,17 @@ FIGURES: list[tuple[str, str, str, Callable[[Any], Any]]] = [
      "threads fixed", lambda d: (d["table"]["ours_over_threads-2"]["alone_itl_ms"],)),
     (README, "vs_vllm-2026-11-27.json", "alone {:.2f}x ITL, rooms {:.2f}x / {:.2f}x, prefill {:.2f}x;", vs_earlier),
     (README, "vs_vllm-2026-11-26.json", "alone {:.2f}x, rooms {:.2f}x / {:.2f}x, prefill {:.2f}x.", vs_earlier),
+    (README, "vs_vllm/20261127T174213Z-65aea69.json", "every answer of ours equalled the same prompt alone ({} wrong of "
+     "{} at 16 tokens and {} of {} at 64: {} sessions with {} prompts, {} rounds), and {} of {} of vLLM's room answers "
+     "at 16 tokens and {} of {} at 64 equalled ours alone", vs_fair_answers),
+    (README, "vs_vllm/20261127T174213Z-65aea69.json", "load average {:.1f} at its start",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (README, "vs_vllm/20261127T174213Z-65aea69.json", "vLLM's compute worker could run on core {} only, ours on both",
+     lambda d: (*one(d["settings"]["vllm"]["processes"], name="VLLM::Worker")["cores"],)),
+    (README, "vs_vllm/20261127T174213Z-65aea69.json", "ours made {:.2f}x / {:.2f}x of its room's tok/s at 16 / 64 "
+     "tokens and took {:.2f}x its inter-token latency alone on new prompts ({:.2f}x on the repeated prompt)",
+     lambda d: tuple(d["table"]["ours_over_vllm"][k] for k in ("room_16_throughput_tok_s", "room_64_throughput_tok_s",
+                                                               "alone_itl_ms", "alone_repeated_itl_ms"))),
     (README, "long_context.json", "| 512 | {:.2f} / {:.2f} s | {:.2f}x | {:.1f} MB ({:.0f} KB) | {:.2f} s | - | "
      "{:.3f} s | {:.1f} s | {:.1f} s, {:.2f} GB |", long_row(512)),
     (README, "long_context.json", "| 2,048 | {:.2f} / {:.2f} s | {:.2f}x | {:.1f} MB ({:.0f} KB) | {:.2f} s | - | "
