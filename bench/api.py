@@ -9,12 +9,12 @@ count in another process, and N threads each stream one chat completion with the
 (capture on: `"playground": {"capture": true}`, the pages' policy), spread over `--client-procs` processes
 (bench/api_clients.py: one process of clients is a ceiling of its own at GPU speeds). The two alternate round
 by round (the machine is shared and noisy); medians of the rounds. Every answer must equal the same prompt run alone (greedy).
-Writes bench/results/api.json. The issue's targets: API total tok/s >= 0.9x in-process, p95 completion <= 1.15x.
+Writes a new bench/results/api/<UTC time>-<commit>.json (bench/provenance.py). The issue's targets: API total tok/s
+>= 0.9x in-process, p95 completion <= 1.15x.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -37,8 +37,8 @@ from engine.core.loader import load_model  # noqa: E402
 from engine.core.openmp import in_passing_thread  # noqa: E402
 from engine.serving.capture import capture_policy  # noqa: E402
 from engine.serving.limits import Limits  # noqa: E402
+from bench import provenance  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results" / "api.json"
 
 
 def free_port() -> int:
@@ -106,12 +106,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--client-procs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2 - 1)),
                         help="processes the API's client threads are spread over (bench/api_clients.py: one "
                              "process of openai clients tops out near 1,000 tok/s); default: 1 on 2 to 5 cores")
-    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--out", help="default: a new file under bench/results/api/")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    run = provenance.start("api", argv)
     torch.set_num_threads(args.threads)
     # the in-process scheduler's threads fixed as the server's are (--threads): its tuner (engine/serving/threads.py)
     # would otherwise spend the first steps of each short scenario on a trial (a fresh scheduler per scenario): at 16
@@ -139,8 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                       "(python -m engine serve, streaming openai clients), alternating, medians of the rounds",
               "machine": machine(lm), "threads": args.threads, "client_processes": args.client_procs, "limits": limits.to_dict(), "rows": rows,
               "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    run.save(report, out=args.out)
     return 0 if all(r["ok"] for r in rows) else 1
 
 

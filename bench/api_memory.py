@@ -10,13 +10,13 @@ Each time `--clients` `openai` clients ask for `--seconds`: streamed and plain c
 capture (extra_body playground capture), one stream in ten dropped after two chunks, and now and then a read of a
 recent run by id. Reported per
 variant: the server's resident memory every 10 s, what the run store counts as held in memory ("Runs held in
-memory" of /v1/playground/memory), answers served, and reads by id that were 404 (bench/results/api_memory.json).
+memory" of /v1/playground/memory), answers served, and reads by id that were 404 (a new
+bench/results/api_memory/<UTC time>-<commit>.json, bench/provenance.py).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import subprocess
@@ -30,7 +30,8 @@ import openai
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results" / "api_memory.json"
+sys.path.insert(0, str(ROOT))
+from bench import provenance  # noqa: E402
 VARIANTS = {"in memory only": {"PLAYGROUND_RUNS_MB": "0"}, "on disk": {},
             "on disk, MALLOC_ARENA_MAX=2": {"MALLOC_ARENA_MAX": "2"},
             "on disk, MALLOC_MMAP_THRESHOLD_=131072": {"MALLOC_MMAP_THRESHOLD_": "131072"}}
@@ -124,11 +125,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=180)
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--port", type=int, default=8920)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, help="default: a new file under bench/results/api_memory/")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), help="which of them (default: all)")
     args = parser.parse_args()
+    run = provenance.start("api_memory")
     result = {name: run_variant(name, VARIANTS[name], args) for name in args.variants}
-    args.out.write_text(json.dumps({"seconds": args.seconds, "clients": args.clients, "variants": result}, indent=1))
+    run.save({"seconds": args.seconds, "clients": args.clients, "units": {"rss_mb": "MiB (2**20 bytes)",
+                                                                          "runs_held_mb": "MiB (2**20 bytes)"},
+              "variants": result}, out=args.out)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ Each round runs `bench/api.py --rounds 1` in each tree (this venv's Python; each
 script puts its own folder first on the path and starts `python -m engine serve` there), 20 sessions, 16 and 64 new
 tokens, capture off and the pages' capture, in-process and through the API. Reported per version and token count:
 the medians of the rounds, the pages' capture against capture off (in-process and API), and this tree's capture off
-against the one before. Writes bench/results/before_after.json.
+against the one before. Writes a new bench/results/before_after/<UTC time>-<commit>.json
+(bench/provenance.py) with both trees' commits.
 """
 from __future__ import annotations
 
@@ -21,8 +22,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "bench" / "results" / "before_after.json"
+sys.path.insert(0, str(ROOT))
+from bench import provenance  # noqa: E402
 MODES = ("in_process", "api")
+
+
+def tree_commit(tree: Path) -> str:
+    done = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else "unknown"
 
 
 def one_round(tree: Path, args: argparse.Namespace, out: Path) -> list[dict]:
@@ -79,8 +86,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--sessions", type=int, default=20)
     p.add_argument("--tokens", type=int, nargs="+", default=[16, 64])
-    p.add_argument("--out", default=str(OUT))
+    p.add_argument("--out", help="default: a new file under bench/results/before_after/")
     args = p.parse_args()
+    run = provenance.start("before_after")
     trees = {"before": Path(args.before).resolve(), "after": Path(args.after).resolve()}
     seen: dict[str, list] = {"before": [], "after": []}
     for r in range(args.rounds):
@@ -92,18 +100,18 @@ def main() -> int:
     report = {"what": f"bench/api.py on two checkouts alternating, {args.rounds} rounds, medians: {args.sessions} "
                       "sessions, in-process and through the API, capture off and the pages' capture",
               "before": str(trees["before"]), "after": str(trees["after"]),
+              "commits": {name: tree_commit(tree) for name, tree in trees.items()},
               "ratios": ratios(before, after, args.tokens),
               "medians": {name: {f"{k[0]}/{k[1]}": v for k, v in table.items()}
                           for name, table in (("before", before), ("after", after))},
               "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    run.save(report, out=args.out, rounds=seen)
     for row in report["ratios"]:
         for m in MODES:
             print(f"{row['tokens']:3d} tokens, {m:10s}: capture/off before {row['before']['capture_vs_off'][m]:.2f}x, "
                   f"after {row['after']['capture_vs_off'][m]:.2f}x; capture off after/before "
                   f"{row['off_after_vs_before'][m]:.2f}x (rounds: before {spread(before, row['tokens'], m)}, "
                   f"after {spread(after, row['tokens'], m)} tok/s)")
-    print(f"wrote {args.out}")
     return 0
 
 

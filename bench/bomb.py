@@ -1,6 +1,6 @@
 """Gzip bombs against the recording loader: seconds and extra peak memory to refuse each, in a fresh process.
 
-    python bench/bomb.py                        # this checkout's engine; writes bench/results/bomb.json
+    python bench/bomb.py                        # this checkout's engine; a new file in bench/results/bomb/
     python bench/bomb.py --root /tmp/before     # another checkout's engine (e.g. `git archive` of an older commit)
     python bench/bomb.py --device cuda          # the loader under the GPU server's default limits
 
@@ -32,7 +32,9 @@ import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results" / "bomb.json"
+sys.path.insert(0, str(ROOT))
+from bench import provenance  # noqa: E402
+
 SHIPPED = ROOT / "assets" / "recordings" / "capital-of-france.json.gz"
 HEADER = b'{"format":"inference-playground/recording","version":1,"records":['
 MB = 10**6
@@ -100,8 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expanded-mb", type=int, default=500, help="decompressed size of each bomb")
     parser.add_argument("--device", default="cpu", help="whose default limits apply: cpu or cuda")
     parser.add_argument("--label", default=None, help="name of this run in the results (default: the root)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, help="default: a new file under bench/results/bomb/")
     args = parser.parse_args(argv)
+    run = provenance.start("bomb", argv)
     env = {**os.environ, "PLAYGROUND_DEVICE": args.device, "OMP_NUM_THREADS": "1"}
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -115,12 +118,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:12} {row['file_mb']:8.3f} MB  {row.get('seconds', 0):7.3f} s  "
                   f"+{row.get('extra_peak_mb', 0):8.1f} MB peak  {str(row.get('outcome', row.get('error')))[:110]}")
     label = args.label or str(args.root.resolve())
-    results = json.loads(args.out.read_text()) if args.out.exists() else {}
+    results = {}                                   # one run, one file: a comparison of two roots is two runs
     results[label] = {"device_limits": args.device, "expanded_mb": args.expanded_mb, "files": rows,
                       "machine": {"cpu_count": os.cpu_count(), "load_average": list(os.getloadavg()),
                                   "python": platform.python_version()}}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    run.save(results, out=args.out)
     return 0
 
 

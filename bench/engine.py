@@ -8,14 +8,13 @@ attention weights at every step. Without nnsight installed that column is skippe
 With --static the engine's static-cache fast path (engine/core/fastpath.py; CUDA graphs on CUDA, eager on
 CPU) runs too, capture off and with every attention row.
 
-Writes bench/results/engine.json and prints a table. Each round runs every column once (reference,
-engine off, engine capture, nnsight, ...) and the median over the rounds is reported, so machine
-noise hits all columns alike; the ratios are the result.
+Writes a new bench/results/engine/<UTC time>-<commit>.json (bench/provenance.py) and prints a table. Each round
+runs every column once (reference, engine off, engine capture, nnsight, ...) and the median over the rounds is
+reported, so machine noise hits all columns alike; the ratios are the result.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import resource
 import statistics
@@ -38,6 +37,7 @@ from engine.core.generate import GenerationRequest, encode_prompt, generate, gen
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy  # noqa: E402
 from engine.core.kept import kept_for  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
+from bench import provenance  # noqa: E402
 
 DECODE_PROMPT = "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle."
 PREFILL_WORDS = ("The history of computing is a story of ideas becoming machines. " * 40).strip()
@@ -250,10 +250,11 @@ def main() -> None:
     parser.add_argument("--model", default="default")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "engine.json"))
+    parser.add_argument("--out", help="default: a new file under bench/results/engine/")
     parser.add_argument("--static", action="store_true", help="also the static-cache fast path")
     parser.add_argument("--no-nnsight", action="store_true", help="skip the nnsight column")
     args = parser.parse_args()
+    run = provenance.start("engine")
     start = time.perf_counter()
     lm = load_model(args.model)
     references = {"model.generate": load_reference(lm, "sdpa")}
@@ -264,8 +265,7 @@ def main() -> None:
     with torch.inference_mode():
         results = measure(lm, references, args.tokens, args.repeats, fast, traced)
     summary = summarize(lm, results, time.perf_counter() - start)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(summary, indent=2))
+    run.save(summary, out=args.out, rounds=results["rounds"])
     print_table(summary)
 
 

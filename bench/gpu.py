@@ -10,13 +10,12 @@ shapes, the dtype and the device, so these timings hold for the real model; the 
 Decode runs are interleaved round by round (every run once per round) and each keeps its median, so a
 noisy neighbour hits all alike. Beside each measured number: the projected ceiling (engine/projection/cost.py
 at 100% of the spec sheet's bandwidth, on CUDA) and the ceiling at this device's measured copy bandwidth.
-Writes bench/results/gpu.json (CPU runs: gpu-cpu-<shape>.json) after every phase, so a run cut short
-still leaves what it measured. Imports nothing from app/ (no streamlit needed).
+Writes a new bench/results/gpu/<UTC time>-<commit>.json (CPU runs: gpu-cpu-<shape>/; bench/provenance.py), or
+--out, after every phase, so a run cut short still leaves what it measured. Imports nothing from app/ (no streamlit needed).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -43,6 +42,7 @@ from engine.lab.fusion import best_time  # noqa: E402
 from engine.lab.memory import allocated_by, memory_ledger, peak_during  # noqa: E402
 from engine.projection.cost import cost_model, project  # noqa: E402
 from engine.models.shaped import DRAFT_OF, shaped_bytes, write_shaped  # noqa: E402
+from bench import provenance  # noqa: E402
 from engine.lab.speed import (DeviceRoof, copy_bandwidth, cpu_name, device_cost_model, known_gpu, matmul_flops,  # noqa: E402
                               prompt_of_length)
 
@@ -106,13 +106,13 @@ def make_runs(lm: Any, fast: FastDecoder, ids: list[int], n: int, skip: set[str]
 
 
 def interleaved(runs: dict[str, Callable[[], dict]], rounds: int, log: Callable[[str], None]) -> dict[str, dict]:
-    """Every run once per round; per run the median of each figure over the rounds."""
+    """Every run once per round; per run the median of each figure over the rounds, and the rounds themselves."""
     seen: dict[str, list[dict]] = {k: [] for k in runs}
     for r in range(rounds):
         for name, fn in runs.items():
             seen[name].append(fn())
             log(f"round {r + 1}/{rounds} {name}: {seen[name][-1]['decode_tok_s']:.1f} tok/s")
-    return {k: {f: statistics.median(x[f] for x in v) for f in v[0]} for k, v in seen.items()}
+    return {k: {**{f: statistics.median(x[f] for x in v) for f in v[0]}, "rounds": v} for k, v in seen.items()}
 
 
 def warm_up(runs: dict[str, Callable[[], dict]], fast: FastDecoder, n: int, log: Callable[[str], None]
@@ -297,11 +297,6 @@ def print_memory(m: dict) -> None:
               f"max reserved {size(m['run_peak_reserved'])} of {size(m['device_total'])}")
 
 
-def save(summary: dict, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(summary, indent=2, default=str))
-
-
 # --- main --------------------------------------------------------------------------------------------------
 
 def parse_args() -> argparse.Namespace:
@@ -319,7 +314,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--no-draft", action="store_true", help="do not write the draft-model shape")
     p.add_argument("--write-only", action="store_true", help="write the checkpoints and stop")
     p.add_argument("--cache", default=None, help="where shaped checkpoints live (default: $PLAYGROUND_CACHE/shaped)")
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="default: a new file under bench/results/gpu/ (CPU: gpu-cpu-<shape>/)")
     return p.parse_args()
 
 
@@ -353,7 +348,8 @@ def header(args: argparse.Namespace, lm: Any, fast: FastDecoder, ids: list[int],
             "load_average_at_start": os.getloadavg()}
 
 
-def measure_all(args: argparse.Namespace, lm: Any, weights_allocated: int | None, out: Path) -> dict:
+def measure_all(args: argparse.Namespace, lm: Any, weights_allocated: int | None,
+                save: Callable[[dict], Path]) -> dict:
     """Every phase in turn, saving after each: decode runs, memory, batch, prefill, then the targets."""
     sizes = DEFAULTS[args.shape]
     n, prefill_n = args.tokens or sizes["tokens"], args.prefill_tokens or sizes["prefill"]
@@ -367,15 +363,15 @@ def measure_all(args: argparse.Namespace, lm: Any, weights_allocated: int | None
     summary["warm_up_s"] = warm_up(runs, fast, n, log)
     summary.update(compile_mode=fast.mode, fullgraph=fast.fullgraph, compile_error=fast.compile_error)
     summary["runs"] = with_ratios(interleaved(runs, args.rounds, log), summary["ceilings"], lm.weight_bytes)
-    save(summary, out)
+    save(summary)
     summary["memory"] = measure_memory(lm, fast, weights_allocated, len(ids), n)   # before prefill resizes the cache
-    save(summary, out)
+    save(summary)
     if batch:
         summary["batch"] = measure_batch(lm, batch, BATCH_PROMPT, batch_new)
-        save(summary, out)
+        save(summary)
     summary["prefill"] = measure_prefill(lm, fast, prefill_n)
     summary["targets"] = check_targets(summary)
-    save(summary, out)
+    save(summary)
     return summary
 
 
@@ -384,19 +380,18 @@ def main() -> None:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.shape == "8b" and device.type != "cuda":
         sys.exit("error: the 8B shape is for a GPU (16 GB of bf16 weights); on a CPU use --shape tiny or 1b")
-    out = Path(args.out) if args.out else ROOT / "bench" / "results" / (
-        "gpu.json" if device.type == "cuda" else f"gpu-cpu-{args.shape}.json")
+    run = provenance.start("gpu" if device.type == "cuda" else f"gpu-cpu-{args.shape}")
+    save = lambda summary: run.save(summary, out=args.out)  # noqa: E731  (the same file after every phase)
     folder, write_s = write_checkpoints(args, device)
     log(f"checkpoint ready in {write_s:.1f} s: {folder}")
     if args.write_only:
         return
     lm, weights_allocated = allocated_by(lambda: load_model(str(folder), device=str(device), dtype=args.dtype), device)
     log(f"loaded {lm.label} in {lm.load_seconds:.1f} s ({lm.weight_bytes / 1e9:.2f} GB)")
-    summary = measure_all(args, lm, weights_allocated, out)
+    summary = measure_all(args, lm, weights_allocated, save)
     summary["write_seconds"] = write_s
-    save(summary, out)
+    save(summary)
     print_table(summary)
-    log(f"wrote {out}")
 
 
 if __name__ == "__main__":

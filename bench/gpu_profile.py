@@ -12,12 +12,12 @@ path (static cache, CUDA graphs on CUDA; engine/core/fastpath.py), and the sched
 A step whose wall time is far above its kernel time waits on the host: the table says on what. Where the kernel
 time itself goes is split into matmuls, attention and the rest (norms, activations, copies), with the costliest
 kernels by name: what a prefill slower than its matmuls spends on. The two single-request paths' steps include
-their prompt's prefill, spread over the steps. Writes bench/results/gpu-profile.json.
+their prompt's prefill, spread over the steps. Writes a new bench/results/gpu-profile/<UTC time>-<commit>.json
+(bench/provenance.py).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
@@ -39,6 +39,7 @@ from engine.core.loader import load_model  # noqa: E402
 from engine.serving.batch import BatchRunner, Slot  # noqa: E402
 from engine.serving.graphed import graphed_decode  # noqa: E402
 from engine.serving.limits import Limits  # noqa: E402
+from bench import provenance  # noqa: E402
 
 PROMPTS = ("What is the capital of France?", "Write a haiku about autumn.", "Why do we need sleep?")
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
@@ -143,8 +144,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--rows", type=int, default=30)
     p.add_argument("--prefill", type=int, default=2048, help="prompt tokens of the profiled prefill (0: none)")
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu-profile.json"))
+    p.add_argument("--out", help="default: a new file under bench/results/gpu-profile/")
     args = p.parse_args()
+    run_record = provenance.start("gpu-profile")
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
     fast = FastDecoder(lm)
     fast.warm_up(args.steps, (False,), PROMPTS[0])
@@ -174,9 +176,7 @@ def main() -> None:
         print("    " + ", ".join(f"{k[6:]} {v:.2f}" for k, v in list(row["top_host_ops_ms"].items())[:8]))
         if row["kernel_ms_by_kind"]:
             print("    kernels: " + ", ".join(f"{k} {v:.2f} ms" for k, v in row["kernel_ms_by_kind"].items()))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    run_record.save(report, out=args.out)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,10 @@
 # .carry/smollm2.b (what an earlier call carried stays on the warm machine). The `smollm2` step joins the parts,
 # checks them against the sha256 written beside them, converts the GGUF as `make run` does (into
 # $PLAYGROUND_CACHE) and runs the SmolLM2 CUDA tests.
+#
+# Every JSON a step writes records where it came from (bench/provenance.py): the commit, the machine, the GPU, the
+# command. The device gets the working tree without .git, so give the commit on the command line:
+#     BENCH_COMMIT=<git rev-parse HEAD here> BENCH_DIRTY=<false|true> bash bench/gpu_session.sh
 set -u
 OUT=${OUT:-bench/results/gpu-session}
 SHAPED=${SHAPED:-/tmp/shaped}
@@ -43,6 +47,8 @@ carry() {  # here: the GGUF in two parts that each fit a call beside the working
 }
 [ "${1:-}" = carry ] && { carry; exit; }
 mkdir -p "$OUT"
+git rev-parse HEAD >/dev/null 2>&1 || [ -n "${BENCH_COMMIT:-}" ] ||
+  echo "=== no git here and no BENCH_COMMIT: the results will record commit \"unknown\"" | tee -a "$LOG"
 
 if [ -z "${NO_WHEELS:-}" ] && [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

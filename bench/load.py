@@ -12,12 +12,13 @@ reads its records to the end. Checks: every request finishes or is refused with 
 lost, no exception escapes, each answer equals the same prompt run alone (greedy) or leaves it only at a
 tie (a token whose raw logit, in the alone run, was within rounding of the chosen one's: in bf16 another batch
 shape sums in another order; counted apart as tie_divergences), and the process's memory stays bounded. Reports p50/p95 of the wait before running, the time to first token and the
-completion time (all from the moment of submitting), and the throughput. Writes bench/results/load.json.
+completion time (all from the moment of submitting), and the throughput. Writes a new bench/results/load/<UTC
+time>-<commit>.json
+(bench/provenance.py).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -46,6 +47,7 @@ from engine.lab.memory import cuda  # noqa: E402
 from engine.projection.card import kv_cache_bytes, weight_bytes  # noqa: E402
 from engine.serving.scheduler import Scheduler  # noqa: E402
 from engine.service.service import KEPT_GUESS  # noqa: E402
+from bench import provenance  # noqa: E402
 
 PROMPTS = (
     "What is the capital of France?",
@@ -63,7 +65,6 @@ PROMPTS = (
 # keeps it as a page's run does, engine.core.kept.kept_for)
 CAPTURES = {"off": CAPTURE_OFF,
             "full": CapturePolicy(logit_lens=LOGIT_LENS_TOP, inputs=None)}   # for short prompts (capture_policy's)
-RESULTS = ROOT / "bench" / "results" / "load.json"
 
 
 @dataclass
@@ -278,12 +279,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                                  "(0: skip)")
     parser.add_argument("--overload-queue", type=int, default=10)
     parser.add_argument("--rss-bound-mb", type=float, default=1024.0)
-    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--out", help="default: a new file under bench/results/load/")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    run = provenance.start("load", argv)
     lm = in_passing_thread(lambda: load_model(args.model, device=args.device, dtype=args.dtype))   # as the app does
     base = Limits.for_device(lm.device).with_env()
     batched = replace(base, max_batch=args.batch or base.max_batch, max_queue=max(base.max_queue, max(args.sessions)))
@@ -304,14 +306,13 @@ def main(argv: list[str] | None = None) -> int:
     report = {"what": "N sessions submit at once through engine.serving.scheduler; greedy, chat template, "
                       f"capture {', '.join(args.capture)}; one at a time and batched side by side",
               "machine": machine(lm), "capture": args.capture if len(args.capture) > 1 else args.capture[0],
+              "units": {"rss_start_mb, rss_peak_mb, rss_end_mb": "MiB (2**20 bytes)"},
               "limits": batched.to_dict(), "scenarios": results, "batch_graphs": graphs_report(lm),
               "ratios": ratios(results), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    run.save(report, out=args.out)
     for r in report["ratios"]:
         print(f"N={r['sessions']:3d} {r['tokens']:3d} tokens, capture {r['capture']}: p95 completion batched / one at a time "
               f"{r['completion_p95_ratio']:.2f}, total tok/s {r['throughput_ratio']:.2f}x")
-    print(f"wrote {args.out}")
     return 0 if all(r["ok"] for r in results) else 1
 
 
@@ -322,7 +323,7 @@ def line(result: dict, limits: Limits) -> str:
             f"served {result['served']:3d} refused {result['refused']:3d} lost {result['lost']}  "
             f"{ties(result)}wait p50/p95 {r['wait_p50_s']}/{r['wait_p95_s']} s  ttft p95 {r['ttft_p95_s']} s  "
             f"done p50/p95 {r['completion_p50_s']}/{r['completion_p95_s']} s  "
-            f"{result['throughput_tok_s'] or 0:.1f} tok/s  peak RSS {result['rss_peak_mb']:.0f} MB{gpu_line(result)}  "
+            f"{result['throughput_tok_s'] or 0:.1f} tok/s  peak RSS {result['rss_peak_mb']:.0f} MiB{gpu_line(result)}  "
             f"{'ok' if result['ok'] else 'FAILED'}{first_error(result)}")
 
 

@@ -10,12 +10,12 @@ inflate), and split into its parts, each timed alone in the same layout: the wei
 describing the token (softmax, top-k, log-sum-exp, its text), and the rest (attention, norms, rotary, residuals,
 the cache's writes and reads, and the Python around them). Also the memory floor: the
 weights' bytes over this machine's read bandwidth (a sum over a buffer as large as the weights, one thread).
-Writes bench/results/lone_step.json. docs/engine.md, "Where a lone request's milliseconds go", reads it.
+Writes a new bench/results/lone_step/<UTC time>-<commit>.json (bench/provenance.py). docs/engine.md, "Where a lone
+request's milliseconds go", reads it.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -32,6 +32,7 @@ from engine.core.generate import GenerationRequest, TextStream, encode_prompt, p
 from engine.core.hooks import CAPTURE_OFF  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
 from engine.serving.batch import BatchRunner, Slot  # noqa: E402
+from bench import provenance  # noqa: E402
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 
@@ -99,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "lone_step.json"))
+    parser.add_argument("--out", help="default: a new file under bench/results/lone_step/")
     args = parser.parse_args(argv)
+    run_record = provenance.start("lone_step", argv)
     torch.set_num_threads(args.threads)
     lm = load_model(args.model, device="cpu", dtype="float32")
     measured = {m: m.weight.data for m in lm.model.modules() if isinstance(m, torch.nn.Linear)}
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
               + ", ".join(f"{k} {v:.1f}" for k, v in splits[name].items()), flush=True)
     print(f"floor: {report['floor']['floor_ms']:.1f} ms ({report['floor']['read_gb_s']:.1f} GB/s); "
           f"same text every way: {report['same_text']}")
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    run_record.save(report, out=args.out)
     return 0 if report["same_text"] else 1
 
 

@@ -9,15 +9,15 @@
 
     .venv/bin/python bench/long_context.py [--lengths 512,2048,8192] [--budget-mb 256] [--rounds 2] [--threads 1]
 
-Writes bench/results/long_context.json (with os.getloadavg() before and after: the machine is shared) and prints a
-table. Targets on this CPU: capture on within 1.5x of capture off at 8,192, capture bytes <= 1 GB at 8,192, one
+Writes a new bench/results/long_context/<UTC time>-<commit>.json (bench/provenance.py; with os.getloadavg()
+before and after: the machine is shared) and prints a table. Targets on this CPU: capture on within 1.5x of capture
+off at 8,192, capture bytes <= 1 GB at 8,192, one
 head's map on demand in <= 1 s.
 """
 from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import sys
@@ -38,8 +38,8 @@ from engine.core.loader import load_model  # noqa: E402
 from engine.core.recompute import embeddings, layer_input, layer_qk  # noqa: E402
 from engine.lab.long_context import text_ids  # noqa: E402
 from engine.serving.capture import capture_policy  # noqa: E402
+from bench import provenance  # noqa: E402
 
-OUT = ROOT / "bench" / "results" / "long_context.json"
 HEATMAP_CELLS = 160
 
 
@@ -132,23 +132,26 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: what `python -m engine serve` gives torch on this 2-core CPU)")
+    p.add_argument("--out", help="default: a new file under bench/results/long_context/")
     args = p.parse_args()
+    run = provenance.start("long_context")
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     lm = load_model(args.model, device="cpu")
     rows = []
     for n in [int(x) for x in args.lengths.split(",")]:
         rows.append(measure(lm, n, args.budget_mb * 2**20, args.rounds))
-        save(args, rows, load_before)
+        save(run, args, rows, load_before)
     print_table(rows)
 
 
-def save(args, rows: list[dict], load_before) -> None:  # noqa: ANN001
-    OUT.write_text(json.dumps({
+def save(run: provenance.Run, args, rows: list[dict], load_before) -> None:  # noqa: ANN001
+    """After every length, into the run's own file: a run cut short keeps what it measured."""
+    run.save({
         "model": args.model, "torch_threads": torch.get_num_threads(), "machine": platform.processor() or
         platform.machine(), "budget_mb": args.budget_mb, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
         "when": time.strftime("%Y-%m-%d %H:%M"), "rows": rows,
-        "targets": {"on_vs_off_at_8192": 1.5, "capture_bytes_at_8192": 1e9, "map_seconds": 1.0}}, indent=2))
+        "targets": {"on_vs_off_at_8192": 1.5, "capture_bytes_at_8192": 1e9, "map_seconds": 1.0}}, out=args.out)
 
 
 def print_table(rows: list[dict]) -> None:

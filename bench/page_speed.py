@@ -9,8 +9,8 @@ same request through the app in headless Chromium (started as `make run` starts 
 Generate on the journey page. Reported per round and as medians: decode tokens/s (the engine's from
 its records; the page's from its own "Decode speed" metric, which the server measures the same way)
 and the time from Generate to the last token (engine: the generation; page: click to "Done:"). The
-ratios page / engine are the result (the issue's target: decode >= 0.7x). Writes
-bench/results/page_speed.json.
+ratios page / engine are the result (the issue's target: decode >= 0.7x). Writes a new
+bench/results/page_speed/<UTC time>-<commit>.json (bench/provenance.py).
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import provenance  # noqa: E402
 from bench.room_browser import ARGS, CHROMIUM, generate_button, prepare, start_app, write_report  # noqa: E402
 
 from app.run import capture_policy  # noqa: E402
@@ -32,7 +33,6 @@ from engine.core.loader import load_model  # noqa: E402
 from engine.core.records import DecodeRecord, DoneRecord  # noqa: E402
 
 PROMPT = "Write a short story about a lighthouse keeper."
-RESULTS = ROOT / "bench" / "results" / "page_speed.json"
 
 
 def engine_round(lm, tokens: int) -> dict:
@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
+    run = provenance.start("page_speed", argv)
     from playwright.sync_api import sync_playwright
 
     lm = load_model("default")
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
               "wall_ratio_engine_to_page": med["engine"]["wall_s"] / med["page"]["wall_s"]}
     print(f"decode: page {report['decode_ratio_page_to_engine']:.2f}x the engine; end to end: the page takes "
           f"{1 / report['wall_ratio_engine_to_page']:.2f}x the engine's time")
-    return write_report(report, RESULTS)
+    return write_report(report, run)
 
 
 if __name__ == "__main__":

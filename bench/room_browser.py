@@ -11,7 +11,8 @@ generates alone, three times; then N sessions press Generate at the same moment,
 Reported: the median time alone, the median time until the last of the N is done, and their ratio (the issue's
 target: <= 3x for 6 sessions), each run's times, and the CPU seconds the app server and
 the Chromium processes used meanwhile (on one machine the browsers compete with the model for its cores; in a room
-they run on the students' laptops). Writes bench/results/room_browser.json.
+they run on the students' laptops). Writes a new bench/results/room_browser/<UTC time>-<commit>.json
+(bench/provenance.py).
 """
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -35,7 +39,6 @@ PROMPTS = ("Write a short story about a lighthouse keeper.", "Write a short stor
            "Write a short story about a girl who builds a boat.", "Write a short story about a clock that runs backwards.",
            "Write a short story about a snowman in summer.", "Write a short story about a library at night.")
 # answers that run to the token limit, so the one alone and the N together do the same work
-RESULTS = ROOT / "bench" / "results" / "room_browser.json"
 LAUNCH = {"remote": ["--web-processes", "1"], "remote, 2 web processes": ["--web-processes", "2"]}   # `playground` args
 
 
@@ -169,10 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", nargs="+", metavar="N", help="PLAYGROUND_THREADS settings to compare (e.g. "
                         "auto 1 2): each mode once per setting, in alternating rounds (--rounds)")
     parser.add_argument("--rounds", type=int, default=2, help="with --threads: rounds over the settings")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, help="default: a new file under bench/results/room_browser/ "
+                        "(with --threads: room_browser_threads/)")
     args = parser.parse_args(argv)
+    run = provenance.start("room_browser_threads" if args.threads else "room_browser", argv)
     if args.threads:
-        return compare_threads(args)
+        return compare_threads(args, run)
     from playwright.sync_api import sync_playwright
 
     env = {"one at a time": {"PLAYGROUND_MAX_BATCH": "1"}, "batched": {}, "remote": {}, "remote, 2 web processes": {}}
@@ -195,10 +200,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{result['cpu_s_together']}", flush=True)
         browser.close()
     report["load_average_after"] = os.getloadavg()
-    return write_report(report, args.out)
+    return write_report(report, run, args.out)
 
 
-def compare_threads(args: argparse.Namespace) -> int:
+def compare_threads(args: argparse.Namespace, run: provenance.Run) -> int:
     """Each mode under each PLAYGROUND_THREADS setting, the settings alternating round by round (so the machine's
     other users weigh on each alike); the medians over the rounds, and each setting against the best fixed one."""
     from playwright.sync_api import sync_playwright
@@ -232,14 +237,12 @@ def compare_threads(args: argparse.Namespace) -> int:
                       f"{args.rounds} alternating rounds, medians", "load_average": os.getloadavg(),
               "table": table, "runs": runs}
     print(json.dumps(table, indent=1))
-    return write_report(report, args.out)
+    return write_report(report, run, args.out)
 
 
-def write_report(report: dict, path: Path) -> int:
-    """The benchmark's JSON report written to `path`; the exit status."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {path}")
+def write_report(report: dict, run: provenance.Run, out: Path | None = None) -> int:
+    """The benchmark's JSON report written with its provenance (bench/provenance.py); the exit status."""
+    run.save(report, out=out)
     return 0
 
 

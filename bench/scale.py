@@ -12,12 +12,11 @@ Projected (engine/projection/serving_sim.py, labelled so): Llama 3.1 8B in BF16,
 once, on 1 to 8 H100 SXM replicas (data parallel, chunked prefill): p95 time to first token, per-user speed, and
 the cost per hour; the fewest replicas that meet the targets.
 
-Writes bench/results/scale.json.
+Writes a new bench/results/scale/<UTC time>-<commit>.json (bench/provenance.py).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -34,8 +33,8 @@ import openai  # noqa: E402
 from api import api_scenario, free_port, wait_healthy  # noqa: E402
 from load import machine, references  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
+from bench import provenance  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results" / "scale.json"
 SETUPS = {"one server": [], "1 replica": ["--replicas", "1", "--replica-cpus", "1", "--threads", "1"],
           "2 replicas": ["--replicas", "2", "--replica-cpus", "1", "--threads", "1"]}
 
@@ -162,18 +161,19 @@ def projected(sessions: int = 200, max_gpus: int = 8, ttft_target: float = 1.0, 
             "fewest_replicas_meeting_targets": fewest}
 
 
-def fault_only(args: argparse.Namespace) -> int:
-    """Two replicas started, one killed mid-answer; the timings replace the fault section of the last results."""
+def fault_only(args: argparse.Namespace, run: provenance.Run) -> int:
+    """Two replicas started, one killed mid-answer: a run of its own, naming the full run whose fault section it
+    times again (the newest under bench/results/scale/), which stays as it was."""
     proc, url = start(args, SETUPS["2 replicas"])
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
         fault = kill_one(url, client, client.models.list().data[0].id)
     finally:
         stop(proc)
-    report = json.loads(RESULTS.read_text())
-    report.setdefault("measured", {})["fault"] = {**fault, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote the fault section of {RESULTS}")
+    last = provenance.latest("scale")
+    report = {"fault_only": True, "fault_section_of": str(last.relative_to(ROOT)) if last else None,
+              "measured": {"fault": {**fault, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}}}
+    run.save(report)
     return 0
 
 
@@ -186,8 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--projection-only", action="store_true")
     parser.add_argument("--fault-only", action="store_true", help="time a replica's death again, into the last results")
     args = parser.parse_args(argv)
+    run = provenance.start("scale", argv)
     if args.fault_only:
-        return fault_only(args)
+        return fault_only(args, run)
     report = {"projected": projected(), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     for row in report["projected"]["rows"]:
         print(f"projected: {row['replicas']} x H100, 200 at once: p95 TTFT {row['ttft_p95_s']:.2f} s, p95 ITL "
@@ -197,8 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         expected = {t: references(lm, t) for t in args.tokens}
         report.update(machine=machine(lm), load_average=os.getloadavg(), measured=measure(args, expected))
         report["load_average_after"] = os.getloadavg()
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    run.save(report)
     return 0
 
 

@@ -22,7 +22,7 @@ last two must be 0), p50/p95 of each kind's duration, the resident memory (after
 and what is still in use at the end once malloc_trim has handed the allocator's free pages back: that must be
 within 10% of after warm-up, both net of the bounded prefix cache), threads and playground hooks left (must be 0).
 Writes
-bench/results/soak.json and exits with status 1 when a check fails.
+a new bench/results/soak/<UTC time>-<commit>.json (bench/provenance.py) and exits with status 1 when a check fails.
 """
 from __future__ import annotations
 
@@ -63,8 +63,8 @@ from engine.core.records import DoneRecord  # noqa: E402
 from engine.serving.scheduler import scheduler_for  # noqa: E402
 from engine.serving.shelf import Shelf  # noqa: E402
 from engine.lab.speed import measure_context  # noqa: E402
+from bench import provenance  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results" / "soak.json"
 SHIPPED = sorted((ROOT / "assets" / "recordings").glob("*.json.gz"))
 TOKEN = "soak-presenter-token"
 PROMPTS = ("What is the capital of France?", "Why is the sky blue?", "Write a haiku about autumn.",
@@ -500,16 +500,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bomb-mb", type=int, default=500, help="decompressed size of the bombs")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, help="default: a new file under bench/results/soak/")
     args = parser.parse_args(argv)
+    run = provenance.start("soak", argv)
     seconds = args.seconds if args.seconds is not None else args.minutes * 60
     lm = load_model(args.model, device=args.device)
     result = {"sessions": args.sessions, "seconds": seconds, "model": lm.label, "device": str(lm.device),
+              "units": {"memory_mb": "MiB (2**20 bytes)"},
               "limits": scheduler_for(lm).limits.to_dict(),
               **run_soak(lm, args.sessions, seconds, args.seed, args.bomb_mb)}
     scheduler_for(lm).close()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    run.save(result, out=args.out)
     print(json.dumps({k: result[k] for k in ("asked", "served", "refused", "cancelled", "failed", "lost",
                                              "memory_mb", "threads_left", "hooks_left", "checks")}, indent=2))
     return 1 if result["checks"] else 0

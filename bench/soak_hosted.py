@@ -16,8 +16,9 @@ quota (a tmpfs of --quota-mb, mounted here when this process may: as root, or in
 Faults: SIGKILL a web process at a quarter of the time, the model server at half, fill the run store's disk at
 three quarters (a file takes all its free space; it is removed again at seven eighths, as an operator would).
 
-Reported (bench/results/soak_hosted.json): asked / served / refused (with each message) / failed (with each
-message) / lost for each kind and each fault window, p95 time to first token of the API clients in the span before
+Reported (a new bench/results/soak_hosted/<UTC time>-<commit>.json, bench/provenance.py): asked / served /
+refused (with each message) / failed (with each message) / lost for each kind and each fault window, p95 time to
+first token of the API clients in the span before
 and after each fault, how long each process took to come back, and the resident memory of every process at start
 and end (sampled every 30 s). **Lost** is a run that finished for its client (an API stream that ended, a page that
 showed its Done or Stopped line with its link) and cannot be opened by its id at the end: it must be 0. A failure
@@ -53,8 +54,8 @@ sys.path.insert(0, str(ROOT))
 from st_client import Person  # noqa: E402
 from engine.store import open_store  # noqa: E402
 from app.widgets import STOPPED_IN_LINE  # noqa: E402
+from bench import provenance  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results" / "soak_hosted.json"
 CODE = "soak-room-2026"
 PROMPTS = ("What is the capital of France?", "Why is the sky blue?", "Write a haiku about autumn.",
            "Name three prime numbers.", "What does a GPU do?", "Give me a tip for learning to cook.",
@@ -508,12 +509,13 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--capture-share", type=float, default=0.25, help="answers with the pages' capture")
     parser.add_argument("--quota-mb", type=int, default=2560, help="the run store's disk (a tmpfs); 0: none")
     parser.add_argument("--runs-mb", type=int, default=2048, help="the run store's budget (the default's)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, help="default: a new file under bench/results/soak_hosted/")
     return parser.parse_args()
 
 
 def main() -> int:
     args = parse()
+    run = provenance.start("soak_hosted")
     soak = Soak(args)
     work = Path(tempfile.mkdtemp(prefix="soak-hosted-"))
     soak.store = work / "store"
@@ -532,8 +534,7 @@ def main() -> int:
         if args.quota_mb:
             subprocess.run(["umount", str(soak.store)], capture_output=True)
     result = {**report(soak, lost), "store": store}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, default=str))
+    run.save(result, out=args.out)
     print(json.dumps({k: result[k] for k in ("kinds", "lost", "faults_at_s", "p95_ttft_api_s", "back_after_s",
                                              "checks")}, indent=1, default=str))
     return 1 if result["checks"] else 0

@@ -12,12 +12,11 @@ Qwen2.5-Coder pair (0.5B drafting for 1.5B) is added when both extras are instal
 Plain greedy runs are interleaved with the speculative ones (before each draft kind and at the end)
 and their median is the baseline, so a busy machine slows both sides alike. One torch thread by
 default: the two cores here are shared, and one thread does not stall when a neighbour is busy.
-Writes bench/results/speculative.json and prints a table.
+Writes a new bench/results/speculative/<UTC time>-<commit>.json (bench/provenance.py) and prints a table.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -33,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 from engine.core.generate import GenerationRequest, encode_prompt, generate  # noqa: E402
 from engine.speculative.demo_prompts import SPECULATIVE_PROMPTS  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF  # noqa: E402
+from bench import provenance  # noqa: E402
 from engine.core.loader import LoadedModel, cache_dir, load_model  # noqa: E402
 from engine.speculative.decode import (Draft, SpecRoundRecord, draft_from_spec, expected_tokens_per_pass,  # noqa: E402
                                        speculative_generate)
@@ -161,8 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--qwen-tokens", type=int, default=None, help="new tokens for the Qwen pair (default 32)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-qwen", action="store_true")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "speculative.json"))
+    parser.add_argument("--out", help="default: a new file under bench/results/speculative/")
     args = parser.parse_args(argv)
+    run = provenance.start("speculative", argv)
     torch.set_num_threads(args.threads)
     tokens = args.tokens or (24 if args.quick else 48)
     ks = (2, 4) if args.quick else KS
@@ -185,10 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         "prompts": PROMPTS, "baselines": {n: _public(b) for n, b in baselines.items()},
         "runs": [_public(r) for r in rows], "qwen": qwen, "seconds": time.perf_counter() - started,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    out = run.save(result, out=args.out)
     print_table(rows + (qwen["runs"] if qwen else []))
-    print(f"\nwrote {args.out} in {result['seconds']:.0f} s")
+    print(f"\n{out} in {result['seconds']:.0f} s")
     return 0
 
 

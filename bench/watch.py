@@ -14,7 +14,7 @@ poll in the page; the others when the delta arrives; one machine clock). Per tok
 long after the presenter's tab the follower's showed it (the stream lag); how long after the presenter's
 "Done" its own tab said done, and how long until it showed the finished run's whole page (the page lag; a
 follower whose page never came is counted, with a screenshot in /tmp). Also the server's and the browsers' CPU seconds. Writes
-bench/results/watch.json.
+a new bench/results/watch/<UTC time>-<commit>.json (bench/provenance.py).
 """
 from __future__ import annotations
 
@@ -29,12 +29,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402
 from room_browser import ARGS, CHROMIUM, cpu_seconds, spent, start_app  # noqa: E402
 from st_client import UP_CLOSE, Tab, first_seen  # noqa: E402
 
 TOKEN = "watch-bench-token-123"
 PAGE_ERRORS: list[str] = []                      # errors thrown in any Chromium tab, and renderer crashes
-RESULTS = Path(__file__).resolve().parent / "results" / "watch.json"
 # Timers of pages that are not in front must not be slowed, or the log would lag for the browser's sake.
 WATCH_ARGS = ARGS + ["--disable-background-timer-throttling", "--disable-renderer-backgrounding",
                      "--disable-backgrounding-occluded-windows"]
@@ -118,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--followers", type=int, default=30, help="followers in all")
     parser.add_argument("--browsers", type=int, default=3, help="how many of them are Chromium tabs")
     parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--out", type=Path, help="default: a new file under bench/results/watch/")
     args = parser.parse_args(argv)
+    run = provenance.start("watch", argv)
     browsers = min(args.browsers, args.followers)
     proc, url = start_app({"PLAYGROUND_PRESENTER_TOKEN": TOKEN})
     try:
@@ -126,8 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    run.save(report, out=args.out)
     print(json.dumps(report, indent=2))
     return 0
 

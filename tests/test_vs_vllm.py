@@ -25,7 +25,34 @@ def test_the_benchmark_measures_our_server_alone_on_the_tiny_model(tiny_model_di
     assert alone["tokens"] >= 2 and 0 < alone["ttft_s"] < 60 and alone["itl_ms"] > 0
     assert ours["room_4"]["threads"]["cores"] >= 1                   # the room reports the threads it measured
     assert report["ours_wrong_answers"] == {"4": 0}
-    assert set(report["table"]["ours"]) >= {"alone_itl_ms", "alone_ttft_s", "room_4_throughput_tok_s"}
+    assert report["answers"]["ours"]["4"] == {"answers": 3, "unanswered": 0, "wrong": 0}
+    assert len(set(report["prompts"]["room"])) == 3 and ours["alone_repeated"]["runs"][0]["tokens"] >= 2
+    assert report["settings"]["ours"]["processes"][0]["cores"]            # what the server may run on, measured
+    assert report["provenance"]["commit"] and report["provenance"]["command"][-2:] == ["--out", str(out)]
+    assert set(report["table"]["ours"]) >= {"alone_itl_ms", "alone_ttft_s", "room_4_throughput_tok_s",
+                                            "alone_repeated_ttft_s"}
+
+
+def test_every_session_asks_its_own_prompt_and_lone_requests_never_repeat():
+    import vs_vllm
+
+    room = vs_vllm.room_prompts(20)
+    lone = vs_vllm.alone_prompts(9)
+    assert len(set(room)) == 20 and len(set(lone)) == 9 and not set(room) & set(lone)
+
+
+def test_one_wrong_answer_of_ours_fails_the_run_and_vllm_is_counted_against_ours():
+    """compare_answers over two rounds of a 3-session room: ours must equal its answers alone every time."""
+    import vs_vllm
+
+    refs = {"ours": {4: ["a", "b", "c"]}, "vllm": {4: ["a", "b", "x"]}}
+    room = lambda *answers: {"room_4": {"answers": list(answers)}}  # noqa: E731
+    rounds = [{"ours": room("a", "b", "c"), "vllm": room("a", "b", "x")},
+              {"ours": room("a", "B", "c"), "vllm": room("a", None, "c")}]
+    counts = vs_vllm.compare_answers(rounds, ["ours", "vllm"], [4], refs)
+    assert counts["ours"][4] == {"answers": 6, "unanswered": 0, "wrong": 1}
+    assert counts["vllm"][4] == {"answers": 6, "unanswered": 1, "wrong": 1, "equal_ours": 4,
+                                 "alone_equal_ours_alone": 2}
 
 
 def test_without_vllm_installed_it_says_how_to_get_it(tmp_path, capsys):
