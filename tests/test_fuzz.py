@@ -2,7 +2,6 @@
 EngineError, and the engine serves the next request normally with no hook left behind."""
 from __future__ import annotations
 
-import math
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -62,17 +61,48 @@ def assert_serves_normally(lm, expected: str) -> None:
     assert list(generate(lm, PROBE))[-1].text == expected
 
 
+def unicode_ok(text: str | None) -> bool:
+    return text is None or not any(0xD800 <= ord(c) <= 0xDFFF for c in text)
+
+
+def broken_rules(lm, request: GenerationRequest) -> list[str]:
+    """What the engine must say about this request, written from its documented rules (not from its code): every
+    rule the request breaks, as the start of the message that names it; [] for a request it must serve. The tiny
+    model has no chat template, so its prompt is the tokenizer's plain encoding, and a 256-token context."""
+    r, context = request, lm.spec.max_context
+    rules = [(not unicode_ok(r.system), "the system prompt holds text that is not valid Unicode"),
+             (not all(unicode_ok(x) for x in r.stop), "a stop string holds text that is not valid Unicode"),
+             (not r.prompt.strip(), "the prompt is empty"),
+             (len(r.prompt) > 200_000, "the prompt has"),
+             (not unicode_ok(r.prompt), "the prompt holds text that is not valid Unicode"),
+             (not 1 <= r.max_new_tokens <= 4096, "max new tokens must be 1 to 4096"),
+             (not 0 <= r.temperature <= 10, "temperature must be between 0 and 10"),
+             (r.top_k < 0, "top-k must be 0 (off) or positive"),
+             (not 0 < r.top_p <= 1, "top-p must be above 0 and at most 1"),
+             (not 0 <= r.seed < 2**63, "the seed must be a non-negative integer")]
+    broken = [message for bad, message in rules if bad]
+    if broken:
+        return broken
+    n = len(lm.tokenizer(r.prompt)["input_ids"])
+    return [message for bad, message in [(n == 0, "the prompt encodes to no tokens"),
+                                         (n > context, f"the prompt is {n:,} tokens"),
+                                         (n + r.max_new_tokens > context, f"{n:,} prompt tokens + ")] if bad]
+
+
 def run_or_refuse(lm, request: GenerationRequest, policy: CapturePolicy) -> None:
+    """A request that breaks no rule is served; one that does is refused with the message of a rule it breaks."""
+    broken = broken_rules(lm, request)
     try:
         records = list(generate(lm, request, policy))
     except EngineError as err:
-        assert str(err).strip(), f"{type(err).__name__} without a message"
+        assert broken, f"a valid request was refused: {type(err).__name__}: {err}"
+        assert any(str(err).startswith(message) for message in broken), (str(err), broken)
         event(f"refused: {type(err).__name__}")
         return
+    assert not broken, f"served a request that breaks: {broken}"
     event(f"generated ({records[-1].finish_reason})")
     done = records[-1]
     assert isinstance(done, DoneRecord) and 1 <= done.generated_tokens <= request.max_new_tokens
-    assert math.isfinite(request.temperature) and 0 < request.top_p <= 1
 
 
 @FUZZ
@@ -96,18 +126,43 @@ odd_values = st.one_of(st.none(), st.booleans(), st.text(max_size=3), st.floats(
                        st.integers(-10, 10), st.lists(st.integers(), max_size=2), st.binary(max_size=3))
 
 
+KINDS = {"prompt": str, "max_new_tokens": int, "temperature": (int, float), "top_k": int, "top_p": (int, float),
+         "seed": int, "chat": bool, "system": (str, type(None))}
+RANGES = {"prompt": (lambda v: bool(v.strip()), "the prompt is empty"),
+          "max_new_tokens": (lambda v: 1 <= v <= 16, "max new tokens must be 1 to 4096"),
+          "temperature": (lambda v: 0 <= v <= 10, "temperature must be between 0 and 10"),
+          "top_k": (lambda v: v >= 0, "top-k must be 0 (off) or positive"),
+          "top_p": (lambda v: 0 < v <= 1, "top-p must be above 0 and at most 1"),
+          "seed": (lambda v: v >= 0, "the seed must be a non-negative integer")}
+
+
+def wrong_value(field: str, value) -> str | None:
+    """The start of the message a request with `field=value` (the rest valid) must be refused with; None when it
+    must be served. From the documented field types and ranges, not from the engine's code."""
+    if field == "stop":
+        ok = isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value)
+        return None if ok else "stop must be a list of strings"
+    if isinstance(value, bool) != (KINDS[field] is bool) or not isinstance(value, KINDS[field]):
+        return f"{field.replace('_', ' ')} must be "
+    check, message = RANGES.get(field, (lambda v: True, ""))
+    return None if check(value) else message
+
+
 @FUZZ
 @given(field=st.sampled_from(["prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop",
                               "chat", "system"]), value=odd_values)
 def test_the_scheduler_refuses_wrongly_typed_fields_with_a_message(tiny_lm, probe_text, field, value):
     scheduler = Scheduler(tiny_lm, Limits(max_new_tokens=16))
+    wrong = wrong_value(field, value)
     try:
         base = {"prompt": "w1 w2", "max_new_tokens": 3, "chat": False}
         handle = scheduler.submit(GenerationRequest(**{**base, field: value}))
     except EngineError as err:
-        assert str(err).strip()
+        assert wrong is not None, f"{field}={value!r} was refused: {err}"
+        assert str(err).startswith(wrong), (str(err), wrong)
         event(f"refused: {type(err).__name__}")
     else:
+        assert wrong is None, f"{field}={value!r} was accepted; expected: {wrong}"
         event("generated")
         done = handle.result(timeout=60)[-1]
         assert isinstance(done, DoneRecord) and handle.state == "done" and handle.error is None

@@ -15,6 +15,7 @@ from engine.service.join import (FREE_GUESSES, FREE_GUESSES_PER_ADDRESS, MEMBER_
                                  checked_code, new_code, normalized)
 
 CODE = "k7mq-3xtp-9wha"
+REPLACED = "that join code was replaced by a new one: ask the presenter for the new link"
 MAIN = "../app/main.py"
 
 
@@ -151,14 +152,26 @@ def test_a_closed_room_lets_nobody_new_in_and_keeps_its_members():
 
 
 def test_the_gate_is_thread_safe():
+    """200 browsers at once, half with the right code and half with a wrong one, while the presenter rotates the
+    code: every wrong code is refused, and every right one is admitted (at once, or with the new code after being
+    told the old one was replaced, as a browser following the new link would be)."""
     g, _, _ = gate()
-    tokens, refused = [], []
+    outcomes: dict[int, list[str]] = {}
 
     def knock(i: int) -> None:
-        try:
-            tokens.append(g.join(CODE if i % 2 else f"wrong-code-{i}", client=f"c{i}"))
-        except JoinRefused:
-            refused.append(i)
+        said = outcomes.setdefault(i, [])
+        code = CODE if i % 2 else f"wrong-code-{i}"
+        for _ in range(2):
+            try:
+                token = g.join(code, client=f"c{i}")
+            except JoinRefused as refused:
+                said.append(str(refused))
+                if "replaced" not in str(refused):
+                    break
+                code = g.code()                                   # the new link
+            else:
+                said.append("admitted" if g.admits(token) else "a token the gate does not admit")
+                break
         if i == 50:
             g.rotate()
 
@@ -167,7 +180,13 @@ def test_the_gate_is_thread_safe():
         t.start()
     for t in threads:
         t.join()
-    assert len(tokens) + len(refused) == 200 and all(g.admits(t) for t in tokens)
+    assert g.code() != CODE                                           # it did rotate, while others knocked
+    for i, said in outcomes.items():
+        if i % 2:
+            assert said in (["admitted"], [REPLACED, "admitted"]), (i, said)
+        else:
+            assert said == ["that is not the join code"], (i, said)
+    assert len(outcomes) == 200
 
 
 # --- the launcher ---------------------------------------------------------------------------------------------

