@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import tiny_prompt, write_tiny_llama
+from conftest import tiny_prompt, write_tiny_llama
 from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF
 from engine.core.records import DecodeRecord, DoneRecord

@@ -401,7 +401,7 @@ def recording_of(part: Any, lm: Any) -> Recording:
     if not any(isinstance(r, PrefillRecord) for r in records) or not isinstance(records[-1], DoneRecord):
         raise RunFileError(f"run {info.id} ended before its first token ({info.state}): there is nothing to export")
     return Recording(info.model, lm.spec, info.request, info.policy, records, lm.dtype_name, str(lm.device),
-                     title=info.request.prompt[:60])
+                     title=info.request.prompt[:60], timeline=getattr(info, "timeline", None))
 
 
 def file_of(recording: Recording, lm: Any, view: dict[str, Any] | None = None, run_id: str | None = None) -> bytes:

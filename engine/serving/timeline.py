@@ -267,7 +267,59 @@ def timeline_dict(tl: RequestTimeline) -> dict[str, Any]:
     }
 
 
+def story(tl: RequestTimeline | None, timings: Timings | None) -> dict[str, Any] | None:
+    """What a run keeps (its info, its run file): the timeline with its `timings`, as plain values; None without."""
+    if tl is None or timings is None:
+        return None
+    return {**timeline_dict(tl), "timings": timings.as_dict()}
+
+
 def step_dict(step: StepSeen, origin: float) -> dict[str, Any]:
     return {"index": step.index, "start": round(step.started - origin, 6), "seconds": round(step.seconds, 6),
             "prefill_seconds": round(step.prefill_seconds, 6), "rows": list(step.rows),
             "prefills": [list(p) for p in step.prefills]}
+
+
+# --- a stored story, read back (a run file is untrusted input) ------------------------------------------------------
+
+SPLIT_PARTS = ("queue", "prefill", "decode", "batch", "others_prefill", "between_steps", "total")
+_NUMBERS = ("e2e_request_latency_seconds", "request_queue_time_seconds", "request_prefill_time_seconds",
+            "request_decode_time_seconds", "time_to_first_token_seconds", "alone_seconds", "one_row_step_seconds")
+
+
+def story_problem(value: Any) -> str:
+    """What is wrong with a stored story (`story`'s shape), in a few words; "" when nothing is."""
+    if not isinstance(value, dict) or not isinstance(value.get("timings"), dict):
+        return "not a mapping with timings"
+    steps, timings = value.get("steps"), value["timings"]
+    if not isinstance(steps, list) or not all(_step_ok(s) for s in steps):
+        return "a step that is not a step"
+    if not all(_number(timings.get(k), none=True) for k in _NUMBERS):
+        return "a time that is not a number"
+    for name in ("split", "first_token_split"):
+        part = timings.get(name)
+        if not (part is None and name != "split" or isinstance(part, dict) and all(_number(part.get(k))
+                                                                                 for k in SPLIT_PARTS)):
+            return f"{name} is not a split"
+    behind_ok = isinstance(timings.get("behind"), list) and all(
+        isinstance(b, dict) and _whole(b.get("id")) and _whole(b.get("tokens")) and _number(b.get("seconds"))
+        for b in timings["behind"])
+    sizes = timings.get("batch_sizes")
+    if not behind_ok or not isinstance(sizes, dict) or not all(_whole(v) for v in sizes.values()):
+        return "the others or the batch sizes are not counts"
+    return ""
+
+
+def _step_ok(step: Any) -> bool:
+    return (isinstance(step, dict) and all(_number(step.get(k)) for k in ("start", "seconds", "prefill_seconds"))
+            and isinstance(step.get("rows"), list) and all(_whole(r) for r in step["rows"])
+            and isinstance(step.get("prefills"), list)
+            and all(isinstance(p, list) and len(p) == 2 and all(_whole(x) for x in p) for p in step["prefills"]))
+
+
+def _number(x: Any, none: bool = False) -> bool:
+    return x is None and none or isinstance(x, (int, float)) and not isinstance(x, bool) and x == x
+
+
+def _whole(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
