@@ -18,7 +18,7 @@ def run_from_recording(rec: Recording) -> Run:
                              "can draw it")
     run = Run(model=rec.model, spec=rec.spec, request=rec.request, policy=rec.policy, live=False,
               dtype=rec.dtype, device=rec.device, source=rec.title or rec.request.prompt[:60],
-              speculation=recorded_speculation(rec))
+              speculation=recorded_speculation(rec), timeline=rec.timeline)
     layers = rec.policy.layers
     if layers is not None and len(layers) < rec.spec.n_layers:
         run.capture_note = (f"This recording kept the attention of {len(layers)} of {rec.spec.n_layers} layers "
@@ -51,7 +51,8 @@ def recording_from_run(run: Run) -> Recording:
         raise RecordingError("only a finished run can be saved (this one has no final record)")
     records = [run.prefill, *run.steps, run.done]
     return Recording(run.model, run.spec, run.request, run.policy, records, run.dtype, run.device,
-                     title=run.source or run.request.prompt[:60], speculation=speculation_record(run.speculation))
+                     title=run.source or run.request.prompt[:60], speculation=speculation_record(run.speculation),
+                     timeline=run.timeline)
 
 
 def speculation_record(spec: Speculation | None) -> RecordedSpeculation | None:

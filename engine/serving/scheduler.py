@@ -49,7 +49,7 @@ from engine.serving.people import People, SessionLimitError, retry_after  # noqa
 from engine.serving.prefix import PrefixCache
 from engine.serving.threads import ThreadChoice, ThreadTuner
 from engine.serving.timeline import (RATE_HISTORY, STOPPED, Rates, RequestTimeline, StepSeen, Timings, rates_of,
-                                     timings_of)
+                                     story, timings_of)
 from engine.core.records import DoneRecord, PrefillRecord
 from engine.speculative.decode import speculative_generate
 from engine.speculative.drafts import Draft
@@ -150,6 +150,11 @@ class Handle:
 
     def status(self) -> QueueStatus:
         return self.scheduler.status(self)
+
+    @property
+    def story(self) -> dict[str, Any] | None:
+        """Its timeline and timings as plain values once it has ended (engine.serving.timeline.story), else None."""
+        return story(self.timeline, self.timings)
 
     def cancel(self) -> None:
         """Stop this request: dropped from the queue, or stopped after the current step if running."""
