@@ -103,6 +103,12 @@ class RunFile:
                 "tokens_per_s": done.tokens_per_second} if done is not None else {}
 
     @property
+    def story(self) -> dict[str, Any] | None:
+        """Why it took its time: its timeline in the room and its timings (engine.serving.timeline.story); None for a
+        run made before the playground kept one, or outside a server."""
+        return self.recording.timeline
+
+    @property
     def layers(self) -> list[int]:
         """Layers whose prefill attention the run captured."""
         return sorted(i for i, c in self.prefill.captures.items() if c.attention is not None)
