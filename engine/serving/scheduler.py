@@ -25,6 +25,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import os
 import queue
 import statistics
 import threading
@@ -313,7 +314,8 @@ class Scheduler:
         self._one_row: deque[float] = deque(maxlen=RATE_HISTORY)              # one-row decode-only steps' seconds
         self._prefill_rate: deque[tuple[int, float]] = deque(maxlen=RATE_HISTORY)   # (tokens, seconds) per prefill
         self._step_index = 0
-        self.keep_timelines = True     # False: no per-request timeline (the bookkeeping's cost, bench/timings.py)
+        # False (PLAYGROUND_TIMELINES=0): no per-request timeline, only to measure what keeping one costs (bench/timings.py)
+        self.keep_timelines = os.environ.get("PLAYGROUND_TIMELINES", "1") != "0"
         self._t0 = time.perf_counter()
         self._ids = itertools.count(1)
         self._stats = SchedulerStats()
