@@ -9,7 +9,10 @@ Both servers run the same model with the same limits and threads; only one of th
 alternate). Each round: N streaming chat completions at once (bench/api_clients.py). Memory: the same N sessions
 in-process on a scheduler that keeps timelines, each finished request's record measured with its steps counted as
 if it were their only owner (an upper bound: the steps are shared by the batch), and its stored story (the plain
-values a run keeps on its info and in its run file). Writes bench/results/timings.json.
+values a run keeps on its info and in its run file); and the bookkeeping's own time (recording each step, taking each
+request apart, building its story) against the steps' time, in-process in the same run, a ratio the machine's load
+scales on both sides (`--share-only`: that and the memory, no servers). Writes bench/results/timings.json (a dated
+name when it exists).
 """
 from __future__ import annotations
 
@@ -90,6 +93,41 @@ def memory(lm, limits: Limits, sessions: int, tokens: int) -> dict:
             "story_json_bytes_max": max(story), "story_json_bytes_per_step": max(b / s for b, s in zip(story, steps))}
 
 
+def share(lm, limits: Limits, sessions: int, tokens: int) -> dict:
+    """The bookkeeping's own time against the steps' time, in-process, in the same run (a ratio the machine's load
+    scales on both sides): the worker's time in recording each step into the timelines and in taking each finished
+    request apart, and the stories built for its run info."""
+    spent = {"per_step": 0.0, "per_request": 0.0, "story": 0.0}
+
+    def timed(name, fn):
+        def wrapper(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[name] += time.perf_counter() - t0
+        return wrapper
+
+    scheduler = Scheduler(lm, limits)
+    scheduler._lived = timed("per_step", scheduler._lived)
+    scheduler._end_story = timed("per_request", scheduler._end_story)
+    try:
+        handles = [scheduler.submit(GenerationRequest(PROMPTS[i % len(PROMPTS)], max_new_tokens=tokens), CAPTURE_OFF)
+                   for i in range(sessions)]
+        for h in handles:
+            h.result(timeout=600)
+        t0 = time.perf_counter()
+        for h in handles:
+            h.story                                   # what the service builds for the run's info at its end
+        spent["story"] = time.perf_counter() - t0
+        steps = [s.seconds for s in scheduler.room().steps]
+    finally:
+        scheduler.close()
+    total = sum(spent.values())
+    return {"tokens": tokens, "steps": len(steps), "step_seconds_total": sum(steps), "bookkeeping_seconds": spent,
+            "bookkeeping_share_of_step_time": total / sum(steps)}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="default")
@@ -100,6 +138,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--client-procs", type=int, default=1)
+    parser.add_argument("--share-only", action="store_true",
+                        help="only the in-process bookkeeping's share of the step time and the memory (no servers)")
     parser.add_argument("--out", default=str(RESULTS))
     return parser.parse_args(argv)
 
@@ -130,31 +170,47 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PLAYGROUND_THREADS", str(args.threads))
     lm = in_passing_thread(lambda: load_model(args.model, device=args.device, dtype=args.dtype))
     limits = Limits.for_device(lm.device).with_env()
+    if args.share_only:
+        return write(args, argv, lm, [], in_house(args, lm, limits))
     servers = {side: start(args, limits, keep) for side, keep in SIDES.items()}
     pools = {side: ClientPool(args.client_procs, url + "/v1") for side, (_, url) in servers.items()}
     model = openai.OpenAI(base_url=servers["kept"][1] + "/v1", api_key="unused").models.list().data[0].id
-    rows, mem = [], []
+    rows: list[dict] = []
     try:
         for tokens in args.tokens:
             expected = in_passing_thread(lambda: references(lm, tokens))
             rows.append(compare(args, pools, model, tokens, expected))
-            mem.append(in_passing_thread(lambda: memory(lm, limits, args.sessions, tokens)))
-            print(f"{tokens:3d} tokens: a timeline takes at most {mem[-1]['record_bytes_max']:,} bytes in the "
-                  f"scheduler, its story {mem[-1]['story_json_bytes_max']:,} bytes as JSON", flush=True)
     finally:
         for pool in pools.values():
             pool.close()
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(timeout=30)
+    return write(args, argv, lm, rows, in_house(args, lm, limits))
+
+
+def in_house(args: argparse.Namespace, lm, limits: Limits) -> dict:
+    """In this process: the memory of a timeline and the bookkeeping's share of the step time, per token count."""
+    out: dict[str, list] = {"memory": [], "share": []}
+    for tokens in args.tokens:
+        out["memory"].append(in_passing_thread(lambda: memory(lm, limits, args.sessions, tokens)))
+        out["share"].append(in_passing_thread(lambda: share(lm, limits, args.sessions, tokens)))
+        m, s = out["memory"][-1], out["share"][-1]
+        print(f"{tokens:3d} tokens: a timeline takes at most {m['record_bytes_max']:,} bytes in the scheduler, its "
+              f"story {m['story_json_bytes_max']:,} bytes as JSON; the bookkeeping took "
+              f"{s['bookkeeping_share_of_step_time']:.2%} of the steps' time", flush=True)
+    return out
+
+
+def write(args: argparse.Namespace, argv: list[str] | None, lm, rows: list[dict], house: dict) -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     report = {"what": f"{args.sessions} streaming API sessions at once on a server keeping every request's timeline "
-                      "against one keeping none (PLAYGROUND_TIMELINES=0), alternating, medians of the rounds; and "
-                      "the memory of one request's timeline",
+                      "against one keeping none (PLAYGROUND_TIMELINES=0), alternating, medians of the rounds; the "
+                      "memory of one request's timeline; in-process, the bookkeeping's own time against the steps'",
               "command": " ".join(["python", "bench/timings.py", *(argv if argv is not None else sys.argv[1:])]),
               "commit": commit.strip(), "machine": machine(lm), "threads": args.threads,
               "note": "the machine is shared with other work: the rounds' spread is the noise",
-              "rows": rows, "memory": mem, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+              "rows": rows, **house, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     out = Path(args.out)
     if out.exists():                                  # never overwritten: a new run gets a dated name
         out = out.with_name(f"{out.stem}-{time.strftime('%Y-%m-%d-%H%M')}{out.suffix}")
