@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,6 +45,7 @@ from engine.serving.scheduler import Scheduler  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "timings.json"
 SIDES = {"kept": "1", "not_kept": "0"}
+REQUEST_SECONDS = 3600.0
 
 
 def start(args: argparse.Namespace, limits: Limits, keep: str) -> tuple[subprocess.Popen, str]:
@@ -53,7 +55,8 @@ def start(args: argparse.Namespace, limits: Limits, keep: str) -> tuple[subproce
            "--threads", str(args.threads)]
     cmd += [x for flag, v in (("--device", args.device), ("--dtype", args.dtype)) if v for x in (flag, v)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                            env={**os.environ, "OMP_NUM_THREADS": str(args.threads), "PLAYGROUND_TIMELINES": keep})
+                            env={**os.environ, "OMP_NUM_THREADS": str(args.threads), "PLAYGROUND_TIMELINES": keep,
+                                 "PLAYGROUND_REQUEST_SECONDS": str(REQUEST_SECONDS)})
     url = f"http://127.0.0.1:{port}"
     wait_healthy(proc, url)
     return proc, url
@@ -83,12 +86,14 @@ def memory(lm, limits: Limits, sessions: int, tokens: int) -> dict:
                    for i in range(sessions)]
         for h in handles:
             h.result(timeout=600)
+        reasons = [h.timeline.finish_reason for h in handles]
         record = [deep_size(h.timeline) for h in handles]
         story = [len(json.dumps(h.story)) for h in handles]
         steps = [len(h.timeline.steps) for h in handles]
     finally:
         scheduler.close()
-    return {"tokens": tokens, "steps_per_request_max": max(steps),
+    return {"tokens": tokens, "finish_reasons": {r: reasons.count(r) for r in set(reasons)},
+            "steps_per_request_max": max(steps),
             "record_bytes_max": max(record), "record_bytes_per_step": max(r / s for r, s in zip(record, steps)),
             "story_json_bytes_max": max(story), "story_json_bytes_per_step": max(b / s for b, s in zip(story, steps))}
 
@@ -121,10 +126,12 @@ def share(lm, limits: Limits, sessions: int, tokens: int) -> dict:
             h.story                                   # what the service builds for the run's info at its end
         spent["story"] = time.perf_counter() - t0
         steps = [s.seconds for s in scheduler.room().steps]
+        reasons = [h.timeline.finish_reason for h in handles]
     finally:
         scheduler.close()
     total = sum(spent.values())
-    return {"tokens": tokens, "steps": len(steps), "step_seconds_total": sum(steps), "bookkeeping_seconds": spent,
+    return {"tokens": tokens, "finish_reasons": {r: reasons.count(r) for r in set(reasons)}, "steps": len(steps),
+            "step_seconds_total": sum(steps), "bookkeeping_seconds": spent,
             "bookkeeping_share_of_step_time": total / sum(steps)}
 
 
@@ -169,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     os.environ.setdefault("PLAYGROUND_THREADS", str(args.threads))
     lm = in_passing_thread(lambda: load_model(args.model, device=args.device, dtype=args.dtype))
-    limits = Limits.for_device(lm.device).with_env()
+    # no request stopped by the server's wall-time limit on a loaded machine: a cut-short timeline measures nothing
+    limits = replace(Limits.for_device(lm.device).with_env(), request_seconds=REQUEST_SECONDS)
     if args.share_only:
         return write(args, argv, lm, [], in_house(args, lm, limits))
     servers = {side: start(args, limits, keep) for side, keep in SIDES.items()}
