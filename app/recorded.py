@@ -18,7 +18,8 @@ def run_from_recording(rec: Recording) -> Run:
                              "can draw it")
     run = Run(model=rec.model, spec=rec.spec, request=rec.request, policy=rec.policy, live=False,
               dtype=rec.dtype, device=rec.device, source=rec.title or rec.request.prompt[:60],
-              speculation=recorded_speculation(rec), recorded=rec.created, machine=rec.machine)
+              speculation=recorded_speculation(rec), recorded=rec.created, machine=rec.machine,
+              timeline=rec.timeline)
     layers = rec.policy.layers
     if layers is not None and len(layers) < rec.spec.n_layers:
         run.capture_note = (f"This recording kept the attention of {len(layers)} of {rec.spec.n_layers} layers "
@@ -53,7 +54,7 @@ def recording_from_run(run: Run) -> Recording:
     made = {"created": run.recorded} if run.recorded else {}       # a recording saved again keeps its origin
     return Recording(run.model, run.spec, run.request, run.policy, records, run.dtype, run.device,
                      title=run.source or run.request.prompt[:60], speculation=speculation_record(run.speculation),
-                     machine=run.machine, **made)
+                     machine=run.machine, timeline=run.timeline, **made)
 
 
 def speculation_record(spec: Speculation | None) -> RecordedSpeculation | None:

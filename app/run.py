@@ -93,6 +93,7 @@ class Run:
     warning: str | None = None      # why the server stopped it early (its time limit), for the page to show
     speculation: Speculation | None = None   # set for speculative decoding
     kept: bool | None = None        # stopped: whether the server said its file is on disk (None: not asked)
+    timeline: dict[str, Any] | None = None   # why it took its time: its story in the room (engine.serving.timeline)
 
     def add(self, record: Record | SpecRoundRecord) -> None:
         if isinstance(record, PrefillRecord):
@@ -258,6 +259,7 @@ def stream_generation(lm: ModelClient, run: Run, on_record: Callable[[Run], None
     handle = lm.submit(request, run.policy, session=session, **extra)
     run.id = handle.run_id
     follow(handle, run, run, on_record, on_wait)
+    run.timeline = getattr(handle, "story", None)
     run.warning = str(handle.error) if handle.error is not None else None
     if spec is not None and run.done is not None and run.done.finish_reason not in ("cancelled", "timeout"):
         spec.baseline = Run(model=run.model, spec=run.spec, request=run.request, policy=run.policy,
@@ -306,6 +308,7 @@ def run_from_slice(part: RunSlice, spec: ModelSpec, into: Run | None = None) -> 
     for record in part.records:
         run.add(compact(record))
     run.live = part.info.live
+    run.timeline = getattr(part.info, "timeline", None)
     run.kept = not part.info.live or None          # read back from the server: it has it
     if part.info.error and not part.info.live:
         run.warning = part.info.error

@@ -61,6 +61,7 @@ if clicked:
 # No st.stop() below: main.py draws the presenter's strip after the page.
 if run is not None and run.prefill is not None:
     result.update(run, final=True)
+    result.why(run)
     run_up_close(lm, run, sampling)
 else:
     st.caption("The timeline of the steps appears here after a run.")

@@ -2,6 +2,7 @@
 import streamlit as st
 
 from app.hosted import hosted
+from app.journey.why import pick_section
 from app.model import api_key, page_model
 from app.presenter import is_presenter, presenter_board
 from app.session import session_id
@@ -20,3 +21,5 @@ if hosted() is not None:                       # the pages and the API in this p
 note = kernel_note(lm)
 if note:
     st.caption(note)
+st.subheader("Why was an answer slow?")
+pick_section(lm)

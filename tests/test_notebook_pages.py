@@ -62,7 +62,8 @@ def test_the_speculative_page_offers_its_run_in_a_notebook(page, tiny_lm, kernel
     assert {where for where, _ in worst} == {"prefill"} and max(worst.values()) <= 1e-5
     nb = execute(data, tmp_path, kernel, "speculative", None, None, monkeypatch)      # the rounds table too
     text, kinds = outputs(nb)
-    assert kinds.count("application/vnd.plotly.v1+json") == 3
+    assert file.story is not None and file.story["timings"]["split"]["others_prefill"] == 0.0   # it ran alone
+    assert kinds.count("application/vnd.plotly.v1+json") == 4                      # and its steps' chart (none)
     assert "3 captured maps compared; the largest difference is 0.00e+00" in text    # the prefill pass, 3 layers
 
 

@@ -114,7 +114,7 @@ def test_journey_generates_streams_and_redraws_without_the_model(app):
     assert metric(at, "Generated tokens") == "6" and metric(at, "Prompt tokens") == "10"
     assert metric(at, "Time to first token").endswith("ms")
     assert any(t.value == run.text for t in at.text)
-    timeline = charts(at)[2]["data"]
+    timeline = next(c["data"] for c in charts(at) if [t.get("name") for t in c["data"]] == ["prefill", "decode"])
     assert [trace["name"] for trace in timeline] == ["prefill", "decode"]
     assert len(array(timeline[1]["x"])) == 5                                         # five decode steps
 

@@ -18,6 +18,7 @@ from app.request import Prepared, Sampling
 from app.format import fmt_ms, fmt_rate, plot_text, visible
 from app.run import LOGIT_LENS_TOP, Run, Throttle, capture_policy
 from app.journey.tokens import chars_per_token, chips_figure, special_mask
+from app.journey.why import why_section
 from app.widgets import ChartSlot, plot
 from engine.core.generate import GenerationRequest
 from engine.errors import EngineError
@@ -97,6 +98,7 @@ class ResultView:
         cols = st.columns(5)
         self.metric_boxes = [c.empty() for c in cols]
         self.note = st.empty()
+        self.why_box = st.container()          # why it took its time: filled once the run has ended (`why`)
         self.timeline: ChartSlot | None = None
         self.text_throttle = Throttle(TEXT_SECONDS, running)
         self.chart_throttle = Throttle(CHART_SECONDS, running)
@@ -140,6 +142,13 @@ class ResultView:
             self._show(self.note, "caption", " ".join(notes))
         if timeline and self.timeline is not None and run.prefill is not None:
             self.timeline.plot(charts.timeline_figure(run.step_seconds()))
+
+    def why(self, run: Run) -> None:
+        """Under the answer, once it has ended: the line that takes its time apart and the chart of its steps
+        (app/journey/why.py). Call once per script run (it holds a widget)."""
+        if run.done is not None and not run.live:
+            with self.why_box:
+                why_section(run.timeline, run.spec, run.dtype, "journey.why")
 
     def timeline_slot(self) -> None:
         """Where the prefill/decode timeline goes (below the tokens and shapes)."""

@@ -103,6 +103,12 @@ class RunFile:
                 "tokens_per_s": done.tokens_per_second} if done is not None else {}
 
     @property
+    def story(self) -> dict[str, Any] | None:
+        """Why it took its time: its timeline in the room and its timings (engine.serving.timeline.story); None for a
+        run made before the playground kept one, or outside a server."""
+        return self.recording.timeline
+
+    @property
     def layers(self) -> list[int]:
         """Layers whose prefill attention the run captured."""
         return sorted(i for i, c in self.prefill.captures.items() if c.attention is not None)
@@ -401,7 +407,7 @@ def recording_of(part: Any, lm: Any) -> Recording:
     if not any(isinstance(r, PrefillRecord) for r in records) or not isinstance(records[-1], DoneRecord):
         raise RunFileError(f"run {info.id} ended before its first token ({info.state}): there is nothing to export")
     return Recording(info.model, lm.spec, info.request, info.policy, records, lm.dtype_name, str(lm.device),
-                     title=info.request.prompt[:60])
+                     title=info.request.prompt[:60], timeline=getattr(info, "timeline", None))
 
 
 def file_of(recording: Recording, lm: Any, view: dict[str, Any] | None = None, run_id: str | None = None) -> bytes:

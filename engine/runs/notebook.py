@@ -115,6 +115,25 @@ else:
     print(f"nnsight, layer {LAYER} head {HEAD}: max |difference| from the playground = {nn_diff:.2e}")
     assert nn_diff <= TOL'''
 
+TIMELINE = '''import plotly.graph_objects as go
+
+story = run.story                                      # the server's own step log, as this run lived through it
+t = story["timings"]
+print(f"{t['e2e_request_latency_seconds']:.4f} s in all ({t['steps']} batch steps); to the first token: "
+      f"{t['time_to_first_token_seconds'] or 0:.4f} s; waited: {t['wait_reason'] or 'no'}")
+for part in ("queue", "prefill", "decode", "batch", "others_prefill", "between_steps"):
+    print(f"{part:>15}: {t['split'][part]:.4f} s")
+assert abs(sum(t["split"][p] for p in ("queue", "prefill", "decode", "batch", "others_prefill", "between_steps"))
+           - t["split"]["total"]) < 1e-6, "the parts add up to the wall time"
+print("Alone on an idle server:", t["alone_seconds"], "s:", t["alone_how"])
+me, steps = story["id"], story["steps"]
+fig = go.Figure()
+fig.add_bar(x=[s["start"] for s in steps], y=[s["seconds"] - s["prefill_seconds"] for s in steps], name="decode pass")
+fig.add_bar(x=[s["start"] for s in steps], y=[s["prefill_seconds"] for s in steps], name="prefill (anyone's)")
+fig.update_layout(barmode="stack", title=f"The {len(steps)} batch steps request {me} lived through",
+                  xaxis_title="seconds since it was submitted", yaxis_title="step time (s)", height=380)
+fig.show()'''
+
 HOOKS = """## The same capture points in TransformerLens
 
 | this run | TransformerLens hook |
@@ -143,6 +162,10 @@ def notebook(run: RunFile, run_file: str, page: str = "journey", layer: int | No
                   new_code_cell(LENS)]
     if run.rounds:
         cells.append(new_code_cell(ROUNDS))
+    if run.story:
+        cells += [new_markdown_cell("## Why it took its time\nThe server's own step log as this run lived through "
+                                    "it: its wall time taken apart, and every batch step (docs/serving.md)."),
+                  new_code_cell(TIMELINE)]
     if run.layers:
         cells += [new_markdown_cell("## The same prompt again, with the engine's Python API\nThe fresh run's "
                                     "attention must match the file's in every captured layer."),

@@ -192,8 +192,10 @@ class Reply:
                             playground=info)
 
     def info(self, finish: str | None = None) -> p.PlaygroundInfo:
+        timings = self.handle.timings if finish is not None else None
         return p.PlaygroundInfo(run_id=self.handle.run_id, finish_reason=finish, captured=self.captured,
-                                capture_note=self.note)
+                                capture_note=self.note,
+                                timings=None if timings is None else p.Timings.model_validate(timings.as_dict()))
 
     # --- streaming ---------------------------------------------------------------------------------------------------
 

@@ -197,7 +197,8 @@ async def event_stream(handle: Handle, stream: RecordStream, replica: str | None
                 continue
             yield wire.encode({"t": "record", "r": record})
         error = None if handle.error is None else {"code": error_code(handle.error), "message": str(handle.error)}
-        yield wire.encode({"t": "end", "state": handle.state, "error": error})
+        yield wire.encode({"t": "end", "state": handle.state, "error": error,
+                           "timeline": getattr(handle, "story", None)})
     finally:
         handle.cancel()
 

@@ -167,13 +167,58 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class TimeSplit(BaseModel):
+    """A stretch of a request's life taken apart, in seconds; the parts add up to `total`
+    (engine/serving/timeline.py)."""
+
+    queue: float                     # submitted until admitted to the batch
+    prefill: float                   # its own share of the prefill passes it ran in
+    decode: float                    # its decode rows at one row's pace (this server's one-row step)
+    batch: float                     # what the batch's size added (its rows above one row's pace, others' decode)
+    others_prefill: float            # the other requests' prefill chunks in the steps it lived through
+    between_steps: float             # the server's own time between those steps
+    total: float
+
+
+class Behind(BaseModel):
+    """Another request whose prompt was prefilled in the steps this one lived through."""
+
+    id: int                          # the scheduler's request number
+    tokens: int                      # its prompt tokens computed in those steps
+    seconds: float                   # what they added to this request
+
+
+class Timings(BaseModel):
+    """Why this answer took the time it took, from the server's own step log; the metric-named fields are what
+    /metrics observes for the same request (playground:request_queue_time_seconds, ...)."""
+
+    run_id: str
+    e2e_request_latency_seconds: float
+    request_queue_time_seconds: float
+    request_prefill_time_seconds: float | None = None
+    request_decode_time_seconds: float | None = None
+    time_to_first_token_seconds: float | None = None
+    split: TimeSplit
+    first_token_split: TimeSplit | None = None
+    behind: list[Behind] = []
+    batch_sizes: dict[str, int] = {}  # decode rows -> steps it decoded in with that many rows
+    steps: int = 0
+    wait_reason: str = ""
+    alone_seconds: float | None = None
+    alone_how: str = ""
+    one_row_step_seconds: float | None = None
+    stopped: bool = False
+
+
 class PlaygroundInfo(BaseModel):
-    """Our extension in a response: the run's id (GET /v1/playground/runs/{run_id}) and the engine's own reason."""
+    """Our extension in a response: the run's id (GET /v1/playground/runs/{run_id}) and the engine's own reason;
+    `timings` in the body (or a stream's last chunk) once the request has ended."""
 
     run_id: str
     finish_reason: str | None = None
     captured: bool = False
     capture_note: str | None = None
+    timings: Timings | None = None
 
 
 class ChatChoice(BaseModel):

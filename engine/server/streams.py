@@ -10,10 +10,10 @@ Nothing here blocks a thread per waiting request: 30 streaming clients hold 30 q
 
     stream.until_kept(service, handle.run_id)   # the final record waits until the run's file is on disk
 
-A run's final record (DoneRecord) is held back until the run has ended and its run file is on disk (the service's
-`written`, engine/service/ondisk.py), so a client that saw its run finish can open it by id whatever dies next: the
-acknowledgement comes after the write, as a database's commit does. That costs the write's time at the end of each
-answer, never a token's.
+A run's final record (DoneRecord) is held back until the run has ended (its timings taken apart, handle.timings)
+and its run file is on disk (the service's `written`, engine/service/ondisk.py), so a client that saw its run finish
+can open it by id whatever dies next: the acknowledgement comes after the write, as a database's commit does. That
+costs the write's time at the end of each answer, never a token's.
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ class RecordStream:
                         await self.durable()
                     yield held
                 return
-            if isinstance(item, DoneRecord) and self.durable is not None:
-                held = item                      # sent once the run ended and its file is written
+            if isinstance(item, DoneRecord):
+                held = item                      # sent once the run ended (its timings made) and its file is written
                 continue
             yield item

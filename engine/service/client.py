@@ -34,6 +34,7 @@ from engine.service import wire
 from engine.service.board import BoardState, PresenterError, Push
 from engine.service.join import room_gate
 from engine.service.replicas import ReplicaView
+from engine.serving.timeline import story_problem
 from engine.service.runs import RunInfo, RunNotFoundError, RunSlice
 from engine.service.service import MemoryRow, ModelInfo
 from engine.serving.limits import Limits
@@ -292,6 +293,7 @@ class RemoteHandle:
         self.error: EngineError | None = None
         self._status = QueueStatus("queued", 0, 0, None, 0.0)
         self._closed = False
+        self.story: dict[str, Any] | None = None     # its timeline and timings, from the server's end event
 
     @classmethod
     def open(cls, client: RemoteModel, path: str, body: Any, request: GenerationRequest | None) -> "RemoteHandle":
@@ -352,6 +354,8 @@ class RemoteHandle:
 
     def _end(self, event: Mapping[str, Any]) -> None:
         self.state = event.get("state", "done")
+        timeline = event.get("timeline")
+        self.story = timeline if timeline is None or not story_problem(timeline) else None
         error = event.get("error")
         if error:
             self.error = ERROR_CODES.get(error.get("code"), EngineError)(error.get("message", ""))

@@ -2,7 +2,8 @@
 (`vllm:num_requests_running` is `playground:num_requests_running` here), with prometheus-client.
 
 Counted where they happen: every request's records pass `RequestMeter` in the scheduler's worker thread (time to
-first token, inter-token latency, tokens, finished requests); the queue, the batch, the KV blocks and the prefix
+first token, inter-token latency, tokens, finished requests; at its end, its queue, prefill and decode time as its
+response's `timings` give them); the queue, the batch, the KV blocks and the prefix
 cache are read from the scheduler when Prometheus scrapes. Each service has its own registry.
 
     metrics = ServiceMetrics(scheduler)
@@ -19,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord, SpecRoundRecord
+from engine.serving.scheduler import Handle
 
 PREFIX = "playground:"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -40,6 +42,12 @@ class ServiceMetrics:
                              buckets=ITL_BUCKETS, registry=r)
         self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Submission to the last token.",
                              buckets=E2E_BUCKETS, registry=r)
+        self.queue_time = Histogram(PREFIX + "request_queue_time_seconds", "Submitted until admitted to the batch.",
+                                    buckets=E2E_BUCKETS, registry=r)
+        self.prefill_time = Histogram(PREFIX + "request_prefill_time_seconds", "Admitted until the first token.",
+                                      buckets=E2E_BUCKETS, registry=r)
+        self.decode_time = Histogram(PREFIX + "request_decode_time_seconds", "The first token until the request ended.",
+                                     buckets=E2E_BUCKETS, registry=r)
         self.generation_tokens = Counter(PREFIX + "generation_tokens", "Tokens generated.", registry=r)
         self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens read (prefilled or reused).", registry=r)
         self.success = Counter(PREFIX + "request_success", "Requests that finished, by why they finished.",
@@ -73,6 +81,17 @@ class RequestMeter:
         elif isinstance(record, DoneRecord):
             self.m.e2e.observe(now - handle.submitted)
             self.m.success.labels(record.finish_reason).inc()
+        elif record is Handle.END and getattr(handle, "timings", None) is not None:
+            self._phases(handle.timings)
+
+    def _phases(self, timings: Any) -> None:
+        """The request's queue, prefill and decode time, as its response's `timings` give them
+        (engine.serving.timeline)."""
+        self.m.queue_time.observe(timings.request_queue_time_seconds)
+        if timings.request_prefill_time_seconds is not None:
+            self.m.prefill_time.observe(timings.request_prefill_time_seconds)
+        if timings.request_decode_time_seconds is not None:
+            self.m.decode_time.observe(timings.request_decode_time_seconds)
 
     def _tokens(self, n: int, now: float, first: bool = False) -> None:
         self.m.generation_tokens.inc(n)

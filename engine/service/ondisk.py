@@ -171,7 +171,7 @@ def slice_from_disk(disk: RunDisk, run_id: str, limits: Limits) -> RunSlice:
     info = RunInfo(run_id, "speculative" if isinstance(done, SpecDoneRecord) else "generation",
                    row.source or "page", rec.model, None, rec.request, rec.policy, parent=row.parent,
                    created=row.created, state="cancelled" if done and done.finish_reason == "cancelled" else "done",
-                   finished=row.created, n_records=len(rec.records), bytes=row.size)
+                   finished=row.created, n_records=len(rec.records), bytes=row.size, timeline=rec.timeline)
     if isinstance(done, SpecDoneRecord):
         info.draft, info.k, info.label = done.draft, done.k, done.draft
     return RunSlice(info, 0, list(rec.records))

@@ -66,6 +66,7 @@ class RunInfo:
     finished: float | None = None
     n_records: int = 0
     bytes: int = 0
+    timeline: dict[str, Any] | None = None     # once ended: its story and `timings` (engine.serving.timeline.story)
 
     @property
     def live(self) -> bool:
@@ -156,11 +157,13 @@ class RunStore:
             self._evict()
             self._cond.notify_all()
 
-    def close(self, run_id: str, state: str, error: str | None = None) -> None:
+    def close(self, run_id: str, state: str, error: str | None = None,
+              timeline: dict[str, Any] | None = None) -> None:
         with self._cond:
             entry = self._runs.get(run_id)
             if entry is not None and entry.info.live:
                 entry.info.state, entry.info.error, entry.info.finished = state, error, time.time()
+                entry.info.timeline = timeline
                 self._settle_kept(entry)
             self._cond.notify_all()
 

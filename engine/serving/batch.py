@@ -96,6 +96,14 @@ class StepInfo:
     #                                               gathered view attention reads; not stored)
     bytes_per_position: int = 0  # K and V bytes of one position, all layers
     blocks: BlockTable | None = None   # the paged cache's block table after the step
+    started: float = 0.0         # perf_counter when the step began (`at - seconds`, read once)
+    prefill_seconds: float = 0.0  # of `seconds`, the prefill part (stopping, then the newcomers' chunk); 0 when none
+    prefills: tuple[tuple[Any, int], ...] = ()   # (label, prompt tokens computed in this step) per newcomer
+
+
+def _computed(before: list[tuple[Slot, int]]) -> tuple[tuple[Any, int], ...]:
+    """(label, prompt tokens computed since `before`) of each newcomer that prefilled some (reused ones not counted)."""
+    return tuple((s.label, n) for s, was in before if (n := s.prefilled - s.reused - was) > 0)
 
 
 def _row(cache: DynamicCache, b: int, keep: torch.Tensor, config: Any) -> DynamicCache:
@@ -178,14 +186,18 @@ class BatchRunner:
         """Drop stopped requests, prefill up to one chunk of newcomers' prompts, decode one token for the batch."""
         t0 = time.perf_counter()
         self._drop_stopped()
+        before = [(s, s.prefilled - s.reused) for s in self.prefilling]
         prefilled = self._prefill() if self.prefilling else 0
+        t1 = time.perf_counter()
         tags = tuple(s.label for s in self.batch.slots)
         rows = self._decode_step() if self.batch.slots else 0
         layout = tuple((s.label, s.length, p) for s, p in zip(self.batch.slots, self.batch.pads()))
         table = self.batch.table()
-        return StepInfo(time.perf_counter(), time.perf_counter() - t0, rows, prefilled, tags[:rows] if rows else (),
+        end = time.perf_counter()
+        return StepInfo(end, end - t0, rows, prefilled, tags[:rows] if rows else (),
                         table.used * table.block if table else 0, table.tokens if table else 0, layout,
-                        table.bytes_per_block // table.block if table else 0, table)
+                        table.bytes_per_block // table.block if table else 0, table, started=t0,
+                        prefill_seconds=t1 - t0 if before else 0.0, prefills=_computed(before))
 
     # --- stopping ------------------------------------------------------------------------------------
 

@@ -45,6 +45,7 @@ from engine.serving.limits import Limits, max_recording_bytes, max_recording_val
 from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord, SpecDoneRecord, SpecRoundRecord
 from engine.projection.specs import ModelSpec
 from engine.projection.units import fmt_bytes
+from engine.serving.timeline import story_problem
 
 FORMAT = "inference-playground/recording"
 VERSION = 1
@@ -98,6 +99,7 @@ class Recording:
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     speculation: RecordedSpeculation | None = None
     machine: str = ""                  # where it ran and how busy that was (`machine_note`); "" when not known
+    timeline: dict[str, Any] | None = None   # its story in the room and its timings (engine.serving.timeline.story)
 
     @property
     def done(self) -> DoneRecord | None:
@@ -153,6 +155,8 @@ def document(recording: Recording, attention_dtype: str | None = "float16", raw:
     if recording.speculation is not None:
         doc["speculation"] = {**_encode(replace(recording.speculation, baseline=[]), attention_dtype, raw),
                               "baseline": _encode_records(recording.speculation.baseline, attention_dtype, raw)}
+    if recording.timeline is not None:
+        doc["timeline"] = recording.timeline
     return doc
 
 
@@ -414,7 +418,17 @@ def _build(doc: dict) -> Recording:
         device=_decode(model.get("device", ""), str, "model.device"),
         machine=_decode(model.get("machine", ""), str, "model.machine"),
         title=_decode(doc.get("title", ""), str, "title"), created=_decode(doc.get("created", ""), str, "created"),
-        speculation=_decode_speculation(doc.get("speculation"), "speculation"))
+        speculation=_decode_speculation(doc.get("speculation"), "speculation"), timeline=_timeline(doc.get("timeline")))
+
+
+def _timeline(value: Any) -> dict[str, Any] | None:
+    """A run's timeline as stored (engine.serving.timeline.story), checked where a page reads it; None when absent."""
+    if value is None:
+        return None
+    problem = story_problem(value)
+    if problem:
+        raise RecordingError(f"its timeline is not one this playground wrote: {problem}")
+    return value
 
 
 def _decode_records(records: Any, where: str) -> list[Any]:

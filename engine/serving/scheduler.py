@@ -25,6 +25,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import os
 import queue
 import statistics
 import threading
@@ -48,7 +49,9 @@ from engine.core.loader import LoadedModel, free_memory
 from engine.serving.people import People, SessionLimitError, retry_after  # noqa: F401 - SessionLimitError: here too
 from engine.serving.prefix import PrefixCache
 from engine.serving.threads import ThreadChoice, ThreadTuner
-from engine.core.records import DoneRecord
+from engine.serving.timeline import (RATE_HISTORY, STOPPED, Rates, RequestTimeline, StepSeen, Timings, rates_of,
+                                     story, timings_of)
+from engine.core.records import DoneRecord, PrefillRecord
 from engine.speculative.decode import speculative_generate
 from engine.speculative.drafts import Draft
 
@@ -56,6 +59,7 @@ log = logging.getLogger(__name__)
 SERVICE_HISTORY = 20           # finished requests the mean service time averages over
 STEP_HISTORY = 400             # batch steps kept for the room view and the wait estimate
 TIMELINE_LENGTH = 200          # finished requests kept for `timeline()`
+STORIES_KEPT = 64              # finished requests' timelines kept for `story()` (the room page's pick)
 _END = object()                # end of a handle's record stream
 
 
@@ -131,6 +135,8 @@ class Handle:
     run_id: str = ""                  # the caller's name for this request (the service's run id)
     kept: KeptInputs | None = field(default=None, repr=False)   # where its residual goes (the policy's hidden states)
     listeners: tuple[Callable[["Handle", Any], None], ...] = field(default=(), repr=False)   # listener(handle, record)
+    timeline: RequestTimeline | None = field(default=None, repr=False)   # its story, filled by the worker
+    timings: Timings | None = None   # its time taken apart, once it has ended (before its stream's end marker)
     _records: queue.Queue = field(default_factory=queue.Queue, repr=False)
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     _got_done: bool = False
@@ -145,6 +151,11 @@ class Handle:
 
     def status(self) -> QueueStatus:
         return self.scheduler.status(self)
+
+    @property
+    def story(self) -> dict[str, Any] | None:
+        """Its timeline and timings as plain values once it has ended (engine.serving.timeline.story), else None."""
+        return story(self.timeline, self.timings)
 
     def cancel(self) -> None:
         """Stop this request: dropped from the queue, or stopped after the current step if running."""
@@ -301,6 +312,12 @@ class Scheduler:
         self._waits: deque[float] = deque(maxlen=SERVICE_HISTORY)
         self._steps: deque[StepInfo] = deque(maxlen=STEP_HISTORY)
         self._spans: deque[Span] = deque(maxlen=TIMELINE_LENGTH)
+        self._stories: deque[RequestTimeline] = deque(maxlen=STORIES_KEPT)
+        self._one_row: deque[float] = deque(maxlen=RATE_HISTORY)              # one-row decode-only steps' seconds
+        self._prefill_rate: deque[tuple[int, float]] = deque(maxlen=RATE_HISTORY)   # (tokens, seconds) per prefill
+        self._step_index = 0
+        # False (PLAYGROUND_TIMELINES=0): no per-request timeline, only to measure what keeping one costs (bench/timings.py)
+        self.keep_timelines = os.environ.get("PLAYGROUND_TIMELINES", "1") != "0"
         self._t0 = time.perf_counter()
         self._ids = itertools.count(1)
         self._stats = SchedulerStats()
@@ -444,6 +461,8 @@ class Scheduler:
                                              f"queues; try again in {hint}"), seconds)
         if previous is not None and not previous.done:
             self._cancel_locked(previous)
+        if self.keep_timelines:
+            handle.timeline = self._story(handle)
         self._queue.append(handle)
         if session is not None:
             self._by_session[session] = handle
@@ -451,6 +470,21 @@ class Scheduler:
         self._ensure_worker()
         self._cond.notify_all()
         return handle
+
+    def _story(self, handle: Handle) -> RequestTimeline:
+        """A new request's timeline, with why it will wait (if it will) as things stand now."""
+        if any(h.exclusive for h in self._running):
+            reason = "a request running alone (a job or speculative decoding)"
+        elif self._queue:
+            reason = "the queue ahead"
+        elif self._free_places() <= 0:
+            reason = "the batch full"
+        elif not self._runner.idle:
+            reason = "the server busy with a step"
+        else:
+            reason = ""
+        return RequestTimeline(handle.id, handle.submitted, handle.run_id, len(handle.ids), reason, len(self._queue),
+                               waited_steps=self._step_index, alone=handle.exclusive)
 
     def _free_places(self) -> int:
         """Places in the batch the queue's first requests take at the next step (none while a job runs)."""
@@ -517,6 +551,8 @@ class Scheduler:
             self._cancel_locked(handle)
 
     def _cancel_locked(self, handle: Handle) -> None:
+        if handle.timeline is not None and handle.timeline.stop_pressed is None and not handle.done:
+            handle.timeline.stop_pressed = time.perf_counter()
         handle._cancel.set()
         if handle.state == "queued":
             self._queue.remove(handle)
@@ -610,6 +646,9 @@ class Scheduler:
     def _start(self, handle: Handle, slot: Slot | None) -> None:
         handle.state, handle.started = "running", time.perf_counter()
         self._running[handle] = slot
+        if handle.timeline is not None:
+            handle.timeline.admitted = handle.started
+            handle.timeline.waited_steps = self._step_index - handle.timeline.waited_steps
         self._waits.append(handle.started - handle.submitted)
 
     def _slot(self, handle: Handle) -> Slot:
@@ -647,9 +686,36 @@ class Scheduler:
         with self._cond:
             if info is not None and (info.decode_rows or info.prefill_tokens):
                 self._steps.append(info)
+                self._lived(info)
             for handle, slot in list(self._running.items()):
                 if slot is not None and slot.finished:
                     self._settle(handle)
+
+    def _lived(self, info: StepInfo) -> None:
+        """One step into the timeline of every request in the batch (one shared record), and into the measured pace."""
+        self._step_index += 1
+        if info.prefill_tokens and info.prefills:
+            self._prefill_rate.append((sum(n for _, n in info.prefills), info.prefill_seconds))
+        elif info.decode_rows == 1:
+            self._one_row.append(info.seconds)
+        if not self.keep_timelines:
+            return
+        seen = StepSeen(self._step_index, info.started, info.seconds, info.prefill_seconds, info.tags, info.prefills)
+        for handle, slot in self._running.items():
+            timeline = handle.timeline
+            if slot is not None and timeline is not None and timeline.stopped is None:
+                timeline.steps.append(seen)
+
+    def rates(self) -> Rates:
+        """This server's measured pace: its one-row decode-only step and its prefill rate (recent steps)."""
+        with self._cond:
+            return rates_of(self._one_row, self._prefill_rate, self._runner.prefill_chunk)
+
+    def story(self, request_id: int) -> RequestTimeline | None:
+        """A running or recently finished request's timeline, by the scheduler's id (None: not kept)."""
+        with self._cond:
+            live = [h.timeline for h in [*self._running, *self._queue] if h.id == request_id]
+            return next((t for t in [*live, *self._stories] if t is not None and t.id == request_id), None)
 
     def _settle(self, handle: Handle) -> None:
         """A request left the batch: count it, time it, end its stream."""
@@ -716,6 +782,23 @@ class Scheduler:
 
     def _final(self, handle: Handle, record: Any, deadline: float) -> Any:
         """A record as the session receives it; a run stopped by the time limit ends as 'timeout'."""
+        record = self._timed(handle, record, deadline)
+        if handle.timeline is not None:
+            self._note(handle.timeline, record)
+        return record
+
+    @staticmethod
+    def _note(timeline: RequestTimeline, record: Any) -> None:
+        """What a record tells the timeline: the first token, the prefix reused, how it ended."""
+        if timeline.first_token is None and isinstance(record, PrefillRecord):
+            timeline.first_token = time.perf_counter()
+            timeline.reused_tokens = getattr(record, "reused_tokens", 0)
+        elif isinstance(record, DoneRecord):
+            timeline.finish_reason = record.finish_reason
+            if record.finish_reason in STOPPED:
+                timeline.stopped = time.perf_counter()
+
+    def _timed(self, handle: Handle, record: Any, deadline: float) -> Any:
         if not isinstance(record, DoneRecord):
             handle.tokens += len(record.emitted) if hasattr(record, "emitted") else int(hasattr(record, "token"))
             return record
@@ -729,12 +812,28 @@ class Scheduler:
 
     def _finish(self, handle: Handle, state: str) -> None:
         handle.state, handle.finished = state, time.perf_counter()
+        self._end_story(handle)
         rel = lambda t: None if t is None else t - self._t0  # noqa: E731
         self._spans.append(Span(handle.id, handle.session, rel(handle.submitted), rel(handle.started),
                                 rel(handle.finished), state, handle.tokens))
         if handle.session is not None and self._by_session.get(handle.session) is handle:
             del self._by_session[handle.session]
         handle._put(_END)
+
+    def _end_story(self, handle: Handle) -> None:
+        """Close a request's timeline and take its time apart, before its stream's end marker goes out."""
+        timeline = handle.timeline
+        if timeline is None:
+            return
+        timeline.state, timeline.finished, timeline.generated = handle.state, handle.finished, handle.tokens
+        if timeline.admitted is None:                        # cancelled while queued: its Stop ends it there
+            timeline.stopped = timeline.stopped or handle.finished
+        try:
+            handle.timings = timings_of(timeline, rates_of(self._one_row, self._prefill_rate,
+                                                           self._runner.prefill_chunk))
+        except Exception:  # noqa: BLE001 - a bug in the accounting must not fail the request
+            log.exception("the timings of request %s failed", handle.id)
+        self._stories.append(timeline)
 
     def _release_memory(self) -> None:
         if self.lm.device.type == "cuda":

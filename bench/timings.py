@@ -1,0 +1,231 @@
+"""What keeping every request's timeline costs the room: the same load through the API on two servers, one keeping
+timelines (the default) and one not (PLAYGROUND_TIMELINES=0), alternating round by round in one run; and the memory
+one timeline takes per request.
+
+    python bench/timings.py                               # SmolLM2, 20 sessions, 16 and 64 new tokens, 3 rounds
+    python bench/timings.py --sessions 20 --tokens 16 64 --rounds 5
+
+Both servers run the same model with the same limits and threads; only one of them is busy at a time (they
+alternate). Each round: N streaming chat completions at once (bench/api_clients.py). Memory: the same N sessions
+in-process on a scheduler that keeps timelines, each finished request's record measured with its steps counted as
+if it were their only owner (an upper bound: the steps are shared by the batch), and its stored story (the plain
+values a run keeps on its info and in its run file); and the bookkeeping's own time (recording each step, taking each
+request apart, building its story) against the steps' time, in-process in the same run, a ratio the machine's load
+scales on both sides (`--share-only`: that and the memory, no servers). Writes bench/results/timings.json (a dated
+name when it exists).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import openai  # noqa: E402
+import torch  # noqa: E402
+
+from api import api_scenario, free_port, wait_healthy  # noqa: E402
+from api_clients import ClientPool  # noqa: E402
+from load import PROMPTS, machine, references  # noqa: E402
+from engine.core.generate import GenerationRequest  # noqa: E402
+from engine.core.hooks import CAPTURE_OFF  # noqa: E402
+from engine.core.loader import load_model  # noqa: E402
+from engine.core.openmp import in_passing_thread  # noqa: E402
+from engine.serving.limits import Limits  # noqa: E402
+from engine.serving.scheduler import Scheduler  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "timings.json"
+SIDES = {"kept": "1", "not_kept": "0"}
+REQUEST_SECONDS = 3600.0
+
+
+def start(args: argparse.Namespace, limits: Limits, keep: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "engine", "serve", "--model", args.model, "--port", str(port), "--log-level",
+           "warning", "--max-batch", str(limits.max_batch), "--max-queue", str(max(limits.max_queue, args.sessions)),
+           "--threads", str(args.threads)]
+    cmd += [x for flag, v in (("--device", args.device), ("--dtype", args.dtype)) if v for x in (flag, v)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                            env={**os.environ, "OMP_NUM_THREADS": str(args.threads), "PLAYGROUND_TIMELINES": keep,
+                                 "PLAYGROUND_REQUEST_SECONDS": str(REQUEST_SECONDS)})
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(proc, url)
+    return proc, url
+
+
+def deep_size(value, seen: set[int] | None = None) -> int:
+    """Bytes of a value and everything it holds (each object once)."""
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return 0
+    seen.add(id(value))
+    size = sys.getsizeof(value)
+    if isinstance(value, dict):
+        return size + sum(deep_size(k, seen) + deep_size(v, seen) for k, v in value.items())
+    if isinstance(value, (list, tuple, set)):
+        return size + sum(deep_size(v, seen) for v in value)
+    slots = getattr(type(value), "__slots__", ())
+    fields = [getattr(value, s) for s in slots] + list(getattr(value, "__dict__", {}).values())
+    return size + sum(deep_size(v, seen) for v in fields)
+
+
+def memory(lm, limits: Limits, sessions: int, tokens: int) -> dict:
+    """Per request: its timeline record (steps counted as its own), and its stored story."""
+    scheduler = Scheduler(lm, limits)
+    try:
+        handles = [scheduler.submit(GenerationRequest(PROMPTS[i % len(PROMPTS)], max_new_tokens=tokens), CAPTURE_OFF)
+                   for i in range(sessions)]
+        for h in handles:
+            h.result(timeout=600)
+        reasons = [h.timeline.finish_reason for h in handles]
+        record = [deep_size(h.timeline) for h in handles]
+        story = [len(json.dumps(h.story)) for h in handles]
+        steps = [len(h.timeline.steps) for h in handles]
+    finally:
+        scheduler.close()
+    return {"tokens": tokens, "finish_reasons": {r: reasons.count(r) for r in set(reasons)},
+            "steps_per_request_max": max(steps),
+            "record_bytes_max": max(record), "record_bytes_per_step": max(r / s for r, s in zip(record, steps)),
+            "story_json_bytes_max": max(story), "story_json_bytes_per_step": max(b / s for b, s in zip(story, steps))}
+
+
+def share(lm, limits: Limits, sessions: int, tokens: int) -> dict:
+    """The bookkeeping's own time against the steps' time, in-process, in the same run (a ratio the machine's load
+    scales on both sides): the worker's time in recording each step into the timelines and in taking each finished
+    request apart, and the stories built for its run info."""
+    spent = {"per_step": 0.0, "per_request": 0.0, "story": 0.0}
+
+    def timed(name, fn):
+        def wrapper(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[name] += time.perf_counter() - t0
+        return wrapper
+
+    scheduler = Scheduler(lm, limits)
+    scheduler._lived = timed("per_step", scheduler._lived)
+    scheduler._end_story = timed("per_request", scheduler._end_story)
+    try:
+        handles = [scheduler.submit(GenerationRequest(PROMPTS[i % len(PROMPTS)], max_new_tokens=tokens), CAPTURE_OFF)
+                   for i in range(sessions)]
+        for h in handles:
+            h.result(timeout=600)
+        t0 = time.perf_counter()
+        for h in handles:
+            h.story                                   # what the service builds for the run's info at its end
+        spent["story"] = time.perf_counter() - t0
+        steps = [s.seconds for s in scheduler.room().steps]
+        reasons = [h.timeline.finish_reason for h in handles]
+    finally:
+        scheduler.close()
+    total = sum(spent.values())
+    return {"tokens": tokens, "finish_reasons": {r: reasons.count(r) for r in set(reasons)}, "steps": len(steps),
+            "step_seconds_total": sum(steps), "bookkeeping_seconds": spent,
+            "bookkeeping_share_of_step_time": total / sum(steps)}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--device")
+    parser.add_argument("--dtype")
+    parser.add_argument("--sessions", type=int, default=20)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--client-procs", type=int, default=1)
+    parser.add_argument("--share-only", action="store_true",
+                        help="only the in-process bookkeeping's share of the step time and the memory (no servers)")
+    parser.add_argument("--out", default=str(RESULTS))
+    return parser.parse_args(argv)
+
+
+def compare(args: argparse.Namespace, pools: dict, model: str, tokens: int, expected: dict) -> dict:
+    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+    for i in range(args.rounds):
+        order = list(SIDES) if i % 2 == 0 else list(reversed(SIDES))      # alternate which goes first
+        for side in order:
+            runs[side].append(api_scenario(pools[side], model, args.sessions, tokens, False, expected))
+    med = {side: {k: statistics.median(r[k] for r in rs) for k in ("throughput_tok_s", "completion_p95_s",
+                                                                     "ttft_p95_s")} for side, rs in runs.items()}
+    row = {"tokens": tokens, "sessions": args.sessions, **med,
+           "throughput_ratio": med["kept"]["throughput_tok_s"] / med["not_kept"]["throughput_tok_s"],
+           "p95_ratio": med["kept"]["completion_p95_s"] / med["not_kept"]["completion_p95_s"],
+           "rounds": runs,
+           "ok": all(not r["errors"] and not r["wrong_answers"] and r["served"] == args.sessions
+                     for rs in runs.values() for r in rs)}
+    print(f"{tokens:3d} tokens: kept {med['kept']['throughput_tok_s']:.1f} tok/s, not kept "
+          f"{med['not_kept']['throughput_tok_s']:.1f} tok/s: {row['throughput_ratio']:.3f}x tok/s, "
+          f"{row['p95_ratio']:.3f}x p95 {'ok' if row['ok'] else 'ERRORS'}", flush=True)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("PLAYGROUND_THREADS", str(args.threads))
+    lm = in_passing_thread(lambda: load_model(args.model, device=args.device, dtype=args.dtype))
+    # no request stopped by the server's wall-time limit on a loaded machine: a cut-short timeline measures nothing
+    limits = replace(Limits.for_device(lm.device).with_env(), request_seconds=REQUEST_SECONDS)
+    if args.share_only:
+        return write(args, argv, lm, [], in_house(args, lm, limits))
+    servers = {side: start(args, limits, keep) for side, keep in SIDES.items()}
+    pools = {side: ClientPool(args.client_procs, url + "/v1") for side, (_, url) in servers.items()}
+    model = openai.OpenAI(base_url=servers["kept"][1] + "/v1", api_key="unused").models.list().data[0].id
+    rows: list[dict] = []
+    try:
+        for tokens in args.tokens:
+            expected = in_passing_thread(lambda: references(lm, tokens))
+            rows.append(compare(args, pools, model, tokens, expected))
+    finally:
+        for pool in pools.values():
+            pool.close()
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(timeout=30)
+    return write(args, argv, lm, rows, in_house(args, lm, limits))
+
+
+def in_house(args: argparse.Namespace, lm, limits: Limits) -> dict:
+    """In this process: the memory of a timeline and the bookkeeping's share of the step time, per token count."""
+    out: dict[str, list] = {"memory": [], "share": []}
+    for tokens in args.tokens:
+        out["memory"].append(in_passing_thread(lambda: memory(lm, limits, args.sessions, tokens)))
+        out["share"].append(in_passing_thread(lambda: share(lm, limits, args.sessions, tokens)))
+        m, s = out["memory"][-1], out["share"][-1]
+        print(f"{tokens:3d} tokens: a timeline takes at most {m['record_bytes_max']:,} bytes in the scheduler, its "
+              f"story {m['story_json_bytes_max']:,} bytes as JSON; the bookkeeping took "
+              f"{s['bookkeeping_share_of_step_time']:.2%} of the steps' time", flush=True)
+    return out
+
+
+def write(args: argparse.Namespace, argv: list[str] | None, lm, rows: list[dict], house: dict) -> int:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    report = {"what": f"{args.sessions} streaming API sessions at once on a server keeping every request's timeline "
+                      "against one keeping none (PLAYGROUND_TIMELINES=0), alternating, medians of the rounds; the "
+                      "memory of one request's timeline; in-process, the bookkeeping's own time against the steps'",
+              "command": " ".join(["python", "bench/timings.py", *(argv if argv is not None else sys.argv[1:])]),
+              "commit": commit.strip(), "machine": machine(lm), "threads": args.threads,
+              "note": "the machine is shared with other work: the rounds' spread is the noise",
+              "rows": rows, **house, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    out = Path(args.out)
+    if out.exists():                                  # never overwritten: a new run gets a dated name
+        out = out.with_name(f"{out.stem}-{time.strftime('%Y-%m-%d-%H%M')}{out.suffix}")
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""`playground.timings` through the API: a real `python -m engine serve` spoken to with the `openai` client. The
+response's timings are the run's own (GET /v1/playground/runs/{id}), their parts add up, and /metrics observes the
+same queue, prefill and decode times under vLLM's names."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from conftest import tiny_prompt
+from servers import running_server, tiny_args
+
+EPS = 1e-6
+PARTS = ("queue", "prefill", "decode", "batch", "others_prefill", "between_steps")
+PHASES = ("request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    with running_server(tmp_path_factory.mktemp("serve"), tiny_args(tiny_model_dir, "--max-batch", "8")) as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def model(client) -> str:
+    return client.models.list().data[0].id
+
+
+def scrape(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+
+def assert_adds_up(timings: dict) -> None:
+    for name in ("split", "first_token_split"):
+        part = timings[name]
+        assert sum(part[p] for p in PARTS) == pytest.approx(part["total"], abs=EPS)
+        assert min(part[p] for p in PARTS if p != "between_steps") >= 0
+    assert timings["split"]["total"] == pytest.approx(timings["e2e_request_latency_seconds"], abs=EPS)
+    assert timings["first_token_split"]["total"] == pytest.approx(timings["time_to_first_token_seconds"], abs=EPS)
+    assert timings["split"]["queue"] == pytest.approx(timings["request_queue_time_seconds"], abs=EPS)
+    assert sum(timings[p] for p in PHASES) == pytest.approx(timings["e2e_request_latency_seconds"], abs=EPS)
+
+
+def run_story(url: str, run_id: str) -> dict:
+    return httpx.get(f"{url}/v1/playground/runs/{run_id}", timeout=30).json()["info"]["timeline"]
+
+
+def test_a_completion_carries_its_timings_and_they_are_the_run_s(server, client, model):
+    before = scrape(server)
+    reply = client.completions.create(model=model, prompt=tiny_prompt(9), max_tokens=6, temperature=0)
+    timings = reply.playground["timings"]
+    assert timings["run_id"] == reply.playground["run_id"]
+    assert_adds_up(timings)
+    assert sum(timings["batch_sizes"].values()) == reply.usage.completion_tokens - 1 == timings["steps"]
+    story = run_story(server, reply.playground["run_id"])
+    assert story["timings"] == timings                              # the response's are the run's own
+    assert story["generated"] == reply.usage.completion_tokens and story["events"]["first_token"] is not None
+    assert len(story["steps"]) == timings["steps"]
+    after = scrape(server)
+    for name in PHASES:                                             # /metrics observed the same request
+        assert after[f"playground:{name}_count"] == before.get(f"playground:{name}_count", 0) + 1
+        assert after[f"playground:{name}_sum"] - before.get(f"playground:{name}_sum", 0) == pytest.approx(
+            timings[name], abs=EPS)
+
+
+def test_a_streamed_completion_carries_its_timings_in_its_last_chunk(server, client, model):
+    chunks = list(client.completions.create(model=model, prompt=tiny_prompt(7), max_tokens=5, temperature=0,
+                                            stream=True))
+    with_timings = [c for c in chunks if (getattr(c, "playground", None) or {}).get("timings")]
+    assert len(with_timings) == 1 and with_timings[0].choices[0].finish_reason is not None
+    timings = with_timings[0].playground["timings"]
+    assert_adds_up(timings)
+    assert run_story(server, timings["run_id"])["timings"] == timings

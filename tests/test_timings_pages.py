@@ -1,0 +1,69 @@
+"""Why was my answer slow, on the pages: the line and the chart under the journey's answer, from the run's own
+timeline (the one the API returns), and any request picked on the room page."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from conftest import tiny_prompt
+from app.journey.why import fmt_s, segments, why_figure, why_line
+
+MAIN = "../app/main.py"
+
+
+@pytest.fixture
+def app(app_env):
+    return AppTest.from_file(MAIN, default_timeout=120).run()
+
+
+def generate(at: AppTest, prompt: str, max_new: int) -> AppTest:
+    at.switch_page("../pages/journey.py").run()
+    at.text_area(key="journey.prompt").set_value(prompt)
+    at.number_input(key="journey.max_new").set_value(max_new)
+    at.button(key="journey.generate").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_the_journey_shows_why_under_the_answer_with_the_runs_own_timings(app):
+    at = generate(app, tiny_prompt(10), 6)
+    run = at.session_state["last_run"]
+    timeline = run.timeline
+    assert timeline is not None and timeline["run_id"] == run.id and timeline["generated"] == 6
+    t = timeline["timings"]
+    line = next(m.value for m in at.markdown if "to the first token" in m.value)
+    assert line == why_line(timeline)
+    assert f"{fmt_s(t['first_token_split']['total'])} to the first token" in line
+    assert f"{fmt_s(t['split']['total'])} in all" in line
+    figure = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
+                  if any("you (request" in str(d.get("y")) for d in json.loads(c.proto.spec)["data"]))
+    mine = [d for d in figure["data"] if d["name"] in ("you: prefill", "you: decode")]
+    assert sum(len(d["y"]) for d in mine) == 1 + 5                     # its prefill, then one bar per decode step
+    assert at.session_state["journey.why.gpu"]                          # a GPU to project it on
+
+
+def test_the_chart_draws_each_step_as_the_step_log_has_it():
+    timeline = {"id": 3, "events": {"admitted": 0.1, "first_token": 0.3, "stopped": None},
+                "steps": [{"start": 0.1, "seconds": 0.2, "prefill_seconds": 0.15, "rows": [1, 3],
+                           "prefills": [[3, 30], [4, 120]]},
+                          {"start": 0.35, "seconds": 0.1, "prefill_seconds": 0.0, "rows": [1, 3, 4], "prefills": []}]}
+    rows = segments(timeline)
+    assert rows[3] == [(0.1, pytest.approx(0.03), "prefill"), (0.25, pytest.approx(0.05), "decode"),
+                       (0.35, 0.1, "decode")]
+    assert rows[4][0] == (pytest.approx(0.13), pytest.approx(0.12), "prefill")
+    figure = why_figure(timeline)
+    assert list(figure.layout.yaxis.categoryarray)[-1] == "you (request 3)"
+
+
+def test_the_room_page_shows_any_recent_request_the_same_way(app):
+    at = generate(app, tiny_prompt(9), 4)
+    run = at.session_state["last_run"]
+    at.switch_page("../pages/room.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    pick = at.selectbox(key="room.why.pick")
+    label = next(o for o in pick.options if o.startswith(f"request {run.timeline['id']} "))
+    pick.set_value(label).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any(m.value == why_line(run.timeline) for m in at.markdown)   # the same line the journey showed
