@@ -11,8 +11,8 @@ in-process on a scheduler that keeps timelines, each finished request's record m
 if it were their only owner (an upper bound: the steps are shared by the batch), and its stored story (the plain
 values a run keeps on its info and in its run file); and the bookkeeping's own time (recording each step, taking each
 request apart, building its story) against the steps' time, in-process in the same run, a ratio the machine's load
-scales on both sides (`--share-only`: that and the memory, no servers). Writes bench/results/timings.json (a dated
-name when it exists).
+scales on both sides (`--share-only`: that and the memory, no servers). Writes a new bench/results/timings/<UTC time>-<commit>.json
+(bench/provenance.py).
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ import torch  # noqa: E402
 from api import api_scenario, free_port, wait_healthy  # noqa: E402
 from api_clients import ClientPool  # noqa: E402
 from load import PROMPTS, machine, references  # noqa: E402
+from bench import provenance  # noqa: E402
 from engine.core.generate import GenerationRequest  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
@@ -43,7 +44,6 @@ from engine.core.openmp import in_passing_thread  # noqa: E402
 from engine.serving.limits import Limits  # noqa: E402
 from engine.serving.scheduler import Scheduler  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results" / "timings.json"
 SIDES = {"kept": "1", "not_kept": "0"}
 REQUEST_SECONDS = 3600.0
 
@@ -147,7 +147,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--client-procs", type=int, default=1)
     parser.add_argument("--share-only", action="store_true",
                         help="only the in-process bookkeeping's share of the step time and the memory (no servers)")
-    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--out", help="default: a new file under bench/results/timings/")
     return parser.parse_args(argv)
 
 
@@ -173,13 +173,14 @@ def compare(args: argparse.Namespace, pools: dict, model: str, tokens: int, expe
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    run = provenance.start("timings", argv)
     torch.set_num_threads(args.threads)
     os.environ.setdefault("PLAYGROUND_THREADS", str(args.threads))
     lm = in_passing_thread(lambda: load_model(args.model, device=args.device, dtype=args.dtype))
     # no request stopped by the server's wall-time limit on a loaded machine: a cut-short timeline measures nothing
     limits = replace(Limits.for_device(lm.device).with_env(), request_seconds=REQUEST_SECONDS)
     if args.share_only:
-        return write(args, argv, lm, [], in_house(args, lm, limits))
+        return write(run, args, lm, [], in_house(args, lm, limits))
     servers = {side: start(args, limits, keep) for side, keep in SIDES.items()}
     pools = {side: ClientPool(args.client_procs, url + "/v1") for side, (_, url) in servers.items()}
     model = openai.OpenAI(base_url=servers["kept"][1] + "/v1", api_key="unused").models.list().data[0].id
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(timeout=30)
-    return write(args, argv, lm, rows, in_house(args, lm, limits))
+    return write(run, args, lm, rows, in_house(args, lm, limits))
 
 
 def in_house(args: argparse.Namespace, lm, limits: Limits) -> dict:
@@ -210,20 +211,14 @@ def in_house(args: argparse.Namespace, lm, limits: Limits) -> dict:
     return out
 
 
-def write(args: argparse.Namespace, argv: list[str] | None, lm, rows: list[dict], house: dict) -> int:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+def write(run: provenance.Run, args: argparse.Namespace, lm, rows: list[dict], house: dict) -> int:
     report = {"what": f"{args.sessions} streaming API sessions at once on a server keeping every request's timeline "
                       "against one keeping none (PLAYGROUND_TIMELINES=0), alternating, medians of the rounds; the "
                       "memory of one request's timeline; in-process, the bookkeeping's own time against the steps'",
-              "command": " ".join(["python", "bench/timings.py", *(argv if argv is not None else sys.argv[1:])]),
-              "commit": commit.strip(), "machine": machine(lm), "threads": args.threads,
+              "model_machine": machine(lm), "threads": args.threads,
               "note": "the machine is shared with other work: the rounds' spread is the noise",
-              "rows": rows, **house, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-    out = Path(args.out)
-    if out.exists():                                  # never overwritten: a new run gets a dated name
-        out = out.with_name(f"{out.stem}-{time.strftime('%Y-%m-%d-%H%M')}{out.suffix}")
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out}")
+              "rows": rows, **house}
+    run.save(report, out=args.out)
     return 0 if all(r["ok"] for r in rows) else 1
 
 
