@@ -37,6 +37,7 @@ from engine.core.generate import (GenerationRequest, TextStream, eos_ids, finish
                                   pick_token, pick_tokens, prompt_pieces, sync, trim_stop)
 from engine.core.hooks import CapturePolicy
 from engine.core.kept import KeptInputs
+from engine.core.lean import RowsResidual, causal_mask, one_forward
 from engine.core.loader import LoadedModel
 from engine.core.small_batch import kernels_for, small_batch_kernels
 from engine.serving.graphed import GraphedDecode
@@ -282,17 +283,28 @@ class BatchRunner:
         own = torch.arange(width, device=device)[None, :] >= torch.tensor([width - n for n in starts],
                                                                            device=device)[:, None]
         positions = (mask.cumsum(-1) - 1).clamp(min=0) + torch.tensor(starts, device=device)[:, None]
-        capturing = any(s.kept is not None for s in group)
+        valid = torch.cat([own, mask.bool()], dim=1)                                     # [B, W + T] real keys
+        keeping = [(b, s.kept, starts[b], pads[b]) for b, s in enumerate(group) if s.kept is not None]
+        lean = one_forward(self.lm)
         with torch.inference_mode():
-            out = self.lm.model(input_ids=ids, attention_mask=torch.cat([own.long(), mask], dim=1),
-                                position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1,
-                                output_hidden_states=capturing)
-            for b, slot in enumerate(group):                  # hidden_states[i]: [B, T, d_model], pads on the left
-                if slot.kept is not None:
-                    slot.kept.write_states(starts[b], [h[b, pads[b]:] for h in out.hidden_states])
-                    slot.kept.commit()
-        keep = [row.nonzero().flatten() for row in torch.cat([own, mask.bool()], dim=1)]   # each row's positions
-        return out.logits[:, -1], cache, keep                                           # logits [B, V]
+            if lean is not None:
+                logits = lean.forward(ids, positions, lambda i, k, v: cache.update(k, v, i),
+                                      causal_mask(valid, ids.shape[1]), RowsResidual(keeping) if keeping else None)
+            else:
+                logits = self._modules_prefill(ids, valid, positions, cache, keeping)
+            for _, kept, _, _ in keeping:
+                kept.commit()
+        return logits[:, -1], cache, [row.nonzero().flatten() for row in valid]        # logits [B, V]
+
+    def _modules_prefill(self, ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor, cache: DynamicCache,
+                         keeping: list) -> torch.Tensor:
+        """The padded prefill through transformers' modules (a family the forward does not cover): logits [B, 1, V];
+        each keeping row's hidden states ([B, T, d_model], pads on the left) into its buffers."""
+        out = self.lm.model(input_ids=ids, attention_mask=valid.long(), position_ids=positions, cache=cache,
+                            use_cache=True, logits_to_keep=1, output_hidden_states=bool(keeping))
+        for b, kept, start, pads in keeping:
+            kept.write_states(start, [h[b, pads:] for h in out.hidden_states])
+        return out.logits
 
     def _prefill_step(self, slot: Slot, budget: int) -> int:
         """Prefill the next chunk (at most `budget` tokens, or the whole prompt when it cannot be chunked) of a

@@ -1,6 +1,6 @@
-"""The batch's decode steps on the lean step (engine.core.lean): a lone request's, and every row's at once.
+"""The batch's decode steps on the project's forward (engine.core.lean): a lone request's, and every row's at once.
 
-    lean = LeanDecode.for_model(lm)          # None where the lean step does not cover the model
+    lean = LeanDecode.for_model(lm)          # None where the forward does not cover the model
     logits = lean.lone(batch, slot)          # [1, V]; the new K/V written into the slot's next position
     logits = lean.rows(batch, slots)         # [B, V]; every row's, its residual kept where it captures
 
@@ -12,26 +12,22 @@ usually do: blocks are handed out lowest first), else gathered.
 
 A batch of several rows steps on `rows`: the same left-padded gather and mask the modules would read
 (`PagedBatch.step_mask`, `write_and_gather`), the packed small-batch kernel for the products, and the residual of
-the rows that capture written into the pool at their new tokens' slots, as the modules' `output_hidden_states`
-was. What it leaves out is the modules' own work around the same arithmetic (each module's call, the 4-D mask
+the rows that capture written by the forward itself into the pool at their new tokens' slots (`PoolResidual`).
+What it leaves out is the modules' own work around the same arithmetic (each module's call, the 4-D mask
 built again from the padding): a 20-row SmolLM2 forward on this 2-core machine took 157 ms against 180 ms through
 the modules (docs/serving.md, "The batch on the lean step").
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 from torch.nn import functional as F
 
-from engine.core.lean import Fused, LeanStep, lean_step_for
+from engine.core.lean import Fused, LeanStep, PoolResidual, one_forward
 from engine.core.loader import LoadedModel
 from engine.core.openmp import in_passing_thread
 from engine.core.small_batch import ROWS, SmallBatchKernels, kernels_for, packed_linear
-
-
-ENV = "PLAYGROUND_LEAN"        # "off": every step through the model's modules (for comparing)
 
 
 class LeanDecode:
@@ -43,14 +39,13 @@ class LeanDecode:
 
     @classmethod
     def for_model(cls, lm: LoadedModel) -> "LeanDecode | None":
-        """None where the lean step does not cover the model, or PLAYGROUND_LEAN=off."""
-        lean = lean_step_for(lm) if os.environ.get(ENV, "on") != "off" else None
+        """None where the forward does not cover the model (engine.core.lean.why_not)."""
+        lean = one_forward(lm)
         return cls(lean) if lean is not None else None
 
     def stands_in(self) -> bool:
-        """Whether the lean step may stand in for the model's forward now: not while something has replaced the
-        forward of this model object (a wrapper that instruments or injects faults must see every step)."""
-        return "forward" not in vars(self.lean.lm.model)
+        """Whether the forward may stand in for the model's modules now (engine.core.lean.one_forward)."""
+        return one_forward(self.lean.lm) is not None
 
     def lone(self, batch: Any, slot: Any) -> torch.Tensor:
         """Logits [1, V] of the next token of `slot`, the batch's only row (its `length` positions are in the
@@ -77,17 +72,15 @@ class LeanDecode:
         that keep one (`slot.kept`), written at its next position."""
         device = self.lean.embed.weight.device
         mask = batch.step_mask().bool()[:, None, None, :]                            # [B, 1, 1, W + 1]
-        ids = torch.tensor([s.token.id for s in slots], device=device)
-        positions = torch.tensor([s.length for s in slots], device=device)
-        hidden: list[torch.Tensor] | None = [] if any(s.kept is not None for s in slots) else None
+        ids = torch.tensor([[s.token.id] for s in slots], device=device)             # [B, 1]
+        positions = torch.tensor([[s.length] for s in slots], device=device)         # [B, 1]
+        keep = (PoolResidual(batch.pool.resid, batch.residual_slots)
+                if any(s.kept is not None for s in slots) else None)
         kernels = kernels_for(self.lean.lm)
         with torch.inference_mode():
-            logits = self.lean.rows(ids, positions, batch.write_and_gather, mask,
-                                    kernels.linear if kernels is not None else F.linear, hidden,
-                                    self.fused(kernels) if len(slots) in ROWS else None)   # one row: MKL's own
-            if hidden is not None:
-                batch.keep_residual(hidden)
-        return logits
+            return self.lean.forward(ids, positions, batch.write_and_gather, mask, keep,
+                                     kernels.linear if kernels is not None else F.linear,
+                                     self.fused(kernels) if len(slots) in ROWS else None)[:, -1]   # one row: MKL's
 
     def fused(self, kernels: SmallBatchKernels | None) -> list[Fused] | None:
         """Each layer's q|k|v and gate|up as one packed product each, made once when the batch runner starts (a

@@ -236,6 +236,11 @@ class PagedBatch:
         self._resid_write = torch.where(keeps, write, SCRATCH).to(device)
         return real.long().to(device)
 
+    @property
+    def residual_slots(self) -> torch.Tensor:
+        """[B] the slot each row's residual goes to in this step (SCRATCH for rows that keep none)."""
+        return self._resid_write
+
     def keep_residual(self, hidden_states: tuple[torch.Tensor, ...]) -> None:
         """A decode step's hidden states (L + 1 of [B, 1, d_model]) into the residual pool at the new tokens' slots."""
         write_residual(self.pool.resid, self._resid_write, hidden_states)
