@@ -4,6 +4,7 @@ writes (the one capture point) and whole greedy answers. The tests write their o
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from conftest import TINY_CONFIG, assert_same_residual, tiny_prompt, write_tiny_
 from engine.core.generate import GenerationRequest, encode_prompt, generate, generate_kept
 from engine.core.hooks import CapturePolicy
 from engine.core.kept import KeptInputs, kept_for
-from engine.core.lean import one_forward
+from engine.core.lean import causal_mask, one_forward
 from engine.core.loader import load_model
 from engine.serving.batch import BatchRunner, Slot, _row
 
@@ -174,3 +175,48 @@ def test_a_family_the_forward_does_not_cover_keeps_the_modules(tmp_path):
     assert why_not(lm.model) == "sliding-window attention" and one_forward(lm) is None
     records = list(generate(lm, GenerationRequest(tiny_prompt(6), max_new_tokens=3, chat=False)))
     assert records[-1].generated_tokens == 3
+
+
+@dataclass(eq=False)
+class Row:
+    """What the paged batch reads of a runner's slot."""
+
+    length: int
+    kept: object
+
+
+def test_the_compiled_step_traces_whole_for_prefill_mixed_and_decode_steps_with_capture_on(family_lm):
+    """The function a GPU compiles (engine.serving.graphed.batched_step), compiled here with `fullgraph=True` on
+    dynamo's eager backend, so that a graph break fails this test: a step of two prefill chunks (one padded), a mixed
+    step (one decode row, one chunk of four), then a decode step, on the paged pool with one row capturing. Every
+    step's logits and the kept row's residual in the pool equal the modules over each row's whole sequence."""
+    from engine.serving.graphed import batched_step
+    from engine.serving.paged import BlockPool, PagedBatch
+
+    lm, lean = family_lm, one_forward(family_lm)
+    pool = BlockPool.of_shape(lm.spec.n_layers, lm.spec.n_kv_heads, lm.spec.head_dim, lm.dtype, lm.device, 4, 16)
+    pool.ensure_residual(lm.spec.d_model, lm.dtype)
+    batch = PagedBatch(pool=pool)
+    seqs = [random_ids(lm, 12, seed=21), random_ids(lm, 12, seed=22)]
+    for kept in (True, None):
+        slot = Row(length=0, kept=kept)
+        batch.slots.append(slot)
+        batch.tables[slot] = []
+    step = torch.compile(batched_step, fullgraph=True, backend="eager", dynamic=False)
+    torch._dynamo.reset()
+    for new in ([7, 5], [1, 4], [1, 1]):
+        valid = batch.plan(new)
+        t = max(new)
+        ids = torch.tensor([[0] * (t - n) + seq[s.length:s.length + n] for s, seq, n in zip(batch.slots, seqs, new)])
+        positions = torch.tensor([[0] * (t - n) + list(range(s.length, s.length + n))
+                                  for s, n in zip(batch.slots, new)])
+        with torch.no_grad():
+            logits = step(lean, ids, positions, causal_mask(valid, t), batch.write_and_gather, pool.resid,
+                          batch.residual_slots)[:, -1]
+        for b, (slot, seq, n) in enumerate(zip(batch.slots, seqs, new)):
+            slot.length += n
+            close(logits[b], oracle(lm, seq[:slot.length])[0][-1])
+    first = batch.slots[0]
+    where = pool.slots(batch.tables[first], 0, first.length)
+    for i, h in enumerate(oracle(lm, seqs[0][:first.length])[1]):
+        close(pool.resid[i, where], h)

@@ -39,9 +39,9 @@ from engine.core.hooks import CapturePolicy
 from engine.core.kept import KeptInputs
 from engine.core.lean import RowsResidual, causal_mask, one_forward
 from engine.core.loader import LoadedModel
-from engine.core.small_batch import kernels_for, small_batch_kernels
+from engine.core.small_batch import kernels_for
 from engine.serving.graphed import GraphedDecode
-from engine.serving.lean import LeanDecode
+from engine.serving.lean import LeanDecode, decode
 from engine.serving.paged import BlockTable, PagedBatch, SoloBatch, row_cache_state
 from engine.serving.prefix import PrefixCache, load_prefix
 from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
@@ -149,8 +149,8 @@ class BatchRunner:
         self.graphs = graphs if batchable(lm) else None
         self.batch = SoloBatch() if not batchable(lm) else graphs.new_batch() if self.graphs else PagedBatch()
         self.prefilling: deque[Slot] = deque()
-        # decode steps on the lean step (engine.serving.lean) where it covers the model; not beside CUDA graphs
-        self.lean = LeanDecode.for_model(lm) if batchable(lm) and self.graphs is None else None
+        # decode steps on the project's forward (engine.serving.lean) where it covers the model
+        self.lean = LeanDecode.for_model(lm) if batchable(lm) else None
         if self.max_batch > 1 and self.graphs is None:
             kernels = kernels_for(lm)        # pack now (under a second), not in the first batched step
             if self.lean is not None:
@@ -386,29 +386,8 @@ class BatchRunner:
 
     def _batch_forward(self, slots: list[Slot]) -> torch.Tensor:
         """Logits [B, V] of every row's next token; the residual of every row that captures written where it is
-        kept (the pool at its new token's slot, or a solo request's own buffers)."""
-        lean = self.lean if self.lean is not None and self.lean.stands_in() else None
-        if lean is not None and len(slots) == 1 and slots[0].kept is None:
-            return lean.lone(self.batch, slots[0])
-        if self.graphs is not None and (shape := self.graphs.fits(self.batch)):
-            try:
-                return self.graphs.forward(self.batch, [s.token.id for s in slots], [s.length for s in slots], shape)
-            except Exception as err:  # noqa: BLE001 - a step that cannot run graphed runs eagerly, as all after it
-                self.graphs.give_up(err)
-        if lean is not None:
-            return lean.rows(self.batch, slots)
-        device = self.lm.device
-        ids = torch.tensor([[s.token.id] for s in slots], device=device)                 # [B, 1]
-        positions = torch.tensor([[s.length] for s in slots], device=device)             # [B, 1] own positions
-        mask = self.batch.step_mask()                                                   # [B, L + 1]
-        capturing = any(s.kept is not None for s in slots)
-        with torch.inference_mode(), small_batch_kernels(self.lm):
-            out = self.lm.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                cache=self.batch.cache, use_cache=True, logits_to_keep=1,
-                                output_hidden_states=capturing)
-            if capturing:
-                self.batch.keep_residual(out.hidden_states)
-        return out.logits[:, -1]                                                        # [B, V]
+        kept (the pool at its new token's slot, or a solo request's own buffers). How: engine.serving.lean.decode."""
+        return decode(self.lm, self.batch, slots, self.lean, self.graphs)
 
     def _advance(self, slot: Slot, token: SampledToken) -> None:
         slot.length += 1
