@@ -12,10 +12,12 @@ its prompt is in, its K/V is copied into blocks of the paged batch cache
 (`engine.serving.paged`). For a decode step each layer gathers the rows left-padded to the longest: the
 attention mask hides the pads and each row's RoPE positions count from its own first token, so every
 row computes what it would compute alone.
-A request that captures keeps its residual stream (engine/core/hooks.py): its prompt's into buffers of its own
-while it is prefilled, then, in the batch, in the residual pool beside its K/V blocks, written by the decode step
-itself at the slot its new token's K/V go to (`PagedBatch.keep_residual`; a graphed step does the same inside the
-graph). Every view of it is derived on demand (engine/core/views.py), so a session sees exactly its own request's.
+Prefill and decode go through the project's one forward (engine/core/lean.py) where it covers the model, and
+transformers' modules otherwise; how a decode step runs is chosen in one place (engine.serving.lean.decode).
+A request that captures keeps its residual stream (engine/core/hooks.py), written inside that forward: its
+prompt's into buffers of its own while it is prefilled, then, in the batch, into the residual pool beside its K/V
+blocks at the slot its new token's K/V go to (eagerly, or inside a CUDA graph). Every view of it is derived on
+demand (engine/core/views.py), so a session sees exactly its own request's.
 
 Each request yields the same records as `engine.core.generate` (PrefillRecord, DecodeRecord..., DoneRecord)
 through its `emit` callback; a request that fails calls `fail` and the others go on.
