@@ -33,7 +33,7 @@ PY=${PY:-python3} SHAPE=${SHAPE:-8b} DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bf16}
 DEADLINE=${DEADLINE:-570} MIN_STEP=${MIN_STEP:-45}
 MODEL=$SHAPED/$([ "$SHAPE" = 8b ] && echo Llama-3.1-8B || echo tiny-Llama)-shaped-bf16-seed0
 LOG=$OUT/session.log
-ALL="env write tests gpu load profile api smollm2 load-eager"
+ALL="env write tests gpu load profile api smollm2"
 export PLAYGROUND_BATCH_GRAPH_WIDTHS=${PLAYGROUND_BATCH_GRAPH_WIDTHS:-256}     # one compile per process
 export PYTHONUNBUFFERED=1 PLAYGROUND_CACHE=${PLAYGROUND_CACHE:-/tmp/pg-cache} TOKENIZERS_PARALLELISM=false
 
@@ -89,9 +89,6 @@ run() {
     tests) step tests 200 $PY -m pytest -q -p no:cacheprovider --junitxml="$OUT/tests.xml" \
              tests/test_fastpath.py tests/test_memory.py tests/test_batch.py tests/test_graphed.py \
              -k "cuda and not smollm2" ;;
-    load-eager) PLAYGROUND_BATCH_GRAPHS=off step load-eager 150 $PY bench/load.py --model "$MODEL" --device "$DEVICE" \
-             --dtype "$DTYPE" --sessions 1 10 30 --tokens 64 --capture off --batched-only --overload 0 \
-             --out "$OUT/load-eager.json" ;;
     smollm2) smollm2 ;;
     *)     echo "unknown step $1" | tee -a "$LOG" ;;
   esac

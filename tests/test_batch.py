@@ -11,6 +11,7 @@ from engine.serving.batch import BatchRunner, Slot
 from engine.core.generate import GenerationRequest, encode_prompt, generate_kept
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
 from engine.core.kept import kept_for
+from engine.core.lean import one_forward
 from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord
 from engine.core.views import derive_captures
 
@@ -405,16 +406,16 @@ def test_newcomers_on_stored_starts_of_different_lengths_prefill_their_rests_in_
     sinks = [Sink() for _ in jobs]
     for sink, request in zip(sinks, jobs):
         runner.add(sink.slot(tiny_lm, request, policy))
-    passes = []
-    lean_rows = runner.lean.rows                     # decode passes step on the lean step, not the modules
-    runner.lean.rows = lambda batch, slots: passes.append("decode") or lean_rows(batch, slots)
-    hook = tiny_lm.model.register_forward_pre_hook(lambda *_: passes.append("modules"))
+    passes, lean = [], one_forward(tiny_lm)          # prefill and decode passes alike go through the one forward
+    real = lean.forward
+    lean.forward = lambda ids, *args, **kwargs: passes.append(tuple(ids.shape)) or real(ids, *args, **kwargs)
     try:
         runner.step()
     finally:
-        hook.remove()
+        del lean.forward
     assert [s.records[0].reused_tokens for s in sinks] == [20, 12, 0, 20]
-    assert passes == ["modules", "decode"]           # one prefill pass for all four, then their first decode pass
+    assert len(passes) == 2 and passes[0][0] == 4 and passes[0][1] > 1 and passes[1] == (4, 1)   # one prefill
+    #                                                          pass for all four, then their first decode pass
     while not runner.idle:
         runner.step()
     for sink, request in zip(sinks, jobs):

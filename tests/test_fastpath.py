@@ -126,19 +126,25 @@ def test_the_decode_step_traces_as_one_graph_capturing_or_not(lm):
 
 
 def test_warm_up_allows_graph_breaks_when_one_graph_is_impossible(tiny_model_dir):
-    """A forward hook that reads a value back (`.item()`) breaks the graph: fullgraph fails, warm-up
-    recompiles with breaks allowed, records why, and the records stay right. (Compiled code is reset
-    first: dynamo does not guard on hooks, so a hook added after a compile would simply not run.)"""
+    """A wrapper around the model's forward that breaks the graph (an instrumenting wrapper keeps the modules'
+    route, engine.core.lean.one_forward): fullgraph fails, warm-up recompiles with breaks allowed, records why, and
+    the records stay right. (Compiled code is reset first.)"""
     lm = load_model(str(tiny_model_dir), device="cpu", dtype="float32")
     torch.compiler.reset()
-    handle = lm.model.model.norm.register_forward_hook(lambda m, args, out: float(out.abs().max()) and None)
+    real = lm.model.forward
+
+    def breaking(*args, **kwargs):
+        torch._dynamo.graph_break()
+        return real(*args, **kwargs)
+    lm.model.forward = breaking
     try:
         fast = FastDecoder(lm, compile="eager")
+        assert fast.lean is None
         fast.warm_up(max_new_tokens=4)
         assert fast.compile_error is not None and not fast.fullgraph and fast.mode == "eager"
         assert tokens(fast.generate(request(6))) == tokens(generate(lm, request(6)))
     finally:
-        handle.remove()
+        del lm.model.forward
 
 
 def test_the_switch_in_generate_and_the_cache_counts(lm):

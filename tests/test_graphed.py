@@ -85,11 +85,11 @@ def test_a_capturing_request_in_a_batch_of_32_equals_it_alone_and_a_misrouted_pa
         assert_same_run(sinks[i], single)
 
     class Misrouted(PagedBatch):
-        def step_mask(self, rows=None, width=None):
-            mask = super().step_mask(rows, width)
+        def plan(self, new, rows=None, width=None):
+            mask = super().plan(new, rows, width)
             capturing = [b for b, s in enumerate(self.slots) if s.kept is not None]
             if capturing and rows is not None and rows > len(self.slots):
-                self._resid_write[-1] = self._write[capturing[0]]   # the last padding row writes a real row's slot
+                self._resid_write[-1] = self._write[capturing[0], -1]   # the last padding row writes a real row's
             return mask
 
     graphs.new_batch = lambda: Misrouted(pool=graphs.pool)

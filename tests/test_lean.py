@@ -34,6 +34,17 @@ def contiguous_kv(n_layers: int):
     return kv
 
 
+class Collected:
+    """A residual sink that keeps what the forward hands it: hidden state i of every row, [B, T, d]."""
+
+    def __init__(self):
+        self.states = []
+
+    def write(self, layer, x):
+        assert layer == len(self.states)
+        self.states.append(x.clone())
+
+
 def lean_logits(lm, ids: list[int]) -> torch.Tensor:
     """The lean step fed one token at a time from position 0: logits (T, V)."""
     lean, kv = LeanStep(lm), contiguous_kv(lm.spec.n_layers)
@@ -150,24 +161,24 @@ def test_the_lean_rows_give_the_modules_logits_and_residuals_on_a_left_padded_ba
     with torch.inference_mode():
         out = lm.model(input_ids=ids[:, None], attention_mask=mask, position_ids=positions[:, None],
                        cache=batch.cache, use_cache=True, logits_to_keep=1, output_hidden_states=True)
-        hidden = []
-        logits = runner.lean.lean.rows(ids, positions, batch.write_and_gather, mask.bool()[:, None, None, :],
-                                       hidden=hidden)
+        hidden = Collected()
+        logits = runner.lean.lean.forward(ids[:, None], positions[:, None], batch.write_and_gather,
+                                          mask.bool()[:, None, None, :], hidden)[:, -1]
     torch.testing.assert_close(logits, out.logits[:, -1], atol=1e-5, rtol=1e-5)
-    assert len(hidden) == len(out.hidden_states) == lm.spec.n_layers + 1
-    for mine, theirs in zip(hidden, out.hidden_states):
+    assert len(hidden.states) == len(out.hidden_states) == lm.spec.n_layers + 1
+    for mine, theirs in zip(hidden.states, out.hidden_states):
         torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
     kernels = kernels_for(lm)                  # packed products, q|k|v and gate|up fused: the same within rounding
     fused = runner.lean.fused(kernels)
     assert all(f.qkv and f.gate_up for f in fused)
     with torch.inference_mode():
-        packed = runner.lean.lean.rows(ids, positions, batch.write_and_gather, mask.bool()[:, None, None, :],
-                                       kernels.linear, fused=fused)
+        packed = runner.lean.lean.forward(ids[:, None], positions[:, None], batch.write_and_gather,
+                                          mask.bool()[:, None, None, :], None, kernels.linear, fused)[:, -1]
     torch.testing.assert_close(packed, out.logits[:, -1], atol=1e-4, rtol=1e-4)
 
 
 def test_a_batch_decodes_on_the_lean_rows_and_every_row_equals_itself_alone(tiny_lm, monkeypatch):
-    """Every decode step of two or more rows goes through `LeanDecode.rows` (the modules run the prefills only),
+    """Every decode step of two or more rows goes through `LeanDecode.rows` (the modules run no step at all),
     and each answer, one of them capturing, equals the same request alone."""
     monkeypatch.setenv("PLAYGROUND_SMALL_BATCH", "all")          # the packed products too, on any machine
     runner = BatchRunner(tiny_lm, max_batch=8)
@@ -184,7 +195,7 @@ def test_a_batch_decodes_on_the_lean_rows_and_every_row_equals_itself_alone(tiny
     finally:
         hook.remove()
     assert rows and min(rows) >= 2 and max(rows) == 3
-    assert all(shape[1] > 1 or shape[0] == 1 for shape in modules)     # the modules: prefills (a 1-token one alone)
+    assert modules == []                                       # prefills too go through the one forward
     for i, (records, (request, policy)) in enumerate(zip(out, jobs)):
         want, want_kept = generate_kept(tiny_lm, request, policy)
         same_tokens(records, want)
@@ -213,11 +224,6 @@ def test_a_capturing_request_alone_steps_on_the_lean_rows_without_the_packed_pro
     want, want_kept = generate_kept(tiny_lm, request, policy)
     same_tokens(records, want)
     assert_same_residual(kept[0], want_kept)
-
-
-def test_lean_off_keeps_every_step_on_the_modules(tiny_lm, monkeypatch):
-    monkeypatch.setenv("PLAYGROUND_LEAN", "off")
-    assert BatchRunner(tiny_lm).lean is None
 
 
 def test_a_matrix_stored_transposed_keeps_its_values_and_every_answer(tiny_model_dir, monkeypatch):

@@ -9,9 +9,15 @@ preallocated `transformers.StaticCache` (fixed shapes and addresses), and on CUD
 compiled with `torch.compile(mode="reduce-overhead")`, which records it once as a CUDA graph and then
 replays it each token: one launch per step instead of hundreds.
 
-A run that captures keeps the residual stream (engine/core/hooks.py): the compiled step returns the newest
-position's hidden states beside the logits (transformers' `output_hidden_states`, traced into the graph), and the
-run's KeptInputs copies them after the step. Nothing else is captured, so every capturing step is graph-safe.
+The step is the project's one forward (engine/core/lean.py, `forward_step`) with one row on the static cache, the
+function every other step runs; a family it does not cover runs transformers' modules (`model_step`). A run that
+captures keeps the residual stream (engine/core/hooks.py): the forward writes the newest position's residual into a
+buffer at a fixed address inside the step (the modules: `output_hidden_states`, traced into the graph), and the
+run's KeptInputs copies it after the step. Nothing else is captured, so every capturing step is graph-safe.
+
+What this path keeps beside the batch's: a static cache rounded to a power of two, so a GPU replays one graph per
+bucket without a paged gather, and the pipelined greedy loop below. Both are for a GPU (opted in with
+`enable_static_decode`, the command line's `--static`); the batch runner's lone step serves a lone request on a CPU.
 
 Greedy requests that capture nothing run pipelined: each token is chosen on the device and the next step is
 queued before the host describes this one, so the host's per-token work (a softmax and top-k over the vocabulary,
@@ -38,6 +44,7 @@ from engine.core.generate import (GenerationRequest, TextStream, admit, end_reas
                                   generation_loop, pick_token, prompt_pieces, sync, token_facts, tokens_from,
                                   trim_stop)
 from engine.core.kept import KeptInputs
+from engine.core.lean import LeanStep, PoolResidual, RowsResidual, one_forward
 from engine.core.loader import LoadedModel
 from engine.core.records import CacheState, DecodeRecord, DoneRecord, PrefillRecord, Record
 from engine.core.sampling import logits_to_probs
@@ -106,6 +113,17 @@ def model_step(model: Any, input_ids: torch.Tensor, positions: torch.Tensor, cac
     return out.logits, torch.stack([h[:, -1] for h in out.hidden_states])
 
 
+def forward_step(lean: LeanStep, input_ids: torch.Tensor, positions: torch.Tensor, cache: StaticCache,
+                 resid: torch.Tensor | None = None) -> torch.Tensor:
+    """The one forward (engine.core.lean) over input_ids [1, T] at absolute positions [T] on the static cache:
+    logits of the last position [1, 1, V]; with `resid` [L + 1, T, d_model] (a buffer at a fixed address), the
+    residual of these positions written into it inside the step (what a capturing run keeps)."""
+    max_len = cache.layers[0].max_cache_len
+    mask = (torch.arange(max_len, device=positions.device) <= positions[:, None])[None, None]   # [1, 1, T, max_len]
+    keep = PoolResidual(resid, torch.arange(positions.shape[0], device=positions.device)) if resid is not None else None
+    return lean.forward(input_ids, positions[None], lambda i, k, v: cache.update(k, v, i), mask, keep)
+
+
 def _raise_recompile_limit() -> None:
     config = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):
@@ -126,14 +144,17 @@ class FastDecoder:
         self.lock = threading.Lock()
         self.compile_error: str | None = None
         self.fullgraph = fullgraph
+        self.lean = one_forward(lm)           # None: a family the forward does not cover runs the modules
+        self.resid: torch.Tensor | None = None   # [L + 1, 1, d_model]: a capturing step's residual, fixed address
         self._step = self._build_step()
 
     def _build_step(self) -> Callable[..., torch.Tensor]:
+        step = forward_step if self.lean is not None else model_step
         if self.mode == "off":
-            return model_step
+            return step
         _raise_recompile_limit()
         options = {"backend": "eager"} if self.mode == "eager" else {"mode": self.mode}
-        return torch.compile(model_step, fullgraph=self.fullgraph, dynamic=False, **options)
+        return torch.compile(step, fullgraph=self.fullgraph, dynamic=False, **options)
 
     @property
     def graphs(self) -> bool:
@@ -152,6 +173,16 @@ class FastDecoder:
     def prefill(self, ids: list[int], kept: KeptInputs | None) -> torch.Tensor:
         """Eager forward over the prompt (its hidden states into `kept`); logits (V,) of its last position."""
         dev, model = self.lm.device, self.lm.model
+        if self.lean is not None:
+            positions = torch.arange(len(ids), device=dev)
+            max_len = self.cache.layers[0].max_cache_len
+            mask = (torch.arange(max_len, device=dev) <= positions[:, None])[None, None]      # [1, 1, T, max_len]
+            logits = self.lean.forward(torch.tensor([ids], device=dev), positions[None],
+                                       lambda i, k, v: self.cache.update(k, v, i), mask,
+                                       RowsResidual([(0, kept, 0, 0)]) if kept is not None else None)
+            if kept is not None:
+                kept.commit()
+            return logits[0, -1]
         out = model(input_ids=torch.tensor([ids], device=dev), position_ids=torch.arange(len(ids), device=dev)[None],
                     cache=self.cache, use_cache=True, logits_to_keep=1,
                     output_hidden_states=list(kept.layers) if kept is not None else False)
@@ -179,10 +210,23 @@ class FastDecoder:
     def _compiled(self, ids: torch.Tensor, pos: torch.Tensor, hidden: bool = False) -> Any:
         if self.graphs:
             torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs are consumed
+        if self.lean is not None:
+            return self._forward_step(ids, pos, hidden)
         if not hidden:
             return self._step(self.lm.model, ids, pos, self.cache)[0, -1]
         logits, states = self._step(self.lm.model, ids, pos, self.cache, True)
         return logits[0, -1], states
+
+    def _forward_step(self, ids: torch.Tensor, pos: torch.Tensor, hidden: bool) -> Any:
+        """The compiled forward: logits (V,), and with `hidden` the residual [L + 1, 1, d_model] it wrote."""
+        if not hidden:
+            return self._step(self.lean, ids, pos, self.cache)[0, -1]
+        if self.resid is None:
+            spec = self.lm.spec
+            with torch.inference_mode(False):   # a normal tensor: written in and out of inference mode
+                self.resid = torch.zeros(spec.n_layers + 1, 1, spec.d_model, dtype=self.lm.dtype, device=self.lm.device)
+        logits = self._step(self.lean, ids, pos, self.cache, self.resid)
+        return logits[0, -1], self.resid.clone()
 
     def generate(self, request: GenerationRequest, should_stop: Callable[[], bool] | None = None,
                  ids: list[int] | None = None, kept: KeptInputs | None = None) -> Iterator[Record]:

@@ -24,6 +24,7 @@ from engine.projection.card import forward_shapes
 from engine.errors import ContextLengthError, InvalidRequestError
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy
 from engine.core.kept import KeptInputs, kept_for
+from engine.core.lean import one_forward
 from engine.core.loader import LoadedModel
 from engine.core.records import (CacheState, Candidate, DecodeRecord, DoneRecord, Piece, PrefillRecord, Record,
                                  SampledToken)
@@ -185,10 +186,15 @@ def sync(device: torch.device) -> None:
 def forward(lm: LoadedModel, ids: list[int], cache: DynamicCache, kept: KeptInputs | None = None,
             keep: int | None = None) -> torch.Tensor:
     """Run the model over new token ids after what the cache holds; with `kept`, write the hidden states it keeps
-    (the residual stream) at these positions.
+    (the residual stream) at these positions. The project's forward (engine/core/lean.py) where it covers the model,
+    else transformers' modules.
 
     Returns the last position's logits (V,), or with `keep` the last `keep` positions' (keep, V).
     """
+    lean = one_forward(lm)
+    if lean is not None:
+        logits = lean.on_cache(ids, cache, kept, keep or 1)                        # (keep, V)
+        return logits if keep else logits[-1]
     start = cache.get_seq_length()
     input_ids = torch.tensor([ids], device=lm.device)                              # [1, T]
     positions = torch.arange(start, start + len(ids), device=lm.device)            # [T]

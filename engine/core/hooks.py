@@ -8,9 +8,9 @@ states are numbered as transformers' `output_hidden_states` numbers them:
 
 Everything a page shows is computed from it when someone looks (engine/core/views.py): attention maps, rows and
 per-head summaries, |Q|, |K|, |V| per head, the residual's norm leaving each layer and the logit lens. The engine
-writes it from the forward pass's own outputs (`output_hidden_states`, engine/core/generate.py `forward`, and the
-batched step in engine/serving/graphed.py, which writes it into the paged residual pool beside K and V): no hook of
-ours is ever attached to the model.
+writes it inside its one forward (engine/core/lean.py: `keep.write`, into a run's buffers or the paged residual pool
+beside K and V); a family that forward does not cover returns it from transformers' modules
+(`output_hidden_states`). No hook of ours is ever attached to the model.
 
 The attention function "playground" computes the output with PyTorch SDPA; when a forward call carries a grab
 (`playground_capture`, engine/core/recompute.py) it hands over Q and K as the layer computed them, before anything

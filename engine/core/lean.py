@@ -1,31 +1,40 @@
-"""One decode step of a Llama-family model, on the model's own weights, without its modules.
+"""The project's forward for the Llama family, on the checkpoint's own tensors: prefill chunks and decode rows alike.
 
-    lean = lean_step_for(lm)                          # None for a model it does not cover (it says why in `why_not`)
-    logits = lean(token_id, position, kv)             # (V,); kv(layer, k, v) stores the new K/V, returns all of it
-    logits = lean.rows(ids, positions, kv, mask)      # [B, V]: one token for each of B sequences (a batch's step)
+    lean = one_forward(lm)                                  # None for a model it does not cover (`why_not` says why)
+    logits = lean.forward(ids, positions, kv, mask, keep)   # [B, K, V]: ids, positions [B, T]; any mix of rows
+    logits = lean.on_cache(ids, cache, kept)                # one sequence's next tokens on an HF cache: [K, V]
+    logits = lean(token_id, position, kv)                   # (V,): one token of one sequence
 
-A batch-1 decode step reads every weight once (0.54 GB for SmolLM2-135M in float32), and on a CPU that is most
-of its time; the rest is host work: transformers' modules build a mask, a cache update and a dozen small tensors
-per layer through a few hundred Python calls. Measured on this 2-core machine (docs/engine.md, "Where a lone
-request's milliseconds go"), that host work was about a fifth of the step. Here a step is the same arithmetic in
-a dozen tensor operations per layer, reading the same parameters (nothing is copied): the RMS norms as
-transformers writes them, its own rotary embedding and `apply_rotary_pos_emb`, q/k/v/o and the gated MLP as
-`F.linear` on the module's weights and biases, and attention as one SDPA call over the sequence's keys (no mask:
-a single query sees every key before it). No hooks run.
+`forward` is one step for B rows of T new tokens each, as gpt-fast's `Transformer.forward(idx, input_pos)` and
+nano-vllm's model are: a prefill chunk (T tokens of one row), the padded prefill of several newcomers (left pads,
+hidden by `mask`), a batch's decode rows (T = 1) or a speculative verify pass (T = k + 1, `logits_to_keep`). The
+caller hands it:
+- `kv(layer, k, v)`: stores the new K/V ([B, KVH, T, D]) where the rows keep it (a paged pool at their slots, an HF
+  cache) and returns every key and value each row reads, [B, KVH, S, D];
+- `mask` [B, 1, T, S] (True: attend) where rows read padded keys; None when they do not: each query then sees every
+  key up to its own position (causal over the new tokens);
+- `keep`: where the residual goes (the one capture point): the stream entering every layer and the final norm's
+  input (hidden state i as transformers' `output_hidden_states` numbers them) is handed to `keep.write(i, x)` inside
+  the forward, x [B, T, d], for the rows that keep one: `PoolResidual` writes it into the paged residual pool at the
+  rows' slots (decode), `RowsResidual` into each run's own buffers (prefill, a run outside the batch).
 
-`rows` is the same step for a batch (engine/serving/lean.py): each row its own token and position, the keys each
-row reads padded on the left and hidden by `mask` [B, 1, 1, W], the products through `linear` (the packed
-small-batch kernel, engine/core/small_batch.py), and, when asked, the residual entering every layer and the final
-norm (`hidden`, as transformers' `output_hidden_states` numbers them) for the rows that capture.
+It is the same arithmetic as transformers' modules in a dozen tensor operations per layer, reading the same
+parameters (nothing is copied): the RMS norms as transformers writes them, its rotary embedding and
+`apply_rotary_pos_emb`, q/k/v/o and the gated MLP as `F.linear` on the modules' weights and biases (or `linear`, the
+packed small-batch kernel, engine/core/small_batch.py) and attention as one SDPA call. No hooks run. A 20-row SmolLM2
+decode step here took 157 ms against 180 ms through the modules (docs/serving.md, "The batch on the lean step").
 
-Which models: the plain decoder stacks whose layers are exactly that (`model_type` llama, qwen2, mistral without
-a sliding window): any other gets None and keeps the ordinary path. Tests check the logits against the model's
-own forward and the tokens of whole answers against `engine.core.generate` (tests/test_lean.py).
+Which models: the plain decoder stacks whose layers are exactly that (`model_type` llama, qwen2, mistral without a
+sliding window). Any other (per-head Q/K norms as in Qwen3 and OLMo 2, sliding windows as in Gemma and Mistral with
+a window, other activations, `pretraining_tp`) keeps transformers' modules: they compute what this forward would not,
+and proving each against its oracle is a family's worth of work. transformers' modules are also the route while
+something has replaced the model's `forward` (a wrapper that instruments or injects faults must see every step), and
+the oracle of the tests (tests/test_lean.py: logits and every residual within 1e-5 in float32).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 from torch.nn import functional as F
@@ -34,12 +43,42 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from engine.core.loader import LoadedModel
 
 COVERED = ("llama", "qwen2", "mistral")
-# kv(layer, k, v): k, v [B, KVH, 1, D] of the new positions; returns the layer's keys and values [B, KVH, T, D]
+# kv(layer, k, v): k, v [B, KVH, T, D] of the new positions; returns the keys and values each row reads [B, KVH, S, D]
 KV = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 # linear(x, weight, bias): x @ weight.T + bias, as F.linear
 Linear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 # x -> the products of x with several weights, side by side (e.g. [q | k | v])
 Product = Callable[[torch.Tensor], torch.Tensor]
+
+
+class Residual(Protocol):
+    """Where a step's residual goes: `write(i, x)` receives hidden state i of every row, x [B, T, d_model]."""
+
+    def write(self, layer: int, x: torch.Tensor) -> None: ...
+
+
+@dataclass(frozen=True)
+class PoolResidual:
+    """The paged residual pool [L + 1, slots, d_model] at one slot per new token, `where` [B * T] (SCRATCH for rows
+    that keep none): one in-place copy per hidden state at fixed addresses (a CUDA graph replays it)."""
+
+    resid: torch.Tensor
+    where: torch.Tensor
+
+    def write(self, layer: int, x: torch.Tensor) -> None:
+        self.resid[layer].index_copy_(0, self.where, x.reshape(-1, x.shape[-1]))
+
+
+@dataclass(frozen=True)
+class RowsResidual:
+    """Each keeping row's own buffers (engine/core/kept.py): (row b, its KeptInputs, the position of its first real
+    token, the column of that token in the step's [B, T]: its left pads)."""
+
+    rows: Sequence[tuple[int, Any, int, int]]
+
+    def write(self, layer: int, x: torch.Tensor) -> None:
+        for b, kept, start, first in self.rows:
+            kept.write(layer, start, x[b, first:])
 
 
 @dataclass(frozen=True)
@@ -69,7 +108,7 @@ class LayerWeights:
 
 
 def why_not(model: Any) -> str | None:
-    """Why the lean step cannot stand in for this model's forward, or None when it can."""
+    """Why the forward cannot stand in for this model's modules, or None when it can."""
     config = model.config
     if getattr(config, "model_type", None) not in COVERED:
         return f"model type {getattr(config, 'model_type', None)!r} (covered: {', '.join(COVERED)})"
@@ -104,8 +143,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.to(x.dtype)
 
 
+def causal_mask(valid: torch.Tensor, t: int) -> torch.Tensor:
+    """[B, 1, T, S] (True: attend) for T new tokens that are the last T of S keys: a query sees the valid keys
+    (`valid` [B, S], False for pads) up to its own column, and always itself, so a pad's query reads something and
+    its row stays finite (nothing real reads a pad)."""
+    s = valid.shape[1]
+    keys = torch.arange(s, device=valid.device)
+    own = torch.arange(s - t, s, device=valid.device)[:, None]                     # [T, 1] each query's column
+    return ((valid[:, None, :] & (keys <= own)) | (keys == own))[:, None]           # [B, 1, T, S]
+
+
 class LeanStep:
-    """A decode step of one sequence: embedding, every layer, the final norm and the LM head."""
+    """The model's forward over its own parameters: embedding, every layer, the final norm and the LM head."""
 
     def __init__(self, lm: LoadedModel):
         model = lm.model
@@ -121,43 +170,69 @@ class LeanStep:
     def __call__(self, token: int, position: int, kv: KV) -> torch.Tensor:
         """Logits (V,) of the token after `token`, which sits at `position`; `kv` keeps and returns the K/V."""
         device = self.embed.weight.device
-        return self.rows(torch.tensor([token], device=device), torch.tensor([position], device=device), kv)[0]
+        return self.forward(torch.tensor([[token]], device=device), torch.tensor([[position]], device=device), kv)[0, 0]
 
-    def rows(self, ids: torch.Tensor, positions: torch.Tensor, kv: KV, mask: torch.Tensor | None = None,
-             linear: Linear = F.linear, hidden: list[torch.Tensor] | None = None,
-             fused: list[Fused] | None = None) -> torch.Tensor:
-        """Logits [B, V] of each row's next token: ids and positions [B]; `mask` [B, 1, 1, T] (True: attend) where
-        rows read padded keys; `hidden`, when given, receives the L + 1 residuals [B, 1, d]; `fused`, per layer,
-        products made as one."""
-        x = F.embedding(ids[:, None], self.embed.weight)                               # [B, 1, d]
-        cos, sin = self.rotary(x, positions[:, None])                                   # [B, 1, D] each
+    def on_cache(self, ids: list[int], cache: Any, kept: Any = None, logits_to_keep: int = 1) -> torch.Tensor:
+        """One sequence's new tokens after what the HF `cache` holds (its K/V appended there); with `kept`, their
+        residual written into its buffers and committed. Logits [logits_to_keep, V] of the last positions."""
+        device, start, t = self.embed.weight.device, cache.get_seq_length(), len(ids)
+        positions = torch.arange(start, start + t, device=device)[None]                # [1, T]
+        mask = causal_mask(torch.ones(1, start + t, dtype=torch.bool, device=device), t) if start and t > 1 else None
+        keep = RowsResidual([(0, kept, start, 0)]) if kept is not None else None
+        logits = self.forward(torch.tensor([ids], device=device), positions,
+                              lambda i, k, v: cache.update(k, v, i), mask, keep, logits_to_keep=logits_to_keep)
+        if kept is not None:
+            kept.commit()
+        return logits[0]
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, kv: KV, mask: torch.Tensor | None = None,
+                keep: Residual | None = None, linear: Linear = F.linear, fused: list[Fused] | None = None,
+                logits_to_keep: int = 1) -> torch.Tensor:
+        """Logits [B, K, V] of each row's last K = `logits_to_keep` positions: ids and positions [B, T] (each token's
+        own position); `mask` [B, 1, T, S] where rows read padded keys, None for causal over the new tokens (the
+        keys before them all read); `keep` receives the L + 1 residuals; `fused`, per layer, products made as one."""
+        x = F.embedding(ids, self.embed.weight)                                         # [B, T, d]
+        cos, sin = self.rotary(x, positions)                                            # [B, T, D] each
         for i, w in enumerate(self.layers):
             f = fused[i] if fused is not None else NOT_FUSED
-            if hidden is not None:
-                hidden.append(x)
+            if keep is not None:
+                keep.write(i, x)
             x = x + self._attention(i, w, rms_norm(x, w.ln1, self.eps), cos, sin, kv, mask, linear, f)
             h = rms_norm(x, w.ln2, self.eps)
             gate, up = f.gate_up(h).chunk(2, dim=-1) if f.gate_up else (linear(h, *w.gate), linear(h, *w.up))
             x = x + linear(F.silu(gate) * up, *w.down)
-        if hidden is not None:
-            hidden.append(x)
-        return linear(rms_norm(x, self.norm, self.eps), *self.head)[:, -1]              # [B, V]
+        if keep is not None:
+            keep.write(len(self.layers), x)
+        return linear(rms_norm(x[:, -logits_to_keep:], self.norm, self.eps), *self.head)   # [B, K, V]
 
     def _attention(self, i: int, w: LayerWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    kv: KV, mask: torch.Tensor | None, linear: Linear, f: Fused) -> torch.Tensor:
-        # h: [B, 1, d] -> q [B, H, 1, D], k, v [B, KVH, 1, D]; keys K, V [B, KVH, T, D]; out [B, 1, d]
-        b, d, kvd = h.shape[0], self.heads * self.head_dim, self.kv_heads * self.head_dim
+        # h: [B, T, d] -> q [B, H, T, D], k, v [B, KVH, T, D]; keys K, V [B, KVH, S, D]; out [B, T, d]
+        b, t = h.shape[:2]
+        d, kvd = self.heads * self.head_dim, self.kv_heads * self.head_dim
         q, k, v = f.qkv(h).split((d, kvd, kvd), dim=-1) if f.qkv else (linear(h, *p) for p in (w.q, w.k, w.v))
-        q = q.view(b, 1, self.heads, self.head_dim).transpose(1, 2)
-        k = k.view(b, 1, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(b, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = q.view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         keys, values = kv(i, k, v)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling,
-                                             enable_gqa=self.heads != self.kv_heads)   # [B, H, 1, D]
-        return linear(out.transpose(1, 2).reshape(b, 1, -1), *w.o)
+        if mask is None and t > 1 and keys.shape[2] != t:           # keys before the new tokens: all read
+            mask = causal_mask(torch.ones(b, keys.shape[2], dtype=torch.bool, device=h.device), t)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None and t > 1,
+                                             scale=self.scaling, enable_gqa=self.heads != self.kv_heads)  # [B, H, T, D]
+        return linear(out.transpose(1, 2).reshape(b, t, -1), *w.o)
 
 
 def lean_step_for(lm: LoadedModel) -> LeanStep | None:
-    """The lean step for this model, or None where it does not apply (`why_not`)."""
-    return None if why_not(lm.model) is not None else LeanStep(lm)
+    """The forward for this model, made once and kept on it, or None where it does not apply (`why_not`)."""
+    if why_not(lm.model) is not None:
+        return None
+    if lm.lean is None:
+        lm.lean = LeanStep(lm)
+    return lm.lean
+
+
+def one_forward(lm: LoadedModel) -> LeanStep | None:
+    """The forward a step of this model runs now, or None for transformers' modules: a family it does not cover, or
+    a model whose `forward` something has replaced (a wrapper that instruments or injects faults sees every step)."""
+    return lean_step_for(lm) if "forward" not in vars(lm.model) else None

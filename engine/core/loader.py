@@ -74,6 +74,7 @@ class LoadedModel:
     fast: Any = field(default=None, repr=False)  # engine.core.fastpath.FastDecoder once static decode is enabled
     small_batch: Any = field(default=None, repr=False)  # engine.core.small_batch: packed once, by the first batch
     batch_graphs: Any = field(default=None, repr=False)  # engine.serving.graphed: the CUDA-graphed batch step
+    lean: Any = field(default=None, repr=False)  # engine.core.lean.LeanStep: the model's forward, made once
     layout: dict = field(default_factory=dict, repr=False)  # engine.core.layout: per shape, (as stored, transposed, changed)
 
     @property

@@ -12,10 +12,12 @@ its prompt is in, its K/V is copied into blocks of the paged batch cache
 (`engine.serving.paged`). For a decode step each layer gathers the rows left-padded to the longest: the
 attention mask hides the pads and each row's RoPE positions count from its own first token, so every
 row computes what it would compute alone.
-A request that captures keeps its residual stream (engine/core/hooks.py): its prompt's into buffers of its own
-while it is prefilled, then, in the batch, in the residual pool beside its K/V blocks, written by the decode step
-itself at the slot its new token's K/V go to (`PagedBatch.keep_residual`; a graphed step does the same inside the
-graph). Every view of it is derived on demand (engine/core/views.py), so a session sees exactly its own request's.
+Prefill and decode go through the project's one forward (engine/core/lean.py) where it covers the model, and
+transformers' modules otherwise; how a decode step runs is chosen in one place (engine.serving.lean.decode).
+A request that captures keeps its residual stream (engine/core/hooks.py), written inside that forward: its
+prompt's into buffers of its own while it is prefilled, then, in the batch, into the residual pool beside its K/V
+blocks at the slot its new token's K/V go to (eagerly, or inside a CUDA graph). Every view of it is derived on
+demand (engine/core/views.py), so a session sees exactly its own request's.
 
 Each request yields the same records as `engine.core.generate` (PrefillRecord, DecodeRecord..., DoneRecord)
 through its `emit` callback; a request that fails calls `fail` and the others go on.
@@ -37,10 +39,11 @@ from engine.core.generate import (GenerationRequest, TextStream, eos_ids, finish
                                   pick_token, pick_tokens, prompt_pieces, sync, trim_stop)
 from engine.core.hooks import CapturePolicy
 from engine.core.kept import KeptInputs
+from engine.core.lean import RowsResidual, causal_mask, one_forward
 from engine.core.loader import LoadedModel
-from engine.core.small_batch import kernels_for, small_batch_kernels
+from engine.core.small_batch import kernels_for
 from engine.serving.graphed import GraphedDecode
-from engine.serving.lean import LeanDecode
+from engine.serving.lean import LeanDecode, decode
 from engine.serving.paged import BlockTable, PagedBatch, SoloBatch, row_cache_state
 from engine.serving.prefix import PrefixCache, load_prefix
 from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
@@ -156,8 +159,8 @@ class BatchRunner:
         self.graphs = graphs if batchable(lm) else None
         self.batch = SoloBatch() if not batchable(lm) else graphs.new_batch() if self.graphs else PagedBatch()
         self.prefilling: deque[Slot] = deque()
-        # decode steps on the lean step (engine.serving.lean) where it covers the model; not beside CUDA graphs
-        self.lean = LeanDecode.for_model(lm) if batchable(lm) and self.graphs is None else None
+        # decode steps on the project's forward (engine.serving.lean) where it covers the model
+        self.lean = LeanDecode.for_model(lm) if batchable(lm) else None
         if self.max_batch > 1 and self.graphs is None:
             kernels = kernels_for(lm)        # pack now (under a second), not in the first batched step
             if self.lean is not None:
@@ -294,17 +297,28 @@ class BatchRunner:
         own = torch.arange(width, device=device)[None, :] >= torch.tensor([width - n for n in starts],
                                                                            device=device)[:, None]
         positions = (mask.cumsum(-1) - 1).clamp(min=0) + torch.tensor(starts, device=device)[:, None]
-        capturing = any(s.kept is not None for s in group)
+        valid = torch.cat([own, mask.bool()], dim=1)                                     # [B, W + T] real keys
+        keeping = [(b, s.kept, starts[b], pads[b]) for b, s in enumerate(group) if s.kept is not None]
+        lean = one_forward(self.lm)
         with torch.inference_mode():
-            out = self.lm.model(input_ids=ids, attention_mask=torch.cat([own.long(), mask], dim=1),
-                                position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1,
-                                output_hidden_states=capturing)
-            for b, slot in enumerate(group):                  # hidden_states[i]: [B, T, d_model], pads on the left
-                if slot.kept is not None:
-                    slot.kept.write_states(starts[b], [h[b, pads[b]:] for h in out.hidden_states])
-                    slot.kept.commit()
-        keep = [row.nonzero().flatten() for row in torch.cat([own, mask.bool()], dim=1)]   # each row's positions
-        return out.logits[:, -1], cache, keep                                           # logits [B, V]
+            if lean is not None:
+                logits = lean.forward(ids, positions, lambda i, k, v: cache.update(k, v, i),
+                                      causal_mask(valid, ids.shape[1]), RowsResidual(keeping) if keeping else None)
+            else:
+                logits = self._modules_prefill(ids, valid, positions, cache, keeping)
+            for _, kept, _, _ in keeping:
+                kept.commit()
+        return logits[:, -1], cache, [row.nonzero().flatten() for row in valid]        # logits [B, V]
+
+    def _modules_prefill(self, ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor, cache: DynamicCache,
+                         keeping: list) -> torch.Tensor:
+        """The padded prefill through transformers' modules (a family the forward does not cover): logits [B, 1, V];
+        each keeping row's hidden states ([B, T, d_model], pads on the left) into its buffers."""
+        out = self.lm.model(input_ids=ids, attention_mask=valid.long(), position_ids=positions, cache=cache,
+                            use_cache=True, logits_to_keep=1, output_hidden_states=bool(keeping))
+        for b, kept, start, pads in keeping:
+            kept.write_states(start, [h[b, pads:] for h in out.hidden_states])
+        return out.logits
 
     def _prefill_step(self, slot: Slot, budget: int) -> int:
         """Prefill the next chunk (at most `budget` tokens, or the whole prompt when it cannot be chunked) of a
@@ -386,29 +400,8 @@ class BatchRunner:
 
     def _batch_forward(self, slots: list[Slot]) -> torch.Tensor:
         """Logits [B, V] of every row's next token; the residual of every row that captures written where it is
-        kept (the pool at its new token's slot, or a solo request's own buffers)."""
-        lean = self.lean if self.lean is not None and self.lean.stands_in() else None
-        if lean is not None and len(slots) == 1 and slots[0].kept is None:
-            return lean.lone(self.batch, slots[0])
-        if self.graphs is not None and (shape := self.graphs.fits(self.batch)):
-            try:
-                return self.graphs.forward(self.batch, [s.token.id for s in slots], [s.length for s in slots], shape)
-            except Exception as err:  # noqa: BLE001 - a step that cannot run graphed runs eagerly, as all after it
-                self.graphs.give_up(err)
-        if lean is not None:
-            return lean.rows(self.batch, slots)
-        device = self.lm.device
-        ids = torch.tensor([[s.token.id] for s in slots], device=device)                 # [B, 1]
-        positions = torch.tensor([[s.length] for s in slots], device=device)             # [B, 1] own positions
-        mask = self.batch.step_mask()                                                   # [B, L + 1]
-        capturing = any(s.kept is not None for s in slots)
-        with torch.inference_mode(), small_batch_kernels(self.lm):
-            out = self.lm.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                cache=self.batch.cache, use_cache=True, logits_to_keep=1,
-                                output_hidden_states=capturing)
-            if capturing:
-                self.batch.keep_residual(out.hidden_states)
-        return out.logits[:, -1]                                                        # [B, V]
+        kept (the pool at its new token's slot, or a solo request's own buffers). How: engine.serving.lean.decode."""
+        return decode(self.lm, self.batch, slots, self.lean, self.graphs)
 
     def _advance(self, slot: Slot, token: SampledToken) -> None:
         slot.length += 1

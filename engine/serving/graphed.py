@@ -1,6 +1,6 @@
 """The batched decode step as a CUDA graph: the room's steps without the per-op launch cost of eager PyTorch.
 
-    graphs = graphed_decode(lm, limits)            # on CUDA; None elsewhere (or PLAYGROUND_BATCH_GRAPHS=off)
+    graphs = graphed_decode(lm, limits)            # on CUDA, for a model the forward covers; None elsewhere
     runner = BatchRunner(lm, max_batch=32, graphs=graphs)
 
 Why: an eager decode step of Llama 3.1 8B launches about two thousand kernels, one per op, whatever the batch;
@@ -9,21 +9,26 @@ while reading the weights once takes about 4 ms. The fast path (engine/core/fast
 one request with a static cache; this does it for the paged batch, as vLLM captures its decode step per batch
 size.
 
-A graph replays fixed shapes at fixed addresses, so:
-- rows are padded to the batch's limit (padding rows read the null slot and write a scratch slot: on a GPU a
-  decode step reads the weights once however many rows it has, so 32 rows cost what 8 do) and the keys each
-  row attends to are padded on the left to a power of two (at least 256), hidden by the mask;
-- the mask is passed whole ([rows, 1, 1, width], True where a row attends), so transformers builds none;
+The step is the project's one forward (engine/core/lean.py, `batched_step`), the function every CPU step runs
+eagerly; here it is compiled whole (`fullgraph=True`: a graph break is an error, and tests/test_graphed.py traces
+it on the CPU with dynamo's eager backend, so a break fails the suite there and not on the GPU). A graph replays
+fixed shapes at fixed addresses, so:
+- rows are padded to the first row bucket that holds the batch (padding rows read the null slot and write a scratch
+  slot: on a GPU a decode step reads the weights once however many rows it has, so 32 rows cost what 8 do) and the
+  keys each row attends to are padded on the left to a power of two (at least 256), hidden by the mask;
+- the mask is passed whole ([rows, 1, 1, width], True where a row attends);
 - the K/V pool is made once, sized for the limits within a share of the free memory, and kept: its tensors
   never move. A batch that outgrows it runs eagerly from then on;
-- capturing is part of the graph: the residual pool sits beside K and V at fixed addresses, and every step writes
-  each row's hidden states there with one `index_copy_` at a static index (its new token's slot; SCRATCH for a row
-  that captures nothing and for padding rows), as vLLM-Hook writes its rings. A step of requests that capture runs
-  graphed like any other.
-The step is compiled with `torch.compile(mode="reduce-overhead")` (cudagraph trees), one graph per shape:
-one per key width, as rows are padded to one size; the scheduler compiles the usual widths (WARM_WIDTHS) when
-it starts, and a longer one when a batch first needs it. Each row computes what it computes eagerly,
-within rounding (tests/test_graphed.py: the same tokens as the eager batch and as each request alone).
+- capturing is part of the graph: the residual pool sits beside K and V at fixed addresses, and the forward writes
+  each row's residual there with one `index_copy_` per hidden state at a static index (its new token's slot;
+  SCRATCH for a row that captures nothing and for padding rows), as vLLM-Hook writes its rings. A step of requests
+  that capture runs graphed like any other.
+It is compiled with `torch.compile(mode="reduce-overhead")` (cudagraph trees), one graph per shape: one per key
+width, as rows are padded to one size; the scheduler compiles the usual widths (WARM_WIDTHS, or the documented
+setting PLAYGROUND_BATCH_GRAPH_WIDTHS) when it starts, and a longer one when a batch first needs it. Each row
+computes what it computes eagerly, within rounding (tests/test_graphed.py: the same tokens as the eager batch and as
+each request alone). A model the forward does not cover has no graphed step: its batch runs transformers' modules
+eagerly.
 """
 from __future__ import annotations
 
@@ -34,29 +39,27 @@ from typing import Any
 
 import torch
 
-from engine.core.fastpath import COMPILE_MODES, _raise_recompile_limit, resolve_mode
+from engine.core.fastpath import _raise_recompile_limit, resolve_mode
+from engine.core.lean import KV, LeanStep, PoolResidual, causal_mask, lean_step_for
 from engine.core.loader import LoadedModel, free_memory
 from engine.projection.card import kv_bytes_per_token, residual_bytes_per_token
 from engine.serving.limits import Limits
-from engine.serving.paged import BLOCK, NULL, SCRATCH, BlockPool, PagedBatch, write_residual
+from engine.serving.paged import BLOCK, NULL, SCRATCH, BlockPool, PagedBatch
 
 MIN_WIDTH = 256
 WARM_WIDTHS = (256, 512)   # compiled when the scheduler starts: prompts and answers of a room's usual length
 ENV_WIDTHS = "PLAYGROUND_BATCH_GRAPH_WIDTHS"   # e.g. "256" to compile fewer at start
 POOL_SHARE = 0.2           # of the device's free memory, at most, for the kept K/V pool
-ENV_MODE = "PLAYGROUND_BATCH_GRAPHS"
 log = logging.getLogger(__name__)
 
 
-def batched_step(model: Any, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any,
+def batched_step(lean: LeanStep, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, kv: KV,
                  resid: torch.Tensor | None = None, write: torch.Tensor | None = None) -> torch.Tensor:
-    """One decode token for every row: ids and positions [R, 1], mask [R, 1, 1, W]; logits [R, 1, V]. With a
-    residual pool `resid` [L + 1, slots, d_model], each row's hidden states are written at its slot `write` [R]."""
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
-                logits_to_keep=1, output_hidden_states=resid is not None)
-    if resid is not None:
-        write_residual(resid, write, out.hidden_states)
-    return out.logits
+    """The one forward (engine.core.lean) over the paged batch: ids and positions [R, T], mask [R, 1, T, S], `kv` the
+    batch's `write_and_gather`; logits [R, 1, V]. With a residual pool `resid` [L + 1, slots, d_model], each new
+    token's residual is written inside the forward at its slot `write` [R * T]. The same function runs eagerly and,
+    on CUDA, compiled and recorded as CUDA graphs."""
+    return lean.forward(ids, positions, kv, mask, PoolResidual(resid, write) if resid is not None else None)
 
 
 def bucket(n: int, buckets: tuple[int, ...]) -> int | None:
@@ -79,6 +82,9 @@ class GraphedDecode:
         """Rows are padded to the first of `row_buckets` + (max_rows,) that holds the batch. `residual`: a residual
         pool beside K and V, for requests that capture (a server that allows no capture makes none)."""
         self.lm, self.mode = lm, resolve_mode(compile, lm.device)
+        self.lean = lean_step_for(lm)
+        if self.lean is None:
+            raise ValueError("the graphed step runs the project's forward, which does not cover this model")
         spec = lm.spec
         self.pool = BlockPool.of_shape(spec.n_layers, spec.n_kv_heads, spec.head_dim, lm.dtype, lm.device,
                                        BLOCK, n_blocks)
@@ -122,15 +128,15 @@ class GraphedDecode:
         """Logits [B, V] of the batch's next tokens through the graph of `shape`."""
         rows, width = shape
         device, n = self.lm.device, len(ids)
-        mask = batch.step_mask(rows, width).bool()[:, None, None, :]                  # [R, 1, 1, W]
+        mask = causal_mask(batch.plan([1] * n, rows, width), 1)                          # [R, 1, 1, W]
         ids_t = torch.tensor(ids + ids[:1] * (rows - n), device=device)[:, None]       # padding: any real token
         pos_t = torch.tensor(positions + [0] * (rows - n), device=device)[:, None]
         if self.graphs:
             torch.compiler.cudagraph_mark_step_begin()
         self.shapes.add(shape)
         with torch.no_grad():        # as the fast path's graphs run (inference tensors stay out of the graphs)
-            return self.step(self.lm.model, ids_t, pos_t, mask, batch.cache, self.pool.resid,
-                             batch._resid_write if self.pool.resid is not None else None)[:n, -1]
+            return self.step(self.lean, ids_t, pos_t, mask, batch.write_and_gather, self.pool.resid,
+                             batch.residual_slots if self.pool.resid is not None else None)[:n, -1]
 
     def give_up(self, err: Exception) -> None:
         """A step could not run graphed (a compiler failure, say): every later step runs eagerly."""
@@ -148,15 +154,15 @@ class GraphedDecode:
         for width in widths:
             for rows in self.rows:
                 batch._gather = torch.full((rows, width), NULL, device=device)
-                batch._write = batch._resid_write = torch.full((rows,), SCRATCH, device=device)
-                mask = torch.zeros(rows, 1, 1, width, dtype=torch.bool, device=device)
-                mask[..., -1] = True
+                batch._write = torch.full((rows, 1), SCRATCH, device=device)
+                batch._resid_write = torch.full((rows,), SCRATCH, device=device)
+                mask = causal_mask(torch.zeros(rows, width, dtype=torch.bool, device=device), 1)
                 zeros = torch.zeros(rows, 1, dtype=torch.long, device=device)
                 for _ in range(3):           # compile, record, replay
                     if self.graphs:
                         torch.compiler.cudagraph_mark_step_begin()
                     with torch.no_grad():
-                        self.step(self.lm.model, zeros, zeros, mask, batch.cache, self.pool.resid,
+                        self.step(self.lean, zeros, zeros, mask, batch.write_and_gather, self.pool.resid,
                                   batch._resid_write if self.pool.resid is not None else None)
                 self.shapes.add((rows, width))
         return time.perf_counter() - start
@@ -180,15 +186,12 @@ def warm_widths() -> tuple[int, ...]:
 
 
 def graphed_decode(lm: LoadedModel, limits: Limits) -> GraphedDecode | None:
-    """The model's graphed batch step, made once (on CUDA, unless PLAYGROUND_BATCH_GRAPHS=off)."""
-    mode = os.environ.get(ENV_MODE, "auto")
-    if mode not in COMPILE_MODES:
-        log.warning("%s=%s is not one of %s; using auto", ENV_MODE, mode, ", ".join(COMPILE_MODES))
-        mode = "auto"
-    if lm.device.type != "cuda" or mode == "off" or limits.max_batch < 2:
+    """The model's graphed batch step, made once: on CUDA, for a model the forward covers and a batch of two or more
+    (None elsewhere: the batch's steps run the same forward eagerly, engine.serving.lean)."""
+    if lm.device.type != "cuda" or limits.max_batch < 2 or lean_step_for(lm) is None:
         return None
     if lm.batch_graphs is None:
-        graphs = GraphedDecode(lm, pool_blocks(lm, limits), mode, max_rows=limits.max_batch,
+        graphs = GraphedDecode(lm, pool_blocks(lm, limits), "auto", max_rows=limits.max_batch,
                                residual=limits.max_capture_bytes > 0)
         widths = warm_widths()
         log.info("compiling the batched decode step for %d rows at %s keys (once per process)", limits.max_batch,

@@ -1,37 +1,73 @@
-"""The batch's decode steps on the lean step (engine.core.lean): a lone request's, and every row's at once.
+"""How a batch's decode step runs, chosen in one place (`decode`), and its two eager readers of the paged pool.
 
-    lean = LeanDecode.for_model(lm)          # None where the lean step does not cover the model
+    logits = decode(lm, batch, slots, lean, graphs)   # [B, V]: the modules, the graphed forward, lone or rows
+    lean = LeanDecode.for_model(lm)          # None where the forward does not cover the model
     logits = lean.lone(batch, slot)          # [1, V]; the new K/V written into the slot's next position
     logits = lean.rows(batch, slots)         # [B, V]; every row's, its residual kept where it captures
 
-When one request is decoding and it captures nothing, the batch runner (engine.serving.batch) hands its step
-to `lone`: no left-padded gather, no mask. Its K/V stays where the batch keeps it (the same pool, the same block
-table, a new block when its last is full), so a request that arrives next joins the batch as if the lone steps had
-been ordinary ones. Its keys are read in place when its blocks follow one another in the pool (a lone request's
-usually do: blocks are handed out lowest first), else gathered.
+Every route but the modules' is the project's one forward (engine.core.lean), eager on a CPU and compiled on CUDA
+(engine.serving.graphed); they differ only in how the keys are read. When one request is decoding and it captures
+nothing, the step is `lone`: no left-padded gather, no mask. Its K/V stays where the batch keeps it (the same pool,
+the same block table, a new block when its last is full), so a request that arrives next joins the batch as if the
+lone steps had been ordinary ones. Its keys are read in place when its blocks follow one another in the pool (a
+lone request's usually do: blocks are handed out lowest first), else gathered.
 
-A batch of several rows steps on `rows`: the same left-padded gather and mask the modules would read
-(`PagedBatch.step_mask`, `write_and_gather`), the packed small-batch kernel for the products, and the residual of
-the rows that capture written into the pool at their new tokens' slots, as the modules' `output_hidden_states`
-was. What it leaves out is the modules' own work around the same arithmetic (each module's call, the 4-D mask
-built again from the padding): a 20-row SmolLM2 forward on this 2-core machine took 157 ms against 180 ms through
-the modules (docs/serving.md, "The batch on the lean step").
+A batch of several rows steps on `rows`: the left-padded gather and mask (`PagedBatch.plan`, `write_and_gather`),
+the packed small-batch kernel for the products, and the residual of the rows that capture written by the forward
+itself into the pool at their new tokens' slots (`PoolResidual`). What it leaves out is the modules' own work
+around the same arithmetic (each module's call, the 4-D mask built again from the padding): a 20-row SmolLM2
+forward on this 2-core machine took 157 ms against 180 ms through the modules (docs/serving.md, "The batch on the
+lean step").
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 from torch.nn import functional as F
 
-from engine.core.lean import Fused, LeanStep, lean_step_for
+from engine.core.lean import Fused, LeanStep, PoolResidual, one_forward
 from engine.core.loader import LoadedModel
 from engine.core.openmp import in_passing_thread
-from engine.core.small_batch import ROWS, SmallBatchKernels, kernels_for, packed_linear
+from engine.core.small_batch import ROWS, SmallBatchKernels, kernels_for, packed_linear, small_batch_kernels
+from engine.serving.graphed import GraphedDecode
 
 
-ENV = "PLAYGROUND_LEAN"        # "off": every step through the model's modules (for comparing)
+def decode(lm: LoadedModel, batch: Any, slots: list, lean: "LeanDecode | None",
+           graphs: GraphedDecode | None) -> torch.Tensor:
+    """Logits [B, V] of every row's next token: the one place that chooses how a decode step runs.
+
+    - transformers' modules, eagerly: a model the forward does not cover, or whose `forward` was replaced
+      (engine.core.lean.one_forward), or a solo batch (sliding-window layers);
+    - on CUDA, the forward compiled and replayed as a CUDA graph at a fixed row bucket and key width
+      (engine.serving.graphed) when the step fits the kept pool; a step that cannot runs as below;
+    - else the same forward eagerly: `lone` for one row that keeps nothing (its keys read in place), `rows` for the
+      rest (the left-padded gather)."""
+    if lean is None or not lean.stands_in():
+        return modules_decode(lm, batch, slots)
+    if graphs is not None and (shape := graphs.fits(batch)):
+        try:
+            return graphs.forward(batch, [s.token.id for s in slots], [s.length for s in slots], shape)
+        except Exception as err:  # noqa: BLE001 - a step that cannot run graphed runs eagerly, as all after it
+            graphs.give_up(err)
+    if len(slots) == 1 and slots[0].kept is None:
+        return lean.lone(batch, slots[0])
+    return lean.rows(batch, slots)
+
+
+def modules_decode(lm: LoadedModel, batch: Any, slots: list) -> torch.Tensor:
+    """The step through transformers' modules (the oracle, and the route of the families the forward does not
+    cover): logits [B, V]; the residual of the rows that keep one from `output_hidden_states`."""
+    ids = torch.tensor([[s.token.id] for s in slots], device=lm.device)                 # [B, 1]
+    positions = torch.tensor([[s.length] for s in slots], device=lm.device)             # [B, 1] own positions
+    mask = batch.step_mask()                                                            # [B, L + 1]
+    capturing = any(s.kept is not None for s in slots)
+    with torch.inference_mode(), small_batch_kernels(lm):
+        out = lm.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=batch.cache,
+                       use_cache=True, logits_to_keep=1, output_hidden_states=capturing)
+        if capturing:
+            batch.keep_residual(out.hidden_states)
+    return out.logits[:, -1]                                                            # [B, V]
 
 
 class LeanDecode:
@@ -43,14 +79,13 @@ class LeanDecode:
 
     @classmethod
     def for_model(cls, lm: LoadedModel) -> "LeanDecode | None":
-        """None where the lean step does not cover the model, or PLAYGROUND_LEAN=off."""
-        lean = lean_step_for(lm) if os.environ.get(ENV, "on") != "off" else None
+        """None where the forward does not cover the model (engine.core.lean.why_not)."""
+        lean = one_forward(lm)
         return cls(lean) if lean is not None else None
 
     def stands_in(self) -> bool:
-        """Whether the lean step may stand in for the model's forward now: not while something has replaced the
-        forward of this model object (a wrapper that instruments or injects faults must see every step)."""
-        return "forward" not in vars(self.lean.lm.model)
+        """Whether the forward may stand in for the model's modules now (engine.core.lean.one_forward)."""
+        return one_forward(self.lean.lm) is not None
 
     def lone(self, batch: Any, slot: Any) -> torch.Tensor:
         """Logits [1, V] of the next token of `slot`, the batch's only row (its `length` positions are in the
@@ -77,17 +112,15 @@ class LeanDecode:
         that keep one (`slot.kept`), written at its next position."""
         device = self.lean.embed.weight.device
         mask = batch.step_mask().bool()[:, None, None, :]                            # [B, 1, 1, W + 1]
-        ids = torch.tensor([s.token.id for s in slots], device=device)
-        positions = torch.tensor([s.length for s in slots], device=device)
-        hidden: list[torch.Tensor] | None = [] if any(s.kept is not None for s in slots) else None
+        ids = torch.tensor([[s.token.id] for s in slots], device=device)             # [B, 1]
+        positions = torch.tensor([[s.length] for s in slots], device=device)         # [B, 1]
+        keep = (PoolResidual(batch.pool.resid, batch.residual_slots)
+                if any(s.kept is not None for s in slots) else None)
         kernels = kernels_for(self.lean.lm)
         with torch.inference_mode():
-            logits = self.lean.rows(ids, positions, batch.write_and_gather, mask,
-                                    kernels.linear if kernels is not None else F.linear, hidden,
-                                    self.fused(kernels) if len(slots) in ROWS else None)   # one row: MKL's own
-            if hidden is not None:
-                batch.keep_residual(hidden)
-        return logits
+            return self.lean.forward(ids, positions, batch.write_and_gather, mask, keep,
+                                     kernels.linear if kernels is not None else F.linear,
+                                     self.fused(kernels) if len(slots) in ROWS else None)[:, -1]   # one row: MKL's
 
     def fused(self, kernels: SmallBatchKernels | None) -> list[Fused] | None:
         """Each layer's q|k|v and gate|up as one packed product each, made once when the batch runner starts (a

@@ -167,9 +167,9 @@ class PagedBatch:
         self.tables: dict[Any, list[int]] = {}
         if pool is None:
             self.cache: Cache | None = None
-        self._write: torch.Tensor | None = None       # [B] slot each row's new token goes to
-        self._resid_write: torch.Tensor | None = None  # [B] the same for its residual; SCRATCH for rows keeping none
-        self._gather: torch.Tensor | None = None      # [B, W + 1] slots attention reads, NULL for pads
+        self._write: torch.Tensor | None = None       # [B, T] slot each new token goes to (SCRATCH: none)
+        self._resid_write: torch.Tensor | None = None  # [B * T] the same for its residual; SCRATCH: keeps none
+        self._gather: torch.Tensor | None = None      # [B, S] slots attention reads, NULL for pads
 
     @property
     def width(self) -> int:
@@ -209,42 +209,57 @@ class PagedBatch:
             self.pool = self.cache = None
 
     def step_mask(self, rows: int | None = None, width: int | None = None) -> torch.Tensor:
-        """Plan one decode step (a new block for each row whose last one is full); its mask [B, W + 1].
+        """Plan one decode step (a new block for each row whose last one is full); its mask [B, W + 1] (1: a key
+        the row reads). With `rows` and `width` (a CUDA graph's fixed shapes), see `plan`."""
+        return self.plan([1] * len(self.slots), rows, width).long()
 
-        With `rows` and `width` (a CUDA graph's fixed shapes) the mask is [rows, width]: more keys on the left,
-        all hidden, and rows of padding after the batch's, each reading the null slot and writing a scratch
-        slot nobody reads."""
-        for slot in self.slots:
-            if slot.length == len(self.tables[slot]) * self.block:
+    def plan(self, new: list[int], rows: int | None = None, width: int | None = None) -> torch.Tensor:
+        """Plan a step in which row b feeds `new[b]` tokens after its `length` (1: a decode row; more: a chunk of a
+        prompt): blocks for them, where their K/V and residual go and which slots attention reads. Returns the keys
+        each row reads, [R, S] (True: real), right-aligned: row b's new tokens are its last new[b] columns and the
+        step's T = max(new) queries sit on the last T columns, left-padded (`engine.core.lean.causal_mask`).
+
+        With `rows` and `width` (a CUDA graph's fixed shapes): more keys on the left, all hidden, and rows of padding
+        after the batch's, each reading the null slot and writing a scratch slot nobody reads."""
+        for slot, n in zip(self.slots, new):
+            while slot.length + n > len(self.tables[slot]) * self.block:
                 self.tables[slot].append(self.pool.allocate())
-        n = len(self.slots)
-        rows, width = rows or n, width or self.width + 1
-        lengths = torch.tensor([s.length for s in self.slots] + [0] * (rows - n))                 # [R]
+        k, t = len(self.slots), max(new)
+        rows = rows or k
+        ends = torch.tensor([s.length + n for s, n in zip(self.slots, new)] + [1] * (rows - k))      # [R]
+        width = width or int(ends.max())
         longest = max(len(self.tables[s]) for s in self.slots)
         tables = torch.tensor([self.tables[s] + [NULL] * (longest - len(self.tables[s])) for s in self.slots]
-                              + [[NULL] * longest] * (rows - n))
-        p = torch.arange(width) - (width - 1 - lengths)[:, None]                     # [R, width] own positions
+                              + [[NULL] * longest] * (rows - k))
+        p = torch.arange(width) - (width - ends)[:, None]                            # [R, S] own positions
         real = p >= 0
         p = p.clamp(min=0)
-        slots = tables.gather(1, p // self.block) * self.block + p % self.block
+        gather = torch.where(real, tables.gather(1, p // self.block) * self.block + p % self.block, NULL)
+        fed = torch.tensor(list(new) + [t] * (rows - k))                             # padding rows: any
+        write = torch.where(torch.arange(t)[None, :] >= (t - fed)[:, None], gather[:, width - t:], SCRATCH)
+        write[k:] = SCRATCH                                                          # [R, T] the new tokens
+        keeps = torch.tensor([getattr(s, "kept", None) is not None for s in self.slots] + [False] * (rows - k))
         device = self.pool.keys[0].device
-        gather = torch.where(real, slots, NULL)                                      # [R, width]
-        write = gather[:, -1].clone()                                                # [R] the new tokens
-        write[n:] = SCRATCH
-        keeps = torch.tensor([getattr(s, "kept", None) is not None for s in self.slots] + [False] * (rows - n))
         self._gather, self._write = gather.to(device), write.to(device)
-        self._resid_write = torch.where(keeps, write, SCRATCH).to(device)
-        return real.long().to(device)
+        self._resid_write = torch.where(keeps[:, None], write, SCRATCH).flatten().to(device)
+        return real.to(device)
+
+    @property
+    def residual_slots(self) -> torch.Tensor:
+        """[B * T] the slot each new token's residual goes to in this step (SCRATCH for rows that keep none)."""
+        return self._resid_write
 
     def keep_residual(self, hidden_states: tuple[torch.Tensor, ...]) -> None:
         """A decode step's hidden states (L + 1 of [B, 1, d_model]) into the residual pool at the new tokens' slots."""
         write_residual(self.pool.resid, self._resid_write, hidden_states)
 
     def write_and_gather(self, layer: int, key: torch.Tensor, value: torch.Tensor):
-        # key, value: [B, KVH, 1, D] new -> pools; returns [B, KVH, W + 1, D], pads reading the null slot
+        # key, value: [B, KVH, T, D] new -> pools at the planned slots; returns [B, KVH, S, D], pads reading the null
+        # slot
         k_pool, v_pool = self.pool.keys[layer], self.pool.values[layer]
-        k_pool[self._write] = key[:, :, 0]
-        v_pool[self._write] = value[:, :, 0]
+        where = self._write.reshape(-1)
+        k_pool[where] = key.transpose(1, 2).reshape(-1, *k_pool.shape[1:])
+        v_pool[where] = value.transpose(1, 2).reshape(-1, *v_pool.shape[1:])
         b, w = self._gather.shape
         flat = self._gather.reshape(-1)
         k = k_pool.index_select(0, flat).view(b, w, *k_pool.shape[1:]).transpose(1, 2)

@@ -1,0 +1,222 @@
+"""The one forward (engine/core/lean.py) against its oracle, transformers' modules, for every family it covers: a
+prefill chunk, a later chunk on a reused start, a decode row, the padded prefill of several newcomers, the residual it
+writes (the one capture point) and whole greedy answers. The tests write their own tiny weights."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from conftest import TINY_CONFIG, assert_same_residual, tiny_prompt, write_tiny_tokenizer
+from engine.core.generate import GenerationRequest, encode_prompt, generate, generate_kept
+from engine.core.hooks import CapturePolicy
+from engine.core.kept import KeptInputs, kept_for
+from engine.core.lean import causal_mask, one_forward
+from engine.core.loader import load_model
+from engine.serving.batch import BatchRunner, Slot, _row
+
+ATOL = 1e-5                                   # float32
+EVERY = CapturePolicy(inputs=None)            # every hidden state kept
+
+
+def _write(folder, family: str) -> None:
+    import transformers
+
+    config_class, model_class = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
+                                 "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+                                 "mistral": ("MistralConfig", "MistralForCausalLM")}[family]
+    extra = {"sliding_window": None} if family == "mistral" else {}
+    torch.manual_seed(7)
+    config = getattr(transformers, config_class)(**TINY_CONFIG, **extra)
+    getattr(transformers, model_class)(config).save_pretrained(folder, safe_serialization=True)
+    write_tiny_tokenizer(folder, TINY_CONFIG["vocab_size"])
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "mistral"])
+def family_lm(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(f"tiny-{request.param}")
+    _write(folder, request.param)
+    lm = load_model(str(folder), device="cpu", dtype="float32")
+    assert one_forward(lm) is not None, request.param
+    return lm
+
+
+@contextmanager
+def modules_only(lm):
+    """Every step through transformers' modules: a model whose `forward` was replaced keeps them (one_forward)."""
+    lm.model.forward = lm.model.forward
+    try:
+        assert one_forward(lm) is None
+        yield
+    finally:
+        del lm.model.forward
+
+
+def random_ids(lm, n: int, seed: int) -> list[int]:
+    return torch.randint(4, lm.spec.vocab_size, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def oracle(lm, ids: list[int]):
+    """The modules over the whole sequence at once: logits [T, V], hidden states L + 1 of [T, d], the cache."""
+    cache = DynamicCache(config=lm.model.config)
+    with torch.inference_mode():
+        out = lm.model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True, output_hidden_states=True)
+    return out.logits[0], [h[0] for h in out.hidden_states], cache
+
+
+def every_layer(lm, capacity: int = 64) -> KeptInputs:
+    return KeptInputs(tuple(range(lm.spec.n_layers + 1)), lm.spec.d_model, lm.dtype, lm.device, capacity)
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> None:
+    torch.testing.assert_close(a, b, atol=ATOL * max(1.0, float(b.abs().max())), rtol=0)
+
+
+def test_a_prefill_chunk_a_later_chunk_and_a_decode_row_equal_the_modules(family_lm):
+    """Chunks of 12 and 7 tokens (the second on the first's K/V, as after a reused prefix), then one decode row:
+    every position's logits, every residual the forward wrote and the K/V equal the modules over the whole."""
+    lm, ids = family_lm, random_ids(family_lm, 20, seed=1)
+    lean, cache, kept = one_forward(lm), DynamicCache(config=lm.model.config), every_layer(lm)
+    with torch.inference_mode():
+        logits = torch.cat([lean.on_cache(ids[:12], cache, kept, 12), lean.on_cache(ids[12:19], cache, kept, 7),
+                            lean.on_cache(ids[19:], cache, kept)])
+    want, hidden, want_cache = oracle(lm, ids)
+    close(logits, want)
+    assert kept.length == 20
+    for i, h in enumerate(hidden):
+        close(kept.input(i), h)
+    for mine, theirs in zip(cache.layers, want_cache.layers):
+        close(mine.keys, theirs.keys)
+        close(mine.values, theirs.values)
+
+
+def newcomer(lm, ids: list[int], start: int) -> Slot:
+    """A slot whose first `start` tokens are in its cache and its kept residual already (through the modules)."""
+    request = GenerationRequest("(token ids)", max_new_tokens=4, chat=False)
+    slot = Slot(request, ids, EVERY, lambda r: None, pytest.fail, kept=every_layer(lm))
+    slot.begin(lm)
+    if start:
+        with torch.inference_mode():
+            out = lm.model(input_ids=torch.tensor([ids[:start]]), cache=slot.cache, use_cache=True,
+                           output_hidden_states=True)
+        slot.kept.write_states(0, [h[0] for h in out.hidden_states])
+        slot.kept.commit()
+        slot.prefilled = start
+    return slot
+
+
+def test_the_padded_prefill_of_newcomers_with_reused_starts_equals_each_alone_through_the_modules(family_lm):
+    """Rests of 6, 13 and 9 tokens on starts of 0, 5 and 11 (so both the starts and the rests are padded): each
+    row's logits, residual and K/V equal the modules over that row's whole prompt."""
+    lm = family_lm
+    prompts = [(random_ids(lm, n, seed=n), start) for n, start in ((6, 0), (18, 5), (20, 11))]
+    runner = BatchRunner(lm, max_batch=8)
+    group = [newcomer(lm, ids, start) for ids, start in prompts]
+    logits, cache, keep = runner._padded_prefill(group)
+    for b, (slot, (ids, _)) in enumerate(zip(group, prompts)):
+        want, hidden, want_cache = oracle(lm, ids)
+        close(logits[b], want[-1])
+        assert slot.kept.length == len(ids)
+        for i, h in enumerate(hidden):
+            close(slot.kept.input(i), h)
+        own = _row(cache, b, keep[b], lm.model.config)
+        for mine, theirs in zip(own.layers, want_cache.layers):
+            close(mine.keys, theirs.keys)
+
+
+def test_whole_greedy_answers_and_residuals_equal_the_modules_alone(family_lm):
+    lm = family_lm
+    request, ids = GenerationRequest("(token ids)", max_new_tokens=24, chat=False), random_ids(lm, 11, seed=4)
+    records, kept = generate_kept(lm, request, EVERY, ids)
+    with modules_only(lm):
+        want, want_kept = generate_kept(lm, request, EVERY, ids)
+    assert [r.token.id for r in records if hasattr(r, "token")] == [r.token.id for r in want if hasattr(r, "token")]
+    assert_same_residual(kept, want_kept)
+
+
+def test_every_row_of_a_batch_keeps_its_own_residual_and_answer(tiny_lm):
+    """Three requests, two of them capturing, joining at different steps (padded prefills, decode rows on the pool):
+    each answer and each kept residual equal the same request alone through the modules. A step that wrote one
+    row's residual at another's slots, or left one row's out, fails here."""
+    jobs = [(GenerationRequest(tiny_prompt(n, seed=n), max_new_tokens=m, chat=False), policy)
+            for n, m, policy in ((7, 10, EVERY), (12, 9, CapturePolicy(inputs=(0, 2, 3))), (5, 12, EVERY))]
+    runner, out, kept = BatchRunner(tiny_lm, max_batch=8), [[] for _ in jobs], {}
+    for step in range(40):
+        if step < len(jobs):
+            request, policy = jobs[step]
+            ids = encode_prompt(tiny_lm, request)
+            kept[step] = kept_for(tiny_lm, policy, len(ids) + request.max_new_tokens)
+            runner.add(Slot(request, ids, policy, out[step].append, pytest.fail, kept=kept[step]))
+        if not runner.idle:
+            runner.step()
+    assert runner.idle
+    with modules_only(tiny_lm):
+        for i, (request, policy) in enumerate(jobs):
+            want, want_kept = generate_kept(tiny_lm, request, policy)
+            assert [r.token.id for r in out[i] if hasattr(r, "token")] == [r.token.id for r in want
+                                                                          if hasattr(r, "token")]
+            assert_same_residual(kept[i], want_kept)
+
+
+def test_a_family_the_forward_does_not_cover_keeps_the_modules(tmp_path):
+    """Mistral with a sliding window: the modules' route, said why, and its answers are still the modules'."""
+    from engine.core.lean import why_not
+
+    lm_folder = tmp_path / "windowed"
+    import transformers
+    torch.manual_seed(3)
+    config = transformers.MistralConfig(**TINY_CONFIG, sliding_window=8)
+    transformers.MistralForCausalLM(config).save_pretrained(lm_folder, safe_serialization=True)
+    write_tiny_tokenizer(lm_folder, TINY_CONFIG["vocab_size"])
+    lm = load_model(str(lm_folder), device="cpu", dtype="float32")
+    assert why_not(lm.model) == "sliding-window attention" and one_forward(lm) is None
+    records = list(generate(lm, GenerationRequest(tiny_prompt(6), max_new_tokens=3, chat=False)))
+    assert records[-1].generated_tokens == 3
+
+
+@dataclass(eq=False)
+class Row:
+    """What the paged batch reads of a runner's slot."""
+
+    length: int
+    kept: object
+
+
+def test_the_compiled_step_traces_whole_for_prefill_mixed_and_decode_steps_with_capture_on(family_lm):
+    """The function a GPU compiles (engine.serving.graphed.batched_step), compiled here with `fullgraph=True` on
+    dynamo's eager backend, so that a graph break fails this test: a step of two prefill chunks (one padded), a mixed
+    step (one decode row, one chunk of four), then a decode step, on the paged pool with one row capturing. Every
+    step's logits and the kept row's residual in the pool equal the modules over each row's whole sequence."""
+    from engine.serving.graphed import batched_step
+    from engine.serving.paged import BlockPool, PagedBatch
+
+    lm, lean = family_lm, one_forward(family_lm)
+    pool = BlockPool.of_shape(lm.spec.n_layers, lm.spec.n_kv_heads, lm.spec.head_dim, lm.dtype, lm.device, 4, 16)
+    pool.ensure_residual(lm.spec.d_model, lm.dtype)
+    batch = PagedBatch(pool=pool)
+    seqs = [random_ids(lm, 12, seed=21), random_ids(lm, 12, seed=22)]
+    for kept in (True, None):
+        slot = Row(length=0, kept=kept)
+        batch.slots.append(slot)
+        batch.tables[slot] = []
+    step = torch.compile(batched_step, fullgraph=True, backend="eager", dynamic=False)
+    torch._dynamo.reset()
+    for new in ([7, 5], [1, 4], [1, 1]):
+        valid = batch.plan(new)
+        t = max(new)
+        ids = torch.tensor([[0] * (t - n) + seq[s.length:s.length + n] for s, seq, n in zip(batch.slots, seqs, new)])
+        positions = torch.tensor([[0] * (t - n) + list(range(s.length, s.length + n))
+                                  for s, n in zip(batch.slots, new)])
+        with torch.no_grad():
+            logits = step(lean, ids, positions, causal_mask(valid, t), batch.write_and_gather, pool.resid,
+                          batch.residual_slots)[:, -1]
+        for b, (slot, seq, n) in enumerate(zip(batch.slots, seqs, new)):
+            slot.length += n
+            close(logits[b], oracle(lm, seq[:slot.length])[0][-1])
+    first = batch.slots[0]
+    where = pool.slots(batch.tables[first], 0, first.length)
+    for i, h in enumerate(oracle(lm, seqs[0][:first.length])[1]):
+        close(pool.resid[i, where], h)
