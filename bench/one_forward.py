@@ -9,13 +9,13 @@
     .venv/bin/python bench/one_forward.py --before /tmp/before --rounds 3
 
 SmolLM2 (the embedded model) in float32 on the CPU. Ratios only mean something within one run: other processes
-share the cores. Writes bench/results/one_forward.json (commit, date, command, every round).
+share the cores. Writes a new bench/results/one_forward/<UTC time>-<commit>.json (bench/provenance.py: commit, date,
+command, machine, every round).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "bench" / "results" / "one_forward.json"
 
 
 def prefill_rounds(lengths: list[int], rounds: int) -> dict:
@@ -92,14 +91,13 @@ def main() -> int:
     p.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 2048])
     p.add_argument("--prompt", type=int, default=2048)
     p.add_argument("--new", type=int, default=64)
-    p.add_argument("--out", default=str(OUT))
+    p.add_argument("--out", help="default: a new file under bench/results/one_forward/")
     args = p.parse_args()
     sys.path.insert(0, str(ROOT))
-    commit = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h %s"], text=True,
-                            capture_output=True).stdout.strip()
-    report = {"what": __doc__.split("\n\n")[0], "commit": commit, "command": " ".join(sys.argv),
-              "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, shared by other processes",
-              "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"), "prefill": prefill_rounds(args.lengths, args.rounds)}
+    from bench import provenance  # after the project root is on sys.path (run as a script)
+
+    run = provenance.start("one_forward")
+    report = {"what": __doc__.split("\n\n")[0], "prefill": prefill_rounds(args.lengths, args.rounds)}
     for n, row in report["prefill"].items():
         print(f"prefill {n:5d} tokens: forward {statistics.median(row['forward']) * 1e3:7.1f} ms, modules "
               f"{statistics.median(row['modules']) * 1e3:7.1f} ms: {row['forward_vs_modules_speed']:.2f}x", flush=True)
@@ -117,8 +115,7 @@ def main() -> int:
         alone_report = report["alone"]
         print(f"alone: {args.prompt}-token TTFT after/before speed {alone_report['ttft_after_vs_before_speed']:.2f}x, "
               f"inter-token {alone_report['itl_after_vs_before_speed']:.2f}x", flush=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    run.save(report, out=args.out)
     return 0
 
 
