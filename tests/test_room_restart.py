@@ -50,7 +50,7 @@ async def what_the_person_finds(person: Person) -> tuple[list[str], list[str]]:
     """The run links on the Recordings page, and the run the journey page reopened by itself."""
     await person.open("recordings")
     assert await person.until(lambda p: p.runs >= 1, 120)
-    listed = [m for t in person.texts for m in RUN_LINK.findall(t) if t.startswith("'")]
+    listed = [m for t in person.texts for m in RUN_LINK.findall(t) if t.startswith("\u201c")]
     await person.open("journey")
     assert await person.until(lambda p: p.runs >= 1, 120)
     shown = [m for t in person.texts if t.startswith("Done:") for m in RUN_LINK.findall(t)]
