@@ -4,10 +4,16 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import threading
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
+
+if TYPE_CHECKING:
+    from engine.serving.scheduler import Scheduler
 
 # Every AppTest of app/main.py joins the scheduler's room; a test run must not fill it.
 os.environ.setdefault("PLAYGROUND_MAX_SESSIONS", "1000")
@@ -205,3 +211,22 @@ def ticking_clock():
 
     ticks = itertools.count()
     return lambda: float(next(ticks))
+
+
+@contextmanager
+def worker_held(scheduler: Scheduler):
+    """A job holds the scheduler's worker: requests submitted meanwhile wait in the queue, and when the block ends the
+    batch takes as many as it has places for, all in its next step."""
+    started, go = threading.Event(), threading.Event()
+
+    def hold(progress) -> None:
+        started.set()
+        go.wait(120)                                    # only a guard against a test that never releases it
+
+    job = scheduler.submit_job(hold, "a test holding the worker")
+    try:
+        assert started.wait(120), "the holding job never ran"
+        yield
+    finally:
+        go.set()
+        job.result(timeout=120)

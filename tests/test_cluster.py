@@ -92,6 +92,9 @@ def test_eight_sessions_spread_over_both_replicas_and_equal_the_prompt_alone(clu
     for i, prompt in enumerate(prompts):
         alone = list(generate(tiny_lm, GenerationRequest(prompt, max_new_tokens=24, chat=False)))[-1].text
         assert replies[i].choices[0].text == alone
+        timings = replies[i].playground["timings"]                         # the replica's story, through the cluster
+        assert timings["run_id"] == replies[i].playground["run_id"]
+        assert sum(v for k, v in timings["split"].items() if k != "total") == pytest.approx(timings["split"]["total"])
     where = {holder(cluster, replies[i].playground["run_id"]) for i in range(8)}
     assert len(where) == 2                                                 # both replicas served some
 

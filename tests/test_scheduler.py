@@ -5,14 +5,13 @@ import importlib.util
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from conftest import ticking_clock, tiny_prompt
+from conftest import ticking_clock, tiny_prompt, worker_held
 from engine.errors import EngineError, InvalidRequestError, QueueFullError, RequestTimeoutError
 from engine.core.generate import GenerationRequest, generate, generate_kept
 from engine.core.kept import kept_for
@@ -88,25 +87,6 @@ def wait_until(check, seconds: float = 60.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "timed out waiting"
         time.sleep(0.01)
-
-
-@contextmanager
-def worker_held(scheduler: Scheduler):
-    """A job holds the scheduler's worker: requests submitted meanwhile wait in the queue, and when the block ends the
-    batch takes as many as it has places for, all in its next step."""
-    started, go = threading.Event(), threading.Event()
-
-    def hold(progress) -> None:
-        started.set()
-        go.wait(120)                                    # only a guard against a test that never releases it
-
-    job = scheduler.submit_job(hold, "a test holding the worker")
-    try:
-        assert started.wait(120), "the holding job never ran"
-        yield
-    finally:
-        go.set()
-        job.result(timeout=120)
 
 
 def token_ids(records) -> list[int]:

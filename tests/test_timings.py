@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import tiny_prompt, write_tiny_llama
+from conftest import tiny_prompt, worker_held, write_tiny_llama
 from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF
 from engine.core.records import DecodeRecord, DoneRecord
@@ -92,8 +92,9 @@ def test_the_short_requests_wait_behind_the_long_prompt_chunk_by_chunk(long_lm, 
         if isinstance(record, DecodeRecord) and not joined:
             joined.append(scheduler.submit(long_req, CAPTURE_OFF))
 
-    a = scheduler.submit(a_req, CAPTURE_OFF)
-    b = scheduler.submit(b_req, CAPTURE_OFF, listeners=(join_long,))
+    with worker_held(scheduler):                      # both admitted in one step, whatever the machine's speed
+        a = scheduler.submit(a_req, CAPTURE_OFF)
+        b = scheduler.submit(b_req, CAPTURE_OFF, listeners=(join_long,))
     for handle in (a, b):
         assert handle.result(timeout=120)[-1].finish_reason == "length"
     c = joined[0]

@@ -34,6 +34,7 @@ from engine.service.service import MemoryRow, ModelInfo, Presence
 from engine.serving.people import People
 from engine.serving.prefix import PrefixStats
 from engine.serving.scheduler import CheckedRequest, Handle, QueueStatus, RoomState, SchedulerStats, Span
+from engine.serving.timeline import story_problem
 
 log = logging.getLogger("engine.cluster")
 CALL_SECONDS = 120.0
@@ -301,6 +302,7 @@ class ClusterHandle:
         self._status = QueueStatus("queued", 0, 0, None, 0.0)
         self._cancelled, self._records, self._retried = threading.Event(), 0, False
         self._gen: Any = None
+        self.story: dict[str, Any] | None = None         # its timeline and timings, from the replica's end event
 
     @property
     def done(self) -> bool:
@@ -352,6 +354,8 @@ class ClusterHandle:
             self._emit(event["r"])
         elif kind == "end":
             self.state = event.get("state", "done")
+            timeline = event.get("timeline")              # its story and timings, as the replica's scheduler told them
+            self.story = timeline if timeline is None or not story_problem(timeline) else None
             if event.get("error"):
                 try:
                     unwrap(event)

@@ -192,10 +192,11 @@ class Reply:
                             playground=info)
 
     def info(self, finish: str | None = None) -> p.PlaygroundInfo:
-        timings = self.handle.timings if finish is not None else None
+        story = getattr(self.handle, "story", None) if finish is not None else None   # every handle's, once ended:
+        timings = (story or {}).get("timings")             # the scheduler's, a model server's, a cluster replica's
         return p.PlaygroundInfo(run_id=self.handle.run_id, finish_reason=finish, captured=self.captured,
                                 capture_note=self.note,
-                                timings=None if timings is None else p.Timings.model_validate(timings.as_dict()))
+                                timings=None if timings is None else p.Timings.model_validate(timings))
 
     # --- streaming ---------------------------------------------------------------------------------------------------
 

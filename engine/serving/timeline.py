@@ -141,6 +141,7 @@ class Timings:
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["batch_sizes"] = {str(k): v for k, v in self.batch_sizes.items()}
+        out["behind"] = list(out["behind"])          # plain values: the same over JSON and the wire (a tuple stays one)
         return out
 
 
