@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from test_browser import (PROJECTOR, assert_no_exception, assert_nothing_clipped, button, projector_shot,
+from test_browser import (PROJECTOR, assert_no_exception, browser,  # noqa: F401
+                          assert_nothing_clipped, button, projector_shot,
                           set_number, wait_heading, wait_idle, wait_text)
 
 pytestmark = pytest.mark.browser
@@ -16,21 +17,6 @@ def projector(browser):
     pg = context.new_page()
     yield pg
     context.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from test_browser import CHROMIUM, CHROMIUM_ARGS
-    from pathlib import Path
-
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM} (run `make browser`)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def top(page, text: str) -> float:
