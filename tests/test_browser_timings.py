@@ -5,18 +5,10 @@ from __future__ import annotations
 import pytest
 
 from test_browser import (PROJECTOR, assert_no_exception, browser,  # noqa: F401
-                          assert_nothing_clipped, button, projector_shot,
+                          assert_nothing_clipped, button, projector, projector_shot,
                           set_number, wait_heading, wait_idle, wait_text)
 
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture
-def projector(browser):
-    context = browser.new_context(viewport=PROJECTOR)
-    pg = context.new_page()
-    yield pg
-    context.close()
 
 
 def top(page, text: str) -> float:
