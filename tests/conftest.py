@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 
+import engine  # noqa: F401 - the package first: test files that put bench/ on sys.path would else find bench/engine.py
+
 if TYPE_CHECKING:
     from engine.serving.scheduler import Scheduler
 
