@@ -72,6 +72,25 @@ def assert_adds_up(handle) -> None:
         first = timings.first_token_split
         assert first.parts == pytest.approx(first.total, abs=EPS)
         assert first.total == pytest.approx(timings.time_to_first_token_seconds, abs=EPS)
+        assert_a_prefix(handle)
+
+
+SPLIT = ("queue", "prefill", "decode", "batch", "others_prefill", "between_steps", "total")
+
+
+def assert_a_prefix(handle) -> None:
+    """The split to the first token is a prefix of the whole one: with the split of the rest (the first token to the
+    end) it adds up to the whole, part by part, and no part of it exceeds the whole's (the page's two lines tell one
+    story: engine.serving.timeline.split's parts are sums of overlaps)."""
+    timeline, timings = handle.timeline, handle.timings
+    one_row = timings.one_row_step_seconds
+    first, whole = timings.first_token_split, timings.split
+    rest = split(timeline, one_row, since=timeline.first_token)
+    assert rest.parts == pytest.approx(rest.total, abs=EPS) and rest.queue == 0.0
+    for part in SPLIT:
+        assert getattr(first, part) + getattr(rest, part) == pytest.approx(getattr(whole, part), abs=EPS), part
+        if part != "between_steps":
+            assert 0.0 <= getattr(first, part) <= getattr(whole, part) + EPS, part
 
 
 def assert_steps_are_the_logs(scheduler: Scheduler, handle) -> None:

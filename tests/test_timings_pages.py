@@ -8,7 +8,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from conftest import tiny_prompt
-from app.journey.why import fmt_s, segments, why_figure, why_line
+from app.journey.why import after_first, behind_in, fmt_s, segments, why_figure, why_line
+from engine.serving.timeline import Rates, RequestTimeline, StepSeen, story, timings_of
 
 MAIN = "../app/main.py"
 
@@ -55,6 +56,31 @@ def test_the_chart_draws_each_step_as_the_step_log_has_it():
     assert rows[4][0] == (pytest.approx(0.13), pytest.approx(0.12), "prefill")
     figure = why_figure(timeline)
     assert list(figure.layout.yaxis.categoryarray)[-1] == "you (request 3)"
+
+
+def shared_first_step() -> dict:
+    """Request 3's story as the engine tells it: admitted in a step whose prefill part computed its 30-token prompt,
+    then request 4's 120 tokens (its first token came where its own span ended), and one decode step after."""
+    steps = [StepSeen(0, 10.1, 0.2, 0.15, (1, 3), ((3, 30), (4, 120))), StepSeen(1, 10.35, 0.1, 0.0, (1, 3, 4), ())]
+    timeline = RequestTimeline(3, 10.0, admitted=10.1, first_token=10.13, finished=10.45, prompt_tokens=30,
+                               generated=2, steps=steps)
+    return story(timeline, timings_of(timeline, Rates(one_row_step=0.04, prefill_per_token=0.001)))
+
+
+def test_the_two_lines_tell_one_story_the_first_token_then_the_rest():
+    timeline = shared_first_step()
+    t = timeline["timings"]
+    first, rest = t["first_token_split"], after_first(t)
+    for part in first:                               # the first token's split is a prefix of the whole one
+        assert first[part] + rest[part] == pytest.approx(t["split"][part])
+        assert 0 <= first[part] <= t["split"][part] + 1e-9
+    assert first["prefill"] == pytest.approx(t["split"]["prefill"]) == pytest.approx(0.03)   # its prompt: all before
+    assert behind_in(timeline, 0.0, first["total"]) == []                       # request 4 came after its first token
+    assert behind_in(timeline, 0.0, t["split"]["total"]) == [pytest.approx(b) for b in t["behind"]]   # the engine's
+    assert why_line(timeline) == (
+        "**130 ms to the first token**: 100 ms waiting for a place, 30 ms your prefill.  \n"
+        "**then 320 ms to the end** (450 ms in all): 120 ms behind request 4's 120-token prompt, 80 ms your tokens "
+        "at one row's pace, 70 ms the batch's other rows, 50 ms the server between steps.")
 
 
 def test_the_room_page_shows_any_recent_request_the_same_way(app):

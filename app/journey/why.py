@@ -18,6 +18,7 @@ from app.widgets import plot
 from engine.errors import EngineError
 from engine.projection.cost import project
 from engine.projection.specs import GPU_PRESETS, ModelSpec
+from engine.serving.timeline import RESOLUTION, SPLIT_PARTS, prefill_spans
 
 WAIT_COLOR, OTHER_PREFILL, OTHER_DECODE = "#9a9a9a", "#f3c39b", "#c5d7f5"
 MOST_ROWS = 12                       # rows drawn: you and the others you shared most steps with
@@ -30,32 +31,59 @@ def fmt_s(seconds: float) -> str:
         f"{seconds * 1e3:.1f} ms"
 
 
-def _parts(split: dict[str, Any], timings: dict[str, Any], reason: str) -> list[str]:
-    """The parts of a split in words, largest first, those over half a millisecond."""
-    behind = timings.get("behind") or []
+def _parts(split: dict[str, Any], behind: list[dict[str, Any]], reason: str, after_first: bool = False) -> list[str]:
+    """The parts of a split in words, largest first, those over half a millisecond; `behind`: whose prefills shared
+    that stretch, most time first. After the first token its own prefill part is what the step of its last chunk did
+    for it after sampling that token (its cache moved into the batch's pages)."""
     top = behind[0] if behind else None
     others = (f"behind request {top['id']}'s {top['tokens']:,}-token prompt" if top and len(behind) == 1 else
               f"behind others' prompts (request {top['id']}'s {top['tokens']:,} tokens most)" if top else
               "behind others' prompts")
-    words = [("queue", "waiting for a place" + (f" ({reason})" if reason else "")), ("prefill", "your prefill"),
+    own = "your prompt's cache moving into the batch" if after_first else "your prefill"
+    words = [("queue", "waiting for a place" + (f" ({reason})" if reason else "")), ("prefill", own),
              ("decode", "your tokens at one row's pace"), ("batch", "the batch's other rows"),
              ("others_prefill", others), ("between_steps", "the server between steps")]
     shown = sorted(((split[k], text) for k, text in words if split.get(k, 0) >= SMALL), reverse=True)
     return [f"{fmt_s(v)} {text}" for v, text in shown]
 
 
+def after_first(timings: dict[str, Any]) -> dict[str, float] | None:
+    """The stretch from the first token to the end taken apart: the whole split less the split to the first token,
+    part by part (each part is a sum of overlaps, engine.serving.timeline.split, so the difference is the split of
+    the rest); None when it had no first token."""
+    first = timings.get("first_token_split")
+    if first is None:
+        return None
+    return {k: timings["split"][k] - first[k] for k in SPLIT_PARTS}
+
+
+def behind_in(timeline: dict[str, Any], lo: float, hi: float) -> list[dict[str, Any]]:
+    """Others whose prefill ran in its steps between `lo` and `hi` (seconds since it was submitted), with their tokens
+    there and the seconds they added, most first: engine.serving.timeline.behind, for a stretch of a stored story."""
+    tokens: dict[int, int] = {}
+    seconds: dict[int, float] = {}
+    for step in timeline["steps"]:
+        for rid, a, b in prefill_spans(step["start"], step["prefill_seconds"], step["prefills"]):
+            if rid != timeline["id"] and (part := max(min(b, hi) - max(a, lo), 0.0)) > RESOLUTION:
+                tokens[rid] = tokens.get(rid, 0) + dict(step["prefills"])[rid]
+                seconds[rid] = seconds.get(rid, 0.0) + part
+    ranked = sorted(tokens, key=lambda r: -seconds[r])
+    return [{"id": r, "tokens": tokens[r], "seconds": seconds[r]} for r in ranked]
+
+
 def why_line(timeline: dict[str, Any]) -> str:
-    """One line for the time to the first token, one for the whole answer, from a run's timeline."""
+    """One line for the time to the first token, one for the rest of the answer (the two add up to the whole)."""
     t = timeline["timings"]
-    reason = t.get("wait_reason") or ""
-    lines = []
-    if t.get("first_token_split") is not None:
-        first = t["first_token_split"]
-        lines.append(f"**{fmt_s(first['total'])} to the first token**: " + ", ".join(_parts(first, t, reason)) + ".")
-    whole = t["split"]
-    end = "to its Stop" if t.get("stopped") else "in all"
-    lines.append(f"**{fmt_s(whole['total'])} {end}**: " + ", ".join(_parts(whole, t, reason)) + ".")
-    return "  \n".join(lines)
+    reason, whole, rest = t.get("wait_reason") or "", t["split"], after_first(t)
+    end = "to its Stop" if t.get("stopped") else "to the end"
+    if rest is None:
+        return f"**{fmt_s(whole['total'])} {end}**: " + ", ".join(_parts(whole, t["behind"], reason)) + "."
+    first = t["first_token_split"]
+    cut = first["total"]                                 # the first token, in seconds since it was submitted
+    return (f"**{fmt_s(cut)} to the first token**: " + ", ".join(_parts(first, behind_in(timeline, 0.0, cut), reason))
+            + f".  \n**then {fmt_s(rest['total'])} {end}** ({fmt_s(whole['total'])} in all): "
+            + ", ".join(_parts(rest, behind_in(timeline, cut, whole["total"]), reason, after_first=True)
+                        or ["nothing more"]) + ".")
 
 
 def alone_line(timeline: dict[str, Any], spec: ModelSpec | None, dtype: str, gpu_key: str) -> str:
@@ -87,14 +115,12 @@ def projected_seconds(timeline: dict[str, Any], spec: ModelSpec | None, dtype: s
 
 def segments(timeline: dict[str, Any]) -> dict[int, list[tuple[float, float, str]]]:
     """Per request id: (start, seconds, "prefill" or "decode") of each step it was in, as the step log has it; the
-    prefill part of a step is split among its prompts by tokens, in their order."""
+    prefill part of a step laid out as its prompts' spans, in their order (the split's own layout)."""
     rows: dict[int, list[tuple[float, float, str]]] = {}
     for step in timeline["steps"]:
         start, prefill = step["start"], step["prefill_seconds"]
-        total, at = sum(n for _, n in step["prefills"]), start
-        for rid, n in step["prefills"]:
-            rows.setdefault(rid, []).append((at, prefill * n / total, "prefill"))
-            at += prefill * n / total
+        for rid, a, b in prefill_spans(start, prefill, step["prefills"]):
+            rows.setdefault(rid, []).append((a, b - a, "prefill"))
         for rid in step["rows"]:
             rows.setdefault(rid, []).append((start + prefill, step["seconds"] - prefill, "decode"))
     return rows

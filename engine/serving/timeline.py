@@ -12,25 +12,31 @@ decode pass; both are timed inside the step (engine.serving.batch.StepInfo), so 
 step is counted there, not estimated. A request's wall time, submission to its end, splits into:
 
 * queue: submitted until admitted to the batch;
-* prefill: its own share of the prefill parts it ran in (a padded pass of several prompts is shared by tokens);
-* decode: its rows of the decode passes at one row's pace (the server's median one-row decode-only step; a pass of
-  one row is all its own);
+* prefill: its own span of the prefill parts it ran in (`prefill_spans`: a step's prefill part laid out as its
+  prompts' spans in the order they were computed, each its share of the tokens; a padded pass of several prompts
+  is one computation, shared by tokens);
+* decode: its rows of the decode passes at one row's pace (the first median one-row decode-only step's worth of
+  each pass; a pass of one row is all its own);
 * batch: what the batch's size added: its rows above one row's pace, and the others' decode passes while it was
   still prefilling or waiting for its chunk;
 * others_prefill: the other newcomers' share of the prefill parts of the steps it lived through;
 * between_steps: the worker's own time between those steps (admitting, settling, taking the model's lock).
 
-A stopped request's story ends at its Stop (when the step that dropped it began). Memory: one reference per step
-lived through plus the shared steps (each ~200 bytes and 8 bytes per row); see docs/serving.md.
+Every part is a sum of overlaps of those spans with the stretch taken apart, so the split to the first token and
+the split of the rest add up to the whole, part by part (the page's two lines). A stopped request's story ends at
+its Stop (when the step that dropped it began). Memory: one reference per step lived through plus the shared steps
+(each ~200 bytes and 8 bytes per row); see docs/serving.md.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 STOPPED = ("cancelled", "timeout")         # finish reasons that end a story at its Stop
 RATE_HISTORY = 50                          # recent steps the one-row pace and the prefill rate are measured over
+RESOLUTION = 1e-6                          # seconds: a story keeps its times to the microsecond (`step_dict`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,55 +153,78 @@ class Timings:
 
 # --- taking the time apart -------------------------------------------------------------------------------------------
 
-def split(tl: RequestTimeline, one_row: float | None, until: float | None = None) -> TimeSplit:
-    """The request's life from submission to `until` (default: its end) taken apart; the parts add up to it."""
-    hi = tl.end if until is None else until
-    if hi is None:
+def split(tl: RequestTimeline, one_row: float | None, until: float | None = None,
+          since: float | None = None) -> TimeSplit:
+    """The request's life from `since` (default: its submission) to `until` (default: its end) taken apart; the
+    parts add up to it. Every part is a sum of overlaps with the stretch, so two adjoining stretches' splits add up
+    to the split of both: the split to the first token is a prefix of the whole one, part by part."""
+    end = tl.end if until is None else until
+    if end is None:
         raise ValueError(f"request {tl.id} has not ended")
-    lo = tl.admitted if tl.admitted is not None else hi
-    queue, covered = min(lo, hi) - tl.submitted, 0.0
-    parts = dict.fromkeys(("prefill", "decode", "batch", "others"), 0.0)
+    lo = tl.submitted if since is None else min(max(since, tl.submitted), end)
+    hi = max(end, lo)
+    if tl.admitted is None:                          # cancelled while queued: it only waited
+        return TimeSplit(queue=hi - lo, total=hi - lo)
+    queue, start = _overlap(tl.submitted, tl.admitted, lo, hi), max(lo, tl.admitted)
     if tl.alone:
         first = tl.first_token if tl.first_token is not None else hi
-        return TimeSplit(queue=queue, prefill=max(min(first, hi) - lo, 0.0), decode=max(hi - max(first, lo), 0.0),
-                         total=hi - tl.submitted)
+        return TimeSplit(queue=queue, prefill=_overlap(tl.admitted, first, lo, hi),
+                         decode=_overlap(first, hi, max(lo, tl.admitted), hi), total=hi - lo)
+    parts = dict.fromkeys(("prefill", "decode", "batch", "others"), 0.0)
     for step in tl.steps:
-        for name, seconds in _step_parts(step, tl.id, one_row, lo, hi).items():
+        for name, seconds in _step_parts(step, tl.id, one_row, start, hi).items():
             parts[name] += seconds
-            covered += seconds
+    covered = sum(parts.values())
     return TimeSplit(queue, parts["prefill"], parts["decode"], parts["batch"], parts["others"],
-                     max(hi - lo, 0.0) - covered, hi - tl.submitted)
+                     max(hi - start, 0.0) - covered, hi - lo)
 
 
 def _step_parts(step: StepSeen, rid: int, one_row: float | None, lo: float, hi: float) -> dict[str, float]:
-    """One step's time within [lo, hi], by whose work it was, as request `rid` saw it."""
+    """One step's time within [lo, hi], by whose work it was, as request `rid` saw it. Its prefill part is laid out
+    as its prompts' spans (`prefill_spans`); its own decode at one row's pace is the first `one_row` seconds of the
+    decode pass, the batch's the rest: every part a sum of overlaps."""
     cut = step.started + step.prefill_seconds
     prefill = _overlap(step.started, cut, lo, hi)
     decode = _overlap(cut, step.ended, lo, hi)
-    total = step.prefill_tokens()
-    own = prefill * step.prefill_tokens(rid) / total if total else 0.0
+    own = sum(_overlap(a, b, lo, hi) for r, a, b in prefill_spans(step.started, step.prefill_seconds, step.prefills)
+              if r == rid)
     if rid not in step.rows:
         return {"prefill": own, "others": prefill - own, "batch": decode}
-    mine = decode if len(step.rows) == 1 or one_row is None else min(one_row, decode)
+    pace = step.ended if len(step.rows) == 1 or one_row is None else min(cut + one_row, step.ended)
+    mine = _overlap(cut, pace, lo, hi)
     return {"prefill": own, "others": prefill - own, "decode": mine, "batch": decode - mine}
+
+
+def prefill_spans(start: float, seconds: float, prefills: Iterable[tuple[int, int]]) -> list[tuple[int, float, float]]:
+    """A step's prefill part laid out as (request id, from, to) per prompt, in the order they were computed (the
+    oldest newcomer first), each as long as its share of the part's tokens. A prompt computed on its own ends where
+    its span ends, give or take the per-token cost; a padded pass of several prompts is one computation, shared by
+    tokens. The chart draws the same spans."""
+    prefills = list(prefills)
+    total, at, out = sum(n for _, n in prefills), start, []
+    for rid, n in prefills:
+        width = seconds * n / total
+        out.append((rid, at, at + width))
+        at += width
+    return out
 
 
 def _overlap(a: float, b: float, lo: float, hi: float) -> float:
     return max(min(b, hi) - max(a, lo), 0.0)
 
 
-def behind(tl: RequestTimeline, until: float | None = None) -> tuple[Behind, ...]:
-    """Others whose prefill shared this request's steps (until `until`), by the time they added, most first."""
+def behind(tl: RequestTimeline, until: float | None = None, since: float | None = None) -> tuple[Behind, ...]:
+    """Others whose prefill shared this request's steps (between `since` and `until`), by the time they added, most
+    first."""
+    lo = max(tl.admitted if tl.admitted is not None else tl.submitted, since if since is not None else -math.inf)
     hi = tl.end if until is None else until
     tokens: dict[int, int] = {}
     seconds: dict[int, float] = {}
     for step in tl.steps:
-        total = step.prefill_tokens()
-        part = _overlap(step.started, step.started + step.prefill_seconds, tl.admitted or step.started, hi)
-        for rid, n in step.prefills:
-            if rid != tl.id and part > 0:
+        for (rid, n), (_, a, b) in zip(step.prefills, prefill_spans(step.started, step.prefill_seconds, step.prefills)):
+            if rid != tl.id and (part := _overlap(a, b, lo, hi)) > RESOLUTION:
                 tokens[rid] = tokens.get(rid, 0) + n
-                seconds[rid] = seconds.get(rid, 0.0) + part * n / total
+                seconds[rid] = seconds.get(rid, 0.0) + part
     return tuple(sorted((Behind(r, tokens[r], seconds[r]) for r in tokens), key=lambda b: -b.seconds))
 
 
