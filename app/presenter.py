@@ -9,6 +9,7 @@ one it adopted, so between pushes followers explore on their own.
                view={"layer": 12, "head": 3})
     push = new_push(st.session_state, board)                     # on a follower's page: None, or a Push to adopt
     if push: apply_push(st.session_state, push, "journey")       # fills the page's widget keys
+    board.push(token, page="room", run="run-3f2a...")            # the room page picks that request's story
 
 Everything a push carries is plain data, bounded and checked here: followers' pages never render it
 as HTML.
@@ -28,6 +29,7 @@ WIDGET_KEYS = {"prompt": "prompt", "temperature": "temperature", "top_k": "top_k
                "seed": "seed", "max_new_tokens": "max_new"}   # push field -> widget key after "<page>."
 FOLLOW_KEY, SEEN_KEY, TOKEN_KEY, VIEW_KEY, PENDING_KEY = (
     "presenter.follow", "presenter.seen", "presenter.token", "presenter.view", "presenter.pending")
+RUN_KEY = "presenter.run"             # a pushed request's run, until the room page's pick takes it up
 GUESSES_KEY = "presenter.guesses"     # (wrong tokens tried, time of the last one, digest of the last one)
 FREE_GUESSES = 3                      # wrong tokens a session may try before each next try waits
 GUESS_DELAY_SECONDS, MAX_GUESS_DELAY_SECONDS = 2.0, 300.0    # 2, 4, 8 ... seconds, at most 5 minutes
@@ -120,6 +122,8 @@ def apply_push(state: MutableMapping[str, Any], push: Push, ns: str) -> list[str
             written.append(key)
     if push.view:
         state[VIEW_KEY] = dict(push.view)
+    if push.run:
+        state[RUN_KEY] = push.run
     return written
 
 
@@ -186,18 +190,20 @@ def try_token(state: MutableMapping[str, Any], board: PresenterBoard, token: str
         st.error("That is not the presenter token.")
 
 
-def push_button(board: PresenterBoard, ns: str, here: str, view: Mapping[str, Any] | None = None) -> Push | None:
-    """For the presenter only: a button that pushes this page's prompt, settings and view to every follower."""
+def push_button(board: PresenterBoard, ns: str, here: str, view: Mapping[str, Any] | None = None,
+                run: str | None = None, label: str = "Push to everyone") -> Push | None:
+    """For the presenter only: a button that pushes this page's prompt, settings and view (and a request's story,
+    `run`) to every follower."""
     import streamlit as st
 
     state = st.session_state
     if not is_presenter(state, board):
         return None
     note = st.text_input("Note for the room (optional)", key=f"{ns}.presenter_note", max_chars=MAX_NOTE_CHARS)
-    if not st.button("Push to everyone", key=f"{ns}.presenter_push", icon=":material/campaign:"):
+    if not st.button(label, key=f"{ns}.presenter_push", icon=":material/campaign:"):
         return None
     try:
-        push = push_from(state, board, page=here, view=view, note=note, **page_values(state, ns))
+        push = push_from(state, board, page=here, view=view, note=note, run=run, **page_values(state, ns))
     except PresenterError as err:
         st.error(str(err))
         return None

@@ -12,12 +12,14 @@ from servers import running_server, tiny_args
 
 EPS = 1e-6
 PARTS = ("queue", "prefill", "decode", "batch", "others_prefill", "between_steps")
+TOKEN = "timings-presenter-token"
 PHASES = ("request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds")
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
-    with running_server(tmp_path_factory.mktemp("serve"), tiny_args(tiny_model_dir, "--max-batch", "8")) as (url, _):
+    args = tiny_args(tiny_model_dir, "--max-batch", "8", "--presenter-token", TOKEN)
+    with running_server(tmp_path_factory.mktemp("serve"), args) as (url, _):
         yield url
 
 
@@ -78,3 +80,23 @@ def test_a_streamed_completion_carries_its_timings_in_its_last_chunk(server, cli
     timings = with_timings[0].playground["timings"]
     assert_adds_up(timings)
     assert run_story(server, timings["run_id"])["timings"] == timings
+
+
+def test_an_api_client_s_request_can_be_listed_and_pushed_to_the_room(server, client, model):
+    """The room page's pick through a web process's remote client: an API request, gone from the server's memory to
+    its run file, is still listed with its timeline; the presenter pushes it by its id; a wrong id is refused."""
+    from engine.service.board import PresenterError
+    from engine.service.client import RemoteModel
+
+    reply = client.completions.create(model=model, prompt=tiny_prompt(6), max_tokens=4, temperature=0)
+    run_id = reply.playground["run_id"]
+    remote = RemoteModel(server)
+    listed = next(info for info in remote.run_list(limit=40) if info.id == run_id)
+    assert listed.source == "api" and listed.timeline["timings"] == reply.playground["timings"]
+    push = remote.board.push(TOKEN, page="room", run=run_id, note="this one")
+    assert remote.board.latest() == push and push.run == run_id and push.page == "room"
+    for wrong in ("../etc/passwd", "run-XYZ", "x" * 100):
+        with pytest.raises(PresenterError, match="run"):
+            remote.board.push(TOKEN, page="room", run=wrong)
+    with pytest.raises(PresenterError):
+        remote.board.push("not-the-token", page="room", run=run_id)

@@ -93,3 +93,92 @@ def test_the_room_page_shows_any_recent_request_the_same_way(app):
     pick.set_value(label).run()
     assert not at.exception, [e.value for e in at.exception]
     assert any(m.value == why_line(run.timeline) for m in at.markdown)   # the same line the journey showed
+
+
+# --- the presenter pushes a picked request to the room ----------------------------------------------------------------
+
+TOKEN = "room-why-presenter-token"
+
+
+@pytest.fixture
+def board(app, app_env, monkeypatch):
+    """Presenter mode on: the app's own model service holds the board (as a model server does for every web
+    process); the `app` session made that service."""
+    from app.presenter import PresenterBoard
+    from conftest import app_client
+
+    b = PresenterBoard(TOKEN)
+    monkeypatch.setattr(app_client(app_env), "board", b)
+    yield b
+    lm = app_client(app_env).lm
+    from engine.serving.scheduler import scheduler_for
+
+    for at in SESSIONS:                                 # each AppTest counts as a person: leave as a closed tab would
+        if "session.id" in at.session_state:
+            scheduler_for(lm).leave(at.session_state["session.id"])
+    SESSIONS.clear()
+
+
+SESSIONS: list[AppTest] = []
+
+
+def session() -> AppTest:
+    at = AppTest.from_file(MAIN, default_timeout=120).run()
+    assert not at.exception, [e.value for e in at.exception]
+    SESSIONS.append(at)
+    return at
+
+
+def api_run(app_env) -> str:
+    """A request as an API client makes one, through the same service; its run id once it has ended."""
+    from conftest import app_client
+    from engine.core.generate import GenerationRequest
+    from engine.core.hooks import CAPTURE_OFF
+
+    service = app_client(app_env)
+    handle = service.submit(GenerationRequest(tiny_prompt(7, seed=3), max_new_tokens=5, chat=False), CAPTURE_OFF,
+                            source="api")
+    handle.result(timeout=120)
+    info = service.run_wait(handle.run_id, 1 << 30, 60).info
+    assert not info.live
+    return handle.run_id
+
+
+def test_the_presenter_pushes_a_picked_request_and_every_follower_sees_it(app, board, app_env):
+    lead, follower, late = app, session(), session()
+    SESSIONS.append(lead)
+    generate(follower, tiny_prompt(9), 4)                       # a person's request, then an API client's
+    person = follower.session_state["last_run"]
+    client_run = api_run(app_env)
+    lead.run()                                                  # the presenter's box, now that the board is on
+    lead.text_input(key="presenter.token_input").input(TOKEN).run()
+    lead.switch_page("../pages/room.py").run()
+    pick = lead.selectbox(key="room.why.pick")
+    for run_id, who in ((client_run, "an API client"), (person.id, "a person")):
+        label = next(o for o in pick.options if who in o and o.startswith("request "))
+        pick.set_value(label).run()
+        lead.text_input(key="room.presenter_note").input(f"Look at {who}'s request").run()
+        lead.button(key="room.presenter_push").click().run()
+        assert not lead.exception and lead.success
+        assert board.latest().run == run_id and board.latest().page == "room"
+        pushed = next(i for i in app_client_runs(app_env) if i.id == run_id)
+        for at in (follower, late):                             # on the journey page and on the home page
+            at.run()
+            assert not at.exception, [e.value for e in at.exception]
+            assert at.title[0].value == "The room is the batch"
+            assert at.selectbox(key="room.why.pick").value == label
+            assert any(m.value == why_line(pushed.timeline) for m in at.markdown)
+            assert "The presenter pushed this request: here is why it took its time." in [c.value for c in at.caption]
+        assert pushed.source == ("api" if who == "an API client" else "page")
+    follower.switch_page("../pages/room.py").run()              # (AppTest reruns the page it was last sent to)
+    assert follower.selectbox(key="room.why.pick").value == label
+    other = next(o for o in follower.selectbox(key="room.why.pick").options if o != label)
+    follower.selectbox(key="room.why.pick").set_value(other).run()
+    follower.run()
+    assert follower.selectbox(key="room.why.pick").value == other                # adopted once: it explores on
+
+
+def app_client_runs(app_env) -> list:
+    from conftest import app_client
+
+    return app_client(app_env).run_list(limit=40)

@@ -14,6 +14,7 @@ import streamlit as st
 
 from app.hardware import DEFAULT_GPU
 from app.journey.figures import DECODE_COLOR, PREFILL_COLOR
+from app.presenter import RUN_KEY, presenter_board, push_button
 from app.widgets import plot
 from engine.errors import EngineError
 from engine.projection.cost import project
@@ -179,7 +180,7 @@ def why_section(timeline: dict[str, Any] | None, spec: ModelSpec | None, dtype: 
     plot(why_figure(timeline), f"{key}.chart", box)
     box.caption(f"Each bar is one batch step it lived through ({len(timeline['steps'])} in all), split into the "
                 "newcomers' prefill and the decode pass, as the server timed them; its own row is the dark one. "
-                "The parts in the line add up to its wall time.")
+                "The parts in the two lines add up to its wall time.")
 
 
 # --- the room page: any recent request ------------------------------------------------------------------------------
@@ -196,16 +197,41 @@ def recent_stories(infos: list[Any]) -> dict[str, Any]:
 
 
 def pick_section(lm: Any, key: str = "room.why") -> None:
-    """Pick any recent request (a person's or an API client's) and see why it took its time."""
+    """Pick any recent request (a person's or an API client's) and see why it took its time; the presenter pushes
+    the one picked to every follower, whose room page then shows it picked."""
     try:
         stories = recent_stories(lm.run_list(limit=40))
+        pushed = adopt_pushed(lm, stories, key)
     except EngineError as err:
         st.caption(f"The recent requests cannot be listed: {err}")
         return
+    if pushed:
+        st.caption(pushed)
     if not stories:
         st.caption("No finished request yet: once someone's answer ends, pick it here to see where its time went.")
         return
     label = st.selectbox("A recent request", list(stories), key=f"{key}.pick")
     info = stories[label]
+    push_button(presenter_board(), "room", "room", run=info.id, label="Push this request to everyone")
     why_section(info.timeline, lm.spec, lm.dtype_name, key)
     st.caption(f"Its run opens on every page at ?run={info.id}.")
+
+
+def adopt_pushed(lm: Any, stories: dict[str, Any], key: str) -> str:
+    """A request the presenter pushed (once per push): picked in the box, fetched by its id when it is no longer among
+    the recent ones. Returns a line for the page: what the presenter pushed, or why it cannot be shown."""
+    run_id = st.session_state.pop(RUN_KEY, None)
+    if run_id is None:
+        return ""
+    label = next((label for label, info in stories.items() if info.id == run_id), None)
+    if label is None:
+        try:
+            info = lm.run_slice(run_id, 1 << 30).info           # its info only: no records past the end
+        except EngineError as err:
+            return f"The presenter pushed a request that cannot be shown: {err}"
+        if not info.timeline:
+            return "The presenter pushed a request that carries no timeline."
+        label, info = next(iter(recent_stories([info]).items()))
+        stories[label] = info
+    st.session_state[f"{key}.pick"] = label
+    return "The presenter pushed this request: here is why it took its time."

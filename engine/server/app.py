@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from engine.errors import EngineError, InvalidRequestError
 from engine.server import openai_routes, playground_routes
 from engine.server.state import AuthError, BodyTooLargeError, ServerState, api_error, log
+from engine.service.board import PresenterError
 from engine.service.metrics import CONTENT_TYPE
 
 MAX_BODY_BYTES = 8 * 2**20       # a request body; a prompt over the server's own limit is refused by the door (400)
@@ -37,6 +38,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/metrics", metrics, methods=["GET"])
     app.add_exception_handler(EngineError, engine_error)
+    app.add_exception_handler(PresenterError, engine_error)          # a refused push says why (403), not a failure
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, unexpected_error)

@@ -263,7 +263,7 @@ async def board_write(action: str, request: Request) -> Response:
     if action == "check":
         return reply(request, b.check(token))
     if action == "push":
-        fields = {k: body.get(k) for k in ("prompt", "settings", "page", "view") if body.get(k) is not None}
+        fields = {k: body.get(k) for k in ("prompt", "settings", "page", "view", "run") if body.get(k) is not None}
         return reply(request, b.push(token, note=body.get("note") or "", **fields))
     if action == "clear":
         b.clear(token)

@@ -73,7 +73,8 @@ def status_of(err: BaseException) -> tuple[int, str]:
 def api_error(err: BaseException, body_only: bool = False, param: str | None = None) -> Any:
     """OpenAI's error shape for an error (a JSON response, or just the body's JSON text for a stream)."""
     status, kind = status_of(err)
-    message = str(err) if isinstance(err, errors.EngineError) else "the server failed on this request; it is still up"
+    told = isinstance(err, (errors.EngineError, PresenterError))          # errors that say what was wrong
+    message = str(err) if told else "the server failed on this request; it is still up"
     code = CODES.get(type(err)) or error_code(err)
     body = ErrorResponse(error=ErrorInfo(message=message, type=kind, param=param, code=code))
     if body_only:

@@ -1,6 +1,7 @@
-"""The presenter's board: one person at the front pushes a prompt, settings and a view, and broadcasts their runs;
-every follower picks them up. State and rules only (no UI): the app draws it (app/presenter.py), the model server
-keeps it (one board for every web process), clients reach it through their ModelClient.
+"""The presenter's board: one person at the front pushes a prompt, settings, a view or a request's story (a run, by
+its id), and broadcasts their runs; every follower picks them up. State and rules only (no UI): the app draws it
+(app/presenter.py), the model server keeps it (one board for every web process), clients reach it through their
+ModelClient.
 
 The presenter unlocks it with the token given at launch (compared in constant time). Each push gets a new version
 number; a follower adopts a push once, when it sees a version newer than the last one it adopted. A broadcast
@@ -37,6 +38,7 @@ class Push:
     view: dict[str, int] = field(default_factory=dict)   # layer, head, step, token
     note: str = ""                   # one line for followers ("Look at head 3 of layer 12")
     at: float = field(default_factory=time.time)
+    run: str | None = None           # a run whose story to show (the room page's pick of a request), by its id
 
 
 @dataclass(frozen=True)
@@ -88,11 +90,12 @@ class PresenterBoard:
         return hmac.compare_digest(self._token, token.encode())
 
     def push(self, token: str | None, prompt: str | None = None, settings: Mapping[str, Any] | None = None,
-             page: str | None = None, view: Mapping[str, Any] | None = None, note: str = "") -> Push:
+             page: str | None = None, view: Mapping[str, Any] | None = None, note: str = "",
+             run: str | None = None) -> Push:
         """Publish a new push to every follower; PresenterError when refused."""
         self._authorize(token)
         fields_ = dict(prompt=_prompt(prompt), settings=_settings(settings or {}), page=_page(page),
-                       view=_view(view or {}), note=_text(note, MAX_NOTE_CHARS, "the note"))
+                       view=_view(view or {}), note=_text(note, MAX_NOTE_CHARS, "the note"), run=_run(run))
         with self._lock:
             self._version += 1
             self._latest = Push(self._version, **fields_)
@@ -141,6 +144,16 @@ def _page(page: str | None) -> str | None:
     if not all(c.isalnum() or c in "-_" for c in page):
         raise PresenterError(f"{page!r} is not a page name")
     return page
+
+
+def _run(run: str | None) -> str | None:
+    """A run id as the run store makes them (engine.service.runs.new_run_id: "run-" and hex digits)."""
+    if run is None:
+        return None
+    run = _text(run, 64, "the run")
+    if not (run.startswith("run-") and len(run) > 4 and all(c in "0123456789abcdef" for c in run[4:])):
+        raise PresenterError(f"{run!r} is not a run id")
+    return run
 
 
 def _numbers(values: Mapping[str, Any], allowed: Mapping[str, type], what: str) -> dict[str, Any]:

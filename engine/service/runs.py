@@ -29,6 +29,7 @@ from engine.core.hooks import CAPTURE_OFF, CapturePolicy
 from engine.errors import EngineError, InvalidRequestError
 
 OPENED_KEPT = 4096             # run ids remembered as made here (engine/cluster/replica.py reports the newest)
+STORIES_KEPT = 64              # timelines of runs gone to their files, for the listing (about 0.5 kB a step each)
 RECORD_BYTES = 4096            # a record without its captures: the token, 256 kept logits, 10 candidates
 FINISHED = ("done", "cancelled", "failed")
 
@@ -105,6 +106,7 @@ class RunStore:
         self._cond = threading.Condition()
         self.on_disk: Callable[[str], bool] = lambda run_id: False     # is a run no longer here kept on disk?
         self._opened: deque[str] = deque(maxlen=OPENED_KEPT)             # ids this store opened, oldest first
+        self._stories: OrderedDict[str, dict[str, Any]] = OrderedDict()  # timelines of runs gone to their files
 
     def open(self, info: RunInfo) -> RunInfo:
         with self._cond:
@@ -193,7 +195,21 @@ class RunStore:
             entry.held = False
             if on_disk and entry.kept is None and not entry.info.live:
                 self._bytes -= self._runs.pop(run_id).info.bytes
+                self._keep_story(run_id, entry.info.timeline)
             self._evict()
+
+    def _keep_story(self, run_id: str, timeline: dict[str, Any] | None) -> None:
+        """A run that left memory for its file keeps its timeline here (the last STORIES_KEPT), so the listing of
+        runs on disk still says why each took its time (the room page's pick) without reading their files."""
+        if timeline:
+            self._stories[run_id] = timeline
+            while len(self._stories) > STORIES_KEPT:
+                self._stories.popitem(last=False)
+
+    def story(self, run_id: str) -> dict[str, Any] | None:
+        """The timeline of a run that has gone to its file, while it is among the last STORIES_KEPT; else None."""
+        with self._cond:
+            return self._stories.get(run_id)
 
     def __contains__(self, run_id: str) -> bool:
         with self._cond:

@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -337,7 +337,8 @@ class EngineService:
         runs = self.runs.list(limit)
         if self.disk is not None:
             seen = {info.id for info in runs}
-            runs += [info_of_row(row) for row in self.disk.rows(limit) if row.id not in seen]
+            runs += [replace(info_of_row(row), timeline=self.runs.story(row.id)) for row in self.disk.rows(limit)
+                     if row.id not in seen]
         return sorted(runs, key=lambda info: info.created, reverse=True)[:limit]
 
     def written(self, run_id: str, timeout: float = WAIT_SECONDS) -> None:
