@@ -1,35 +1,103 @@
-"""Why was my answer slow, in headless Chromium at a projector's 1024x768: after a generation the line and the chart
-appear under the answer (above the tokens), every word whole and no chart label over another."""
+"""Why was my answer slow, in headless Chromium: after a generation the line and the chart appear under the answer
+(above the tokens) at a projector's 1024x768, every word whole, no chart label over another and the line clear of
+the chart; on the room page the presenter (at 1440x900) pushes the request picked and a follower's page (1024x768)
+moves to it, the same two lines and chart drawn at both sizes."""
 from __future__ import annotations
 
 import pytest
 
 from test_browser import (PROJECTOR, assert_no_exception, browser,  # noqa: F401
-                          assert_nothing_clipped, button, projector, projector_shot,
-                          set_number, wait_heading, wait_idle, wait_text)
+                          assert_nothing_clipped, button, projector, projector_shot, running_app,
+                          set_number, shot, wait_heading, wait_idle, wait_text)
+from test_browser_watch import TOKEN, unlock
 
 pytestmark = pytest.mark.browser
+WIDE = {"width": 1440, "height": 900}            # a laptop at the front of the room
 
 
 def top(page, text: str) -> float:
     return page.get_by_text(text, exact=False).first.bounding_box()["y"]
 
 
+def line_and_chart(page) -> tuple[dict, dict]:
+    """The bounding boxes of the why-line (both of its lines) and of its chart."""
+    line = page.locator('[data-testid="stMarkdown"]', has_text="to the first token").last
+    chart = page.locator('[data-testid="stPlotlyChart"]', has_text="you (request").first
+    chart.wait_for(timeout=60_000)
+    return line.bounding_box(), chart.bounding_box()
+
+
+def assert_apart(page, width: int) -> None:
+    """The line above the chart, neither over the other, both within the page's width; nothing clipped."""
+    line, chart = line_and_chart(page)
+    assert line["y"] + line["height"] <= chart["y"], (line, chart)
+    assert line["x"] + line["width"] <= width and chart["x"] + chart["width"] <= width
+    assert line["height"] > 0 and chart["height"] > 100
+    assert_nothing_clipped(page)                                 # every word whole, no chart label over another
+
+
+def generate(page, tokens: int = 8) -> None:
+    set_number(page, "Max new tokens", tokens)
+    button(page, "Generate").click()
+    wait_text(page, "Done:", 240)
+    wait_text(page, "to the first token", 60)
+    wait_idle(page)
+    assert_no_exception(page)
+
+
 def test_the_line_and_the_chart_appear_under_the_answer_on_a_projector(app_url, projector):
     projector.goto(f"{app_url}/journey")
     wait_heading(projector, "The journey of a request")
-    set_number(projector, "Max new tokens", 8)
-    button(projector, "Generate").click()
-    wait_text(projector, "Done:", 240)
-    wait_text(projector, "to the first token", 60)
-    wait_idle(projector)
-    assert_no_exception(projector)
-    chart = projector.locator('[data-testid="stPlotlyChart"]', has_text="you (request").first
-    chart.wait_for(timeout=60_000)
+    generate(projector)
+    wait_text(projector, "then ", 10)                             # the second line: the first token to the end
     line, metrics, tokens = top(projector, "to the first token"), top(projector, "Time to first token"), \
         top(projector, "1. Tokens")
-    box = chart.bounding_box()
+    box = line_and_chart(projector)[1]
     assert metrics < line < box["y"] < tokens                   # under the answer and its metrics, above the tokens
-    assert box["width"] <= PROJECTOR["width"] and box["height"] > 100
-    assert_nothing_clipped(projector)                            # every word whole, no chart label over another
+    assert box["width"] <= PROJECTOR["width"]
+    assert_apart(projector, PROJECTOR["width"])
     projector_shot(projector, "journey-why")
+
+
+@pytest.fixture(scope="module")
+def room_url(tmp_path_factory):
+    with running_app(tmp_path_factory.mktemp("why-room"), {"PLAYGROUND_PRESENTER_TOKEN": TOKEN}) as url:
+        yield url
+
+
+def wide_shot(page, name: str) -> None:
+    """The whole page at 1440 px wide (Streamlit scrolls inside the page, so the viewport is made tall first)."""
+    page.set_viewport_size({"width": WIDE["width"], "height": 3000})
+    wait_idle(page)
+    shot(page, name)
+    page.set_viewport_size(WIDE)
+    wait_idle(page)
+
+
+def test_the_presenter_pushes_a_picked_request_to_a_follower(room_url, browser):  # noqa: F811
+    follower = browser.new_context(viewport=PROJECTOR).new_page()
+    follower.goto(f"{room_url}/journey")
+    wait_heading(follower, "The journey of a request")
+    generate(follower)                                           # a person's request
+    lead = browser.new_context(viewport=WIDE).new_page()
+    lead.goto(f"{room_url}/room")
+    wait_heading(lead, "The room is the batch")
+    unlock(lead)
+    wait_text(lead, "A recent request", 60)
+    wait_idle(lead)
+    picked = lead.get_by_role("combobox", name="A recent request").input_value()
+    assert "a person" in picked
+    assert_apart(lead, WIDE["width"])
+    button(lead, "Push this request to everyone").click()
+    wait_text(lead, "Pushed (version", 30)
+    wide_shot(lead, "wide-room-why")
+
+    wait_heading(follower, "The room is the batch", 60)          # the follower's page moved to the room page
+    wait_text(follower, "The presenter pushed this request", 60)
+    wait_idle(follower)
+    assert_no_exception(follower)
+    assert follower.get_by_role("combobox", name="A recent request").input_value() == picked   # the same request
+    lead_line = lead.locator('[data-testid="stMarkdown"]', has_text="to the first token").last.inner_text()
+    assert follower.locator('[data-testid="stMarkdown"]', has_text="to the first token").last.inner_text() == lead_line
+    assert_apart(follower, PROJECTOR["width"])
+    projector_shot(follower, "room-why-pushed")

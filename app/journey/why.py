@@ -35,12 +35,12 @@ def fmt_s(seconds: float) -> str:
 def _parts(split: dict[str, Any], behind: list[dict[str, Any]], reason: str, after_first: bool = False) -> list[str]:
     """The parts of a split in words, largest first, those over half a millisecond; `behind`: whose prefills shared
     that stretch, most time first. After the first token its own prefill part is what the step of its last chunk did
-    for it after sampling that token (its cache moved into the batch's pages)."""
+    for it after sampling that token: the token handed to its stream, its cache moved into the batch's pages."""
     top = behind[0] if behind else None
     others = (f"behind request {top['id']}'s {top['tokens']:,}-token prompt" if top and len(behind) == 1 else
               f"behind others' prompts (request {top['id']}'s {top['tokens']:,} tokens most)" if top else
               "behind others' prompts")
-    own = "your prompt's cache moving into the batch" if after_first else "your prefill"
+    own = "your prompt's cache moving into the batch, after its first token" if after_first else "your prefill"
     words = [("queue", "waiting for a place" + (f" ({reason})" if reason else "")), ("prefill", own),
              ("decode", "your tokens at one row's pace"), ("batch", "the batch's other rows"),
              ("others_prefill", others), ("between_steps", "the server between steps")]
