@@ -100,3 +100,27 @@ def test_an_api_client_s_request_can_be_listed_and_pushed_to_the_room(server, cl
             remote.board.push(TOKEN, page="room", run=wrong)
     with pytest.raises(PresenterError):
         remote.board.push("not-the-token", page="room", run=run_id)
+
+
+def test_the_room_page_draws_an_api_request_from_the_timings_the_api_gave(server, client, model, tiny_model_dir,
+                                                                          monkeypatch):
+    """A web process that is a client of this server (PLAYGROUND_ENGINE_URL): the room page's pick of an API request
+    says what the completion's own `playground.timings` say."""
+    from streamlit.testing.v1 import AppTest
+
+    from app.journey.why import why_line
+    from engine.service.client import RemoteModel
+
+    for name, value in (("PLAYGROUND_MODEL", str(tiny_model_dir)), ("PLAYGROUND_DEVICE", "cpu"),
+                        ("PLAYGROUND_DTYPE", "float32"), ("PLAYGROUND_ENGINE_URL", server)):
+        monkeypatch.setenv(name, value)
+    reply = client.completions.create(model=model, prompt=tiny_prompt(8, seed=5), max_tokens=5, temperature=0)
+    timings = reply.playground["timings"]
+    story = next(i.timeline for i in RemoteModel(server).run_list(40) if i.id == reply.playground["run_id"])
+    at = AppTest.from_file("../app/main.py", default_timeout=120).run()
+    at.switch_page("../pages/room.py").run()
+    pick = at.selectbox(key="room.why.pick")
+    pick.set_value(next(o for o in pick.options if o.startswith(f"request {story['id']} · an API client"))).run()
+    assert not at.exception, [e.value for e in at.exception]
+    line = next(m.value for m in at.markdown if "to the first token" in m.value)
+    assert line == why_line({**story, "timings": timings})          # the page's numbers are the response's
