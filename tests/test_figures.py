@@ -292,6 +292,26 @@ def engine_row(name: str, ratio: str | None) -> Callable[[dict], tuple]:
 
 # --- the table: (document, results file, the text with its format fields, the figures) ---------------------------
 
+def timings_memory(d: dict) -> tuple:
+    """A timeline's memory (per step, rounded as the text rounds it; per answer) and the bookkeeping's share, in %."""
+    mem = {m["tokens"]: m for m in d["memory"]}
+    share = {s["tokens"]: s["bookkeeping_share_of_step_time"] for s in d["share"]}
+    per_step = round(sum(m["record_bytes_per_step"] for m in mem.values()) / len(mem), -2)
+    story_step = round(sum(m["story_json_bytes_per_step"] for m in mem.values()) / len(mem), -1)
+    return (per_step, mem[16]["record_bytes_max"] / 1e3, mem[64]["record_bytes_max"] / 1e3, story_step,
+            mem[16]["story_json_bytes_max"] / 1e3, mem[64]["story_json_bytes_max"] / 1e3, 100 * share[16],
+            100 * share[64])
+
+
+def timings_api(d: dict) -> tuple:
+    """Kept against not kept through the API: the tok/s and p95 ratios, the load, the rounds' range."""
+    rows = {r["tokens"]: r for r in d["rows"]}
+    rounds = [x["throughput_tok_s"] for r in rows.values() for side in r["rounds"].values() for x in side]
+    load = d["machine"]["load_average"]
+    return (rows[16]["throughput_ratio"], rows[64]["throughput_ratio"], rows[16]["p95_ratio"], rows[64]["p95_ratio"],
+            min(load), max(load), *span(rounds))
+
+
 FIGURES: list[tuple[str, str, str, Callable[[Any], Any]]] = [
     (README, "speculative.json", "| n-gram lookup, k = 2 / 4 / 6 | copies a passage | {:.0f} / {:.0f} / {:.0f}% | "
      "{:.2f} / {:.2f} / {:.2f} | {:.2f}x / {:.2f}x / {:.2f}x |", spec_ngram_copy),
@@ -418,6 +438,13 @@ FIGURES: list[tuple[str, str, str, Callable[[Any], Any]]] = [
      "{:.2f}x", lambda d: _capture_ratios(d)),
     (SERVING, "api.json", "**{:.1f} tok/s, p95 {:.2f} s at 16 tokens** and at 64 tokens **{:.1f} tok/s, p95 {:.2f} s**;",
      lambda d: api_headline(d)[:4]),
+    (SERVING, "timings-share.json", "**about {:.0f} bytes per step** in a batch of 20 (the row ids dominate), {:.1f} kB "
+     "for a 16-token answer and **{:.1f} kB for a 64-token one**; its story, about {:.0f} bytes of JSON per step, "
+     "{:.1f} kB and {:.1f} kB. The bookkeeping's own time (recording each step into the timelines, taking each request "
+     "apart at its end, building its story) was **{:.3f}% and {:.3f}% of the steps' time**", timings_memory),
+    (SERVING, "timings.json", "{:.2f}x tok/s at 16 new tokens and {:.2f}x at 64 (p95 {:.2f}x and {:.2f}x), on a "
+     "machine shared with other work (load average {:.0f} to {:.0f} on 2 cores, rounds of {:.0f} to {:.0f} tok/s",
+     timings_api),
     (SERVING, "api-64-off.json", "a second run at 64 tokens made {:.1f} tok/s (p95 {:.2f} s, median of {} rounds;",
      lambda d: api_64(d)[:3]),
 ]
