@@ -186,8 +186,10 @@ def _step_parts(step: StepSeen, rid: int, one_row: float | None, lo: float, hi: 
     cut = step.started + step.prefill_seconds
     prefill = _overlap(step.started, cut, lo, hi)
     decode = _overlap(cut, step.ended, lo, hi)
-    own = sum(_overlap(a, b, lo, hi) for r, a, b in prefill_spans(step.started, step.prefill_seconds, step.prefills)
-              if r == rid)
+    own = 0.0
+    if prefill and any(r == rid for r, _ in step.prefills):          # (most steps: a decode pass alone)
+        own = sum(_overlap(a, b, lo, hi) for r, a, b in prefill_spans(step.started, step.prefill_seconds,
+                                                                         step.prefills) if r == rid)
     if rid not in step.rows:
         return {"prefill": own, "others": prefill - own, "batch": decode}
     pace = step.ended if len(step.rows) == 1 or one_row is None else min(cut + one_row, step.ended)
@@ -220,7 +222,7 @@ def behind(tl: RequestTimeline, until: float | None = None, since: float | None 
     hi = tl.end if until is None else until
     tokens: dict[int, int] = {}
     seconds: dict[int, float] = {}
-    for step in tl.steps:
+    for step in (s for s in tl.steps if s.prefills):
         for (rid, n), (_, a, b) in zip(step.prefills, prefill_spans(step.started, step.prefill_seconds, step.prefills)):
             if rid != tl.id and (part := _overlap(a, b, lo, hi)) > RESOLUTION:
                 tokens[rid] = tokens.get(rid, 0) + n
