@@ -442,6 +442,10 @@ FIGURES: list[tuple[str, str, str, Callable[[Any], Any]]] = [
      "for a 16-token answer and **{:.1f} kB for a 64-token one**; its story, about {:.0f} bytes of JSON per step, "
      "{:.1f} kB and {:.1f} kB. The bookkeeping's own time (recording each step into the timelines, taking each request "
      "apart at its end, building its story) was **{:.3f}% and {:.3f}% of the steps' time**", timings_memory),
+    (SERVING, "timings/20261127T203911Z-8775728.json", "a timeline at most {:.1f} kB and {:.1f} kB, its story {:.1f} kB "
+     "and {:.1f} kB, the bookkeeping **{:.3f}% and {:.3f}% of the steps' time**",
+     lambda d: (*timings_memory(d)[1:3], *timings_memory(d)[4:])),
+    (SERVING, "timings/20261127T202516Z-b836e70.json", "took {:.3f}% and {:.3f}%", lambda d: timings_memory(d)[6:]),
     (SERVING, "timings.json", "{:.2f}x tok/s at 16 new tokens and {:.2f}x at 64 (p95 {:.2f}x and {:.2f}x), on a "
      "machine shared with other work (load average {:.0f} to {:.0f} on 2 cores, rounds of {:.0f} to {:.0f} tok/s",
      timings_api),
