@@ -24,7 +24,8 @@ from engine.runs import (RUN_JSON, TENSORS, RunFileError, attention_differences,
                          unpacked_cap)
 from engine.serving.limits import server_limits
 from engine.runs.notebook import bundle
-from engine.serving.recording import MAX_FILE_BYTES, dumps_recording, new_recording
+from base_recording import dumps_recording
+from engine.serving.recording import MAX_FILE_BYTES, new_recording
 
 
 def make_recording(lm, prompt: str, chat: bool = False, new: int = 4):

@@ -152,7 +152,7 @@ class RunFile:
 def dumps(recording: Recording, source: str = "", name: str = "", texts: dict[int, str] | None = None,
           view: dict[str, Any] | None = None) -> bytes:
     """The bytes of a run file: run.json and tensors.safetensors in one zip (attention kept as it was captured)."""
-    doc = document(recording, attention_dtype=None, raw=True)      # arrays stay numpy: no base64 on the way
+    doc = document(recording)                  # arrays stay numpy: no base64 on the way
     tensors: dict[str, np.ndarray] = {}
     doc = _lift_arrays(doc, "", tensors)
     blob = save_tensors(tensors, metadata={"format": FORMAT + "/tensors", "version": str(VERSION)})

@@ -302,13 +302,14 @@ class RunDisk:
         return [run_id for run_id, _ in victims]
 
     def claim(self, person: str, run_id: str, title: str = "", answer: str = "", model: str = "",
-              keep: int = MAX_CLAIMS) -> None:
-        """`person` made or opened this run: their recent runs list it (their newest `keep` are kept)."""
+              keep: int = MAX_CLAIMS, at: float | None = None) -> None:
+        """`person` made or opened this run (`at`, default now): their recent runs list it (their newest `keep` are
+        kept)."""
         self._path(run_id)
         try:
             with self._txn() as db:
                 db.execute("INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?, ?, ?)",
-                           (person, run_id, time.time(), title[:200], answer[:200], model[:200]))
+                           (person, run_id, time.time() if at is None else at, title[:200], answer[:200], model[:200]))
                 db.execute("DELETE FROM claims WHERE person = ? AND id NOT IN (SELECT id FROM claims WHERE person = ? "
                            "ORDER BY at DESC LIMIT ?)", (person, person, max(keep, 1)))
         except sqlite3.Error as err:
