@@ -266,11 +266,15 @@ class RunDisk:
                                           f"({mib(self.budget)})"))
         row = StoredRun(**{**vars(run), "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
         try:
-            write_whole(path, data)
-            with self._txn() as db:
-                db.execute(f"INSERT OR REPLACE INTO runs ({RUN_COLUMNS}) VALUES "
-                           f"({', '.join('?' * len(fields(row)))})", astuple(row))
-                victims = self._evict(db)
+            tmp = write_aside(path, data)
+            try:
+                with self._txn() as db:        # the rename under the index's write lock: two processes writing one id
+                    place(tmp, path)           # (a shipped recording opened in two web processes) leave the file
+                    db.execute(f"INSERT OR REPLACE INTO runs ({RUN_COLUMNS}) VALUES "   # and the row of the same one
+                               f"({', '.join('?' * len(fields(row)))})", astuple(row))
+                    victims = self._evict(db)
+            finally:
+                _unlink(tmp)                   # nothing there once it is in place
         except (OSError, sqlite3.Error) as err:
             _unlink(path)
             raise self._failed(f"run {run.id} was not kept on disk", err) from None
@@ -433,16 +437,26 @@ class RunDisk:
 
 def write_whole(path: Path, data: bytes) -> None:
     """Write, fsync, rename into place, fsync the folder: a reader sees the old state or the whole new file."""
+    place(write_aside(path, data), path)
+
+
+def write_aside(path: Path, data: bytes) -> Path:
+    """`data` written and fsynced under a temporary name beside `path` (this process's and thread's own)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
     except BaseException:
         _unlink(tmp)
         raise
+    return tmp
+
+
+def place(tmp: Path, path: Path) -> None:
+    """A file written aside renamed into place, and the folder fsynced so that the rename survives a power cut."""
+    os.replace(tmp, path)
     fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(fd)
