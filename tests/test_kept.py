@@ -112,3 +112,21 @@ def test_a_recording_the_shelf_kept_is_the_persons_kept_run_once(tmp_path, recor
                for r in caplog.records)
     assert import_shelf(open_store(tmp_path / "store", 10 * MB), shelf) == 0     # the next start: nothing again
     assert import_shelf(disk, tmp_path / "nothing-here") == 0
+
+
+def test_web_processes_starting_together_take_the_shelf_in_once(tmp_path, recording):
+    """Two handles on one store (as two web processes at start) import one shelf at once: they take turns, so the
+    recording is written once and reads back whole."""
+    shelf = tmp_path / "saved"
+    old = shelve(shelf, "ana-browser", dumps_recording(recording), "Both at once", 1764240000555555555)
+    disks = [open_store(tmp_path / "store", 10 * MB) for _ in range(2)]
+    counts: list[int] = []
+    threads = [threading.Thread(target=lambda d=d: counts.append(import_shelf(d, shelf))) for d in disks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(counts) == [0, 1] and not old.exists()
+    (listed,) = kept(disks[1], "ana-browser")
+    assert run_files.loads(disks[0].read(listed.id)).token_ids == run_files.loads(disks[1].read(listed.id)).token_ids
+    assert disks[0].usage().problems == ()

@@ -10,6 +10,7 @@ The store's budget bounds kept runs like every other run (the oldest go first); 
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -72,10 +73,20 @@ def shelf_dir() -> Path:
 def import_shelf(disk: RunDisk, folder: Path | None = None) -> int:
     """Every recording the shelf kept, into the store as a kept run of its person (its id `kept-<name>`, as its
     link had it); each file goes once it is in, a file that does not open stays where it is, with a line in the log.
-    Safe with several web processes starting at once: the same file makes the same run."""
+    Several web processes starting at once take turns (a lock on the folder, let go when a process dies)."""
     folder = shelf_dir() if folder is None else folder
     if not folder.is_dir():
         return 0
+    try:
+        with open(folder / ".importing", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)           # the next one finds the files gone
+            return import_folder(disk, folder)
+    except OSError as err:                              # a folder this process cannot write: left for another start
+        log.warning("the kept recordings in %s were not moved into the run store (%s)", folder, err.strerror or err)
+        return 0
+
+
+def import_folder(disk: RunDisk, folder: Path) -> int:
     done = 0
     for owner in sorted(p for p in folder.iterdir() if p.is_dir() and OWNER_DIR.fullmatch(p.name)):
         for path in sorted(owner.iterdir()):
