@@ -194,11 +194,11 @@ def open_cell(cell: DeltaGenerator, run_id: str, key: str, icon: str) -> bool:
 
 def upload_section(limits: Limits) -> None:
     """A file picker for a recording or a run file; a bad file gives the error's one line."""
-    upload = st.file_uploader("Open a recording (.json.gz) or a run file (.run.zip)", type=["gz", "json", "zip"],
+    upload = st.file_uploader("Open a run file (.run.zip) or an older recording (.json.gz)", type=["zip", "gz", "json"],
                               key=UPLOAD_KEY,
                               help=f"Files saved with 'Save this run', `python -m engine record`, the run file in an "
-                                   f"'Open in a notebook' download or `GET /v1/playground/runs/<id>/file`; "
-                                   f"at most {fmt_bytes(MAX_FILE_BYTES)}.")
+                                   f"'Open in a notebook' download or `GET /v1/playground/runs/<id>/file`, and the "
+                                   f".json.gz recordings saved before run files; at most {fmt_bytes(MAX_FILE_BYTES)}.")
     if upload is None:
         return
     outcome = st.session_state.get(OPENED_KEY)
