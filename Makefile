@@ -83,14 +83,16 @@ screenshots: provision browser
 # what passed. When a test fails the lock is kept and the next `make install` goes back to it.
 # The recordings shipped in assets/recordings/, made again with the embedded model on this machine (each file says
 # where: device, cores and load). Greedy, so the tokens stay the same; the times are this machine's, so run it quiet.
+# They are run files now; the .json.gz the playground shipped before are removed as their run files replace them.
 REC := $(PY) -m engine record
 recordings: provision
-	$(REC) "What is the capital of France?" assets/recordings/capital-of-france.json.gz --layers 30 \
+	rm -f assets/recordings/*.json.gz
+	$(REC) "What is the capital of France?" assets/recordings/capital-of-france.run.zip --layers 30 \
 	  --max-new-tokens 24 --title "The capital of France"
 	$(REC) "Write a Python function is_prime(n) that checks whether n is a prime number." \
-	  assets/recordings/python-is-prime.json.gz --layers 10 --max-new-tokens 48 --title "A Python function"
+	  assets/recordings/python-is-prime.run.zip --layers 10 --max-new-tokens 48 --title "A Python function"
 	$(REC) "Write the opening two sentences of a short story about a lighthouse keeper who finds a message in a \
-	bottle." assets/recordings/story-opening.json.gz --layers 10 --max-new-tokens 40 --title "A short story opening"
+	bottle." assets/recordings/story-opening.run.zip --layers 10 --max-new-tokens 40 --title "A short story opening"
 
 lock:
 	rm -rf $(VENV)

@@ -12,7 +12,7 @@ import streamlit as st
 from app.recordings import file_name, recording_from_run
 from app.run import Run
 from engine.errors import EngineError
-from engine.runs import dumps, file_of, known_texts
+from engine.runs import SUFFIX, dumps, file_of, known_texts
 from engine.runs.notebook import bundle
 from engine.service.client import ModelClient
 
@@ -26,7 +26,7 @@ def notebook_button(run: Run | None, lm: ModelClient | None, page: str, layer: i
     """The download button, for a finished run; nothing otherwise."""
     if run is None or run.done is None or run.prefill is None:
         return
-    stem = file_name(run).removesuffix(".json.gz")
+    stem = file_name(run).removesuffix(SUFFIX)
     st.download_button("Open in a notebook", data=lambda: notebook_zip(run, lm, page, layer, head),
                        file_name=f"{stem}-notebook.zip", mime="application/zip", key=f"{page}.notebook.{run.id}",
                        on_click="ignore", icon=":material/data_object:", help=HELP)
@@ -34,7 +34,7 @@ def notebook_button(run: Run | None, lm: ModelClient | None, page: str, layer: i
 
 def notebook_zip(run: Run, lm: ModelClient | None, page: str, layer: int | None, head: int | None) -> bytes:
     view = {"page": page, "layer": layer, "head": head}
-    stem = file_name(run).removesuffix(".json.gz")
+    stem = file_name(run).removesuffix(SUFFIX)
     return bundle(run_file_bytes(run, lm, view), stem, page, layer, head)
 
 

@@ -29,6 +29,7 @@ from app.run import LAST_RUN, Run, run_from_slice
 from app.session import person_id
 from engine import runs as run_files
 from engine.errors import EngineError
+from engine.runs.kept import import_shelf
 from engine.service.client import ModelClient
 from engine.serving.limits import MiB, Limits, server_limits
 from engine.store import RunDisk, RunGoneError, StoredRun, StoreError, open_store
@@ -57,10 +58,12 @@ class Recent:
 def run_store() -> tuple[RunDisk | None, str | None]:
     """This process's handle on the run store, or None and the line that says why runs are not kept on disk."""
     try:
-        return open_store(), None
+        disk = open_store()
     except StoreError as err:
         log.warning("run store: %s", err)
         return None, str(err)
+    import_shelf(disk)                         # recordings people kept before run files: kept runs from now on
+    return disk, None
 
 
 def store_note() -> str | None:

@@ -1,6 +1,7 @@
 """Recordings in the app: open a saved generation as the session's run, and save the current run.
 
-A recording (engine/serving/recording.py) holds the records of one finished generation, captures included.
+A recording (engine/serving/recording.py) holds the records of one finished generation, captures included; saved, it
+is a run file (`.run.zip`, engine/runs), the one format the playground writes (an older `.json.gz` still opens).
 Opened here it becomes an `app.run.Run` in `st.session_state[LAST_RUN]`, so the journey, attention
 and KV-cache pages draw it exactly as they draw a live run, without the model; a speculative run comes
 back with its `Speculation` (draft, k, rounds, plain baseline), so the speculative page draws it too. That is how a class
@@ -8,7 +9,7 @@ goes on when the model is busy or not loaded.
 
     run = open_bytes(upload.getvalue(), upload.name)     # RecordingError for a corrupt or foreign file
     st.session_state[LAST_RUN] = run
-    data = run_bytes(run)                                # the .json.gz to download
+    data = run_bytes(run)                                # the .run.zip to download
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Callable
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
-from app.recent import Recent, make_current, open_recent, recent, run_store
+from app.recent import Recent, make_current, open_recent, recent, run_from_disk, run_store, store_note
 from app.recorded import recording_from_run, run_from_recording  # noqa: F401 - also the names others import from here
 from app.session import person_id
 from app.format import fmt_bytes
@@ -31,14 +32,14 @@ from engine.errors import EngineError
 from engine.serving.limits import MiB, Limits, server_limits
 from engine.service.client import ModelClient
 from engine import runs as run_files
-from engine.serving.recording import (MAX_FILE_BYTES, PARSE_PLACES, PARSE_SLOTS, RecordingError, dumps_recording,
-                                      load_recording, loads_recording)
-from engine.serving.shelf import Kept, Shelf, default_dir
+from engine.runs.kept import Kept, keep, kept_owner
+from engine.serving.recording import MAX_FILE_BYTES, PARSE_PLACES, PARSE_SLOTS, Recording, loads_recording
+from engine.store import RunDisk
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDINGS_DIR = ROOT / "assets" / "recordings"
 UPLOAD_KEY, OPENED_KEY = "recordings.upload", "recordings.opened"
-KEPT_KEY, KEPT_NOTE_KEY = "recordings.kept", "recordings.kept_note"
+KEPT_NOTE_KEY = "recordings.kept_note"
 Waiting = Callable[[int], None]
 
 
@@ -54,24 +55,23 @@ def open_bytes(data: bytes, name: str = "the file", limits: Limits | None = None
 
 def open_shipped(path: Path) -> Run:
     """A shipped recording as a run, with an id of its own (the same each time: the run store keeps it once)."""
-    run = run_from_recording(load_recording(path))
+    run = run_from_recording(run_files.load(path).recording)
     run.id = shipped_id(path)
     return run
 
 
 def shipped_id(path: Path) -> str:
-    return "shipped-" + re.sub(r"[^A-Za-z0-9_-]+", "-", path.name.removesuffix(".json.gz"))[:60]
-
-
-def kept_id(name: str) -> str:
-    """The run id of a kept recording (its file name: digits, a dash and a slug), the same each time it opens."""
-    return "kept-" + name.removesuffix(".json.gz")
+    """The same for a shipped run file and the .json.gz it replaced: yesterday's links open today's file."""
+    stem = path.name.removesuffix(".json.gz").removesuffix(run_files.SUFFIX)
+    return "shipped-" + re.sub(r"[^A-Za-z0-9_-]+", "-", stem)[:60]
 
 
 def run_bytes(run: Run, on_wait: Waiting | None = None, lm: ModelClient | None = None) -> bytes:
-    """The gzip-compressed JSON of a finished run (attention as float16), with the views its policy names derived on
-    the model server (`lm`) from the residual the run kept, while the server still keeps it."""
-    return dumps_recording(with_server_views(recording_from_run(run), run, lm), on_wait=on_wait)
+    """The run file of a finished run, with the views its policy names derived on the model server (`lm`) from the
+    residual the run kept, while the server still keeps it; holds a parse place while it writes (`PARSE_SLOTS`)."""
+    recording = with_server_views(recording_from_run(run), run, lm)
+    with PARSE_SLOTS.hold(on_wait):
+        return run_files.dumps(recording)
 
 
 def with_server_views(recording: Recording, run: Run, lm: ModelClient | None) -> Recording:
@@ -89,19 +89,14 @@ def room_limits(lm: ModelClient | None) -> Limits:
     return lm.limits if lm is not None else server_limits()
 
 
-@st.cache_resource(show_spinner=False)
-def shelf(root: str, per_session: int, total_mb: int) -> Shelf:
-    """The one shelf of kept recordings of this server process."""
-    return Shelf(Path(root), per_session, total_mb * MiB)
-
-
-def room_shelf(limits: Limits) -> Shelf:
-    return shelf(str(default_dir()), limits.max_saved_per_session, limits.max_saved_mb)
+def kept_store(limits: Limits) -> RunDisk | None:
+    """The run store when it keeps runs for people (a per-person cap above 0), else None."""
+    return run_store()[0] if limits.max_saved_per_session > 0 else None
 
 
 def file_name(run: Run) -> str:
     stem = re.sub(r"[^a-z0-9]+", "-", (run.source or run.request.prompt).lower()).strip("-")[:40]
-    return f"{stem or 'run'}.json.gz"
+    return f"{stem or 'run'}{run_files.SUFFIX}"
 
 
 # --- token text without the model -------------------------------------------------------------------------
@@ -143,7 +138,10 @@ class Shipped:
 
 
 def shipped_paths() -> list[Path]:
-    return sorted(RECORDINGS_DIR.glob("*.json.gz"))
+    """The shipped run files, and any .json.gz recording no run file of the same name replaces (`make recordings`)."""
+    files = {p.name.removesuffix(run_files.SUFFIX): p for p in RECORDINGS_DIR.glob("*" + run_files.SUFFIX)}
+    older = {p.name.removesuffix(".json.gz"): p for p in RECORDINGS_DIR.glob("*.json.gz")}
+    return sorted({**older, **files}.values())
 
 
 @st.cache_data(show_spinner=False)
@@ -152,8 +150,8 @@ def shipped_summaries(paths: tuple[str, ...]) -> list[Shipped]:
     out = []
     for path in paths:
         try:
-            rec = load_recording(path)
-        except RecordingError:
+            rec = run_files.load(path).recording
+        except EngineError:                          # RunFileError, RecordingError: left out of the list
             continue
         captured = {i for r in rec.records for i in getattr(r, "captures", {})}
         out.append(Shipped(path, rec.title, rec.request.prompt, rec.done.text, rec.model,
@@ -196,11 +194,11 @@ def open_cell(cell: DeltaGenerator, run_id: str, key: str, icon: str) -> bool:
 
 def upload_section(limits: Limits) -> None:
     """A file picker for a recording or a run file; a bad file gives the error's one line."""
-    upload = st.file_uploader("Open a recording (.json.gz) or a run file (.run.zip)", type=["gz", "json", "zip"],
+    upload = st.file_uploader("Open a run file (.run.zip) or an older recording (.json.gz)", type=["zip", "gz", "json"],
                               key=UPLOAD_KEY,
                               help=f"Files saved with 'Save this run', `python -m engine record`, the run file in an "
-                                   f"'Open in a notebook' download or `GET /v1/playground/runs/<id>/file`; "
-                                   f"at most {fmt_bytes(MAX_FILE_BYTES)}.")
+                                   f"'Open in a notebook' download or `GET /v1/playground/runs/<id>/file`, and the "
+                                   f".json.gz recordings saved before run files; at most {fmt_bytes(MAX_FILE_BYTES)}.")
     if upload is None:
         return
     outcome = st.session_state.get(OPENED_KEY)
@@ -239,73 +237,73 @@ def save_button(run: Run | None, key: str, lm: ModelClient | None = None) -> Non
         st.caption("Generate (or open a recording) to save a run; a run is saved once it has finished.")
         return
     st.download_button("Save this run", data=lambda: run_bytes(run, lm=lm), file_name=file_name(run),
-                       mime="application/gzip", key=f"{key}.save.{run.id}", on_click="ignore",
+                       mime="application/zip", key=f"{key}.save.{run.id}", on_click="ignore",
                        icon=":material/download:",
-                       help="A .json.gz file with the tokens, timings and captures; open it later on the "
-                            "Recordings page, here or on another playground.")
+                       help="A run file (.run.zip) with the tokens, timings and captures; open it later on the "
+                            "Recordings page, here or on another playground, or with engine.runs.load.")
 
 
 def keep_button(run: Run | None, limits: Limits, lm: ModelClient | None = None) -> None:
-    """'Keep on this server': the run saved to the server's disk for this person (this browser's reloads and tabs,
-    across restarts of the server), within the caps."""
-    store = room_shelf(limits)
-    if run is None or run.done is None or run.prefill is None or not store.enabled:
+    """'Keep on this server': the run's file kept in the run store for this person (this browser's reloads and tabs,
+    across restarts of the server), listed among their kept runs (their newest `max_saved_per_session`)."""
+    disk = kept_store(limits)
+    if run is None or run.done is None or run.prefill is None or disk is None:
         return
     if note := st.session_state.pop(KEPT_NOTE_KEY, None):          # what the last press did, under the button
         st.success(note, icon=":material/bookmark_added:")
     if not st.button("Keep on this server", key=f"recordings.keep.{run.id}", icon=":material/bookmark_add:",
-                     help=f"Up to {limits.max_saved_per_session} runs per person (this browser), "
-                          f"{fmt_bytes(limits.max_saved_mb * MiB)} for everyone; the oldest go first."):
+                     help=f"Up to {limits.max_saved_per_session} runs per person (this browser), in the run store "
+                          f"with every other run ({fmt_bytes(disk.budget)}); the oldest go first."):
         return
     notice = st.empty()
+    title = one_line(run.source or run.request.prompt, 60)
     try:
-        kept = store.keep(person_id(), run_bytes(run, waiting_notice(notice), lm), file_name(run)[:-len(".json.gz")])
-    except EngineError as err:
+        kept = keep(disk, run_bytes(run, waiting_notice(notice), lm), person_id(), title, run.text, run.model,
+                    limits.max_saved_per_session)
+    except EngineError as err:                     # StoreWriteError (a full disk), RecordingError: one line
         notice.error(str(err))
         return
-    st.session_state[KEPT_KEY] = sorted(e.name for e in store.entries(person_id()))   # told below, not again
-    st.session_state[KEPT_NOTE_KEY] = kept_message(kept, limits)
+    st.session_state[KEPT_NOTE_KEY] = kept_message(kept, limits, disk.budget)
     st.rerun()                                     # the list above shows the new one, the note shows here
 
 
-def kept_message(kept: Kept, limits: Limits) -> str:
-    """What keeping did, including what it removed to stay within the caps."""
-    text = f"Kept \u201c{kept.entry.title}\u201d on this server ({kept.entry.size / 1e6:.2f} MB)."
-    mine = [e.title for e in kept.removed if e.session == kept.entry.session]
-    others = len(kept.removed) - len(mine)
-    if mine:
+def kept_message(kept: Kept, limits: Limits, budget: int) -> str:
+    """What keeping did, including what left to stay within the caps."""
+    text = f"Kept \u201c{kept.title}\u201d on this server ({kept.size / 1e6:.2f} MB)."
+    if kept.dropped:
         text += (f" To stay within {limits.max_saved_per_session} per person, your oldest was removed: "
-                 f"{', '.join(mine)}.")
-    if others:
-        text += (f" The space for everyone's recordings ({fmt_bytes(limits.max_saved_mb * MiB)}) was full: "
-                 f"{others} older "
-                 "recording(s) of other people were removed.")
+                 f"{', '.join(kept.dropped)}.")
+    if kept.evicted:
+        text += (f" The run store was full ({fmt_bytes(budget)}): {kept.evicted} older run(s), other people's "
+                 "included, were evicted.")
     return text
 
 
 def kept_section(limits: Limits) -> None:
-    """This person's kept recordings (after reloads, in every tab, after a restart) with an Open button each; says
-    when some were removed meanwhile."""
-    store = room_shelf(limits)
-    if not store.enabled:
-        st.caption("This server keeps no recordings on its disk; use Save this run to download one.")
+    """This person's kept runs (after reloads, in every tab, after a restart) with an Open button each; one evicted
+    from the run store meanwhile says so in its row."""
+    disk = kept_store(limits)
+    if disk is None:
+        st.caption(f"This server keeps no runs on its disk ({store_note() or 'a per-person limit of 0'}); use Save "
+                   "this run to download one.")
         return
-    entries = store.entries(person_id())
-    names = {e.name for e in entries}
-    gone = set(st.session_state.get(KEPT_KEY, ())) - names
-    st.session_state[KEPT_KEY] = sorted(names)
-    if gone:
-        st.info(f"{len(gone)} of your kept recordings were removed to make room for newer ones (the server keeps "
-                f"{limits.max_saved_per_session} per person and {fmt_bytes(limits.max_saved_mb * MiB)} in all; "
-                "the oldest go first).", icon=":material/delete_sweep:")
+    entries = disk.claims(kept_owner(person_id()), limits.max_saved_per_session)
     if not entries:
         st.caption("None yet: press Keep on this server under a finished run.")
     for i, entry in enumerate(entries):
         left, right = st.columns([4, 1], vertical_alignment="center")
-        when = time.strftime("%H:%M", time.localtime(entry.saved))
-        left.text(f"{entry.title} ({entry.size / 1e6:.2f} MB, kept {when})")
-        if open_cell(right, kept_id(entry.name), f"recordings.kept.{i}.{entry.name}", ":material/play_arrow:"):
-            open_kept(store, entry.name, limits)
+        when = time.strftime("%H:%M", time.localtime(entry.at))
+        left.text(f"{entry.title} ({kept_size(disk, entry.id) / 1e6:.2f} MB, kept {when})" if entry.kept else
+                  f"{entry.title} (kept {when}; evicted from the run store to make room for newer runs)")
+        if entry.kept and open_cell(right, entry.id, f"recordings.kept.{i}.{entry.id}", ":material/play_arrow:"):
+            open_kept(disk, entry.id, limits)
+
+
+def kept_size(disk: RunDisk, run_id: str) -> int:
+    try:
+        return disk.row(run_id).size
+    except EngineError:                            # evicted a moment ago
+        return 0
 
 
 def recent_section(limits: Limits, lm: ModelClient | None = None) -> None:
@@ -362,14 +360,14 @@ def store_section() -> None:
         st.caption(f"Skipped at {time.strftime('%H:%M', time.localtime(at))}: {what}.")
 
 
-def open_kept(store: Shelf, name: str, limits: Limits) -> None:
-    """One of this person's kept recordings as the run every page shows; the error under its row when it is gone."""
+def open_kept(disk: RunDisk, run_id: str, limits: Limits) -> None:
+    """One of this person's kept runs as the run every page shows; the error under its row when it is gone."""
     try:
-        run = open_bytes(store.read(person_id(), name), name, limits, waiting_notice(st.empty()))
+        with PARSE_SLOTS.hold(waiting_notice(st.empty())):
+            run = run_from_disk(disk, run_id, limits)
     except EngineError as err:
-        st.error(str(err))
+        st.error(f"That run cannot be opened: {err}")
         return
-    run.id = kept_id(name)
     make_current(run, limits)
     st.rerun()                                     # the row says "Shown now", the pages below follow it
 

@@ -58,14 +58,16 @@ from engine.core.generate import GenerationRequest  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks  # noqa: E402
 from engine.serving.limits import max_recording_bytes  # noqa: E402
 from engine.core.loader import LoadedModel, load_model  # noqa: E402
-from engine.serving.recording import dumps_recording, new_recording  # noqa: E402
+from engine.serving.recording import new_recording  # noqa: E402
 from engine.core.records import DoneRecord  # noqa: E402
 from engine.serving.scheduler import scheduler_for  # noqa: E402
-from engine.serving.shelf import Shelf  # noqa: E402
+from engine.runs import dumps  # noqa: E402
+from engine.runs.kept import keep  # noqa: E402
+from engine.store import RunDisk  # noqa: E402
 from engine.lab.speed import measure_context  # noqa: E402
 from bench import provenance  # noqa: E402
 
-SHIPPED = sorted((ROOT / "assets" / "recordings").glob("*.json.gz"))
+SHIPPED = replay.shipped_paths()
 TOKEN = "soak-presenter-token"
 PROMPTS = ("What is the capital of France?", "Why is the sky blue?", "Write a haiku about autumn.",
            "Name three prime numbers.", "What does a GPU do?", "Give me a tip for learning to cook.",
@@ -105,12 +107,12 @@ class Visitor:
 
 
 class Room:
-    """Everything the sessions share: the model, its scheduler, the presenter board, the disk shelf."""
+    """Everything the sessions share: the model, its scheduler, the presenter board, a run store of its own."""
 
-    def __init__(self, lm: LoadedModel, seconds: float, shelf_dir: Path, bomb_mb: int):
+    def __init__(self, lm: LoadedModel, seconds: float, store_dir: Path, bomb_mb: int):
         self.lm, self.scheduler = lm, scheduler_for(lm)
         self.board = PresenterBoard(TOKEN)
-        self.shelf = Shelf(shelf_dir, self.scheduler.limits.max_saved_per_session, 64 * 2**20)
+        self.disk = RunDisk(store_dir, 64 * 2**20)
         self.seconds, self.stop = seconds, threading.Event()
         self.read_until = float("inf")                 # set when the soak ends: see `reads_on`
         self.outcomes: list[Outcome] = []
@@ -242,18 +244,19 @@ def do_open(room: Room, v: Visitor, kind: str, data: bytes, name: str, should_op
 
 
 def do_keep(room: Room, v: Visitor) -> Outcome:
-    """Save the session's last run (a generation, else an opened recording) to the shelf, as Keep does."""
+    """Keep the session's last run (a generation, else an opened recording) in the run store, as Keep does."""
     t0 = time.perf_counter()
     try:
         if v.records and v.request is not None:
-            data = dumps_recording(new_recording(room.lm, v.request, v.policy, v.records))
+            data = dumps(new_recording(room.lm, v.request, v.policy, v.records))
         else:
             v.run = v.run or replay.open_shipped(v.rng.choice(SHIPPED))     # nothing yet: open one first
             data = replay.run_bytes(v.run)
-        kept = room.shelf.keep(v.sid, data, "soak run")
+        kept = keep(room.disk, data, v.sid, "soak run", "", room.lm.label, room.scheduler.limits.max_saved_per_session)
     except EngineError as err:
         return Outcome("keep", "refused", time.perf_counter() - t0, str(err))
-    return Outcome("keep", "served", time.perf_counter() - t0, f"removed {len(kept.removed)}" if kept.removed else "")
+    removed = len(kept.dropped) + kept.evicted
+    return Outcome("keep", "served", time.perf_counter() - t0, f"removed {removed}" if removed else "")
 
 
 def do_presenter(room: Room, v: Visitor) -> Outcome:
@@ -390,14 +393,14 @@ def warm_up(room: Room) -> None:
 def run_soak(lm: LoadedModel, sessions: int = 30, seconds: float = 900.0, seed: int = 0,
              bomb_mb: int = 500) -> dict[str, Any]:
     """Drive `sessions` sessions for `seconds`; the report (see the module docstring)."""
-    shelf_dir = Path(tempfile.mkdtemp(prefix="soak-shelf-"))
+    store_dir = Path(tempfile.mkdtemp(prefix="soak-store-"))
     try:
-        room = Room(lm, seconds, shelf_dir, bomb_mb)
+        room = Room(lm, seconds, store_dir, bomb_mb)
         warm_up(room)
         gc.collect()
         return drive(room, sessions, seconds, seed)
     finally:
-        shutil.rmtree(shelf_dir, ignore_errors=True)
+        shutil.rmtree(store_dir, ignore_errors=True)
 
 
 def drive(room: Room, sessions: int, seconds: float, seed: int) -> dict[str, Any]:

@@ -5,15 +5,15 @@
     hooks      the named hook points of a model
     provision  convert the embedded model (and `--extras`) to safetensors once
     project    memory, speed and cost of a model on GPUs, projected from its config (no torch needed)
-    record     generate greedily and save a recording;  show  describe a recording
+    record     generate greedily and save the run file;  show  describe a run file (or an old recording)
     serve      serve the model over HTTP: the OpenAI API and the playground's own (engine/server/)
 
     python -m engine project --model llama-3.1-8b --gpu h100-sxm --weights bf16 --kv bf16 \\
         --batch 1 --context 1024 [--tp T --pp P --replicas R --utilization U | --ideal] \\
         [--prompt-tokens P --output-tokens O --efficiency E --bandwidth-efficiency E \\
         --dollars-per-hour D] [--json]
-    python -m engine record "What is the capital of France?" france.json.gz --layers 10
-    python -m engine show france.json.gz
+    python -m engine record "What is the capital of France?" france.run.zip --layers 10
+    python -m engine show france.run.zip              # an old france.json.gz too
 
 Output goes to stdout (JSON, or `project`'s table); progress and errors go to stderr. Errors the user
 can fix exit with status 2 (1 for `record` and `show`) and one line of explanation, never a traceback.
@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.errors import ConfigError, EngineError
+from engine.errors import ConfigError, EngineError, InvalidRequestError
 from engine.projection.card import model_card
 from engine.projection.cost import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_DOLLARS_PER_HOUR, DEFAULT_FLOPS_EFFICIENCY,
                                     DEFAULT_UTILIZATION, IDEAL, Headroom, Layout, Projection, project)
@@ -344,14 +344,18 @@ def cmd_project(args: argparse.Namespace) -> int:
 
 def record(prompt: str, out: str | Path, model: str = "default", max_new_tokens: int = 32, layers: int = 10,
            title: str = "", max_keys: int | None = None) -> Any:
-    """Generate greedily with the given model and save the run with attention for `layers` spread layers."""
-    from dataclasses import replace
+    """Generate greedily with the given model and save the run file (`.run.zip`) with attention for `layers` spread
+    layers."""
+    from dataclasses import replace                  # here and below: only this command needs torch and the model
 
     from engine.core.generate import GenerationRequest, generate, generate_captured
     from engine.core.hooks import CAPTURE_OFF, CapturePolicy
     from engine.core.loader import load_model
-    from engine.serving.recording import new_recording, save_recording
+    from engine.runs import SUFFIX, dumps, texts_with
+    from engine.serving.recording import new_recording
 
+    if not str(out).endswith(SUFFIX):
+        raise InvalidRequestError(f"record writes a run file: give it a name ending in {SUFFIX}, not {Path(out).name}")
     lm = load_model(model)
     n = lm.spec.n_layers
     picked = tuple(sorted({round(i * (n - 1) / max(layers - 1, 1)) for i in range(min(layers, n))}))
@@ -361,7 +365,7 @@ def record(prompt: str, out: str | Path, model: str = "default", max_new_tokens:
         pass                                                                   # pass pays its one-off start-up
     records = generate_captured(lm, request, policy)       # this process's own model: nobody else uses it
     rec = new_recording(lm, request, policy, records, title or prompt[:60])
-    save_recording(rec, out)
+    Path(out).write_bytes(dumps(rec, str(lm.source), lm.name, texts_with(rec, lm.tokenizer.decode)))
     return rec
 
 
@@ -379,9 +383,9 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from engine.serving.recording import load_recording
+    from engine.runs import load                     # here: only this command reads run files
 
-    return _recording_command(args, lambda: load_recording(args.path))
+    return _recording_command(args, lambda: load(args.path).recording)
 
 
 def cmd_notebook(args: argparse.Namespace) -> int:
@@ -418,7 +422,7 @@ def _recording_command(args: argparse.Namespace, run: Callable[[], Any]) -> int:
 
 
 def add_recording(sub: Any) -> None:
-    rec = sub.add_parser("record", help="generate and save a recording")
+    rec = sub.add_parser("record", help="generate and save the run file (.run.zip)")
     rec.add_argument("prompt")
     rec.add_argument("out")
     rec.add_argument("--model", default="default")
@@ -426,7 +430,7 @@ def add_recording(sub: Any) -> None:
     rec.add_argument("--layers", type=int, default=10, help="attention of this many layers, spread over the depth")
     rec.add_argument("--title", default="")
     rec.set_defaults(func=cmd_record)
-    show = sub.add_parser("show", help="describe a recording")
+    show = sub.add_parser("show", help="describe a run file (or an old .json.gz recording)")
     show.add_argument("path")
     show.set_defaults(func=cmd_show)
     nb = sub.add_parser("notebook", help="write the notebook that opens a run file (or a recording), beside it")

@@ -24,7 +24,7 @@ os.environ.setdefault("PLAYGROUND_MAX_SESSIONS", "1000")
 os.environ.setdefault("PLAYGROUND_SMALL_BATCH", "all")
 # Every run the tests make is kept on disk (engine/store): in a folder of this test session's, never the user's cache.
 os.environ.setdefault("PLAYGROUND_RUNS_DIR", tempfile.mkdtemp(prefix="playground-test-runs-"))
-# ... and so is every recording a test keeps with "Keep on this server" (engine/serving/shelf.py).
+# ... and the old shelf of kept recordings, which a web process converts into the store at start (engine/runs/kept.py).
 os.environ.setdefault("PLAYGROUND_SAVED_DIR", tempfile.mkdtemp(prefix="playground-test-saved-"))
 
 

@@ -299,7 +299,7 @@ def test_save_this_run_and_open_it_again(env):
     from app.model import current_client
 
     data = run_bytes(run, lm=current_client())                  # the views derived on the server, as the button does
-    back = open_bytes(data, "saved.json.gz")
+    back = open_bytes(data, "saved.run.zip")
     assert [t.id for t in back.tokens] == [t.id for t in run.tokens] and back.text == run.text
     want = alone(app_lm(env), tiny_prompt(9), 5)
     assert run.prefill.captures == {} and sorted(back.prefill.captures) == sorted(want[0].captures) == [0, 1, 2]
@@ -307,7 +307,7 @@ def test_save_this_run_and_open_it_again(env):
         np.testing.assert_allclose(back.prefill.captures[layer].attention, cap.attention, atol=2e-3)   # float16
         assert back.prefill.captures[layer].lens[0][0] == cap.lens[0][0]
     other = open_page(new_app(), "recordings.py")
-    upload(other, "saved.json.gz", data)
+    upload(other, "saved.run.zip", data)
     assert not other.error and other.session_state["last_run"].text == run.text
     open_page(other, "journey.py")
     assert run.text in texts(other)

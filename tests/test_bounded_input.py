@@ -16,15 +16,15 @@ from conftest import tiny_prompt
 from app.presenter import (FREE_GUESSES, GUESSES_KEY, PresenterBoard, PresenterError, guess_wait, is_presenter,
                            unlock)
 from engine.serving import recording
-from engine.errors import ContextLengthError, EngineError, InvalidRequestError
+from engine.errors import ContextLengthError, InvalidRequestError
 from engine.core.generate import GenerationRequest, check_types, generate
 from engine.core.hooks import CAPTURE_ALL
 from engine.serving.limits import (CAPTURE_JSON_BYTES, CAPTURE_VALUES, CPU_LIMITS, GPU_LIMITS, RECORD_JSON_BYTES,
                                    RECORD_VALUES, Limits, capture_bytes, check_prompt_chars, max_prompt_chars,
                                    max_recording_bytes, max_recording_values)
-from engine.serving.recording import (PARSE_SLOTS, ParseSlots, RecordingError, dumps_recording, load_recording,
-                                      loads_recording, new_recording, _encode)
-from engine.serving.shelf import Shelf
+from base_recording import dumps_recording, _encode
+from engine.serving.recording import (PARSE_SLOTS, ParseSlots, RecordingError, load_recording, loads_recording,
+                                      new_recording)
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "assets" / "recordings").glob("*.json.gz"))
@@ -226,56 +226,7 @@ def test_stop_strings_are_capped_in_number_and_length():
         check_types(GenerationRequest("hi", stop=("x" * 201,)))
 
 
-# --- recordings kept on the server's disk ----------------------------------------------------------------------
-
-def test_a_session_keeps_at_most_its_share_and_its_oldest_goes_first(tmp_path):
-    shelf = Shelf(tmp_path, per_session=2, total_bytes=10_000)
-    first = shelf.keep("ana", b"a" * 100, "First run").entry
-    shelf.keep("ana", b"b" * 100, "Second run")
-    kept = shelf.keep("ana", b"c" * 100, "Third run")
-    assert [e.name for e in kept.removed] == [first.name] and first.title == "First run"
-    assert [e.title for e in shelf.entries("ana")] == ["Third run", "Second run"]
-    assert shelf.read("ana", kept.entry.name) == b"c" * 100
-    assert shelf.entries("ben") == []
-    with pytest.raises(EngineError, match="no longer kept"):
-        shelf.read("ana", first.name)
-
-
-def test_the_total_cap_removes_the_oldest_of_any_session(tmp_path):
-    shelf = Shelf(tmp_path, per_session=5, total_bytes=1000)
-    old = shelf.keep("ana", b"a" * 400, "ana's").entry
-    shelf.keep("ben", b"b" * 400, "ben's")
-    kept = shelf.keep("cem", b"c" * 400, "cem's")
-    assert kept.removed == (old,) and shelf.entries("ana") == []
-    assert sum(e.size for s in ("ana", "ben", "cem") for e in shelf.entries(s)) <= 1000
-    with pytest.raises(EngineError, match="at most 0 B|in all"):
-        shelf.keep("cem", b"x" * 1001, "too big")
-
-
-def test_names_on_disk_come_from_a_hash_and_a_slug_never_the_user(tmp_path):
-    shelf = Shelf(tmp_path, per_session=3, total_bytes=10_000)
-    entry = shelf.keep("../../etc", b"x", "../../passwd <script>").entry
-    path = tmp_path / entry.session / entry.name
-    assert path.is_file() and path.resolve().is_relative_to(tmp_path.resolve())
-    assert "/" not in entry.name and "." not in entry.name[:-len(".json.gz")]
-    for bad in ("../x.json.gz", "/etc/passwd", entry.name + "/.."):
-        with pytest.raises(EngineError):
-            shelf.read("../../etc", bad)
-    with pytest.raises(EngineError, match="keeps no recordings"):
-        Shelf(tmp_path, per_session=0, total_bytes=10).keep("a", b"x", "t")
-
-
-def test_concurrent_keeps_stay_within_both_caps(tmp_path):
-    shelf = Shelf(tmp_path, per_session=3, total_bytes=2000)
-    threads = [threading.Thread(target=lambda s=s: [shelf.keep(f"s{s}", b"z" * 150, f"run {i}") for i in range(6)])
-               for s in range(5)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    everyone = [e for s in range(5) for e in shelf.entries(f"s{s}")]
-    assert all(len(shelf.entries(f"s{s}")) <= 3 for s in range(5))
-    assert sum(e.size for e in everyone) <= 2000 and not list(tmp_path.rglob("*.tmp"))
+# (recordings kept on the server's disk: tests/test_kept.py, now that they are runs in the run store)
 
 
 # --- presenter token guesses ------------------------------------------------------------------------------------

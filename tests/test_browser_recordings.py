@@ -1,6 +1,7 @@
 """Recordings in Chromium at a projector's 1024x768 (the session's app of tests/conftest.py): a run kept on the server
 is the person's, so it is listed again after a reload and in a second tab of the same browser, and not in another
-browser; Open and Keep on this server say what they did where the button was, in view."""
+browser, and opens again after the reload; Open and Keep on this server say what they did where the button was, in
+view."""
 from __future__ import annotations
 
 import pytest
@@ -25,7 +26,7 @@ def recordings(page, url: str) -> None:
     wait_idle(page)
 
 
-def test_a_kept_run_is_the_persons_after_a_reload_and_in_a_second_tab(app_url, browser):  # noqa: F811
+def test_a_kept_run_is_the_persons_after_a_reload_and_in_a_second_tab(app_url, browser, tmp_path):  # noqa: F811
     context = browser.new_context(viewport={"width": 1024, "height": 768})
     other = browser.new_context(viewport={"width": 1024, "height": 768})
     try:
@@ -49,6 +50,12 @@ def test_a_kept_run_is_the_persons_after_a_reload_and_in_a_second_tab(app_url, b
         wait_heading(page, "Kept on this server")
         wait_idle(page)
         assert kept(page) == listed
+        row = page.get_by_test_id("stHorizontalBlock").filter(has_text=", kept ")
+        row.get_by_role("button", name="Open").click()                  # the kept run, from the run store
+        wait_idle(page)
+        assert in_view(page, row.get_by_text("Shown now")) and kept(page) == listed
+        assert_no_exception(page)
+        page.screenshot(path=str(tmp_path / "kept-opened-1024x768.png"))
         tab = context.new_page()
         recordings(tab, app_url)
         assert kept(tab) == listed

@@ -13,11 +13,9 @@ from streamlit.testing.v1 import AppTest
 
 from app import presenter
 from app.presenter import PresenterBoard
-from app.recordings import RECORDINGS_DIR
 from engine.serving.scheduler import scheduler_for
 
 MAIN = "../app/main.py"
-SHIPPED = sorted(RECORDINGS_DIR.glob("*.json.gz"))
 HEADER = b'{"format":"inference-playground/recording","version":1,"records":['
 
 
@@ -30,11 +28,10 @@ def gz(head: bytes, piece: bytes, times: int, tail: bytes) -> bytes:
 
 @pytest.fixture
 def room(tiny_model_dir, monkeypatch, tmp_path):
-    """The app on the tiny model, with a shelf in a fresh folder and at most 2 kept runs per session (100 MiB)."""
+    """The app on the tiny model, at most 2 kept runs per session."""
     monkeypatch.setenv("PLAYGROUND_MODEL", str(tiny_model_dir))
     monkeypatch.setenv("PLAYGROUND_DEVICE", "cpu")
     monkeypatch.setenv("PLAYGROUND_DTYPE", "float32")
-    monkeypatch.setenv("PLAYGROUND_SAVED_DIR", str(tmp_path / "kept"))
     apps: list[AppTest] = []
     lm = None
 
@@ -102,18 +99,34 @@ def test_kept_runs_stay_within_the_per_session_cap_and_the_user_is_told(room):
     assert at.session_state["last_run"].source == titles[1]
 
 
-def test_someone_whose_runs_made_room_for_others_is_told_on_their_next_visit(room):
-    first, new_app, sched = room[0][0], room[1], room[2]
-    sched.limits = replace(sched.limits, max_saved_mb=1)
-    click(first, "recordings.open.", 0)
-    click(first, "recordings.keep.")                                 # ~0.6 MB of the 1 MiB for everyone
-    other = new_app()
-    other.button(key="recordings.open.1").click().run()
-    click(other, "recordings.keep.")                                 # does not fit beside it: the oldest goes
-    assert any("other people were removed" in s.value for s in other.success), [s.value for s in other.success]
-    first.run()
-    clean(first)
-    assert any("were removed to make room" in i.value for i in first.info), [i.value for i in first.info]
+def test_someone_whose_runs_made_room_for_others_is_told_on_their_next_visit(room, monkeypatch, tmp_path):
+    """Kept runs live in the run store with every other run: one that had to go to keep the store within its budget
+    stays in its person's list, marked evicted, and the person who made room is told. (A store of this test's own:
+    which runs are oldest must not depend on the tests before it.)"""
+    from app.recent import run_store
+
+    monkeypatch.setenv("PLAYGROUND_RUNS_DIR", str(tmp_path / "store"))
+    run_store.clear()
+    try:
+        first, new_app = room[0][0], room[1]
+        click(first, "recordings.open.", 0)                         # the shipped run's file: the oldest in the store
+        click(first, "recordings.keep.")                             # and the kept one
+        disk = run_store()[0]
+        (mine,) = [c.id for c in disk.rows(5) if c.id.startswith("kept-")]
+        size = disk.row(mine).size                                   # the shipped file's, give or take its header
+        monkeypatch.setattr(disk, "budget", size + size // 2)        # room for one such file: the next makes both go
+        other = new_app()
+        other.button(key="recordings.open.0").click().run()          # already in the store: nothing written
+        click(other, "recordings.keep.")
+        assert any("2 older run(s)" in s.value and "were evicted" in s.value for s in other.success), \
+            [s.value for s in other.success]
+        first.run()
+        clean(first)
+        rows = [t.value for t in first.text if "(kept " in t.value and "evicted from the run store" in t.value]
+        assert len(rows) == 1 and not [b for b in first.button if b.key and b.key.startswith("recordings.kept.")]
+    finally:
+        monkeypatch.undo()
+        run_store.clear()
 
 
 def test_a_session_guessing_presenter_tokens_is_slowed_and_told_how_long(room, tiny_model_dir, monkeypatch):

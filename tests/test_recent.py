@@ -72,13 +72,20 @@ def kept_rows(at) -> list[str]:
 
 
 def test_a_kept_recording_stays_listed_for_its_person_after_reloads_tabs_and_a_restart(app_env, monkeypatch, tmp_path):
-    """Keep on this server files the run under the person (the browser's cookie, which AppTest cannot send: set here
-    the way app.session.person_id reads it), so a new Streamlit session of the same browser lists it, and so does a
-    new shelf over the same folder (a restarted server); another browser does not see it."""
+    """Keep on this server files the run in the run store under the person (the browser's cookie, which AppTest
+    cannot send: set here the way app.session.person_id reads it), so a new Streamlit session of the same browser
+    lists it, and so does a restarted web process; another browser does not see it. A recording the person kept on
+    the old shelf (written by the base commit's writer where its shelf put it) is listed too, taken into the store
+    when the web process opened it, and opens."""
     from streamlit.testing.v1 import AppTest
-    from app import recordings
+    from app import recent, recordings
+    from base_recording import dumps_recording, shelve
+    from engine.runs import load
 
-    monkeypatch.setenv("PLAYGROUND_SAVED_DIR", str(tmp_path / "kept"))
+    shipped = load(recordings.shipped_paths()[0]).recording
+    old = shelve(tmp_path / "saved", "ana-browser", dumps_recording(shipped), "the old shelf", 1764230000000000000)
+    monkeypatch.setenv("PLAYGROUND_SAVED_DIR", str(tmp_path / "saved"))
+    recent.run_store.clear()                           # a web process starting: it takes the shelf in
     who = ["ana-browser"]
     monkeypatch.setattr(recordings, "person_id", lambda: who[0])
 
@@ -86,22 +93,27 @@ def test_a_kept_recording_stays_listed_for_its_person_after_reloads_tabs_and_a_r
         return open_page(AppTest.from_file("../app/main.py", default_timeout=60).run(), "recordings.py")
 
     first = new_session()
+    assert [r.split(" (")[0] for r in kept_rows(first)] == ["The old shelf"] and not old.exists()
     first.button(key="recordings.open.0").click().run()
     run = first.session_state[LAST_RUN]
     first.button(key=f"recordings.keep.{run.id}").click().run()
-    assert not first.exception and len(kept_rows(first)) == 1
-    title = kept_rows(first)[0]
+    assert not first.exception and len(kept_rows(first)) == 2
+    listed = kept_rows(first)
     assert any(s.value.startswith("Kept \u201c") for s in first.success)
 
     reloaded = new_session()
-    assert kept_rows(reloaded) == [title] and reloaded.session_state["session.id"] != first.session_state["session.id"]
-    recordings.shelf.clear()                           # the server restarted: nothing but the folder remains
+    assert kept_rows(reloaded) == listed and reloaded.session_state["session.id"] != first.session_state["session.id"]
+    recent.run_store.clear()                           # the web process restarted: nothing but the store remains
     restarted = new_session()
-    assert kept_rows(restarted) == [title]
+    assert kept_rows(restarted) == listed
     name = next(b.key for b in restarted.button if b.key and b.key.startswith("recordings.kept."))
     restarted.button(key=name).click().run()
     assert not restarted.exception and restarted.session_state[LAST_RUN].text == run.text
     assert "Shown now" in [s.value for s in restarted.success]          # told in the row, next to where Open was
+    old_key = next(b.key for b in restarted.button if b.key and b.key.startswith("recordings.kept.1."))
+    assert old_key.endswith(old.name.removesuffix(".json.gz"))          # its id is the one its link had: kept-<name>
+    restarted.button(key=old_key).click().run()
+    assert not restarted.exception and restarted.session_state[LAST_RUN].text == shipped.done.text
 
     who[0] = "ben-browser"
     other = new_session()

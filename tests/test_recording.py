@@ -1,4 +1,6 @@
-"""Record and replay: a generation saved with its captures loads back equal; bad files give a clear error."""
+"""Record and replay: a generation saved with its captures loads back equal; bad files give a clear error. The
+playground writes run files now (tests/test_runs.py); the `.json.gz` files here are made by the base commit's own
+writer, frozen in tests/base_recording.py: what people saved before still opens."""
 from __future__ import annotations
 
 import gzip
@@ -18,8 +20,8 @@ from engine.errors import EngineError
 from engine.core.generate import GenerationRequest, generate, generate_captured
 from engine.core.hooks import CAPTURE_ALL, CapturePolicy
 from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord
-from engine.serving.recording import (RecordingError, dumps_recording, load_recording, loads_recording, new_recording,
-                                      save_recording)
+from base_recording import dumps_recording, save_recording
+from engine.serving.recording import RecordingError, load_recording, loads_recording, new_recording
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "recordings"
 REQUEST = GenerationRequest(tiny_prompt(10, seed=5), max_new_tokens=6, chat=False, stop=("w9",), system=None)
@@ -221,9 +223,12 @@ def test_the_record_command_saves_a_greedy_run_that_says_where_it_was_made(tiny_
     """`python -m engine record` (engine.cli.record): an untimed warm-up pass, then the run; the file holds the same
     tokens as plain greedy decoding and names the machine."""
     from engine.cli import record
+    from engine.runs import load
 
-    rec = record(tiny_prompt(7), tmp_path / "r.json.gz", model=str(tiny_model_dir), max_new_tokens=4, layers=2)
-    back = load_recording(tmp_path / "r.json.gz")
+    with pytest.raises(EngineError, match="ending in .run.zip, not r.json.gz"):        # the old format is read only
+        record(tiny_prompt(7), tmp_path / "r.json.gz", model=str(tiny_model_dir))
+    rec = record(tiny_prompt(7), tmp_path / "r.run.zip", model=str(tiny_model_dir), max_new_tokens=4, layers=2)
+    back = load(tmp_path / "r.run.zip").recording
     plain = [r.token.id for r in generate(tiny_lm, back.request) if not isinstance(r, DoneRecord)]
     assert [r.token.id for r in back.records[:-1]] == plain and back.machine == rec.machine != ""
     assert sorted(back.records[0].captures) == [0, 2]                 # two layers spread over the depth of 3

@@ -24,7 +24,8 @@ from engine.runs import (RUN_JSON, TENSORS, RunFileError, attention_differences,
                          unpacked_cap)
 from engine.serving.limits import server_limits
 from engine.runs.notebook import bundle
-from engine.serving.recording import MAX_FILE_BYTES, dumps_recording, new_recording
+from base_recording import dumps_recording
+from engine.serving.recording import MAX_FILE_BYTES, new_recording
 
 
 def make_recording(lm, prompt: str, chat: bool = False, new: int = 4):
@@ -160,9 +161,9 @@ def test_an_oversized_file_and_a_zip_bomb_are_refused(tiny_run, tmp_path, monkey
         z.writestr(TENSORS, bytes(2**26))               # 64 MiB of zeros: 64 KB once deflated
     bomb = out.getvalue()
     assert len(bomb) < 2**20
-    import engine.runs
+    import engine.runs.format
 
-    monkeypatch.setattr(engine.runs, "unpacked_cap", lambda limits: 2**25)      # a server that makes runs of 32 MiB
+    monkeypatch.setattr(engine.runs.format, "unpacked_cap", lambda limits: 2**25)      # a server that makes runs of 32 MiB
     with pytest.raises(RunFileError, match="bomb.run.zip unpacks to 67.1. MB, more than the 33.5. MB"):
         loads(bomb, "bomb.run.zip")
 

@@ -16,7 +16,7 @@ from engine.core.records import CacheState, Candidate, DecodeRecord, DoneRecord,
 from engine.errors import InvalidRequestError
 from engine.service import wire
 from engine.service.jobs import JOBS
-from engine.service.runs import RunInfo, RunNotFoundError, RunStore, new_run_id
+from engine.service.runs import RunInfo, RunNotFoundError, LiveRuns, new_run_id
 from engine.service.service import EngineService, Presence
 
 
@@ -70,7 +70,7 @@ def test_the_json_form_names_each_record_and_lists_its_arrays():
 # --- the run store ----------------------------------------------------------------------------------------------------
 
 def test_the_store_keeps_records_by_id_and_wakes_a_follower():
-    store = RunStore()
+    store = LiveRuns()
     info = store.open(RunInfo(new_run_id(), "generation", "api"))
     got = []
     follower = threading.Thread(target=lambda: got.append(store.wait(info.id, 0, 10)))
@@ -84,7 +84,7 @@ def test_the_store_keeps_records_by_id_and_wakes_a_follower():
 
 
 def test_the_store_drops_the_oldest_finished_runs_first_and_says_so():
-    store = RunStore(max_runs=3, max_bytes=10**9)
+    store = LiveRuns(max_runs=3, max_bytes=10**9)
     ids = [store.open(RunInfo(new_run_id(), "generation", "page")).id for _ in range(4)]
     store.close(ids[1], "done")
     store.open(RunInfo(new_run_id(), "generation", "page"))
@@ -94,7 +94,7 @@ def test_the_store_drops_the_oldest_finished_runs_first_and_says_so():
 
 
 def test_the_store_is_bounded_in_bytes():
-    store = RunStore(max_runs=100, max_bytes=64 * 1024)
+    store = LiveRuns(max_runs=100, max_bytes=64 * 1024)
     ids = []
     for _ in range(20):
         info = store.open(RunInfo(new_run_id(), "generation", "page"))

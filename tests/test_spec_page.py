@@ -293,15 +293,17 @@ def test_the_other_pages_draw_a_speculative_run(page):
 
 
 def saved(run: Run) -> dict:
-    """Everything a recording of `run` holds, as the JSON the file holds (all but when it was written)."""
-    import gzip
+    """Everything a run file of `run` holds: its run.json's recording (all but when it was made) and its tensors'
+    checksum."""
+    import io
     import json
+    import zipfile
 
     from app.recordings import run_bytes
 
-    doc = json.loads(gzip.decompress(run_bytes(run)))
-    doc.pop("created")
-    return doc
+    doc = json.loads(zipfile.ZipFile(io.BytesIO(run_bytes(run))).read("run.json"))
+    doc["recording"].pop("created")
+    return {"recording": doc["recording"], "tensors": doc["tensors"]["sha256"]}
 
 
 def test_a_saved_speculative_run_opens_again_as_speculative(page, tiny_model_dir):
@@ -312,16 +314,16 @@ def test_a_saved_speculative_run_opens_again_as_speculative(page, tiny_model_dir
 
     at = run_page(page, REPEATING, 3, 12)
     run, live_rows = at.session_state[LAST_RUN], timeline(at)
-    back = open_bytes(run_bytes(run), "spec.json.gz")
+    back = open_bytes(run_bytes(run), "spec.run.zip")
     spec, again = run.speculation, back.speculation
     assert again is not None and (again.draft, again.draft_kind, again.k) == (spec.draft, "ngram", 3)
     assert len(again.rounds) == len(spec.rounds) > 0 and again.baseline.status == "done"
     assert [t.id for t in again.baseline.tokens] == [t.id for t in spec.baseline.tokens]
-    assert saved(back) == saved(run) and "speculation" in saved(run)
+    assert saved(back) == saved(run) and "speculation" in saved(run)["recording"]
 
     other = AppTest.from_file(MAIN, default_timeout=TIMEOUT).run()
     other.switch_page("../pages/recordings.py").run()
-    other.file_uploader(key="recordings.upload").set_value(("spec.json.gz", run_bytes(run), "application/gzip")).run()
+    other.file_uploader(key="recordings.upload").set_value(("spec.run.zip", run_bytes(run), "application/zip")).run()
     assert_clean(other)
     assert not other.error
     other.switch_page("../pages/speculative.py").run()
@@ -332,7 +334,8 @@ def test_a_saved_speculative_run_opens_again_as_speculative(page, tiny_model_dir
 def test_rounds_recorded_straight_from_the_engine_open_as_a_speculative_run(tiny_lm):
     from app.recordings import run_from_recording
     from engine.core.hooks import CapturePolicy
-    from engine.serving.recording import loads_recording, dumps_recording, new_recording
+    from base_recording import dumps_recording            # a run saved before run files: the old writer
+    from engine.serving.recording import loads_recording, new_recording
     from engine.speculative.decode import speculative_generate
     from engine.speculative.drafts import NgramDraft
 

@@ -201,3 +201,33 @@ def test_describe_reads_what_the_index_needs_from_a_run_file(run_file):
         doc = json.loads(z.read("run.json"))
     assert row.model == doc["recording"]["model"]["label"] and row.kind == "generation" and row.size == len(run_file)
     assert row.title == doc["recording"]["request"]["prompt"] and row.answer == doc["recording"]["records"][-1]["text"]
+
+
+def test_two_writers_of_one_id_leave_the_file_and_the_row_of_the_same_one(tmp_path, monkeypatch):
+    """A shipped recording opened in two web processes at once is written twice under one id: the rename happens
+    under the index's write lock, so the second writer cannot put its file between the first one's rename and row
+    (which left the row of one and the file of the other: set aside as changed at the next read)."""
+    import threading
+
+    from engine.store import disk as disk_module
+
+    first, second = open_store(tmp_path, 2**20), open_store(tmp_path, 2**20)   # two connections, as two processes
+    real, calls, placed = disk_module.place, [], threading.Event()
+
+    def place(tmp, path):
+        real(tmp, path)
+        calls.append(path)
+        if len(calls) == 1:
+            placed.wait(2)            # the first writer between its rename and its row: the other goes now if it can
+        else:
+            placed.set()
+
+    monkeypatch.setattr(disk_module, "place", place)
+    writer = threading.Thread(target=first.put, args=(StoredRun("run-same"), b"a" * 1000))
+    writer.start()
+    while not calls and writer.is_alive():
+        writer.join(0.01)
+    second.put(StoredRun("run-same"), b"b" * 2000)
+    writer.join()
+    assert len(calls) == 2 and first.read("run-same") == second.read("run-same") == b"b" * 2000
+    assert first.usage().problems == ()

@@ -6,8 +6,8 @@
     part = slice_from_disk(disk, run_id, limits)   # a kept run as the service's RunSlice, its records from the file
 
 Every finished generation (pages' and the API's alike: every one goes through the service) is written once, as the
-run file `GET /v1/playground/runs/{id}/file` serves. Once it is on disk the memory store lets go of its records (a
-run whose kept layer inputs recompute its attention stays whole, within the memory store's budget), so memory
+run file `GET /v1/playground/runs/{id}/file` serves. Once it is on disk the live runs (LiveRuns) let go of its records (a
+run whose kept layer inputs recompute its attention stays whole, within their budget), so memory
 holds the live runs and little else, and a run read by id after that, or after a restart, comes from its file.
 
 A write that fails (a full disk, a quota) gets one line in the log and keeps the run in memory, held there and
@@ -28,7 +28,7 @@ from typing import Any, Callable
 from engine.core.records import DoneRecord, SpecDoneRecord
 from engine.errors import EngineError
 from engine.runs import RunFileError, loads, unpacked_cap
-from engine.service.runs import RunInfo, RunNotFoundError, RunSlice, RunStore
+from engine.service.runs import RunInfo, RunNotFoundError, RunSlice, LiveRuns
 from engine.serving.limits import Limits
 from engine.store import RunDisk, StoredRun, StoreError, StoreWriteError
 
@@ -43,7 +43,7 @@ log = logging.getLogger("engine.service")
 class RunWriter:
     """Writes each finished run's file to the store from one thread; holds the ones the disk refused."""
 
-    def __init__(self, runs: RunStore, disk: RunDisk, file_of: Callable[[RunSlice], bytes]):
+    def __init__(self, runs: LiveRuns, disk: RunDisk, file_of: Callable[[RunSlice], bytes]):
         self.runs, self.disk, self.file_of = runs, disk, file_of
         self.pending: OrderedDict[str, int] = OrderedDict()      # refused by the disk, oldest first: its file's bytes
         self.n_written = self.failed = self.dropped = 0

@@ -1,7 +1,8 @@
-"""Every run the service made, kept for a while so that anyone can look at it by id: its request, its state and
-its records (tokens, timings, captures), growing while it streams.
+"""The live runs: every run the service made, held in memory for a while so that anyone can look at it by id: its
+request, its state and its records (tokens, timings, captures), growing while it streams. Not the run store: that is
+engine/store, on disk; a finished run is held here until its file is written there (engine/service/ondisk.py).
 
-    store = RunStore(max_runs=256, max_bytes=1 << 30)
+    store = LiveRuns(max_runs=256, max_bytes=1 << 30)
     info = store.open(RunInfo(id=new_run_id(), kind="generation", ...))
     store.append(info.id, record)                  # from the scheduler's worker, as each record is made
     store.close(info.id, "done")
@@ -96,8 +97,8 @@ class _Entry:
     held: bool = False                         # its file is being written to disk (or waits for space): kept here
 
 
-class RunStore:
-    """The service's runs by id, bounded in number and bytes; thread-safe."""
+class LiveRuns:
+    """The service's runs in memory by id (the live and the just finished), bounded in number and bytes; thread-safe."""
 
     def __init__(self, max_runs: int = 256, max_bytes: int = 1 << 30):
         self.max_runs, self.max_bytes = max_runs, max_bytes

@@ -35,7 +35,7 @@ from engine.service.join import room_gate
 from engine.service.metrics import ServiceMetrics
 from engine.service.ondisk import WAIT_SECONDS, RunWriter, info_of_row, open_disk, slice_from_disk
 from engine.service.replicas import ReplicaSnapshot, ReplicaView
-from engine.service.runs import RunInfo, RunNotFoundError, RunSlice, RunStore, new_run_id
+from engine.service.runs import RunInfo, RunNotFoundError, RunSlice, LiveRuns, new_run_id
 from engine.serving.limits import Limits
 from engine.serving.prefix import PrefixStats
 from engine.serving.timeline import story
@@ -143,7 +143,7 @@ class EngineService:
                  launched_draft: str | None = None, disk: RunDisk | None = None):
         self.lm = lm
         self.scheduler = scheduler_for(lm, limits)
-        self.runs = RunStore(max_bytes=run_store_bytes(self.scheduler.limits))
+        self.runs = LiveRuns(max_bytes=run_store_bytes(self.scheduler.limits))
         self.disk, self.disk_note = (disk, None) if disk is not None else open_disk(open_store)
         self.writer = RunWriter(self.runs, self.disk, self._file_of) if self.disk is not None else None
         self.runs.on_disk = self._on_disk

@@ -1,20 +1,21 @@
-"""Record and replay: a finished generation, captures included, saved to a file and loaded back.
+"""A finished generation and everything needed to show it again (`Recording`), what a run file holds
+(engine/runs/format.py writes and reads `.run.zip`; docs/runs.md), and the reader of the older `.json.gz` recordings.
 
     rec = new_recording(lm, request, policy, records, title="Capital of France")
-    save_recording(rec, "france.json.gz")
-    rec = load_recording("france.json.gz")        # the same record dataclasses, numpy arrays and all
+    data = engine.runs.dumps(rec)                 # a run file: the one format the playground writes
+    rec = load_recording("france.json.gz")        # a recording saved before run files: it still opens
 
-The file is gzip-compressed JSON. Numpy arrays are stored as base64 of their little-endian bytes
-with dtype and shape, from a short list of numeric dtypes. Loading rebuilds every record from the
-dataclass field types, checking each value on the way, so a corrupt, truncated or foreign file
-(another JSON, a pickle, a zip) gives a `RecordingError` that says what is wrong. Nothing is ever
-unpickled and no code in a file is run.
+The old file is gzip-compressed JSON; nothing writes it any more. Numpy arrays were stored as base64 of their
+little-endian bytes with dtype and shape, from a short list of numeric dtypes. Loading rebuilds every record from the
+dataclass field types, checking each value on the way, so a corrupt, truncated or foreign file (another JSON, a
+pickle, a zip) gives a `RecordingError` that says what is wrong. Nothing is ever unpickled and no code in a file is
+run. A run file's run.json is the same document with its arrays moved into tensors.safetensors (`document`, `build`).
 
 A speculative run keeps its speculative part beside the records (`Recording.speculation`: the draft,
 k, the rounds and the plain decoding of the same request), so it opens again as a speculative run.
 
-    python -m engine record "What is the capital of France?" france.json.gz --layers 10
-    python -m engine show france.json.gz
+    python -m engine record "What is the capital of France?" france.run.zip --layers 10
+    python -m engine show france.run.zip          # or an old france.json.gz
 """
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ import base64
 import binascii
 import dataclasses
 import functools
-import gzip
 import json
 import os
 import re
@@ -127,65 +127,38 @@ def machine_note(device: str) -> str:
     return text
 
 
-# --- saving ------------------------------------------------------------------------------------------
+# --- the document a run file holds ----------------------------------------------------------------------
 
-def dumps_recording(recording: Recording, attention_dtype: str | None = "float16",
-                    on_wait: Callable[[int], None] | None = None) -> bytes:
-    """The gzip-compressed JSON bytes of a recording; attention is stored in `attention_dtype`.
-
-    Holds one of the parse places (`PARSE_SLOTS`) while encoding, like loading does.
-    """
-    with PARSE_SLOTS.hold(on_wait):
-        return _dumps(recording, attention_dtype)
-
-
-def _dumps(recording: Recording, attention_dtype: str | None) -> bytes:
-    text = json.dumps(document(recording, attention_dtype), separators=(",", ":"), allow_nan=True)
-    return gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0)
-
-
-def document(recording: Recording, attention_dtype: str | None = "float16", raw: bool = False) -> dict[str, Any]:
-    """A recording as plain JSON values (arrays as {ARRAY_KEY: base64, dtype, shape}); a run file reuses it with
-    `raw`: each array left as the numpy array it is (the run file moves them into its tensors, no base64 between)."""
+def document(recording: Recording) -> dict[str, Any]:
+    """A recording as plain JSON values with each array left as the numpy array it is: the run file
+    (engine/runs/format.py) moves the arrays into its tensors and writes the rest as run.json."""
     doc = {"format": FORMAT, "version": VERSION, "title": recording.title, "created": recording.created,
            "model": {"label": recording.model, "dtype": recording.dtype, "device": recording.device,
                      "machine": recording.machine, "spec": _encode(recording.spec)},
            "request": _encode(recording.request), "policy": _encode(recording.policy),
-           "records": _encode_records(recording.records, attention_dtype, raw)}
+           "records": _encode_records(recording.records)}
     if recording.speculation is not None:
-        doc["speculation"] = {**_encode(replace(recording.speculation, baseline=[]), attention_dtype, raw),
-                              "baseline": _encode_records(recording.speculation.baseline, attention_dtype, raw)}
+        doc["speculation"] = {**_encode(replace(recording.speculation, baseline=[])),
+                              "baseline": _encode_records(recording.speculation.baseline)}
     if recording.timeline is not None:
         doc["timeline"] = recording.timeline
     return doc
 
 
-def save_recording(recording: Recording, path: str | Path, attention_dtype: str | None = "float16") -> Path:
-    path = Path(path)
-    path.write_bytes(dumps_recording(recording, attention_dtype))
-    return path
-
-
-def _encode_records(records: list[Any], attention_dtype: str | None, raw: bool = False) -> list[dict[str, Any]]:
+def _encode_records(records: list[Any]) -> list[dict[str, Any]]:
     """Records of mixed types, each tagged with its type's name."""
-    return [{"type": type(r).__name__, **_encode(r, attention_dtype, raw)} for r in records]
+    return [{"type": type(r).__name__, **_encode(r)} for r in records]
 
 
-def _encode(value: Any, attention_dtype: str | None = None, raw: bool = False) -> Any:
+def _encode(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out = {}
-        for f in dataclasses.fields(value):
-            v = getattr(value, f.name)
-            if f.name == "attention" and isinstance(v, np.ndarray) and attention_dtype:
-                v = v.astype(attention_dtype)
-            out[f.name] = _encode(v, attention_dtype, raw)
-        return out
+        return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, np.ndarray):
-        return _checked_array(value) if raw else _encode_array(value)
+        return _checked_array(value)
     if isinstance(value, dict):
-        return {str(k): _encode(v, attention_dtype, raw) for k, v in value.items()}
+        return {str(k): _encode(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_encode(v, attention_dtype, raw) for v in value]
+        return [_encode(v) for v in value]
     if isinstance(value, np.generic):
         return value.item()
     return value
@@ -198,12 +171,6 @@ def _checked_array(a: np.ndarray) -> np.ndarray:
 
 
 _ARRAY_NP_DTYPES = frozenset(np.dtype(name) for name in ARRAY_DTYPES)
-
-
-def _encode_array(a: np.ndarray) -> dict[str, Any]:
-    _checked_array(a)
-    data = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")).tobytes()
-    return {ARRAY_KEY: base64.b64encode(data).decode("ascii"), "dtype": a.dtype.name, "shape": list(a.shape)}
 
 
 # --- loading -----------------------------------------------------------------------------------------

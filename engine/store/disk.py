@@ -266,11 +266,15 @@ class RunDisk:
                                           f"({mib(self.budget)})"))
         row = StoredRun(**{**vars(run), "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
         try:
-            write_whole(path, data)
-            with self._txn() as db:
-                db.execute(f"INSERT OR REPLACE INTO runs ({RUN_COLUMNS}) VALUES "
-                           f"({', '.join('?' * len(fields(row)))})", astuple(row))
-                victims = self._evict(db)
+            tmp = write_aside(path, data)
+            try:
+                with self._txn() as db:        # the rename under the index's write lock: two processes writing one id
+                    place(tmp, path)           # (a shipped recording opened in two web processes) leave the file
+                    db.execute(f"INSERT OR REPLACE INTO runs ({RUN_COLUMNS}) VALUES "   # and the row of the same one
+                               f"({', '.join('?' * len(fields(row)))})", astuple(row))
+                    victims = self._evict(db)
+            finally:
+                _unlink(tmp)                   # nothing there once it is in place
         except (OSError, sqlite3.Error) as err:
             _unlink(path)
             raise self._failed(f"run {run.id} was not kept on disk", err) from None
@@ -302,13 +306,14 @@ class RunDisk:
         return [run_id for run_id, _ in victims]
 
     def claim(self, person: str, run_id: str, title: str = "", answer: str = "", model: str = "",
-              keep: int = MAX_CLAIMS) -> None:
-        """`person` made or opened this run: their recent runs list it (their newest `keep` are kept)."""
+              keep: int = MAX_CLAIMS, at: float | None = None) -> None:
+        """`person` made or opened this run (`at`, default now): their recent runs list it (their newest `keep` are
+        kept)."""
         self._path(run_id)
         try:
             with self._txn() as db:
                 db.execute("INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?, ?, ?)",
-                           (person, run_id, time.time(), title[:200], answer[:200], model[:200]))
+                           (person, run_id, time.time() if at is None else at, title[:200], answer[:200], model[:200]))
                 db.execute("DELETE FROM claims WHERE person = ? AND id NOT IN (SELECT id FROM claims WHERE person = ? "
                            "ORDER BY at DESC LIMIT ?)", (person, person, max(keep, 1)))
         except sqlite3.Error as err:
@@ -432,16 +437,26 @@ class RunDisk:
 
 def write_whole(path: Path, data: bytes) -> None:
     """Write, fsync, rename into place, fsync the folder: a reader sees the old state or the whole new file."""
+    place(write_aside(path, data), path)
+
+
+def write_aside(path: Path, data: bytes) -> Path:
+    """`data` written and fsynced under a temporary name beside `path` (this process's and thread's own)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
     except BaseException:
         _unlink(tmp)
         raise
+    return tmp
+
+
+def place(tmp: Path, path: Path) -> None:
+    """A file written aside renamed into place, and the folder fsynced so that the rename survives a power cut."""
+    os.replace(tmp, path)
     fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(fd)
