@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+from engine.core import matvec
 from engine.core.lean import Fused, LeanStep, PoolResidual, one_forward
 from engine.core.loader import LoadedModel
 from engine.core.openmp import in_passing_thread
@@ -104,8 +105,10 @@ class LeanDecode:
             values[write].copy_(v[0, :, 0])
             return take(keys).transpose(0, 1)[None], take(values).transpose(0, 1)[None]
 
-        with torch.inference_mode():
-            return self.lean(slot.token.id, n, kv)[None]
+        device = pool.keys[0].device
+        with torch.inference_mode():                      # one row: the products split into blocks (engine.core.matvec)
+            return self.lean.forward(torch.tensor([[slot.token.id]], device=device), torch.tensor([[n]], device=device),
+                                     kv, linear=matvec.linear)[:, -1]                              # [1, V]
 
     def rows(self, batch: Any, slots: list) -> torch.Tensor:
         """Logits [B, V] of every row's next token (batch order); each row's new K/V, and the residual of the rows
