@@ -77,6 +77,7 @@ class LeanDecode:
     def __init__(self, lean: LeanStep):
         self.lean = lean
         self._fused: list[Fused] | None = None
+        self.linear = matvec.linear          # a lone step's products (bench/lone_step.py sets F.linear to compare)
 
     @classmethod
     def for_model(cls, lm: LoadedModel) -> "LeanDecode | None":
@@ -108,7 +109,7 @@ class LeanDecode:
         device = pool.keys[0].device
         with torch.inference_mode():                      # one row: the products split into blocks (engine.core.matvec)
             return self.lean.forward(torch.tensor([[slot.token.id]], device=device), torch.tensor([[n]], device=device),
-                                     kv, linear=matvec.linear)[:, -1]                              # [1, V]
+                                     kv, linear=self.linear)[:, -1]                                # [1, V]
 
     def rows(self, batch: Any, slots: list) -> torch.Tensor:
         """Logits [B, V] of every row's next token (batch order); each row's new K/V, and the residual of the rows
