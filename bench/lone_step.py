@@ -8,7 +8,7 @@ stored), at each thread count asked for, side by side in one process, alternatin
 One request at a time through the batch runner (engine.serving.batch), as the scheduler runs a lone request
 (LeanDecode.lone). Each step is timed in wall time and in the CPU time of its thread (what other processes on a
 shared machine cannot inflate), and split into its parts, each timed alone in the same layout: the weights'
-matrix products (wall time, fastest of 5: with two threads the second thread's work counts), picking and
+matrix products (wall time, fastest of 10: with two threads the second thread's work counts), picking and
 describing the token, and the rest (attention, norms, rotary, residuals, the cache's writes and reads, and the
 Python around them). Also the memory floor: the weights' bytes over this machine's read bandwidth (a sum over a
 buffer as large as the weights, with one and with two threads, the faster counts), measured in the same run.
@@ -93,7 +93,7 @@ def _fastest(fn, rounds: int = 5) -> float:
 
 def split(lm, linear, step_ms: float) -> dict:
     """The step's parts timed alone, in the same layout: every weight's product on a (1, in) row (wall time, fastest
-    of 5), and picking and describing one token; the rest of the step (its median wall time) is attention, norms,
+    of 10: the least disturbed by the machine's other users), and picking and describing one token; the rest of the step (its median wall time) is attention, norms,
     rotary, residuals, the cache's writes and reads, and the Python around them."""
     linears = [m for m in lm.model.modules() if isinstance(m, torch.nn.Linear)]
     rows = {m.in_features: torch.randn(1, m.in_features) for m in linears}
@@ -101,7 +101,7 @@ def split(lm, linear, step_ms: float) -> dict:
     request = GenerationRequest(PROMPT)
     generator = torch.Generator().manual_seed(0)
     with torch.inference_mode():
-        weights = 1e3 * _fastest(lambda: [linear(rows[m.in_features], m.weight, m.bias) for m in linears])
+        weights = 1e3 * _fastest(lambda: [linear(rows[m.in_features], m.weight, m.bias) for m in linears], 10)
         pick = 1e3 * _fastest(lambda: pick_tokens(lm, logits, [request], [generator], [TextStream(lm.tokenizer)]))
     return {"products_ms": weights, "pick_ms": pick, "rest_ms": step_ms - weights - pick}
 
