@@ -93,8 +93,9 @@ def _fastest(fn, rounds: int = 5) -> float:
 
 def split(lm, linear, step_ms: float) -> dict:
     """The step's parts timed alone, in the same layout: every weight's product on a (1, in) row (wall time, fastest
-    of 10: the least disturbed by the machine's other users), and picking and describing one token; the rest of the step (its median wall time) is attention, norms,
-    rotary, residuals, the cache's writes and reads, and the Python around them."""
+    of 10: the least disturbed by the machine's other users), and picking and describing one token; the rest of the
+    step (its median wall time) is attention, norms, rotary, residuals, the cache's writes and reads, and the Python
+    around them."""
     linears = [m for m in lm.model.modules() if isinstance(m, torch.nn.Linear)]
     rows = {m.in_features: torch.randn(1, m.in_features) for m in linears}
     logits = torch.randn(1, lm.spec.vocab_size)

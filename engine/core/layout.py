@@ -7,15 +7,16 @@ bound by how fast the weights stream from memory. With F.linear, MKL's two ways 
 well here: measured on this 2-core machine (one thread, CPU time), SmolLM2's LM head (49152 x 576) took 14.7-16.8 ms
 stored as transformers keeps it, (out, in) row-major, and 6.9-8.2 ms stored transposed, (in, out) row-major; its
 MLP's gate and up (1536 x 576) 354-596 us against 258-281 us; its down (576 x 1536) the other way round. A lone step
-now splits each stored matrix into blocks of output rows (engine/core/matvec.py), which streams faster than
-either, so the comparison is that product as stored against F.linear transposed, each matrix of a shape in turn so
-that they come from memory as in a step (measured at load here: the LM head 4.7 against 5.4 ms, gate and up 154
-against 230 us, down 150 against 310 us, q and o 73 against 124 us: every matrix stays as stored). Each distinct
-shape is timed both ways once, at load, and the matrices of a shape that is clearly faster transposed are stored
-so: `weight.data = weight.t().contiguous().t()` is the same tensor of values, shape and parameter, with other
-strides. Every operation (`F.linear`, the embedding lookup of a tied LM head, the small-batch kernel's packing,
-the speed lab's readings) sees the same numbers; no memory is added once loaded (the timing holds transposed
-copies of at most COLD_BYTES, or of one larger matrix, and each matrix is copied once while it is converted). Matrices under `MIN_BYTES` are left as
+now splits each stored matrix into blocks of output rows (engine/core/matvec.py), which streams faster than either,
+so the comparison is that product as stored against F.linear transposed, each matrix of a shape in turn so that they
+come from memory as in a step (measured at load, as recorded in
+bench/results/lone_step/20261127T202139Z-8048acf.json: the LM head 4.9 against 6.0 ms, gate and up 153 against 218
+us, down 165 against 305 us, q and o 74 against 124 us: every matrix stays as stored). Each distinct shape is timed
+both ways once, at load, and the matrices of a shape that is clearly faster transposed are stored so: `weight.data =
+weight.t().contiguous().t()` is the same tensor of values, shape and parameter, with other strides. Every operation
+(`F.linear`, the embedding lookup of a tied LM head, the small-batch kernel's packing, the speed lab's readings)
+sees the same numbers; no memory is added once loaded (the timing holds transposed copies of at most COLD_BYTES, or
+of one larger matrix, and each matrix is copied once while it is converted). Matrices under `MIN_BYTES` are left as
 they are (nothing to gain), and so is every model off the CPU. `PLAYGROUND_LAYOUT=off` turns it off.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 import torch
 from torch import nn
+
 from engine.core import matvec
 
 ENV = "PLAYGROUND_LAYOUT"

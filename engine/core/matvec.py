@@ -4,13 +4,14 @@
 
 A decode step of one request multiplies one row by every weight matrix (out, in): it reads each weight once and
 does two flops per 4-byte float, so it can go no faster than the weights stream from memory. `F.linear` on one row
-is MKL's matrix-vector product (sgemv), and on this 2-core AMD EPYC (Zen 4) it streamed at 11-12 GB/s, where a
-sum over a buffer as large reads 25-30 GB/s with one thread, and it runs on one thread whatever torch's count
-(docs/engine.md, "Why two threads did not help"). `torch.bmm` of the same matrix viewed as PARTS blocks of its
+is MKL's matrix-vector product (sgemv), which streamed slower than a sum reads memory on this 2-core AMD EPYC
+(Zen 4), and runs on one thread whatever torch's count (docs/engine.md, "Two threads, and why they were ten times
+slower"). `torch.bmm` of the same matrix viewed as PARTS blocks of its
 output rows, (PARTS, out / PARTS, in), against the row repeated (a stride-0 expand, no copy) goes through MKL's
-batched matrix product instead, which streams at the memory's speed and splits the blocks among torch's threads:
-measured on every SmolLM2-135M product of a step (540 MB, one thread, fastest of 6), 46-50 ms with F.linear and
-25.7-26.6 ms split into 4 blocks, against 25.5 ms for the sum (bench/results/lone_step/). Nothing is copied: the
+batched matrix product instead, which streams faster and splits the blocks among torch's threads. Every SmolLM2
+product of a step timed alone (bench/lone_step.py, bench/results/lone_step/20261127T202139Z-8048acf.json, a busy
+machine): 34.6 ms with F.linear (its weights in the layout it reads fastest) and 29.5 ms split, one thread; 37.8 and
+30.6 ms with two; the weights' bytes over the read bandwidth of a sum, 21.7 ms. Nothing is copied: the
 blocks are a view of the stored weight, which must be contiguous (out, in); anything else (a transposed matrix,
 more rows, another dtype or device) takes F.linear. The sums run in another order than sgemv's, so the result
 differs from F.linear in the last bits (tests/test_matvec.py measures by how much).
