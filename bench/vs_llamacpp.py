@@ -9,7 +9,7 @@ $PLAYGROUND_CACHE/llama-cpp-python-0.3.36, or `--lcp-venv PATH`). The weights: t
 tensor dequantized to float32 by the `gguf` package (llama.cpp's own dequantization, in numpy; its `quantize` tool is
 not part of llama-cpp-python's build) into a GGUF of its own with the same metadata: the values the project's
 float32 safetensors hold (`engine provision` dequantizes the same file). llama.cpp runs with 2 threads
-(`--threads`), ours with `python -m engine serve` defaults. Both stay up for the whole run; each round runs one
+(`--lcp-threads`), ours with `python -m engine serve` defaults. Both stay up for the whole run; each round runs one
 then the other (the order flips each round), `--repeats` streamed greedy answers of `--tokens` tokens, each to a
 prompt neither has seen: ms per token (the mean gap from the first token to the last) and time to first token,
 medians over the answers of every round. The machine's read bandwidth is measured in the same run (a sum over a
@@ -19,6 +19,7 @@ the weights' bytes over that bandwidth. Each run is a new file (bench/provenance
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -41,6 +42,7 @@ from vs_vllm import ONE, Server, alone_prompts, free_port, model_folder, start_o
 
 LCP_SPEC = "llama-cpp-python[server]==0.3.36"
 SIDES = ("ours", "llama.cpp")
+SIZES = {"F32": 4, "F16": 2, "BF16": 2}
 
 
 def default_venv() -> Path:
@@ -85,7 +87,8 @@ def f32_gguf(source: Path, target: Path) -> Path:
 
 def start_llamacpp(args: argparse.Namespace, weights: Path, port: int) -> Server:
     cmd = [str(args.lcp_venv / "bin" / "python"), "-m", "llama_cpp.server", "--model", str(weights), "--host",
-           "127.0.0.1", "--port", str(port), "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads),
+           "127.0.0.1", "--port", str(port), "--n_threads", str(args.lcp_threads),
+           "--n_threads_batch", str(args.lcp_threads),
            "--n_ctx", "4096", "--model_alias", "smollm2"]
     return Server("llama.cpp", cmd, port, dict(os.environ), args.logs / "llama.cpp.log")
 
@@ -136,8 +139,16 @@ def bandwidth(nbytes: int) -> dict[str, float]:
 
 
 def weight_bytes(folder: Path) -> int:
-    """The float32 weights' bytes as the model holds them (a tied embedding once): the safetensors' sizes."""
-    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+    """The weights' bytes as the safetensors files hold them (a tied embedding once): their headers' offsets."""
+    from safetensors import safe_open  # imported here: only to read the files' headers
+
+    total = 0
+    for path in folder.glob("*.safetensors"):
+        with safe_open(str(path), "pt") as tensors:
+            for key in tensors.keys():
+                piece = tensors.get_slice(key)
+                total += math.prod(piece.get_shape()) * SIZES[piece.get_dtype()]
+    return total
 
 
 def _median_ms(runs: list[dict]) -> float:
@@ -167,11 +178,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2, help="answers per server in a round")
     parser.add_argument("--tokens", type=int, default=96)
-    parser.add_argument("--threads", type=int, default=2, help="llama.cpp's threads (ours: its own choice)")
+    parser.add_argument("--lcp-threads", type=int, default=2, help="llama.cpp's threads (ours: its own choice)")
     parser.add_argument("--out", help="default: a new file under bench/results/vs_llamacpp/")
     args = parser.parse_args(argv)
     args.lcp_venv = args.lcp_venv or default_venv()
-    args.sessions, args.logs = 1, Path(os.environ.get("TMPDIR", "/tmp")) / "vs_llamacpp"
+    args.sessions, args.threads, args.logs = 1, None, Path(os.environ.get("TMPDIR", "/tmp")) / "vs_llamacpp"
     args.logs.mkdir(parents=True, exist_ok=True)
     return args
 
@@ -227,8 +238,8 @@ def run(args: argparse.Namespace, servers: dict[str, Server], nbytes: int) -> di
     for side in SIDES:
         print(f"{side:9s}: {table[side]}", flush=True)
     print(f"floor: {floor_ms:.1f} ms ({nbytes / 1e9:.3f} GB at {best:.1f} GB/s); same answers: {same}")
-    return {"tokens": args.tokens, "repeats": args.repeats, "llamacpp_threads": args.threads, "weight_bytes": nbytes,
-            "read_gb_s": read, "floor_ms": floor_ms, "table": table, "same_answers": same,
+    return {"tokens": args.tokens, "repeats": args.repeats, "llamacpp_threads": args.lcp_threads,
+            "weight_bytes": nbytes, "read_gb_s": read, "floor_ms": floor_ms, "table": table, "same_answers": same,
             "rounds": [{s: [{k: v for k, v in a.items() if k != "text"} for a in r[s]] for s in SIDES} for r in rounds],
             "llamacpp": LCP_SPEC}
 
