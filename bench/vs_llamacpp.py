@@ -124,6 +124,24 @@ def answers(pool: ClientPool, model: str, tokens: int, prompts: list[str]) -> li
     return out
 
 
+def host_work(url: str, model: str, tokens: int, prompt: str) -> dict:
+    """One streamed answer from our server, read here: its `playground.timings` split per token (ms): `decode` (its
+    steps: the forward, sampling, the record) and `between_steps` (the server's own time between them), against the
+    gaps the client saw between the pieces (the stream: is a token sent as it is made?)."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+    stamps, timings = [], None
+    for chunk in client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}],
+                                                max_tokens=tokens, temperature=0, stream=True):
+        if chunk.choices and chunk.choices[0].delta.content:
+            stamps.append(time.perf_counter())
+        timings = (getattr(chunk, "playground", None) or {}).get("timings") or timings
+    if not timings or len(stamps) < 2:
+        return {"error": "no timings or fewer than two pieces"}
+    split, n = timings["split"], len(stamps)
+    return {"tokens": n, "decode_ms": 1e3 * split["decode"] / n, "between_steps_ms": 1e3 * split["between_steps"] / n,
+            "client_gap_ms": 1e3 * (stamps[-1] - stamps[0]) / (n - 1), "split_s": split}
+
+
 def bandwidth(nbytes: int) -> dict[str, float]:
     """GB/s of a sum over `nbytes` with one and with two torch threads (fastest of 6 each)."""
     buf, read = torch.ones(nbytes // 4), {}
@@ -225,6 +243,7 @@ def run(args: argparse.Namespace, servers: dict[str, Server], nbytes: int) -> di
             order = SIDES if r % 2 == 0 else SIDES[::-1]
             mine = prompts[r * args.repeats:(r + 1) * args.repeats]
             rounds.append({side: answers(pools[side], names[side], args.tokens, mine) for side in order})
+            rounds[-1]["host"] = host_work(servers["ours"].url, names["ours"], args.tokens, mine[0])
             print(f"round {r + 1}: " + ", ".join(f"{s} {_median_ms(rounds[-1][s]):.1f} ms/token" for s in SIDES),
                   flush=True)
         read.append(bandwidth(nbytes))
@@ -241,6 +260,7 @@ def run(args: argparse.Namespace, servers: dict[str, Server], nbytes: int) -> di
     return {"tokens": args.tokens, "repeats": args.repeats, "llamacpp_threads": args.lcp_threads,
             "weight_bytes": nbytes, "read_gb_s": read, "floor_ms": floor_ms, "table": table, "same_answers": same,
             "rounds": [{s: [{k: v for k, v in a.items() if k != "text"} for a in r[s]] for s in SIDES} for r in rounds],
+            "host_work": [r["host"] for r in rounds],
             "llamacpp": LCP_SPEC}
 
 
