@@ -498,6 +498,31 @@ LONE = [  # docs/engine.md, "Two threads, and why they were ten times slower" an
 ]
 
 
+VS_LCP = "vs_llamacpp/20261127T204932Z-6a4e018.json"
+
+
+def lcp_row(side: str) -> Callable[[dict], tuple]:
+    return lambda d: tuple(d["table"][side][k] for k in ("ms_per_token", "x_floor", "ttft_s"))
+
+
+LONE += [  # README, "One person alone, against llama.cpp"
+    (README, VS_LCP, "load average {:.1f} at its start;", lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (README, VS_LCP, "| llama.cpp (llama-cpp-python's server, 2 threads), F32 | {:.1f} | {:.2f}x | {:.2f} s |",
+     lcp_row("llama.cpp")),
+    (README, VS_LCP, "| ours, `python -m engine serve` defaults | **{:.1f}** | **{:.2f}x** | **{:.2f} s** |",
+     lcp_row("ours")),
+    (README, VS_LCP, "| the memory floor: {:.3f} GB at {:.1f} GB/s | {:.1f} | | |",
+     lambda d: (d["weight_bytes"] / 1e9, max(v for r in d["read_gb_s"] for v in r.values()), d["floor_ms"])),
+    (README, VS_LCP, "answers took {:.1f} to {:.1f} ms a token by round,",
+     lambda d: span(d["table"]["llama.cpp"]["per_round_ms"])),
+    (README, VS_LCP, "time between steps was {:.2f} to {:.2f} ms a token",
+     lambda d: span([h["between_steps_ms"] for h in d["host_work"]])),
+    (README, VS_LCP, "saw were {:.1f} to {:.1f} ms a token longer than the server's decode time",
+     lambda d: span([h["client_gap_ms"] - h["decode_ms"] for h in d["host_work"]])),
+    (README, VS_LCP, "The two servers' answers were not the same text ({} of 6)", lambda d: (d["same_answers"],)),
+]
+
+
 @pytest.mark.parametrize("entry", FIGURES + ENGINE + LONE, ids=lambda e: f"{e[0]}:{e[2][:40]}")
 def test_the_figure_is_the_one_its_file_holds(entry):
     name, file, template, get = entry
