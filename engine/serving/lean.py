@@ -121,10 +121,12 @@ class LeanDecode:
         keep = (PoolResidual(batch.pool.resid, batch.residual_slots)
                 if any(s.kept is not None for s in slots) else None)
         kernels = kernels_for(self.lean.lm)
+        linear = kernels.linear if kernels is not None else F.linear
+        if len(slots) == 1:                              # one row (one that captures): the lone step's products
+            linear = self.linear
         with torch.inference_mode():
-            return self.lean.forward(ids, positions, batch.write_and_gather, mask, keep,
-                                     kernels.linear if kernels is not None else F.linear,
-                                     self.fused(kernels) if len(slots) in ROWS else None)[:, -1]   # one row: MKL's
+            return self.lean.forward(ids, positions, batch.write_and_gather, mask, keep, linear,
+                                     self.fused(kernels) if len(slots) in ROWS else None)[:, -1]
 
     def fused(self, kernels: SmallBatchKernels | None) -> list[Fused] | None:
         """Each layer's q|k|v and gate|up as one packed product each, made once when the batch runner starts (a
