@@ -498,6 +498,9 @@ LONE = [  # docs/engine.md, "Two threads, and why they were ten times slower" an
 ]
 
 
+LONE.append((ENGINE_DOC, "lone_bits/20261127T211900Z-714cf7d.json", "the logits differed from `F.linear`'s by at "
+             "most {:.1e} (the largest logit {:.1f}), the probabilities by at most {:.1e}, and every token was the same.",
+             lambda d: (d["max_logit_diff"], d["max_abs_logit"], d["max_prob_diff"]) if d["same_tokens"] else ()))
 VS_LCP = "vs_llamacpp/20261127T204932Z-6a4e018.json"
 
 
