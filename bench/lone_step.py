@@ -1,22 +1,27 @@
-"""Where a lone request's decode step spends its time: before (the model's modules, weights as stored) and after
-(the lean step on the weights in their measured layout), side by side in one process, alternating.
+"""Where a lone request's decode step spends its time, and how near it is to the memory floor: before (F.linear,
+each matrix in the layout F.linear reads fastest) and after (engine.core.matvec's split products on the matrices as
+stored), at each thread count asked for, side by side in one process, alternating.
 
-    python bench/lone_step.py                      # SmolLM2, one torch thread, 3 rounds of 64 tokens each way
-    python bench/lone_step.py --threads 2 --rounds 5
+    python bench/lone_step.py                      # SmolLM2, one and two torch threads, 3 rounds of 64 tokens
+    python bench/lone_step.py --threads 2 --rounds 5 --burn 1    # beside one process that keeps a core busy
 
-One request at a time through the batch runner (engine.serving.batch), as the scheduler runs a lone request. Each
-step is timed in wall time and in the CPU time of its thread (what other processes on a shared machine cannot
-inflate), and split into its parts, each timed alone in the same layout: the weights' matrix products, picking and
-describing the token (softmax, top-k, log-sum-exp, its text), and the rest (attention, norms, rotary, residuals,
-the cache's writes and reads, and the Python around them). Also the memory floor: the
-weights' bytes over this machine's read bandwidth (a sum over a buffer as large as the weights, one thread).
-Writes a new bench/results/lone_step/<UTC time>-<commit>.json (bench/provenance.py). docs/engine.md, "Where a lone
-request's milliseconds go", reads it.
+One request at a time through the batch runner (engine.serving.batch), as the scheduler runs a lone request
+(LeanDecode.lone). Each step is timed in wall time and in the CPU time of its thread (what other processes on a
+shared machine cannot inflate), and split into its parts, each timed alone in the same layout: the weights'
+matrix products (wall time, fastest of 10: with two threads the second thread's work counts), picking and
+describing the token, and the rest (attention, norms, rotary, residuals, the cache's writes and reads, and the
+Python around them). Also the memory floor: the weights' bytes over this machine's read bandwidth (a sum over a
+buffer as large as the weights, with one and with two threads, the faster counts), measured in the same run.
+`--burn N` starts N processes that spin for the whole run (a browser or a neighbour's job on the same cores).
+OMP_WAIT_POLICY / KMP_BLOCKTIME, when set, are recorded. Writes a new bench/results/lone_step/<UTC time>-<commit>.json
+(bench/provenance.py). docs/engine.md, "A lone request", reads it.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,23 +33,41 @@ import torch  # noqa: E402
 
 from torch.nn import functional as F  # noqa: E402
 
+from engine.core import matvec  # noqa: E402
 from engine.core.generate import GenerationRequest, TextStream, encode_prompt, pick_tokens  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF  # noqa: E402
+from engine.core.layout import cold  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
 from engine.serving.batch import BatchRunner, Slot  # noqa: E402
 from bench import provenance  # noqa: E402
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+ENVIRON = ("OMP_WAIT_POLICY", "KMP_BLOCKTIME", "OMP_NUM_THREADS", "GOMP_SPINCOUNT")
 
 
-def layout(lm, stored: dict) -> None:
-    """Put every matrix back as loaded (`stored`: the parameters' original strides) or in the measured layout."""
+def layout(stored: dict) -> None:
+    """Put every matrix in the layout `stored` holds (module -> a tensor of its values, in some strides)."""
     for module, weight in stored.items():
         module.weight.data = weight
 
 
-def run(lm, runner: BatchRunner, tokens: int) -> dict:
-    """One lone request; per decode step: wall and thread CPU seconds (the first two steps left out)."""
+def fastest_layout(linears: list) -> dict:
+    """Each module's weight in the layout F.linear reads fastest for one row (each shape's matrices in turn, as a
+    step reads them, fastest of 5): the lone step's layout before engine.core.matvec."""
+    picked = {}
+    for shape in dict.fromkeys(tuple(m.weight.shape) for m in linears):
+        group = [m for m in linears if tuple(m.weight.shape) == shape]
+        x = torch.randn(1, shape[1])
+        ways = {"stored": [m.weight.data for m in group], "transposed": [m.weight.data.t().contiguous().t()
+                                                                         for m in group]}
+        seconds = {k: _fastest(lambda: [F.linear(x, w) for w in cold(v)], 5) for k, v in ways.items()}
+        best = min(seconds, key=seconds.get)
+        picked.update(zip(group, ways[best]))
+    return picked
+
+
+def run(runner: BatchRunner, lm, tokens: int) -> dict:
+    """One lone request; per decode step: wall and thread CPU seconds (the first three steps left out)."""
     request = GenerationRequest(PROMPT, max_new_tokens=tokens)
     out = []
     runner.add(Slot(request, encode_prompt(lm, request), CAPTURE_OFF, out.append, print))
@@ -58,79 +81,105 @@ def run(lm, runner: BatchRunner, tokens: int) -> dict:
             "text": out[-1].text, "steps": len(wall)}
 
 
-def split(lm, step_cpu_ms: float) -> dict:
-    """The step's parts timed alone, in the same layout (thread CPU time, fastest of 5): every weight's matrix
-    product on a (1, in) row, and picking and describing one token; the rest of the step is attention, norms,
-    rotary, residuals, the cache's writes and reads, and the Python around them."""
+def _fastest(fn, rounds: int = 5) -> float:
+    """Wall seconds of fn, fastest of `rounds` after one that is not counted."""
+    times = []
+    for _ in range(rounds + 1):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times[1:])
+
+
+def split(lm, linear, step_ms: float) -> dict:
+    """The step's parts timed alone, in the same layout: every weight's product on a (1, in) row (wall time, fastest
+    of 10: the least disturbed by the machine's other users), and picking and describing one token; the rest of the
+    step (its median wall time) is attention, norms, rotary, residuals, the cache's writes and reads, and the Python
+    around them."""
     linears = [m for m in lm.model.modules() if isinstance(m, torch.nn.Linear)]
     rows = {m.in_features: torch.randn(1, m.in_features) for m in linears}
     logits = torch.randn(1, lm.spec.vocab_size)
     request = GenerationRequest(PROMPT)
     generator = torch.Generator().manual_seed(0)
-
-    def fastest(fn) -> float:
-        times = []
-        for _ in range(6):
-            c = time.thread_time()
-            fn()
-            times.append(time.thread_time() - c)
-        return 1e3 * min(times[1:])
     with torch.inference_mode():
-        weights = fastest(lambda: [F.linear(rows[m.in_features], m.weight, m.bias) for m in linears])
-        pick = fastest(lambda: pick_tokens(lm, logits, [request], [generator], [TextStream(lm.tokenizer)]))
-    return {"weights_ms": weights, "pick_ms": pick, "rest_ms": step_cpu_ms - weights - pick}
+        weights = 1e3 * _fastest(lambda: [linear(rows[m.in_features], m.weight, m.bias) for m in linears], 10)
+        pick = 1e3 * _fastest(lambda: pick_tokens(lm, logits, [request], [generator], [TextStream(lm.tokenizer)]))
+    return {"products_ms": weights, "pick_ms": pick, "rest_ms": step_ms - weights - pick}
 
 
-def floor_ms(lm) -> dict:
-    """The weights' bytes over the read bandwidth of this machine (one thread, a sum over as many bytes)."""
+def floor(lm, threads: list[int]) -> dict:
+    """The weights' bytes over this machine's read bandwidth: a sum over as many bytes, fastest of 6 at each thread
+    count; the floor is the fastest of them."""
     nbytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in lm.model.parameters()}.values())
     buf = torch.ones(nbytes // 4)
-    times = []
-    for _ in range(7):
-        t = time.perf_counter()
-        buf.sum()
-        times.append(time.perf_counter() - t)
-    best = min(times[1:])
-    return {"weight_bytes": nbytes, "read_gb_s": nbytes / best / 1e9, "floor_ms": 1e3 * best}
+    read = {}
+    for n in threads:
+        torch.set_num_threads(n)
+        read[n] = nbytes / _fastest(lambda: buf.sum(), 6) / 1e9
+    best = max(read.values())
+    return {"weight_bytes": nbytes, "read_gb_s": {str(n): v for n, v in read.items()}, "best_gb_s": best,
+            "floor_ms": 1e3 * nbytes / best / 1e9}
+
+
+def burn(n: int) -> list[subprocess.Popen]:
+    """n processes that keep a core busy each (killed at the end of the run)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def measure(args, lm, runner: BatchRunner, ways: dict) -> dict:
+    """Alternating rounds of every way at every thread count; then each way's parts and the floor."""
+    rounds = {(t, k): [] for t in args.threads for k in ways}
+    for _ in range(args.rounds):
+        for (threads, name) in rounds:
+            torch.set_num_threads(threads)
+            layout(ways[name][0])
+            runner.lean.linear = ways[name][1]
+            rounds[threads, name].append(run(runner, lm, args.tokens))
+    report = {"floor": floor(lm, args.threads)}
+    report["same_text"] = len({r["text"] for v in rounds.values() for r in v}) == 1
+    for (threads, name), results in rounds.items():
+        torch.set_num_threads(threads)
+        layout(ways[name][0])
+        entry = {k: statistics.median(r[k] for r in results) for k in ("wall_ms", "cpu_ms")}
+        entry.update(split(lm, ways[name][1], entry["wall_ms"]))
+        entry["x_floor"] = entry["wall_ms"] / report["floor"]["floor_ms"]
+        entry["products_x_floor"] = entry["products_ms"] / report["floor"]["floor_ms"]
+        entry["rounds"] = [{k: r[k] for k in ("wall_ms", "cpu_ms")} for r in results]
+        report[f"{name}-{threads}"] = entry
+        print(f"{name:6s} {threads} thread{'s' * (threads > 1)}: step {entry['wall_ms']:.1f} ms wall "
+              f"({entry['x_floor']:.2f}x the floor), {entry['cpu_ms']:.1f} ms CPU; products "
+              f"{entry['products_ms']:.1f} ms, pick {entry['pick_ms']:.1f}, rest {entry['rest_ms']:.1f}", flush=True)
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="default")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--burn", type=int, default=0, help="processes that keep a core busy during the run")
     parser.add_argument("--out", help="default: a new file under bench/results/lone_step/")
     args = parser.parse_args(argv)
     run_record = provenance.start("lone_step", argv)
-    torch.set_num_threads(args.threads)
     lm = load_model(args.model, device="cpu", dtype="float32")
-    measured = {m: m.weight.data for m in lm.model.modules() if isinstance(m, torch.nn.Linear)}
-    stored = {m: w.contiguous() for m, w in measured.items()}
     runner = BatchRunner(lm, max_batch=32, prefix=None)
-    lone = runner.lean
-    ways = {"before": (stored, None), "after": (measured, lone)}
-    rounds = {k: [] for k in ways}
-    for _ in range(args.rounds):
-        for name, (weights, step) in ways.items():
-            layout(lm, weights)
-            runner.lean = step
-            rounds[name].append(run(lm, runner, args.tokens))
-    splits = {}
-    for name, (weights, step) in ways.items():
-        layout(lm, weights)
-        splits[name] = split(lm, statistics.median(r["cpu_ms"] for r in rounds[name]))
-    report = {"threads": args.threads, "tokens": args.tokens, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "layout": {f"{o}x{i}": {"stored_us": a * 1e6, "transposed_us": b * 1e6, "transposed": c}
-                         for (o, i), (a, b, c) in lm.layout.items()},
-              "floor": floor_ms(lm), "same_text": len({r["text"] for v in rounds.values() for r in v}) == 1}
-    for name in ways:
-        report[name] = {k: statistics.median(r[k] for r in rounds[name]) for k in ("wall_ms", "cpu_ms")}
-        report[name].update(splits[name])
-        report[name]["rounds"] = [{k: r[k] for k in ("wall_ms", "cpu_ms")} for r in rounds[name]]
-        print(f"{name:6s}: step {report[name]['wall_ms']:.1f} ms wall, {report[name]['cpu_ms']:.1f} ms CPU: "
-              + ", ".join(f"{k} {v:.1f}" for k, v in splits[name].items()), flush=True)
-    print(f"floor: {report['floor']['floor_ms']:.1f} ms ({report['floor']['read_gb_s']:.1f} GB/s); "
+    linears = [m for m in lm.model.modules() if isinstance(m, torch.nn.Linear)]
+    ways = {"before": (fastest_layout(linears), F.linear),
+            "after": ({m: m.weight.data for m in linears}, matvec.linear)}
+    burners = burn(args.burn)
+    try:
+        report = measure(args, lm, runner, ways)
+    finally:
+        for p in burners:
+            p.kill()
+    report.update({"threads": args.threads, "tokens": args.tokens, "burn": args.burn,
+                   "environ": {k: os.environ[k] for k in ENVIRON if k in os.environ},
+                   "layout": {f"{o}x{i}": {"stored_us": a * 1e6, "transposed_us": b * 1e6, "transposed": c}
+                              for (o, i), (a, b, c) in lm.layout.items()},
+                   "before_transposed": sorted({f"{o}x{i}" for m, w in ways["before"][0].items()
+                                                for o, i in [tuple(m.weight.shape)] if not w.is_contiguous()})})
+    print(f"floor: {report['floor']['floor_ms']:.1f} ms ({report['floor']['best_gb_s']:.1f} GB/s); "
           f"same text every way: {report['same_text']}")
     run_record.save(report, out=args.out)
     return 0 if report["same_text"] else 1

@@ -483,7 +483,81 @@ ENGINE = [  # the engine table, from the file the README names for it
 ]
 
 
-@pytest.mark.parametrize("entry", FIGURES + ENGINE, ids=lambda e: f"{e[0]}:{e[2][:40]}")
+ENGINE_DOC = "docs/engine.md"
+
+
+def lone_threads(d: dict) -> tuple:
+    """Two threads over one, the step's wall time: before, after (bench/lone_step.py)."""
+    return tuple(d[f"{w}-2"]["wall_ms"] / d[f"{w}-1"]["wall_ms"] for w in ("before", "after"))
+
+
+def lone_row(key: str) -> Callable[[dict], tuple]:
+    ways = ("before-1", "after-1", "before-2", "after-2")
+    return lambda d: tuple(d[w][key] for w in ways)
+
+
+LONE_RUNS = {"20261127T200909Z-57330df": "default: spin", "20261127T201330Z-57330df": "`OMP_WAIT_POLICY=ACTIVE`",
+             "20261127T201811Z-dfdf16f": "`GOMP_SPINCOUNT=10000`, a short spin",
+             "20261127T201246Z-57330df": "`OMP_WAIT_POLICY=PASSIVE`", "20261127T201905Z-dfdf16f":
+             "`OMP_WAIT_POLICY=PASSIVE`", "20261127T202139Z-8048acf": "`OMP_WAIT_POLICY=PASSIVE`"}
+LONE_FINAL = "lone_step/20261127T202139Z-8048acf.json"
+LONE = [  # docs/engine.md, "Two threads, and why they were ten times slower" and "How near the floor"
+    *[(ENGINE_DOC, f"lone_step/{run}.json", f"| {label} (`{run}.json`) | {{:.2f}}x | {{:.2f}}x |", lone_threads)
+      for run, label in LONE_RUNS.items()],
+    (ENGINE_DOC, "lone_step/20261127T201246Z-57330df.json", "(timed alone: {:.1f} ms with one thread, {:.1f} ms with "
+     "two, `bench/results/lone_step/20261127T201246Z-57330df.json`). The split products are one batched product per "
+     "matrix whose 4 blocks torch's threads share: {:.1f} and {:.1f} ms in the same run.",
+     lambda d: (d["before-1"]["products_ms"], d["before-2"]["products_ms"], d["after-1"]["products_ms"],
+                d["after-2"]["products_ms"])),
+    (ENGINE_DOC, LONE_FINAL, "threads) was {:.1f} ms ({:.1f} GB/s), and a lone step took:",
+     lambda d: (d["floor"]["floor_ms"], d["floor"]["best_gb_s"])),
+    (ENGINE_DOC, LONE_FINAL, "| the step, wall time (median) | {:.1f} ms | {:.1f} ms | {:.1f} ms | {:.1f} ms |",
+     lone_row("wall_ms")),
+    (ENGINE_DOC, LONE_FINAL, "| the step over the floor | {:.2f}x | {:.2f}x | {:.2f}x | {:.2f}x |",
+     lone_row("x_floor")),
+    (ENGINE_DOC, LONE_FINAL, "| the step, CPU time of its thread | {:.1f} ms | {:.1f} ms | {:.1f} ms | {:.1f} ms |",
+     lone_row("cpu_ms")),
+    (ENGINE_DOC, LONE_FINAL, "| the products timed alone (wall, fastest of 10) | {:.1f} ms | {:.1f} ms | {:.1f} ms | "
+     "{:.1f} ms |", lone_row("products_ms")),
+    (ENGINE_DOC, LONE_FINAL, "a lone step took {:.2f}x (one thread) and {:.2f}x (two) its time before",
+     lambda d: tuple(d[f"after-{t}"]["wall_ms"] / d[f"before-{t}"]["wall_ms"] for t in (1, 2))),
+    (ENGINE_DOC, LONE_FINAL, "The products alone took {:.2f}x (one thread) and {:.2f}x (two) the floor, `F.linear`'s "
+     "{:.2f}x and {:.2f}x;", lambda d: tuple(d[w]["products_x_floor"] for w in ("after-1", "after-2", "before-1",
+                                                                                "before-2"))),
+    (ENGINE_DOC, LONE_FINAL, "{:.1f} to {:.1f} ms in this run",
+     lambda d: span([d[w]["rest_ms"] for w in ("before-1", "after-1", "before-2", "after-2")])),
+]
+
+
+LONE.append((ENGINE_DOC, "lone_bits/20261127T211900Z-714cf7d.json", "the logits differed from `F.linear`'s by at "
+             "most {:.1e} (the largest logit {:.1f}), the probabilities by at most {:.1e}, and every token was the same.",
+             lambda d: (d["max_logit_diff"], d["max_abs_logit"], d["max_prob_diff"]) if d["same_tokens"] else ()))
+VS_LCP = "vs_llamacpp/20261127T204932Z-6a4e018.json"
+
+
+def lcp_row(side: str) -> Callable[[dict], tuple]:
+    return lambda d: tuple(d["table"][side][k] for k in ("ms_per_token", "x_floor", "ttft_s"))
+
+
+LONE += [  # README, "One person alone, against llama.cpp"
+    (README, VS_LCP, "load average {:.1f} at its start;", lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (README, VS_LCP, "| llama.cpp (llama-cpp-python's server, 2 threads), F32 | {:.1f} | {:.2f}x | {:.2f} s |",
+     lcp_row("llama.cpp")),
+    (README, VS_LCP, "| ours, `python -m engine serve` defaults | **{:.1f}** | **{:.2f}x** | **{:.2f} s** |",
+     lcp_row("ours")),
+    (README, VS_LCP, "| the memory floor: {:.3f} GB at {:.1f} GB/s | {:.1f} | | |",
+     lambda d: (d["weight_bytes"] / 1e9, max(v for r in d["read_gb_s"] for v in r.values()), d["floor_ms"])),
+    (README, VS_LCP, "answers took {:.1f} to {:.1f} ms a token by round,",
+     lambda d: span(d["table"]["llama.cpp"]["per_round_ms"])),
+    (README, VS_LCP, "time between steps was {:.2f} to {:.2f} ms a token",
+     lambda d: span([h["between_steps_ms"] for h in d["host_work"]])),
+    (README, VS_LCP, "saw were {:.1f} to {:.1f} ms a token longer than the server's decode time",
+     lambda d: span([h["client_gap_ms"] - h["decode_ms"] for h in d["host_work"]])),
+    (README, VS_LCP, "The two servers' answers were not the same text ({} of 6)", lambda d: (d["same_answers"],)),
+]
+
+
+@pytest.mark.parametrize("entry", FIGURES + ENGINE + LONE, ids=lambda e: f"{e[0]}:{e[2][:40]}")
 def test_the_figure_is_the_one_its_file_holds(entry):
     name, file, template, get = entry
     values = get(result(file))
@@ -493,7 +567,7 @@ def test_the_figure_is_the_one_its_file_holds(entry):
 
 
 def test_every_cited_file_records_its_commit():
-    files = {e[1] for e in FIGURES + ENGINE}
+    files = {e[1] for e in FIGURES + ENGINE + LONE}
     for file in files:
         p = result(file)["provenance"]
         assert re.fullmatch(r"[0-9a-f]{40}", p["commit"]), file

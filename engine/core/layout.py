@@ -3,15 +3,20 @@
     relayout(lm)          # on a CPU: matrices whose transposed storage measured faster now use it (values unchanged)
 
 A decode step of one request multiplies a (1, in) row by every weight matrix (out, in): a matrix-vector product,
-bound by how fast the weights stream from memory. MKL's two ways of doing it do not stream equally well here:
-measured on this 2-core machine (one thread, CPU time), SmolLM2's LM head (49152 x 576) took 14.7-16.8 ms stored
-as transformers keeps it, (out, in) row-major, and 6.9-8.2 ms stored transposed, (in, out) row-major, read
-row by row of the input; its MLP's gate and up (1536 x 576) 354-596 us against 258-281 us; its down (576 x 1536)
-the other way round, 271-290 us against 387-421 us. So each distinct shape is timed both ways once, at load, and
-the matrices of a shape that is clearly faster transposed are stored so: `weight.data = weight.t().contiguous().t()`
-is the same tensor of values, shape and parameter, with other strides. Every operation (`F.linear`, the embedding
-lookup of a tied LM head, the small-batch kernel's packing, the speed lab's readings) sees the same numbers;
-no memory is added (each matrix is copied once while it is converted). Matrices under `MIN_BYTES` are left as
+bound by how fast the weights stream from memory. With F.linear, MKL's two ways of doing it did not stream equally
+well here: measured on this 2-core machine (one thread, CPU time), SmolLM2's LM head (49152 x 576) took 14.7-16.8 ms
+stored as transformers keeps it, (out, in) row-major, and 6.9-8.2 ms stored transposed, (in, out) row-major; its
+MLP's gate and up (1536 x 576) 354-596 us against 258-281 us; its down (576 x 1536) the other way round. A lone step
+now splits each stored matrix into blocks of output rows (engine/core/matvec.py), which streams faster than either,
+so the comparison is that product as stored against F.linear transposed, each matrix of a shape in turn so that they
+come from memory as in a step (measured at load, as recorded in
+bench/results/lone_step/20261127T202139Z-8048acf.json: the LM head 4.9 against 6.0 ms, gate and up 153 against 218
+us, down 165 against 305 us, q and o 74 against 124 us: every matrix stays as stored). Each distinct shape is timed
+both ways once, at load, and the matrices of a shape that is clearly faster transposed are stored so: `weight.data =
+weight.t().contiguous().t()` is the same tensor of values, shape and parameter, with other strides. Every operation
+(`F.linear`, the embedding lookup of a tied LM head, the small-batch kernel's packing, the speed lab's readings)
+sees the same numbers; no memory is added once loaded (the timing holds transposed copies of at most COLD_BYTES, or
+of one larger matrix, and each matrix is copied once while it is converted). Matrices under `MIN_BYTES` are left as
 they are (nothing to gain), and so is every model off the CPU. `PLAYGROUND_LAYOUT=off` turns it off.
 """
 from __future__ import annotations
@@ -22,12 +27,14 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
+
+from engine.core import matvec
 
 ENV = "PLAYGROUND_LAYOUT"
 MIN_BYTES = 1 << 20          # matrices smaller than this keep their layout
 GAIN = 0.85                  # transposed storage must take at most this share of the time
 ROUNDS = 5
+COLD_BYTES = 64 * 10 ** 6     # a shape's matrices timed in turn up to this much: twice this machine's 32 MiB of L3
 
 
 def _cpu_seconds(fn) -> float:
@@ -36,17 +43,32 @@ def _cpu_seconds(fn) -> float:
     return time.thread_time() - t
 
 
-def time_both(weight: torch.Tensor, rounds: int = ROUNDS) -> tuple[float, float]:
-    """CPU seconds of a (1, in) x (out, in)^T product with `weight` as stored, and stored transposed; fastest of
-    `rounds`, alternating (CPU time, so that other processes on the machine do not count)."""
-    x = torch.randn(1, weight.shape[1], dtype=weight.dtype)
-    other = weight.t().contiguous().t()
-    plain, transposed = [], []
+def time_both(weights: torch.Tensor | list[torch.Tensor], rounds: int = ROUNDS) -> tuple[float, float]:
+    """CPU seconds of (1, in) x (out, in)^T products with `weights` (matrices of one shape) as stored, and stored
+    transposed, as a lone step makes them (engine.core.matvec.linear: split into blocks where stored (out, in),
+    F.linear where transposed): each matrix in turn, so that as in a step they come from memory, not from the cache
+    (`cold`); fastest of `rounds`, alternating (CPU time, so that other processes on the machine do not count)."""
+    plain = cold(weights if isinstance(weights, list) else [weights])
+    x = torch.randn(1, plain[0].shape[1], dtype=plain[0].dtype)
+    other = [w.t().contiguous().t() for w in plain]
+    stored, transposed = [], []
     with torch.inference_mode():
         for _ in range(rounds + 1):                          # the first round warms up; not counted
-            plain.append(_cpu_seconds(lambda: F.linear(x, weight)))
-            transposed.append(_cpu_seconds(lambda: F.linear(x, other)))
-    return min(plain[1:]), min(transposed[1:])
+            stored.append(_cpu_seconds(lambda: [matvec.linear(x, w) for w in plain]) / len(plain))
+            transposed.append(_cpu_seconds(lambda: [matvec.linear(x, w) for w in other]) / len(plain))
+    return min(stored[1:]), min(transposed[1:])
+
+
+def cold(weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The first of `weights` that together pass COLD_BYTES (all of them if they do not): read in turn, the first
+    have left the cache when they come round again."""
+    taken, nbytes = [], 0
+    for w in weights:
+        taken.append(w)
+        nbytes += w.numel() * w.element_size()
+        if nbytes >= COLD_BYTES:
+            break
+    return taken
 
 
 def relayout(lm: Any) -> dict[tuple[int, int], tuple[float, float, bool]]:
@@ -60,11 +82,9 @@ def relayout(lm: Any) -> dict[tuple[int, int], tuple[float, float, bool]]:
     torch.set_num_threads(1)                                  # a lone step's matrices, as one thread reads them
     try:
         timed = {}
-        for m in linears:
-            shape = tuple(m.weight.shape)
-            if shape not in timed:
-                plain, transposed = time_both(m.weight.detach())
-                timed[shape] = (plain, transposed, transposed <= GAIN * plain)
+        for shape in dict.fromkeys(tuple(m.weight.shape) for m in linears):
+            plain, transposed = time_both([m.weight.detach() for m in linears if tuple(m.weight.shape) == shape])
+            timed[shape] = (plain, transposed, transposed <= GAIN * plain)
     finally:
         torch.set_num_threads(threads)
     with torch.no_grad():

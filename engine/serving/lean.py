@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+from engine.core import matvec
 from engine.core.lean import Fused, LeanStep, PoolResidual, one_forward
 from engine.core.loader import LoadedModel
 from engine.core.openmp import in_passing_thread
@@ -76,6 +77,7 @@ class LeanDecode:
     def __init__(self, lean: LeanStep):
         self.lean = lean
         self._fused: list[Fused] | None = None
+        self.linear = matvec.linear          # a lone step's products (bench/lone_step.py sets F.linear to compare)
 
     @classmethod
     def for_model(cls, lm: LoadedModel) -> "LeanDecode | None":
@@ -104,8 +106,10 @@ class LeanDecode:
             values[write].copy_(v[0, :, 0])
             return take(keys).transpose(0, 1)[None], take(values).transpose(0, 1)[None]
 
-        with torch.inference_mode():
-            return self.lean(slot.token.id, n, kv)[None]
+        device = pool.keys[0].device
+        with torch.inference_mode():                      # one row: the products split into blocks (engine.core.matvec)
+            return self.lean.forward(torch.tensor([[slot.token.id]], device=device), torch.tensor([[n]], device=device),
+                                     kv, linear=self.linear)[:, -1]                                # [1, V]
 
     def rows(self, batch: Any, slots: list) -> torch.Tensor:
         """Logits [B, V] of every row's next token (batch order); each row's new K/V, and the residual of the rows
@@ -117,10 +121,12 @@ class LeanDecode:
         keep = (PoolResidual(batch.pool.resid, batch.residual_slots)
                 if any(s.kept is not None for s in slots) else None)
         kernels = kernels_for(self.lean.lm)
+        linear = kernels.linear if kernels is not None else F.linear
+        if len(slots) == 1:                              # one row (one that captures): the lone step's products
+            linear = self.linear
         with torch.inference_mode():
-            return self.lean.forward(ids, positions, batch.write_and_gather, mask, keep,
-                                     kernels.linear if kernels is not None else F.linear,
-                                     self.fused(kernels) if len(slots) in ROWS else None)[:, -1]   # one row: MKL's
+            return self.lean.forward(ids, positions, batch.write_and_gather, mask, keep, linear,
+                                     self.fused(kernels) if len(slots) in ROWS else None)[:, -1]
 
     def fused(self, kernels: SmallBatchKernels | None) -> list[Fused] | None:
         """Each layer's q|k|v and gate|up as one packed product each, made once when the batch runner starts (a

@@ -1,0 +1,45 @@
+"""A few rows times a weight matrix at the speed the weights stream from memory: a lone request's decode step.
+
+    y = linear(x, weight, bias)     # = F.linear(x, weight, bias); x (..., in) of up to MAX_ROWS rows, on a CPU
+
+A decode step of one request multiplies one row by every weight matrix (out, in): it reads each weight once and
+does two flops per 4-byte float, so it can go no faster than the weights stream from memory. `F.linear` on one row
+is MKL's matrix-vector product (sgemv), which streamed slower than a sum reads memory on this 2-core AMD EPYC
+(Zen 4), and runs on one thread whatever torch's count (docs/engine.md, "Two threads, and why they were ten times
+slower"). `torch.bmm` of the same matrix viewed as PARTS blocks of its
+output rows, (PARTS, out / PARTS, in), against the row repeated (a stride-0 expand, no copy) goes through MKL's
+batched matrix product instead, which streams faster and splits the blocks among torch's threads. Every SmolLM2
+product of a step timed alone (bench/lone_step.py, bench/results/lone_step/20261127T202139Z-8048acf.json, a busy
+machine): 34.6 ms with F.linear (its weights in the layout it reads fastest) and 29.5 ms split, one thread; 37.8 and
+30.6 ms with two; the weights' bytes over the read bandwidth of a sum, 21.7 ms. Nothing is copied: the
+blocks are a view of the stored weight, which must be contiguous (out, in); anything else (a transposed matrix,
+more rows, another dtype or device) takes F.linear. The sums run in another order than sgemv's, so the result
+differs from F.linear in the last bits (tests/test_matvec.py measures by how much).
+"""
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+PARTS = 4        # blocks of output rows: a multiple of the 2 threads a 2-core machine runs (4 measured as good as 2)
+MAX_ROWS = 4     # at most this many rows (a lone step has one); more take F.linear
+
+
+def splits(weight: torch.Tensor) -> bool:
+    """Whether `linear` splits this weight: CPU float32, contiguous (out, in), out a multiple of PARTS."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.dim() == 2
+            and weight.is_contiguous() and weight.shape[0] % PARTS == 0)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T + bias, as F.linear: x (..., in) -> (..., out); split into PARTS blocks of output rows where
+    `splits(weight)` and x has at most MAX_ROWS rows of float32."""
+    rows = x.reshape(-1, x.shape[-1])                                              # [R, in]
+    if rows.shape[0] > MAX_ROWS or x.dtype != torch.float32 or not splits(weight):
+        return F.linear(x, weight, bias)
+    out, width = weight.shape
+    blocks = weight.view(PARTS, out // PARTS, width)                               # [P, out / P, in], a view
+    y = torch.bmm(blocks, rows.t().expand(PARTS, -1, -1)).view(out, -1).t()       # [R, out]
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], out)
