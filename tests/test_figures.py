@@ -475,3 +475,30 @@ def test_a_changed_figure_fails():
     values = list(get(result(file)))
     values[0] += 0.1
     assert squash(template.format(*values)) not in doc(name)
+
+
+DOCS = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
+BENCHES = tuple(p.stem for p in (ROOT / "bench").glob("*.py") if not p.stem.startswith("_"))
+
+
+def cited_results(text: str) -> set[str]:
+    """The results files a document names: every bench/results/<path>, and a bare <bench>[-...].json (a file named
+    after one of bench/'s scripts, as the docs cite them in a table's caption); a pattern (bench/results/x-<shape>.json)
+    is no file."""
+    full = {m.rstrip(".,;:)`'") for m in re.findall(r"bench/results/[\w./-]+(?![\w./<-])", text)}
+    bare = {m for m in re.findall(r"(?<![\w/.-])([a-z_]+(?:-[\w.-]+)?\.json)\b", text)
+            if m.split("-")[0].removesuffix(".json") in BENCHES}
+    return {f.removeprefix("bench/results/") for f in full} | bare
+
+
+@pytest.mark.parametrize("name", DOCS)
+def test_every_results_file_a_document_names_exists(name):
+    missing = sorted(f for f in cited_results((ROOT / name).read_text()) if not (RESULTS / f).exists())
+    assert missing == [], f"{name} names results files that are not in bench/results/: {missing}"
+
+
+def test_a_document_naming_a_missing_results_file_fails():
+    assert cited_results("as `bench/results/load.json` and gpu-load.json show; not france.json") == {
+        "load.json", "gpu-load.json"}
+    assert not (RESULTS / "load-1999.json").exists() and "load-1999.json" in cited_results("(load-1999.json)")
+    assert cited_results("in bench/results/gpu-cpu-<shape>.json") == set()
