@@ -110,6 +110,20 @@ def load_peak(d: dict) -> tuple:
     return peak * MIB / 1e9, peak
 
 
+def serving_load_row(tokens: int, mode: str) -> Callable[[dict], tuple]:
+    """docs/serving.md's load table: 20 sessions, peak RSS from MiB to decimal GB."""
+    def get(d: dict) -> tuple:
+        r = one(d["scenarios"], mode=mode, sessions=20, tokens_per_request=tokens)
+        return (tokens, mode, r["wait_p95_s"], r["ttft_p95_s"], r["completion_p50_s"], r["completion_p95_s"],
+                r["throughput_tok_s"], r["rss_peak_mb"] * MIB / 1e9)
+    return get
+
+
+def serving_load_ratios(d: dict) -> tuple:
+    rows = [one(d["ratios"], sessions=20, tokens=t) for t in (16, 64)]
+    return (*[r["completion_p95_ratio"] for r in rows], *[r["throughput_ratio"] for r in rows])
+
+
 def before_after_row(tokens: int, mode: str) -> Callable[[dict], tuple]:
     def get(d: dict) -> tuple:
         r = one(d["ratios"], tokens=tokens)
@@ -175,6 +189,13 @@ def room_lean(d: dict) -> tuple:
 def watch(d: dict) -> tuple:
     return (d["followers"], d["browser_followers"], d["presenter_done_s"], d["stream_lag_p95_s"],
             d["counts_not_shown"], d["page_lag_max_s"])
+
+
+def serving_watch(d: dict) -> tuple:
+    return (d["presenter_done_s"], d["stream_lag_p95_s"], d["lag_p50_p95_chromium_followers_s"][1],
+            d["lag_p50_p95_browserless_followers_s"][1], d["stream_lag_max_s"],
+            d["page_never_drawn_in_120_s"] + d["never_done_in_120_s"], d["followers"], d["done_lag_max_s"],
+            d["page_lag_p50_s"], d["page_lag_max_s"], d["cpu_seconds"]["server"])
 
 
 def vs_row(key: str, scale: float = 1.0) -> Callable[[dict], tuple]:
@@ -416,6 +437,14 @@ FIGURES: list[tuple[str, str, str, Callable[[Any], Any]]] = [
      lambda d: _capture_ratios(d)),
     (SERVING, "before_after.json", "Three rounds on main d3d922d (2026-11-27) gave {:.2f}x, {:.2f}x, {:.2f}x and "
      "{:.2f}x", lambda d: _capture_ratios(d)),
+    *[(SERVING, "load.json", "| {} | {} | {:.1f} s | {:.1f} s | {:.1f} / {:.1f} s | {:.1f} | {:.1f} GB |",
+       serving_load_row(t, m)) for t in (16, 64) for m in ("one at a time", "batched")],
+    (SERVING, "load.json", "Batched against one at a time: p95 completion {:.2f}x (16 tokens) and {:.2f}x (64 "
+     "tokens), total tok/s {:.1f}x and {:.1f}x", serving_load_ratios),
+    (SERVING, "watch.json", "| the presenter's run | {:.1f} s | | stream lag p95 (Chromium / browserless) | {:.2f} s "
+     "({:.2f} / {:.2f} s) | | stream lag max | {:.2f} s | | followers whose page went blank or never drew | {} of {} | "
+     "| \"Done\" shown after the presenter's | {:.2f} s at most | | the finished run's whole page drawn | {:.1f} s p50, "
+     "{:.1f} s max | | server CPU-s over the run | {:.1f} |", serving_watch),
     (SERVING, "api.json", "**{:.1f} tok/s, p95 {:.2f} s at 16 tokens** and at 64 tokens **{:.1f} tok/s, p95 {:.2f} s**;",
      lambda d: api_headline(d)[:4]),
     (SERVING, "api-64-off.json", "a second run at 64 tokens made {:.1f} tok/s (p95 {:.2f} s, median of {} rounds;",
