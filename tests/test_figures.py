@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-README, SERVING, PROJECTION = "README.md", "docs/serving.md", "docs/projection.md"
+README, SERVING, PROJECTION, ENGINE_DOC = "README.md", "docs/serving.md", "docs/projection.md", "docs/engine.md"
 MIB = 2**20
 
 
@@ -196,6 +196,15 @@ def serving_watch(d: dict) -> tuple:
             d["lag_p50_p95_browserless_followers_s"][1], d["stream_lag_max_s"],
             d["page_never_drawn_in_120_s"] + d["never_done_in_120_s"], d["followers"], d["done_lag_max_s"],
             d["page_lag_p50_s"], d["page_lag_max_s"], d["cpu_seconds"]["server"])
+
+
+def gpu_eager_steps(d: dict) -> tuple:
+    """The eager decode step on the H200: (median completion - median TTFT) / the steps after the first token, at
+    1 and 30 sessions with capture off."""
+    def step(n: int) -> float:
+        r = one(d["scenarios"], sessions=n, capture="off")
+        return 1e3 * (r["completion_p50_s"] - r["ttft_p50_s"]) / (r["tokens"] / n - 1)
+    return step(1), step(30)
 
 
 def vs_row(key: str, scale: float = 1.0) -> Callable[[dict], tuple]:
@@ -445,6 +454,9 @@ FIGURES: list[tuple[str, str, str, Callable[[Any], Any]]] = [
      "({:.2f} / {:.2f} s) | | stream lag max | {:.2f} s | | followers whose page went blank or never drew | {} of {} | "
      "| \"Done\" shown after the presenter's | {:.2f} s at most | | the finished run's whole page drawn | {:.1f} s p50, "
      "{:.1f} s max | | server CPU-s over the run | {:.1f} |", serving_watch),
+    (SERVING, "gpu-load.json", "the runner's eager decode step took {:.0f} ms for one request and {:.0f} ms for thirty",
+     gpu_eager_steps),
+    (ENGINE_DOC, "gpu-load.json", "{:.0f} ms for one request and {:.0f} ms for thirty", gpu_eager_steps),
     (SERVING, "api.json", "**{:.1f} tok/s, p95 {:.2f} s at 16 tokens** and at 64 tokens **{:.1f} tok/s, p95 {:.2f} s**;",
      lambda d: api_headline(d)[:4]),
     (SERVING, "api-64-off.json", "a second run at 64 tokens made {:.1f} tok/s (p95 {:.2f} s, median of {} rounds;",
