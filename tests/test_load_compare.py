@@ -21,7 +21,7 @@ def test_every_batched_answer_records_whether_it_equals_alone_and_where_it_first
     assert len(ids) == len(bench.PROMPTS) and all(len(i) == 6 for i in ids)
 
 
-def test_answers_alone_against_another_devices_name_the_first_differing_token(tiny_model_dir, tmp_path):
+def test_answers_alone_against_another_devices_name_the_first_differing_token(tiny_model_dir, tiny_lm, tmp_path):
     bench = load_bench()
     theirs, out = tmp_path / "cpu.json", tmp_path / "against.json"
     args = ["--model", str(tiny_model_dir), "--tokens", "6", "--alone-only", "--out", str(out)]
@@ -35,6 +35,8 @@ def test_answers_alone_against_another_devices_name_the_first_differing_token(ti
     against = json.loads(out.read_text())["alone_against"][0]
     assert against["equal"] == len(bench.PROMPTS) - 1 and against["of"] == len(bench.PROMPTS)
     assert against["answers"][1] == {"prompt": 1, "equal": False, "first_diff": 2}
+    shorter = bench.alone_against(bench.references(tiny_lm, 2), theirs, 2)    # their 6 tokens' first 2
+    assert shorter["equal"] == len(bench.PROMPTS) and shorter["tokens"] == 2
 
 
 def test_first_diff():
