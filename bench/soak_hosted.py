@@ -14,7 +14,9 @@ quota (a tmpfs of --quota-mb, mounted here when this process may: as root, or in
 - `--api-clients` `openai` clients streaming completions through nginx's /v1/ with the room's key.
 
 Faults: SIGKILL a web process at a quarter of the time, the model server at half, fill the run store's disk at
-three quarters (a file takes all its free space; it is removed again at seven eighths, as an operator would).
+three quarters (a file takes all its free space; it is removed again at seven eighths, as an operator would). Each
+fault waits for the process killed before it to be back, and the soak runs on past --seconds until the last one is:
+on a loaded machine it lasts longer, it never ends with a process down.
 
 Reported (a new bench/results/soak_hosted/<UTC time>-<commit>.json, bench/provenance.py): asked / served /
 refused (with each message) / failed (with each message) / lost for each kind and each fault window, p95 time to
@@ -334,18 +336,36 @@ async def api_call(client: openai.AsyncOpenAI, model: str, rng: random.Random, s
 # --- faults and the clock --------------------------------------------------------------------------------------------
 
 async def inject(soak: Soak) -> None:
-    """The three faults at their times, and the run store's disk freed again."""
-    total = soak.args.seconds
+    """The three faults at their times, and the run store's disk freed again. A fault waits for the process the one
+    before it killed to be back, and the soak ends only once the last one killed is back (soak_for): on a loaded
+    machine a restart takes longer, and the run then lasts longer instead of ending with a process still down."""
+    total, killed = soak.args.seconds, Counter()
     for (name, at) in FAULTS:
         await asyncio.sleep(max(0.0, at * total - soak.now()))
+        await everyone_back(soak, killed)
         soak.faults[name] = round(soak.now(), 2)
         if name in KILLED:
             os.kill(soak.status()[KILLED[name]]["pid"], signal.SIGKILL)
+            killed[KILLED[name]] += 1
         else:
             fill(soak)
     await asyncio.sleep(max(0.0, FREE_AT * total - soak.now()))
     (soak.store / "filler").unlink(missing_ok=True)
     soak.faults["the disk freed"] = round(soak.now(), 2)
+    await everyone_back(soak, killed)
+
+
+async def everyone_back(soak: Soak, killed: Counter, seconds: float = 900.0) -> None:
+    """Until every process the soak killed has come back as often as it was killed (`seconds`: a guard against a
+    room that never restarts it, as long as start_room's; the report then shows it still down)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        status = soak.status()
+        if all(len(status.get(name, {}).get("back_seconds") or []) >= n and not status.get(name, {}).get("down_since")
+               for name, n in killed.items()):
+            return
+        await asyncio.sleep(0.5)
+    soak.notes.append(f"not back after {seconds:.0f} s: {sorted(killed)}")
 
 
 def fill(soak: Soak) -> None:
@@ -377,6 +397,7 @@ async def soak_for(soak: Soak) -> None:
     tasks += [asyncio.ensure_future(api_client(soak, i, model)) for i in range(soak.args.api_clients)]
     helpers = [asyncio.ensure_future(inject(soak)), asyncio.ensure_future(sample_memory(soak))]
     await asyncio.sleep(soak.args.seconds)
+    await helpers[0]                                        # every fault made and every killed process back
     soak.stopping = True
     await asyncio.wait(tasks, timeout=STREAM_SECONDS)       # an answer in flight is read to its end
     for task in tasks + helpers:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import tempfile
 import threading
 from contextlib import contextmanager
@@ -86,6 +87,17 @@ def no_logged_deprecation(request):
             logger.removeHandler(handler)
     seen = [text for text in handler.seen if not any(part in text for part in allowed)]
     assert not seen, "deprecated calls: " + "; ".join(seen)
+
+
+@pytest.fixture(autouse=True)
+def main_module_restored():
+    """Streamlit's script runner (AppTest included) installs the page as sys.modules["__main__"] and never puts the
+    old one back; a later test that starts a `spawn` process (bench/api_clients.py's pool) then had its child re-run
+    that page's file as its main, die on it, and the parent's first send broke its pipe (test_scheduler then
+    test_vs_vllm in one process)."""
+    main = sys.modules["__main__"]
+    yield
+    sys.modules["__main__"] = main
 
 
 TINY_CONFIG = dict(

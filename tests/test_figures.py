@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-README, SERVING, PROJECTION = "README.md", "docs/serving.md", "docs/projection.md"
+README, SERVING, PROJECTION, ENGINE_DOC = "README.md", "docs/serving.md", "docs/projection.md", "docs/engine.md"
 MIB = 2**20
 
 
@@ -110,6 +110,20 @@ def load_peak(d: dict) -> tuple:
     return peak * MIB / 1e9, peak
 
 
+def serving_load_row(tokens: int, mode: str) -> Callable[[dict], tuple]:
+    """docs/serving.md's load table: 20 sessions, peak RSS from MiB to decimal GB."""
+    def get(d: dict) -> tuple:
+        r = one(d["scenarios"], mode=mode, sessions=20, tokens_per_request=tokens)
+        return (tokens, mode, r["wait_p95_s"], r["ttft_p95_s"], r["completion_p50_s"], r["completion_p95_s"],
+                r["throughput_tok_s"], r["rss_peak_mb"] * MIB / 1e9)
+    return get
+
+
+def serving_load_ratios(d: dict) -> tuple:
+    rows = [one(d["ratios"], sessions=20, tokens=t) for t in (16, 64)]
+    return (*[r["completion_p95_ratio"] for r in rows], *[r["throughput_ratio"] for r in rows])
+
+
 def before_after_row(tokens: int, mode: str) -> Callable[[dict], tuple]:
     def get(d: dict) -> tuple:
         r = one(d["ratios"], tokens=tokens)
@@ -175,6 +189,22 @@ def room_lean(d: dict) -> tuple:
 def watch(d: dict) -> tuple:
     return (d["followers"], d["browser_followers"], d["presenter_done_s"], d["stream_lag_p95_s"],
             d["counts_not_shown"], d["page_lag_max_s"])
+
+
+def serving_watch(d: dict) -> tuple:
+    return (d["presenter_done_s"], d["stream_lag_p95_s"], d["lag_p50_p95_chromium_followers_s"][1],
+            d["lag_p50_p95_browserless_followers_s"][1], d["stream_lag_max_s"],
+            d["page_never_drawn_in_120_s"] + d["never_done_in_120_s"], d["followers"], d["done_lag_max_s"],
+            d["page_lag_p50_s"], d["page_lag_max_s"], d["cpu_seconds"]["server"])
+
+
+def gpu_eager_steps(d: dict) -> tuple:
+    """The eager decode step on the H200: (median completion - median TTFT) / the steps after the first token, at
+    1 and 30 sessions with capture off."""
+    def step(n: int) -> float:
+        r = one(d["scenarios"], sessions=n, capture="off")
+        return 1e3 * (r["completion_p50_s"] - r["ttft_p50_s"]) / (r["tokens"] / n - 1)
+    return step(1), step(30)
 
 
 def vs_row(key: str, scale: float = 1.0) -> Callable[[dict], tuple]:
@@ -436,6 +466,17 @@ FIGURES: list[tuple[str, str, str, Callable[[Any], Any]]] = [
      lambda d: _capture_ratios(d)),
     (SERVING, "before_after.json", "Three rounds on main d3d922d (2026-11-27) gave {:.2f}x, {:.2f}x, {:.2f}x and "
      "{:.2f}x", lambda d: _capture_ratios(d)),
+    *[(SERVING, "load.json", "| {} | {} | {:.1f} s | {:.1f} s | {:.1f} / {:.1f} s | {:.1f} | {:.1f} GB |",
+       serving_load_row(t, m)) for t in (16, 64) for m in ("one at a time", "batched")],
+    (SERVING, "load.json", "Batched against one at a time: p95 completion {:.2f}x (16 tokens) and {:.2f}x (64 "
+     "tokens), total tok/s {:.1f}x and {:.1f}x", serving_load_ratios),
+    (SERVING, "watch.json", "| the presenter's run | {:.1f} s | | stream lag p95 (Chromium / browserless) | {:.2f} s "
+     "({:.2f} / {:.2f} s) | | stream lag max | {:.2f} s | | followers whose page went blank or never drew | {} of {} | "
+     "| \"Done\" shown after the presenter's | {:.2f} s at most | | the finished run's whole page drawn | {:.1f} s p50, "
+     "{:.1f} s max | | server CPU-s over the run | {:.1f} |", serving_watch),
+    (SERVING, "gpu-load.json", "the runner's eager decode step took {:.0f} ms for one request and {:.0f} ms for thirty",
+     gpu_eager_steps),
+    (ENGINE_DOC, "gpu-load.json", "{:.0f} ms for one request and {:.0f} ms for thirty", gpu_eager_steps),
     (SERVING, "api.json", "**{:.1f} tok/s, p95 {:.2f} s at 16 tokens** and at 64 tokens **{:.1f} tok/s, p95 {:.2f} s**;",
      lambda d: api_headline(d)[:4]),
     (SERVING, "timings-share.json", "**about {:.0f} bytes per step** in a batch of 20 (the row ids dominate), {:.1f} kB "
@@ -580,3 +621,30 @@ def test_a_changed_figure_fails():
     values = list(get(result(file)))
     values[0] += 0.1
     assert squash(template.format(*values)) not in doc(name)
+
+
+DOCS = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
+BENCHES = tuple(p.stem for p in (ROOT / "bench").glob("*.py") if not p.stem.startswith("_"))
+
+
+def cited_results(text: str) -> set[str]:
+    """The results files a document names: every bench/results/<path>, and a bare <bench>[-...].json (a file named
+    after one of bench/'s scripts, as the docs cite them in a table's caption); a pattern (bench/results/x-<shape>.json)
+    is no file."""
+    full = {m.rstrip(".,;:)`'") for m in re.findall(r"bench/results/[\w./-]+(?![\w./<-])", text)}
+    bare = {m for m in re.findall(r"(?<![\w/.-])([a-z_]+(?:-[\w.-]+)?\.json)\b", text)
+            if m.split("-")[0].removesuffix(".json") in BENCHES}
+    return {f.removeprefix("bench/results/") for f in full} | bare
+
+
+@pytest.mark.parametrize("name", DOCS)
+def test_every_results_file_a_document_names_exists(name):
+    missing = sorted(f for f in cited_results((ROOT / name).read_text()) if not (RESULTS / f).exists())
+    assert missing == [], f"{name} names results files that are not in bench/results/: {missing}"
+
+
+def test_a_document_naming_a_missing_results_file_fails():
+    assert cited_results("as `bench/results/load.json` and gpu-load.json show; not france.json") == {
+        "load.json", "gpu-load.json"}
+    assert not (RESULTS / "load-1999.json").exists() and "load-1999.json" in cited_results("(load-1999.json)")
+    assert cited_results("in bench/results/gpu-cpu-<shape>.json") == set()

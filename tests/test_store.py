@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 import zipfile
 from pathlib import Path
 
@@ -115,6 +116,53 @@ def test_an_index_that_is_not_sqlite_is_set_aside_and_rebuilt_from_the_files(tmp
     assert disk.read("run-keep") == run_file
 
 
+def sqlite_error(code: int, message: str) -> sqlite3.OperationalError:
+    """The error SQLite raises with `code` (as the sqlite3 module fills it in)."""
+    err = sqlite3.OperationalError(message)
+    err.sqlite_errorcode, err.sqlite_errorname = code, message
+    return err
+
+
+@pytest.mark.parametrize("code, message", [(sqlite3.SQLITE_BUSY, "database is locked"),
+                                           (sqlite3.SQLITE_PROTOCOL, "locking protocol"),
+                                           (sqlite3.SQLITE_IOERR, "disk I/O error")])
+def test_an_index_another_process_is_opening_is_waited_for_never_set_aside(tmp_path, run_file, monkeypatch, code,
+                                                                           message):
+    """Four processes opening a new store at once: one got SQLITE_BUSY at once (no busy wait when SQLite sees a
+    possible deadlock) and gave up with a StoreError; PROTOCOL and IOERR (the write-ahead log's shared memory under
+    contention) set the index aside while the others wrote it. Each is tried again now, and the index is kept."""
+    from engine.store.disk import RunDisk
+
+    open_store(tmp_path, 10 * 2**20).put(StoredRun("run-keep"), run_file)
+    real, calls = RunDisk._prepared, []
+
+    def flaky(self, path):
+        calls.append(path)
+        if len(calls) <= 3:
+            raise sqlite_error(code, message)
+        return real(self, path)
+
+    monkeypatch.setattr(RunDisk, "_prepared", flaky)
+    disk = open_store(tmp_path, 10 * 2**20)
+    assert len(calls) == 4 and disk.read("run-keep") == run_file
+    assert not (tmp_path / SKIPPED).exists() and disk.usage().problems == ()
+
+
+def test_an_index_that_stays_locked_is_refused_with_a_line_and_kept(tmp_path, run_file, monkeypatch):
+    from engine.store import disk as store_disk
+
+    open_store(tmp_path, 10 * 2**20).put(StoredRun("run-keep"), run_file)
+    monkeypatch.setattr(store_disk, "BUSY_SECONDS", 0.0)
+    def locked(self, path):
+        raise sqlite_error(sqlite3.SQLITE_BUSY, "database is locked")
+
+    monkeypatch.setattr(store_disk.RunDisk, "_prepared", locked)
+    with pytest.raises(StoreError, match=r"index .* could not be opened for 0 s \(database is locked\)"):
+        open_store(tmp_path, 10 * 2**20)
+    monkeypatch.undo()
+    assert open_store(tmp_path, 10 * 2**20).read("run-keep") == run_file and not (tmp_path / SKIPPED).exists()
+
+
 def test_a_store_written_by_a_newer_playground_is_refused_by_name(tmp_path):
     open_store(tmp_path, 2**20).close()
     with sqlite3.connect(tmp_path / INDEX) as db:
@@ -156,9 +204,13 @@ def test_a_failed_write_is_one_clear_error_and_the_store_goes_on(tmp_path):
 WRITER = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, {root!r})
+    import pathlib, time
     from engine.store import RunGoneError, StoredRun, open_store
-    disk = open_store(__import__("pathlib").Path({folder!r}), {budget})
-    who = sys.argv[1]
+    who, folder = sys.argv[1], pathlib.Path({folder!r})
+    (folder / f"ready-{{who}}").touch()
+    while not (folder / "go").exists():                                 # every writer opens the new store at once
+        time.sleep(0.001)
+    disk = open_store(folder, {budget})
     for i in range({n}):
         run = f"run-{{who}}-{{i}}"
         disk.put(StoredRun(run, title=f"{{who}} {{i}}"), os.urandom(2048 + i))
@@ -177,6 +229,9 @@ def test_processes_writing_at_once_never_corrupt_the_store(tmp_path):
     script = WRITER.format(root=str(ROOT), folder=str(tmp_path), budget=budget, n=n)
     procs = [subprocess.Popen([sys.executable, "-c", script, f"w{k}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for k in range(4)]
+    while len(list(tmp_path.glob("ready-*"))) < 4 and all(p.poll() is None for p in procs):
+        time.sleep(0.01)
+    (tmp_path / "go").touch()
     outs = [p.communicate(timeout=180) for p in procs]                 # a guard against a hang, not a speed
     assert [p.returncode for p in procs] == [0] * 4, [e[-2000:] for _, e in outs]
     disk = open_store(tmp_path, budget)

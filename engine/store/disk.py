@@ -39,6 +39,8 @@ STORE_FORMAT, STORE_VERSION = "inference-playground/run-store", 1
 INDEX, RUNS, SKIPPED, SUFFIX = "index.sqlite", "runs", "skipped", ".run.zip"
 RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 BUSY_SECONDS = 30.0                 # how long a writer waits for another process's transaction
+OPEN_RETRY_SECONDS = 0.05           # the pause between two tries at opening the index
+NOT_AN_INDEX_CODES = (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT)   # primary result codes: set the index aside
 MAX_PROBLEMS, MAX_EVICTED = 50, 10_000
 MAX_CLAIMS = 50                     # per person (the Recordings page shows the newest few)
 STALE_TMP_SECONDS = 3600.0
@@ -66,6 +68,10 @@ class RunGoneError(StoreError):
 
 class StoredFileError(StoreError):
     """A run file that was cut short or changed after it was written: set aside, never opened."""
+
+
+class NotAnIndex(Exception):
+    """SQLite said twice that the index file is no database or is malformed (inside RunDisk: it is set aside)."""
 
 
 @dataclass(frozen=True)
@@ -170,18 +176,38 @@ class RunDisk:
         """The index, made when new; a newer store refused by name; an index that is not SQLite set aside."""
         path = self.folder / INDEX
         try:
-            return self._prepared(path)
-        except StoreVersionError:
-            raise
-        except sqlite3.DatabaseError as err:
-            if "locked" in str(err) or "busy" in str(err):
-                raise StoreError(f"the run store's index {path} stayed locked by another process: {err}") from None
+            return self._opened(path)
+        except NotAnIndex as err:
             moved = self._set_aside(path, f"its index {INDEX} is not a SQLite database ({err})")
             for extra in ("-wal", "-shm"):
                 Path(str(path) + extra).unlink(missing_ok=True)
             log.warning("run store: a new index replaces %s; the run files are indexed again", moved)
             self._rebuilt = True
             return self._prepared(path)
+
+    def _opened(self, path: Path) -> sqlite3.Connection:
+        """The index opened, trying again for BUSY_SECONDS while SQLite answers what another process's open or
+        transaction can make it answer (busy, locked, a write-ahead log being recovered: SQLITE_PROTOCOL, an I/O
+        error on the shared memory); NotAnIndex only when SQLite says twice in a row that the file is no database
+        or is malformed: anything else never costs the index that other processes are writing."""
+        deadline, bad = time.monotonic() + BUSY_SECONDS, None
+        while True:
+            try:
+                return self._prepared(path)
+            except StoreVersionError:
+                raise
+            except sqlite3.DatabaseError as err:
+                code = getattr(err, "sqlite_errorcode", None)
+                if code is not None and code & 0xFF in NOT_AN_INDEX_CODES:
+                    if bad is not None:
+                        raise NotAnIndex(str(err)) from None
+                    bad = err
+                else:
+                    bad = None
+                if time.monotonic() >= deadline:
+                    raise StoreError(f"the run store's index {path} could not be opened for {BUSY_SECONDS:.0f} s "
+                                     f"({err}): runs are not kept on disk") from None
+                time.sleep(OPEN_RETRY_SECONDS)
 
     def _prepared(self, path: Path) -> sqlite3.Connection:
         db = sqlite3.connect(path, timeout=BUSY_SECONDS, isolation_level=None, check_same_thread=False)
