@@ -12,14 +12,13 @@ shared screen or a copied address does not carry it.
 from __future__ import annotations
 
 import io
-import os
 import re
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
 import streamlit as st
 
-from app.model import get_model, model_choice
+from app.model import get_model, model_choice, settings
 from app.presenter import TOKEN_KEY
 from app.session import person_id
 from engine.service.join import MEMBER_SECONDS, JoinGate, JoinRefused, room_gate
@@ -27,7 +26,6 @@ from engine.service.join import MEMBER_SECONDS, JoinGate, JoinRefused, room_gate
 QUERY_KEY = "join"                       # http://host:8501/?join=k7mq-3xtp-9wha
 COOKIE = "playground_member"
 MEMBER_KEY, OPEN_KEY = "join.member", "join.open"
-PUBLIC_URL_ENV = "PLAYGROUND_PUBLIC_URL"  # the address participants use, set by `playground` (or --public-url)
 TOKEN_CHARS = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
@@ -133,8 +131,9 @@ def join_form(gate: JoinGate, message: str | None) -> None:
 # --- the presenter's side --------------------------------------------------------------------------------------
 
 def public_base() -> str:
-    """Where participants reach this server: PLAYGROUND_PUBLIC_URL, else the address this browser used."""
-    given = os.environ.get(PUBLIC_URL_ENV, "").strip()
+    """Where participants reach this server: its public_url setting (--public-url), else the address this browser
+    used."""
+    given = settings().public_url
     if given:
         return given.rstrip("/")
     try:

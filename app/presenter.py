@@ -19,11 +19,11 @@ import hashlib
 import time
 from typing import Any, Callable, Mapping, MutableMapping
 
-from app.model import current_client
+from app.model import current_client, settings
 from engine.service.board import (MAX_NOTE_CHARS, SETTINGS, BoardState, PresenterBoard, PresenterError,  # noqa: F401
                                   Push)
+from engine.settings import rows as settings_rows
 
-TOKEN_ENV = "PLAYGROUND_PRESENTER_TOKEN"
 WIDGET_KEYS = {"prompt": "prompt", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
                "seed": "seed", "max_new_tokens": "max_new"}   # push field -> widget key after "<page>."
 FOLLOW_KEY, SEEN_KEY, TOKEN_KEY, VIEW_KEY, PENDING_KEY = (
@@ -222,3 +222,13 @@ def new_broadcast(state: MutableMapping[str, Any], board: PresenterBoard) -> Any
 def may_generate(state: Mapping[str, Any], board: PresenterBoard) -> bool:
     """Followers run the model themselves unless the presenter keeps it for the room's one run."""
     return not board.enabled or is_presenter(state, board) or board.followers_may_generate
+
+
+def settings_panel() -> None:
+    """The presenter's look at what this room runs with: `playground --print-settings`'s rows, secrets masked."""
+    import streamlit as st                 # drawing only here: the rest of this module is plain data (tests use dicts)
+
+    with st.expander("Settings this room runs with", icon=":material/tune:"):
+        st.caption("As `playground --print-settings` shows them (every one in docs/settings.md); secrets stay hidden.")
+        shown = settings_rows(settings())
+        st.table({column: {r["setting"]: r[column] for r in shown} for column in ("value", "set by")})

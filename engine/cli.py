@@ -36,7 +36,7 @@ from engine.projection.cost import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_DOLLAR
 from engine.projection.specs import (DTYPE_BYTES, GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, dtype_bytes,
                                      model_preset)
 from engine.projection.units import fmt_bytes
-from engine.server.launch import add_serve
+from engine.launch import add_serve
 
 
 def _progress(fraction: float, message: str) -> None:

@@ -4,7 +4,7 @@ import streamlit as st
 from app.hosted import hosted
 from app.journey.why import pick_section
 from app.model import api_key, page_model
-from app.presenter import is_presenter, presenter_board
+from app.presenter import is_presenter, presenter_board, settings_panel
 from app.session import session_id
 from app.speed.room import api_note, kernel_note, live_section
 
@@ -18,6 +18,8 @@ st.write("Everyone in this room shares one model. When several people press Gene
 live_section(lm, session_id())
 if hosted() is not None:                       # the pages and the API in this process (app/hosted.py)
     st.caption(api_note(st.context.url, api_key(), is_presenter(st.session_state, presenter_board())))
+if is_presenter(st.session_state, presenter_board()):
+    settings_panel()
 note = kernel_note(lm)
 if note:
     st.caption(note)

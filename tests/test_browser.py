@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from servers import free_port, python
-from app.launch import build_parser, streamlit_command
+from app.launch import settings_of, streamlit_command
 
 pytestmark = pytest.mark.browser
 
@@ -95,7 +95,7 @@ def running_app(log_dir: Path, env: dict[str, str] | None = None):
     OpenAI API over one model); its url once the model is loaded."""
     port = free_port()
     log = log_dir / "streamlit.log"
-    cmd = [python(), *streamlit_command(build_parser().parse_args(["--port", str(port)]))[1:]]
+    cmd = [python(), *streamlit_command(settings_of(["--port", str(port)]))[1:]]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, **SHOW_DEPRECATIONS, **(env or {})})

@@ -101,3 +101,14 @@ def test_the_graph_sees_a_cycle_and_an_upward_import():
     assert "app.model" in edges["app.asgi"]                       # a module-level import
     assert "engine.server.state" in edges["app.hosted"]           # an import inside a function
     assert "streamlit" in edges["app.model"]
+
+
+def test_the_server_is_below_the_cluster_and_the_launcher():
+    """engine/launch.py starts the model server in this process (engine/server) or on Ray Serve (engine/cluster):
+    the server imports neither, the cluster builds on the server, and engine/settings.py needs no other module."""
+    edges = graph()
+    up = {(name, target) for name, targets in edges.items() if name.startswith("engine.server")
+          for target in targets if target.startswith(("engine.cluster", "engine.launch"))}
+    assert up == set()
+    assert edges["engine.settings"] == set()
+    assert "engine.cluster.launch" in edges["engine.launch"] and "engine.server.app" in edges["engine.launch"]

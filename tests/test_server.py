@@ -456,7 +456,7 @@ def test_a_wide_bind_without_a_key_is_refused_at_start(tiny_model_dir):
 
 def test_without_replicas_nothing_of_ray_is_imported():
     """Ray is an optional extra: the server, its clients and the launcher never import it unless --replicas asks."""
-    code = ("import sys, engine.cli, engine.server.app, engine.server.launch, engine.service.service, "
+    code = ("import sys, engine.cli, engine.server.app, engine.launch, engine.service.service, "
             "engine.service.client, app.launch, app.model, app.speed.room; "
             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
     out = subprocess.run([python(), "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -6,16 +6,19 @@ loads the model from the same path on its node. Ctrl+C (or SIGTERM) stops the ap
 """
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:                   # the settings' type only: engine/launch.py reads and passes them
+    from engine.settings import Settings
 
 APP_NAME = "playground"
 
 
-def serve_cluster(args: argparse.Namespace, api_key: str | None, token: str | None) -> int:
+def serve_cluster(args: Settings, api_key: str | None, token: str | None) -> int:
     import ray
     from ray import serve
 
