@@ -149,7 +149,7 @@ def join_link(code: str, base: str | None = None) -> str:
 
 def qr_png(text: str, scale: int = 10) -> bytes:
     """A QR code of `text` as PNG bytes (segno: no image library needed)."""
-    import segno
+    import segno  # the QR code: only when the presenter opens the join panel
 
     out = io.BytesIO()
     segno.make(text, error="m").save(out, kind="png", scale=scale, border=2)

@@ -25,9 +25,10 @@ from typing import Callable
 
 import streamlit as st
 
+from app.hosted import hosted
 from app.nav import page_info
 from engine.errors import EngineError
-from engine.service.client import ModelClient, ServerUnavailableError
+from engine.service.client import ModelClient, ServerUnavailableError, wait_until_ready
 from engine.settings import Settings, SettingsError, current
 
 MODEL_ENV, URL_ENV = "PLAYGROUND_MODEL", "PLAYGROUND_ENGINE_URL"     # named in the pages' hints
@@ -97,12 +98,9 @@ def connect(choice: ModelChoice, progress: Callable[[float, str], None] | None =
     """The remote client of the named server, the model this process hosts for its pages and its API
     (app/hosted.py, loading since the server started), or a service around a model loaded here now."""
     if choice.url:
-        from engine.service.client import wait_until_ready
-
         return wait_until_ready(choice.url, SERVER_WAIT_SECONDS, api_key(),
                                 on_wait=lambda text: progress(0.5, f"Waiting for the model server: {text}")
                                 if progress else None)
-    from app.hosted import hosted
 
     model = hosted()
     return model.wait(progress) if model is not None else load_here(choice, progress)
@@ -110,7 +108,7 @@ def connect(choice: ModelChoice, progress: Callable[[float, str], None] | None =
 
 def load_here(choice: ModelChoice, progress: Callable[[float, str], None] | None = None) -> ModelClient:
     """The model loaded in this process, served by an in-process `EngineService`."""
-    from engine.core.loader import load_model
+    from engine.core.loader import load_model  # torch and transformers: only when this process loads the model itself
     from engine.service.service import EngineService
 
     lm = load_model(choice.name, device=choice.device, dtype=choice.dtype, progress=progress)

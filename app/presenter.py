@@ -19,6 +19,8 @@ import hashlib
 import time
 from typing import Any, Callable, Mapping, MutableMapping
 
+import streamlit as st
+
 from app.model import current_client, settings
 from engine.service.board import (MAX_NOTE_CHARS, SETTINGS, BoardState, PresenterBoard, PresenterError,  # noqa: F401
                                   Push)
@@ -153,8 +155,6 @@ def page_values(state: Mapping[str, Any], ns: str) -> dict[str, Any]:
 
 def presenter_box(board: PresenterBoard) -> None:
     """Sidebar block: follow on/off for everyone; the token box that turns a session into the presenter."""
-    import streamlit as st
-
     if not board.enabled:
         return
     state = st.session_state
@@ -175,8 +175,6 @@ def presenter_box(board: PresenterBoard) -> None:
 
 def try_token(state: MutableMapping[str, Any], board: PresenterBoard, token: str) -> None:
     """Unlock with `token`, or say why not under the box."""
-    import streamlit as st
-
     try:
         ok = unlock(state, board, token)
     except PresenterError as err:
@@ -188,8 +186,6 @@ def try_token(state: MutableMapping[str, Any], board: PresenterBoard, token: str
 
 def push_button(board: PresenterBoard, ns: str, here: str, view: Mapping[str, Any] | None = None) -> Push | None:
     """For the presenter only: a button that pushes this page's prompt, settings and view to every follower."""
-    import streamlit as st
-
     state = st.session_state
     if not is_presenter(state, board):
         return None
@@ -226,7 +222,6 @@ def may_generate(state: Mapping[str, Any], board: PresenterBoard) -> bool:
 
 def settings_panel() -> None:
     """The presenter's look at what this room runs with: `playground --print-settings`'s rows, secrets masked."""
-    import streamlit as st                 # drawing only here: the rest of this module is plain data (tests use dicts)
 
     with st.expander("Settings this room runs with", icon=":material/tune:"):
         st.caption("As `playground --print-settings` shows them (every one in docs/settings.md); secrets stay hidden.")

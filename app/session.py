@@ -15,6 +15,7 @@ import uuid
 from typing import Callable
 
 import streamlit as st
+from streamlit.runtime import Runtime
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from app.model import REFUSED_KEY
@@ -71,8 +72,6 @@ def xsrf_token(cookie: str) -> str:
 
 def connected(session: str) -> bool:
     """Is this Streamlit session still connected to the server? (True where there is no server to ask.)"""
-    from streamlit.runtime import Runtime
-
     streamlit_id = _STREAMLIT_SESSIONS.get(session)
     if streamlit_id is None or not Runtime.exists() or Runtime.instance().is_active_session(streamlit_id):
         return True

@@ -124,7 +124,7 @@ def serve(settings: Settings) -> int:
 def serve_replicas(settings: Settings, api_key: str | None, token: str | None) -> int:
     """The cluster: only now is Ray imported (an optional extra)."""
     try:
-        from engine.cluster.launch import serve_cluster
+        from engine.cluster.launch import serve_cluster  # Ray Serve: an optional extra, only with --replicas
     except ImportError:
         print("error: --replicas runs the model server on Ray Serve, which is not installed: "
               "pip install 'inference-playground[cluster]' (or `make test`, which installs it)", file=sys.stderr)

@@ -299,6 +299,7 @@ def score(chosen: dict[str, str | None], bank: list[Question]) -> int:
 
 def render_question(number: int, q: Question, ns: str = "quiz") -> str | None:
     """One question as a radio group; once answered, whether it was right and why. Returns the choice."""
+    # drawing only: the questions and their checks are plain data, read by tests without Streamlit
     import streamlit as st
 
     st.markdown(f"**{number}. {q.topic}**")

@@ -19,6 +19,7 @@ from app.format import fmt_ms, fmt_rate, plot_text, visible
 from app.run import LOGIT_LENS_TOP, Run, Throttle, capture_policy
 from app.journey.tokens import chars_per_token, chips_figure, special_mask
 from app.journey.why import why_section
+from app.live import run_on_model, status_progress
 from app.widgets import ChartSlot, plot
 from engine.core.generate import GenerationRequest
 from engine.errors import EngineError
@@ -334,8 +335,6 @@ OBSERVER_TOKENS = 16          # decode steps per run of the measurement
 
 def observer_section(lm: ModelClient, run: Run) -> None:
     """The same request decoded with capture off and on, alternating three times, on this server (measured)."""
-    from app.live import run_on_model, status_progress
-
     policy = run.policy if run.policy.enabled else capture_policy(lm.spec, run.n_prompt, OBSERVER_TOKENS)[0]
     request = replace(run.request, max_new_tokens=OBSERVER_TOKENS)
     if st.button("Measure capture off against on", key="journey.observer.measure"):

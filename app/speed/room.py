@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from typing import Sequence
+from urllib.parse import urlsplit
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -268,8 +269,6 @@ def live_section(lm: ModelClient, me: str | None) -> None:
 
 def api_note(page_url: str | None, key: str | None, presenter: bool) -> str:
     """Where this room's OpenAI API answers (the same address as the pages, under /v1), and with what key."""
-    from urllib.parse import urlsplit
-
     parts = urlsplit(page_url or "")
     base = f"{parts.scheme}://{parts.netloc}/v1" if parts.scheme and parts.netloc else "this address + /v1"
     if key is None:

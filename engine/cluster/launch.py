@@ -19,7 +19,7 @@ APP_NAME = "playground"
 
 
 def serve_cluster(args: Settings, api_key: str | None, token: str | None) -> int:
-    import ray
+    import ray  # Ray: an optional extra, imported only with --replicas
     from ray import serve
 
     from engine.cluster.hub import hub_actor
@@ -56,7 +56,7 @@ def wait_for_signal() -> None:
 
 
 def _has_cuda() -> bool:
-    import torch
+    import torch  # torch only to ask for CUDA when no device was named
 
     return torch.cuda.is_available()
 

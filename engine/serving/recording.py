@@ -117,7 +117,7 @@ def new_recording(lm: Any, request: GenerationRequest, policy: CapturePolicy, re
 def machine_note(device: str) -> str:
     """Where a recording was made, for whoever opens it elsewhere: the processor, and for a CPU how busy the machine
     was as the run finished (its timings are that machine's, then)."""
-    import torch
+    import torch  # torch: only when a recording is written
 
     if device.startswith("cuda") and torch.cuda.is_available():
         return f"one {torch.cuda.get_device_name(torch.device(device))}"
