@@ -1,7 +1,7 @@
 """`playground`: start the app for one person or a room, wrapping `streamlit run app/asgi.py`.
 
     playground                                        # the embedded model on this machine, http://127.0.0.1:8501
-                                                      # and its OpenAI API at http://127.0.0.1:8501/v1 (app/hosted.py)
+                                                      # and its OpenAI API at http://127.0.0.1:8501/v1 (app/hosting/hosted.py)
     playground --model /models/Llama-3.1-8B-Instruct --device cuda --dtype bf16 \\
                --host 0.0.0.0 --port 8501 --presenter-token auto --max-sessions 60
     playground --engine-url http://127.0.0.1:8000 --api-key KEY        # the model in a server: this process holds none
@@ -35,7 +35,7 @@ from engine.settings import FILE_ENV, PLAYGROUND, Settings, SettingsError, add_f
 APP = Path(__file__).resolve().parent
 ROOT = APP.parent
 TOKEN_ENV, KEY_ENV = "PLAYGROUND_PRESENTER_TOKEN", "PLAYGROUND_API_KEY"
-JOIN_CODE_ENV, PUBLIC_URL_ENV = "PLAYGROUND_JOIN_CODE", "PLAYGROUND_PUBLIC_URL"   # read by app/join.py
+JOIN_CODE_ENV, PUBLIC_URL_ENV = "PLAYGROUND_JOIN_CODE", "PLAYGROUND_PUBLIC_URL"   # read by app/room/join.py
 MIN_TOKEN_CHARS = 12
 
 
@@ -190,7 +190,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     print(banner(settings, token, code, key), flush=True)
     os.chdir(ROOT)
     if way(settings) in (WEB_PROCESSES, REPLICAS):
-        from app.processes import serve_room            # nginx and the supervisor: only for a room of processes
+        from app.hosting.processes import serve_room            # nginx and the supervisor: only for a room of processes
 
         return serve_room(command, env, settings.host, settings.port, settings.web_processes or 1,
                           settings.engine_url, server_args(settings, token), UPLOAD_MB,

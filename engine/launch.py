@@ -7,7 +7,7 @@
     python -m engine serve [--replicas N]   SERVE          the model server alone (in this process, or on Ray Serve)
 
 `playground` (app/launch.py) reads its flags into Settings and asks this module for the commands: the web process's
-(`web_command`) and the model server's (`server_args`); app/processes.py supervises a room of several processes.
+(`web_command`) and the model server's (`server_args`); app/hosting/processes.py supervises a room of several processes.
 `python -m engine serve` starts here (`cmd_serve`): the model server in this process (engine/server) or on Ray
 Serve (engine/cluster), so engine/server imports neither this module nor engine/cluster.
 
@@ -50,7 +50,7 @@ def way(settings: Settings, command: str = PLAYGROUND) -> str:
 # --- playground: the web processes and the model server they start ---------------------------------------------
 
 def serves_api(settings: Settings) -> bool:
-    """Whether the web process hosts the model for its pages and its OpenAI API (app/hosted.py): only when it is
+    """Whether the web process hosts the model for its pages and its OpenAI API (app/hosting/hosted.py): only when it is
     the one process (not a client of a model server) and the API is not turned off."""
     return way(settings) == ONE_PROCESS and not settings.no_api
 

@@ -377,7 +377,7 @@ def test_generate_stop_and_share_the_run(app_url, page):
     wait_text(page, "Generating with", 60)
     button(page, "Stop").click()
     wait_text(page, "Stopped after", 60)
-    wait_text(page, "kept on the server's disk", 30)    # the stopped runner asked the server (app/run.py settle)
+    wait_text(page, "kept on the server's disk", 30)    # the stopped runner asked the server (app/runs/run.py settle)
     wait_idle(page)
     assert_no_exception(page)
 

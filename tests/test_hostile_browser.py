@@ -11,9 +11,9 @@ from dataclasses import replace
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app import presenter
-from app.presenter import PresenterBoard
-from app.recordings import RECORDINGS_DIR
+from app.room import presenter
+from app.room.presenter import PresenterBoard
+from app.runs.recordings import RECORDINGS_DIR
 from engine.serving.scheduler import scheduler_for
 
 MAIN = "../app/main.py"

@@ -1,5 +1,5 @@
 """The hosted room's join gate: its rules (engine/service/join.py), the launcher's code and link (app/launch.py),
-and the app's door (app/join.py, before anything else in app/main.py) driven with AppTest on the tiny Llama.
+and the app's door (app/room/join.py, before anything else in app/main.py) driven with AppTest on the tiny Llama.
 The same in real Chromium: tests/test_browser_join.py."""
 from __future__ import annotations
 
@@ -237,8 +237,9 @@ def test_an_open_room_drops_a_code_left_in_the_environment(monkeypatch, capsys):
 @pytest.fixture
 def room(app_env, monkeypatch):
     """The app with a join code, and a record of every model load and seat in the room it asks for."""
-    from app import model, session
+    from app.hosting import model
 
+    from app.room import session
     g = JoinGate(CODE)
     monkeypatch.setattr(join, "_GATE", g)
     asked = []

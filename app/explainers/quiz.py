@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.format import card_size, fmt_bytes
+from app.ui.format import card_size, fmt_bytes
 from engine.projection.card import kv_bytes_per_token, naive_weight_bytes, weight_bytes
 from engine.projection.economics import projected_token_prices
 from engine.lab.floatbits import format_range

@@ -12,9 +12,9 @@ from typing import Any
 import plotly.graph_objects as go
 import streamlit as st
 
-from app.hardware import DEFAULT_GPU
+from app.ui.hardware import DEFAULT_GPU
 from app.journey.figures import DECODE_COLOR, PREFILL_COLOR
-from app.widgets import plot
+from app.runs.widgets import plot
 from engine.errors import EngineError
 from engine.projection.cost import project
 from engine.projection.specs import GPU_PRESETS, ModelSpec

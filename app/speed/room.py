@@ -14,11 +14,11 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import streamlit as st
 
-from app.format import fmt_bytes, fmt_ms, fmt_rate
-from app.live import measure_in_box
-from app.widgets import plot
+from app.ui.format import fmt_bytes, fmt_ms, fmt_rate
+from app.runs.live import measure_in_box
+from app.runs.widgets import plot
 from engine.core.generate import GenerationRequest
-from app.model import away_safe
+from app.hosting.model import away_safe
 from engine.service.client import ModelClient
 from engine.core.small_batch import PROBE_ROWS, ROWS
 from engine.serving.batch import StepInfo

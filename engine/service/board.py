@@ -1,5 +1,5 @@
 """The presenter's board: one person at the front pushes a prompt, settings and a view, and broadcasts their runs;
-every follower picks them up. State and rules only (no UI): the app draws it (app/presenter.py), the model server
+every follower picks them up. State and rules only (no UI): the app draws it (app/room/presenter.py), the model server
 keeps it (one board for every web process), clients reach it through their ModelClient.
 
 The presenter unlocks it with the token given at launch (compared in constant time). Each push gets a new version

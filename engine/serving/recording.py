@@ -74,7 +74,7 @@ def _record_types() -> dict[str, type]:
 class RecordedSpeculation:
     """The speculative part of a recorded run: what drafted, k, the rounds and plain decoding of the same request.
 
-    The rounds carry no captures: the run's records hold them, one decode step per token (app.run.round_steps).
+    The rounds carry no captures: the run's records hold them, one decode step per token (app.runs.run.round_steps).
     """
 
     draft: str                         # the draft's label

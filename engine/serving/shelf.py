@@ -1,5 +1,5 @@
 """Recordings kept on the server's disk for whoever saved them, within two caps. The app's `session` here is the
-person (app.session.person_id: a browser's reloads, tabs and a restart of the server are one person).
+person (app.room.session.person_id: a browser's reloads, tabs and a restart of the server are one person).
 
     shelf = Shelf(Path("~/.cache/inference-playground/saved"), per_session=5, total_bytes=1024 * 2**20)
     kept = shelf.keep(session, data, "capital of France")    # Kept(entry, removed=[entries that made room])

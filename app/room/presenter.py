@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, MutableMapping
 
 import streamlit as st
 
-from app.model import current_client, settings
+from app.hosting.model import current_client, settings
 from engine.service.board import (MAX_NOTE_CHARS, SETTINGS, BoardState, PresenterBoard, PresenterError,  # noqa: F401
                                   Push)
 from engine.settings import rows as settings_rows

@@ -18,9 +18,9 @@ import streamlit as st
 from streamlit.runtime import Runtime
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from app.model import REFUSED_KEY
-from app.nav import page_info
-from app.presenter import PENDING_KEY, SEEN_KEY, follow_page, presenter_board, push_button, pushed_view
+from app.hosting.model import REFUSED_KEY
+from app.ui.nav import page_info
+from app.room.presenter import PENDING_KEY, SEEN_KEY, follow_page, presenter_board, push_button, pushed_view
 from engine.service.client import ModelClient
 from engine.serving.scheduler import SessionLimitError
 

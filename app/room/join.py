@@ -18,9 +18,9 @@ from urllib.parse import urlsplit
 
 import streamlit as st
 
-from app.model import get_model, model_choice, settings
-from app.presenter import TOKEN_KEY
-from app.session import person_id
+from app.hosting.model import get_model, model_choice, settings
+from app.room.presenter import TOKEN_KEY
+from app.room.session import person_id
 from engine.service.join import MEMBER_SECONDS, JoinGate, JoinRefused, room_gate
 
 QUERY_KEY = "join"                       # http://host:8501/?join=k7mq-3xtp-9wha

@@ -25,15 +25,15 @@ from typing import Callable
 
 import streamlit as st
 
-from app.hosted import hosted
-from app.nav import page_info
+from app.hosting.hosted import hosted
+from app.ui.nav import page_info
 from engine.errors import EngineError
 from engine.service.client import ModelClient, ServerUnavailableError, wait_until_ready
 from engine.settings import Settings, SettingsError, current
 
 MODEL_ENV, URL_ENV = "PLAYGROUND_MODEL", "PLAYGROUND_ENGINE_URL"     # named in the pages' hints
 SERVER_WAIT_SECONDS = 600.0
-REFUSED_KEY = "session.refused"      # set while this browser is refused a seat (the room is full): app/session.py
+REFUSED_KEY = "session.refused"      # set while this browser is refused a seat (the room is full): app/room/session.py
 HEALTH_SECONDS = 1.0                 # a model server's health is asked at most this often per web process
 RETRY_SECONDS = 2.0                  # a page that waits for the model server looks again this often
 _health: dict[str, object] = {"at": -HEALTH_SECONDS, "away": None}
@@ -90,13 +90,13 @@ class ModelSlot:
 
 def api_key() -> str | None:
     """The model server's API key: the one this process sends to a model server (`--engine-url`), or the one its
-    own API door asks of clients (app/hosted.py)."""
+    own API door asks of clients (app/hosting/hosted.py)."""
     return settings().api_key
 
 
 def connect(choice: ModelChoice, progress: Callable[[float, str], None] | None = None) -> ModelClient:
     """The remote client of the named server, the model this process hosts for its pages and its API
-    (app/hosted.py, loading since the server started), or a service around a model loaded here now."""
+    (app/hosting/hosted.py, loading since the server started), or a service around a model loaded here now."""
     if choice.url:
         return wait_until_ready(choice.url, SERVER_WAIT_SECONDS, api_key(),
                                 on_wait=lambda text: progress(0.5, f"Waiting for the model server: {text}")
