@@ -155,3 +155,22 @@ def test_the_comment_check_sees_a_bare_import(tmp_path):
     bare = tmp_path / "bare.py"
     bare.write_text("def f():\n    import json\n\n    return json\n\n\ndef g():\n    import os  # why\n    import re\n")
     assert unexplained_imports(bare) == [2]
+
+
+APP_FLOORS = ("app.ui", "app.hosting", "app.room", "app.runs")   # app/'s own packages, from the ground up
+
+
+def app_floor(module: str) -> int | None:
+    return next((i for i, pkg in enumerate(APP_FLOORS) if module == pkg or module.startswith(pkg + ".")), None)
+
+
+def test_the_apps_packages_stand_in_floors():
+    """ui/ imports nothing else of app/; hosting/ only ui/; room/ those two; runs/ those three; none of them imports
+    a topic package, main.py or the launcher (docs/architecture.md)."""
+    edges = graph()
+    up = [(name, target) for name, targets in edges.items() if app_floor(name) is not None
+          for target in targets if target.startswith("app.") and (app_floor(target) or -1) > app_floor(name)]
+    out = [(name, target) for name, targets in edges.items() if app_floor(name) is not None
+           for target in targets if target.startswith("app.") and app_floor(target) is None]
+    assert up == [] and out == []
+    assert len([p for p in (ROOT / "app").glob("*.py")]) <= 12        # at most 12 modules left flat
