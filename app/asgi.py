@@ -1,5 +1,5 @@
 """`streamlit run app/asgi.py`: the pages (app/main.py) and the OpenAI API (under /v1) over one model, in one
-process on one port. `playground` starts it this way; see app/hosted.py."""
+process on one port. `playground` starts it this way; see app/hosting/hosted.py."""
 import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -12,8 +12,8 @@ if str(ROOT) not in sys.path:  # `streamlit run` puts app/ on the path, not the 
 import streamlit as st  # noqa: E402
 from starlette.middleware import Middleware  # noqa: E402
 
-from app.hosted import ApiDoor, start_hosted  # noqa: E402
-from app.model import api_key, load_here, model_choice  # noqa: E402
+from app.hosting.hosted import ApiDoor, start_hosted  # noqa: E402
+from app.hosting.model import api_key, load_here, model_choice  # noqa: E402
 
 
 @asynccontextmanager

@@ -10,17 +10,17 @@ if str(ROOT) not in sys.path:  # `streamlit run` puts app/ on the path, not the 
 import pandas  # noqa: E402,F401 - imported by every run before any page: see below
 import streamlit as st  # noqa: E402
 
-from app.runner_fixes import install as fix_script_runs  # noqa: E402
-from app.join import admit  # noqa: E402
-from app.layout import configure_page, layout_toggle  # noqa: E402
-from app.model import get_model, model_away, note_away, restart_notice  # noqa: E402
-from app.nav import HOME, PAGES, page_info  # noqa: E402
-from app.nav import menu as menu_of_pages  # noqa: E402
-from app.session import follow_presenter, join_session  # noqa: E402
+from app.hosting.runner_fixes import install as fix_script_runs  # noqa: E402
+from app.room.join import admit  # noqa: E402
+from app.ui.layout import configure_page, layout_toggle  # noqa: E402
+from app.hosting.model import get_model, model_away, note_away, restart_notice  # noqa: E402
+from app.ui.nav import HOME, PAGES, page_info  # noqa: E402
+from app.ui.nav import menu as menu_of_pages  # noqa: E402
+from app.room.session import follow_presenter, join_session  # noqa: E402
 from app.sidebar import render_sidebar  # noqa: E402
-from app.live import open_run_link  # noqa: E402
-from app.recent import reopen_last  # noqa: E402
-from app.watch import fill_form, watch_slot, watch_strip  # noqa: E402
+from app.runs.live import open_run_link  # noqa: E402
+from app.runs.recent import reopen_last  # noqa: E402
+from app.runs.watch import fill_form, watch_slot, watch_strip  # noqa: E402
 from engine.errors import EngineError  # noqa: E402
 from engine.service.client import ServerUnavailableError  # noqa: E402
 

@@ -7,10 +7,10 @@ import os
 import psutil
 import streamlit as st
 
-from app.format import CONVENTION, fmt_bytes
-from app.join import join_panel
-from app.model import model_choice
-from app.presenter import PresenterError, is_presenter, presenter_board, presenter_box, unlock
+from app.ui.format import CONVENTION, fmt_bytes
+from app.room.join import join_panel
+from app.hosting.model import model_choice
+from app.room.presenter import PresenterError, is_presenter, presenter_board, presenter_box, unlock
 from engine.projection.card import kv_bytes_per_token, param_counts
 from engine.service.client import ModelClient
 

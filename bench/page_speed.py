@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from bench import provenance  # noqa: E402
 from bench.room_browser import ARGS, CHROMIUM, generate_button, prepare, start_app, write_report  # noqa: E402
 
-from app.run import capture_policy  # noqa: E402
+from app.runs.run import capture_policy  # noqa: E402
 from engine.core.generate import GenerationRequest, encode_prompt, generate  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
 from engine.core.records import DecodeRecord, DoneRecord  # noqa: E402

@@ -13,7 +13,7 @@ of the way in, another the worst case for the loader (a bomb whose gzip trailer 
 two thirds in.
 
 Only public APIs: `scheduler_for(lm)`, `Scheduler.check/submit/join/leave/stats`, `Handle.records/cancel`,
-`app.recordings` (the Recordings page's functions), `app.presenter`, `Scheduler.submit_job` with
+`app.runs.recordings` (the Recordings page's functions), `app.room.presenter`, `Scheduler.submit_job` with
 `engine.lab.speed.measure_context` (as the speed lab runs it).
 
 When the time is up, sessions whose answer is streaming read on for up to 20 s (as a person would), the others
@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app import recordings as replay  # noqa: E402
-from app.presenter import PresenterBoard, PresenterError, new_push, unlock  # noqa: E402
+from app.room.presenter import PresenterBoard, PresenterError, new_push, unlock  # noqa: E402
 from engine.errors import EngineError  # noqa: E402
 from engine.core.generate import GenerationRequest  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks  # noqa: E402
@@ -103,7 +103,7 @@ class Visitor:
     records: list = field(default_factory=list)        # its last generation
     request: GenerationRequest | None = None
     policy: CapturePolicy = CAPTURE_OFF
-    run: Any = None                                    # its last opened recording (an app.run.Run)
+    run: Any = None                                    # its last opened recording (an app.runs.run.Run)
 
 
 class Room:

@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from st_client import Person  # noqa: E402
 from engine.store import open_store  # noqa: E402
-from app.widgets import STOPPED_IN_LINE  # noqa: E402
+from app.runs.widgets import STOPPED_IN_LINE  # noqa: E402
 from bench import provenance  # noqa: E402
 
 CODE = "soak-room-2026"
@@ -248,7 +248,7 @@ def judged(p: Person, shown_before: str | None, alerts: list[str]) -> tuple:
     if unkept is not None:
         return "failed", unkept[:200], None        # stopped as the model server went away: said, and no link
     if any(t.startswith(STOPPED_IN_LINE) for t in p.texts):
-        return "served", "", None          # Stop pressed while it waited in line (app/widgets.py): nothing to open
+        return "served", "", None          # Stop pressed while it waited in line (app/runs/widgets.py): nothing to open
     restart = said(p, "") or next(iter(restart_lines(alerts)), "")
     if restart:
         return "refused", restart[:200], None

@@ -25,7 +25,7 @@ from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 from streamlit.proto.WidgetStates_pb2 import WidgetState
 
 UP_CLOSE = "4. One token up close"        # the journey page's section drawn only for a finished run
-MEMBER_COOKIE = "playground_member"       # the room's member token (app/join.py writes it from a script)
+MEMBER_COOKIE = "playground_member"       # the room's member token (app/room/join.py writes it from a script)
 ERROR = 1                                 # Alert.Format.ERROR: st.error
 WHOLE_RUN_ENDS = (0, 1)                   # ScriptFinishedStatus: a whole page ran (not a fragment, not cut short)
 

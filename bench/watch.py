@@ -4,7 +4,7 @@
 
 The app starts with a presenter token. The presenter (a headless Chromium tab) unlocks presenter mode and
 generates on the journey page; every follower (already open on the home page) watches the run stream in the
-strip at the top of its page (app/watch.py), then moves to the journey page, which draws the finished run. `--browsers` of the followers are Chromium tabs; the rest are tabs without a
+strip at the top of its page (app/runs/watch.py), then moves to the journey page, which draws the finished run. `--browsers` of the followers are Chromium tabs; the rest are tabs without a
 browser (bench/st_client.py: the same websocket protocol, nothing rendered), because thirty browsers
 rendering on this machine's two cores would measure the browsers, not the server: in a room each person's
 browser renders on their own laptop.

@@ -23,6 +23,7 @@ The parser starts without torch: a command imports it when it runs a model or re
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import json
 import os
 import sys
@@ -36,7 +37,7 @@ from engine.projection.cost import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_DOLLAR
 from engine.projection.specs import (DTYPE_BYTES, GPU_PRESETS, MODEL_PRESETS, GPUSpec, ModelSpec, dtype_bytes,
                                      model_preset)
 from engine.projection.units import fmt_bytes
-from engine.server.launch import add_serve
+from engine.launch import add_serve
 
 
 def _progress(fraction: float, message: str) -> None:
@@ -67,12 +68,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=_progress)
     if args.static:
-        from engine.core.fastpath import enable_static_decode
+        from engine.core.fastpath import enable_static_decode  # torch: only for the command that needs it
 
         enable_static_decode(lm)
     request = GenerationRequest(args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                                 args.seed, tuple(args.stop or ()), chat=not args.raw)
     if args.draft:
+        # torch: only for the command that needs it
         from engine.speculative.decode import draft_from_spec, record_to_json, speculative_generate
 
         records = speculative_generate(lm, request, draft_from_spec(args.draft, lm), args.k)
@@ -86,7 +88,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cli_policy(args: argparse.Namespace, n_layers: int) -> Any:
-    from engine.core.hooks import CapturePolicy
+    from engine.core.hooks import CapturePolicy  # torch: only for the command that needs it
 
     layers = parse_layers(args.capture_layers, n_layers)
     inputs = parse_layers(args.keep_inputs, n_layers)
@@ -97,7 +99,7 @@ def _cli_policy(args: argparse.Namespace, n_layers: int) -> Any:
 def _check_cli_capture(args: argparse.Namespace, lm: Any, policy: Any, n_prompt: int, max_new: int) -> None:
     """The capture budget the server applies (--max-capture-mb, PLAYGROUND_MAX_CAPTURE_MB, the device's default),
     and the memory free: refused before anything runs, with what would fit."""
-    from engine.serving.capture import attention_bytes
+    from engine.serving.capture import attention_bytes  # torch: only for the command that needs it
     from engine.serving.limits import Limits, capture_bytes, check_memory, inputs_bytes, maps_bytes
     from engine.serving.scheduler import device_free_bytes
 
@@ -124,7 +126,7 @@ def _check_cli_capture(args: argparse.Namespace, lm: Any, policy: Any, n_prompt:
 def _generate_and_write(args: argparse.Namespace, lm: Any, request: Any, ids: list[int], policy: Any) -> int:
     """One JSON line per record as it is made, then the file: the views the flags name, derived from the residual the
     run kept (engine/core/views.py), and the inputs --keep-inputs names."""
-    from engine.core.capture_file import write_capture
+    from engine.core.capture_file import write_capture  # torch: only for the command that needs it
     from engine.core.generate import generate
     from engine.core.kept import kept_for
     from engine.core.records import to_json
@@ -188,7 +190,7 @@ def config_problem(err: Exception) -> str:
 
 
 def cmd_hooks(args: argparse.Namespace) -> int:
-    from engine.core.hooks import hook_points
+    from engine.core.hooks import hook_points  # torch: only for the command that needs it
     from engine.core.loader import load_model
 
     lm = load_model(args.model, device="cpu", progress=_progress)
@@ -197,7 +199,7 @@ def cmd_hooks(args: argparse.Namespace) -> int:
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
-    from engine.core.loader import provision, provision_extras
+    from engine.core.loader import provision, provision_extras  # torch: only for the command that needs it
 
     print(json.dumps({"default": str(provision("default", _progress))}))
     if args.extras:

@@ -6,12 +6,12 @@ from app.attention.context import context_section, target_section
 from app.attention.numbers import captured_layers
 from app.attention.sections import (gqa_section, grid_section, heatmap_section, heads_of, kept_line, layer_and_head,
                                     layer_options, scrubber_section, summary_section)
-from app.live import last_run, run_live
-from app.notebook import notebook_button
-from app.model import offline_notice, page_model
-from app.recordings import run_notes
-from app.session import presenter_push, pushed_choice
-from app.widgets import ProgressLine, quick_form
+from app.runs.live import last_run, run_live
+from app.runs.notebook import notebook_button
+from app.hosting.model import offline_notice, page_model
+from app.runs.recordings import run_notes
+from app.room.session import presenter_push, pushed_choice
+from app.runs.widgets import ProgressLine, quick_form
 
 lm = page_model()
 st.title("Attention")

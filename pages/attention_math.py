@@ -2,7 +2,7 @@
 import streamlit as st
 
 from app.attention.math import matrices_section, steps_section
-from app.model import page_model
+from app.hosting.model import page_model
 
 lm = page_model(needed=True)
 st.title("Attention, step by step")

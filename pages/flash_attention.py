@@ -2,7 +2,7 @@
 import streamlit as st
 
 from app.explainers.flash_attention import measured_section, projected_section
-from app.model import page_model
+from app.hosting.model import page_model
 
 lm = page_model(needed=True)
 st.title("FlashAttention and kernel fusion")

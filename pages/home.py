@@ -1,8 +1,8 @@
 """Home: what the playground shows, a tour for a class in the sidebar's order, then every page by group."""
 import streamlit as st
 
-from app.model import current_client, small_model_note
-from app.nav import TOUR, menu, page_info
+from app.hosting.model import current_client, small_model_note
+from app.ui.nav import TOUR, menu, page_info
 
 st.title("Inference Playground")
 st.write(

@@ -3,12 +3,12 @@ the steps, and one token up close."""
 import streamlit as st
 
 from app.journey.sections import ResultView, run_up_close, shapes_section, tokenization_section
-from app.live import last_run, run_live
-from app.model import offline_notice, page_model, small_model_note
-from app.recordings import run_notes
-from app.request import new_token_limit, prepare
-from app.session import presenter_push
-from app.widgets import generate_button, prompt_box, sampling_controls, state_defaults
+from app.runs.live import last_run, run_live
+from app.hosting.model import offline_notice, page_model, small_model_note
+from app.runs.recordings import run_notes
+from app.runs.request import new_token_limit, prepare
+from app.room.session import presenter_push
+from app.runs.widgets import generate_button, prompt_box, sampling_controls, state_defaults
 
 lm = page_model()
 st.title("The journey of a request")

@@ -4,11 +4,11 @@ import streamlit as st
 from app.kv.sections import (GrowthView, calculator_inputs, calculator_section, follow_charted_run, formula_text,
                              gqa_vs_mha_section, growth_caption, memory_section, paging_inputs, paging_section,
                              residual_text)
-from app.live import last_run, run_live
-from app.model import offline_notice, page_model
-from app.recordings import run_notes
+from app.runs.live import last_run, run_live
+from app.hosting.model import offline_notice, page_model
+from app.runs.recordings import run_notes
 from app.speed import room
-from app.widgets import quick_form
+from app.runs.widgets import quick_form
 from engine.projection.specs import MODEL_PRESETS
 
 lm = page_model()

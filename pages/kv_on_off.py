@@ -2,7 +2,7 @@
 import streamlit as st
 
 from app.kv.on_off import measured_section, projected_section
-from app.model import page_model
+from app.hosting.model import page_model
 
 lm = page_model(needed=True)
 st.title("The KV cache, with and without")

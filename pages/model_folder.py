@@ -2,7 +2,7 @@
 import streamlit as st
 
 from app.explainers.model_folder import files_section, timing_section
-from app.model import page_model
+from app.hosting.model import page_model
 
 lm = page_model(needed=True)
 st.title("A model is a folder")

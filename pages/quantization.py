@@ -2,7 +2,7 @@
 import streamlit as st
 
 from app.explainers.quantization import bits_section, grids_section, methods_section, methods_text, outliers_section
-from app.model import page_model
+from app.hosting.model import page_model
 
 lm = page_model(needed=True)
 st.title("Quantization, closely")

@@ -1,10 +1,10 @@
 """Recordings: finished generations saved with their captures, opened again without the model."""
 import streamlit as st
 
-from app.live import last_run
-from app.model import page_model
-from app.nav import PAGES
-from app.recordings import (keep_button, kept_section, recent_section, room_limits, run_notes, save_button,
+from app.runs.live import last_run
+from app.hosting.model import page_model
+from app.ui.nav import PAGES
+from app.runs.recordings import (keep_button, kept_section, recent_section, room_limits, run_notes, save_button,
                             shipped_section, store_section, upload_section)
 
 lm = page_model()

@@ -1,11 +1,11 @@
 """The room is the batch: who is generating on this server right now, and what batching does for them."""
 import streamlit as st
 
-from app.hosted import hosted
+from app.hosting.hosted import hosted
 from app.journey.why import pick_section
-from app.model import api_key, page_model
-from app.presenter import is_presenter, presenter_board
-from app.session import session_id
+from app.hosting.model import api_key, page_model
+from app.room.presenter import is_presenter, presenter_board, settings_panel
+from app.room.session import session_id
 from app.speed.room import api_note, kernel_note, live_section
 
 lm = page_model(needed=True)
@@ -16,8 +16,10 @@ st.write("Everyone in this room shares one model. When several people press Gene
          "nobody's answer freezes while it is read, and a finished answer leaves its place to the next person "
          "waiting. All of this is measured on this server, live.")
 live_section(lm, session_id())
-if hosted() is not None:                       # the pages and the API in this process (app/hosted.py)
+if hosted() is not None:                       # the pages and the API in this process (app/hosting/hosted.py)
     st.caption(api_note(st.context.url, api_key(), is_presenter(st.session_state, presenter_board())))
+if is_presenter(st.session_state, presenter_board()):
+    settings_panel()
 note = kernel_note(lm)
 if note:
     st.caption(note)

@@ -1,13 +1,13 @@
 """Speculative decoding: a cheap draft proposes k tokens, the model checks them all in one pass."""
 import streamlit as st
 
-from app.live import last_run, run_live
-from app.notebook import notebook_button
-from app.model import page_model
-from app.request import prepare
+from app.runs.live import last_run, run_live
+from app.runs.notebook import notebook_button
+from app.hosting.model import page_model
+from app.runs.request import prepare
 from app.speculative.sections import (TimelineView, build_draft, draft_controls, last_speculative, prompt_controls,
                                       rounds_sections, run_controls)
-from app.widgets import generate_button
+from app.runs.widgets import generate_button
 
 lm = page_model(needed=True)
 st.title("Speculative decoding")

@@ -1,9 +1,9 @@
 """Batching: a simulated serving engine on projected GPUs, and real batched generation on this machine."""
 import streamlit as st
 
-from app.model import page_model
+from app.hosting.model import page_model
 from app.speed.batching import long_prompt_section, real_section, simulation_section, sweep_section, target_inputs
-from app.hardware import device_roof, hardware_controls
+from app.ui.hardware import device_roof, hardware_controls
 
 lm = page_model(needed=True)
 st.title("Batching")

@@ -1,10 +1,10 @@
 """Speed and cost on GPUs: the analytic projection for any model, GPUs, precision, batch and context."""
 import streamlit as st
 
-from app.model import page_model
+from app.hosting.model import page_model
 from app.speed.cost import moe_section, projection_section, roofline_section, sweep_section
 from app.speed.cost_tokens import token_cost_section
-from app.hardware import hardware_controls
+from app.ui.hardware import hardware_controls
 from engine.projection.cost import DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_FLOPS_EFFICIENCY
 
 lm = page_model()

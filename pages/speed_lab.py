@@ -2,9 +2,9 @@
 what a given number of tokens per second feels like."""
 import streamlit as st
 
-from app.format import MEASURED, efficiency_note
-from app.model import page_model
-from app.hardware import device_roof
+from app.ui.format import MEASURED, efficiency_note
+from app.hosting.model import page_model
+from app.ui.hardware import device_roof
 from app.speed.lab_feel import feel_section
 from app.speed.lab_measured import context_section, measured_points, roofline_section
 

@@ -1,8 +1,8 @@
 """Precision: quantize a copy of the loaded model to INT8 and INT4 here, and project what precision does on a GPU."""
 import streamlit as st
 
-from app.model import page_model
-from app.hardware import hardware_controls
+from app.hosting.model import page_model
+from app.ui.hardware import hardware_controls
 from app.speed.precision import measured_section, projected_section
 
 lm = page_model(needed=True)

@@ -176,7 +176,7 @@ def open_script(app_env):
 def app_client(model_dir):
     """The app's own client of the tiny model (the one every AppTest session of this process uses), or None before
     a page made it."""
-    from app.model import model_slot
+    from app.hosting.model import model_slot
 
     return model_slot(str(model_dir), "cpu", "float32", None).client
 

@@ -19,10 +19,10 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from conftest import app_client, app_lm, ticking_clock, tiny_prompt
-from app.format import token_words
-from app.live import wait_message
-from app.presenter import PresenterBoard
-from app.recordings import RECORDINGS_DIR, open_bytes, run_bytes
+from app.ui.format import token_words
+from app.runs.live import wait_message
+from app.room.presenter import PresenterBoard
+from app.runs.recordings import RECORDINGS_DIR, open_bytes, run_bytes
 from engine.core.generate import GenerationRequest, generate_captured
 from engine.core.hooks import CapturePolicy
 from engine.serving.recording import load_recording
@@ -105,7 +105,7 @@ def alone(lm, prompt: str, max_new: int) -> list:
 
 def assert_server_maps(run, want: list) -> None:
     """The run's prompt maps, derived on the model server by run id, equal the same request's alone."""
-    from app.model import current_client
+    from app.hosting.model import current_client
 
     n = len(want[0].prompt)
     below = np.tril_indices(n)
@@ -296,7 +296,7 @@ def test_save_this_run_and_open_it_again(env):
     at = generate_on(open_page(new_app(), "journey.py"), "journey", tiny_prompt(9), 5)
     run = at.session_state["last_run"]
     assert at.get("download_button")                                                  # "Save this run"
-    from app.model import current_client
+    from app.hosting.model import current_client
 
     data = run_bytes(run, lm=current_client())                  # the views derived on the server, as the button does
     back = open_bytes(data, "saved.run.zip")
@@ -442,7 +442,7 @@ def stopping_script(marks: str) -> None:
 
     from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-    from app.live import stop_point
+    from app.runs.live import stop_point
 
     stop_point()                                     # nothing pending: draws nothing, goes on
     Path(marks).write_text("before")
@@ -453,7 +453,7 @@ def stopping_script(marks: str) -> None:
 
 def test_a_pending_stop_ends_the_script_at_the_next_record_not_the_next_redraw(tmp_path):
     """In a loaded room the answer redraws every few seconds, and Streamlit raises a Stop only inside an st call:
-    every record and queue status is a stop point (app/live.py), so a Stop acts within a step."""
+    every record and queue status is a stop point (app/runs/live.py), so a Stop acts within a step."""
     marks = tmp_path / "marks"
     AppTest.from_function(stopping_script, args=(str(marks),)).run(timeout=30)
     assert marks.read_text() == "before"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import tiny_prompt
-from app.presenter import (FREE_GUESSES, GUESSES_KEY, PresenterBoard, PresenterError, guess_wait, is_presenter,
+from app.room.presenter import (FREE_GUESSES, GUESSES_KEY, PresenterBoard, PresenterError, guess_wait, is_presenter,
                            unlock)
 from engine.serving import recording
 from engine.errors import ContextLengthError, InvalidRequestError

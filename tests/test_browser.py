@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from servers import free_port, python
-from app.launch import build_parser, streamlit_command
+from app.launch import settings_of, streamlit_command
 
 pytestmark = pytest.mark.browser
 
@@ -95,7 +95,7 @@ def running_app(log_dir: Path, env: dict[str, str] | None = None):
     OpenAI API over one model); its url once the model is loaded."""
     port = free_port()
     log = log_dir / "streamlit.log"
-    cmd = [python(), *streamlit_command(build_parser().parse_args(["--port", str(port)]))[1:]]
+    cmd = [python(), *streamlit_command(settings_of(["--port", str(port)]))[1:]]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, **SHOW_DEPRECATIONS, **(env or {})})
@@ -377,7 +377,7 @@ def test_generate_stop_and_share_the_run(app_url, page):
     wait_text(page, "Generating with", 60)
     button(page, "Stop").click()
     wait_text(page, "Stopped after", 60)
-    wait_text(page, "kept on the server's disk", 30)    # the stopped runner asked the server (app/run.py settle)
+    wait_text(page, "kept on the server's disk", 30)    # the stopped runner asked the server (app/runs/run.py settle)
     wait_idle(page)
     assert_no_exception(page)
 

@@ -180,3 +180,27 @@ def test_a_closed_room_lets_nobody_new_in(room, browser):  # noqa: F811
     assert let_in(newcomer)
     for page in (lead, member, newcomer):
         page.context.close()
+
+
+def test_the_presenter_sees_the_rooms_settings_and_a_member_does_not(room, browser):  # noqa: F811
+    """The room page's "Settings this room runs with" (as `playground --print-settings`): for the presenter only,
+    the presenter token masked."""
+    url, _, _ = room
+    lead = presenter(browser, url, CURRENT["code"])
+    lead.get_by_test_id("stSidebarNav").get_by_text("The room is the batch").click()   # the same session
+    wait_heading(lead, "The room is the batch")
+    wait_idle(lead)
+    lead.get_by_text("Settings this room runs with").click()
+    wait_text(lead, f"set ({len(TOKEN)} characters, hidden)")
+    panel = lead.get_by_test_id("stExpander").filter(has_text="Settings this room runs with")
+    assert "presenter_token" in panel.inner_text() and TOKEN not in lead.content()
+    assert_no_exception(lead)
+    shot(lead, "room_settings_presenter")
+    member = tab(browser, f"{url}/?join={CURRENT['code']}")
+    assert let_in(member)
+    member.goto(f"{url}/room")
+    wait_heading(member, "The room is the batch")
+    wait_idle(member)
+    assert member.get_by_text("Settings this room runs with").count() == 0
+    for page in (lead, member):
+        page.context.close()

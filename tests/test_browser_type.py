@@ -2,7 +2,7 @@
 session's app of tests/conftest.py, the browser and helpers of tests/test_browser.py).
 
 Every text of every plotly chart (ticks, titles, legends, bar and point labels, heatmap cells, annotations) is drawn
-at app.style.MIN_TEXT_PX or more, read as the browser computed it (font size times the element's on-screen scale);
+at app.ui.style.MIN_TEXT_PX or more, read as the browser computed it (font size times the element's on-screen scale);
 no chart has a toolbar to cover its values; and the sentence under the speculative page's bars names the bars' own
 labels. One run on the journey page and one on the speculative page first, so the charts a run brings are there.
 """
@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from app.style import MIN_TEXT_PX
+from app.ui.style import MIN_TEXT_PX
 from test_browser import (PAGES, PROJECTOR, assert_no_exception, browser, button, go_to,  # noqa: F401
                           set_number, wait_heading, wait_idle, wait_text)
 

@@ -13,7 +13,7 @@ from app.explainers import figures as explainer_charts
 from app.kv import figures as kv_charts
 from app.speed import figures as speed_charts
 from app.attention.numbers import HeadSummary, Pooled
-from app.format import log_ticks, si_label
+from app.ui.format import log_ticks, si_label
 from engine.projection.cost import project, roofline, sweep_batch
 from engine.projection.serving_sim import sweep_max_batch
 from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS
@@ -164,7 +164,7 @@ def test_the_causal_mask_and_uncaptured_rows_look_different():
 
 
 def test_the_shared_shapes_figure_is_built_once_and_never_changed_by_a_session(monkeypatch):
-    from app import widgets
+    from app.runs import widgets
     from app.journey.figures import shapes_figure
 
     spec = MODEL_PRESETS["llama-3.1-8b"]
@@ -180,13 +180,13 @@ def test_the_shared_shapes_figure_is_built_once_and_never_changed_by_a_session(m
 
 
 def test_no_chart_text_under_the_projector_minimum_and_no_toolbar():
-    """Every chart goes through app.widgets.sized: a font under MIN_TEXT_PX anywhere (layout, axes, annotations,
+    """Every chart goes through app.runs.widgets.sized: a font under MIN_TEXT_PX anywhere (layout, axes, annotations,
     traces) comes back at the minimum, a bar's label is not shrunk to its bar, a heatmap's cell text gets a size
     instead of plotly's fit-to-cell, and the shared figure itself is never changed. No toolbar over the data."""
     import plotly.graph_objects as go
 
-    from app import widgets
-    from app.style import MIN_TEXT_PX, at_least
+    from app.runs import widgets
+    from app.ui.style import MIN_TEXT_PX, at_least
 
     assert MIN_TEXT_PX >= 12 and widgets.PLOT_CONFIG["displayModeBar"] is False
     fig = go.Figure(go.Bar(x=[1, 2], y=[3, 4], text=["a", "b"], textfont=dict(size=9)))

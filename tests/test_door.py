@@ -10,9 +10,9 @@ from dataclasses import replace
 import pytest
 
 from conftest import tiny_prompt
-from app.live import new_live_run
-from app.request import Sampling, prepare
-from app.run import Draft, stream_generation
+from app.runs.live import new_live_run
+from app.runs.request import Sampling, prepare
+from app.runs.run import Draft, stream_generation
 from engine.core.generate import GenerationRequest, generate
 from engine.core.hooks import CapturePolicy, count_hooks
 from engine.core.records import DecodeRecord, PrefillRecord

@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app import presenter
-from app.presenter import PresenterBoard
+from app.room import presenter
+from app.room.presenter import PresenterBoard
 from engine.serving.scheduler import scheduler_for
 
 MAIN = "../app/main.py"
@@ -103,7 +103,7 @@ def test_someone_whose_runs_made_room_for_others_is_told_on_their_next_visit(roo
     """Kept runs live in the run store with every other run: one that had to go to keep the store within its budget
     stays in its person's list, marked evicted, and the person who made room is told. (A store of this test's own:
     which runs are oldest must not depend on the tests before it.)"""
-    from app.recent import run_store
+    from app.runs.recent import run_store
 
     monkeypatch.setenv("PLAYGROUND_RUNS_DIR", str(tmp_path / "store"))
     run_store.clear()

@@ -1,5 +1,5 @@
 """The hosted room's join gate: its rules (engine/service/join.py), the launcher's code and link (app/launch.py),
-and the app's door (app/join.py, before anything else in app/main.py) driven with AppTest on the tiny Llama.
+and the app's door (app/room/join.py, before anything else in app/main.py) driven with AppTest on the tiny Llama.
 The same in real Chromium: tests/test_browser_join.py."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app import launch
-from app.launch import build_parser, join_code, launch_env, room_urls
+from app.launch import join_code, launch_env, room_urls, settings_of
 from engine.service import join
 from engine.service.join import (FREE_GUESSES, FREE_GUESSES_PER_ADDRESS, MEMBER_SECONDS, JoinGate, JoinRefused,
                                  checked_code, new_code, normalized)
@@ -191,21 +191,21 @@ def test_the_gate_is_thread_safe():
 
 # --- the launcher ---------------------------------------------------------------------------------------------
 
-def parse(*argv: str):
-    return build_parser().parse_args(list(argv))
+def parse(*argv: str, environ: dict | None = None):
+    return settings_of(list(argv), environ or {})
 
 
 def test_loopback_stays_open_and_any_other_address_gets_a_made_up_code():
-    assert join_code(parse(), {}) is None
-    assert join_code(parse("--host", "localhost"), {}) is None
-    made_up = join_code(parse("--host", "0.0.0.0"), {})
+    assert join_code(parse()) is None
+    assert join_code(parse("--host", "localhost")) is None
+    made_up = join_code(parse("--host", "0.0.0.0"))
     assert made_up and len(made_up.split("-")) == 3
-    assert join_code(parse("--host", "0.0.0.0", "--join-code", "Workshop-2026"), {}) == "Workshop-2026"
-    assert join_code(parse("--host", "10.0.0.5"), {join.JOIN_CODE_ENV: "from-the-env-1"}) == "from-the-env-1"
-    assert join_code(parse("--join-code", "on-loopback-too"), {}) == "on-loopback-too"
-    assert join_code(parse("--host", "0.0.0.0", "--open-room"), {join.JOIN_CODE_ENV: "from-the-env-1"}) is None
+    assert join_code(parse("--host", "0.0.0.0", "--join-code", "Workshop-2026")) == "Workshop-2026"
+    assert join_code(parse("--host", "10.0.0.5", environ={join.JOIN_CODE_ENV: "from-the-env-1"})) == "from-the-env-1"
+    assert join_code(parse("--join-code", "on-loopback-too")) == "on-loopback-too"
+    assert join_code(parse("--host", "0.0.0.0", "--open-room", environ={join.JOIN_CODE_ENV: "from-the-env-1"})) is None
     with pytest.raises(SystemExit, match="at least 8"):
-        join_code(parse("--host", "0.0.0.0", "--join-code", "abc"), {})
+        join_code(parse("--host", "0.0.0.0", "--join-code", "abc"))
 
 
 def test_the_banner_prints_the_join_link_and_warns_about_an_open_room():
@@ -237,8 +237,9 @@ def test_an_open_room_drops_a_code_left_in_the_environment(monkeypatch, capsys):
 @pytest.fixture
 def room(app_env, monkeypatch):
     """The app with a join code, and a record of every model load and seat in the room it asks for."""
-    from app import model, session
+    from app.hosting import model
 
+    from app.room import session
     g = JoinGate(CODE)
     monkeypatch.setattr(join, "_GATE", g)
     asked = []

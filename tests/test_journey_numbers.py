@@ -136,7 +136,7 @@ def test_the_observer_section_quotes_its_bars(app):  # noqa: F811
 # --- a recording's times are the recording machine's: the page says where and how it was made -------------------
 
 def test_an_opened_recording_says_where_when_and_how_it_was_recorded(app):  # noqa: F811
-    from app.recordings import RECORDINGS_DIR
+    from app.runs.recordings import RECORDINGS_DIR
     from engine.serving.recording import load_recording
 
     at = open_page(app, "recordings.py")

@@ -12,15 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from app.launch import (LIMIT_FLAGS, TOKEN_ENV, banner, build_parser, launch_env, main, presenter_token, room_secrets,
-                        streamlit_command)
+from app.launch import (LIMIT_FLAGS, TOKEN_ENV, banner, launch_env, main, presenter_token, room_secrets,
+                        settings_of, streamlit_command)
 from engine.serving.limits import ENV_VARS, Limits
 
 BIN = Path(sys.executable).parent / "playground"
 
 
 def parse(*argv: str):
-    return build_parser().parse_args(list(argv))
+    """The settings `playground ARGV` runs with, in an environment of its own (none of the machine's variables)."""
+    return settings_of(list(argv), environ={})
 
 
 def test_help_lists_every_flag():
@@ -40,7 +41,7 @@ def test_flags_become_environment_variables():
     args = parse("--model", "/models/llama", "--draft", "ngram", "--device", "cuda:1", "--dtype", "bf16",
                  "--max-new-tokens", "64", "--max-sessions", "30", "--request-seconds", "45.5", "--max-queue", "0")
     env = launch_env(args, token="a-long-secret-token")
-    assert env == {"PLAYGROUND_MODEL": "/models/llama", "PLAYGROUND_DRAFT": "ngram", "PLAYGROUND_DEVICE": "cuda:1",
+    assert env == {"PLAYGROUND_PORT": "8501", "PLAYGROUND_MODEL": "/models/llama", "PLAYGROUND_DRAFT": "ngram", "PLAYGROUND_DEVICE": "cuda:1",
                    "PLAYGROUND_DTYPE": "bf16", TOKEN_ENV: "a-long-secret-token",
                    ENV_VARS["max_new_tokens"]: "64", ENV_VARS["max_sessions"]: "30",
                    ENV_VARS["request_seconds"]: "45.5", ENV_VARS["max_queue"]: "0"}
@@ -48,8 +49,8 @@ def test_flags_become_environment_variables():
     assert (limits.max_new_tokens, limits.max_sessions, limits.request_seconds, limits.max_queue) == (64, 30, 45.5, 0)
 
 
-def test_flags_left_out_set_nothing():
-    assert launch_env(parse()) == {}
+def test_flags_left_out_set_nothing_but_the_port_the_room_listens_on():
+    assert launch_env(parse()) == {"PLAYGROUND_PORT": "8501"}
 
 
 def test_a_bad_limit_stops_the_launch_with_a_message():

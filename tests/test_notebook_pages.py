@@ -11,8 +11,8 @@ from conftest import tiny_prompt
 from test_pages import app, assert_clean, generate, open_page  # noqa: F401 - `app`: the fixture
 from test_runs import execute, kernel, outputs  # noqa: F401 - `kernel`: the fixture
 from test_spec_page import REPEATING, page, run_page  # noqa: F401 - `page`: the fixture
-from app.notebook import notebook_zip, run_file_bytes
-from app.run import LAST_RUN
+from app.runs.notebook import notebook_zip, run_file_bytes
+from app.runs.run import LAST_RUN
 from engine.core.generate import generate_captured as engine_generate
 from engine.runs import attention_differences, attention_tolerance, loads
 
@@ -24,7 +24,7 @@ def buttons(at) -> list[str]:
 
 
 def client():
-    from app.model import current_client
+    from app.hosting.model import current_client
 
     return current_client()
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from streamlit.testing.v1 import AppTest
 
 from conftest import tiny_prompt
-from app.request import SETTING_RANGES
-from app.model import model_slot
+from app.runs.request import SETTING_RANGES
+from app.hosting.model import model_slot
 from engine.core.generate import MAX_PROMPT_CHARS
 from engine.serving.scheduler import scheduler_for
 

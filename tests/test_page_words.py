@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.live import _turn_message
-from app.recordings import one_line
+from app.runs.live import _turn_message
+from app.runs.recordings import one_line
 from app.speed.precision import origin_note
 from engine.service.jobs import JOBS
 from engine.serving.scheduler import QueueStatus

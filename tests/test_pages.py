@@ -11,12 +11,12 @@ import json
 import numpy as np
 import pytest
 
-from app.nav import PAGES, page_info
+from app.ui.nav import PAGES, page_info
 from streamlit.testing.v1 import AppTest
 
 from conftest import TINY_CONFIG, tiny_prompt
 from app.attention import numbers as att
-from app.format import fmt_tokens, parse_tokens
+from app.ui.format import fmt_tokens, parse_tokens
 from engine.projection.cost import Layout, users_that_fit
 from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS
 
@@ -72,7 +72,7 @@ def metric(at: AppTest, label: str) -> str:
 def test_home_links_every_page_and_sidebar_names_the_model(app, tiny_model_dir):
     assert_clean(app)
     assert app.title[0].value == "Inference Playground"
-    from app.nav import TOUR, menu
+    from app.ui.nav import TOUR, menu
 
     links = [link.proto.label for link in app.get("page_link")]
     assert links[len(TOUR):] == [p.title for pages in menu().values() for p in pages]   # the sidebar's order
@@ -195,8 +195,8 @@ def eager_attention(model_dir, ids):
 def on_demand_run(at: AppTest, inputs: tuple[int, ...] | None):
     """A long prompt's run as the page's capture makes it when not every layer fits (the residual of the layers
     `inputs` names kept on the model server), made through the app's own client (in-process or remote)."""
-    from app.model import current_client
-    from app.run import run_from_slice
+    from app.hosting.model import current_client
+    from app.runs.run import run_from_slice
     from engine.core.generate import GenerationRequest
     from engine.core.hooks import CapturePolicy
 
@@ -418,7 +418,7 @@ def test_context_lengths_parse_and_print(text, tokens):
 
 def test_home_gives_a_tour_in_the_sidebars_order(app):
     """A short sequence for a class, each stop a page of the menu, in the menu's order; then every page by group."""
-    from app.nav import TOUR, menu
+    from app.ui.nav import TOUR, menu
 
     order = [p.url_path for pages in menu().values() for p in pages]
     stops = [order.index(stop.url_path) for stop in TOUR]
@@ -429,7 +429,7 @@ def test_home_gives_a_tour_in_the_sidebars_order(app):
 
 
 def test_the_embedded_model_explains_its_weak_answers():
-    from app.model import SMALL_MODEL, small_model_note
+    from app.hosting.model import SMALL_MODEL, small_model_note
 
     note = small_model_note(SMALL_MODEL)
     assert "tiny model" in note and "make models" in note and "Hub id" in note

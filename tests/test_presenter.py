@@ -6,8 +6,8 @@ import threading
 import pytest
 from streamlit.testing.v1 import AppTest
 
-import app.presenter as presenter
-from app.presenter import (PresenterBoard, PresenterError, apply_push, follow_page, new_push, page_values, push_from,
+import app.room.presenter as presenter
+from app.room.presenter import (PresenterBoard, PresenterError, apply_push, follow_page, new_push, page_values, push_from,
                            pushed_view, unlock)
 
 TOKEN = "correct-horse-battery"
@@ -105,7 +105,7 @@ def test_page_values_read_back_what_apply_push_wrote():
 def demo_page():
     import streamlit as st
 
-    from app.presenter import follow_page, presenter_board, presenter_box, push_button
+    from app.room.presenter import follow_page, presenter_board, presenter_box, push_button
 
     board = presenter_board()
     follow_page(st.session_state, board, "demo", "demo")

@@ -1,4 +1,4 @@
-"""A person's last runs (app/recent.py): listed from the run store on the Recordings page and opened from there (read
+"""A person's last runs (app/runs/recent.py): listed from the run store on the Recordings page and opened from there (read
 back from their files); while the store cannot take them, kept in memory, bounded per person and in bytes, oldest
 first out. The reload itself, in Chromium: tests/test_browser.py."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 
 from conftest import tiny_prompt
 from test_pages import app, generate, open_page  # noqa: F401 - `app`: the fixture
-from app.recent import RecentRuns, run_bytes
-from app.run import LAST_RUN, Run
+from app.runs.recent import RecentRuns, run_bytes
+from app.runs.run import LAST_RUN, Run
 from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF, LayerCapture
 from engine.core.records import CacheState, DoneRecord, PrefillRecord, SampledToken
@@ -56,7 +56,7 @@ def test_the_recordings_page_lists_this_persons_last_runs(app):  # noqa: F811
 
 def test_the_person_is_the_xsrf_token_whatever_its_mask():
     """Tornado re-masks its XSRF cookie on every page load (two loads of one browser, as Chromium kept them)."""
-    from app.session import xsrf_token
+    from app.room.session import xsrf_token
 
     first = "2|b7be5fd4|1b8eed0441711859daccfc1e87f1dae5|1795645335"
     after_reload = "2|f6a3d300|5a9361d0006c948d9bd170cac6ec5631|1795645335"
@@ -73,12 +73,12 @@ def kept_rows(at) -> list[str]:
 
 def test_a_kept_recording_stays_listed_for_its_person_after_reloads_tabs_and_a_restart(app_env, monkeypatch, tmp_path):
     """Keep on this server files the run in the run store under the person (the browser's cookie, which AppTest
-    cannot send: set here the way app.session.person_id reads it), so a new Streamlit session of the same browser
+    cannot send: set here the way app.room.session.person_id reads it), so a new Streamlit session of the same browser
     lists it, and so does a restarted web process; another browser does not see it. A recording the person kept on
     the old shelf (written by the base commit's writer where its shelf put it) is listed too, taken into the store
     when the web process opened it, and opens."""
     from streamlit.testing.v1 import AppTest
-    from app import recent, recordings
+    from app.runs import recent, recordings
     from base_recording import dumps_recording, shelve
     from engine.runs import load
 
@@ -121,7 +121,7 @@ def test_a_kept_recording_stays_listed_for_its_person_after_reloads_tabs_and_a_r
 
 
 def test_an_uploaded_recording_says_it_opened_under_the_picker(app):  # noqa: F811
-    from app.recordings import RECORDINGS_DIR
+    from app.runs.recordings import RECORDINGS_DIR
 
     at = open_page(app, "recordings.py")
     path = sorted(RECORDINGS_DIR.glob("*.json.gz"))[0]

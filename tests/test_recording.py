@@ -73,7 +73,7 @@ def test_a_recording_says_where_it_was_made_and_keeps_it_when_saved_again(tiny_r
     loads with it empty; a recording opened in the app and saved again keeps its date and machine."""
     import os
 
-    from app.recorded import recording_from_run, run_from_recording
+    from app.runs.recorded import recording_from_run, run_from_recording
 
     made = tiny_recording.machine
     assert made.startswith(f"{os.cpu_count()} CPU cores (") and "load average" in made

@@ -30,7 +30,7 @@ MAIN = "../app/main.py"
 
 
 def test_the_app_holds_no_model_and_says_where_it_is(app_env, model_server):
-    from app.model import current_client
+    from app.hosting.model import current_client
 
     at = AppTest.from_file(MAIN, default_timeout=60).run()
     assert not at.exception, [e.value for e in at.exception]

@@ -144,11 +144,11 @@ def test_the_kv_page_measures_prefix_reuse_through_the_scheduler(open_page):
 def test_a_busy_room_stretches_each_pages_redraw_interval_by_the_requests_running(monkeypatch):
     """With n requests running, a streaming page redraws every n x interval: the room's pages together
     redraw about as often as one page alone."""
-    import app.run
-    from app.run import Throttle
+    import app.runs.run
+    from app.runs.run import Throttle
 
     clock, running = [100.0], [1]
-    monkeypatch.setattr(app.run.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(app.runs.run.time, "perf_counter", lambda: clock[0])
     throttle = Throttle(0.25, lambda: running[0])                        # binary fractions: exact sums
 
     def fires_after(seconds: float) -> bool:
@@ -169,7 +169,7 @@ def test_a_busy_room_stretches_each_pages_redraw_interval_by_the_requests_runnin
 def test_the_speeds_say_what_they_average_and_multiply_out(busy_room):
     """'3 of 32 ... all 19.8 ... each 17.1' read as a contradiction: the speeds average the recent steps, whose batch
     is not the batch now. The line under them says so, and its product is the 'all' figure."""
-    from app.format import fmt_rate
+    from app.ui.format import fmt_rate
     from app.speed.room import speeds_note
 
     scheduler, handles = busy_room

@@ -1,4 +1,4 @@
-"""A room survives its own faults (app/processes.py): what exits is restarted while the rest goes on, only a process
+"""A room survives its own faults (app/hosting/processes.py): what exits is restarted while the rest goes on, only a process
 that keeps exiting stops the room (naming it, with its last lines); nginx answers the API with a 503 and
 Retry-After at once while the model server is down, and sends a dead web process's browsers to a live one and back.
 Real processes and real nginx throughout; the whole room with the model is soaked in tests/test_soak_hosted.py."""
@@ -18,8 +18,8 @@ import urllib.request
 
 import pytest
 
-from app import processes
-from app.processes import Room, nginx_conf, supervise
+from app.hosting import processes
+from app.hosting.processes import Room, nginx_conf, supervise
 from servers import free_port
 
 PY = sys.executable

@@ -1,4 +1,4 @@
-"""app/runner_fixes.py: a tick from a page the session left is skipped; a new runner waits for the old one's
+"""app/hosting/runner_fixes.py: a tick from a page the session left is skipped; a new runner waits for the old one's
 last messages; a press during a run starts the next run only once that run has left its script. The first two
 races need a loaded server (bench/watch.py): here, the rules each fix applies. The third is shown for real: a
 Streamlit server process and the browser's own protocol (bench/st_client.py)."""
@@ -16,8 +16,8 @@ from streamlit.runtime.app_session import AppSession, AppSessionState
 from streamlit.runtime.scriptrunner import RerunData
 from streamlit.runtime.scriptrunner.script_runner import ScriptRunner
 
-from app import runner_fixes
-from app.runner_fixes import create_runner_in_turn, install, installed, stale
+from app.hosting import runner_fixes
+from app.hosting.runner_fixes import create_runner_in_turn, install, installed, stale
 from servers import ROOT, free_port, python, wait_ready
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -51,7 +51,7 @@ def test_the_fixes_stay_off_outside_the_streamlit_release_they_are_written_for(m
     for version in ("1.68.0", "1.66.2", "2.0.0"):
         assert not install(version)
         assert not installed()                                                # Streamlit's own runner, untouched
-    assert sum("fixes (app/runner_fixes.py)" in r.getMessage() for r in caplog.records) == 3  # once a version
+    assert sum("fixes (app/hosting/runner_fixes.py)" in r.getMessage() for r in caplog.records) == 3  # once a version
     assert install("1.67.3") and installed()
 
 
@@ -140,12 +140,12 @@ def test_without_a_runner_one_starts_at_once(monkeypatch):
 
 
 # A page whose run, once Go is pressed, blocks 1.5 s with no `st` call (as the journey page waits for the model's next
-# token) and marks its run no longer live in its `finally`, on the object, as app/run.py's follow() does (a stopped
+# token) and marks its run no longer live in its `finally`, on the object, as app/runs/run.py's follow() does (a stopped
 # run's `st.session_state` refuses writes: StopException). Stop pressed meanwhile: the next run must see it done.
 BLOCKING_PAGE = """
 import time
 import streamlit as st
-from app.runner_fixes import install
+from app.hosting.runner_fixes import install
 
 if st.query_params.get("fixed"):
     install()                       # for every session from now on: the session without it goes first

@@ -421,7 +421,7 @@ def test_the_load_benchmark_tells_a_rounding_tie_from_a_wrong_answer(tiny_lm):
 
 
 def streaming_page(lm, prompt: str, session: str) -> None:
-    """A minimal page that streams its answer through the scheduler, as app/run.py would."""
+    """A minimal page that streams its answer through the scheduler, as app/runs/run.py would."""
     import streamlit as st
 
     from engine.errors import EngineError

@@ -214,10 +214,10 @@ class Stop(Exception):
 
 
 def test_a_page_that_stops_a_run_shows_its_link_once_the_server_has_its_file(server, tiny_lm):
-    """app/run.py `settle`, as app/live.py calls it after a Stop: the page's run stops at its second record, then the
+    """app/runs/run.py `settle`, as app/runs/live.py calls it after a Stop: the page's run stops at its second record, then the
     page asks the server and says the run is kept only once its file opens; a server that went away as it stopped
     gets a line saying the run was not kept, and no link."""
-    from app.run import new_run, settle, stream_generation
+    from app.runs.run import new_run, settle, stream_generation
     from engine.service.client import RemoteModel
 
     lm = RemoteModel(server[0])
@@ -456,8 +456,8 @@ def test_a_wide_bind_without_a_key_is_refused_at_start(tiny_model_dir):
 
 def test_without_replicas_nothing_of_ray_is_imported():
     """Ray is an optional extra: the server, its clients and the launcher never import it unless --replicas asks."""
-    code = ("import sys, engine.cli, engine.server.app, engine.server.launch, engine.service.service, "
-            "engine.service.client, app.launch, app.model, app.speed.room; "
+    code = ("import sys, engine.cli, engine.server.app, engine.launch, engine.service.service, "
+            "engine.service.client, app.launch, app.hosting.model, app.speed.room; "
             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
     out = subprocess.run([python(), "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -13,7 +13,7 @@ from streamlit.testing.v1 import AppTest
 from conftest import tiny_prompt, write_tiny_llama
 from test_pages import MAIN, TIMEOUT, array, assert_clean, charts, metric
 from app.speculative.figures import ACCEPTED, ALONE, BONUS, CORRECTION, REJECTED
-from app.run import LAST_RUN, Run, Speculation
+from app.runs.run import LAST_RUN, Run, Speculation
 from engine.speculative.options import draft_model_options
 from app.speculative.numbers import PRESETS, measure, per_token_acceptance, projected_pair
 from engine.core.generate import GenerationRequest
@@ -188,7 +188,7 @@ def test_draft_model_kind_explains_when_nothing_can_draft(page):
 
 
 def test_a_launched_draft_model_is_offered_and_runs(page, small_draft_dir, tiny_model_dir, monkeypatch):
-    from app.model import current_client
+    from app.hosting.model import current_client
 
     monkeypatch.setattr(current_client(), "launched_draft", str(small_draft_dir))   # as `--draft` starts the server
     page.segmented_control(key=f"{NS}.draft").set_value("model").run()
@@ -224,7 +224,7 @@ def test_projected_pair_is_the_projection():
 
 def test_max_new_tokens_is_the_servers_limit(page, tiny_model_dir):
     """Before: the box took up to 512 and the server then refused anything above its 256."""
-    from app.model import get_model
+    from app.hosting.model import get_model
 
     limit = get_model().limits.max_new_tokens
     box = page.number_input(key=f"{NS}.max_new")
@@ -244,7 +244,7 @@ def test_a_speculative_run_reads_like_a_plain_one(tiny_lm, tiny_model_dir):
     other."""
     from transformers import AutoModelForCausalLM
 
-    from app.run import Draft, new_run, stream_generation
+    from app.runs.run import Draft, new_run, stream_generation
     from engine.core.hooks import CapturePolicy
     from engine.service.service import EngineService
 
@@ -299,7 +299,7 @@ def saved(run: Run) -> dict:
     import json
     import zipfile
 
-    from app.recordings import run_bytes
+    from app.runs.recordings import run_bytes
 
     doc = json.loads(zipfile.ZipFile(io.BytesIO(run_bytes(run))).read("run.json"))
     doc["recording"].pop("created")
@@ -310,7 +310,7 @@ def test_a_saved_speculative_run_opens_again_as_speculative(page, tiny_model_dir
     """Save, then open on the recordings page of another session: the same records (each token's step with its
     captures, the rounds, the plain baseline), and the speculative page draws the opened run as it drew the live
     one."""
-    from app.recordings import open_bytes, run_bytes
+    from app.runs.recordings import open_bytes, run_bytes
 
     at = run_page(page, REPEATING, 3, 12)
     run, live_rows = at.session_state[LAST_RUN], timeline(at)
@@ -332,7 +332,7 @@ def test_a_saved_speculative_run_opens_again_as_speculative(page, tiny_model_dir
 
 
 def test_rounds_recorded_straight_from_the_engine_open_as_a_speculative_run(tiny_lm):
-    from app.recordings import run_from_recording
+    from app.runs.recordings import run_from_recording
     from engine.core.hooks import CapturePolicy
     from base_recording import dumps_recording            # a run saved before run files: the old writer
     from engine.serving.recording import loads_recording, new_recording
@@ -404,7 +404,7 @@ def test_the_verify_cost_comes_with_its_spread(page):
     verify pass and plain step behind its means, worked out here from the records."""
     at = run_page(page, REPEATING, 3, 20)
     run = at.session_state[LAST_RUN]
-    from app.format import fmt_ms
+    from app.ui.format import fmt_ms
 
     verify = [r.verify_seconds for r in run.speculation.rounds[1:]]
     plain = [s.seconds for s in run.speculation.baseline.steps]

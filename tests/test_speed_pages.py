@@ -94,7 +94,7 @@ def test_speed_lab_says_what_its_charts_show_in_one_unit(page):
     """'The decode latency (right) barely moves with N' stood under a right panel rising from 33 to 45 ms, and the fit
     read '26.2 ms + 2169.6 µs × N + 565.347 ns × N²'. Points of the issue's shape: the sentence is worked out here from
     the chart's own trace, and the fit is in ms with three figures."""
-    from app.format import fmt_ms
+    from app.ui.format import fmt_ms
 
     at = page("speed_lab.py")
     lengths, itl = [128, 256, 512, 1024, 2048], [0.033, 0.034, 0.036, 0.039, 0.045]

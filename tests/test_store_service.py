@@ -110,7 +110,7 @@ def test_runs_waiting_for_the_disk_are_held_by_their_files_size_not_their_count(
 
 
 def test_a_wait_that_sees_a_stopped_run_end_returns_once_its_file_is_on_disk(tiny_lm, tmp_path, monkeypatch):
-    """A page that stopped a run asks run_wait from past its end before it shows the run's link (app/run.py `settle`):
+    """A page that stopped a run asks run_wait from past its end before it shows the run's link (app/runs/run.py `settle`):
     it must come back with the file on disk, not as the run closes (the hosted hour lost a stopped run that way
     when the model server was killed between the two)."""
     disk = open_store(tmp_path, 2**26)

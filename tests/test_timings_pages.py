@@ -104,7 +104,7 @@ TOKEN = "room-why-presenter-token"
 def board(app, app_env, monkeypatch):
     """Presenter mode on: the app's own model service holds the board (as a model server does for every web
     process); the `app` session made that service."""
-    from app.presenter import PresenterBoard
+    from app.room.presenter import PresenterBoard
     from conftest import app_client
 
     b = PresenterBoard(TOKEN)

@@ -7,7 +7,7 @@ import re
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.nav import PAGES
+from app.ui.nav import PAGES
 from engine.projection.cost import Layout, memory_plan
 from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS
 from engine.projection.units import CONVENTION, card_size, fmt_bytes

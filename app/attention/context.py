@@ -14,9 +14,9 @@ import streamlit as st
 
 from app.attention import figures as charts
 from app.attention import numbers as att
-from app.format import fmt_bytes, measured_caption
-from app.live import run_on_model, status_progress
-from app.widgets import plot
+from app.ui.format import fmt_bytes, measured_caption
+from app.runs.live import run_on_model, status_progress
+from app.runs.widgets import plot
 from engine.errors import EngineError
 from engine.lab.long_context import MIN_TOKENS, TEXT_NAME, lengths_up_to
 from engine.projection.attention_capture import project_long_context

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from app.attention.numbers import HeadSummary, Pooled, gqa_groups
-from app.format import log_ticks, plot_text
+from app.ui.format import log_ticks, plot_text
 
 MASK_COLOR = "#e9e9ee"      # the small multiples' background shows through NaN cells: the masked future
 HATCH_COLOR, GAP_COLOR = "#b4b4c0", "#8c8c99"   # the main map: hatched future, solid grey rows not captured

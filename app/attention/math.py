@@ -10,10 +10,10 @@ import numpy as np
 import streamlit as st
 
 from app.attention import figures as charts
-from app.format import visible
-from app.format import MEASURED
-from app.live import run_alone
-from app.widgets import plot
+from app.ui.format import visible
+from app.ui.format import MEASURED
+from app.runs.live import run_alone
+from app.runs.widgets import plot
 from engine.lab.attention_math import MAX_TOKENS, AttentionSteps, LayerQKV, attention_steps
 from engine.errors import EngineError
 from engine.service.client import ModelClient

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from app.run import Run
+from app.runs.run import Run
 from engine.core.hooks import LayerCapture
 
 

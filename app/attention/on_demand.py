@@ -15,8 +15,8 @@ import numpy as np
 import streamlit as st
 
 from app.attention import numbers as att
-from app.live import measure_in_box
-from app.run import Run
+from app.runs.live import measure_in_box
+from app.runs.run import Run
 from engine.service.client import ModelClient
 from engine.service.jobs import QUICK_SUMMARY
 

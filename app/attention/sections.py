@@ -6,9 +6,9 @@ import streamlit as st
 from app.attention import figures as charts
 from app.attention import numbers as att
 from app.attention import on_demand as od
-from app.format import fmt_bytes, token_words
-from app.run import Run
-from app.widgets import plot
+from app.ui.format import fmt_bytes, token_words
+from app.runs.run import Run
+from app.runs.widgets import plot
 from engine.errors import EngineError
 from engine.service.client import ModelClient
 from engine.projection.specs import MODEL_PRESETS, ModelSpec

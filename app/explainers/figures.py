@@ -12,8 +12,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.format import si_label
-from app.style import MARGIN, MEASURED_COLOR, PROJECTED_COLOR, log_axis
+from app.ui.format import si_label
+from app.ui.style import MARGIN, MEASURED_COLOR, PROJECTED_COLOR, log_axis
 
 EAGER_COLOR, FUSED_COLOR = "#c0392b", "#27ae60"
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 import streamlit as st
 
 from app.explainers import figures as charts
-from app.format import card_size, fmt_bytes, fmt_ms, fmt_tokens
-from app.format import MEASURED, efficiency_note, measured_caption
-from app.hardware import gpu_picker, model_picker
-from app.live import run_on_model, status_progress
-from app.widgets import measured, plot
+from app.ui.format import card_size, fmt_bytes, fmt_ms, fmt_tokens
+from app.ui.format import MEASURED, efficiency_note, measured_caption
+from app.ui.hardware import gpu_picker, model_picker
+from app.runs.live import run_on_model, status_progress
+from app.runs.widgets import measured, plot
 from engine.errors import EngineError
 from engine.projection.card import kv_bytes_per_token, weight_bytes
 from engine.lab.fusion import (MAX_SCORE_BYTES, AttentionShape, FusionProjection, decode_row_bytes,

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app.format import fmt_bytes
-from app.format import MEASURED
+from app.ui.format import fmt_bytes
+from app.ui.format import MEASURED
 from engine.projection.card import weight_bytes
 from engine.errors import EngineError
 from engine.models.folder import PCIE, FolderReport, pcie_seconds

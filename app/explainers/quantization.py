@@ -6,9 +6,9 @@ import numpy as np
 import streamlit as st
 
 from app.explainers import figures as charts
-from app.format import MEASURED, measured_caption
-from app.live import measure_in_box, run_alone
-from app.widgets import measured, plot
+from app.ui.format import MEASURED, measured_caption
+from app.runs.live import measure_in_box, run_alone
+from app.runs.widgets import measured, plot
 from engine.errors import EngineError
 from engine.lab.floatbits import FORMATS, float_bits, format_range
 from engine.lab.quant_detail import OUTLIER_THRESHOLD, SCHEMES, nf4_levels

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.format import card_size, fmt_bytes
+from app.ui.format import card_size, fmt_bytes
 from engine.projection.card import kv_bytes_per_token, naive_weight_bytes, weight_bytes
 from engine.projection.economics import projected_token_prices
 from engine.lab.floatbits import format_range
@@ -299,6 +299,7 @@ def score(chosen: dict[str, str | None], bank: list[Question]) -> int:
 
 def render_question(number: int, q: Question, ns: str = "quiz") -> str | None:
     """One question as a radio group; once answered, whether it was right and why. Returns the choice."""
+    # drawing only: the questions and their checks are plain data, read by tests without Streamlit
     import streamlit as st
 
     st.markdown(f"**{number}. {q.topic}**")

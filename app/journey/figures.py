@@ -9,7 +9,7 @@ from functools import lru_cache
 import numpy as np
 import plotly.graph_objects as go
 
-from app.format import fmt_ms, plot_text
+from app.ui.format import fmt_ms, plot_text
 from engine.projection.card import forward_shapes
 from engine.core.hooks import LayerCapture
 from engine.projection.specs import ModelSpec
@@ -116,7 +116,7 @@ def shapes_figure(spec: ModelSpec, tokens: int) -> go.Figure:
     wider numbers get smaller type rather than a squeezed chart whose labels cross its boxes.
     Built once per model and prompt length and shared by every session (about 0.1 s of the server's time
     each, on every run of the journey page: a room of followers draws it at the same moment). Never
-    changed after: `app.widgets.sized` copies a figure before it changes its font.
+    changed after: `app.runs.widgets.sized` copies a figure before it changes its font.
     """
     top, bottom = shape_nodes(spec, tokens)
     half = max(n.height for n in top) / 2 + 1

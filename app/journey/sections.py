@@ -12,14 +12,15 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from app.journey import figures as charts
-from app.notebook import notebook_button
-from app.recordings import decoder, origin_sentence, save_button
-from app.request import Prepared, Sampling
-from app.format import fmt_ms, fmt_rate, plot_text, visible
-from app.run import LOGIT_LENS_TOP, Run, Throttle, capture_policy
+from app.runs.notebook import notebook_button
+from app.runs.recordings import decoder, origin_sentence, save_button
+from app.runs.request import Prepared, Sampling
+from app.ui.format import fmt_ms, fmt_rate, plot_text, visible
+from app.runs.run import LOGIT_LENS_TOP, Run, Throttle, capture_policy
 from app.journey.tokens import chars_per_token, chips_figure, special_mask
 from app.journey.why import why_section
-from app.widgets import ChartSlot, plot
+from app.runs.live import run_on_model, status_progress
+from app.runs.widgets import ChartSlot, plot
 from engine.core.generate import GenerationRequest
 from engine.errors import EngineError
 from engine.service.client import ModelClient
@@ -334,8 +335,6 @@ OBSERVER_TOKENS = 16          # decode steps per run of the measurement
 
 def observer_section(lm: ModelClient, run: Run) -> None:
     """The same request decoded with capture off and on, alternating three times, on this server (measured)."""
-    from app.live import run_on_model, status_progress
-
     policy = run.policy if run.policy.enabled else capture_policy(lm.spec, run.n_prompt, OBSERVER_TOKENS)[0]
     request = replace(run.request, max_new_tokens=OBSERVER_TOKENS)
     if st.button("Measure capture off against on", key="journey.observer.measure"):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from app.format import plot_text, visible
+from app.ui.format import plot_text, visible
 from engine.core.token_bytes import char_groups, is_fragment, readable
 
 PALETTE = ("#cfe8fc", "#ffe3c2", "#d8f5d0", "#f6d5f2", "#fff3b0", "#d9dcff", "#c9f1ee", "#ffd6d6")

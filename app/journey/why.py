@@ -12,10 +12,10 @@ from typing import Any
 import plotly.graph_objects as go
 import streamlit as st
 
-from app.hardware import DEFAULT_GPU
+from app.ui.hardware import DEFAULT_GPU
 from app.journey.figures import DECODE_COLOR, PREFILL_COLOR
-from app.presenter import RUN_KEY, presenter_board, push_button
-from app.widgets import plot
+from app.room.presenter import RUN_KEY, presenter_board, push_button
+from app.runs.widgets import plot
 from engine.errors import EngineError
 from engine.projection.cost import project
 from engine.projection.specs import GPU_PRESETS, ModelSpec

@@ -9,8 +9,8 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 from plotly.subplots import make_subplots
 
-from app.format import fmt_bytes, fmt_tokens, log_ticks
-from app.style import TEXT_ROOM
+from app.ui.format import fmt_bytes, fmt_tokens, log_ticks
+from app.ui.style import TEXT_ROOM
 from engine.projection.paging import PagingComparison, PagingRequest
 from engine.core.records import CacheState
 

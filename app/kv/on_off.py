@@ -5,11 +5,11 @@ from __future__ import annotations
 import streamlit as st
 
 from app.kv import figures as charts
-from app.format import fmt_ms, fmt_tokens
-from app.format import MEASURED, efficiency_note, measured_caption
-from app.hardware import gpu_picker, model_picker
-from app.live import run_on_model, status_progress
-from app.widgets import measured, plot
+from app.ui.format import fmt_ms, fmt_tokens
+from app.ui.format import MEASURED, efficiency_note, measured_caption
+from app.ui.hardware import gpu_picker, model_picker
+from app.runs.live import run_on_model, status_progress
+from app.runs.widgets import measured, plot
 from engine.lab.kv_cache import compare_runs, project_answer_seconds, project_token, slope
 from engine.errors import EngineError
 from engine.projection.cost import DEFAULT_FLOPS_EFFICIENCY

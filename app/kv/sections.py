@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import streamlit as st
 
 from app.kv import figures as charts
-from app.format import card_size, fmt_bytes, fmt_tokens, parse_tokens
-from app.run import Run, Throttle
-from app.widgets import ChartSlot, LinkedNumber, Preset, linked_number, plot
+from app.ui.format import card_size, fmt_bytes, fmt_tokens, parse_tokens
+from app.runs.run import Run, Throttle
+from app.runs.widgets import ChartSlot, LinkedNumber, Preset, linked_number, plot
 from engine.projection.card import kv_bytes_per_token, kv_bytes_per_user, residual_bytes_per_token
 from engine.service.client import ModelClient
 from engine.errors import EngineError

@@ -7,7 +7,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.format import plot_text
+from app.ui.format import plot_text
 from engine.speculative.decode import SpecRoundRecord
 
 ACCEPTED, REJECTED, CORRECTION, BONUS, ALONE = 0, 1, 2, 3, 4

@@ -1,7 +1,7 @@
 """The numbers the speculative page draws from a run's records: acceptance, what drafting and verifying
 cost against a plain step, the measured speedup, and the projected pair (Llama 3.2 1B for 3.1 8B).
 
-No Streamlit here. The run itself is an `app.run.Run` with its `speculation` set; the expected speedup
+No Streamlit here. The run itself is an `app.runs.run.Run` with its `speculation` set; the expected speedup
 is `engine.speculative.decode.expected_speedup`. Times compared are the engine's own per-record timings
 (prefill, each round's draft and verify, each plain decode step), never wall time around the loop,
 which would include the page redrawing charts.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.run import Run
+from app.runs.run import Run
 from engine.speculative.demo_prompts import SPECULATIVE_PROMPTS
 from engine.projection.cost import project
 from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS

@@ -9,14 +9,14 @@ from dataclasses import dataclass
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
-from app.request import Sampling, new_token_limit, sanitize_settings
-from app.format import fmt_ms
-from app.run import Draft, Run, Throttle
+from app.runs.request import Sampling, new_token_limit, sanitize_settings
+from app.ui.format import fmt_ms
+from app.runs.run import Draft, Run, Throttle
 from app.speculative import figures as charts
 from engine.speculative.options import is_model_spec
 from app.speculative.numbers import K_RANGE, PRESETS, Measured, measure, projected_pair
-from app.format import efficiency_note
-from app.widgets import ChartSlot, plot
+from app.ui.format import efficiency_note
+from app.runs.widgets import ChartSlot, plot
 from engine.errors import EngineError
 from engine.service.client import ModelClient
 from engine.speculative.decode import best_k, expected_speedup, expected_tokens_per_pass, speedup_curve

@@ -10,11 +10,11 @@ from dataclasses import replace
 import streamlit as st
 
 from app.speed import figures as charts
-from app.format import fmt_rate, fmt_tokens
-from app.format import MEASURED, measured_caption
-from app.hardware import HardwareChoice
-from app.live import measure_in_box
-from app.widgets import measured, plot
+from app.ui.format import fmt_rate, fmt_tokens
+from app.ui.format import MEASURED, measured_caption
+from app.ui.hardware import HardwareChoice
+from app.runs.live import measure_in_box
+from app.runs.widgets import measured, plot
 from engine.service.client import ModelClient
 from engine.projection.cost import INTERNODE_GBS
 from engine.projection.serving_sim import ServerConfig, SimResult, Targets, Workload, rescore, simulate, sweep_max_batch

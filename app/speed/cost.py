@@ -7,10 +7,10 @@ from __future__ import annotations
 import streamlit as st
 
 from app.speed import figures as charts
-from app.format import fmt_bytes, fmt_ms, fmt_rate
-from app.hardware import HardwareChoice, memory_line
-from app.format import efficiency_note
-from app.widgets import plot
+from app.ui.format import fmt_bytes, fmt_ms, fmt_rate
+from app.ui.hardware import HardwareChoice, memory_line
+from app.ui.format import efficiency_note
+from app.runs.widgets import plot
 from engine.projection.card import active_param_counts, expected_experts_touched, param_counts
 from engine.projection.cost import Projection, roofline, sweep_batch
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import streamlit as st
 
 from app.speed import figures as charts
-from app.format import fmt_tokens
-from app.format import MEASURED, measured_caption
-from app.hardware import HardwareChoice
-from app.live import measure_in_box
-from app.widgets import measured, plot
+from app.ui.format import fmt_tokens
+from app.ui.format import MEASURED, measured_caption
+from app.ui.hardware import HardwareChoice
+from app.runs.live import measure_in_box
+from app.runs.widgets import measured, plot
 from engine.projection.economics import PRICE_BATCHES, TokenPrices, projected_token_prices, token_prices
 from engine.service.client import ModelClient
 

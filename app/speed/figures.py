@@ -10,8 +10,8 @@ from typing import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.format import log_ticks
-from app.style import MARGIN, MEASURED_COLOR, PROJECTED_COLOR, TEXT_ROOM, log_axis
+from app.ui.format import log_ticks
+from app.ui.style import MARGIN, MEASURED_COLOR, PROJECTED_COLOR, TEXT_ROOM, log_axis
 from engine.projection.economics import TokenPrices
 from engine.projection.cost import Projection, RooflinePoint
 from engine.projection.serving_sim import SimResult, SweepRow, Targets

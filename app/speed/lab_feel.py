@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import streamlit as st
 
 from app.speed import figures as charts
-from app.format import fmt_rate
-from app.hardware import HardwareChoice, hardware_controls
-from app.format import MEASURED, efficiency_note
-from app.widgets import LinkedNumber, Preset as WidgetPreset, linked_number, plot
+from app.ui.format import fmt_rate
+from app.ui.hardware import HardwareChoice, hardware_controls
+from app.ui.format import MEASURED, efficiency_note
+from app.runs.widgets import LinkedNumber, Preset as WidgetPreset, linked_number, plot
 from engine.service.client import ModelClient
 from engine.projection.cost import project
 from engine.projection.specs import GPU_PRESETS, MODEL_PRESETS

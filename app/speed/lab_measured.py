@@ -11,11 +11,11 @@ import math
 import streamlit as st
 
 from app.speed import figures as charts
-from app.format import fmt_bytes, fmt_ms, fmt_rate
-from app.format import MEASURED, measured_caption
-from app.hardware import remeasure_roof
-from app.live import run_on_model, status_progress
-from app.widgets import LinkedNumber, linked_number, plot
+from app.ui.format import fmt_bytes, fmt_ms, fmt_rate
+from app.ui.format import MEASURED, measured_caption
+from app.ui.hardware import remeasure_roof
+from app.runs.live import run_on_model, status_progress
+from app.runs.widgets import LinkedNumber, linked_number, plot
 from engine.errors import EngineError
 from engine.service.client import ModelClient
 from engine.projection.cost import prefill_flops

@@ -6,11 +6,11 @@ from __future__ import annotations
 import streamlit as st
 
 from app.speed import figures as charts
-from app.format import fmt_bytes, fmt_rate
-from app.format import MEASURED, measured_caption
-from app.hardware import HardwareChoice
-from app.live import run_on_model, status_progress
-from app.widgets import measured, plot
+from app.ui.format import fmt_bytes, fmt_rate
+from app.ui.format import MEASURED, measured_caption
+from app.ui.hardware import HardwareChoice
+from app.runs.live import run_on_model, status_progress
+from app.runs.widgets import measured, plot
 from engine.errors import EngineError
 from engine.core.loader import EMBEDDED, ALIASES
 from engine.lab.quantize import GROUP_SIZES

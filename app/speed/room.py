@@ -8,16 +8,17 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from typing import Sequence
+from urllib.parse import urlsplit
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 import streamlit as st
 
-from app.format import fmt_bytes, fmt_ms, fmt_rate
-from app.live import measure_in_box
-from app.widgets import plot
+from app.ui.format import fmt_bytes, fmt_ms, fmt_rate
+from app.runs.live import measure_in_box
+from app.runs.widgets import plot
 from engine.core.generate import GenerationRequest
-from app.model import away_safe
+from app.hosting.model import away_safe
 from engine.service.client import ModelClient
 from engine.core.small_batch import PROBE_ROWS, ROWS
 from engine.serving.batch import StepInfo
@@ -268,8 +269,6 @@ def live_section(lm: ModelClient, me: str | None) -> None:
 
 def api_note(page_url: str | None, key: str | None, presenter: bool) -> str:
     """Where this room's OpenAI API answers (the same address as the pages, under /v1), and with what key."""
-    from urllib.parse import urlsplit
-
     parts = urlsplit(page_url or "")
     base = f"{parts.scheme}://{parts.netloc}/v1" if parts.scheme and parts.netloc else "this address + /v1"
     if key is None:

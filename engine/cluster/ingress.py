@@ -31,6 +31,7 @@ class Ingress:
 
     def _connect(self, replicas: Any, presenter_token: str | None, max_sessions: int, expected: int) -> None:
         """Wait for the replicas (loading their models), then serve: /health says 503 until then."""
+        # in the ingress's Ray worker, once it connects to the replicas
         from engine.cluster.service import ClusterService
 
         while True:

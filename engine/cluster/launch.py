@@ -6,17 +6,20 @@ loads the model from the same path on its node. Ctrl+C (or SIGTERM) stops the ap
 """
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:                   # the settings' type only: engine/launch.py reads and passes them
+    from engine.settings import Settings
 
 APP_NAME = "playground"
 
 
-def serve_cluster(args: argparse.Namespace, api_key: str | None, token: str | None) -> int:
-    import ray
+def serve_cluster(args: Settings, api_key: str | None, token: str | None) -> int:
+    import ray  # Ray: an optional extra, imported only with --replicas
     from ray import serve
 
     from engine.cluster.hub import hub_actor
@@ -53,7 +56,7 @@ def wait_for_signal() -> None:
 
 
 def _has_cuda() -> bool:
-    import torch
+    import torch  # torch only to ask for CUDA when no device was named
 
     return torch.cuda.is_available()
 

@@ -38,7 +38,7 @@ class ModelReplica:
 
     def __init__(self, model: str, device: str | None, dtype: str | None, limits: Mapping[str, Any],
                  threads: int | None = None, draft: str | None = None):
-        import torch
+        import torch  # in the replica's own Ray worker, where the model loads
 
         from engine.core.loader import load_model
         from engine.service.service import EngineService

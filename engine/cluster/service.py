@@ -399,7 +399,7 @@ class ClusterMetrics:
         self.service = service
 
     def exposition(self) -> bytes:
-        from prometheus_client import CollectorRegistry, generate_latest
+        from prometheus_client import CollectorRegistry, generate_latest  # only when /metrics is asked for
         from prometheus_client.parser import text_string_to_metric_families
 
         families: dict[str, Any] = {}
@@ -429,7 +429,7 @@ class _Fixed:
 
 
 def _sessions(n: int) -> Any:
-    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.core import GaugeMetricFamily  # only when /metrics is asked for
 
     return GaugeMetricFamily("playground:room_sessions", "People counted against the room's limit, every replica.",
                              value=n)

@@ -191,7 +191,7 @@ def load_in_background(state: ServerState, load: Callable[[Callable[[float, str]
 def serve(state: ServerState, load: Callable[[Callable[[float, str], None]], Any], host: str, port: int,
           log_level: str = "info") -> None:
     """Start loading, then serve until interrupted (uvicorn handles the signals)."""
-    import uvicorn
+    import uvicorn  # the HTTP server: only when one is run, not when the app is built (tests, app/hosting/hosted.py)
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     load_in_background(state, load)

@@ -32,6 +32,7 @@ from engine.server.state import ServerState, run_headers
 from engine.server.streams import RecordStream
 from engine.service import wire
 from engine.service.client import MSGPACK, error_code, run_id
+from engine.service.join import JoinRefused
 from engine.service.service import EngineService
 from engine.serving.scheduler import Handle
 
@@ -283,8 +284,6 @@ async def board_write(action: str, request: Request) -> Response:
 async def gate(action: str, request: Request) -> Response:
     """The join code of a hosted room (engine/service/join.py), for the web processes: whether one is needed, a
     member token for the right code, and (the presenter only) the code, a new one, the room closed to newcomers."""
-    from engine.service.join import JoinRefused
-
     body, svc = await read(request), service(request)
     g = svc.gate
     if action == "status":

@@ -1,6 +1,6 @@
 """The presenter's board: one person at the front pushes a prompt, settings, a view or a request's story (a run, by
 its id), and broadcasts their runs; every follower picks them up. State and rules only (no UI): the app draws it
-(app/presenter.py), the model server keeps it (one board for every web process), clients reach it through their
+(app/room/presenter.py), the model server keeps it (one board for every web process), clients reach it through their
 ModelClient.
 
 The presenter unlocks it with the token given at launch (compared in constant time). Each push gets a new version

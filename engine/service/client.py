@@ -32,7 +32,7 @@ from engine.errors import EngineError
 from engine.projection.specs import ModelSpec
 from engine.service import wire
 from engine.service.board import BoardState, PresenterError, Push
-from engine.service.join import room_gate
+from engine.service.join import JoinRefused, room_gate
 from engine.service.replicas import ReplicaView
 from engine.serving.timeline import story_problem
 from engine.service.runs import RunInfo, RunNotFoundError, RunSlice
@@ -166,7 +166,7 @@ class DescribedModel:
     def tokenizer(self) -> Any:
         with self._tokenizer_lock:
             if self._tokenizer is None:
-                from transformers import AutoTokenizer
+                from transformers import AutoTokenizer  # transformers: only once a remote client needs the tokenizer
 
                 folder = Path(tempfile.mkdtemp(prefix="playground-tokenizer-"))
                 for name, data in self._tokenizer_files().items():
@@ -474,8 +474,6 @@ class RemoteGate:
         return bool(token) and bool(self._ask("admits", token=token))
 
     def join(self, code: str, client: str, address: str = "") -> str:
-        from engine.service.join import JoinRefused
-
         try:
             return self._ask("join", code=code, client=client, address=address)
         except EngineError as err:

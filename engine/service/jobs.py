@@ -17,6 +17,7 @@ client's are held to the same rules.
 from __future__ import annotations
 
 import functools
+import json
 import threading
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping
@@ -24,10 +25,17 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
+from engine.core.attention_maps import attention_map, attention_rows, summarise
 from engine.core.generate import GenerationRequest, validate
 from engine.core.hooks import CapturePolicy, LayerCapture
 from engine.core.loader import LoadedModel
-from engine.errors import InvalidRequestError
+from engine.core.recompute import embeddings, layer_input, layer_qk
+from engine.core.records import CacheState, DecodeRecord, PrefillRecord, SpecRoundRecord
+from engine.core.small_batch import kernels_for
+from engine.core.views import derive_captures, lens_at, lens_of, qkv_norms
+from engine.errors import ContextLengthError, EngineError, InvalidRequestError
+from engine.models.folder import describe_folder, time_read
+from engine.serving.scheduler import scheduler_for
 
 Progress = Callable[[float, str], None]
 MAX_IDS = 32768
@@ -149,6 +157,7 @@ def residuals(value: Any, lm: LoadedModel) -> dict[int, np.ndarray]:
 
 @job("attention.layer", "one layer's attention", ids=token_ids, layer=layer)
 def attention_layer(lm: LoadedModel, progress: Progress, ids: list[int], layer: int) -> LayerCapture:
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.attention_math import capture_attention
 
     return capture_attention(lm, ids, layer)
@@ -156,6 +165,7 @@ def attention_layer(lm: LoadedModel, progress: Progress, ids: list[int], layer: 
 
 @job("attention.qkv", "the attention capture", ids=token_ids, layer=layer)
 def attention_qkv(lm: LoadedModel, progress: Progress, ids: list[int], layer: int) -> Any:
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.attention_math import capture_qkv
 
     return capture_qkv(lm, ids, layer)
@@ -224,8 +234,6 @@ def kept_state(run_id: str, info: Any, kept: Any) -> KeptState:
 
 def position_ids(records: list[Any]) -> list[int]:
     """Every position's token id: the prompt, then each generated token fed back."""
-    from engine.core.records import DecodeRecord, PrefillRecord, SpecRoundRecord
-
     prefill = next((r for r in records if isinstance(r, PrefillRecord)), None)
     if prefill is None:
         return []
@@ -243,8 +251,6 @@ class LayerNotKeptError(InvalidRequestError):
 
 
 def _qk(lm: LoadedModel, kept: Any, run_id: str, layer: int) -> Any:
-    from engine.core.recompute import layer_qk
-
     return layer_qk(lm.model, layer, _qk_input(lm, kept, run_id, layer))
 
 
@@ -271,8 +277,6 @@ def attention_kept(lm: LoadedModel, runs: Any, run_id: str) -> KeptState:
 def attention_maps(lm: LoadedModel, runs: Any, run_id: str, layer: int, heads: list[int], cells: int,
                    rows: tuple[int, int] | None, keys: tuple[int, int] | None) -> list[Any]:
     """Maps of some heads of one layer (exact, or pooled into at most `cells` cells per axis, saying how)."""
-    from engine.core.attention_maps import attention_map
-
     _, kept, _ = _kept(runs, run_id)
     qk = _qk(lm, kept, run_id, layer)
     for name, part in (("rows", rows), ("keys", keys)):
@@ -297,9 +301,6 @@ def attention_row(lm: LoadedModel, runs: Any, run_id: str, layer: int, position:
                   heads: list[int] | None) -> AttentionRow:
     """Some query heads' (default: every head's) attention from one position: while a run streams, its newest
     position's row is there as soon as its token is (the residual is read from the batch's pool)."""
-    from engine.core.attention_maps import attention_rows
-    from engine.core.recompute import layer_qk
-
     _, kept, _ = _kept(runs, run_id)
     x = _qk_input(lm, kept, run_id, layer)
     if position >= x.shape[0]:
@@ -314,8 +315,6 @@ def attention_row(lm: LoadedModel, runs: Any, run_id: str, layer: int, position:
 @job("attention.rebuild", "rebuilding a layer's input", runs=True, run_id=a_run, layer=a_layer)
 def attention_rebuild(lm: LoadedModel, progress: Progress, runs: Any, run_id: str, layer: int) -> KeptState:
     """A layer whose input the run did not keep, rebuilt from the nearest kept layer below (a partial prefill)."""
-    from engine.core.recompute import layer_input
-
     info, kept, records = _kept(runs, run_id)
     first = kept.below(layer) or 0
     report = lambda i: progress((i - first + 1) / max(layer - first, 1),   # noqa: E731
@@ -328,9 +327,6 @@ def attention_rebuild(lm: LoadedModel, progress: Progress, runs: Any, run_id: st
 @job("attention.summary", "the per-head summaries", runs=True, run_id=a_run, window=optional(whole(1, 4096), 16))
 def attention_summary(lm: LoadedModel, progress: Progress, runs: Any, run_id: str, window: int) -> Any:
     """Every head of every layer summarised over the whole run (entropy, sink, distance, local mass), blockwise."""
-    from engine.core.attention_maps import summarise
-    from engine.core.recompute import embeddings
-
     _, kept, records = _kept(runs, run_id)
     held = getattr(kept, "summaries", {})
     if window not in held:
@@ -360,9 +356,6 @@ def attention_summary_now(lm: LoadedModel, runs: Any, run_id: str, window: int) 
 
 def context_lengths(value: Any, lm: LoadedModel) -> list[int]:
     """Lengths for the long-text job: 1 to the model's context, and no more than this server's prompt limit."""
-    from engine.errors import ContextLengthError
-    from engine.serving.scheduler import scheduler_for
-
     lengths = wholes(1, 2**31, 16)(value, lm)
     limit = scheduler_for(lm).limits.max_prompt_tokens
     if max(lengths) > lm.spec.max_context:
@@ -378,6 +371,7 @@ def context_lengths(value: Any, lm: LoadedModel) -> list[int]:
 def attention_context(lm: LoadedModel, progress: Progress, lengths: list[int], window: int) -> list[Any]:
     """The first N tokens of a long public-domain text, for each N: prefill time, KV bytes, every head summarised.
     Each length's point is sent as it is measured (JobProgress.partial), so a page redraws as N grows."""
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.long_context import sweep
 
     points = []
@@ -391,8 +385,6 @@ def attention_context(lm: LoadedModel, progress: Progress, lengths: list[int], w
 def lens(lm: LoadedModel, resid: dict[int, np.ndarray], top: int) -> dict[int, list[tuple[int, float]]]:
     """Each layer's top tokens through the final norm and the LM head from residuals a client sends (a recording
     made before runs kept their residual on the server): reads two weights, never the cache."""
-    from engine.core.views import lens_of
-
     if not resid:
         return {}
     order = sorted(resid)
@@ -405,8 +397,6 @@ def lens(lm: LoadedModel, resid: dict[int, np.ndarray], top: int) -> dict[int, l
 def run_lens(lm: LoadedModel, runs: Any, run_id: str, position: int, top: int) -> Any:
     """One position of a run through the layers: each kept layer's logit lens and the residual's norm leaving it,
     derived from the residual the run kept (two weight reads per layer; live runs too)."""
-    from engine.core.views import lens_at
-
     _, kept, _ = _kept(runs, run_id)
     if position >= kept.length:
         raise InvalidRequestError(f"position {position:,} is out of range: the run holds positions 0 to "
@@ -429,8 +419,6 @@ class QKVNorms:
      position=whole(0, 2**31))
 def run_norms(lm: LoadedModel, runs: Any, run_id: str, layer: int, position: int) -> QKVNorms:
     """|Q|, |K|, |V| per head at one position, from the layer's own projections on the residual the run kept."""
-    from engine.core.views import qkv_norms
-
     _, kept, _ = _kept(runs, run_id)
     x = _qk_input(lm, kept, run_id, layer)
     if position >= x.shape[0]:
@@ -443,8 +431,6 @@ def run_norms(lm: LoadedModel, runs: Any, run_id: str, layer: int, position: int
 @job("run.views", "a run's captures", quick=True, runs=True, run_id=a_run)
 def run_views(lm: LoadedModel, runs: Any, run_id: str) -> list[Any]:
     """A finished run's records with the views its policy names derived into them (what its files carry)."""
-    from engine.core.views import derive_captures
-
     info, kept, records = _kept(runs, run_id)
     if info.live:
         raise InvalidRequestError(f"run {run_id[:40]!r} is still running; its views are ready once it finishes")
@@ -456,6 +442,7 @@ def run_views(lm: LoadedModel, runs: Any, run_id: str) -> list[Any]:
 @job("speed.context", "the prompt-length measurement", lengths=wholes(1, lambda lm: lm.spec.max_context - 16),
      repeats=whole(1, 5))
 def speed_context(lm: LoadedModel, progress: Progress, lengths: list[int], repeats: int) -> list[Any]:
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.speed import DEFAULT_DECODE_STEPS, measure_context
 
     points = []
@@ -467,6 +454,7 @@ def speed_context(lm: LoadedModel, progress: Progress, lengths: list[int], repea
 
 @job("batching.real", "the batching measurement", batches=wholes(1, 64, 8), rounds=whole(1, 5))
 def batching_real(lm: LoadedModel, progress: Progress, batches: list[int], rounds: int) -> list[dict]:
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.batching import measure_batching
 
     return [p.to_dict() for p in measure_batching(lm, batches, rounds=rounds, progress=progress)]
@@ -476,6 +464,7 @@ def batching_real(lm: LoadedModel, progress: Progress, batches: list[int], round
      new=whole(1, 64), rounds=whole(1, 5))
 def cost_phases(lm: LoadedModel, progress: Progress, batches: list[int], prompt: int, new: int,
                 rounds: int) -> list[dict]:
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.batching import measure_phases
 
     return [p.to_dict() for p in measure_phases(lm, batches, prompt, new, rounds, progress)]
@@ -489,6 +478,7 @@ def two_requests(value: Any, lm: LoadedModel) -> list[GenerationRequest]:
 
 @job("prefix.reuse", "the prefix-cache measurement", prompts=two_requests)
 def prefix_reuse(lm: LoadedModel, progress: Progress, prompts: list[GenerationRequest]) -> dict[str, dict]:
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.prefix_reuse import measure_prefix_reuse
 
     first, other = prompts
@@ -501,7 +491,9 @@ def prefix_reuse(lm: LoadedModel, progress: Progress, prompts: list[GenerationRe
 @job("kv.on_off", "the cache on/off measurement", prompt=whole(1, 4096), steps=whole(1, 256))
 def kv_on_off(lm: LoadedModel, progress: Progress, prompt: int, steps: int) -> tuple[Any, Any, str]:
     """The same greedy answer with the cache and without, token by token; and the answer's text."""
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.kv_cache import generate_both
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.speed import prompt_of_length
 
     ids = prompt_of_length(lm, prompt)
@@ -512,6 +504,7 @@ def kv_on_off(lm: LoadedModel, progress: Progress, prompt: int, steps: int) -> t
 @job("observer.effect", "the observer-effect measurement", request=request, policy=policy, rounds=whole(1, 5))
 def observer(lm: LoadedModel, progress: Progress, request: GenerationRequest, policy: CapturePolicy,
              rounds: int) -> Any:
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.speed import observer_effect
 
     return observer_effect(lm, request, policy, rounds, progress)
@@ -534,6 +527,7 @@ def device_roof(lm: LoadedModel, again: bool) -> Any:
 
 @functools.lru_cache(maxsize=4)
 def _roof(device: str, dtype: str) -> Any:
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.speed import measure_roof
 
     with _ROOF_LOCK:
@@ -547,13 +541,16 @@ _ROOF_LOCK = threading.Lock()
 
 @job("fusion.sweep", "the attention timing", lengths=wholes(1, 131072, 16), repeats=whole(1, 5))
 def fusion_sweep(lm: LoadedModel, progress: Progress, lengths: list[int], repeats: int) -> list[dict]:
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.fusion import sweep_fusion
 
     return [p.to_dict() for p in sweep_fusion(lm.spec, lengths, lm.device, lm.dtype, repeats, progress=progress)]
 
 
 def _eval_ids(lm: LoadedModel) -> list[int]:
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.quant_detail import EVAL_TEXT, EVAL_TOKENS
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.quantize import text_ids
 
     return text_ids(lm, EVAL_TEXT, EVAL_TOKENS)
@@ -561,6 +558,7 @@ def _eval_ids(lm: LoadedModel) -> list[int]:
 
 @job("quant.outliers", "the outlier measurement")
 def quant_outliers(lm: LoadedModel, progress: Progress) -> dict[str, Any]:
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.quant_detail import activation_channels, int8_errors_by_layer, layer_inputs
 
     ids = _eval_ids(lm)
@@ -571,7 +569,9 @@ def quant_outliers(lm: LoadedModel, progress: Progress) -> dict[str, Any]:
 
 @job("quant.grids", "the 4-bit comparison", schemes=lambda value, lm: choices(_schemes())(value, lm))
 def quant_grids(lm: LoadedModel, progress: Progress, schemes: list[str]) -> dict[str, Any]:
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.quant_detail import grid_share, scheme_quality
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.quantize import all_logits
 
     ids, share = _eval_ids(lm), grid_share(lm)
@@ -584,6 +584,7 @@ def quant_grids(lm: LoadedModel, progress: Progress, schemes: list[str]) -> dict
 
 
 def _schemes() -> tuple[str, ...]:
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.quant_detail import SCHEMES
 
     return tuple(SCHEMES)
@@ -591,7 +592,9 @@ def _schemes() -> tuple[str, ...]:
 
 @job("quant.methods", "the GPTQ/AWQ comparison", layer=layer)
 def quant_methods(lm: LoadedModel, progress: Progress, layer: int) -> Any:
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.quant_calibrated import compare_methods
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.quant_detail import q_proj_inputs
 
     return compare_methods(q_proj_inputs(lm, _eval_ids(lm), layer), lm.model.model.layers[layer].self_attn.q_proj.weight)
@@ -599,6 +602,7 @@ def quant_methods(lm: LoadedModel, progress: Progress, layer: int) -> Any:
 
 @job("quant.weight_rows", "one layer's weights", quick=True, layer=layer)
 def quant_weight_rows(lm: LoadedModel, layer: int) -> tuple[np.ndarray, np.ndarray]:
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.quant_detail import weight_rows
 
     return weight_rows(lm.model.model.layers[layer].self_attn.q_proj.weight)
@@ -606,6 +610,7 @@ def quant_weight_rows(lm: LoadedModel, layer: int) -> tuple[np.ndarray, np.ndarr
 
 @job("quant.notable_weights", "some real weights", quick=True)
 def quant_notable_weights(lm: LoadedModel) -> list[tuple[str, float]]:
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.quant_detail import notable_weights
 
     return notable_weights(lm)
@@ -616,7 +621,9 @@ def quant_notable_weights(lm: LoadedModel) -> list[tuple[str, float]]:
 def precision_compare(lm: LoadedModel, progress: Progress, schemes: list[str], group: int) -> dict[str, Any]:
     """Quantized copies (made once per scheme and kept), their predictions on a fixed text and their decode speed,
     interleaved with the loaded model's: one row per precision."""
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.quantize import compare_models, text_ids
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.speed import compare_decode, prompt_of_length
 
     copies = []
@@ -638,6 +645,7 @@ PRECISION_PROMPT, PRECISION_STEPS, PRECISION_ROUNDS = 32, 8, 2
 
 
 def _group(value: Any) -> int:
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.quantize import GROUP_SIZES
 
     if value not in GROUP_SIZES:
@@ -652,6 +660,7 @@ MAX_COPIES = 3
 
 def _quantized_copy(lm: LoadedModel, scheme: str, group: int) -> Any:
     """One quantized copy per (model, scheme, group), kept for the next measurement; the model is never changed."""
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.quantize import quantize_copy
 
     key = (id(lm), scheme, group)
@@ -678,9 +687,6 @@ def _precision_row(label: str, q: Any, lm: LoadedModel, quality: Any, timing: An
 @job("folder.report", "the model folder", quick=True)
 def folder_report(lm: LoadedModel) -> dict[str, Any]:
     """The folder the weights were loaded from, as it is on the server's disk, and its config.json."""
-    import json
-
-    from engine.models.folder import describe_folder
 
     report = describe_folder(lm.source)
     return {"report": report, "config": json.loads((report.path / "config.json").read_text())}
@@ -688,8 +694,6 @@ def folder_report(lm: LoadedModel) -> dict[str, Any]:
 
 @job("folder.read", "reading the weight files", quick=True)
 def folder_read(lm: LoadedModel) -> dict[str, float]:
-    from engine.models.folder import describe_folder, time_read
-
     timing = time_read(describe_folder(lm.source))
     return {"bytes": timing.nbytes, "seconds": timing.seconds}
 
@@ -701,9 +705,8 @@ def folder_read(lm: LoadedModel) -> dict[str, float]:
 def memory_ledger(lm: LoadedModel, runs: Any, cache_length: int, cache_bytes: int, run_id: str | None) -> Any:
     """The server's memory now (torch.cuda's own figures on a GPU) beside the formula, with a run's cache and the
     residual it keeps (`run_id`, when the server still keeps it)."""
-    from engine.core.records import CacheState
+    # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.memory import memory_ledger as ledger
-    from engine.errors import EngineError
 
     try:
         kept = runs.kept(run_id)[1] if run_id is not None else None
@@ -715,7 +718,5 @@ def memory_ledger(lm: LoadedModel, runs: Any, cache_length: int, cache_bytes: in
 @job("batch.kernels", "the small-batch kernel", quick=True)
 def batch_kernels(lm: LoadedModel) -> dict[str, Any] | None:
     """The weights the batched CPU steps use packed, and the timings that chose them (measured at start)."""
-    from engine.core.small_batch import kernels_for
-
     kernels = kernels_for(lm, pack=False)
     return None if kernels is None else {"weights": kernels.weights, "faster": kernels.faster_shapes()}

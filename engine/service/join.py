@@ -12,7 +12,7 @@ that asks the same gate admits the same member (reloads, new tabs, another web p
     gate.close(True)             # nobody new gets in, whatever code they give; members stay in
 
 Codes are compared ignoring case, spaces and dashes, in constant time (their SHA-256 digests). Wrong codes
-are rate-limited as presenter-token guesses are (app/presenter.py): after a few free tries, each next one
+are rate-limited as presenter-token guesses are (app/room/presenter.py): after a few free tries, each next one
 waits twice as long as the one before, per browser (`client`) and, more loosely, per network address (a
 room behind one NAT shares it). A code the presenter replaced is refused with a clear message and is not
 counted as a guess. The gate is thread-safe, has no UI and takes and returns only strings and booleans.
@@ -78,7 +78,7 @@ def _digest(code: str) -> bytes:
 
 
 def guess_wait(wrong: int, last: float, now: float, free: int = FREE_GUESSES) -> float:
-    """Seconds before the next try after `wrong` wrong codes, the last at `last` (app/presenter.py's rule)."""
+    """Seconds before the next try after `wrong` wrong codes, the last at `last` (app/room/presenter.py's rule)."""
     if wrong < free:
         return 0.0
     delay = min(GUESS_DELAY_SECONDS * 2 ** (wrong - free), MAX_GUESS_DELAY_SECONDS)

@@ -22,6 +22,7 @@ from engine.errors import ContextLengthError, EngineError, InsufficientMemoryErr
 from engine.core.hooks import CapturePolicy
 from engine.projection.specs import ModelSpec, dtype_bytes
 from engine.projection.units import fmt_bytes
+from engine.serving.flags import LIMIT_FLAGS
 
 MiB = 2**20
 CAPTURED_BYTES = 4           # attention probabilities leave the engine as float32
@@ -88,8 +89,6 @@ ENV_VARS: dict[str, str] = {
 }
 def limits_from_flags(args: Any, base: Limits) -> Limits:
     """`base` with the limits given as flags applied on top, checked."""
-    from engine.serving.flags import LIMIT_FLAGS
-
     given = {name: getattr(args, name) for name, _, _ in LIMIT_FLAGS if getattr(args, name, None) is not None}
     return validated(replace(base, **given))
 

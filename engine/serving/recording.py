@@ -74,7 +74,7 @@ def _record_types() -> dict[str, type]:
 class RecordedSpeculation:
     """The speculative part of a recorded run: what drafted, k, the rounds and plain decoding of the same request.
 
-    The rounds carry no captures: the run's records hold them, one decode step per token (app.run.round_steps).
+    The rounds carry no captures: the run's records hold them, one decode step per token (app.runs.run.round_steps).
     """
 
     draft: str                         # the draft's label
@@ -117,7 +117,7 @@ def new_recording(lm: Any, request: GenerationRequest, policy: CapturePolicy, re
 def machine_note(device: str) -> str:
     """Where a recording was made, for whoever opens it elsewhere: the processor, and for a CPU how busy the machine
     was as the run finished (its timings are that machine's, then)."""
-    import torch
+    import torch  # torch: only when a recording is written
 
     if device.startswith("cuda") and torch.cuda.is_available():
         return f"one {torch.cuda.get_device_name(torch.device(device))}"

@@ -29,6 +29,7 @@ def extra_installed(key: str) -> bool:
     """Converted already, or its chunk packages are installed (the first use converts them)."""
     if (cache_dir() / EMBEDDED[key].folder / "config.json").exists():
         return True
+    # the extras' chunk packages: looked up only for a model not converted yet
     from engine.models.extras import EXTRAS, package_chunks
 
     return all(package_chunks(module) for module in EXTRAS[key].modules())

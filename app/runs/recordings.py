@@ -2,7 +2,7 @@
 
 A recording (engine/serving/recording.py) holds the records of one finished generation, captures included; saved, it
 is a run file (`.run.zip`, engine/runs), the one format the playground writes (an older `.json.gz` still opens).
-Opened here it becomes an `app.run.Run` in `st.session_state[LAST_RUN]`, so the journey, attention
+Opened here it becomes an `app.runs.run.Run` in `st.session_state[LAST_RUN]`, so the journey, attention
 and KV-cache pages draw it exactly as they draw a live run, without the model; a speculative run comes
 back with its `Speculation` (draft, k, rounds, plain baseline), so the speculative page draws it too. That is how a class
 goes on when the model is busy or not loaded.
@@ -22,12 +22,12 @@ from typing import Callable
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
-from app.recent import Recent, make_current, open_recent, recent, run_from_disk, run_store, store_note
-from app.recorded import recording_from_run, run_from_recording  # noqa: F401 - also the names others import from here
-from app.session import person_id
-from app.format import fmt_bytes
-from app.nav import PAGES
-from app.run import LAST_RUN, Run
+from app.runs.recent import Recent, make_current, open_recent, recent, run_from_disk, run_store, store_note
+from app.runs.recorded import recording_from_run, run_from_recording  # noqa: F401 - also the names others import from here
+from app.room.session import person_id
+from app.ui.format import fmt_bytes
+from app.ui.nav import PAGES
+from app.runs.run import LAST_RUN, Run
 from engine.errors import EngineError
 from engine.serving.limits import MiB, Limits, server_limits
 from engine.service.client import ModelClient
@@ -36,7 +36,7 @@ from engine.runs.kept import Kept, keep, kept_owner
 from engine.serving.recording import MAX_FILE_BYTES, PARSE_PLACES, PARSE_SLOTS, Recording, loads_recording
 from engine.store import RunDisk
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 RECORDINGS_DIR = ROOT / "assets" / "recordings"
 UPLOAD_KEY, OPENED_KEY = "recordings.upload", "recordings.opened"
 KEPT_NOTE_KEY = "recordings.kept_note"

@@ -20,11 +20,13 @@ import hashlib
 import time
 from typing import Any, Callable, Mapping, MutableMapping
 
-from app.model import current_client
+import streamlit as st
+
+from app.hosting.model import current_client, settings
 from engine.service.board import (MAX_NOTE_CHARS, SETTINGS, BoardState, PresenterBoard, PresenterError,  # noqa: F401
                                   Push)
+from engine.settings import rows as settings_rows
 
-TOKEN_ENV = "PLAYGROUND_PRESENTER_TOKEN"
 WIDGET_KEYS = {"prompt": "prompt", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
                "seed": "seed", "max_new_tokens": "max_new"}   # push field -> widget key after "<page>."
 FOLLOW_KEY, SEEN_KEY, TOKEN_KEY, VIEW_KEY, PENDING_KEY = (
@@ -157,8 +159,6 @@ def page_values(state: Mapping[str, Any], ns: str) -> dict[str, Any]:
 
 def presenter_box(board: PresenterBoard) -> None:
     """Sidebar block: follow on/off for everyone; the token box that turns a session into the presenter."""
-    import streamlit as st
-
     if not board.enabled:
         return
     state = st.session_state
@@ -179,8 +179,6 @@ def presenter_box(board: PresenterBoard) -> None:
 
 def try_token(state: MutableMapping[str, Any], board: PresenterBoard, token: str) -> None:
     """Unlock with `token`, or say why not under the box."""
-    import streamlit as st
-
     try:
         ok = unlock(state, board, token)
     except PresenterError as err:
@@ -194,8 +192,6 @@ def push_button(board: PresenterBoard, ns: str, here: str, view: Mapping[str, An
                 run: str | None = None, label: str = "Push to everyone") -> Push | None:
     """For the presenter only: a button that pushes this page's prompt, settings and view (and a request's story,
     `run`) to every follower."""
-    import streamlit as st
-
     state = st.session_state
     if not is_presenter(state, board):
         return None
@@ -228,3 +224,12 @@ def new_broadcast(state: MutableMapping[str, Any], board: PresenterBoard) -> Any
 def may_generate(state: Mapping[str, Any], board: PresenterBoard) -> bool:
     """Followers run the model themselves unless the presenter keeps it for the room's one run."""
     return not board.enabled or is_presenter(state, board) or board.followers_may_generate
+
+
+def settings_panel() -> None:
+    """The presenter's look at what this room runs with: `playground --print-settings`'s rows, secrets masked."""
+
+    with st.expander("Settings this room runs with", icon=":material/tune:"):
+        st.caption("As `playground --print-settings` shows them (every one in docs/settings.md); secrets stay hidden.")
+        shown = settings_rows(settings())
+        st.table({column: {r["setting"]: r[column] for r in shown} for column in ("value", "set by")})

@@ -1,7 +1,7 @@
 """The hardware a projection runs on, as the speed, cost, KV and explainer pages choose it: model, GPU,
 precision, batch, context and layout pickers, and this device's measured peaks (cached once per process).
 
-Measured figures are always introduced by `app.format.MEASURED`; projected ones by `projected_label(...)`.
+Measured figures are always introduced by `app.ui.format.MEASURED`; projected ones by `projected_label(...)`.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from app.format import fmt_bytes, fmt_tokens, projected_label
+from app.ui.format import fmt_bytes, fmt_tokens, projected_label
 from engine.service.client import ModelClient
 from engine.projection.cost import (DEFAULT_BANDWIDTH_EFFICIENCY, DEFAULT_DOLLARS_PER_HOUR, DEFAULT_FLOPS_EFFICIENCY,
                                     GPU_COUNTS, Layout, Projection, project, standard_layout)

@@ -15,11 +15,12 @@ import uuid
 from typing import Callable
 
 import streamlit as st
+from streamlit.runtime import Runtime
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from app.model import REFUSED_KEY
-from app.nav import page_info
-from app.presenter import PENDING_KEY, SEEN_KEY, follow_page, presenter_board, push_button, pushed_view
+from app.hosting.model import REFUSED_KEY
+from app.ui.nav import page_info
+from app.room.presenter import PENDING_KEY, SEEN_KEY, follow_page, presenter_board, push_button, pushed_view
 from engine.service.client import ModelClient
 from engine.serving.scheduler import SessionLimitError
 
@@ -71,8 +72,6 @@ def xsrf_token(cookie: str) -> str:
 
 def connected(session: str) -> bool:
     """Is this Streamlit session still connected to the server? (True where there is no server to ask.)"""
-    from streamlit.runtime import Runtime
-
     streamlit_id = _STREAMLIT_SESSIONS.get(session)
     if streamlit_id is None or not Runtime.exists() or Runtime.instance().is_active_session(streamlit_id):
         return True

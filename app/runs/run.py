@@ -13,7 +13,7 @@ numpy arrays), never the model, a module or a hook handle.
 The model is shared by every session: `stream_generation` submits the request through the page's ModelClient
 (in-process or a model server) to the model's scheduler, which batches it with everyone else's, and streams the
 records back. The run keeps the server's run id, so anyone can open it again by id (`run_from_slice`: a
-presenter's followers, a `?run=` link). A run can also come from a recording file (app/recordings.py), in which
+presenter's followers, a `?run=` link). A run can also come from a recording file (app/runs/recordings.py), in which
 case no model is needed at all.
 """
 from __future__ import annotations

@@ -18,11 +18,11 @@ from typing import Any, Callable, MutableMapping
 
 import streamlit as st
 
-from app.format import fmt_ms, fmt_rate
-from app.model import away_safe, current_client
-from app.presenter import (SETTINGS, SEEN_KEY, Push, apply_push, following, is_presenter, new_broadcast,
+from app.ui.format import fmt_ms, fmt_rate
+from app.hosting.model import away_safe, current_client
+from app.room.presenter import (SETTINGS, SEEN_KEY, Push, apply_push, following, is_presenter, new_broadcast,
                            PresenterBoard, presenter_board)
-from app.run import LAST_RUN, Run, run_from_slice
+from app.runs.run import LAST_RUN, Run, run_from_slice
 from engine.errors import EngineError
 from engine.service.client import ModelClient
 

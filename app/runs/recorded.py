@@ -1,12 +1,12 @@
 """A run and a recording, one into the other: what the Recordings page, the notebook download and a person's recent
-runs (app/recent.py, read back from the run store) all convert with. No widgets here.
+runs (app/runs/recent.py, read back from the run store) all convert with. No widgets here.
 
     run = run_from_recording(recording)        # RecordingError when it holds no prefill record
     recording = recording_from_run(run)        # a finished run (a speculative one with its baseline)
 """
 from __future__ import annotations
 
-from app.run import Run, Speculation, compact
+from app.runs.run import Run, Speculation, compact
 from engine.core.records import PrefillRecord, SpecDoneRecord, SpecRoundRecord
 from engine.serving.recording import RecordedSpeculation, Recording, RecordingError
 

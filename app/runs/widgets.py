@@ -11,11 +11,11 @@ from typing import Any, Callable
 import plotly.graph_objects as go
 import streamlit as st
 
-from app.layout import plot_font
-from app.style import MIN_TEXT_PX, at_least
-from app.presenter import may_generate, presenter_board
-from app.request import DEFAULT_PROMPT, MAX_NEW_LIMIT, Prepared, Sampling, new_token_limit, prepare, sanitize_settings
-from app.run import Throttle
+from app.ui.layout import plot_font
+from app.ui.style import MIN_TEXT_PX, at_least
+from app.room.presenter import may_generate, presenter_board
+from app.runs.request import DEFAULT_PROMPT, MAX_NEW_LIMIT, Prepared, Sampling, new_token_limit, prepare, sanitize_settings
+from app.runs.run import Throttle
 from engine.service.client import ModelClient
 
 # No toolbar: it appears over the top right of a chart whenever the pointer is on it, where it covered bar labels and
@@ -186,7 +186,7 @@ STOPPED_IN_LINE_KEY = "live.stopped_in_line"
 
 
 def stopped_in_line() -> set[str]:
-    """The pages (namespaces) whose last request was stopped before its first token: app/live.py's run_live adds
+    """The pages (namespaces) whose last request was stopped before its first token: app/runs/live.py's run_live adds
     one, and the next run of that page says so. A set kept in the session and changed in place, since a stopped
     run's own `st.session_state` refuses writes (Streamlit raises its StopException again)."""
     return st.session_state.setdefault(STOPPED_IN_LINE_KEY, set())

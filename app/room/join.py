@@ -12,22 +12,20 @@ shared screen or a copied address does not carry it.
 from __future__ import annotations
 
 import io
-import os
 import re
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
 import streamlit as st
 
-from app.model import get_model, model_choice
-from app.presenter import TOKEN_KEY
-from app.session import person_id
+from app.hosting.model import get_model, model_choice, settings
+from app.room.presenter import TOKEN_KEY
+from app.room.session import person_id
 from engine.service.join import MEMBER_SECONDS, JoinGate, JoinRefused, room_gate
 
 QUERY_KEY = "join"                       # http://host:8501/?join=k7mq-3xtp-9wha
 COOKIE = "playground_member"
 MEMBER_KEY, OPEN_KEY = "join.member", "join.open"
-PUBLIC_URL_ENV = "PLAYGROUND_PUBLIC_URL"  # the address participants use, set by `playground` (or --public-url)
 TOKEN_CHARS = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
@@ -133,8 +131,9 @@ def join_form(gate: JoinGate, message: str | None) -> None:
 # --- the presenter's side --------------------------------------------------------------------------------------
 
 def public_base() -> str:
-    """Where participants reach this server: PLAYGROUND_PUBLIC_URL, else the address this browser used."""
-    given = os.environ.get(PUBLIC_URL_ENV, "").strip()
+    """Where participants reach this server: its public_url setting (--public-url), else the address this browser
+    used."""
+    given = settings().public_url
     if given:
         return given.rstrip("/")
     try:
@@ -150,7 +149,7 @@ def join_link(code: str, base: str | None = None) -> str:
 
 def qr_png(text: str, scale: int = 10) -> bytes:
     """A QR code of `text` as PNG bytes (segno: no image library needed)."""
-    import segno
+    import segno  # the QR code: only when the presenter opens the join panel
 
     out = io.BytesIO()
     segno.make(text, error="m").save(out, kind="png", scale=scale, border=2)

@@ -5,11 +5,8 @@ In-process (the default, `make run`): this process loads the model and serves it
 Remote (`playground --engine-url http://host:8000`, or PLAYGROUND_ENGINE_URL): the model lives in a model server
 (`python -m engine serve`) and this process holds none; pages make the same calls over HTTP.
 
-    PLAYGROUND_ENGINE_URL  a model server to use instead of loading a model here (PLAYGROUND_API_KEY: its key)
-    PLAYGROUND_MODEL       "default" (SmolLM2-135M-Instruct), an extra's key, a local folder or a hub id
-    PLAYGROUND_DEVICE      "cpu", "cuda", "cuda:1" ... (default: CUDA when present)
-    PLAYGROUND_DTYPE       "float32", "bf16", "fp16" ... (default: bf16 on CUDA, float32 on CPU)
-    PLAYGROUND_DRAFT       the speculative page's draft: "ngram", "early-exit:N" or a model (default: none named)
+Which model, which server, which key: this process's settings as its launcher passed them down (`settings()`,
+engine/settings.py; every one in docs/settings.md).
 
 `st.cache_resource` holds a `ModelSlot` per choice. The slot is created instantly; the first session that needs
 the model loads it (or waits for the server) under the slot's lock while its page shows a progress bar, and every
@@ -19,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import threading
 import time
 import urllib.error
@@ -29,15 +25,15 @@ from typing import Callable
 
 import streamlit as st
 
-from app.nav import page_info
+from app.hosting.hosted import hosted
+from app.ui.nav import page_info
 from engine.errors import EngineError
-from engine.service.client import ModelClient, ServerUnavailableError
+from engine.service.client import ModelClient, ServerUnavailableError, wait_until_ready
+from engine.settings import Settings, SettingsError, current
 
-MODEL_ENV, DEVICE_ENV, DTYPE_ENV, DRAFT_ENV = "PLAYGROUND_MODEL", "PLAYGROUND_DEVICE", "PLAYGROUND_DTYPE", "PLAYGROUND_DRAFT"
-URL_ENV, KEY_ENV, TOKEN_ENV = "PLAYGROUND_ENGINE_URL", "PLAYGROUND_API_KEY", "PLAYGROUND_PRESENTER_TOKEN"
+MODEL_ENV, URL_ENV = "PLAYGROUND_MODEL", "PLAYGROUND_ENGINE_URL"     # named in the pages' hints
 SERVER_WAIT_SECONDS = 600.0
-REFUSED_KEY = "session.refused"      # set while this browser is refused a seat (the room is full): app/session.py
-STATUS_ENV = "PLAYGROUND_ROOM_STATUS"    # the room's status.json (app/processes.py), when a supervisor runs the room
+REFUSED_KEY = "session.refused"      # set while this browser is refused a seat (the room is full): app/room/session.py
 HEALTH_SECONDS = 1.0                 # a model server's health is asked at most this often per web process
 RETRY_SECONDS = 2.0                  # a page that waits for the model server looks again this often
 _health: dict[str, object] = {"at": -HEALTH_SECONDS, "away": None}
@@ -55,16 +51,26 @@ class ModelChoice:
         return f"the model server at {self.url}" if self.url else self.name
 
 
+def settings() -> Settings:
+    """This process's settings (engine/settings.py); on a page, a setting that cannot be read stops it with the
+    reason (`playground` refuses such a setting before it starts anything)."""
+    try:
+        return current()
+    except SettingsError as err:
+        st.error(f"This server was started with a setting it cannot read: {err}")
+        st.stop()
+        raise
+
+
 def model_choice() -> ModelChoice:
-    """The model this process serves (or the server it uses), read from the environment."""
-    return ModelChoice(os.environ.get(MODEL_ENV) or "default", os.environ.get(DEVICE_ENV) or None,
-                       os.environ.get(DTYPE_ENV) or None, os.environ.get(URL_ENV) or None)
+    """The model this process serves (or the server it uses), as its settings say."""
+    s = settings()
+    return ModelChoice(s.model, s.device, s.dtype, s.engine_url)
 
 
 def draft_choice() -> str | None:
     """The draft the launcher named for speculative decoding ('ngram', 'early-exit:N', a model), or None."""
-    value = (os.environ.get(DRAFT_ENV) or "").strip()
-    return value or None
+    return settings().draft
 
 
 @dataclass
@@ -84,20 +90,17 @@ class ModelSlot:
 
 def api_key() -> str | None:
     """The model server's API key: the one this process sends to a model server (`--engine-url`), or the one its
-    own API door asks of clients (app/hosted.py)."""
-    return os.environ.get(KEY_ENV) or None
+    own API door asks of clients (app/hosting/hosted.py)."""
+    return settings().api_key
 
 
 def connect(choice: ModelChoice, progress: Callable[[float, str], None] | None = None) -> ModelClient:
     """The remote client of the named server, the model this process hosts for its pages and its API
-    (app/hosted.py, loading since the server started), or a service around a model loaded here now."""
+    (app/hosting/hosted.py, loading since the server started), or a service around a model loaded here now."""
     if choice.url:
-        from engine.service.client import wait_until_ready
-
         return wait_until_ready(choice.url, SERVER_WAIT_SECONDS, api_key(),
                                 on_wait=lambda text: progress(0.5, f"Waiting for the model server: {text}")
                                 if progress else None)
-    from app.hosted import hosted
 
     model = hosted()
     return model.wait(progress) if model is not None else load_here(choice, progress)
@@ -105,11 +108,11 @@ def connect(choice: ModelChoice, progress: Callable[[float, str], None] | None =
 
 def load_here(choice: ModelChoice, progress: Callable[[float, str], None] | None = None) -> ModelClient:
     """The model loaded in this process, served by an in-process `EngineService`."""
-    from engine.core.loader import load_model
+    from engine.core.loader import load_model  # torch and transformers: only when this process loads the model itself
     from engine.service.service import EngineService
 
     lm = load_model(choice.name, device=choice.device, dtype=choice.dtype, progress=progress)
-    return EngineService(lm, presenter_token=os.environ.get(TOKEN_ENV) or None, launched_draft=draft_choice())
+    return EngineService(lm, presenter_token=settings().presenter_token, launched_draft=draft_choice())
 
 
 @st.cache_resource(show_spinner=False)
@@ -239,9 +242,9 @@ def note_away() -> None:
 def away_line(url: str) -> str:
     """What a page says while the model cannot be reached: restarting (the room's supervisor says so) or away."""
     try:
-        with open(os.environ[STATUS_ENV]) as f:
+        with open(settings().room_status or "") as f:
             state = json.load(f).get("model-server", {}).get("state")
-    except (KeyError, OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError):
         state = None
     if state in ("restarting", "starting"):
         return ("The model is restarting; your runs are safe. This page tries again by itself in a few seconds.")

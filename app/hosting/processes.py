@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 ROUTE_COOKIE = "playground_route"
-STATUS_ENV = "PLAYGROUND_ROOM_STATUS"            # the room's status.json, for the pages (app/model.py)
+STATUS_ENV = "PLAYGROUND_ROOM_STATUS"            # the room's status.json, for the pages (app/hosting/model.py)
 RESTART_DELAYS = (0.5, 2.0, 5.0, 10.0, 20.0)      # seconds before the 1st, 2nd, ... restart within the window
 FAILURES_TO_GIVE_UP, FAILURE_WINDOW = 5, 180.0    # this many exits within this many seconds stop the room
 RETRY_AFTER_SECONDS = 5                           # what an API client is told while the model server is down

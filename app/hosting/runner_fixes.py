@@ -1,7 +1,7 @@
 """Three fixes to how Streamlit 1.67 starts a session's script runs, for a room on one server.
 
 Every `st.fragment(run_every=...)` timer in a browser keeps sending reruns until the browser hears that its
-page changed. A follower's strip (app/watch.py) ticks twice a second, and when the presenter's run ends
+page changed. A follower's strip (app/runs/watch.py) ticks twice a second, and when the presenter's run ends
 thirty followers move to another page at once, so the server is seconds behind. Measured with 30 followers
 (bench/watch.py, docs/serving.md), two things then went wrong in Streamlit itself:
 
@@ -135,7 +135,7 @@ def _warn_unfenced(version: str) -> None:
     if version not in _warned:
         _warned.add(version)
         logging.getLogger(__name__).warning(
-            "Streamlit %s is installed; the room's Stop and rerun fixes (app/runner_fixes.py) are written for "
+            "Streamlit %s is installed; the room's Stop and rerun fixes (app/hosting/runner_fixes.py) are written for "
             "%d.%d and are off: the app runs on Streamlit's own runner", version, *FENCE)
 
 

@@ -1,7 +1,7 @@
 """A person's runs survive a reload, a second tab, and a restart of their web process, of the model server or of the
 whole room: every finished run is a file in the run store (engine/store; the model server writes the runs it makes,
 this module the runs a person opened from a file), and the store's index lists, for each person (the browser's
-cookie: app.session.person_id, the same across reloads, tabs and web processes), the runs they made or opened.
+cookie: app.room.session.person_id, the same across reloads, tabs and web processes), the runs they made or opened.
 
     remember(run, limits)         # a finished run this session made or opened: listed for this person
     recent(limits)                # this person's runs (`Recent`), newest first: the Recordings page lists them
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
-from app.recorded import recording_from_run, run_from_recording
-from app.request import SETTING_RANGES, in_range
-from app.run import LAST_RUN, Run, run_from_slice
-from app.session import person_id
+from app.runs.recorded import recording_from_run, run_from_recording
+from app.runs.request import SETTING_RANGES, in_range
+from app.runs.run import LAST_RUN, Run, run_from_slice
+from app.room.session import person_id
 from engine import runs as run_files
 from engine.errors import EngineError
 from engine.runs.kept import import_shelf
@@ -36,7 +36,7 @@ from engine.store import RunDisk, RunGoneError, StoredRun, StoreError, open_stor
 
 REOPENED_KEY = "recent.reopened"      # set once this session has looked for the person's last run
 RECORD_BYTES = 4096                   # a record's own fields, beside its captured arrays
-log = logging.getLogger("app.recent")
+log = logging.getLogger("app.runs.recent")
 
 
 @dataclass(frozen=True)

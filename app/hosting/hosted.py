@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+from engine.errors import EngineError
+
 API_PREFIXES = ("/v1/", "/metrics")        # what the API door takes; everything else is Streamlit's
 POLL_SECONDS = 0.2
 
@@ -37,8 +39,6 @@ class HostedModel:
 
     def wait(self, progress: Callable[[float, str], None] | None = None) -> Any:
         """The service once loaded (reporting the load's progress meanwhile); the load's error otherwise."""
-        from engine.errors import EngineError
-
         shown = None
         while not self.done.wait(POLL_SECONDS):
             if progress is not None and self.progress != shown:
@@ -61,7 +61,7 @@ def hosted() -> HostedModel | None:
 def start_hosted(load: Callable[[Callable[[float, str], None]], Any], api_key: str | None) -> HostedModel:
     """Begin loading the model in a thread (once per process); `load(progress)` returns the EngineService."""
     global _HOSTED
-    from engine.server.state import ServerState
+    from engine.server.state import ServerState  # FastAPI's side: only once this process hosts the API
 
     with _LOCK:
         if _HOSTED is not None:
@@ -99,7 +99,7 @@ class ApiDoor:
         model = hosted()
         if scope["type"] == "http" and model is not None and scope["path"].startswith(API_PREFIXES):
             if self.api is None:
-                from engine.server.app import create_app
+                from engine.server.app import create_app  # FastAPI's app: built on the first API request
 
                 self.api = create_app(model.state)
             return await self.api(scope, receive, send)

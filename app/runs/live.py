@@ -11,14 +11,14 @@ import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 from streamlit.runtime.scriptrunner_utils.script_requests import ScriptRequestType
 
-from app.nav import page_info
-from app.presenter import SETTINGS, TOKEN_KEY, Push, is_presenter, presenter_board
-from app.request import Prepared
-from app.recent import remember
-from app.run import LAST_RUN, Draft, Run, capture_policy, new_run, run_from_slice, settle, stream_generation
-from app.session import session_id
-from app.widgets import stopped_in_line
-from app.watch import FORM_KEY
+from app.ui.nav import page_info
+from app.room.presenter import SETTINGS, TOKEN_KEY, Push, is_presenter, presenter_board
+from app.runs.request import Prepared
+from app.runs.recent import remember
+from app.runs.run import LAST_RUN, Draft, Run, capture_policy, new_run, run_from_slice, settle, stream_generation
+from app.room.session import session_id
+from app.runs.widgets import stopped_in_line
+from app.runs.watch import FORM_KEY
 from engine.errors import EngineError
 from engine.service.client import ModelClient, run_id as api_run_id
 from engine.service.jobs import JOBS
@@ -90,7 +90,7 @@ def stop_point() -> None:
     """End this script now if Stop (or any press: with fastReruns every press stops the running script) is pending,
     drawing nothing. Streamlit raises its StopException only inside an st call, and a loaded room's page redraws its
     answer every 0.5 s x the requests running (`Throttle`), so a Stop was noticed up to ~15 s late: past the 10 s the
-    next run waits for this one (app/runner_fixes.py), which then drew the run still streaming, with neither its
+    next run waits for this one (app/hosting/runner_fixes.py), which then drew the run still streaming, with neither its
     Stop line nor its link (the hosted hour, 89bf3d8). Peeks at Streamlit's request state (internal: STOP is
     terminal, set by `request_stop`), then makes the st call that lets Streamlit raise as it always does."""
     requests = getattr(get_script_run_ctx(), "script_requests", None)

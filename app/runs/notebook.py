@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app.recordings import file_name, recording_from_run
-from app.run import Run
+from app.runs.recordings import file_name, recording_from_run
+from app.runs.run import Run
 from engine.errors import EngineError
 from engine.runs import SUFFIX, dumps, file_of, known_texts
 from engine.runs.notebook import bundle

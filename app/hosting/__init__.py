@@ -1,0 +1,1 @@
+"""Launch and hosting: the model as every page reaches it (and this process's settings), the pages and the API in one process, a room of processes under a supervisor, and the fenced fixes to Streamlit's script runner."""

@@ -1,0 +1,1 @@
+"""Runs as the pages make and hold them: the request a page builds and the form that builds it, the live path to the model, the `Run`, a person's recent runs, recordings, the notebook download, and a follower's strip showing the presenter's run."""

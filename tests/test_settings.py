@@ -1,0 +1,157 @@
+"""One settings object (engine/settings.py): read once from flags, then PLAYGROUND_* variables, then a TOML file,
+then the defaults; handed to started processes as variables; printed with the secrets masked; every setting in
+docs/settings.md."""
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.launch import main, settings_of
+from engine.launch import ENGINE_URL, ONE_PROCESS, REPLICAS, SERVE, WEB_PROCESSES, way
+from engine.serving.flags import LIMIT_FLAGS
+from engine.serving.limits import ENV_VARS, Limits
+from engine.settings import SPECS, Settings, SettingsError, current, load, rows, table
+from servers import ROOT
+
+BIN = Path(sys.executable).parent / "playground"
+TOKEN, KEY = "a-presenter-secret-123", "an-api-key-secret-4567"
+
+
+def test_flag_beats_variable_beats_file_beats_default(tmp_path):
+    file = tmp_path / "room.toml"
+    file.write_text('model = "from-the-file"\ndevice = "cpu"\nmax_new_tokens = 11\nopen_room = true\n')
+    env = {"PLAYGROUND_SETTINGS": str(file), "PLAYGROUND_DEVICE": "cuda:1", "PLAYGROUND_MAX_NEW_TOKENS": "22"}
+    s = settings_of(["--max-new-tokens", "33"], env)
+    assert (s.model, s.device, s.max_new_tokens, s.open_room, s.dtype) == ("from-the-file", "cuda:1", 33, True, None)
+    assert settings_of([], env).max_new_tokens == 22
+    assert settings_of(["--settings", str(file)], {}).max_new_tokens == 11
+    assert settings_of([], {}) == Settings(port=8501)
+
+
+def test_the_port_is_the_commands_own_unless_given():
+    assert load(None, {}).port == 8501 and load(None, {}, SERVE).port == 8000
+    assert settings_of(["--port", "9000"], {}).port == 9000
+
+
+def test_a_started_process_reads_back_the_same_settings():
+    s = settings_of(["--model", "qwen-1.5b", "--device", "cpu", "--max-batch", "4", "--request-seconds", "7.5",
+                     "--runs-mb", "0"], {"PLAYGROUND_TIMELINES": "0"})
+    env = s.to_env()
+    assert env["PLAYGROUND_MAX_BATCH"] == "4" and env["PLAYGROUND_TIMELINES"] == "0" and "PLAYGROUND_DTYPE" not in env
+    assert load(None, env) == s
+    assert Limits().with_env(env).request_seconds == 7.5             # what the engine's limits read back
+
+
+def test_current_reads_this_processes_environment_once_per_environment(monkeypatch):
+    monkeypatch.setenv("PLAYGROUND_MODEL", "first")
+    assert current() is current() and current().model == "first"
+    monkeypatch.setenv("PLAYGROUND_MODEL", "second")
+    assert current().model == "second"
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"PLAYGROUND_RUNS_MB": "lots"}, "PLAYGROUND_RUNS_MB must be a whole number, not 'lots'"),
+    ({"PLAYGROUND_REQUEST_SECONDS": "1m"}, "PLAYGROUND_REQUEST_SECONDS must be a number"),
+    ({"PLAYGROUND_TIMELINES": "maybe"}, "PLAYGROUND_TIMELINES must be 1 or 0"),
+])
+def test_a_variable_that_cannot_be_read_is_named(env, words):
+    with pytest.raises(SettingsError, match=re.escape(words)):
+        load(None, env)
+
+
+def test_a_bad_settings_file_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('modle = "qwen"\n')
+    with pytest.raises(SystemExit, match="no setting called modle"):
+        main(["--settings", str(bad), "--dry-run"], environ={})
+    bad.write_text("model = \n")
+    with pytest.raises(SystemExit, match="is not TOML"):
+        main(["--settings", str(bad), "--dry-run"], environ={})
+    with pytest.raises(SystemExit, match="cannot be read"):
+        main(["--settings", str(tmp_path / "missing.toml"), "--dry-run"], environ={})
+    bad.write_text('max_batch = "four"\n')
+    with pytest.raises(SystemExit, match="max_batch in .* must be a whole number"):
+        main(["--settings", str(bad), "--dry-run"], environ={})
+
+
+def test_print_settings_shows_the_room_and_masks_its_secrets():
+    """The real command, as a person runs it: the secrets given by flag and by variable never appear."""
+    out = subprocess.run([str(BIN), "--print-settings", "--web-processes", "2", "--presenter-token", TOKEN,
+                          "--max-sessions", "60"], env={"PATH": "/usr/bin:/bin", "PLAYGROUND_API_KEY": KEY,
+                                                        "PLAYGROUND_JOIN_CODE": "room-code-2026"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "playground starts web processes" in text
+    assert re.search(r"^max_sessions +60 ", text, re.M) and re.search(r"^web_processes +2 ", text, re.M)
+    assert TOKEN not in text and KEY not in text and "room-code-2026" not in text
+    assert re.search(rf"^presenter_token +set \({len(TOKEN)} characters, hidden\)", text, re.M)
+    assert re.search(rf"^api_key +set \({len(KEY)} characters, hidden\)", text, re.M)
+    assert "replica_cpus" not in text                                  # `engine serve`'s own, not playground's
+
+
+def test_print_settings_refuses_a_bad_limit(capsys):
+    with pytest.raises(SystemExit, match="PLAYGROUND_MAX_SESSIONS"):
+        main(["--print-settings", "--max-sessions", "0"], environ={})
+
+
+def test_masked_rows_show_auto_and_unset_secrets():
+    shown = {r["setting"]: r["value"] for r in rows(Settings(presenter_token="auto", port=8501))}
+    assert shown["presenter_token"] == "auto (made up at start)" and shown["api_key"] == "(not set)"
+    assert "auto" in table(Settings(presenter_token="auto", port=8501))
+
+
+def test_one_launcher_names_every_way_to_start():
+    assert way(settings_of([], {})) == ONE_PROCESS
+    assert way(settings_of(["--engine-url", "http://127.0.0.1:8000"], {})) == ENGINE_URL
+    assert way(settings_of(["--web-processes", "3"], {})) == WEB_PROCESSES
+    assert way(settings_of(["--replicas", "2"], {})) == REPLICAS
+    assert way(load(None, {}, SERVE), SERVE) == SERVE
+
+
+def test_the_limits_are_settings_with_the_engines_own_names():
+    limits = {spec.name: spec for spec in SPECS if spec.group == "limits"}
+    assert set(limits) == {f.name for f in dataclasses.fields(Limits)} == {name for name, _, _ in LIMIT_FLAGS}
+    assert {name: spec.env for name, spec in limits.items()} == ENV_VARS
+
+
+def test_every_setting_is_in_the_table_of_docs_settings():
+    doc = (ROOT / "docs" / "settings.md").read_text()
+    for spec in SPECS:
+        row = next((line for line in doc.splitlines() if line.startswith(f"| `{spec.name}` |")), None)
+        assert row is not None, spec.name
+        assert (spec.flag or "—") in row and (spec.env or "—") in row, row
+
+
+def test_every_variable_the_code_reads_is_in_docs_settings():
+    """Each PLAYGROUND_* name in engine/, app/ and pages/ is a setting or listed under "Not settings"."""
+    doc = (ROOT / "docs" / "settings.md").read_text()
+    names = {m for pkg in ("engine", "app", "pages") for path in (ROOT / pkg).rglob("*.py")
+             for m in re.findall(r"PLAYGROUND_[A-Z][A-Z_]*[A-Z]", path.read_text())}
+    assert len(names) > 20
+    assert sorted(n for n in names if n not in doc and n != "PLAYGROUND_MAX") == []
+
+
+def test_engine_serve_has_a_flag_for_each_of_its_settings():
+    out = subprocess.run([sys.executable, "-m", "engine", "serve", "--help"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for spec in SPECS:
+        if SERVE in spec.commands:
+            assert spec.flag in out.stdout, spec.flag
+    assert not re.search(r"^ +(--engine-url|--web-processes|--join-code) ", out.stdout, re.M)   # playground's own
+
+
+def test_engine_serve_refuses_a_bad_setting_in_one_line():
+    out = subprocess.run([sys.executable, "-m", "engine", "serve", "--log-level", "loud"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--log-level must be one of" in out.stderr and "Traceback" not in out.stderr
+    out = subprocess.run([sys.executable, "-m", "engine", "serve"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, env={"PATH": "/usr/bin:/bin", "PLAYGROUND_MAX_BATCH": "many"})
+    assert out.returncode == 2 and "PLAYGROUND_MAX_BATCH must be a whole number" in out.stderr
+    assert "Traceback" not in out.stderr
