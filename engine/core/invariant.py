@@ -64,9 +64,7 @@ def _left_to_right(keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor)
     """Each row's keys moved so that its first real key is column 0: keys, values [B, KVH, S, D], mask [B, 1, T, S]
     (True: attend) -> the same three, rolled per row by its left pads (the keys no query of the row reads)."""
     pads = (~mask.any(dim=2)[:, 0]).int().cumprod(dim=1).sum(dim=1)           # [B] leading unread keys
-    if not bool(pads.any()):
-        return keys, values, mask
-    s = keys.shape[2]
+    s = keys.shape[2]                            # always gathered: no host sync, so a CUDA graph could capture it
     index = (torch.arange(s, device=keys.device)[None] + pads[:, None]) % s    # [B, S]
     take = index[:, None, :, None]
     return (keys.gather(2, take.expand_as(keys)), values.gather(2, take.expand_as(values)),
