@@ -505,6 +505,21 @@ def _capture_ratios(d: dict) -> tuple:
                  for m in ("in_process", "api"))
 
 
+def invariance(d: dict) -> tuple:
+    off, on = d["forward_off"], d["forward_on"]
+    return (d["provenance"]["machine"]["load_avg"][0], off["decode alone vs in a batch of 32"]["max_abs_diff"],
+            off["prefill whole vs chunks of 64"]["max_abs_diff"], off["prefix K/V reused vs prefilled whole"]["max_abs_diff"],
+            sum(v["equal"] for v in on.values()) if all(v["equal"] for v in on.values()) else -1)
+
+
+FIGURES.append((README, "invariance/20261127T210847Z-c42722a.json", "load average {:.0f} at its start; "
+                "`bench/results/invariance/20261127T210847Z-c42722a.json`): with the usual kernels a request's logits "
+                "decoded as one row of a batch of 32 differed from the same request alone by up to {:.1e}, a 300-token "
+                "prompt prefilled in chunks of 64 from the same prompt whole by up to {:.1e}, and a prompt after a "
+                "reused prefix by up to {:.1e}; with `PLAYGROUND_INVARIANT=on` (docs/engine.md, \"Same question, same "
+                "numbers\") all {} of its comparisons were bitwise equal.", invariance))
+
+
 ENGINE = [  # the engine table, from the file the README names for it
     (README, "engine.json", "| `model.generate` (reference) | {:.1f} | {:.0f} | {:.0f} ms | {:.1f} GB/s |",
      engine_row("model.generate", None)),

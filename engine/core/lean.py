@@ -40,6 +40,7 @@ import torch
 from torch.nn import functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from engine.core import invariant
 from engine.core.loader import LoadedModel
 
 COVERED = ("llama", "qwen2", "mistral")
@@ -49,6 +50,8 @@ KV = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tenso
 Linear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 # x -> the products of x with several weights, side by side (e.g. [q | k | v])
 Product = Callable[[torch.Tensor], torch.Tensor]
+# attention(q [B, H, T, D], keys, values [B, KVH, S, D], mask [B, 1, T, S] or None (causal), scaling) -> [B, H, T, D]
+Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, float], torch.Tensor]
 
 
 class Residual(Protocol):
@@ -166,6 +169,7 @@ class LeanStep:
         self.eps = float(self.config.rms_norm_eps)
         self.heads, self.kv_heads, self.head_dim = lm.spec.n_heads, lm.spec.n_kv_heads, lm.spec.head_dim
         self.scaling = float(getattr(model.model.layers[0].self_attn, "scaling", self.head_dim ** -0.5))
+        self.invariant = invariant.enabled()       # PLAYGROUND_INVARIANT: every product from engine.core.invariant
 
     def __call__(self, token: int, position: int, kv: KV) -> torch.Tensor:
         """Logits (V,) of the token after `token`, which sits at `position`; `kv` keeps and returns the K/V."""
@@ -187,17 +191,20 @@ class LeanStep:
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, kv: KV, mask: torch.Tensor | None = None,
                 keep: Residual | None = None, linear: Linear = F.linear, fused: list[Fused] | None = None,
-                logits_to_keep: int = 1) -> torch.Tensor:
+                logits_to_keep: int = 1, attention: Attention | None = None) -> torch.Tensor:
         """Logits [B, K, V] of each row's last K = `logits_to_keep` positions: ids and positions [B, T] (each token's
         own position); `mask` [B, 1, T, S] where rows read padded keys, None for causal over the new tokens (the
-        keys before them all read); `keep` receives the L + 1 residuals; `fused`, per layer, products made as one."""
+        keys before them all read); `keep` receives the L + 1 residuals; `fused`, per layer, products made as one;
+        `attention` in place of SDPA. With `invariant` set, the batch-invariant kernels stand in for all three."""
+        if self.invariant:
+            linear, fused, attention = invariant.linear, None, invariant.attention
         x = F.embedding(ids, self.embed.weight)                                         # [B, T, d]
         cos, sin = self.rotary(x, positions)                                            # [B, T, D] each
         for i, w in enumerate(self.layers):
             f = fused[i] if fused is not None else NOT_FUSED
             if keep is not None:
                 keep.write(i, x)
-            x = x + self._attention(i, w, rms_norm(x, w.ln1, self.eps), cos, sin, kv, mask, linear, f)
+            x = x + self._attention(i, w, rms_norm(x, w.ln1, self.eps), cos, sin, kv, mask, linear, f, attention)
             h = rms_norm(x, w.ln2, self.eps)
             gate, up = f.gate_up(h).chunk(2, dim=-1) if f.gate_up else (linear(h, *w.gate), linear(h, *w.up))
             x = x + linear(F.silu(gate) * up, *w.down)
@@ -206,7 +213,8 @@ class LeanStep:
         return linear(rms_norm(x[:, -logits_to_keep:], self.norm, self.eps), *self.head)   # [B, K, V]
 
     def _attention(self, i: int, w: LayerWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   kv: KV, mask: torch.Tensor | None, linear: Linear, f: Fused) -> torch.Tensor:
+                   kv: KV, mask: torch.Tensor | None, linear: Linear, f: Fused,
+                   attention: Attention | None = None) -> torch.Tensor:
         # h: [B, T, d] -> q [B, H, T, D], k, v [B, KVH, T, D]; keys K, V [B, KVH, S, D]; out [B, T, d]
         b, t = h.shape[:2]
         d, kvd = self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -216,6 +224,8 @@ class LeanStep:
         v = v.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         keys, values = kv(i, k, v)
+        if attention is not None:
+            return linear(attention(q, keys, values, mask, self.scaling).transpose(1, 2).reshape(b, t, -1), *w.o)
         if mask is None and t > 1 and keys.shape[2] != t:           # keys before the new tokens: all read
             mask = causal_mask(torch.ones(b, keys.shape[2], dtype=torch.bool, device=h.device), t)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None and t > 1,

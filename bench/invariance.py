@@ -1,0 +1,213 @@
+"""Same question, same numbers (issue 51): which parts of a step change a row's logits bitwise on this CPU, with the
+batch-invariant kernels off and on (engine/core/invariant.py), and what the kernels cost; one process, side by side.
+
+    python bench/invariance.py                     # SmolLM2 float32, the default model
+    python bench/invariance.py --prompt 300 --prefill 2048 --rounds 3
+
+Kernels alone, on SmolLM2's own weights and activations' shapes: F.linear with M rows against one (row 0), threads
+1 against 2; SDPA for a query in a prefill chunk against the same query decoded alone; RMSNorm with M rows. Then the
+whole forward, off and on: a prompt's logits prefilled whole vs in chunks of 64 and 256; a request decoding alone vs
+as one row of a batch of 2, 7 and 32 (the others at other positions); one thread vs two; a prefix's K/V reused.
+Each comparison gives `equal` (torch.equal) and the largest difference. Cost, off against on, alternating: a lone
+decode step, a 20-row decode step, a prefill. Writes bench/results/invariance/<UTC time>-<commit>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+import provenance  # noqa: E402
+from engine.core import invariant  # noqa: E402
+from engine.core.lean import LeanStep, causal_mask, rms_norm  # noqa: E402
+from engine.core.loader import load_model  # noqa: E402
+
+
+def compare(a: torch.Tensor, b: torch.Tensor) -> dict:
+    print(".", end="", flush=True)
+    return {"equal": bool(torch.equal(a, b)), "max_abs_diff": float((a - b).abs().max())}
+
+
+class Cache:
+    """One request's K/V per layer [1, KVH, S, D], grown by each forward."""
+
+    def __init__(self, n_layers: int):
+        self.keys, self.values = [None] * n_layers, [None] * n_layers
+
+    def kv(self, i, k, v):
+        self.keys[i] = k if self.keys[i] is None else torch.cat([self.keys[i], k], dim=2)
+        self.values[i] = v if self.values[i] is None else torch.cat([self.values[i], v], dim=2)
+        return self.keys[i], self.values[i]
+
+    def length(self) -> int:
+        return 0 if self.keys[0] is None else self.keys[0].shape[2]
+
+    def copy(self) -> "Cache":
+        other = Cache(len(self.keys))
+        other.keys, other.values = list(self.keys), list(self.values)
+        return other
+
+
+def prefill(lean: LeanStep, cache: Cache, ids: list[int], chunk: int | None = None) -> torch.Tensor:
+    """Logits [T, V] of every prompt position, fed in chunks of `chunk` tokens (None: whole)."""
+    out, chunk = [], chunk or len(ids)
+    with torch.inference_mode():
+        for lo in range(0, len(ids), chunk):
+            part, start = ids[lo:lo + chunk], cache.length()
+            positions = torch.arange(start, start + len(part))[None]
+            out.append(lean.forward(torch.tensor([part]), positions, cache.kv, logits_to_keep=len(part))[0])
+    return torch.cat(out)
+
+
+def decode_batch(lean: LeanStep, caches: list[Cache], tokens: list[int]) -> torch.Tensor:
+    """One decode step of several requests, keys left-padded to the longest as the batch runs it: [B, V]."""
+    lengths = [c.length() for c in caches]
+    width = max(lengths) + 1
+    valid = torch.tensor([[col >= width - n - 1 for col in range(width)] for n in lengths])
+
+    def kv(i, k, v):
+        pairs = [c.kv(i, k[b:b + 1], v[b:b + 1]) for b, c in enumerate(caches)]
+        return (torch.cat([F.pad(p[0], (0, 0, width - p[0].shape[2], 0)) for p in pairs]),
+                torch.cat([F.pad(p[1], (0, 0, width - p[1].shape[2], 0)) for p in pairs]))
+    with torch.inference_mode():
+        return lean.forward(torch.tensor(tokens)[:, None], torch.tensor(lengths)[:, None], kv,
+                            causal_mask(valid, 1))[:, -1]
+
+
+def ids_of(n: int, seed: int, vocab: int) -> list[int]:
+    return torch.randint(4, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def decode_rows(lean: LeanStep, ids: list[int], steps: int, others: int) -> list[torch.Tensor]:
+    """Logits of `ids`' greedy decode steps as row 0 of a batch of others + 1 rows (others at other positions)."""
+    vocab, caches, tokens = lean.config.vocab_size, [], []
+    for b in range(others + 1):
+        cache = Cache(len(lean.layers))
+        prompt = ids if b == 0 else ids_of(5 + 37 * b % 120, 100 + b, vocab)
+        tokens.append(int(prefill(lean, cache, prompt)[-1].argmax()))
+        caches.append(cache)
+    out = []
+    for _ in range(steps):
+        rows = decode_batch(lean, caches, tokens)
+        out.append(rows[0])
+        tokens = [int(r.argmax()) for r in rows]
+    return out
+
+
+def worst(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
+    found = [compare(a, b) for a, b in pairs]
+    return {"equal": all(f["equal"] for f in found), "max_abs_diff": max(f["max_abs_diff"] for f in found)}
+
+
+def kernels(lean: LeanStep) -> dict:
+    """Each kernel alone: does a row's result depend on the other rows, the threads, the chunking?"""
+    torch.manual_seed(0)
+    w = lean.layers[0]
+    out = {}
+    x = torch.randn(32, w.q[0].shape[1])
+    for name, (weight, _) in {"q_proj": w.q, "down_proj": w.down, "lm_head": lean.head}.items():
+        xin = torch.randn(32, weight.shape[1])
+        for kind, fn in (("F.linear", F.linear), ("invariant.linear", invariant.linear)):
+            one = fn(xin[:1], weight)
+            out[f"{kind} {name}: 1 row vs M rows"] = {m: compare(fn(xin[:m], weight)[0], one[0]) for m in (2, 7, 32)}
+            torch.set_num_threads(1)
+            t1 = fn(xin[:7], weight)
+            torch.set_num_threads(2)
+            out[f"{kind} {name}: 7 rows, 1 vs 2 threads"] = compare(t1, fn(xin[:7], weight))
+    norm_one = rms_norm(x[:1], w.ln1, lean.eps)
+    out["rms_norm: 1 row vs M rows"] = {m: compare(rms_norm(x[:m], w.ln1, lean.eps)[0], norm_one[0]) for m in (2, 7, 32)}
+    h, kvh, d, s = lean.heads, lean.kv_heads, lean.head_dim, 300
+    q, k, v = torch.randn(1, h, s, d), torch.randn(1, kvh, s, d), torch.randn(1, kvh, s, d)
+    sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=lean.scaling, enable_gqa=True)
+    alone = F.scaled_dot_product_attention(q[:, :, -1:], k, v, scale=lean.scaling, enable_gqa=True)
+    out["SDPA: last query in a 300-token prefill vs decoded alone"] = compare(sdpa[:, :, -1], alone[:, :, 0])
+    whole = invariant.attention(q, k, v, None, lean.scaling)
+    alone = invariant.attention(q[:, :, -1:], k, v, None, lean.scaling)
+    out["invariant.attention: same"] = compare(whole[:, :, -1], alone[:, :, 0])
+    return out
+
+
+def forward_checks(lean: LeanStep, prompt: int, steps: int) -> dict:
+    """The whole forward: prefill chunks, batches, threads, a prefix reused (the mode as `lean.invariant` says)."""
+    vocab, n = lean.config.vocab_size, len(lean.layers)
+    ids = ids_of(prompt, 1, vocab)
+    whole = prefill(lean, Cache(n), ids)
+    out = {f"prefill whole vs chunks of {c}": compare(prefill(lean, Cache(n), ids, c), whole) for c in (64, 256)}
+    short = ids_of(40, 0, vocab)
+    alone = decode_rows(lean, short, steps, 0)
+    for others in (1, 6, 31):
+        out[f"decode alone vs in a batch of {others + 1}"] = worst(list(zip(decode_rows(lean, short, steps, others), alone)))
+    torch.set_num_threads(1)
+    one = decode_rows(lean, short, steps, 6)
+    torch.set_num_threads(2)
+    out["batch of 7: 1 vs 2 threads"] = worst(list(zip(one, decode_rows(lean, short, steps, 6))))
+    shared, second = ids[:130], ids_of(25, 6, vocab)
+    cache = Cache(n)
+    prefill(lean, cache, shared)
+    rest = prefill(lean, cache.copy(), second)
+    out["prefix K/V reused vs prefilled whole"] = compare(rest, prefill(lean, Cache(n), shared + second)[130:])
+    return out
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def cost(lean: LeanStep, rounds: int, prefill_tokens: int) -> dict:
+    """Off against on, alternating round by round: a lone decode step, a 20-row decode step, a prefill."""
+    vocab, n = lean.config.vocab_size, len(lean.layers)
+    times: dict = {k: {"off": [], "on": []} for k in ("lone decode step", "20-row decode step", "prefill")}
+    long_ids = ids_of(prefill_tokens, 9, vocab)
+    for _ in range(rounds):
+        for mode in ("off", "on"):
+            lean.invariant = mode == "on"
+            cache = Cache(n)
+            prefill(lean, cache, ids_of(200, 3, vocab))
+            times["lone decode step"][mode].append(timed(lambda: decode_batch(lean, [cache], [5])))
+            caches = [Cache(n) for _ in range(20)]
+            for b, c in enumerate(caches):
+                prefill(lean, c, ids_of(20 + 5 * b, 20 + b, vocab))
+            times["20-row decode step"][mode].append(timed(lambda: decode_batch(lean, caches, [5] * 20)))
+            times["prefill"][mode].append(timed(lambda: prefill(lean, Cache(n), long_ids)))
+    return {k: {"off_s": statistics.median(v["off"]), "on_s": statistics.median(v["on"]),
+                "on_over_off": statistics.median(v["on"]) / statistics.median(v["off"]), "rounds": v}
+            for k, v in times.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--prompt", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--prefill", type=int, default=2048)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    run = provenance.start("invariance", argv)
+    lm = load_model(args.model, device="cpu", dtype="float32")
+    lean = LeanStep(lm)
+    torch.set_num_threads(2)
+    report = {"model": args.model, "dtype": "float32", "threads": torch.get_num_threads(),
+              "row_tile": invariant.ROW_TILE, "key_block": invariant.KEY_BLOCK, "kernels": kernels(lean)}
+    print("kernels", {k: v.get("equal", v) for k, v in report["kernels"].items()}, flush=True)
+    for mode in ("off", "on"):
+        lean.invariant = mode == "on"
+        report[f"forward_{mode}"] = forward_checks(lean, args.prompt, args.steps)
+        print(mode, {k: v["equal"] for k, v in report[f"forward_{mode}"].items()}, flush=True)
+    report["cost"] = cost(lean, args.rounds, args.prefill)
+    print({k: round(v["on_over_off"], 2) for k, v in report["cost"].items()})
+    print(run.save(report, out=args.out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Batch-invariant kernels: a row's numbers do not depend on the other rows, the thread count or the chunking.
+
+    kernels = Invariant()                          # or invariant_for(environ): None unless PLAYGROUND_INVARIANT=on
+    y = kernels.linear(x, weight, bias)            # x [..., d_in] -> [..., d_out], row by row in fixed tiles
+    out = kernels.attention(q, keys, values, mask, scaling)   # [B, H, T, D], one fixed split along the keys
+
+Why (Thinking Machines, "Defeating Nondeterminism in LLM Inference"; SGLang's and vLLM's batch-invariant modes): a
+floating-point sum depends on its order, and a library kernel picks its order from the shape it is handed. On this
+CPU (bench/invariance.py) MKL's sgemm gives a row other bits when the product has 2, 7 or 32 rows than when it has
+one (a matrix-vector path at one row, blocked paths above), and SDPA gives a query other bits in a prefill chunk
+than in a decode step. Here every product is made on the same fixed shapes whatever the batch:
+
+- `linear`: the rows are padded to a multiple of `ROW_TILE` and multiplied `ROW_TILE` rows at a time, so every row
+  goes through the same (ROW_TILE, d_in) x (d_in, d_out) product, whoever else is in the batch;
+- `attention`: queries in tiles of `ROW_TILE`, keys in blocks of `KEY_BLOCK` counted from position 0, the softmax
+  made online block after block in key order (flash attention's split, fixed): a block past a query's position
+  adds exact zeros, so a query computes the same sum in a decode step, in a prefill chunk of any length and after
+  a prefix from the cache. Left pads (a batch's decode rows) are moved to the end first, so a row's keys always
+  start the first block.
+
+The products stay MKL's, on shapes small enough that MKL runs each on one thread (tests/test_invariance.py checks 1
+against 2 threads bitwise), and the norms are transformers' own per-row reductions (engine.core.lean.rms_norm).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from torch.nn import functional as F
+
+ENV = "PLAYGROUND_INVARIANT"      # "on": the forward runs these kernels; "off" (default for now)
+ROW_TILE = 8                      # rows per product
+KEY_BLOCK = 64                    # keys per attention block
+
+
+def enabled(environ: dict[str, str] | None = None) -> bool:
+    """Whether PLAYGROUND_INVARIANT asks for the invariant kernels ("on"/"1"/"true"; "off"/"0"/"" for not)."""
+    value = (os.environ if environ is None else environ).get(ENV, "").strip().lower()
+    if value in ("", "0", "off", "false", "no"):
+        return False
+    if value in ("1", "on", "true", "yes"):
+        return True
+    raise SystemExit(f"{ENV} must be 'on' or 'off', not {value!r}")
+
+
+def _pad_rows(x: torch.Tensor, tile: int) -> torch.Tensor:
+    """x [M, d] with zero rows appended up to a multiple of `tile`."""
+    pad = -x.shape[0] % tile
+    return torch.cat([x, x.new_zeros(pad, x.shape[1])]) if pad else x
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T + bias as F.linear, each row through the same (ROW_TILE, d_in) product: x [..., d_in]."""
+    flat = x.reshape(-1, x.shape[-1])
+    rows = _pad_rows(flat, ROW_TILE)
+    out = torch.cat([F.linear(rows[i:i + ROW_TILE], weight) for i in range(0, rows.shape[0], ROW_TILE)])
+    out = out[:flat.shape[0]]
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _left_to_right(keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor):
+    """Each row's keys moved so that its first real key is column 0: keys, values [B, KVH, S, D], mask [B, 1, T, S]
+    (True: attend) -> the same three, rolled per row by its left pads (the keys no query of the row reads)."""
+    pads = (~mask.any(dim=2)[:, 0]).int().cumprod(dim=1).sum(dim=1)           # [B] leading unread keys
+    s = keys.shape[2]                            # always gathered: no host sync, so a CUDA graph could capture it
+    index = (torch.arange(s, device=keys.device)[None] + pads[:, None]) % s    # [B, S]
+    take = index[:, None, :, None]
+    return (keys.gather(2, take.expand_as(keys)), values.gather(2, take.expand_as(values)),
+            mask.gather(3, index[:, None, None, :].expand_as(mask)))
+
+
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+              scaling: float) -> torch.Tensor:
+    """Softmax(q K^T * scaling) V with a fixed split: q [B, H, T, D]; keys, values [B, KVH, S, D]; mask
+    [B, 1, T, S] (True: attend) or None for causal over the last T keys. Returns [B, H, T, D]."""
+    b, h, t, d = q.shape
+    s = keys.shape[2]
+    if mask is None:
+        own = torch.arange(s - t, s, device=q.device)[:, None]
+        mask = (torch.arange(s, device=q.device) <= own)[None, None].expand(b, 1, t, s)
+    keys, values, mask = _left_to_right(keys, values, mask)
+    group = h // keys.shape[1]
+    keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)   # [B, H, S, D]
+    tq, sk = -t % ROW_TILE, -s % KEY_BLOCK
+    q = F.pad(q, (0, 0, 0, tq))                                                     # [B, H, T', D]
+    keys, values = F.pad(keys, (0, 0, 0, sk)), F.pad(values, (0, 0, 0, sk))          # [B, H, S', D]
+    mask = F.pad(mask, (0, sk, 0, tq), value=False)                                  # [B, 1, T', S']
+    return _blocks(q, keys, values, mask, scaling)[:, :, :t]
+
+
+def _blocks(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+            scaling: float) -> torch.Tensor:
+    """The online softmax over key blocks in order, every product (ROW_TILE, D) x (D, KEY_BLOCK) or
+    (ROW_TILE, KEY_BLOCK) x (KEY_BLOCK, D): q [B, H, T', D], keys/values [B, H, S', D], mask [B, 1, T', S']."""
+    b, h, t, d = q.shape
+    n = b * h * (t // ROW_TILE)
+    tiles = q.reshape(n, ROW_TILE, d)                                                # [N, tile, D]
+    top = q.new_full((n, ROW_TILE, 1), float("-inf"))
+    total = q.new_zeros((n, ROW_TILE, 1))
+    acc = q.new_zeros((n, ROW_TILE, d))
+    for j in range(0, keys.shape[2], KEY_BLOCK):
+        k = _per_tile(keys[:, :, j:j + KEY_BLOCK], t)                                # [N, block, D]
+        v = _per_tile(values[:, :, j:j + KEY_BLOCK], t)
+        m = mask[:, :, :, j:j + KEY_BLOCK].expand(b, h, t, KEY_BLOCK).reshape(n, ROW_TILE, KEY_BLOCK)
+        scores = torch.bmm(tiles, k.transpose(1, 2)) * scaling
+        scores = scores.masked_fill(~m, float("-inf"))
+        new_top = torch.maximum(top, scores.amax(dim=-1, keepdim=True))
+        safe = torch.where(new_top == float("-inf"), 0.0, new_top)                  # a row with nothing read yet
+        p = torch.exp(scores - safe)
+        shrink = torch.exp(top - safe)
+        total = total * shrink + p.sum(dim=-1, keepdim=True)
+        acc = acc * shrink + torch.bmm(p, v)
+        top = new_top
+    return (acc / total).reshape(b, h, t, d)
+
+
+def _per_tile(block: torch.Tensor, t: int) -> torch.Tensor:
+    """A key block [B, H, K, D] repeated for each of the T' / ROW_TILE query tiles: [B * H * tiles, K, D]."""
+    b, h, k, d = block.shape
+    return block[:, :, None].expand(b, h, t // ROW_TILE, k, d).reshape(-1, k, d)

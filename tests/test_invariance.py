@@ -1,0 +1,207 @@
+"""Same question, same numbers (issue 51): with the batch-invariant kernels (engine/core/invariant.py) a request's
+logits are bitwise the same (`torch.equal`) alone and in a batch of 2, 7 or 32 with other requests at other
+positions, on one thread and on two, with its prompt prefilled whole or in chunks of 64 and 256, and after a prefix
+whose K/V another request computed. Without them (plain F.linear and SDPA) they are not: the mutation tests."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from conftest import write_tiny_llama
+from engine.core import invariant
+from engine.core.lean import LeanStep, causal_mask
+from engine.core.loader import load_model
+
+PROMPT = 300                      # tokens: past a 256-token chunk and several key blocks
+
+
+class Cache:
+    """One request's K/V per layer, [1, KVH, S, D], grown by each forward (the prefix cache hands one over)."""
+
+    def __init__(self, n_layers: int):
+        self.keys: list = [None] * n_layers
+        self.values: list = [None] * n_layers
+
+    def kv(self, i, k, v):
+        self.keys[i] = k if self.keys[i] is None else torch.cat([self.keys[i], k], dim=2)
+        self.values[i] = v if self.values[i] is None else torch.cat([self.values[i], v], dim=2)
+        return self.keys[i], self.values[i]
+
+    def length(self) -> int:
+        return 0 if self.keys[0] is None else self.keys[0].shape[2]
+
+    def copy(self) -> "Cache":
+        other = Cache(len(self.keys))
+        other.keys, other.values = list(self.keys), list(self.values)
+        return other
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    """A small Llama with SmolLM2's head size (64) and products wide enough for MKL to pick shape-dependent paths."""
+    folder = write_tiny_llama(tmp_path_factory.mktemp("tiny-invariant"), seed=3, hidden_size=256,
+                              intermediate_size=768, num_attention_heads=4, num_key_value_heads=2,
+                              max_position_embeddings=1024)
+    return load_model(str(folder), device="cpu", dtype="float32")
+
+
+@pytest.fixture
+def lean(lm):
+    step = LeanStep(lm)
+    step.invariant = True
+    return step
+
+
+def ids_of(n: int, seed: int, vocab: int) -> list[int]:
+    return torch.randint(4, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def prefill(lean: LeanStep, cache: Cache, ids: list[int], chunk: int | None = None) -> torch.Tensor:
+    """Logits [T, V] of every prompt position, the prompt fed in chunks of `chunk` tokens (None: whole)."""
+    out, chunk = [], chunk or len(ids)
+    with torch.inference_mode():
+        for lo in range(0, len(ids), chunk):
+            part, start = ids[lo:lo + chunk], cache.length()
+            positions = torch.arange(start, start + len(part))[None]
+            out.append(lean.forward(torch.tensor([part]), positions, cache.kv, logits_to_keep=len(part))[0])
+    return torch.cat(out)
+
+
+def decode_batch(lean: LeanStep, caches: list[Cache], tokens: list[int]) -> torch.Tensor:
+    """One decode step of several requests as the batch runs it: keys left-padded to the longest, a mask hiding
+    the pads. Logits [B, V]."""
+    n_layers, lengths = len(caches[0].keys), [c.length() for c in caches]
+    width = max(lengths) + 1
+    valid = torch.tensor([[col >= width - n - 1 for col in range(width)] for n in lengths])
+
+    def kv(i, k, v):                                    # k, v [B, KVH, 1, D]
+        rows_k, rows_v = [], []
+        for b, c in enumerate(caches):
+            keys, values = c.kv(i, k[b:b + 1], v[b:b + 1])
+            pad = width - keys.shape[2]
+            rows_k.append(F.pad(keys, (0, 0, pad, 0)))
+            rows_v.append(F.pad(values, (0, 0, pad, 0)))
+        return torch.cat(rows_k), torch.cat(rows_v)
+    assert n_layers == len(lean.layers)
+    with torch.inference_mode():
+        return lean.forward(torch.tensor(tokens)[:, None], torch.tensor(lengths)[:, None], kv,
+                            causal_mask(valid, 1))[:, -1]
+
+
+def decode_alone(lean: LeanStep, cache: Cache, token: int) -> torch.Tensor:
+    with torch.inference_mode():
+        return lean(token, cache.length(), cache.kv)
+
+
+def run_alone(lean: LeanStep, ids: list[int], steps: int, chunk: int | None = None) -> list[torch.Tensor]:
+    """The prompt's logits, then each greedy decode step's: the request alone."""
+    cache = Cache(len(lean.layers))
+    logits = [prefill(lean, cache, ids, chunk)]
+    last = logits[0][-1]
+    for _ in range(steps):
+        last = decode_alone(lean, cache, int(last.argmax()))
+        logits.append(last)
+    return logits
+
+
+def run_in_batch(lean: LeanStep, ids: list[int], steps: int, others: int) -> list[torch.Tensor]:
+    """The same request decoding as row `others // 2` of a batch whose other rows are at other positions."""
+    vocab, caches, tokens = lean.config.vocab_size, [], []
+    me = others // 2
+    prompt_logits = None
+    for b in range(others + 1):
+        cache = Cache(len(lean.layers))
+        logits = prefill(lean, cache, ids if b == me else ids_of(5 + 37 * b % 120, 100 + b, vocab))
+        prompt_logits = logits if b == me else prompt_logits
+        caches.append(cache)
+        tokens.append(int(logits[-1].argmax()))
+    out = [prompt_logits]
+    for _ in range(steps):
+        rows = decode_batch(lean, caches, tokens)
+        out.append(rows[me])
+        tokens = [int(r.argmax()) for r in rows]
+    return out
+
+
+def assert_same(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
+    assert len(a) == len(b)
+    for step, (x, y) in enumerate(zip(a, b)):
+        assert torch.equal(x, y), f"step {step}: differs by {(x - y).abs().max().item():.3g}"
+
+
+@pytest.mark.parametrize("others", [1, 6, 31])
+def test_a_request_gets_the_same_logits_alone_and_in_a_batch(lean, others):
+    ids = ids_of(40, 0, lean.config.vocab_size)
+    assert_same(run_alone(lean, ids, 4), run_in_batch(lean, ids, 4, others))
+
+
+@pytest.mark.parametrize("chunk", [64, 256])
+def test_a_prompt_prefilled_in_chunks_gives_the_logits_of_a_whole_prefill(lean, chunk):
+    ids = ids_of(PROMPT, 1, lean.config.vocab_size)
+    assert_same(run_alone(lean, ids, 3), run_alone(lean, ids, 3, chunk))
+
+
+def test_one_thread_and_two_give_the_same_logits(lean):
+    ids, before = ids_of(70, 2, lean.config.vocab_size), torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run_in_batch(lean, ids, 3, 6)
+        torch.set_num_threads(2)
+        two = run_in_batch(lean, ids, 3, 6)
+    finally:
+        torch.set_num_threads(before)
+    assert_same(one, two)
+
+
+def test_a_prefix_from_the_cache_gives_the_logits_of_a_whole_prefill(lean):
+    """A second request shares the first's 130-token prefix: its K/V is reused, only the rest is prefilled."""
+    vocab = lean.config.vocab_size
+    shared, first, second = ids_of(130, 4, vocab), ids_of(20, 5, vocab), ids_of(25, 6, vocab)
+    cache = Cache(len(lean.layers))
+    prefill(lean, cache, shared)
+    prefill(lean, cache.copy(), shared + first[:0])                # the prefix cache keeps `cache` untouched
+    reused = cache.copy()
+    rest = prefill(lean, reused, second)
+    whole = prefill(lean, Cache(len(lean.layers)), shared + second)
+    assert torch.equal(rest, whole[len(shared):])
+
+
+def test_the_invariant_forward_matches_the_usual_one_within_float32_rounding(lm, lean):
+    ids = ids_of(80, 7, lm.model.config.vocab_size)
+    usual = LeanStep(lm)
+    usual.invariant = False
+    torch.testing.assert_close(run_alone(lean, ids, 3, 32), run_alone(usual, ids, 3, 32), atol=1e-5, rtol=1e-5)
+
+
+def test_plain_products_in_the_batch_change_the_numbers(lm, monkeypatch):
+    """The mutation: F.linear back in place of the tiled product, and a batched row's logits differ from alone."""
+    monkeypatch.setattr(invariant, "linear", F.linear)
+    step = LeanStep(lm)
+    step.invariant = True
+    ids = ids_of(40, 0, lm.model.config.vocab_size)
+    alone, batched = run_alone(step, ids, 3), run_in_batch(step, ids, 3, 6)
+    assert not all(torch.equal(a, b) for a, b in zip(alone, batched))
+
+
+def test_sdpa_in_a_chunked_prefill_changes_the_numbers(lm, monkeypatch):
+    """The mutation: SDPA back in place of the fixed key split, and a chunked prompt's logits differ from whole."""
+    def sdpa(q, keys, values, mask, scaling):
+        if mask is None and q.shape[2] > 1 and keys.shape[2] != q.shape[2]:
+            mask = causal_mask(torch.ones(q.shape[0], keys.shape[2], dtype=torch.bool), q.shape[2])
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling,
+                                              is_causal=mask is None and q.shape[2] > 1, enable_gqa=True)
+    monkeypatch.setattr(invariant, "attention", sdpa)
+    step = LeanStep(lm)
+    step.invariant = True
+    ids = ids_of(PROMPT, 1, lm.model.config.vocab_size)
+    whole, chunked = run_alone(step, ids, 3), run_alone(step, ids, 3, 64)
+    assert not all(torch.equal(a, b) for a, b in zip(whole, chunked))
+
+
+def test_the_setting_reads_on_and_off():
+    assert invariant.enabled({}) is False
+    assert invariant.enabled({invariant.ENV: "on"}) is True
+    assert invariant.enabled({invariant.ENV: "off"}) is False
+    with pytest.raises(SystemExit, match="PLAYGROUND_INVARIANT"):
+        invariant.enabled({invariant.ENV: "sometimes"})
