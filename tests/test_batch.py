@@ -269,6 +269,51 @@ def test_a_request_that_fails_in_the_batch_fails_alone(tiny_lm):
     assert_same_run(good, alone(tiny_lm, req, FULL))
 
 
+def test_a_finished_runs_residual_moves_out_of_the_pool_off_the_step_that_finished_it(tiny_lm):
+    """A capturing run that finishes while another decodes: after the step that finished it (its DoneRecord sent)
+    its residual is still in its blocks, held (not free, not counted as used) and readable, equal to alone's; once
+    nothing else runs, one more step moves it out and the pool is given back."""
+    runner, short, long_ = BatchRunner(tiny_lm), Sink(), Sink()
+    req = GenerationRequest(tiny_prompt(9, seed=5), max_new_tokens=3, chat=False)
+    runner.add(short.slot(tiny_lm, req, FULL))
+    runner.add(long_.slot(tiny_lm, GenerationRequest(tiny_prompt(6, seed=6), max_new_tokens=12, chat=False)))
+    while not short.records or not isinstance(short.records[-1], DoneRecord):
+        runner.step()
+    table = runner.batch.table()
+    assert short.kept.in_pool and table.held == len(runner.batch.held[short.kept]) > 0
+    assert table.used + table.free + table.held == table.n_blocks
+    assert_same_run(short, alone(tiny_lm, req, FULL))           # read from the held blocks
+    while runner.batch.slots:
+        runner.step()
+    assert short.kept.in_pool and not runner.idle
+    runner.step()
+    assert not short.kept.in_pool and runner.idle and runner.batch.pool is None
+    assert_same_run(short, alone(tiny_lm, req, FULL))
+
+
+def test_a_pool_with_no_free_block_moves_held_residuals_out_before_it_grows(tiny_lm, monkeypatch):
+    """A pool of 7 blocks: a finished run's 2 blocks are held; a newcomer needing more than the free ones takes them
+    back (the run's residual copied out first, still equal to alone's) instead of doubling the pool."""
+    from engine.serving import paged
+
+    monkeypatch.setattr(paged, "FIRST_BLOCKS", 8)
+    runner, short, other, big = BatchRunner(tiny_lm), Sink(), Sink(), Sink()
+    req = GenerationRequest(tiny_prompt(20, seed=5), max_new_tokens=3, chat=False)
+    runner.add(short.slot(tiny_lm, req, FULL))
+    runner.add(other.slot(tiny_lm, GenerationRequest(tiny_prompt(4, seed=6), max_new_tokens=30, chat=False)))
+    while not short.records or not isinstance(short.records[-1], DoneRecord):
+        runner.step()
+    pool = runner.batch.pool
+    assert short.kept.in_pool and len(runner.batch.held[short.kept]) == 2 and len(pool.free) == 4
+    runner.add(big.slot(tiny_lm, GenerationRequest(tiny_prompt(70, seed=7), max_new_tokens=2, chat=False)))
+    runner.step()
+    assert not short.kept.in_pool and not runner.batch.held and runner.batch.pool.n_blocks == 8
+    assert_same_run(short, alone(tiny_lm, req, FULL))
+    while not runner.idle:
+        runner.step()
+    assert other.error is None and big.error is None
+
+
 def test_a_newcomer_cancelled_while_its_prompt_is_prefilled_frees_its_blocks(tiny_lm):
     """A capturing newcomer whose long prompt is prefilled chunk by chunk straight into the pool, stopped between
     chunks: its K/V and residual blocks go back (the pool's free count returns) and the running request finishes

@@ -142,7 +142,8 @@ class BatchRunner:
 
     @property
     def idle(self) -> bool:
-        return not self.prefilling and not self.batch.slots
+        """Nothing to run: no request, and no finished run's residual left to move out of the pool (`step`)."""
+        return not self.prefilling and not self.batch.slots and not getattr(self.batch, "held", None)
 
     @property
     def room(self) -> int:
@@ -159,6 +160,8 @@ class BatchRunner:
         """Drop stopped requests, prefill up to one chunk of newcomers' prompts, decode one token for the batch."""
         t0 = time.perf_counter()
         self._drop_stopped()
+        if not self.prefilling and not self.batch.slots and isinstance(self.batch, PagedBatch):
+            self.batch.settle()              # nothing else to run: finished runs' residual moves out of the pool
         before = [(s, s.prefilled - s.reused) for s in self.prefilling]
         prefilled = self._prefill() if self.prefilling else 0
         t1 = time.perf_counter()
@@ -184,9 +187,7 @@ class BatchRunner:
     def _finish(self, slot: Slot, reason: str) -> None:
         if slot.finished:
             return
-        slot.finished = True
-        if slot.kept is not None:
-            slot.kept.leave_pool()               # a finished run's residual is its own before anyone reads it
+        slot.finished = True                     # its residual, still in its blocks, moves out as the batch drops it
         total = time.perf_counter() - slot.started
         ttft = slot.ttft if slot.generated else total
         slot.emit(DoneRecord(trim_stop(slot.stream.text, slot.request.stop), reason, len(slot.ids),
@@ -194,9 +195,7 @@ class BatchRunner:
 
     def _fail(self, slot: Slot, err: Exception) -> None:
         if not slot.finished:
-            slot.finished = True
-            if slot.kept is not None:
-                slot.kept.leave_pool()
+            slot.finished = True                 # the caller drops it from the batch (its residual copied out)
             slot.fail(err)
 
     # --- prefill -------------------------------------------------------------------------------------
@@ -342,7 +341,7 @@ class BatchRunner:
             self._advance(slot, tokens[b])
             if slot.finished:
                 now_done.add(slot)
-        self.batch.drop(now_done)
+        self.batch.drop(now_done, hold=True)     # a finished run's residual moves out later, off this step
         return len(slots)
 
     def _batch_forward(self, slots: list[Slot]) -> torch.Tensor:

@@ -25,7 +25,7 @@ costs what DynamicCache's per-step `torch.cat` cost before it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
@@ -48,10 +48,12 @@ class BlockTable:
     rows: tuple[tuple[Any, tuple[int, ...], int], ...]  # (request label, its blocks in order, its tokens)
     bytes_per_block: int                              # K and V of one block, all layers
     resid_bytes_per_block: int = 0                    # the residual of one block, every hidden state (0: no pool)
+    held: int = 0                                     # blocks of finished runs whose residual is yet to move out
 
     @property
     def used(self) -> int:
-        return self.n_blocks - self.free
+        """Blocks held by the requests in the table (not the finished runs' `held`)."""
+        return self.n_blocks - self.free - self.held
 
     @property
     def tokens(self) -> int:
@@ -84,6 +86,7 @@ class BlockPool:
         self.bytes_per_block = 2 * n_layers * block * kv_heads * head_dim * self.keys[0].element_size()
         self.resid: torch.Tensor | None = None                            # [L + 1, slots, d_model], once needed
         self.resid_bytes_per_block = 0
+        self.reclaim: Callable[[], bool] | None = None   # frees held blocks when none is free (`PagedBatch.settle`)
 
     def ensure_residual(self, d_model: int, dtype: torch.dtype) -> torch.Tensor:
         """The residual pool beside K and V (made at the first request that captures; kept while the pool lives)."""
@@ -94,6 +97,8 @@ class BlockPool:
         return self.resid
 
     def allocate(self) -> int:
+        while not self.free and self.reclaim is not None and self.reclaim():
+            pass
         if not self.free:
             self._grow()
         return self.free.pop()
@@ -155,8 +160,10 @@ class PagedBatch:
         self.pool, self.kept_pool = pool, pool
         if pool is not None:
             self.cache = Cache(layers=[PagedLayer(self, i) for i in range(len(pool.keys))])
+            pool.reclaim = self._settle_one
         self.slots: list[Any] = []                    # runner Slots, in batch order; each has .length
         self.tables: dict[Any, list[int]] = {}
+        self.held: dict[Any, list[int]] = {}          # finished runs' KeptInputs -> the blocks their residual is in
         if pool is None:
             self.cache: Cache | None = None
         self._write: torch.Tensor | None = None       # [B, T] slot each new token goes to (SCRATCH: none)
@@ -178,6 +185,7 @@ class PagedBatch:
         if self.pool is None:
             self.pool = BlockPool(spec.n_layers, spec.n_kv_heads, spec.head_dim, dtype, device, self.block)
             self.cache = Cache(layers=[PagedLayer(self, i) for i in range(spec.n_layers)])
+            self.pool.reclaim = self._settle_one
         self.tables[slot] = []
         kept = getattr(slot, "kept", None)
         if kept is not None:
@@ -210,15 +218,38 @@ class PagedBatch:
             layer.keys, layer.values = k, v
         return own
 
-    def drop(self, gone: set) -> None:
-        """Finished requests leave, in the batch or still prefilling; their blocks go back to the pool at once (a
-        residual copied out first)."""
+    def drop(self, gone: set, hold: bool = False) -> None:
+        """Requests leave, in the batch or still prefilling; their blocks go back to the pool at once (a residual
+        copied out first), or with `hold` (runs that finished in a decode step) those whose residual is in them stay
+        held: it is read there until `settle` copies it out, off the step that finished them."""
         for slot in [s for s in self.tables if s in gone]:
-            if getattr(slot, "kept", None) is not None:
-                slot.kept.leave_pool()
+            kept = getattr(slot, "kept", None)
+            if hold and kept is not None and kept.in_pool:
+                self.held[kept] = self.tables.pop(slot)
+                continue
+            if kept is not None:
+                kept.leave_pool()
             self.pool.release(self.tables.pop(slot))
         self.slots = [s for s in self.slots if s not in gone]
-        if not self.tables and self.kept_pool is None:  # an idle server gives the pool's memory back
+        self._maybe_empty()
+
+    def settle(self) -> None:
+        """Every held run's residual copied out of the pool into buffers of its own; its blocks given back."""
+        while self._settle_one():
+            pass
+
+    def _settle_one(self) -> bool:
+        """The oldest held run settled (the pool needs a block, or nothing else runs); False when none is held."""
+        if not self.held:
+            return False
+        kept = next(iter(self.held))
+        kept.leave_pool()
+        self.pool.release(self.held.pop(kept))
+        self._maybe_empty()
+        return True
+
+    def _maybe_empty(self) -> None:
+        if not self.tables and not self.held and self.kept_pool is None:  # an idle server gives the memory back
             self.pool = self.cache = None
 
     def step_mask(self, rows: int | None = None, width: int | None = None) -> torch.Tensor:
@@ -294,9 +325,10 @@ class PagedBatch:
     def table(self) -> BlockTable | None:
         if self.pool is None:
             return None
-        rows = tuple((s.label, tuple(self.tables[s]), s.length) for s in self.slots)
+        admitted = [s for s in self.tables if s not in self.slots]      # newcomers prefilling into their blocks
+        rows = tuple((s.label, tuple(self.tables[s]), s.length) for s in [*self.slots, *admitted])
         return BlockTable(self.block, self.pool.n_blocks - 1, len(self.pool.free), rows, self.pool.bytes_per_block,
-                          self.pool.resid_bytes_per_block)
+                          self.pool.resid_bytes_per_block, sum(map(len, self.held.values())))
 
 
 def write_residual(resid: torch.Tensor, write: torch.Tensor, hidden_states: tuple[torch.Tensor, ...]) -> None:
@@ -325,7 +357,7 @@ class SoloBatch:
             raise ValueError("a solo batch holds one request")
         self.slots, self.cache = [slot], own
 
-    def drop(self, gone: set) -> None:
+    def drop(self, gone: set, hold: bool = False) -> None:
         if any(s in gone for s in self.slots):
             self.slots, self.cache = [], None
 
