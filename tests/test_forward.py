@@ -136,6 +136,44 @@ def test_the_padded_prefill_of_newcomers_with_reused_starts_equals_each_alone_th
             close(mine.values, theirs.values)
 
 
+BF16_TOL = 0.03      # bf16 weights on this CPU: |forward - modules| <= BF16_TOL * max |modules| (measured: under 0.01)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "mistral"])
+def family_bf16(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(f"tiny-bf16-{request.param}")
+    _write(folder, request.param)
+    return load_model(str(folder), device="cpu", dtype="bfloat16")
+
+
+def test_in_bf16_prefill_chunks_on_reused_starts_then_decode_rows_stay_within_the_stated_tolerance(family_bf16):
+    """bf16 weights: the padded prefill of three newcomers (two on reused starts) into the pool, then a decode row
+    each (a chunk of one), through the forward; logits and every kept residual within BF16_TOL of the modules'
+    (bf16 too) over each row's whole sequence."""
+    lm = family_bf16
+    prompts = [(random_ids(lm, n, seed=n), start) for n, start in ((6, 0), (18, 5), (20, 11))]
+    batch = BatchRunner(lm, max_batch=8).batch
+    group = [newcomer(lm, batch, ids, start) for ids, start in prompts]
+    worst = 0.0
+    for step in range(2):
+        chunks = [len(ids) - start for ids, start in prompts] if step == 0 else [1, 1, 1]
+        if step:
+            for (ids, _), slot in zip(prompts, group):
+                ids.append(int(torch.randint(4, 90, (1,))))
+        with torch.inference_mode():
+            logits = pool_prefill(lm, batch, group, chunks)
+        for b, (slot, (ids, _)) in enumerate(zip(group, prompts)):
+            slot.length = len(ids)
+            slot.kept.commit(slot.length)
+            want, hidden, _ = oracle(lm, ids)
+            pairs = [(logits[b], want[-1])] + [(slot.kept.input(i), h) for i, h in enumerate(hidden)]
+            for got, ref in pairs:
+                err = float((got.float() - ref.float()).abs().max() / ref.float().abs().max())
+                worst = max(worst, err)
+                assert err <= BF16_TOL, (step, b, err)
+    print(f"bf16 worst relative error {worst:.4f}")
+
+
 def test_whole_greedy_answers_and_residuals_equal_the_modules_alone(family_lm):
     lm = family_lm
     request, ids = GenerationRequest("(token ids)", max_new_tokens=24, chat=False), random_ids(lm, 11, seed=4)
