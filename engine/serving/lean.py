@@ -1,5 +1,7 @@
-"""How a batch's decode step runs, chosen in one place (`decode`), and its two eager readers of the paged pool.
+"""How a batch's steps run, chosen in one place: its prefill (`pool_prefill`) and its decode step (`decode`, and its
+two eager readers of the paged pool).
 
+    logits = pool_prefill(lm, batch, slots, chunks)   # [B, V]: newcomers' next chunks, straight into the pool
     logits = decode(lm, batch, slots, lean, graphs)   # [B, V]: the modules, the graphed forward, lone or rows
     lean = LeanDecode.for_model(lm)          # None where the forward does not cover the model
     logits = lean.lone(batch, slot)          # [1, V]; the new K/V written into the slot's next position
