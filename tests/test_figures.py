@@ -464,6 +464,10 @@ FORWARD = [  # the one forward's round (docs/engine.md, "The one forward")
      lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
 ]
 MODES_ = ("in_process", "api")
+for _run in ("20261127T212212Z-63a755b", "20261127T212522Z-63a755b", "20261127T212954Z-63a755b"):
+    FORWARD.append((ENGINE_MD, f"one_forward/{_run}.json", "{:.2f}x, {:.2f}x, {:.2f}x (`" + (
+        "bench/results/one_forward/" if _run.startswith("20261127T212212Z") else "") + f"{_run}.json`",
+        lambda d: tuple(d["prefill"][n]["forward_vs_modules_speed"] for n in ("128", "512", "2048"))))
 
 
 @pytest.mark.parametrize("entry", FIGURES + ENGINE + FORWARD, ids=lambda e: f"{e[0]}:{e[2][:40]}")
