@@ -269,6 +269,95 @@ def test_a_request_that_fails_in_the_batch_fails_alone(tiny_lm):
     assert_same_run(good, alone(tiny_lm, req, FULL))
 
 
+def test_a_finished_runs_residual_moves_out_of_the_pool_off_the_step_that_finished_it(tiny_lm):
+    """A capturing run that finishes while another decodes: after the step that finished it (its DoneRecord sent)
+    its residual is still in its blocks, held (not free, not counted as used) and readable, equal to alone's; once
+    nothing else runs, one more step moves it out and the pool is given back."""
+    runner, short, long_ = BatchRunner(tiny_lm), Sink(), Sink()
+    req = GenerationRequest(tiny_prompt(9, seed=5), max_new_tokens=3, chat=False)
+    runner.add(short.slot(tiny_lm, req, FULL))
+    runner.add(long_.slot(tiny_lm, GenerationRequest(tiny_prompt(6, seed=6), max_new_tokens=12, chat=False)))
+    while not short.records or not isinstance(short.records[-1], DoneRecord):
+        runner.step()
+    table = runner.batch.table()
+    assert short.kept.in_pool and table.held == len(runner.batch.held[short.kept]) > 0
+    assert table.used + table.free + table.held == table.n_blocks
+    assert_same_run(short, alone(tiny_lm, req, FULL))           # read from the held blocks
+    while runner.batch.slots:
+        runner.step()
+    assert short.kept.in_pool and not runner.idle
+    runner.step()
+    assert not short.kept.in_pool and runner.idle and runner.batch.pool is None
+    assert_same_run(short, alone(tiny_lm, req, FULL))
+
+
+def test_a_pool_with_no_free_block_moves_held_residuals_out_before_it_grows(tiny_lm, monkeypatch):
+    """A pool of 7 blocks: a finished run's 2 blocks are held; a newcomer needing more than the free ones takes them
+    back (the run's residual copied out first, still equal to alone's) instead of doubling the pool."""
+    from engine.serving import paged
+
+    monkeypatch.setattr(paged, "FIRST_BLOCKS", 8)
+    runner, short, other, big = BatchRunner(tiny_lm), Sink(), Sink(), Sink()
+    req = GenerationRequest(tiny_prompt(20, seed=5), max_new_tokens=3, chat=False)
+    runner.add(short.slot(tiny_lm, req, FULL))
+    runner.add(other.slot(tiny_lm, GenerationRequest(tiny_prompt(4, seed=6), max_new_tokens=30, chat=False)))
+    while not short.records or not isinstance(short.records[-1], DoneRecord):
+        runner.step()
+    pool = runner.batch.pool
+    assert short.kept.in_pool and len(runner.batch.held[short.kept]) == 2 and len(pool.free) == 4
+    runner.add(big.slot(tiny_lm, GenerationRequest(tiny_prompt(70, seed=7), max_new_tokens=2, chat=False)))
+    runner.step()
+    assert not short.kept.in_pool and not runner.batch.held and runner.batch.pool.n_blocks == 8
+    assert_same_run(short, alone(tiny_lm, req, FULL))
+    while not runner.idle:
+        runner.step()
+    assert other.error is None and big.error is None
+
+
+def test_a_newcomer_cancelled_while_its_prompt_is_prefilled_frees_its_blocks(tiny_lm):
+    """A capturing newcomer whose long prompt is prefilled chunk by chunk straight into the pool, stopped between
+    chunks: its K/V and residual blocks go back (the pool's free count returns) and the running request finishes
+    as alone."""
+    runner = BatchRunner(tiny_lm, prefill_chunk=8)
+    flag, keep = {"stop": False}, Sink()
+    req = GenerationRequest(tiny_prompt(5, seed=8), max_new_tokens=12, chat=False)
+    runner.add(keep.slot(tiny_lm, req, FULL))
+    runner.step()
+    pool, free = runner.batch.pool, len(runner.batch.pool.free)
+    stopped = Sink()
+    runner.add(stopped.slot(tiny_lm, GenerationRequest(tiny_prompt(40, seed=4), max_new_tokens=5, chat=False), FULL,
+                            stop=lambda: flag["stop"]))
+    runner.step()
+    runner.step()
+    assert runner.prefilling and stopped.kept.in_pool and len(pool.free) < free and stopped.kept.length == 16
+    flag["stop"] = True
+    runner.step()
+    assert len(pool.free) == free and not stopped.kept.in_pool and not runner.prefilling
+    assert stopped.records[-1].finish_reason == "cancelled"
+    while not runner.idle:
+        runner.step()
+    assert_same_run(keep, alone(tiny_lm, req, FULL))
+
+
+def test_a_newcomer_whose_prefill_fails_fails_alone_and_frees_its_blocks(tiny_lm):
+    """Three newcomers prefilled in one padded pass, the middle one's prompt holding a token id past the vocabulary:
+    that pass raises, the oldest runs alone, then the faulty one alone fails; its blocks go back and the other two
+    finish as alone."""
+    runner = BatchRunner(tiny_lm)
+    sinks = [Sink(), Sink(), Sink()]
+    reqs = [GenerationRequest(tiny_prompt(n, seed=n), max_new_tokens=6, chat=False) for n in (6, 9, 7)]
+    for sink, req in zip(sinks, reqs):
+        runner.add(sink.slot(tiny_lm, req, FULL))
+    runner.prefilling[1].ids[3] = 10**6
+    while not runner.idle:
+        runner.step()
+    assert sinks[1].error is not None and not any(isinstance(r, DoneRecord) for r in sinks[1].records)
+    for i in (0, 2):
+        assert sinks[i].error is None
+        assert_same_run(sinks[i], alone(tiny_lm, reqs[i], FULL))
+    assert runner.batch.pool is None                # every block given back: an idle batch drops its pool
+
+
 def test_a_fault_no_row_repeats_alone_fails_the_newest_request_only(tiny_lm):
     """An out-of-memory error once in a batched step: the last request in leaves with it, the others finish."""
     runner = BatchRunner(tiny_lm)

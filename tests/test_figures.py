@@ -613,7 +613,27 @@ LONE += [  # README, "One person alone, against llama.cpp"
 ]
 
 
-@pytest.mark.parametrize("entry", FIGURES + ENGINE + LONE, ids=lambda e: f"{e[0]}:{e[2][:40]}")
+
+
+ENGINE_MD = "docs/engine.md"
+FORWARD = [  # the one forward's round (docs/engine.md, "The one forward")
+    (ENGINE_MD, "before_after/20261127T205417Z-63a755b.json", "the pages' capture made {:.2f}x (in-process) and {:.2f}x "
+     "(API) of capture off's throughput on this tree, against {:.2f}x and {:.2f}x on the commit before; capture off "
+     "made {:.2f}x and {:.2f}x of the commit before's, at {:.1f} tok/s in-process",
+     lambda d: (*(one(d["ratios"], tokens=16)[side]["capture_vs_off"][m] for side in ("after", "before")
+                  for m in MODES_), *(one(d["ratios"], tokens=16)["off_after_vs_before"][m] for m in MODES_),
+                one(d["ratios"], tokens=16)["after"]["off"]["in_process"])),
+    (ENGINE_MD, "before_after/20261127T205417Z-63a755b.json", "at a load average of {:.0f} at the start",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+]
+MODES_ = ("in_process", "api")
+for _run in ("20261127T212212Z-63a755b", "20261127T212522Z-63a755b", "20261127T212954Z-63a755b"):
+    FORWARD.append((ENGINE_MD, f"one_forward/{_run}.json", "{:.2f}x, {:.2f}x, {:.2f}x (`" + (
+        "bench/results/one_forward/" if _run.startswith("20261127T212212Z") else "") + f"{_run}.json`",
+        lambda d: tuple(d["prefill"][n]["forward_vs_modules_speed"] for n in ("128", "512", "2048"))))
+
+
+@pytest.mark.parametrize("entry", FIGURES + ENGINE + LONE + FORWARD, ids=lambda e: f"{e[0]}:{e[2][:40]}")
 def test_the_figure_is_the_one_its_file_holds(entry):
     name, file, template, get = entry
     values = get(result(file))
@@ -623,7 +643,7 @@ def test_the_figure_is_the_one_its_file_holds(entry):
 
 
 def test_every_cited_file_records_its_commit():
-    files = {e[1] for e in FIGURES + ENGINE + LONE}
+    files = {e[1] for e in FIGURES + ENGINE + LONE + FORWARD}
     for file in files:
         p = result(file)["provenance"]
         assert re.fullmatch(r"[0-9a-f]{40}", p["commit"]), file

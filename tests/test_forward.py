@@ -3,7 +3,7 @@ prefill chunk, a later chunk on a reused start, a decode row, the padded prefill
 writes (the one capture point) and whole greedy answers. The tests write their own tiny weights."""
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import pytest
@@ -16,7 +16,8 @@ from engine.core.hooks import CapturePolicy
 from engine.core.kept import KeptInputs, kept_for
 from engine.core.lean import causal_mask, one_forward
 from engine.core.loader import load_model
-from engine.serving.batch import BatchRunner, Slot, _row
+from engine.serving.batch import BatchRunner, Slot
+from engine.serving.lean import pool_prefill
 
 ATOL = 1e-5                                   # float32
 EVERY = CapturePolicy(inputs=None)            # every hidden state kept
@@ -93,38 +94,84 @@ def test_a_prefill_chunk_a_later_chunk_and_a_decode_row_equal_the_modules(family
         close(mine.values, theirs.values)
 
 
-def newcomer(lm, ids: list[int], start: int) -> Slot:
-    """A slot whose first `start` tokens are in its cache and its kept residual already (through the modules)."""
+def newcomer(lm, batch, ids: list[int], start: int) -> Slot:
+    """A slot admitted to the paged pool whose first `start` tokens' K/V and residual are in it already (through the
+    modules, as a reused prefix is)."""
     request = GenerationRequest("(token ids)", max_new_tokens=4, chat=False)
     slot = Slot(request, ids, EVERY, lambda r: None, pytest.fail, kept=every_layer(lm))
     slot.begin(lm)
+    batch.admit(slot, lm.spec, lm.dtype, lm.device)
     if start:
-        with torch.inference_mode():
-            out = lm.model(input_ids=torch.tensor([ids[:start]]), cache=slot.cache, use_cache=True,
-                           output_hidden_states=True)
-        slot.kept.write_states(0, [h[0] for h in out.hidden_states])
-        slot.kept.commit()
-        slot.prefilled = start
+        _, hidden, cache = oracle(lm, ids[:start])
+        where = batch.load(slot, [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers],
+                           start)
+        for i, h in enumerate(hidden):
+            batch.pool.resid[i, where] = h
+        slot.length = slot.prefilled = start
+        slot.kept.commit(start)
     return slot
 
 
-def test_the_padded_prefill_of_newcomers_with_reused_starts_equals_each_alone_through_the_modules(family_lm):
-    """Rests of 6, 13 and 9 tokens on starts of 0, 5 and 11 (so both the starts and the rests are padded): each
-    row's logits, residual and K/V equal the modules over that row's whole prompt."""
+@pytest.mark.parametrize("route", ["forward", "modules"])
+def test_the_padded_prefill_of_newcomers_with_reused_starts_equals_each_alone_through_the_modules(family_lm, route):
+    """Rests of 6, 13 and 9 tokens on starts of 0, 5 and 11 (so both the starts and the rests are padded), written
+    straight into the paged pool, through the one forward and through the modules: each row's logits, residual and
+    K/V (read back from the pool) equal the modules over that row's whole prompt."""
     lm = family_lm
     prompts = [(random_ids(lm, n, seed=n), start) for n, start in ((6, 0), (18, 5), (20, 11))]
-    runner = BatchRunner(lm, max_batch=8)
-    group = [newcomer(lm, ids, start) for ids, start in prompts]
-    logits, cache, keep = runner._padded_prefill(group)
+    batch = BatchRunner(lm, max_batch=8).batch
+    group = [newcomer(lm, batch, ids, start) for ids, start in prompts]
+    with torch.inference_mode(), (modules_only(lm) if route == "modules" else nullcontext()):
+        logits = pool_prefill(lm, batch, group, [len(ids) - start for ids, start in prompts])
     for b, (slot, (ids, _)) in enumerate(zip(group, prompts)):
+        slot.length = len(ids)
+        slot.kept.commit(slot.length)
         want, hidden, want_cache = oracle(lm, ids)
         close(logits[b], want[-1])
-        assert slot.kept.length == len(ids)
         for i, h in enumerate(hidden):
             close(slot.kept.input(i), h)
-        own = _row(cache, b, keep[b], lm.model.config)
+        own = batch.own_cache(slot, lm.model.config)
         for mine, theirs in zip(own.layers, want_cache.layers):
             close(mine.keys, theirs.keys)
+            close(mine.values, theirs.values)
+
+
+BF16_TOL = 0.03      # bf16 weights on this CPU: |forward - modules| <= BF16_TOL * max |modules| (measured: under 0.01)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "mistral"])
+def family_bf16(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(f"tiny-bf16-{request.param}")
+    _write(folder, request.param)
+    return load_model(str(folder), device="cpu", dtype="bfloat16")
+
+
+def test_in_bf16_prefill_chunks_on_reused_starts_then_decode_rows_stay_within_the_stated_tolerance(family_bf16):
+    """bf16 weights: the padded prefill of three newcomers (two on reused starts) into the pool, then a decode row
+    each (a chunk of one), through the forward; logits and every kept residual within BF16_TOL of the modules'
+    (bf16 too) over each row's whole sequence."""
+    lm = family_bf16
+    prompts = [(random_ids(lm, n, seed=n), start) for n, start in ((6, 0), (18, 5), (20, 11))]
+    batch = BatchRunner(lm, max_batch=8).batch
+    group = [newcomer(lm, batch, ids, start) for ids, start in prompts]
+    worst = 0.0
+    for step in range(2):
+        chunks = [len(ids) - start for ids, start in prompts] if step == 0 else [1, 1, 1]
+        if step:
+            for (ids, _), slot in zip(prompts, group):
+                ids.append(int(torch.randint(4, 90, (1,))))
+        with torch.inference_mode():
+            logits = pool_prefill(lm, batch, group, chunks)
+        for b, (slot, (ids, _)) in enumerate(zip(group, prompts)):
+            slot.length = len(ids)
+            slot.kept.commit(slot.length)
+            want, hidden, _ = oracle(lm, ids)
+            pairs = [(logits[b], want[-1])] + [(slot.kept.input(i), h) for i, h in enumerate(hidden)]
+            for got, ref in pairs:
+                err = float((got.float() - ref.float()).abs().max() / ref.float().abs().max())
+                worst = max(worst, err)
+                assert err <= BF16_TOL, (step, b, err)
+    print(f"bf16 worst relative error {worst:.4f}")
 
 
 def test_whole_greedy_answers_and_residuals_equal_the_modules_alone(family_lm):
@@ -194,7 +241,7 @@ def test_the_compiled_step_traces_whole_for_prefill_mixed_and_decode_steps_with_
     from engine.serving.paged import BlockPool, PagedBatch
 
     lm, lean = family_lm, one_forward(family_lm)
-    pool = BlockPool.of_shape(lm.spec.n_layers, lm.spec.n_kv_heads, lm.spec.head_dim, lm.dtype, lm.device, 4, 16)
+    pool = BlockPool(lm.spec.n_layers, lm.spec.n_kv_heads, lm.spec.head_dim, lm.dtype, lm.device, 4, 16)
     pool.ensure_residual(lm.spec.d_model, lm.dtype)
     batch = PagedBatch(pool=pool)
     seqs = [random_ids(lm, 12, seed=21), random_ids(lm, 12, seed=22)]

@@ -102,9 +102,10 @@ class KeptInputs:
         """The run joins the batch: its rows so far go into the pool at its blocks' slots; the batched step writes
         the next ones there itself. `table` is the run's block table (the batch appends to it)."""
         with self._lock, torch.inference_mode():
-            where = pool.slots(table, 0, self.length)
-            for i in self.layers:
-                pool.resid[i, where] = self._buffers[i][: self.length].to(pool.resid.dtype)
+            if self.length:                        # a newcomer admitted before its prefill holds nothing yet
+                where = pool.slots(table, 0, self.length)
+                for i in self.layers:
+                    pool.resid[i, where] = self._buffers[i][: self.length].to(pool.resid.dtype)
             self._buffers, self._pool = {}, (pool, table)
 
     def leave_pool(self) -> None:
@@ -139,8 +140,10 @@ class KeptInputs:
                     self._buffers[i] = buf[:n].clone()
 
     def prompt(self, n: int) -> dict[int, torch.Tensor]:
-        """Each kept state at positions 0..n-1 (views), for the prefix cache to copy (before the run is in the pool)."""
+        """Each kept state at positions 0..n-1 (views of its buffers, copies out of the pool), for the prefix cache."""
         with self._lock:
+            if self._pool is not None:
+                return {i: self._read(i, torch.arange(n)) for i in self.layers} if self.length >= n else {}
             return {i: b[:n] for i, b in self._buffers.items() if self._ends[i] >= n}
 
     def input(self, layer: int) -> torch.Tensor | None:

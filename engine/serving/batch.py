@@ -5,19 +5,20 @@
     while not runner.idle:
         info = runner.step()     # up to one prefill chunk of newcomers' prompts, then one decode pass
 
-Requests join at a step boundary and leave as soon as they finish. A newcomer's prompt is prefilled on
-a cache of its own, at most `prefill_chunk` prompt tokens per step for all newcomers together (every
-newcomer that fits starts in the same step), so a long prompt never freezes the others' decode; once
-its prompt is in, its K/V is copied into blocks of the paged batch cache
-(`engine.serving.paged`). For a decode step each layer gathers the rows left-padded to the longest: the
-attention mask hides the pads and each row's RoPE positions count from its own first token, so every
-row computes what it would compute alone.
+Requests join at a step boundary and leave as soon as they finish. A newcomer gets a block table in the paged
+pool (`engine.serving.paged`) and its prompt is prefilled straight into it, at most `prefill_chunk` prompt tokens per
+step for all newcomers together (every newcomer that fits starts in the same step, their rests left-padded into one
+pass), so a long prompt never freezes the others' decode and nothing is copied when it joins the decoding rows. Each
+prefill and decode pass writes its new K/V at the rows' slots and reads the rows' keys gathered left-padded to the
+longest: the mask hides the pads and each token's RoPE position counts from its own row's first token, so every row
+computes what it would compute alone (`engine.serving.lean.pool_prefill`, `decode`).
 Prefill and decode go through the project's one forward (engine/core/lean.py) where it covers the model, and
-transformers' modules otherwise; how a decode step runs is chosen in one place (engine.serving.lean.decode).
-A request that captures keeps its residual stream (engine/core/hooks.py), written inside that forward: its
-prompt's into buffers of its own while it is prefilled, then, in the batch, into the residual pool beside its K/V
-blocks at the slot its new token's K/V go to (eagerly, or inside a CUDA graph). Every view of it is derived on
-demand (engine/core/views.py), so a session sees exactly its own request's.
+transformers' modules otherwise (the same pool, through `PagedBatch.cache`). A model whose layers keep a sliding
+window (`batchable`) runs one request at a time on an HF cache of its own (`SoloBatch`).
+A request that captures keeps its residual stream (engine/core/kept.py), written inside that forward into the
+residual pool beside its K/V blocks, at the slot each token's K/V goes to, in prefill and decode alike (eagerly, or
+inside a CUDA graph). Every view of it is derived on demand (engine/core/views.py), so a session sees exactly its
+own request's.
 
 Each request yields the same records as `engine.core.generate` (PrefillRecord, DecodeRecord..., DoneRecord)
 through its `emit` callback; a request that fails calls `fail` and the others go on.
@@ -39,11 +40,10 @@ from engine.core.generate import (GenerationRequest, TextStream, eos_ids, finish
                                   pick_token, pick_tokens, prompt_pieces, sync, trim_stop)
 from engine.core.hooks import CapturePolicy
 from engine.core.kept import KeptInputs
-from engine.core.lean import RowsResidual, causal_mask, one_forward
 from engine.core.loader import LoadedModel
 from engine.core.small_batch import kernels_for
 from engine.serving.graphed import GraphedDecode
-from engine.serving.lean import LeanDecode, decode
+from engine.serving.lean import LeanDecode, decode, pool_prefill
 from engine.serving.paged import BlockTable, PagedBatch, SoloBatch, row_cache_state
 from engine.serving.prefix import PrefixCache, load_prefix
 from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
@@ -68,19 +68,20 @@ class Slot:
     prefilled: int = 0                               # prompt tokens whose K/V is in the cache
     reused: int = 0                                  # of those, taken from the prefix cache
     looked_up: bool = False                          # the prefix cache was asked (once per request)
-    cache: DynamicCache | None = None                # own cache while prefilling; None once in the batch
+    cache: DynamicCache | None = None                # a solo batch's request: its own cache while prefilling
     token: SampledToken | None = None                # the newest token: the next decode step's input
     generated: list[int] = field(default_factory=list)
-    length: int = 0                                  # real positions in the cache (no pads)
+    length: int = 0                                  # real positions in the pool (no pads)
     started: float = 0.0
     last: float = 0.0                                # when the newest token was sampled
     ttft: float = 0.0
     finished: bool = False
 
-    def begin(self, lm: LoadedModel) -> None:
+    def begin(self, lm: LoadedModel, own_cache: bool = False) -> None:
+        """Ready to run; `own_cache`: its K/V on an HF cache of its own (a solo batch), not in the paged pool."""
         self.generator = torch.Generator(device=lm.device).manual_seed(self.request.seed)
         self.stream, self.eos = TextStream(lm.tokenizer), eos_ids(lm)
-        self.cache = DynamicCache(config=lm.model.config)
+        self.cache = DynamicCache(config=lm.model.config) if own_cache else None
         self.started = self.last = time.perf_counter()
 
 
@@ -107,37 +108,6 @@ class StepInfo:
 def _computed(before: list[tuple[Slot, int]]) -> tuple[tuple[Any, int], ...]:
     """(label, prompt tokens computed since `before`) of each newcomer that prefilled some (reused ones not counted)."""
     return tuple((s.label, n) for s, was in before if (n := s.prefilled - s.reused - was) > 0)
-
-
-def _row(cache: DynamicCache, b: int, keep: torch.Tensor, config: Any) -> DynamicCache:
-    """Row b of a padded cache, only its positions `keep` (an index), as a cache of its own (batch of one)."""
-    own = DynamicCache(config=config)
-    for mine, theirs in zip(own.layers, cache.layers):
-        k, v = theirs.keys[b:b + 1].index_select(2, keep), theirs.values[b:b + 1].index_select(2, keep)
-        mine.lazy_initialization(k, v)
-        mine.keys, mine.values = k, v
-    return own
-
-
-def _stacked_starts(caches: list[DynamicCache | None], starts: list[int], config: Any) -> DynamicCache:
-    """One cache [B, KVH, W, D] holding each row's prefilled start (W = the longest), right-aligned: zeros on the
-    left of the shorter ones (the mask hides them). A row with no start is all zeros."""
-    width = max(starts)
-    stacked = DynamicCache(config=config)
-    if width == 0:
-        return stacked
-    like = next(c for c, n in zip(caches, starts) if n).layers
-    for i, layer in enumerate(stacked.layers):
-        k0, v0 = like[i].keys, like[i].values
-        keys = k0.new_zeros((len(starts), k0.shape[1], width, k0.shape[3]))
-        values = v0.new_zeros((len(starts), v0.shape[1], width, v0.shape[3]))
-        for b, (cache, n) in enumerate(zip(caches, starts)):
-            if n:
-                keys[b, :, width - n:] = cache.layers[i].keys[0, :, :n]
-                values[b, :, width - n:] = cache.layers[i].values[0, :, :n]
-        layer.lazy_initialization(keys, values)
-        layer.keys, layer.values = keys, values
-    return stacked
 
 
 def batchable(lm: LoadedModel) -> bool:
@@ -172,7 +142,8 @@ class BatchRunner:
 
     @property
     def idle(self) -> bool:
-        return not self.prefilling and not self.batch.slots
+        """Nothing to run: no request, and no finished run's residual left to move out of the pool (`step`)."""
+        return not self.prefilling and not self.batch.slots and not getattr(self.batch, "held", None)
 
     @property
     def room(self) -> int:
@@ -182,13 +153,15 @@ class BatchRunner:
         """Take a request; it starts prefilling at the next step."""
         if self.room <= 0:
             raise EngineError(f"the batch already holds {self.max_batch} requests")
-        slot.begin(self.lm)
+        slot.begin(self.lm, own_cache=isinstance(self.batch, SoloBatch))
         self.prefilling.append(slot)
 
     def step(self) -> StepInfo:
         """Drop stopped requests, prefill up to one chunk of newcomers' prompts, decode one token for the batch."""
         t0 = time.perf_counter()
         self._drop_stopped()
+        if not self.prefilling and not self.batch.slots and isinstance(self.batch, PagedBatch):
+            self.batch.settle()              # nothing else to run: finished runs' residual moves out of the pool
         before = [(s, s.prefilled - s.reused) for s in self.prefilling]
         prefilled = self._prefill() if self.prefilling else 0
         t1 = time.perf_counter()
@@ -214,9 +187,7 @@ class BatchRunner:
     def _finish(self, slot: Slot, reason: str) -> None:
         if slot.finished:
             return
-        slot.finished = True
-        if slot.kept is not None:
-            slot.kept.leave_pool()               # a finished run's residual is its own before anyone reads it
+        slot.finished = True                     # its residual, still in its blocks, moves out as the batch drops it
         total = time.perf_counter() - slot.started
         ttft = slot.ttft if slot.generated else total
         slot.emit(DoneRecord(trim_stop(slot.stream.text, slot.request.stop), reason, len(slot.ids),
@@ -224,37 +195,29 @@ class BatchRunner:
 
     def _fail(self, slot: Slot, err: Exception) -> None:
         if not slot.finished:
-            slot.finished = True
-            if slot.kept is not None:
-                slot.kept.leave_pool()
+            slot.finished = True                 # the caller drops it from the batch (its residual copied out)
             slot.fail(err)
 
     # --- prefill -------------------------------------------------------------------------------------
 
     def _prefill(self) -> int:
         """Prompt tokens of the oldest newcomers, at most `prefill_chunk` in all per step (the oldest always
-        gets its chunk): short prompts computed from scratch together in one padded pass; a long one, or one
-        that reuses a stored prefix, on its own cache, chunk by chunk. Every newcomer that fits the step's
-        budget starts in this step: a room pressing Generate together gets its first tokens together."""
+        gets its chunk): the oldest newcomers whose rest of prompt fits the budget together in one padded pass,
+        else the next chunk of the oldest alone. Every newcomer that fits the step's budget starts in this step: a
+        room pressing Generate together gets its first tokens together."""
         done = 0
-        while self.prefilling:
+        while self.prefilling and (done == 0 or done < self.prefill_chunk):
             budget = self.prefill_chunk - done
-            group = self._prefill_group(budget)
-            if len(group) > 1:
-                done += self._prefill_together(group)
-            elif done == 0 or self._fits(self.prefilling[0], budget):
-                done += self._prefill_step(self.prefilling[0], budget)
-            else:
-                break
+            group = self._prefill_group(budget) or [self.prefilling[0]]
+            done += self._prefill_rows(group, budget)
         return done
 
     def _prefill_group(self, budget: int) -> list[Slot]:
         """The oldest newcomers, in order, whose rest of prompt fits `budget` together, for one padded pass: from
-        scratch, or on top of a start already in their cache (a reused prefix, earlier chunks)."""
+        scratch, or on top of a start already in the pool (a reused prefix, earlier chunks)."""
         group, tokens = [], 0
         for slot in self.prefilling:
-            if not slot.looked_up and self.prefix is not None:
-                self._reuse_prefix(slot)
+            self._admit(slot)
             rest = len(slot.ids) - slot.prefilled
             if tokens + rest > budget:
                 break
@@ -262,96 +225,73 @@ class BatchRunner:
             tokens += rest
         return group
 
-    @staticmethod
-    def _fits(slot: Slot, budget: int) -> bool:
-        """May a newcomer after the first prefill `budget` more tokens this step?"""
-        return budget > 0
-
-    def _prefill_together(self, group: list[Slot]) -> int:
-        """One forward over the left-padded rest of each prompt in `group`; each then joins the batch with its own
-        K/V."""
-        try:
-            logits, cache, keep = self._padded_prefill(group)
-        except Exception:  # noqa: BLE001 - a failure in the group: each prompt alone finds whose it is
-            return self._prefill_step(self.prefilling[0], self.prefill_chunk)
-        done = 0
-        for b, slot in enumerate(group):
-            slot.cache = _row(cache, b, keep[b], self.lm.model.config)
-            done += len(slot.ids) - slot.prefilled
-            slot.prefilled = len(slot.ids)
-            self.prefilling.remove(slot)
-            self._first_token(slot, logits[b])
-        return done
-
-    def _padded_prefill(self, group: list[Slot]) -> tuple:
-        """The group's rests in one pass. Row b's cache holds [its start, right-aligned to the longest start W]
-        [left pads][its rest]: the mask hides both kinds of pads and each token's position counts from its own
-        first, so each row computes what it would alone; each row that captures keeps its hidden states. Returns
-        logits [B, V], the cache, and each row's own positions in it."""
-        device = self.lm.device
-        starts = [s.prefilled for s in group]
-        ids, mask = left_pad([s.ids[n:] for s, n in zip(group, starts)], pad_id(self.lm), device)   # [B, T]
-        pads = (mask.shape[1] - mask.sum(1)).tolist()
-        cache = _stacked_starts([s.cache for s in group], starts, self.lm.model.config)
-        width = max(starts)
-        own = torch.arange(width, device=device)[None, :] >= torch.tensor([width - n for n in starts],
-                                                                           device=device)[:, None]
-        positions = (mask.cumsum(-1) - 1).clamp(min=0) + torch.tensor(starts, device=device)[:, None]
-        valid = torch.cat([own, mask.bool()], dim=1)                                     # [B, W + T] real keys
-        keeping = [(b, s.kept, starts[b], pads[b]) for b, s in enumerate(group) if s.kept is not None]
-        lean = one_forward(self.lm)
-        with torch.inference_mode():
-            if lean is not None:
-                logits = lean.forward(ids, positions, lambda i, k, v: cache.update(k, v, i),
-                                      causal_mask(valid, ids.shape[1]), RowsResidual(keeping) if keeping else None)
-            else:
-                logits = self._modules_prefill(ids, valid, positions, cache, keeping)
-            for _, kept, _, _ in keeping:
-                kept.commit()
-        return logits[:, -1], cache, [row.nonzero().flatten() for row in valid]        # logits [B, V]
-
-    def _modules_prefill(self, ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor, cache: DynamicCache,
-                         keeping: list) -> torch.Tensor:
-        """The padded prefill through transformers' modules (a family the forward does not cover): logits [B, 1, V];
-        each keeping row's hidden states ([B, T, d_model], pads on the left) into its buffers."""
-        out = self.lm.model(input_ids=ids, attention_mask=valid.long(), position_ids=positions, cache=cache,
-                            use_cache=True, logits_to_keep=1, output_hidden_states=bool(keeping))
-        for b, kept, start, pads in keeping:
-            kept.write_states(start, [h[b, pads:] for h in out.hidden_states])
-        return out.logits
-
-    def _prefill_step(self, slot: Slot, budget: int) -> int:
-        """Prefill the next chunk (at most `budget` tokens, or the whole prompt when it cannot be chunked) of a
-        newcomer's prompt on its own cache; returns the tokens done."""
-        if not slot.looked_up and self.prefix is not None:
+    def _admit(self, slot: Slot) -> None:
+        """Once per newcomer: a block table in the paged pool (its prompt's K/V and residual are written there),
+        then the longest stored start it shares (the prefix cache)."""
+        if slot.looked_up:
+            return
+        slot.looked_up = True
+        if isinstance(self.batch, PagedBatch):
+            self.batch.admit(slot, self.lm.spec, self.lm.dtype, self.lm.device)
+        if self.prefix is not None:
             self._reuse_prefix(slot)
-        lo = slot.prefilled
-        hi = min(len(slot.ids), lo + budget)
+
+    def _prefill_rows(self, group: list[Slot], budget: int) -> int:
+        """One pass over the next tokens of each newcomer in `group` (the whole rest of each, or the oldest's next
+        chunk of at most `budget` when it is alone); those whose prompt is in take their first token. A pass that
+        raises is run again with the oldest alone, which then fails alone. Returns the tokens done."""
+        self._admit(group[0])
+        chunks = [len(s.ids) - s.prefilled for s in group]
+        if len(group) == 1:
+            chunks = [min(chunks[0], budget)]
         try:
             with torch.inference_mode():
-                logits = forward(self.lm, slot.ids[lo:hi], slot.cache, slot.kept)
+                logits = self._prefill_pass(group, chunks)                       # [B, V]
         except Exception as err:  # noqa: BLE001 - this request fails alone; the batch goes on
-            self.prefilling.popleft()
-            self._fail(slot, err)
-            return hi - lo
-        slot.prefilled = hi
-        if hi == len(slot.ids):
-            self.prefilling.popleft()
-            self._first_token(slot, logits)
-        return hi - lo
+            if len(group) > 1:
+                return self._prefill_rows(group[:1], self.prefill_chunk)
+            self.prefilling.remove(group[0])
+            self.batch.drop({group[0]})
+            self._fail(group[0], err)
+            return chunks[0]
+        for b, (slot, n) in enumerate(zip(group, chunks)):
+            slot.prefilled += n
+            if isinstance(self.batch, PagedBatch):
+                slot.length = slot.prefilled
+                if slot.kept is not None:
+                    slot.kept.commit(slot.length)
+            if slot.prefilled == len(slot.ids):
+                self.prefilling.remove(slot)
+                self._first_token(slot, logits[b])
+        return sum(chunks)
+
+    def _prefill_pass(self, group: list[Slot], chunks: list[int]) -> torch.Tensor:
+        """Logits [B, V] of each row's last new token; each row's K/V and kept residual written where it lives."""
+        if isinstance(self.batch, SoloBatch):              # sliding-window layers: the request's own cache
+            slot, n = group[0], chunks[0]
+            return forward(self.lm, slot.ids[slot.prefilled:slot.prefilled + n], slot.cache, slot.kept)[None]
+        return pool_prefill(self.lm, self.batch, group, chunks)
 
     def _reuse_prefix(self, slot: Slot) -> None:
         """Start from the longest stored prompt start this one shares: its K/V (and residual) as is."""
-        slot.looked_up = True
         entry, n = self.prefix.lookup(slot.ids, slot.kept.layers if slot.kept is not None else ())
         if entry is None:
             return
-        load_prefix(slot.cache, entry, n)
         slot.prefilled = slot.reused = n
-        if slot.kept is not None:                   # the reused part's residual comes from the entry as well
-            for i in slot.kept.layers:
-                slot.kept.write(i, 0, entry.inputs[i][:n])
-            slot.kept.commit()
+        if isinstance(self.batch, SoloBatch):
+            load_prefix(slot.cache, entry, n)
+            if slot.kept is not None:               # the reused part's residual comes from the entry as well
+                for i in slot.kept.layers:
+                    slot.kept.write(i, 0, entry.inputs[i][:n])
+                slot.kept.commit()
+            return
+        where = self.batch.load(slot, entry.keys, entry.values, n)
+        slot.length = n
+        if slot.kept is not None:
+            with torch.inference_mode():
+                for i in slot.kept.layers:
+                    self.batch.pool.resid[i, where] = entry.inputs[i][:n].to(self.batch.pool.resid.dtype)
+            slot.kept.commit(n)
 
     def _first_token(self, slot: Slot, logits: torch.Tensor) -> None:
         """The prompt is in: sample the first token, send the PrefillRecord, join the batch."""
@@ -359,15 +299,21 @@ class BatchRunner:
         sync(self.lm.device)
         slot.last = time.perf_counter()
         slot.ttft = slot.last - slot.started
-        slot.length = slot.cache.get_seq_length()
+        slot.length = len(slot.ids)
         slot.generated.append(slot.token.id)
+        paged = isinstance(self.batch, PagedBatch)
         if self.prefix is not None:
             inputs = slot.kept.prompt(len(slot.ids)) if slot.kept is not None else None
-            self.prefix.store(slot.ids, slot.cache, inputs)
+            self.prefix.store(slot.ids, self.batch.own_cache(slot, self.lm.model.config) if paged else slot.cache,
+                              inputs)
+        state = self.batch.state(slot.length) if paged else row_cache_state(slot.cache, slot.length)
         slot.emit(PrefillRecord(prompt_pieces(self.lm, slot.ids), forward_shapes(self.lm.spec, len(slot.ids)),
-                                slot.ttft, row_cache_state(slot.cache, slot.length), slot.token,
-                                reused_tokens=slot.reused))
-        if not self._maybe_finish(slot):
+                                slot.ttft, state, slot.token, reused_tokens=slot.reused))
+        if self._maybe_finish(slot):
+            self.batch.drop({slot})
+        elif paged:
+            self.batch.join(slot)
+        else:
             self.batch.add(slot, slot.cache)
         slot.cache = None
 
@@ -395,7 +341,7 @@ class BatchRunner:
             self._advance(slot, tokens[b])
             if slot.finished:
                 now_done.add(slot)
-        self.batch.drop(now_done)
+        self.batch.drop(now_done, hold=True)     # a finished run's residual moves out later, off this step
         return len(slots)
 
     def _batch_forward(self, slots: list[Slot]) -> torch.Tensor:

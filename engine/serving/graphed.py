@@ -86,7 +86,7 @@ class GraphedDecode:
         if self.lean is None:
             raise ValueError("the graphed step runs the project's forward, which does not cover this model")
         spec = lm.spec
-        self.pool = BlockPool.of_shape(spec.n_layers, spec.n_kv_heads, spec.head_dim, lm.dtype, lm.device,
+        self.pool = BlockPool(spec.n_layers, spec.n_kv_heads, spec.head_dim, lm.dtype, lm.device,
                                        BLOCK, n_blocks)
         if residual:
             self.pool.ensure_residual(spec.d_model, lm.dtype)

@@ -1,5 +1,7 @@
-"""How a batch's decode step runs, chosen in one place (`decode`), and its two eager readers of the paged pool.
+"""How a batch's steps run, chosen in one place: its prefill (`pool_prefill`) and its decode step (`decode`, and its
+two eager readers of the paged pool).
 
+    logits = pool_prefill(lm, batch, slots, chunks)   # [B, V]: newcomers' next chunks, straight into the pool
     logits = decode(lm, batch, slots, lean, graphs)   # [B, V]: the modules, the graphed forward, lone or rows
     lean = LeanDecode.for_model(lm)          # None where the forward does not cover the model
     logits = lean.lone(batch, slot)          # [1, V]; the new K/V written into the slot's next position
@@ -27,7 +29,7 @@ import torch
 from torch.nn import functional as F
 
 from engine.core import matvec
-from engine.core.lean import Fused, LeanStep, PoolResidual, one_forward
+from engine.core.lean import Fused, LeanStep, PoolResidual, causal_mask, one_forward
 from engine.core.loader import LoadedModel
 from engine.core.openmp import in_passing_thread
 from engine.core.small_batch import ROWS, SmallBatchKernels, kernels_for, packed_linear, small_batch_kernels
@@ -155,3 +157,29 @@ def _reader(table: list[int], block: int, n: int, device: torch.device):
         return lambda pool: pool[first * block:first * block + n]
     index = (torch.tensor(table)[:, None] * block + torch.arange(block)).flatten()[:n].to(device)
     return lambda pool: pool.index_select(0, index)
+
+
+def pool_prefill(lm: LoadedModel, batch: Any, slots: list, chunks: list[int]) -> torch.Tensor:
+    """Logits [B, V] of each row's last new token: row b feeds the next `chunks[b]` tokens of its prompt after its
+    `length` (its reused prefix, earlier chunks), written straight into the paged pool at its slots with its
+    residual when it keeps one (`slot.kept`), as nano-vllm's `prepare_prefill` slot mapping does; the rows are
+    left-padded to the longest chunk and the mask hides the pads. The project's forward where it covers the model,
+    else transformers' modules (the same pool through `batch.cache`, the same 4-D mask)."""
+    t = max(chunks)
+    valid = batch.plan(chunks, slots=slots)                                              # [B, S] real keys
+    starts = torch.tensor([s.length for s in slots])[:, None]
+    fed = torch.tensor(chunks)[:, None]
+    column = torch.arange(t)[None, :] - (t - fed)                                        # [B, T] < 0: a pad
+    ids = torch.tensor([[0] * (t - n) + s.ids[s.length:s.length + n] for s, n in zip(slots, chunks)])
+    ids, positions = ids.to(lm.device), (starts + column.clamp(min=0)).to(lm.device)
+    keep = (PoolResidual(batch.pool.resid, batch.residual_slots)
+            if any(s.kept is not None for s in slots) else None)
+    lean = one_forward(lm)
+    if lean is not None:
+        mask = causal_mask(valid, t) if len(slots) > 1 else None      # one row reads every key before its chunk
+        return lean.forward(ids, positions, batch.write_and_gather, mask, keep)[:, -1]
+    out = lm.model(input_ids=ids, attention_mask=causal_mask(valid, t), position_ids=positions, cache=batch.cache,
+                   use_cache=True, logits_to_keep=1, output_hidden_states=keep is not None)
+    for i, h in enumerate(out.hidden_states if keep is not None else ()):
+        keep.write(i, h)
+    return out.logits[:, -1]

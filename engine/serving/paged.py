@@ -1,16 +1,19 @@
 """The batch's KV cache in fixed-size blocks, as vLLM's PagedAttention keeps it.
 
     batch = PagedBatch(block=16)
-    batch.add(slot, own_cache)          # a prefilled request's K/V is copied into blocks of its own
-    out = model(..., cache=batch.cache, attention_mask=batch.step_mask())
+    batch.admit(slot, spec, dtype, device)   # a newcomer's (empty) block table; its prefill writes into its blocks
+    valid = batch.plan([n], slots=[slot])    # a prefill chunk of n tokens: where its K/V and residual go
+    batch.join(slot)                         # its prompt is in: it decodes with the batch
+    valid = batch.plan([1] * len(batch.slots))   # a decode step; the forward's kv is `batch.write_and_gather`
     batch.table()                       # who holds which block, how full, how many free (measured)
 
 Storage: per layer one K pool and one V pool of `n_blocks * block` slots, [slots, KVH, D]. A request owns
 a list of blocks, its block table; its position p lives in slot `table[p // block] * block + p % block`.
-Beside them, once a request that captures joins, the residual pool [L + 1, slots, d_model]: the residual stream
+Beside them, once a request that captures is admitted, the residual pool [L + 1, slots, d_model]: the residual stream
 entering every layer and the final norm (engine/core/hooks.py), in the same slots, so a capturing request's
-residual lives in its own blocks and leaves with them. The batched step writes it itself, at the slots the new
-tokens' K/V go to (`keep_residual`; SCRATCH for rows that capture nothing and for a CUDA graph's padding rows).
+residual lives in its own blocks and leaves with them. Each step, prefill or decode, writes it itself, at the slots
+the new tokens' K/V go to (`residual_slots`; SCRATCH for rows that capture nothing, for pads and for a CUDA graph's
+padding rows).
 A request takes a new block only when its last one is full, and gives all back when it leaves, so no
 memory is reserved for tokens not yet generated and nothing is copied when others join or leave.
 
@@ -22,7 +25,7 @@ costs what DynamicCache's per-step `torch.cat` cost before it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
@@ -45,10 +48,12 @@ class BlockTable:
     rows: tuple[tuple[Any, tuple[int, ...], int], ...]  # (request label, its blocks in order, its tokens)
     bytes_per_block: int                              # K and V of one block, all layers
     resid_bytes_per_block: int = 0                    # the residual of one block, every hidden state (0: no pool)
+    held: int = 0                                     # blocks of finished runs whose residual is yet to move out
 
     @property
     def used(self) -> int:
-        return self.n_blocks - self.free
+        """Blocks held by the requests in the table (not the finished runs' `held`)."""
+        return self.n_blocks - self.free - self.held
 
     @property
     def tokens(self) -> int:
@@ -68,19 +73,8 @@ class BlockTable:
 class BlockPool:
     """K and V slots for every layer, handed out a block at a time."""
 
-    def __init__(self, like: DynamicCache, block: int = BLOCK, n_blocks: int | None = None):
-        k = like.layers[0].keys                                           # [1, KVH, T, D]
-        self.allocate_pools(len(like.layers), k.shape[1], k.shape[3], k.dtype, k.device, block, n_blocks)
-
-    @classmethod
-    def of_shape(cls, n_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-                 block: int = BLOCK, n_blocks: int | None = None) -> "BlockPool":
-        pool = cls.__new__(cls)
-        pool.allocate_pools(n_layers, kv_heads, head_dim, dtype, device, block, n_blocks)
-        return pool
-
-    def allocate_pools(self, n_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-                       block: int, n_blocks: int | None) -> None:
+    def __init__(self, n_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+                 block: int = BLOCK, n_blocks: int | None = None):
         n_blocks = n_blocks or FIRST_BLOCKS
         self.block, self.n_blocks = block, n_blocks
         shape = (n_blocks * block, kv_heads, head_dim)                   # [slots, KVH, D]
@@ -92,6 +86,7 @@ class BlockPool:
         self.bytes_per_block = 2 * n_layers * block * kv_heads * head_dim * self.keys[0].element_size()
         self.resid: torch.Tensor | None = None                            # [L + 1, slots, d_model], once needed
         self.resid_bytes_per_block = 0
+        self.reclaim: Callable[[], bool] | None = None   # frees held blocks when none is free (`PagedBatch.settle`)
 
     def ensure_residual(self, d_model: int, dtype: torch.dtype) -> torch.Tensor:
         """The residual pool beside K and V (made at the first request that captures; kept while the pool lives)."""
@@ -102,6 +97,8 @@ class BlockPool:
         return self.resid
 
     def allocate(self) -> int:
+        while not self.free and self.reclaim is not None and self.reclaim():
+            pass
         if not self.free:
             self._grow()
         return self.free.pop()
@@ -163,8 +160,10 @@ class PagedBatch:
         self.pool, self.kept_pool = pool, pool
         if pool is not None:
             self.cache = Cache(layers=[PagedLayer(self, i) for i in range(len(pool.keys))])
+            pool.reclaim = self._settle_one
         self.slots: list[Any] = []                    # runner Slots, in batch order; each has .length
         self.tables: dict[Any, list[int]] = {}
+        self.held: dict[Any, list[int]] = {}          # finished runs' KeptInputs -> the blocks their residual is in
         if pool is None:
             self.cache: Cache | None = None
         self._write: torch.Tensor | None = None       # [B, T] slot each new token goes to (SCRATCH: none)
@@ -179,33 +178,78 @@ class PagedBatch:
     def pads(self) -> list[int]:
         return [self.width - s.length for s in self.slots]
 
-    def add(self, slot: Any, own: DynamicCache) -> None:
-        """Copy a prefilled request's own cache (batch of one) into blocks of its own; its residual so far too, when
-        it keeps one (`slot.kept`)."""
-        n = own.get_seq_length()
+    def admit(self, slot: Any, spec: Any, dtype: torch.dtype, device: torch.device) -> None:
+        """A newcomer gets a block table (empty) before its prompt is prefilled: its prompt's K/V, and its residual
+        when it keeps one (`slot.kept`), are written straight into the pool by the prefill steps (`plan`); it
+        decodes with the batch once it `join`s. `spec`: the model's shapes, for the pool made at the first request."""
         if self.pool is None:
-            self.pool = BlockPool(own, self.block)
-            self.cache = Cache(layers=[PagedLayer(self, i) for i in range(len(own.layers))])
-        table = [self.pool.allocate() for _ in range(-(-n // self.block))]
-        where = self.pool.slots(table, 0, n)
-        for i, layer in enumerate(own.layers):
-            self.pool.keys[i][where] = layer.keys[0, :, :n].transpose(0, 1)      # [n, KVH, D]
-            self.pool.values[i][where] = layer.values[0, :, :n].transpose(0, 1)
+            self.pool = BlockPool(spec.n_layers, spec.n_kv_heads, spec.head_dim, dtype, device, self.block)
+            self.cache = Cache(layers=[PagedLayer(self, i) for i in range(spec.n_layers)])
+            self.pool.reclaim = self._settle_one
+        self.tables[slot] = []
         kept = getattr(slot, "kept", None)
         if kept is not None:
             self.pool.ensure_residual(kept.d_model, kept.dtype)
-            kept.enter_pool(self.pool, table)
-        self.slots.append(slot)
-        self.tables[slot] = table
+            kept.enter_pool(self.pool, self.tables[slot])
 
-    def drop(self, gone: set) -> None:
-        """Finished requests leave; their blocks go back to the pool at once (a residual copied out first)."""
-        for slot in [s for s in self.slots if s in gone]:
-            if getattr(slot, "kept", None) is not None:
-                slot.kept.leave_pool()
+    def load(self, slot: Any, keys: list[torch.Tensor], values: list[torch.Tensor], n: int) -> torch.Tensor:
+        """An admitted slot's first n positions from stored K/V (per layer [1, KVH, >= n, D]: a reused prefix);
+        returns their slots [n] (where the residual of those positions goes)."""
+        table = self.tables[slot]
+        while n > len(table) * self.block:
+            table.append(self.pool.allocate())
+        where = self.pool.slots(table, 0, n)
+        for i, (k, v) in enumerate(zip(keys, values)):
+            self.pool.keys[i][where] = k[0, :, :n].transpose(0, 1)                 # [n, KVH, D]
+            self.pool.values[i][where] = v[0, :, :n].transpose(0, 1)
+        return where
+
+    def join(self, slot: Any) -> None:
+        """An admitted slot whose prompt is in decodes with the batch from the next step."""
+        self.slots.append(slot)
+
+    def own_cache(self, slot: Any, config: Any) -> DynamicCache:
+        """A slot's K/V alone (copied out of the pool), as a cache of its own (batch of one)."""
+        where = self.pool.slots(self.tables[slot], 0, slot.length)
+        own = DynamicCache(config=config)
+        for layer, k_pool, v_pool in zip(own.layers, self.pool.keys, self.pool.values):
+            k, v = (p[where].transpose(0, 1).unsqueeze(0).contiguous() for p in (k_pool, v_pool))  # [1, KVH, n, D]
+            layer.lazy_initialization(k, v)
+            layer.keys, layer.values = k, v
+        return own
+
+    def drop(self, gone: set, hold: bool = False) -> None:
+        """Requests leave, in the batch or still prefilling; their blocks go back to the pool at once (a residual
+        copied out first), or with `hold` (runs that finished in a decode step) those whose residual is in them stay
+        held: it is read there until `settle` copies it out, off the step that finished them."""
+        for slot in [s for s in self.tables if s in gone]:
+            kept = getattr(slot, "kept", None)
+            if hold and kept is not None and kept.in_pool:
+                self.held[kept] = self.tables.pop(slot)
+                continue
+            if kept is not None:
+                kept.leave_pool()
             self.pool.release(self.tables.pop(slot))
         self.slots = [s for s in self.slots if s not in gone]
-        if not self.slots and self.kept_pool is None:  # an idle server gives the pool's memory back
+        self._maybe_empty()
+
+    def settle(self) -> None:
+        """Every held run's residual copied out of the pool into buffers of its own; its blocks given back."""
+        while self._settle_one():
+            pass
+
+    def _settle_one(self) -> bool:
+        """The oldest held run settled (the pool needs a block, or nothing else runs); False when none is held."""
+        if not self.held:
+            return False
+        kept = next(iter(self.held))
+        kept.leave_pool()
+        self.pool.release(self.held.pop(kept))
+        self._maybe_empty()
+        return True
+
+    def _maybe_empty(self) -> None:
+        if not self.tables and not self.held and self.kept_pool is None:  # an idle server gives the memory back
             self.pool = self.cache = None
 
     def step_mask(self, rows: int | None = None, width: int | None = None) -> torch.Tensor:
@@ -213,23 +257,26 @@ class PagedBatch:
         the row reads). With `rows` and `width` (a CUDA graph's fixed shapes), see `plan`."""
         return self.plan([1] * len(self.slots), rows, width).long()
 
-    def plan(self, new: list[int], rows: int | None = None, width: int | None = None) -> torch.Tensor:
+    def plan(self, new: list[int], rows: int | None = None, width: int | None = None,
+             slots: list | None = None) -> torch.Tensor:
         """Plan a step in which row b feeds `new[b]` tokens after its `length` (1: a decode row; more: a chunk of a
         prompt): blocks for them, where their K/V and residual go and which slots attention reads. Returns the keys
         each row reads, [R, S] (True: real), right-aligned: row b's new tokens are its last new[b] columns and the
         step's T = max(new) queries sit on the last T columns, left-padded (`engine.core.lean.causal_mask`).
 
         With `rows` and `width` (a CUDA graph's fixed shapes): more keys on the left, all hidden, and rows of padding
-        after the batch's, each reading the null slot and writing a scratch slot nobody reads."""
-        for slot, n in zip(self.slots, new):
+        after the batch's, each reading the null slot and writing a scratch slot nobody reads. `slots`: the rows
+        (admitted ones, e.g. newcomers prefilling), by default the batch's."""
+        slots = self.slots if slots is None else slots
+        for slot, n in zip(slots, new):
             while slot.length + n > len(self.tables[slot]) * self.block:
                 self.tables[slot].append(self.pool.allocate())
-        k, t = len(self.slots), max(new)
+        k, t = len(slots), max(new)
         rows = rows or k
-        ends = torch.tensor([s.length + n for s, n in zip(self.slots, new)] + [1] * (rows - k))      # [R]
+        ends = torch.tensor([s.length + n for s, n in zip(slots, new)] + [1] * (rows - k))      # [R]
         width = width or int(ends.max())
-        longest = max(len(self.tables[s]) for s in self.slots)
-        tables = torch.tensor([self.tables[s] + [NULL] * (longest - len(self.tables[s])) for s in self.slots]
+        longest = max(len(self.tables[s]) for s in slots)
+        tables = torch.tensor([self.tables[s] + [NULL] * (longest - len(self.tables[s])) for s in slots]
                               + [[NULL] * longest] * (rows - k))
         p = torch.arange(width) - (width - ends)[:, None]                            # [R, S] own positions
         real = p >= 0
@@ -238,7 +285,7 @@ class PagedBatch:
         fed = torch.tensor(list(new) + [t] * (rows - k))                             # padding rows: any
         write = torch.where(torch.arange(t)[None, :] >= (t - fed)[:, None], gather[:, width - t:], SCRATCH)
         write[k:] = SCRATCH                                                          # [R, T] the new tokens
-        keeps = torch.tensor([getattr(s, "kept", None) is not None for s in self.slots] + [False] * (rows - k))
+        keeps = torch.tensor([getattr(s, "kept", None) is not None for s in slots] + [False] * (rows - k))
         device = self.pool.keys[0].device
         self._gather, self._write = gather.to(device), write.to(device)
         self._resid_write = torch.where(keeps[:, None], write, SCRATCH).flatten().to(device)
@@ -268,14 +315,7 @@ class PagedBatch:
 
     def row_cache(self, b: int, config: Any) -> DynamicCache:
         """Row b's K/V alone, as a cache of its own (batch of one): for probing a failure."""
-        slot = self.slots[b]
-        where = self.pool.slots(self.tables[slot], 0, slot.length)
-        own = DynamicCache(config=config)
-        for layer, k_pool, v_pool in zip(own.layers, self.pool.keys, self.pool.values):
-            k, v = (p[where].transpose(0, 1).unsqueeze(0).contiguous() for p in (k_pool, v_pool))  # [1, KVH, n, D]
-            layer.lazy_initialization(k, v)
-            layer.keys, layer.values = k, v
-        return own
+        return self.own_cache(self.slots[b], config)
 
     def state(self, length: int) -> CacheState:
         """A request's cache as if it were alone: the bytes of its `length` positions."""
@@ -285,9 +325,10 @@ class PagedBatch:
     def table(self) -> BlockTable | None:
         if self.pool is None:
             return None
-        rows = tuple((s.label, tuple(self.tables[s]), s.length) for s in self.slots)
+        admitted = [s for s in self.tables if s not in self.slots]      # newcomers prefilling into their blocks
+        rows = tuple((s.label, tuple(self.tables[s]), s.length) for s in [*self.slots, *admitted])
         return BlockTable(self.block, self.pool.n_blocks - 1, len(self.pool.free), rows, self.pool.bytes_per_block,
-                          self.pool.resid_bytes_per_block)
+                          self.pool.resid_bytes_per_block, sum(map(len, self.held.values())))
 
 
 def write_residual(resid: torch.Tensor, write: torch.Tensor, hidden_states: tuple[torch.Tensor, ...]) -> None:
@@ -316,7 +357,7 @@ class SoloBatch:
             raise ValueError("a solo batch holds one request")
         self.slots, self.cache = [slot], own
 
-    def drop(self, gone: set) -> None:
+    def drop(self, gone: set, hold: bool = False) -> None:
         if any(s in gone for s in self.slots):
             self.slots, self.cache = [], None
 
