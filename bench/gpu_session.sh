@@ -13,8 +13,8 @@
 #
 # The two calls the lead pastes when a GPU is lent (after `bash bench/gpu_session.sh carry` and a commit here; the
 # device gets at most 64 MiB a call, working tree and carried paths together: the tree is ~6.5 MiB, .carry/smollm2.a
-# 40.1 MiB (42 MB), .carry/smollm2.b 53.8 MiB (56.4 MB), so .whl/ (transformers 5.24, which the batched path needs,
-# FastAPI, uvicorn, openai, gguf) goes with call one and must stay under ~17 MiB, or lower CARRY_A):
+# 37.2 MiB (39.0 MB), .carry/smollm2.b 56.6 MiB (59.4 MB), so .whl/ (transformers 5.24, which the batched path needs,
+# FastAPI, uvicorn, openai, gguf: 18.9 MiB, made by `carry`) goes with call one; `carry` checks both calls' sizes):
 #   run(command="BENCH_COMMIT=<git rev-parse HEAD> BENCH_DIRTY=false DEADLINE=270 bash bench/gpu_session.sh one",
 #       carry=[".whl", ".carry/smollm2.a", ".carry/smollm2.sha256"], timeout_s=300)
 #   run(command="BENCH_COMMIT=<git rev-parse HEAD> BENCH_DIRTY=false DEADLINE=360 bash bench/gpu_session.sh two",
@@ -57,7 +57,12 @@ else SMOL_SESSIONS=${SMOL_SESSIONS:-"10 30"} SMOL_TOKENS=${SMOL_TOKENS:-64}; fi
 export PLAYGROUND_BATCH_GRAPH_WIDTHS=${PLAYGROUND_BATCH_GRAPH_WIDTHS:-256}     # one compile per process
 export PYTHONUNBUFFERED=1 PLAYGROUND_CACHE=${PLAYGROUND_CACHE:-/tmp/pg-cache} TOKENIZERS_PARALLELISM=false
 SMOL=${SMOL:-$PLAYGROUND_CACHE/smollm2-135m-instruct}      # where the smollm2 step converts it
-CARRY_A=${CARRY_A:-42000000}           # bytes of the GGUF in call one (beside .whl); the rest, 56.4 MB, in call two
+CARRY_A=${CARRY_A:-39000000}           # bytes of the GGUF in call one (beside .whl); the rest, 59.4 MB, in call two
+# What the device image lacks (its package list: /work/.library/device/KINDS.md; it has torch, transformers 5.17,
+# huggingface-hub, tokenizers, safetensors, anyio, httpx, click), at the versions the lock holds: transformers 5.24
+# for the batched path, the server (FastAPI, uvicorn, pydantic) and the openai client, gguf for the conversion.
+WHEELS="transformers fastapi starlette uvicorn pydantic pydantic_core annotated-types typing-inspection openai jiter
+httpx2 httpcore2 truststore sniffio idna gguf"
 
 carry() {  # here: the GGUF in two parts that each fit a call beside the working tree, and this CPU's answers alone
   local gguf
@@ -68,8 +73,31 @@ carry() {  # here: the GGUF in two parts that each fit a call beside the working
   [ -f .carry/smollm2-cpu.json ] ||            # minutes on this CPU (14 at a load of 15): kept once made
     env -u PLAYGROUND_CACHE $PY bench/load.py --model default --device cpu --dtype float32 --tokens 64 \
       --alone-only --alone-out .carry/smollm2-cpu.json --out .carry/smollm2-cpu-load.json >/dev/null || exit 1
-  ls -l .carry; du -sh .whl 2>/dev/null
+  wheels || exit 1
+  ls -l .carry; du -sh .whl 2>/dev/null; budget
   echo "call one: carry .whl .carry/smollm2.a .carry/smollm2.sha256; call two: .carry/smollm2.b .carry/smollm2-cpu.json"
+}
+wheels() {  # here: .whl/ for the device's Python 3.12 on x86_64, each at the lock's version
+  local specs="" name version
+  for name in $WHEELS; do
+    version=$(sed -n "s/^${name//[-_]/[-_]}==//Ip" constraints.txt | head -1)
+    [ -n "$version" ] || { echo "carry: $name is not in constraints.txt"; return 1; }
+    specs="$specs $name==$version"
+  done
+  rm -rf .whl && mkdir .whl
+  $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $specs \
+    2>&1 | grep -v "^WARNING: Location" >&2
+  ls .whl/*.whl >/dev/null
+}
+
+budget() {  # here: each call's tree + carried files against the device's 64 MiB a call
+  local tree one two
+  tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+  one=$((tree + $(du -cb .whl .carry/smollm2.a .carry/smollm2.sha256 | tail -1 | cut -f1)))
+  two=$((tree + $(du -cb .carry/smollm2.b .carry/smollm2-cpu.json | tail -1 | cut -f1)))
+  echo "call one carries $((one / 1048576)) MiB, call two $((two / 1048576)) MiB (limit 64 MiB each)"
+  [ "$one" -lt 67108864 ] && [ "$two" -lt 67108864 ] || { echo "carry: over 64 MiB: move CARRY_A"; return 1; }
 }
 [ "${1:-}" = carry ] && { carry; exit; }
 mkdir -p "$OUT"
