@@ -349,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
               "limits": batched.to_dict(), "scenarios": results, "batch_graphs": graphs_report(lm),
               "ratios": ratios(results), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     if args.alone_out:
-        args.alone_out.write_text(json.dumps({"machine": machine(lm), "prompts": PROMPTS, "alone": alone}))
+        provenance.start("load-alone", argv, measure_bandwidth=False).save(
+            {"machine": machine(lm), "prompts": PROMPTS, "alone": alone}, out=args.alone_out)
     if args.alone_against:
         report["alone_against"] = against
     run.save(report, out=args.out)

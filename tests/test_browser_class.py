@@ -99,9 +99,19 @@ def test_the_api_joins_the_room_and_its_run_opens_on_the_pages(app_url, client, 
         room.wait_for_function("() => [...document.querySelectorAll('[data-testid=\"stMetricValue\"]')]"
                                ".some(e => e.innerText.includes('tok/s'))", timeout=30_000)
         busy = room_metrics(room)
-        assert busy["In the batch"].startswith("1 of")
-        step, each, together = number(busy["Decode step"]), number(busy["tok/s, each"]), number(busy["tok/s, all"])
-        assert together >= each * 0.99 and each == pytest.approx(1000 / step, rel=0.06), busy
+        # Whether the answer is still in the batch when the page reads it depends on the machine's speed (a fast
+        # one finishes 40 tokens before the page has drawn): check the live figures if it is, the room's last ones
+        # if it has just gone idle; either way the request was the room's (the "an API client" row above).
+        if busy["In the batch"].startswith("1 of"):
+            step, each, together = number(busy["Decode step"]), number(busy["tok/s, each"]), number(busy["tok/s, all"])
+            assert together >= each * 0.99 and each == pytest.approx(1000 / step, rel=0.06), busy
+        else:
+            assert busy["In the batch"].startswith("0 of") and busy["Decode step"] == "–", busy
+            wait_text(room, "Before the room went idle", 60)
+            idle = room.get_by_text("Before the room went idle").first.inner_text()
+            each, together = (number(x) for x in
+                              re.search(r"([\d.,]+) tok/s for each request, ([\d.,]+) tok/s", idle).groups())
+            assert each > 0 and together >= each * 0.99, idle
         asking.join(240)
         assert got.get("text") and got["id"].startswith("chatcmpl-")
         page = context.new_page()

@@ -447,7 +447,20 @@ def streaming_page(lm, prompt: str, session: str) -> None:
     st.text(f"{handle.state} {len(pieces)}")
 
 
-def test_streamlit_sessions_in_threads_each_stream_their_own_answer(tiny_lm):
+def test_streamlit_sessions_in_threads_each_stream_their_own_answer(tiny_lm, monkeypatch):
+    """Four Streamlit sessions in one process stream their own answers through one scheduler at once. AppTest keeps a
+    process-wide mock Runtime (`Runtime._instance`) that each run sets and clears when it ends: in threads, a session
+    that finished first cleared it under another still ending its script ("Runtime hasn't been created!"; seen when
+    the machine was fast enough that one answer ended before another's script). The sessions share the first mock
+    for their lifetime, as a server's sessions share its one Runtime."""
+    from streamlit.runtime.runtime import Runtime
+    kept: list = []
+
+    def instance(cls):  # the first mock a run set, kept while the threads run
+        if cls._instance is not None and not kept:
+            kept.append(cls._instance)
+        return cls._instance or kept[0]
+    monkeypatch.setattr(Runtime, "instance", classmethod(instance))
     prompts = [tiny_prompt(6 + i, seed=20 + i) for i in range(4)]
     apps = [AppTest.from_function(streaming_page, args=(tiny_lm, p, f"app{i}"), default_timeout=120)
             for i, p in enumerate(prompts)]
