@@ -13,8 +13,8 @@ and hand them to the processes they start as PLAYGROUND_* variables, which those
 
 A dataclass of our own, not pydantic-settings: docs/STYLE's "config is a flat dataclass" (no config framework),
 torch-free and import-light so that `--help` answers at once, the flags stay argparse's, and the file is TOML read
-by the standard library (tomllib). The engine's route switches (PLAYGROUND_LAYOUT, PLAYGROUND_SMALL_BATCH,
-PLAYGROUND_BATCH_GRAPH_WIDTHS) are not settings: they go with the one-forward issue.
+by the standard library (tomllib). Nothing outside this module reads a PLAYGROUND_* variable itself, but for the
+few docs/settings.md lists under "Not settings" (tests/test_settings.py).
 """
 from __future__ import annotations
 
@@ -133,6 +133,13 @@ class Settings:
     # the process itself
     timelines: bool = setting(True, bool, "process", "keep each request's step timeline (off only to measure what "
                               "keeping one costs: bench/timings.py)", PREFIX + "TIMELINES")
+    small_batch: str = setting("auto", str, "process", "batched decode steps on a CPU: 'auto' packs the weights whose "
+                               "shape measured faster packed (copies of 0.2 to 0.5 GB for SmolLM2), 'off' none (a "
+                               "machine short of memory), 'all' every one without measuring (the tests)",
+                               PREFIX + "SMALL_BATCH")
+    batch_graph_widths: str | None = setting(None, str, "process", "on a GPU: the key widths of the batched step's "
+                                             "CUDA graphs compiled at start, comma-separated (default 256,512; 256 "
+                                             "compiles one)", PREFIX + "BATCH_GRAPH_WIDTHS")
     traceback: bool = setting(False, bool, "process", "`python -m engine` shows the whole traceback of an "
                               "unexpected error instead of one line", PREFIX + "TRACEBACK")
     room_status: str | None = setting(None, str, "process", "the room's status.json, set by the room's supervisor "
@@ -194,6 +201,8 @@ def parsed(spec: Spec, value: Any, where: str) -> Any:
             return value if isinstance(value, bool) else text in TRUE
         raise SettingsError(f"{where} must be 1 or 0 (on or off), not {value!r}")
     if spec.kind in (int, float):
+        if str(value).strip().lower() == "auto" and spec.default is None:
+            return None                                 # "auto": the default (PLAYGROUND_THREADS=auto measures)
         try:
             number = spec.kind(str(value).strip())
         except ValueError:
@@ -250,9 +259,15 @@ def _current(items: frozenset[tuple[str, str]]) -> Settings:
     return load(None, dict(items))
 
 
+def of(environ: Mapping[str, str] | None = None) -> Settings:
+    """The settings in `environ`'s PLAYGROUND_* variables (default: this process's); read once per environment."""
+    env = os.environ if environ is None else environ
+    return _current(frozenset((k, v) for k, v in env.items() if k.startswith(PREFIX)))
+
+
 def current() -> Settings:
     """This process's settings, as its launcher passed them down (read once per environment)."""
-    return _current(frozenset((k, v) for k, v in os.environ.items() if k.startswith(PREFIX)))
+    return of()
 
 
 def add_flags(parser: argparse.ArgumentParser, command: str) -> None:
