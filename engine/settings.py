@@ -33,6 +33,7 @@ PLAYGROUND, SERVE = "playground", "serve"
 BOTH, NEITHER = (PLAYGROUND, SERVE), ()
 GROUPS = ("model", "where", "room", "runs", "limits", "process")
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+FLAG, VARIABLE, FILE, DEFAULT = "flag", "variable", "file", "default"      # where a setting came from
 
 
 class SettingsError(ValueError):
@@ -242,13 +243,26 @@ def from_file(path: str | None) -> dict[str, Any]:
     return {name: parsed(BY_NAME[name], value, f"{name} in {path}") for name, value in table.items()}
 
 
-def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None,
-         command: str = PLAYGROUND) -> Settings:
-    """The settings: each from its flag, else its PLAYGROUND_* variable, else the settings file, else its default."""
+def layers(args: argparse.Namespace | None, environ: Mapping[str, str] | None) -> dict[str, dict[str, Any]]:
+    """The settings given by each source, lowest first: the settings file, the variables, the flags."""
     env = os.environ if environ is None else environ
     flags, variables = from_flags(args), from_env(env)
     file = from_file(flags.get("settings_file") or variables.get("settings_file"))
-    values = {**file, **variables, **flags}
+    return {FILE: file, VARIABLE: variables, FLAG: flags}
+
+
+def origins(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Where each setting came from: 'flag', 'variable', 'file' or 'default' (`--print-settings`'s column)."""
+    given = layers(args, environ)
+    return {spec.name: next((source for source in (FLAG, VARIABLE, FILE) if spec.name in given[source]), DEFAULT)
+            for spec in SPECS}
+
+
+def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None,
+         command: str = PLAYGROUND) -> Settings:
+    """The settings: each from its flag, else its PLAYGROUND_* variable, else the settings file, else its default."""
+    given = layers(args, environ)
+    values = {**given[FILE], **given[VARIABLE], **given[FLAG]}
     if values.get("port") is None:
         values["port"] = 8000 if command == SERVE else 8501
     return Settings(**values)
@@ -302,9 +316,12 @@ def rows(settings: Settings, command: str = PLAYGROUND) -> list[dict[str, str]]:
             if (command in spec.commands or (spec.env and not spec.flag)) and (spec.name != "settings_file" or value)]
 
 
-def table(settings: Settings, command: str = PLAYGROUND) -> str:
-    """`--print-settings`: one line a setting, aligned."""
+def table(settings: Settings, command: str = PLAYGROUND, came_from: Mapping[str, str] | None = None) -> str:
+    """`--print-settings`: one line a setting, aligned: name, value, where it came from (`origins()`), its flag
+    and variable."""
     lines = rows(settings, command)
     width = max(len(r["setting"]) for r in lines)
     value_width = max(len(r["value"]) for r in lines)
-    return "\n".join(f"{r['setting']:<{width}}  {r['value']:<{value_width}}  {r['set by']}" for r in lines)
+    source = (lambda name: f"{came_from.get(name, DEFAULT):<8}  ") if came_from else (lambda name: "")
+    return "\n".join(f"{r['setting']:<{width}}  {r['value']:<{value_width}}  {source(r['setting'])}{r['set by']}"
+                     for r in lines)

@@ -19,7 +19,7 @@ from engine.service.service import run_store_bytes
 from engine.serving.limits import ENV_VARS, Limits
 from engine.serving.threads import fixed_threads
 from engine.store import budget_bytes, store_dir
-from engine.settings import SPECS, Settings, SettingsError, current, load, rows, table
+from engine.settings import SPECS, Settings, SettingsError, current, load, origins, rows, table
 from servers import ROOT
 
 BIN = Path(sys.executable).parent / "playground"
@@ -97,6 +97,29 @@ def test_print_settings_shows_the_room_and_masks_its_secrets():
     assert re.search(rf"^presenter_token +set \({len(TOKEN)} characters, hidden\)", text, re.M)
     assert re.search(rf"^api_key +set \({len(KEY)} characters, hidden\)", text, re.M)
     assert "replica_cpus" not in text                                  # `engine serve`'s own, not playground's
+
+
+def test_print_settings_says_where_each_value_came_from(tmp_path):
+    """flag, variable, file or default, for the real command."""
+    file = tmp_path / "room.toml"
+    file.write_text('model = "from-the-file"\nmax_queue = 3\nmax_batch = 2\n')
+    out = subprocess.run([str(BIN), "--print-settings", "--max-batch", "4", "--settings", str(file)],
+                         env={"PATH": "/usr/bin:/bin", "PLAYGROUND_MAX_QUEUE": "5"}, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    came = {m[0]: (m[1], m[2]) for m in re.findall(r"^(\w+) +(\S+(?: \S+)*?) +(flag|variable|file|default) ",
+                                                  out.stdout, re.M)}
+    assert came["max_batch"] == ("4", "flag") and came["max_queue"] == ("5", "variable")
+    assert came["model"] == ("from-the-file", "file") and came["host"] == ("127.0.0.1", "default")
+    assert came["settings_file"] == (str(file), "flag") and came["port"] == ("8501", "default")
+
+
+def test_origins_name_the_source_of_each_setting(tmp_path):
+    file = tmp_path / "room.toml"
+    file.write_text('device = "cpu"\n')
+    came = origins(None, {"PLAYGROUND_SETTINGS": str(file), "PLAYGROUND_DTYPE": "bf16"})
+    assert (came["device"], came["dtype"], came["settings_file"], came["model"]) == ("file", "variable", "variable",
+                                                                                     "default")
 
 
 def test_print_settings_refuses_a_bad_limit(capsys):
@@ -241,3 +264,12 @@ def test_the_traceback_setting_is_read_through_the_settings(monkeypatch):
     monkeypatch.setenv("PLAYGROUND_RUNS_MB", "lots")                 # settings that cannot be read: one line still
     monkeypatch.setenv("PLAYGROUND_TRACEBACK", "1")
     assert not traceback_asked()
+
+
+def test_the_route_settings_reach_the_engine(monkeypatch):
+    from engine.serving.graphed import warm_widths       # the CUDA graph module: only for this test
+
+    assert warm_widths() == (256, 512)
+    monkeypatch.setenv("PLAYGROUND_BATCH_GRAPH_WIDTHS", "256")      # as bench/gpu_session.sh sets it
+    assert warm_widths() == (256,) and current().to_env()["PLAYGROUND_BATCH_GRAPH_WIDTHS"] == "256"
+    assert load(None, {"PLAYGROUND_SMALL_BATCH": "off"}).small_batch == "off"
