@@ -30,7 +30,7 @@ from typing import Mapping, Sequence
 from engine.launch import (LOOPBACK, REPLICAS, UPLOAD_MB, WEB_PROCESSES, server_args, serves_api,  # noqa: F401
                            way, web_command)
 from engine.serving.flags import LIMIT_FLAGS  # noqa: F401
-from engine.settings import FILE_ENV, PLAYGROUND, Settings, SettingsError, add_flags, load, table
+from engine.settings import FILE_ENV, PLAYGROUND, Settings, SettingsError, add_flags, load, origins, table
 
 APP = Path(__file__).resolve().parent
 ROOT = APP.parent
@@ -174,7 +174,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except SettingsError as err:
         raise SystemExit(f"playground: {err}") from None
     if args.print_settings:
-        print(f"playground starts {way(settings)} with these settings (docs/settings.md):\n{table(checked(settings))}")
+        came_from = origins(args, base)
+        print(f"playground starts {way(settings)} with these settings (docs/settings.md; each from a flag, a variable, "
+              f"the settings file or its default):\n{table(checked(settings), PLAYGROUND, came_from)}")
         return 0
     token, key = room_secrets(settings)
     code = join_code(settings)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -38,6 +37,7 @@ from engine.projection.specs import (DTYPE_BYTES, GPU_PRESETS, MODEL_PRESETS, GP
                                      model_preset)
 from engine.projection.units import fmt_bytes
 from engine.launch import add_serve
+from engine.settings import SettingsError, current
 
 
 def _progress(fraction: float, message: str) -> None:
@@ -529,9 +529,17 @@ def one_line(message: object) -> str:
     return " ".join(str(message).split())
 
 
+def traceback_asked() -> bool:
+    """PLAYGROUND_TRACEBACK=1 (the `traceback` setting); off when the settings themselves cannot be read."""
+    try:
+        return current().traceback
+    except SettingsError:
+        return False
+
+
 def unexpected(err: Exception) -> int:
     """One line for an error nobody foresaw; the traceback only when PLAYGROUND_TRACEBACK=1."""
-    if os.environ.get("PLAYGROUND_TRACEBACK") == "1":
+    if traceback_asked():
         raise err
     print(f"error: {type(err).__name__}: {one_line(err)} (unexpected: set PLAYGROUND_TRACEBACK=1 to see where, "
           "and please report it)", file=sys.stderr)

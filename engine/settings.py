@@ -13,8 +13,8 @@ and hand them to the processes they start as PLAYGROUND_* variables, which those
 
 A dataclass of our own, not pydantic-settings: docs/STYLE's "config is a flat dataclass" (no config framework),
 torch-free and import-light so that `--help` answers at once, the flags stay argparse's, and the file is TOML read
-by the standard library (tomllib). The engine's route switches (PLAYGROUND_LAYOUT, PLAYGROUND_SMALL_BATCH,
-PLAYGROUND_BATCH_GRAPH_WIDTHS) are not settings: they go with the one-forward issue.
+by the standard library (tomllib). Nothing outside this module reads a PLAYGROUND_* variable itself, but for the
+few docs/settings.md lists under "Not settings" (tests/test_settings.py).
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ PLAYGROUND, SERVE = "playground", "serve"
 BOTH, NEITHER = (PLAYGROUND, SERVE), ()
 GROUPS = ("model", "where", "room", "runs", "limits", "process")
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+FLAG, VARIABLE, FILE, DEFAULT = "flag", "variable", "file", "default"      # where a setting came from
 
 
 class SettingsError(ValueError):
@@ -133,6 +134,13 @@ class Settings:
     # the process itself
     timelines: bool = setting(True, bool, "process", "keep each request's step timeline (off only to measure what "
                               "keeping one costs: bench/timings.py)", PREFIX + "TIMELINES")
+    small_batch: str = setting("auto", str, "process", "batched decode steps on a CPU: 'auto' packs the weights whose "
+                               "shape measured faster packed (copies of 0.2 to 0.5 GB for SmolLM2), 'off' none (a "
+                               "machine short of memory), 'all' every one without measuring (the tests)",
+                               PREFIX + "SMALL_BATCH")
+    batch_graph_widths: str | None = setting(None, str, "process", "on a GPU: the key widths of the batched step's "
+                                             "CUDA graphs compiled at start, comma-separated (default 256,512; 256 "
+                                             "compiles one)", PREFIX + "BATCH_GRAPH_WIDTHS")
     traceback: bool = setting(False, bool, "process", "`python -m engine` shows the whole traceback of an "
                               "unexpected error instead of one line", PREFIX + "TRACEBACK")
     room_status: str | None = setting(None, str, "process", "the room's status.json, set by the room's supervisor "
@@ -194,6 +202,8 @@ def parsed(spec: Spec, value: Any, where: str) -> Any:
             return value if isinstance(value, bool) else text in TRUE
         raise SettingsError(f"{where} must be 1 or 0 (on or off), not {value!r}")
     if spec.kind in (int, float):
+        if str(value).strip().lower() == "auto" and spec.default is None:
+            return None                                 # "auto": the default (PLAYGROUND_THREADS=auto measures)
         try:
             number = spec.kind(str(value).strip())
         except ValueError:
@@ -233,13 +243,26 @@ def from_file(path: str | None) -> dict[str, Any]:
     return {name: parsed(BY_NAME[name], value, f"{name} in {path}") for name, value in table.items()}
 
 
-def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None,
-         command: str = PLAYGROUND) -> Settings:
-    """The settings: each from its flag, else its PLAYGROUND_* variable, else the settings file, else its default."""
+def layers(args: argparse.Namespace | None, environ: Mapping[str, str] | None) -> dict[str, dict[str, Any]]:
+    """The settings given by each source, lowest first: the settings file, the variables, the flags."""
     env = os.environ if environ is None else environ
     flags, variables = from_flags(args), from_env(env)
     file = from_file(flags.get("settings_file") or variables.get("settings_file"))
-    values = {**file, **variables, **flags}
+    return {FILE: file, VARIABLE: variables, FLAG: flags}
+
+
+def origins(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Where each setting came from: 'flag', 'variable', 'file' or 'default' (`--print-settings`'s column)."""
+    given = layers(args, environ)
+    return {spec.name: next((source for source in (FLAG, VARIABLE, FILE) if spec.name in given[source]), DEFAULT)
+            for spec in SPECS}
+
+
+def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None,
+         command: str = PLAYGROUND) -> Settings:
+    """The settings: each from its flag, else its PLAYGROUND_* variable, else the settings file, else its default."""
+    given = layers(args, environ)
+    values = {**given[FILE], **given[VARIABLE], **given[FLAG]}
     if values.get("port") is None:
         values["port"] = 8000 if command == SERVE else 8501
     return Settings(**values)
@@ -250,9 +273,15 @@ def _current(items: frozenset[tuple[str, str]]) -> Settings:
     return load(None, dict(items))
 
 
+def of(environ: Mapping[str, str] | None = None) -> Settings:
+    """The settings in `environ`'s PLAYGROUND_* variables (default: this process's); read once per environment."""
+    env = os.environ if environ is None else environ
+    return _current(frozenset((k, v) for k, v in env.items() if k.startswith(PREFIX)))
+
+
 def current() -> Settings:
     """This process's settings, as its launcher passed them down (read once per environment)."""
-    return _current(frozenset((k, v) for k, v in os.environ.items() if k.startswith(PREFIX)))
+    return of()
 
 
 def add_flags(parser: argparse.ArgumentParser, command: str) -> None:
@@ -287,9 +316,12 @@ def rows(settings: Settings, command: str = PLAYGROUND) -> list[dict[str, str]]:
             if (command in spec.commands or (spec.env and not spec.flag)) and (spec.name != "settings_file" or value)]
 
 
-def table(settings: Settings, command: str = PLAYGROUND) -> str:
-    """`--print-settings`: one line a setting, aligned."""
+def table(settings: Settings, command: str = PLAYGROUND, came_from: Mapping[str, str] | None = None) -> str:
+    """`--print-settings`: one line a setting, aligned: name, value, where it came from (`origins()`), its flag
+    and variable."""
     lines = rows(settings, command)
     width = max(len(r["setting"]) for r in lines)
     value_width = max(len(r["value"]) for r in lines)
-    return "\n".join(f"{r['setting']:<{width}}  {r['value']:<{value_width}}  {r['set by']}" for r in lines)
+    source = (lambda name: f"{came_from.get(name, DEFAULT):<8}  ") if came_from else (lambda name: "")
+    return "\n".join(f"{r['setting']:<{width}}  {r['value']:<{value_width}}  {source(r['setting'])}{r['set by']}"
+                     for r in lines)

@@ -31,7 +31,7 @@ def test_environment_variables_override_the_defaults_and_round_trip():
 
 
 @pytest.mark.parametrize("var,value,words", [
-    ("PLAYGROUND_MAX_NEW_TOKENS", "lots", "not a whole number"),
+    ("PLAYGROUND_MAX_NEW_TOKENS", "lots", "must be a whole number"),
     ("PLAYGROUND_MAX_PROMPT_TOKENS", "-5", "positive"),
     ("PLAYGROUND_MAX_SESSIONS", "0", "positive"),
     ("PLAYGROUND_REQUEST_SECONDS", "nan", "positive number"),

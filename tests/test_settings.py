@@ -3,6 +3,7 @@ then the defaults; handed to started processes as variables; printed with the se
 docs/settings.md."""
 from __future__ import annotations
 
+import ast
 import dataclasses
 import re
 import subprocess
@@ -14,8 +15,11 @@ import pytest
 from app.launch import main, settings_of
 from engine.launch import ENGINE_URL, ONE_PROCESS, REPLICAS, SERVE, WEB_PROCESSES, way
 from engine.serving.flags import LIMIT_FLAGS
+from engine.service.service import run_store_bytes
 from engine.serving.limits import ENV_VARS, Limits
-from engine.settings import SPECS, Settings, SettingsError, current, load, rows, table
+from engine.serving.threads import fixed_threads
+from engine.store import budget_bytes, store_dir
+from engine.settings import SPECS, Settings, SettingsError, current, load, origins, rows, table
 from servers import ROOT
 
 BIN = Path(sys.executable).parent / "playground"
@@ -95,6 +99,29 @@ def test_print_settings_shows_the_room_and_masks_its_secrets():
     assert "replica_cpus" not in text                                  # `engine serve`'s own, not playground's
 
 
+def test_print_settings_says_where_each_value_came_from(tmp_path):
+    """flag, variable, file or default, for the real command."""
+    file = tmp_path / "room.toml"
+    file.write_text('model = "from-the-file"\nmax_queue = 3\nmax_batch = 2\n')
+    out = subprocess.run([str(BIN), "--print-settings", "--max-batch", "4", "--settings", str(file)],
+                         env={"PATH": "/usr/bin:/bin", "PLAYGROUND_MAX_QUEUE": "5"}, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    came = {m[0]: (m[1], m[2]) for m in re.findall(r"^(\w+) +(\S+(?: \S+)*?) +(flag|variable|file|default) ",
+                                                  out.stdout, re.M)}
+    assert came["max_batch"] == ("4", "flag") and came["max_queue"] == ("5", "variable")
+    assert came["model"] == ("from-the-file", "file") and came["host"] == ("127.0.0.1", "default")
+    assert came["settings_file"] == (str(file), "flag") and came["port"] == ("8501", "default")
+
+
+def test_origins_name_the_source_of_each_setting(tmp_path):
+    file = tmp_path / "room.toml"
+    file.write_text('device = "cpu"\n')
+    came = origins(None, {"PLAYGROUND_SETTINGS": str(file), "PLAYGROUND_DTYPE": "bf16"})
+    assert (came["device"], came["dtype"], came["settings_file"], came["model"]) == ("file", "variable", "variable",
+                                                                                     "default")
+
+
 def test_print_settings_refuses_a_bad_limit(capsys):
     with pytest.raises(SystemExit, match="PLAYGROUND_MAX_SESSIONS"):
         main(["--print-settings", "--max-sessions", "0"], environ={})
@@ -155,3 +182,94 @@ def test_engine_serve_refuses_a_bad_setting_in_one_line():
                          timeout=120, env={"PATH": "/usr/bin:/bin", "PLAYGROUND_MAX_BATCH": "many"})
     assert out.returncode == 2 and "PLAYGROUND_MAX_BATCH must be a whole number" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+# Modules that may still read a PLAYGROUND_* variable themselves, each with its reason.
+READS_ALLOWED = {
+    "engine/runs/kept.py": "PLAYGROUND_SAVED_DIR: where the old shelf was, read once to convert what it holds",
+    "engine/core/invariant.py": "PLAYGROUND_INVARIANT: the kernels under test, not a setting (docs/settings.md)",
+}
+
+
+def playground_names(tree: ast.AST) -> dict[str, str]:
+    """The module's constants that hold a PLAYGROUND_* name (`ENV = "PLAYGROUND_THREADS"`, tuples too)."""
+    names: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                pairs = (zip(target.elts, node.value.elts) if isinstance(target, ast.Tuple)
+                         and isinstance(node.value, ast.Tuple) else [(target, node.value)])
+                names.update({t.id: v.value for t, v in pairs if isinstance(t, ast.Name)
+                              and isinstance(v, ast.Constant) and str(v.value).startswith("PLAYGROUND_")})
+    return names
+
+
+def environment_reads(tree: ast.AST, known: dict[str, str]) -> list[str]:
+    """PLAYGROUND_* names read as `os.environ[...]`, `<anything>.get(...)`, `os.getenv(...)` or `.pop(...)`
+    (a variable is read from the environment, or from a mapping handed in its place)."""
+    def name_of(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Constant) and str(node.value).startswith("PLAYGROUND_"):
+            return node.value
+        return known.get(node.id) if isinstance(node, ast.Name) else None
+
+    reads = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args \
+                and node.func.attr in ("get", "getenv", "pop", "setdefault"):
+            reads.append(name_of(node.args[0]))
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) \
+                and ast.unparse(node.value) in ("os.environ", "environ"):
+            reads.append(name_of(node.slice))
+    return [name for name in reads if name]
+
+
+def test_only_the_settings_read_playground_variables():
+    """engine/, app/ and pages/ read their settings through engine/settings.py, never PLAYGROUND_* themselves."""
+    trees = {str(path.relative_to(ROOT)): ast.parse(path.read_text()) for pkg in ("engine", "app", "pages")
+             for path in (ROOT / pkg).rglob("*.py")}
+    shared = {k: v for tree in trees.values() for k, v in playground_names(tree).items()}     # imported ones too
+    readers = {path: environment_reads(tree, {**shared, **playground_names(tree)}) for path, tree in trees.items()
+               if path != "engine/settings.py"}
+    readers = {path: names for path, names in readers.items() if names}
+    assert sorted(readers) == sorted(READS_ALLOWED)                 # and an allowance is dropped with its read
+
+
+def test_the_scan_sees_each_way_of_reading_a_variable():
+    tree = ast.parse('ENV, X = "PLAYGROUND_A", 1\nos.environ.get(ENV)\nos.environ["PLAYGROUND_B"]\n'
+                     'os.getenv("PLAYGROUND_C")\nenv.get(CACHE_ENV, "")\nos.environ["PLAYGROUND_D"] = "1"\nos.environ.get("HOME")')
+    assert sorted(environment_reads(tree, {"CACHE_ENV": "PLAYGROUND_CACHE", **playground_names(tree)})) == [
+        "PLAYGROUND_A", "PLAYGROUND_B", "PLAYGROUND_C", "PLAYGROUND_CACHE"]                  # not the write, not HOME
+
+
+def test_the_engines_readers_take_their_settings_from_the_environment_given():
+    env = {"PLAYGROUND_RUNS_DIR": "/tmp/runs-here", "PLAYGROUND_RUNS_MB": "3", "PLAYGROUND_THREADS": "2",
+           "PLAYGROUND_RUN_STORE_MB": "5"}
+    assert (str(store_dir(env)), budget_bytes(env), fixed_threads(env)) == ("/tmp/runs-here", 3 * 2**20, 2)
+    assert run_store_bytes(Limits(), env) == 5 * 2**20
+    assert store_dir({"PLAYGROUND_CACHE": "/tmp/cache-here"}) == Path("/tmp/cache-here/runs")
+    assert fixed_threads({"PLAYGROUND_THREADS": "auto"}) is None
+    with pytest.raises(SettingsError, match="PLAYGROUND_RUNS_MB must be a whole number"):
+        budget_bytes({"PLAYGROUND_RUNS_MB": "lots"})
+
+
+def test_the_traceback_setting_is_read_through_the_settings(monkeypatch):
+    from engine.cli import traceback_asked, unexpected     # the engine's command line: only for this test
+
+    monkeypatch.setenv("PLAYGROUND_TRACEBACK", "on")
+    assert traceback_asked()
+    with pytest.raises(RuntimeError):
+        unexpected(RuntimeError("boom"))
+    monkeypatch.setenv("PLAYGROUND_TRACEBACK", "0")
+    assert not traceback_asked() and unexpected(RuntimeError("boom")) == 1
+    monkeypatch.setenv("PLAYGROUND_RUNS_MB", "lots")                 # settings that cannot be read: one line still
+    monkeypatch.setenv("PLAYGROUND_TRACEBACK", "1")
+    assert not traceback_asked()
+
+
+def test_the_route_settings_reach_the_engine(monkeypatch):
+    from engine.serving.graphed import warm_widths       # the CUDA graph module: only for this test
+
+    assert warm_widths() == (256, 512)
+    monkeypatch.setenv("PLAYGROUND_BATCH_GRAPH_WIDTHS", "256")      # as bench/gpu_session.sh sets it
+    assert warm_widths() == (256,) and current().to_env()["PLAYGROUND_BATCH_GRAPH_WIDTHS"] == "256"
+    assert load(None, {"PLAYGROUND_SMALL_BATCH": "off"}).small_batch == "off"

@@ -17,11 +17,11 @@ weight.t().contiguous().t()` is the same tensor of values, shape and parameter, 
 (`F.linear`, the embedding lookup of a tied LM head, the small-batch kernel's packing, the speed lab's readings)
 sees the same numbers; no memory is added once loaded (the timing holds transposed copies of at most COLD_BYTES, or
 of one larger matrix, and each matrix is copied once while it is converted). Matrices under `MIN_BYTES` are left as
-they are (nothing to gain), and so is every model off the CPU. `PLAYGROUND_LAYOUT=off` turns it off.
+they are (nothing to gain), and so is every model off the CPU. No switch turns it off: it only picks how the same
+values are stored (its PLAYGROUND_LAYOUT variable went with issue 53).
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -30,7 +30,6 @@ from torch import nn
 
 from engine.core import matvec
 
-ENV = "PLAYGROUND_LAYOUT"
 MIN_BYTES = 1 << 20          # matrices smaller than this keep their layout
 GAIN = 0.85                  # transposed storage must take at most this share of the time
 ROUNDS = 5
@@ -74,7 +73,7 @@ def cold(weights: list[torch.Tensor]) -> list[torch.Tensor]:
 def relayout(lm: Any) -> dict[tuple[int, int], tuple[float, float, bool]]:
     """Store each large float matrix of a CPU model transposed where that measured faster; returns, per shape
     (out, in), the seconds as stored and transposed and whether it changed."""
-    if lm.device.type != "cpu" or os.environ.get(ENV, "on") == "off":
+    if lm.device.type != "cpu":
         return {}
     linears = [m for m in lm.model.modules() if isinstance(m, nn.Linear)
                and m.weight.is_contiguous() and m.weight.numel() * m.weight.element_size() >= MIN_BYTES]

@@ -18,13 +18,12 @@ faster on this machine (`calibrate`): everything else, a request alone included,
 The packed copies cost memory (SmolLM2-135M: about 0.5 GB beside its 0.54 GB of float32 weights), so packing
 stops at `max_bytes`. The packed kernel rounds differently from MKL, as MKL's own B = 6 path rounds differently
 from its B = 1 path: a batched row equals the same request alone within float32 tolerance, not bit for bit
-(tests/test_small_batch.py). `PLAYGROUND_SMALL_BATCH=off` turns it off; `=all` packs every CPU float32 linear
-without measuring (the tests do, so that they run the packed kernel on any machine). docs/serving.md has the
-measurements.
+(tests/test_small_batch.py). The `small_batch` setting, `PLAYGROUND_SMALL_BATCH=off`, turns it off; `=all` packs
+every CPU float32 linear without measuring (the tests do, so that they run the packed kernel on any machine).
+docs/serving.md has the measurements.
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 import weakref
@@ -36,13 +35,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from engine import settings
 from engine.core.openmp import in_passing_thread
 
 ROWS = range(2, 33)             # batch sizes (rows of the activation) that use the packed weights
 PROBE_ROWS = 4                  # the batch size `calibrate` times
 MIN_GAIN = 0.9                  # packed at most this share of MKL's time, or the shape is not packed
 MAX_BYTES = 2 * 1024 ** 3       # packed copies kept at most (and at most a quarter of the free memory)
-ENV = "PLAYGROUND_SMALL_BATCH"  # "auto" (default): shapes measured faster; "all": every one (tests); "off"
+ENV = "PLAYGROUND_SMALL_BATCH"  # the `small_batch` setting: "auto" (default): shapes measured faster; "all": every
+                                # one (tests); "off"
 
 _active = threading.local()
 
@@ -112,7 +113,7 @@ class SmallBatchKernels:
              environ: dict[str, str] | None = None) -> "SmallBatchKernels | None":
         """Pack every float32 CPU linear whose shape measured faster packed, up to `max_bytes` of copies;
         None when nothing was packed (not a CPU float32 model, no oneDNN, turned off, or nothing faster)."""
-        mode = (os.environ if environ is None else environ).get(ENV, "auto").lower()
+        mode = settings.of(environ).small_batch.lower()
         if mode in ("off", "0", "false", "no") or not available():
             return None
         kernels = cls(max_bytes)

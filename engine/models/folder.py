@@ -11,23 +11,24 @@ code's payload share (128 of every 130 bits from Gen3 on) / 8 bits per byte, per
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 from safetensors import safe_open
 
+from engine import settings
 from engine.errors import NoWeightsError
 
 CACHE_ENV = "PLAYGROUND_CACHE"
 READ_CHUNK = 64 * 2**20
 
 
-def cache_dir() -> Path:
-    """Where converted models live; set PLAYGROUND_CACHE to move it."""
-    root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "inference-playground"
+def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where converted models live; set PLAYGROUND_CACHE to move it (the `cache` setting)."""
+    root = settings.of(environ).cache or Path.home() / ".cache" / "inference-playground"
     return Path(root).expanduser()
 
 

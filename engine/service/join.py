@@ -30,6 +30,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Callable, Mapping
 
+from engine import settings
 from engine.store import store_dir
 
 JOIN_CODE_ENV = "PLAYGROUND_JOIN_CODE"
@@ -222,9 +223,8 @@ _GATE_LOCK = threading.Lock()
 
 def gate_from_env(environ: Mapping[str, str] | None = None) -> JoinGate:
     """A gate with the launch's code (PLAYGROUND_JOIN_CODE), or an open one when there is none."""
-    env = os.environ if environ is None else environ
-    code = env.get(JOIN_CODE_ENV) or None
-    return JoinGate(code, member_secret(store_dir(env)) if code else None)
+    code = settings.of(environ).join_code
+    return JoinGate(code, member_secret(store_dir(environ)) if code else None)
 
 
 def member_secret(folder: Path) -> bytes | None:

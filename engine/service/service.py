@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Mapping
 import psutil
 import torch
 
+from engine import settings
 from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy
 from engine.core.kept import KeptInputs, kept_for
@@ -123,9 +124,9 @@ class DraftModels:
 
 def run_store_bytes(limits: Limits, environ: Mapping[str, str] | None = None) -> int:
     """The run store's budget: PLAYGROUND_RUN_STORE_MB, else twice a request's capture limit (256 MiB at least)."""
-    mb = (os.environ if environ is None else environ).get("PLAYGROUND_RUN_STORE_MB", "").strip()
-    if mb.isdigit():
-        return int(mb) * 2**20
+    mb = settings.of(environ).run_store_mb
+    if mb is not None and mb >= 0:
+        return mb * 2**20
     return max(RUN_STORE_MIN, RUN_STORE_SHARE * limits.max_capture_bytes)
 
 

@@ -33,12 +33,12 @@ eagerly.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
 import torch
 
+from engine import settings
 from engine.core.fastpath import _raise_recompile_limit, resolve_mode
 from engine.core.lean import KV, LeanStep, PoolResidual, causal_mask, lean_step_for
 from engine.core.loader import LoadedModel, free_memory
@@ -48,7 +48,6 @@ from engine.serving.paged import BLOCK, NULL, SCRATCH, BlockPool, PagedBatch
 
 MIN_WIDTH = 256
 WARM_WIDTHS = (256, 512)   # compiled when the scheduler starts: prompts and answers of a room's usual length
-ENV_WIDTHS = "PLAYGROUND_BATCH_GRAPH_WIDTHS"   # e.g. "256" to compile fewer at start
 POOL_SHARE = 0.2           # of the device's free memory, at most, for the kept K/V pool
 log = logging.getLogger(__name__)
 
@@ -179,8 +178,9 @@ def pool_blocks(lm: LoadedModel, limits: Limits) -> int:
 
 
 def warm_widths() -> tuple[int, ...]:
-    """The key widths compiled at start: PLAYGROUND_BATCH_GRAPH_WIDTHS (comma-separated) or WARM_WIDTHS."""
-    text = os.environ.get(ENV_WIDTHS, "")
+    """The key widths compiled at start: the `batch_graph_widths` setting (PLAYGROUND_BATCH_GRAPH_WIDTHS,
+    comma-separated) or WARM_WIDTHS."""
+    text = settings.current().batch_graph_widths or ""
     widths = tuple(width_bucket(int(w), 1 << 30) for w in text.split(",") if w.strip().isdigit())
     return widths or WARM_WIDTHS
 

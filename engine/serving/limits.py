@@ -11,12 +11,12 @@ browser cannot get past them by editing a widget.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Mapping
 
 import torch
 
+from engine import settings
 from engine.projection.card import kv_bytes_per_token
 from engine.errors import ContextLengthError, EngineError, InsufficientMemoryError, InvalidRequestError
 from engine.core.hooks import CapturePolicy
@@ -53,8 +53,10 @@ class Limits:
 
     def with_env(self, environ: Mapping[str, str] | None = None) -> "Limits":
         """These limits with every PLAYGROUND_MAX_... variable that is set applied on top."""
-        env = os.environ if environ is None else environ
-        changes = {name: _parse(var, env[var], _kind(name)) for name, var in ENV_VARS.items() if env.get(var)}
+        try:
+            changes = settings.of(environ).limits_given()
+        except settings.SettingsError as err:
+            raise EngineError(str(err)) from None
         return validated(replace(self, **changes))
 
     def to_env(self) -> dict[str, str]:
@@ -73,20 +75,8 @@ CPU_LIMITS = Limits()
 GPU_LIMITS = Limits(max_prompt_tokens=32768, max_new_tokens=1024, max_queue=128, max_batch=32, prefix_cache_mb=4096,
                     max_sessions=100, max_capture_mb=512, request_seconds=180.0, reserve_mb=4096, max_saved_mb=4096)
 
-ENV_VARS: dict[str, str] = {
-    "max_prompt_tokens": "PLAYGROUND_MAX_PROMPT_TOKENS",
-    "max_new_tokens": "PLAYGROUND_MAX_NEW_TOKENS",
-    "max_queue": "PLAYGROUND_MAX_QUEUE",
-    "max_batch": "PLAYGROUND_MAX_BATCH",
-    "prefix_cache_mb": "PLAYGROUND_PREFIX_CACHE_MB",
-    "max_sessions": "PLAYGROUND_MAX_SESSIONS",
-    "max_capture_mb": "PLAYGROUND_MAX_CAPTURE_MB",
-    "max_capture_layers": "PLAYGROUND_MAX_CAPTURE_LAYERS",
-    "request_seconds": "PLAYGROUND_REQUEST_SECONDS",
-    "reserve_mb": "PLAYGROUND_RESERVE_MB",
-    "max_saved_per_session": "PLAYGROUND_MAX_SAVED_PER_SESSION",
-    "max_saved_mb": "PLAYGROUND_MAX_SAVED_MB",
-}
+# the limits' PLAYGROUND_MAX_... variables, by Limits field name (the settings' own)
+ENV_VARS: dict[str, str] = {spec.name: spec.env for spec in settings.SPECS if spec.group == "limits"}
 def limits_from_flags(args: Any, base: Limits) -> Limits:
     """`base` with the limits given as flags applied on top, checked."""
     given = {name: getattr(args, name) for name, _, _ in LIMIT_FLAGS if getattr(args, name, None) is not None}
@@ -94,17 +84,6 @@ def limits_from_flags(args: Any, base: Limits) -> Limits:
 
 
 ZERO_OK = ("max_queue", "reserve_mb", "prefix_cache_mb", "max_saved_per_session", "max_saved_mb")
-
-
-def _kind(name: str) -> type:
-    return float if name == "request_seconds" else int
-
-
-def _parse(var: str, text: str, kind: type) -> int | float:
-    try:
-        return kind(text.strip())
-    except ValueError:
-        raise EngineError(f"{var}={text!r} is not a {'number' if kind is float else 'whole number'}") from None
 
 
 def validated(limits: Limits) -> Limits:
@@ -217,11 +196,8 @@ RECORDING_MARGIN = 1.25
 def server_limits(environ: Mapping[str, str] | None = None) -> Limits:
     """The limits of the server this process runs for: PLAYGROUND_DEVICE's defaults (else CUDA when present),
     then the PLAYGROUND_MAX_... variables. For what is read without a model at hand (a recording file)."""
-    env = os.environ if environ is None else environ
-    device = env.get("PLAYGROUND_DEVICE") or ""
-    if not device:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    return Limits.for_device(device).with_env(env)
+    device = settings.of(environ).device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return Limits.for_device(device).with_env(environ)
 
 
 def max_prompt_chars(limits: Limits) -> int:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import os
 import queue
 import statistics
 import threading
@@ -37,6 +36,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from engine import settings
 from engine.serving.graphed import graphed_decode
 from engine.serving.batch import BatchRunner, Slot, StepInfo, batchable
 from engine.errors import EngineError, InvalidRequestError, QueueFullError, RequestTimeoutError
@@ -317,7 +317,7 @@ class Scheduler:
         self._prefill_rate: deque[tuple[int, float]] = deque(maxlen=RATE_HISTORY)   # (tokens, seconds) per prefill
         self._step_index = 0
         # False (PLAYGROUND_TIMELINES=0): no per-request timeline, only to measure what keeping one costs (bench/timings.py)
-        self.keep_timelines = os.environ.get("PLAYGROUND_TIMELINES", "1") != "0"
+        self.keep_timelines = settings.current().timelines
         self._t0 = time.perf_counter()
         self._ids = itertools.count(1)
         self._stats = SchedulerStats()

@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine import settings
+
 ENV = "PLAYGROUND_THREADS"
 TRIAL_STEPS = 3          # decode steps per candidate in one trial, at most
 DECISIVE = 1.5           # one candidate this many times slower than the other on a pair of steps ends the trial
@@ -90,12 +92,9 @@ def cores() -> int:
 def fixed_threads(environ: dict[str, str] | None = None) -> int | None:
     """The thread count fixed by PLAYGROUND_THREADS=N or OMP_NUM_THREADS, or None to measure."""
     env = os.environ if environ is None else environ
-    value = env.get(ENV, "").strip().lower()
-    if value and value != "auto":
-        try:
-            return max(1, int(value))
-        except ValueError:
-            raise SystemExit(f"{ENV} must be 'auto' or a number of threads, not {value!r}") from None
+    asked = settings.of(env).threads                       # None when unset or 'auto'
+    if asked is not None:
+        return max(1, asked)
     omp = env.get("OMP_NUM_THREADS", "").strip()
     return max(1, int(omp)) if omp.isdigit() else None
 

@@ -30,6 +30,7 @@ from dataclasses import astuple, dataclass, field, fields
 from pathlib import Path
 from typing import Iterator, Mapping
 
+from engine import settings
 from engine.errors import EngineError
 from engine.models.folder import cache_dir
 
@@ -119,15 +120,14 @@ class StoreUsage:
 
 def store_dir(environ: Mapping[str, str] | None = None) -> Path:
     """PLAYGROUND_RUNS_DIR, else `runs` in the playground's cache folder ($PLAYGROUND_CACHE)."""
-    env = os.environ if environ is None else environ
-    folder = env.get(DIR_ENV)
-    return Path(folder).expanduser() if folder else cache_dir() / "runs"
+    folder = settings.of(environ).runs_dir
+    return Path(folder).expanduser() if folder else cache_dir(environ) / "runs"
 
 
 def budget_bytes(environ: Mapping[str, str] | None = None) -> int:
     """PLAYGROUND_RUNS_MB (MiB; 0 keeps no runs on disk), else DEFAULT_BUDGET_MB."""
-    value = (os.environ if environ is None else environ).get(BUDGET_ENV, "").strip()
-    return (int(value) if value.isdigit() else DEFAULT_BUDGET_MB) * MiB
+    mb = settings.of(environ).runs_mb
+    return (DEFAULT_BUDGET_MB if mb is None else mb) * MiB
 
 
 def open_store(folder: Path | None = None, budget: int | None = None) -> RunDisk:
