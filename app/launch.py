@@ -181,6 +181,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     token, key = room_secrets(settings)
     code = join_code(settings)
     given = launch_env(settings, token, code, key)   # torch's threads: measured by the scheduler (engine/serving/threads.py)
+    if "OMP_WAIT_POLICY" not in base:   # as `python -m engine` does: OpenMP's threads sleep at a barrier, not spin
+        given["OMP_WAIT_POLICY"] = "PASSIVE"   # (docs/engine.md, "Two threads, and why they were ten times slower")
     env = {var: value for var, value in {**base, **given}.items()
            if var != FILE_ENV and (code or var != JOIN_CODE_ENV)}   # the file was read here, once
     command = streamlit_command(settings)

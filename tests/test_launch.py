@@ -103,6 +103,9 @@ def test_dry_run_prints_the_command_and_variables(capsys):
     assert main(["--dry-run", "--port", "8765", "--max-new-tokens", "32"], environ={}) == 0
     out = capsys.readouterr().out
     assert "streamlit run" in out and "8765" in out and "PLAYGROUND_MAX_NEW_TOKENS=32" in out
+    assert "OMP_WAIT_POLICY=PASSIVE" in out                 # the model's process: OpenMP's threads sleep, not spin
+    assert main(["--dry-run"], environ={"OMP_WAIT_POLICY": "ACTIVE"}) == 0
+    assert "OMP_WAIT_POLICY" not in capsys.readouterr().out  # a value set by hand is kept (inherited, not overridden)
 
 
 def free_port() -> int:
