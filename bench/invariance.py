@@ -3,6 +3,7 @@ batch-invariant kernels off and on (engine/core/invariant.py), and what the kern
 
     python bench/invariance.py                     # SmolLM2 float32, the default model
     python bench/invariance.py --prompt 300 --prefill 2048 --rounds 3
+    python bench/invariance.py --cost-only --rounds 7 --prefill 256   # only the cost, off against on
 
 Kernels alone, on SmolLM2's own weights and activations' shapes: F.linear with M rows against one (row 0), threads
 1 against 2; SDPA for a query in a prefill chunk against the same query decoded alone; RMSNorm with M rows. Then the
@@ -192,21 +193,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prefill", type=int, default=2048)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--cost-only", action="store_true", help="skip the bitwise checks; time off against on")
     args = parser.parse_args(argv)
     run = provenance.start("invariance", argv)
     lm = load_model(args.model, device="cpu", dtype="float32")
     lean = LeanStep(lm)
     torch.set_num_threads(2)
     report = {"model": args.model, "dtype": "float32", "threads": torch.get_num_threads(),
-              "row_tile": invariant.ROW_TILE, "key_block": invariant.KEY_BLOCK, "kernels": kernels(lean)}
-    print("kernels", {k: v.get("equal", v) for k, v in report["kernels"].items()}, flush=True)
-    for mode in ("off", "on"):
-        lean.invariant = mode == "on"
-        report[f"forward_{mode}"] = forward_checks(lean, args.prompt, args.steps)
-        print(mode, {k: v["equal"] for k, v in report[f"forward_{mode}"].items()}, flush=True)
+              "row_tile": invariant.ROW_TILE, "key_block": invariant.KEY_BLOCK}
+    if not args.cost_only:
+        checks(lean, report, args.prompt, args.steps)
     report["cost"] = cost(lean, args.rounds, args.prefill)
     print({k: round(v["on_over_off"], 2) for k, v in report["cost"].items()})
     print(run.save(report, out=args.out))
+
+
+def checks(lean: LeanStep, report: dict, prompt: int, steps: int) -> None:
+    """The kernels alone, then the whole forward off and on, into `report`."""
+    report["kernels"] = kernels(lean)
+    print("kernels", {k: v.get("equal", v) for k, v in report["kernels"].items()}, flush=True)
+    for mode in ("off", "on"):
+        lean.invariant = mode == "on"
+        report[f"forward_{mode}"] = forward_checks(lean, prompt, steps)
+        print(mode, {k: v["equal"] for k, v in report[f"forward_{mode}"].items()}, flush=True)
 
 
 if __name__ == "__main__":

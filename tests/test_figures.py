@@ -512,6 +512,16 @@ def invariance(d: dict) -> tuple:
             sum(v["equal"] for v in on.values()) if all(v["equal"] for v in on.values()) else -1)
 
 
+def _invariance_cost(d: dict) -> tuple:
+    c = d["cost"]
+    return (d["provenance"]["machine"]["load_avg"][0], c["lone decode step"]["on_over_off"],
+            c["20-row decode step"]["on_over_off"], c["prefill"]["on_over_off"])
+
+
+FIGURES.append((ENGINE_DOC, "invariance/20261127T215039Z-bd5d8b0.json", "load average {:.0f} at its start; medians "
+                "of 5 rounds; `bench/results/invariance/20261127T215039Z-bd5d8b0.json`): a lone decode step {:.2f}x, a "
+                "20-row decode step {:.2f}x, a 512-token prefill {:.2f}x the time with the usual kernels.",
+                _invariance_cost))
 FIGURES.append((README, "invariance/20261127T210847Z-c42722a.json", "load average {:.0f} at its start; "
                 "`bench/results/invariance/20261127T210847Z-c42722a.json`): with the usual kernels a request's logits "
                 "decoded as one row of a batch of 32 differed from the same request alone by up to {:.1e}, a 300-token "

@@ -1,17 +1,26 @@
 """Same question, same numbers (issue 51): with the batch-invariant kernels (engine/core/invariant.py) a request's
 logits are bitwise the same (`torch.equal`) alone and in a batch of 2, 7 or 32 with other requests at other
 positions, on one thread and on two, with its prompt prefilled whole or in chunks of 64 and 256, and after a prefix
-whose K/V another request computed. Without them (plain F.linear and SDPA) they are not: the mutation tests."""
+whose K/V another request computed. Without them (plain F.linear and SDPA) they are not: the mutation tests.
+Through the scheduler, a request's logits checksum (`DoneRecord.logits_sha256`) is the same alone and in a room of 7
+others; through the API (`python -m engine serve`, the `openai` client) `playground.logits_sha256` lets a client
+compare two runs."""
 from __future__ import annotations
 
+import openai
 import pytest
 import torch
 from torch.nn import functional as F
 
-from conftest import write_tiny_llama
+from conftest import tiny_prompt, write_tiny_llama
+from servers import running_server, tiny_args
 from engine.core import invariant
-from engine.core.lean import LeanStep, causal_mask
+from engine.core.generate import GenerationRequest
+from engine.core.lean import LeanStep, causal_mask, lean_step_for
 from engine.core.loader import load_model
+from engine.core.records import DoneRecord, PrefillRecord
+from engine.serving.limits import Limits
+from engine.serving.scheduler import Scheduler
 
 PROMPT = 300                      # tokens: past a 256-token chunk and several key blocks
 
@@ -38,11 +47,15 @@ class Cache:
 
 
 @pytest.fixture(scope="module")
-def lm(tmp_path_factory):
+def folder(tmp_path_factory):
     """A small Llama with SmolLM2's head size (64) and products wide enough for MKL to pick shape-dependent paths."""
-    folder = write_tiny_llama(tmp_path_factory.mktemp("tiny-invariant"), seed=3, hidden_size=256,
-                              intermediate_size=768, num_attention_heads=4, num_key_value_heads=2,
-                              max_position_embeddings=1024)
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-invariant"), seed=3, hidden_size=256,
+                            intermediate_size=768, num_attention_heads=4, num_key_value_heads=2,
+                            max_position_embeddings=1024)
+
+
+@pytest.fixture(scope="module")
+def lm(folder):
     return load_model(str(folder), device="cpu", dtype="float32")
 
 
@@ -205,3 +218,104 @@ def test_the_setting_reads_on_and_off():
     assert invariant.enabled({invariant.ENV: "off"}) is False
     with pytest.raises(SystemExit, match="PLAYGROUND_INVARIANT"):
         invariant.enabled({invariant.ENV: "sometimes"})
+
+
+# --- through the scheduler: the room ----------------------------------------------------------------------------------
+
+def scheduler_with(lm, on: bool):
+    """A scheduler of 8 rows whose forward runs the invariant kernels (`on`) or the usual ones."""
+    lean_step_for(lm).invariant = on
+    return Scheduler(lm, Limits(max_batch=8))
+
+
+@pytest.fixture
+def room(lm):
+    made = scheduler_with(lm, True)
+    yield made
+    made.close()
+    lean_step_for(lm).invariant = invariant.enabled()
+
+
+def done_of(handle) -> DoneRecord:
+    records = handle.result(timeout=600)
+    assert isinstance(records[-1], DoneRecord), records[-1]
+    return records[-1]
+
+
+def tokens_of(records) -> list[int]:
+    return [r.token.id for r in records if hasattr(r, "token")]
+
+
+def alone_and_in_a_room(scheduler, mine: GenerationRequest):
+    """`mine` run alone, then again once 7 others (prompts of other lengths) are decoding beside it: the two runs'
+    records, and the most rows any decode step of the second had (8: all of the room)."""
+    alone = scheduler.submit(mine).result(timeout=600)
+    others = [scheduler.submit(GenerationRequest(tiny_prompt(3 + 5 * i, seed=20 + i), max_new_tokens=40 + 3 * i,
+                                                 chat=False)) for i in range(7)]
+    for other in others:                                     # each is past its prompt: decoding at its own position
+        assert isinstance(other.get(timeout=600), PrefillRecord)
+    handle = scheduler.submit(mine)
+    in_room = handle.result(timeout=600)
+    for other in others:
+        done_of(other)
+    return alone, in_room, max(len(s.rows) for s in handle.timeline.steps)
+
+
+def test_a_request_in_a_room_of_seven_has_the_checksum_it_has_alone(room):
+    alone, in_room, rows = alone_and_in_a_room(room, GenerationRequest(tiny_prompt(30, seed=5), max_new_tokens=8,
+                                                                        chat=False))
+    assert rows == 8
+    assert alone[-1].logits_sha256 == in_room[-1].logits_sha256
+    assert len(alone[-1].logits_sha256) == 64
+
+
+def test_a_seeded_request_with_temperature_draws_the_same_tokens_in_the_room(room):
+    mine = GenerationRequest(tiny_prompt(17, seed=6), max_new_tokens=12, temperature=0.9, seed=12, chat=False)
+    alone, in_room, rows = alone_and_in_a_room(room, mine)
+    assert rows == 8
+    assert tokens_of(alone) == tokens_of(in_room) and len(tokens_of(alone)) == 12
+    assert alone[-1].logits_sha256 == in_room[-1].logits_sha256
+
+
+def test_without_the_mode_the_room_changes_the_checksum(lm):
+    """The lesson, and what makes the two tests above able to fail: the usual kernels give a row other bits when
+    it shares the step with others."""
+    scheduler = scheduler_with(lm, False)
+    try:
+        alone, in_room, rows = alone_and_in_a_room(scheduler, GenerationRequest(tiny_prompt(30, seed=5),
+                                                                                max_new_tokens=8, chat=False))
+    finally:
+        scheduler.close()
+        lean_step_for(lm).invariant = invariant.enabled()
+    assert rows == 8
+    assert alone[-1].logits_sha256 != in_room[-1].logits_sha256
+
+
+# --- through the API: the checksum a client compares ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def client(folder, tmp_path_factory):
+    with running_server(tmp_path_factory.mktemp("serve-invariant"), tiny_args(folder, "--max-batch", "8"),
+                        env={invariant.ENV: "on"}) as (url, _):
+        yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+
+
+def checksum(client, prompt: str, stream: bool = False) -> str:
+    """`playground.logits_sha256` of a greedy completion: from the body, or from a stream's last chunk."""
+    args = dict(model=client.models.list().data[0].id, prompt=prompt, max_tokens=6, temperature=0)
+    if not stream:
+        return client.completions.create(**args).model_extra["playground"]["logits_sha256"]
+    chunks = list(client.completions.create(**args, stream=True))
+    assert all((c.model_extra.get("playground") or {}).get("logits_sha256") is None for c in chunks[:-1])
+    return chunks[-1].model_extra["playground"]["logits_sha256"]
+
+
+def test_the_api_returns_the_same_checksum_for_the_same_question(client):
+    first = checksum(client, tiny_prompt(20, seed=8))
+    assert len(first) == 64 and int(first, 16) >= 0
+    assert checksum(client, tiny_prompt(20, seed=8)) == first
+    assert checksum(client, tiny_prompt(20, seed=8), stream=True) == first
+
+
+def test_the_checksum_changes_with_the_logits(client):
+    assert checksum(client, tiny_prompt(20, seed=8)) != checksum(client, tiny_prompt(20, seed=9))

@@ -93,6 +93,7 @@ class DoneRecord:
     decode_seconds: float
     total_seconds: float
     kind: str = "done"
+    logits_sha256: str | None = None  # sha256 over the float32 bytes of every step's logits row (a batched run's)
 
     @property
     def tokens_per_second(self) -> float:

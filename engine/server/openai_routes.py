@@ -149,6 +149,7 @@ class Reply:
     text: str = ""                   # everything the tokens spelled so far
     sent: int = 0                    # characters of `text` already sent
     tokens: list[SampledToken] = field(default_factory=list)
+    logits_sha256: str | None = None # the run's logits checksum, from its DoneRecord
 
     @property
     def id(self) -> str:
@@ -164,6 +165,8 @@ class Reply:
         if token is not None:
             self.tokens.append(token)
             self.text += token.text
+        elif isinstance(record, DoneRecord):
+            self.logits_sha256 = record.logits_sha256
 
     async def collect(self, stream: RecordStream, http: Request) -> DoneRecord | None:
         """Every record until the end (a client that goes away cancels the request); the DoneRecord, if any."""
@@ -196,6 +199,7 @@ class Reply:
         timings = (story or {}).get("timings")             # the scheduler's, a model server's, a cluster replica's
         return p.PlaygroundInfo(run_id=self.handle.run_id, finish_reason=finish, captured=self.captured,
                                 capture_note=self.note,
+                                logits_sha256=self.logits_sha256 if finish is not None else None,
                                 timings=None if timings is None else p.Timings.model_validate(timings))
 
     # --- streaming ---------------------------------------------------------------------------------------------------

@@ -219,6 +219,8 @@ class PlaygroundInfo(BaseModel):
     captured: bool = False
     capture_note: str | None = None
     timings: Timings | None = None
+    logits_sha256: str | None = None  # at the end: sha256 over the float32 bytes of every step's logits row; two
+    #                                   runs with the same value computed bitwise the same numbers (issue 51)
 
 
 class ChatChoice(BaseModel):

@@ -25,6 +25,7 @@ through its `emit` callback; a request that fails calls `fail` and the others go
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -76,12 +77,14 @@ class Slot:
     last: float = 0.0                                # when the newest token was sampled
     ttft: float = 0.0
     finished: bool = False
+    digest: Any = None                               # sha256 of the float32 bytes of every step's logits row
 
     def begin(self, lm: LoadedModel, own_cache: bool = False) -> None:
         """Ready to run; `own_cache`: its K/V on an HF cache of its own (a solo batch), not in the paged pool."""
         self.generator = torch.Generator(device=lm.device).manual_seed(self.request.seed)
         self.stream, self.eos = TextStream(lm.tokenizer), eos_ids(lm)
         self.cache = DynamicCache(config=lm.model.config) if own_cache else None
+        self.digest = hashlib.sha256()
         self.started = self.last = time.perf_counter()
 
 
@@ -191,7 +194,8 @@ class BatchRunner:
         total = time.perf_counter() - slot.started
         ttft = slot.ttft if slot.generated else total
         slot.emit(DoneRecord(trim_stop(slot.stream.text, slot.request.stop), reason, len(slot.ids),
-                             len(slot.generated), ttft, total - ttft, total))
+                             len(slot.generated), ttft, total - ttft, total,
+                             logits_sha256=slot.digest.hexdigest() if slot.digest is not None else None))
 
     def _fail(self, slot: Slot, err: Exception) -> None:
         if not slot.finished:
@@ -297,6 +301,7 @@ class BatchRunner:
         """The prompt is in: sample the first token, send the PrefillRecord, join the batch."""
         slot.token = pick_token(self.lm, logits, slot.request, slot.generator, slot.stream)
         sync(self.lm.device)
+        hash_rows([slot], logits[None])
         slot.last = time.perf_counter()
         slot.ttft = slot.last - slot.started
         slot.length = len(slot.ids)
@@ -336,6 +341,7 @@ class BatchRunner:
         tokens = pick_tokens(self.lm, logits, [s.request for s in slots], [s.generator for s in slots],
                              [s.stream for s in slots])
         sync(self.lm.device)
+        hash_rows(slots, logits)
         now_done: set[Slot] = set()
         for b, slot in enumerate(slots):
             self._advance(slot, tokens[b])
@@ -382,6 +388,15 @@ class BatchRunner:
         except Exception as err:  # noqa: BLE001 - what this row raises alone
             return err
         return None
+
+
+def hash_rows(slots: Sequence[Slot], logits: torch.Tensor) -> None:
+    """Each slot's running sha256 takes its row of this step's logits [B, V], as float32 bytes (one copy to the host
+    for the whole batch): two runs of one request have the same `DoneRecord.logits_sha256` only if every step's
+    logits were bitwise the same (issue 51: with PLAYGROUND_INVARIANT=on, whoever else is in the room)."""
+    rows = logits.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()   # [B, V]
+    for slot, row in zip(slots, rows):
+        slot.digest.update(row)
 
 
 # --- padding rows of different lengths into one tensor ----------------------------------------------
