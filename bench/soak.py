@@ -51,7 +51,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app import recordings as replay  # noqa: E402
+from app.runs import recordings as replay  # noqa: E402
 from app.room.presenter import PresenterBoard, PresenterError, new_push, unlock  # noqa: E402
 from engine.errors import EngineError  # noqa: E402
 from engine.core.generate import GenerationRequest  # noqa: E402
