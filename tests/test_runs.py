@@ -74,6 +74,14 @@ def test_round_trip_gives_the_same_records_and_arrays(tiny_run, tiny_lm):
                                                                  for row in lens)
 
 
+def test_the_same_run_saved_twice_gives_the_same_bytes(tiny_run):
+    """A run file is a function of the run (but for when it was exported): saved eight times, one tensors blob.
+    (Two metadata keys came out of safetensors in a random order, so half the saves differed.)"""
+    run = loads(tiny_run[1])
+    blobs = {unpack(dumps(run.recording))[1] for _ in range(8)}
+    assert len(blobs) == 1
+
+
 def test_standard_tools_read_the_file(tiny_run):
     """zipfile, json and safetensors alone: the prefill map of layer 1 is a (heads, T, T) float32 causal map."""
     rec, data = tiny_run

@@ -155,7 +155,9 @@ def dumps(recording: Recording, source: str = "", name: str = "", texts: dict[in
     doc = document(recording)                  # arrays stay numpy: no base64 on the way
     tensors: dict[str, np.ndarray] = {}
     doc = _lift_arrays(doc, "", tensors)
-    blob = save_tensors(tensors, metadata={"format": FORMAT + "/tensors", "version": str(VERSION)})
+    # One metadata key: safetensors writes the metadata map in a random order on each call (a Rust HashMap), so two
+    # keys made the same run's file differ from one save to the next; the version is run.json's.
+    blob = save_tensors(tensors, metadata={"format": f"{FORMAT}/tensors/{VERSION}"})
     header = {"format": FORMAT, "version": VERSION, "exported": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "source": str(source), "name": str(name), "view": dict(view or {}),
               "texts": {str(k): v for k, v in sorted((texts or known_texts(recording)).items())},
