@@ -43,6 +43,9 @@ from vs_vllm import ONE, Server, alone_prompts, free_port, model_folder, start_o
 LCP_SPEC = "llama-cpp-python[server]==0.3.36"
 SIDES = ("ours", "llama.cpp")
 SIZES = {"F32": 4, "F16": 2, "BF16": 2}
+# Plain greedy on both sides: llama-cpp-python's server applies a repeat penalty of 1.1 unless told otherwise (its
+# request default), which is why no answer of the first quiet run equalled ours; 1.0 turns it off.
+GREEDY = {"ours": None, "llama.cpp": {"repeat_penalty": 1.0}}
 
 
 def default_venv() -> Path:
@@ -109,12 +112,12 @@ def wait(server: Server, seconds: float = 600) -> None:
     raise SystemExit(f"the {server.side} server did not answer within {seconds:.0f} s; its log: {server.log}")
 
 
-def answers(pool: ClientPool, model: str, tokens: int, prompts: list[str]) -> list[dict]:
+def answers(pool: ClientPool, model: str, tokens: int, prompts: list[str], extra: dict | None = None) -> list[dict]:
     """One streamed greedy answer at a time: time to first token and ms per token (the mean gap from the first
     piece to the last, over the tokens: the usage's count, or the pieces where a server sends no usage)."""
     out = []
     for prompt in prompts:
-        _, (o,) = pool.run(model, [prompt], tokens, False, start_after=ONE)
+        _, (o,) = pool.run(model, [prompt], tokens, False, extra, start_after=ONE)
         n = o["tokens"] or len(o["stamps"])
         if o["error"] or o["refused"] or n < 2:
             out.append({"error": o["error"] or o["refused"] or "fewer than two tokens"})
@@ -236,13 +239,13 @@ def run(args: argparse.Namespace, servers: dict[str, Server], nbytes: int) -> di
     prompts = alone_prompts(args.rounds * args.repeats + 1)
     try:
         for side, pool in pools.items():                                   # warm-up: one answer each, not counted
-            answers(pool, names[side], 8, prompts[-1:])
+            answers(pool, names[side], 8, prompts[-1:], GREEDY[side])
         read = [bandwidth(nbytes)]
         rounds = []
         for r in range(args.rounds):
             order = SIDES if r % 2 == 0 else SIDES[::-1]
             mine = prompts[r * args.repeats:(r + 1) * args.repeats]
-            rounds.append({side: answers(pools[side], names[side], args.tokens, mine) for side in order})
+            rounds.append({side: answers(pools[side], names[side], args.tokens, mine, GREEDY[side]) for side in order})
             rounds[-1]["host"] = host_work(servers["ours"].url, names["ours"], args.tokens, mine[0])
             print(f"round {r + 1}: " + ", ".join(f"{s} {_median_ms(rounds[-1][s]):.1f} ms/token" for s in SIDES),
                   flush=True)
