@@ -42,6 +42,32 @@ def span(values: list[float]) -> tuple[float, float]:
     return min(values), max(values)
 
 
+PATH_STEP = re.compile(r"([^.\[]+)|\[([^\]]+)\]")
+
+
+def pick(d: Any, path: str) -> Any:
+    """One figure by its place in the file: dotted keys; in brackets a list's row by `[key=value,...]` (numbers
+    compared as numbers), an index `[0]` or a key with a dot in it `[llama.cpp]`; and an optional scale at the end
+    (`*100`, `/1e9`): `runs.fast-off.of_measured_ceiling*100`, `scenarios[sessions=10,capture=off].wrong_answers`."""
+    scale = re.search(r"([*/])([0-9.e+-]+)$", path)
+    for key, inside in PATH_STEP.findall(path[:scale.start()] if scale else path):
+        if key:
+            d = d[key]
+        elif "=" in inside:
+            wanted = dict(pair.split("=", 1) for pair in inside.split(","))
+            d = one(d, **{k: json.loads(v) if re.fullmatch(r"-?[0-9.]+", v) else v for k, v in wanted.items()})
+        else:
+            d = d[int(inside)] if inside.isdigit() else d[inside]
+    if scale:
+        d = d * float(scale[2]) if scale[1] == "*" else d / float(scale[2])
+    return d
+
+
+def paths(*where: str) -> Callable[[Any], tuple]:
+    """A getter of several figures, each by its place in the file (`pick`)."""
+    return lambda d: tuple(pick(d, w) for w in where)
+
+
 # --- the getters: each reads one file's figures in the order its sentence quotes them ----------------------------
 
 def spec(d: dict, draft: str, prompts: tuple[str, ...], key: str) -> list[float]:
@@ -643,7 +669,49 @@ for _run in ("20261127T212212Z-63a755b", "20261127T212522Z-63a755b", "20261127T2
         lambda d: tuple(d["prefill"][n]["forward_vs_modules_speed"] for n in ("128", "512", "2048"))))
 
 
-@pytest.mark.parametrize("entry", FIGURES + ENGINE + LONE + FORWARD, ids=lambda e: f"{e[0]}:{e[2][:40]}")
+def _after_spans(d: dict) -> tuple:
+    """before_after.json: the capture's cost and capture off's after/before, each as its range over the four cells."""
+    cells = [(r["after"]["capture_vs_off"][m], r["off_after_vs_before"][m]) for r in d["ratios"] for m in MODES_]
+    return (*span([c[0] for c in cells]), *span([c[1] for c in cells]))
+
+
+def _by_round_spread(d: dict) -> tuple:
+    ratios = vs_by_round(d)
+    return (100 * (max(ratios) - min(ratios)) / max(ratios),)
+
+
+def _runs_disagree(d: dict) -> tuple:
+    """The lean run's room ratios over the fairer run's (the two vs_vllm files the README sets side by side)."""
+    lean = result("vs_vllm-2026-11-27-lean.json")["table"]["ours_over_vllm"]
+    key = "room_{}_throughput_tok_s"
+    return tuple(lean[key.format(t)] / d["table"]["ours_over_vllm"][key.format(t)] for t in (16, 64))
+
+
+# Entries whose figures are read by their place in the file (`paths`), or by a getter when a figure is derived
+TRACED: list[tuple[str, str, str, Callable[[Any], Any]]] = [
+    (README, "gpu.json", "The fast path's {:.1f} tok/s is {:.0f}% of the ceiling its own copy benchmark measured on "
+     "that card ({:.0f}% of the spec sheet's)", paths("runs.fast-off.decode_tok_s",
+                                                     "runs.fast-off.of_measured_ceiling*100",
+                                                     "runs.fast-off.of_projected_ceiling*100")),
+    (README, "before_after.json", "The capture costs nothing measurable now ({:.2f}x to {:.2f}x: inside the rounds' "
+     "noise). Capture off after against before reads {:.2f}x to {:.2f}x", _after_spans),
+    (README, "api-7d8dd36.json", "which is most of the {:.2f}x measured in the round before, at 64 tokens with the "
+     "pages' capture", paths("rows[tokens=64,capture=full].throughput_ratio")),
+    (README, "vs_vllm-2026-11-27.json", "the morning's run, before it, had the 64-token room at {:.2f}x",
+     paths("table.ours_over_vllm.room_64_throughput_tok_s")),
+    (README, "vs_vllm-2026-11-27-lean.json", "moves a ratio by up to {:.0f}% between rounds", _by_round_spread),
+    (README, "vs_vllm/20261127T174213Z-65aea69.json", "disagree by {:.2f}x and {:.2f}x in the room at 16 and 64 tokens",
+     _runs_disagree),
+    (README, "vs_llamacpp/20261127T225545Z-b1742df.json", "a later run at load average {:.1f}, "
+     "`bench/results/vs_llamacpp/20261127T225545Z-b1742df.json`, had llama.cpp at {:.1f} ms a token and ours at "
+     "{:.1f}", paths("provenance.machine.load_avg[0]", "table[llama.cpp].ms_per_token", "table.ours.ms_per_token")),
+]
+
+
+ALL = FIGURES + ENGINE + LONE + FORWARD + TRACED      # every entry (tests/figures_audit.py lists what none checks)
+
+
+@pytest.mark.parametrize("entry", ALL, ids=lambda e: f"{e[0]}:{e[2][:40]}")
 def test_the_figure_is_the_one_its_file_holds(entry):
     name, file, template, get = entry
     values = get(result(file))
@@ -653,7 +721,7 @@ def test_the_figure_is_the_one_its_file_holds(entry):
 
 
 def test_every_cited_file_records_its_commit():
-    files = {e[1] for e in FIGURES + ENGINE + LONE + FORWARD}
+    files = {e[1] for e in ALL}
     for file in files:
         p = result(file)["provenance"]
         assert re.fullmatch(r"[0-9a-f]{40}", p["commit"]), file
