@@ -891,7 +891,86 @@ VS_TABLES += [
 ]
 
 
-ALL = FIGURES + ENGINE + LONE + FORWARD + TRACED + SERVING_MORE + VS_TABLES      # every entry (tests/figures_audit.py lists what none checks)
+def _threads_d3d922d(d: dict) -> tuple:
+    t, runs = d["table"]["batched"], d["runs"]["batched"]
+    by_round = lambda n: [r["last_done_s"] for r in runs[n]]  # noqa: E731
+    return (t["auto"]["alone_s"], t["1"]["alone_s"], t["2"]["alone_s"], t["auto"]["last_done_s"], t["1"]["last_done_s"],
+            t["auto"]["last_done_over_best_fixed"], t["2"]["last_done_s"], t["2"]["last_done_over_best_fixed"],
+            100 * (t["auto"]["last_done_over_best_fixed"] - 1), *by_round("auto"), *by_round("1"))
+
+
+def _threads_after(d: dict) -> tuple:
+    t, runs = d["table"]["batched"], d["runs"]["batched"]
+    by_round = lambda n: [r["last_done_s"] for r in runs[n]]  # noqa: E731
+    return (t["auto"]["alone_s"], t["1"]["alone_s"], t["auto"]["alone_over_best_fixed"], t["auto"]["last_done_s"],
+            t["1"]["last_done_s"], t["auto"]["last_done_over_best_fixed"], *by_round("auto"), *by_round("1"))
+
+
+def _tuner(d: dict) -> tuple:
+    t, r = d["table"], d["table"]["ours_over_threads-2"]
+    by_round = lambda side: [x[side]["room_16"]["throughput_tok_s"] for x in d["rounds"]]  # noqa: E731
+    return (t["ours"]["alone_itl_ms"], t["threads-2"]["alone_itl_ms"], r["alone_itl_ms"], r["alone_ttft_s"],
+            t["ours"]["prefill_s"], t["threads-2"]["prefill_s"], r["prefill_s"], t["ours"]["room_16_throughput_tok_s"],
+            t["threads-2"]["room_16_throughput_tok_s"], r["room_16_throughput_tok_s"], *by_round("ours"),
+            *by_round("threads-2"), t["ours"]["room_64_throughput_tok_s"], t["threads-2"]["room_64_throughput_tok_s"],
+            r["room_64_throughput_tok_s"], r["room_16_completion_p95_s"], r["room_64_completion_p95_s"])
+
+
+VS_TABLES += [
+    (SERVING, "room_browser_threads-d3d922d.json", "alone, auto {:.2f} s against {:.2f} s with one thread fixed and "
+     "{:.2f} s with two; the last of six done, auto **{:.1f} s** against {:.1f} s (one thread, {:.2f}x) and {:.1f} s "
+     "(two threads, {:.2f}x). Auto was far better than the wrong fixed count but {:.0f}% behind the right one ({:.1f} "
+     "and {:.1f} s by round, against {:.1f} and {:.1f})", _threads_d3d922d),
+    (SERVING, "vs_vllm-2026-11-27-tuner.json", "one alone {:.1f} against {:.1f} ms a token ({:.2f}x), TTFT {:.2f}x, the "
+     "2,048-token prefill {:.1f} against {:.1f} s ({:.2f}x); the rooms {:.1f} against {:.1f} tok/s at 16 tokens "
+     "({:.2f}x; {:.1f}/{:.1f} against {:.1f}/{:.1f} by round) and {:.1f} against {:.1f} at 64 ({:.2f}x), p95 "
+     "completion {:.2f}x and {:.2f}x", _tuner),
+    (SERVING, "room_browser_threads.json", "alone, auto {:.2f} s against {:.2f} s with one thread ({:.2f}x); the last "
+     "of six, auto **{:.1f} s** against {:.1f} s ({:.2f}x; {:.1f} and {:.1f} s by round against {:.1f} and {:.1f})",
+     _threads_after),
+    (SERVING, "room_browser_threads-d3d922d.json", "it was {:.2f}x the better count in the run before",
+     paths("table.batched.2.last_done_over_best_fixed")),
+]
+
+
+def _gpu_row(label: str, run: str) -> tuple:
+    at = f"runs.{run}"
+    return (ENGINE_DOC, "gpu.json", f"| {label} | {{:.1f}} | {{:.0f}}% | {{:.0f}}% | {{:.0f}} ms |", paths(
+        f"{at}.decode_tok_s", f"{at}.of_projected_ceiling*100", f"{at}.of_measured_ceiling*100", f"{at}.ttft_s*1000"))
+
+
+GPU_DOC = [  # docs/engine.md, "Measured on an NVIDIA H200"
+    (ENGINE_DOC, "gpu.json", "| 8B shape, bf16, batch 1, 64 new tokens | decode tok/s | of projected ({:.1f}) | of "
+     "measured-bandwidth ceiling ({:.1f}) | TTFT |", paths("ceilings.projected_decode_tok_s",
+                                                        "ceilings.measured_decode_tok_s")),
+    *[_gpu_row(label, run) for label, run in (
+        ("HF `generate`, dynamic cache", "hf"), ("engine, capture off", "engine-off"),
+        ("engine, attention rows", "engine-rows"), ("fast path, capture off", "fast-off"),
+        ("fast path, attention rows", "fast-rows"))],
+    (ENGINE_DOC, "gpu.json", "Prefill of 2,048 tokens: engine {:.1f} ms, fast path {:.1f} ms; projected {:.1f} ms "
+     "compute-bound, {:.1f} ms at the measured matmul rate", paths(
+         "prefill.engine_s*1000", "prefill.fast_s*1000", "ceilings.projected_prefill_s*1000",
+         "ceilings.measured_prefill_s*1000")),
+    (ENGINE_DOC, "gpu.json", "The eager batch of 30 (`engine/lab/batching.py`): {:.0f} tok/s in all, {:.1f} per user "
+     "(projected {:,.0f})", paths("batch.total_tok_s", "batch.per_user_tok_s", "ceilings.projected_batch_tok_s")),
+    (ENGINE_DOC, "gpu.json", "Memory: the weights took {:.3f} GB in `torch.cuda` (card: {:.3f} GB); a 256-position "
+     "static cache {:.3f} MB (card {:.3f} MB: the {:.1f} kB more are the 32 layers' position counters, {:.0f} bytes "
+     "each", lambda d: (d["memory"]["weights"] / 1e9, d["card_weight_bytes"] / 1e9,
+                       d["memory"]["static_cache_allocated"] / 1e6, d["memory"]["kv_reserved_formula"] / 1e6,
+                       (d["memory"]["static_cache_allocated"] - d["memory"]["kv_reserved_formula"]) / 1e3,
+                       (d["memory"]["static_cache_allocated"] - d["memory"]["kv_reserved_formula"]) / 32)),
+    (ENGINE_DOC, "gpu.json", "Compiling the fast path for two capture policies took {:.0f} s",
+     paths("warm_up_s.fast path compile")),
+    (ENGINE_DOC, "gpu-load.json", "{:.1f} / {:.1f} / {:.1f} tok/s with captures off, {:.1f} / {:.1f} / {:.1f} with the "
+     "page's capture; GPU peak {:.2f} GB allocated at 30 sessions against the ledger's {:.2f} GB of weights + {:.2f} GB "
+     "of K/V", lambda d: (*gpu_load(d), *paths("scenarios[sessions=30,capture=off].gpu_peak_allocated_gb",
+                                               "scenarios[sessions=30,capture=off].ledger_weights_gb",
+                                               "scenarios[sessions=30,capture=off].ledger_kv_gb")(d))),
+    (ENGINE_DOC, "gpu.json", "Why the fast path is at {:.0f}%", paths("runs.fast-off.of_projected_ceiling*100")),
+]
+
+
+ALL = FIGURES + ENGINE + LONE + FORWARD + TRACED + SERVING_MORE + VS_TABLES + GPU_DOC      # every entry (tests/figures_audit.py lists what none checks)
 
 
 @pytest.mark.parametrize("entry", ALL, ids=lambda e: f"{e[0]}:{e[2][:40]}")
@@ -944,3 +1023,47 @@ def test_a_document_naming_a_missing_results_file_fails():
         "load.json", "gpu-load.json"}
     assert not (RESULTS / "load-1999.json").exists() and "load-1999.json" in cited_results("(load-1999.json)")
     assert cited_results("in bench/results/gpu-cpu-<shape>.json") == set()
+
+
+# --- README: every figure that looks measured is checked above, or is one of these, which are not measurements ----
+
+NUMBER = r"(?<![\w.])~?\d[\d,]*(?:\.\d+)?(?:e-?\d+)?"
+UNIT = r"\s?(?:ms\b|s\b|tok/s|x\b|MB\b|GB/s|GB\b|MiB\b|KB\b|kB\b|KiB\b|%|TB/s|TFLOP/s|seconds?\b|minutes?\b|min\b)"
+FIGURE = re.compile(NUMBER + UNIT)     # a number with a unit of time, speed, size, a ratio or a share
+README_NOT_MEASURED = (  # settings, targets, definitions, spec sheets, an example of output, a derived size
+    "shows 0.00% at INT4 g32", "(1 GB = 10^9 bytes); a GPU's \"80 GB\" is written as 80 GiB = 85.90 GB",
+    "70% of peak bandwidth for decode and 60% of peak FLOP/s", "SmolLM2-135M-Instruct on cpu (2 s)",
+    "for 15 minutes (a 15-second version", "(default 2048 MiB", "(5 times in 3 minutes)", "SIGKILLed at 15 minutes",
+    "target 3x)", "fixed at 128 KiB", "the targets were 0.9x and 1.15x", "the 64 MiB upload cap",
+    "(69 KB per token for SmolLM2)", "the server's 256 MiB capture budget", "pooled to 160 x 160 cells",
+    "each 52 x 52 block", "the projection's default of 70% of peak bandwidth",
+)
+
+
+def checked_spans(name: str) -> list[tuple[int, int]]:
+    """Where in the (squashed) document an entry's text stands, and each phrase that holds no measurement."""
+    body, spans = doc(name), []
+    texts = [squash(t.format(*g(result(f)))) for n, f, t, g in ALL if n == name]
+    for text in texts + ([squash(x) for x in README_NOT_MEASURED] if name == README else []):
+        at = body.find(text)
+        while at >= 0:
+            spans.append((at, at + len(text)))
+            at = body.find(text, at + 1)
+    return spans
+
+
+def unchecked(name: str) -> list[str]:
+    body, spans = doc(name), checked_spans(name)
+    return [body[max(0, m.start() - 60):m.end() + 20] for m in FIGURE.finditer(body)
+            if not any(a <= m.start() < b for a, b in spans)]
+
+
+def test_every_figure_in_the_readme_is_checked_or_not_a_measurement():
+    """README.md cannot drift: a figure added without an entry above (or a place among README_NOT_MEASURED) fails.
+    `python tests/figures_audit.py` lists the same for docs/*.md, where the work goes on (issue 49)."""
+    assert unchecked(README) == []
+
+
+def test_an_unchecked_figure_in_a_document_is_found():
+    assert FIGURE.findall("decoded at 12.3 tok/s, 2.5x faster, in 40 ms, 1.5 GB, 7%; layer 3 of 30") == [
+        "12.3 tok/s", "2.5x", "40 ms", "1.5 GB", "7%"]
