@@ -177,9 +177,9 @@ def test_a_run_finished_as_the_disk_takes_a_backlog_again_is_written_before_the_
 def test_a_wait_for_a_stopped_runs_file_keeps_within_the_wait_asked_for(tiny_lm, tmp_path, monkeypatch):
     """A page's settle must end inside Streamlit's 10 s hand-over: `run_wait` waits for the file within its `wait`."""
     disk = open_store(tmp_path, 2**26)
-    put = disk.put
-    monkeypatch.setattr(disk, "put", lambda row, data: (time.sleep(3.0), put(row, data)))      # a very slow disk
-    service = EngineService(tiny_lm, disk=disk)
+    put, written = disk.put, threading.Event()
+    monkeypatch.setattr(disk, "put", lambda row, data: (written.wait(120), put(row, data)))   # a disk that waits for
+    service = EngineService(tiny_lm, disk=disk)                                             # the test, not a clock
     try:
         request = GenerationRequest(tiny_prompt(6, seed=8), max_new_tokens=200, chat=False)
         handle = service.submit(request, CAPTURE_OFF, source="page")
@@ -189,6 +189,8 @@ def test_a_wait_for_a_stopped_runs_file_keeps_within_the_wait_asked_for(tiny_lm,
         assert not part.info.live
         with pytest.raises(StoreError):
             disk.row(handle.run_id)                     # back before the file: the wait asked for came first
+        written.set()
         assert service.writer.flush(30) and disk.row(handle.run_id).size > 0
     finally:
+        written.set()
         service.close()
