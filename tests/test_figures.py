@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from functools import cache
 from pathlib import Path
 from typing import Any, Callable
@@ -999,6 +1000,41 @@ GPU_DOC += [  # docs/engine.md, "The engine benchmark"
      "{:.0f}-{:.0f}%, more than the differences between the capture columns: on this machine the engine's capture is at "
      "least as cheap as nnsight's, not measurably cheaper than running without it. Peak memory {:.2f} GB",
      _engine_spread),
+]
+
+
+def _one_forward(d: dict) -> tuple:
+    p = d["prefill"]
+    return (p["2048"]["forward_vs_modules_speed"], statistics.median(p["2048"]["forward"]),
+            statistics.median(p["2048"]["modules"]), p["512"]["forward_vs_modules_speed"],
+            p["128"]["forward_vs_modules_speed"], *span(p["128"]["forward"]), *span(p["128"]["modules"]))
+
+
+def _forward_room(d: dict) -> tuple:
+    r = d["ratios"][0]
+    return (*(r["off_after_vs_before"][m] for m in MODES_), *(r["after"]["capture_vs_off"][m] for m in MODES_),
+            *(r["before"]["capture_vs_off"][m] for m in MODES_))
+
+
+FORWARD += [  # docs/engine.md, "The one forward": the runs before provenance, their records reconstructed
+    (ENGINE_MD, "one_forward.json", "medians of 3 rounds: {:.2f}x as fast at 2,048 tokens ({:.0f} against {:.0f} s), "
+     "{:.2f}x at 512, and {:.2f}x at 128, where the rounds spread over 2x on both sides (forward {:.1f}-{:.1f} s, "
+     "modules {:.1f}-{:.1f} s", _one_forward),
+    (ENGINE_MD, "one_forward.json", "a 2,048-token prompt's time to first token {:.2f}x as fast, the median time "
+     "between its 64 tokens {:.2f}x", paths("alone.ttft_after_vs_before_speed", "alone.itl_after_vs_before_speed")),
+    (ENGINE_MD, "before_after-forward-16.json", "at 16 new tokens capture off {:.2f}x in-process and {:.2f}x through "
+     "the API against the commit before, the pages' capture {:.2f}x and {:.2f}x of capture off ({:.2f}x and {:.2f}x "
+     "before", _forward_room),
+    (ENGINE_MD, "before_after-forward-64.json", "({:.0f}-{:.0f} tok/s against {:.0f}-{:.0f} at 16", lambda d: (
+        *span([v for side in ("before", "after") for r in d["medians"][side]["64/off"]["rounds_tok_s"].values()
+               for v in r]),
+        *span([v for side in ("before", "after") for r in result("before_after-forward-16.json")["medians"][side][
+            "16/off"]["rounds_tok_s"].values() for v in r]))),
+    (ENGINE_MD, "before_after-forward-64.json", "read {:.2f}x on both sides (`before_after-forward-64.json`)",
+     lambda d: (d["ratios"][0]["off_after_vs_before"]["in_process"],)),
+    (ENGINE_MD, "before_after-forward-64b.json", "a second round right after read {:.2f}x in-process and {:.2f}x "
+     "through the API with the pages' capture {:.2f}x and {:.2f}x \"faster\" than capture off",
+     lambda d: _forward_room(d)[:4]),
 ]
 
 
