@@ -1038,6 +1038,14 @@ FORWARD += [  # docs/engine.md, "The one forward": the runs before provenance, t
 ]
 
 
+SERVING_MORE.append((SERVING, "room_browser.json", "(the table above: {:.2f}x in-process)",
+                     paths("modes.batched.ratio_last_to_alone")))
+SERVING_MORE.append((SERVING, "page_speed.json", "the page decodes at **{:.2f}x** the engine ({:.1f} against {:.1f} "
+                     "tok/s, medians) and finishes in {:.2f}x its time", lambda d: (
+                         d["decode_ratio_page_to_engine"], d["median"]["page"]["decode_tok_s"],
+                         d["median"]["engine"]["decode_tok_s"], 1 / d["wall_ratio_engine_to_page"])))
+
+
 ALL = FIGURES + ENGINE + LONE + FORWARD + TRACED + SERVING_MORE + VS_TABLES + GPU_DOC      # every entry (tests/figures_audit.py lists what none checks)
 
 
