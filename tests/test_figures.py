@@ -1038,6 +1038,13 @@ FORWARD += [  # docs/engine.md, "The one forward": the runs before provenance, t
 ]
 
 
+SERVING_MORE.append((SERVING, "room_browser.json", "the last of six finished {:.2f}x after one alone against {:.2f}x "
+                     "in-process", paths("modes[remote].ratio_last_to_alone", "modes.batched.ratio_last_to_alone")))
+SERVING_MORE.append((SERVING, "vs_vllm-2026-11-27-lean.json", "the 64-token room went from {:.2f}x (the morning's run) to "
+                     "{:.2f}x with the lean rows and {:.2f}x with the fused products", lambda d: (
+                         result("vs_vllm-2026-11-27.json")["table"]["ours_over_vllm"]["room_64_throughput_tok_s"],
+                         result("vs_vllm-2026-11-27-lean-rows-only.json")["table"]["ours_over_vllm"][
+                             "room_64_throughput_tok_s"], d["table"]["ours_over_vllm"]["room_64_throughput_tok_s"])))
 SERVING_MORE.append((SERVING, "room_browser.json", "(the table above: {:.2f}x in-process)",
                      paths("modes.batched.ratio_last_to_alone")))
 SERVING_MORE.append((SERVING, "page_speed.json", "the page decodes at **{:.2f}x** the engine ({:.1f} against {:.1f} "
