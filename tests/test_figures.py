@@ -1053,6 +1053,30 @@ SERVING_MORE.append((SERVING, "page_speed.json", "the page decodes at **{:.2f}x*
                          d["median"]["engine"]["decode_tok_s"], 1 / d["wall_ratio_engine_to_page"])))
 
 
+BOMB_SIDES = ("before (ddc7b84)", "after (2-core CPU limits)", "after (GPU server limits)")
+BOMB_ROWS = (("500 MB of JSON `[0,0,0,...]` (issue 14)", "plain"), ("the same zeros behind a valid header", "headed"),
+             ("a valid header and one 500 MB string", "string"), ("zeros, trailer claiming 250 MiB", "headed-liar"),
+             ("the string, trailer claiming 250 MiB (the slowest refusal)", "string-liar"),
+             ("a header and a 238 MiB string, honestly under the cap (0.24 MB)", "under-cap"),
+             ("a shipped recording (0.62 MB), for comparison", "shipped"))
+
+
+def _bomb_cell(f: dict, shipped: bool) -> str:
+    """A cell as docs/serving.md's table rounds it: seconds to 3, 2 or 1 decimals by size, megabytes whole from 100."""
+    v = f["seconds"]
+    secs = f"{v:.2f}" if shipped or 0.1 <= v < 1 else f"{v:.1f}" if v >= 1 else f"{v:.3f}"
+    mb = f["extra_peak_mb"]
+    return f"{secs} s, +{mb:,.0f} MB" if mb >= 100 else f"{secs} s, +{mb:.1f} MB"
+
+
+def _bomb_row(label: str, key: str) -> tuple:
+    return (SERVING, "bomb.json", f"| {label} | {{}} | {{}} | {{}}", lambda d: tuple(
+        _bomb_cell(d[side]["files"][key], key == "shipped") for side in BOMB_SIDES))
+
+
+SERVING_MORE += [_bomb_row(*row) for row in BOMB_ROWS]
+
+
 ALL = FIGURES + ENGINE + LONE + FORWARD + TRACED + SERVING_MORE + VS_TABLES + GPU_DOC      # every entry (tests/figures_audit.py lists what none checks)
 
 
