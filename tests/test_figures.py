@@ -1077,6 +1077,57 @@ def _bomb_row(label: str, key: str) -> tuple:
 SERVING_MORE += [_bomb_row(*row) for row in BOMB_ROWS]
 
 
+def _soak_counts(d: dict) -> tuple:
+    k, m, sch = d["kinds"], d["messages"], d["scheduler"]
+    uploads = sum(v for name, v in m.items() if name.endswith(".json.gz") and "bomb" not in name)
+    return (d["asked"], d["served"], d["refused"], uploads, k["bomb"]["refused"], k["presenter"]["refused"],
+            d["cancelled"], k["cancel"]["cancelled"], k["disconnect"]["cancelled"], k["generate"]["cancelled"],
+            d["failed"], d["lost"], sch["accepted"], sch["served"], sch["cancelled"])
+
+
+def _soak_ms(v: float) -> str:
+    return "< 1 ms" if v < 0.0005 else f"{1e3 * v:.0f} ms"
+
+
+def _soak_kinds(d: dict) -> tuple:
+    k = d["kinds"]
+    g, c, x, o, u = k["generate"], k["cancel"], k["disconnect"], k["open_shipped"], k["upload_good"]
+    return (g["served"], g["p50_s"], g["ttft_p50_s"], g["p95_s"], g["ttft_p95_s"],
+            c["cancelled"], x["cancelled"], c["p50_s"], x["p50_s"], c["p95_s"], x["p95_s"],
+            o["served"], u["served"], o["p50_s"], u["p50_s"], o["p95_s"], u["p95_s"],
+            k["upload_bad"]["refused"], _soak_ms(k["upload_bad"]["p50_s"]), k["upload_bad"]["p95_s"],
+            k["bomb"]["refused"], k["bomb"]["p50_s"], k["bomb"]["p95_s"], k["keep"]["served"], k["keep"]["p50_s"],
+            k["keep"]["p95_s"], k["speed_lab"]["served"], k["speed_lab"]["p50_s"], k["speed_lab"]["p95_s"],
+            k["reload"]["served"], _soak_ms(k["reload"]["p50_s"]), _soak_ms(k["reload"]["p95_s"]),
+            k["presenter"]["served"] + k["presenter"]["refused"], _soak_ms(k["presenter"]["p50_s"]),
+            _soak_ms(k["presenter"]["p95_s"]))
+
+
+def _soak_memory(d: dict) -> tuple:
+    m = d["memory_mb"]
+    return (m["after_warm_up"], m["peak"], m["final"], m["final_over_warm_up"], *m["every_tenth"][:2],
+            m["every_tenth"][-1], m["final_after_malloc_trim"])
+
+
+SERVING_MORE += [  # docs/serving.md, "Soak: 30 sessions for 15 minutes"
+    (SERVING, "soak.json", "| actions | {:,} | | served | {:,} | | refused with a message | {} ({} malformed uploads, {} "
+     "bombs, {} wrong presenter tokens) | | cancelled on purpose | {} ({} Stop, {} tab closed, {} cut off by the end of "
+     "the soak) | | failed | {} | | lost | {} (the scheduler accepted {} requests: {} served, {} cancelled;",
+     _soak_counts),
+    (SERVING, "soak.json", "| generate (submit to last record; first token) | {} | {:.1f} s ({:.1f} s) | {:.1f} s "
+     "({:.1f} s) | | Stop after two records / tab closed after two | {} / {} | {:.1f} / {:.1f} s | {:.1f} / {:.1f} s | "
+     "| open a shipped recording / upload a good one | {} / {} | {:.2f} / {:.2f} s | {:.2f} / {:.2f} s | | upload a "
+     "malformed one (refused) | {} | {} | {:.3f} s | | the two bombs (refused) | {} | {:.3f} s | {:.1f} s (the slowest "
+     "refusal) | | keep the run on the shelf | {} | {:.3f} s | {:.1f} s | | speed-lab measurement | {} | {:.1f} s | "
+     "{:.1f} s | | reload (leave and join) | {} | {} | {} | | presenter (push, follow, guess) | {} | {} | {} |",
+     _soak_kinds),
+    (SERVING, "soak.json", "was {:,.0f} MiB after warm-up (the first 90 s) and peaked at {:,.0f} MiB. At the end, with "
+     "every session gone, it was {:,.0f} MiB, {:.2f}x the level after warm-up. It rose slowly during the run ({:,.0f}, "
+     "{:,.0f} ... {:,.0f} MiB at each tenth) and fell back when the sessions left. After `malloc_trim` it was {:,.0f} "
+     "MiB", _soak_memory),
+]
+
+
 ALL = FIGURES + ENGINE + LONE + FORWARD + TRACED + SERVING_MORE + VS_TABLES + GPU_DOC      # every entry (tests/figures_audit.py lists what none checks)
 
 
