@@ -1128,7 +1128,26 @@ SERVING_MORE += [  # docs/serving.md, "Soak: 30 sessions for 15 minutes"
 ]
 
 
-ALL = FIGURES + ENGINE + LONE + FORWARD + TRACED + SERVING_MORE + VS_TABLES + GPU_DOC      # every entry (tests/figures_audit.py lists what none checks)
+SPECULATIVE_DOC = "docs/speculative.md"
+SPEC_TARGETS = {"smollm2": "SmolLM2-135M", "qwen-1.5b": "Qwen2.5-Coder-1.5B"}
+
+
+def _spec_row(run: dict) -> tuple:
+    """One row of docs/speculative.md's table, every cell from the run as bench/speculative.py kept it."""
+    text = (f"| {SPEC_TARGETS[run['target']]} | {run['prompt']} | {run['draft']} | {run['k']} | {{:.0f}}% | {{:.2f}} | "
+            "{:.2f} | {:.1f} | {:.1f} | {:.1f} | {:.2f}x |")
+    keys = ("acceptance", "tokens_per_pass", "expected_tokens_per_pass", "median_draft_ms", "median_verify_ms",
+            "greedy_step_ms", "speedup")
+    where = "qwen.runs" if run["target"] != "smollm2" else "runs"
+    at = f"{where}[prompt={run['prompt']},draft={run['draft']},k={run['k']}]"
+    return (SPECULATIVE_DOC, "speculative.json", text,
+            lambda d: tuple(pick(d, f"{at}.{k}") * (100 if k == "acceptance" else 1) for k in keys))
+
+
+SPEC_DOC = [_spec_row(r) for r in result("speculative.json")["runs"] + result("speculative.json")["qwen"]["runs"]]
+
+
+ALL = FIGURES + ENGINE + LONE + FORWARD + TRACED + SERVING_MORE + VS_TABLES + GPU_DOC + SPEC_DOC      # every entry (tests/figures_audit.py lists what none checks)
 
 
 @pytest.mark.parametrize("entry", ALL, ids=lambda e: f"{e[0]}:{e[2][:40]}")
