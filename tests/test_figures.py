@@ -1147,7 +1147,51 @@ def _spec_row(run: dict) -> tuple:
 SPEC_DOC = [_spec_row(r) for r in result("speculative.json")["runs"] + result("speculative.json")["qwen"]["runs"]]
 
 
-ALL = FIGURES + ENGINE + LONE + FORWARD + TRACED + SERVING_MORE + VS_TABLES + GPU_DOC + SPEC_DOC      # every entry (tests/figures_audit.py lists what none checks)
+SPEED_LAB = "docs/speed_lab.md"
+
+
+def _speed_quant(d: dict) -> tuple:
+    q = d["quantization"]
+    i8, i4 = q["int8"], q["int4"]
+    return (q["float"]["bytes"] / 1e6, i8["stored_bytes"] / 1e6, i4["stored_bytes"] / 1e6,
+            i8["linear_bytes_before"] / 1e6, i8["linear_bytes_after"] / 1e6, i4["linear_bytes_after"] / 1e6,
+            i8["bits_per_weight"], i4["bits_per_weight"])
+
+
+def _speed_quality(d: dict) -> tuple:
+    i8, i4 = d["quantization"]["int8"], d["quantization"]["int4"]
+    return (100 * i8["top1_agreement"], i8["ppl_reference"], i8["ppl_quantized"], 100 * i8["ppl_change"],
+            100 * i4["top1_agreement"], i4["ppl_quantized"], 100 * i4["ppl_change"])
+
+
+SPEED_DOC = [  # docs/speed_lab.md, "Measured numbers"
+    (SPEED_LAB, "speed.json", "| copy bandwidth / matmul peak | {:.1f} GB/s / {:.0f} GFLOP/s (ridge ~{:.0f} FLOPs/byte);",
+     lambda d: (d["roof"]["bandwidth"] / 1e9, d["roof"]["peak_flops"] / 1e9, d["roof"]["peak_flops"] / d["roof"]["bandwidth"])),
+    (SPEED_LAB, "speed.json", "| TTFT at N = 64 / 256 / 512 / 1024 | {:.0f} / {:.0f} / {:.0f} / {:,.0f} ms (the fitted "
+     "N² term reaches 10% at N ~ {} in this run", lambda d: (*[1e3 * p["ttft"] for p in d["context"]["points"]],
+                                                          d["context"]["fit_onset"])),
+    (SPEED_LAB, "speed.json", "the FLOPs say ~{}) |", paths("context.projected_onset_10pct")),
+    (SPEED_LAB, "speed.json", "| ITL at N = 64 / 1024 | {:.0f} / {:.0f} ms |",
+     lambda d: (1e3 * d["context"]["points"][0]["itl"], 1e3 * d["context"]["points"][-1]["itl"])),
+    (SPEED_LAB, "speed.json", "| decode step at N = 1024 on the roofline | {:.0f} MB read in {:.0f} ms: {:.1f} GB/s, "
+     "{:.0f}% of the copy bandwidth; ceiling {:.0f} ms |", paths(
+         "context.decode_placement.bytes_read/1e6", "context.decode_placement.step_seconds*1000",
+         "context.decode_placement.effective_bandwidth/1e9", "context.decode_placement.bandwidth_share*100",
+         "context.decode_placement.ceiling_step_seconds*1000")),
+    (SPEED_LAB, "speed.json", "| float32 / INT8 / INT4 g32 weights held | {:.0f} / {:.0f} / {:.0f} MB (block linears "
+     "{:.0f} / {:.0f} / {:.0f} MB: 32 / {:.2f} / {:.2f} bits per weight) |", _speed_quant),
+    (SPEED_LAB, "speed.json", "| decode tok/s, interleaved | float32 {:.1f}, INT8 {:.1f} ({:.2f}x), INT4 {:.1f} "
+     "({:.2f}x) |", paths("quantization.float.tok_s", "quantization.int8.tok_s", "quantization.int8.speed_vs_float",
+                         "quantization.int4.tok_s", "quantization.int4.speed_vs_float")),
+    (SPEED_LAB, "speed.json", "| top-1 agreement, perplexity (150 tokens) | INT8 {:.1f}%, {:.2f} -> {:.2f} ({:+.1f}%); "
+     "INT4 {:.1f}%, {:.2f} ({:+.1f}%) |", _speed_quality),
+    (SPEED_LAB, "speed.json", "| batched total tok/s at 1 / 2 / 4 / 8 | {:.1f} / {:.1f} / {:.1f} / {:.1f} (per user "
+     "{:.1f} / {:.1f} / {:.1f} / {:.1f}) |", lambda d: (*[b["total_tok_s"] for b in d["batching"]],
+                                                      *[b["per_user_tok_s"] for b in d["batching"]])),
+]
+
+
+ALL = FIGURES + ENGINE + LONE + FORWARD + TRACED + SERVING_MORE + VS_TABLES + GPU_DOC + SPEC_DOC + SPEED_DOC      # every entry (tests/figures_audit.py lists what none checks)
 
 
 @pytest.mark.parametrize("entry", ALL, ids=lambda e: f"{e[0]}:{e[2][:40]}")
