@@ -1170,7 +1170,7 @@ SPEED_DOC = [  # docs/speed_lab.md, "Measured numbers"
     (SPEED_LAB, "speed.json", "| TTFT at N = 64 / 256 / 512 / 1024 | {:.0f} / {:.0f} / {:.0f} / {:,.0f} ms (the fitted "
      "N² term reaches 10% at N ~ {} in this run", lambda d: (*[1e3 * p["ttft"] for p in d["context"]["points"]],
                                                           d["context"]["fit_onset"])),
-    (SPEED_LAB, "speed.json", "the FLOPs say ~{}) |", paths("context.projected_onset_10pct")),
+    (SPEED_LAB, "speed.json", "the run recorded ~{} from an earlier count) |", paths("context.projected_onset_10pct")),
     (SPEED_LAB, "speed.json", "| ITL at N = 64 / 1024 | {:.0f} / {:.0f} ms |",
      lambda d: (1e3 * d["context"]["points"][0]["itl"], 1e3 * d["context"]["points"][-1]["itl"])),
     (SPEED_LAB, "speed.json", "| decode step at N = 1024 on the roofline | {:.0f} MB read in {:.0f} ms: {:.1f} GB/s, "
