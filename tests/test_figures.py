@@ -1191,7 +1191,42 @@ SPEED_DOC = [  # docs/speed_lab.md, "Measured numbers"
 ]
 
 
-ALL = FIGURES + ENGINE + LONE + FORWARD + TRACED + SERVING_MORE + VS_TABLES + GPU_DOC + SPEC_DOC + SPEED_DOC      # every entry (tests/figures_audit.py lists what none checks)
+SCALING = "docs/scaling.md"
+
+
+def _scale_row(label: str, setup: str) -> tuple:
+    keys = [f"measured.rows[setup={setup},tokens={t}].{k}" for t in (16, 64)
+            for k in ("throughput_tok_s", "completion_p95_s", "ttft_p95_s")]
+    return (SCALING, "scale.json", f"| {label} | {{:.1f}} | {{:.2f}} s | {{:.2f}} s | {{:.1f}} | {{:.2f}} s | {{:.2f}} s |",
+            paths(*keys))
+
+
+def _scale_ratios(d: dict) -> tuple:
+    tok = lambda setup, t: one(d["measured"]["rows"], setup=setup, tokens=t)["throughput_tok_s"]  # noqa: E731
+    return tuple(tok(s, t) / tok("one server", t) for s in ("1 replica", "2 replicas") for t in (16, 64))
+
+
+def _projected_row(n: int) -> tuple:
+    at = f"projected.rows[replicas={n}]"
+    return (SCALING, "scale.json", f"| {n} | {{:.2f}} s | {{:.0f}} ms | {{:.0f}} tok/s | ${{:.0f}} |",
+            paths(f"{at}.ttft_p95_s", f"{at}.itl_p95_s*1000", f"{at}.per_user_tok_s", f"{at}.dollars_per_hour"))
+
+
+SCALE_DOC = [
+    _scale_row("one server (`python -m engine serve`)", "one server"), _scale_row("1 replica on Ray Serve", "1 replica"),
+    _scale_row("2 replicas on Ray Serve", "2 replicas"),
+    (SCALING, "scale.json", "One replica costs {:.2f}x / {:.2f}x of one server's throughput", lambda d: _scale_ratios(d)[:2]),
+    (SCALING, "scale.json", "two replicas on two cores serve {:.2f}x / {:.2f}x of one server",
+     lambda d: _scale_ratios(d)[2:]),
+    (SCALING, "scale.json", "the request failed with the clear message {:.2f} s after the kill, the room showed the "
+     "replica missing {:.1f} s after it, and its replacement reported {:.1f} s after it", scale_fault),
+    (SCALING, "scale.json", "(`bench/results/scale.json`, load average {:.1f} at the start",
+     lambda d: (d["load_average"][0],)),
+    *[_projected_row(n) for n in (1, 2, 3, 4, 8)],
+]
+
+
+ALL = FIGURES + ENGINE + LONE + FORWARD + TRACED + SERVING_MORE + VS_TABLES + GPU_DOC + SPEC_DOC + SPEED_DOC + SCALE_DOC      # every entry (tests/figures_audit.py lists what none checks)
 
 
 @pytest.mark.parametrize("entry", ALL, ids=lambda e: f"{e[0]}:{e[2][:40]}")
