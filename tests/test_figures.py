@@ -1226,7 +1226,34 @@ SCALE_DOC = [
 ]
 
 
-ALL = FIGURES + ENGINE + LONE + FORWARD + TRACED + SERVING_MORE + VS_TABLES + GPU_DOC + SPEC_DOC + SPEED_DOC + SCALE_DOC      # every entry (tests/figures_audit.py lists what none checks)
+STORE = "docs/store.md"
+
+
+def _memory(variant: str) -> Callable[[dict], tuple]:
+    """api_memory*.json: RSS at the first and last sample, the store's peak count, reads that were 404 and reads."""
+    def get(d: dict) -> tuple:
+        v = d["variants"][variant]
+        return (v["samples"][0]["rss_mb"], v["samples"][-1]["rss_mb"], max(x["runs_held_mb"] for x in v["samples"]),
+                v["reads_404"], v["reads"])
+    return get
+
+
+STORE_DOC = [
+    (STORE, "api_memory.json", "| runs in memory only (`--runs-mb 0`), 180 s | {:,} → {:,} MiB | {} MiB | {} of {} |",
+     _memory("in memory only")),
+    (STORE, "api_memory.json", "| runs on disk, 180 s / 240 s | {:,} → {:,} / {:,} → {:,} MiB | {} / {} MiB | {} of {} / "
+     "{} of {} |", lambda d: (lambda a, b: (*a[:2], *b[:2], a[2], b[2], *a[3:], *b[3:]))(
+         _memory("on disk")(d), _memory("on disk")(result("api_memory_threshold.json")))),
+    (STORE, "api_memory.json", "| on disk, `MALLOC_ARENA_MAX=2`, 180 s | {:,} → {:,} MiB | {} MiB | {} of {} |",
+     _memory("on disk, MALLOC_ARENA_MAX=2")),
+    (STORE, "api_memory_threshold.json", "| on disk, the mmap threshold fixed at 128 KiB, 240 s | **{:,} → {:,} MiB** | {} "
+     "MiB | {} of {} |", _memory("on disk, MALLOC_MMAP_THRESHOLD_=131072")),
+    (STORE, "api_memory_threshold.json", "(+{} against +{} MiB in the same 240 s)", lambda d: tuple(
+        _memory(v)(d)[1] - _memory(v)(d)[0] for v in ("on disk, MALLOC_MMAP_THRESHOLD_=131072", "on disk"))),
+]
+
+
+ALL = FIGURES + ENGINE + LONE + FORWARD + TRACED + SERVING_MORE + VS_TABLES + GPU_DOC + SPEC_DOC + SPEED_DOC + SCALE_DOC + STORE_DOC      # every entry (tests/figures_audit.py lists what none checks)
 
 
 @pytest.mark.parametrize("entry", ALL, ids=lambda e: f"{e[0]}:{e[2][:40]}")
