@@ -1264,6 +1264,13 @@ SERVING_MORE += [
 ]
 
 
+SERVING_MORE += [
+    (SERVING, "watch.json", "for 30 followers on this machine: met (p95 {:.2f} s)", paths("stream_lag_p95_s")),
+    (SERVING, "watch.json", "which took the last follower's whole page to {:.1f} s after the presenter's \"Done\"",
+     paths("page_lag_max_s")),
+]
+
+
 ALL = FIGURES + ENGINE + LONE + FORWARD + TRACED + SERVING_MORE + VS_TABLES + GPU_DOC + SPEC_DOC + SPEED_DOC + SCALE_DOC + STORE_DOC      # every entry (tests/figures_audit.py lists what none checks)
 
 
