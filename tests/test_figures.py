@@ -1271,7 +1271,18 @@ SERVING_MORE += [
 ]
 
 
-ALL = FIGURES + ENGINE + LONE + FORWARD + TRACED + SERVING_MORE + VS_TABLES + GPU_DOC + SPEC_DOC + SPEED_DOC + SCALE_DOC + STORE_DOC      # every entry (tests/figures_audit.py lists what none checks)
+OTHER_DOCS = [
+    ("docs/architecture.md", "api.json", "(20 sessions: {:.1f} against {:.1f} tok/s at 16 tokens on this CPU",
+     paths("rows[tokens=16,capture=full].in_process.throughput_tok_s",
+           "rows[tokens=16,capture=off].in_process.throughput_tok_s")),
+    ("docs/models.md", "speculative.json", "| weights in memory (float32; `bench/results/speculative.json` counts them) | "
+     "{:.2f} GB | {:.2f} GB |", paths("qwen.draft_weight_bytes/1e9", "qwen.target_weight_bytes/1e9")),
+]
+
+
+# every entry (tests/figures_audit.py lists the figures none checks)
+ALL = (FIGURES + ENGINE + LONE + FORWARD + TRACED + SERVING_MORE + VS_TABLES + GPU_DOC + SPEC_DOC + SPEED_DOC + SCALE_DOC
+       + STORE_DOC + OTHER_DOCS)
 
 
 @pytest.mark.parametrize("entry", ALL, ids=lambda e: f"{e[0]}:{e[2][:40]}")
