@@ -1280,6 +1280,24 @@ OTHER_DOCS = [
 ]
 
 
+def _lone_table(d: dict) -> tuple:
+    b, a = d["before"], d["after"]
+    return (b["cpu_ms"], *[r["cpu_ms"] for r in b["rounds"]], a["cpu_ms"], *[r["cpu_ms"] for r in a["rounds"]],
+            a["cpu_ms"] / b["cpu_ms"], b["weights_ms"], a["weights_ms"], b["pick_ms"], a["pick_ms"], b["rest_ms"],
+            a["rest_ms"], b["wall_ms"], a["wall_ms"])
+
+
+OTHER_DOCS += [  # docs/engine.md, "Where the milliseconds went" (bench/lone_step.py's first run): checks only
+    (ENGINE_DOC, "lone_step.json", "| the step, CPU time of its thread (rounds) | **{:.1f} ms** ({:.1f}, {:.1f}) | "
+     "**{:.1f} ms** ({:.1f}, {:.1f}), {:.2f}x | | the weights' matrix products, timed alone | {:.1f} ms | {:.1f} ms | "
+     "| picking and describing the token (softmax, top-10, the 256 kept logits, log-sum-exp, its text) | {:.1f} ms | "
+     "{:.1f} ms | | the rest: attention, norms, rotary, residuals, the cache, Python | {:.1f} ms | {:.1f} ms | | the "
+     "step, wall time (the machine's other users included) | {:.1f} ms | {:.1f} ms |", _lone_table),
+    (ENGINE_DOC, "lone_step.json", "and {:.0f} ms in the loaded hour of the run above ({:.1f} GB/s)",
+     paths("floor.floor_ms", "floor.read_gb_s")),
+]
+
+
 # every entry (tests/figures_audit.py lists the figures none checks)
 ALL = (FIGURES + ENGINE + LONE + FORWARD + TRACED + SERVING_MORE + VS_TABLES + GPU_DOC + SPEC_DOC + SPEED_DOC + SCALE_DOC
        + STORE_DOC + OTHER_DOCS)
