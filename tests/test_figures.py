@@ -1356,6 +1356,11 @@ OTHER_DOCS.append((SPECULATIVE_DOC, "speculative.json", "**Qwen2.5-Coder 0.5B dr
                    "weight bytes: {:.2f} for this pair ({:.1f} GB against {:.1f} GB in fp32)", _spec_qwen_bullet))
 
 
+OTHER_DOCS.append((ENGINE_DOC, "vs_vllm-2026-11-26.json", "{:.1f} ms a token (two threads, median gap {:.1f} ms) "
+                   "against vLLM's {:.1f} in the same run", paths("table.ours.alone_itl_ms", "table.ours.alone_gap_median_ms",
+                                                               "table.vllm.alone_itl_ms")))
+
+
 # every entry (tests/figures_audit.py lists the figures none checks)
 ALL = (FIGURES + ENGINE + LONE + FORWARD + TRACED + SERVING_MORE + VS_TABLES + GPU_DOC + SPEC_DOC + SPEED_DOC + SCALE_DOC
        + STORE_DOC + OTHER_DOCS)
