@@ -61,14 +61,12 @@ browser:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium chromium-driver nginx; }
 
-# Two parts: every module but the serial ones on TEST_WORKERS processes (a module stays on one, so its servers start
-# once), then the serial ones alone (faults with recovery deadlines, the Ray cluster). Both run; either failing fails.
+# Two parts (bench/suite.py): every module but the serial ones on TEST_WORKERS processes (a module stays on one, so
+# its servers start once), then the serial ones alone (faults with recovery deadlines, the Ray cluster). Both run;
+# either failing fails. RECORD_SUITE=1 (.ci/run) writes both parts' times to bench/results/suite/ (bench/provenance.py).
 TEST_WORKERS ?= 2
 test: provision browser
-	@status=0; \
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial" || status=$$?; \
-	$(PY) -m pytest -q -m serial || status=$$?; \
-	exit $$status
+	$(PY) bench/suite.py --workers $(TEST_WORKERS) $(if $(RECORD_SUITE),--record)
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not browser"

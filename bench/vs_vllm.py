@@ -35,6 +35,7 @@ environment, and measured: every process's threads and the cores it may run on).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import os
@@ -44,7 +45,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -119,11 +120,13 @@ def free_port() -> int:
 
 
 class Server:
-    """One server process (and its children): started, waited for, its CPU time read, stopped."""
+    """One server process (and its children): started, waited for, its CPU time read, stopped. `ready`: the path
+    that answers 200 once it serves (llama-cpp-python's server has no /health: it gives /v1/models)."""
 
-    def __init__(self, side: str, cmd: list[str], port: int, env: dict[str, str], log: Path, cwd: Path = ROOT):
+    def __init__(self, side: str, cmd: list[str], port: int, env: dict[str, str], log: Path, cwd: Path = ROOT,
+                 ready: str = "/health"):
         self.side, self.port, self.url = side, port, f"http://127.0.0.1:{port}"
-        self.log = log
+        self.log, self.ready = log, ready
         self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,
                                      start_new_session=True)
 
@@ -133,7 +136,7 @@ class Server:
             if self.proc.poll() is not None:
                 raise SystemExit(f"the {self.side} server exited with {self.proc.returncode}; its log: {self.log}")
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as reply:
+                with urllib.request.urlopen(self.url + self.ready, timeout=2) as reply:
                     if reply.status == 200:
                         return
             except OSError:
@@ -172,6 +175,28 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, 9)
                 self.proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def running(starts: dict[str, Callable[[], Server]]) -> Iterator[dict[str, Server]]:
+    """Every server started (each start a call, so one that fails to start stops the ones before), waited for
+    until it serves, and stopped at the end whatever happened: `with running({...}) as servers:`."""
+    servers: dict[str, Server] = {}
+    try:
+        for side, start in starts.items():
+            servers[side] = start()
+        for server in servers.values():
+            server.wait()
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+def served_models(servers: dict[str, Server]) -> dict[str, str]:
+    """The model name each server serves, as its /v1/models lists it first."""
+    return {side: openai.OpenAI(base_url=s.url + "/v1", api_key="unused").models.list().data[0].id
+            for side, s in servers.items()}
 
 
 def start_ours(args: argparse.Namespace, folder: Path, port: int, side: str = "ours", root: Path = ROOT,
@@ -417,6 +442,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def server_starts(args: argparse.Namespace, sides: list[str], folder: Path) -> dict[str, Callable[[], Server]]:
+    """How to start each side's server, on its own port (--port-base and the next ones, or free ones)."""
+    ports = [args.port_base + i for i in range(3 + len(args.fixed_threads))] if args.port_base \
+        else [free_port() for _ in range(3 + len(args.fixed_threads))]
+    starts: dict[str, Callable[[], Server]] = {}
+    if "ours" in sides:
+        starts["ours"] = lambda: start_ours(args, folder, ports[0])
+    if "vllm" in sides:
+        starts["vllm"] = lambda: start_vllm(args, folder, ports[1], folder.name)
+    if "before" in sides:
+        starts["before"] = lambda: start_ours(args, folder, ports[2], "before", args.baseline.resolve())
+    for i, n in enumerate(args.fixed_threads):
+        starts[f"threads-{n}"] = lambda i=i, n=n: start_ours(args, folder, ports[3 + i], f"threads-{n}", threads=n)
+    return starts
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     record = provenance.start("vs_vllm", argv)
@@ -432,31 +473,13 @@ def main(argv: list[str] | None = None) -> int:
     folder = model_folder(args.model)
     args.logs = (args.out.parent if args.out else RESULTS) / "vs_vllm-logs"
     args.logs.mkdir(parents=True, exist_ok=True)
-    ports = [args.port_base + i for i in range(3 + len(args.fixed_threads))] if args.port_base \
-        else [free_port() for _ in range(3 + len(args.fixed_threads))]
-    name = folder.name
-    servers: dict[str, Server] = {}
-    pools: dict[str, ClientPool] = {}
-    try:
-        if "ours" in sides:
-            servers["ours"] = start_ours(args, folder, ports[0])
-        if "vllm" in sides:
-            servers["vllm"] = start_vllm(args, folder, ports[1], name)
-        if "before" in sides:
-            servers["before"] = start_ours(args, folder, ports[2], "before", args.baseline.resolve())
-        for i, n in enumerate(args.fixed_threads):
-            servers[f"threads-{n}"] = start_ours(args, folder, ports[3 + i], f"threads-{n}", threads=n)
-        for server in servers.values():
-            server.wait()
-        models = {s: openai.OpenAI(base_url=v.url + "/v1", api_key="unused").models.list().data[0].id
-                  for s, v in servers.items()}
+    with running(server_starts(args, sides, folder)) as servers:
         pools = {s: ClientPool(1, v.url + "/v1") for s, v in servers.items()}
-        report = run(args, sides, servers, pools, models, folder)
-    finally:
-        for pool in pools.values():
-            pool.close()
-        for server in servers.values():
-            server.stop()
+        try:
+            report = run(args, sides, servers, pools, served_models(servers), folder)
+        finally:
+            for pool in pools.values():
+                pool.close()
     record.save(report, out=args.out)
     return 0 if report["clean"] else 1
 

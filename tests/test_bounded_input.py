@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import json
 import threading
-import time
 import tracemalloc
 import zlib
 from pathlib import Path
@@ -155,19 +154,17 @@ def test_a_gzip_with_a_second_member_is_refused():
 # --- a few parses at once -------------------------------------------------------------------------------------
 
 def test_parse_places_make_the_rest_wait_and_say_so():
-    slots, told, order = ParseSlots(1), [], []
+    slots, told, order, waiting = ParseSlots(1), [], [], threading.Event()
     with slots.hold():
         def second() -> None:
-            with slots.hold(on_wait=told.append):
+            with slots.hold(on_wait=lambda n: (told.append(n), waiting.set())):
                 order.append("second")
 
         thread = threading.Thread(target=second)
         thread.start()
-        deadline = time.monotonic() + 10
-        while not told and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert waiting.wait(120)                # the second parse has been told it waits (an event, not a clock)
         order.append("first done")
-    thread.join(10)
+    thread.join(120)
     assert told == [1] and order == ["first done", "second"] and slots.waiting == 0
 
 
@@ -180,21 +177,20 @@ def test_a_wait_for_a_parse_place_ends_with_a_message():
 
 
 def test_loading_and_saving_share_the_process_wide_places(tiny_lm):
-    data, told, done = SHIPPED[0].read_bytes(), [], threading.Event()
+    data, told, done, waiting = SHIPPED[0].read_bytes(), [], threading.Event(), threading.Event()
     holders = [PARSE_SLOTS.hold() for _ in range(recording.PARSE_PLACES)]
     for h in holders:
         h.__enter__()
     try:
-        thread = threading.Thread(target=lambda: (loads_recording(data, on_wait=told.append), done.set()))
+        thread = threading.Thread(target=lambda: (loads_recording(
+            data, on_wait=lambda n: (told.append(n), waiting.set())), done.set()))
         thread.start()
-        deadline = time.monotonic() + 10
-        while not told and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert waiting.wait(120)                # told it waits for a place: an event, not a clock
         assert told == [1] and not done.is_set()
     finally:
         for h in holders:
             h.__exit__(None, None, None)
-    thread.join(30)
+    thread.join(120)
     assert done.is_set()
 
 

@@ -39,7 +39,6 @@ PAGES = [("", "Inference Playground"), ("journey", "The journey of a request"), 
 LAST_TEXT = {"": "paged against contiguous allocation", "journey": "The timeline of the steps appears here",
              "attention": "Grouped-query attention:", "kv-cache": "Paging preempted"}
 LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 200   # ~2,000 tokens
-RENDER_LIMIT_S = 10.0
 # The app's own process: every deprecation warning printed (not only the first of each in __main__), so the check
 # below fails the day a call the app makes is deprecated (pyproject's filterwarnings covers the test process).
 SHOW_DEPRECATIONS = {"PYTHONWARNINGS": "default::DeprecationWarning,default::PendingDeprecationWarning,"
@@ -407,7 +406,9 @@ def test_generate_stop_and_share_the_run(app_url, page):
     shot(page, "kv-cache-generated")
 
 
-def test_long_prompt_attention_renders_quickly(app_url, page):
+def test_long_prompt_attention_opens_again_downsampled_and_whole(app_url, page):
+    """A 2,000-token run's attention page, left and opened again, draws every chart from the stored run. How long that
+    takes is recorded (tests/screenshots/timings.json), not asserted: a test never depends on the machine's speed."""
     page.goto(f"{app_url}/attention")
     wait_heading(page, "Attention")
     set_prompt(page, LONG_PROMPT)
@@ -429,7 +430,6 @@ def test_long_prompt_attention_renders_quickly(app_url, page):
     record_timing("attention_page_render_s_2000_tokens", seconds)
     assert_no_exception(page)
     shot(page, "attention-2000-tokens")
-    assert seconds < RENDER_LIMIT_S
     go_to(page, "The journey of a request")                                          # the same long run there
     wait_text(page, "Through the layers", 60)
     wait_idle(page)

@@ -145,11 +145,10 @@ def test_a_replica_killed_mid_run_fails_its_request_clearly_the_other_goes_on_an
     assert all(c.choices[0].text for c in texts)
     os.kill(victim["snapshot"]["pid"], signal.SIGKILL)
     survivor.start()
-    started = time.monotonic()
-    with pytest.raises(openai.APIError) as failed:
+    with pytest.raises(openai.APIError) as failed:               # the stream fails, never retried elsewhere in silence
         for _ in chunks:
             pass
-    assert time.monotonic() - started < 30 and "replica" in str(failed.value)
+    assert "replica" in str(failed.value)
     survivor.join(120)
     assert other_reply["r"].choices[0].finish_reason in ("length", "stop")  # nothing lost for the one that lives
     for path in ("", "/file"):                   # the dead replica's finished run, from the store every replica writes

@@ -139,35 +139,52 @@ def test_without_a_runner_one_starts_at_once(monkeypatch):
     assert len(created) == 1
 
 
-# A page whose run, once Go is pressed, blocks 1.5 s with no `st` call (as the journey page waits for the model's next
+# A page whose run, once Go is pressed, blocks with no `st` call (as the journey page waits for the model's next
 # token) and marks its run no longer live in its `finally`, on the object, as app/runs/run.py's follow() does (a stopped
 # run's `st.session_state` refuses writes: StopException). Stop pressed meanwhile: the next run must see it done.
+# The block ends on events, never on the machine's speed: first when Stop has told the run to stop (its script
+# requests leave CONTINUE), then when a run beside it has drawn its line (the DREW file: Streamlit alone) or, with
+# the fix, where no run can start beside it, after HOLD seconds, well inside the fix's STOP_WAIT_SECONDS.
 BLOCKING_PAGE = """
+import os
 import time
 import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 from app.hosting.runner_fixes import install
 
-if st.query_params.get("fixed"):
+if "fixed" not in st.session_state:   # the address, as the first run got it (a widget's rerun sends no query)
+    st.session_state.fixed = bool(st.query_params.get("fixed"))
+fixed = st.session_state.fixed
+if fixed:
     install()                       # for every session from now on: the session without it goes first
 go = st.button("Go", key="go")
 st.button("Stop", key="stop")
 if go:
     run = st.session_state.run = {"live": True}
+    if os.path.exists(DREW):
+        os.remove(DREW)
     try:
         st.write("started")
-        time.sleep(1.5)
-        st.write("finished")
+        requests = get_script_run_ctx().script_requests
+        while requests._state.value == "CONTINUE":          # until Stop's rerun tells this run to stop
+            time.sleep(0.01)
+        held = time.monotonic()
+        while not os.path.exists(DREW) and time.monotonic() - held < (HOLD if fixed else 300):
+            time.sleep(0.01)
     finally:
         run["live"] = False
 st.write(f"live: {st.session_state.get('run', {}).get('live')}")
+open(DREW, "w").close()
 """
+HOLD = 3.0
 
 
 def test_a_press_during_a_run_starts_the_next_run_after_it_not_beside_it(tmp_path):
     """Streamlit alone starts the next run while the stopped one still blocks, so it draws the run as live (the
     journey page drew a stopped answer as still generating); with the fix, after the stopped run's `finally`."""
     script, port, log = tmp_path / "page.py", free_port(), tmp_path / "streamlit.log"
-    script.write_text(BLOCKING_PAGE)
+    assert HOLD < runner_fixes.STOP_WAIT_SECONDS
+    script.write_text(BLOCKING_PAGE.replace("DREW", repr(str(tmp_path / "drew"))).replace("HOLD", repr(HOLD)))
     with open(log, "w") as out:
         proc = subprocess.Popen([python(), "-m", "streamlit", "run", str(script), "--server.port", str(port),
                                  "--server.headless", "true", "--browser.gatherUsageStats", "false"],

@@ -2,6 +2,7 @@
 back by id after memory let go of it or after a restart, held in memory while the disk refuses it."""
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -140,18 +141,32 @@ def test_a_run_finished_as_the_disk_takes_a_backlog_again_is_written_before_the_
     try:
         backlog = [finished(service, seed) for seed in range(12)]
         assert service.writer.flush(30) and list(service.writer.pending) == backlog
-        put = disk.put
-        monkeypatch.setattr(disk, "put", lambda row, data: (time.sleep(0.3), put(row, data)))   # a slow disk...
-        disk.budget = 2**26                                              # ...with space again
-        deadline = time.monotonic() + 20
-        while service.writer.n_written == 0 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        # A disk that writes a file only when the test lets it: the order of the writes is then the writer's, never
+        # the machine's speed against a sleep. One run per slice, so each write is a point where a new run can go first.
+        monkeypatch.setattr(ondisk, "DRAIN_SLICE_SECONDS", 0.0)
+        put, permits, done, order = disk.put, threading.Semaphore(0), threading.Semaphore(0), []
+
+        def one_at_a_time(row, data):
+            assert permits.acquire(timeout=120)
+            try:
+                put(row, data)
+                order.append(row.id)
+            finally:
+                done.release()
+
+        monkeypatch.setattr(disk, "put", one_at_a_time)
+        disk.budget = 2**26                                              # space again
+        permits.release()
+        assert done.acquire(timeout=120) and order == backlog[:1]        # the disk takes files again
         new = finished(service, 99)
-        service.written(new, timeout=20)
-        assert disk.row(new).size > 0
-        assert len(service.writer.pending) >= 6          # most of the backlog (3.6 s of writes) still waits
+        while new not in order:                                          # one write at a time, until the new run's
+            permits.release()
+            assert done.acquire(timeout=120) and len(order) <= 3
+        assert order.index(new) <= 2                  # after at most the write already under way: not behind 11
+        assert len(service.writer.pending) >= 6 and disk.row(new).size > 0
+        permits.release(100)                                             # the rest as fast as the disk goes
         assert service.writer.flush(30)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while service.writer.pending and time.monotonic() < deadline:
             time.sleep(0.1)
         assert all(disk.row(run_id).size > 0 for run_id in backlog)
@@ -162,9 +177,9 @@ def test_a_run_finished_as_the_disk_takes_a_backlog_again_is_written_before_the_
 def test_a_wait_for_a_stopped_runs_file_keeps_within_the_wait_asked_for(tiny_lm, tmp_path, monkeypatch):
     """A page's settle must end inside Streamlit's 10 s hand-over: `run_wait` waits for the file within its `wait`."""
     disk = open_store(tmp_path, 2**26)
-    put = disk.put
-    monkeypatch.setattr(disk, "put", lambda row, data: (time.sleep(3.0), put(row, data)))      # a very slow disk
-    service = EngineService(tiny_lm, disk=disk)
+    put, written = disk.put, threading.Event()
+    monkeypatch.setattr(disk, "put", lambda row, data: (written.wait(120), put(row, data)))   # a disk that waits for
+    service = EngineService(tiny_lm, disk=disk)                                             # the test, not a clock
     try:
         request = GenerationRequest(tiny_prompt(6, seed=8), max_new_tokens=200, chat=False)
         handle = service.submit(request, CAPTURE_OFF, source="page")
@@ -174,6 +189,8 @@ def test_a_wait_for_a_stopped_runs_file_keeps_within_the_wait_asked_for(tiny_lm,
         assert not part.info.live
         with pytest.raises(StoreError):
             disk.row(handle.run_id)                     # back before the file: the wait asked for came first
+        written.set()
         assert service.writer.flush(30) and disk.row(handle.run_id).size > 0
     finally:
+        written.set()
         service.close()

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -60,3 +62,27 @@ def test_without_vllm_installed_it_says_how_to_get_it(tmp_path, capsys):
 
     assert vs_vllm.main(["--vllm-venv", str(tmp_path / "none"), "--out", str(tmp_path / "x.json")]) == 2
     assert "--install" in capsys.readouterr().err
+
+
+def test_servers_that_fail_to_start_are_all_stopped_and_each_waits_on_its_own_path(tmp_path):
+    """`running` (shared by bench/vs_vllm.py and bench/vs_llamacpp.py): a server that answers only on its `ready`
+    path is waited for; one that exits fails the start with its log named, and every started one is stopped."""
+    import vs_vllm
+
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v1" / "models").write_text("{}")          # http.server answers /v1/models, nothing at /health
+    port = vs_vllm.free_port()
+    serving = lambda: vs_vllm.Server("files", [sys.executable, "-m", "http.server", str(port), "--bind",  # noqa: E731
+                                               "127.0.0.1"], port, {}, tmp_path / "files.log", cwd=tmp_path,
+                                     ready="/v1/models")
+    failing = lambda: vs_vllm.Server("broken", [sys.executable, "-c", "raise SystemExit(3)"],  # noqa: E731
+                                     vs_vllm.free_port(), {}, tmp_path / "broken.log")
+    with vs_vllm.running({"files": serving}) as servers:
+        files = servers["files"]
+        assert files.proc.poll() is None
+    assert files.proc.poll() is not None                                   # stopped on leaving
+    started: dict = {}
+    with pytest.raises(SystemExit, match="broken server exited with 3; its log: .*broken.log"):
+        with vs_vllm.running({"files": lambda: started.setdefault("files", serving()), "broken": failing}):
+            pass
+    assert started["files"].proc.poll() is not None                       # the one that served is stopped too

@@ -78,10 +78,12 @@ def timeline_figure(rounds: list[SpecRoundRecord], k: int) -> go.Figure:
 def position_figure(by_position: list[float], a: float) -> go.Figure:
     """Accepted / drafted at each draft position against a^j, what independent acceptance at rate a gives."""
     xs = list(range(1, len(by_position) + 1))
+    # A label inside its bar's top, clear of the dotted line; above the bar where the bar is too short to hold it
+    # (plotly's "auto"). Inside only, a short bar's label ran out of its foot over the axis' numbers, white on white.
     fig = go.Figure(go.Bar(x=xs, y=by_position, name="measured: accepted / drafted", marker_color=MEASURED_COLOR,
-                           text=[f"{v:.0%}" for v in by_position], textposition="inside", insidetextanchor="end",
-                           textfont=dict(color="white"),     # inside the bar's top: clear of the dotted line
-                           hovertemplate="draft position %{x}: %{y:.0%} accepted<extra></extra>"))
+                           text=[f"{v:.0%}" for v in by_position], textposition="auto", insidetextanchor="end",
+                           insidetextfont=dict(color="white"), outsidetextfont=dict(color="#1b1b1b"),
+                           cliponaxis=False, hovertemplate="draft position %{x}: %{y:.0%} accepted<extra></extra>"))
     fig.add_scatter(x=xs, y=[a ** j for j in xs], mode="lines+markers", name=f"a^j with a = {a:.0%}",
                     line=dict(color=THEORY_COLOR, dash="dot"),
                     hovertemplate="a^%{x} = %{y:.0%}<extra></extra>")
