@@ -60,6 +60,8 @@ SERVICE_HISTORY = 20           # finished requests the mean service time average
 STEP_HISTORY = 400             # batch steps kept for the room view and the wait estimate
 TIMELINE_LENGTH = 200          # finished requests kept for `timeline()`
 STORIES_KEPT = 64              # finished requests' timelines kept for `story()` (the room page's pick)
+WARM_UP_PROMPTS = ("Before the room comes in, the server runs two short prompts like this one once.",
+                   "Their prefill and one decode step of two rows pay the model's first call, not the first person.")
 _END = object()                # end of a handle's record stream
 
 
@@ -323,6 +325,7 @@ class Scheduler:
         self._stats = SchedulerStats()
         self._closed = False
         self._worker: threading.Thread | None = None
+        self.warmed: tuple[StepInfo, ...] = ()     # the warm-up's steps (`warm_up`), before any request
 
     def _new_runner(self) -> BatchRunner:
         return BatchRunner(self.lm, max_batch=self.limits.max_batch, prefix=self.prefix,
@@ -601,6 +604,47 @@ class Scheduler:
         if self._worker is not None:
             self._worker.join(timeout)
 
+    # --- warming up ---------------------------------------------------------------------------
+
+    def warm_up(self) -> tuple[StepInfo, ...]:
+        """One short prefill and one decode step of two rows (the room's usual shapes), through this scheduler's own
+        batch runner, before it takes a request: a fresh process's first passes pay one-off costs (on a CPU, seconds
+        for a prefill that takes a tenth of a second warm; the first batched step packs its weights), which the first
+        person's timeline would otherwise blame on their prefill. Not a request: no step log, timeline, pace or count
+        keeps it, and the prefix cache forgets its prompts. `scheduler_for` calls it, so a server is ready after it."""
+        with self._cond:
+            if self._worker is not None or self._queue or not self._runner.idle:
+                return self.warmed                     # requests came first: they warmed it
+            failed: list[Exception] = []
+            try:
+                for slot in self._warm_up_slots(failed):
+                    self._runner.add(slot)
+            except EngineError as err:                 # limits that refuse it (a prompt cap of a few tokens)
+                log.info("no warm-up: %s", err)
+                self._runner = self._new_runner()
+                return self.warmed
+            steps = []
+            with self.lm.lock:
+                try:
+                    while not self._runner.idle and len(steps) < 8:   # 2 or 3 steps: a bound, not a guess
+                        steps.append(self._runner.step())
+                except Exception as err:  # noqa: BLE001 - a failed warm-up leaves the server to serve as before
+                    failed.append(err)
+            self.prefix.clear()
+            self.prefix.stats = type(self.prefix.stats)()           # its lookups are no one's
+            if failed or not self._runner.idle:
+                log.warning("the warm-up did not finish (%s): the first request pays the first call",
+                            failed[0] if failed else "still running")
+                self._runner = self._new_runner()
+            self.warmed = tuple(steps)
+            return self.warmed
+
+    def _warm_up_slots(self, failed: list[Exception]) -> list[Slot]:
+        """Two short requests (one where the batch holds one), checked at the door like any; their records go nowhere."""
+        prompts = WARM_UP_PROMPTS[:min(2, self._runner.room) if self._batchable else 1]
+        checked = [self.check(GenerationRequest(prompt, max_new_tokens=2)) for prompt in prompts]
+        return [Slot(c.request, list(c.ids), CAPTURE_OFF, lambda record: None, failed.append) for c in checked]
+
     # --- the worker ------------------------------------------------------------------------------
 
     def _ensure_worker(self) -> None:
@@ -854,10 +898,12 @@ _SCHEDULERS_LOCK = threading.Lock()
 
 def scheduler_for(lm: LoadedModel, limits: Limits | None = None) -> Scheduler:
     """The process-wide scheduler of a loaded model (created on first use, or after the last one was closed;
-    `limits` only then)."""
+    `limits` only then), warmed up before anyone gets it: every server (one process, the model server, each
+    replica) builds its service through here before it says it is ready."""
     with _SCHEDULERS_LOCK:
         entry = _SCHEDULERS.get(id(lm))
         if entry is None or entry[0] is not lm or entry[1]._closed:
             entry = (lm, Scheduler(lm, limits))
+            entry[1].warm_up()
             _SCHEDULERS[id(lm)] = entry
         return entry[1]
