@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from engine import settings
+from engine.serving.capture import capture_policy
 from engine.serving.graphed import graphed_decode
 from engine.serving.batch import BatchRunner, Slot, StepInfo, batchable
 from engine.errors import EngineError, InvalidRequestError, QueueFullError, RequestTimeoutError
@@ -607,8 +608,8 @@ class Scheduler:
     # --- warming up ---------------------------------------------------------------------------
 
     def warm_up(self) -> tuple[StepInfo, ...]:
-        """One short prefill and one decode step of two rows (the room's usual shapes), through this scheduler's own
-        batch runner, before it takes a request: a fresh process's first passes pay one-off costs (on a CPU, seconds
+        """One short prefill and one decode step of two rows (the room's usual shapes: an API client's request and a
+        page's, which keeps its residual), through this scheduler's own batch runner, before it takes a request: a fresh process's first passes pay one-off costs (on a CPU, seconds
         for a prefill that takes a tenth of a second warm; the first batched step packs its weights), which the first
         person's timeline would otherwise blame on their prefill. Not a request: no step log, timeline, pace or count
         keeps it, and the prefix cache forgets its prompts. `scheduler_for` calls it, so a server is ready after it."""
@@ -640,10 +641,24 @@ class Scheduler:
             return self.warmed
 
     def _warm_up_slots(self, failed: list[Exception]) -> list[Slot]:
-        """Two short requests (one where the batch holds one), checked at the door like any; their records go nowhere."""
+        """Two short requests (one where the batch holds one), checked at the door like any, the second with the
+        pages' capture (its residual kept, as a page's run keeps it) where the limits allow; their records go nowhere."""
         prompts = WARM_UP_PROMPTS[:min(2, self._runner.room) if self._batchable else 1]
         checked = [self.check(GenerationRequest(prompt, max_new_tokens=2)) for prompt in prompts]
-        return [Slot(c.request, list(c.ids), CAPTURE_OFF, lambda record: None, failed.append) for c in checked]
+        if len(checked) == 2:
+            checked[1] = self._pages_capture(checked[1])
+        return [Slot(c.request, list(c.ids), c.policy, lambda record: None, failed.append,
+                     kept=self._kept(c, None)) for c in checked]
+
+    def _pages_capture(self, checked: CheckedRequest) -> CheckedRequest:
+        """The request with the capture a page asks for (engine.serving.capture), or as it was where it is refused."""
+        policy, _ = capture_policy(self.lm.spec, checked.n_prompt, checked.request.max_new_tokens,
+                                   budget=self.limits.max_capture_bytes, max_layers=self.limits.max_capture_layers,
+                                   value_bytes=self.lm.dtype.itemsize)
+        try:
+            return self._recheck(checked, policy)
+        except EngineError:                             # capture over the limits: the warm-up runs without it
+            return checked
 
     # --- the worker ------------------------------------------------------------------------------
 
