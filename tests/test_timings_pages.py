@@ -8,6 +8,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from conftest import tiny_prompt
+from app.ui.format import fmt_ms
 from app.journey.why import after_first, behind_in, fmt_s, segments, why_figure, why_line
 from engine.serving.timeline import Rates, RequestTimeline, StepSeen, story, timings_of
 
@@ -38,6 +39,8 @@ def test_the_journey_shows_why_under_the_answer_with_the_runs_own_timings(app):
     assert line == why_line(timeline)
     assert f"{fmt_s(t['first_token_split']['total'])} to the first token" in line
     assert f"{fmt_s(t['split']['total'])} in all" in line
+    shown = next(m.value for m in at.metric if m.label == "Time to first token")
+    assert shown == fmt_ms(t["time_to_first_token_seconds"])          # the metric and the line: one TTFT (queue + prefill)
     figure = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
                   if any("you (request" in str(d.get("y")) for d in json.loads(c.proto.spec)["data"]))
     mine = [d for d in figure["data"] if d["name"] in ("you: prefill", "you: decode")]
