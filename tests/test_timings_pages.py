@@ -86,6 +86,14 @@ def test_the_two_lines_tell_one_story_the_first_token_then_the_rest():
         "at one row's pace, 70 ms the batch's other rows, 50 ms the server between steps.")
 
 
+def test_a_request_the_time_limit_stopped_does_not_say_its_stop():
+    """A timeout ends the story as a Stop does, but nobody pressed Stop: the line says what stopped it."""
+    timeline = shared_first_step()
+    timeline["timings"]["stopped"] = True
+    assert "**then 320 ms to its Stop** (450 ms in all)" in why_line({**timeline, "finish_reason": "cancelled"})
+    assert "**then 320 ms to the time limit** (450 ms in all)" in why_line({**timeline, "finish_reason": "timeout"})
+
+
 def test_the_room_page_shows_any_recent_request_the_same_way(app):
     at = generate(app, tiny_prompt(9), 4)
     run = at.session_state["last_run"]

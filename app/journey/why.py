@@ -76,7 +76,8 @@ def why_line(timeline: dict[str, Any]) -> str:
     """One line for the time to the first token, one for the rest of the answer (the two add up to the whole)."""
     t = timeline["timings"]
     reason, whole, rest = t.get("wait_reason") or "", t["split"], after_first(t)
-    end = "to its Stop" if t.get("stopped") else "to the end"
+    end = ("to the time limit" if timeline.get("finish_reason") == "timeout" else   # the server stopped it, not you
+           "to its Stop" if t.get("stopped") else "to the end")
     if rest is None:
         return f"**{fmt_s(whole['total'])} {end}**: " + ", ".join(_parts(whole, t["behind"], reason)) + "."
     first = t["first_token_split"]
