@@ -27,9 +27,9 @@ def test_a_new_scheduler_warms_up_through_its_own_runner_and_keeps_no_trace(fres
     scheduler = scheduler_for(fresh_lm)
     try:
         steps = scheduler.warmed
-        prompts = [scheduler.check(GenerationRequest(p, max_new_tokens=2)).n_prompt for p in WARM_UP_PROMPTS]
-        assert sum(s.prefill_tokens for s in steps) == sum(prompts)          # both prompts prefilled
-        assert max(s.decode_rows for s in steps) == 2                        # and one decode step of two rows
+        first, second = [scheduler.check(GenerationRequest(p, max_new_tokens=2)).n_prompt for p in WARM_UP_PROMPTS]
+        assert [s.prefill_tokens for s in steps if s.prefill_tokens] == [first, 2 * second]   # alone, then two rows
+        assert sorted({s.decode_rows for s in steps} - {0}) == [1, 2]        # a lone decode step and one of two rows
         assert scheduler.room().steps == () and scheduler.stats().submitted == 0     # no one's step, no request
         rates = scheduler.rates()
         assert rates.one_row_step is None and rates.prefill_per_token is None     # no pace measured from it

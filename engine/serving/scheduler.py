@@ -609,28 +609,42 @@ class Scheduler:
 
     def warm_up(self) -> tuple[StepInfo, ...]:
         """One short prefill and one decode step of two rows (the room's usual shapes: an API client's request and a
-        page's, which keeps its residual), through this scheduler's own batch runner, before it takes a request: a fresh process's first passes pay one-off costs (on a CPU, seconds
-        for a prefill that takes a tenth of a second warm; the first batched step packs its weights), which the first
-        person's timeline would otherwise blame on their prefill. Not a request: no step log, timeline, pace or count
-        keeps it, and the prefix cache forgets its prompts. `scheduler_for` calls it, so a server is ready after it."""
+        page's, which keeps its residual), run by the scheduler's own worker thread on its own batch runner before it
+        takes a request: a fresh process's first passes pay one-off costs (on a CPU, seconds for a prefill that takes
+        a tenth of a second warm: memory first touched by the thread that steps, the first batched step's packed
+        weights), which the first person's timeline would otherwise blame on their prefill. Not a request: no step
+        log, timeline, pace or count keeps it, and the prefix cache forgets its prompts. Returns once it has run;
+        `scheduler_for` calls it, so a server is ready after it."""
+        failed: list[Exception] = []
         with self._cond:
             if self._worker is not None or self._queue or not self._runner.idle:
                 return self.warmed                     # requests came first: they warmed it
-            failed: list[Exception] = []
             try:
-                for slot in self._warm_up_slots(failed):
-                    self._runner.add(slot)
+                groups = self._warm_up_slots(failed)
             except EngineError as err:                 # limits that refuse it (a prompt cap of a few tokens)
                 log.info("no warm-up: %s", err)
-                self._runner = self._new_runner()
                 return self.warmed
-            steps = []
-            with self.lm.lock:
-                try:
-                    while not self._runner.idle and len(steps) < 8:   # 2 or 3 steps: a bound, not a guess
+            done = threading.Event()
+            self._worker = threading.Thread(target=self._work, args=(groups, failed, done), name="playground-scheduler",
+                                            daemon=True)
+            self._worker.start()
+        done.wait()
+        return self.warmed
+
+    def _run_warm_up(self, groups: list[list[Slot]], failed: list[Exception]) -> None:
+        """The warm-up's steps, in the worker's thread (the thread every later step runs in), kept by nothing."""
+        steps: list[StepInfo] = []
+        with self.lm.lock:
+            try:
+                for group in groups:
+                    for slot in group:
+                        self._runner.add(slot)
+                    while not self._runner.idle and len(steps) < 12:  # 2 or 3 steps a group: a bound, not a guess
                         steps.append(self._runner.step())
-                except Exception as err:  # noqa: BLE001 - a failed warm-up leaves the server to serve as before
-                    failed.append(err)
+                    self.prefix.clear()                                # the next group prefills its prompts whole
+            except Exception as err:  # noqa: BLE001 - a failed warm-up leaves the server to serve as before
+                failed.append(err)
+        with self._cond:
             self.prefix.clear()
             self.prefix.stats = type(self.prefix.stats)()           # its lookups are no one's
             if failed or not self._runner.idle:
@@ -638,17 +652,21 @@ class Scheduler:
                             failed[0] if failed else "still running")
                 self._runner = self._new_runner()
             self.warmed = tuple(steps)
-            return self.warmed
 
-    def _warm_up_slots(self, failed: list[Exception]) -> list[Slot]:
-        """Two short requests (one where the batch holds one), checked at the door like any, the second with the
-        pages' capture (its residual kept, as a page's run keeps it) where the limits allow; their records go nowhere."""
-        prompts = WARM_UP_PROMPTS[:min(2, self._runner.room) if self._batchable else 1]
-        checked = [self.check(GenerationRequest(prompt, max_new_tokens=2)) for prompt in prompts]
-        if len(checked) == 2:
-            checked[1] = self._pages_capture(checked[1])
-        return [Slot(c.request, list(c.ids), c.policy, lambda record: None, failed.append,
-                     kept=self._kept(c, None)) for c in checked]
+    def _warm_up_slots(self, failed: list[Exception]) -> list[list[Slot]]:
+        """What the warm-up runs, group after group: one request alone (one row: the lone prefill and decode step),
+        then two together (where the batch takes two: the batched prefill and decode step). Checked at the door like
+        any; one of each keeps its residual as a page's run does, where the limits allow; the records go nowhere."""
+        def slot(prompt: str, pages: bool) -> Slot:
+            c = self.check(GenerationRequest(prompt, max_new_tokens=2))
+            c = self._pages_capture(c) if pages else c
+            return Slot(c.request, list(c.ids), c.policy, lambda record: None, failed.append, kept=self._kept(c, None))
+
+        first, second = WARM_UP_PROMPTS
+        groups = [[slot(first, True)]]
+        if self._batchable and self._runner.room >= 2:
+            groups.append([slot(second, False), slot(second, True)])     # in one step: both prefill it whole
+        return groups
 
     def _pages_capture(self, checked: CheckedRequest) -> CheckedRequest:
         """The request with the capture a page asks for (engine.serving.capture), or as it was where it is refused."""
@@ -667,7 +685,13 @@ class Scheduler:
             self._worker = threading.Thread(target=self._work, name="playground-scheduler", daemon=True)
             self._worker.start()
 
-    def _work(self) -> None:
+    def _work(self, warm: list[list[Slot]] | None = None, failed: list[Exception] | None = None,
+              warmed: threading.Event | None = None) -> None:
+        if warm and warmed is not None:
+            try:
+                self._run_warm_up(warm, failed if failed is not None else [])
+            finally:
+                warmed.set()
         while True:
             with self._cond:
                 while not self._queue and self._runner.idle and not self._closed:
