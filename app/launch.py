@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from app.hosting.fence import fence_line
 from engine.launch import (LOOPBACK, REPLICAS, UPLOAD_MB, WEB_PROCESSES, server_args, serves_api,  # noqa: F401
                            way, web_command)
 from engine.serving.flags import LIMIT_FLAGS  # noqa: F401
@@ -149,6 +150,17 @@ def handed_origins(args: argparse.Namespace, environ: Mapping[str, str], setting
     return came
 
 
+def streamlit_fence_line() -> str | None:
+    """One line when the installed Streamlit is outside the fence of the room's runner fixes (app/hosting/fence.py),
+    read from the package's metadata: the launcher says so at start without importing Streamlit."""
+    from importlib.metadata import PackageNotFoundError, version   # here: only a start reads it
+
+    try:
+        return fence_line(version("streamlit"))
+    except PackageNotFoundError:
+        return "Streamlit is not installed: `make install` installs the release the lock holds"
+
+
 def streamlit_command(settings: Settings) -> list[str]:
     return web_command(settings, APP)
 
@@ -206,6 +218,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             print(f"{var}={value}")
         return 0
     print(banner(settings, token, code, key), flush=True)
+    if line := streamlit_fence_line():
+        print(f"Note: {line}.", flush=True)
     os.chdir(ROOT)
     if way(settings) in (WEB_PROCESSES, REPLICAS):
         from app.hosting.processes import serve_room            # nginx and the supervisor: only for a room of processes
