@@ -9,7 +9,7 @@ from streamlit.testing.v1 import AppTest
 
 from conftest import tiny_prompt
 from app.ui.format import fmt_ms
-from app.journey.why import after_first, behind_in, fmt_s, segments, why_figure, why_line
+from app.journey.why import after_first, behind_in, fmt_s, held_spans, segments, why_figure, why_line
 from engine.serving.timeline import Rates, RequestTimeline, StepSeen, story, timings_of
 
 MAIN = "../app/main.py"
@@ -59,6 +59,21 @@ def test_the_chart_draws_each_step_as_the_step_log_has_it():
     assert rows[4][0] == (pytest.approx(0.13), pytest.approx(0.12), "prefill")
     figure = why_figure(timeline)
     assert list(figure.layout.yaxis.categoryarray)[-1] == "you (request 3)"
+
+
+def test_a_step_it_lived_through_without_a_part_of_its_own_is_drawn_in_its_row():
+    """Admitted, but the step's prefill chunk went to another's long prompt: its row shows that step as held, so
+    the chart shows where "behind request 4's prompt" went (a screenshot at 1024x768 had a gap there)."""
+    timeline = {"id": 3, "events": {"admitted": 0.1, "first_token": 0.5, "stopped": None},
+                "steps": [{"start": 0.1, "seconds": 0.2, "prefill_seconds": 0.2, "rows": [1], "prefills": [[4, 256]]},
+                          {"start": 0.3, "seconds": 0.2, "prefill_seconds": 0.15, "rows": [1, 3],
+                           "prefills": [[4, 64], [3, 30]]},                # its chunk, then its first decode row
+                          {"start": 0.5, "seconds": 0.1, "prefill_seconds": 0.0, "rows": [1, 3], "prefills": []}]}
+    spans = held_spans(timeline)                # the whole first step; the second until its own chunk began
+    assert spans == [(0.1, 0.2, "held"), (0.3, pytest.approx(0.15 * 64 / 94), "held")]
+    assert spans[1][0] + spans[1][1] == pytest.approx(segments(timeline)[3][0][0])    # where its prefill bar starts
+    held = [d for d in why_figure(timeline).data if d.name == "you: behind others' prefill"]
+    assert len(held) == 1 and set(held[0].y) == {"you (request 3)"} and list(held[0].base) == [0.1, 0.3]
 
 
 def shared_first_step() -> dict:
