@@ -201,6 +201,7 @@ def test_the_presenter_sees_the_rooms_settings_and_a_member_does_not(room, brows
     assert rows["host"][:2] == ["0.0.0.0", "flag"] and rows["model"][1] == "default"        # says, from the launcher
     assert rows["join_code"][1] == rows["api_key"][1] == "launcher"                          # made up at start
     assert_no_exception(lead)
+    panel.scroll_into_view_if_needed()
     shot(lead, "room_settings_presenter")
     member = tab(browser, f"{url}/?join={CURRENT['code']}")
     assert let_in(member)
