@@ -13,7 +13,8 @@ a key and presenter mode for a token, each made up at start unless given, and pr
 
 The settings (engine/settings.py, every one in docs/settings.md) are read once here, from the flags, then the
 PLAYGROUND_* variables, then a settings file (--settings FILE), and handed to the processes this starts as
-PLAYGROUND_* variables; `--print-settings` shows them, secrets masked. engine/launch.py builds the commands of every
+PLAYGROUND_* variables, with where each came from (PLAYGROUND_SETTINGS_ORIGINS, for the room page's table);
+`--print-settings` shows them, secrets masked. engine/launch.py builds the commands of every
 way to start. The browser can only use the model the launcher named; limits left unset take the defaults for the
 device (engine/serving/limits.py).
 """
@@ -27,10 +28,12 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from app.hosting.fence import fence_line
 from engine.launch import (LOOPBACK, REPLICAS, UPLOAD_MB, WEB_PROCESSES, server_args, serves_api,  # noqa: F401
                            way, web_command)
 from engine.serving.flags import LIMIT_FLAGS  # noqa: F401
-from engine.settings import FILE_ENV, PLAYGROUND, Settings, SettingsError, add_flags, load, origins, table
+from engine.settings import (FILE_ENV, LAUNCHER, PLAYGROUND, Settings, SettingsError, add_flags, load, origins,
+                             origins_env, table)
 
 APP = Path(__file__).resolve().parent
 ROOT = APP.parent
@@ -136,6 +139,28 @@ def launch_env(settings: Settings, token: str | None = None, code: str | None = 
     return {**given, **{var: value for var, value in room.items() if value}}
 
 
+def handed_origins(args: argparse.Namespace, environ: Mapping[str, str], settings: Settings,
+                   given: Mapping[str, str]) -> dict[str, str]:
+    """Where each setting came from, as `--print-settings` says, and 'launcher' for each value the launcher made up
+    for the processes it starts (a secret, the join link's address): what the room page shows."""
+    came = origins(args, environ)
+    made = {"presenter_token": TOKEN_ENV, "api_key": KEY_ENV, "join_code": JOIN_CODE_ENV, "public_url": PUBLIC_URL_ENV}
+    came.update({name: LAUNCHER for name, var in made.items()
+                 if given.get(var) and getattr(settings, name) in (None, "auto")})
+    return came
+
+
+def streamlit_fence_line() -> str | None:
+    """One line when the installed Streamlit is outside the fence of the room's runner fixes (app/hosting/fence.py),
+    read from the package's metadata: the launcher says so at start without importing Streamlit."""
+    from importlib.metadata import PackageNotFoundError, version   # here: only a start reads it
+
+    try:
+        return fence_line(version("streamlit"))
+    except PackageNotFoundError:
+        return "Streamlit is not installed: `make install` installs the release the lock holds"
+
+
 def streamlit_command(settings: Settings) -> list[str]:
     return web_command(settings, APP)
 
@@ -181,6 +206,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     token, key = room_secrets(settings)
     code = join_code(settings)
     given = launch_env(settings, token, code, key)   # torch's threads: measured by the scheduler (engine/serving/threads.py)
+    given.update(origins_env(handed_origins(args, base, settings, given), settings))   # for the room page's table
     if "OMP_WAIT_POLICY" not in base:   # as `python -m engine` does: OpenMP's threads sleep at a barrier, not spin
         given["OMP_WAIT_POLICY"] = "PASSIVE"   # (docs/engine.md, "Two threads, and why they were ten times slower")
     env = {var: value for var, value in {**base, **given}.items()
@@ -192,6 +218,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             print(f"{var}={value}")
         return 0
     print(banner(settings, token, code, key), flush=True)
+    if line := streamlit_fence_line():
+        print(f"Note: {line}.", flush=True)
     os.chdir(ROOT)
     if way(settings) in (WEB_PROCESSES, REPLICAS):
         from app.hosting.processes import serve_room            # nginx and the supervisor: only for a room of processes

@@ -66,6 +66,7 @@ from engine.runs.kept import keep  # noqa: E402
 from engine.store import RunDisk  # noqa: E402
 from engine.lab.speed import measure_context  # noqa: E402
 from bench import provenance  # noqa: E402
+from bench.bomb import old_format  # noqa: E402
 
 SHIPPED = replay.shipped_paths()
 TOKEN = "soak-presenter-token"
@@ -119,7 +120,7 @@ class Room:
         self.lost: list[str] = []
         self._lock = threading.Lock()
         self.good = [p.read_bytes() for p in SHIPPED]
-        self.bad = malformed(self.good[0])
+        self.bad = malformed(old_format(SHIPPED[0]))     # broken copies of a .json.gz: the old reader's checks
         self.bombs = {"issue 14 bomb": bomb(bomb_mb * 10**6, header=False),
                       "worst-case bomb": lie(bomb(bomb_mb * 10**6, header=True, string=True),
                                              max_recording_bytes(self.scheduler.limits) - 2**20)}
@@ -294,9 +295,9 @@ def act(room: Room, v: Visitor, kind: str) -> Outcome:
     if kind in ("generate", "cancel", "disconnect"):
         return do_generate(room, v, {"generate": "read"}.get(kind, kind))
     if kind == "open_shipped":
-        return do_open(room, v, kind, v.rng.choice(room.good), "shipped.json.gz", True)
+        return do_open(room, v, kind, v.rng.choice(room.good), "shipped.run.zip", True)
     if kind == "upload_good":
-        return do_open(room, v, kind, v.rng.choice(room.good), "mine.json.gz", True)
+        return do_open(room, v, kind, v.rng.choice(room.good), "mine.run.zip", True)
     if kind == "upload_bad":
         name = v.rng.choice(sorted(room.bad))
         return do_open(room, v, kind, room.bad[name], f"{name}.json.gz", False)

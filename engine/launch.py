@@ -140,7 +140,8 @@ def load_service(settings: Settings, state: Any, token: str | None, progress: An
 
     lm = load_model(settings.model, device=settings.device, dtype=settings.dtype, progress=progress)
     # Not yet ready to serve: a 503 meanwhile said "the model is still loading (ready (100%))".
-    progress(1.0, "loaded; opening the run store and starting the scheduler")
+    progress(1.0, "loaded; opening the run store, starting the scheduler and warming up the model (a short prefill "
+                  "and a decode step, so that the first request does not pay the model's first call)")
     if lm.device.type == "cpu":
         print(cpu_threads(settings.threads), file=sys.stderr, flush=True)
     limits = limits_from_flags(settings, Limits.for_device(lm.device).with_env())

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import os
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -34,6 +35,9 @@ BOTH, NEITHER = (PLAYGROUND, SERVE), ()
 GROUPS = ("model", "where", "room", "runs", "limits", "process")
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 FLAG, VARIABLE, FILE, DEFAULT = "flag", "variable", "file", "default"      # where a setting came from
+LAUNCHER = "launcher"                   # ... or set by the launcher at start (a secret it made up, the join address)
+SOURCES = (FLAG, VARIABLE, FILE, DEFAULT, LAUNCHER)
+ORIGINS_ENV = PREFIX + "SETTINGS_ORIGINS"   # where each setting came from, as `playground` read them (not a setting)
 
 
 class SettingsError(ValueError):
@@ -127,10 +131,13 @@ class Settings:
     max_capture_layers: int | None = limit(int, "layers one request may capture", "max_capture_layers")
     request_seconds: float | None = limit(float, "wall time of one request before it is stopped", "request_seconds")
     reserve_mb: int | None = limit(int, "memory kept free for everything else, in MiB", "reserve_mb")
-    max_saved_per_session: int | None = limit(int, "recordings one person (a browser) may keep on the server's disk "
-                                              "(0: none)", "max_saved_per_session")
-    max_saved_mb: int | None = limit(int, "recordings kept on disk for all sessions together, in MiB; the oldest "
-                                     "go first", "max_saved_mb")
+    max_saved_per_session: int | None = limit(int, "runs the Recordings page lists for one person (a browser): their "
+                                              "newest runs, and as many kept on the server (0: none)",
+                                              "max_saved_per_session")
+    max_saved_mb: int | None = limit(int, "a web process's memory for people's recent runs while the run store "
+                                     "cannot take them (--runs-mb 0, a newer store, a full disk), in MiB for "
+                                     "everyone; the oldest go first (the store's own budget is --runs-mb)",
+                                     "max_saved_mb")
     # the process itself
     timelines: bool = setting(True, bool, "process", "keep each request's step timeline (off only to measure what "
                               "keeping one costs: bench/timings.py)", PREFIX + "TIMELINES")
@@ -284,6 +291,40 @@ def current() -> Settings:
     return of()
 
 
+def origins_env(came_from: Mapping[str, str], settings: Settings) -> dict[str, str]:
+    """The variable that tells a process the launcher starts where each of its settings came from (`origins()`, and
+    LAUNCHER for what the launcher made up) and which settings file was read: the room page shows what
+    `--print-settings` shows."""
+    return {ORIGINS_ENV: json.dumps({"from": dict(came_from), "file": settings.settings_file}, separators=(",", ":"))}
+
+
+def told_origins(text: str | None) -> tuple[dict[str, str], str | None] | None:
+    """ORIGINS_ENV read back: (setting -> where it came from, the settings file); None when absent or unreadable."""
+    try:
+        doc = json.loads(text or "")
+    except ValueError:
+        return None
+    came = doc.get("from") if isinstance(doc, dict) else None
+    if not isinstance(came, dict):
+        return None
+    known = {name: source for name, source in came.items() if name in BY_NAME and source in SOURCES}
+    return known, doc["file"] if isinstance(doc.get("file"), str) else None
+
+
+def as_started(environ: Mapping[str, str] | None = None) -> tuple[Settings, dict[str, str]]:
+    """This process's settings and where each came from: as the launcher that started it read them (ORIGINS_ENV),
+    ('launcher' for a secret or the join link's address it made up), and 'launcher' for a variable it did not know
+    of (the room's status file, set by the supervisor); in a process started by hand, 'variable' or 'default'."""
+    env = os.environ if environ is None else environ
+    settings, own = of(env), origins(None, env)
+    told = told_origins(env.get(ORIGINS_ENV))
+    if told is None:
+        return settings, own
+    came, file = told
+    return (settings.replace(settings_file=file or settings.settings_file),
+            {name: came.get(name, DEFAULT if source == DEFAULT else LAUNCHER) for name, source in own.items()})
+
+
 def add_flags(parser: argparse.ArgumentParser, command: str) -> None:
     """Every setting of `command` as a flag, in groups; each left out is None (then variable, file, default)."""
     groups = {name: parser.add_argument_group(name) for name in GROUPS}
@@ -308,9 +349,12 @@ def masked(spec: Spec, value: Any) -> str:
     return ("on" if value else "off") if spec.kind is bool else str(value)
 
 
-def rows(settings: Settings, command: str = PLAYGROUND) -> list[dict[str, str]]:
-    """The settings a room runs with, one row each (name, value masked, where to set it)."""
+def rows(settings: Settings, command: str = PLAYGROUND,
+         came_from: Mapping[str, str] | None = None) -> list[dict[str, str]]:
+    """The settings a room runs with, one row each: name, value masked, where it came from (with `came_from`,
+    `origins()` or `as_started()`), where to set it."""
     return [{"setting": spec.name, "value": masked(spec, value),
+             **({"came from": came_from.get(spec.name, DEFAULT)} if came_from is not None else {}),
              "set by": " / ".join(x for x in (spec.flag if command in spec.commands else None, spec.env) if x)}
             for spec, value in settings.items()
             if (command in spec.commands or (spec.env and not spec.flag)) and (spec.name != "settings_file" or value)]
@@ -319,9 +363,6 @@ def rows(settings: Settings, command: str = PLAYGROUND) -> list[dict[str, str]]:
 def table(settings: Settings, command: str = PLAYGROUND, came_from: Mapping[str, str] | None = None) -> str:
     """`--print-settings`: one line a setting, aligned: name, value, where it came from (`origins()`), its flag
     and variable."""
-    lines = rows(settings, command)
-    width = max(len(r["setting"]) for r in lines)
-    value_width = max(len(r["value"]) for r in lines)
-    source = (lambda name: f"{came_from.get(name, DEFAULT):<8}  ") if came_from else (lambda name: "")
-    return "\n".join(f"{r['setting']:<{width}}  {r['value']:<{value_width}}  {source(r['setting'])}{r['set by']}"
-                     for r in lines)
+    lines = rows(settings, command, came_from)
+    widths = {column: max(len(r[column]) for r in lines) for column in lines[0]}
+    return "\n".join("  ".join(f"{r[column]:<{widths[column]}}" for column in r).rstrip() for r in lines)

@@ -25,13 +25,19 @@ from app.room.presenter import PresenterBoard
 from app.runs.recordings import RECORDINGS_DIR, open_bytes, run_bytes
 from engine.core.generate import GenerationRequest, generate_captured
 from engine.core.hooks import CapturePolicy
-from engine.serving.recording import load_recording
+from engine import runs as run_files
+from base_recording import dumps_recording
 from engine.serving.scheduler import scheduler_for
 
 MAIN = "../app/main.py"
 TIMEOUT = 60
 TOKEN = "front-of-the-room-token"
-SHIPPED = sorted(RECORDINGS_DIR.glob("*.json.gz"))
+SHIPPED = sorted(RECORDINGS_DIR.glob("*.run.zip"))
+
+
+def shipped(path) -> object:
+    """A shipped run file's recording."""
+    return run_files.load(path).recording
 
 
 @pytest.fixture
@@ -228,13 +234,13 @@ def test_a_session_beyond_the_room_limit_gets_a_message_and_the_recordings(sched
     open_page(at, "recordings.py")
     at.button(key="recordings.open.0").click().run()
     open_page(at, "journey.py")
-    assert load_recording(SHIPPED[0]).done.text in texts(at)
+    assert shipped(SHIPPED[0]).done.text in texts(at)
 
 
 # --- recordings ----------------------------------------------------------------------------------------------
 
 def test_a_shipped_recording_replays_on_every_page_without_generating(scheduler):
-    rec = load_recording(SHIPPED[0])
+    rec = shipped(SHIPPED[0])
     at = open_page(new_app(), "recordings.py")
     at.button(key="recordings.open.0").click().run()
     submitted = scheduler.stats().submitted
@@ -264,7 +270,7 @@ def test_recordings_open_when_the_model_does_not_load(monkeypatch, tmp_path):
     open_page(at, "recordings.py")
     assert any("No model is available" in i.value for i in at.info)
     at.button(key="recordings.open.1").click().run()
-    rec = load_recording(SHIPPED[1])
+    rec = shipped(SHIPPED[1])
     for page in ("journey.py", "attention.py", "kv_cache.py"):
         open_page(at, page)
         assert any(t.startswith("Showing the recording") for t in texts(at)), page
@@ -287,7 +293,7 @@ def upload(at: AppTest, name: str, data: bytes) -> AppTest:
 ])
 def test_a_corrupt_or_foreign_upload_gives_a_clear_error(env, name, make, words):
     at = open_page(new_app(), "recordings.py")
-    upload(at, name, make(SHIPPED[0].read_bytes()))
+    upload(at, name, make(dumps_recording(shipped(SHIPPED[0]))))         # a .json.gz as people saved them before
     assert any(words in e.value for e in at.error), [e.value for e in at.error]
     assert "last_run" not in at.session_state
 

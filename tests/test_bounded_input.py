@@ -2,6 +2,7 @@
 recordings on disk, presenter-token guesses; and the command line's one-line errors."""
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import threading
@@ -26,7 +27,17 @@ from engine.serving.recording import (PARSE_SLOTS, ParseSlots, RecordingError, l
                                       new_recording)
 
 ROOT = Path(__file__).resolve().parent.parent
-SHIPPED = sorted((ROOT / "assets" / "recordings").glob("*.json.gz"))
+SHIPPED = sorted((ROOT / "assets" / "recordings").glob("*.run.zip"))
+
+
+@functools.lru_cache(maxsize=None)
+def old_bytes(path: Path) -> bytes:
+    """A shipped recording as the base commit's writer saved it (.json.gz): what the old reader's caps bound."""
+    from engine.runs import load                       # here: the run file is only this helper's way in
+
+    return dumps_recording(load(path).recording)
+
+
 HEADER = b'{"format":"inference-playground/recording","version":1,"records":['
 SMALL = Limits(max_prompt_tokens=64, max_new_tokens=16, max_capture_mb=2, max_capture_layers=4)
 
@@ -54,8 +65,8 @@ def test_the_recording_caps_follow_the_capture_limits_by_hand():
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_each_part_of_a_real_recording_is_within_what_the_cap_allows_for_it(path):
     """The constants behind the cap hold for recordings of the real SmolLM2 (30 layers, 9 heads)."""
-    rec = load_recording(path)
-    text = gzip.decompress(path.read_bytes())
+    rec = loads_recording(old_bytes(path))
+    text = gzip.decompress(old_bytes(path))
     attention = 0
     for r in rec.records:
         for cap in getattr(r, "captures", {}).values():
@@ -74,7 +85,7 @@ def test_each_part_of_a_real_recording_is_within_what_the_cap_allows_for_it(path
                     max_capture_mb=-(-capture_bytes(rec.spec, rec.policy, n_prompt, n_new) // 2**20))
     assert attention * 2 <= capture_bytes(rec.spec, rec.policy, n_prompt, n_new)      # float32 bound, stored half
     assert len(text) <= max_recording_bytes(limits) and values(text) <= max_recording_values(limits)
-    assert loads_recording(path.read_bytes(), limits=limits).done == rec.done         # opens under its own limits
+    assert loads_recording(old_bytes(path), limits=limits).done == rec.done         # opens under its own limits
 
 
 def test_a_recording_made_at_the_limits_opens_under_them(tiny_lm):
@@ -137,7 +148,7 @@ def test_a_bomb_is_refused_before_it_is_parsed_with_little_memory(case):
 
 
 def test_a_cut_file_whose_trailer_says_it_is_huge_is_called_cut_not_huge():
-    good = SHIPPED[0].read_bytes()
+    good = old_bytes(SHIPPED[0])
     cut = lying(good[: len(good) // 2], 2**31)                   # what is left at the end reads as a size
     with pytest.raises(RecordingError, match="damaged or truncated gzip file"):
         loads_recording(cut, limits=CPU_LIMITS)
@@ -146,7 +157,7 @@ def test_a_cut_file_whose_trailer_says_it_is_huge_is_called_cut_not_huge():
 
 
 def test_a_gzip_with_a_second_member_is_refused():
-    good = SHIPPED[0].read_bytes()
+    good = old_bytes(SHIPPED[0])
     with pytest.raises(RecordingError, match="one gzip member|trailer says"):
         loads_recording(good + gzip.compress(b"more"))
 
@@ -177,7 +188,7 @@ def test_a_wait_for_a_parse_place_ends_with_a_message():
 
 
 def test_loading_and_saving_share_the_process_wide_places(tiny_lm):
-    data, told, done, waiting = SHIPPED[0].read_bytes(), [], threading.Event(), threading.Event()
+    data, told, done, waiting = old_bytes(SHIPPED[0]), [], threading.Event(), threading.Event()
     holders = [PARSE_SLOTS.hold() for _ in range(recording.PARSE_PLACES)]
     for h in holders:
         h.__enter__()

@@ -194,7 +194,14 @@ def test_the_presenter_sees_the_rooms_settings_and_a_member_does_not(room, brows
     wait_text(lead, f"set ({len(TOKEN)} characters, hidden)")
     panel = lead.get_by_test_id("stExpander").filter(has_text="Settings this room runs with")
     assert "presenter_token" in panel.inner_text() and TOKEN not in lead.content()
+    cells = [[c.inner_text().strip() for c in row.locator("th, td").all()] for row in panel.locator("tr").all()]
+    rows = {row[0]: row[1:] for row in cells if row}
+    assert rows[""] == ["value", "came from", "set by"]                                      # the header
+    assert rows["presenter_token"][:2] == [f"set ({len(TOKEN)} characters, hidden)", "flag"]   # as --print-settings
+    assert rows["host"][:2] == ["0.0.0.0", "flag"] and rows["model"][1] == "default"        # says, from the launcher
+    assert rows["join_code"][1] == rows["api_key"][1] == "launcher"                          # made up at start
     assert_no_exception(lead)
+    panel.scroll_into_view_if_needed()
     shot(lead, "room_settings_presenter")
     member = tab(browser, f"{url}/?join={CURRENT['code']}")
     assert let_in(member)

@@ -4,9 +4,14 @@ the chart; on the room page the presenter (at 1440x900) pushes the request picke
 moves to it, the same two lines and chart drawn at both sizes."""
 from __future__ import annotations
 
+import json
+import re
+import threading
+import urllib.request
+
 import pytest
 
-from test_browser import (PROJECTOR, assert_no_exception, browser,  # noqa: F401
+from test_browser import (LONG_PROMPT, PROJECTOR, assert_no_exception, browser,  # noqa: F401
                           assert_nothing_clipped, button, projector, projector_shot, running_app,
                           set_number, shot, wait_heading, wait_idle, wait_text)
 from test_browser_watch import TOKEN, unlock
@@ -57,6 +62,41 @@ def test_the_line_and_the_chart_appear_under_the_answer_on_a_projector(app_url, 
     assert box["width"] <= PROJECTOR["width"]
     assert_apart(projector, PROJECTOR["width"])
     projector_shot(projector, "journey-why")
+
+
+def long_prompt_through_the_api(url: str, done: list) -> None:
+    """A ~600-token prompt from an API client, beside the page's run (three prefill chunks)."""
+    model = json.load(urllib.request.urlopen(f"{url}/v1/models", timeout=60))["data"][0]["id"]
+    body = json.dumps({"model": model, "prompt": LONG_PROMPT[:2800], "max_tokens": 4}).encode()
+    request = urllib.request.Request(f"{url}/v1/completions", body, {"Content-Type": "application/json"})
+    done.append(json.load(urllib.request.urlopen(request, timeout=600))["usage"]["prompt_tokens"])
+
+
+def test_with_a_long_prompt_joining_the_line_and_the_chart_stay_apart_on_a_projector(app_url, projector):
+    """An API client's long prompt arrives while the page's answer streams (whether it lands in the answer's steps is
+    the machine's speed: nothing here depends on it): the line and the chart stay apart, every word whole, and the
+    Time to first token metric says what the line says (it said the prefill record's time, a second apart)."""
+    projector.goto(f"{app_url}/journey")
+    wait_heading(projector, "The journey of a request")
+    set_number(projector, "Max new tokens", 24)
+    button(projector, "Generate").click()
+    done: list = []
+    client = threading.Thread(target=long_prompt_through_the_api, args=(app_url, done))
+    client.start()
+    wait_text(projector, "Done:", 600)
+    wait_text(projector, "to the first token", 120)
+    client.join(600)
+    wait_idle(projector)
+    assert_no_exception(projector)
+    assert done and done[0] > 500
+    line = projector.locator('[data-testid="stMarkdown"]', has_text="to the first token").last.inner_text()
+    metric = projector.get_by_test_id("stMetric").filter(has_text="Time to first token").first.inner_text()
+    said = re.match(r"([\d.,]+) (ms|s) to the first token", line)
+    shown_ms = float(re.search(r"([\d,.]+) ms", metric).group(1).replace(",", ""))
+    said_ms = float(said.group(1).replace(",", "")) * (1000 if said.group(2) == "s" else 1)
+    assert abs(said_ms - shown_ms) <= 5.5, (line, metric)              # one number, rounded two ways
+    assert_apart(projector, PROJECTOR["width"])
+    projector_shot(projector, "journey-why-long-prompt")
 
 
 @pytest.fixture(scope="module")

@@ -78,8 +78,12 @@ def test_check_then_submit_tokenizes_once_and_runs_what_the_engine_runs_alone(co
 
 @pytest.fixture
 def served(counted):
-    """The counting model behind the in-process service, as the app reaches it."""
-    return EngineService(counted)
+    """The counting model behind the in-process service, as the app reaches it (its start-up warm-up tokenized its
+    own three requests: the count starts after it)."""
+    service = EngineService(counted)
+    assert service.scheduler.warmed and counted.tokenizer.calls == 3
+    counted.tokenizer.calls = 0
+    return service
 
 
 @pytest.mark.parametrize("speculative", [False, True])

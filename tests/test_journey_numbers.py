@@ -137,11 +137,11 @@ def test_the_observer_section_quotes_its_bars(app):  # noqa: F811
 
 def test_an_opened_recording_says_where_when_and_how_it_was_recorded(app):  # noqa: F811
     from app.runs.recordings import RECORDINGS_DIR
-    from engine.serving.recording import load_recording
+    from engine.runs import load
 
     at = open_page(app, "recordings.py")
     at.button(key="recordings.open.0").click().run()
-    rec = load_recording(sorted(RECORDINGS_DIR.glob("*.json.gz"))[0])
+    rec = load(sorted(RECORDINGS_DIR.glob("*.run.zip"))[0]).recording
     at = open_page(at, "journey.py")
     said = next(c.value for c in at.caption if c.value.startswith("Recorded "))
     assert said.startswith(f"Recorded on {rec.created[:10]} in {rec.dtype} on {rec.device}")

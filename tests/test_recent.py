@@ -124,8 +124,8 @@ def test_an_uploaded_recording_says_it_opened_under_the_picker(app):  # noqa: F8
     from app.runs.recordings import RECORDINGS_DIR
 
     at = open_page(app, "recordings.py")
-    path = sorted(RECORDINGS_DIR.glob("*.json.gz"))[0]
-    at.file_uploader(key="recordings.upload").set_value((path.name, path.read_bytes(), "application/gzip")).run()
+    path = sorted(RECORDINGS_DIR.glob("*.run.zip"))[0]
+    at.file_uploader(key="recordings.upload").set_value((path.name, path.read_bytes(), "application/zip")).run()
     assert not at.exception and not at.error
     title = at.session_state[LAST_RUN].source
     said = [s.value for s in at.success]

@@ -193,12 +193,18 @@ def test_any_damage_to_a_file_either_loads_or_gives_a_recording_error(tiny_bytes
         assert isinstance(loaded.records[-1], DoneRecord)
 
 
-def test_shipped_recordings_load_and_are_small():
-    files = sorted(ASSETS.glob("*.json.gz"))
-    assert 2 <= len(files) <= 3
+def test_shipped_recordings_are_run_files_that_load_and_are_small():
+    """The one format: run files (made from the .json.gz they were by engine/runs/convert.py, with every token's
+    text); no .json.gz is shipped."""
+    from engine.runs import load, mentioned_ids
+
+    files = sorted(ASSETS.glob("*.run.zip"))
+    assert 2 <= len(files) <= 3 and not list(ASSETS.glob("*.json.gz"))
     assert sum(f.stat().st_size for f in files) < 4 * 2**20
     for f in files:
-        rec = load_recording(f)
+        run = load(f)
+        rec = run.recording
+        assert run.version == 1 and mentioned_ids(rec) <= set(run.texts)        # the lens's tokens have text too
         assert rec.model == "SmolLM2-135M-Instruct" and rec.spec.n_layers == 30
         prefill, done = rec.records[0], rec.done
         assert isinstance(prefill, PrefillRecord) and done is not None
@@ -211,8 +217,10 @@ def test_shipped_recordings_load_and_are_small():
 @pytest.mark.slow
 def test_shipped_recordings_match_the_real_model_today(smol_lm):
     """Greedy decoding is deterministic: the default model still writes what the recordings hold."""
-    for f in sorted(ASSETS.glob("*.json.gz")):
-        rec = load_recording(f)
+    from engine.runs import load
+
+    for f in sorted(ASSETS.glob("*.run.zip")):
+        rec = load(f).recording
         ids = [r.token.id for r in rec.records[:-1]]
         with smol_lm.lock:
             now = [r.token.id for r in generate(smol_lm, rec.request) if not isinstance(r, DoneRecord)]
@@ -232,3 +240,29 @@ def test_the_record_command_saves_a_greedy_run_that_says_where_it_was_made(tiny_
     plain = [r.token.id for r in generate(tiny_lm, back.request) if not isinstance(r, DoneRecord)]
     assert [r.token.id for r in back.records[:-1]] == plain and back.machine == rec.machine != ""
     assert sorted(back.records[0].captures) == [0, 2]                 # two layers spread over the depth of 3
+
+
+def test_an_old_recording_converts_to_a_run_file_holding_the_same_records(tiny_recording, tiny_model_dir, tmp_path,
+                                                                          capsys):
+    """engine/runs/convert.py on a file made by the base commit's writer: the same records and arrays, every token
+    id with its text (the logit lens's from the tokenizer); a run file, a wrong name or a model that did not make it
+    is refused in one line."""
+    from engine.runs import load, mentioned_ids
+    from engine.runs.convert import convert, main
+
+    old = save_recording(tiny_recording, tmp_path / "old.json.gz")
+    rec = convert(old, tmp_path / "new.run.zip", model=str(tiny_model_dir))
+    run = load(tmp_path / "new.run.zip")
+    assert run.version == 1 and run.name == str(tiny_model_dir) and rec.title == run.recording.title == "tiny"
+    assert_same_records(run.recording.records, load_recording(old).records)
+    lens = {int(t) for r in rec.records for c in getattr(r, "captures", {}).values() for t, _ in c.lens or ()}
+    assert lens and lens <= set(run.texts)
+    assert mentioned_ids(run.recording) <= set(run.texts)
+    assert main([str(old), str(tmp_path / "plain.run.zip")]) == 0 and "wrote" in capsys.readouterr().out
+    assert load(tmp_path / "plain.run.zip").recording.done == rec.done           # without --model: ids, no lens text
+    assert main([str(tmp_path / "new.run.zip"), str(tmp_path / "again.run.zip")]) == 1
+    assert main([str(old), str(tmp_path / "new.zip")]) == 1
+    assert main([str(old), str(tmp_path / "other.run.zip"), "--model", "default"]) == 1
+    said = capsys.readouterr().err.splitlines()
+    assert "is a run file already" in said[0] and "ends in .run.zip" in said[1] and "not SmolLM2" in said[2]
+    assert len(said) == 3 and not (tmp_path / "other.run.zip").exists()

@@ -69,6 +69,16 @@ def test_the_lock_and_pyproject_keep_streamlit_inside_the_fence():
     assert runner_fixes.fits(streamlit.__version__)                           # what `make install` put here
 
 
+def test_the_launcher_says_at_start_when_streamlit_is_outside_the_fence():
+    """One line at start, from the package's metadata (the launcher does not import Streamlit); none inside it."""
+    from app.hosting.fence import fence_line
+    from app.launch import streamlit_fence_line
+
+    assert streamlit_fence_line() is None and fence_line("1.67.9") is None
+    line = fence_line("1.68.0")
+    assert line.startswith("Streamlit 1.68.0 is installed;") and "are off" in line and "\n" not in line
+
+
 class StoppedRunner:
     """A runner that has ended its script: it refuses reruns, as Streamlit's does once stopped."""
 

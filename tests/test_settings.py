@@ -273,3 +273,39 @@ def test_the_route_settings_reach_the_engine(monkeypatch):
     monkeypatch.setenv("PLAYGROUND_BATCH_GRAPH_WIDTHS", "256")      # as bench/gpu_session.sh sets it
     assert warm_widths() == (256,) and current().to_env()["PLAYGROUND_BATCH_GRAPH_WIDTHS"] == "256"
     assert load(None, {"PLAYGROUND_SMALL_BATCH": "off"}).small_batch == "off"
+
+
+def test_the_processes_playground_starts_know_where_each_setting_came_from(tmp_path, capsys):
+    """The variables `playground` hands the processes it starts (its dry run prints them), read back there as the
+    room page reads them: each setting's value and where it came from are `--print-settings`'s, the settings file
+    included; a secret or address the launcher made up says 'launcher'."""
+    from app.launch import build_parser
+    from engine.settings import as_started
+
+    file = tmp_path / "room.toml"
+    file.write_text('model = "from-the-file"\nmax_queue = 3\nmax_batch = 2\n')
+    argv = ["--max-batch", "4", "--settings", str(file), "--host", "0.0.0.0", "--presenter-token", TOKEN]
+    base = {"PLAYGROUND_MAX_QUEUE": "5"}
+    assert main(["--dry-run", *argv], environ=base) == 0
+    handed = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines()[1:])
+    started, came = as_started({**base, **handed})
+    printed = rows(settings_of(argv, base), "playground", origins(build_parser().parse_args(argv), base))
+    shown = rows(started, "playground", came)
+    made_up = {"join_code", "api_key", "public_url"}                  # a room off loopback: made up at start
+    assert [r for r in shown if r["setting"] not in made_up] == [r for r in printed if r["setting"] not in made_up]
+    by_name = {r["setting"]: r for r in shown}
+    assert {name: by_name[name]["came from"] for name in made_up} == dict.fromkeys(made_up, "launcher")
+    assert by_name["join_code"]["value"].startswith("set (") and by_name["settings_file"]["value"] == str(file)
+    assert (by_name["max_batch"]["came from"], by_name["max_queue"]["came from"], by_name["model"]["came from"],
+            by_name["presenter_token"]["came from"], by_name["port"]["came from"]) == ("flag", "variable", "file",
+                                                                                       "flag", "default")
+
+
+def test_a_process_started_by_hand_says_variable_or_default():
+    from engine.settings import ORIGINS_ENV, as_started
+
+    came = as_started({"PLAYGROUND_MAX_BATCH": "3"})[1]
+    assert (came["max_batch"], came["model"]) == ("variable", "default")
+    for bad in ("not json", "[1]", '{"from": {"max_batch": "hacked"}}'):                  # unreadable: ignored
+        came = as_started({"PLAYGROUND_MAX_BATCH": "3", ORIGINS_ENV: bad})[1]
+        assert came["max_batch"] in ("variable", "launcher") and came["model"] == "default"

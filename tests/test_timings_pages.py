@@ -8,7 +8,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from conftest import tiny_prompt
-from app.journey.why import after_first, behind_in, fmt_s, segments, why_figure, why_line
+from app.ui.format import fmt_ms
+from app.journey.why import after_first, behind_in, fmt_s, held_spans, segments, why_figure, why_line
 from engine.serving.timeline import Rates, RequestTimeline, StepSeen, story, timings_of
 
 MAIN = "../app/main.py"
@@ -38,6 +39,8 @@ def test_the_journey_shows_why_under_the_answer_with_the_runs_own_timings(app):
     assert line == why_line(timeline)
     assert f"{fmt_s(t['first_token_split']['total'])} to the first token" in line
     assert f"{fmt_s(t['split']['total'])} in all" in line
+    shown = next(m.value for m in at.metric if m.label == "Time to first token")
+    assert shown == fmt_ms(t["time_to_first_token_seconds"])          # the metric and the line: one TTFT (queue + prefill)
     figure = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
                   if any("you (request" in str(d.get("y")) for d in json.loads(c.proto.spec)["data"]))
     mine = [d for d in figure["data"] if d["name"] in ("you: prefill", "you: decode")]
@@ -56,6 +59,21 @@ def test_the_chart_draws_each_step_as_the_step_log_has_it():
     assert rows[4][0] == (pytest.approx(0.13), pytest.approx(0.12), "prefill")
     figure = why_figure(timeline)
     assert list(figure.layout.yaxis.categoryarray)[-1] == "you (request 3)"
+
+
+def test_a_step_it_lived_through_without_a_part_of_its_own_is_drawn_in_its_row():
+    """Admitted, but the step's prefill chunk went to another's long prompt: its row shows that step as held, so
+    the chart shows where "behind request 4's prompt" went (a screenshot at 1024x768 had a gap there)."""
+    timeline = {"id": 3, "events": {"admitted": 0.1, "first_token": 0.5, "stopped": None},
+                "steps": [{"start": 0.1, "seconds": 0.2, "prefill_seconds": 0.2, "rows": [1], "prefills": [[4, 256]]},
+                          {"start": 0.3, "seconds": 0.2, "prefill_seconds": 0.15, "rows": [1, 3],
+                           "prefills": [[4, 64], [3, 30]]},                # its chunk, then its first decode row
+                          {"start": 0.5, "seconds": 0.1, "prefill_seconds": 0.0, "rows": [1, 3], "prefills": []}]}
+    spans = held_spans(timeline)                # the whole first step; the second until its own chunk began
+    assert spans == [(0.1, 0.2, "held"), (0.3, pytest.approx(0.15 * 64 / 94), "held")]
+    assert spans[1][0] + spans[1][1] == pytest.approx(segments(timeline)[3][0][0])    # where its prefill bar starts
+    held = [d for d in why_figure(timeline).data if d.name == "you: behind others' prefill"]
+    assert len(held) == 1 and set(held[0].y) == {"you (request 3)"} and list(held[0].base) == [0.1, 0.3]
 
 
 def shared_first_step() -> dict:
@@ -81,6 +99,14 @@ def test_the_two_lines_tell_one_story_the_first_token_then_the_rest():
         "**130 ms to the first token**: 100 ms waiting for a place, 30 ms your prefill.  \n"
         "**then 320 ms to the end** (450 ms in all): 120 ms behind request 4's 120-token prompt, 80 ms your tokens "
         "at one row's pace, 70 ms the batch's other rows, 50 ms the server between steps.")
+
+
+def test_a_request_the_time_limit_stopped_does_not_say_its_stop():
+    """A timeout ends the story as a Stop does, but nobody pressed Stop: the line says what stopped it."""
+    timeline = shared_first_step()
+    timeline["timings"]["stopped"] = True
+    assert "**then 320 ms to its Stop** (450 ms in all)" in why_line({**timeline, "finish_reason": "cancelled"})
+    assert "**then 320 ms to the time limit** (450 ms in all)" in why_line({**timeline, "finish_reason": "timeout"})
 
 
 def test_the_room_page_shows_any_recent_request_the_same_way(app):

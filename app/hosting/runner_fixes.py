@@ -49,7 +49,8 @@ from streamlit.runtime.app_session import AppSession, AppSessionState
 from streamlit.runtime.scriptrunner import RerunData
 from streamlit.runtime.scriptrunner.script_runner import ScriptRunner
 
-FENCE = (1, 67)                 # the minor release whose private attributes the fixes read
+from app.hosting.fence import FENCE, fence_line, fits  # noqa: F401 - FENCE and fits: also read from here
+
 RETRY_SECONDS = 0.02
 STOP_WAIT_SECONDS = 10.0        # the longest a new run waits for the one it replaces to leave its script
 _run_script = ScriptRunner._run_script
@@ -113,11 +114,6 @@ def replaced_still_running(session: AppSession, since: float) -> bool:
             and time.monotonic() - since < STOP_WAIT_SECONDS)
 
 
-def fits(version: str) -> bool:
-    """The installed Streamlit is the minor release the fixes are written for."""
-    return tuple(int(part) for part in version.split(".")[:2] if part.isdigit()) == FENCE
-
-
 def install(version: str = streamlit.__version__) -> bool:
     """Patch the runner when Streamlit is inside the fence; say once, and patch nothing, when it is not."""
     if not fits(version):
@@ -134,9 +130,7 @@ _warned: set[str] = set()
 def _warn_unfenced(version: str) -> None:
     if version not in _warned:
         _warned.add(version)
-        logging.getLogger(__name__).warning(
-            "Streamlit %s is installed; the room's Stop and rerun fixes (app/hosting/runner_fixes.py) are written for "
-            "%d.%d and are off: the app runs on Streamlit's own runner", version, *FENCE)
+        logging.getLogger(__name__).warning("%s", fence_line(version))
 
 
 def installed() -> bool:

@@ -22,6 +22,7 @@ from engine.projection.specs import GPU_PRESETS, ModelSpec
 from engine.serving.timeline import RESOLUTION, SPLIT_PARTS, prefill_spans
 
 WAIT_COLOR, OTHER_PREFILL, OTHER_DECODE = "#9a9a9a", "#f3c39b", "#c5d7f5"
+HELD_COLOR = "#d9d9d9"               # admitted, its prompt held while others' prefills took the step
 MOST_ROWS = 12                       # rows drawn: you and the others you shared most steps with
 SMALL = 0.0005                       # parts under half a millisecond are left out of the line
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -76,7 +77,8 @@ def why_line(timeline: dict[str, Any]) -> str:
     """One line for the time to the first token, one for the rest of the answer (the two add up to the whole)."""
     t = timeline["timings"]
     reason, whole, rest = t.get("wait_reason") or "", t["split"], after_first(t)
-    end = "to its Stop" if t.get("stopped") else "to the end"
+    end = ("to the time limit" if timeline.get("finish_reason") == "timeout" else   # the server stopped it, not you
+           "to its Stop" if t.get("stopped") else "to the end")
     if rest is None:
         return f"**{fmt_s(whole['total'])} {end}**: " + ", ".join(_parts(whole, t["behind"], reason)) + "."
     first = t["first_token_split"]
@@ -127,6 +129,20 @@ def segments(timeline: dict[str, Any]) -> dict[int, list[tuple[float, float, str
     return rows
 
 
+def held_spans(timeline: dict[str, Any]) -> list[tuple[float, float, str]]:
+    """The steps it lived through with no part of its own (admitted, its prompt held while others' prefills took
+    the step's chunk): drawn in its row, so the chart shows where the line's "behind ..." went."""
+    me, held = timeline["id"], []
+    for s in timeline["steps"]:
+        mine = [a for rid, a, _ in prefill_spans(s["start"], s["prefill_seconds"], s["prefills"]) if rid == me]
+        if not mine and me in s["rows"]:
+            continue                                                # a decode step of its own
+        width = mine[0] - s["start"] if mine else s["seconds"]      # its own chunk, when the step had one, ends it
+        if width > RESOLUTION:
+            held.append((s["start"], width, "held"))
+    return held
+
+
 def why_figure(timeline: dict[str, Any]) -> go.Figure:
     """The steps it lived through: its row (and its wait) highlighted, the others' rows beside it (seconds since it
     was submitted)."""
@@ -137,6 +153,7 @@ def why_figure(timeline: dict[str, Any]) -> go.Figure:
     admitted = timeline["events"].get("admitted")
     if admitted:
         _bars(fig, [(0.0, admitted, "wait")], names[me], "you: waiting", WAIT_COLOR)
+    _bars(fig, held_spans(timeline), names[me], "you: behind others' prefill", HELD_COLOR)
     for rid in [me, *others]:
         for kind in ("prefill", "decode"):
             color = (PREFILL_COLOR if kind == "prefill" else DECODE_COLOR) if rid == me else \

@@ -25,6 +25,7 @@ import streamlit as st
 from app.hosting.model import current_client, settings
 from engine.service.board import (MAX_NOTE_CHARS, SETTINGS, BoardState, PresenterBoard, PresenterError,  # noqa: F401
                                   Push)
+from engine.settings import PLAYGROUND, as_started
 from engine.settings import rows as settings_rows
 
 WIDGET_KEYS = {"prompt": "prompt", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
@@ -227,9 +228,14 @@ def may_generate(state: Mapping[str, Any], board: PresenterBoard) -> bool:
 
 
 def settings_panel() -> None:
-    """The presenter's look at what this room runs with: `playground --print-settings`'s rows, secrets masked."""
+    """The presenter's look at what this room runs with: `playground --print-settings`'s rows, secrets masked, each
+    with where it came from as the launcher read it (engine.settings.as_started)."""
 
     with st.expander("Settings this room runs with", icon=":material/tune:"):
-        st.caption("As `playground --print-settings` shows them (every one in docs/settings.md); secrets stay hidden.")
-        shown = settings_rows(settings())
-        st.table({column: {r["setting"]: r[column] for r in shown} for column in ("value", "set by")})
+        st.caption("As `playground --print-settings` shows them (every one in docs/settings.md); secrets stay hidden. "
+                   "Came from: a flag, a variable, the settings file or the default, as the launcher read them; "
+                   "'launcher': made up or set by it at start (a secret, the join link's address).")
+        settings()                                   # a setting that cannot be read: said on the page, which stops
+        started, came_from = as_started()
+        shown = settings_rows(started, PLAYGROUND, came_from)
+        st.table({column: {r["setting"]: r[column] for r in shown} for column in ("value", "came from", "set by")})

@@ -61,8 +61,8 @@ def open_shipped(path: Path) -> Run:
 
 
 def shipped_id(path: Path) -> str:
-    """The same for a shipped run file and the .json.gz it replaced: yesterday's links open today's file."""
-    stem = path.name.removesuffix(".json.gz").removesuffix(run_files.SUFFIX)
+    """By the file's stem, as the .json.gz it replaced had it: yesterday's links (`?run=shipped-...`) open it."""
+    stem = path.name.removesuffix(run_files.SUFFIX)
     return "shipped-" + re.sub(r"[^A-Za-z0-9_-]+", "-", stem)[:60]
 
 
@@ -138,10 +138,9 @@ class Shipped:
 
 
 def shipped_paths() -> list[Path]:
-    """The shipped run files, and any .json.gz recording no run file of the same name replaces (`make recordings`)."""
-    files = {p.name.removesuffix(run_files.SUFFIX): p for p in RECORDINGS_DIR.glob("*" + run_files.SUFFIX)}
-    older = {p.name.removesuffix(".json.gz"): p for p in RECORDINGS_DIR.glob("*.json.gz")}
-    return sorted({**older, **files}.values())
+    """The shipped run files (`make recordings` writes them; the .json.gz they were went through
+    engine/runs/convert.py)."""
+    return sorted(RECORDINGS_DIR.glob("*" + run_files.SUFFIX))
 
 
 @st.cache_data(show_spinner=False)

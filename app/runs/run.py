@@ -159,6 +159,13 @@ class Run:
         first = [self.prefill.cache] if self.prefill else []
         return first + [s.cache for s in self.steps]
 
+    def first_token_seconds(self) -> float | None:
+        """Submission to the first token as the room's timeline counts it (queue + prefill, until the token left the
+        step: the line under the answer and the API's `time_to_first_token_seconds` say the same); without a
+        timeline (a recording, an exclusive run), the prefill record's own time."""
+        told = _told_ttft(self.timeline)
+        return told if told is not None else self.prefill.seconds if self.prefill else None
+
     def step_seconds(self) -> list[float]:
         """Durations: prefill first, then each decode step."""
         first = [self.prefill.seconds] if self.prefill else []
@@ -167,12 +174,19 @@ class Run:
     def metrics(self) -> Metrics:
         decode = [s.seconds for s in self.steps]
         return Metrics(
-            ttft=self.prefill.seconds if self.prefill else None,
+            ttft=self.first_token_seconds(),
             itl=float(np.mean(decode)) if decode else None,
             tokens_per_second=len(decode) / sum(decode) if decode and sum(decode) > 0 else None,
             prompt_tokens=self.n_prompt,
             generated_tokens=len(self.tokens),
         )
+
+
+def _told_ttft(timeline: dict[str, Any] | None) -> float | None:
+    """The time to first token a run's timeline states (its `timings`), when it states one."""
+    timings = timeline.get("timings") if isinstance(timeline, dict) else None
+    value = timings.get("time_to_first_token_seconds") if isinstance(timings, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def round_steps(rec: SpecRoundRecord, first_step: int) -> list[DecodeRecord]:

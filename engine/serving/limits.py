@@ -43,8 +43,8 @@ class Limits:
     max_capture_layers: int = 64         # layers one request may capture (64: every layer of any model here)
     request_seconds: float = 120.0       # wall time of one running request before it is stopped
     reserve_mb: int = 1024               # memory kept free for everything else (OS, activations, allocator)
-    max_saved_per_session: int = 5       # recordings one person (a browser) keeps on the server's disk (0: none)
-    max_saved_mb: int = 1024             # recordings kept on disk for all sessions together, in MiB (0: none)
+    max_saved_per_session: int = 5       # runs listed per person: their newest, and as many kept (0: none)
+    max_saved_mb: int = 1024             # a web process's memory for recent runs the run store cannot take, MiB
 
     @classmethod
     def for_device(cls, device: str | object = "cpu") -> "Limits":

@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from engine import settings
+from engine.serving.capture import capture_policy
 from engine.serving.graphed import graphed_decode
 from engine.serving.batch import BatchRunner, Slot, StepInfo, batchable
 from engine.errors import EngineError, InvalidRequestError, QueueFullError, RequestTimeoutError
@@ -60,6 +61,8 @@ SERVICE_HISTORY = 20           # finished requests the mean service time average
 STEP_HISTORY = 400             # batch steps kept for the room view and the wait estimate
 TIMELINE_LENGTH = 200          # finished requests kept for `timeline()`
 STORIES_KEPT = 64              # finished requests' timelines kept for `story()` (the room page's pick)
+WARM_UP_PROMPTS = ("Before the room comes in, the server runs two short prompts like this one once.",
+                   "Their prefill and one decode step of two rows pay the model's first call, not the first person.")
 _END = object()                # end of a handle's record stream
 
 
@@ -323,6 +326,7 @@ class Scheduler:
         self._stats = SchedulerStats()
         self._closed = False
         self._worker: threading.Thread | None = None
+        self.warmed: tuple[StepInfo, ...] = ()     # the warm-up's steps (`warm_up`), before any request
 
     def _new_runner(self) -> BatchRunner:
         return BatchRunner(self.lm, max_batch=self.limits.max_batch, prefix=self.prefix,
@@ -601,6 +605,79 @@ class Scheduler:
         if self._worker is not None:
             self._worker.join(timeout)
 
+    # --- warming up ---------------------------------------------------------------------------
+
+    def warm_up(self) -> tuple[StepInfo, ...]:
+        """One short prefill and one decode step of two rows (the room's usual shapes: an API client's request and a
+        page's, which keeps its residual), run by the scheduler's own worker thread on its own batch runner before it
+        takes a request: a fresh process's first passes pay one-off costs (on a CPU, seconds for a prefill that takes
+        a tenth of a second warm: memory first touched by the thread that steps, the first batched step's packed
+        weights), which the first person's timeline would otherwise blame on their prefill. Not a request: no step
+        log, timeline, pace or count keeps it, and the prefix cache forgets its prompts. Returns once it has run;
+        `scheduler_for` calls it, so a server is ready after it."""
+        failed: list[Exception] = []
+        with self._cond:
+            if self._worker is not None or self._queue or not self._runner.idle:
+                return self.warmed                     # requests came first: they warmed it
+            try:
+                groups = self._warm_up_slots(failed)
+            except EngineError as err:                 # limits that refuse it (a prompt cap of a few tokens)
+                log.info("no warm-up: %s", err)
+                return self.warmed
+            done = threading.Event()
+            self._worker = threading.Thread(target=self._work, args=(groups, failed, done), name="playground-scheduler",
+                                            daemon=True)
+            self._worker.start()
+        done.wait()
+        return self.warmed
+
+    def _run_warm_up(self, groups: list[list[Slot]], failed: list[Exception]) -> None:
+        """The warm-up's steps, in the worker's thread (the thread every later step runs in), kept by nothing."""
+        steps: list[StepInfo] = []
+        with self.lm.lock:
+            try:
+                for group in groups:
+                    for slot in group:
+                        self._runner.add(slot)
+                    while not self._runner.idle and len(steps) < 12:  # 2 or 3 steps a group: a bound, not a guess
+                        steps.append(self._runner.step())
+                    self.prefix.clear()                                # the next group prefills its prompts whole
+            except Exception as err:  # noqa: BLE001 - a failed warm-up leaves the server to serve as before
+                failed.append(err)
+        with self._cond:
+            self.prefix.clear()
+            self.prefix.stats = type(self.prefix.stats)()           # its lookups are no one's
+            if failed or not self._runner.idle:
+                log.warning("the warm-up did not finish (%s): the first request pays the first call",
+                            failed[0] if failed else "still running")
+                self._runner = self._new_runner()
+            self.warmed = tuple(steps)
+
+    def _warm_up_slots(self, failed: list[Exception]) -> list[list[Slot]]:
+        """What the warm-up runs, group after group: one request alone (one row: the lone prefill and decode step),
+        then two together (where the batch takes two: the batched prefill and decode step). Checked at the door like
+        any; one of each keeps its residual as a page's run does, where the limits allow; the records go nowhere."""
+        def slot(prompt: str, pages: bool) -> Slot:
+            c = self.check(GenerationRequest(prompt, max_new_tokens=2))
+            c = self._pages_capture(c) if pages else c
+            return Slot(c.request, list(c.ids), c.policy, lambda record: None, failed.append, kept=self._kept(c, None))
+
+        first, second = WARM_UP_PROMPTS
+        groups = [[slot(first, True)]]
+        if self._batchable and self._runner.room >= 2:
+            groups.append([slot(second, False), slot(second, True)])     # in one step: both prefill it whole
+        return groups
+
+    def _pages_capture(self, checked: CheckedRequest) -> CheckedRequest:
+        """The request with the capture a page asks for (engine.serving.capture), or as it was where it is refused."""
+        policy, _ = capture_policy(self.lm.spec, checked.n_prompt, checked.request.max_new_tokens,
+                                   budget=self.limits.max_capture_bytes, max_layers=self.limits.max_capture_layers,
+                                   value_bytes=self.lm.dtype.itemsize)
+        try:
+            return self._recheck(checked, policy)
+        except EngineError:                             # capture over the limits: the warm-up runs without it
+            return checked
+
     # --- the worker ------------------------------------------------------------------------------
 
     def _ensure_worker(self) -> None:
@@ -608,7 +685,13 @@ class Scheduler:
             self._worker = threading.Thread(target=self._work, name="playground-scheduler", daemon=True)
             self._worker.start()
 
-    def _work(self) -> None:
+    def _work(self, warm: list[list[Slot]] | None = None, failed: list[Exception] | None = None,
+              warmed: threading.Event | None = None) -> None:
+        if warm and warmed is not None:
+            try:
+                self._run_warm_up(warm, failed if failed is not None else [])
+            finally:
+                warmed.set()
         while True:
             with self._cond:
                 while not self._queue and self._runner.idle and not self._closed:
@@ -854,10 +937,12 @@ _SCHEDULERS_LOCK = threading.Lock()
 
 def scheduler_for(lm: LoadedModel, limits: Limits | None = None) -> Scheduler:
     """The process-wide scheduler of a loaded model (created on first use, or after the last one was closed;
-    `limits` only then)."""
+    `limits` only then), warmed up before anyone gets it: every server (one process, the model server, each
+    replica) builds its service through here before it says it is ready."""
     with _SCHEDULERS_LOCK:
         entry = _SCHEDULERS.get(id(lm))
         if entry is None or entry[0] is not lm or entry[1]._closed:
             entry = (lm, Scheduler(lm, limits))
+            entry[1].warm_up()
             _SCHEDULERS[id(lm)] = entry
         return entry[1]
