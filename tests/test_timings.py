@@ -15,7 +15,7 @@ from engine.core.records import DecodeRecord, DoneRecord
 from engine.serving.batch import PREFILL_CHUNK
 from engine.serving.limits import Limits
 from engine.serving.scheduler import Scheduler
-from engine.serving.timeline import _step_parts, split, timeline_dict
+from engine.serving.timeline import _count, _step_parts, split, timeline_dict
 
 EPS = 1e-6          # far above float rounding of sums of perf_counter differences, far below any step
 LONG = 600          # prompt tokens of the long request: three prefill chunks of PREFILL_CHUNK
@@ -206,3 +206,9 @@ def test_without_timelines_nothing_is_kept(make_scheduler):
     handle = scheduler.submit(short(0, new=4), CAPTURE_OFF)
     handle.result(timeout=120)
     assert handle.timeline is None and handle.timings is None
+
+
+def test_the_alone_estimate_counts_in_words_a_projector_can_read():
+    """'1 pass', not '1 pass(es)' (the journey page's alone caption, read at 1024x768)."""
+    assert [_count(n, w) for n, w in ((1, "pass"), (3, "pass"), (1, "prompt token"), (1024, "prompt token"))] == \
+        ["1 pass", "3 passes", "1 prompt token", "1,024 prompt tokens"]

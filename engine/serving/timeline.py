@@ -264,10 +264,16 @@ def alone_estimate(tl: RequestTimeline, rates: Rates) -> tuple[float | None, str
     passes = max(-(-computed // rates.chunk), 1)
     prefill = passes * (rates.prefill_per_pass or 0.0) + computed * rates.prefill_per_token
     decode = max(tl.generated - 1, 0) * rates.one_row_step
-    how = (f"{computed} prompt tokens at this server's measured prefill rate ({passes} pass(es)) + "
-           f"{max(tl.generated - 1, 0)} one-row steps of {rates.one_row_step * 1e3:.1f} ms (median of its recent "
+    steps = max(tl.generated - 1, 0)
+    how = (f"{_count(computed, 'prompt token')} at this server's measured prefill rate ({_count(passes, 'pass')}) + "
+           f"{_count(steps, 'one-row step')} of {rates.one_row_step * 1e3:.1f} ms (median of its recent "
            f"one-row decode-only steps)")
     return prefill + decode, how
+
+
+def _count(n: int, noun: str) -> str:
+    """'1 pass', '3 passes', '1,024 prompt tokens'."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "es" if noun.endswith("s") else "s")
 
 
 def timings_of(tl: RequestTimeline, rates: Rates) -> Timings:
