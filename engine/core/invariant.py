@@ -62,8 +62,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def _left_to_right(keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor):
     """Each row's keys moved so that its first real key is column 0: keys, values [B, KVH, S, D], mask [B, 1, T, S]
-    (True: attend) -> the same three, rolled per row by its left pads (the keys no query of the row reads)."""
-    pads = (~mask.any(dim=2)[:, 0]).int().cumprod(dim=1).sum(dim=1)           # [B] leading unread keys
+    (True: attend) -> the same three, rolled per row by its left pads: the leading keys its last query (always a
+    real token) does not read. Not the keys no query reads: in a padded prefill each pad's query reads itself
+    (engine.core.lean.causal_mask), and counting those as real shifted the row's key blocks."""
+    pads = (~mask[:, 0, -1]).int().cumprod(dim=1).sum(dim=1)                   # [B] leading unread keys
     s = keys.shape[2]                            # always gathered: no host sync, so a CUDA graph could capture it
     index = (torch.arange(s, device=keys.device)[None] + pads[:, None]) % s    # [B, S]
     take = index[:, None, :, None]
