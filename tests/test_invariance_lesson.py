@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from streamlit.testing.v1 import AppTest
 
 from conftest import write_tiny_llama
 from engine.core.lean import lean_step_for
@@ -125,6 +126,24 @@ def test_a_model_outside_the_one_forward_gets_a_sentence(lm, monkeypatch):
 def test_the_job_refuses_bad_parameters_with_a_sentence(lm, params, said):
     with pytest.raises(InvalidRequestError, match=said):
         JOBS["invariance.compare"].check(params, lm)
+
+
+def test_the_room_page_compares_on_the_tiny_model(app_env):
+    at = AppTest.from_file("../pages/room.py", default_timeout=300).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.text_input(key="room.same.prompt").value
+    at.button(key="room.same.go").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    table = at.dataframe[-1].value
+    assert list(table["setting"]) == ["float32, invariant kernels off", "float32, invariant kernels on",
+                                      "bfloat16, invariant kernels off", "bfloat16, invariant kernels on"]
+    assert list(table["largest |Δ log p|"])[1::2] == ["0", "0"]
+    words = " ".join(m.value for m in at.markdown)
+    assert "float32, invariant kernels on**: the same 16 tokens alone and in the batch, every log-probability equal" \
+        in words
+    assert {m.label for m in at.metric} >= {"Left to right", "In 8 partial sums", "Difference"}
+    assert any(c.proto.spec and "largest" in c.proto.spec for c in at.get("plotly_chart"))
 
 
 def test_a_left_padded_prefill_gives_a_row_the_logits_of_its_prompt_alone(lm):

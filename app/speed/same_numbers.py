@@ -1,0 +1,140 @@
+"""Same question, same numbers (issue 51), on the room page: one prompt answered alone and inside a batch of 8, with
+the batch-invariant kernels off and on, token by token; and one sum of the model's own numbers in two orders.
+
+The measurement is engine.lab.invariance, run where the model is as short jobs (engine/service/jobs.py): one per
+setting, so the room's requests wait for at most one of them, never for the whole lesson."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from app.runs.live import run_on_model, status_progress
+from app.runs.widgets import plot
+from engine.errors import EngineError
+from engine.lab.invariance import MINE, NEW_TOKENS, OTHERS, Comparison, TwoOrders
+from engine.service.client import ModelClient
+
+PROMPT_KEY, RESULT_KEY = "room.same.prompt", "room.same.result"
+DEFAULT = "Why is the sky blue?"
+OFF, ON = "#d62728", "#2ca02c"
+
+
+@dataclass(frozen=True)
+class Lesson:
+    """What the comparison measured, kept in the session so a rerun draws it without the model."""
+
+    prompt: str
+    parts: list[Comparison]
+    sums: TwoOrders
+
+
+def settings_for(lm: ModelClient) -> list[tuple[str, bool]]:
+    """(dtype, kernels on) of every part: the model's own dtype off and on, then bfloat16 off and on where the model
+    is not already in it."""
+    dtypes = [lm.dtype_name] + (["bfloat16"] if lm.dtype_name != "bfloat16" else [])
+    return [(dtype, on) for dtype in dtypes for on in (False, True)]
+
+
+def measure(lm: ModelClient, prompt: str) -> Lesson | None:
+    """Every part in turn inside one status box, with progress; None (the reason on screen) when one fails."""
+    plan = settings_for(lm)
+    with st.status("Comparing: alone and in a batch of 8", expanded=True) as box:
+        report = status_progress(box)
+        parts = []
+        try:
+            for i, (dtype, on) in enumerate(plan):
+                part = lambda f, text, i=i: report((i + f) / len(plan), f"{label(dtype, on)}: {text}")  # noqa: E731
+                parts.append(run_on_model(lm, "invariance.compare", {"prompt": prompt, "dtype": dtype, "on": on,
+                                                                      "new": NEW_TOKENS}, part))
+            sums = lm.quick("invariance.sum", {"prompt": prompt})
+        except EngineError as err:
+            box.update(label="Stopped", state="error")
+            st.error(str(err))
+            return None
+        box.update(label="Compared", state="complete", expanded=False)
+    return Lesson(prompt, parts, sums)
+
+
+def label(dtype: str, on: bool) -> str:
+    return f"{dtype}, invariant kernels {'on' if on else 'off'}"
+
+
+def gaps_figure(parts: list[Comparison]) -> go.Figure:
+    """Per token, the largest difference in log-probability between alone and in the batch: one line per setting."""
+    fig = go.Figure()
+    for part in parts:
+        fig.add_scatter(x=list(range(1, len(part.gaps) + 1)), y=part.gaps, mode="lines+markers",
+                        name=label(part.dtype, part.on), line=dict(color=ON if part.on else OFF,
+                                                                   dash="solid" if part.on else "dot"))
+    top = max((g for p in parts for g in p.gaps), default=0.0) or 1e-6
+    fig.update_layout(height=320, margin=dict(l=10, r=10, t=30, b=10), legend=dict(orientation="h", y=1.18),
+                      xaxis=dict(title="token of the answer", tickmode="auto", nticks=12),
+                      yaxis=dict(title="largest |Δ log p|", range=[-0.05 * top, top * 1.12], exponentformat="e"))
+    return fig
+
+
+def parting(lm: ModelClient, part: Comparison) -> str:
+    """One sentence: where the lone and the batched answers part, in words, or that they do not."""
+    if part.parted is None:
+        same = "every log-probability equal" if max(part.gaps, default=0.0) == 0 else "the log-probabilities not"
+        return (f"**{label(part.dtype, part.on)}**: the same {len(part.alone)} tokens alone and in the batch, "
+                f"{same}.")
+    i = part.parted
+    said = lm.tokenizer.decode(part.alone[:i])
+    return (f"**{label(part.dtype, part.on)}**: the answers part at token {i + 1}: after “{said[-60:]}”, alone the "
+            f"model says “{lm.tokenizer.decode(part.alone[i:i + 6])}…”, in the batch "
+            f"“{lm.tokenizer.decode(part.in_batch[i:i + 6])}…”.")
+
+
+def table_rows(parts: list[Comparison]) -> list[dict]:
+    return [{"setting": label(p.dtype, p.on), "largest |Δ log p|": f"{max(p.gaps, default=0.0):.3g}",
+             "answers": "the same" if p.parted is None else f"part at token {p.parted + 1}",
+             "held the model": f"{p.seconds:.1f} s"} for p in parts]
+
+
+def sums_note(s: TwoOrders) -> str:
+    return (f"The {s.length} products w·x of output {s.row} of `{s.weight}` for your prompt's last token, added up "
+            f"in float32: left to right, one term at a time, and in {8} partial sums (term i into sum i mod 8, as "
+            "an 8-wide vector unit adds) that are then added together. The terms are the same numbers; only the "
+            f"order differs. In this product {s.rows_differ} of its {s.rows} outputs come out different in the two "
+            "orders. A matrix-multiply routine picks its order from the shape it is given, so a row alone and the "
+            "same row among others are added up differently.")
+
+
+def draw(lm: ModelClient, lesson: Lesson) -> None:
+    plot(gaps_figure([p for p in lesson.parts if p.dtype == lesson.parts[0].dtype]), "room.same.gaps")
+    st.caption(f"Each point: token i of the answer to “{lesson.prompt[:80]}”, the largest difference over the "
+               f"{lm.spec.vocab_size:,}-token vocabulary between its log-probabilities alone and in the batch "
+               f"({lesson.parts[0].dtype}). Invariant kernels on: 0 exactly, at every token.")
+    for part in lesson.parts:
+        st.markdown(parting(lm, part))
+    st.dataframe(table_rows(lesson.parts), hide_index=True, width="stretch")
+    s = lesson.sums
+    left, mid, right = st.columns(3)
+    left.metric("Left to right", f"{s.in_order:.9g}")
+    mid.metric("In 8 partial sums", f"{s.in_lanes:.9g}")
+    right.metric("Difference", f"{s.in_order - s.in_lanes:.3g}")
+    st.caption(sums_note(s) + f" Added exactly, the sum is {s.exact:.12g}.")
+
+
+def section(lm: ModelClient) -> None:
+    """The section: the prompt, the button, and what the last comparison measured."""
+    st.subheader("Same question, same numbers?")
+    st.write(f"Does sharing the model change your answer? Here one prompt is answered twice: alone, and as one of "
+             f"{len(OTHERS) + 1} requests decoded together (row {MINE + 1}, among {len(OTHERS)} other questions), "
+             "first with the usual kernels and then with batch-invariant ones (the server's "
+             "PLAYGROUND_INVARIANT setting), token by token. Each setting runs as one short job on the model alone, "
+             "so the room's requests wait for one part at a time, never for the whole comparison.")
+    prompt = st.text_input("Prompt to compare", DEFAULT, key=PROMPT_KEY, max_chars=2000)
+    if st.button("Compare alone and in a batch", key="room.same.go"):
+        if not prompt.strip():
+            st.warning("Type a prompt first.")
+        else:
+            lesson = measure(lm, prompt)
+            if lesson is not None:
+                st.session_state[RESULT_KEY] = lesson
+    lesson = st.session_state.get(RESULT_KEY)
+    if isinstance(lesson, Lesson):
+        draw(lm, lesson)
