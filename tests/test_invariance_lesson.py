@@ -63,7 +63,7 @@ def test_every_answer_is_what_transformers_modules_compute(lm, on):
 def test_with_the_kernels_on_alone_and_in_the_batch_are_the_same_bits(lm):
     ids = prompts(lm)[invariance.MINE]
     on = compare(lm, "float32", True, ids, NEW)
-    assert on.rows == 8 and len(on.gaps) == NEW
+    assert on.rows == 8 and len(on.gaps) == NEW and on.longest <= on.seconds
     assert on.gaps == [0.0] * NEW and on.parted is None and on.alone == on.in_batch
     off = compare(lm, "float32", False, ids, NEW)
     assert max(off.gaps) > 0                               # the lesson: the usual kernels move the numbers
@@ -124,8 +124,9 @@ def test_a_model_outside_the_one_forward_gets_a_sentence(lm, monkeypatch):
                                          ({"prompt": "hi", "dtype": "float32", "on": "yes", "new": 4}, "true or"),
                                          ({"prompt": "hi", "dtype": "float32", "on": True, "new": 65}, "1 to 64")])
 def test_the_job_refuses_bad_parameters_with_a_sentence(lm, params, said):
+    params = {**params, "batch": False}
     with pytest.raises(InvalidRequestError, match=said):
-        JOBS["invariance.compare"].check(params, lm)
+        JOBS["invariance.answer"].check(params, lm)
 
 
 def test_the_room_page_compares_on_the_tiny_model(app_env):
@@ -156,3 +157,12 @@ def test_a_left_padded_prefill_gives_a_row_the_logits_of_its_prompt_alone(lm):
     alone = answer_alone(step, mine, 2)
     padded = answer_in_batch(step, [longer, mine], 2)[1]
     assert invariance.gaps(alone, padded) == [0.0, 0.0]
+
+
+def test_an_answer_crosses_the_wire_to_a_remote_page(lm):
+    """A page of a web process without the model (`--engine-url`) gets the job's Answer over MessagePack."""
+    from engine.service import wire
+
+    sent = invariance.answer(lm, "float32", True, prompts(lm)[invariance.MINE], 2)
+    got = wire.decode(wire.encode(sent))
+    assert got.tokens == sent.tokens and np.array_equal(got.logprobs, sent.logprobs) and got.seconds == sent.seconds

@@ -2,7 +2,8 @@
 the batch-invariant kernels off and on, token by token; and one sum of the model's own numbers in two orders.
 
 The measurement is engine.lab.invariance, run where the model is as short jobs (engine/service/jobs.py): one per
-setting, so the room's requests wait for at most one of them, never for the whole lesson."""
+run (alone or in the batch) and setting, so the room's requests wait for at most one of them, never for the whole
+lesson."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ import streamlit as st
 from app.runs.live import run_on_model, status_progress
 from app.runs.widgets import plot
 from engine.errors import EngineError
-from engine.lab.invariance import MINE, NEW_TOKENS, OTHERS, Comparison, TwoOrders
+from engine.lab.invariance import MINE, NEW_TOKENS, OTHERS, Comparison, TwoOrders, comparison
 from engine.service.client import ModelClient
 
 PROMPT_KEY, RESULT_KEY = "room.same.prompt", "room.same.result"
@@ -38,23 +39,25 @@ def settings_for(lm: ModelClient) -> list[tuple[str, bool]]:
 
 
 def measure(lm: ModelClient, prompt: str) -> Lesson | None:
-    """Every part in turn inside one status box, with progress; None (the reason on screen) when one fails."""
-    plan = settings_for(lm)
+    """Every run of every setting in turn inside one status box, with progress; None (the reason on screen) when one
+    fails."""
+    plan = [(dtype, on, batch) for dtype, on in settings_for(lm) for batch in (False, True)]
     with st.status("Comparing: alone and in a batch of 8", expanded=True) as box:
         report = status_progress(box)
-        parts = []
+        answers = []
         try:
-            for i, (dtype, on) in enumerate(plan):
+            for i, (dtype, on, batch) in enumerate(plan):
                 part = lambda f, text, i=i: report((i + f) / len(plan), f"{label(dtype, on)}: {text}")  # noqa: E731
-                parts.append(run_on_model(lm, "invariance.compare", {"prompt": prompt, "dtype": dtype, "on": on,
-                                                                      "new": NEW_TOKENS}, part))
+                answers.append(run_on_model(lm, "invariance.answer", {"prompt": prompt, "dtype": dtype, "on": on,
+                                                                       "new": NEW_TOKENS, "batch": batch}, part))
             sums = lm.quick("invariance.sum", {"prompt": prompt})
         except EngineError as err:
             box.update(label="Stopped", state="error")
             st.error(str(err))
             return None
         box.update(label="Compared", state="complete", expanded=False)
-    return Lesson(prompt, parts, sums)
+    pairs = zip(settings_for(lm), answers[0::2], answers[1::2])
+    return Lesson(prompt, [comparison(dtype, on, alone, batch) for (dtype, on), alone, batch in pairs], sums)
 
 
 def label(dtype: str, on: bool) -> str:
@@ -91,7 +94,7 @@ def parting(lm: ModelClient, part: Comparison) -> str:
 def table_rows(parts: list[Comparison]) -> list[dict]:
     return [{"setting": label(p.dtype, p.on), "largest |Δ log p|": f"{max(p.gaps, default=0.0):.3g}",
              "answers": "the same" if p.parted is None else f"part at token {p.parted + 1}",
-             "held the model": f"{p.seconds:.1f} s"} for p in parts]
+             "longest wait for the room": f"{p.longest:.1f} s"} for p in parts]
 
 
 def sums_note(s: TwoOrders) -> str:
@@ -125,8 +128,8 @@ def section(lm: ModelClient) -> None:
     st.write(f"Does sharing the model change your answer? Here one prompt is answered twice: alone, and as one of "
              f"{len(OTHERS) + 1} requests decoded together (row {MINE + 1}, among {len(OTHERS)} other questions), "
              "first with the usual kernels and then with batch-invariant ones (the server's "
-             "PLAYGROUND_INVARIANT setting), token by token. Each setting runs as one short job on the model alone, "
-             "so the room's requests wait for one part at a time, never for the whole comparison.")
+             "PLAYGROUND_INVARIANT setting), token by token. Each run is one short job on the model alone, so the "
+             "room's requests wait for one run at a time (the table says how long), never for the whole comparison.")
     prompt = st.text_input("Prompt to compare", DEFAULT, key=PROMPT_KEY, max_chars=2000)
     if st.button("Compare alone and in a batch", key="room.same.go"):
         if not prompt.strip():

@@ -4,7 +4,8 @@ batch-invariant kernels off and on, and one sum of the model's own numbers added
     step = private_step(lm, on=True)                       # the model's forward, its own flag: the room's is untouched
     alone = answer_alone(step, ids, new=16)                # greedy; Answer.logprobs [N, V] float32
     rows = answer_in_batch(step, [*others, ids], new=16)   # the same prompt among others, one step for all
-    lesson = compare(lm, "float32", on=True, ids=ids, new=16)   # the two above, compared token by token
+    mine = answer(lm, "float32", True, ids, in_batch=True)  # one of the two above, as a job runs it (numpy out)
+    lesson = comparison("float32", True, alone, mine)      # token by token: how far apart, where they part
     sums = two_orders(lm, ids)                             # one row of layer 0's q_proj, in order and in 8 lanes
 
 Why the numbers move (engine/core/invariant.py): a floating-point sum depends on the order of its terms, and a
@@ -51,7 +52,8 @@ class Answer:
     """A greedy answer and, per token, the log-probabilities of the whole vocabulary it was chosen from."""
 
     tokens: list[int]
-    logprobs: torch.Tensor        # [N, V] float32: log-softmax of the logits token i was picked from
+    logprobs: torch.Tensor | np.ndarray   # [N, V] float32: log-softmax of the logits token i was picked from
+    seconds: float = 0.0                  # how long the run held the model
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,8 @@ class Comparison:
     alone: list[int]              # the two answers' tokens
     in_batch: list[int]
     rows: int                     # requests in the batch
-    seconds: float                # the whole comparison, as measured here
+    seconds: float                # both runs, as measured where the model is
+    longest: float                # the longer of the two: the longest the room waited for this setting
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,8 @@ def gaps(a: Answer, b: Answer) -> list[float]:
     text (up to and including the token where they part)."""
     last = parted_at(a, b)
     n = min(len(a.tokens), len(b.tokens)) if last is None else last + 1
-    return (a.logprobs[:n] - b.logprobs[:n]).abs().amax(dim=-1).tolist()
+    x, y = torch.as_tensor(a.logprobs[:n]), torch.as_tensor(b.logprobs[:n])
+    return (x - y).abs().amax(dim=-1).tolist()
 
 
 def in_dtype(lm: LoadedModel, dtype: torch.dtype) -> LoadedModel:
@@ -179,20 +183,31 @@ def others(lm: LoadedModel) -> list[list[int]]:
     return [lesson_ids(lm, text) for text in OTHERS]
 
 
-def compare(lm: LoadedModel, dtype: str, on: bool, ids: list[int], new: int = NEW_TOKENS,
-            progress: Progress | None = None) -> Comparison:
-    """`ids` answered alone and as row MINE of a batch of 8 (the 7 OTHERS around it), in `dtype`, with the
-    invariant kernels `on` or off; token by token, how far apart the two answers' log-probabilities are."""
+def answer(lm: LoadedModel, dtype: str, on: bool, ids: list[int], new: int = NEW_TOKENS, in_batch: bool = False,
+           progress: Progress | None = None) -> Answer:
+    """`ids` answered alone, or as row MINE of a batch of 8 (the 7 OTHERS around it), in `dtype`, with the invariant
+    kernels `on` or off: one job's worth (the room waits for one run at a time). Log-probabilities as numpy."""
     check_model(lm)
     start = time.perf_counter()
     step = private_step(in_dtype(lm, DTYPES[dtype]), on)
-    say = progress or (lambda fraction, text: None)
-    alone = answer_alone(step, ids, new, lambda f, text: say(f / 3, text))
-    prompts = others(lm)
-    prompts.insert(MINE, ids)
-    batch = answer_in_batch(step, prompts, new, lambda f, text: say((1 + 2 * f) / 3, text))[MINE]
-    return Comparison(dtype, on, gaps(alone, batch), parted_at(alone, batch), alone.tokens, batch.tokens,
-                      len(prompts), time.perf_counter() - start)
+    if in_batch:
+        prompts = others(lm)
+        prompts.insert(MINE, ids)
+        got = answer_in_batch(step, prompts, new, progress)[MINE]
+    else:
+        got = answer_alone(step, ids, new, progress)
+    return Answer(got.tokens, got.logprobs.numpy(), time.perf_counter() - start)
+
+
+def comparison(dtype: str, on: bool, alone: Answer, in_batch: Answer) -> Comparison:
+    """The two answers token by token: how far apart their log-probabilities are, and where they part."""
+    return Comparison(dtype, on, gaps(alone, in_batch), parted_at(alone, in_batch), alone.tokens, in_batch.tokens,
+                      len(OTHERS) + 1, alone.seconds + in_batch.seconds, max(alone.seconds, in_batch.seconds))
+
+
+def compare(lm: LoadedModel, dtype: str, on: bool, ids: list[int], new: int = NEW_TOKENS) -> Comparison:
+    """Both runs of one setting, one after the other, compared."""
+    return comparison(dtype, on, answer(lm, dtype, on, ids, new), answer(lm, dtype, on, ids, new, in_batch=True))
 
 
 def two_orders(lm: LoadedModel, ids: list[int]) -> TwoOrders:

@@ -742,14 +742,16 @@ def lesson_dtype(value: Any, lm: LoadedModel) -> str:
     return value
 
 
-@job("invariance.compare", "the same-numbers comparison", prompt=lesson_prompt, dtype=lesson_dtype, on=boolean,
-     new=whole(1, 64))
-def invariance_compare(lm: LoadedModel, progress: Progress, prompt: str, dtype: str, on: bool, new: int) -> Any:
-    """One prompt alone and in a batch of 8, in one dtype, with the batch-invariant kernels off or on."""
+@job("invariance.answer", "the same-numbers comparison", prompt=lesson_prompt, dtype=lesson_dtype, on=boolean,
+     new=whole(1, 64), batch=boolean)
+def invariance_answer(lm: LoadedModel, progress: Progress, prompt: str, dtype: str, on: bool, new: int,
+                      batch: bool) -> Any:
+    """One prompt's greedy answer, alone or as one row of a batch of 8, in one dtype, with the batch-invariant
+    kernels off or on; the log-probabilities of every token (engine.lab.invariance.comparison compares two)."""
     # the lab's measurement code: loaded with its first job, not at every server start
-    from engine.lab.invariance import compare, lesson_ids
+    from engine.lab.invariance import answer, lesson_ids
 
-    return compare(lm, dtype, on, lesson_ids(lm, prompt), new, progress)
+    return answer(lm, dtype, on, lesson_ids(lm, prompt), new, batch, progress)
 
 
 @job("invariance.sum", "one sum in two orders", quick=True, prompt=lesson_prompt)
