@@ -34,6 +34,9 @@ def test_the_room_page_compares_alone_and_in_a_batch(app_url, browser):  # noqa:
     assert_nothing_clipped(page)
     page.get_by_text("Same question, same numbers?").first.scroll_into_view_if_needed()
     shot(page, "room-same-numbers-1440")
+    page.set_viewport_size({"width": WIDE["width"], "height": 4200})      # Streamlit scrolls inside the page
+    wait_idle(page)
+    shot(page, "room-same-numbers-1440-full")
     page.set_viewport_size(PROJECTOR)
     page.wait_for_timeout(500)
     wait_idle(page)

@@ -166,3 +166,15 @@ def test_an_answer_crosses_the_wire_to_a_remote_page(lm):
     sent = invariance.answer(lm, "float32", True, prompts(lm)[invariance.MINE], 2)
     got = wire.decode(wire.encode(sent))
     assert got.tokens == sent.tokens and np.array_equal(got.logprobs, sent.logprobs) and got.seconds == sent.seconds
+
+
+def test_the_page_names_the_token_where_the_answers_part(lm):
+    from app.speed.same_numbers import parting
+
+    part = invariance.Comparison("bfloat16", False, [0.1, 0.2, 0.3], 2, [5, 6, 7, 8], [5, 6, 9, 8], 8, 1.0, 0.6)
+    said = parting(lm, part)
+    assert "**bfloat16, invariant kernels off**: the answers part at token 3" in said
+    assert f"alone the model says “{lm.tokenizer.decode([7, 8])}…”, in the batch “{lm.tokenizer.decode([9, 8])}…”" \
+        in said
+    close = invariance.Comparison("bfloat16", False, [0.1, 0.5], None, [5, 6], [5, 6], 8, 1.0, 0.6)
+    assert "the log-probabilities not (by up to 0.5): no token here was a close enough call" in parting(lm, close)

@@ -14,11 +14,10 @@ import streamlit as st
 from app.runs.live import run_on_model, status_progress
 from app.runs.widgets import plot
 from engine.errors import EngineError
-from engine.lab.invariance import MINE, NEW_TOKENS, OTHERS, Comparison, TwoOrders, comparison
+from engine.lab.invariance import DEFAULT_PROMPT, MINE, NEW_TOKENS, OTHERS, Comparison, TwoOrders, comparison
 from engine.service.client import ModelClient
 
 PROMPT_KEY, RESULT_KEY = "room.same.prompt", "room.same.result"
-DEFAULT = "Why is the sky blue?"
 OFF, ON = "#d62728", "#2ca02c"
 
 
@@ -80,15 +79,17 @@ def gaps_figure(parts: list[Comparison]) -> go.Figure:
 
 def parting(lm: ModelClient, part: Comparison) -> str:
     """One sentence: where the lone and the batched answers part, in words, or that they do not."""
+    name = f"**{label(part.dtype, part.on)}**"
+    largest = max(part.gaps, default=0.0)
+    if part.parted is None and largest == 0:
+        return f"{name}: the same {len(part.alone)} tokens alone and in the batch, every log-probability equal."
     if part.parted is None:
-        same = "every log-probability equal" if max(part.gaps, default=0.0) == 0 else "the log-probabilities not"
-        return (f"**{label(part.dtype, part.on)}**: the same {len(part.alone)} tokens alone and in the batch, "
-                f"{same}.")
-    i = part.parted
-    said = lm.tokenizer.decode(part.alone[:i])
-    return (f"**{label(part.dtype, part.on)}**: the answers part at token {i + 1}: after “{said[-60:]}”, alone the "
-            f"model says “{lm.tokenizer.decode(part.alone[i:i + 6])}…”, in the batch "
-            f"“{lm.tokenizer.decode(part.in_batch[i:i + 6])}…”.")
+        return (f"{name}: the same {len(part.alone)} tokens alone and in the batch, the log-probabilities not (by up "
+                f"to {largest:.3g}): no token here was a close enough call to tip; on another prompt one can be, "
+                "and from that token on the two answers differ.")
+    i, text = part.parted, lm.tokenizer.decode
+    return (f"{name}: the answers part at token {i + 1}: after “{text(part.alone[:i])[-60:]}”, alone the model says "
+            f"“{text(part.alone[i:i + 6])}…”, in the batch “{text(part.in_batch[i:i + 6])}…”.")
 
 
 def table_rows(parts: list[Comparison]) -> list[dict]:
@@ -130,7 +131,7 @@ def section(lm: ModelClient) -> None:
              "first with the usual kernels and then with batch-invariant ones (the server's "
              "PLAYGROUND_INVARIANT setting), token by token. Each run is one short job on the model alone, so the "
              "room's requests wait for one run at a time (the table says how long), never for the whole comparison.")
-    prompt = st.text_input("Prompt to compare", DEFAULT, key=PROMPT_KEY, max_chars=2000)
+    prompt = st.text_input("Prompt to compare", DEFAULT_PROMPT, key=PROMPT_KEY, max_chars=2000)
     if st.button("Compare alone and in a batch", key="room.same.go"):
         if not prompt.strip():
             st.warning("Type a prompt first.")

@@ -36,6 +36,7 @@ from engine.core.lean import LeanStep, causal_mask, lean_step_for, rms_norm, why
 from engine.core.loader import LoadedModel
 from engine.errors import InvalidRequestError
 
+DEFAULT_PROMPT = "Why is the sky blue?"
 NEW_TOKENS = 16                   # the answer the lesson compares, token by token
 MINE = 3                          # my row in the batch of 8
 OTHERS = ("What is the capital of France?", "Write a haiku about the sea.", "How do vaccines work?",
