@@ -223,7 +223,8 @@ def lesson_runs(lm, prompt: str) -> dict:
                 "alone": lm.tokenizer.decode(c.alone), "in_batch": lm.tokenizer.decode(c.in_batch)}
             print(dtype, on, {k: v for k, v in out["settings"][f"{dtype} {'on' if on else 'off'}"].items()
                               if k.endswith("_s") or k in ("max_gap", "parted_at_token")}, flush=True)
-    out["two_orders"] = dataclasses.asdict(lesson.two_orders(lm, ids))
+    text_ids = lm.tokenizer(prompt, add_special_tokens=False)["input_ids"]    # as the page's job: the text's last
+    out["two_orders"] = dataclasses.asdict(lesson.two_orders(lm, text_ids))
     return out
 
 

@@ -14,7 +14,7 @@ import streamlit as st
 from app.runs.live import run_on_model, status_progress
 from app.runs.widgets import plot
 from engine.errors import EngineError
-from engine.lab.invariance import DEFAULT_PROMPT, MINE, NEW_TOKENS, OTHERS, Comparison, TwoOrders, comparison
+from engine.lab.invariance import DEFAULT_PROMPT, LANES, MINE, NEW_TOKENS, OTHERS, Comparison, TwoOrders, comparison
 from engine.service.client import ModelClient
 
 PROMPT_KEY, RESULT_KEY = "room.same.prompt", "room.same.result"
@@ -88,8 +88,8 @@ def parting(lm: ModelClient, part: Comparison) -> str:
                 f"to {largest:.3g}): no token here was a close enough call to tip; on another prompt one can be, "
                 "and from that token on the two answers differ.")
     i, text = part.parted, lm.tokenizer.decode
-    return (f"{name}: the answers part at token {i + 1}: after “{text(part.alone[:i])[-60:]}”, alone the model says "
-            f"“{text(part.alone[i:i + 6])}…”, in the batch “{text(part.in_batch[i:i + 6])}…”.")
+    return (f"{name}: the answers part at token {i + 1}: after “{text(part.alone[:i])[-60:]}”, alone the model "
+            f"says “{text(part.alone[i:i + 6])}…”, in the batch “{text(part.in_batch[i:i + 6])}…”.")
 
 
 def table_rows(parts: list[Comparison]) -> list[dict]:
@@ -99,12 +99,12 @@ def table_rows(parts: list[Comparison]) -> list[dict]:
 
 
 def sums_note(s: TwoOrders) -> str:
-    return (f"The {s.length} products w·x of output {s.row} of `{s.weight}` for your prompt's last token, added up "
-            f"in float32: left to right, one term at a time, and in {8} partial sums (term i into sum i mod 8, as "
-            "an 8-wide vector unit adds) that are then added together. The terms are the same numbers; only the "
-            f"order differs. In this product {s.rows_differ} of its {s.rows} outputs come out different in the two "
-            "orders. A matrix-multiply routine picks its order from the shape it is given, so a row alone and the "
-            "same row among others are added up differently.")
+    return (f"The {s.length} products w·x of output {s.row} of `{s.weight}` for “{s.token.strip() or s.token}”, "
+            f"the last token of your prompt, added up in float32: left to right, one term at a time, and in {LANES} "
+            f"partial sums (term i into sum i mod {LANES}, as an {LANES}-wide vector unit adds) that are then added "
+            f"together. The terms are the same numbers; only the order differs. In this product {s.rows_differ} of "
+            f"its {s.rows} outputs come out different in the two orders. A matrix-multiply routine picks its order "
+            "from the shape it is given, so a row alone and the same row among others are added up differently.")
 
 
 def draw(lm: ModelClient, lesson: Lesson) -> None:
@@ -118,7 +118,7 @@ def draw(lm: ModelClient, lesson: Lesson) -> None:
     s = lesson.sums
     left, mid, right = st.columns(3)
     left.metric("Left to right", f"{s.in_order:.9g}")
-    mid.metric("In 8 partial sums", f"{s.in_lanes:.9g}")
+    mid.metric(f"In {LANES} partial sums", f"{s.in_lanes:.9g}")
     right.metric("Difference", f"{s.in_order - s.in_lanes:.3g}")
     st.caption(sums_note(s) + f" Added exactly, the sum is {s.exact:.12g}.")
 

@@ -78,6 +78,7 @@ class TwoOrders:
     """One output of one product, sum_i w_i * x_i, added up in two orders in float32."""
 
     weight: str                   # the module path of the product
+    token: str                    # the token whose numbers they are (x: its embedding after layer 0's norm)
     row: int                      # which output (the row of the weight)
     length: int                   # terms in the sum (d_model)
     in_order: float               # left to right, one at a time
@@ -226,6 +227,6 @@ def two_orders(lm: LoadedModel, ids: list[int]) -> TwoOrders:
     in_lanes = np.cumsum(lanes, axis=1, dtype=np.float32)[:, -1]
     apart = np.abs(in_order.astype(np.float64) - in_lanes.astype(np.float64))
     row = int(apart.argmax())
-    return TwoOrders("model.layers.0.self_attn.q_proj", row, terms.shape[1], float(in_order[row]),
-                     float(in_lanes[row]), math.fsum(terms[row].astype(np.float64).tolist()),
+    return TwoOrders("model.layers.0.self_attn.q_proj", lm.tokenizer.decode(ids[-1:]), row, terms.shape[1],
+                     float(in_order[row]), float(in_lanes[row]), math.fsum(terms[row].astype(np.float64).tolist()),
                      int((in_order != in_lanes).sum()), terms.shape[0])

@@ -756,9 +756,10 @@ def invariance_answer(lm: LoadedModel, progress: Progress, prompt: str, dtype: s
 
 @job("invariance.sum", "one sum in two orders", quick=True, prompt=lesson_prompt)
 def invariance_sum(lm: LoadedModel, prompt: str) -> Any:
-    """One row of layer 0's q_proj for the prompt's last token, added in two orders (reads the weights only)."""
+    """One row of layer 0's q_proj for the last token of the prompt's own text (not the chat template's, the same
+    for every prompt), added in two orders (reads the weights only)."""
     # the lab's measurement code: loaded with its first job, not at every server start
     from engine.lab.invariance import check_model, lesson_ids, two_orders
 
     check_model(lm)
-    return two_orders(lm, lesson_ids(lm, prompt))
+    return two_orders(lm, lm.tokenizer(prompt, add_special_tokens=False)["input_ids"] or lesson_ids(lm, prompt))
