@@ -530,6 +530,24 @@ FIGURES.append((README, "invariance/20261127T210847Z-c42722a.json", "load averag
                 "numbers\") all {} of its comparisons were bitwise equal.", invariance))
 
 
+
+def _lesson(d: dict) -> tuple:
+    runs, sums = d["lesson"]["settings"], d["lesson"]["two_orders"]
+    seconds = [(v["alone_s"], v["in_batch_s"]) for v in runs.values()]
+    same = all(v["parted_at_token"] is None for v in runs.values())
+    return (d["provenance"]["machine"]["load_avg"][0], runs["float32 off"]["max_gap"], runs["bfloat16 off"]["max_gap"],
+            runs["float32 on"]["max_gap"] + runs["bfloat16 on"]["max_gap"], "the same" if same else "not all the same",
+            max(max(s) for s in seconds), sum(sum(s) for s in seconds), sums["rows_differ"], sums["rows"])
+
+
+FIGURES.append((ENGINE_DOC, "invariance/20261127T234534Z-c69aae0.json", "load average {:.0f} at its start): with the "
+                "usual kernels the lone and the batched answer's log-probabilities differ by up to {:.1e} in float32 "
+                "and {:.2f} in bfloat16, with the invariant kernels by {:.0f} in both; the 16 tokens are {} in all four "
+                "settings (bfloat16 moved the log-probabilities without tipping a token on this prompt). The longest "
+                "run, the room's longest wait, took {:.1f} s (float32, kernels on, in the batch); the whole lesson "
+                "{:.0f} s. Those are seconds on a loaded machine, not a speed target. In the sum, {} of q_proj's {} "
+                "outputs came out different in the two orders.", _lesson))
+
 ENGINE = [  # the engine table, from the file the README names for it
     (README, "engine.json", "| `model.generate` (reference) | {:.1f} | {:.0f} | {:.0f} ms | {:.1f} GB/s |",
      engine_row("model.generate", None)),
