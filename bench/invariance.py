@@ -157,25 +157,50 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
+def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The invariant product as it was first written: one F.linear per 8-row tile (x [..., d_in]), kept here to time
+    it beside the one-call product that replaced it (engine.core.invariant.linear)."""
+    flat = x.reshape(-1, x.shape[-1])
+    rows = torch.cat([flat, flat.new_zeros(-flat.shape[0] % invariant.ROW_TILE, flat.shape[1])])
+    out = torch.cat([F.linear(rows[i:i + invariant.ROW_TILE], weight)
+                     for i in range(0, rows.shape[0], invariant.ROW_TILE)])[:flat.shape[0]]
+    return (out if bias is None else out + bias).reshape(*x.shape[:-1], weight.shape[0])
+
+
+MODES = ("off", "on", "tiles")          # the usual kernels, the invariant ones, the invariant ones with 8-row tiles
+
+
+def one_mode(lean: LeanStep, mode: str, fn) -> float:
+    """`fn()` timed with the kernels `mode` names (invariant.linear swapped for the tiled product under "tiles")."""
+    lean.invariant, kept = mode != "off", invariant.linear
+    invariant.linear = tiled_linear if mode == "tiles" else kept
+    try:
+        return timed(fn)
+    finally:
+        invariant.linear = kept
+
+
 def cost(lean: LeanStep, rounds: int, prefill_tokens: int) -> dict:
-    """Off against on, alternating round by round: a lone decode step, a 20-row decode step, a prefill."""
+    """Off against on (and on with the earlier 8-row tiles), alternating round by round: a lone decode step, a
+    20-row decode step, a prefill."""
     vocab = lean.config.vocab_size
-    times: dict = {k: {"off": [], "on": []} for k in ("lone decode step", "20-row decode step", "prefill")}
+    times: dict = {k: {m: [] for m in MODES} for k in ("lone decode step", "20-row decode step", "prefill")}
     long_ids = ids_of(prefill_tokens, 9, vocab)
     for _ in range(rounds):
-        for mode in ("off", "on"):
-            lean.invariant = mode == "on"
+        for mode in MODES:
+            lean.invariant = False
             cache = DynamicCache()
             prefill(lean, cache, ids_of(200, 3, vocab))
-            times["lone decode step"][mode].append(timed(lambda: decode_batch(lean, [cache], [5])))
+            times["lone decode step"][mode].append(one_mode(lean, mode, lambda: decode_batch(lean, [cache], [5])))
             caches = [DynamicCache() for _ in range(20)]
             for b, c in enumerate(caches):
                 prefill(lean, c, ids_of(20 + 5 * b, 20 + b, vocab))
-            times["20-row decode step"][mode].append(timed(lambda: decode_batch(lean, caches, [5] * 20)))
-            times["prefill"][mode].append(timed(lambda: prefill(lean, DynamicCache(), long_ids)))
-    return {k: {"off_s": statistics.median(v["off"]), "on_s": statistics.median(v["on"]),
-                "on_over_off": statistics.median(v["on"]) / statistics.median(v["off"]), "rounds": v}
-            for k, v in times.items()}
+            times["20-row decode step"][mode].append(one_mode(lean, mode, lambda: decode_batch(lean, caches, [5] * 20)))
+            times["prefill"][mode].append(one_mode(lean, mode, lambda: prefill(lean, DynamicCache(), long_ids)))
+    med = {k: {m: statistics.median(v[m]) for m in MODES} for k, v in times.items()}
+    return {k: {"off_s": med[k]["off"], "on_s": med[k]["on"], "tiles_s": med[k]["tiles"],
+                "on_over_off": med[k]["on"] / med[k]["off"], "tiles_over_off": med[k]["tiles"] / med[k]["off"],
+                "rounds": v} for k, v in times.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -204,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.cost_only:
         checks(lean, report, args.prompt, args.steps)
     report["cost"] = cost(lean, args.rounds, args.prefill)
-    print({k: round(v["on_over_off"], 2) for k, v in report["cost"].items()})
+    print({k: (round(v["on_over_off"], 2), round(v["tiles_over_off"], 2)) for k, v in report["cost"].items()})
     print(run.save(report, out=args.out))
 
 

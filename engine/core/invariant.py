@@ -1,8 +1,8 @@
 """Batch-invariant kernels: a row's numbers do not depend on the other rows, the thread count or the chunking.
 
-    kernels = Invariant()                          # or invariant_for(environ): None unless PLAYGROUND_INVARIANT=on
-    y = kernels.linear(x, weight, bias)            # x [..., d_in] -> [..., d_out], row by row in fixed tiles
-    out = kernels.attention(q, keys, values, mask, scaling)   # [B, H, T, D], one fixed split along the keys
+    enabled()                                      # PLAYGROUND_INVARIANT=on: LeanStep.invariant runs these two
+    y = linear(x, weight, bias)                    # x [..., d_in] -> [..., d_out], rows padded to a multiple of 8
+    out = attention(q, keys, values, mask, scaling)   # [B, H, T, D], one fixed split along the keys
 
 Why (Thinking Machines, "Defeating Nondeterminism in LLM Inference"; SGLang's and vLLM's batch-invariant modes): a
 floating-point sum depends on its order, and a library kernel picks its order from the shape it is handed. On this
@@ -10,8 +10,12 @@ CPU (bench/invariance.py) MKL's sgemm gives a row other bits when the product ha
 one (a matrix-vector path at one row, blocked paths above), and SDPA gives a query other bits in a prefill chunk
 than in a decode step. Here every product is made on the same fixed shapes whatever the batch:
 
-- `linear`: the rows are padded to a multiple of `ROW_TILE` and multiplied `ROW_TILE` rows at a time, so every row
-  goes through the same (ROW_TILE, d_in) x (d_in, d_out) product, whoever else is in the batch;
+- `linear`: the rows are padded with zero rows to a multiple of `ROW_TILE` and multiplied in one call. On this CPU
+  MKL's sgemm adds up each output in the same order for every row count that is a multiple of 8 (8 to 2,048 rows
+  checked on SmolLM2's products, one thread and two; tests/test_invariance.py and bench/invariance.py's kernel checks
+  say so bitwise), but not for 1, 2 or 7 rows. It first multiplied 8 rows at a time, one call per tile, which read
+  every weight once per tile: the same bits at a higher cost (bench/invariance.py times both). On a CPU whose
+  library orders a multiple of 8 rows differently, the tests fail and the tiles are the way back;
 - `attention`: queries in tiles of `ROW_TILE`, keys in blocks of `KEY_BLOCK` counted from position 0, the softmax
   made online block after block in key order (flash attention's split, fixed): a block past a query's position
   adds exact zeros, so a query computes the same sum in a decode step, in a prefill chunk of any length and after
@@ -50,11 +54,10 @@ def _pad_rows(x: torch.Tensor, tile: int) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T + bias as F.linear, each row through the same (ROW_TILE, d_in) product: x [..., d_in]."""
+    """x @ weight.T + bias as F.linear, the rows padded to a multiple of ROW_TILE and multiplied in one call: x
+    [..., d_in]."""
     flat = x.reshape(-1, x.shape[-1])
-    rows = _pad_rows(flat, ROW_TILE)
-    out = torch.cat([F.linear(rows[i:i + ROW_TILE], weight) for i in range(0, rows.shape[0], ROW_TILE)])
-    out = out[:flat.shape[0]]
+    out = F.linear(_pad_rows(flat, ROW_TILE), weight)[:flat.shape[0]]
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
