@@ -16,7 +16,9 @@ than in a decode step. Here every product is made on the same fixed shapes whate
   say so bitwise), but not for 1, 2 or 7 rows. It first multiplied 8 rows at a time, one call per tile, which read
   every weight once per tile: the same bits at a higher cost (bench/invariance.py times both). On a CPU whose
   library orders a multiple of 8 rows differently, the tests fail and the tiles are the way back;
-- `attention`: queries in tiles of `ROW_TILE`, keys in blocks of `KEY_BLOCK` counted from position 0, the softmax
+- `attention`: queries padded to a multiple of `ROW_TILE` (each head's in one product, as `linear`; they were first
+  multiplied in tiles of 8 against a copy of each key block per tile), keys in blocks of `KEY_BLOCK` counted from
+  position 0, the softmax
   made online block after block in key order (flash attention's split, fixed): a block past a query's position
   adds exact zeros, so a query computes the same sum in a decode step, in a prefill chunk of any length and after
   a prefix from the cache. Left pads (a batch's decode rows) are moved to the end first, so a row's keys always
@@ -97,19 +99,19 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
 
 def _blocks(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
             scaling: float) -> torch.Tensor:
-    """The online softmax over key blocks in order, every product (ROW_TILE, D) x (D, KEY_BLOCK) or
-    (ROW_TILE, KEY_BLOCK) x (KEY_BLOCK, D): q [B, H, T', D], keys/values [B, H, S', D], mask [B, 1, T', S']."""
+    """The online softmax over key blocks in order, per head one product (T', D) x (D, KEY_BLOCK) and one
+    (T', KEY_BLOCK) x (KEY_BLOCK, D), T' a multiple of ROW_TILE (as `linear`: the same order for each query row
+    whatever T'): q [B, H, T', D], keys/values [B, H, S', D], mask [B, 1, T', S']."""
     b, h, t, d = q.shape
-    n = b * h * (t // ROW_TILE)
-    tiles = q.reshape(n, ROW_TILE, d)                                                # [N, tile, D]
-    top = q.new_full((n, ROW_TILE, 1), float("-inf"))
-    total = q.new_zeros((n, ROW_TILE, 1))
-    acc = q.new_zeros((n, ROW_TILE, d))
+    rows = q.reshape(b * h, t, d)                                                    # [N, T', D]
+    top = q.new_full((b * h, t, 1), float("-inf"))
+    total = q.new_zeros((b * h, t, 1))
+    acc = q.new_zeros((b * h, t, d))
     for j in range(0, keys.shape[2], KEY_BLOCK):
-        k = _per_tile(keys[:, :, j:j + KEY_BLOCK], t)                                # [N, block, D]
-        v = _per_tile(values[:, :, j:j + KEY_BLOCK], t)
-        m = mask[:, :, :, j:j + KEY_BLOCK].expand(b, h, t, KEY_BLOCK).reshape(n, ROW_TILE, KEY_BLOCK)
-        scores = torch.bmm(tiles, k.transpose(1, 2)) * scaling
+        k = keys[:, :, j:j + KEY_BLOCK].reshape(b * h, KEY_BLOCK, d)                 # [N, block, D]
+        v = values[:, :, j:j + KEY_BLOCK].reshape(b * h, KEY_BLOCK, d)
+        m = mask[:, :, :, j:j + KEY_BLOCK].expand(b, h, t, KEY_BLOCK).reshape(b * h, t, KEY_BLOCK)
+        scores = torch.bmm(rows, k.transpose(1, 2)) * scaling
         scores = scores.masked_fill(~m, float("-inf"))
         new_top = torch.maximum(top, scores.amax(dim=-1, keepdim=True))
         safe = torch.where(new_top == float("-inf"), 0.0, new_top)                  # a row with nothing read yet
@@ -119,9 +121,3 @@ def _blocks(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: tor
         acc = acc * shrink + torch.bmm(p, v)
         top = new_top
     return (acc / total).reshape(b, h, t, d)
-
-
-def _per_tile(block: torch.Tensor, t: int) -> torch.Tensor:
-    """A key block [B, H, K, D] repeated for each of the T' / ROW_TILE query tiles: [B * H * tiles, K, D]."""
-    b, h, k, d = block.shape
-    return block[:, :, None].expand(b, h, t // ROW_TILE, k, d).reshape(-1, k, d)
