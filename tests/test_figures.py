@@ -531,6 +531,19 @@ FIGURES.append((README, "invariance/20261127T210847Z-c42722a.json", "load averag
 
 
 
+def _three_way(d: dict) -> tuple:
+    c = d["cost"]
+    return (d["provenance"]["machine"]["load_avg"][0], c["20-row decode step"]["on_over_off"],
+            c["20-row decode step"]["tiles_over_off"], c["prefill"]["on_over_off"], c["prefill"]["tiles_over_off"],
+            c["lone decode step"]["on_over_off"], c["lone decode step"]["tiles_over_off"])
+
+
+FIGURES.append((ENGINE_DOC, "invariance/20261127T235251Z-cad7b00.json", "load average {:.0f} at its start, attention "
+                "still in 8-query tiles; `bench/results/invariance/20261127T235251Z-cad7b00.json`): a 20-row decode "
+                "step {:.2f}x (with the tiles {:.2f}x), a 512-token prefill {:.2f}x (tiles {:.2f}x); a lone decode step "
+                "{:.2f}x and {:.2f}x", _three_way))
+
+
 def _lesson(d: dict) -> tuple:
     runs, sums = d["lesson"]["settings"], d["lesson"]["two_orders"]
     seconds = [(v["alone_s"], v["in_batch_s"]) for v in runs.values()]
