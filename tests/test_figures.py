@@ -542,6 +542,13 @@ FIGURES.append((ENGINE_DOC, "invariance/20261127T235251Z-cad7b00.json", "load av
                 "still in 8-query tiles; `bench/results/invariance/20261127T235251Z-cad7b00.json`): a 20-row decode "
                 "step {:.2f}x (with the tiles {:.2f}x), a 512-token prefill {:.2f}x (tiles {:.2f}x); a lone decode step "
                 "{:.2f}x and {:.2f}x", _three_way))
+FIGURES.append((ENGINE_DOC, "invariance/20261128T001025Z-f450c14.json", "load average {:.0f} at its start, every "
+                "\"on\" check bitwise equal; \"tiles\" there is the 8-row products with the new attention): a lone "
+                "decode step {:.2f}x, a 20-row decode step {:.2f}x, a 512-token prefill {:.2f}x the time with the usual "
+                "kernels.", lambda d: (d["provenance"]["machine"]["load_avg"][0],
+                                       *(d["cost"][k]["on_over_off"] for k in ("lone decode step", "20-row decode step",
+                                                                               "prefill")))
+                if all(v["equal"] for v in d["forward_on"].values()) else ()))
 
 
 def _lesson(d: dict) -> tuple:
