@@ -567,6 +567,9 @@ FIGURES.append((ENGINE_DOC, "invariance/20261127T234534Z-c69aae0.json", "load av
                 "run, the room's longest wait, took {:.1f} s (float32, kernels on, in the batch); the whole lesson "
                 "{:.0f} s. Those are seconds on a loaded machine, not a speed target. In the sum, {} of q_proj's {} "
                 "outputs came out different in the two orders.", _lesson))
+FIGURES.append((ENGINE_DOC, "invariance/20261128T001632Z-1a97743.json", "load average {:.0f} at its start): off, up to "
+                "{:.1e} in float32 and {:.2f} in bfloat16, on, {:.0f} in both, {} tokens throughout; the longest run "
+                "took {:.1f} s, the whole lesson {:.0f} s.", lambda d: _lesson(d)[:7]))
 
 ENGINE = [  # the engine table, from the file the README names for it
     (README, "engine.json", "| `model.generate` (reference) | {:.1f} | {:.0f} | {:.0f} ms | {:.1f} GB/s |",
