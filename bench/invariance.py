@@ -4,17 +4,23 @@ batch-invariant kernels off and on (engine/core/invariant.py), and what the kern
     python bench/invariance.py                     # SmolLM2 float32, the default model
     python bench/invariance.py --prompt 300 --prefill 2048 --rounds 3
     python bench/invariance.py --cost-only --rounds 7 --prefill 256   # only the cost, off against on
+    python bench/invariance.py --lesson            # only the room page's lesson (engine/lab/invariance.py), timed
 
 Kernels alone, on SmolLM2's own weights and activations' shapes: F.linear with M rows against one (row 0), threads
 1 against 2; SDPA for a query in a prefill chunk against the same query decoded alone; RMSNorm with M rows. Then the
 whole forward, off and on: a prompt's logits prefilled whole vs in chunks of 64 and 256; a request decoding alone vs
 as one row of a batch of 2, 7 and 32 (the others at other positions); one thread vs two; a prefix's K/V reused.
 Each comparison gives `equal` (torch.equal) and the largest difference. Cost, off against on, alternating: a lone
-decode step, a 20-row decode step, a prefill. Writes bench/results/invariance/<UTC time>-<commit>.json.
+decode step, a 20-row decode step, a prefill. `--lesson` runs what the room page's "Same question, same numbers?"
+runs (the same jobs' code, in float32 and bfloat16, kernels off and on): each run's seconds (how long the room
+waits for it), the largest log-probability gap and where the answers part. Writes
+bench/results/invariance/<UTC time>-<commit>.json.
 """
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import statistics
 import sys
 import time
@@ -25,11 +31,13 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
+from transformers import DynamicCache  # noqa: E402
 
 import provenance  # noqa: E402
 from engine.core import invariant  # noqa: E402
 from engine.core.lean import LeanStep, causal_mask, rms_norm  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
+from engine.lab import invariance as lesson  # noqa: E402
 
 
 def compare(a: torch.Tensor, b: torch.Tensor) -> dict:
@@ -37,45 +45,30 @@ def compare(a: torch.Tensor, b: torch.Tensor) -> dict:
     return {"equal": bool(torch.equal(a, b)), "max_abs_diff": float((a - b).abs().max())}
 
 
-class Cache:
-    """One request's K/V per layer [1, KVH, S, D], grown by each forward."""
-
-    def __init__(self, n_layers: int):
-        self.keys, self.values = [None] * n_layers, [None] * n_layers
-
-    def kv(self, i, k, v):
-        self.keys[i] = k if self.keys[i] is None else torch.cat([self.keys[i], k], dim=2)
-        self.values[i] = v if self.values[i] is None else torch.cat([self.values[i], v], dim=2)
-        return self.keys[i], self.values[i]
-
-    def length(self) -> int:
-        return 0 if self.keys[0] is None else self.keys[0].shape[2]
-
-    def copy(self) -> "Cache":
-        other = Cache(len(self.keys))
-        other.keys, other.values = list(self.keys), list(self.values)
-        return other
+def kv_of(cache: DynamicCache):
+    """The forward's `kv(layer, k, v)` on one request's cache (as LeanStep.on_cache hands it)."""
+    return lambda i, k, v: cache.update(k, v, i)
 
 
-def prefill(lean: LeanStep, cache: Cache, ids: list[int], chunk: int | None = None) -> torch.Tensor:
+def prefill(lean: LeanStep, cache: DynamicCache, ids: list[int], chunk: int | None = None) -> torch.Tensor:
     """Logits [T, V] of every prompt position, fed in chunks of `chunk` tokens (None: whole)."""
     out, chunk = [], chunk or len(ids)
     with torch.inference_mode():
         for lo in range(0, len(ids), chunk):
-            part, start = ids[lo:lo + chunk], cache.length()
+            part, start = ids[lo:lo + chunk], cache.get_seq_length()
             positions = torch.arange(start, start + len(part))[None]
-            out.append(lean.forward(torch.tensor([part]), positions, cache.kv, logits_to_keep=len(part))[0])
+            out.append(lean.forward(torch.tensor([part]), positions, kv_of(cache), logits_to_keep=len(part))[0])
     return torch.cat(out)
 
 
-def decode_batch(lean: LeanStep, caches: list[Cache], tokens: list[int]) -> torch.Tensor:
+def decode_batch(lean: LeanStep, caches: list[DynamicCache], tokens: list[int]) -> torch.Tensor:
     """One decode step of several requests, keys left-padded to the longest as the batch runs it: [B, V]."""
-    lengths = [c.length() for c in caches]
+    lengths = [c.get_seq_length() for c in caches]
     width = max(lengths) + 1
     valid = torch.tensor([[col >= width - n - 1 for col in range(width)] for n in lengths])
 
     def kv(i, k, v):
-        pairs = [c.kv(i, k[b:b + 1], v[b:b + 1]) for b, c in enumerate(caches)]
+        pairs = [c.update(k[b:b + 1], v[b:b + 1], i) for b, c in enumerate(caches)]
         return (torch.cat([F.pad(p[0], (0, 0, width - p[0].shape[2], 0)) for p in pairs]),
                 torch.cat([F.pad(p[1], (0, 0, width - p[1].shape[2], 0)) for p in pairs]))
     with torch.inference_mode():
@@ -91,7 +84,7 @@ def decode_rows(lean: LeanStep, ids: list[int], steps: int, others: int) -> list
     """Logits of `ids`' greedy decode steps as row 0 of a batch of others + 1 rows (others at other positions)."""
     vocab, caches, tokens = lean.config.vocab_size, [], []
     for b in range(others + 1):
-        cache = Cache(len(lean.layers))
+        cache = DynamicCache()
         prompt = ids if b == 0 else ids_of(5 + 37 * b % 120, 100 + b, vocab)
         tokens.append(int(prefill(lean, cache, prompt)[-1].argmax()))
         caches.append(cache)
@@ -138,10 +131,10 @@ def kernels(lean: LeanStep) -> dict:
 
 def forward_checks(lean: LeanStep, prompt: int, steps: int) -> dict:
     """The whole forward: prefill chunks, batches, threads, a prefix reused (the mode as `lean.invariant` says)."""
-    vocab, n = lean.config.vocab_size, len(lean.layers)
+    vocab = lean.config.vocab_size
     ids = ids_of(prompt, 1, vocab)
-    whole = prefill(lean, Cache(n), ids)
-    out = {f"prefill whole vs chunks of {c}": compare(prefill(lean, Cache(n), ids, c), whole) for c in (64, 256)}
+    whole = prefill(lean, DynamicCache(), ids)
+    out = {f"prefill whole vs chunks of {c}": compare(prefill(lean, DynamicCache(), ids, c), whole) for c in (64, 256)}
     short = ids_of(40, 0, vocab)
     alone = decode_rows(lean, short, steps, 0)
     for others in (1, 6, 31):
@@ -151,10 +144,10 @@ def forward_checks(lean: LeanStep, prompt: int, steps: int) -> dict:
     torch.set_num_threads(2)
     out["batch of 7: 1 vs 2 threads"] = worst(list(zip(one, decode_rows(lean, short, steps, 6))))
     shared, second = ids[:130], ids_of(25, 6, vocab)
-    cache = Cache(n)
+    cache = DynamicCache()
     prefill(lean, cache, shared)
-    rest = prefill(lean, cache.copy(), second)
-    out["prefix K/V reused vs prefilled whole"] = compare(rest, prefill(lean, Cache(n), shared + second)[130:])
+    rest = prefill(lean, copy.deepcopy(cache), second)
+    out["prefix K/V reused vs prefilled whole"] = compare(rest, prefill(lean, DynamicCache(), shared + second)[130:])
     return out
 
 
@@ -164,25 +157,50 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
+def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The invariant product as it was first written: one F.linear per 8-row tile (x [..., d_in]), kept here to time
+    it beside the one-call product that replaced it (engine.core.invariant.linear)."""
+    flat = x.reshape(-1, x.shape[-1])
+    rows = torch.cat([flat, flat.new_zeros(-flat.shape[0] % invariant.ROW_TILE, flat.shape[1])])
+    out = torch.cat([F.linear(rows[i:i + invariant.ROW_TILE], weight)
+                     for i in range(0, rows.shape[0], invariant.ROW_TILE)])[:flat.shape[0]]
+    return (out if bias is None else out + bias).reshape(*x.shape[:-1], weight.shape[0])
+
+
+MODES = ("off", "on", "tiles")          # the usual kernels, the invariant ones, the invariant ones with 8-row tiles
+
+
+def one_mode(lean: LeanStep, mode: str, fn) -> float:
+    """`fn()` timed with the kernels `mode` names (invariant.linear swapped for the tiled product under "tiles")."""
+    lean.invariant, kept = mode != "off", invariant.linear
+    invariant.linear = tiled_linear if mode == "tiles" else kept
+    try:
+        return timed(fn)
+    finally:
+        invariant.linear = kept
+
+
 def cost(lean: LeanStep, rounds: int, prefill_tokens: int) -> dict:
-    """Off against on, alternating round by round: a lone decode step, a 20-row decode step, a prefill."""
-    vocab, n = lean.config.vocab_size, len(lean.layers)
-    times: dict = {k: {"off": [], "on": []} for k in ("lone decode step", "20-row decode step", "prefill")}
+    """Off against on (and on with the earlier 8-row tiles), alternating round by round: a lone decode step, a
+    20-row decode step, a prefill."""
+    vocab = lean.config.vocab_size
+    times: dict = {k: {m: [] for m in MODES} for k in ("lone decode step", "20-row decode step", "prefill")}
     long_ids = ids_of(prefill_tokens, 9, vocab)
     for _ in range(rounds):
-        for mode in ("off", "on"):
-            lean.invariant = mode == "on"
-            cache = Cache(n)
+        for mode in MODES:
+            lean.invariant = False
+            cache = DynamicCache()
             prefill(lean, cache, ids_of(200, 3, vocab))
-            times["lone decode step"][mode].append(timed(lambda: decode_batch(lean, [cache], [5])))
-            caches = [Cache(n) for _ in range(20)]
+            times["lone decode step"][mode].append(one_mode(lean, mode, lambda: decode_batch(lean, [cache], [5])))
+            caches = [DynamicCache() for _ in range(20)]
             for b, c in enumerate(caches):
                 prefill(lean, c, ids_of(20 + 5 * b, 20 + b, vocab))
-            times["20-row decode step"][mode].append(timed(lambda: decode_batch(lean, caches, [5] * 20)))
-            times["prefill"][mode].append(timed(lambda: prefill(lean, Cache(n), long_ids)))
-    return {k: {"off_s": statistics.median(v["off"]), "on_s": statistics.median(v["on"]),
-                "on_over_off": statistics.median(v["on"]) / statistics.median(v["off"]), "rounds": v}
-            for k, v in times.items()}
+            times["20-row decode step"][mode].append(one_mode(lean, mode, lambda: decode_batch(lean, caches, [5] * 20)))
+            times["prefill"][mode].append(one_mode(lean, mode, lambda: prefill(lean, DynamicCache(), long_ids)))
+    med = {k: {m: statistics.median(v[m]) for m in MODES} for k, v in times.items()}
+    return {k: {"off_s": med[k]["off"], "on_s": med[k]["on"], "tiles_s": med[k]["tiles"],
+                "on_over_off": med[k]["on"] / med[k]["off"], "tiles_over_off": med[k]["tiles"] / med[k]["off"],
+                "rounds": v} for k, v in times.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -194,9 +212,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", default=None)
     parser.add_argument("--cost-only", action="store_true", help="skip the bitwise checks; time off against on")
+    parser.add_argument("--lesson", action="store_true", help="only the room page's lesson, each run timed")
+    parser.add_argument("--lesson-prompt", default=lesson.DEFAULT_PROMPT)
     args = parser.parse_args(argv)
     run = provenance.start("invariance", argv)
     lm = load_model(args.model, device="cpu", dtype="float32")
+    if args.lesson:
+        torch.set_num_threads(2)
+        print(run.save({"model": args.model, "threads": torch.get_num_threads(),
+                        "lesson": lesson_runs(lm, args.lesson_prompt)}, out=args.out))
+        return
     lean = LeanStep(lm)
     torch.set_num_threads(2)
     report = {"model": args.model, "dtype": "float32", "threads": torch.get_num_threads(),
@@ -204,8 +229,28 @@ def main(argv: list[str] | None = None) -> None:
     if not args.cost_only:
         checks(lean, report, args.prompt, args.steps)
     report["cost"] = cost(lean, args.rounds, args.prefill)
-    print({k: round(v["on_over_off"], 2) for k, v in report["cost"].items()})
+    print({k: (round(v["on_over_off"], 2), round(v["tiles_over_off"], 2)) for k, v in report["cost"].items()})
     print(run.save(report, out=args.out))
+
+
+def lesson_runs(lm, prompt: str) -> dict:
+    """The room page's comparison, run by run as its jobs run them: per setting, each run's seconds, the largest
+    |difference| in log-probability between alone and in the batch, where the answers part; one sum in two orders."""
+    ids, out = lesson.lesson_ids(lm, prompt), {"prompt": prompt, "new_tokens": lesson.NEW_TOKENS, "settings": {}}
+    for dtype in ("float32", "bfloat16"):
+        for on in (False, True):
+            alone = lesson.answer(lm, dtype, on, ids)
+            batch = lesson.answer(lm, dtype, on, ids, in_batch=True)
+            c = lesson.comparison(dtype, on, alone, batch)
+            out["settings"][f"{dtype} {'on' if on else 'off'}"] = {
+                "alone_s": alone.seconds, "in_batch_s": batch.seconds, "max_gap": max(c.gaps), "gaps": c.gaps,
+                "parted_at_token": None if c.parted is None else c.parted + 1,
+                "alone": lm.tokenizer.decode(c.alone), "in_batch": lm.tokenizer.decode(c.in_batch)}
+            print(dtype, on, {k: v for k, v in out["settings"][f"{dtype} {'on' if on else 'off'}"].items()
+                              if k.endswith("_s") or k in ("max_gap", "parted_at_token")}, flush=True)
+    text_ids = lm.tokenizer(prompt, add_special_tokens=False)["input_ids"]    # as the page's job: the text's last
+    out["two_orders"] = dataclasses.asdict(lesson.two_orders(lm, text_ids))
+    return out
 
 
 def checks(lean: LeanStep, report: dict, prompt: int, steps: int) -> None:

@@ -7,6 +7,7 @@ from app.hosting.model import api_key, page_model
 from app.room.presenter import is_presenter, presenter_board, settings_panel
 from app.room.session import session_id
 from app.speed.room import api_note, kernel_note, live_section
+from app.speed.same_numbers import section as same_numbers
 
 lm = page_model(needed=True)
 st.title("The room is the batch")
@@ -25,3 +26,4 @@ if note:
     st.caption(note)
 st.subheader("Why was an answer slow?")
 pick_section(lm)
+same_numbers(lm)

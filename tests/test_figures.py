@@ -557,6 +557,47 @@ FIGURES.append((README, "invariance/20261127T210847Z-c42722a.json", "load averag
                 "numbers\") all {} of its comparisons were bitwise equal.", invariance))
 
 
+
+def _three_way(d: dict) -> tuple:
+    c = d["cost"]
+    return (d["provenance"]["machine"]["load_avg"][0], c["20-row decode step"]["on_over_off"],
+            c["20-row decode step"]["tiles_over_off"], c["prefill"]["on_over_off"], c["prefill"]["tiles_over_off"],
+            c["lone decode step"]["on_over_off"], c["lone decode step"]["tiles_over_off"])
+
+
+FIGURES.append((ENGINE_DOC, "invariance/20261127T235251Z-cad7b00.json", "load average {:.0f} at its start, attention "
+                "still in 8-query tiles; `bench/results/invariance/20261127T235251Z-cad7b00.json`): a 20-row decode "
+                "step {:.2f}x (with the tiles {:.2f}x), a 512-token prefill {:.2f}x (tiles {:.2f}x); a lone decode step "
+                "{:.2f}x and {:.2f}x", _three_way))
+FIGURES.append((ENGINE_DOC, "invariance/20261128T001025Z-f450c14.json", "load average {:.0f} at its start, every "
+                "\"on\" check bitwise equal; \"tiles\" there is the 8-row products with the new attention): a lone "
+                "decode step {:.2f}x, a 20-row decode step {:.2f}x, a 512-token prefill {:.2f}x the time with the usual "
+                "kernels.", lambda d: (d["provenance"]["machine"]["load_avg"][0],
+                                       *(d["cost"][k]["on_over_off"] for k in ("lone decode step", "20-row decode step",
+                                                                               "prefill")))
+                if all(v["equal"] for v in d["forward_on"].values()) else ()))
+
+
+def _lesson(d: dict) -> tuple:
+    runs, sums = d["lesson"]["settings"], d["lesson"]["two_orders"]
+    seconds = [(v["alone_s"], v["in_batch_s"]) for v in runs.values()]
+    same = all(v["parted_at_token"] is None for v in runs.values())
+    return (d["provenance"]["machine"]["load_avg"][0], runs["float32 off"]["max_gap"], runs["bfloat16 off"]["max_gap"],
+            runs["float32 on"]["max_gap"] + runs["bfloat16 on"]["max_gap"], "the same" if same else "not all the same",
+            max(max(s) for s in seconds), sum(sum(s) for s in seconds), sums["rows_differ"], sums["rows"])
+
+
+FIGURES.append((ENGINE_DOC, "invariance/20261127T234534Z-c69aae0.json", "load average {:.0f} at its start): with the "
+                "usual kernels the lone and the batched answer's log-probabilities differ by up to {:.1e} in float32 "
+                "and {:.2f} in bfloat16, with the invariant kernels by {:.0f} in both; the 16 tokens are {} in all four "
+                "settings (bfloat16 moved the log-probabilities without tipping a token on this prompt). The longest "
+                "run, the room's longest wait, took {:.1f} s (float32, kernels on, in the batch); the whole lesson "
+                "{:.0f} s. Those are seconds on a loaded machine, not a speed target. In the sum, {} of q_proj's {} "
+                "outputs came out different in the two orders.", _lesson))
+FIGURES.append((ENGINE_DOC, "invariance/20261128T001632Z-1a97743.json", "load average {:.0f} at its start): off, up to "
+                "{:.1e} in float32 and {:.2f} in bfloat16, on, {:.0f} in both, {} tokens throughout; the longest run "
+                "took {:.1f} s, the whole lesson {:.0f} s.", lambda d: _lesson(d)[:7]))
+
 ENGINE = [  # the engine table, from the file the README names for it
     (README, "engine.json", "| `model.generate` (reference) | {:.1f} | {:.0f} | {:.0f} ms | {:.1f} GB/s |",
      engine_row("model.generate", None)),

@@ -7,10 +7,13 @@ others; through the API (`python -m engine serve`, the `openai` client) `playgro
 compare two runs."""
 from __future__ import annotations
 
+import copy
+
 import openai
 import pytest
 import torch
 from torch.nn import functional as F
+from transformers import DynamicCache
 
 from conftest import tiny_prompt, write_tiny_llama
 from servers import running_server, tiny_args
@@ -23,27 +26,6 @@ from engine.serving.limits import Limits
 from engine.serving.scheduler import Scheduler
 
 PROMPT = 300                      # tokens: past a 256-token chunk and several key blocks
-
-
-class Cache:
-    """One request's K/V per layer, [1, KVH, S, D], grown by each forward (the prefix cache hands one over)."""
-
-    def __init__(self, n_layers: int):
-        self.keys: list = [None] * n_layers
-        self.values: list = [None] * n_layers
-
-    def kv(self, i, k, v):
-        self.keys[i] = k if self.keys[i] is None else torch.cat([self.keys[i], k], dim=2)
-        self.values[i] = v if self.values[i] is None else torch.cat([self.values[i], v], dim=2)
-        return self.keys[i], self.values[i]
-
-    def length(self) -> int:
-        return 0 if self.keys[0] is None else self.keys[0].shape[2]
-
-    def copy(self) -> "Cache":
-        other = Cache(len(self.keys))
-        other.keys, other.values = list(self.keys), list(self.values)
-        return other
 
 
 @pytest.fixture(scope="module")
@@ -70,46 +52,50 @@ def ids_of(n: int, seed: int, vocab: int) -> list[int]:
     return torch.randint(4, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def prefill(lean: LeanStep, cache: Cache, ids: list[int], chunk: int | None = None) -> torch.Tensor:
+def kv_of(cache: DynamicCache):
+    """The forward's `kv(layer, k, v)` on one request's cache (as LeanStep.on_cache hands it)."""
+    return lambda i, k, v: cache.update(k, v, i)
+
+
+def prefill(lean: LeanStep, cache: DynamicCache, ids: list[int], chunk: int | None = None) -> torch.Tensor:
     """Logits [T, V] of every prompt position, the prompt fed in chunks of `chunk` tokens (None: whole)."""
     out, chunk = [], chunk or len(ids)
     with torch.inference_mode():
         for lo in range(0, len(ids), chunk):
-            part, start = ids[lo:lo + chunk], cache.length()
+            part, start = ids[lo:lo + chunk], cache.get_seq_length()
             positions = torch.arange(start, start + len(part))[None]
-            out.append(lean.forward(torch.tensor([part]), positions, cache.kv, logits_to_keep=len(part))[0])
+            out.append(lean.forward(torch.tensor([part]), positions, kv_of(cache), logits_to_keep=len(part))[0])
     return torch.cat(out)
 
 
-def decode_batch(lean: LeanStep, caches: list[Cache], tokens: list[int]) -> torch.Tensor:
+def decode_batch(lean: LeanStep, caches: list[DynamicCache], tokens: list[int]) -> torch.Tensor:
     """One decode step of several requests as the batch runs it: keys left-padded to the longest, a mask hiding
     the pads. Logits [B, V]."""
-    n_layers, lengths = len(caches[0].keys), [c.length() for c in caches]
+    lengths = [c.get_seq_length() for c in caches]
     width = max(lengths) + 1
     valid = torch.tensor([[col >= width - n - 1 for col in range(width)] for n in lengths])
 
     def kv(i, k, v):                                    # k, v [B, KVH, 1, D]
         rows_k, rows_v = [], []
         for b, c in enumerate(caches):
-            keys, values = c.kv(i, k[b:b + 1], v[b:b + 1])
+            keys, values = c.update(k[b:b + 1], v[b:b + 1], i)
             pad = width - keys.shape[2]
             rows_k.append(F.pad(keys, (0, 0, pad, 0)))
             rows_v.append(F.pad(values, (0, 0, pad, 0)))
         return torch.cat(rows_k), torch.cat(rows_v)
-    assert n_layers == len(lean.layers)
     with torch.inference_mode():
         return lean.forward(torch.tensor(tokens)[:, None], torch.tensor(lengths)[:, None], kv,
                             causal_mask(valid, 1))[:, -1]
 
 
-def decode_alone(lean: LeanStep, cache: Cache, token: int) -> torch.Tensor:
+def decode_alone(lean: LeanStep, cache: DynamicCache, token: int) -> torch.Tensor:
     with torch.inference_mode():
-        return lean(token, cache.length(), cache.kv)
+        return lean(token, cache.get_seq_length(), kv_of(cache))
 
 
 def run_alone(lean: LeanStep, ids: list[int], steps: int, chunk: int | None = None) -> list[torch.Tensor]:
     """The prompt's logits, then each greedy decode step's: the request alone."""
-    cache = Cache(len(lean.layers))
+    cache = DynamicCache()
     logits = [prefill(lean, cache, ids, chunk)]
     last = logits[0][-1]
     for _ in range(steps):
@@ -124,7 +110,7 @@ def run_in_batch(lean: LeanStep, ids: list[int], steps: int, others: int) -> lis
     me = others // 2
     prompt_logits = None
     for b in range(others + 1):
-        cache = Cache(len(lean.layers))
+        cache = DynamicCache()
         logits = prefill(lean, cache, ids if b == me else ids_of(5 + 37 * b % 120, 100 + b, vocab))
         prompt_logits = logits if b == me else prompt_logits
         caches.append(cache)
@@ -171,12 +157,12 @@ def test_a_prefix_from_the_cache_gives_the_logits_of_a_whole_prefill(lean):
     """A second request shares the first's 130-token prefix: its K/V is reused, only the rest is prefilled."""
     vocab = lean.config.vocab_size
     shared, first, second = ids_of(130, 4, vocab), ids_of(20, 5, vocab), ids_of(25, 6, vocab)
-    cache = Cache(len(lean.layers))
+    cache = DynamicCache()
     prefill(lean, cache, shared)
-    prefill(lean, cache.copy(), shared + first[:0])                # the prefix cache keeps `cache` untouched
-    reused = cache.copy()
+    prefill(lean, copy.deepcopy(cache), first)                    # the first request goes on; the prefix cache
+    reused = copy.deepcopy(cache)                                 # keeps `cache` as it was after the prefix
     rest = prefill(lean, reused, second)
-    whole = prefill(lean, Cache(len(lean.layers)), shared + second)
+    whole = prefill(lean, DynamicCache(), shared + second)
     assert torch.equal(rest, whole[len(shared):])
 
 
@@ -289,6 +275,38 @@ def test_without_the_mode_the_room_changes_the_checksum(lm):
         lean_step_for(lm).invariant = invariant.enabled()
     assert rows == 8
     assert alone[-1].logits_sha256 != in_room[-1].logits_sha256
+
+
+def speculative_and_plain(scheduler, lm, folder) -> tuple[str, str, int]:
+    """One greedy request decoded plainly and speculatively (the model itself as its draft: its 4 drafted tokens are
+    accepted, and each round's 5 positions come from one verify pass): the two checksums, and the rounds that
+    emitted several tokens from one pass."""
+    from engine.speculative.decode import draft_from_spec
+
+    mine = GenerationRequest(tiny_prompt(30, seed=5), max_new_tokens=10, chat=False)
+    plain = done_of(scheduler.submit(mine))
+    records = scheduler.submit(mine, draft=draft_from_spec(str(folder), lm), k=4).result(timeout=600)
+    assert isinstance(records[-1], DoneRecord) and records[-1].generated_tokens == 10
+    multi = sum(len(r.emitted) > 1 for r in records if hasattr(r, "emitted"))
+    return plain.logits_sha256, records[-1].logits_sha256, multi
+
+
+def test_a_speculative_request_has_the_checksum_of_the_plain_one(room, lm, folder):
+    """Speculative decoding verifies several drafted positions in one pass; with the mode on, each emitted token's
+    logits row is the one plain decoding computes, so the checksums agree."""
+    plain, speculative, multi = speculative_and_plain(room, lm, folder)
+    assert len(speculative) == 64 and speculative == plain
+    assert multi >= 1                                       # a verify pass did emit several tokens at once
+
+
+def test_without_the_mode_a_speculative_request_changes_the_checksum(lm, folder):
+    scheduler = scheduler_with(lm, False)
+    try:
+        plain, speculative, multi = speculative_and_plain(scheduler, lm, folder)
+    finally:
+        scheduler.close()
+        lean_step_for(lm).invariant = invariant.enabled()
+    assert multi >= 1 and speculative != plain
 
 
 # --- through the API: the checksum a client compares ------------------------------------------------------------------

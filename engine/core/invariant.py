@@ -1,8 +1,8 @@
 """Batch-invariant kernels: a row's numbers do not depend on the other rows, the thread count or the chunking.
 
-    kernels = Invariant()                          # or invariant_for(environ): None unless PLAYGROUND_INVARIANT=on
-    y = kernels.linear(x, weight, bias)            # x [..., d_in] -> [..., d_out], row by row in fixed tiles
-    out = kernels.attention(q, keys, values, mask, scaling)   # [B, H, T, D], one fixed split along the keys
+    enabled()                                      # PLAYGROUND_INVARIANT=on: LeanStep.invariant runs these two
+    y = linear(x, weight, bias)                    # x [..., d_in] -> [..., d_out], rows padded to a multiple of 8
+    out = attention(q, keys, values, mask, scaling)   # [B, H, T, D], one fixed split along the keys
 
 Why (Thinking Machines, "Defeating Nondeterminism in LLM Inference"; SGLang's and vLLM's batch-invariant modes): a
 floating-point sum depends on its order, and a library kernel picks its order from the shape it is handed. On this
@@ -10,9 +10,15 @@ CPU (bench/invariance.py) MKL's sgemm gives a row other bits when the product ha
 one (a matrix-vector path at one row, blocked paths above), and SDPA gives a query other bits in a prefill chunk
 than in a decode step. Here every product is made on the same fixed shapes whatever the batch:
 
-- `linear`: the rows are padded to a multiple of `ROW_TILE` and multiplied `ROW_TILE` rows at a time, so every row
-  goes through the same (ROW_TILE, d_in) x (d_in, d_out) product, whoever else is in the batch;
-- `attention`: queries in tiles of `ROW_TILE`, keys in blocks of `KEY_BLOCK` counted from position 0, the softmax
+- `linear`: the rows are padded with zero rows to a multiple of `ROW_TILE` and multiplied in one call. On this CPU
+  MKL's sgemm adds up each output in the same order for every row count that is a multiple of 8 (8 to 2,048 rows
+  checked on SmolLM2's products, one thread and two; tests/test_invariance.py and bench/invariance.py's kernel checks
+  say so bitwise), but not for 1, 2 or 7 rows. It first multiplied 8 rows at a time, one call per tile, which read
+  every weight once per tile: the same bits at a higher cost (bench/invariance.py times both). On a CPU whose
+  library orders a multiple of 8 rows differently, the tests fail and the tiles are the way back;
+- `attention`: queries padded to a multiple of `ROW_TILE` (each head's in one product, as `linear`; they were first
+  multiplied in tiles of 8 against a copy of each key block per tile), keys in blocks of `KEY_BLOCK` counted from
+  position 0, the softmax
   made online block after block in key order (flash attention's split, fixed): a block past a query's position
   adds exact zeros, so a query computes the same sum in a decode step, in a prefill chunk of any length and after
   a prefix from the cache. Left pads (a batch's decode rows) are moved to the end first, so a row's keys always
@@ -50,11 +56,10 @@ def _pad_rows(x: torch.Tensor, tile: int) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T + bias as F.linear, each row through the same (ROW_TILE, d_in) product: x [..., d_in]."""
+    """x @ weight.T + bias as F.linear, the rows padded to a multiple of ROW_TILE and multiplied in one call: x
+    [..., d_in]."""
     flat = x.reshape(-1, x.shape[-1])
-    rows = _pad_rows(flat, ROW_TILE)
-    out = torch.cat([F.linear(rows[i:i + ROW_TILE], weight) for i in range(0, rows.shape[0], ROW_TILE)])
-    out = out[:flat.shape[0]]
+    out = F.linear(_pad_rows(flat, ROW_TILE), weight)[:flat.shape[0]]
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
@@ -62,8 +67,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def _left_to_right(keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor):
     """Each row's keys moved so that its first real key is column 0: keys, values [B, KVH, S, D], mask [B, 1, T, S]
-    (True: attend) -> the same three, rolled per row by its left pads (the keys no query of the row reads)."""
-    pads = (~mask.any(dim=2)[:, 0]).int().cumprod(dim=1).sum(dim=1)           # [B] leading unread keys
+    (True: attend) -> the same three, rolled per row by its left pads: the leading keys its last query (always a
+    real token) does not read. Not the keys no query reads: in a padded prefill each pad's query reads itself
+    (engine.core.lean.causal_mask), and counting those as real shifted the row's key blocks."""
+    pads = (~mask[:, 0, -1]).int().cumprod(dim=1).sum(dim=1)                   # [B] leading unread keys
     s = keys.shape[2]                            # always gathered: no host sync, so a CUDA graph could capture it
     index = (torch.arange(s, device=keys.device)[None] + pads[:, None]) % s    # [B, S]
     take = index[:, None, :, None]
@@ -92,19 +99,19 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
 
 def _blocks(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
             scaling: float) -> torch.Tensor:
-    """The online softmax over key blocks in order, every product (ROW_TILE, D) x (D, KEY_BLOCK) or
-    (ROW_TILE, KEY_BLOCK) x (KEY_BLOCK, D): q [B, H, T', D], keys/values [B, H, S', D], mask [B, 1, T', S']."""
+    """The online softmax over key blocks in order, per head one product (T', D) x (D, KEY_BLOCK) and one
+    (T', KEY_BLOCK) x (KEY_BLOCK, D), T' a multiple of ROW_TILE (as `linear`: the same order for each query row
+    whatever T'): q [B, H, T', D], keys/values [B, H, S', D], mask [B, 1, T', S']."""
     b, h, t, d = q.shape
-    n = b * h * (t // ROW_TILE)
-    tiles = q.reshape(n, ROW_TILE, d)                                                # [N, tile, D]
-    top = q.new_full((n, ROW_TILE, 1), float("-inf"))
-    total = q.new_zeros((n, ROW_TILE, 1))
-    acc = q.new_zeros((n, ROW_TILE, d))
+    rows = q.reshape(b * h, t, d)                                                    # [N, T', D]
+    top = q.new_full((b * h, t, 1), float("-inf"))
+    total = q.new_zeros((b * h, t, 1))
+    acc = q.new_zeros((b * h, t, d))
     for j in range(0, keys.shape[2], KEY_BLOCK):
-        k = _per_tile(keys[:, :, j:j + KEY_BLOCK], t)                                # [N, block, D]
-        v = _per_tile(values[:, :, j:j + KEY_BLOCK], t)
-        m = mask[:, :, :, j:j + KEY_BLOCK].expand(b, h, t, KEY_BLOCK).reshape(n, ROW_TILE, KEY_BLOCK)
-        scores = torch.bmm(tiles, k.transpose(1, 2)) * scaling
+        k = keys[:, :, j:j + KEY_BLOCK].reshape(b * h, KEY_BLOCK, d)                 # [N, block, D]
+        v = values[:, :, j:j + KEY_BLOCK].reshape(b * h, KEY_BLOCK, d)
+        m = mask[:, :, :, j:j + KEY_BLOCK].expand(b, h, t, KEY_BLOCK).reshape(b * h, t, KEY_BLOCK)
+        scores = torch.bmm(rows, k.transpose(1, 2)) * scaling
         scores = scores.masked_fill(~m, float("-inf"))
         new_top = torch.maximum(top, scores.amax(dim=-1, keepdim=True))
         safe = torch.where(new_top == float("-inf"), 0.0, new_top)                  # a row with nothing read yet
@@ -114,9 +121,3 @@ def _blocks(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: tor
         acc = acc * shrink + torch.bmm(p, v)
         top = new_top
     return (acc / total).reshape(b, h, t, d)
-
-
-def _per_tile(block: torch.Tensor, t: int) -> torch.Tensor:
-    """A key block [B, H, K, D] repeated for each of the T' / ROW_TILE query tiles: [B * H * tiles, K, D]."""
-    b, h, k, d = block.shape
-    return block[:, :, None].expand(b, h, t // ROW_TILE, k, d).reshape(-1, k, d)

@@ -720,3 +720,46 @@ def batch_kernels(lm: LoadedModel) -> dict[str, Any] | None:
     """The weights the batched CPU steps use packed, and the timings that chose them (measured at start)."""
     kernels = kernels_for(lm, pack=False)
     return None if kernels is None else {"weights": kernels.weights, "faster": kernels.faster_shapes()}
+
+
+# --- same question, same numbers (issue 51) ---------------------------------------------------------------------------
+
+LESSON_CHARS = 2000
+
+
+def lesson_prompt(value: Any, lm: LoadedModel) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > LESSON_CHARS:
+        raise InvalidRequestError(f"a prompt of 1 to {LESSON_CHARS:,} characters was expected")
+    return value
+
+
+def lesson_dtype(value: Any, lm: LoadedModel) -> str:
+    # the lab's measurement code: loaded with its first job, not at every server start
+    from engine.lab.invariance import DTYPES
+
+    if value not in DTYPES:
+        raise InvalidRequestError(f"one of {', '.join(DTYPES)} was expected, not {str(value)[:20]!r}")
+    return value
+
+
+@job("invariance.answer", "the same-numbers comparison", prompt=lesson_prompt, dtype=lesson_dtype, on=boolean,
+     new=whole(1, 64), batch=boolean)
+def invariance_answer(lm: LoadedModel, progress: Progress, prompt: str, dtype: str, on: bool, new: int,
+                      batch: bool) -> Any:
+    """One prompt's greedy answer, alone or as one row of a batch of 8, in one dtype, with the batch-invariant
+    kernels off or on; the log-probabilities of every token (engine.lab.invariance.comparison compares two)."""
+    # the lab's measurement code: loaded with its first job, not at every server start
+    from engine.lab.invariance import answer, lesson_ids
+
+    return answer(lm, dtype, on, lesson_ids(lm, prompt), new, batch, progress)
+
+
+@job("invariance.sum", "one sum in two orders", quick=True, prompt=lesson_prompt)
+def invariance_sum(lm: LoadedModel, prompt: str) -> Any:
+    """One row of layer 0's q_proj for the last token of the prompt's own text (not the chat template's, the same
+    for every prompt), added in two orders (reads the weights only)."""
+    # the lab's measurement code: loaded with its first job, not at every server start
+    from engine.lab.invariance import check_model, lesson_ids, two_orders
+
+    check_model(lm)
+    return two_orders(lm, lm.tokenizer(prompt, add_special_tokens=False)["input_ids"] or lesson_ids(lm, prompt))

@@ -13,6 +13,7 @@ sampling keeps the output distribution exactly the target's.
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -120,10 +121,16 @@ class _Run:
     generator: torch.Generator
     eos: set[int]
     kept: KeptInputs | None = None  # the target's hidden states the run keeps
+    digest: Any = field(default_factory=hashlib.sha256)   # every emitted token's logits row, as the batch hashes it
 
     @property
     def generated(self) -> int:
         return len(self.tokens) - self.n_prompt
+
+    def hash_row(self, logits: torch.Tensor) -> None:
+        """The target's logits row (V,) a token was picked from, as float32 bytes (engine.serving.batch.hash_rows:
+        a speculative run's `logits_sha256` is a plain run's when the rows are bitwise the same)."""
+        self.digest.update(logits.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy())
 
     def pick(self, logits: torch.Tensor) -> tuple[int, torch.Tensor]:
         r = self.request
@@ -200,6 +207,7 @@ def _prefill(run: _Run) -> PrefillRecord:
     token = pick_token(run.lm, logits, run.request, run.generator, run.stream)
     sync(run.lm.device)
     seconds = time.perf_counter() - t
+    run.hash_row(logits)
     run.tokens.append(token.id)
     return PrefillRecord(prompt_pieces(run.lm, run.tokens[:run.n_prompt]), forward_shapes(run.lm.spec, run.n_prompt),
                          seconds, cache_state(run.cache), token)
@@ -238,6 +246,7 @@ def _emit(run: _Run, logits: torch.Tensor, probs: torch.Tensor,
     emitted: list[SampledToken] = []
     for i, token_id in enumerate(new):
         emitted.append(describe_token(run.lm, logits[i], probs[i], token_id, run.stream.push(token_id)))
+        run.hash_row(logits[i])
         run.tokens.append(token_id)
         reason = finish_reason(token_id, run.stream.text, run.eos, run.request, run.generated)
         if reason is not None:
@@ -262,7 +271,7 @@ def _summary(run: _Run, draft: Draft, k: int, tally: _Tally, reason: str, ttft: 
         accepted=accepted, acceptance_rate=accepted / drafted if drafted else 0.0,
         acceptance_by_position=[a / d for a, d in zip(tally.accepted_at, tally.drafted_at)],
         tokens_per_pass=tally.emitted / tally.rounds if tally.rounds else 0.0,
-        draft_seconds=tally.draft_seconds, verify_seconds=tally.verify_seconds)
+        draft_seconds=tally.draft_seconds, verify_seconds=tally.verify_seconds, logits_sha256=run.digest.hexdigest())
 
 
 # --- target pieces ------------------------------------------------------------------------------------
