@@ -183,6 +183,39 @@ def test_plain_products_in_the_batch_change_the_numbers(lm, monkeypatch):
     assert not all(torch.equal(a, b) for a, b in zip(alone, batched))
 
 
+def test_a_library_whose_order_follows_the_row_count_gets_the_tiles(lm, monkeypatch):
+    """The one-call product holds only where this library sums a row the same way in any multiple of 8 rows (MKL on
+    the machine the kernels were measured on; not a promise). A library that does not (here: a product whose last
+    bit moves above 8 rows) fails the probe, and the 8-row tiles keep every row's bits alone and in a batch."""
+    class RowCountLibrary:                       # torch.nn.functional, but for its product's last bit above 8 rows
+        def __getattr__(self, name):
+            return getattr(F, name)
+
+        @staticmethod
+        def linear(x, weight, bias=None):
+            out = F.linear(x, weight, bias)
+            return torch.nextafter(out, torch.full_like(out, float("inf"))) if x.shape[0] > invariant.ROW_TILE else out
+
+    monkeypatch.setattr(invariant, "F", RowCountLibrary())
+    monkeypatch.setattr(invariant, "_HOLDS", {})
+    step = LeanStep(lm)
+    assert not invariant.one_call_holds(step.head[0])
+    step.invariant = True
+    ids = ids_of(40, 2, lm.model.config.vocab_size)
+    assert all(torch.equal(a, b) for a, b in zip(run_alone(step, ids, 3), run_in_batch(step, ids, 3, 12)))   # 13 rows: 16
+
+
+def test_attention_8_query_rows_a_product_keeps_the_bits_too(lm, monkeypatch):
+    """Where the probe finds attention's batched products ordered by their row count, 8 query rows go at a time: a
+    prompt prefilled whole and in chunks of 64, and a row alone and among 12, still compute the same bits."""
+    monkeypatch.setattr(invariant, "blocks_hold", lambda d, dtype, device: False)
+    step = LeanStep(lm)
+    step.invariant = True
+    ids = ids_of(PROMPT, 3, lm.model.config.vocab_size)
+    assert all(torch.equal(a, b) for a, b in zip(run_alone(step, ids, 3), run_alone(step, ids, 3, 64)))
+    assert all(torch.equal(a, b) for a, b in zip(run_alone(step, ids, 3), run_in_batch(step, ids, 3, 12)))
+
+
 def test_sdpa_in_a_chunked_prefill_changes_the_numbers(lm, monkeypatch):
     """The mutation: SDPA back in place of the fixed key split, and a chunked prompt's logits differ from whole."""
     def sdpa(q, keys, values, mask, scaling):

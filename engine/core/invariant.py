@@ -13,11 +13,13 @@ than in a decode step. Here every product is made on the same fixed shapes whate
 - `linear`: the rows are padded with zero rows to a multiple of `ROW_TILE` and multiplied in one call. On this CPU
   MKL's sgemm adds up each output in the same order for every row count that is a multiple of 8 (8 to 2,048 rows
   checked on SmolLM2's products, one thread and two; tests/test_invariance.py and bench/invariance.py's kernel checks
-  say so bitwise), but not for 1, 2 or 7 rows. It first multiplied 8 rows at a time, one call per tile, which read
-  every weight once per tile: the same bits at a higher cost (bench/invariance.py times both). On a CPU whose
-  library orders a multiple of 8 rows differently, the tests fail and the tiles are the way back;
-- `attention`: queries padded to a multiple of `ROW_TILE` (each head's in one product, as `linear`; they were first
-  multiplied in tiles of 8 against a copy of each key block per tile), keys in blocks of `KEY_BLOCK` counted from
+  say so bitwise), but not for 1, 2 or 7 rows. That is what this machine's MKL does, not what MKL promises, so
+  each weight shape is probed once, at its first product (`one_call_holds`: 8 rows alone against the same 8 among
+  16 to 264, bitwise, at the current thread count); where the library orders them differently, that shape is
+  multiplied 8 rows at a time, one call per tile (`tiled`): the same bits on any library, each weight read once
+  per tile (bench/invariance.py times both);
+- `attention`: queries padded to a multiple of `ROW_TILE` (each head's in one product, as `linear`, where the probe
+  `blocks_hold` finds that order kept; else 8 query rows a product), keys in blocks of `KEY_BLOCK` counted from
   position 0, the softmax
   made online block after block in key order (flash attention's split, fixed): a block past a query's position
   adds exact zeros, so a query computes the same sum in a decode step, in a prefill chunk of any length and after
@@ -37,6 +39,7 @@ from torch.nn import functional as F
 ENV = "PLAYGROUND_INVARIANT"      # "on": the forward runs these kernels; "off" (default for now)
 ROW_TILE = 8                      # rows per product
 KEY_BLOCK = 64                    # keys per attention block
+PROBE_ROWS = (16, 32, 72, 264)    # row counts whose first 8 rows must equal 8 rows alone for the one-call product
 
 
 def enabled(environ: dict[str, str] | None = None) -> bool:
@@ -56,13 +59,52 @@ def _pad_rows(x: torch.Tensor, tile: int) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T + bias as F.linear, the rows padded to a multiple of ROW_TILE and multiplied in one call: x
+    """x @ weight.T + bias as F.linear, the rows padded to a multiple of ROW_TILE and multiplied in one call where
+    this library keeps each row's order for every multiple of 8 rows (`one_call_holds`), else 8 rows a call: x
     [..., d_in]."""
     flat = x.reshape(-1, x.shape[-1])
-    out = F.linear(_pad_rows(flat, ROW_TILE), weight)[:flat.shape[0]]
+    rows = _pad_rows(flat, ROW_TILE)
+    out = (F.linear(rows, weight) if one_call_holds(weight) else tiled(rows, weight))[:flat.shape[0]]
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def tiled(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """rows [M, d_in] (M a multiple of ROW_TILE) times weight.T, one F.linear per tile of 8 rows: [M, d_out]."""
+    return torch.cat([F.linear(rows[i:i + ROW_TILE], weight) for i in range(0, rows.shape[0], ROW_TILE)])
+
+
+def one_call_holds(weight: torch.Tensor) -> bool:
+    """Whether one product of any multiple of 8 rows gives each row the bits it gets among 8 alone, for a weight of
+    this shape here: probed bitwise with random rows against the weight itself (the order of a sum does not depend on
+    its values) at PROBE_ROWS rows, once per (shape, dtype, device, thread count)."""
+    key = (tuple(weight.shape), weight.dtype, weight.device, torch.get_num_threads())
+    if key not in _HOLDS:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(max(PROBE_ROWS), weight.shape[1], generator=gen).to(device=weight.device, dtype=weight.dtype)
+        alone = F.linear(x[:ROW_TILE], weight)
+        _HOLDS[key] = all(torch.equal(F.linear(x[:m], weight)[:ROW_TILE], alone) for m in PROBE_ROWS)
+    return _HOLDS[key]
+
+
+def blocks_hold(d: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """As `one_call_holds`, for attention's two products per key block ((T', D) x (D, KEY_BLOCK) and (T', KEY_BLOCK)
+    x (KEY_BLOCK, D), batched over heads): whether any multiple of 8 query rows gives each row the bits of 8 alone.
+    Where not, `attention` multiplies 8 query rows at a time."""
+    key = ("attention", d, dtype, device, torch.get_num_threads())
+    if key not in _HOLDS:
+        gen = torch.Generator().manual_seed(0)
+        q, k, p, v = (torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+                      for shape in ((2, max(PROBE_ROWS), d), (2, d, KEY_BLOCK), (2, max(PROBE_ROWS), KEY_BLOCK),
+                                    (2, KEY_BLOCK, d)))
+        same = lambda a, b: all(torch.equal(torch.bmm(a[:, :m], b)[:, :ROW_TILE], torch.bmm(a[:, :ROW_TILE], b))  # noqa: E731
+                                for m in PROBE_ROWS)
+        _HOLDS[key] = same(q, k) and same(p, v)
+    return _HOLDS[key]
+
+
+_HOLDS: dict[tuple, bool] = {}
 
 
 def _left_to_right(keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor):
@@ -94,7 +136,10 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
     q = F.pad(q, (0, 0, 0, tq))                                                     # [B, H, T', D]
     keys, values = F.pad(keys, (0, 0, 0, sk)), F.pad(values, (0, 0, 0, sk))          # [B, H, S', D]
     mask = F.pad(mask, (0, sk, 0, tq), value=False)                                  # [B, 1, T', S']
-    return _blocks(q, keys, values, mask, scaling)[:, :, :t]
+    if blocks_hold(d, q.dtype, q.device):
+        return _blocks(q, keys, values, mask, scaling)[:, :, :t]
+    return torch.cat([_blocks(q[:, :, i:i + ROW_TILE], keys, values, mask[:, :, i:i + ROW_TILE], scaling)
+                      for i in range(0, q.shape[2], ROW_TILE)], dim=2)[:, :, :t]       # 8 query rows a product
 
 
 def _blocks(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
