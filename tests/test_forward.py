@@ -233,11 +233,11 @@ class Row:
 
 
 def test_the_compiled_step_traces_whole_for_prefill_mixed_and_decode_steps_with_capture_on(family_lm):
-    """The function a GPU compiles (engine.serving.graphed.batched_step), compiled here with `fullgraph=True` on
+    """The function a GPU compiles (engine.serving.lean.step, the one every eager step runs), compiled here with `fullgraph=True` on
     dynamo's eager backend, so that a graph break fails this test: a step of two prefill chunks (one padded), a mixed
     step (one decode row, one chunk of four), then a decode step, on the paged pool with one row capturing. Every
     step's logits and the kept row's residual in the pool equal the modules over each row's whole sequence."""
-    from engine.serving.graphed import batched_step
+    from engine.serving.lean import step as one_step
     from engine.serving.paged import BlockPool, PagedBatch
 
     lm, lean = family_lm, one_forward(family_lm)
@@ -249,7 +249,7 @@ def test_the_compiled_step_traces_whole_for_prefill_mixed_and_decode_steps_with_
         slot = Row(length=0, kept=kept)
         batch.slots.append(slot)
         batch.tables[slot] = []
-    step = torch.compile(batched_step, fullgraph=True, backend="eager", dynamic=False)
+    step = torch.compile(one_step, fullgraph=True, backend="eager", dynamic=False)
     torch._dynamo.reset()
     for new in ([7, 5], [1, 4], [1, 1]):
         valid = batch.plan(new)
@@ -258,7 +258,7 @@ def test_the_compiled_step_traces_whole_for_prefill_mixed_and_decode_steps_with_
         positions = torch.tensor([[0] * (t - n) + list(range(s.length, s.length + n))
                                   for s, n in zip(batch.slots, new)])
         with torch.no_grad():
-            logits = step(lean, ids, positions, causal_mask(valid, t), batch.write_and_gather, pool.resid,
+            logits = step(lean, ids, positions, batch.write_and_gather, causal_mask(valid, t), pool.resid,
                           batch.residual_slots)[:, -1]
         for b, (slot, seq, n) in enumerate(zip(batch.slots, seqs, new)):
             slot.length += n
