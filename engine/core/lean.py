@@ -191,8 +191,9 @@ class LeanStep:
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, kv: KV, mask: torch.Tensor | None = None,
                 keep: Residual | None = None, linear: Linear = F.linear, fused: list[Fused] | None = None,
-                logits_to_keep: int = 1, attention: Attention | None = None) -> torch.Tensor:
-        """Logits [B, K, V] of each row's last K = `logits_to_keep` positions: ids and positions [B, T] (each token's
+                logits_to_keep: int | torch.Tensor = 1, attention: Attention | None = None) -> torch.Tensor:
+        """Logits [B, K, V] of each row's last K = `logits_to_keep` positions (or, a tensor of K indices, of those
+        positions: a flattened mixed step's), as transformers' `logits_to_keep`: ids and positions [B, T] (each token's
         own position); `mask` [B, 1, T, S] where rows read padded keys, None for causal over the new tokens (the
         keys before them all read); `keep` receives the L + 1 residuals; `fused`, per layer, products made as one;
         `attention` in place of SDPA. With `invariant` set, the batch-invariant kernels stand in for all three."""
@@ -210,7 +211,8 @@ class LeanStep:
             x = x + linear(F.silu(gate) * up, *w.down)
         if keep is not None:
             keep.write(len(self.layers), x)
-        return linear(rms_norm(x[:, -logits_to_keep:], self.norm, self.eps), *self.head)   # [B, K, V]
+        kept = x[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else x[:, logits_to_keep]     # [B, K, d]
+        return linear(rms_norm(kept, self.norm, self.eps), *self.head)                  # [B, K, V]
 
     def _attention(self, i: int, w: LayerWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    kv: KV, mask: torch.Tensor | None, linear: Linear, f: Fused,

@@ -44,7 +44,7 @@ from engine.core.kept import KeptInputs
 from engine.core.loader import LoadedModel
 from engine.core.small_batch import kernels_for
 from engine.serving.graphed import GraphedDecode
-from engine.serving.lean import LeanDecode, decode, pool_prefill
+from engine.serving.lean import LeanDecode, decode, mixed_step, pool_prefill
 from engine.serving.paged import BlockTable, PagedBatch, SoloBatch, row_cache_state
 from engine.serving.prefix import PrefixCache, load_prefix
 from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
@@ -166,10 +166,15 @@ class BatchRunner:
         if not self.prefilling and not self.batch.slots and isinstance(self.batch, PagedBatch):
             self.batch.settle()              # nothing else to run: finished runs' residual moves out of the pool
         before = [(s, s.prefilled - s.reused) for s in self.prefilling]
-        prefilled = self._prefill() if self.prefilling else 0
-        t1 = time.perf_counter()
         tags = tuple(s.label for s in self.batch.slots)
-        rows = self._decode_step() if self.batch.slots else 0
+        mixed = self._mixed_step() if self._mixes() else None
+        if mixed is not None:                    # one forward: its prefill part cannot be told apart from the rest
+            (prefilled, rows), t1 = mixed, time.perf_counter()
+        else:
+            prefilled = self._prefill() if self.prefilling else 0
+            t1 = time.perf_counter()
+            tags = tuple(s.label for s in self.batch.slots)
+            rows = self._decode_step() if self.batch.slots else 0
         layout = tuple((s.label, s.length, p) for s, p in zip(self.batch.slots, self.batch.pads()))
         table = self.batch.table()
         end = time.perf_counter()
@@ -258,6 +263,12 @@ class BatchRunner:
             self.batch.drop({group[0]})
             self._fail(group[0], err)
             return chunks[0]
+        self._took_prefill(group, chunks, logits)
+        return sum(chunks)
+
+    def _took_prefill(self, group: list[Slot], chunks: list[int], logits: torch.Tensor) -> None:
+        """Each newcomer's `chunks[b]` tokens are in; those whose prompt is in take their first token (logits
+        [B, V])."""
         for b, (slot, n) in enumerate(zip(group, chunks)):
             slot.prefilled += n
             if isinstance(self.batch, PagedBatch):
@@ -267,7 +278,6 @@ class BatchRunner:
             if slot.prefilled == len(slot.ids):
                 self.prefilling.remove(slot)
                 self._first_token(slot, logits[b])
-        return sum(chunks)
 
     def _prefill_pass(self, group: list[Slot], chunks: list[int]) -> torch.Tensor:
         """Logits [B, V] of each row's last new token; each row's K/V and kept residual written where it lives."""
@@ -338,6 +348,11 @@ class BatchRunner:
         except Exception as err:  # noqa: BLE001 - find the request that fails; the others go on
             self._isolate(err)       # no row's length moved: the new token's slot is simply written again
             return 0
+        self._took_decode(slots, logits)
+        return len(slots)
+
+    def _took_decode(self, slots: list[Slot], logits: torch.Tensor) -> None:
+        """Every row's next token from its logits [B, V]; finished runs leave the batch."""
         tokens = pick_tokens(self.lm, logits, [s.request for s in slots], [s.generator for s in slots],
                              [s.stream for s in slots])
         sync(self.lm.device)
@@ -348,7 +363,41 @@ class BatchRunner:
             if slot.finished:
                 now_done.add(slot)
         self.batch.drop(now_done, hold=True)     # a finished run's residual moves out later, off this step
-        return len(slots)
+
+    # --- the mixed step ------------------------------------------------------------------------------------
+
+    def _mixes(self) -> bool:
+        """A step with newcomers and decoding rows runs as one forward where the forward covers the model (eagerly:
+        on CUDA the decode rows' graphed step and the prefill run apart)."""
+        return bool(self.prefilling and self.batch.slots and isinstance(self.batch, PagedBatch)
+                    and self.graphs is None and self.lean is not None and self.lean.stands_in())
+
+    def _chunk_plan(self) -> list[tuple[Slot, int]]:
+        """The newcomers' prompt tokens of this step, as `_prefill` takes them: in order, each the rest of its prompt
+        while the step's budget lasts, the one that reaches it a chunk of what is left (the oldest always some)."""
+        plan, budget = [], self.prefill_chunk
+        for slot in self.prefilling:
+            if budget <= 0:
+                break
+            self._admit(slot)
+            n = min(len(slot.ids) - slot.prefilled, budget)
+            plan.append((slot, n))
+            budget -= n
+        return plan
+
+    def _mixed_step(self) -> tuple[int, int] | None:
+        """The decode rows and the newcomers' chunks in ONE forward over the flattened step
+        (engine.serving.lean.mixed_step): (prompt tokens, decode rows). None when it raised: nothing has moved, and
+        the step runs apart, where a request whose part fails fails alone."""
+        plan, rows = self._chunk_plan(), list(self.batch.slots)
+        newcomers, chunks = [s for s, _ in plan], [n for _, n in plan]
+        try:
+            logits = mixed_step(self.lean.lean, self.batch, rows, newcomers, chunks)        # [B + C, V]
+        except Exception:  # noqa: BLE001 - run apart: the failing request fails alone there
+            return None
+        self._took_decode(rows, logits[:len(rows)])
+        self._took_prefill(newcomers, chunks, logits[len(rows):])
+        return sum(chunks), len(rows)
 
     def _batch_forward(self, slots: list[Slot]) -> torch.Tensor:
         """Logits [B, V] of every row's next token; the residual of every row that captures written where it is

@@ -19,6 +19,7 @@ same arithmetic (each module's call, the 4-D mask built again from the padding):
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -168,6 +169,104 @@ def _reader(table: list[int], block: int, n: int, device: torch.device):
         return lambda pool: pool[first * block:first * block + n]
     index = (torch.tensor(table)[:, None] * block + torch.arange(block)).flatten()[:n].to(device)
     return lambda pool: pool.index_select(0, index)
+
+
+@dataclass(frozen=True)
+class Segments:
+    """A flattened step's attention (`step`'s `attention`): N new tokens as one sequence, queries [1, H, N, D],
+    split by segment. The first `rows` tokens are decode rows, each a query per head against its own keys (`reads`
+    [B, W], left-padded with the null slot and hidden by `mask` [B, 1, 1, W]); then each prefill chunk (its first
+    token, its n tokens, the slots it reads [S] and its mask [1, 1, n, S], None where it reads only itself: causal).
+    The keys and values are a layer's whole pool [slots, KVH, D], as the step's `kv` returns them."""
+
+    rows: int
+    reads: torch.Tensor | None
+    mask: torch.Tensor | None
+    chunks: tuple[tuple[int, int, torch.Tensor, torch.Tensor | None], ...]
+
+    def __call__(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+                 scaling: float) -> torch.Tensor:
+        # q: [1, H, N, D]; keys, values: [slots, KVH, D] -> [1, H, N, D]
+        gqa, out = q.shape[1] != keys.shape[1], []
+        if self.rows:
+            b, w = self.reads.shape
+            k, v = (p.index_select(0, self.reads.reshape(-1)).view(b, w, *p.shape[1:]).transpose(1, 2)
+                    for p in (keys, values))                                                   # [B, KVH, W, D]
+            rows = q[0, :, :b].transpose(0, 1)[:, :, None]                                     # [B, H, 1, D]
+            o = F.scaled_dot_product_attention(rows, k, v, attn_mask=self.mask, scale=scaling, enable_gqa=gqa)
+            out.append(o[:, :, 0].transpose(0, 1)[None])                                       # [1, H, B, D]
+        for first, n, reads, chunk_mask in self.chunks:
+            k, v = (p.index_select(0, reads).transpose(0, 1)[None] for p in (keys, values))   # [1, KVH, S, D]
+            out.append(F.scaled_dot_product_attention(q[:, :, first:first + n], k, v, attn_mask=chunk_mask,
+                                                      is_causal=chunk_mask is None and n > 1, scale=scaling,
+                                                      enable_gqa=gqa))                         # [1, H, n, D]
+        return torch.cat(out, dim=2)
+
+
+@dataclass
+class Flat:
+    """The new tokens of a flattened step, segment after segment: ids, positions, K/V slots, residual slots."""
+
+    ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    write: list[torch.Tensor] = field(default_factory=list)
+    resid: list[torch.Tensor] = field(default_factory=list)
+    last: list[int] = field(default_factory=list)        # the tokens whose logits the step keeps
+
+
+def _rows_segment(batch: Any, rows: list, flat: Flat) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The decode rows' tokens (one each, their keys left-padded as a decode step's); their (reads, mask)."""
+    if not rows:
+        return None, None
+    valid = batch.plan([1] * len(rows), slots=rows)                                      # [B, W + 1]
+    flat.ids += [s.token.id for s in rows]
+    flat.positions += [s.length for s in rows]
+    flat.write.append(batch.writes.reshape(-1))
+    flat.resid.append(batch.residual_slots)
+    flat.last += range(len(rows))
+    return batch.reads, valid[:, None, None, :]
+
+
+def _chunk_segment(batch: Any, slot: Any, n: int, flat: Flat) -> tuple[int, int, torch.Tensor, torch.Tensor | None]:
+    """A newcomer's next n prompt tokens: (first token, n, the slots it reads, its mask or None: causal)."""
+    reads, write, resid = batch.segment(slot, n)                                         # [length + n], [n], [n]
+    first = len(flat.ids)
+    flat.ids += slot.ids[slot.length:slot.length + n]
+    flat.positions += range(slot.length, slot.length + n)
+    flat.write.append(write)
+    flat.resid.append(resid)
+    flat.last.append(first + n - 1)
+    mask = causal_mask(torch.ones(1, len(reads), dtype=torch.bool, device=reads.device), n) if slot.length else None
+    return first, n, reads, mask
+
+
+def mixed_inputs(batch: Any, rows: list, newcomers: list, chunks: list[int]) -> dict[str, Any]:
+    """`step`'s arguments for one flattened step, as vLLM and nano-vllm lay one out: the decode `rows` (the batch's,
+    one token each) and each newcomer's next `chunks[c]` prompt tokens, all N new tokens in one [1, N] sequence
+    with their own positions and pool slots; logits kept at each row's token, then at each chunk's last."""
+    flat = Flat()
+    reads, mask = _rows_segment(batch, rows, flat)
+    segments = tuple(_chunk_segment(batch, slot, n, flat) for slot, n in zip(newcomers, chunks))
+    pool, device, where = batch.pool, batch.pool.keys[0].device, torch.cat(flat.write)
+
+    def kv(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # k, v: [1, KVH, N, D] -> the pool at their slots; returns the layer's whole pool [slots, KVH, D]
+        pool.keys[i][where] = k[0].transpose(0, 1)
+        pool.values[i][where] = v[0].transpose(0, 1)
+        return pool.keys[i], pool.values[i]
+    capturing = any(getattr(s, "kept", None) is not None for s in [*rows, *newcomers])
+    return dict(ids=torch.tensor([flat.ids], device=device), positions=torch.tensor([flat.positions], device=device),
+                kv=kv, resid=pool.resid if capturing else None, write=torch.cat(flat.resid),
+                logits_to_keep=torch.tensor(flat.last, device=device),
+                attention=Segments(len(rows), reads, mask, segments))
+
+
+def mixed_step(lean: LeanStep, batch: Any, rows: list, newcomers: list, chunks: list[int]) -> torch.Tensor:
+    """Logits [B + C, V]: each decode row's next token, then each newcomer's after its chunk, from ONE call of `step`
+    over every new token of the step (`mixed_inputs`): the products run once over all N tokens, attention by
+    segment. Decode rows are not padded to the chunk's length."""
+    with torch.inference_mode():
+        return step(lean, **mixed_inputs(batch, rows, newcomers, chunks))[0]
 
 
 def pool_prefill(lm: LoadedModel, batch: Any, slots: list, chunks: list[int]) -> torch.Tensor:
