@@ -348,3 +348,21 @@ def test_a_mixed_step_equals_its_decode_rows_and_prefill_chunks_run_apart(family
         with pytest.raises(AssertionError):
             same_step()
 
+
+def test_the_compiled_step_traces_whole_for_a_flattened_mixed_step_with_capture_on(family_lm):
+    """The flattened mixed step (decode rows and prompt chunks as one [1, N] sequence, attention by segment) through
+    the compiled step function, `fullgraph=True` on dynamo's eager backend (a graph break fails here, not on the
+    GPU): the same logits, K/V and residual as the step run apart."""
+    from engine.serving.lean import mixed_inputs, step
+
+    lm, lean = family_lm, one_forward(family_lm)
+    want_batch, *parts = mixed_batch(lm)
+    want = apart(lm, want_batch, *parts)
+    batch, rows, newcomers, chunks = mixed_batch(lm)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="eager", dynamic=False)
+    with torch.no_grad():
+        got = compiled(lean, **mixed_inputs(batch, rows, newcomers, chunks))[0]
+    close(got, want)
+    close(batch.pool.resid, want_batch.pool.resid)
+    close(batch.pool.keys[-1], want_batch.pool.keys[-1])
