@@ -618,3 +618,26 @@ def test_a_newcomer_that_fails_in_a_mixed_step_fails_alone_and_the_rows_go_on(ti
     for sink, (request, policy) in zip(sinks, jobs):
         assert sink.error is None
         assert_same_run(sink, alone(tiny_lm, request, policy))
+
+
+def test_a_request_that_did_not_ask_for_a_checksum_gets_none_and_pays_no_host_copy(tiny_lm, monkeypatch):
+    """With the invariant mode off, only the request that asks (`GenerationRequest.logits_sha256`) is hashed: the
+    others' DoneRecords carry none, and a step none of whose rows asked copies no logits to the host (hash_rows not
+    called); the one that asked gets its checksum (the same when it runs alone twice)."""
+    from engine.serving import batch as batch_module
+
+    copies = []
+    hash_rows = batch_module.hash_rows
+    monkeypatch.setattr(batch_module, "hash_rows", lambda slots, logits: copies.append(len(slots)) or hash_rows(
+        slots, logits))
+    plain = [(GenerationRequest(tiny_prompt(n, seed=n), max_new_tokens=6, chat=False), CAPTURE_OFF) for n in (5, 9)]
+    assert not one_forward(tiny_lm).invariant
+    sinks = run_staggered(tiny_lm, plain)
+    assert copies == [] and all(s.records[-1].logits_sha256 is None for s in sinks)
+    asked = GenerationRequest(tiny_prompt(7, seed=3), max_new_tokens=6, chat=False, logits_sha256=True)
+    beside = run_staggered(tiny_lm, [(asked, CAPTURE_OFF), *plain])
+    assert copies and set(copies) == {1}                      # one row per step copied: the one that asked
+    checksum = beside[0].records[-1].logits_sha256
+    assert len(checksum) == 64 and all(s.records[-1].logits_sha256 is None for s in beside[1:])
+    twice = [run_staggered(tiny_lm, [(asked, CAPTURE_OFF)])[0].records[-1].logits_sha256 for _ in range(2)]
+    assert twice[0] == twice[1] and len(twice[0]) == 64         # alone, twice: the same numbers, the same checksum

@@ -282,8 +282,8 @@ def test_without_the_mode_the_room_changes_the_checksum(lm):
     it shares the step with others."""
     scheduler = scheduler_with(lm, False)
     try:
-        alone, in_room, rows = alone_and_in_a_room(scheduler, GenerationRequest(tiny_prompt(30, seed=5),
-                                                                                max_new_tokens=8, chat=False))
+        alone, in_room, rows = alone_and_in_a_room(scheduler, GenerationRequest(
+            tiny_prompt(30, seed=5), max_new_tokens=8, chat=False, logits_sha256=True))     # asked for: mode off
     finally:
         scheduler.close()
         lean_step_for(lm).invariant = invariant.enabled()

@@ -77,14 +77,16 @@ class Slot:
     last: float = 0.0                                # when the newest token was sampled
     ttft: float = 0.0
     finished: bool = False
-    digest: Any = None                               # sha256 of the float32 bytes of every step's logits row
+    digest: Any = None                               # sha256 of the float32 bytes of every step's logits row,
+    #                                                  when it is asked for or the invariant mode is on (`begin`)
 
-    def begin(self, lm: LoadedModel, own_cache: bool = False) -> None:
-        """Ready to run; `own_cache`: its K/V on an HF cache of its own (a solo batch), not in the paged pool."""
+    def begin(self, lm: LoadedModel, own_cache: bool = False, checksum: bool = False) -> None:
+        """Ready to run; `own_cache`: its K/V on an HF cache of its own (a solo batch), not in the paged pool;
+        `checksum`: its logits hashed step by step (`DoneRecord.logits_sha256`) even if the request did not ask."""
         self.generator = torch.Generator(device=lm.device).manual_seed(self.request.seed)
         self.stream, self.eos = TextStream(lm.tokenizer), eos_ids(lm)
         self.cache = DynamicCache(config=lm.model.config) if own_cache else None
-        self.digest = hashlib.sha256()
+        self.digest = hashlib.sha256() if checksum or self.request.logits_sha256 else None
         self.started = self.last = time.perf_counter()
 
 
@@ -152,11 +154,16 @@ class BatchRunner:
     def room(self) -> int:
         return self.max_batch - len(self.prefilling) - len(self.batch.slots)
 
+    def _invariant(self) -> bool:
+        """Whether this runner's forward runs the batch-invariant kernels (engine.core.invariant): then every request
+        keeps its logits checksum, the mode's proof (docs/engine.md, "Same question, same numbers")."""
+        return self.lean is not None and self.lean.lean.invariant
+
     def add(self, slot: Slot) -> None:
         """Take a request; it starts prefilling at the next step."""
         if self.room <= 0:
             raise EngineError(f"the batch already holds {self.max_batch} requests")
-        slot.begin(self.lm, own_cache=isinstance(self.batch, SoloBatch))
+        slot.begin(self.lm, own_cache=isinstance(self.batch, SoloBatch), checksum=self._invariant())
         self.prefilling.append(slot)
 
     def step(self) -> StepInfo:
@@ -311,7 +318,7 @@ class BatchRunner:
         """The prompt is in: sample the first token, send the PrefillRecord, join the batch."""
         slot.token = pick_token(self.lm, logits, slot.request, slot.generator, slot.stream)
         sync(self.lm.device)
-        hash_rows([slot], logits[None])
+        hash_wanted([slot], logits[None])
         slot.last = time.perf_counter()
         slot.ttft = slot.last - slot.started
         slot.length = len(slot.ids)
@@ -356,7 +363,7 @@ class BatchRunner:
         tokens = pick_tokens(self.lm, logits, [s.request for s in slots], [s.generator for s in slots],
                              [s.stream for s in slots])
         sync(self.lm.device)
-        hash_rows(slots, logits)
+        hash_wanted(slots, logits)
         now_done: set[Slot] = set()
         for b, slot in enumerate(slots):
             self._advance(slot, tokens[b])
@@ -437,6 +444,13 @@ class BatchRunner:
         except Exception as err:  # noqa: BLE001 - what this row raises alone
             return err
         return None
+
+
+def hash_wanted(slots: Sequence[Slot], logits: torch.Tensor) -> None:
+    """`hash_rows` for the slots that keep a checksum (logits [B, V], batch order); no copy when none does."""
+    wanted = [b for b, slot in enumerate(slots) if slot.digest is not None]
+    if wanted:
+        hash_rows([slots[b] for b in wanted], logits[wanted] if len(wanted) < len(slots) else logits)
 
 
 def hash_rows(slots: Sequence[Slot], logits: torch.Tensor) -> None:
