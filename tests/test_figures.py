@@ -477,6 +477,8 @@ FIGURES: list[tuple[str, str, str, Callable[[Any], Any]]] = [
     (SERVING, "gpu-load.json", "the runner's eager decode step took {:.0f} ms for one request and {:.0f} ms for thirty",
      gpu_eager_steps),
     (ENGINE_DOC, "gpu-load.json", "{:.0f} ms for one request and {:.0f} ms for thirty", gpu_eager_steps),
+    ("engine/serving/graphed.py", "gpu-load.json", "eager step took {:.0f} ms for one request and {:.0f} ms for thirty",
+     gpu_eager_steps),
     (SERVING, "api.json", "**{:.1f} tok/s, p95 {:.2f} s at 16 tokens** and at 64 tokens **{:.1f} tok/s, p95 {:.2f} s**;",
      lambda d: api_headline(d)[:4]),
     (SERVING, "timings-share.json", "**about {:.0f} bytes per step** in a batch of 20 (the row ids dominate), {:.1f} kB "

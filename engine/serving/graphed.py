@@ -4,10 +4,10 @@
     runner = BatchRunner(lm, max_batch=32, graphs=graphs)
 
 Why: an eager decode step of Llama 3.1 8B launches about two thousand kernels, one per op, whatever the batch;
-on an H200 the scheduler's step took 61 ms for one request and 88 ms for thirty (bench/results/gpu-load.json),
-while reading the weights once takes about 4 ms. The fast path (engine/core/fastpath.py) removed that cost for
-one request with a static cache; this does it for the paged batch, as vLLM captures its decode step per batch
-size.
+on an H200 the scheduler's eager step took 61 ms for one request and 84 ms for thirty (bench/results/gpu-load.json:
+median completion less time to first token, over the 63 steps after it), while reading the weights once takes
+about 4 ms. The fast path (engine/core/fastpath.py) removed that cost for one request with a static cache; this
+does it for the paged batch, as vLLM captures its decode step per batch size.
 
 The step is the project's one step function (engine/serving/lean.py `step`, over engine/core/lean.py's forward),
 the function every CPU step runs eagerly; here it is compiled whole (`fullgraph=True`: a graph break is an error,
