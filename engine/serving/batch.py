@@ -375,9 +375,11 @@ class BatchRunner:
 
     def _mixes(self) -> bool:
         """A step with newcomers and decoding rows runs as one forward where the forward covers the model (eagerly:
-        on CUDA the decode rows' graphed step and the prefill run apart)."""
+        on CUDA the decode rows' graphed step and the prefill run apart; so do they in the invariant mode, whose
+        attention kernel stands in for the forward's and reads no segments)."""
         return bool(self.prefilling and self.batch.slots and isinstance(self.batch, PagedBatch)
-                    and self.graphs is None and self.lean is not None and self.lean.stands_in())
+                    and self.graphs is None and self.lean is not None and self.lean.stands_in()
+                    and not self.lean.lean.invariant)
 
     def _chunk_plan(self) -> list[tuple[Slot, int]]:
         """The newcomers' prompt tokens of this step, as `_prefill` takes them: in order, each the rest of its prompt
