@@ -7,8 +7,10 @@
 
 `forward` is one step for B rows of T new tokens each, as gpt-fast's `Transformer.forward(idx, input_pos)` and
 nano-vllm's model are: a prefill chunk (T tokens of one row), the padded prefill of several newcomers (left pads,
-hidden by `mask`), a batch's decode rows (T = 1) or a speculative verify pass (T = k + 1, `logits_to_keep`). The
-caller hands it:
+hidden by `mask`), a batch's decode rows (T = 1), a speculative verify pass (T = k + 1, `logits_to_keep`) or a
+flattened mixed step (one row of every new token of the step, decode rows' and prompt chunks', attention split by
+segment through `attention`, `logits_to_keep` the indices kept: engine.serving.lean.mixed_step). The caller hands
+it:
 - `kv(layer, k, v)`: stores the new K/V ([B, KVH, T, D]) where the rows keep it (a paged pool at their slots, an HF
   cache) and returns every key and value each row reads, [B, KVH, S, D];
 - `mask` [B, 1, T, S] (True: attend) where rows read padded keys; None when they do not: each query then sees every
