@@ -20,7 +20,7 @@ same arithmetic (each module's call, the 4-D mask built again from the padding):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.nn import functional as F
@@ -31,13 +31,10 @@ from engine.core.loader import LoadedModel
 from engine.core.openmp import in_passing_thread
 from engine.core.small_batch import ROWS, SmallBatchKernels, kernels_for, packed_linear, small_batch_kernels
 
-if TYPE_CHECKING:                                  # graphed.py compiles `step`: it imports this module
-    from engine.serving.graphed import GraphedDecode
 
-
-def decode(lm: LoadedModel, batch: Any, slots: list, lean: "LeanDecode | None",
-           graphs: "GraphedDecode | None") -> torch.Tensor:
-    """Logits [B, V] of every row's next token: the one place that chooses how a decode step runs.
+def decode(lm: LoadedModel, batch: Any, slots: list, lean: "LeanDecode | None", graphs: Any) -> torch.Tensor:
+    """Logits [B, V] of every row's next token: the one place that chooses how a decode step runs. `graphs`: the
+    model's engine.serving.graphed.GraphedDecode or None (not imported here: graphed.py compiles `step`).
 
     - transformers' modules, eagerly: a model the forward does not cover, or whose `forward` was replaced
       (engine.core.lean.one_forward), or a solo batch (sliding-window layers);
