@@ -6,9 +6,9 @@ stored), at each thread count asked for, side by side in one process, alternatin
     python bench/lone_step.py --threads 2 --rounds 5 --burn 1    # beside one process that keeps a core busy
 
 One request at a time through the batch runner (engine.serving.batch), as the scheduler runs a lone request
-(LeanDecode.lone). Each step is timed in wall time and in the CPU time of its thread (what other processes on a
-shared machine cannot inflate), and split into its parts, each timed alone in the same layout: the weights'
-matrix products (wall time, fastest of 10: with two threads the second thread's work counts), picking and
+(`LeanDecode.decode` with one row). Each step is timed in wall time and in the CPU time of its thread (what other
+processes on a shared machine cannot inflate), and split into its parts, each timed alone in the same layout: the
+weights' matrix products (wall time, fastest of 10: with two threads the second thread's work counts), picking and
 describing the token, and the rest (attention, norms, rotary, residuals, the cache's writes and reads, and the
 Python around them). Also the memory floor: the weights' bytes over this machine's read bandwidth (a sum over a
 buffer as large as the weights, with one and with two threads, the faster counts), measured in the same run.

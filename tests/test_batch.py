@@ -245,7 +245,8 @@ def test_a_request_cancelled_mid_run_frees_its_residual_with_its_blocks(tiny_lm)
     runner.step()
     assert len(pool.free) == free and not stopped.kept.in_pool
     n = stopped.kept.length
-    assert stopped.records[-1].finish_reason == "cancelled" and n == len(encode_prompt(tiny_lm, request)) + 4
+    # its prompt went in with the other's decode row in one step (the mixed step), then three decode steps
+    assert stopped.records[-1].finish_reason == "cancelled" and n == len(encode_prompt(tiny_lm, request)) + 3
     single = alone(tiny_lm, request, FULL)
     for i in single.kept.layers:
         torch.testing.assert_close(stopped.kept.input(i), single.kept.input(i)[:n], atol=1e-5, rtol=1e-4)
@@ -573,3 +574,70 @@ def test_a_model_with_sliding_window_layers_runs_one_at_a_time(tmp_path):
     request = GenerationRequest(tiny_prompt(12), max_new_tokens=12, chat=False)
     (sink,) = run_staggered(lm, [(request, FULL)], max_batch=8)
     assert_same_run(sink, alone(lm, request, FULL))
+
+
+def test_steps_with_newcomers_and_decoding_rows_run_as_one_forward_and_each_answer_equals_it_alone(tiny_lm,
+                                                                                                  monkeypatch):
+    """Prompts (one of 200 tokens, in chunks of 64) joining rows that decode, some capturing: those steps run as ONE
+    forward over the flattened step (engine.serving.lean.mixed_step: the modules and the apart passes run none of
+    them), and every answer and kept residual equals the same request alone."""
+    from engine.serving import batch as batch_module
+
+    mixed, apart = [], []
+    one_forward_step = batch_module.mixed_step
+    monkeypatch.setattr(batch_module, "mixed_step", lambda lean, batch, rows, new, chunks: mixed.append(
+        (len(rows), sum(chunks))) or one_forward_step(lean, batch, rows, new, chunks))
+    prefill = batch_module.pool_prefill
+    monkeypatch.setattr(batch_module, "pool_prefill", lambda *a: apart.append(a[3]) or prefill(*a))
+    jobs = [(GenerationRequest(tiny_prompt(n, seed=n), max_new_tokens=m, chat=False), policy)
+            for n, m, policy in ((6, 30, FULL), (200, 6, CAPTURE_OFF), (9, 12, SUBSET), (14, 5, CAPTURE_OFF))]
+    sinks = run_staggered(tiny_lm, jobs, prefill_chunk=64, joins=[0, 2, 3, 3])
+    assert apart == [[len(encode_prompt(tiny_lm, jobs[0][0]))]]   # only the first prompt (nobody decoding) alone
+    assert all(rows >= 1 for rows, _ in mixed) and max(t for _, t in mixed) == 64    # chunks of 64 at most
+    assert sum(t for _, t in mixed) == sum(len(encode_prompt(tiny_lm, r)) for r, _ in jobs[1:])   # every other
+    for sink, (request, policy) in zip(sinks, jobs):
+        assert sink.error is None
+        assert_same_run(sink, alone(tiny_lm, request, policy))
+
+
+def test_a_newcomer_that_fails_in_a_mixed_step_fails_alone_and_the_rows_go_on(tiny_lm):
+    """A prompt with a token id past the vocabulary joins decoding rows: the one forward raises, the step runs apart,
+    the newcomer fails alone, and the rows' answers equal each alone."""
+    runner = BatchRunner(tiny_lm)
+    jobs = [(GenerationRequest(tiny_prompt(n, seed=n), max_new_tokens=10, chat=False), CAPTURE_OFF) for n in (7, 11)]
+    sinks = [Sink() for _ in jobs]
+    for sink, (request, policy) in zip(sinks, jobs):
+        runner.add(sink.slot(tiny_lm, request, policy))
+    runner.step()
+    bad = Sink()
+    runner.add(Slot(GenerationRequest("(token ids)", max_new_tokens=4, chat=False), [5, 9, tiny_lm.spec.vocab_size + 3],
+                    CAPTURE_OFF, bad.records.append, bad._fail))
+    while not runner.idle:
+        runner.step()
+    assert isinstance(bad.error, IndexError) and not bad.records
+    for sink, (request, policy) in zip(sinks, jobs):
+        assert sink.error is None
+        assert_same_run(sink, alone(tiny_lm, request, policy))
+
+
+def test_a_request_that_did_not_ask_for_a_checksum_gets_none_and_pays_no_host_copy(tiny_lm, monkeypatch):
+    """With the invariant mode off, only the request that asks (`GenerationRequest.logits_sha256`) is hashed: the
+    others' DoneRecords carry none, and a step none of whose rows asked copies no logits to the host (hash_rows not
+    called); the one that asked gets its checksum (the same when it runs alone twice)."""
+    from engine.serving import batch as batch_module
+
+    copies = []
+    hash_rows = batch_module.hash_rows
+    monkeypatch.setattr(batch_module, "hash_rows", lambda slots, logits: copies.append(len(slots)) or hash_rows(
+        slots, logits))
+    plain = [(GenerationRequest(tiny_prompt(n, seed=n), max_new_tokens=6, chat=False), CAPTURE_OFF) for n in (5, 9)]
+    assert not one_forward(tiny_lm).invariant
+    sinks = run_staggered(tiny_lm, plain)
+    assert copies == [] and all(s.records[-1].logits_sha256 is None for s in sinks)
+    asked = GenerationRequest(tiny_prompt(7, seed=3), max_new_tokens=6, chat=False, logits_sha256=True)
+    beside = run_staggered(tiny_lm, [(asked, CAPTURE_OFF), *plain])
+    assert copies and set(copies) == {1}                      # one row per step copied: the one that asked
+    checksum = beside[0].records[-1].logits_sha256
+    assert len(checksum) == 64 and all(s.records[-1].logits_sha256 is None for s in beside[1:])
+    twice = [run_staggered(tiny_lm, [(asked, CAPTURE_OFF)])[0].records[-1].logits_sha256 for _ in range(2)]
+    assert twice[0] == twice[1] and len(twice[0]) == 64         # alone, twice: the same numbers, the same checksum

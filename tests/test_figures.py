@@ -504,6 +504,13 @@ FIGURES: list[tuple[str, str, str, Callable[[Any], Any]]] = [
     (SERVING, "gpu-load.json", "the runner's eager decode step took {:.0f} ms for one request and {:.0f} ms for thirty",
      gpu_eager_steps),
     (ENGINE_DOC, "gpu-load.json", "{:.0f} ms for one request and {:.0f} ms for thirty", gpu_eager_steps),
+    (ENGINE_DOC, "mixed_step/20261127T233557Z-81d00d7.json", "the decoding rows' tokens per second in the steps that "
+     "carry a chunk were {:.2f}x and {:.2f}x of the same steps run apart in wall time ({:.2f}x and {:.2f}x in the "
+     "process's CPU time), and the newcomer's prefill took {:.2f}x and {:.2f}x as long",
+     lambda d: tuple(d["by_rows"][r][k] for k in ("rows_tok_s_mixed_vs_apart", "rows_tok_cpu_s_mixed_vs_apart",
+                                                   "prefill_s_mixed_vs_apart") for r in ("8", "20"))),
+    ("engine/serving/graphed.py", "gpu-load.json", "eager step took {:.0f} ms for one request and {:.0f} ms for thirty",
+     gpu_eager_steps),
     (SERVING, "api.json", "**{:.1f} tok/s, p95 {:.2f} s at 16 tokens** and at 64 tokens **{:.1f} tok/s, p95 {:.2f} s**;",
      lambda d: api_headline(d)[:4]),
     (SERVING, "timings-share.json", "**about {:.0f} bytes per step** in a batch of 20 (the row ids dominate), {:.1f} kB "

@@ -233,11 +233,11 @@ class Row:
 
 
 def test_the_compiled_step_traces_whole_for_prefill_mixed_and_decode_steps_with_capture_on(family_lm):
-    """The function a GPU compiles (engine.serving.graphed.batched_step), compiled here with `fullgraph=True` on
-    dynamo's eager backend, so that a graph break fails this test: a step of two prefill chunks (one padded), a mixed
-    step (one decode row, one chunk of four), then a decode step, on the paged pool with one row capturing. Every
+    """The function a GPU compiles (engine.serving.lean.step, the one every eager step runs), compiled here with
+    `fullgraph=True` on dynamo's eager backend, so that a graph break fails this test: a step of two prefill chunks
+    (one padded), a padded step of one decode row and one chunk of four, then a decode step, on the paged pool with one row capturing. Every
     step's logits and the kept row's residual in the pool equal the modules over each row's whole sequence."""
-    from engine.serving.graphed import batched_step
+    from engine.serving.lean import step as one_step
     from engine.serving.paged import BlockPool, PagedBatch
 
     lm, lean = family_lm, one_forward(family_lm)
@@ -249,7 +249,7 @@ def test_the_compiled_step_traces_whole_for_prefill_mixed_and_decode_steps_with_
         slot = Row(length=0, kept=kept)
         batch.slots.append(slot)
         batch.tables[slot] = []
-    step = torch.compile(batched_step, fullgraph=True, backend="eager", dynamic=False)
+    step = torch.compile(one_step, fullgraph=True, backend="eager", dynamic=False)
     torch._dynamo.reset()
     for new in ([7, 5], [1, 4], [1, 1]):
         valid = batch.plan(new)
@@ -258,7 +258,7 @@ def test_the_compiled_step_traces_whole_for_prefill_mixed_and_decode_steps_with_
         positions = torch.tensor([[0] * (t - n) + list(range(s.length, s.length + n))
                                   for s, n in zip(batch.slots, new)])
         with torch.no_grad():
-            logits = step(lean, ids, positions, causal_mask(valid, t), batch.write_and_gather, pool.resid,
+            logits = step(lean, ids, positions, batch.write_and_gather, causal_mask(valid, t), pool.resid,
                           batch.residual_slots)[:, -1]
         for b, (slot, seq, n) in enumerate(zip(batch.slots, seqs, new)):
             slot.length += n
@@ -267,3 +267,102 @@ def test_the_compiled_step_traces_whole_for_prefill_mixed_and_decode_steps_with_
     where = pool.slots(batch.tables[first], 0, first.length)
     for i, h in enumerate(oracle(lm, seqs[0][:first.length])[1]):
         close(pool.resid[i, where], h)
+
+
+# --- the mixed step: decode rows and prefill chunks in ONE forward over the flattened step ---------------------------
+
+@dataclass(eq=False)
+class Token:
+    id: int
+
+
+def mixed_batch(lm):
+    """A paged batch with three decode rows (prompts of 5, 17 and 9 tokens in the pool, the second capturing) and two
+    newcomers (one from scratch, one on a reused start of 6): built the same way every time, so two copies hold the
+    same numbers in the same slots."""
+    from engine.serving.paged import PagedBatch
+
+    batch = PagedBatch(block=4)
+    rows = []
+    for n, keeps in ((5, False), (17, True), (9, False)):
+        ids = random_ids(lm, n + 1, seed=40 + n)
+        slot = newcomer(lm, batch, ids, n)
+        slot.kept = slot.kept if keeps else None
+        slot.token = Token(ids[n])
+        batch.join(slot)
+        rows.append(slot)
+    fresh = newcomer(lm, batch, random_ids(lm, 11, seed=51), 0)
+    reused = newcomer(lm, batch, random_ids(lm, 14, seed=52), 6)
+    return batch, rows, [fresh, reused], [11, 8]
+
+
+def apart(lm, batch, rows, newcomers, chunks) -> torch.Tensor:
+    """The same step run apart: the rows' decode step, then each chunk's prefill: logits [B + C, V]."""
+    from engine.serving.lean import step
+
+    lean = one_forward(lm)
+    valid = batch.plan([1] * len(rows), slots=rows)
+    ids = torch.tensor([[s.token.id] for s in rows])
+    positions = torch.tensor([[s.length] for s in rows])
+    with torch.inference_mode():
+        logits = [step(lean, ids, positions, batch.write_and_gather, valid[:, None, None, :], batch.pool.resid,
+                       batch.residual_slots)[:, -1]]
+        logits += [pool_prefill(lm, batch, [slot], [n]) for slot, n in zip(newcomers, chunks)]
+    return torch.cat(logits)
+
+
+def test_a_mixed_step_equals_its_decode_rows_and_prefill_chunks_run_apart(family_lm, monkeypatch):
+    """Three decode rows (one capturing) and two prompt chunks (every residual kept; one on a reused start) as ONE
+    forward over the flattened step: every logit, the pool's K/V and every kept residual equal the same step run
+    apart (within 1e-5 in float32). Then the mutations: a chunk's slots swapped with a row's, and a row's residual
+    write dropped, each make the comparison fail."""
+    from engine.serving.lean import mixed_step
+
+    from engine.serving import lean as serving_lean
+    from engine.serving.paged import SCRATCH
+
+    lm, lean = family_lm, one_forward(family_lm)
+    want_batch, *parts = mixed_batch(lm)
+    want = apart(lm, want_batch, *parts)
+    row = parts[0][1]
+    new_slot = want_batch.pool.slots(want_batch.tables[row], row.length, row.length + 1)
+    assert want_batch.pool.resid[:, new_slot].any()                   # the capturing row's residual: written
+
+    def same_step() -> None:
+        batch, rows, newcomers, chunks = mixed_batch(lm)
+        got = mixed_step(lean, batch, rows, newcomers, chunks)
+        assert got.shape == want.shape == (5, lm.spec.vocab_size)
+        close(got, want)
+        for mine, theirs in zip([*batch.pool.keys, *batch.pool.values, batch.pool.resid],
+                                [*want_batch.pool.keys, *want_batch.pool.values, want_batch.pool.resid]):
+            close(mine, theirs)
+    same_step()
+    rows_segment = serving_lean._rows_segment
+    for mutation in (lambda flat: flat.write.append(flat.write.pop().flip(0)),                 # rows' slots swapped
+                     lambda flat: flat.resid.append(torch.full_like(flat.resid.pop(), SCRATCH))):  # no residual
+        def mutated(batch, rows, flat, mutation=mutation):
+            out = rows_segment(batch, rows, flat)
+            mutation(flat)
+            return out
+        monkeypatch.setattr(serving_lean, "_rows_segment", mutated)
+        with pytest.raises(AssertionError):
+            same_step()
+
+
+def test_the_compiled_step_traces_whole_for_a_flattened_mixed_step_with_capture_on(family_lm):
+    """The flattened mixed step (decode rows and prompt chunks as one [1, N] sequence, attention by segment) through
+    the compiled step function, `fullgraph=True` on dynamo's eager backend (a graph break fails here, not on the
+    GPU): the same logits, K/V and residual as the step run apart."""
+    from engine.serving.lean import mixed_inputs, step
+
+    lm, lean = family_lm, one_forward(family_lm)
+    want_batch, *parts = mixed_batch(lm)
+    want = apart(lm, want_batch, *parts)
+    batch, rows, newcomers, chunks = mixed_batch(lm)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="eager", dynamic=False)
+    with torch.no_grad():
+        got = compiled(lean, **mixed_inputs(batch, rows, newcomers, chunks))[0]
+    close(got, want)
+    close(batch.pool.resid, want_batch.pool.resid)
+    close(batch.pool.keys[-1], want_batch.pool.keys[-1])

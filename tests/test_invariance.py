@@ -18,7 +18,8 @@ from transformers import DynamicCache
 from conftest import tiny_prompt, write_tiny_llama
 from servers import running_server, tiny_args
 from engine.core import invariant
-from engine.core.generate import GenerationRequest
+from engine.core.generate import GenerationRequest, encode_prompt
+from engine.core.hooks import CAPTURE_OFF
 from engine.core.lean import LeanStep, causal_mask, lean_step_for
 from engine.core.loader import load_model
 from engine.core.records import DoneRecord, PrefillRecord
@@ -301,8 +302,8 @@ def test_without_the_mode_the_room_changes_the_checksum(lm):
     it shares the step with others."""
     scheduler = scheduler_with(lm, False)
     try:
-        alone, in_room, rows = alone_and_in_a_room(scheduler, GenerationRequest(tiny_prompt(30, seed=5),
-                                                                                max_new_tokens=8, chat=False))
+        alone, in_room, rows = alone_and_in_a_room(scheduler, GenerationRequest(
+            tiny_prompt(30, seed=5), max_new_tokens=8, chat=False, logits_sha256=True))     # asked for: mode off
     finally:
         scheduler.close()
         lean_step_for(lm).invariant = invariant.enabled()
@@ -370,3 +371,29 @@ def test_the_api_returns_the_same_checksum_for_the_same_question(client):
 
 def test_the_checksum_changes_with_the_logits(client):
     assert checksum(client, tiny_prompt(20, seed=8)) != checksum(client, tiny_prompt(20, seed=9))
+
+
+def test_in_the_mode_a_step_with_newcomers_and_decoding_rows_runs_apart(lm, monkeypatch):
+    """The invariant mode's attention kernel stands in for the forward's (engine.core.invariant) and reads no
+    segments: its steps never take the flattened mixed step (the room tests above compare such steps' checksums with
+    each request's alone)."""
+    from engine.serving import batch as batch_module
+
+    mixed = []
+    monkeypatch.setattr(batch_module, "mixed_step", lambda *a: mixed.append(1) or pytest.fail("a mixed step ran"))
+    lean = lean_step_for(lm)
+    lean.invariant = True
+    try:
+        runner = batch_module.BatchRunner(lm, max_batch=4)
+        first, second = [], []
+        requests = [GenerationRequest(tiny_prompt(n, seed=n), max_new_tokens=6, chat=False) for n in (7, 12)]
+        runner.add(batch_module.Slot(requests[0], encode_prompt(lm, requests[0]), CAPTURE_OFF, first.append,
+                                     pytest.fail))
+        runner.step()
+        runner.add(batch_module.Slot(requests[1], encode_prompt(lm, requests[1]), CAPTURE_OFF, second.append,
+                                     pytest.fail))
+        while not runner.idle:
+            runner.step()
+    finally:
+        lean.invariant = invariant.enabled()
+    assert mixed == [] and first[-1].text and second[-1].text

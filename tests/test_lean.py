@@ -112,14 +112,19 @@ def same_tokens(records, alone):
     assert records[-1].text == alone[-1].text
 
 
+def decode_steps(runner, monkeypatch) -> list[int]:
+    """The rows of every decode step the runner runs through the one step function (`LeanDecode.decode`)."""
+    calls, decode = [], runner.lean.decode
+    monkeypatch.setattr(runner.lean, "decode", lambda batch, slots: calls.append(len(slots)) or decode(batch, slots))
+    return calls
+
+
 def test_a_lone_request_steps_on_the_lean_path_and_equals_itself_alone(tiny_lm, monkeypatch):
     runner = BatchRunner(tiny_lm, max_batch=8)
-    calls = []
-    lone = runner.lean.lone
-    monkeypatch.setattr(runner.lean, "lone", lambda batch, slot: calls.append(slot) or lone(batch, slot))
+    calls = decode_steps(runner, monkeypatch)
     request = GenerationRequest(tiny_prompt(9, seed=3), max_new_tokens=40, chat=False)   # past two 16-token blocks
     (records,) = run_runner(tiny_lm, [(request, CAPTURE_OFF)], [0], runner)
-    assert len(calls) == 39                                             # every decode step after the prefill's token
+    assert calls == [1] * 39                                            # every decode step after the prefill's token
     same_tokens(records, list(generate(tiny_lm, request)))
     assert count_hooks(tiny_lm.model) == 0
 
@@ -178,13 +183,12 @@ def test_the_lean_rows_give_the_modules_logits_and_residuals_on_a_left_padded_ba
 
 
 def test_a_batch_decodes_on_the_lean_rows_and_every_row_equals_itself_alone(tiny_lm, monkeypatch):
-    """Every decode step of two or more rows goes through `LeanDecode.rows` (the modules run no step at all),
+    """Every decode step goes through the one step function (`LeanDecode.decode`; the modules run no step at all),
     and each answer, one of them capturing, equals the same request alone."""
     monkeypatch.setenv("PLAYGROUND_SMALL_BATCH", "all")          # the packed products too, on any machine
     runner = BatchRunner(tiny_lm, max_batch=8)
-    rows, modules = [], []
-    lean_rows = runner.lean.rows
-    monkeypatch.setattr(runner.lean, "rows", lambda batch, slots: rows.append(len(slots)) or lean_rows(batch, slots))
+    modules = []
+    rows = decode_steps(runner, monkeypatch)
     hook = tiny_lm.model.register_forward_pre_hook(lambda module, args, kwargs: modules.append(
         kwargs["input_ids"].shape), with_kwargs=True)
     jobs = [(GenerationRequest(tiny_prompt(n, seed=n), max_new_tokens=m, chat=False), policy)
@@ -194,7 +198,7 @@ def test_a_batch_decodes_on_the_lean_rows_and_every_row_equals_itself_alone(tiny
         out = run_runner(tiny_lm, jobs, [0, 2, 3], runner, kept)
     finally:
         hook.remove()
-    assert rows and min(rows) >= 2 and max(rows) == 3
+    assert rows and max(rows) == 3
     assert modules == []                                       # prefills too go through the one forward
     for i, (records, (request, policy)) in enumerate(zip(out, jobs)):
         want, want_kept = generate_kept(tiny_lm, request, policy)
@@ -202,22 +206,21 @@ def test_a_batch_decodes_on_the_lean_rows_and_every_row_equals_itself_alone(tiny
         assert_same_residual(kept[i], want_kept)
 
 
-def test_a_capturing_request_alone_steps_on_the_lean_rows_without_the_packed_products(tiny_lm, monkeypatch):
-    """One row that captures goes through `rows` (the lone path captures nothing) and, as the modules' step would,
-    keeps MKL's own one-row products: the fused packed ones serve 2 to 32 rows only."""
+def test_a_capturing_request_alone_steps_as_one_row_without_the_packed_products(tiny_lm, monkeypatch):
+    """One row that captures steps as any lone row does (its residual written at its slot inside the step) and keeps
+    the one-row products: the fused packed ones serve 2 to 32 rows only."""
     from engine.serving import lean as serving_lean
 
     monkeypatch.setenv("PLAYGROUND_SMALL_BATCH", "all")
     runner = BatchRunner(tiny_lm, max_batch=8)
-    packed_rows, rows = [], []
+    packed_rows = []
     product = serving_lean.packed_linear
 
     def counted(x, packed, bias):
         packed_rows.append(x.numel() // x.shape[-1])
         return product(x, packed, bias)
     monkeypatch.setattr(serving_lean, "packed_linear", counted)
-    lean_rows = runner.lean.rows
-    monkeypatch.setattr(runner.lean, "rows", lambda batch, slots: rows.append(len(slots)) or lean_rows(batch, slots))
+    rows = decode_steps(runner, monkeypatch)
     request, policy, kept = GenerationRequest(tiny_prompt(8, seed=2), max_new_tokens=6, chat=False), FULL, {}
     (records,) = run_runner(tiny_lm, [(request, policy)], [0], runner, kept)
     assert rows == [1] * 5 and packed_rows == []

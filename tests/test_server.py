@@ -484,3 +484,14 @@ def test_a_request_made_with_openai_comes_back_as_a_run_file(server, client, mod
     assert len(run.logit_lens()) == len(run.layers)
     missing = httpx.get(server[0] + "/v1/playground/runs/run-0000000000000000/file")
     assert missing.status_code == 404 and error_of(missing)["code"] == "run_not_found"
+
+
+def test_the_logits_checksum_comes_only_when_asked_for(client, model):
+    """Without the invariant mode a completion carries `playground.logits_sha256` only where the request asked
+    (`"playground": {"logits_sha256": true}`); asked twice, the same greedy question gives the same value."""
+    args = dict(model=model, prompt=tiny_prompt(9, seed=5), max_tokens=4, temperature=0)
+    plain = client.completions.create(**args)
+    assert plain.playground.get("logits_sha256") is None
+    asked = [client.completions.create(**args, extra_body={"playground": {"logits_sha256": True}}).playground
+             for _ in range(2)]
+    assert len(asked[0]["logits_sha256"]) == 64 and asked[0]["logits_sha256"] == asked[1]["logits_sha256"]

@@ -50,12 +50,15 @@ class GenerationRequest:
     chat: bool = True            # apply the chat template when the model has one
     system: str | None = None
     history: tuple[tuple[str, str], ...] = ()   # earlier turns (role, text) before `prompt`, the last user turn
+    logits_sha256: bool = False  # a checksum of every step's logits at the end (DoneRecord.logits_sha256; the batch
+    #                              runner keeps one for every request while the invariant mode is on)
 
 
 ROLES = ("system", "user", "assistant")
 
 _TYPES = {"prompt": (str,), "max_new_tokens": (Integral,), "temperature": (Real,), "top_k": (Integral,),
-          "top_p": (Real,), "seed": (Integral,), "chat": (bool,), "system": (str, type(None))}
+          "top_p": (Real,), "seed": (Integral,), "chat": (bool,), "system": (str, type(None)),
+          "logits_sha256": (bool,)}
 _WORDS = {Integral: "a whole number", Real: "a number", str: "text", bool: "true or false", type(None): "empty"}
 MAX_STOPS, MAX_STOP_CHARS = 8, 200
 MAX_TURNS = 256

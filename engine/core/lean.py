@@ -7,8 +7,10 @@
 
 `forward` is one step for B rows of T new tokens each, as gpt-fast's `Transformer.forward(idx, input_pos)` and
 nano-vllm's model are: a prefill chunk (T tokens of one row), the padded prefill of several newcomers (left pads,
-hidden by `mask`), a batch's decode rows (T = 1) or a speculative verify pass (T = k + 1, `logits_to_keep`). The
-caller hands it:
+hidden by `mask`), a batch's decode rows (T = 1), a speculative verify pass (T = k + 1, `logits_to_keep`) or a
+flattened mixed step (one row of every new token of the step, decode rows' and prompt chunks', attention split by
+segment through `attention`, `logits_to_keep` the indices kept: engine.serving.lean.mixed_step). The caller hands
+it:
 - `kv(layer, k, v)`: stores the new K/V ([B, KVH, T, D]) where the rows keep it (a paged pool at their slots, an HF
   cache) and returns every key and value each row reads, [B, KVH, S, D];
 - `mask` [B, 1, T, S] (True: attend) where rows read padded keys; None when they do not: each query then sees every
@@ -191,8 +193,9 @@ class LeanStep:
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, kv: KV, mask: torch.Tensor | None = None,
                 keep: Residual | None = None, linear: Linear = F.linear, fused: list[Fused] | None = None,
-                logits_to_keep: int = 1, attention: Attention | None = None) -> torch.Tensor:
-        """Logits [B, K, V] of each row's last K = `logits_to_keep` positions: ids and positions [B, T] (each token's
+                logits_to_keep: int | torch.Tensor = 1, attention: Attention | None = None) -> torch.Tensor:
+        """Logits [B, K, V] of each row's last K = `logits_to_keep` positions (or, a tensor of K indices, of those
+        positions: a flattened mixed step's), as transformers' `logits_to_keep`: ids and positions [B, T] (each token's
         own position); `mask` [B, 1, T, S] where rows read padded keys, None for causal over the new tokens (the
         keys before them all read); `keep` receives the L + 1 residuals; `fused`, per layer, products made as one;
         `attention` in place of SDPA. With `invariant` set, the batch-invariant kernels stand in for all three."""
@@ -210,7 +213,8 @@ class LeanStep:
             x = x + linear(F.silu(gate) * up, *w.down)
         if keep is not None:
             keep.write(len(self.layers), x)
-        return linear(rms_norm(x[:, -logits_to_keep:], self.norm, self.eps), *self.head)   # [B, K, V]
+        kept = x[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else x[:, logits_to_keep]     # [B, K, d]
+        return linear(rms_norm(kept, self.norm, self.eps), *self.head)                  # [B, K, V]
 
     def _attention(self, i: int, w: LayerWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    kv: KV, mask: torch.Tensor | None, linear: Linear, f: Fused,

@@ -75,8 +75,10 @@ def completion_request(body: p.CompletionRequest) -> GenerationRequest:
 def _sampled(body: p.SamplingFields, prompt: str, **kw: Any) -> GenerationRequest:
     temperature = 1.0 if body.temperature is None else body.temperature      # OpenAI's defaults
     seed = body.seed if body.seed is not None else secrets.randbits(62)
+    checksum = bool(body.playground and body.playground.logits_sha256)
     return GenerationRequest(prompt, 1, temperature, max(body.top_k or 0, 0),
-                             1.0 if body.top_p is None else body.top_p, seed, tuple(body.stop or ()), **kw)
+                             1.0 if body.top_p is None else body.top_p, seed, tuple(body.stop or ()),
+                             logits_sha256=checksum, **kw)
 
 
 def max_new_tokens(body: Any, service: EngineService, n_prompt: int) -> int:

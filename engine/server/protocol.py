@@ -49,11 +49,13 @@ class CaptureSpec(Strict):
 
 
 class PlaygroundOptions(Strict):
-    """`"playground": {...}` in a request body: captures (false, true for the pages' policy, or a CaptureSpec), and
-    the session it counts for (optional: a browser session's id, for the one-request-per-session rule)."""
+    """`"playground": {...}` in a request body: captures (false, true for the pages' policy, or a CaptureSpec), the
+    session it counts for (optional: a browser session's id, for the one-request-per-session rule), and whether to
+    return `playground.logits_sha256` at the end (always returned while the server's invariant mode is on)."""
 
     capture: bool | CaptureSpec = False
     session: str | None = Field(default=None, max_length=128)
+    logits_sha256: bool = False
 
 
 # --- shared request fields ------------------------------------------------------------------------------------------

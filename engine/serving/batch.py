@@ -44,7 +44,7 @@ from engine.core.kept import KeptInputs
 from engine.core.loader import LoadedModel
 from engine.core.small_batch import kernels_for
 from engine.serving.graphed import GraphedDecode
-from engine.serving.lean import LeanDecode, decode, pool_prefill
+from engine.serving.lean import LeanDecode, decode, mixed_step, pool_prefill
 from engine.serving.paged import BlockTable, PagedBatch, SoloBatch, row_cache_state
 from engine.serving.prefix import PrefixCache, load_prefix
 from engine.core.records import DecodeRecord, DoneRecord, PrefillRecord, Record, SampledToken
@@ -77,14 +77,16 @@ class Slot:
     last: float = 0.0                                # when the newest token was sampled
     ttft: float = 0.0
     finished: bool = False
-    digest: Any = None                               # sha256 of the float32 bytes of every step's logits row
+    digest: Any = None                               # sha256 of the float32 bytes of every step's logits row,
+    #                                                  when it is asked for or the invariant mode is on (`begin`)
 
-    def begin(self, lm: LoadedModel, own_cache: bool = False) -> None:
-        """Ready to run; `own_cache`: its K/V on an HF cache of its own (a solo batch), not in the paged pool."""
+    def begin(self, lm: LoadedModel, own_cache: bool = False, checksum: bool = False) -> None:
+        """Ready to run; `own_cache`: its K/V on an HF cache of its own (a solo batch), not in the paged pool;
+        `checksum`: its logits hashed step by step (`DoneRecord.logits_sha256`) even if the request did not ask."""
         self.generator = torch.Generator(device=lm.device).manual_seed(self.request.seed)
         self.stream, self.eos = TextStream(lm.tokenizer), eos_ids(lm)
         self.cache = DynamicCache(config=lm.model.config) if own_cache else None
-        self.digest = hashlib.sha256()
+        self.digest = hashlib.sha256() if checksum or self.request.logits_sha256 else None
         self.started = self.last = time.perf_counter()
 
 
@@ -152,11 +154,16 @@ class BatchRunner:
     def room(self) -> int:
         return self.max_batch - len(self.prefilling) - len(self.batch.slots)
 
+    def _invariant(self) -> bool:
+        """Whether this runner's forward runs the batch-invariant kernels (engine.core.invariant): then every request
+        keeps its logits checksum, the mode's proof (docs/engine.md, "Same question, same numbers")."""
+        return self.lean is not None and self.lean.lean.invariant
+
     def add(self, slot: Slot) -> None:
         """Take a request; it starts prefilling at the next step."""
         if self.room <= 0:
             raise EngineError(f"the batch already holds {self.max_batch} requests")
-        slot.begin(self.lm, own_cache=isinstance(self.batch, SoloBatch))
+        slot.begin(self.lm, own_cache=isinstance(self.batch, SoloBatch), checksum=self._invariant())
         self.prefilling.append(slot)
 
     def step(self) -> StepInfo:
@@ -166,10 +173,15 @@ class BatchRunner:
         if not self.prefilling and not self.batch.slots and isinstance(self.batch, PagedBatch):
             self.batch.settle()              # nothing else to run: finished runs' residual moves out of the pool
         before = [(s, s.prefilled - s.reused) for s in self.prefilling]
-        prefilled = self._prefill() if self.prefilling else 0
-        t1 = time.perf_counter()
         tags = tuple(s.label for s in self.batch.slots)
-        rows = self._decode_step() if self.batch.slots else 0
+        mixed = self._mixed_step() if self._mixes() else None
+        if mixed is not None:                    # one forward: its prefill part cannot be told apart from the rest
+            (prefilled, rows), t1 = mixed, time.perf_counter()
+        else:
+            prefilled = self._prefill() if self.prefilling else 0
+            t1 = time.perf_counter()
+            tags = tuple(s.label for s in self.batch.slots)
+            rows = self._decode_step() if self.batch.slots else 0
         layout = tuple((s.label, s.length, p) for s, p in zip(self.batch.slots, self.batch.pads()))
         table = self.batch.table()
         end = time.perf_counter()
@@ -258,6 +270,12 @@ class BatchRunner:
             self.batch.drop({group[0]})
             self._fail(group[0], err)
             return chunks[0]
+        self._took_prefill(group, chunks, logits)
+        return sum(chunks)
+
+    def _took_prefill(self, group: list[Slot], chunks: list[int], logits: torch.Tensor) -> None:
+        """Each newcomer's `chunks[b]` tokens are in; those whose prompt is in take their first token (logits
+        [B, V])."""
         for b, (slot, n) in enumerate(zip(group, chunks)):
             slot.prefilled += n
             if isinstance(self.batch, PagedBatch):
@@ -267,7 +285,6 @@ class BatchRunner:
             if slot.prefilled == len(slot.ids):
                 self.prefilling.remove(slot)
                 self._first_token(slot, logits[b])
-        return sum(chunks)
 
     def _prefill_pass(self, group: list[Slot], chunks: list[int]) -> torch.Tensor:
         """Logits [B, V] of each row's last new token; each row's K/V and kept residual written where it lives."""
@@ -301,7 +318,7 @@ class BatchRunner:
         """The prompt is in: sample the first token, send the PrefillRecord, join the batch."""
         slot.token = pick_token(self.lm, logits, slot.request, slot.generator, slot.stream)
         sync(self.lm.device)
-        hash_rows([slot], logits[None])
+        hash_wanted([slot], logits[None])
         slot.last = time.perf_counter()
         slot.ttft = slot.last - slot.started
         slot.length = len(slot.ids)
@@ -338,17 +355,58 @@ class BatchRunner:
         except Exception as err:  # noqa: BLE001 - find the request that fails; the others go on
             self._isolate(err)       # no row's length moved: the new token's slot is simply written again
             return 0
+        self._took_decode(slots, logits)
+        return len(slots)
+
+    def _took_decode(self, slots: list[Slot], logits: torch.Tensor) -> None:
+        """Every row's next token from its logits [B, V]; finished runs leave the batch."""
         tokens = pick_tokens(self.lm, logits, [s.request for s in slots], [s.generator for s in slots],
                              [s.stream for s in slots])
         sync(self.lm.device)
-        hash_rows(slots, logits)
+        hash_wanted(slots, logits)
         now_done: set[Slot] = set()
         for b, slot in enumerate(slots):
             self._advance(slot, tokens[b])
             if slot.finished:
                 now_done.add(slot)
         self.batch.drop(now_done, hold=True)     # a finished run's residual moves out later, off this step
-        return len(slots)
+
+    # --- the mixed step ------------------------------------------------------------------------------------
+
+    def _mixes(self) -> bool:
+        """A step with newcomers and decoding rows runs as one forward where the forward covers the model (eagerly:
+        on CUDA the decode rows' graphed step and the prefill run apart; so do they in the invariant mode, whose
+        attention kernel stands in for the forward's and reads no segments)."""
+        return bool(self.prefilling and self.batch.slots and isinstance(self.batch, PagedBatch)
+                    and self.graphs is None and self.lean is not None and self.lean.stands_in()
+                    and not self.lean.lean.invariant)
+
+    def _chunk_plan(self) -> list[tuple[Slot, int]]:
+        """The newcomers' prompt tokens of this step, as `_prefill` takes them: in order, each the rest of its prompt
+        while the step's budget lasts, the one that reaches it a chunk of what is left (the oldest always some)."""
+        plan, budget = [], self.prefill_chunk
+        for slot in self.prefilling:
+            if budget <= 0:
+                break
+            self._admit(slot)
+            n = min(len(slot.ids) - slot.prefilled, budget)
+            plan.append((slot, n))
+            budget -= n
+        return plan
+
+    def _mixed_step(self) -> tuple[int, int] | None:
+        """The decode rows and the newcomers' chunks in ONE forward over the flattened step
+        (engine.serving.lean.mixed_step): (prompt tokens, decode rows). None when it raised: nothing has moved, and
+        the step runs apart, where a request whose part fails fails alone."""
+        plan, rows = self._chunk_plan(), list(self.batch.slots)
+        newcomers, chunks = [s for s, _ in plan], [n for _, n in plan]
+        try:
+            logits = mixed_step(self.lean.lean, self.batch, rows, newcomers, chunks)        # [B + C, V]
+        except Exception:  # noqa: BLE001 - run apart: the failing request fails alone there
+            return None
+        self._took_decode(rows, logits[:len(rows)])
+        self._took_prefill(newcomers, chunks, logits[len(rows):])
+        return sum(chunks), len(rows)
 
     def _batch_forward(self, slots: list[Slot]) -> torch.Tensor:
         """Logits [B, V] of every row's next token; the residual of every row that captures written where it is
@@ -388,6 +446,13 @@ class BatchRunner:
         except Exception as err:  # noqa: BLE001 - what this row raises alone
             return err
         return None
+
+
+def hash_wanted(slots: Sequence[Slot], logits: torch.Tensor) -> None:
+    """`hash_rows` for the slots that keep a checksum (logits [B, V], batch order); no copy when none does."""
+    wanted = [b for b, slot in enumerate(slots) if slot.digest is not None]
+    if wanted:
+        hash_rows([slots[b] for b in wanted], logits[wanted] if len(wanted) < len(slots) else logits)
 
 
 def hash_rows(slots: Sequence[Slot], logits: torch.Tensor) -> None:

@@ -4,15 +4,15 @@
     runner = BatchRunner(lm, max_batch=32, graphs=graphs)
 
 Why: an eager decode step of Llama 3.1 8B launches about two thousand kernels, one per op, whatever the batch;
-on an H200 the scheduler's step took 61 ms for one request and 88 ms for thirty (bench/results/gpu-load.json),
-while reading the weights once takes about 4 ms. The fast path (engine/core/fastpath.py) removed that cost for
-one request with a static cache; this does it for the paged batch, as vLLM captures its decode step per batch
-size.
+on an H200 the scheduler's eager step took 61 ms for one request and 84 ms for thirty (bench/results/gpu-load.json:
+median completion less time to first token, over the 63 steps after it), while reading the weights once takes
+about 4 ms. The fast path (engine/core/fastpath.py) removed that cost for one request with a static cache; this
+does it for the paged batch, as vLLM captures its decode step per batch size.
 
-The step is the project's one forward (engine/core/lean.py, `batched_step`), the function every CPU step runs
-eagerly; here it is compiled whole (`fullgraph=True`: a graph break is an error, and tests/test_graphed.py traces
-it on the CPU with dynamo's eager backend, so a break fails the suite there and not on the GPU). A graph replays
-fixed shapes at fixed addresses, so:
+The step is the project's one step function (engine/serving/lean.py `step`, over engine/core/lean.py's forward),
+the function every CPU step runs eagerly; here it is compiled whole (`fullgraph=True`: a graph break is an error,
+and tests/test_graphed.py traces it on the CPU with dynamo's eager backend, so a break fails the suite there and not
+on the GPU). A graph replays fixed shapes at fixed addresses, so:
 - rows are padded to the first row bucket that holds the batch (padding rows read the null slot and write a scratch
   slot: on a GPU a decode step reads the weights once however many rows it has, so 32 rows cost what 8 do) and the
   keys each row attends to are padded on the left to a power of two (at least 256), hidden by the mask;
@@ -40,25 +40,17 @@ import torch
 
 from engine import settings
 from engine.core.fastpath import _raise_recompile_limit, resolve_mode
-from engine.core.lean import KV, LeanStep, PoolResidual, causal_mask, lean_step_for
+from engine.core.lean import causal_mask, lean_step_for
 from engine.core.loader import LoadedModel, free_memory
 from engine.projection.card import kv_bytes_per_token, residual_bytes_per_token
 from engine.serving.limits import Limits
+from engine.serving.lean import step
 from engine.serving.paged import BLOCK, NULL, SCRATCH, BlockPool, PagedBatch
 
 MIN_WIDTH = 256
 WARM_WIDTHS = (256, 512)   # compiled when the scheduler starts: prompts and answers of a room's usual length
 POOL_SHARE = 0.2           # of the device's free memory, at most, for the kept K/V pool
 log = logging.getLogger(__name__)
-
-
-def batched_step(lean: LeanStep, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, kv: KV,
-                 resid: torch.Tensor | None = None, write: torch.Tensor | None = None) -> torch.Tensor:
-    """The one forward (engine.core.lean) over the paged batch: ids and positions [R, T], mask [R, 1, T, S], `kv` the
-    batch's `write_and_gather`; logits [R, 1, V]. With a residual pool `resid` [L + 1, slots, d_model], each new
-    token's residual is written inside the forward at its slot `write` [R * T]. The same function runs eagerly and,
-    on CUDA, compiled and recorded as CUDA graphs."""
-    return lean.forward(ids, positions, kv, mask, PoolResidual(resid, write) if resid is not None else None)
 
 
 def bucket(n: int, buckets: tuple[int, ...]) -> int | None:
@@ -96,11 +88,11 @@ class GraphedDecode:
         self.shapes: set[tuple[int, int]] = set()
         self.error: str | None = None                  # why the graphs were given up (the batch runs eagerly)
         if self.mode == "off":
-            self.step = batched_step
+            self.step = step
         else:
             _raise_recompile_limit()
             options = {"backend": "eager"} if self.mode == "eager" else {"mode": self.mode}
-            self.step = torch.compile(batched_step, fullgraph=True, dynamic=False, **options)
+            self.step = torch.compile(step, fullgraph=True, dynamic=False, **options)
 
     @property
     def graphs(self) -> bool:
@@ -134,7 +126,7 @@ class GraphedDecode:
             torch.compiler.cudagraph_mark_step_begin()
         self.shapes.add(shape)
         with torch.no_grad():        # as the fast path's graphs run (inference tensors stay out of the graphs)
-            return self.step(self.lean, ids_t, pos_t, mask, batch.write_and_gather, self.pool.resid,
+            return self.step(self.lean, ids_t, pos_t, batch.write_and_gather, mask, self.pool.resid,
                              batch.residual_slots if self.pool.resid is not None else None)[:n, -1]
 
     def give_up(self, err: Exception) -> None:
@@ -161,7 +153,7 @@ class GraphedDecode:
                     if self.graphs:
                         torch.compiler.cudagraph_mark_step_begin()
                     with torch.no_grad():
-                        self.step(self.lean, zeros, zeros, mask, batch.write_and_gather, self.pool.resid,
+                        self.step(self.lean, zeros, zeros, batch.write_and_gather, mask, self.pool.resid,
                                   batch._resid_write if self.pool.resid is not None else None)
                 self.shapes.add((rows, width))
         return time.perf_counter() - start

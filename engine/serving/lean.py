@@ -1,51 +1,46 @@
-"""How a batch's steps run, chosen in one place: its prefill (`pool_prefill`) and its decode step (`decode`, and its
-two eager readers of the paged pool).
+"""How a batch's steps run, chosen in one place: one step function (`step`) for its prefill chunks and decode
+rows, eager on a CPU and compiled on CUDA (engine.serving.graphed compiles this same function); transformers'
+modules only for the families the forward does not cover, and as the tests' oracle.
 
     logits = pool_prefill(lm, batch, slots, chunks)   # [B, V]: newcomers' next chunks, straight into the pool
-    logits = decode(lm, batch, slots, lean, graphs)   # [B, V]: the modules, the graphed forward, lone or rows
+    logits = decode(lm, batch, slots, lean, graphs)   # [B, V]: the step function (graphed or eager) or the modules
     lean = LeanDecode.for_model(lm)          # None where the forward does not cover the model
-    logits = lean.lone(batch, slot)          # [1, V]; the new K/V written into the slot's next position
-    logits = lean.rows(batch, slots)         # [B, V]; every row's, its residual kept where it captures
+    logits = lean.decode(batch, slots)       # [B, V]: `step` eagerly, every row's residual kept where it captures
 
-Every route but the modules' is the project's one forward (engine.core.lean), eager on a CPU and compiled on CUDA
-(engine.serving.graphed); they differ only in how the keys are read. When one request is decoding and it captures
-nothing, the step is `lone`: no left-padded gather, no mask. Its K/V stays where the batch keeps it (the same pool,
-the same block table, a new block when its last is full), so a request that arrives next joins the batch as if the
-lone steps had been ordinary ones. Its keys are read in place when its blocks follow one another in the pool (a
-lone request's usually do: blocks are handed out lowest first), else gathered.
-
-A batch of several rows steps on `rows`: the left-padded gather and mask (`PagedBatch.plan`, `write_and_gather`),
-the packed small-batch kernel for the products, and the residual of the rows that capture written by the forward
-itself into the pool at their new tokens' slots (`PoolResidual`). What it leaves out is the modules' own work
-around the same arithmetic (each module's call, the 4-D mask built again from the padding): a 20-row SmolLM2
-forward on this 2-core machine took 157 ms against 180 ms through the modules (docs/serving.md, "The batch on the
-lean step").
+A decode step's rows differ only in data. One row (a request alone) reads its keys in place when its blocks follow
+one another in the pool (a lone request's usually do: blocks are handed out lowest first), else gathered, with no
+mask and its own products (engine.core.matvec); its K/V stays where the batch keeps it (the same pool, the same
+block table, a new block when its last is full), so a request that arrives next joins as if its steps had been
+ordinary ones. Several rows read the left-padded gather under a mask (`PagedBatch.plan`, `write_and_gather`) with
+the packed small-batch products. Either way the residual of the rows that capture is written by the forward itself
+into the pool at their new tokens' slots (`PoolResidual`). What it leaves out is the modules' own work around the
+same arithmetic (each module's call, the 4-D mask built again from the padding): a 20-row SmolLM2 forward on this
+2-core machine took 157 ms against 180 ms through the modules (docs/serving.md, "The batch on the lean step").
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.nn import functional as F
 
 from engine.core import matvec
-from engine.core.lean import Fused, LeanStep, PoolResidual, causal_mask, one_forward
+from engine.core.lean import KV, Attention, Fused, LeanStep, Linear, PoolResidual, causal_mask, one_forward
 from engine.core.loader import LoadedModel
 from engine.core.openmp import in_passing_thread
 from engine.core.small_batch import ROWS, SmallBatchKernels, kernels_for, packed_linear, small_batch_kernels
-from engine.serving.graphed import GraphedDecode
 
 
-def decode(lm: LoadedModel, batch: Any, slots: list, lean: "LeanDecode | None",
-           graphs: GraphedDecode | None) -> torch.Tensor:
-    """Logits [B, V] of every row's next token: the one place that chooses how a decode step runs.
+def decode(lm: LoadedModel, batch: Any, slots: list, lean: "LeanDecode | None", graphs: Any) -> torch.Tensor:
+    """Logits [B, V] of every row's next token: the one place that chooses how a decode step runs. `graphs`: the
+    model's engine.serving.graphed.GraphedDecode or None (not imported here: graphed.py compiles `step`).
 
     - transformers' modules, eagerly: a model the forward does not cover, or whose `forward` was replaced
       (engine.core.lean.one_forward), or a solo batch (sliding-window layers);
     - on CUDA, the forward compiled and replayed as a CUDA graph at a fixed row bucket and key width
       (engine.serving.graphed) when the step fits the kept pool; a step that cannot runs as below;
-    - else the same forward eagerly: `lone` for one row that keeps nothing (its keys read in place), `rows` for the
-      rest (the left-padded gather)."""
+    - else the same step function eagerly (`LeanDecode.decode`)."""
     if lean is None or not lean.stands_in():
         return modules_decode(lm, batch, slots)
     if graphs is not None and (shape := graphs.fits(batch)):
@@ -53,9 +48,7 @@ def decode(lm: LoadedModel, batch: Any, slots: list, lean: "LeanDecode | None",
             return graphs.forward(batch, [s.token.id for s in slots], [s.length for s in slots], shape)
         except Exception as err:  # noqa: BLE001 - a step that cannot run graphed runs eagerly, as all after it
             graphs.give_up(err)
-    if len(slots) == 1 and slots[0].kept is None:
-        return lean.lone(batch, slots[0])
-    return lean.rows(batch, slots)
+    return lean.decode(batch, slots)
 
 
 def modules_decode(lm: LoadedModel, batch: Any, slots: list) -> torch.Tensor:
@@ -73,13 +66,26 @@ def modules_decode(lm: LoadedModel, batch: Any, slots: list) -> torch.Tensor:
     return out.logits[:, -1]                                                            # [B, V]
 
 
+def step(lean: LeanStep, ids: torch.Tensor, positions: torch.Tensor, kv: KV, mask: torch.Tensor | None = None,
+         resid: torch.Tensor | None = None, write: torch.Tensor | None = None, linear: Linear = F.linear,
+         fused: list[Fused] | None = None, logits_to_keep: int | torch.Tensor = 1,
+         attention: Attention | None = None) -> torch.Tensor:
+    """The one step function: every step of the batch that the forward covers runs it, eagerly on a CPU and compiled
+    (engine.serving.graphed) on CUDA. ids and positions [R, T]; `kv` writes the new K/V at the rows' slots and
+    returns the keys each row reads; `mask` [R, 1, T, S] where rows read pads (None: causal); with the residual pool
+    `resid` [L + 1, slots, d_model], each new token's residual is written inside the forward at its slot `write`
+    [R * T] (SCRATCH: keeps none). Logits [R, K, V] (engine.core.lean.LeanStep.forward)."""
+    keep = PoolResidual(resid, write) if resid is not None else None
+    return lean.forward(ids, positions, kv, mask, keep, linear, fused, logits_to_keep, attention)
+
+
 class LeanDecode:
-    """The batch's decode steps on the lean step: its only row's, or all of its rows'."""
+    """The batch's decode steps on the one step function; what differs with the rows is data only."""
 
     def __init__(self, lean: LeanStep):
         self.lean = lean
         self._fused: list[Fused] | None = None
-        self.linear = matvec.linear          # a lone step's products (bench/lone_step.py sets F.linear to compare)
+        self.linear = matvec.linear          # one row's products (bench/lone_step.py sets F.linear to compare)
 
     @classmethod
     def for_model(cls, lm: LoadedModel) -> "LeanDecode | None":
@@ -91,44 +97,26 @@ class LeanDecode:
         """Whether the forward may stand in for the model's modules now (engine.core.lean.one_forward)."""
         return one_forward(self.lean.lm) is not None
 
-    def lone(self, batch: Any, slot: Any) -> torch.Tensor:
-        """Logits [1, V] of the next token of `slot`, the batch's only row (its `length` positions are in the
-        pool; the newest token, `slot.token`, goes to position `length`)."""
-        pool, block, n = batch.pool, batch.block, slot.length
-        table = batch.tables[slot]
-        if n == len(table) * block:
-            table.append(pool.allocate())
-        write = table[n // block] * block + n % block
-        take = _reader(table, block, n + 1, pool.keys[0].device)
-
-        def kv(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            # k, v: [1, KVH, 1, D] -> the pool's slot; returns [1, KVH, n + 1, D] views or gathers of the row
-            keys, values = pool.keys[i], pool.values[i]
-            keys[write].copy_(k[0, :, 0])
-            values[write].copy_(v[0, :, 0])
-            return take(keys).transpose(0, 1)[None], take(values).transpose(0, 1)[None]
-
-        device = pool.keys[0].device
-        with torch.inference_mode():                      # one row: the products split into blocks (engine.core.matvec)
-            return self.lean.forward(torch.tensor([[slot.token.id]], device=device), torch.tensor([[n]], device=device),
-                                     kv, linear=self.linear)[:, -1]                                # [1, V]
-
-    def rows(self, batch: Any, slots: list) -> torch.Tensor:
-        """Logits [B, V] of every row's next token (batch order); each row's new K/V, and the residual of the rows
-        that keep one (`slot.kept`), written at its next position."""
+    def decode(self, batch: Any, slots: list) -> torch.Tensor:
+        """Logits [B, V] of every row's next token (batch order) through `step`; each row's new K/V, and the
+        residual of the rows that keep one (`slot.kept`), written at its next position. One row reads its keys in
+        place (or gathered where its blocks do not follow one another), with its own products (engine.core.matvec)
+        and no mask; several rows read the left-padded gather under the mask, with the packed products."""
         device = self.lean.embed.weight.device
-        mask = batch.step_mask().bool()[:, None, None, :]                            # [B, 1, 1, W + 1]
         ids = torch.tensor([[s.token.id] for s in slots], device=device)             # [B, 1]
-        positions = torch.tensor([[s.length] for s in slots], device=device)         # [B, 1]
-        keep = (PoolResidual(batch.pool.resid, batch.residual_slots)
-                if any(s.kept is not None for s in slots) else None)
-        kernels = kernels_for(self.lean.lm)
-        linear = kernels.linear if kernels is not None else F.linear
-        if len(slots) == 1:                              # one row (one that captures): the lone step's products
-            linear = self.linear
+        positions = torch.tensor([[s.length] for s in slots], device=device)         # [B, 1] own positions
+        if len(slots) == 1:
+            kv, write = one_row(batch, slots[0])
+            mask, linear, fused = None, self.linear, None
+        else:
+            mask = batch.step_mask().bool()[:, None, None, :]                        # [B, 1, 1, W + 1]
+            kv, write = batch.write_and_gather, batch.residual_slots
+            kernels = kernels_for(self.lean.lm)
+            linear = kernels.linear if kernels is not None else F.linear
+            fused = self.fused(kernels) if len(slots) in ROWS else None
+        resid = batch.pool.resid if any(s.kept is not None for s in slots) else None
         with torch.inference_mode():
-            return self.lean.forward(ids, positions, batch.write_and_gather, mask, keep, linear,
-                                     self.fused(kernels) if len(slots) in ROWS else None)[:, -1]
+            return step(self.lean, ids, positions, kv, mask, resid, write, linear, fused)[:, -1]
 
     def fused(self, kernels: SmallBatchKernels | None) -> list[Fused] | None:
         """Each layer's q|k|v and gate|up as one packed product each, made once when the batch runner starts (a
@@ -150,6 +138,27 @@ def _product(fused: tuple[torch.Tensor, torch.Tensor | None] | None):
     return lambda x: packed_linear(x, packed, bias)
 
 
+def one_row(batch: Any, slot: Any) -> tuple[KV, torch.Tensor]:
+    """A decode step's K/V of the batch's only row, and the slot its new token goes to ([1]): its `length`
+    positions are in the pool, the newest token goes to position `length` (a new block when its last is full). The
+    keys are read in place when its blocks follow one another in the pool (a lone request's usually do: blocks are
+    handed out lowest first), else gathered."""
+    pool, block, n = batch.pool, batch.block, slot.length
+    table = batch.tables[slot]
+    if n == len(table) * block:
+        table.append(pool.allocate())
+    write = table[n // block] * block + n % block
+    take = _reader(table, block, n + 1, pool.keys[0].device)
+
+    def kv(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # k, v: [1, KVH, 1, D] -> the pool's slot; returns [1, KVH, n + 1, D] views or gathers of the row
+        keys, values = pool.keys[i], pool.values[i]
+        keys[write].copy_(k[0, :, 0])
+        values[write].copy_(v[0, :, 0])
+        return take(keys).transpose(0, 1)[None], take(values).transpose(0, 1)[None]
+    return kv, torch.tensor([write], device=pool.keys[0].device)
+
+
 def _reader(table: list[int], block: int, n: int, device: torch.device):
     """pool [slots, KVH, D] -> the row's first n positions [n, KVH, D]: a slice where its blocks are consecutive."""
     first = table[0]
@@ -157,6 +166,104 @@ def _reader(table: list[int], block: int, n: int, device: torch.device):
         return lambda pool: pool[first * block:first * block + n]
     index = (torch.tensor(table)[:, None] * block + torch.arange(block)).flatten()[:n].to(device)
     return lambda pool: pool.index_select(0, index)
+
+
+@dataclass(frozen=True)
+class Segments:
+    """A flattened step's attention (`step`'s `attention`): N new tokens as one sequence, queries [1, H, N, D],
+    split by segment. The first `rows` tokens are decode rows, each a query per head against its own keys (`reads`
+    [B, W], left-padded with the null slot and hidden by `mask` [B, 1, 1, W]); then each prefill chunk (its first
+    token, its n tokens, the slots it reads [S] and its mask [1, 1, n, S], None where it reads only itself: causal).
+    The keys and values are a layer's whole pool [slots, KVH, D], as the step's `kv` returns them."""
+
+    rows: int
+    reads: torch.Tensor | None
+    mask: torch.Tensor | None
+    chunks: tuple[tuple[int, int, torch.Tensor, torch.Tensor | None], ...]
+
+    def __call__(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+                 scaling: float) -> torch.Tensor:
+        # q: [1, H, N, D]; keys, values: [slots, KVH, D] -> [1, H, N, D]
+        gqa, out = q.shape[1] != keys.shape[1], []
+        if self.rows:
+            b, w = self.reads.shape
+            k, v = (p.index_select(0, self.reads.reshape(-1)).view(b, w, *p.shape[1:]).transpose(1, 2)
+                    for p in (keys, values))                                                   # [B, KVH, W, D]
+            rows = q[0, :, :b].transpose(0, 1)[:, :, None]                                     # [B, H, 1, D]
+            o = F.scaled_dot_product_attention(rows, k, v, attn_mask=self.mask, scale=scaling, enable_gqa=gqa)
+            out.append(o[:, :, 0].transpose(0, 1)[None])                                       # [1, H, B, D]
+        for first, n, reads, chunk_mask in self.chunks:
+            k, v = (p.index_select(0, reads).transpose(0, 1)[None] for p in (keys, values))   # [1, KVH, S, D]
+            out.append(F.scaled_dot_product_attention(q[:, :, first:first + n], k, v, attn_mask=chunk_mask,
+                                                      is_causal=chunk_mask is None and n > 1, scale=scaling,
+                                                      enable_gqa=gqa))                         # [1, H, n, D]
+        return torch.cat(out, dim=2)
+
+
+@dataclass
+class Flat:
+    """The new tokens of a flattened step, segment after segment: ids, positions, K/V slots, residual slots."""
+
+    ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    write: list[torch.Tensor] = field(default_factory=list)
+    resid: list[torch.Tensor] = field(default_factory=list)
+    last: list[int] = field(default_factory=list)        # the tokens whose logits the step keeps
+
+
+def _rows_segment(batch: Any, rows: list, flat: Flat) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The decode rows' tokens (one each, their keys left-padded as a decode step's); their (reads, mask)."""
+    if not rows:
+        return None, None
+    valid = batch.plan([1] * len(rows), slots=rows)                                      # [B, W + 1]
+    flat.ids += [s.token.id for s in rows]
+    flat.positions += [s.length for s in rows]
+    flat.write.append(batch.writes.reshape(-1))
+    flat.resid.append(batch.residual_slots)
+    flat.last += range(len(rows))
+    return batch.reads, valid[:, None, None, :]
+
+
+def _chunk_segment(batch: Any, slot: Any, n: int, flat: Flat) -> tuple[int, int, torch.Tensor, torch.Tensor | None]:
+    """A newcomer's next n prompt tokens: (first token, n, the slots it reads, its mask or None: causal)."""
+    reads, write, resid = batch.segment(slot, n)                                         # [length + n], [n], [n]
+    first = len(flat.ids)
+    flat.ids += slot.ids[slot.length:slot.length + n]
+    flat.positions += range(slot.length, slot.length + n)
+    flat.write.append(write)
+    flat.resid.append(resid)
+    flat.last.append(first + n - 1)
+    mask = causal_mask(torch.ones(1, len(reads), dtype=torch.bool, device=reads.device), n) if slot.length else None
+    return first, n, reads, mask
+
+
+def mixed_inputs(batch: Any, rows: list, newcomers: list, chunks: list[int]) -> dict[str, Any]:
+    """`step`'s arguments for one flattened step, as vLLM and nano-vllm lay one out: the decode `rows` (the batch's,
+    one token each) and each newcomer's next `chunks[c]` prompt tokens, all N new tokens in one [1, N] sequence
+    with their own positions and pool slots; logits kept at each row's token, then at each chunk's last."""
+    flat = Flat()
+    reads, mask = _rows_segment(batch, rows, flat)
+    segments = tuple(_chunk_segment(batch, slot, n, flat) for slot, n in zip(newcomers, chunks))
+    pool, device, where = batch.pool, batch.pool.keys[0].device, torch.cat(flat.write)
+
+    def kv(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # k, v: [1, KVH, N, D] -> the pool at their slots; returns the layer's whole pool [slots, KVH, D]
+        pool.keys[i][where] = k[0].transpose(0, 1)
+        pool.values[i][where] = v[0].transpose(0, 1)
+        return pool.keys[i], pool.values[i]
+    capturing = any(getattr(s, "kept", None) is not None for s in [*rows, *newcomers])
+    return dict(ids=torch.tensor([flat.ids], device=device), positions=torch.tensor([flat.positions], device=device),
+                kv=kv, resid=pool.resid if capturing else None, write=torch.cat(flat.resid),
+                logits_to_keep=torch.tensor(flat.last, device=device),
+                attention=Segments(len(rows), reads, mask, segments))
+
+
+def mixed_step(lean: LeanStep, batch: Any, rows: list, newcomers: list, chunks: list[int]) -> torch.Tensor:
+    """Logits [B + C, V]: each decode row's next token, then each newcomer's after its chunk, from ONE call of `step`
+    over every new token of the step (`mixed_inputs`): the products run once over all N tokens, attention by
+    segment. Decode rows are not padded to the chunk's length."""
+    with torch.inference_mode():
+        return step(lean, **mixed_inputs(batch, rows, newcomers, chunks))[0]
 
 
 def pool_prefill(lm: LoadedModel, batch: Any, slots: list, chunks: list[int]) -> torch.Tensor:
@@ -177,7 +284,8 @@ def pool_prefill(lm: LoadedModel, batch: Any, slots: list, chunks: list[int]) ->
     lean = one_forward(lm)
     if lean is not None:
         mask = causal_mask(valid, t) if len(slots) > 1 else None      # one row reads every key before its chunk
-        return lean.forward(ids, positions, batch.write_and_gather, mask, keep)[:, -1]
+        resid = batch.pool.resid if keep is not None else None
+        return step(lean, ids, positions, batch.write_and_gather, mask, resid, batch.residual_slots)[:, -1]
     out = lm.model(input_ids=ids, attention_mask=causal_mask(valid, t), position_ids=positions, cache=batch.cache,
                    use_cache=True, logits_to_keep=1, output_hidden_states=keep is not None)
     for i, h in enumerate(out.hidden_states if keep is not None else ()):

@@ -291,6 +291,28 @@ class PagedBatch:
         self._resid_write = torch.where(keeps[:, None], write, SCRATCH).flatten().to(device)
         return real.to(device)
 
+    def segment(self, slot: Any, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One row of a flattened step feeding `n` tokens after its `length` (a prefill chunk): blocks for them;
+        the slots its attention reads [length + n] (its own, no pads), its new tokens' K/V slots [n] and their
+        residual's [n] (SCRATCH where it keeps none)."""
+        table = self.tables[slot]
+        while slot.length + n > len(table) * self.block:
+            table.append(self.pool.allocate())
+        reads = self.pool.slots(table, 0, slot.length + n)
+        write = reads[slot.length:]
+        keeps = getattr(slot, "kept", None) is not None
+        return reads, write, write if keeps else torch.full_like(write, SCRATCH)
+
+    @property
+    def reads(self) -> torch.Tensor:
+        """[R, S] the slots each row reads in the step planned last (`plan`), NULL for pads."""
+        return self._gather
+
+    @property
+    def writes(self) -> torch.Tensor:
+        """[R, T] the slot each new token's K/V goes to in the step planned last (SCRATCH: none)."""
+        return self._write
+
     @property
     def residual_slots(self) -> torch.Tensor:
         """[B * T] the slot each new token's residual goes to in this step (SCRATCH for rows that keep none)."""
