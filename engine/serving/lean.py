@@ -31,6 +31,7 @@ from torch.nn import functional as F
 from engine.core import matvec
 from engine.core.lean import Fused, LeanStep, PoolResidual, causal_mask, one_forward
 from engine.core.loader import LoadedModel
+from engine.core.lone import SideBySide
 from engine.core.openmp import in_passing_thread
 from engine.core.small_batch import ROWS, SmallBatchKernels, kernels_for, packed_linear, small_batch_kernels
 from engine.serving.graphed import GraphedDecode
@@ -80,6 +81,7 @@ class LeanDecode:
         self.lean = lean
         self._fused: list[Fused] | None = None
         self.linear = matvec.linear          # a lone step's products (bench/lone_step.py sets F.linear to compare)
+        self.side_by_side: SideBySide | None = SideBySide(lean)    # q|k|v, gate|up as one product each (or None)
 
     @classmethod
     def for_model(cls, lm: LoadedModel) -> "LeanDecode | None":
@@ -111,7 +113,11 @@ class LeanDecode:
         device = pool.keys[0].device
         with torch.inference_mode():                      # one row: the products split into blocks (engine.core.matvec)
             return self.lean.forward(torch.tensor([[slot.token.id]], device=device), torch.tensor([[n]], device=device),
-                                     kv, linear=self.linear)[:, -1]                                # [1, V]
+                                     kv, linear=self.linear, fused=self.lone_fused())[:, -1]       # [1, V]
+
+    def lone_fused(self) -> list[Fused] | None:
+        """q|k|v and gate|up as one split product each (engine.core.lone), where the products are the split ones."""
+        return self.side_by_side.fused() if self.side_by_side and self.linear is matvec.linear else None
 
     def rows(self, batch: Any, slots: list) -> torch.Tensor:
         """Logits [B, V] of every row's next token (batch order); each row's new K/V, and the residual of the rows

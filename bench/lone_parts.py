@@ -1,0 +1,229 @@
+"""Where a lone request's decode step spends its time, part by part, with the memory floor measured in the same run.
+
+    python bench/lone_parts.py                    # SmolLM2, two torch threads, 3 rounds of 64 tokens
+    python bench/lone_parts.py --threads 1 --rounds 5
+
+One request at a time through the batch runner (engine.serving.batch), as the scheduler runs a lone request
+(LeanDecode.lone), with every part of the step wrapped by a clock that adds up its wall time within the step: each
+kind of weight product (q, k, v, o, gate, up, down, the head), the norms, the rotary table (cos/sin of the position)
+and its application to q and k, attention, the cache's writes and reads (`kv`), the embedding, the SiLU; the forward
+less all of those is "the rest of the forward" (residual adds, views, the gated product, Python); the runner's step
+less the forward is the host's work (picking and describing the token, the record, the cache's bookkeeping). A
+clock costs about 0.1 us a call (about 1,500 calls a step). Per part, the median over the steps of each round, then
+the median over rounds; the floor is the weights' bytes over the machine's read bandwidth (bench/lone_step.py's
+`floor`). Also the operators a step dispatches (torch.profiler, one step, nested calls counted once).
+`--way` picks the lone step's kernels (`WAYS`, LeanDecode's attributes; "now": as it runs) and may be given several times: the ways
+alternate round by round in one process. Writes a new bench/results/lone_parts/<UTC time>-<commit>.json
+(bench/provenance.py). docs/engine.md, "A lone request", reads it.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+from bench import provenance  # noqa: E402
+from bench.lone_step import PROMPT, floor  # noqa: E402
+from engine.core import lean as lean_module  # noqa: E402
+from engine.core.generate import GenerationRequest, encode_prompt  # noqa: E402
+from engine.core.hooks import CAPTURE_OFF  # noqa: E402
+from engine.core.loader import load_model  # noqa: E402
+from engine.core import matvec  # noqa: E402
+from engine.serving.batch import BatchRunner, Slot  # noqa: E402
+
+ORDER = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up", "head", "norms", "rotary table", "rotary",
+         "attention", "kv", "embedding", "silu", "rest of the forward", "forward", "host", "step")
+
+
+def one_query(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+              scaling: float) -> torch.Tensor:
+    """A lone row's attention without SDPA's generic path, tried against it (the `one-query` way): the G = H / KVH
+    query heads of each key head as G rows of one matrix, two batched products over the key heads and a softmax
+    between them, the keys read where the pool keeps them. q [1, H, 1, D], keys/values [1, KVH, S, D] -> [1, H, 1, D];
+    anything else goes to SDPA."""
+    b, heads, t, d = q.shape
+    kv_heads = keys.shape[1]
+    if b != 1 or t != 1 or mask is not None or heads % kv_heads:
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None and t > 1,
+                                              scale=scaling, enable_gqa=heads != kv_heads)
+    grouped = q.reshape(kv_heads, heads // kv_heads, d)                             # [KVH, G, D]
+    scores = torch.bmm(grouped, keys[0].transpose(1, 2)).mul_(scaling)           # [KVH, G, S]
+    return torch.bmm(scores.softmax(-1), values[0]).view(1, heads, 1, d)         # [1, H, 1, D]
+
+
+# a lone step's kernels, as LeanDecode's attributes ("attention": handed to the forward by `instrument`)
+WAYS = {"now": {}, "apart": {"side_by_side": None}, "one-query": {"attention": one_query},
+        "f.linear": {"linear": F.linear}}
+PRODUCTS = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up", "head")
+
+
+class Clocks:
+    """Wall and thread CPU seconds per part, added up within the current step."""
+
+    def __init__(self):
+        self.now: dict[str, float] = defaultdict(float)
+        self.cpu: dict[str, float] = defaultdict(float)
+
+    def clear(self) -> None:
+        self.now.clear()
+        self.cpu.clear()
+
+    def wrap(self, name, fn):
+        """fn, its wall and CPU time added to part `name` (a function of the call's arguments picks the name)."""
+        def timed(*args, **kwargs):
+            t, c = time.perf_counter(), time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                part = name(*args) if callable(name) else name
+                self.cpu[part] += time.thread_time() - c
+                self.now[part] += time.perf_counter() - t
+        return timed
+
+
+def weight_names(step) -> dict[int, str]:
+    """id of each weight tensor -> its kind (q ... down, head)."""
+    names = {id(step.head[0]): "head"}
+    for w in step.layers:
+        names.update({id(getattr(w, k)[0]): k for k in ("q", "k", "v", "o", "gate", "up", "down")})
+    return names
+
+
+def instrument(runner: BatchRunner, clocks: Clocks) -> None:
+    """Wrap every part of the lone step (module globals, the step's own attributes, the forward's arguments)."""
+    step = runner.lean.lean
+    names = weight_names(step)
+    lean_module.rms_norm = clocks.wrap("norms", lean_module.rms_norm)
+    lean_module.apply_rotary_pos_emb = clocks.wrap("rotary", lean_module.apply_rotary_pos_emb)
+    step.rotary = clocks.wrap("rotary table", step.rotary)
+    F.scaled_dot_product_attention = clocks.wrap("attention", F.scaled_dot_product_attention)
+    F.embedding = clocks.wrap("embedding", F.embedding)
+    F.silu = clocks.wrap("silu", F.silu)
+    forward = step.forward
+
+    def wrapped(ids, positions, kv, *args, linear=F.linear, fused=None, attention=None, **kwargs):
+        linear = clocks.wrap(lambda x, w, b=None: names.get(id(w), "other products"), linear)
+        if fused is not None:
+            fused = [type(f)(*(clocks.wrap(k, p) if p else None for k, p in zip(("qkv", "gate_up"), (f.qkv, f.gate_up))))
+                     for f in fused]
+        attention = attention or getattr(runner.lean, "attention", None)
+        if attention is not None:
+            attention = clocks.wrap("attention", attention)
+        return forward(ids, positions, clocks.wrap("kv", kv), *args, linear=linear, fused=fused, attention=attention,
+                       **kwargs)
+
+    step.forward = clocks.wrap("forward", wrapped)
+    runner.step = clocks.wrap("step", runner.step)
+
+
+def one_request(runner: BatchRunner, lm, clocks: Clocks, tokens: int) -> tuple[list[dict], str]:
+    """One lone request; each decode step's parts in ms (its first three steps left out), and its text."""
+    request = GenerationRequest(PROMPT, max_new_tokens=tokens)
+    out = []
+    runner.add(Slot(request, encode_prompt(lm, request), CAPTURE_OFF, out.append, print))
+    steps = []
+    while not runner.idle:
+        clocks.clear()
+        runner.step()
+        steps.append(({k: 1e3 * v for k, v in clocks.now.items()}, {k: 1e3 * v for k, v in clocks.cpu.items()}))
+    decoding = [s for s in steps[1:] if "forward" in s[0]][3:]     # the first step is the prompt's
+    for wall, cpu in decoding:
+        for s in (wall, cpu):
+            inside = sum(v for k, v in s.items() if k not in ("forward", "step"))
+            s["rest of the forward"] = s["forward"] - inside
+            s["host"] = s["step"] - s["forward"]
+    return decoding, out[-1].text
+
+
+def operators(runner: BatchRunner, lm) -> dict:
+    """Operator calls one lone decode step dispatches (top-level aten calls under torch.profiler), by name."""
+    request = GenerationRequest(PROMPT, max_new_tokens=8)
+    runner.add(Slot(request, encode_prompt(lm, request), CAPTURE_OFF, lambda r: None, print))
+    for _ in range(4):
+        runner.step()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        runner.step()
+    while not runner.idle:
+        runner.step()
+    counts: dict[str, int] = defaultdict(int)
+    for event in prof.events():
+        if event.name.startswith("aten::") and (event.cpu_parent is None
+                                                or not event.cpu_parent.name.startswith("aten::")):
+            counts[event.name] += 1
+    return {"calls": sum(counts.values()), "by_name": dict(sorted(counts.items(), key=lambda kv: -kv[1]))}
+
+
+def summarize(rounds: list[list[tuple[dict, dict]]], floor_ms: float) -> dict:
+    """Wall and CPU: the median per part over each round's steps, then over rounds; ms and x the floor."""
+    wall = median_parts([[w for w, _ in r] for r in rounds], floor_ms)
+    return {**wall, "cpu": median_parts([[c for _, c in r] for r in rounds], floor_ms)}
+
+
+def median_parts(rounds: list[list[dict]], floor_ms: float) -> dict:
+    """Median per part over each round's steps, then over rounds; ms and x the floor."""
+    parts = [k for k in ORDER if any(k in s for r in rounds for s in r)]
+    parts += sorted({k for r in rounds for s in r for k in s} - set(parts))
+    per_round = [{k: statistics.median(s.get(k, 0.0) for s in r) for k in parts} for r in rounds]
+    med = {k: statistics.median(r[k] for r in per_round) for k in parts}
+    med["products"] = sum(med.get(k, 0.0) for k in PRODUCTS)
+    return {"ms": med, "x_floor": {k: v / floor_ms for k, v in med.items()}, "rounds_ms": per_round}
+
+
+def use(runner: BatchRunner, way: str) -> None:
+    """Set the lone step's kernels to `way`'s (the ones it does not name as the runner made them)."""
+    for name, kernel in {**runner.lean.made, **WAYS[way]}.items():
+        setattr(runner.lean, name, kernel)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--way", action="append", choices=sorted(WAYS))
+    parser.add_argument("--out", help="default: a new file under bench/results/lone_parts/")
+    args = parser.parse_args(argv)
+    ways = args.way or ["now"]
+    record = provenance.start("lone_parts", argv)
+    torch.set_num_threads(args.threads)
+    lm = load_model(args.model, device="cpu", dtype="float32")
+    runner = BatchRunner(lm, max_batch=32, prefix=None)
+    runner.lean.made = {"linear": runner.lean.linear, "side_by_side": runner.lean.side_by_side, "attention": None}
+    clocks = Clocks()
+    ops = {}
+    for way in ways:
+        use(runner, way)
+        ops[way] = operators(runner, lm)
+    instrument(runner, clocks)
+    seen, texts = {w: [] for w in ways}, set()
+    for _ in range(args.rounds):
+        for way in ways:
+            use(runner, way)
+            steps, text = one_request(runner, lm, clocks, args.tokens)
+            seen[way].append(steps)
+            texts.add(text)
+    report = {"floor": floor(lm, [args.threads]), "threads": args.threads, "tokens": args.tokens,
+              "same_text": len(texts) == 1, "ways": ways}
+    for way in ways:
+        report[way] = summarize(seen[way], report["floor"]["floor_ms"])
+        report[way]["operators"] = ops[way]
+        for clock, parts in (("wall", report[way]), ("cpu", report[way]["cpu"])):
+            print(f"{way} {clock}: " + ", ".join(f"{k} {v:.2f}" for k, v in parts["ms"].items()) + " ms", flush=True)
+        print(f"{way}: {ops[way]['calls']} operator calls", flush=True)
+    print(f"floor {report['floor']['floor_ms']:.1f} ms; same text every way: {report['same_text']}")
+    record.save(report, out=args.out)
+    return 0 if report["same_text"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
