@@ -9,11 +9,13 @@ kind of weight product (q, k, v, o, gate, up, down, the head), the norms, the ro
 and its application to q and k, attention, the cache's writes and reads (`kv`), the embedding, the SiLU; the forward
 less all of those is "the rest of the forward" (residual adds, views, the gated product, Python); the runner's step
 less the forward is the host's work (picking and describing the token, the record, the cache's bookkeeping). A
-clock costs about 0.1 us a call (about 1,500 calls a step). Per part, the median over the steps of each round, then
-the median over rounds; the floor is the weights' bytes over the machine's read bandwidth (bench/lone_step.py's
+part's clock is a wall clock (about 0.1 us a read, about 1,500 calls a step); the step and the forward also read
+the thread's CPU clock. Per part, the median over the steps of each round, then the median over rounds. Before the
+parts, the same rounds with nothing instrumented give each way's whole step (wall and CPU), the ways again in turn
+step by step: the before/after of a change is read there. The floor is the weights' bytes over the machine's read bandwidth (bench/lone_step.py's
 `floor`). Also the operators a step dispatches (torch.profiler, one step, nested calls counted once).
 `--way` picks the lone step's kernels (`WAYS`, LeanDecode's attributes; "now": as it runs) and may be given several times: the ways
-alternate round by round in one process. Writes a new bench/results/lone_parts/<UTC time>-<commit>.json
+alternate step by step within each request (a round), in one process. Writes a new bench/results/lone_parts/<UTC time>-<commit>.json
 (bench/provenance.py). docs/engine.md, "A lone request", reads it.
 """
 from __future__ import annotations
@@ -67,7 +69,9 @@ PRODUCTS = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up", "head")
 
 
 class Clocks:
-    """Wall and thread CPU seconds per part, added up within the current step."""
+    """Wall seconds per part and thread CPU seconds of the whole step and forward, added up within the current step.
+    Only the step and the forward read the thread's CPU clock: on this machine a read of it costs microseconds,
+    which a part's clock, read about 1,500 times a step, would add to the step many times over."""
 
     def __init__(self):
         self.now: dict[str, float] = defaultdict(float)
@@ -77,17 +81,23 @@ class Clocks:
         self.now.clear()
         self.cpu.clear()
 
-    def wrap(self, name, fn):
-        """fn, its wall and CPU time added to part `name` (a function of the call's arguments picks the name)."""
+    def wrap(self, name, fn, cpu: bool = False):
+        """fn, its wall time (and with `cpu`, its thread's CPU time) added to part `name` (or to the part a function
+        of the call's arguments names)."""
         def timed(*args, **kwargs):
-            t, c = time.perf_counter(), time.thread_time()
+            t = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                part = name(*args) if callable(name) else name
-                self.cpu[part] += time.thread_time() - c
-                self.now[part] += time.perf_counter() - t
-        return timed
+                self.now[name(*args) if callable(name) else name] += time.perf_counter() - t
+
+        def timed_cpu(*args, **kwargs):
+            c = time.thread_time()
+            try:
+                return timed(*args, **kwargs)
+            finally:
+                self.cpu[name] += time.thread_time() - c
+        return timed_cpu if cpu else timed
 
 
 def weight_names(step) -> dict[int, str]:
@@ -115,33 +125,63 @@ def instrument(runner: BatchRunner, clocks: Clocks) -> None:
         if fused is not None:
             fused = [type(f)(*(clocks.wrap(k, p) if p else None for k, p in zip(("qkv", "gate_up"), (f.qkv, f.gate_up))))
                      for f in fused]
-        attention = attention or getattr(runner.lean, "attention", None)
+        if attention is None and ids.shape[1] == 1:
+            attention = getattr(runner.lean, "attention", None)
         if attention is not None:
             attention = clocks.wrap("attention", attention)
         return forward(ids, positions, clocks.wrap("kv", kv), *args, linear=linear, fused=fused, attention=attention,
                        **kwargs)
 
-    step.forward = clocks.wrap("forward", wrapped)
-    runner.step = clocks.wrap("step", runner.step)
+    step.forward = clocks.wrap("forward", wrapped, cpu=True)
+    runner.step = clocks.wrap("step", runner.step, cpu=True)
 
 
-def one_request(runner: BatchRunner, lm, clocks: Clocks, tokens: int) -> tuple[list[dict], str]:
-    """One lone request; each decode step's parts in ms (its first three steps left out), and its text."""
+def one_request(runner: BatchRunner, lm, clocks: Clocks, tokens: int, ways: list[str]) -> tuple[dict, str]:
+    """One lone request whose decode steps take the ways in turn, step by step (the machine's other users then
+    weigh on every way alike); per way, each of its steps' parts in ms (the request's first three decode steps
+    left out), and the request's text."""
     request = GenerationRequest(PROMPT, max_new_tokens=tokens)
     out = []
     runner.add(Slot(request, encode_prompt(lm, request), CAPTURE_OFF, out.append, print))
-    steps = []
+    steps: dict[str, list] = {w: [] for w in ways}
+    n = 0
     while not runner.idle:
+        way = ways[n % len(ways)]
+        use(runner, way)
         clocks.clear()
         runner.step()
-        steps.append(({k: 1e3 * v for k, v in clocks.now.items()}, {k: 1e3 * v for k, v in clocks.cpu.items()}))
-    decoding = [s for s in steps[1:] if "forward" in s[0]][3:]     # the first step is the prompt's
-    for wall, cpu in decoding:
-        for s in (wall, cpu):
-            inside = sum(v for k, v in s.items() if k not in ("forward", "step"))
-            s["rest of the forward"] = s["forward"] - inside
-            s["host"] = s["step"] - s["forward"]
-    return decoding, out[-1].text
+        n += 1
+        if n > 4 and "forward" in clocks.now:                      # step 1 is the prompt's
+            steps[way].append(parts(clocks))
+    return steps, out[-1].text
+
+
+def parts(clocks: Clocks) -> tuple[dict, dict]:
+    """This step's parts in ms: wall (with the rest of the forward), and CPU of the step and forward; both with the
+    host's work (the step less the forward)."""
+    wall, cpu = {k: 1e3 * v for k, v in clocks.now.items()}, {k: 1e3 * v for k, v in clocks.cpu.items()}
+    wall["rest of the forward"] = wall["forward"] - sum(v for k, v in wall.items() if k not in ("forward", "step"))
+    for s in (wall, cpu):
+        s["host"] = s["step"] - s["forward"]
+    return wall, cpu
+
+
+def bare(runner: BatchRunner, lm, tokens: int, ways: list[str]) -> dict[str, list[tuple[float, float]]]:
+    """One lone request, nothing instrumented, its decode steps taking the ways in turn: per way, each step's
+    (wall ms, thread CPU ms) of the runner's whole step (the first three decode steps left out)."""
+    request = GenerationRequest(PROMPT, max_new_tokens=tokens)
+    runner.add(Slot(request, encode_prompt(lm, request), CAPTURE_OFF, lambda r: None, print))
+    steps: dict[str, list] = {w: [] for w in ways}
+    n = 0
+    while not runner.idle:
+        way = ways[n % len(ways)]
+        use(runner, way)
+        t, c = time.perf_counter(), time.thread_time()
+        runner.step()
+        if n > 3:
+            steps[way].append((1e3 * (time.perf_counter() - t), 1e3 * (time.thread_time() - c)))
+        n += 1
+    return steps
 
 
 def operators(runner: BatchRunner, lm) -> dict:
@@ -174,7 +214,8 @@ def median_parts(rounds: list[list[dict]], floor_ms: float) -> dict:
     parts += sorted({k for r in rounds for s in r for k in s} - set(parts))
     per_round = [{k: statistics.median(s.get(k, 0.0) for s in r) for k in parts} for r in rounds]
     med = {k: statistics.median(r[k] for r in per_round) for k in parts}
-    med["products"] = sum(med.get(k, 0.0) for k in PRODUCTS)
+    if any(k in med for k in PRODUCTS):
+        med["products"] = sum(med.get(k, 0.0) for k in PRODUCTS)
     return {"ms": med, "x_floor": {k: v / floor_ms for k, v in med.items()}, "rounds_ms": per_round}
 
 
@@ -182,6 +223,17 @@ def use(runner: BatchRunner, way: str) -> None:
     """Set the lone step's kernels to `way`'s (the ones it does not name as the runner made them)."""
     for name, kernel in {**runner.lean.made, **WAYS[way]}.items():
         setattr(runner.lean, name, kernel)
+
+
+def hand_attention(runner: BatchRunner) -> None:
+    """The forward of a one-token step gets the way's `attention` (LeanDecode has none of its own: SDPA)."""
+    forward = runner.lean.lean.forward
+
+    def with_attention(ids, *args, attention=None, **kwargs):
+        if attention is None and ids.shape[1] == 1:
+            attention = getattr(runner.lean, "attention", None)
+        return forward(ids, *args, attention=attention, **kwargs)
+    runner.lean.lean.forward = with_attention
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,28 +251,38 @@ def main(argv: list[str] | None = None) -> int:
     lm = load_model(args.model, device="cpu", dtype="float32")
     runner = BatchRunner(lm, max_batch=32, prefix=None)
     runner.lean.made = {"linear": runner.lean.linear, "side_by_side": runner.lean.side_by_side, "attention": None}
+    hand_attention(runner)
     clocks = Clocks()
     ops = {}
     for way in ways:
         use(runner, way)
         ops[way] = operators(runner, lm)
+    plain = {w: [] for w in ways}
+    for r in range(args.rounds):
+        steps = bare(runner, lm, args.tokens, ways[r % len(ways):] + ways[:r % len(ways)])
+        for way in ways:
+            plain[way] += steps[way]
     instrument(runner, clocks)
     seen, texts = {w: [] for w in ways}, set()
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
+        order = ways[r % len(ways):] + ways[:r % len(ways)]         # each way leads a round in turn
+        steps, text = one_request(runner, lm, clocks, args.tokens, order)
+        texts.add(text)
         for way in ways:
-            use(runner, way)
-            steps, text = one_request(runner, lm, clocks, args.tokens)
-            seen[way].append(steps)
-            texts.add(text)
+            seen[way].append(steps[way])
     report = {"floor": floor(lm, [args.threads]), "threads": args.threads, "tokens": args.tokens,
               "same_text": len(texts) == 1, "ways": ways}
     for way in ways:
         report[way] = summarize(seen[way], report["floor"]["floor_ms"])
         report[way]["operators"] = ops[way]
+        report[way]["bare"] = {"wall_ms": statistics.median(w for w, _ in plain[way]),
+                               "cpu_ms": statistics.median(c for _, c in plain[way]), "steps": len(plain[way])}
+        report[way]["bare"]["x_floor"] = report[way]["bare"]["wall_ms"] / report["floor"]["floor_ms"]
         for clock, parts in (("wall", report[way]), ("cpu", report[way]["cpu"])):
             print(f"{way} {clock}: " + ", ".join(f"{k} {v:.2f}" for k, v in parts["ms"].items()) + " ms", flush=True)
-        print(f"{way}: {ops[way]['calls']} operator calls", flush=True)
-    print(f"floor {report['floor']['floor_ms']:.1f} ms; same text every way: {report['same_text']}")
+        print(f"{way}: {ops[way]['calls']} operator calls; bare step {report[way]['bare']['wall_ms']:.2f} ms wall, "
+              f"{report[way]['bare']['cpu_ms']:.2f} ms CPU", flush=True)
+    print(f"floor {report['floor']['floor_ms']:.1f} ms; the same text every round: {report['same_text']}")
     record.save(report, out=args.out)
     return 0 if report["same_text"] else 1
 
