@@ -138,3 +138,11 @@ def test_a_weight_pointed_elsewhere_takes_the_products_one_weight_at_a_time_and_
     finally:
         up.data = kept
     assert runner.lean.lone_fused() is not None
+
+
+def test_side_by_side_adds_no_memory_once_loaded(tiny_lm):
+    """Every parameter's bytes are held once: the groups' storages are exactly their weights, nothing left over."""
+    params = {id(p): p for p in tiny_lm.model.parameters()}.values()
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in params}
+    assert sum(storages.values()) == sum(p.numel() * p.element_size() for p in params)
+    assert len(storages) < len(params)                      # q, k, v (and gate, up) share one storage per layer
