@@ -65,8 +65,10 @@ def one_query(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
 # a lone step's kernels, as LeanDecode's attributes ("attention": handed to the forward by `instrument`)
 # "compiled": the one-token forward through torch.compile(dynamic=True), timed bare only (its clocks would break
 # the graph); its first step, the compilation, is recorded apart
+# "parts-N": every split product in N blocks of output rows (engine.core.matvec.PARTS; the weights' rows must divide)
 WAYS = {"now": {}, "apart": {"side_by_side": None}, "one-query": {"attention": one_query},
-        "f.linear": {"linear": F.linear}, "compiled": {"compiled": True}}
+        "f.linear": {"linear": F.linear}, "compiled": {"compiled": True},
+        **{f"parts-{n}": {"parts": n} for n in (2, 8, 16)}}
 PRODUCTS = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up", "head")
 
 
@@ -224,7 +226,10 @@ def median_parts(rounds: list[list[dict]], floor_ms: float) -> dict:
 def use(runner: BatchRunner, way: str) -> None:
     """Set the lone step's kernels to `way`'s (the ones it does not name as the runner made them)."""
     for name, kernel in {**runner.lean.made, **WAYS[way]}.items():
-        setattr(runner.lean, name, kernel)
+        if name == "parts":
+            matvec.PARTS = kernel
+        else:
+            setattr(runner.lean, name, kernel)
 
 
 def hand_attention(runner: BatchRunner, compiled: dict) -> None:
@@ -262,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     lm = load_model(args.model, device="cpu", dtype="float32")
     runner = BatchRunner(lm, max_batch=32, prefix=None)
     runner.lean.made = {"linear": runner.lean.linear, "side_by_side": runner.lean.side_by_side, "attention": None,
-                        "compiled": False}
+                        "compiled": False, "parts": matvec.PARTS}
     compiled: dict = {}
     hand_attention(runner, compiled)
     clocks = Clocks()
