@@ -4,10 +4,10 @@ them side by side (engine.core.layout.side_by_side).
     grouped = SideBySide(lean)            # lean: engine.core.lean.LeanStep
     logits = lean.forward(..., linear=matvec.linear, fused=grouped.fused())   # None: each weight on its own
 
-A lone decode step multiplies one row by every matrix; for a small matrix most of the product's time is the call
-itself (SmolLM2's k and v, 192 x 576, streamed at about half the speed of gate and up). With q, k and v one after
-another in memory, their products are one split product (engine.core.matvec.linear) on the whole matrix, which is
-a view: nothing is copied per step. `fused()` checks that every weight is still where the loader put it (a
+A lone decode step multiplies one row by every matrix, each product a call with its own fixed cost. With q, k and v
+one after another in memory, their products are one split product (engine.core.matvec.linear) on the whole
+matrix, which is a view: nothing is copied per step; likewise gate and up (docs/engine.md, "Where a lone step's
+time goes", measures what it saved). `fused()` checks that every weight is still where the loader put it (a
 parameter pointed elsewhere since, e.g. by a test, falls back to one product per weight).
 """
 from __future__ import annotations

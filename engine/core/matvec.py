@@ -21,8 +21,8 @@ differs from F.linear in the last bits (tests/test_matvec.py measures by how muc
 Products that share an input (a layer's q|k|v, its gate|up) are one split product each when their weights lie one
 after another in memory: `side_by_side` copies them into one matrix and points each parameter's `.data` at its own
 rows of it (the same Parameter objects and values, the old storage freed: no memory added once done), as
-engine/core/layout.py points a weight at a transposed copy. A small matrix's product is mostly the call's own cost
-(k and v, 192 x 576 in SmolLM2, streamed at about half the speed of gate and up): three calls become one.
+engine/core/layout.py points a weight at a transposed copy. Fewer, larger products: a layer's five calls become
+two (what that saved is measured in docs/engine.md, "Where a lone step's time goes").
 """
 from __future__ import annotations
 
