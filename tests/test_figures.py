@@ -681,6 +681,9 @@ LONE += [  # docs/engine.md, "Where a lone step's time goes, part by part"
      "(`20261127T232109Z-8e4354e.json`);", bare_ratio("one-query", "now")),
     (ENGINE_DOC, "lone_parts/20261127T232308Z-8e4354e.json", "(`20261127T232109Z-8e4354e.json`); {:.2f}x and {:.2f}x "
      "(`20261127T232308Z-8e4354e.json`) | no |", bare_ratio("one-query", "now")),
+    (ENGINE_DOC, "lone_parts/20261127T235224Z-00c0f83.json", "instead of 4 | {:.2f}x, {:.2f}x, {:.2f}x wall and "
+     "{:.2f}x, {:.2f}x, {:.2f}x CPU (`20261127T235224Z-00c0f83.json`, 2 threads) | no: 4 stays |",
+     lambda d: tuple(d[f"parts-{n}"]["bare"][k] / d["now"]["bare"][k] for k in ("wall_ms", "cpu_ms") for n in (2, 8, 16))),
     (ENGINE_DOC, PARTS, "of the one-token forward | {:.2f}x and {:.2f}x (`20261127T232854Z-949acb9.json`; compiling took "
      "{:.1f} s) | no |", lambda d: (*bare_ratio("compiled", "now")(d), d["compile_s"])),
     (ENGINE_DOC, PARTS, "(q, k and v {:.2f} ms apart against {:.2f} together, gate and up {:.2f} against {:.2f}, in the "
