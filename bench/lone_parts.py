@@ -112,10 +112,16 @@ def weight_names(step) -> dict[int, str]:
     return names
 
 
-def instrument(runner: BatchRunner, clocks: Clocks) -> None:
-    """Wrap every part of the lone step (module globals, the step's own attributes, the forward's arguments)."""
+GLOBALS = ((lean_module, "rms_norm"), (lean_module, "apply_rotary_pos_emb"), (F, "scaled_dot_product_attention"),
+           (F, "embedding"), (F, "silu"))
+
+
+def instrument(runner: BatchRunner, clocks: Clocks):
+    """Wrap every part of the lone step (module globals, the step's own attributes, the forward's arguments);
+    returns what puts the module globals back (the runner's own wrappers go with it)."""
     step = runner.lean.lean
     names = weight_names(step)
+    originals = [(module, name, getattr(module, name)) for module, name in GLOBALS]
     lean_module.rms_norm = clocks.wrap("norms", lean_module.rms_norm)
     lean_module.apply_rotary_pos_emb = clocks.wrap("rotary", lean_module.apply_rotary_pos_emb)
     step.rotary = clocks.wrap("rotary table", step.rotary)
@@ -138,6 +144,7 @@ def instrument(runner: BatchRunner, clocks: Clocks) -> None:
 
     step.forward = clocks.wrap("forward", wrapped, cpu=True)
     runner.step = clocks.wrap("step", runner.step, cpu=True)
+    return lambda: [setattr(module, name, value) for module, name, value in originals]
 
 
 def one_request(runner: BatchRunner, lm, clocks: Clocks, tokens: int, ways: list[str]) -> tuple[dict, str]:
@@ -280,15 +287,19 @@ def main(argv: list[str] | None = None) -> int:
         steps = bare(runner, lm, args.tokens, ways[r % len(ways):] + ways[:r % len(ways)])
         for way in ways:
             plain[way] += steps[way]
-    instrument(runner, clocks)
+    restore = instrument(runner, clocks)
     timed = [w for w in ways if not WAYS[w].get("compiled")]
     seen, texts = {w: [] for w in timed}, set()
-    for r in range(args.rounds):
-        order = timed[r % len(timed):] + timed[:r % len(timed)]     # each way leads a round in turn
-        steps, text = one_request(runner, lm, clocks, args.tokens, order)
-        texts.add(text)
-        for way in timed:
-            seen[way].append(steps[way])
+    try:
+        for r in range(args.rounds):
+            order = timed[r % len(timed):] + timed[:r % len(timed)]     # each way leads a round in turn
+            steps, text = one_request(runner, lm, clocks, args.tokens, order)
+            texts.add(text)
+            for way in timed:
+                seen[way].append(steps[way])
+    finally:
+        restore()
+        matvec.PARTS = runner.lean.made["parts"]
     report = {"floor": floor(lm, [args.threads]), "threads": args.threads, "tokens": args.tokens,
               "same_text": len(texts) == 1, "ways": ways, "compile_s": compiled.get("seconds")}
     for way in ways:

@@ -146,3 +146,30 @@ def test_side_by_side_adds_no_memory_once_loaded(tiny_lm):
     storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in params}
     assert sum(storages.values()) == sum(p.numel() * p.element_size() for p in params)
     assert len(storages) < len(params)                      # q, k, v (and gate, up) share one storage per layer
+
+
+def test_the_parts_bench_adds_up_on_the_tiny_model(tiny_model_dir, tmp_path):
+    """bench/lone_parts.py on the tiny model: every way is timed bare and by parts; each part lies inside the
+    forward, the forward inside the step (so the rest of the forward and the host's work are never negative); the
+    grouped products show as q|k|v and gate|up, the apart ones one weight at a time; the answer is the same."""
+    import json
+
+    from bench import lone_parts
+
+    out = tmp_path / "parts.json"
+    before = [getattr(module, name) for module, name in lone_parts.GLOBALS]
+    assert lone_parts.main(["--model", str(tiny_model_dir), "--threads", "1", "--rounds", "2", "--tokens", "10",
+                            "--way", "now", "--way", "apart", "--out", str(out)]) == 0
+    assert [getattr(module, name) for module, name in lone_parts.GLOBALS] == before     # put back
+    assert matvec.PARTS == 4
+    report = json.loads(out.read_text())
+    assert report["same_text"] and report["floor"]["floor_ms"] > 0
+    for way in ("now", "apart"):
+        ms = report[way]["ms"]
+        assert report[way]["bare"]["steps"] > 0 and report[way]["operators"]["calls"] > 0
+        for rnd in report[way]["rounds_ms"]:                # medians of nested clocks keep their order
+            assert all(v <= rnd["forward"] for k, v in rnd.items() if k not in ("forward", "step", "host"))
+            assert rnd["forward"] <= rnd["step"] and rnd["rest of the forward"] >= -1e-9 and rnd["host"] >= 0
+        assert ms["products"] > 0
+    assert "qkv" in report["now"]["ms"] and "q" not in report["now"]["ms"]
+    assert "q" in report["apart"]["ms"] and "qkv" not in report["apart"]["ms"]
