@@ -8,7 +8,8 @@ One request at a time through the batch runner (engine.serving.batch), as the sc
 kind of weight product (q, k, v, o, gate, up, down, the head), the norms, the rotary table (cos/sin of the position)
 and its application to q and k, attention, the cache's writes and reads (`kv`), the embedding, the SiLU; the forward
 less all of those is "the rest of the forward" (residual adds, views, the gated product, Python); the runner's step
-less the forward is the host's work (picking and describing the token, the record, the cache's bookkeeping). A
+less the forward is the host's work: picking and describing the token (`pick_tokens`), the logits' running sha256
+(`hash_rows`), and the rest (the record, the cache's bookkeeping). A
 part's clock is a wall clock (about 0.1 us a read, about 1,500 calls a step); the step and the forward also read
 the thread's CPU clock. Per part, the median over the steps of each round, then the median over rounds. Before the
 parts, the same rounds with nothing instrumented give each way's whole step (wall and CPU), the ways again in turn
@@ -40,10 +41,12 @@ from engine.core.generate import GenerationRequest, encode_prompt  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
 from engine.core import matvec  # noqa: E402
+from engine.serving import batch as batch_module  # noqa: E402
 from engine.serving.batch import BatchRunner, Slot  # noqa: E402
 
 ORDER = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up", "head", "norms", "rotary table", "rotary",
-         "attention", "kv", "embedding", "silu", "rest of the forward", "forward", "host", "step")
+         "attention", "kv", "embedding", "silu", "rest of the forward", "forward", "host", "host: pick and describe",
+         "host: logits sha256", "host: the rest", "step")
 
 
 def one_query(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
@@ -113,7 +116,8 @@ def weight_names(step) -> dict[int, str]:
 
 
 GLOBALS = ((lean_module, "rms_norm"), (lean_module, "apply_rotary_pos_emb"), (F, "scaled_dot_product_attention"),
-           (F, "embedding"), (F, "silu"))
+           (F, "embedding"), (F, "silu"), (batch_module, "pick_tokens"), (batch_module, "hash_rows"))
+HOST = {"pick_tokens": "host: pick and describe", "hash_rows": "host: logits sha256"}
 
 
 def instrument(runner: BatchRunner, clocks: Clocks):
@@ -128,6 +132,8 @@ def instrument(runner: BatchRunner, clocks: Clocks):
     F.scaled_dot_product_attention = clocks.wrap("attention", F.scaled_dot_product_attention)
     F.embedding = clocks.wrap("embedding", F.embedding)
     F.silu = clocks.wrap("silu", F.silu)
+    for name, part in HOST.items():                  # the host's work: the token picked and described, the hash
+        setattr(batch_module, name, clocks.wrap(part, getattr(batch_module, name)))
     forward = step.forward
 
     def wrapped(ids, positions, kv, *args, linear=F.linear, fused=None, attention=None, **kwargs):
@@ -171,9 +177,12 @@ def parts(clocks: Clocks) -> tuple[dict, dict]:
     """This step's parts in ms: wall (with the rest of the forward), and CPU of the step and forward; both with the
     host's work (the step less the forward)."""
     wall, cpu = {k: 1e3 * v for k, v in clocks.now.items()}, {k: 1e3 * v for k, v in clocks.cpu.items()}
-    wall["rest of the forward"] = wall["forward"] - sum(v for k, v in wall.items() if k not in ("forward", "step"))
+    host = [k for k in wall if k.startswith("host: ")]
+    wall["rest of the forward"] = wall["forward"] - sum(v for k, v in wall.items()
+                                                       if k not in ("forward", "step", *host))
     for s in (wall, cpu):
         s["host"] = s["step"] - s["forward"]
+    wall["host: the rest"] = wall["host"] - sum(wall[k] for k in host)
     return wall, cpu
 
 
