@@ -655,6 +655,12 @@ LONE += [  # docs/engine.md, "Where a lone step's time goes, part by part"
      lambda d: (d["floor"]["best_gb_s"], d["floor"]["floor_ms"])),
     (ENGINE_DOC, PARTS, "The step dispatched {:,} operator calls (torch.profiler; {:,} with q, k, v, gate and up apart)",
      lambda d: (d["now"]["operators"]["calls"], d["apart"]["operators"]["calls"])),
+    (ENGINE_DOC, "lone_parts/20261128T000256Z-f97fade.json", "(`bench/results/lone_parts/20261128T000256Z-f97fade.json`"
+     ", load average {:.1f} at its start): of its {:.2f} ms (wall), picking and describing the token (`pick_tokens`: "
+     "the softmax over 49,152 logits,", lambda d: (d["provenance"]["machine"]["load_avg"][0], d["now"]["ms"]["host"])),
+    (ENGINE_DOC, "lone_parts/20261128T000256Z-f97fade.json", "the alternatives' text) took {:.2f} ms, the logits' "
+     "running sha256 {:.2f} ms and the record and the cache's bookkeeping {:.2f} ms",
+     lambda d: tuple(d["now"]["ms"][f"host: {k}"] for k in ("pick and describe", "logits sha256", "the rest"))),
     (ENGINE_DOC, PARTS, "(the same step took {:.1f} ms of its thread's CPU and {:.1f} ms of wall time)",
      lambda d: (d["now"]["bare"]["cpu_ms"], d["now"]["bare"]["wall_ms"])),
     (ENGINE_DOC, PARTS, "the products are about {:.0f}% of the forward, attention (with two threads each SDPA call's "
