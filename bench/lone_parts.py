@@ -268,6 +268,50 @@ def hand_attention(runner: BatchRunner, compiled: dict) -> None:
     runner.lean.lean.forward = with_attention
 
 
+def bare_rounds(runner: BatchRunner, lm, args, ways: list[str]) -> dict[str, list[tuple[float, float]]]:
+    """`bare` for every round, each way leading one in turn; per way, all its steps."""
+    plain: dict[str, list] = {w: [] for w in ways}
+    for r in range(args.rounds):
+        steps = bare(runner, lm, args.tokens, ways[r % len(ways):] + ways[:r % len(ways)])
+        for way in ways:
+            plain[way] += steps[way]
+    return plain
+
+
+def part_rounds(runner: BatchRunner, lm, args, timed: list[str]) -> tuple[dict, set[str]]:
+    """Every round instrumented (`one_request`); per way, each round's steps; and the rounds' texts. The module
+    globals and the split products' blocks are put back afterwards."""
+    clocks = Clocks()
+    restore = instrument(runner, clocks)
+    seen, texts = {w: [] for w in timed}, set()
+    try:
+        for r in range(args.rounds):
+            order = timed[r % len(timed):] + timed[:r % len(timed)]     # each way leads a round in turn
+            steps, text = one_request(runner, lm, clocks, args.tokens, order)
+            texts.add(text)
+            for way in timed:
+                seen[way].append(steps[way])
+    finally:
+        restore()
+        matvec.PARTS = runner.lean.made["parts"]
+    return seen, texts
+
+
+def way_report(report: dict, way: str, seen: dict, plain: dict, ops: dict) -> dict:
+    """One way's entry: its parts (where timed by parts), its operators, its bare step; printed as it goes."""
+    floor_ms = report["floor"]["floor_ms"]
+    entry = summarize(seen[way], floor_ms) if way in seen else {"ms": {}, "cpu": {"ms": {}}}
+    entry["operators"] = ops[way]
+    entry["bare"] = {"wall_ms": statistics.median(w for w, _ in plain[way]),
+                     "cpu_ms": statistics.median(c for _, c in plain[way]), "steps": len(plain[way])}
+    entry["bare"]["x_floor"] = entry["bare"]["wall_ms"] / floor_ms
+    for clock, parts in (("wall", entry), ("cpu", entry["cpu"])):
+        print(f"{way} {clock}: " + ", ".join(f"{k} {v:.2f}" for k, v in parts["ms"].items()) + " ms", flush=True)
+    print(f"{way}: {ops[way]['calls']} operator calls; bare step {entry['bare']['wall_ms']:.2f} ms wall, "
+          f"{entry['bare']['cpu_ms']:.2f} ms CPU", flush=True)
+    return entry
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="default")
@@ -286,41 +330,16 @@ def main(argv: list[str] | None = None) -> int:
                         "compiled": False, "parts": matvec.PARTS}
     compiled: dict = {}
     hand_attention(runner, compiled)
-    clocks = Clocks()
     ops = {}
     for way in ways:
         use(runner, way)
         ops[way] = operators(runner, lm)               # the compiled way compiles here
-    plain = {w: [] for w in ways}
-    for r in range(args.rounds):
-        steps = bare(runner, lm, args.tokens, ways[r % len(ways):] + ways[:r % len(ways)])
-        for way in ways:
-            plain[way] += steps[way]
-    restore = instrument(runner, clocks)
-    timed = [w for w in ways if not WAYS[w].get("compiled")]
-    seen, texts = {w: [] for w in timed}, set()
-    try:
-        for r in range(args.rounds):
-            order = timed[r % len(timed):] + timed[:r % len(timed)]     # each way leads a round in turn
-            steps, text = one_request(runner, lm, clocks, args.tokens, order)
-            texts.add(text)
-            for way in timed:
-                seen[way].append(steps[way])
-    finally:
-        restore()
-        matvec.PARTS = runner.lean.made["parts"]
+    plain = bare_rounds(runner, lm, args, ways)
+    seen, texts = part_rounds(runner, lm, args, [w for w in ways if not WAYS[w].get("compiled")])
     report = {"floor": floor(lm, [args.threads]), "threads": args.threads, "tokens": args.tokens,
               "same_text": len(texts) == 1, "ways": ways, "compile_s": compiled.get("seconds")}
     for way in ways:
-        report[way] = summarize(seen[way], report["floor"]["floor_ms"]) if way in seen else {"ms": {}, "cpu": {"ms": {}}}
-        report[way]["operators"] = ops[way]
-        report[way]["bare"] = {"wall_ms": statistics.median(w for w, _ in plain[way]),
-                               "cpu_ms": statistics.median(c for _, c in plain[way]), "steps": len(plain[way])}
-        report[way]["bare"]["x_floor"] = report[way]["bare"]["wall_ms"] / report["floor"]["floor_ms"]
-        for clock, parts in (("wall", report[way]), ("cpu", report[way]["cpu"])):
-            print(f"{way} {clock}: " + ", ".join(f"{k} {v:.2f}" for k, v in parts["ms"].items()) + " ms", flush=True)
-        print(f"{way}: {ops[way]['calls']} operator calls; bare step {report[way]['bare']['wall_ms']:.2f} ms wall, "
-              f"{report[way]['bare']['cpu_ms']:.2f} ms CPU", flush=True)
+        report[way] = way_report(report, way, seen, plain, ops)
     print(f"floor {report['floor']['floor_ms']:.1f} ms; the same text every round: {report['same_text']}")
     record.save(report, out=args.out)
     return 0 if report["same_text"] else 1
