@@ -1,6 +1,7 @@
 """Where a lone request's decode step spends its time, and how near it is to the memory floor: before (F.linear,
-each matrix in the layout F.linear reads fastest) and after (engine.core.matvec's split products on the matrices as
-stored), at each thread count asked for, side by side in one process, alternating.
+each matrix in the layout F.linear reads fastest), split (engine.core.matvec's split products on the matrices as
+stored, one weight at a time) and after (the same, each layer's q|k|v and gate|up as one product each:
+engine.core.lone), at each thread count asked for, side by side in one process, alternating.
 
     python bench/lone_step.py                      # SmolLM2, one and two torch threads, 3 rounds of 64 tokens
     python bench/lone_step.py --threads 2 --rounds 5 --burn 1    # beside one process that keeps a core busy
@@ -91,18 +92,25 @@ def _fastest(fn, rounds: int = 5) -> float:
     return min(times[1:])
 
 
-def split(lm, linear, step_ms: float) -> dict:
+def split(lm, linear, step_ms: float, grouped=None) -> dict:
     """The step's parts timed alone, in the same layout: every weight's product on a (1, in) row (wall time, fastest
     of 10: the least disturbed by the machine's other users), and picking and describing one token; the rest of the
     step (its median wall time) is attention, norms, rotary, residuals, the cache's writes and reads, and the Python
     around them."""
     linears = [m for m in lm.model.modules() if isinstance(m, torch.nn.Linear)]
+    products = [(m.weight, m.bias) for m in linears]
+    fused = grouped.fused() if grouped is not None else None
+    if fused is not None:                       # q|k|v and gate|up as the step makes them: one product each
+        apart = {id(w) for w in grouped.weights()}
+        products = [p for p in products if id(p[0]) not in apart]
     rows = {m.in_features: torch.randn(1, m.in_features) for m in linears}
+    x = rows[linears[0].in_features]
     logits = torch.randn(1, lm.spec.vocab_size)
     request = GenerationRequest(PROMPT)
     generator = torch.Generator().manual_seed(0)
     with torch.inference_mode():
-        weights = 1e3 * _fastest(lambda: [linear(rows[m.in_features], m.weight, m.bias) for m in linears], 10)
+        weights = 1e3 * _fastest(lambda: [linear(rows[w.shape[1]], w, b) for w, b in products] +
+                                 [p(x) for f in fused or [] for p in (f.qkv, f.gate_up)], 10)
         pick = 1e3 * _fastest(lambda: pick_tokens(lm, logits, [request], [generator], [TextStream(lm.tokenizer)]))
     return {"products_ms": weights, "pick_ms": pick, "rest_ms": step_ms - weights - pick}
 
@@ -133,7 +141,7 @@ def measure(args, lm, runner: BatchRunner, ways: dict) -> dict:
         for (threads, name) in rounds:
             torch.set_num_threads(threads)
             layout(ways[name][0])
-            runner.lean.linear = ways[name][1]
+            runner.lean.linear, runner.lean.side_by_side = ways[name][1], ways[name][2]
             rounds[threads, name].append(run(runner, lm, args.tokens))
     report = {"floor": floor(lm, args.threads)}
     report["same_text"] = len({r["text"] for v in rounds.values() for r in v}) == 1
@@ -141,7 +149,7 @@ def measure(args, lm, runner: BatchRunner, ways: dict) -> dict:
         torch.set_num_threads(threads)
         layout(ways[name][0])
         entry = {k: statistics.median(r[k] for r in results) for k in ("wall_ms", "cpu_ms")}
-        entry.update(split(lm, ways[name][1], entry["wall_ms"]))
+        entry.update(split(lm, ways[name][1], entry["wall_ms"], ways[name][2]))
         entry["x_floor"] = entry["wall_ms"] / report["floor"]["floor_ms"]
         entry["products_x_floor"] = entry["products_ms"] / report["floor"]["floor_ms"]
         entry["rounds"] = [{k: r[k] for k in ("wall_ms", "cpu_ms")} for r in results]
@@ -165,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     lm = load_model(args.model, device="cpu", dtype="float32")
     runner = BatchRunner(lm, max_batch=32, prefix=None)
     linears = [m for m in lm.model.modules() if isinstance(m, torch.nn.Linear)]
-    ways = {"before": (fastest_layout(linears), F.linear),
-            "after": ({m: m.weight.data for m in linears}, matvec.linear)}
+    stored, grouped = {m: m.weight.data for m in linears}, runner.lean.side_by_side
+    ways = {"before": (fastest_layout(linears), F.linear, None), "split": (stored, matvec.linear, None),
+            "after": (stored, matvec.linear, grouped)}
     burners = burn(args.burn)
     try:
         report = measure(args, lm, runner, ways)

@@ -705,6 +705,95 @@ LONE += [  # README, "One person alone, against llama.cpp"
 
 
 
+PARTS = "lone_parts/20261127T232854Z-949acb9.json"
+PARTS_RUNS = ("20261127T232854Z-949acb9", "20261127T232109Z-8e4354e", "20261127T232308Z-8e4354e")
+
+
+def bare_ratio(way: str, over: str) -> Callable[[dict], tuple]:
+    """One way's bare step over another's, wall and CPU (bench/lone_parts.py)."""
+    return lambda d: tuple(d[way]["bare"][k] / d[over]["bare"][k] for k in ("wall_ms", "cpu_ms"))
+
+
+def parts(way: str, *names: str) -> Callable[[dict], tuple]:
+    return lambda d: tuple(d[way]["ms"][n] for n in names)
+
+
+LONE += [  # docs/engine.md, "Where a lone step's time goes, part by part"
+    (ENGINE_DOC, PARTS, "(load average {:.1f} at the start; `bench/results/lone_parts/20261127T232854Z-949acb9.json`)",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (ENGINE_DOC, PARTS, "| products: q\\|k\\|v, o, gate\\|up, down, the head | {:.2f}, {:.2f}, {:.2f}, {:.2f}, {:.2f} "
+     "({:.2f} in all) |", parts("now", "qkv", "o", "gate_up", "down", "head", "products")),
+    (ENGINE_DOC, PARTS, "| the 61 norms | {:.2f} |", parts("now", "norms")),
+    (ENGINE_DOC, PARTS, "applied to q and k (30 layers) | {:.2f}, {:.2f} |", parts("now", "rotary table", "rotary")),
+    (ENGINE_DOC, PARTS, "| attention (SDPA, 30 layers) | {:.2f} |", parts("now", "attention")),
+    (ENGINE_DOC, PARTS, "| the cache's writes and reads (`kv`) | {:.2f} |", parts("now", "kv")),
+    (ENGINE_DOC, PARTS, "the gated product, Python) | {:.2f} |", parts("now", "rest of the forward")),
+    (ENGINE_DOC, PARTS, "| the forward | {:.2f} |", parts("now", "forward")),
+    (ENGINE_DOC, PARTS, "| the host's work (the step less the forward), wall and CPU | {:.2f} and {:.2f} |",
+     lambda d: (d["now"]["ms"]["host"], d["now"]["cpu"]["ms"]["host"])),
+    (ENGINE_DOC, PARTS, "in the same run ({:.1f} GB/s) | {:.2f} |",
+     lambda d: (d["floor"]["best_gb_s"], d["floor"]["floor_ms"])),
+    (ENGINE_DOC, PARTS, "The step dispatched {:,} operator calls (torch.profiler; {:,} with q, k, v, gate and up apart)",
+     lambda d: (d["now"]["operators"]["calls"], d["apart"]["operators"]["calls"])),
+    (ENGINE_DOC, "lone_parts/20261128T000256Z-f97fade.json", "(`bench/results/lone_parts/20261128T000256Z-f97fade.json`"
+     ", load average {:.1f} at its start): of its {:.2f} ms (wall), picking and describing the token (`pick_tokens`: "
+     "the softmax over 49,152 logits,", lambda d: (d["provenance"]["machine"]["load_avg"][0], d["now"]["ms"]["host"])),
+    (ENGINE_DOC, "lone_parts/20261128T000256Z-f97fade.json", "the alternatives' text) took {:.2f} ms, the logits' "
+     "running sha256 {:.2f} ms and the record and the cache's bookkeeping {:.2f} ms",
+     lambda d: tuple(d["now"]["ms"][f"host: {k}"] for k in ("pick and describe", "logits sha256", "the rest"))),
+    (ENGINE_DOC, PARTS, "(the same step took {:.1f} ms of its thread's CPU and {:.1f} ms of wall time)",
+     lambda d: (d["now"]["bare"]["cpu_ms"], d["now"]["bare"]["wall_ms"])),
+    (ENGINE_DOC, PARTS, "the products are about {:.0f}% of the forward, attention (with two threads each SDPA call's "
+     "parallel region wakes the second thread) about {:.0f}%, the norms, rotary, cache and the rest together about "
+     "{:.0f}%, and the host's work {:.2f} ms of CPU a token",
+     lambda d: (100 * d["now"]["ms"]["products"] / d["now"]["ms"]["forward"],
+                100 * d["now"]["ms"]["attention"] / d["now"]["ms"]["forward"],
+                100 * sum(d["now"]["ms"][k] for k in ("norms", "rotary table", "rotary", "kv", "rest of the forward"))
+                / d["now"]["ms"]["forward"], d["now"]["cpu"]["ms"]["host"])),
+    (ENGINE_DOC, "vs_llamacpp/20261127T225545Z-b1742df.json", "steps was {:.3f} to {:.3f} ms a token, and the gaps its "
+     "streaming client saw were {:.2f} to {:.2f} ms a token longer than the server's own decode time",
+     lambda d: (*span([h["between_steps_ms"] for h in d["host_work"]]),
+                *span([h["client_gap_ms"] - h["decode_ms"] for h in d["host_work"]]))),
+    (ENGINE_DOC, PARTS, "(run) | kept | |---|---|---| | q\\|k\\|v and gate\\|up as one split product each (\"side by "
+     "side\", below) | {:.2f}x and {:.2f}x (`20261127T232854Z-949acb9.json`, 2 threads);",
+     bare_ratio("now", "apart")),
+    (ENGINE_DOC, "lone_parts/20261127T232109Z-8e4354e.json", "2 threads); {:.2f}x and {:.2f}x "
+     "(`20261127T232109Z-8e4354e.json`, 2 threads); ", bare_ratio("now", "apart")),
+    (ENGINE_DOC, "lone_parts/20261127T232308Z-8e4354e.json", "{:.2f}x and {:.2f}x (`20261127T232308Z-8e4354e.json`, "
+     "1 thread) | yes |", bare_ratio("now", "apart")),
+    (ENGINE_DOC, PARTS, "key heads) | {:.2f}x and {:.2f}x (`20261127T232854Z-949acb9.json`);",
+     bare_ratio("one-query", "now")),
+    (ENGINE_DOC, "lone_parts/20261127T232109Z-8e4354e.json", "(`20261127T232854Z-949acb9.json`); {:.2f}x and {:.2f}x "
+     "(`20261127T232109Z-8e4354e.json`);", bare_ratio("one-query", "now")),
+    (ENGINE_DOC, "lone_parts/20261127T232308Z-8e4354e.json", "(`20261127T232109Z-8e4354e.json`); {:.2f}x and {:.2f}x "
+     "(`20261127T232308Z-8e4354e.json`) | no |", bare_ratio("one-query", "now")),
+    (ENGINE_DOC, "lone_parts/20261127T235224Z-00c0f83.json", "instead of 4 | {:.2f}x, {:.2f}x, {:.2f}x wall and "
+     "{:.2f}x, {:.2f}x, {:.2f}x CPU (`20261127T235224Z-00c0f83.json`, 2 threads) | no: 4 stays |",
+     lambda d: tuple(d[f"parts-{n}"]["bare"][k] / d["now"]["bare"][k] for k in ("wall_ms", "cpu_ms") for n in (2, 8, 16))),
+    (ENGINE_DOC, PARTS, "of the one-token forward | {:.2f}x and {:.2f}x (`20261127T232854Z-949acb9.json`; compiling took "
+     "{:.1f} s) | no |", lambda d: (*bare_ratio("compiled", "now")(d), d["compile_s"])),
+    (ENGINE_DOC, PARTS, "(q, k and v {:.2f} ms apart against {:.2f} together, gate and up {:.2f} against {:.2f}, in the "
+     "first run above)", lambda d: (sum(d["apart"]["ms"][k] for k in "qkv"), d["now"]["ms"]["qkv"],
+                                    d["apart"]["ms"]["gate"] + d["apart"]["ms"]["up"], d["now"]["ms"]["gate_up"])),
+    (ENGINE_DOC, PARTS, "moved by less than this machine's noise, between {:.2f}x and {:.2f}x over three runs",
+     lambda d: span([bare_ratio("now", "apart")(result(f"lone_parts/{r}.json"))[0] for r in PARTS_RUNS])),
+    (ENGINE_DOC, "lone_bits/20261127T231146Z-a5572c4.json", "the logits side by side differed from the same products "
+     "apart by {:.1f}, and the split products from `F.linear` by at most {:.1e} (the largest logit {:.1f}), the "
+     "probabilities by at most {:.1e}, every token the same.",
+     lambda d: (d["side_by_side"]["max_logit_diff"], d["max_logit_diff"], d["max_abs_logit"], d["max_prob_diff"])
+     if d["same_tokens"] and d["side_by_side"]["same_tokens"] else ()),
+    (ENGINE_DOC, PARTS, "It moved the step by {:.0f}% to +{:.0f}% over three runs",
+     lambda d: (100 * (min(min(bare_ratio("one-query", "now")(result(f"lone_parts/{r}.json"))) for r in PARTS_RUNS) - 1),
+                100 * (max(max(bare_ratio("one-query", "now")(result(f"lone_parts/{r}.json"))) for r in PARTS_RUNS) - 1))),
+    (ENGINE_DOC, PARTS, "it dispatched {:,} operator calls a step and took {:.1f}x the eager step's time",
+     lambda d: (d["compiled"]["operators"]["calls"], d["compiled"]["bare"]["wall_ms"] / d["now"]["bare"]["wall_ms"])),
+    (ENGINE_DOC, "lone_step/20261127T231827Z-8e4354e.json", "(the floor measured at {:.1f} GB/s, load average {:.1f} at "
+     "its start) the step took {:.1f}, {:.1f} and {:.1f} ms with one thread and {:.1f}, {:.1f} and {:.1f} ms with two",
+     lambda d: (d["floor"]["best_gb_s"], d["provenance"]["machine"]["load_avg"][0],
+                *(d[f"{w}-{t}"]["wall_ms"] for t in (1, 2) for w in ("before", "split", "after")))),
+]
+
+
 ENGINE_MD = "docs/engine.md"
 FORWARD = [  # the one forward's round (docs/engine.md, "The one forward")
     (ENGINE_MD, "before_after/20261127T205417Z-63a755b.json", "the pages' capture made {:.2f}x (in-process) and {:.2f}x "

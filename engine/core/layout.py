@@ -19,6 +19,12 @@ sees the same numbers; no memory is added once loaded (the timing holds transpos
 of one larger matrix, and each matrix is copied once while it is converted). Matrices under `MIN_BYTES` are left as
 they are (nothing to gain), and so is every model off the CPU. No switch turns it off: it only picks how the same
 values are stored (its PLAYGROUND_LAYOUT variable went with issue 53).
+
+    lm.side_by_side = side_by_side(lm)    # on a CPU: per layer, its q|k|v and its gate|up as one matrix each
+
+Then each decoder layer's weights that multiply the same input (q, k, v; gate, up) are copied into one matrix and
+the parameters pointed at their rows of it (engine.core.matvec.side_by_side): the same values and parameters, no
+memory added once done, so a lone step makes each group as one product (engine.serving.lean.LeanDecode).
 """
 from __future__ import annotations
 
@@ -91,3 +97,21 @@ def relayout(lm: Any) -> dict[tuple[int, int], tuple[float, float, bool]]:
             if timed[tuple(m.weight.shape)][2] and m.weight.is_contiguous():   # a tied matrix: converted once
                 m.weight.data = m.weight.data.t().contiguous().t()
     return timed
+
+
+def side_by_side(lm: Any) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
+    """On a CPU, each decoder layer's q|k|v and gate|up weights laid out one after another in one matrix each
+    (engine.core.matvec.side_by_side); per layer, the two matrices (None where a group could not be). Empty off
+    the CPU or for a model without Llama-style layers."""
+    layers = getattr(getattr(lm.model, "model", None), "layers", None)
+    if lm.device.type != "cpu" or layers is None:
+        return []
+    out = []
+    with torch.no_grad():
+        for layer in layers:
+            groups = ((getattr(layer, "self_attn", None), ("q_proj", "k_proj", "v_proj")),
+                      (getattr(layer, "mlp", None), ("gate_proj", "up_proj")))
+            weights = [[getattr(getattr(parent, n, None), "weight", None) for n in names] for parent, names in groups]
+            out.append(tuple(matvec.side_by_side(w) if all(isinstance(x, torch.Tensor) for x in w) else None
+                             for w in weights))
+    return out

@@ -23,7 +23,7 @@ from engine.core import hooks  # registers the "playground" attention implementa
 from engine.errors import (EngineError, GGUFError, HubUnavailableError, InsufficientMemoryError,
                            ModelNotFoundError, NoWeightsError, UnsupportedModelError)
 from engine.models import extras
-from engine.core.layout import relayout
+from engine.core.layout import relayout, side_by_side
 from engine.models.folder import cache_dir
 from engine.projection.card import weight_bytes
 from engine.projection.specs import ModelSpec
@@ -76,6 +76,7 @@ class LoadedModel:
     batch_graphs: Any = field(default=None, repr=False)  # engine.serving.graphed: the CUDA-graphed batch step
     lean: Any = field(default=None, repr=False)  # engine.core.lean.LeanStep: the model's forward, made once
     layout: dict = field(default_factory=dict, repr=False)  # engine.core.layout: per shape, (as stored, transposed, changed)
+    side_by_side: list = field(default_factory=list, repr=False)  # engine.core.layout: per layer, q|k|v and gate|up
 
     @property
     def weight_bytes(self) -> int:
@@ -292,6 +293,7 @@ def load_model(name: str = "default", device: str | None = None, dtype: str | to
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     lm = LoadedModel(model, tokenizer, spec, name, label, folder, dev, torch_dtype, 0.0)
     lm.layout = relayout(lm)             # on a CPU: each matrix stored as a one-token step reads it fastest
+    lm.side_by_side = side_by_side(lm)   # and each layer's q|k|v, gate|up one after another: one product each
     lm.load_seconds = time.perf_counter() - start
     if progress:
         progress(1.0, "ready")

@@ -15,8 +15,18 @@ machine): 34.6 ms with F.linear (its weights in the layout it reads fastest) and
 blocks are a view of the stored weight, which must be contiguous (out, in); anything else (a transposed matrix,
 more rows, another dtype or device) takes F.linear. The sums run in another order than sgemv's, so the result
 differs from F.linear in the last bits (tests/test_matvec.py measures by how much).
+
+    qkv = side_by_side([q.weight, k.weight, v.weight])    # one (out_q + out_k + out_v, in) matrix; q, k, v its rows
+
+Products that share an input (a layer's q|k|v, its gate|up) are one split product each when their weights lie one
+after another in memory: `side_by_side` copies them into one matrix and points each parameter's `.data` at its own
+rows of it (the same Parameter objects and values, the old storage freed: no memory added once done), as
+engine/core/layout.py points a weight at a transposed copy. Fewer, larger products: a layer's five calls become
+two (what that saved is measured in docs/engine.md, "Where a lone step's time goes").
 """
 from __future__ import annotations
+
+from typing import Callable, Sequence
 
 import torch
 from torch.nn import functional as F
@@ -43,3 +53,38 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if bias is not None:
         y = y + bias
     return y.reshape(*x.shape[:-1], out)
+
+
+def side_by_side(weights: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """One contiguous (sum of outs, in) matrix holding `weights` (parameters, each (out, in)) one after another, each
+    parameter's `.data` made a view of its rows; None (nothing changed) where they are not all CPU float32
+    contiguous matrices of the same width, or the whole would not split (`splits`)."""
+    if not weights or not all(w.dim() == 2 and w.is_contiguous() and w.dtype == torch.float32
+                              and w.device.type == "cpu" for w in weights):
+        return None
+    if len({w.shape[1] for w in weights}) != 1 or len({id(w) for w in weights}) != len(weights):
+        return None
+    whole = torch.cat([w.detach() for w in weights])                               # [sum out, in]
+    if not splits(whole):
+        return None
+    start = 0
+    for w in weights:
+        w.data = whole[start:start + w.shape[0]]                                   # the same values, now a view
+        start += w.shape[0]
+    return whole
+
+
+def addresses(whole: torch.Tensor, weights: Sequence[torch.Tensor]) -> list[int] | None:
+    """Where each weight starts if it is still the view `side_by_side` made of `whole`, else None."""
+    start, out = whole.data_ptr(), []
+    for w in weights:
+        if w.data_ptr() != start or not w.is_contiguous():
+            return None
+        out.append(start)
+        start += w.numel() * w.element_size()
+    return out
+
+
+def product(whole: torch.Tensor, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x -> linear(x, whole, bias): the products of several weights side by side, [..., sum of outs]."""
+    return lambda x: linear(x, whole, bias)

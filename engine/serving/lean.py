@@ -28,6 +28,7 @@ from torch.nn import functional as F
 from engine.core import matvec
 from engine.core.lean import KV, Attention, Fused, LeanStep, Linear, PoolResidual, causal_mask, one_forward
 from engine.core.loader import LoadedModel
+from engine.core.lone import SideBySide
 from engine.core.openmp import in_passing_thread
 from engine.core.small_batch import ROWS, SmallBatchKernels, kernels_for, packed_linear, small_batch_kernels
 
@@ -76,7 +77,8 @@ def step(lean: LeanStep, ids: torch.Tensor, positions: torch.Tensor, kv: KV, mas
     `resid` [L + 1, slots, d_model], each new token's residual is written inside the forward at its slot `write`
     [R * T] (SCRATCH: keeps none). Logits [R, K, V] (engine.core.lean.LeanStep.forward)."""
     keep = PoolResidual(resid, write) if resid is not None else None
-    return lean.forward(ids, positions, kv, mask, keep, linear, fused, logits_to_keep, attention)
+    return lean.forward(ids, positions, kv, mask, keep, linear=linear, fused=fused, logits_to_keep=logits_to_keep,
+                        attention=attention)
 
 
 class LeanDecode:
@@ -86,6 +88,7 @@ class LeanDecode:
         self.lean = lean
         self._fused: list[Fused] | None = None
         self.linear = matvec.linear          # one row's products (bench/lone_step.py sets F.linear to compare)
+        self.side_by_side: SideBySide | None = SideBySide(lean)    # q|k|v, gate|up as one product each (or None)
 
     @classmethod
     def for_model(cls, lm: LoadedModel) -> "LeanDecode | None":
@@ -107,7 +110,7 @@ class LeanDecode:
         positions = torch.tensor([[s.length] for s in slots], device=device)         # [B, 1] own positions
         if len(slots) == 1:
             kv, write = one_row(batch, slots[0])
-            mask, linear, fused = None, self.linear, None
+            mask, linear, fused = None, self.linear, self.lone_fused()
         else:
             mask = batch.step_mask().bool()[:, None, None, :]                        # [B, 1, 1, W + 1]
             kv, write = batch.write_and_gather, batch.residual_slots
@@ -117,6 +120,10 @@ class LeanDecode:
         resid = batch.pool.resid if any(s.kept is not None for s in slots) else None
         with torch.inference_mode():
             return step(self.lean, ids, positions, kv, mask, resid, write, linear, fused)[:, -1]
+
+    def lone_fused(self) -> list[Fused] | None:
+        """q|k|v and gate|up as one split product each (engine.core.lone), where the products are the split ones."""
+        return self.side_by_side.fused() if self.side_by_side and self.linear is matvec.linear else None
 
     def fused(self, kernels: SmallBatchKernels | None) -> list[Fused] | None:
         """Each layer's q|k|v and gate|up as one packed product each, made once when the batch runner starts (a
