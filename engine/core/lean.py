@@ -127,6 +127,10 @@ def why_not(model: Any) -> str | None:
     attn = inner.layers[0].self_attn
     if any(hasattr(attn, name) for name in ("q_norm", "k_norm")):
         return "per-head Q/K norms"
+    mlp = inner.layers[0].mlp
+    if not all(isinstance(m, torch.nn.Linear) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
+                                                         mlp.gate_proj, mlp.up_proj, mlp.down_proj)):
+        return "projections that are not plain linear layers (a quantized copy: engine.lab.quantize)"
     return None
 
 
