@@ -673,7 +673,8 @@ LONE = [  # docs/engine.md, "Two threads, and why they were ten times slower" an
 LONE.append((ENGINE_DOC, "lone_bits/20261127T211900Z-714cf7d.json", "the logits differed from `F.linear`'s by at "
              "most {:.1e} (the largest logit {:.1f}), the probabilities by at most {:.1e}, and every token was the same.",
              lambda d: (d["max_logit_diff"], d["max_abs_logit"], d["max_prob_diff"]) if d["same_tokens"] else ()))
-VS_LCP = "vs_llamacpp/20261127T225545Z-b1742df.json"   # a quiet machine
+VS_LCP = "vs_llamacpp/20261128T004601Z-869bdb6.json"   # a quiet machine, the current lone step
+VS_LCP_FIRST = "vs_llamacpp/20261127T225545Z-b1742df.json"   # a quiet machine, before the side-by-side products
 VS_LCP_BUSY = "vs_llamacpp/20261127T204932Z-6a4e018.json"
 
 
@@ -693,11 +694,17 @@ LONE += [  # README, "One person alone, against llama.cpp"
      lambda d: (d["table"]["ours"]["ms_per_token"] / d["table"]["llama.cpp"]["ms_per_token"],
                 d["table"]["ours"]["ttft_s"] / d["table"]["llama.cpp"]["ttft_s"])),
     (README, VS_LCP, "Our answers took {:.1f} to {:.1f} ms a", lambda d: span(d["table"]["ours"]["per_round_ms"])),
-    (README, VS_LCP, "time between steps was {:.2f} to {:.2f} ms a token",
+    (README, VS_LCP, "time between steps was {:.3f} to {:.3f} ms a token",
      lambda d: span([h["between_steps_ms"] for h in d["host_work"]])),
     (README, VS_LCP, "saw were {:.2f} to {:.2f} ms a token longer than the server's decode time",
      lambda d: span([h["client_gap_ms"] - h["decode_ms"] for h in d["host_work"]])),
-    (README, VS_LCP, "the two servers' answers were not the same text ({} of 6)", lambda d: (d["same_answers"],)),
+    (README, VS_LCP, "Both servers gave the same text for all 6 answers ({} of 6)", lambda d: (d["same_answers"],)),
+    (README, VS_LCP_FIRST, "load average {:.2f}), had ours at {:.1f} ms a token and llama.cpp at {:.1f} ({:.2f}x), with no "
+     "answer the same ({} of 6)", lambda d: (d["provenance"]["machine"]["load_avg"][0], d["table"]["ours"]["ms_per_token"],
+                                             d["table"]["llama.cpp"]["ms_per_token"], d["table"]["ours"]["ms_per_token"]
+                                             / d["table"]["llama.cpp"]["ms_per_token"], d["same_answers"])),
+    (README, VS_LCP_FIRST, "({:.1f} GB/s then,", lambda d: (max(v for r in d["read_gb_s"] for v in r.values()),)),
+    (README, VS_LCP, "{:.1f} now)", lambda d: (max(v for r in d["read_gb_s"] for v in r.values()),)),
     (README, VS_LCP_BUSY, "had llama.cpp at {:.1f} ms a token against our {:.1f}",
      lambda d: (d["table"]["llama.cpp"]["ms_per_token"], d["table"]["ours"]["ms_per_token"])),
 ]
