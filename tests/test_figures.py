@@ -524,6 +524,18 @@ FIGURES: list[tuple[str, str, str, Callable[[Any], Any]]] = [
     (SERVING, "timings.json", "{:.2f}x tok/s at 16 new tokens and {:.2f}x at 64 (p95 {:.2f}x and {:.2f}x), on a "
      "machine shared with other work (load average {:.0f} to {:.0f} on 2 cores, rounds of {:.0f} to {:.0f} tok/s",
      timings_api),
+    (SERVING, "timings/20261128T004819Z-869bdb6.json", "3 rounds): {:.2f}x tok/s at 16 new tokens and **{:.2f}x at "
+     "64** (p95 {:.2f}x and {:.2f}x)", lambda d: tuple(r[k] for k in ("throughput_ratio", "p95_ratio") for r in d["rows"])),
+    (SERVING, "timings/20261128T004819Z-869bdb6.json", "at 64 tokens ({:.1f} against {:.1f}, {:.1f} against {:.1f}, "
+     "{:.1f} against {:.1f} tok/s)", lambda d: tuple(x for k, n in zip(*(([r["throughput_tok_s"] for r in
+                                                    d["rows"][1]["rounds"][side]] for side in ("kept", "not_kept"))))
+                                                    for x in (k, n))),
+    (SERVING, "timings/20261128T005211Z-cdd82b4.json", "5 rounds on cdd82b4 "
+     "(`bench/results/timings/20261128T005211Z-cdd82b4.json`): **{:.2f}x**, behind in all {} rounds",
+     lambda d: (d["rows"][0]["throughput_ratio"], sum(k["throughput_tok_s"] < n["throughput_tok_s"] for k, n in
+                                                      zip(d["rows"][0]["rounds"]["kept"], d["rows"][0]["rounds"]["not_kept"])))),
+    (SERVING, "timings/20261128T004819Z-869bdb6.json", "measured the bookkeeping itself in-process at {:.2f}% and "
+     "{:.2f}% of the steps' time", lambda d: tuple(100 * r["bookkeeping_share_of_step_time"] for r in d["share"])),
     (SERVING, "api-64-off.json", "a second run at 64 tokens made {:.1f} tok/s (p95 {:.2f} s, median of {} rounds;",
      lambda d: api_64(d)[:3]),
 ]
