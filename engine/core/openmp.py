@@ -1,6 +1,7 @@
 """Torch's CPU threads (OpenMP) and the threads of this program: keep one-off parallel work off long-lived threads.
 
     packed = in_passing_thread(lambda: pack_every_weight(model))   # done in a thread that ends with it
+    with one_thread(logits.device): ...                            # small work between steps: no parallel regions
 
 OpenMP (libgomp, behind torch's CPU ops) keeps a team of worker threads for every thread that ever ran a parallel
 region, for as long as that thread lives. With more of them than cores, libgomp stops spinning at its barriers
@@ -13,7 +14,10 @@ step loop's thread stays the only one with a team.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import torch
 
 
 def in_passing_thread(fn: Callable[[], Any]) -> Any:
@@ -33,3 +37,23 @@ def in_passing_thread(fn: Callable[[], Any]) -> Any:
     if "error" in box:
         raise box["error"]
     return box.get("value")
+
+
+@contextmanager
+def one_thread(device: torch.device) -> Iterator[None]:
+    """Torch's CPU ops in this block on the calling thread alone (the count it had is put back after).
+
+    For small work between steps, such as picking and describing a token over one row of 49,152 logits: torch
+    splits an elementwise op or a reduction over that many values into a parallel region, and each region wakes
+    the team's other threads and waits for them. With a passive wait policy (engine/__main__.py) a wake is a futex
+    call, and on a busy machine the woken thread may wait for its core for longer than the work takes. On a GPU,
+    or with one thread already, nothing changes."""
+    threads = torch.get_num_threads()
+    if torch.device(device).type != "cpu" or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

@@ -14,7 +14,9 @@ import torch
 def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
                     top_p: float = 1.0) -> torch.Tensor:
     """logits: (..., V) -> probabilities (..., V) after temperature, top-k and top-p (nucleus) filtering."""
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / max(temperature, 1e-5)  # float64 stays
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))          # float64 stays
+    if temperature != 1.0:                  # x / 1 is x: no pass over the vocabulary for it
+        logits = logits / max(temperature, 1e-5)
     if top_k and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
