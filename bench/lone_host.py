@@ -5,15 +5,18 @@
 
 Before is the code of commit 66389f9, kept below (`before_pick_tokens`): a softmax over the vocabulary, a top-10 of
 the probabilities and a top-256 of the logits, the log-sum-exp of the rest over a copy of the logits with the kept
-ones at -inf, torch's argmax, every parallel region on the step's threads. After is engine.core.generate as it is
-now (`pick_tokens`: one top-k of the logits serves the kept logits, the candidates and the rest's shift; the rest
-summed in one pass; numpy's argmax; all of it on the calling thread alone).
+ones at -inf, torch's argmax, every parallel region on the step's threads; and the lone step's side-by-side check
+listing the weights afresh every step (`before_fused`). After is the code as it is now (engine.core.generate's
+`pick_tokens`: one top-k of the logits serves the kept logits, the candidates and the rest's shift; the rest
+summed in one pass; numpy's argmax; all of it on the calling thread alone; engine.core.lone's check over the list
+made with the products).
 
 Three measurements, the ways taking turns in each:
 - **the numbers**: the real logits of a greedy answer's decode steps (recorded first), each picked and described
   both ways, for a greedy request, a sampled one (temperature 1) and a filtered one (temperature 0.7, top-k 40,
-  top-p 0.9): the tokens, candidates and kept ids compared, and the largest differences of every probability,
-  kept logit and the rest's log-sum-exp;
+  top-p 0.9): the tokens, candidates (all ten, and those of probability above 0: past them any token of
+  probability 0 may be listed) and kept ids compared, and the largest differences of every probability, kept
+  logit and the rest's log-sum-exp;
 - **picking alone**: the same calls timed (wall and the thread's CPU time), call by call in turn;
 - **in the step**: lone greedy requests through the batch runner (engine.serving.batch, as the scheduler runs
   one), their decode steps taking the ways in turn step by step; the host's work is the runner's step less the
@@ -96,6 +99,12 @@ def before_token_facts(logits, probs, chosen):
     return facts
 
 
+def before_fused(grouped):
+    """engine/core/lone.py's SideBySide.fused at 66389f9: the weights listed afresh every step."""
+    where, fused = grouped._made[0], grouped._made[1]
+    return fused if where and [w.data_ptr() for w in grouped.weights()] == where else None
+
+
 WAYS = {"before": before_pick_tokens, "after": gen.pick_tokens}
 
 # --- the numbers -----------------------------------------------------------------------------------------------
@@ -128,7 +137,9 @@ def pick(way: str, lm, logits: torch.Tensor, kind: str, seed: int):
 def differences(a, b) -> dict:
     """How token b (after) differs from token a (before): what must be equal, and the largest numeric gaps."""
     top_a, top_b = [c.id for c in a.top], [c.id for c in b.top]
-    return {"same_id": a.id == b.id, "same_top_ids": top_a == top_b, "same_kept_ids": np.array_equal(a.logit_ids, b.logit_ids),
+    live = [c.id for c in a.top if c.prob > 0]             # past them, any token of probability 0 will do
+    return {"same_id": a.id == b.id, "same_top_ids": top_a == top_b, "same_live_top_ids": live == top_b[:len(live)],
+            "same_kept_ids": np.array_equal(a.logit_ids, b.logit_ids),
             "prob": abs(a.prob - b.prob), "top_probs": max(abs(x.prob - y.prob) for x, y in zip(a.top, b.top)),
             "kept_logits": float(np.abs(a.logits - b.logits).max()), "logit": abs(a.logit - b.logit),
             "rest": abs(a.rest_logsumexp - b.rest_logsumexp), "rest_rel": abs(a.rest_logsumexp - b.rest_logsumexp)
@@ -187,6 +198,7 @@ def in_steps(runner: BatchRunner, lm, tokens: int, rounds: int) -> dict:
     finally:
         step_lean.forward = forward
         batch_module.pick_tokens = gen.pick_tokens
+        use_fused(runner.lean.side_by_side, "after")
     return {"same_text": len(texts) == 1, **{w: summary(s) for w, s in steps.items()}}
 
 
@@ -198,6 +210,7 @@ def one_request(runner, lm, tokens, order, clock, steps) -> str:
     while not runner.idle:
         way = order[n % len(order)]
         batch_module.pick_tokens = WAYS[way]
+        use_fused(runner.lean.side_by_side, way)
         clock.clear()
         w, c = time.perf_counter(), time.thread_time()
         runner.step()
@@ -208,6 +221,15 @@ def one_request(runner, lm, tokens, order, clock, steps) -> str:
                                "host_cpu": cpu - clock["cpu"]})
         n += 1
     return out[-1].text
+
+
+def use_fused(grouped, way: str) -> None:
+    """The side-by-side check of `way` (an attribute of the instance stands in for the method before)."""
+    grouped.fused()                                       # made once, the same products both ways
+    if way == "before":
+        grouped.fused = lambda: before_fused(grouped)
+    else:
+        grouped.__dict__.pop("fused", None)
 
 
 def summary(steps: list[dict]) -> dict:
