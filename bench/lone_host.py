@@ -17,10 +17,12 @@ Three measurements, the ways taking turns in each:
   top-p 0.9): the tokens, candidates (all ten, and those of probability above 0: past them any token of
   probability 0 may be listed) and kept ids compared, and the largest differences of every probability, kept
   logit and the rest's log-sum-exp;
-- **picking alone**: the same calls timed (wall and the thread's CPU time), call by call in turn;
+- **picking alone**: the same calls timed (wall and the thread's CPU time), call by call in turn; and the choice
+  alone on one thread: torch's argmax, numpy's, torch.multinomial's draw;
 - **in the step**: lone greedy requests through the batch runner (engine.serving.batch, as the scheduler runs
   one), their decode steps taking the ways in turn step by step; the host's work is the runner's step less the
-  forward (picking and describing, the record, the cache's bookkeeping), in wall and in the thread's CPU time.
+  forward (picking and describing, the record, the cache's bookkeeping), in wall and in the thread's CPU time,
+  and the picking within it (wall).
 Medians; the first three decode steps of each request left out. OMP_WAIT_POLICY is PASSIVE unless set, as
 `python -m engine serve` sets it. Writes a new bench/results/lone_host/<UTC time>-<commit>.json (bench/provenance.py);
 docs/engine.md, "A lone request", reads it.
@@ -176,6 +178,27 @@ def alone(lm, rows: list[torch.Tensor], rounds: int) -> dict:
                          "calls": len(times[way, kind])} for kind in KINDS} for way in WAYS}
 
 
+def draws(rows: list[torch.Tensor], rounds: int) -> dict:
+    """What a token's choice costs alone over the recorded rows, one thread (median wall ms): torch's argmax against
+    numpy's (`greedy_ids`), and torch.multinomial's draw from a row's probabilities (a sampled request's)."""
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    ways = {"torch_argmax": lambda x, p, g: torch.argmax(x, dim=-1).tolist(), "numpy_argmax": lambda x, p, g:
+            gen.greedy_ids(x), "multinomial": lambda x, p, g: int(torch.multinomial(p[0], 1, generator=g))}
+    times = {k: [] for k in ways}
+    try:
+        for _ in range(rounds):
+            for s, x in enumerate(rows):
+                probs, g = torch.softmax(x, dim=-1), torch.Generator().manual_seed(s)
+                for name, fn in ways.items():
+                    t = time.perf_counter()
+                    fn(x, probs, g)
+                    times[name].append(time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(torch_threads)
+    return {f"{k}_ms": 1e3 * statistics.median(v) for k, v in times.items()}
+
+
 def in_steps(runner: BatchRunner, lm, tokens: int, rounds: int) -> dict:
     """Lone greedy requests whose decode steps take the ways in turn (each way leads a round in turn): per way, the
     median of the step, the forward and the host's work (the step less the forward), wall and CPU ms."""
@@ -209,7 +232,7 @@ def one_request(runner, lm, tokens, order, clock, steps) -> str:
     n = 0
     while not runner.idle:
         way = order[n % len(order)]
-        batch_module.pick_tokens = WAYS[way]
+        batch_module.pick_tokens = timed(WAYS[way], clock)
         use_fused(runner.lean.side_by_side, way)
         clock.clear()
         w, c = time.perf_counter(), time.thread_time()
@@ -218,9 +241,20 @@ def one_request(runner, lm, tokens, order, clock, steps) -> str:
         if n > 3 and "wall" in clock:                                     # step 0 is the prompt's
             steps[way].append({"step_wall": wall, "step_cpu": cpu, "forward_wall": clock["wall"],
                                "forward_cpu": clock["cpu"], "host_wall": wall - clock["wall"],
-                               "host_cpu": cpu - clock["cpu"]})
+                               "host_cpu": cpu - clock["cpu"], "pick_wall": clock["pick"]})
         n += 1
     return out[-1].text
+
+
+def timed(pick, clock: dict):
+    """pick, its wall seconds of this step in clock["pick"]."""
+    def run(*args):
+        t = time.perf_counter()
+        try:
+            return pick(*args)
+        finally:
+            clock["pick"] = time.perf_counter() - t
+    return run
 
 
 def use_fused(grouped, way: str) -> None:
@@ -251,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = recorded_logits(runner, lm, args.tokens)[3:]
     report = {"threads": args.threads, "tokens": args.tokens, "rounds": args.rounds, "rows": len(rows),
               "vocab": int(rows[0].shape[-1]), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-              "numbers": compare(lm, rows), "alone": alone(lm, rows, args.rounds),
+              "numbers": compare(lm, rows), "alone": alone(lm, rows, args.rounds), "draws": draws(rows, args.rounds),
               "in_steps": in_steps(runner, lm, args.tokens, args.rounds)}
     for way in WAYS:
         a, s = report["alone"][way], report["in_steps"][way]
