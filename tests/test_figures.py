@@ -812,6 +812,64 @@ LONE += [  # docs/engine.md, "Where a lone step's time goes, part by part"
                 *(d[f"{w}-{t}"]["wall_ms"] for t in (1, 2) for w in ("before", "split", "after")))),
 ]
 
+HOST = "lone_host/20261128T021848Z-3c9a9a9.json"
+SPY = "lone_spy/20261128T022038Z-bf52670.json"
+
+
+def host_row(key: str) -> Callable[[dict], tuple]:
+    """The in-step host table's row: before and after (bench/lone_host.py)."""
+    return lambda d: (d["in_steps"]["before"][key], d["in_steps"]["after"][key])
+
+
+def alone_row(kind: str) -> Callable[[dict], tuple]:
+    return lambda d: (d["alone"]["before"][kind]["wall_ms"], d["alone"]["after"][kind]["wall_ms"])
+
+
+def same_numbers(d: dict) -> tuple:
+    """The worst differences, where every token, live candidate and kept id was the same; else nothing matches."""
+    n = d["numbers"]
+    if not all(v[k] for v in n.values() for k in ("same_id", "same_live_top_ids", "same_kept_ids", "same_rest_count")):
+        return ()
+    if n["greedy"]["prob"] or n["greedy"]["top_probs"] or n["sampled"]["prob"] or n["sampled"]["top_probs"] or \
+            any(v["kept_logits"] or v["logit"] for v in n.values()):
+        return ()
+    return (d["rows"], max(n["filtered"]["prob"], n["filtered"]["top_probs"]), max(v["rest"] for v in n.values()),
+            max(v["rest_rel"] for v in n.values()))
+
+
+def spy(kind: str, part: str, scheduler: bool = True) -> Callable[[dict], float]:
+    """ms per token of a part of the scheduler's thread (or of a thread) in one sampling (bench/lone_spy.py)."""
+    return lambda d: d[kind]["scheduler_ms_per_token" if scheduler else "threads_ms_per_token"][part]
+
+
+LONE += [  # docs/engine.md, "The host's work per token, cut"
+    (ENGINE_DOC, HOST, "load average {:.1f} at the start; `bench/results/lone_host/20261128T021848Z-3c9a9a9.json`",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (ENGINE_DOC, HOST, "| in the step: the runner's step less the forward, wall and CPU | {:.2f} and {:.2f} | {:.2f} and "
+     "{:.2f} |", lambda d: (*(d["in_steps"][w][k] for w in ("before", "after") for k in ("host_wall_ms", "host_cpu_ms")),)),
+    (ENGINE_DOC, HOST, "| of it, picking and describing the token (wall) | {:.2f} | {:.2f} |", host_row("pick_wall_ms")),
+    (ENGINE_DOC, HOST, "| the whole step, wall | {:.1f} | {:.1f} |", host_row("step_wall_ms")),
+    (ENGINE_DOC, HOST, "| picking alone, a greedy request, wall | {:.2f} | {:.2f} |", alone_row("greedy")),
+    (ENGINE_DOC, HOST, "| picking alone, a sampled one (temperature 1) | {:.2f} | {:.2f} |", alone_row("sampled")),
+    (ENGINE_DOC, HOST, "| picking alone, temperature 0.7, top-k 40, top-p 0.9 | {:.2f} | {:.2f} |", alone_row("filtered")),
+    (ENGINE_DOC, HOST, "all three kinds of request over the {} steps; the chosen token's logit was equal, the probabilities "
+     "equal for greedy and sampled requests and within {:.1e} for the filtered one (top-p's renormalising sum now runs "
+     "on one thread), and the rest's log-sum-exp within {:.1e} (relative {:.1e}:", same_numbers),
+    (ENGINE_DOC, HOST, "the same picking takes {:.2f} ms alone and {:.2f} ms in the step,",
+     lambda d: (d["alone"]["after"]["greedy"]["wall_ms"], d["in_steps"]["after"]["pick_wall_ms"])),
+    (ENGINE_DOC, HOST, "torch's argmax of a row took {:.3f} ms and numpy's {:.3f} ms;",
+     lambda d: (d["draws"]["torch_argmax_ms"], d["draws"]["numpy_argmax_ms"])),
+    (ENGINE_DOC, HOST, "from the request's generator), took {:.2f} ms, most of its picking",
+     lambda d: (d["draws"]["multinomial_ms"],)),
+    (ENGINE_DOC, SPY, "load average {:.1f} at the start; `bench/results/lone_spy/20261128T022038Z-bf52670.json`): per "
+     "token the scheduler's thread spent {:.1f} ms in the forward, {:.2f} ms picking and describing, {:.2f} ms handing "
+     "the record to the HTTP side (`RecordStream.__call__`; {:.2f} ms a token holding the GIL in the second sampling:",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], spy("all", "forward")(d), spy("all", "pick and describe")(d),
+                spy("all", "record hand-off")(d), spy("gil", "record hand-off")(d))),
+    (ENGINE_DOC, SPY, "and {:.2f} ms in the rest of the step; the event loop's thread held the GIL {:.2f} ms a token",
+     lambda d: (spy("all", "the rest of the step")(d), spy("gil", "MainThread", scheduler=False)(d))),
+]
+
 
 ENGINE_MD = "docs/engine.md"
 FORWARD = [  # the one forward's round (docs/engine.md, "The one forward")
