@@ -870,6 +870,36 @@ LONE += [  # docs/engine.md, "The host's work per token, cut"
      lambda d: (spy("all", "the rest of the step")(d), spy("gil", "MainThread", scheduler=False)(d))),
 ]
 
+PACKED = ("lone_products/20261128T022632Z-0d4982c.json", "lone_products/20261128T022648Z-0d4982c.json")   # 2, 1 thread
+
+
+def packed_row(way: str) -> Callable[[dict], tuple]:
+    """A way's products over the split ones at 2 threads (this file) and at 1 (the other), bytes and difference."""
+    def row(d: dict) -> tuple:
+        one = result(PACKED[1])[way]
+        nbytes = d[way]["weight_bytes"]
+        return (d[way]["median_ms"], d[way]["over_split"], one["median_ms"], one["over_split"],
+                f"{nbytes / 1e9:.3f} GB" if nbytes else "not read", d[way]["max_diff_vs_float64"])
+    return row
+
+
+LONE += [  # docs/engine.md, "Packed weights for the products"
+    (ENGINE_DOC, PACKED[0], "whose largest value was {:.1f}; `bench/results/lone_products/20261128T022632Z-0d4982c.json`, "
+     "2 threads, load average {:.1f}, the floor {:.1f} ms at {:.1f} GB/s; `20261128T022648Z-0d4982c.json`, 1 thread, load "
+     "average {:.1f}, the floor {:.1f} ms at {:.1f} GB/s):",
+     lambda d: (d["largest_product"], d["provenance"]["machine"]["load_avg"][0], d["floor"]["floor_ms"],
+                d["floor"]["best_gb_s"], result(PACKED[1])["provenance"]["machine"]["load_avg"][0],
+                result(PACKED[1])["floor"]["floor_ms"], result(PACKED[1])["floor"]["best_gb_s"])),
+    *((ENGINE_DOC, PACKED[0], label + " | {:.1f} ms, {:.2f}x | {:.1f} ms, {:.2f}x | {} | {:.1e} |", packed_row(way))
+      for way, label in (("split", "| the split products as the step makes them (4 blocks each)"),
+                         ("mkl", "| MKL's packed GEMM (`_mkl_reorder_linear_weight`, `_mkl_linear`)"),
+                         ("onednn", "| oneDNN's packed linear (`_reorder_linear_weight`, `_linear_pointwise`)"),
+                         ("head-16", "| the split products, the head in 16 blocks"),
+                         ("head-64", "| the split products, the head in 64 blocks"))),
+    (ENGINE_DOC, PACKED[0], "MKL's packed layout for one row takes {:.1f} times the weights' bytes",
+     lambda d: (d["mkl"]["weight_bytes"] / d["split"]["weight_bytes"],)),
+]
+
 
 ENGINE_MD = "docs/engine.md"
 FORWARD = [  # the one forward's round (docs/engine.md, "The one forward")
