@@ -9,7 +9,11 @@ import os
 import subprocess
 import sys
 import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Iterator
 
 import streamlit
 from streamlit.runtime.app_session import AppSession, AppSessionState
@@ -192,9 +196,18 @@ HOLD = 3.0
 def test_a_press_during_a_run_starts_the_next_run_after_it_not_beside_it(tmp_path):
     """Streamlit alone starts the next run while the stopped one still blocks, so it draws the run as live (the
     journey page drew a stopped answer as still generating); with the fix, after the stopped run's `finally`."""
-    script, port, log = tmp_path / "page.py", free_port(), tmp_path / "streamlit.log"
     assert HOLD < runner_fixes.STOP_WAIT_SECONDS
-    script.write_text(BLOCKING_PAGE.replace("DREW", repr(str(tmp_path / "drew"))).replace("HOLD", repr(HOLD)))
+    page = BLOCKING_PAGE.replace("DREW", repr(str(tmp_path / "drew"))).replace("HOLD", repr(HOLD))
+    with streamlit_server(page, tmp_path) as url:
+        assert asyncio.run(press_go_then_stop(url, "")) == ["live: True"]       # the race, as Streamlit 1.67 runs it
+        assert asyncio.run(press_go_then_stop(url, "fixed=1")) == ["live: False"]
+
+
+@contextmanager
+def streamlit_server(page: str, tmp_path: Path) -> Iterator[str]:
+    """A real Streamlit server process running `page` (fastReruns on, as by default), on a loopback port."""
+    script, port, log = tmp_path / "page.py", free_port(), tmp_path / "streamlit.log"
+    script.write_text(page)
     with open(log, "w") as out:
         proc = subprocess.Popen([python(), "-m", "streamlit", "run", str(script), "--server.port", str(port),
                                  "--server.headless", "true", "--browser.gatherUsageStats", "false"],
@@ -203,8 +216,7 @@ def test_a_press_during_a_run_starts_the_next_run_after_it_not_beside_it(tmp_pat
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc, log, timeout=60, path="/_stcore/health")
-        assert asyncio.run(press_go_then_stop(url, "")) == ["live: True"]       # the race, as Streamlit 1.67 runs it
-        assert asyncio.run(press_go_then_stop(url, "fixed=1")) == ["live: False"]
+        yield url
     finally:
         proc.terminate()
         proc.wait(30)
@@ -224,3 +236,103 @@ async def press_go_then_stop(url: str, query: str) -> list[str]:
         return [t for t in person.texts if t.startswith("live:")]
     finally:
         await person.close()
+
+
+# Race 1. A page whose fragment moves the session to another page (as a follower's strip does when the presenter's
+# run ends), and a page that runs until a tick sent from the first page has reached its run. The browser's timer
+# keeps ticking until it hears of the move, so a tick naming the old page can reach the server while the new page
+# runs; the test sends that tick itself, the moment it hears of the move (the timer's interval is out of the way).
+# The new page waits for the tick on an event (its run's requests leave CONTINUE), never on the machine's speed.
+MOVING_PAGE = """
+import threading
+import time
+import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
+from app.hosting.runner_fixes import install
+
+if "fixed" not in st.session_state:   # the address, as the first run got it
+    st.session_state.fixed = bool(st.query_params.get("fixed"))
+if st.session_state.fixed:
+    install()                       # for every session from now on: the session without it goes first
+
+
+def home():
+    @st.fragment(run_every=600)     # its timer: the test sends each tick itself
+    def tick():
+        st.caption("tick")
+        if st.session_state.get("ticked"):
+            st.switch_page(OTHER)   # the server moves the session, as a follower's strip does
+        st.session_state.ticked = True
+    tick()
+
+
+def other():
+    st.write("other: first line")
+    if not st.session_state.get("waited"):       # the file ENDED says this page's runner has ended (its thread)
+        script = threading.current_thread()
+        threading.Thread(target=lambda: (script.join(60), open(ENDED, "w").close())).start()
+    requests = get_script_run_ctx().script_requests
+    held = time.monotonic()
+    while not st.session_state.get("waited") and requests._state.value == "CONTINUE" and time.monotonic() - held < 60:
+        time.sleep(0.01)            # until the late tick has reached this run (its rerun is queued behind it)
+    st.session_state.waited = True
+    st.write("other: last line")
+
+    @st.fragment(run_every=600)     # the test's marker: a run asked for after everything else
+    def mark():
+        st.caption("mark")
+    mark()
+
+
+OTHER = st.Page(other)
+st.navigation([st.Page(home, default=True), OTHER]).run()
+"""
+
+
+def test_a_tick_from_the_page_the_session_left_does_not_run_naming_that_page(tmp_path):
+    """Streamlit alone runs the late tick after the new page, as a fragment run naming the page the session left:
+    its `new_session` names that page, and a browser takes it as a move back and clears the new page (docs/app.md,
+    race 1). With the fix the tick is skipped: after the move, every run names the new page."""
+    ended = tmp_path / "ended"
+    with streamlit_server(MOVING_PAGE.replace("ENDED", repr(str(ended))), tmp_path) as url:
+        home, stale = asyncio.run(move_then_tick_late(url, ended, fixed=False))
+        assert stale == [home]                                          # the race, as Streamlit 1.67 runs it
+        assert asyncio.run(move_then_tick_late(url, ended, fixed=True))[1] == []
+
+
+async def move_then_tick_late(url: str, ended: Path, fixed: bool) -> tuple[str, list[str]]:
+    """The home page's hash, and the page each fragment run after the move named, where not the page moved to.
+    Streamlit alone: read until the stale run has come. With the fix: once the runner that took the late tick has
+    ended, a tick of the new page's own fragment; read until its run starts: any run before it has been sent (the
+    fix keeps a new runner from dropping an old one's last messages: race 2)."""
+    person = Person(url, ticking=False)
+    await person.open(query="fixed=1" if fixed else "")
+    try:
+        assert await person.until(lambda p: p.runs >= 1 and p.fragments and p.pages, 30)
+        home, other, tick = person.pages["home"], person.pages["other"], person.fragments[0]
+        ended.unlink(missing_ok=True)
+        await person.rerun(fragment=tick)                               # the tick that moves the session
+        assert await person.until(lambda p: p.page_hash == other, 30)
+        moved = len(person.started)
+
+        def stale(p: Person) -> list[str]:
+            return [page for page, fragments in p.started[moved:] if fragments and page != other]
+        await person.rerun(fragment=tick, page_hash=home)               # a tick sent before the browser heard of it
+        assert await person.until(lambda p: p.runs >= 2 and p.shows("other: last line"), 60)
+        if not fixed:
+            assert await person.until(stale, 60)
+            return home, stale(person)
+        assert await appears(ended, 60)                                 # the late tick was taken (and skipped)
+        mark = person.fragments[-1]                                     # the new page's own fragment
+        await person.rerun(fragment=mark)
+        assert await person.until(lambda p: (other, (mark,)) in p.started[moved:], 60)
+        return home, stale(person)
+    finally:
+        await person.close()
+
+
+async def appears(path: Path, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not path.exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return path.exists()
