@@ -564,6 +564,10 @@ def _invariance_cost(d: dict) -> tuple:
             c["20-row decode step"]["on_over_off"], c["prefill"]["on_over_off"])
 
 
+FIGURES.append(("docs/app.md", "streamlit_races/20261128T022700Z-a3232f3.json", "In {} tries (a fresh server each, "
+                "Chromium, `bench/results/streamlit_races/20261128T022700Z-a3232f3.json`, a shared 2-core machine) stock "
+                "Streamlit left the page blank {} times, each after exactly that one run naming `home`; with the fix, {} "
+                "times.", lambda d: (len(d["tries"]), d["stock_blank"], d["fixed_blank"])))
 FIGURES.append((ENGINE_DOC, "invariance/20261127T215039Z-bd5d8b0.json", "load average {:.0f} at its start; medians "
                 "of 5 rounds; `bench/results/invariance/20261127T215039Z-bd5d8b0.json`): a lone decode step {:.2f}x, a "
                 "20-row decode step {:.2f}x, a 512-token prefill {:.2f}x the time with the usual kernels.",

@@ -1,7 +1,7 @@
 """app/hosting/runner_fixes.py: a tick from a page the session left is skipped; a new runner waits for the old one's
-last messages; a press during a run starts the next run only once that run has left its script. The first two
-races need a loaded server (bench/watch.py): here, the rules each fix applies. The third is shown for real: a
-Streamlit server process and the browser's own protocol (bench/st_client.py)."""
+last messages; a press during a run starts the next run only once that run has left its script. Races 1 and 3 are
+shown for real, stock and fixed: a Streamlit server process and the browser's own protocol (bench/st_client.py).
+Race 2 has no reproduction on its own yet (docs/app.md): here, the rule its fix applies."""
 from __future__ import annotations
 
 import asyncio
