@@ -1,9 +1,17 @@
-"""Race 1 of docs/app.md ("Streamlit's runner"), as a person sees it: a tick from the page a session left clears
-the new page in Chromium on stock Streamlit, not with app/hosting/runner_fixes.py installed.
+"""Races 1 and 2 of docs/app.md ("Streamlit's runner"), stock Streamlit against app/hosting/runner_fixes.py.
 
-    python bench/streamlit_races.py --tries 3
+    python bench/streamlit_races.py --tries 3              # race 1, in Chromium
+    python bench/streamlit_races.py --race 2 --tries 4     # race 2, clients of the browser's protocol
 
-Each try starts a fresh Streamlit server on RACE1_PAGE (the report's script, plus the two lines that install the
+Race 2: one server stock, one with the fixes (RACE2_PAGE: a `run_every` fragment over a page of 20 lines drawn in
+about a second, on a server whose event loop is made to lag on purpose: a callback that sleeps LAG s every turn
+stands in for a server busy with other sessions). Per server, --tries sessions one after another, each a client of
+the browser's protocol (bench/st_client.Person, ticking every 0.05 s as the page asks) reading for READ_S s: the
+lines it received and whether the whole run's `script_finished` came; and from the server's own log (the page wraps
+two of AppSession's methods to count, and changes nothing): how often a runner was created while the session's
+previous runner had not reported SHUTDOWN, and how many of a runner's events the session then ignored.
+
+Race 1: each try starts a fresh Streamlit server on RACE1_PAGE (the report's script, plus the two lines that install the
 fixes for a session opened with `?fixed=1`; installing patches the whole process, so the stock tab goes first),
 then opens it in headless Chromium twice: stock, then fixed. The page's fragment moves the session to `other` on
 its third tick; the server's replies reach the tab DELAY seconds late (a slow link, through playwright's websocket
@@ -60,12 +68,107 @@ st.navigation([st.Page(home, default=True), OTHER]).run()
 '''
 
 
-def start_server(script: Path) -> tuple[subprocess.Popen, str]:
+LAG, READ_S = 0.1, 12.0
+RACE2_PAGE = '''
+import sys
+import time
+
+import streamlit as st
+from streamlit.runtime import Runtime
+from streamlit.runtime.app_session import AppSession
+
+if st.query_params.get("fixed"):          # the bench's switch, not part of the report
+    from app.hosting.runner_fixes import install
+    install()
+
+
+@st.cache_resource
+def count() -> None:
+    """The bench's eyes, not part of the report: log each runner created before the last one shut down, and each
+    event the session ignored because its runner is no longer the current one."""
+    handle, create = AppSession._handle_scriptrunner_event_on_event_loop, AppSession._create_scriptrunner
+
+    def counted_handle(self, sender, event, *args, **kwargs):
+        if sender is not None and sender is not self._scriptrunner:
+            print("RACE2 ignored", event.name, file=sys.stderr, flush=True)
+        return handle(self, sender, event, *args, **kwargs)
+
+    def counted_create(self, rerun_data):
+        if self._scriptrunner is not None:
+            print("RACE2 new runner before shutdown", file=sys.stderr, flush=True)
+        return create(self, rerun_data)
+    AppSession._handle_scriptrunner_event_on_event_loop = counted_handle
+    AppSession._create_scriptrunner = counted_create
+
+
+@st.cache_resource
+def busy_server(lag: float = LAG) -> None:
+    """Stands in for a server busy with other sessions: every turn of its event loop takes `lag` s more."""
+    loop = Runtime.instance()._get_async_objs().eventloop
+
+    def other_work() -> None:
+        time.sleep(lag)
+        loop.call_soon(other_work)
+    loop.call_soon_threadsafe(other_work)
+
+
+count()
+busy_server()
+
+
+@st.fragment(run_every=0.05)
+def tick():
+    st.caption("tick")
+
+
+tick()
+for i in range(20):
+    time.sleep(0.05)                      # a page that takes a second to draw
+    st.write(f"line {i}")
+'''.replace("LAG", repr(LAG))
+
+
+async def race2_session(url: str, query: str) -> dict:
+    from st_client import Person  # here: only race 2 speaks the protocol
+
+    person = Person(url)
+    await person.open(query=query)
+    await asyncio.sleep(READ_S)                         # ticking as the page asks, reading what comes
+    lines = sorted({int(t[5:]) for t in person.texts if t.startswith("line ")})
+    await person.close()
+    return {"lines": len(lines), "whole_run_finished": person.runs >= 1}
+
+
+def race2_server(script: Path, query: str, tries: int) -> dict:
+    log = script.with_suffix(".log")
+    proc, url = start_server(script, log)
+    try:
+        sessions = [asyncio.run(race2_session(url, query)) for _ in range(tries)]
+    finally:
+        proc.kill()                                     # its event loop sleeps: SIGTERM would wait its turn
+        proc.wait(30)
+    text = log.read_text()
+    return {"sessions": sessions, "short": sum(s["lines"] < 20 or not s["whole_run_finished"] for s in sessions),
+            "new_runner_before_shutdown": text.count("RACE2 new runner before shutdown"),
+            "ignored_forward_msgs": text.count("RACE2 ignored ENQUEUE_FORWARD_MSG"),
+            "ignored_events": text.count("RACE2 ignored")}
+
+
+def race2(tries: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "race2.py"
+        script.write_text(RACE2_PAGE)
+        return {"race": 2, "lag_s": LAG, "read_s": READ_S, "stock": race2_server(script, "", tries),
+                "fixed": race2_server(script, "fixed=1", tries)}
+
+
+def start_server(script: Path, log: Path | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
+    out = open(log, "w") if log else subprocess.DEVNULL
     proc = subprocess.Popen([str(ROOT / ".venv" / "bin" / "python"), "-m", "streamlit", "run", str(script),
                              "--server.port", str(port), "--server.headless", "true",
-                             "--browser.gatherUsageStats", "false"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                             "--browser.gatherUsageStats", "false"], cwd=ROOT, stdout=out,
+                            stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
@@ -123,22 +226,26 @@ async def one_try(i: int, script: Path) -> dict:
     return {"stock": stock, "fixed": fixed}
 
 
-def main(argv: list[str] | None = None) -> None:
-    run = provenance.start("streamlit_races", argv)
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tries", type=int, default=3)
-    args = parser.parse_args(argv)
+def race1(tries: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "race1.py"
         script.write_text(RACE1_PAGE)
-        tries = [asyncio.run(one_try(i, script)) for i in range(args.tries)]
-    report = {"race": 1, "delay_s": DELAY, "tries": tries,
-              "stock_blank": sum(not t["stock"]["last_line_shown"] for t in tries),
-              "fixed_blank": sum(not t["fixed"]["last_line_shown"] for t in tries),
-              "note": "shared 2-core machine; the outcome is read from the page and the messages, not from timing"}
+        done = [asyncio.run(one_try(i, script)) for i in range(tries)]
+    return {"race": 1, "delay_s": DELAY, "tries": done,
+            "stock_blank": sum(not t["stock"]["last_line_shown"] for t in done),
+            "fixed_blank": sum(not t["fixed"]["last_line_shown"] for t in done)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    run = provenance.start("streamlit_races", argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--race", type=int, choices=(1, 2), default=1)
+    parser.add_argument("--tries", type=int, default=3)
+    args = parser.parse_args(argv)
+    report = race1(args.tries) if args.race == 1 else race2(args.tries)
+    report["note"] = "shared 2-core machine; outcomes are read from the page, the messages and the server's log"
     path = run.save(report)
-    print(f"race 1 in Chromium, {args.tries} tries: stock blank {report['stock_blank']}, "
-          f"fixed blank {report['fixed_blank']} -> {path.relative_to(ROOT)}")
+    print({k: v for k, v in report.items() if k not in ("tries", "note")}, "->", path.relative_to(ROOT))
 
 
 if __name__ == "__main__":
