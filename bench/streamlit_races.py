@@ -8,8 +8,9 @@ about a second, on a server whose event loop is made to lag on purpose: a callba
 stands in for a server busy with other sessions). Per server, --tries sessions one after another, each a client of
 the browser's protocol (bench/st_client.Person, ticking every 0.05 s as the page asks) reading for READ_S s: the
 lines it received and whether the whole run's `script_finished` came; and from the server's own log (the page wraps
-two of AppSession's methods to count, and changes nothing): how often a runner was created while the session's
-previous runner had not reported SHUTDOWN, and how many of a runner's events the session then ignored.
+two of AppSession's methods to count, and changes nothing): how often a request would start a runner while the
+session's previous runner had not reported SHUTDOWN (the race's opening), and how many events the session ignored
+because they came from a runner no longer current (what the race loses).
 
 Race 1: each try starts a fresh Streamlit server on RACE1_PAGE (the report's script, plus the two lines that install the
 fixes for a session opened with `?fixed=1`; installing patches the whole process, so the stock tab goes first),
@@ -84,8 +85,9 @@ if st.query_params.get("fixed"):          # the bench's switch, not part of the 
 
 @st.cache_resource
 def count() -> None:
-    """The bench's eyes, not part of the report: log each runner created before the last one shut down, and each
-    event the session ignored because its runner is no longer the current one."""
+    """The bench's eyes, not part of the report: log each request that would start a runner while the session's last
+    one has not shut down (stock starts it at once; the fix holds it), and each event the session ignored because
+    its runner is no longer the current one."""
     handle, create = AppSession._handle_scriptrunner_event_on_event_loop, AppSession._create_scriptrunner
 
     def counted_handle(self, sender, event, *args, **kwargs):
@@ -95,7 +97,7 @@ def count() -> None:
 
     def counted_create(self, rerun_data):
         if self._scriptrunner is not None:
-            print("RACE2 new runner before shutdown", file=sys.stderr, flush=True)
+            print("RACE2 request before shutdown", file=sys.stderr, flush=True)
         return create(self, rerun_data)
     AppSession._handle_scriptrunner_event_on_event_loop = counted_handle
     AppSession._create_scriptrunner = counted_create
@@ -149,7 +151,7 @@ def race2_server(script: Path, query: str, tries: int) -> dict:
         proc.wait(30)
     text = log.read_text()
     return {"sessions": sessions, "short": sum(s["lines"] < 20 or not s["whole_run_finished"] for s in sessions),
-            "new_runner_before_shutdown": text.count("RACE2 new runner before shutdown"),
+            "requests_before_shutdown": text.count("RACE2 request before shutdown"),
             "ignored_forward_msgs": text.count("RACE2 ignored ENQUEUE_FORWARD_MSG"),
             "ignored_events": text.count("RACE2 ignored")}
 
