@@ -1,7 +1,8 @@
 """app/hosting/runner_fixes.py: a tick from a page the session left is skipped; a new runner waits for the old one's
-last messages; a press during a run starts the next run only once that run has left its script. Races 1 and 3 are
-shown for real, stock and fixed: a Streamlit server process and the browser's own protocol (bench/st_client.py).
-Race 2 has no reproduction on its own yet (docs/app.md): here, the rule its fix applies."""
+last messages; a press during a run starts the next run only once that run has left its script. Each race is
+shown for real, stock and fixed: a Streamlit server process and the browser's own protocol (bench/st_client.py);
+race 2 on a server whose event loop lags on purpose, counted by the server (docs/app.md). And the rules each fix
+applies, on stand-ins."""
 from __future__ import annotations
 
 import asyncio
@@ -204,7 +205,7 @@ def test_a_press_during_a_run_starts_the_next_run_after_it_not_beside_it(tmp_pat
 
 
 @contextmanager
-def streamlit_server(page: str, tmp_path: Path) -> Iterator[str]:
+def streamlit_server(page: str, tmp_path: Path, env: dict[str, str] | None = None) -> Iterator[str]:
     """A real Streamlit server process running `page` (fastReruns on, as by default), on a loopback port."""
     script, port, log = tmp_path / "page.py", free_port(), tmp_path / "streamlit.log"
     script.write_text(page)
@@ -212,14 +213,18 @@ def streamlit_server(page: str, tmp_path: Path) -> Iterator[str]:
         proc = subprocess.Popen([python(), "-m", "streamlit", "run", str(script), "--server.port", str(port),
                                  "--server.headless", "true", "--browser.gatherUsageStats", "false"],
                                 cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc, log, timeout=60, path="/_stcore/health")
         yield url
     finally:
         proc.terminate()
-        proc.wait(30)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:       # a server whose event loop is kept busy may not get to its signal
+            proc.kill()
+            proc.wait(30)
 
 
 async def press_go_then_stop(url: str, query: str) -> list[str]:
@@ -336,3 +341,103 @@ async def appears(path: Path, timeout: float) -> bool:
     while not path.exists() and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
     return path.exists()
+
+
+# Race 2. A page with a `run_every` fragment on a server whose event loop lags on purpose (a callback that sleeps
+# LAG s every turn stands in for a server busy with other sessions), so ticks are read before a runner's last events
+# are handled. The page counts, in files, each rerun a runner refused because it had stopped (the race's opening:
+# Streamlit then starts a new runner at once, the fix holds the request) and each forward message the session
+# ignored because its runner was no longer the current one (what the race loses). It changes nothing it counts.
+LAGGING_PAGE = """
+import os
+import time
+import streamlit as st
+from streamlit.runtime import Runtime
+from streamlit.runtime.app_session import AppSession
+from streamlit.runtime.scriptrunner.script_runner import ScriptRunner
+from app.hosting.runner_fixes import install
+
+if os.environ.get("RACE2_FIXED"):
+    install()
+
+
+def note(path):
+    with open(path, "a") as f:
+        f.write("x")
+
+
+@st.cache_resource
+def count_and_lag():
+    handle, request = AppSession._handle_scriptrunner_event_on_event_loop, ScriptRunner.request_rerun
+
+    def counted_handle(self, sender, event, *args, **kwargs):
+        if sender is not None and sender is not self._scriptrunner and event.name == "ENQUEUE_FORWARD_MSG":
+            note(IGNORED)
+        return handle(self, sender, event, *args, **kwargs)
+
+    def counted_request(self, rerun_data):
+        taken = request(self, rerun_data)
+        if not taken:
+            note(REFUSED)
+        return taken
+    AppSession._handle_scriptrunner_event_on_event_loop = counted_handle
+    ScriptRunner.request_rerun = counted_request
+    loop = Runtime.instance()._get_async_objs().eventloop
+
+    def other_work():
+        time.sleep(LAG)
+        loop.call_soon(other_work)
+    loop.call_soon_threadsafe(other_work)
+
+
+count_and_lag()
+
+
+@st.fragment(run_every=0.05)
+def tick():
+    st.caption("tick")
+
+
+tick()
+"""
+LAG = 0.1
+
+
+def test_a_request_after_a_runner_stopped_no_longer_drops_its_last_messages(tmp_path):
+    """Streamlit alone starts a new runner for a tick that finds the last one stopped but its events not yet handled,
+    and ignores those events: messages the browser never gets (docs/app.md, race 2). With the fix the tick waits
+    until the old runner has shut down: as many refused ticks, no message ignored."""
+    stock_refused, stock_ignored = lagging_session(tmp_path / "stock", fixed=False, until_ignored=True)
+    assert stock_refused >= 1 and stock_ignored >= 1                    # the race, as Streamlit 1.67 runs it
+    fixed_refused, fixed_ignored = lagging_session(tmp_path / "fixed", fixed=True, until_ignored=False)
+    assert fixed_refused >= FIXED_REFUSALS and fixed_ignored == 0
+
+
+FIXED_REFUSALS = 20
+
+
+def lagging_session(folder: Path, fixed: bool, until_ignored: bool) -> tuple[int, int]:
+    """One session ticking on LAGGING_PAGE's server: stock, until a message was ignored (or 500 refusals); with the
+    fix, until FIXED_REFUSALS ticks were refused. The refusals and ignored messages counted."""
+    folder.mkdir()
+    refused, ignored = folder / "refused", folder / "ignored"
+    page = LAGGING_PAGE.replace("IGNORED", repr(str(ignored))).replace("REFUSED", repr(str(refused)))
+    with streamlit_server(page.replace("LAG", repr(LAG)), folder, {"RACE2_FIXED": "1" if fixed else ""}) as url:
+        asyncio.run(tick_until(url, lambda: (size(ignored) >= 1 or size(refused) >= 500) if until_ignored
+                               else size(refused) >= FIXED_REFUSALS))
+    return size(refused), size(ignored)
+
+
+def size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+async def tick_until(url: str, done) -> None:
+    person = Person(url)                                                # ticks as the page asks, as a browser does
+    await person.open()
+    try:
+        deadline = time.monotonic() + 120
+        while not done() and time.monotonic() < deadline and person.closed_reason is None:
+            await asyncio.sleep(0.05)
+    finally:
+        await person.close()
