@@ -151,6 +151,10 @@ class Person:
     starts: int = 0                                            # whole runs of the page started since it loaded
     closed_reason: str | None = None
     page_hash: str = ""
+    ticking: bool = True                                       # rerun each fragment on its timer, as a browser does
+    pages: dict[str, str] = field(default_factory=dict)        # page name -> page hash, from the navigation message
+    fragments: list[str] = field(default_factory=list)         # the ids of the fragments that asked for a timer
+    started: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # each run: its page hash, fragment ids
     _ws: object = None
     _reader: asyncio.Task | None = None
     _timers: dict[str, asyncio.Task] = field(default_factory=dict)
@@ -185,12 +189,14 @@ class Person:
             await self._ws.close()
         self._ws = self._reader = None
 
-    async def rerun(self, states: list | None = None, page: str = "", query: str = "", fragment: str = "") -> None:
-        """What the frontend sends: a rerun of this page (or one fragment) with the widgets' new states."""
+    async def rerun(self, states: list | None = None, page: str = "", query: str = "", fragment: str = "",
+                    page_hash: str | None = None) -> None:
+        """What the frontend sends: a rerun of this page (or one fragment; or of the page `page_hash` names, as a
+        request sent before the browser heard of a move does) with the widgets' new states."""
         msg = BackMsg()
         state = msg.rerun_script
         state.query_string = query
-        state.page_script_hash = self.page_hash
+        state.page_script_hash = self.page_hash if page_hash is None else page_hash
         state.page_name = page
         state.fragment_id = fragment
         state.is_auto_rerun = bool(fragment)
@@ -254,13 +260,17 @@ class Person:
 
     def _handle(self, msg: ForwardMsg) -> None:
         kind = msg.WhichOneof("type")
+        if kind == "new_session":
+            self.started.append((msg.new_session.page_script_hash, tuple(msg.metadata.run.fragment_ids)))
         if kind == "new_session" and not msg.metadata.run.fragment_ids:
             self.page_hash = msg.new_session.page_script_hash
             self.texts, self.errors, self.widgets = [], [], {}  # what this run of the page draws
             self.starts += 1
         elif kind == "navigation":
             self.page_hash = msg.navigation.page_script_hash
+            self.pages = {page.page_name: page.page_script_hash for page in msg.navigation.app_pages}
         elif kind == "auto_rerun":
+            self.fragments.append(msg.auto_rerun.fragment_id)
             self._tick(msg.auto_rerun.fragment_id, msg.auto_rerun.interval)
         elif kind == "stop_auto_rerun":
             for fid in msg.stop_auto_rerun.fragment_ids:
@@ -295,7 +305,7 @@ class Person:
             self.widgets[widget_id.split("-", 2)[-1]] = widget_id
 
     def _tick(self, fragment_id: str, interval: float) -> None:
-        if fragment_id in self._timers:
+        if fragment_id in self._timers or not self.ticking:
             return
 
         async def tick() -> None:

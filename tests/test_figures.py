@@ -564,6 +564,21 @@ def _invariance_cost(d: dict) -> tuple:
             c["20-row decode step"]["on_over_off"], c["prefill"]["on_over_off"])
 
 
+FIGURES.append(("docs/app.md", "streamlit_races/20261128T022700Z-a3232f3.json", "In {} tries (a fresh server each, "
+                "Chromium, `bench/results/streamlit_races/20261128T022700Z-a3232f3.json`, a shared 2-core machine) stock "
+                "Streamlit left the page blank {} times, each after exactly that one run naming `home`; with the fix, {} "
+                "times.", lambda d: (len(d["tries"]), d["stock_blank"], d["fixed_blank"])))
+FIGURES.append(("docs/app.md", "streamlit_races/20261128T023711Z-9488b10.json", "stock, {} requests found the session's last runner "
+                "stopped but not shut down and each started a new runner at once; the session then ignored {} forward "
+                "messages", lambda d: (d["stock"]["requests_before_shutdown"], d["stock"]["ignored_forward_msgs"])))
+FIGURES.append(("docs/app.md", "streamlit_races/20261128T023711Z-9488b10.json", "and {} session of {} received {} "
+                "of the whole run's 20 lines and never its `script_finished`, with no error. With the fixes, {} such "
+                "requests were held until the old runner had shut down and {} messages were ignored.",
+                lambda d: (d["stock"]["short"], len(d["stock"]["sessions"]),
+                           [s["lines"] for s in d["stock"]["sessions"] if not s["whole_run_finished"]][0],
+                           d["fixed"]["requests_before_shutdown"], d["fixed"]["ignored_events"])))
+FIGURES.append(("docs/app.md", "streamlit_races/20261128T023711Z-9488b10.json", "{} session of {} came up short with the fixes as well",
+                lambda d: (d["fixed"]["short"], len(d["fixed"]["sessions"]))))
 FIGURES.append((ENGINE_DOC, "invariance/20261127T215039Z-bd5d8b0.json", "load average {:.0f} at its start; medians "
                 "of 5 rounds; `bench/results/invariance/20261127T215039Z-bd5d8b0.json`): a lone decode step {:.2f}x, a "
                 "20-row decode step {:.2f}x, a 512-token prefill {:.2f}x the time with the usual kernels.",

@@ -1,7 +1,8 @@
 """app/hosting/runner_fixes.py: a tick from a page the session left is skipped; a new runner waits for the old one's
-last messages; a press during a run starts the next run only once that run has left its script. The first two
-races need a loaded server (bench/watch.py): here, the rules each fix applies. The third is shown for real: a
-Streamlit server process and the browser's own protocol (bench/st_client.py)."""
+last messages; a press during a run starts the next run only once that run has left its script. Each race is
+shown for real, stock and fixed: a Streamlit server process and the browser's own protocol (bench/st_client.py);
+race 2 on a server whose event loop lags on purpose, counted by the server (docs/app.md). And the rules each fix
+applies, on stand-ins."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +10,11 @@ import os
 import subprocess
 import sys
 import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Iterator
 
 import streamlit
 from streamlit.runtime.app_session import AppSession, AppSessionState
@@ -192,22 +197,34 @@ HOLD = 3.0
 def test_a_press_during_a_run_starts_the_next_run_after_it_not_beside_it(tmp_path):
     """Streamlit alone starts the next run while the stopped one still blocks, so it draws the run as live (the
     journey page drew a stopped answer as still generating); with the fix, after the stopped run's `finally`."""
-    script, port, log = tmp_path / "page.py", free_port(), tmp_path / "streamlit.log"
     assert HOLD < runner_fixes.STOP_WAIT_SECONDS
-    script.write_text(BLOCKING_PAGE.replace("DREW", repr(str(tmp_path / "drew"))).replace("HOLD", repr(HOLD)))
+    page = BLOCKING_PAGE.replace("DREW", repr(str(tmp_path / "drew"))).replace("HOLD", repr(HOLD))
+    with streamlit_server(page, tmp_path) as url:
+        assert asyncio.run(press_go_then_stop(url, "")) == ["live: True"]       # the race, as Streamlit 1.67 runs it
+        assert asyncio.run(press_go_then_stop(url, "fixed=1")) == ["live: False"]
+
+
+@contextmanager
+def streamlit_server(page: str, tmp_path: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """A real Streamlit server process running `page` (fastReruns on, as by default), on a loopback port."""
+    script, port, log = tmp_path / "page.py", free_port(), tmp_path / "streamlit.log"
+    script.write_text(page)
     with open(log, "w") as out:
         proc = subprocess.Popen([python(), "-m", "streamlit", "run", str(script), "--server.port", str(port),
                                  "--server.headless", "true", "--browser.gatherUsageStats", "false"],
                                 cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc, log, timeout=60, path="/_stcore/health")
-        assert asyncio.run(press_go_then_stop(url, "")) == ["live: True"]       # the race, as Streamlit 1.67 runs it
-        assert asyncio.run(press_go_then_stop(url, "fixed=1")) == ["live: False"]
+        yield url
     finally:
         proc.terminate()
-        proc.wait(30)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:       # a server whose event loop is kept busy may not get to its signal
+            proc.kill()
+            proc.wait(30)
 
 
 async def press_go_then_stop(url: str, query: str) -> list[str]:
@@ -222,5 +239,205 @@ async def press_go_then_stop(url: str, query: str) -> list[str]:
         await person.press("stop")
         assert await person.until(lambda p: p.runs > runs and p.shows("live:"), 30)
         return [t for t in person.texts if t.startswith("live:")]
+    finally:
+        await person.close()
+
+
+# Race 1. A page whose fragment moves the session to another page (as a follower's strip does when the presenter's
+# run ends), and a page that runs until a tick sent from the first page has reached its run. The browser's timer
+# keeps ticking until it hears of the move, so a tick naming the old page can reach the server while the new page
+# runs; the test sends that tick itself, the moment it hears of the move (the timer's interval is out of the way).
+# The new page waits for the tick on an event (its run's requests leave CONTINUE), never on the machine's speed.
+MOVING_PAGE = """
+import threading
+import time
+import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
+from app.hosting.runner_fixes import install
+
+if "fixed" not in st.session_state:   # the address, as the first run got it
+    st.session_state.fixed = bool(st.query_params.get("fixed"))
+if st.session_state.fixed:
+    install()                       # for every session from now on: the session without it goes first
+
+
+def home():
+    @st.fragment(run_every=600)     # its timer: the test sends each tick itself
+    def tick():
+        st.caption("tick")
+        if st.session_state.get("ticked"):
+            st.switch_page(OTHER)   # the server moves the session, as a follower's strip does
+        st.session_state.ticked = True
+    tick()
+
+
+def other():
+    st.write("other: first line")
+    if not st.session_state.get("waited"):       # the file ENDED says this page's runner has ended (its thread)
+        script = threading.current_thread()
+        threading.Thread(target=lambda: (script.join(60), open(ENDED, "w").close())).start()
+    requests = get_script_run_ctx().script_requests
+    held = time.monotonic()
+    while not st.session_state.get("waited") and requests._state.value == "CONTINUE" and time.monotonic() - held < 60:
+        time.sleep(0.01)            # until the late tick has reached this run (its rerun is queued behind it)
+    st.session_state.waited = True
+    st.write("other: last line")
+
+    @st.fragment(run_every=600)     # the test's marker: a run asked for after everything else
+    def mark():
+        st.caption("mark")
+    mark()
+
+
+OTHER = st.Page(other)
+st.navigation([st.Page(home, default=True), OTHER]).run()
+"""
+
+
+def test_a_tick_from_the_page_the_session_left_does_not_run_naming_that_page(tmp_path):
+    """Streamlit alone runs the late tick after the new page, as a fragment run naming the page the session left:
+    its `new_session` names that page, and a browser takes it as a move back and clears the new page (docs/app.md,
+    race 1). With the fix the tick is skipped: after the move, every run names the new page."""
+    ended = tmp_path / "ended"
+    with streamlit_server(MOVING_PAGE.replace("ENDED", repr(str(ended))), tmp_path) as url:
+        home, stale = asyncio.run(move_then_tick_late(url, ended, fixed=False))
+        assert stale == [home]                                          # the race, as Streamlit 1.67 runs it
+        assert asyncio.run(move_then_tick_late(url, ended, fixed=True))[1] == []
+
+
+async def move_then_tick_late(url: str, ended: Path, fixed: bool) -> tuple[str, list[str]]:
+    """The home page's hash, and the page each fragment run after the move named, where not the page moved to.
+    Streamlit alone: read until the stale run has come. With the fix: once the runner that took the late tick has
+    ended, a tick of the new page's own fragment; read until its run starts: any run before it has been sent (the
+    fix keeps a new runner from dropping an old one's last messages: race 2)."""
+    person = Person(url, ticking=False)
+    await person.open(query="fixed=1" if fixed else "")
+    try:
+        assert await person.until(lambda p: p.runs >= 1 and p.fragments and p.pages, 30)
+        home, other, tick = person.pages["home"], person.pages["other"], person.fragments[0]
+        ended.unlink(missing_ok=True)
+        await person.rerun(fragment=tick)                               # the tick that moves the session
+        assert await person.until(lambda p: p.page_hash == other, 30)
+        moved = len(person.started)
+
+        def stale(p: Person) -> list[str]:
+            return [page for page, fragments in p.started[moved:] if fragments and page != other]
+        await person.rerun(fragment=tick, page_hash=home)               # a tick sent before the browser heard of it
+        assert await person.until(lambda p: p.runs >= 2 and p.shows("other: last line"), 60)
+        if not fixed:
+            assert await person.until(stale, 60)
+            return home, stale(person)
+        assert await appears(ended, 60)                                 # the late tick was taken (and skipped)
+        mark = person.fragments[-1]                                     # the new page's own fragment
+        await person.rerun(fragment=mark)
+        assert await person.until(lambda p: (other, (mark,)) in p.started[moved:], 60)
+        return home, stale(person)
+    finally:
+        await person.close()
+
+
+async def appears(path: Path, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not path.exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return path.exists()
+
+
+# Race 2. A page with a `run_every` fragment on a server whose event loop lags on purpose (a callback that sleeps
+# LAG s every turn stands in for a server busy with other sessions), so ticks are read before a runner's last events
+# are handled. The page counts, in files, each rerun a runner refused because it had stopped (the race's opening:
+# Streamlit then starts a new runner at once, the fix holds the request) and each forward message the session
+# ignored because its runner was no longer the current one (what the race loses). It changes nothing it counts.
+LAGGING_PAGE = """
+import os
+import time
+import streamlit as st
+from streamlit.runtime import Runtime
+from streamlit.runtime.app_session import AppSession
+from streamlit.runtime.scriptrunner.script_runner import ScriptRunner
+from app.hosting.runner_fixes import install
+
+if os.environ.get("RACE2_FIXED"):
+    install()
+
+
+def note(path):
+    with open(path, "a") as f:
+        f.write("x")
+
+
+@st.cache_resource
+def count_and_lag():
+    handle, request = AppSession._handle_scriptrunner_event_on_event_loop, ScriptRunner.request_rerun
+
+    def counted_handle(self, sender, event, *args, **kwargs):
+        if sender is not None and sender is not self._scriptrunner and event.name == "ENQUEUE_FORWARD_MSG":
+            note(IGNORED)
+        return handle(self, sender, event, *args, **kwargs)
+
+    def counted_request(self, rerun_data):
+        taken = request(self, rerun_data)
+        if not taken:
+            note(REFUSED)
+        return taken
+    AppSession._handle_scriptrunner_event_on_event_loop = counted_handle
+    ScriptRunner.request_rerun = counted_request
+    loop = Runtime.instance()._get_async_objs().eventloop
+
+    def other_work():
+        time.sleep(LAG)
+        loop.call_soon(other_work)
+    loop.call_soon_threadsafe(other_work)
+
+
+count_and_lag()
+
+
+@st.fragment(run_every=0.05)
+def tick():
+    st.caption("tick")
+
+
+tick()
+"""
+LAG = 0.1
+
+
+def test_a_request_after_a_runner_stopped_no_longer_drops_its_last_messages(tmp_path):
+    """Streamlit alone starts a new runner for a tick that finds the last one stopped but its events not yet handled,
+    and ignores those events: messages the browser never gets (docs/app.md, race 2). With the fix the tick waits
+    until the old runner has shut down: as many refused ticks, no message ignored."""
+    stock_refused, stock_ignored = lagging_session(tmp_path / "stock", fixed=False, until_ignored=True)
+    assert stock_refused >= 1 and stock_ignored >= 1                    # the race, as Streamlit 1.67 runs it
+    fixed_refused, fixed_ignored = lagging_session(tmp_path / "fixed", fixed=True, until_ignored=False)
+    assert fixed_refused >= FIXED_REFUSALS and fixed_ignored == 0
+
+
+FIXED_REFUSALS = 20
+
+
+def lagging_session(folder: Path, fixed: bool, until_ignored: bool) -> tuple[int, int]:
+    """One session ticking on LAGGING_PAGE's server: stock, until a message was ignored (or 500 refusals); with the
+    fix, until FIXED_REFUSALS ticks were refused. The refusals and ignored messages counted."""
+    folder.mkdir()
+    refused, ignored = folder / "refused", folder / "ignored"
+    page = LAGGING_PAGE.replace("IGNORED", repr(str(ignored))).replace("REFUSED", repr(str(refused)))
+    with streamlit_server(page.replace("LAG", repr(LAG)), folder, {"RACE2_FIXED": "1" if fixed else ""}) as url:
+        asyncio.run(tick_until(url, lambda: (size(ignored) >= 1 or size(refused) >= 500) if until_ignored
+                               else size(refused) >= FIXED_REFUSALS))
+    return size(refused), size(ignored)
+
+
+def size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+async def tick_until(url: str, done) -> None:
+    person = Person(url)                                                # ticks as the page asks, as a browser does
+    await person.open()
+    try:
+        deadline = time.monotonic() + 120
+        while not done() and time.monotonic() < deadline and person.closed_reason is None:
+            await asyncio.sleep(0.05)
     finally:
         await person.close()
