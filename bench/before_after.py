@@ -4,12 +4,13 @@ round by round (the machine is shared and noisy), then the ratios that matter fo
     git worktree add /tmp/before <commit>
     flock /tmp/cpu-heavy.lock .venv/bin/python bench/before_after.py --before /tmp/before --rounds 3
 
-Each round runs `bench/api.py --rounds 1` in each tree (its rows through a file in a temporary folder of this run's own, so two runs at once never clobber each other) (this venv's Python; each tree's own `engine` package: the
-script puts its own folder first on the path and starts `python -m engine serve` there), 20 sessions, 16 and 64 new
-tokens, capture off and the pages' capture, in-process and through the API. Reported per version and token count:
-the medians of the rounds, the pages' capture against capture off (in-process and API), and this tree's capture off
-against the one before. Writes a new bench/results/before_after/<UTC time>-<commit>.json
-(bench/provenance.py) with both trees' commits.
+Each round runs `bench/api.py --rounds 1` in each tree (its rows through a file in a temporary folder of this run's
+own, so two runs at once never clobber each other) (this venv's Python; each tree's own `engine` package: the script
+puts its own folder first on the path and starts `python -m engine serve` there), 20 sessions, 16 and 64 new tokens,
+capture off and the pages' capture, in-process and through the API. Reported per version and token count: the medians
+of the rounds, the pages' capture against capture off (in-process and API), and this tree's capture off against the
+one before. Writes a new bench/results/before_after/<UTC time>-<commit>.json (bench/provenance.py) with both trees'
+commits.
 """
 from __future__ import annotations
 
