@@ -4,12 +4,13 @@ round by round (the machine is shared and noisy), then the ratios that matter fo
     git worktree add /tmp/before <commit>
     flock /tmp/cpu-heavy.lock .venv/bin/python bench/before_after.py --before /tmp/before --rounds 3
 
-Each round runs `bench/api.py --rounds 1` in each tree (this venv's Python; each tree's own `engine` package: the
-script puts its own folder first on the path and starts `python -m engine serve` there), 20 sessions, 16 and 64 new
-tokens, capture off and the pages' capture, in-process and through the API. Reported per version and token count:
-the medians of the rounds, the pages' capture against capture off (in-process and API), and this tree's capture off
-against the one before. Writes a new bench/results/before_after/<UTC time>-<commit>.json
-(bench/provenance.py) with both trees' commits.
+Each round runs `bench/api.py --rounds 1` in each tree (its rows through a file in a temporary folder of this run's
+own, so two runs at once never clobber each other) (this venv's Python; each tree's own `engine` package: the script
+puts its own folder first on the path and starts `python -m engine serve` there), 20 sessions, 16 and 64 new tokens,
+capture off and the pages' capture, in-process and through the API. Reported per version and token count: the medians
+of the rounds, the pages' capture against capture off (in-process and API), and this tree's capture off against the
+one before. Writes a new bench/results/before_after/<UTC time>-<commit>.json (bench/provenance.py) with both trees'
+commits.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -79,7 +81,19 @@ def spread(table: dict, tokens: int, mode: str) -> str:
     return "-".join(f"{v:.1f}" for v in (rounds[0], rounds[-1])) if len(rounds) > 1 else f"{rounds[0]:.1f}"
 
 
-def main() -> int:
+def alternate(trees: dict[str, Path], args: argparse.Namespace, work: Path) -> dict[str, list]:
+    """Each round runs both trees, the order swapped every round; each run's rows go through its own file in
+    `work`, a folder of this run's own."""
+    seen: dict[str, list] = {"before": [], "after": []}
+    for r in range(args.rounds):
+        order = ("before", "after") if r % 2 == 0 else ("after", "before")
+        for name in order:
+            print(f"round {r + 1}/{args.rounds}: {name} ({trees[name]})", flush=True)
+            seen[name].append(one_round(trees[name], args, work / f"{name}.{r}.json"))
+    return seen
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--before", required=True, help="a checkout of the commit before (git worktree add)")
     p.add_argument("--after", default=str(ROOT), help="the checkout measured against it (default: this one)")
@@ -87,15 +101,11 @@ def main() -> int:
     p.add_argument("--sessions", type=int, default=20)
     p.add_argument("--tokens", type=int, nargs="+", default=[16, 64])
     p.add_argument("--out", help="default: a new file under bench/results/before_after/")
-    args = p.parse_args()
-    run = provenance.start("before_after")
+    args = p.parse_args(argv)
+    run = provenance.start("before_after", argv)
     trees = {"before": Path(args.before).resolve(), "after": Path(args.after).resolve()}
-    seen: dict[str, list] = {"before": [], "after": []}
-    for r in range(args.rounds):
-        order = ("before", "after") if r % 2 == 0 else ("after", "before")
-        for name in order:
-            print(f"round {r + 1}/{args.rounds}: {name} ({trees[name]})", flush=True)
-            seen[name].append(one_round(trees[name], args, Path(f"/tmp/before_after.{name}.{r}.json")))
+    with tempfile.TemporaryDirectory(prefix="before_after.") as work:     # per run: two runs at once never share
+        seen = alternate(trees, args, Path(work))
     before, after = medians(seen["before"]), medians(seen["after"])
     report = {"what": f"bench/api.py on two checkouts alternating, {args.rounds} rounds, medians: {args.sessions} "
                       "sessions, in-process and through the API, capture off and the pages' capture",

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import assert_same_residual, tiny_prompt
-from engine.serving.batch import BatchRunner, Slot
+from engine.serving.batch import BatchRunner, Slot, mixed_share
 from engine.core.generate import GenerationRequest, encode_prompt, generate_kept
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
 from engine.core.kept import kept_for
@@ -641,3 +641,22 @@ def test_a_request_that_did_not_ask_for_a_checksum_gets_none_and_pays_no_host_co
     assert len(checksum) == 64 and all(s.records[-1].logits_sha256 is None for s in beside[1:])
     twice = [run_staggered(tiny_lm, [(asked, CAPTURE_OFF)])[0].records[-1].logits_sha256 for _ in range(2)]
     assert twice[0] == twice[1] and len(twice[0]) == 64         # alone, twice: the same numbers, the same checksum
+
+
+def test_a_mixed_steps_prefill_part_is_its_share_by_tokens_and_says_it_is_mixed(tiny_lm):
+    """One forward runs a newcomer's prompt with a decoding row: its time cannot be timed apart, so the step says it
+    was mixed and gives the prompt its share by tokens, not the whole step (which biased the prefill rate)."""
+    assert mixed_share(1.0, 30, 2) == pytest.approx(30 / 32) and mixed_share(0.0, 0, 0) == 0.0
+    runner = BatchRunner(tiny_lm)
+    first, second = Sink(), Sink()
+    runner.add(first.slot(tiny_lm, GenerationRequest(tiny_prompt(5, seed=8), max_new_tokens=20, chat=False)))
+    alone_step = runner.step()                           # the first prompt alone: prefill apart, then its first token
+    assert not alone_step.mixed and 0 < alone_step.prefill_seconds <= alone_step.seconds
+    request = GenerationRequest(tiny_prompt(20, seed=4), max_new_tokens=4, chat=False)
+    runner.add(second.slot(tiny_lm, request, CAPTURE_OFF))
+    step = runner.step()
+    n = len(encode_prompt(tiny_lm, request))
+    assert step.mixed and step.prefill_tokens == n and step.decode_rows == 1
+    assert 0 < step.prefill_seconds < step.seconds * n / (n + 1) * 1.0000001   # the share of the forward, at most
+    decode = runner.step()
+    assert not decode.mixed and decode.prefill_seconds == 0.0 and decode.decode_rows == 2

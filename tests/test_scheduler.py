@@ -474,3 +474,21 @@ def test_streamlit_sessions_in_threads_each_stream_their_own_answer(tiny_lm, mon
         want = token_ids(alone(tiny_lm, GenerationRequest(prompt, max_new_tokens=10, chat=False), CAPTURE_OFF))
         texts = [t.value for t in app.text]
         assert texts[0] == " ".join(map(str, want)) and texts[-1] == f"done {len(want)}"
+
+
+def test_mixed_steps_stay_out_of_the_measured_prefill_and_one_row_rates(make_scheduler):
+    """A mixed step ran a prompt and a decoding row in one forward: its prefill part is a share by tokens, so the
+    alone estimate's rates learn only from steps that timed prefill apart and from one-row decode-only steps."""
+    from engine.serving.batch import StepInfo    # here: only this test builds the runner's step records itself
+    sched = make_scheduler()
+
+    def lived(**kw) -> None:
+        defaults = dict(at=1.0, seconds=1.0, decode_rows=0, prefill_tokens=0, tags=(), cache_positions=0,
+                        real_positions=0)
+        sched._lived(StepInfo(**{**defaults, **kw}))
+
+    lived(decode_rows=1, prefill_tokens=30, prefills=(("new", 30),), prefill_seconds=0.9, mixed=True)
+    assert sched.rates().prefill_per_token is None and sched.rates().one_row_step is None
+    lived(prefill_tokens=30, prefills=(("new", 30),), prefill_seconds=0.3, seconds=0.4)
+    lived(decode_rows=1, seconds=0.02)
+    assert sched.rates().prefill_per_token == pytest.approx(0.01) and sched.rates().one_row_step == 0.02

@@ -106,8 +106,17 @@ class StepInfo:
     bytes_per_position: int = 0  # K and V bytes of one position, all layers
     blocks: BlockTable | None = None   # the paged cache's block table after the step
     started: float = 0.0         # perf_counter when the step began (`at - seconds`, read once)
-    prefill_seconds: float = 0.0  # of `seconds`, the prefill part (stopping, then the newcomers' chunk); 0 when none
+    prefill_seconds: float = 0.0  # of `seconds`, the prefill part (stopping, then the newcomers' chunk); 0 when none;
+    #                               in a mixed step the forward's share by tokens (`mixed_share`), an estimate
     prefills: tuple[tuple[Any, int], ...] = ()   # (label, prompt tokens computed in this step) per newcomer
+    mixed: bool = False          # decode rows and prompt chunks ran in one forward: its parts were not timed apart
+
+
+def mixed_share(seconds: float, prompt_tokens: int, decode_rows: int) -> float:
+    """The prefill part of a mixed step's `seconds`, by tokens: one forward ran `prompt_tokens` prompt tokens and
+    `decode_rows` decode tokens together, so its time cannot be timed apart; each token takes an equal share."""
+    total = prompt_tokens + decode_rows
+    return seconds * prompt_tokens / total if total else 0.0
 
 
 def _computed(before: list[tuple[Slot, int]]) -> tuple[tuple[Any, int], ...]:
@@ -177,6 +186,7 @@ class BatchRunner:
         mixed = self._mixed_step() if self._mixes() else None
         if mixed is not None:                    # one forward: its prefill part cannot be told apart from the rest
             (prefilled, rows), t1 = mixed, time.perf_counter()
+            t1 = t0 + mixed_share(t1 - t0, prefilled, rows)
         else:
             prefilled = self._prefill() if self.prefilling else 0
             t1 = time.perf_counter()
@@ -188,7 +198,8 @@ class BatchRunner:
         return StepInfo(end, end - t0, rows, prefilled, tags[:rows] if rows else (),
                         table.used * table.block if table else 0, table.tokens if table else 0, layout,
                         table.bytes_per_block // table.block if table else 0, table, started=t0,
-                        prefill_seconds=t1 - t0 if before else 0.0, prefills=_computed(before))
+                        prefill_seconds=t1 - t0 if before else 0.0, prefills=_computed(before),
+                        mixed=mixed is not None)
 
     # --- stopping ------------------------------------------------------------------------------------
 

@@ -777,7 +777,9 @@ class Scheduler:
     def _lived(self, info: StepInfo) -> None:
         """One step into the timeline of every request in the batch (one shared record), and into the measured pace."""
         self._step_index += 1
-        if info.prefill_tokens and info.prefills:
+        if info.mixed:                   # one forward for prompt and rows: a measure of neither rate, left out
+            pass
+        elif info.prefill_tokens and info.prefills:
             self._prefill_rate.append((sum(n for _, n in info.prefills), info.prefill_seconds))
         elif info.decode_rows == 1:
             self._one_row.append(info.seconds)
