@@ -72,7 +72,7 @@ def server_args(settings: Settings, token: str | None) -> list[str]:
     pairs = (("--model", settings.model), ("--draft", settings.draft), ("--device", settings.device),
              ("--dtype", settings.dtype), ("--presenter-token", token),
              ("--replicas", settings.replicas and str(settings.replicas)), ("--ray-address", settings.ray_address))
-    return [x for flag, value in pairs if value for x in (flag, value)]
+    return [f"{flag}={value}" for flag, value in pairs if value]   # "=": a value may begin with "-" (a random token)
 
 
 # --- python -m engine serve ------------------------------------------------------------------------------------

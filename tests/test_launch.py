@@ -152,3 +152,13 @@ def test_the_launcher_leaves_the_threads_to_the_schedulers_measurement(capsys):
     load (engine/serving/threads.py; tests/test_threads.py). A person's own OMP_NUM_THREADS still reaches it."""
     assert main(["--dry-run"], environ={}) == 0
     assert "OMP_NUM_THREADS" not in capsys.readouterr().out
+
+
+def test_a_presenter_token_that_begins_with_a_dash_reaches_the_model_server():
+    """`token_urlsafe` makes a token that begins with "-" about one time in 64: the model server a room starts must
+    still take it as the token's value, not as a flag (a fresh CI run's hosted room once failed to start on one)."""
+    from engine.cli import build_parser  # the model server's own parser, as `python -m engine serve` builds it
+    from engine.launch import server_args
+    token = "-ghdEDJ4lt7YVLOU7vulsLll"
+    args = build_parser().parse_args(["serve", *server_args(parse("--presenter-token", "auto"), token)])
+    assert args.presenter_token == token
