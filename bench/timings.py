@@ -1,23 +1,23 @@
-"""What keeping every request's timeline costs the room: the same load through the API on two servers, one keeping
-timelines (the default) and one not (PLAYGROUND_TIMELINES=0), alternating round by round in one run; and the memory
-one timeline takes per request.
+"""What keeping every request's timeline costs the room: the same load through the API on servers keeping timelines
+(the default) and servers not (PLAYGROUND_TIMELINES=0), alternating round by round in one run; and the memory one
+timeline takes per request.
 
     python bench/timings.py                               # SmolLM2, 20 sessions, 16 and 64 new tokens, 3 rounds
     python bench/timings.py --sessions 20 --tokens 16 64 --rounds 5
 
-Both sides run the same model with the same limits and threads; only one server is busy at a time (they
-alternate). Each side has `--per-side` servers (default 2), started in the order kept, not kept, not kept, kept:
-with one server a side, the keeping one started first, two servers of the same setting can differ by as much as
-the effect looked for (a process's place in the starting order, or luck, is not the setting). Each round runs every server once (the order reversed on odd rounds): N streaming chat completions at once
-(bench/api_clients.py), and the server process's CPU seconds over it (Linux /proc). Each side's figures are the
-medians over its servers' rounds; each row also gives every server's own median and, per side, its first server's
-tok/s over its second's (the same setting twice: the spread the comparison must beat). Memory: the same N sessions
-in-process on a scheduler that keeps timelines, each finished request's record measured with its steps counted as
-if it were their only owner (an upper bound: the steps are shared by the batch), and its stored story (the plain
-values a run keeps on its info and in its run file); and the bookkeeping's own time (recording each step, taking each
-request apart, building its story) against the steps' time, in-process in the same run, a ratio the machine's load
-scales on both sides (`--share-only`: that and the memory, no servers). Writes a new bench/results/timings/<UTC time>-<commit>.json
-(bench/provenance.py).
+Both sides run the same model with the same limits and threads; only one server is busy at a time (they alternate).
+Each side has `--per-side` servers (default 2), started in the order kept, not kept, not kept, kept: with one server
+a side, the keeping one started first, two servers of the same setting can differ by as much as the effect looked
+for (a process's place in the starting order, or luck, is not the setting). Each round runs every server once (the
+order reversed on odd rounds): N streaming chat completions at once (bench/api_clients.py), and the server process's
+CPU seconds over it (Linux /proc). Each side's figures are the medians over its servers' rounds; each row also gives
+every server's own median and, per side, its first server's tok/s over its second's (the same setting twice: the
+spread the comparison must beat). Memory: the same N sessions in-process on a scheduler that keeps timelines, each
+finished request's record measured with its steps counted as if it were their only owner (an upper bound: the steps
+are shared by the batch), and its stored story (the plain values a run keeps on its info and in its run file); and
+the bookkeeping's own time (recording each step, taking each request apart, its story's way out) against the steps'
+time, in-process in the same run, a ratio the machine's load scales on both sides (`--share-only`: that and the
+memory, no servers). Writes a new bench/results/timings/<UTC time>-<commit>.json (bench/provenance.py).
 """
 from __future__ import annotations
 
@@ -172,9 +172,9 @@ def share(lm, limits: Limits, sessions: int, tokens: int) -> dict:
 
 def way_out(handles: list) -> dict[str, float]:
     """What each ended request's story costs on its way out, in seconds over all of them: built for the run's info
-    (the service's listener, once per request), asked for again by the API's last chunk (`Handle.story` builds it once and
-    keeps it; until 2026-11-28 it was built again here) and its timings validated into it, and encoded into the run file (JSON,
-    deflated as the file's zip does)."""
+    (the service's listener, once per request), asked for again by the API's last chunk (`Handle.story` builds it
+    once and keeps it; until 2026-11-28 it was built again here) and its timings validated into that chunk, and
+    encoded into the run file (JSON, deflated as the file's zip does)."""
     spent = {}
     for name, each in (("story", lambda h: h.story), ("story_again", lambda h: h.story),
                        ("last_chunk", lambda h: p.Timings.model_validate(h.story["timings"])),
@@ -306,8 +306,9 @@ def in_house(args: argparse.Namespace, lm, limits: Limits) -> dict:
 
 
 def write(run: provenance.Run, args: argparse.Namespace, lm, rows: list[dict], house: dict) -> int:
-    report = {"what": f"{args.sessions} streaming API sessions at once on a server keeping every request's timeline "
-                      "against one keeping none (PLAYGROUND_TIMELINES=0), alternating, medians of the rounds; the "
+    report = {"what": f"{args.sessions} streaming API sessions at once on servers keeping every request's timeline "
+                      f"against servers keeping none (PLAYGROUND_TIMELINES=0), {args.per_side} a side started kept, "
+                      "not kept, not kept, kept, each once a round, medians of each side's rounds; the "
                       "memory of one request's timeline; in-process, the bookkeeping's own time against the steps'",
               "model_machine": machine(lm), "threads": args.threads,
               "note": "the machine is shared with other work: the rounds' spread is the noise",
