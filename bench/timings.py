@@ -12,12 +12,15 @@ for (a process's place in the starting order, or luck, is not the setting). Each
 order reversed on odd rounds): N streaming chat completions at once (bench/api_clients.py), and the server process's
 CPU seconds over it (Linux /proc). Each side's figures are the medians over its servers' rounds; each row also gives
 every server's own median and, per side, its first server's tok/s over its second's (the same setting twice: the
-spread the comparison must beat). Memory: the same N sessions in-process on a scheduler that keeps timelines, each
-finished request's record measured with its steps counted as if it were their only owner (an upper bound: the steps
-are shared by the batch), and its stored story (the plain values a run keeps on its info and in its run file); and
-the bookkeeping's own time (recording each step, taking each request apart, its story's way out) against the steps'
-time, in-process in the same run, a ratio the machine's load scales on both sides (`--share-only`: that and the
-memory, no servers). Writes a new bench/results/timings/<UTC time>-<commit>.json (bench/provenance.py).
+spread the comparison must beat). Before the counted rounds each server serves `--warm-rounds` (default 1) not
+counted: a server's first round of the full load is its slowest (its first touch of the batch's memory: tens of
+thousands of page faults where a later round has a few hundred). Memory: the same N sessions in-process on a
+scheduler that keeps timelines, each finished request's record measured with its steps counted as if it were their
+only owner (an upper bound: the steps are shared by the batch), and its stored story (the plain values a run keeps
+on its info and in its run file); and the bookkeeping's own time (recording each step, taking each request apart,
+its story's way out) against the steps' time, in-process in the same run, a ratio the machine's load scales on both
+sides (`--share-only`: that and the memory, no servers). Writes a new bench/results/timings/<UTC time>-<commit>.json
+(bench/provenance.py).
 """
 from __future__ import annotations
 
@@ -194,6 +197,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sessions", type=int, default=20)
     parser.add_argument("--tokens", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every server once")
+    parser.add_argument("--warm-rounds", type=int, default=1,
+                        help="rounds each server serves first, not counted (its first touch of a full batch's memory)")
     parser.add_argument("--per-side", type=int, default=2,
                         help="servers per side, started kept, not kept, not kept, kept (default 2)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
@@ -219,6 +224,8 @@ def one_round(pool: ClientPool, proc: subprocess.Popen, model: str, args: argpar
 
 def compare(args: argparse.Namespace, servers: dict, pools: dict, model: str, tokens: int, expected: dict) -> dict:
     runs: dict[str, list[dict]] = {name: [] for name in servers}
+    for name in list(servers) * args.warm_rounds:       # not counted: a server's first full round touches its
+        one_round(pools[name], servers[name][1], model, args, tokens, expected)   # batch's memory for the first time
     for i in range(args.rounds):
         order = list(servers) if i % 2 == 0 else list(reversed(servers))      # alternate which goes first
         for name in order:
@@ -308,8 +315,9 @@ def in_house(args: argparse.Namespace, lm, limits: Limits) -> dict:
 def write(run: provenance.Run, args: argparse.Namespace, lm, rows: list[dict], house: dict) -> int:
     report = {"what": f"{args.sessions} streaming API sessions at once on servers keeping every request's timeline "
                       f"against servers keeping none (PLAYGROUND_TIMELINES=0), {args.per_side} a side started kept, "
-                      "not kept, not kept, kept, each once a round, medians of each side's rounds; the "
-                      "memory of one request's timeline; in-process, the bookkeeping's own time against the steps'",
+                      f"not kept, not kept, kept, each once a round after {args.warm_rounds} not counted, medians "
+                      "of each side's rounds; the memory of one request's timeline; in-process, the bookkeeping's "
+                      "own time against the steps'",
               "model_machine": machine(lm), "threads": args.threads,
               "note": "the machine is shared with other work: the rounds' spread is the noise",
               "rows": rows, **house}
