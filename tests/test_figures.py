@@ -559,6 +559,14 @@ FIGURES: list[tuple[str, str, str, Callable[[Any], Any]]] = [
     (SERVING, "timings/20261128T022722Z-fd836ab.json", "kept against not kept **{:.2f}x tok/s at 16 new tokens and "
      "{:.2f}x at 64**, {:.2f}x and {:.2f}x the server's CPU per token, while **the same setting twice gave {:.2f}x "
      "(keeping) and {:.2f}x (not keeping) at 64 tokens**, the server started first behind both times", timings_abba),
+    (SERVING, "timings/20261128T024422Z-6ed2266.json", "**{:.2f}x tok/s at 16 new tokens and {:.2f}x at 64**, {:.2f}x "
+     "and {:.2f}x the server's CPU per token, the same setting twice {:.2f}x (keeping) and {:.2f}x (not keeping) "
+     "at 64 tokens, and in-process {:.3f}% and {:.3f}% of the steps' time",
+     lambda d: (*timings_abba(d), *timings_way_out(d)[:2])),
+    (SERVING, "timings/20261128T024422Z-6ed2266.json", "(steps slowed by the load: {:.1f} s of them at 64 tokens, "
+     "against {:.1f} s in the run above", lambda d: (d["share"][1]["step_seconds_total"],
+                                                      result("timings/20261128T022722Z-fd836ab.json")["share"][1]
+                                                      ["step_seconds_total"])),
     (SERVING, "timings/20261128T004819Z-869bdb6.json", "measured the bookkeeping itself in-process at {:.2f}% and "
      "{:.2f}% of the steps' time", lambda d: tuple(100 * r["bookkeeping_share_of_step_time"] for r in d["share"])),
     (SERVING, "api-64-off.json", "a second run at 64 tokens made {:.1f} tok/s (p95 {:.2f} s, median of {} rounds;",
