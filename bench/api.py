@@ -86,6 +86,7 @@ def api_scenario(pool: ClientPool, model: str, n: int, tokens: int, capture: boo
     return {"served": len(served), "errors": [o["error"] for o in outcomes if o["error"]],
             "refused": sum(bool(o["refused"]) for o in outcomes),
             "wrong_answers": sum(o["text"] != expected[o["prompt"]].text for o in served),
+            "generated_tokens": sum(o["tokens"] for o in served),
             "throughput_tok_s": sum(o["tokens"] for o in served) / makespan,
             "completion_p95_s": pct(done, 0.95),
             "ttft_p95_s": pct([o["first"] - o["submitted"] for o in served if o["first"]], 0.95)}

@@ -1,17 +1,25 @@
-"""What keeping every request's timeline costs the room: the same load through the API on two servers, one keeping
-timelines (the default) and one not (PLAYGROUND_TIMELINES=0), alternating round by round in one run; and the memory
-one timeline takes per request.
+"""What keeping every request's timeline costs the room: the same load through the API on servers keeping timelines
+(the default) and servers not (PLAYGROUND_TIMELINES=0), alternating round by round in one run; and the memory one
+timeline takes per request.
 
     python bench/timings.py                               # SmolLM2, 20 sessions, 16 and 64 new tokens, 3 rounds
     python bench/timings.py --sessions 20 --tokens 16 64 --rounds 5
 
-Both servers run the same model with the same limits and threads; only one of them is busy at a time (they
-alternate). Each round: N streaming chat completions at once (bench/api_clients.py). Memory: the same N sessions
-in-process on a scheduler that keeps timelines, each finished request's record measured with its steps counted as
-if it were their only owner (an upper bound: the steps are shared by the batch), and its stored story (the plain
-values a run keeps on its info and in its run file); and the bookkeeping's own time (recording each step, taking each
-request apart, building its story) against the steps' time, in-process in the same run, a ratio the machine's load
-scales on both sides (`--share-only`: that and the memory, no servers). Writes a new bench/results/timings/<UTC time>-<commit>.json
+Both sides run the same model with the same limits and threads; only one server is busy at a time (they alternate).
+Each side has `--per-side` servers (default 2), started in the order kept, not kept, not kept, kept: with one server
+a side, the keeping one started first, two servers of the same setting can differ by as much as the effect looked
+for (a process's place in the starting order, or luck, is not the setting). Each round runs every server once (the
+order reversed on odd rounds): N streaming chat completions at once (bench/api_clients.py), and the server process's
+CPU seconds over it (Linux /proc). Each side's figures are the medians over its servers' rounds; each row also gives
+every server's own median and, per side, its first server's tok/s over its second's (the same setting twice: the
+spread the comparison must beat). Before the counted rounds each server serves `--warm-rounds` (default 1) not
+counted: a server's first round of the full load is its slowest (its first touch of the batch's memory: tens of
+thousands of page faults where a later round has a few hundred). Memory: the same N sessions in-process on a
+scheduler that keeps timelines, each finished request's record measured with its steps counted as if it were their
+only owner (an upper bound: the steps are shared by the batch), and its stored story (the plain values a run keeps
+on its info and in its run file); and the bookkeeping's own time (recording each step, taking each request apart,
+its story's way out) against the steps' time, in-process in the same run, a ratio the machine's load scales on both
+sides (`--share-only`: that and the memory, no servers). Writes a new bench/results/timings/<UTC time>-<commit>.json
 (bench/provenance.py).
 """
 from __future__ import annotations
@@ -23,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+import zlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,9 +52,41 @@ from engine.core.loader import load_model  # noqa: E402
 from engine.core.openmp import in_passing_thread  # noqa: E402
 from engine.serving.limits import Limits  # noqa: E402
 from engine.serving.scheduler import Scheduler  # noqa: E402
+from engine.server import protocol as p  # noqa: E402
 
 SIDES = {"kept": "1", "not_kept": "0"}
 REQUEST_SECONDS = 3600.0
+
+
+def start_servers(args: argparse.Namespace, limits: Limits) -> dict[str, tuple[str, subprocess.Popen, str]]:
+    """`--per-side` servers a side, started in ABBA order (kept, not kept, not kept, kept, ...): whatever a server's
+    place in the starting order does to it falls on both sides alike. Name -> (side, process, url)."""
+    sides = list(SIDES)
+    order = [sides[(i + i // 2) % 2] for i in range(2 * args.per_side)]     # a b b a a b b a ...
+    servers: dict[str, tuple[str, subprocess.Popen, str]] = {}
+    for side in order:
+        name = f"{side}#{sum(1 for s, _, _ in servers.values() if s == side) + 1}"
+        try:
+            servers[name] = (side, *start(args, limits, SIDES[side]))
+        except BaseException:
+            stop_servers(servers)
+            raise
+    return servers
+
+
+def stop_servers(servers: dict[str, tuple[str, subprocess.Popen, str]]) -> None:
+    for _, proc, _ in servers.values():
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """A process's CPU seconds so far, all its threads (Linux /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start(args: argparse.Namespace, limits: Limits, keep: str) -> tuple[subprocess.Popen, str]:
@@ -101,8 +142,8 @@ def memory(lm, limits: Limits, sessions: int, tokens: int) -> dict:
 def share(lm, limits: Limits, sessions: int, tokens: int) -> dict:
     """The bookkeeping's own time against the steps' time, in-process, in the same run (a ratio the machine's load
     scales on both sides): the worker's time in recording each step into the timelines and in taking each finished
-    request apart, and the stories built for its run info."""
-    spent = {"per_step": 0.0, "per_request": 0.0, "story": 0.0}
+    request apart, and each ended request's story on its way out (`way_out`)."""
+    spent = {"per_step": 0.0, "per_request": 0.0}
 
     def timed(name, fn):
         def wrapper(*a, **kw):
@@ -121,10 +162,7 @@ def share(lm, limits: Limits, sessions: int, tokens: int) -> dict:
                    for i in range(sessions)]
         for h in handles:
             h.result(timeout=600)
-        t0 = time.perf_counter()
-        for h in handles:
-            h.story                                   # what the service builds for the run's info at its end
-        spent["story"] = time.perf_counter() - t0
+        spent.update(way_out(handles))
         steps = [s.seconds for s in scheduler.room().steps]
         reasons = [h.timeline.finish_reason for h in handles]
     finally:
@@ -135,6 +173,22 @@ def share(lm, limits: Limits, sessions: int, tokens: int) -> dict:
             "bookkeeping_share_of_step_time": total / sum(steps)}
 
 
+def way_out(handles: list) -> dict[str, float]:
+    """What each ended request's story costs on its way out, in seconds over all of them: built for the run's info
+    (the service's listener, once per request), asked for again by the API's last chunk (`Handle.story` builds it
+    once and keeps it; until 2026-11-28 it was built again here) and its timings validated into that chunk, and
+    encoded into the run file (JSON, deflated as the file's zip does)."""
+    spent = {}
+    for name, each in (("story", lambda h: h.story), ("story_again", lambda h: h.story),
+                       ("last_chunk", lambda h: p.Timings.model_validate(h.story["timings"])),
+                       ("run_file", lambda h: zlib.compress(json.dumps(h.story, separators=(",", ":")).encode(), 6))):
+        t0 = time.perf_counter()
+        for h in handles:
+            each(h)
+        spent[name] = time.perf_counter() - t0
+    return spent
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="default")
@@ -142,7 +196,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype")
     parser.add_argument("--sessions", type=int, default=20)
     parser.add_argument("--tokens", type=int, nargs="+", default=[16, 64])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every server once")
+    parser.add_argument("--warm-rounds", type=int, default=1,
+                        help="rounds each server serves first, not counted (its first touch of a full batch's memory)")
+    parser.add_argument("--per-side", type=int, default=2,
+                        help="servers per side, started kept, not kept, not kept, kept (default 2)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--client-procs", type=int, default=1)
     parser.add_argument("--share-only", action="store_true",
@@ -151,24 +209,67 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def compare(args: argparse.Namespace, pools: dict, model: str, tokens: int, expected: dict) -> dict:
-    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+def one_round(pool: ClientPool, proc: subprocess.Popen, model: str, args: argparse.Namespace, tokens: int,
+              expected: dict) -> dict:
+    """One server's round: the clients' figures and the server's CPU seconds over it (per token generated)."""
+    before = cpu_seconds(proc.pid)
+    out = api_scenario(pool, model, args.sessions, tokens, False, expected)
+    after = cpu_seconds(proc.pid)
+    out["server_cpu_s"] = None if before is None or after is None else after - before
+    generated = out["generated_tokens"]
+    out["server_cpu_ms_per_token"] = (1e3 * out["server_cpu_s"] / generated
+                                      if out["server_cpu_s"] is not None and generated else None)
+    return out
+
+
+def compare(args: argparse.Namespace, servers: dict, pools: dict, model: str, tokens: int, expected: dict) -> dict:
+    runs: dict[str, list[dict]] = {name: [] for name in servers}
+    for name in list(servers) * args.warm_rounds:       # not counted: a server's first full round touches its
+        one_round(pools[name], servers[name][1], model, args, tokens, expected)   # batch's memory for the first time
     for i in range(args.rounds):
-        order = list(SIDES) if i % 2 == 0 else list(reversed(SIDES))      # alternate which goes first
-        for side in order:
-            runs[side].append(api_scenario(pools[side], model, args.sessions, tokens, False, expected))
-    med = {side: {k: statistics.median(r[k] for r in rs) for k in ("throughput_tok_s", "completion_p95_s",
-                                                                     "ttft_p95_s")} for side, rs in runs.items()}
-    row = {"tokens": tokens, "sessions": args.sessions, **med,
-           "throughput_ratio": med["kept"]["throughput_tok_s"] / med["not_kept"]["throughput_tok_s"],
-           "p95_ratio": med["kept"]["completion_p95_s"] / med["not_kept"]["completion_p95_s"],
+        order = list(servers) if i % 2 == 0 else list(reversed(servers))      # alternate which goes first
+        for name in order:
+            runs[name].append(one_round(pools[name], servers[name][1], model, args, tokens, expected))
+    keys = ("throughput_tok_s", "completion_p95_s", "ttft_p95_s", "server_cpu_ms_per_token")
+    med = lambda rs: {k: median_of(r[k] for r in rs) for k in keys}  # noqa: E731
+    by_side = {side: [r for name, rs in runs.items() if servers[name][0] == side for r in rs] for side in SIDES}
+    sides = {side: med(rs) for side, rs in by_side.items()}
+    each = {name: med(rs) for name, rs in runs.items()}
+    row = {"tokens": tokens, "sessions": args.sessions, **sides,
+           "throughput_ratio": sides["kept"]["throughput_tok_s"] / sides["not_kept"]["throughput_tok_s"],
+           "p95_ratio": sides["kept"]["completion_p95_s"] / sides["not_kept"]["completion_p95_s"],
+           "cpu_per_token_ratio": ratio(sides["kept"]["server_cpu_ms_per_token"],
+                                        sides["not_kept"]["server_cpu_ms_per_token"]),
+           "servers": {name: {"side": servers[name][0], **each[name]} for name in servers},
+           "same_side_throughput_ratio": same_side(servers, each),
            "rounds": runs,
            "ok": all(not r["errors"] and not r["wrong_answers"] and r["served"] == args.sessions
                      for rs in runs.values() for r in rs)}
-    print(f"{tokens:3d} tokens: kept {med['kept']['throughput_tok_s']:.1f} tok/s, not kept "
-          f"{med['not_kept']['throughput_tok_s']:.1f} tok/s: {row['throughput_ratio']:.3f}x tok/s, "
-          f"{row['p95_ratio']:.3f}x p95 {'ok' if row['ok'] else 'ERRORS'}", flush=True)
+    print(f"{tokens:3d} tokens: kept {sides['kept']['throughput_tok_s']:.1f} tok/s, not kept "
+          f"{sides['not_kept']['throughput_tok_s']:.1f} tok/s: {row['throughput_ratio']:.3f}x tok/s, "
+          f"{row['p95_ratio']:.3f}x p95, {row['cpu_per_token_ratio'] or float('nan'):.3f}x server CPU per token; "
+          f"same setting, first server over second: {row['same_side_throughput_ratio']} "
+          f"{'ok' if row['ok'] else 'ERRORS'}", flush=True)
     return row
+
+
+def median_of(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def same_side(servers: dict, each: dict) -> dict[str, float | None]:
+    """Per side, its first-started server's median tok/s over its second's: the same setting twice (an A/A)."""
+    out = {}
+    for side in SIDES:
+        names = [n for n in servers if servers[n][0] == side]
+        if len(names) >= 2:
+            out[side] = ratio(each[names[0]]["throughput_tok_s"], each[names[1]]["throughput_tok_s"])
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,20 +282,20 @@ def main(argv: list[str] | None = None) -> int:
     limits = replace(Limits.for_device(lm.device).with_env(), request_seconds=REQUEST_SECONDS)
     if args.share_only:
         return write(run, args, lm, [], in_house(args, lm, limits))
-    servers = {side: start(args, limits, keep) for side, keep in SIDES.items()}
-    pools = {side: ClientPool(args.client_procs, url + "/v1") for side, (_, url) in servers.items()}
-    model = openai.OpenAI(base_url=servers["kept"][1] + "/v1", api_key="unused").models.list().data[0].id
+    servers = start_servers(args, limits)
+    pools: dict[str, ClientPool] = {}
     rows: list[dict] = []
     try:
+        pools = {name: ClientPool(args.client_procs, url + "/v1") for name, (_, _, url) in servers.items()}
+        url = next(iter(servers.values()))[2]
+        model = openai.OpenAI(base_url=url + "/v1", api_key="unused").models.list().data[0].id
         for tokens in args.tokens:
             expected = in_passing_thread(lambda: references(lm, tokens))
-            rows.append(compare(args, pools, model, tokens, expected))
+            rows.append(compare(args, servers, pools, model, tokens, expected))
     finally:
         for pool in pools.values():
             pool.close()
-        for proc, _ in servers.values():
-            proc.terminate()
-            proc.wait(timeout=30)
+        stop_servers(servers)
     return write(run, args, lm, rows, in_house(args, lm, limits))
 
 
@@ -212,9 +313,11 @@ def in_house(args: argparse.Namespace, lm, limits: Limits) -> dict:
 
 
 def write(run: provenance.Run, args: argparse.Namespace, lm, rows: list[dict], house: dict) -> int:
-    report = {"what": f"{args.sessions} streaming API sessions at once on a server keeping every request's timeline "
-                      "against one keeping none (PLAYGROUND_TIMELINES=0), alternating, medians of the rounds; the "
-                      "memory of one request's timeline; in-process, the bookkeeping's own time against the steps'",
+    report = {"what": f"{args.sessions} streaming API sessions at once on servers keeping every request's timeline "
+                      f"against servers keeping none (PLAYGROUND_TIMELINES=0), {args.per_side} a side started kept, "
+                      f"not kept, not kept, kept, each once a round after {args.warm_rounds} not counted, medians "
+                      "of each side's rounds; the memory of one request's timeline; in-process, the bookkeeping's "
+                      "own time against the steps'",
               "model_machine": machine(lm), "threads": args.threads,
               "note": "the machine is shared with other work: the rounds' spread is the noise",
               "rows": rows, **house}

@@ -369,6 +369,24 @@ def timings_api(d: dict) -> tuple:
             min(load), max(load), *span(rounds))
 
 
+def timings_way_out(d: dict) -> tuple:
+    """In-process: the bookkeeping's share (%) at 16 and 64 tokens, and at 64 the story's way out in ms for all the
+    requests: the run file, the first build, the last chunk's validation, the second asking."""
+    share = {s["tokens"]: s for s in d["share"]}
+    spent = share[64]["bookkeeping_seconds"]
+    return (100 * share[16]["bookkeeping_share_of_step_time"], 100 * share[64]["bookkeeping_share_of_step_time"],
+            1e3 * spent["run_file"], 1e3 * spent["story"], 1e3 * spent["last_chunk"], 1e3 * spent["story_again"])
+
+
+def timings_abba(d: dict) -> tuple:
+    """Through the API, two servers a side: kept/not tok/s and server CPU per token at 16 and 64 tokens, and at 64
+    each side's first server over its second (the same setting twice)."""
+    rows = {r["tokens"]: r for r in d["rows"]}
+    same = rows[64]["same_side_throughput_ratio"]
+    return (rows[16]["throughput_ratio"], rows[64]["throughput_ratio"], rows[16]["cpu_per_token_ratio"],
+            rows[64]["cpu_per_token_ratio"], same["kept"], same["not_kept"])
+
+
 FIGURES: list[tuple[str, str, str, Callable[[Any], Any]]] = [
     (README, "speculative.json", "| n-gram lookup, k = 2 / 4 / 6 | copies a passage | {:.0f} / {:.0f} / {:.0f}% | "
      "{:.2f} / {:.2f} / {:.2f} | {:.2f}x / {:.2f}x / {:.2f}x |", spec_ngram_copy),
@@ -534,6 +552,21 @@ FIGURES: list[tuple[str, str, str, Callable[[Any], Any]]] = [
      "(`bench/results/timings/20261128T005211Z-cdd82b4.json`): **{:.2f}x**, behind in all {} rounds",
      lambda d: (d["rows"][0]["throughput_ratio"], sum(k["throughput_tok_s"] < n["throughput_tok_s"] for k, n in
                                                       zip(d["rows"][0]["rounds"]["kept"], d["rows"][0]["rounds"]["not_kept"])))),
+    (SERVING, "timings/20261128T022722Z-fd836ab.json", "**{:.3f}% and {:.3f}% of the steps' time** at 16 and 64 new "
+     "tokens (at 64: {:.1f} ms of run-file JSON and deflate, {:.1f} ms to build the stories, {:.1f} ms to validate "
+     "the last chunks for 20 requests; the second build the last chunk used to make cost as much as the first, "
+     "{:.1f} ms now)", timings_way_out),
+    (SERVING, "timings/20261128T022722Z-fd836ab.json", "kept against not kept **{:.2f}x tok/s at 16 new tokens and "
+     "{:.2f}x at 64**, {:.2f}x and {:.2f}x the server's CPU per token, while **the same setting twice gave {:.2f}x "
+     "(keeping) and {:.2f}x (not keeping) at 64 tokens**, the server started first behind both times", timings_abba),
+    (SERVING, "timings/20261128T024422Z-6ed2266.json", "**{:.2f}x tok/s at 16 new tokens and {:.2f}x at 64**, {:.2f}x "
+     "and {:.2f}x the server's CPU per token, the same setting twice {:.2f}x (keeping) and {:.2f}x (not keeping) "
+     "at 64 tokens, and in-process {:.3f}% and {:.3f}% of the steps' time",
+     lambda d: (*timings_abba(d), *timings_way_out(d)[:2])),
+    (SERVING, "timings/20261128T024422Z-6ed2266.json", "(steps slowed by the load: {:.1f} s of them at 64 tokens, "
+     "against {:.1f} s in the run above", lambda d: (d["share"][1]["step_seconds_total"],
+                                                      result("timings/20261128T022722Z-fd836ab.json")["share"][1]
+                                                      ["step_seconds_total"])),
     (SERVING, "timings/20261128T004819Z-869bdb6.json", "measured the bookkeeping itself in-process at {:.2f}% and "
      "{:.2f}% of the steps' time", lambda d: tuple(100 * r["bookkeeping_share_of_step_time"] for r in d["share"])),
     (SERVING, "api-64-off.json", "a second run at 64 tokens made {:.1f} tok/s (p95 {:.2f} s, median of {} rounds;",

@@ -39,7 +39,6 @@ from engine.service.replicas import ReplicaSnapshot, ReplicaView
 from engine.service.runs import RunInfo, RunNotFoundError, RunSlice, LiveRuns, new_run_id
 from engine.serving.limits import Limits
 from engine.serving.prefix import PrefixStats
-from engine.serving.timeline import story
 from engine.serving.scheduler import (CheckedRequest, Handle, JobProgress, RoomState, SchedulerStats, Span,
                                       scheduler_for)
 from engine.speculative.decode import draft_from_spec
@@ -249,7 +248,7 @@ class EngineService:
             # and a reader woken by the close (run_wait) waits for the file.
             if written:
                 self.writer.ending(handle.run_id)
-            self.runs.close(handle.run_id, handle.state, error, story(handle.timeline, handle.timings))
+            self.runs.close(handle.run_id, handle.state, error, handle.story)
             if written:
                 self.writer.finished(handle.run_id)          # its run file, written in the writer's thread
         elif handle.job is None or isinstance(record, JobProgress):

@@ -140,6 +140,7 @@ class Handle:
     listeners: tuple[Callable[["Handle", Any], None], ...] = field(default=(), repr=False)   # listener(handle, record)
     timeline: RequestTimeline | None = field(default=None, repr=False)   # its story, filled by the worker
     timings: Timings | None = None   # its time taken apart, once it has ended (before its stream's end marker)
+    _story: dict[str, Any] | None = field(default=None, repr=False)   # `story`, built once
     _records: queue.Queue = field(default_factory=queue.Queue, repr=False)
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     _got_done: bool = False
@@ -157,8 +158,12 @@ class Handle:
 
     @property
     def story(self) -> dict[str, Any] | None:
-        """Its timeline and timings as plain values once it has ended (engine.serving.timeline.story), else None."""
-        return story(self.timeline, self.timings)
+        """Its timeline and timings as plain values once it has ended (engine.serving.timeline.story), else None:
+        built once, on first asking (the run store's close, the API's last chunk and the page share it; nothing
+        changes a timeline once its timings are taken)."""
+        if self._story is None:
+            self._story = story(self.timeline, self.timings)
+        return self._story
 
     def cancel(self) -> None:
         """Stop this request: dropped from the queue, or stopped after the current step if running."""
