@@ -1808,7 +1808,6 @@ DOCS_NOT_MEASURED: dict[str, tuple[str, ...]] = {  # the same for docs/*.md, eac
         # and the projection's and simulator's tables (engine.projection, serving_sim): projected, not measured
         "a body over 8 MiB", "for a 256 MB capture",
         "2 x the capture limit of records and kept residual (256 MiB at least: 512 MiB on the CPU defaults",
-        "costs the API room about 5 to 10% at 64 new tokens",  # the 0.90x and 0.94x checked just before, in words
         "a process silent for 30 s", "(`bench/results/api.json`, 2026-11-26, second",
         "The targets were 0.9x tok/s and 1.15x p95 at most", "0.54 GB in float32, are read from memory once",
         "(every core when it is 3% faster, fewer when they are 10% faster;", "and with 3% either way the tuner",
