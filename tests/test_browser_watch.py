@@ -6,9 +6,11 @@ projector's size (1024x768) in tests/screenshots/.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 
-from test_browser import (PROJECTOR, assert_no_exception, assert_nothing_clipped, browser, button,  # noqa: F401
+from test_browser import (PROJECTOR, SHOTS, assert_no_exception, assert_nothing_clipped, browser, button,  # noqa: F401
                           running_app, set_number, set_prompt, shot, wait_heading, wait_idle, wait_text)
 
 pytestmark = pytest.mark.browser
@@ -33,6 +35,21 @@ def open_tab(browser, url: str, path: str, heading: str):  # noqa: F811
     return page, errors
 
 
+@contextmanager
+def shown_on_failure(tabs: dict):
+    """On a timeout, every tab's screenshot in tests/screenshots/ and the start of its text in the failure, so a run
+    that failed once on a loaded CI machine says what each tab showed (the lead's run started or not)."""
+    try:
+        yield
+    except Exception as err:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        seen = []
+        for name, page in tabs.items():
+            page.screenshot(path=str(SHOTS / f"failed-watch-{name}.png"), full_page=True)
+            seen.append(f"{name}: {page.locator('body').inner_text()[:600]!r}")
+        raise AssertionError("\n".join(["what each tab showed:", *seen])) from err
+
+
 def unlock(page) -> None:
     page.get_by_text("Presenter mode", exact=True).click()
     box = page.get_by_label("Presenter token")
@@ -50,9 +67,11 @@ def test_followers_on_other_pages_watch_one_run_then_explore_it(room_url, browse
     attention, attention_errors = open_tab(browser, room_url, "attention", "Attention")
     journey, journey_errors = open_tab(browser, room_url, "journey", "The journey of a request")
     button(lead, "Generate").click()
-    for follower in (home, attention, journey):            # the strip, above the follower's own page
-        wait_text(follower, "The presenter's run", 120)
-        follower.get_by_text("Generated tokens").first.wait_for(timeout=120_000)
+    tabs = {"lead": lead, "home": home, "attention": attention, "journey": journey}
+    with shown_on_failure(tabs):
+        for follower in (home, attention, journey):        # the strip, above the follower's own page
+            wait_text(follower, "The presenter's run", 120)
+            follower.get_by_text("Generated tokens").first.wait_for(timeout=120_000)
     shot(home, "projector-watch-strip")
     wait_text(lead, "Done:", 180)
     answer = lead.get_by_test_id("stMainBlockContainer").locator('[data-testid="stText"]').first.inner_text()
