@@ -733,7 +733,8 @@ LONE = [  # docs/engine.md, "Two threads, and why they were ten times slower" an
 LONE.append((ENGINE_DOC, "lone_bits/20261127T211900Z-714cf7d.json", "the logits differed from `F.linear`'s by at "
              "most {:.1e} (the largest logit {:.1f}), the probabilities by at most {:.1e}, and every token was the same.",
              lambda d: (d["max_logit_diff"], d["max_abs_logit"], d["max_prob_diff"]) if d["same_tokens"] else ()))
-VS_LCP = "vs_llamacpp/20261128T004601Z-869bdb6.json"   # a quiet machine, the current lone step
+VS_LCP = "vs_llamacpp/20261128T034948Z-16686b8.json"   # a quiet machine, after the host-work cut
+VS_LCP_BEFORE_CUT = "vs_llamacpp/20261128T004601Z-869bdb6.json"   # a quiet machine, before it
 VS_LCP_FIRST = "vs_llamacpp/20261127T225545Z-b1742df.json"   # a quiet machine, before the side-by-side products
 VS_LCP_BUSY = "vs_llamacpp/20261127T204932Z-6a4e018.json"
 
@@ -765,6 +766,11 @@ LONE += [  # README, "One person alone, against llama.cpp"
                                              / d["table"]["llama.cpp"]["ms_per_token"], d["same_answers"])),
     (README, VS_LCP_FIRST, "({:.1f} GB/s then,", lambda d: (max(v for r in d["read_gb_s"] for v in r.values()),)),
     (README, VS_LCP, "{:.1f} now)", lambda d: (max(v for r in d["read_gb_s"] for v in r.values()),)),
+    (README, VS_LCP_BEFORE_CUT, "(`bench/results/vs_llamacpp/20261128T004601Z-869bdb6.json`, load average\n{:.2f}), had ours "
+     "at {:.1f} ms a token and llama.cpp at {:.1f} ({:.2f}x)",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], d["table"]["ours"]["ms_per_token"],
+                d["table"]["llama.cpp"]["ms_per_token"],
+                d["table"]["ours"]["ms_per_token"] / d["table"]["llama.cpp"]["ms_per_token"])),
     (README, VS_LCP_BUSY, "had llama.cpp at {:.1f} ms a token against our {:.1f}",
      lambda d: (d["table"]["llama.cpp"]["ms_per_token"], d["table"]["ours"]["ms_per_token"])),
 ]
