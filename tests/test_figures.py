@@ -563,6 +563,9 @@ FIGURES: list[tuple[str, str, str, Callable[[Any], Any]]] = [
      "and {:.2f}x the server's CPU per token, the same setting twice {:.2f}x (keeping) and {:.2f}x (not keeping) "
      "at 64 tokens, and in-process {:.3f}% and {:.3f}% of the steps' time",
      lambda d: (*timings_abba(d), *timings_way_out(d)[:2])),
+    (SERVING, "timings/20261128T034537Z-16686b8.json", "**{:.2f}x tok/s at 16 new tokens and {:.2f}x at 64**, {:.2f}x "
+     "and {:.2f}x the server's CPU per token, the same\nsetting twice {:.2f}x (keeping) and {:.2f}x (not keeping) at 64 "
+     "tokens, and in-process {:.3f}% and {:.3f}% of the steps'", lambda d: (*timings_abba(d), *timings_way_out(d)[:2])),
     (SERVING, "timings/20261128T024422Z-6ed2266.json", "(steps slowed by the load: {:.1f} s of them at 64 tokens, "
      "against {:.1f} s in the run above", lambda d: (d["share"][1]["step_seconds_total"],
                                                       result("timings/20261128T022722Z-fd836ab.json")["share"][1]
