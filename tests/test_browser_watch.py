@@ -15,7 +15,9 @@ from test_browser import (PROJECTOR, SHOTS, assert_no_exception, assert_nothing_
 
 pytestmark = pytest.mark.browser
 TOKEN = "browser-watch-token-42"
-TOKENS = 8
+TOKENS = 32   # long enough that a follower's strip (a tick every 0.5 s) sees the run stream on a loaded machine: a
+# follower whose ticks the run outruns takes it up without moving, as a latecomer does (test_app_serving), and
+# the home follower below would stay home. Suspected cause of the timeouts of 2 of 4 CI runs on 2026-11-28 (8 tokens).
 PROMPT = "Name three colours of the rainbow."
 
 
