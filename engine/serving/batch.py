@@ -185,8 +185,8 @@ class BatchRunner:
         tags = tuple(s.label for s in self.batch.slots)
         mixed = self._mixed_step() if self._mixes() else None
         if mixed is not None:                    # one forward: its prefill part cannot be told apart from the rest
-            (prefilled, rows), t1 = mixed, time.perf_counter()
-            t1 = t0 + mixed_share(t1 - t0, prefilled, rows)
+            prefilled, rows = mixed
+            t1 = t0 + mixed_share(time.perf_counter() - t0, prefilled, rows)
         else:
             prefilled = self._prefill() if self.prefilling else 0
             t1 = time.perf_counter()

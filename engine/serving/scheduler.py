@@ -782,12 +782,8 @@ class Scheduler:
     def _lived(self, info: StepInfo) -> None:
         """One step into the timeline of every request in the batch (one shared record), and into the measured pace."""
         self._step_index += 1
-        if info.mixed:                   # one forward for prompt and rows: a measure of neither rate, left out
-            pass
-        elif info.prefill_tokens and info.prefills:
-            self._prefill_rate.append((sum(n for _, n in info.prefills), info.prefill_seconds))
-        elif info.decode_rows == 1:
-            self._one_row.append(info.seconds)
+        if not info.mixed:               # one forward for prompt and rows measures neither rate: left out
+            self._measured(info)
         if not self.keep_timelines:
             return
         seen = StepSeen(self._step_index, info.started, info.seconds, info.prefill_seconds, info.tags, info.prefills)
@@ -795,6 +791,13 @@ class Scheduler:
             timeline = handle.timeline
             if slot is not None and timeline is not None and timeline.stopped is None:
                 timeline.steps.append(seen)
+
+    def _measured(self, info: StepInfo) -> None:
+        """A step into the measured pace: the prefill rate, or the one-row decode-only step."""
+        if info.prefill_tokens and info.prefills:
+            self._prefill_rate.append((sum(n for _, n in info.prefills), info.prefill_seconds))
+        elif info.decode_rows == 1:
+            self._one_row.append(info.seconds)
 
     def rates(self) -> Rates:
         """This server's measured pace: its one-row decode-only step and its prefill rate (recent steps)."""
