@@ -1,12 +1,12 @@
 """Engine benchmark on the embedded model: model.generate vs the engine, capture off and on, side by side.
 
-    .venv/bin/python bench/engine.py [--model default] [--tokens 64] [--repeats 3] [--static] [--no-nnsight]
+    .venv/bin/python bench/engine.py [--model default] [--tokens 64] [--repeats 3] [--no-nnsight]
 
 Beside the engine's capture runs its peer: nnsight (an optional benchmark dependency, `pip install -e
 '.[bench]'`) tracing `model.generate` on an eager-attention copy of the model and saving every layer's
 attention weights at every step. Without nnsight installed that column is skipped with a message.
-With --static the engine's static-cache fast path (engine/core/fastpath.py; CUDA graphs on CUDA, eager on
-CPU) runs too, capture off and with every attention row.
+(The single-request fast path that --static measured is gone, issue 50: a request alone runs the batch runner's
+one-row step, bench/lone_route.py.)
 
 Writes a new bench/results/engine/<UTC time>-<commit>.json (bench/provenance.py) and prints a table. Each round
 runs every column once (reference, engine off, engine capture, nnsight, ...) and the median over the rounds is
@@ -32,7 +32,6 @@ from transformers.generation.streamers import BaseStreamer
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.core.fastpath import FastDecoder  # noqa: E402
 from engine.core.generate import GenerationRequest, encode_prompt, generate, generate_captured  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy  # noqa: E402
 from engine.core.kept import kept_for  # noqa: E402
@@ -74,11 +73,9 @@ def reference_rates(model, ids: list[int], max_new: int, eos: list[int]) -> dict
     return clock.rates()
 
 
-def engine_rates(lm, request: GenerationRequest, policy: CapturePolicy, fast: FastDecoder | None = None
-                 ) -> dict[str, float]:
+def engine_rates(lm, request: GenerationRequest, policy: CapturePolicy) -> dict[str, float]:
     kept = kept_for(lm, policy, 512)
-    records = fast.generate(request, kept=kept) if fast is not None else generate(lm, request, policy, kept=kept)
-    done = list(records)[-1]
+    done = list(generate(lm, request, policy, kept=kept))[-1]
     return {"ttft_s": done.ttft, "decode_tok_s": done.tokens_per_second, "tokens": done.generated_tokens}
 
 
@@ -133,30 +130,26 @@ def eos_list(lm) -> list[int]:
     return sorted({lm.tokenizer.eos_token_id, *([ids] if isinstance(ids, int) else ids or [])} - {None})
 
 
-def columns(lm, references: dict, traced, request: GenerationRequest, ids: list[int], eos: list[int],
-            fast: FastDecoder | None) -> dict[str, Callable[[], dict]]:
-    """What one round runs, in order: the references, the engine, nnsight, the static cache."""
+def columns(lm, references: dict, traced, request: GenerationRequest, ids: list[int], eos: list[int]
+            ) -> dict[str, Callable[[], dict]]:
+    """What one round runs, in order: the references, the engine, nnsight."""
     n = request.max_new_tokens
     runs = {name: (lambda model=model: reference_rates(model, ids, n, eos)) for name, model in references.items()}
     runs["engine, capture off"] = lambda: engine_rates(lm, request, CAPTURE_OFF)
     runs["engine, all attention rows"] = lambda: engine_rates(lm, request, FULL_ROWS)
     if traced is not None:
         runs[NNSIGHT] = lambda: nnsight_rates(traced, ids, n, eos)
-    if fast is not None:
-        runs["static cache, capture off"] = lambda: engine_rates(lm, request, CAPTURE_OFF, fast)
-        runs["static cache, all attention rows"] = lambda: engine_rates(lm, request, FULL_ROWS, fast)
     return runs
 
 
-def measure(lm, references: dict, max_new: int, repeats: int, fast: FastDecoder | None = None, traced=None
-            ) -> dict[str, dict]:
+def measure(lm, references: dict, max_new: int, repeats: int, traced=None) -> dict[str, dict]:
     """Every column once per round, `repeats` rounds, medians per column and phase."""
     eos = eos_list(lm)
     results: dict[str, dict] = {"rounds": {}}
     for phase, prompt, chat, n in (("decode", DECODE_PROMPT, True, max_new), ("prefill", PREFILL_WORDS, False, 1)):
         request = GenerationRequest(prompt, max_new_tokens=n, chat=chat)
         ids = encode_prompt(lm, request)
-        runs = columns(lm, references, traced, request, ids, eos, fast)
+        runs = columns(lm, references, traced, request, ids, eos)
         for fn in runs.values():  # warm-up, one of each
             fn()
         rounds = [{name: fn() for name, fn in runs.items()} for _ in range(repeats)]
@@ -200,7 +193,7 @@ def summarize(lm, results: dict, seconds: float) -> dict:
 
 
 def ratios(rows: dict) -> dict[str, float]:
-    """Decode rates over model.generate's (and the static path's over the dynamic engine's)."""
+    """Decode rates over model.generate's."""
     ref = rows["model.generate"]["decode_tok_s"]
     out = {"capture_off_vs_generate": rows["engine, capture off"]["decode_tok_s"] / ref,
            "full_capture_vs_generate": rows["engine, all attention rows"]["decode_tok_s"] / ref}
@@ -210,11 +203,6 @@ def ratios(rows: dict) -> dict[str, float]:
                                           / rows[NNSIGHT]["decode_tok_s"])
     if EAGER in rows:
         out["eager_generate_vs_generate"] = rows[EAGER]["decode_tok_s"] / ref
-    if "static cache, capture off" in rows:
-        out["static_off_vs_engine_off"] = (rows["static cache, capture off"]["decode_tok_s"]
-                                           / rows["engine, capture off"]["decode_tok_s"])
-        out["static_rows_vs_engine_rows"] = (rows["static cache, all attention rows"]["decode_tok_s"]
-                                             / rows["engine, all attention rows"]["decode_tok_s"])
     return out
 
 
@@ -251,19 +239,17 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", help="default: a new file under bench/results/engine/")
-    parser.add_argument("--static", action="store_true", help="also the static-cache fast path")
     parser.add_argument("--no-nnsight", action="store_true", help="skip the nnsight column")
     args = parser.parse_args()
     run = provenance.start("engine")
     start = time.perf_counter()
     lm = load_model(args.model)
     references = {"model.generate": load_reference(lm, "sdpa")}
-    fast = FastDecoder(lm) if args.static else None
     traced = None if args.no_nnsight else load_nnsight(lm)
     if traced is not None:  # nnsight's own base, untraced: how much of its cost is eager attention
         references[EAGER] = load_reference(lm, "eager")
     with torch.inference_mode():
-        results = measure(lm, references, args.tokens, args.repeats, fast, traced)
+        results = measure(lm, references, args.tokens, args.repeats, traced)
     summary = summarize(lm, results, time.perf_counter() - start)
     run.save(summary, out=args.out, rounds=results["rounds"])
     print_table(summary)

@@ -5,14 +5,13 @@
 
 For each path, per decode step: the wall time, the time the GPU spent in kernels (CUDA events of the
 profiler's trace), how many host-device synchronisations and copies the host asked for, and the host
-operations that took the most time. Paths: `generate` (eager, dynamic cache, one request), the fast
-path (static cache, CUDA graphs on CUDA; engine/core/fastpath.py), and the scheduler's batched step
-(engine/serving/batch.py, paged KV) with 1 and with `--rows` requests, eager and, on CUDA, as CUDA graphs
-(engine/serving/graphed.py), and one long prompt's prefill (engine.core.generate.forward, `--prefill` tokens).
+operations that took the most time. Paths: `generate` (eager, dynamic cache, one request) and the scheduler's
+step (engine/serving/batch.py, paged KV) with 1 and with `--rows` requests, eager and, on CUDA, as CUDA graphs
+(engine/serving/graphed.py: a request alone replays the graph of row bucket 1), and one long prompt's prefill (engine.core.generate.forward, `--prefill` tokens).
 A step whose wall time is far above its kernel time waits on the host: the table says on what. Where the kernel
 time itself goes is split into matmuls, attention and the rest (norms, activations, copies), with the costliest
-kernels by name: what a prefill slower than its matmuls spends on. The two single-request paths' steps include
-their prompt's prefill, spread over the steps. Writes a new bench/results/gpu-profile/<UTC time>-<commit>.json
+kernels by name: what a prefill slower than its matmuls spends on. `generate`'s steps include its prompt's
+prefill, spread over the steps. Writes a new bench/results/gpu-profile/<UTC time>-<commit>.json
 (bench/provenance.py).
 """
 from __future__ import annotations
@@ -32,7 +31,6 @@ from torch.profiler import ProfilerActivity, profile
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.core.fastpath import FastDecoder  # noqa: E402
 from engine.core.generate import GenerationRequest, encode_prompt, forward, generate  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
@@ -148,10 +146,7 @@ def main() -> None:
     args = p.parse_args()
     run_record = provenance.start("gpu-profile")
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
-    fast = FastDecoder(lm)
-    fast.warm_up(args.steps, (False,), PROMPTS[0])
     paths = {"generate": lambda: decode_only(list(generate(lm, request(0, args.steps + 1)))),
-             "fast path": lambda: decode_only(list(fast.generate(request(0, args.steps + 1)))),
              "scheduler, 1 row": scheduler_steps(lm, 1, args.steps),
              f"scheduler, {args.rows} rows": scheduler_steps(lm, args.rows, args.steps)}
     if args.prefill:
@@ -162,7 +157,7 @@ def main() -> None:
         paths[f"graphed, {args.rows} rows"] = scheduler_steps(lm, args.rows, args.steps, graphs)
     report = {"model": lm.label, "device": str(lm.device), "dtype": lm.dtype_name, "torch": torch.__version__,
               "device_name": torch.cuda.get_device_name(lm.device) if lm.device.type == "cuda" else "cpu",
-              "fast_path_mode": fast.mode, "paths": {},
+              "paths": {},
               "batch_graphs": None if graphs is None else {"mode": graphs.mode, "error": graphs.error,
                                                            "shapes": sorted(graphs.shapes)}}
     for name, run in paths.items():

@@ -141,14 +141,14 @@ run() {
            step api 200 $PY bench/api.py --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" --sessions 30 \
              --tokens 64 --rounds 2 --out "$OUT/api.json" ;;
     tests) step tests 200 $PY -m pytest -q -p no:cacheprovider --junitxml="$OUT/tests.xml" \
-             tests/test_fastpath.py tests/test_memory.py tests/test_batch.py tests/test_graphed.py \
+             tests/test_alone_route.py tests/test_memory.py tests/test_batch.py tests/test_graphed.py \
              -k "cuda and not smollm2" ;;
     correct-8b) step correct-8b 150 $PY bench/load.py --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" \
              --sessions 10 30 --tokens 64 --capture off --batched-only --overload 0 --out "$OUT/correct-8b.json" ;;
     correct-smollm2-bf16) smol_step bf16 ;;
     correct-smollm2-float32) smol_step float32 --alone-against .carry/smollm2-cpu.json ;;
     smollm2-tests) step smollm2-tests 200 $PY -m pytest -q -p no:cacheprovider \
-             --junitxml="$OUT/tests-smollm2.xml" tests/test_fastpath.py -k "cuda and smollm2" ;;
+             --junitxml="$OUT/tests-smollm2.xml" tests/test_alone_route.py -k "cuda and smollm2" ;;
     smollm2) smollm2 ;;
     *)     echo "unknown step $1" | tee -a "$LOG" ;;
   esac

@@ -61,16 +61,18 @@ def parse_layers(text: str | None, n_layers: int | None = None) -> tuple[int, ..
     return tuple(layers)
 
 
+STATIC_GONE = ("--static is gone: a request runs the one forward's one-row step (a CUDA graph on CUDA, through "
+               "`python -m engine serve`); see docs/engine.md")
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     # lazy (here and in every command below that runs a model): the parser starts without torch
     from engine.core.generate import GenerationRequest, admit
     from engine.core.loader import load_model
 
-    lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=_progress)
     if args.static:
-        from engine.core.fastpath import enable_static_decode  # torch: only for the command that needs it
-
-        enable_static_decode(lm)
+        raise EngineError(STATIC_GONE)
+    lm = load_model(args.model, device=args.device, dtype=args.dtype, progress=_progress)
     request = GenerationRequest(args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                                 args.seed, tuple(args.stop or ()), chat=not args.raw)
     if args.draft:
@@ -481,8 +483,7 @@ def add_generate(sub: Any) -> None:
                      help="capture budget (default: the server's, PLAYGROUND_MAX_CAPTURE_MB or the device's default)")
     gen.add_argument("--draft", help="speculative draft: ngram, early-exit:N, or a model folder/extra name")
     gen.add_argument("--k", type=int, default=4, help="tokens drafted per round")
-    gen.add_argument("--static", action="store_true",
-                     help="static KV cache, decode step as a CUDA graph on CUDA (engine/core/fastpath.py)")
+    gen.add_argument("--static", action="store_true", help=argparse.SUPPRESS)   # gone: STATIC_GONE says why
     gen.set_defaults(func=cmd_generate)
 
 

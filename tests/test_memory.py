@@ -6,10 +6,10 @@ import torch
 
 from conftest import tiny_prompt
 from engine.projection.card import kv_bytes_per_token, weight_bytes
-from engine.core.fastpath import FastDecoder, disable_static_decode, enable_static_decode, new_static_cache
 from engine.core.generate import GenerationRequest, generate
 from engine.core.loader import load_model
 from engine.lab.memory import CPU_SOURCE, allocated_by, memory_ledger, peak_during
+from engine.serving.paged import BLOCK, BlockPool
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the allocator counters need a CUDA device")
 
@@ -26,7 +26,6 @@ def test_cpu_ledger_measures_tensors_and_says_how(lm):
     assert ledger.measured_by == CPU_SOURCE and ledger.allocated is None and ledger.peak_reserved is None
     assert ledger.weights == ledger.weights_formula == weight_bytes(lm.spec, "fp32")
     assert ledger.kv_tokens == last.length and ledger.kv == ledger.kv_formula == kv_bytes_per_token(lm.spec, "fp32") * last.length
-    assert ledger.kv_reserved == ledger.kv_reserved_tokens == 0
     assert ledger.process_rss > ledger.weights and ledger.workspace == ledger.process_rss - ledger.weights - ledger.kv
     assert allocated_by(lambda: 7, lm.device) == (7, None) and peak_during(lambda: 7, lm.device) == (7, None, None)
 
@@ -50,36 +49,21 @@ def test_the_small_batch_kernels_packed_copies_are_a_row_of_their_own(tiny_model
     assert "Rest of the process: RSS − weights − packed − KV" in table[""]
 
 
-def test_the_static_cache_is_counted_whole(lm):
-    enable_static_decode(lm, compile="off")
-    try:
-        records = list(generate(lm, GenerationRequest(tiny_prompt(), max_new_tokens=5)))
-        ledger = memory_ledger(lm, records[-2].cache)
-    finally:
-        disable_static_decode(lm)
-    per_token = kv_bytes_per_token(lm.spec, "fp32")
-    assert ledger.kv_reserved_tokens == 256 and ledger.kv_reserved == ledger.kv_reserved_formula == per_token * 256
-    assert ledger.kv == per_token * ledger.kv_tokens < ledger.kv_reserved
-    assert ledger.to_dict()["workspace"] == ledger.process_rss - ledger.weights - ledger.kv_reserved
-
-
 @needs_cuda
 def test_cuda_allocator_counts_weights_cache_and_workspace(tiny_model_dir):
     lm, weights = allocated_by(lambda: load_model(str(tiny_model_dir), device="cuda", dtype="float32"),
                                torch.device("cuda"))
     assert lm.weight_bytes <= weights < lm.weight_bytes + 2**20      # + small buffers (rotary frequencies)
-    cache, kv = allocated_by(lambda: new_static_cache(lm, 256), lm.device)
-    # the formula, plus each layer's position counter (transformers' StaticLayer keeps an int64 scalar on the
-    # device; the caching allocator's smallest block is 512 bytes): seen on an H200, 2026-11-26
-    assert kv - kv_bytes_per_token(lm.spec, "fp32") * 256 in (0, lm.spec.n_layers * 512)
-    del cache
-    fast = FastDecoder(lm)
-    lm.fast = fast
+    spec = lm.spec
+    pool, kv = allocated_by(lambda: BlockPool(spec.n_layers, spec.n_kv_heads, spec.head_dim, lm.dtype, lm.device,
+                                              BLOCK, 16), lm.device)
+    assert kv == pool.bytes_per_block * 16 == kv_bytes_per_token(spec, "fp32") * BLOCK * 16
+    del pool
     records, peak, reserved = peak_during(lambda: list(generate(lm, GenerationRequest(tiny_prompt(), max_new_tokens=8))),
                                           lm.device)
     ledger = memory_ledger(lm, records[-2].cache)
-    assert peak > 0 and reserved >= ledger.weights + ledger.kv_reserved
-    assert ledger.allocated >= ledger.weights + ledger.kv_reserved and ledger.workspace >= 0
+    assert peak > 0 and reserved >= ledger.weights + ledger.kv
+    assert ledger.allocated >= ledger.weights and ledger.workspace >= 0
     assert ledger.device_total > ledger.peak_reserved
 
 
@@ -89,13 +73,12 @@ def test_the_gpu_panel_shows_allocator_rows_beside_the_formula():
 
     gb = 10**9
     ledger = MemoryLedger("cuda:0", CUDA_SOURCE, weights=16_060_000_000, weights_formula=16.06 * gb, kv_tokens=1000,
-                          kv=131_072_000, kv_formula=131_072_000, kv_reserved_tokens=1024, kv_reserved=134_217_728,
-                          kv_reserved_formula=134_217_728, allocated=16_200_000_000, peak_allocated=16_900_000_000,
+                          kv=131_072_000, kv_formula=131_072_000, allocated=16_200_000_000, peak_allocated=16_900_000_000,
                           peak_reserved=17_300_000_000, device_total=85_000_000_000)
     columns = ledger_table(ledger)
     table = dict(zip(columns[""], zip(columns["measured"], columns["formula (model card)"])))
     assert table["Weights"] == ("16.06 GB", "16.06 GB")
-    assert table["Allocated now (torch.cuda.memory_allocated)"] == ("16.20 GB", "16.19 GB")   # weights + cache
+    assert table["Allocated now (torch.cuda.memory_allocated)"] == ("16.20 GB", "16.06 GB")   # the weights
     assert table["Workspace at the peak: peak reserved − weights − KV"][0] == "1.11 GB"
     assert "Process resident memory (RSS)" not in table
 
@@ -105,8 +88,7 @@ def test_the_gpu_panel_shows_the_batch_pool_kept_for_cuda_graphs_apart_from_the_
     from engine.lab.memory import CUDA_SOURCE, MemoryLedger
 
     ledger = MemoryLedger("cuda:0", CUDA_SOURCE, weights=16 * 10**9, weights_formula=16e9, kv_tokens=0, kv=0,
-                          kv_formula=0, kv_reserved_tokens=0, kv_reserved=0, kv_reserved_formula=0,
-                          allocated=29 * 10**9, peak_allocated=29 * 10**9, peak_reserved=30 * 10**9,
+                          kv_formula=0, allocated=29 * 10**9, peak_allocated=29 * 10**9, peak_reserved=30 * 10**9,
                           device_total=85 * 10**9, kv_pool=12 * 10**9, kv_pool_tokens=91_552)
     table = dict(zip(*(ledger_table(ledger)[k] for k in ("", "measured"))))
     assert table["Batch K/V pool kept for CUDA graphs (91,552 positions)"] == "12.00 GB"

@@ -119,9 +119,6 @@ def ledger_table(ledger: MemoryLedger) -> dict[str, list[str]]:
     rows = [("Weights", ledger.weights, ledger.weights_formula)]
     if ledger.kv_tokens:
         rows.append((f"KV cache of the last run ({ledger.kv_tokens:,} tokens)", ledger.kv, ledger.kv_formula))
-    if ledger.kv_reserved_tokens:
-        rows.append((f"Static KV cache held ({ledger.kv_reserved_tokens:,} positions)", ledger.kv_reserved,
-                     ledger.kv_reserved_formula))
     if ledger.resid_tokens:
         rows.append((f"Residual stream the last run keeps ({ledger.resid_tokens:,} tokens)", ledger.resid,
                      ledger.resid_formula))
@@ -131,8 +128,7 @@ def ledger_table(ledger: MemoryLedger) -> dict[str, list[str]]:
         rows.append((f"Batch K/V pool kept for CUDA graphs ({ledger.kv_pool_tokens:,} positions)", ledger.kv_pool,
                      None))
     if ledger.peak_reserved is not None:
-        rows += [("Allocated now (torch.cuda.memory_allocated)", ledger.allocated,
-                  ledger.weights_formula + ledger.kv_reserved_formula),
+        rows += [("Allocated now (torch.cuda.memory_allocated)", ledger.allocated, ledger.weights_formula),
                  ("Peak reserved (torch.cuda.max_memory_reserved)", ledger.peak_reserved, None),
                  ("Workspace at the peak: peak reserved − weights − KV" + (" − pool" if ledger.kv_pool else ""),
                   ledger.workspace, None),

@@ -386,9 +386,6 @@ def generate(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy 
     """
     ids = admit(lm, request) if ids is None else ids
     kept = kept if kept is not None else kept_for(lm, policy, len(ids) + request.max_new_tokens)
-    if lm.fast is not None:  # opted in with engine.core.fastpath.enable_static_decode: static cache, CUDA graphs
-        yield from lm.fast.generate(request, should_stop, ids, kept)
-        return
     cache = DynamicCache(config=lm.model.config)
     with torch.inference_mode():
         done = yield from generation_loop(lm, request, ids, lambda: forward(lm, ids, cache, kept),
@@ -422,8 +419,7 @@ def generation_loop(lm: LoadedModel, request: GenerationRequest, ids: list[int],
     """Prefill, then one decode step per token until a finish reason; yields their records, returns the DoneRecord.
 
     `prefill()` runs the prompt, `decode(token, position)` one token at `position`, each returning the logits (V,)
-    of the newest position; `cache_now()` is the cache's state. Shared by `generate` (a DynamicCache) and
-    engine.core.fastpath.static_generate (a static cache).
+    of the newest position; `cache_now()` is the cache's state. `generate`'s loop (a DynamicCache).
     """
     generator = torch.Generator(device=lm.device).manual_seed(request.seed)
     stream, stops = TextStream(lm.tokenizer), eos_ids(lm)

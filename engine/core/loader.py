@@ -71,7 +71,6 @@ class LoadedModel:
     dtype: torch.dtype
     load_seconds: float
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    fast: Any = field(default=None, repr=False)  # engine.core.fastpath.FastDecoder once static decode is enabled
     small_batch: Any = field(default=None, repr=False)  # engine.core.small_batch: packed once, by the first batch
     batch_graphs: Any = field(default=None, repr=False)  # engine.serving.graphed: the CUDA-graphed batch step
     lean: Any = field(default=None, repr=False)  # engine.core.lean.LeanStep: the model's forward, made once

@@ -21,7 +21,6 @@ import psutil
 import torch
 
 from engine.projection.card import kv_cache_bytes, weight_bytes
-from engine.core.fastpath import reserved_bytes
 from engine.core.loader import LoadedModel
 from engine.core.small_batch import kernels_for
 from engine.core.records import CacheState
@@ -42,9 +41,6 @@ class MemoryLedger:
     kv_tokens: int                # positions the last run's cache held
     kv: int                       # their K and V bytes, read from the cache object
     kv_formula: float
-    kv_reserved_tokens: int       # a static cache's whole length (0 without the fast path)
-    kv_reserved: int              # bytes its tensors hold allocated, used or not
-    kv_reserved_formula: float
     allocated: int | None = None       # CUDA: live tensors now
     peak_allocated: int | None = None  # CUDA: high-water mark of live tensors
     peak_reserved: int | None = None   # CUDA: high-water mark of what the allocator took from the card
@@ -67,7 +63,7 @@ class MemoryLedger:
         CPU: the rest of the process (Python, libraries, activations): RSS - weights - packed copies - KV.
         """
         top = self.peak_reserved if self.peak_reserved is not None else (self.process_rss or 0)
-        return top - self.weights - self.packed - max(self.kv, self.kv_reserved) - self.kv_pool - self.resid_pool
+        return top - self.weights - self.packed - self.kv - self.kv_pool - self.resid_pool
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "workspace": self.workspace}
@@ -77,18 +73,13 @@ def cuda(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_available()
 
 
-def memory_ledger(lm: LoadedModel, cache: CacheState | None = None, static: Any = None,
-                  kept: Any = None) -> MemoryLedger:
-    """The ledger now: weights, the last run's cache (`cache`) and the residual it keeps (`kept`, a KeptInputs), a
-    static cache (default: lm.fast's), counters."""
+def memory_ledger(lm: LoadedModel, cache: CacheState | None = None, kept: Any = None) -> MemoryLedger:
+    """The ledger now: weights, the last run's cache (`cache`) and the residual it keeps (`kept`, a KeptInputs),
+    counters."""
     dtype = lm.dtype_name
     tokens, kv = (cache.length, cache.bytes) if cache is not None else (0, 0)
-    static = static if static is not None else getattr(lm.fast, "cache", None)
-    reserved_tokens = static.layers[0].max_cache_len if static is not None else 0
     common = dict(device=str(lm.device), weights=lm.weight_bytes, weights_formula=weight_bytes(lm.spec, dtype),
-                  kv_tokens=tokens, kv=kv, kv_formula=kv_cache_bytes(lm.spec, tokens, dtype),
-                  kv_reserved_tokens=reserved_tokens, kv_reserved=reserved_bytes(static),
-                  kv_reserved_formula=kv_cache_bytes(lm.spec, reserved_tokens, dtype))
+                  kv_tokens=tokens, kv=kv, kv_formula=kv_cache_bytes(lm.spec, tokens, dtype))
     if kept is not None:
         common.update(resid_tokens=kept.length, resid=kept.nbytes,
                       resid_formula=len(kept.layers) * lm.spec.d_model * lm.dtype.itemsize * kept.length)

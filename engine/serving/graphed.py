@@ -6,8 +6,9 @@
 Why: an eager decode step of Llama 3.1 8B launches about two thousand kernels, one per op, whatever the batch;
 on an H200 the scheduler's eager step took 61 ms for one request and 84 ms for thirty (bench/results/gpu-load.json:
 median completion less time to first token, over the 63 steps after it), while reading the weights once takes
-about 4 ms. The fast path (engine/core/fastpath.py) removed that cost for one request with a static cache; this
-does it for the paged batch, as vLLM captures its decode step per batch size.
+about 4 ms. This removes that cost for the paged batch, as vLLM captures its decode step per batch size, and for a
+request alone: its steps replay the graph of row bucket 1 (ROW_BUCKETS), the same forward with one row (what the
+single-request fast path, engine/core/fastpath.py, did with a static cache of its own until issue 50).
 
 The step is the project's one step function (engine/serving/lean.py `step`, over engine/core/lean.py's forward),
 the function every CPU step runs eagerly; here it is compiled whole (`fullgraph=True`: a graph break is an error,
@@ -39,7 +40,7 @@ from typing import Any
 import torch
 
 from engine import settings
-from engine.core.fastpath import _raise_recompile_limit, resolve_mode
+from engine.errors import EngineError
 from engine.core.lean import causal_mask, lean_step_for
 from engine.core.loader import LoadedModel, free_memory
 from engine.projection.card import kv_bytes_per_token, residual_bytes_per_token
@@ -47,10 +48,29 @@ from engine.serving.limits import Limits
 from engine.serving.lean import step
 from engine.serving.paged import BLOCK, NULL, SCRATCH, BlockPool, PagedBatch
 
+COMPILE_MODES = ("auto", "off", "eager", "default", "reduce-overhead")
+RECOMPILE_LIMIT = 64       # shapes x models before dynamo gives up and runs eagerly
+ROW_BUCKETS = (1,)         # besides max_batch: a request alone replays a one-row graph, not 31 padding rows
 MIN_WIDTH = 256
 WARM_WIDTHS = (256, 512)   # compiled when the scheduler starts: prompts and answers of a room's usual length
 POOL_SHARE = 0.2           # of the device's free memory, at most, for the kept K/V pool
 log = logging.getLogger(__name__)
+
+
+def resolve_mode(mode: str, device: torch.device) -> str:
+    """'auto': CUDA graphs on CUDA, nothing compiled on CPU."""
+    if mode not in COMPILE_MODES:
+        raise EngineError(f"unknown compile mode {mode!r}; choose one of {', '.join(COMPILE_MODES)}")
+    if mode == "auto":
+        return "reduce-overhead" if device.type == "cuda" else "off"
+    return mode
+
+
+def _raise_recompile_limit() -> None:
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if getattr(config, name, RECOMPILE_LIMIT) < RECOMPILE_LIMIT:
+            setattr(config, name, RECOMPILE_LIMIT)
 
 
 def bucket(n: int, buckets: tuple[int, ...]) -> int | None:
@@ -125,7 +145,7 @@ class GraphedDecode:
         if self.graphs:
             torch.compiler.cudagraph_mark_step_begin()
         self.shapes.add(shape)
-        with torch.no_grad():        # as the fast path's graphs run (inference tensors stay out of the graphs)
+        with torch.no_grad():        # not inference_mode: inference tensors stay out of the graphs
             return self.step(self.lean, ids_t, pos_t, batch.write_and_gather, mask, self.pool.resid,
                              batch.residual_slots if self.pool.resid is not None else None)[:n, -1]
 
@@ -178,13 +198,13 @@ def warm_widths() -> tuple[int, ...]:
 
 
 def graphed_decode(lm: LoadedModel, limits: Limits) -> GraphedDecode | None:
-    """The model's graphed batch step, made once: on CUDA, for a model the forward covers and a batch of two or more
-    (None elsewhere: the batch's steps run the same forward eagerly, engine.serving.lean)."""
-    if lm.device.type != "cuda" or limits.max_batch < 2 or lean_step_for(lm) is None:
+    """The model's graphed step, made once: on CUDA, for a model the forward covers, at row buckets 1 (a request
+    alone) and max_batch (None elsewhere: the steps run the same forward eagerly, engine.serving.lean)."""
+    if lm.device.type != "cuda" or lean_step_for(lm) is None:
         return None
     if lm.batch_graphs is None:
         graphs = GraphedDecode(lm, pool_blocks(lm, limits), "auto", max_rows=limits.max_batch,
-                               residual=limits.max_capture_bytes > 0)
+                               row_buckets=ROW_BUCKETS, residual=limits.max_capture_bytes > 0)
         widths = warm_widths()
         log.info("compiling the batched decode step for %d rows at %s keys (once per process)", limits.max_batch,
                  " and ".join(map(str, widths)))
