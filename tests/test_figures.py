@@ -668,6 +668,16 @@ FIGURES.append((ENGINE_DOC, "invariance/20261128T001632Z-1a97743.json", "load av
                 "{:.1e} in float32 and {:.2f} in bfloat16, on, {:.0f} in both, {} tokens throughout; the longest run "
                 "took {:.1f} s, the whole lesson {:.0f} s.", lambda d: _lesson(d)[:7]))
 
+LONE_ROUTE = "lone_route/20261128T054646Z-7607c7f.json"   # docs/engine.md, "A request alone": the one-row step
+FIGURES.append((ENGINE_DOC, LONE_ROUTE, "the batch runner's one-row step took {:.1f} ms per token against the fast "
+                "path's {:.1f} ms ({:.2f}x as fast; medians of {} rounds, a {}-token prompt and {} new tokens,",
+                lambda d: (*(v["ms_per_token"] for v in d["medians"].values()), d["one_row_vs_fast_path_speed"],
+                           len(next(iter(d["rounds"].values()))), d["prompt_tokens"], d["new_tokens"])
+                if d["same_tokens"] else ()))
+FIGURES.append((ENGINE_DOC, "lone_route/20261128T053859Z-7607c7f.json", "swung from round to round and gave {:.2f}x "
+                "(`bench/results/lone_route/20261128T053859Z-7607c7f.json`)",
+                lambda d: (d["one_row_vs_fast_path_speed"],)))
+
 ENGINE = [  # the engine table, from the file the README names for it
     (README, "engine.json", "| `model.generate` (reference) | {:.1f} | {:.0f} | {:.0f} ms | {:.1f} GB/s |",
      engine_row("model.generate", None)),
@@ -1784,7 +1794,7 @@ DOCS_NOT_MEASURED: dict[str, tuple[str, ...]] = {  # the same for docs/*.md, eac
         "a 1536 x 576 MLP matrix and SmolLM2's 49,152 x 576 LM head", "K and V (192 x 576)",
         "up to the 0.54 GB of its", "shards of at most 5 GB", "(the 8B: 16.06 GB in 4 shards)",
         "100% of the spec sheet's bandwidth",
-        "(fast path capture off >= 150 tok/s and >= 70% of the ceiling, attention rows >= 0.8x of that, prefill <= "
+        "(one row capture off >= 150 tok/s and >= 70% of the ceiling, attention rows >= 0.8x of that, prefill <= "
         "1.5x projected)", "may run at most 10 minutes", "(16.06 GB, 4 shards;",
         "Python 3.12: 19.9 MB)", "stay under 64 MiB (62 and 63 MiB at 2581d16", "SmolLM2's GGUF (98 MB)",
         "(64 MiB, the working tree included)", "`.carry/smollm2.a` (39.0 MB)", "`.carry/smollm2.b` (59.4 MB)",
