@@ -348,10 +348,9 @@ def rest_logsumexp(logits: torch.Tensor, kept_ids: torch.Tensor, largest: torch.
     return terms.sum(dim=-1).log_() + largest[:, 0]
 
 
-def facts_to_host(facts: dict[str, torch.Tensor], non_blocking: bool = False) -> dict[str, torch.Tensor]:
-    """The facts on the CPU. non_blocking: the copies are queued (into pinned memory on CUDA), and are whole once
-    the device has reached them (an event recorded after this call)."""
-    return {k: v.to("cpu", non_blocking=non_blocking) for k, v in facts.items()}
+def facts_to_host(facts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The facts on the CPU."""
+    return {k: v.to("cpu") for k, v in facts.items()}
 
 
 def tokens_from(lm: LoadedModel, facts: dict[str, torch.Tensor], texts: list[str]) -> list[SampledToken]:
@@ -389,7 +388,7 @@ def generate(lm: LoadedModel, request: GenerationRequest, policy: CapturePolicy 
     cache = DynamicCache(config=lm.model.config)
     with torch.inference_mode():
         done = yield from generation_loop(lm, request, ids, lambda: forward(lm, ids, cache, kept),
-                                          lambda token, _: forward(lm, [token], cache, kept),
+                                          lambda token: forward(lm, [token], cache, kept),
                                           lambda: cache_state(cache), should_stop)
     yield done
 
@@ -414,12 +413,12 @@ Pass = torch.Tensor     # a forward pass: logits (V,) of its newest position
 
 
 def generation_loop(lm: LoadedModel, request: GenerationRequest, ids: list[int], prefill: Callable[[], Pass],
-                    decode: Callable[[int, int], Pass], cache_now: Callable[[], CacheState],
+                    decode: Callable[[int], Pass], cache_now: Callable[[], CacheState],
                     should_stop: Callable[[], bool] | None) -> Generator[Record, None, DoneRecord]:
     """Prefill, then one decode step per token until a finish reason; yields their records, returns the DoneRecord.
 
-    `prefill()` runs the prompt, `decode(token, position)` one token at `position`, each returning the logits (V,)
-    of the newest position; `cache_now()` is the cache's state. `generate`'s loop (a DynamicCache).
+    `prefill()` runs the prompt, `decode(token)` one token after it, each returning the logits (V,) of the newest
+    position; `cache_now()` is the cache's state. `generate`'s loop (a DynamicCache).
     """
     generator = torch.Generator(device=lm.device).manual_seed(request.seed)
     stream, stops = TextStream(lm.tokenizer), eos_ids(lm)
@@ -432,7 +431,7 @@ def generation_loop(lm: LoadedModel, request: GenerationRequest, ids: list[int],
     generated, reason = [token.id], end_reason(token.id, stream.text, stops, request, 1, should_stop)
     while reason is None:
         t = time.perf_counter()
-        logits = decode(token.id, len(ids) + len(generated) - 1)
+        logits = decode(token.id)
         token = pick_token(lm, logits, request, generator, stream)
         sync(lm.device)
         generated.append(token.id)
