@@ -387,7 +387,7 @@ def measure_all(args: argparse.Namespace, lm: Any, weights_allocated: int | None
                                           lm.device)
     lm.batch_graphs = graphs            # the ledger counts its kept pool (engine.lab.memory)
     summary = header(args, lm, graphs, ids, n)
-    summary["ceilings"] = ceilings(lm, measured_roof(lm), len(ids) + n // 2, prefill_n, batch,
+    summary["ceilings"] = ceilings(lm, measured_roof(lm), len(ids) + n // 2, prefill_n, max(batch, 1),  # 0: none
                                    BATCH_PROMPT + batch_new // 2)
     runs = make_runs(lm, graphs, ids, n, set(filter(None, args.skip.split(","))))
     summary["warm_up_s"] = warm_up(runs, graphs, log)
