@@ -678,6 +678,18 @@ FIGURES.append((ENGINE_DOC, "lone_route/20261128T053859Z-7607c7f.json", "swung f
                 "(`bench/results/lone_route/20261128T053859Z-7607c7f.json`)",
                 lambda d: (d["one_row_vs_fast_path_speed"],)))
 
+def _alone_noise(d: dict) -> tuple:
+    itl = [r["itl_median_s"] * 1e3 for side in ("before", "after") for r in d["alone"]["rounds"][side]]
+    return (d["provenance"]["machine"]["load_avg"][0], min(itl), max(itl), d["alone"]["ttft_after_vs_before_speed"],
+            d["alone"]["itl_after_vs_before_speed"], d["prefill"]["2048"]["forward_vs_modules_speed"])
+
+
+FIGURES.append((ENGINE_DOC, "one_forward/20261128T060556Z-96981ee.json", "started at a load average of {:.0f} and "
+                "measured noise, not the change: its rounds' median times between tokens ran from {:.0f} to {:.0f} ms, "
+                "and the medians gave the time to first token {:.2f}x and the time between tokens {:.2f}x the speed "
+                "of before's; the 2,048-token prefill through the forward took {:.2f}x the modules' speed",
+                _alone_noise))
+
 ENGINE = [  # the engine table, from the file the README names for it
     (README, "engine.json", "| `model.generate` (reference) | {:.1f} | {:.0f} | {:.0f} ms | {:.1f} GB/s |",
      engine_row("model.generate", None)),
