@@ -60,9 +60,10 @@ SMOL=${SMOL:-$PLAYGROUND_CACHE/smollm2-135m-instruct}      # where the smollm2 s
 CARRY_A=${CARRY_A:-39000000}           # bytes of the GGUF in call one (beside .whl); the rest, 59.4 MB, in call two
 # What the device image lacks (its package list: /work/.library/device/KINDS.md; it has torch, transformers 5.17,
 # huggingface-hub, tokenizers, safetensors, anyio, httpx, click), at the versions the lock holds: transformers 5.24
-# for the batched path, the server (FastAPI, uvicorn, pydantic) and the openai client, gguf for the conversion.
+# for the batched path, the server (FastAPI with the opentelemetry-api and annotated-doc it imports, uvicorn,
+# pydantic) and the openai client, gguf for the conversion (FastAPI failed to import there without them, 2026-11-28).
 WHEELS="transformers fastapi starlette uvicorn pydantic pydantic_core annotated-types typing-inspection openai jiter
-httpx2 httpcore2 truststore sniffio idna gguf"
+httpx2 httpcore2 truststore sniffio idna gguf opentelemetry-api annotated-doc"
 
 carry() {  # here: the GGUF in two parts that each fit a call beside the working tree, and this CPU's answers alone
   local gguf

@@ -15,8 +15,8 @@ this module got a record reconstructed from git history (`python bench/provenanc
 labelled "reconstructed": true; an earlier version the docs still quote is brought back as a file of its own with
 `--restore COMMIT FILE` (bench/results/<name>-<the commit it was measured on>.json).
 
-Without git (a device machine gets the working tree without .git) the commit comes from BENCH_COMMIT and
-BENCH_DIRTY, e.g. `BENCH_COMMIT=$(git rev-parse HEAD) bash bench/gpu_session.sh`; otherwise it is "unknown".
+BENCH_COMMIT, when set, gives the commit (a device machine gets the working tree without .git, or a stale one) and
+BENCH_DIRTY, e.g. `BENCH_COMMIT=$(git rev-parse HEAD) bash bench/gpu_session.sh`; otherwise git, or "unknown" without it.
 """
 from __future__ import annotations
 
@@ -48,9 +48,10 @@ def git(*args: str) -> str | None:
 
 def source() -> dict:
     """The commit this tree is at and what differs from it (tracked files; results files left out)."""
-    commit = git("rev-parse", "HEAD")
-    if commit is None:
-        commit = os.environ.get("BENCH_COMMIT", "unknown")
+    given = os.environ.get("BENCH_COMMIT")       # said first: a device machine may hold a stale .git of its own
+    commit = given or git("rev-parse", "HEAD")
+    if given or commit is None:
+        commit = commit or "unknown"
         return {"commit": commit, "dirty": os.environ.get("BENCH_DIRTY", "unknown"),
                 "from": "BENCH_COMMIT" if commit != "unknown" else "no git here and no BENCH_COMMIT"}
     changed = [line[3:] for line in (git("status", "--porcelain", "--untracked-files=no") or "").splitlines()

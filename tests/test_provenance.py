@@ -61,6 +61,15 @@ def test_without_git_the_commit_comes_from_the_environment(results, monkeypatch)
     assert p["commit"] == "abc1234def" and p["from"] == "BENCH_COMMIT" and path.name.endswith("-abc1234.json")
 
 
+
+def test_a_given_commit_wins_over_a_stale_git_of_the_machine(results, monkeypatch):
+    """A lent GPU machine kept a .git from an earlier call: its HEAD is not the tree that ran (seen 2026-11-28)."""
+    monkeypatch.setenv("BENCH_COMMIT", "feed5678")
+    monkeypatch.setenv("BENCH_DIRTY", "false")
+    p = json.loads(provenance.start("demo", measure_bandwidth=False).save({}).read_text())["provenance"]
+    assert p["commit"] == "feed5678" and p["from"] == "BENCH_COMMIT"
+    assert provenance.git("rev-parse", "HEAD") not in (None, "feed5678")      # this tree has a git of its own
+
 def writes_json_itself(path: Path) -> bool:
     """A benchmark that writes a results file without bench/provenance.py: json.dump(s) into write_text or a file."""
     for node in ast.walk(ast.parse(path.read_text())):

@@ -14,6 +14,7 @@ allocator around the step: `allocated_by(fn, device)` and `peak_during(fn, devic
 """
 from __future__ import annotations
 
+import gc
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, TypeVar
 
@@ -102,6 +103,7 @@ def allocated_by(fn: Callable[[], T], device: torch.device) -> tuple[T, int | No
     """Run fn; how much more `torch.cuda.memory_allocated` holds afterwards (None off CUDA)."""
     if not cuda(device):
         return fn(), None
+    gc.collect()             # garbage from before (a model in a reference cycle) freed inside fn would be netted out
     torch.cuda.synchronize(device)
     before = torch.cuda.memory_allocated(device)
     result = fn()
