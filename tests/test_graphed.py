@@ -134,7 +134,7 @@ def test_a_step_that_cannot_run_graphed_runs_eagerly_and_so_do_all_after_it(lm):
     for sink, (request, policy) in zip(run(lm, graphs, jobs, joins=[0, 0, 3]), jobs):
         assert sink.error is None
         assert_same_run(sink, alone(lm, request, policy))
-    assert len(calls) == 1 and graphs.error == "RuntimeError: the compiler gave up"
+    assert len(calls) == 1 and graphs.error.startswith("RuntimeError: the compiler gave up (at test_graphed.py:")
 
 def test_width_buckets():
     assert [width_bucket(w, 4096) for w in (1, 256, 257, 1000, 4096, 4097)] == [256, 256, 512, 1024, 4096, None]

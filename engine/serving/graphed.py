@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -151,8 +153,10 @@ class GraphedDecode:
 
     def give_up(self, err: Exception) -> None:
         """A step could not run graphed (a compiler failure, say): every later step runs eagerly."""
-        self.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-        log.warning("the batched decode step runs eagerly from now on: %s", self.error)
+        last = traceback.extract_tb(err.__traceback__)[-1:]        # where it was raised: the GPU run's log kept
+        at = f" (at {Path(last[0].filename).name}:{last[0].lineno})" if last else ""   # only an empty AssertionError
+        self.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}{at}"
+        log.warning("the batched decode step runs eagerly from now on: %s", self.error, exc_info=err)
 
     def warm_up(self, widths: tuple[int, ...] = WARM_WIDTHS) -> float:
         """Compile (and record) the graphs of every row bucket at these widths on an idle pool; seconds.
