@@ -13,7 +13,7 @@ import streamlit as st  # noqa: E402
 from app.hosting.runner_fixes import install as fix_script_runs  # noqa: E402
 from app.room.join import admit  # noqa: E402
 from app.ui.layout import configure_page, layout_toggle  # noqa: E402
-from app.hosting.model import get_model, model_away, note_away, restart_notice  # noqa: E402
+from app.hosting.model import away_now, get_model, note_away, restart_notice  # noqa: E402
 from app.ui.nav import HOME, PAGES, page_info  # noqa: E402
 from app.ui.nav import menu as menu_of_pages  # noqa: E402
 from app.room.session import follow_presenter, join_session  # noqa: E402
@@ -34,7 +34,7 @@ home = st.Page(HOME.path, title=HOME.title, icon=HOME.icon, default=True)
 by_url = {p.url_path: st.Page(p.path, title=p.title, icon=p.icon, url_path=p.url_path) for p in PAGES}
 menu: dict[str, list] = {"": [home]}                # grouped, so the whole menu fits a projector's height
 menu.update({section: [by_url[info.url_path] for info in infos] for section, infos in menu_of_pages().items()})
-away = model_away()                               # the model server restarting: no client is handed out meanwhile
+away = away_now()                                 # the model server restarting: no client is handed out meanwhile
 admit(menu)                                       # a hosted room's join code: a stranger gets the join form only
 current = st.navigation(menu, expanded=True)     # every page listed: no "View more" on a projector
 here = page_info(current.url_path)                # what nav.py says about this page

@@ -15,10 +15,12 @@ from test_browser import (PROJECTOR, SHOTS, assert_no_exception, assert_nothing_
 
 pytestmark = pytest.mark.browser
 TOKEN = "browser-watch-token-42"
-TOKENS = 32   # long enough that a follower's strip (a tick every 0.5 s) sees the run stream on a loaded machine: a
-# follower whose ticks the run outruns takes it up without moving, as a latecomer does (test_app_serving), and
-# the home follower below would stay home. Suspected cause of the timeouts of 2 of 4 CI runs on 2026-11-28 (8 tokens).
-PROMPT = "Name three colours of the rainbow."
+TOKENS = 256   # the most this server allows (CPU limits): with PROMPT, greedy, the model counts on to the limit (no
+# end-of-sequence before it), so the run lasts until the test presses Stop, once every follower shows it live. A
+# run that ends before a follower's strip first ticks (every 0.5 s) is taken up without its live strip and without
+# moving, as a latecomer's is (test_app_serving): with 8 or 32 tokens a loaded machine's followers did (2 of 5
+# CI runs timed out; reproduced with 1 token: every follower showed "The run on this page is the presenter's").
+PROMPT = "Count from 1 to 300, separated by commas."
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +50,7 @@ def shown_on_failure(tabs: dict):
         seen = []
         for name, page in tabs.items():
             page.screenshot(path=str(SHOTS / f"failed-watch-{name}.png"), full_page=True)
-            seen.append(f"{name}: {page.locator('body').inner_text()[:600]!r}")
+            seen.append(f"{name}: {page.get_by_test_id('stMainBlockContainer').inner_text()[:600]!r}")
         raise AssertionError("\n".join(["what each tab showed:", *seen])) from err
 
 
@@ -75,7 +77,9 @@ def test_followers_on_other_pages_watch_one_run_then_explore_it(room_url, browse
             wait_text(follower, "The presenter's run", 120)
             follower.get_by_text("Generated tokens").first.wait_for(timeout=120_000)
     shot(home, "projector-watch-strip")
-    wait_text(lead, "Done:", 180)
+    button(lead, "Stop").click()                           # every follower has watched it stream: end it here
+    wait_text(lead, "Stopped after", 180)
+    wait_idle(lead, 120)
     answer = lead.get_by_test_id("stMainBlockContainer").locator('[data-testid="stText"]').first.inner_text()
 
     wait_heading(home, "The journey of a request", 120)    # from the home page on to the journey page

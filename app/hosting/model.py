@@ -232,11 +232,25 @@ def away_safe(body: Callable[..., None]) -> Callable[..., None]:
     return guarded
 
 
+AWAY_KEY = "model.away"             # this session's own call to the model server failed: its next run says so
+
+
 def note_away() -> None:
-    """A call to the model server just failed: every page of this process treats it as away until it answers."""
+    """A call to the model server just failed: every page of this process treats it as away until it answers, and
+    this session's next run says so whatever another session's look finds meanwhile (`away_now`)."""
     url = model_choice().url
     if url:
-        _health.update(at=time.monotonic(), away=away_line(url))
+        line = away_line(url)
+        _health.update(at=time.monotonic(), away=line)
+        st.session_state[AWAY_KEY] = line
+
+
+def away_now() -> str | None:
+    """The line this run of the page shows for a model server that is away (None while it answers): `model_away`,
+    or the line this session's own failed call left (`note_away`). The process-wide look alone lost a press in the
+    hosted soak: a Generate whose run met the server's restart reran the page (the press goes with that rerun), and
+    another session's look had meanwhile found the server answering, so the page drew as if nothing was pressed."""
+    return st.session_state.pop(AWAY_KEY, None) or model_away()
 
 
 def away_line(url: str) -> str:
