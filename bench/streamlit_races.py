@@ -1,9 +1,15 @@
 """Races 1 and 2 of docs/app.md ("Streamlit's runner"), stock Streamlit against app/hosting/runner_fixes.py.
 
-    python bench/streamlit_races.py --tries 3              # race 1, in Chromium
-    python bench/streamlit_races.py --race 2 --tries 4     # race 2, clients of the browser's protocol
+    python bench/streamlit_races.py --tries 3                      # race 1, in Chromium
+    python bench/streamlit_races.py --race 2 --tries 20            # race 2 as the page shows it
+    python bench/streamlit_races.py --race 2 --counts --tries 3    # race 2 as the server counts it
 
-Race 2: one server stock, one with the fixes (RACE2_PAGE: a `run_every` fragment over a page of 20 lines drawn in
+Race 2 as the page shows it: one server stock, one with the fixes (RACE2_VISIBLE_PAGE: a page whose last element is
+its run's number, on a server whose event loop lags LAG2 s a turn); one session each, a client of the browser's
+protocol that --tries times reruns the page and sends its fragment's tick a moment later. Per try: whether the page
+received "run n" and the run's `script_finished` before the tick's fragment run began (after it they never come).
+
+Race 2 counted (--counts): one server stock, one with the fixes (RACE2_PAGE: a `run_every` fragment over a page of 20 lines drawn in
 about a second, on a server whose event loop is made to lag on purpose: a callback that sleeps LAG s every turn
 stands in for a server busy with other sessions). Per server, --tries sessions one after another, each a client of
 the browser's protocol (bench/st_client.Person, ticking every 0.05 s as the page asks) reading for READ_S s: the
@@ -166,8 +172,8 @@ def race2(tries: int) -> dict:
 
 # Race 2 as a person sees it: a page whose last element is the number of its run. The client reruns the page (as
 # pressing "R" or a button does) and its fragment's timer ticks once, TICK_AFTER s later (one of five offsets, in
-# turn: where the window falls depends on the machine, measured 0 of 8 lost at 0.2 s, 1 to 3 of 8 at 0.25 to 0.4 s);
-# the server's event loop lags LAG2 s a turn (the busy server). Stock: when the tick is handled after the run's runner
+# turn: where the window falls depends on the machine's speed); the server's event loop lags LAG2 s a turn (the busy
+# server). Stock: when the tick is handled after the run's runner
 # stopped but before its last events, the page never gets "run n" nor its script_finished, and the next thing it
 # receives is the tick's fragment run. Told apart by the order of what the client receives, never by time.
 LAG2, TICK_AFTER = 0.2, (0.2, 0.25, 0.3, 0.35, 0.4)
