@@ -1965,7 +1965,7 @@ DOCS_NOT_MEASURED: dict[str, tuple[str, ...]] = {  # the same for docs/*.md, eac
         "20 ms later (`RETRY_SECONDS`)",
         "(at most `STOP_WAIT_SECONDS`, 10 s)", "to the tab by 1 s", "drawn in about a second; a callback that sleeps 0.1 s",
         "reading for 12 s", "none of the lines in 12 s",
-        "every turn of its event loop takes 0.2 s more", "let the fragment's timer fire 0.2 to 0.4 s later",
+        "every turn of its event loop takes 0.2 s more", "have the fragment's tick arrive 0.2 to 0.4 s later",
     ),
 }
 NOT_MEASURED = {README: README_NOT_MEASURED, **DOCS_NOT_MEASURED}
