@@ -613,6 +613,22 @@ FIGURES.append(("docs/app.md", "streamlit_races/20261128T023711Z-9488b10.json", 
                 lambda d: (d["stock"]["short"], len(d["stock"]["sessions"]),
                            [s["lines"] for s in d["stock"]["sessions"] if not s["whole_run_finished"]][0],
                            d["fixed"]["requests_before_shutdown"], d["fixed"]["ignored_events"])))
+FIGURES.append(("docs/app.md", "streamlit_races/20261128T061524Z-dc899a1.json", "its client-visible loss is "
+                "reproduced in the bench, {} of {} tries stock and {} of {} fixed",
+                lambda d: (d["stock"]["last_line_missing"], d["stock"]["tries"], d["fixed"]["last_line_missing"],
+                           d["fixed"]["tries"])))
+FIGURES.append(("docs/app.md", "streamlit_races/20261128T061524Z-dc899a1.json", "Actual, in {} of {} tries on stock "
+                "Streamlit (`bench/results/streamlit_races/20261128T061524Z-dc899a1.json`, a shared 2-core machine, "
+                "load average {:.1f}): the page never receives `run n` nor the run's `script_finished`",
+                lambda d: (min(d["stock"]["last_line_missing"], d["stock"]["script_finished_missing"]),
+                           d["stock"]["tries"], d["provenance"]["machine"]["load_avg"][0])))
+FIGURES.append(("docs/app.md", "streamlit_races/20261128T061524Z-dc899a1.json", "not yet watched in Chromium). With "
+                "the fix, {} of {}.", lambda d: (max(d["fixed"]["last_line_missing"], d["fixed"]["script_finished_missing"]),
+                                            d["fixed"]["tries"])))
+FIGURES.append(("docs/app.md", "streamlit_races/20261128T062212Z-ac11a31.json", "A second run: {} of {} tries stock, "
+                "{} of {} fixed (`bench/results/streamlit_races/20261128T062212Z-ac11a31.json`, load average {:.1f}).",
+                lambda d: (d["stock"]["last_line_missing"], d["stock"]["tries"], d["fixed"]["last_line_missing"],
+                           d["fixed"]["tries"], d["provenance"]["machine"]["load_avg"][0])))
 FIGURES.append(("docs/app.md", "streamlit_races/20261128T023711Z-9488b10.json", "{} session of {} came up short with the fixes as well",
                 lambda d: (d["fixed"]["short"], len(d["fixed"]["sessions"]))))
 FIGURES.append((ENGINE_DOC, "invariance/20261127T215039Z-bd5d8b0.json", "load average {:.0f} at its start; medians "
@@ -1975,6 +1991,7 @@ DOCS_NOT_MEASURED: dict[str, tuple[str, ...]] = {  # the same for docs/*.md, eac
         "20 ms later (`RETRY_SECONDS`)",
         "(at most `STOP_WAIT_SECONDS`, 10 s)", "to the tab by 1 s", "drawn in about a second; a callback that sleeps 0.1 s",
         "reading for 12 s", "none of the lines in 12 s",
+        "every turn of its event loop takes 0.2 s more", "have the fragment's tick arrive 0.2 to 0.4 s later",
     ),
 }
 NOT_MEASURED = {README: README_NOT_MEASURED, **DOCS_NOT_MEASURED}

@@ -36,7 +36,10 @@ thirty followers move to another page at once, so the server is seconds behind. 
 `install()` is idempotent; app/main.py calls it at the top of every run. The fixes read private attributes of
 Streamlit 1.67 (`_pages_manager`, `_scriptrunner`, `_event_loop`, `_state`, `_script_thread`): on any other minor
 release they are not installed, the log says so once, and the app runs on Streamlit's own runner. pyproject.toml
-pins the same fence (`streamlit~=1.67.0`); docs/app.md has a minimal reproduction of each race for upstream.
+pins the same fence (`streamlit~=1.67.0`). docs/app.md ("Streamlit's runner") writes each race up as an upstream
+report, with a minimal script and its steps: races 1 and 3 reproduce every time (tests/test_runner_fixes.py); race 2
+needs a lagging event loop (a stand-in for a busy server) and shows in the page in some tries, not all
+(bench/streamlit_races.py --race 2), so the suite checks it by the server's own count.
 """
 from __future__ import annotations
 
