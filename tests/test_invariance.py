@@ -217,6 +217,56 @@ def test_attention_8_query_rows_a_product_keeps_the_bits_too(lm, monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(run_alone(step, ids, 3), run_in_batch(step, ids, 3, 12)))
 
 
+def random_rows(b: int, t: int, s: int, pads: int = 17):
+    """q [b, 4, t, 64], keys/values [b, 2, s, 64] and a mask whose row r has (r * pads) % s left pads."""
+    gen = torch.Generator().manual_seed(b * 1000 + t)
+    q, k, v = (torch.randn(shape, generator=gen) for shape in ((b, 4, t, 64), (b, 2, s, 64), (b, 2, s, 64)))
+    valid = torch.ones(b, s, dtype=torch.bool)
+    for r in range(b):
+        valid[r, :(r * pads) % s] = False
+    return q, k, v, causal_mask(valid, t)
+
+
+@pytest.mark.parametrize("b, t, s", [(1, 1, 201), (20, 1, 130), (3, 5, 300), (1, 64, 300)])
+def test_the_key_blocks_made_at_once_give_the_bits_of_the_walk(monkeypatch, b, t, s):
+    """A decode step's key blocks in one batched product each (`_blocks_at_once`) against the loop that walks them one
+    by one (`_blocks`, the kernel before it): bitwise, with left pads and causal alike."""
+    q, k, v, mask = random_rows(b, t, s)
+    at_once = [invariant.attention(q, k, v, m, 0.125) for m in (mask, None)]
+    monkeypatch.setattr(invariant, "AT_ONCE", -1)                               # every step walks its blocks
+    walked = [invariant.attention(q, k, v, m, 0.125) for m in (mask, None)]
+    assert all(torch.equal(a, w) for a, w in zip(at_once, walked))
+
+
+def walked_and_at_once(lm, monkeypatch, ids):
+    """The request alone with every attention walking its key blocks (prefill in chunks of 64), and with every one
+    made at once (prefilled whole): its logits, step by step."""
+    step = LeanStep(lm)
+    step.invariant = True
+    monkeypatch.setattr(invariant, "AT_ONCE", -1)
+    walked = run_alone(step, ids, 3, 64)
+    monkeypatch.setattr(invariant, "AT_ONCE", 1 << 40)
+    return walked, run_alone(step, ids, 3)
+
+
+def test_a_decode_step_at_once_gives_the_bits_of_a_walked_prefill_chunk(lm, monkeypatch):
+    walked, at_once = walked_and_at_once(lm, monkeypatch, ids_of(PROMPT, 5, lm.model.config.vocab_size))
+    assert_same(walked, at_once)
+
+
+def test_a_softmax_over_all_keys_at_once_changes_the_numbers(lm, monkeypatch):
+    """The mutation: the same attention as one plain softmax over every key (no online rescale block by block), and
+    the walked and the at-once runs part: the test above can fail."""
+    def plain(q, keys, values, mask, scaling, t):
+        b, h, tp, d = q.shape
+        scores = torch.matmul(q, keys.transpose(2, 3)) * scaling
+        weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).nan_to_num(0.0)
+        return torch.matmul(weights, values)[:, :, :t]
+    monkeypatch.setattr(invariant, "_blocks_at_once", plain)
+    walked, at_once = walked_and_at_once(lm, monkeypatch, ids_of(PROMPT, 5, lm.model.config.vocab_size))
+    assert not all(torch.equal(a, b) for a, b in zip(walked, at_once))
+
+
 def test_sdpa_in_a_chunked_prefill_changes_the_numbers(lm, monkeypatch):
     """The mutation: SDPA back in place of the fixed key split, and a chunked prompt's logits differ from whole."""
     def sdpa(q, keys, values, mask, scaling):
