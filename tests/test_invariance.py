@@ -25,6 +25,7 @@ from engine.core.loader import load_model
 from engine.core.records import DoneRecord, PrefillRecord
 from engine.serving.limits import Limits
 from engine.serving.scheduler import Scheduler
+from engine.settings import SettingsError
 
 PROMPT = 300                      # tokens: past a 256-token chunk and several key blocks
 
@@ -282,11 +283,12 @@ def test_sdpa_in_a_chunked_prefill_changes_the_numbers(lm, monkeypatch):
     assert not all(torch.equal(a, b) for a, b in zip(whole, chunked))
 
 
-def test_the_setting_reads_on_and_off():
-    assert invariant.enabled({}) is False
+def test_the_setting_reads_on_and_off_and_is_on_by_default_in_a_hosted_room():
+    assert invariant.enabled({}) is False                                       # loopback: one person's machine
+    assert invariant.enabled({"PLAYGROUND_HOST": "0.0.0.0"}) is True            # a hosted room
     assert invariant.enabled({invariant.ENV: "on"}) is True
-    assert invariant.enabled({invariant.ENV: "off"}) is False
-    with pytest.raises(SystemExit, match="PLAYGROUND_INVARIANT"):
+    assert invariant.enabled({invariant.ENV: "off", "PLAYGROUND_HOST": "0.0.0.0"}) is False
+    with pytest.raises(SettingsError, match="PLAYGROUND_INVARIANT must be 1 or 0"):
         invariant.enabled({invariant.ENV: "sometimes"})
 
 
@@ -447,3 +449,37 @@ def test_in_the_mode_a_step_with_newcomers_and_decoding_rows_runs_apart(lm, monk
     finally:
         lean.invariant = invariant.enabled()
     assert mixed == [] and first[-1].text and second[-1].text
+
+
+# --- the default: on in a hosted room ---------------------------------------------------------------------------------
+
+def handed(capsys, *argv: str) -> dict[str, str]:
+    """The PLAYGROUND_* variables `playground ARGV` hands the processes it starts (its model server among them), as
+    its dry run prints them."""
+    from app.launch import main                     # the room's launcher: only for these tests
+
+    assert main(["--dry-run", *argv], environ={"PATH": "/usr/bin:/bin"}) == 0
+    return dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines()[1:])
+
+
+def unasked_checksum(folder, log_dir, env: dict[str, str]) -> str | None:
+    """`python -m engine serve` on loopback with `env`: a greedy completion's `playground.logits_sha256`, not asked
+    for (the server returns it unasked only while its invariant mode is on)."""
+    with running_server(log_dir, tiny_args(folder, "--host", "127.0.0.1"), env=env) as (url, _):
+        api = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+        out = api.completions.create(model=api.models.list().data[0].id, prompt=tiny_prompt(12, seed=3), max_tokens=3,
+                                     temperature=0)
+    return (out.model_extra.get("playground") or {}).get("logits_sha256")
+
+
+def test_a_hosted_rooms_model_server_runs_the_invariant_kernels(folder, tmp_path, capsys):
+    env = handed(capsys, "--host", "0.0.0.0", "--web-processes", "1", "--model", str(folder))
+    assert env[invariant.ENV] == "1"
+    checksum = unasked_checksum(folder, tmp_path, {invariant.ENV: env[invariant.ENV]})
+    assert checksum is not None and len(checksum) == 64
+
+
+def test_a_plain_rooms_model_server_runs_the_usual_kernels(folder, tmp_path, capsys):
+    env = handed(capsys, "--web-processes", "1", "--model", str(folder))
+    assert env[invariant.ENV] == "0"
+    assert unasked_checksum(folder, tmp_path, {invariant.ENV: env[invariant.ENV]}) is None

@@ -1,6 +1,6 @@
 """Batch-invariant kernels: a row's numbers do not depend on the other rows, the thread count or the chunking.
 
-    enabled()                                      # PLAYGROUND_INVARIANT=on: LeanStep.invariant runs these two
+    enabled()                                      # the `invariant` setting: LeanStep.invariant runs these two
     y = linear(x, weight, bias)                    # x [..., d_in] -> [..., d_out], rows padded to a multiple of 8
     out = attention(q, keys, values, mask, scaling)   # [B, H, T, D], one fixed split along the keys
 
@@ -35,12 +35,12 @@ against 2 threads bitwise), and the norms are transformers' own per-row reductio
 """
 from __future__ import annotations
 
-import os
-
 import torch
 from torch.nn import functional as F
 
-ENV = "PLAYGROUND_INVARIANT"      # "on": the forward runs these kernels; "off" (default for now)
+from engine import settings
+
+ENV = "PLAYGROUND_INVARIANT"      # the setting's variable (engine/settings.py: on by default in a hosted room)
 ROW_TILE = 8                      # rows per product
 KEY_BLOCK = 64                    # keys per attention block
 AT_ONCE = 1 << 22                 # B * H * T' * S' up to which every key block's scores are made at once
@@ -48,13 +48,9 @@ PROBE_ROWS = (16, 32, 72, 264)    # row counts whose first 8 rows must equal 8 r
 
 
 def enabled(environ: dict[str, str] | None = None) -> bool:
-    """Whether PLAYGROUND_INVARIANT asks for the invariant kernels ("on"/"1"/"true"; "off"/"0"/"" for not)."""
-    value = (os.environ if environ is None else environ).get(ENV, "").strip().lower()
-    if value in ("", "0", "off", "false", "no"):
-        return False
-    if value in ("1", "on", "true", "yes"):
-        return True
-    raise SystemExit(f"{ENV} must be 'on' or 'off', not {value!r}")
+    """Whether the settings turn the invariant kernels on (`invariant`: PLAYGROUND_INVARIANT or --invariant, else on
+    in a hosted room); a value that is not on or off raises SettingsError naming the variable."""
+    return bool(settings.of(environ).invariant)
 
 
 def _pad_rows(x: torch.Tensor, tile: int) -> torch.Tensor:
