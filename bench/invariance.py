@@ -203,6 +203,10 @@ def cost(lean: LeanStep, rounds: int, prefill_tokens: int, modes: tuple[str, ...
     vocab = lean.config.vocab_size
     times: dict = {k: {m: [] for m in modes} for k in ("lone decode step", "20-row decode step", "prefill")}
     long_ids = ids_of(prefill_tokens, 9, vocab)
+    warm = DynamicCache()
+    prefill(lean, warm, ids_of(20, 3, vocab))
+    for mode in modes:          # not timed: each shape's one-time probe (invariant.one_call_holds, blocks_hold)
+        one_mode(lean, mode, lambda: decode_batch(lean, [copy.deepcopy(warm)], [5]))
     for _ in range(rounds):
         for mode in modes:
             lean.invariant = False
