@@ -11,7 +11,8 @@ Kernels alone, on SmolLM2's own weights and activations' shapes: F.linear with M
 whole forward, off and on: a prompt's logits prefilled whole vs in chunks of 64 and 256; a request decoding alone vs
 as one row of a batch of 2, 7 and 32 (the others at other positions); one thread vs two; a prefix's K/V reused.
 Each comparison gives `equal` (torch.equal) and the largest difference. Cost, off against on, alternating: a lone
-decode step, a 20-row decode step, a prefill. `--lesson` runs what the room page's "Same question, same numbers?"
+decode step, a 20-row decode step, a prefill; and taken apart in the same run (`--modes`): the invariant products
+with the usual attention, the usual products with the invariant attention, the key blocks walked one at a time. `--lesson` runs what the room page's "Same question, same numbers?"
 runs (the same jobs' code, in float32 and bfloat16, kernels off and on): each run's seconds (how long the room
 waits for it), the largest log-probability gap and where the answers part. Writes
 bench/results/invariance/<UTC time>-<commit>.json.
@@ -167,27 +168,47 @@ def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return (out if bias is None else out + bias).reshape(*x.shape[:-1], weight.shape[0])
 
 
-MODES = ("off", "on", "tiles")          # the usual kernels, the invariant ones, the invariant ones with 8-row tiles
+MODES = ("off", "on", "products", "attention", "walked", "tiles")
+# off: the usual kernels; on: the invariant ones; products: the invariant products with the usual attention (SDPA);
+# attention: the usual products (F.linear) with the invariant attention; walked: the invariant ones with every key
+# block walked one at a time (invariant._blocks, the kernel before `_blocks_at_once`); tiles: the invariant ones with
+# the first 8-row tiles. Side by side in one run, they take the cost apart.
+
+
+def usual_attention(q, keys, values, mask, scaling):
+    """SDPA as the forward calls it without the invariant kernels (engine.core.lean.LeanStep._attention)."""
+    if mask is None and q.shape[2] > 1 and keys.shape[2] != q.shape[2]:
+        mask = causal_mask(torch.ones(q.shape[0], keys.shape[2], dtype=torch.bool), q.shape[2])
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling,
+                                          is_causal=mask is None and q.shape[2] > 1,
+                                          enable_gqa=q.shape[1] != keys.shape[1])
 
 
 def one_mode(lean: LeanStep, mode: str, fn) -> float:
-    """`fn()` timed with the kernels `mode` names (invariant.linear swapped for the tiled product under "tiles")."""
-    lean.invariant, kept = mode != "off", invariant.linear
-    invariant.linear = tiled_linear if mode == "tiles" else kept
+    """`fn()` timed with the kernels `mode` names (MODES), the module's kernels put back after."""
+    lean.invariant, kept = mode != "off", (invariant.linear, invariant.attention, invariant.AT_ONCE)
+    swap = {"tiles": {"linear": tiled_linear}, "products": {"attention": usual_attention},
+            "attention": {"linear": F.linear}, "walked": {"AT_ONCE": -1}}.get(mode, {})
+    for name, value in swap.items():
+        setattr(invariant, name, value)
     try:
         return timed(fn)
     finally:
-        invariant.linear = kept
+        invariant.linear, invariant.attention, invariant.AT_ONCE = kept
 
 
-def cost(lean: LeanStep, rounds: int, prefill_tokens: int) -> dict:
-    """Off against on (and on with the earlier 8-row tiles), alternating round by round: a lone decode step, a
-    20-row decode step, a prefill."""
+def cost(lean: LeanStep, rounds: int, prefill_tokens: int, modes: tuple[str, ...] = MODES) -> dict:
+    """Off against each of `modes`, alternating round by round: a lone decode step, a 20-row decode step, a
+    prefill."""
     vocab = lean.config.vocab_size
-    times: dict = {k: {m: [] for m in MODES} for k in ("lone decode step", "20-row decode step", "prefill")}
+    times: dict = {k: {m: [] for m in modes} for k in ("lone decode step", "20-row decode step", "prefill")}
     long_ids = ids_of(prefill_tokens, 9, vocab)
+    warm = DynamicCache()
+    prefill(lean, warm, ids_of(20, 3, vocab))
+    for mode in modes:          # not timed: each shape's one-time probe (invariant.one_call_holds, blocks_hold)
+        one_mode(lean, mode, lambda: decode_batch(lean, [copy.deepcopy(warm)], [5]))
     for _ in range(rounds):
-        for mode in MODES:
+        for mode in modes:
             lean.invariant = False
             cache = DynamicCache()
             prefill(lean, cache, ids_of(200, 3, vocab))
@@ -197,10 +218,10 @@ def cost(lean: LeanStep, rounds: int, prefill_tokens: int) -> dict:
                 prefill(lean, c, ids_of(20 + 5 * b, 20 + b, vocab))
             times["20-row decode step"][mode].append(one_mode(lean, mode, lambda: decode_batch(lean, caches, [5] * 20)))
             times["prefill"][mode].append(one_mode(lean, mode, lambda: prefill(lean, DynamicCache(), long_ids)))
-    med = {k: {m: statistics.median(v[m]) for m in MODES} for k, v in times.items()}
-    return {k: {"off_s": med[k]["off"], "on_s": med[k]["on"], "tiles_s": med[k]["tiles"],
-                "on_over_off": med[k]["on"] / med[k]["off"], "tiles_over_off": med[k]["tiles"] / med[k]["off"],
-                "rounds": v} for k, v in times.items()}
+    med = {k: {m: statistics.median(v[m]) for m in modes} for k, v in times.items()}
+    return {k: {**{f"{m}_s": med[k][m] for m in modes},
+                **{f"{m}_over_off": med[k][m] / med[k]["off"] for m in modes if m != "off"}, "rounds": v}
+            for k, v in times.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -212,6 +233,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", default=None)
     parser.add_argument("--cost-only", action="store_true", help="skip the bitwise checks; time off against on")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=["off", "on", "products", "attention", "walked"],
+                        help="the kernels timed side by side (off is always one)")
     parser.add_argument("--lesson", action="store_true", help="only the room page's lesson, each run timed")
     parser.add_argument("--lesson-prompt", default=lesson.DEFAULT_PROMPT)
     args = parser.parse_args(argv)
@@ -228,8 +251,8 @@ def main(argv: list[str] | None = None) -> None:
               "row_tile": invariant.ROW_TILE, "key_block": invariant.KEY_BLOCK}
     if not args.cost_only:
         checks(lean, report, args.prompt, args.steps)
-    report["cost"] = cost(lean, args.rounds, args.prefill)
-    print({k: (round(v["on_over_off"], 2), round(v["tiles_over_off"], 2)) for k, v in report["cost"].items()})
+    report["cost"] = cost(lean, args.rounds, args.prefill, tuple(dict.fromkeys(["off", *args.modes])))
+    print({k: {m: round(r, 2) for m, r in v.items() if m.endswith("_over_off")} for k, v in report["cost"].items()})
     print(run.save(report, out=args.out))
 
 

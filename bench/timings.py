@@ -4,6 +4,8 @@ timeline takes per request.
 
     python bench/timings.py                               # SmolLM2, 20 sessions, 16 and 64 new tokens, 3 rounds
     python bench/timings.py --sessions 20 --tokens 16 64 --rounds 5
+    python bench/timings.py --setting invariant --sessions 20 1   # the batch-invariant kernels on against off
+                                                                  # (issue 51): the room, then one person alone
 
 Both sides run the same model with the same limits and threads; only one server is busy at a time (they alternate).
 Each side has `--per-side` servers (default 2), started in the order kept, not kept, not kept, kept: with one server
@@ -20,7 +22,7 @@ only owner (an upper bound: the steps are shared by the batch), and its stored s
 on its info and in its run file); and the bookkeeping's own time (recording each step, taking each request apart,
 its story's way out) against the steps' time, in-process in the same run, a ratio the machine's load scales on both
 sides (`--share-only`: that and the memory, no servers). Writes a new bench/results/timings/<UTC time>-<commit>.json
-(bench/provenance.py).
+(bench/provenance.py); with `--setting invariant`, bench/results/invariance/.
 """
 from __future__ import annotations
 
@@ -55,19 +57,24 @@ from engine.serving.scheduler import Scheduler  # noqa: E402
 from engine.server import protocol as p  # noqa: E402
 
 SIDES = {"kept": "1", "not_kept": "0"}
+# --setting: which setting the two sides differ by, its variable and each side's value (the first side's over the
+# second's is each row's ratio): the timelines (this bench's own question) or the batch-invariant kernels (issue 51)
+SETTINGS = {"timelines": ("PLAYGROUND_TIMELINES", SIDES),
+            "invariant": ("PLAYGROUND_INVARIANT", {"on": "on", "off": "off"})}
 REQUEST_SECONDS = 3600.0
 
 
 def start_servers(args: argparse.Namespace, limits: Limits) -> dict[str, tuple[str, subprocess.Popen, str]]:
     """`--per-side` servers a side, started in ABBA order (kept, not kept, not kept, kept, ...): whatever a server's
     place in the starting order does to it falls on both sides alike. Name -> (side, process, url)."""
-    sides = list(SIDES)
+    values = SETTINGS[args.setting][1]
+    sides = list(values)
     order = [sides[(i + i // 2) % 2] for i in range(2 * args.per_side)]     # a b b a a b b a ...
     servers: dict[str, tuple[str, subprocess.Popen, str]] = {}
     for side in order:
         name = f"{side}#{sum(1 for s, _, _ in servers.values() if s == side) + 1}"
         try:
-            servers[name] = (side, *start(args, limits, SIDES[side]))
+            servers[name] = (side, *start(args, limits, values[side]))
         except BaseException:
             stop_servers(servers)
             raise
@@ -89,14 +96,14 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start(args: argparse.Namespace, limits: Limits, keep: str) -> tuple[subprocess.Popen, str]:
+def start(args: argparse.Namespace, limits: Limits, value: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "engine", "serve", "--model", args.model, "--port", str(port), "--log-level",
-           "warning", "--max-batch", str(limits.max_batch), "--max-queue", str(max(limits.max_queue, args.sessions)),
+           "warning", "--max-batch", str(limits.max_batch), "--max-queue", str(max(limits.max_queue, *args.sessions)),
            "--threads", str(args.threads)]
     cmd += [x for flag, v in (("--device", args.device), ("--dtype", args.dtype)) if v for x in (flag, v)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                            env={**os.environ, "OMP_NUM_THREADS": str(args.threads), "PLAYGROUND_TIMELINES": keep,
+                            env={**os.environ, "OMP_NUM_THREADS": str(args.threads), SETTINGS[args.setting][0]: value,
                                  "PLAYGROUND_REQUEST_SECONDS": str(REQUEST_SECONDS)})
     url = f"http://127.0.0.1:{port}"
     wait_healthy(proc, url)
@@ -194,7 +201,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default="default")
     parser.add_argument("--device")
     parser.add_argument("--dtype")
-    parser.add_argument("--sessions", type=int, default=20)
+    parser.add_argument("--sessions", type=int, nargs="+", default=[20],
+                        help="sessions at once; several: a row for each (1: one person alone)")
+    parser.add_argument("--setting", choices=sorted(SETTINGS), default="timelines",
+                        help="what the two sides differ by: keeping timelines (default), or the batch-invariant "
+                             "kernels (PLAYGROUND_INVARIANT on against off; no in-process part)")
     parser.add_argument("--tokens", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every server once")
     parser.add_argument("--warm-rounds", type=int, default=1,
@@ -209,11 +220,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def one_round(pool: ClientPool, proc: subprocess.Popen, model: str, args: argparse.Namespace, tokens: int,
+def one_round(pool: ClientPool, proc: subprocess.Popen, model: str, sessions: int, tokens: int,
               expected: dict) -> dict:
     """One server's round: the clients' figures and the server's CPU seconds over it (per token generated)."""
     before = cpu_seconds(proc.pid)
-    out = api_scenario(pool, model, args.sessions, tokens, False, expected)
+    out = api_scenario(pool, model, sessions, tokens, False, expected)
     after = cpu_seconds(proc.pid)
     out["server_cpu_s"] = None if before is None or after is None else after - before
     generated = out["generated_tokens"]
@@ -222,31 +233,34 @@ def one_round(pool: ClientPool, proc: subprocess.Popen, model: str, args: argpar
     return out
 
 
-def compare(args: argparse.Namespace, servers: dict, pools: dict, model: str, tokens: int, expected: dict) -> dict:
+def compare(args: argparse.Namespace, servers: dict, pools: dict, model: str, tokens: int, expected: dict,
+            sessions: int) -> dict:
     runs: dict[str, list[dict]] = {name: [] for name in servers}
+    first, second = SETTINGS[args.setting][1]
     for name in list(servers) * args.warm_rounds:       # not counted: a server's first full round touches its
-        one_round(pools[name], servers[name][1], model, args, tokens, expected)   # batch's memory for the first time
+        one_round(pools[name], servers[name][1], model, sessions, tokens, expected)   # batch's memory first
     for i in range(args.rounds):
         order = list(servers) if i % 2 == 0 else list(reversed(servers))      # alternate which goes first
         for name in order:
-            runs[name].append(one_round(pools[name], servers[name][1], model, args, tokens, expected))
+            runs[name].append(one_round(pools[name], servers[name][1], model, sessions, tokens, expected))
     keys = ("throughput_tok_s", "completion_p95_s", "ttft_p95_s", "server_cpu_ms_per_token")
     med = lambda rs: {k: median_of(r[k] for r in rs) for k in keys}  # noqa: E731
-    by_side = {side: [r for name, rs in runs.items() if servers[name][0] == side for r in rs] for side in SIDES}
+    by_side = {side: [r for name, rs in runs.items() if servers[name][0] == side for r in rs]
+               for side in (first, second)}
     sides = {side: med(rs) for side, rs in by_side.items()}
     each = {name: med(rs) for name, rs in runs.items()}
-    row = {"tokens": tokens, "sessions": args.sessions, **sides,
-           "throughput_ratio": sides["kept"]["throughput_tok_s"] / sides["not_kept"]["throughput_tok_s"],
-           "p95_ratio": sides["kept"]["completion_p95_s"] / sides["not_kept"]["completion_p95_s"],
-           "cpu_per_token_ratio": ratio(sides["kept"]["server_cpu_ms_per_token"],
-                                        sides["not_kept"]["server_cpu_ms_per_token"]),
+    row = {"tokens": tokens, "sessions": sessions, **sides,
+           "throughput_ratio": sides[first]["throughput_tok_s"] / sides[second]["throughput_tok_s"],
+           "p95_ratio": sides[first]["completion_p95_s"] / sides[second]["completion_p95_s"],
+           "cpu_per_token_ratio": ratio(sides[first]["server_cpu_ms_per_token"],
+                                        sides[second]["server_cpu_ms_per_token"]),
            "servers": {name: {"side": servers[name][0], **each[name]} for name in servers},
-           "same_side_throughput_ratio": same_side(servers, each),
+           "same_side_throughput_ratio": same_side(servers, each, (first, second)),
            "rounds": runs,
-           "ok": all(not r["errors"] and not r["wrong_answers"] and r["served"] == args.sessions
+           "ok": all(not r["errors"] and not r["wrong_answers"] and r["served"] == sessions
                      for rs in runs.values() for r in rs)}
-    print(f"{tokens:3d} tokens: kept {sides['kept']['throughput_tok_s']:.1f} tok/s, not kept "
-          f"{sides['not_kept']['throughput_tok_s']:.1f} tok/s: {row['throughput_ratio']:.3f}x tok/s, "
+    print(f"{sessions} sessions, {tokens:3d} tokens: {first} {sides[first]['throughput_tok_s']:.1f} tok/s, {second} "
+          f"{sides[second]['throughput_tok_s']:.1f} tok/s: {row['throughput_ratio']:.3f}x tok/s, "
           f"{row['p95_ratio']:.3f}x p95, {row['cpu_per_token_ratio'] or float('nan'):.3f}x server CPU per token; "
           f"same setting, first server over second: {row['same_side_throughput_ratio']} "
           f"{'ok' if row['ok'] else 'ERRORS'}", flush=True)
@@ -262,10 +276,10 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
 
 
-def same_side(servers: dict, each: dict) -> dict[str, float | None]:
+def same_side(servers: dict, each: dict, sides=tuple(SIDES)) -> dict[str, float | None]:
     """Per side, its first-started server's median tok/s over its second's: the same setting twice (an A/A)."""
     out = {}
-    for side in SIDES:
+    for side in sides:
         names = [n for n in servers if servers[n][0] == side]
         if len(names) >= 2:
             out[side] = ratio(each[names[0]]["throughput_tok_s"], each[names[1]]["throughput_tok_s"])
@@ -274,7 +288,7 @@ def same_side(servers: dict, each: dict) -> dict[str, float | None]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    run = provenance.start("timings", argv)
+    run = provenance.start("invariance" if args.setting == "invariant" else "timings", argv)
     torch.set_num_threads(args.threads)
     os.environ.setdefault("PLAYGROUND_THREADS", str(args.threads))
     lm = in_passing_thread(lambda: load_model(args.model, device=args.device, dtype=args.dtype))
@@ -282,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     limits = replace(Limits.for_device(lm.device).with_env(), request_seconds=REQUEST_SECONDS)
     if args.share_only:
         return write(run, args, lm, [], in_house(args, lm, limits))
+    expected = {tokens: in_passing_thread(lambda: references(lm, tokens)) for tokens in args.tokens}
     servers = start_servers(args, limits)
     pools: dict[str, ClientPool] = {}
     rows: list[dict] = []
@@ -289,22 +304,22 @@ def main(argv: list[str] | None = None) -> int:
         pools = {name: ClientPool(args.client_procs, url + "/v1") for name, (_, _, url) in servers.items()}
         url = next(iter(servers.values()))[2]
         model = openai.OpenAI(base_url=url + "/v1", api_key="unused").models.list().data[0].id
-        for tokens in args.tokens:
-            expected = in_passing_thread(lambda: references(lm, tokens))
-            rows.append(compare(args, servers, pools, model, tokens, expected))
+        for sessions in args.sessions:
+            for tokens in args.tokens:
+                rows.append(compare(args, servers, pools, model, tokens, expected[tokens], sessions))
     finally:
         for pool in pools.values():
             pool.close()
         stop_servers(servers)
-    return write(run, args, lm, rows, in_house(args, lm, limits))
+    return write(run, args, lm, rows, in_house(args, lm, limits) if args.setting == "timelines" else {})
 
 
 def in_house(args: argparse.Namespace, lm, limits: Limits) -> dict:
     """In this process: the memory of a timeline and the bookkeeping's share of the step time, per token count."""
     out: dict[str, list] = {"memory": [], "share": []}
     for tokens in args.tokens:
-        out["memory"].append(in_passing_thread(lambda: memory(lm, limits, args.sessions, tokens)))
-        out["share"].append(in_passing_thread(lambda: share(lm, limits, args.sessions, tokens)))
+        out["memory"].append(in_passing_thread(lambda: memory(lm, limits, args.sessions[0], tokens)))
+        out["share"].append(in_passing_thread(lambda: share(lm, limits, args.sessions[0], tokens)))
         m, s = out["memory"][-1], out["share"][-1]
         print(f"{tokens:3d} tokens: a timeline takes at most {m['record_bytes_max']:,} bytes in the scheduler, its "
               f"story {m['story_json_bytes_max']:,} bytes as JSON; the bookkeeping took "
@@ -312,12 +327,21 @@ def in_house(args: argparse.Namespace, lm, limits: Limits) -> dict:
     return out
 
 
+def what(args: argparse.Namespace) -> str:
+    sessions = " and ".join(map(str, args.sessions))
+    first, second = SETTINGS[args.setting][1]
+    rounds = (f"{args.per_side} a side started {first}, {second}, {second}, {first}, each once a round after "
+              f"{args.warm_rounds} not counted, medians of each side's rounds")
+    if args.setting == "invariant":
+        return (f"{sessions} streaming API sessions at once on servers with the batch-invariant kernels "
+                f"(PLAYGROUND_INVARIANT=on) against servers without, {rounds}")
+    return (f"{sessions} streaming API sessions at once on servers keeping every request's timeline against servers "
+            f"keeping none (PLAYGROUND_TIMELINES=0), {rounds}; the memory of one request's timeline; in-process, the "
+            "bookkeeping's own time against the steps'")
+
+
 def write(run: provenance.Run, args: argparse.Namespace, lm, rows: list[dict], house: dict) -> int:
-    report = {"what": f"{args.sessions} streaming API sessions at once on servers keeping every request's timeline "
-                      f"against servers keeping none (PLAYGROUND_TIMELINES=0), {args.per_side} a side started kept, "
-                      f"not kept, not kept, kept, each once a round after {args.warm_rounds} not counted, medians "
-                      "of each side's rounds; the memory of one request's timeline; in-process, the bookkeeping's "
-                      "own time against the steps'",
+    report = {"what": what(args), "setting": args.setting,
               "model_machine": machine(lm), "threads": args.threads,
               "note": "the machine is shared with other work: the rounds' spread is the noise",
               "rows": rows, **house}

@@ -27,9 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from engine.settings import PLAYGROUND, SERVE, Settings, add_flags, load
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+from engine.settings import LOOPBACK, PLAYGROUND, SERVE, Settings, add_flags, load  # noqa: F401 (LOOPBACK: app's)
 MIN_SECRET_CHARS = 12
 LOG_LEVELS = ("debug", "info", "warning", "error")
 UPLOAD_MB = 64                      # largest recording a browser may upload (engine.serving.recording reads 64 MiB)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 PREFIX = "PLAYGROUND_"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")     # a room on any other address is a hosted one
 FILE_ENV = PREFIX + "SETTINGS"          # the optional settings file (TOML); also --settings FILE
 PLAYGROUND, SERVE = "playground", "serve"
 BOTH, NEITHER = (PLAYGROUND, SERVE), ()
@@ -69,6 +70,10 @@ class Settings:
                                  PREFIX + "DEVICE", "--device")
     dtype: str | None = setting(None, str, "model", "float32, bf16, fp16 (default: bf16 on CUDA, float32 on CPU)",
                                 PREFIX + "DTYPE", "--dtype")
+    invariant: bool | None = setting(None, bool, "model", "batch-invariant kernels: a request's logits are the same "
+                                     "bits alone or beside others, at a cost in time (docs/engine.md; default: on in "
+                                     "a hosted room: --host off loopback; off otherwise)", PREFIX + "INVARIANT",
+                                     "--invariant")
     threads: int | None = setting(None, int, "model", "torch threads on a CPU (default: OMP_NUM_THREADS when set, "
                                   "else measured under the live load)", PREFIX + "THREADS", "--threads", (SERVE,))
     cache: str | None = setting(None, str, "model", "where converted models (and by default the run store) live "
@@ -272,7 +277,15 @@ def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] | No
     values = {**given[FILE], **given[VARIABLE], **given[FLAG]}
     if values.get("port") is None:
         values["port"] = 8000 if command == SERVE else 8501
+    if values.get("invariant") is None:
+        values["invariant"] = hosted(values.get("host", BY_NAME["host"].default))
     return Settings(**values)
+
+
+def hosted(host: str) -> bool:
+    """Whether a room on `host` is a hosted one (reachable from other machines: a join code, an API key), where the
+    batch-invariant kernels are on by default: there the same question must give the same numbers to everyone."""
+    return host not in LOOPBACK
 
 
 @functools.lru_cache(maxsize=8)

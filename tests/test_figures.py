@@ -664,6 +664,31 @@ FIGURES.append((ENGINE_DOC, "invariance/20261128T001025Z-f450c14.json", "load av
                 if all(v["equal"] for v in d["forward_on"].values()) else ()))
 
 
+def _room_through_the_api(d: dict) -> tuple:
+    rows = {(r["sessions"], r["tokens"]): r for r in d["rows"]}
+    spread = max(max(v, 1 / v) for r in d["rows"] for v in r["same_side_throughput_ratio"].values())
+    return (d["provenance"]["machine"]["load_avg"][0], rows[20, 16]["throughput_ratio"], rows[20, 64]["throughput_ratio"],
+            rows[1, 16]["on"]["throughput_tok_s"], rows[1, 16]["off"]["throughput_tok_s"],
+            rows[1, 64]["on"]["throughput_tok_s"], rows[1, 64]["off"]["throughput_tok_s"], spread)
+
+
+FIGURES.append((ENGINE_DOC, "invariance/20261128T060040Z-d3247ee.json", "load average {:.0f} at its start; "
+                "`bench/results/invariance/20261128T060040Z-d3247ee.json`): with the mode on, 20 sessions got {:.2f}x "
+                "the tokens per second at 16 new tokens and {:.2f}x at 64; one person alone got {:.1f} tok/s against "
+                "{:.1f} at 16 tokens and {:.1f} tok/s against {:.1f} at 64. The same setting twice (each side's first "
+                "server over its second) differed by up to {:.2f}x", _room_through_the_api))
+
+def _taken_apart(d: dict) -> tuple:
+    c = d["cost"]
+    fast = lambda k, m: min(c[k]["rounds"][m])  # noqa: E731
+    return (d["provenance"]["machine"]["load_avg"][0],
+            max(max(r) / min(r) for v in c.values() for r in v["rounds"].values()),
+            *(1e3 * fast("20-row decode step", m) for m in ("off", "on", "products", "attention")),
+            *(fast("prefill", m) for m in ("off", "on", "products", "attention")))
+
+
+FIGURES.append((ENGINE_DOC, "invariance/20261128T062715Z-69ffc82.json", "each mode's one-time probes made before the timed rounds, load average {:.0f} at its start; `bench/results/invariance/20261128T062715Z-69ffc82.json`) the rounds swung by up to {:.0f}x on this shared machine, so its medians say nothing (the usual kernels came out slower than the invariant ones). The fastest of each mode's 3 rounds: a 20-row decode step {:.0f} ms with the usual kernels, {:.0f} ms with the invariant ones, {:.0f} ms with only the invariant products (SDPA for attention) and {:.0f} ms with only the invariant attention (`F.linear` for the products); a 2,048-token prefill {:.1f} s, {:.1f} s, {:.1f} s and {:.1f} s.", _taken_apart))
+
 def _lesson(d: dict) -> tuple:
     runs, sums = d["lesson"]["settings"], d["lesson"]["two_orders"]
     seconds = [(v["alone_s"], v["in_batch_s"]) for v in runs.values()]

@@ -25,6 +25,7 @@ from engine.core.loader import load_model
 from engine.core.records import DoneRecord, PrefillRecord
 from engine.serving.limits import Limits
 from engine.serving.scheduler import Scheduler
+from engine.settings import SettingsError
 
 PROMPT = 300                      # tokens: past a 256-token chunk and several key blocks
 
@@ -217,6 +218,56 @@ def test_attention_8_query_rows_a_product_keeps_the_bits_too(lm, monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(run_alone(step, ids, 3), run_in_batch(step, ids, 3, 12)))
 
 
+def random_rows(b: int, t: int, s: int, pads: int = 17):
+    """q [b, 4, t, 64], keys/values [b, 2, s, 64] and a mask whose row r has (r * pads) % s left pads."""
+    gen = torch.Generator().manual_seed(b * 1000 + t)
+    q, k, v = (torch.randn(shape, generator=gen) for shape in ((b, 4, t, 64), (b, 2, s, 64), (b, 2, s, 64)))
+    valid = torch.ones(b, s, dtype=torch.bool)
+    for r in range(b):
+        valid[r, :(r * pads) % s] = False
+    return q, k, v, causal_mask(valid, t)
+
+
+@pytest.mark.parametrize("b, t, s", [(1, 1, 201), (20, 1, 130), (3, 5, 300), (1, 64, 300)])
+def test_the_key_blocks_made_at_once_give_the_bits_of_the_walk(monkeypatch, b, t, s):
+    """A decode step's key blocks in one batched product each (`_blocks_at_once`) against the loop that walks them one
+    by one (`_blocks`, the kernel before it): bitwise, with left pads and causal alike."""
+    q, k, v, mask = random_rows(b, t, s)
+    at_once = [invariant.attention(q, k, v, m, 0.125) for m in (mask, None)]
+    monkeypatch.setattr(invariant, "AT_ONCE", -1)                               # every step walks its blocks
+    walked = [invariant.attention(q, k, v, m, 0.125) for m in (mask, None)]
+    assert all(torch.equal(a, w) for a, w in zip(at_once, walked))
+
+
+def walked_and_at_once(lm, monkeypatch, ids):
+    """The request alone with every attention walking its key blocks (prefill in chunks of 64), and with every one
+    made at once (prefilled whole): its logits, step by step."""
+    step = LeanStep(lm)
+    step.invariant = True
+    monkeypatch.setattr(invariant, "AT_ONCE", -1)
+    walked = run_alone(step, ids, 3, 64)
+    monkeypatch.setattr(invariant, "AT_ONCE", 1 << 40)
+    return walked, run_alone(step, ids, 3)
+
+
+def test_a_decode_step_at_once_gives_the_bits_of_a_walked_prefill_chunk(lm, monkeypatch):
+    walked, at_once = walked_and_at_once(lm, monkeypatch, ids_of(PROMPT, 5, lm.model.config.vocab_size))
+    assert_same(walked, at_once)
+
+
+def test_a_softmax_over_all_keys_at_once_changes_the_numbers(lm, monkeypatch):
+    """The mutation: the same attention as one plain softmax over every key (no online rescale block by block), and
+    the walked and the at-once runs part: the test above can fail."""
+    def plain(q, keys, values, mask, scaling, t):
+        b, h, tp, d = q.shape
+        scores = torch.matmul(q, keys.transpose(2, 3)) * scaling
+        weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).nan_to_num(0.0)
+        return torch.matmul(weights, values)[:, :, :t]
+    monkeypatch.setattr(invariant, "_blocks_at_once", plain)
+    walked, at_once = walked_and_at_once(lm, monkeypatch, ids_of(PROMPT, 5, lm.model.config.vocab_size))
+    assert not all(torch.equal(a, b) for a, b in zip(walked, at_once))
+
+
 def test_sdpa_in_a_chunked_prefill_changes_the_numbers(lm, monkeypatch):
     """The mutation: SDPA back in place of the fixed key split, and a chunked prompt's logits differ from whole."""
     def sdpa(q, keys, values, mask, scaling):
@@ -232,11 +283,12 @@ def test_sdpa_in_a_chunked_prefill_changes_the_numbers(lm, monkeypatch):
     assert not all(torch.equal(a, b) for a, b in zip(whole, chunked))
 
 
-def test_the_setting_reads_on_and_off():
-    assert invariant.enabled({}) is False
+def test_the_setting_reads_on_and_off_and_is_on_by_default_in_a_hosted_room():
+    assert invariant.enabled({}) is False                                       # loopback: one person's machine
+    assert invariant.enabled({"PLAYGROUND_HOST": "0.0.0.0"}) is True            # a hosted room
     assert invariant.enabled({invariant.ENV: "on"}) is True
-    assert invariant.enabled({invariant.ENV: "off"}) is False
-    with pytest.raises(SystemExit, match="PLAYGROUND_INVARIANT"):
+    assert invariant.enabled({invariant.ENV: "off", "PLAYGROUND_HOST": "0.0.0.0"}) is False
+    with pytest.raises(SettingsError, match="PLAYGROUND_INVARIANT must be 1 or 0"):
         invariant.enabled({invariant.ENV: "sometimes"})
 
 
@@ -397,3 +449,37 @@ def test_in_the_mode_a_step_with_newcomers_and_decoding_rows_runs_apart(lm, monk
     finally:
         lean.invariant = invariant.enabled()
     assert mixed == [] and first[-1].text and second[-1].text
+
+
+# --- the default: on in a hosted room ---------------------------------------------------------------------------------
+
+def handed(capsys, *argv: str) -> dict[str, str]:
+    """The PLAYGROUND_* variables `playground ARGV` hands the processes it starts (its model server among them), as
+    its dry run prints them."""
+    from app.launch import main                     # the room's launcher: only for these tests
+
+    assert main(["--dry-run", *argv], environ={"PATH": "/usr/bin:/bin"}) == 0
+    return dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines()[1:])
+
+
+def unasked_checksum(folder, log_dir, env: dict[str, str]) -> str | None:
+    """`python -m engine serve` on loopback with `env`: a greedy completion's `playground.logits_sha256`, not asked
+    for (the server returns it unasked only while its invariant mode is on)."""
+    with running_server(log_dir, tiny_args(folder, "--host", "127.0.0.1"), env=env) as (url, _):
+        api = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+        out = api.completions.create(model=api.models.list().data[0].id, prompt=tiny_prompt(12, seed=3), max_tokens=3,
+                                     temperature=0)
+    return (out.model_extra.get("playground") or {}).get("logits_sha256")
+
+
+def test_a_hosted_rooms_model_server_runs_the_invariant_kernels(folder, tmp_path, capsys):
+    env = handed(capsys, "--host", "0.0.0.0", "--web-processes", "1", "--model", str(folder))
+    assert env[invariant.ENV] == "1"
+    checksum = unasked_checksum(folder, tmp_path, {invariant.ENV: env[invariant.ENV]})
+    assert checksum is not None and len(checksum) == 64
+
+
+def test_a_plain_rooms_model_server_runs_the_usual_kernels(folder, tmp_path, capsys):
+    env = handed(capsys, "--web-processes", "1", "--model", str(folder))
+    assert env[invariant.ENV] == "0"
+    assert unasked_checksum(folder, tmp_path, {invariant.ENV: env[invariant.ENV]}) is None

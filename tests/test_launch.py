@@ -41,7 +41,7 @@ def test_flags_become_environment_variables():
     args = parse("--model", "/models/llama", "--draft", "ngram", "--device", "cuda:1", "--dtype", "bf16",
                  "--max-new-tokens", "64", "--max-sessions", "30", "--request-seconds", "45.5", "--max-queue", "0")
     env = launch_env(args, token="a-long-secret-token")
-    assert env == {"PLAYGROUND_PORT": "8501", "PLAYGROUND_MODEL": "/models/llama", "PLAYGROUND_DRAFT": "ngram", "PLAYGROUND_DEVICE": "cuda:1",
+    assert env == {"PLAYGROUND_PORT": "8501", "PLAYGROUND_INVARIANT": "0", "PLAYGROUND_MODEL": "/models/llama", "PLAYGROUND_DRAFT": "ngram", "PLAYGROUND_DEVICE": "cuda:1",
                    "PLAYGROUND_DTYPE": "bf16", TOKEN_ENV: "a-long-secret-token",
                    ENV_VARS["max_new_tokens"]: "64", ENV_VARS["max_sessions"]: "30",
                    ENV_VARS["request_seconds"]: "45.5", ENV_VARS["max_queue"]: "0"}
@@ -49,8 +49,10 @@ def test_flags_become_environment_variables():
     assert (limits.max_new_tokens, limits.max_sessions, limits.request_seconds, limits.max_queue) == (64, 30, 45.5, 0)
 
 
-def test_flags_left_out_set_nothing_but_the_port_the_room_listens_on():
-    assert launch_env(parse()) == {"PLAYGROUND_PORT": "8501"}
+def test_flags_left_out_set_nothing_but_the_port_the_room_listens_on_and_its_kernels():
+    """The two defaults the launcher settles for its processes: the port, and the batch-invariant kernels (off on
+    loopback, on in a hosted room: engine/settings.py)."""
+    assert launch_env(parse()) == {"PLAYGROUND_PORT": "8501", "PLAYGROUND_INVARIANT": "0"}
 
 
 def test_a_bad_limit_stops_the_launch_with_a_message():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app.launch import main, settings_of
+from app.launch import build_parser, main, settings_of
 from engine.launch import ENGINE_URL, ONE_PROCESS, REPLICAS, SERVE, WEB_PROCESSES, way
 from engine.serving.flags import LIMIT_FLAGS
 from engine.service.service import run_store_bytes
@@ -34,7 +34,7 @@ def test_flag_beats_variable_beats_file_beats_default(tmp_path):
     assert (s.model, s.device, s.max_new_tokens, s.open_room, s.dtype) == ("from-the-file", "cuda:1", 33, True, None)
     assert settings_of([], env).max_new_tokens == 22
     assert settings_of(["--settings", str(file)], {}).max_new_tokens == 11
-    assert settings_of([], {}) == Settings(port=8501)
+    assert settings_of([], {}) == Settings(port=8501, invariant=False)   # both resolved: this machine, loopback
 
 
 def test_the_port_is_the_commands_own_unless_given():
@@ -187,7 +187,6 @@ def test_engine_serve_refuses_a_bad_setting_in_one_line():
 # Modules that may still read a PLAYGROUND_* variable themselves, each with its reason.
 READS_ALLOWED = {
     "engine/runs/kept.py": "PLAYGROUND_SAVED_DIR: where the old shelf was, read once to convert what it holds",
-    "engine/core/invariant.py": "PLAYGROUND_INVARIANT: the kernels under test, not a setting (docs/settings.md)",
 }
 
 
@@ -266,6 +265,25 @@ def test_the_traceback_setting_is_read_through_the_settings(monkeypatch):
     assert not traceback_asked()
 
 
+def test_the_invariant_kernels_are_on_by_default_in_a_hosted_room_only(tmp_path):
+    """Off loopback (a room with a join code) on unless said otherwise; on this machine off unless asked; where the
+    value came from is --print-settings' column."""
+    def invariant(*argv, env=None):
+        args = build_parser().parse_args(list(argv))
+        return load(args, env or {}).invariant, origins(args, env or {})["invariant"]
+
+    assert invariant() == (False, "default") and invariant("--host", "0.0.0.0") == (True, "default")
+    assert invariant("--invariant") == (True, "flag")
+    assert invariant("--host", "0.0.0.0", env={"PLAYGROUND_INVARIANT": "off"}) == (False, "variable")
+    file = tmp_path / "room.toml"
+    file.write_text("invariant = false\n")
+    assert invariant("--host", "0.0.0.0", "--settings", str(file)) == (False, "file")
+    out = subprocess.run([str(BIN), "--print-settings", "--host", "0.0.0.0"], env={"PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"^invariant +on +default +--invariant / PLAYGROUND_INVARIANT$", out.stdout, re.M), out.stdout
+
+
 def test_the_route_settings_reach_the_engine(monkeypatch):
     from engine.serving.graphed import warm_widths       # the CUDA graph module: only for this test
 
@@ -279,7 +297,6 @@ def test_the_processes_playground_starts_know_where_each_setting_came_from(tmp_p
     """The variables `playground` hands the processes it starts (its dry run prints them), read back there as the
     room page reads them: each setting's value and where it came from are `--print-settings`'s, the settings file
     included; a secret or address the launcher made up says 'launcher'."""
-    from app.launch import build_parser
     from engine.settings import as_started
 
     file = tmp_path / "room.toml"

@@ -1,6 +1,6 @@
 """Batch-invariant kernels: a row's numbers do not depend on the other rows, the thread count or the chunking.
 
-    enabled()                                      # PLAYGROUND_INVARIANT=on: LeanStep.invariant runs these two
+    enabled()                                      # the `invariant` setting: LeanStep.invariant runs these two
     y = linear(x, weight, bias)                    # x [..., d_in] -> [..., d_out], rows padded to a multiple of 8
     out = attention(q, keys, values, mask, scaling)   # [B, H, T, D], one fixed split along the keys
 
@@ -24,38 +24,39 @@ than in a decode step. Here every product is made on the same fixed shapes whate
   made online block after block in key order (flash attention's split, fixed): a block past a query's position
   adds exact zeros, so a query computes the same sum in a decode step, in a prefill chunk of any length and after
   a prefix from the cache. Left pads (a batch's decode rows) are moved to the end first, so a row's keys always
-  start the first block.
+  start the first block. Two walks of the same blocks, bitwise equal (tests/test_invariance.py): `_blocks` makes
+  each block's products and softmax in turn (a long prefill: its scores are never all in memory), and
+  `_blocks_at_once` (a decode step, a short chunk: up to AT_ONCE scores) makes every block's products in one
+  batched call each, the blocks as the batch (each the same (T', D) x (D, KEY_BLOCK) product), the softmax's
+  elementwise work on the real query rows only, and walks in Python only the rescaled sums, in key order.
 
 The products stay MKL's, on shapes small enough that MKL runs each on one thread (tests/test_invariance.py checks 1
 against 2 threads bitwise), and the norms are transformers' own per-row reductions (engine.core.lean.rms_norm).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 from torch.nn import functional as F
 
-ENV = "PLAYGROUND_INVARIANT"      # "on": the forward runs these kernels; "off" (default for now)
+from engine import settings
+
+ENV = "PLAYGROUND_INVARIANT"      # the setting's variable (engine/settings.py: on by default in a hosted room)
 ROW_TILE = 8                      # rows per product
 KEY_BLOCK = 64                    # keys per attention block
+AT_ONCE = 1 << 22                 # B * H * T' * S' up to which every key block's scores are made at once
 PROBE_ROWS = (16, 32, 72, 264)    # row counts whose first 8 rows must equal 8 rows alone for the one-call product
 
 
 def enabled(environ: dict[str, str] | None = None) -> bool:
-    """Whether PLAYGROUND_INVARIANT asks for the invariant kernels ("on"/"1"/"true"; "off"/"0"/"" for not)."""
-    value = (os.environ if environ is None else environ).get(ENV, "").strip().lower()
-    if value in ("", "0", "off", "false", "no"):
-        return False
-    if value in ("1", "on", "true", "yes"):
-        return True
-    raise SystemExit(f"{ENV} must be 'on' or 'off', not {value!r}")
+    """Whether the settings turn the invariant kernels on (`invariant`: PLAYGROUND_INVARIANT or --invariant, else on
+    in a hosted room); a value that is not on or off raises SettingsError naming the variable."""
+    return bool(settings.of(environ).invariant)
 
 
 def _pad_rows(x: torch.Tensor, tile: int) -> torch.Tensor:
     """x [M, d] with zero rows appended up to a multiple of `tile`."""
     pad = -x.shape[0] % tile
-    return torch.cat([x, x.new_zeros(pad, x.shape[1])]) if pad else x
+    return F.pad(x, (0, 0, 0, pad)) if pad else x
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -113,7 +114,9 @@ def _left_to_right(keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor)
     real token) does not read. Not the keys no query reads: in a padded prefill each pad's query reads itself
     (engine.core.lean.causal_mask), and counting those as real shifted the row's key blocks."""
     pads = (~mask[:, 0, -1]).int().cumprod(dim=1).sum(dim=1)                   # [B] leading unread keys
-    s = keys.shape[2]                            # always gathered: no host sync, so a CUDA graph could capture it
+    if pads.device.type == "cpu" and not bool(pads.any()):                     # nothing to move (a lone row)
+        return keys, values, mask
+    s = keys.shape[2]                    # on a GPU always gathered: no host sync, so a CUDA graph could capture it
     index = (torch.arange(s, device=keys.device)[None] + pads[:, None]) % s    # [B, S]
     take = index[:, None, :, None]
     return (keys.gather(2, take.expand_as(keys)), values.gather(2, take.expand_as(values)),
@@ -126,36 +129,46 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
     [B, 1, T, S] (True: attend) or None for causal over the last T keys. Returns [B, H, T, D]."""
     b, h, t, d = q.shape
     s = keys.shape[2]
-    if mask is None:
+    if mask is None:                                                                # causal: no pads to move
         own = torch.arange(s - t, s, device=q.device)[:, None]
         mask = (torch.arange(s, device=q.device) <= own)[None, None].expand(b, 1, t, s)
-    keys, values, mask = _left_to_right(keys, values, mask)
-    group = h // keys.shape[1]
-    keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)   # [B, H, S, D]
-    tq, sk = -t % ROW_TILE, -s % KEY_BLOCK
+    else:
+        keys, values, mask = _left_to_right(keys, values, mask)
+    tq = -t % ROW_TILE
+    keys, values = _heads_padded(keys, h), _heads_padded(values, h)                  # [B, H, S', D]
+    mask = F.pad(mask, (0, keys.shape[2] - s, 0, tq), value=False)                  # [B, 1, T', S']
     q = F.pad(q, (0, 0, 0, tq))                                                     # [B, H, T', D]
-    keys, values = F.pad(keys, (0, 0, 0, sk)), F.pad(values, (0, 0, 0, sk))          # [B, H, S', D]
-    mask = F.pad(mask, (0, sk, 0, tq), value=False)                                  # [B, 1, T', S']
     if blocks_hold(d, q.dtype, q.device):
-        return _blocks(q, keys, values, mask, scaling)[:, :, :t]
-    return torch.cat([_blocks(q[:, :, i:i + ROW_TILE], keys, values, mask[:, :, i:i + ROW_TILE], scaling)
+        walk = _blocks_at_once if b * h * q.shape[2] * keys.shape[2] <= AT_ONCE else _blocks
+        return walk(q, keys, values, mask, scaling, t)
+    return torch.cat([_blocks(q[:, :, i:i + ROW_TILE], keys, values, mask[:, :, i:i + ROW_TILE], scaling, ROW_TILE)
                       for i in range(0, q.shape[2], ROW_TILE)], dim=2)[:, :, :t]       # 8 query rows a product
 
 
+def _heads_padded(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """x [B, KVH, S, D] -> [B, H, S', D]: each K/V head repeated for the query heads it serves (as
+    repeat_interleave) and zero keys appended up to a multiple of KEY_BLOCK, in one copy."""
+    b, kvh, s, d = x.shape
+    out = x.new_zeros(b, kvh, heads // kvh, s + -s % KEY_BLOCK, d)
+    out[:, :, :, :s] = x[:, :, None]
+    return out.view(b, heads, -1, d)
+
+
 def _blocks(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-            scaling: float) -> torch.Tensor:
+            scaling: float, t: int) -> torch.Tensor:
     """The online softmax over key blocks in order, per head one product (T', D) x (D, KEY_BLOCK) and one
     (T', KEY_BLOCK) x (KEY_BLOCK, D), T' a multiple of ROW_TILE (as `linear`: the same order for each query row
-    whatever T'): q [B, H, T', D], keys/values [B, H, S', D], mask [B, 1, T', S']."""
-    b, h, t, d = q.shape
-    rows = q.reshape(b * h, t, d)                                                    # [N, T', D]
-    top = q.new_full((b * h, t, 1), float("-inf"))
-    total = q.new_zeros((b * h, t, 1))
-    acc = q.new_zeros((b * h, t, d))
+    whatever T'): q [B, H, T', D], keys/values [B, H, S', D], mask [B, 1, T', S']. Returns the first t query rows
+    [B, H, t, D]."""
+    b, h, tp, d = q.shape
+    rows = q.reshape(b * h, tp, d)                                                   # [N, T', D]
+    top = q.new_full((b * h, tp, 1), float("-inf"))
+    total = q.new_zeros((b * h, tp, 1))
+    acc = q.new_zeros((b * h, tp, d))
     for j in range(0, keys.shape[2], KEY_BLOCK):
         k = keys[:, :, j:j + KEY_BLOCK].reshape(b * h, KEY_BLOCK, d)                 # [N, block, D]
         v = values[:, :, j:j + KEY_BLOCK].reshape(b * h, KEY_BLOCK, d)
-        m = mask[:, :, :, j:j + KEY_BLOCK].expand(b, h, t, KEY_BLOCK).reshape(b * h, t, KEY_BLOCK)
+        m = mask[:, :, :, j:j + KEY_BLOCK].expand(b, h, tp, KEY_BLOCK).reshape(b * h, tp, KEY_BLOCK)
         scores = torch.bmm(rows, k.transpose(1, 2)) * scaling
         scores = scores.masked_fill(~m, float("-inf"))
         new_top = torch.maximum(top, scores.amax(dim=-1, keepdim=True))
@@ -165,4 +178,32 @@ def _blocks(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: tor
         total = total * shrink + p.sum(dim=-1, keepdim=True)
         acc = acc * shrink + torch.bmm(p, v)
         top = new_top
+    return (acc / total).reshape(b, h, tp, d)[:, :, :t]
+
+
+def _blocks_at_once(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                    scaling: float, t: int) -> torch.Tensor:
+    """`_blocks` with every key block's two products made in one batched call each (the same (T', D) x (D, KEY_BLOCK)
+    and (T', KEY_BLOCK) x (KEY_BLOCK, D) per block, the blocks as the batch), the softmax's elementwise work on the
+    t real query rows only (a padded row's weights are zeros either way), and only the rescaled sums walked block
+    by block, in key order, with `_blocks`' operations: the same bits, bitwise (tests/test_invariance.py), without
+    a dozen operations per block. For a decode step's few rows: its scores are all in memory at once."""
+    b, h, tp, d = q.shape
+    n, nb = b * h, keys.shape[2] // KEY_BLOCK
+    rows = q.reshape(n, 1, tp, d).expand(n, nb, tp, d).reshape(n * nb, tp, d)     # [N * nb, T', D]
+    k = keys.reshape(n * nb, KEY_BLOCK, d)                                          # block j of head i at i * nb + j
+    scores = (torch.bmm(rows, k.transpose(1, 2)) * scaling).view(n, nb, tp, KEY_BLOCK)[:, :, :t]
+    m = mask[:, :, :t].reshape(b, 1, t, nb, KEY_BLOCK).transpose(2, 3)               # [B, 1, nb, t, block]
+    scores = scores.masked_fill(~m.expand(b, h, nb, t, KEY_BLOCK).reshape(n, nb, t, KEY_BLOCK), float("-inf"))
+    tops = scores.amax(dim=-1, keepdim=True).cummax(dim=1).values                   # [N, nb, t, 1] running max
+    safe = torch.where(tops == float("-inf"), 0.0, tops)
+    before = torch.cat([tops.new_full((n, 1, t, 1), float("-inf")), tops[:, :-1]], dim=1)
+    p = torch.exp(scores - safe)                                                     # [N, nb, t, block]
+    shrink, sums = torch.exp(before - safe), p.sum(dim=-1, keepdim=True)
+    p = F.pad(p, (0, 0, 0, tp - t)).reshape(n * nb, tp, KEY_BLOCK)
+    pv = torch.bmm(p, values.reshape(n * nb, KEY_BLOCK, d)).view(n, nb, tp, d)[:, :, :t]
+    total, acc = q.new_zeros((n, t, 1)), q.new_zeros((n, t, d))
+    for j in range(nb):                                                              # the rescale, in key order
+        total = total * shrink[:, j] + sums[:, j]
+        acc = acc * shrink[:, j] + pv[:, j]
     return (acc / total).reshape(b, h, t, d)
