@@ -1,7 +1,8 @@
 """Where a lone request's decode step spends its time, and how near it is to the memory floor: before (F.linear,
-each matrix in the layout F.linear reads fastest), split (engine.core.matvec's split products on the matrices as
-stored, one weight at a time) and after (the same, each layer's q|k|v and gate|up as one product each:
-engine.core.lone), at each thread count asked for, side by side in one process, alternating.
+each matrix in the layout F.linear reads fastest), split (engine.core.matvec.split's products on the matrices as
+stored, each layer's q|k|v and gate|up as one product each: engine.core.lone; the step before the row kernel) and
+kernel (the same products through the row kernel, engine.core.kernels: the step now), at each thread count asked
+for, side by side in one process, alternating.
 
     python bench/lone_step.py                      # SmolLM2, one and two torch threads, 3 rounds of 64 tokens
     python bench/lone_step.py --threads 2 --rounds 5 --burn 1    # beside one process that keeps a core busy
@@ -34,7 +35,7 @@ import torch  # noqa: E402
 
 from torch.nn import functional as F  # noqa: E402
 
-from engine.core import matvec  # noqa: E402
+from engine.core import kernels, matvec  # noqa: E402
 from engine.core.generate import GenerationRequest, TextStream, encode_prompt, pick_tokens  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF  # noqa: E402
 from engine.core.layout import cold  # noqa: E402
@@ -134,29 +135,38 @@ def burn(n: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
+def use(runner: BatchRunner, way: tuple) -> None:
+    """The lone step as `way` makes it: (the weights' layout, its products, its side-by-side groups, the row kernel
+    on or off)."""
+    stored, linear, grouped, kernel = way
+    layout(stored)
+    runner.lean.linear, runner.lean.side_by_side = linear, grouped
+    kernels.use(kernel)
+
+
 def measure(args, lm, runner: BatchRunner, ways: dict) -> dict:
     """Alternating rounds of every way at every thread count; then each way's parts and the floor."""
     rounds = {(t, k): [] for t in args.threads for k in ways}
     for _ in range(args.rounds):
         for (threads, name) in rounds:
             torch.set_num_threads(threads)
-            layout(ways[name][0])
-            runner.lean.linear, runner.lean.side_by_side = ways[name][1], ways[name][2]
+            use(runner, ways[name])
             rounds[threads, name].append(run(runner, lm, args.tokens))
     report = {"floor": floor(lm, args.threads)}
     report["same_text"] = len({r["text"] for v in rounds.values() for r in v}) == 1
     for (threads, name), results in rounds.items():
         torch.set_num_threads(threads)
-        layout(ways[name][0])
+        use(runner, ways[name])
         entry = {k: statistics.median(r[k] for r in results) for k in ("wall_ms", "cpu_ms")}
         entry.update(split(lm, ways[name][1], entry["wall_ms"], ways[name][2]))
         entry["x_floor"] = entry["wall_ms"] / report["floor"]["floor_ms"]
         entry["products_x_floor"] = entry["products_ms"] / report["floor"]["floor_ms"]
+        entry["products_gb_s"] = report["floor"]["weight_bytes"] / entry["products_ms"] / 1e6   # the weights' bytes
         entry["rounds"] = [{k: r[k] for k in ("wall_ms", "cpu_ms")} for r in results]
         report[f"{name}-{threads}"] = entry
         print(f"{name:6s} {threads} thread{'s' * (threads > 1)}: step {entry['wall_ms']:.1f} ms wall "
               f"({entry['x_floor']:.2f}x the floor), {entry['cpu_ms']:.1f} ms CPU; products "
-              f"{entry['products_ms']:.1f} ms, pick {entry['pick_ms']:.1f}, rest {entry['rest_ms']:.1f}", flush=True)
+              f"{entry['products_ms']:.1f} ms ({entry['products_gb_s']:.1f} GB/s), pick {entry['pick_ms']:.1f}, rest {entry['rest_ms']:.1f}", flush=True)
     return report
 
 
@@ -174,12 +184,15 @@ def main(argv: list[str] | None = None) -> int:
     runner = BatchRunner(lm, max_batch=32, prefix=None)
     linears = [m for m in lm.model.modules() if isinstance(m, torch.nn.Linear)]
     stored, grouped = {m: m.weight.data for m in linears}, runner.lean.side_by_side
-    ways = {"before": (fastest_layout(linears), F.linear, None), "split": (stored, matvec.linear, None),
-            "after": (stored, matvec.linear, grouped)}
+    if kernels.row_kernel() is None:
+        raise SystemExit(f"the row kernel is off here: {kernels.why_off()}")
+    ways = {"before": (fastest_layout(linears), F.linear, None, False), "split": (stored, matvec.linear, grouped, False),
+            "kernel": (stored, matvec.linear, grouped, True)}
     burners = burn(args.burn)
     try:
         report = measure(args, lm, runner, ways)
     finally:
+        kernels.use(True)
         for p in burners:
             p.kill()
     report.update({"threads": args.threads, "tokens": args.tokens, "burn": args.burn,
