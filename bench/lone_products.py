@@ -13,8 +13,9 @@ of output rows, one torch.bmm: the step's products before the kernel), `mkl` (MK
 `torch.ops.mkl._mkl_reorder_linear_weight` once, `torch.ops.mkl._mkl_linear` per product, what inductor's CPU
 freezing uses), `onednn` (`torch.ops.mkldnn._reorder_linear_weight` once, `torch.ops.mkldnn._linear_pointwise` per
 product), and `head-N`: the split products with the vocabulary projection (113 MB of the 540) in N blocks of output
-rows instead of 4; `kernel-huge`: the kernel on a copy of the weights in memory advised for 2 MB pages
-(transparent huge pages; the step's weights live in 4 KB pages). The weights' 0.54 GB do not fit any cache, so each product reads its weight from memory as a
+rows instead of 4; `kernel-huge` and `kernel-4k`: the kernel on a copy of the weights in memory advised for 2 MB
+pages (transparent huge pages) and in ordinary 4 KB pages (the loader places the step's weights in 2 MB pages since
+engine.core.layout.in_huge_pages; before it, in 4 KB pages). The process's AnonHugePages is recorded. The weights' 0.54 GB do not fit any cache, so each product reads its weight from memory as a
 step does. Per way and thread count: the products' wall time (median over rounds, and the fastest), the rate its
 weights streamed at (their bytes over the median), the bytes its packed weights take, and its largest difference
 from the float64 product on the same rows. The floor: the weights' bytes over the read bandwidth of a sum over as
@@ -40,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from bench import provenance  # noqa: E402
-from bench.lone_step import floor  # noqa: E402
+from bench.lone_step import anon_huge_kb, floor  # noqa: E402
 from engine.core import kernels, matvec  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
 from engine.serving.batch import BatchRunner  # noqa: E402
@@ -75,8 +76,8 @@ def made(weights: list[torch.Tensor], names: list[str]) -> dict:
             if kernel is None:
                 raise SystemExit(f"the row kernel is off here: {kernels.why_off()}")
             ways[name] = ([lambda x, w=w: kernel.linear(x, w) for w in weights], nbytes)
-        elif name == "kernel-huge":
-            kernel, copies = kernels.row_kernel(), huge_copies(weights)
+        elif name in ("kernel-huge", "kernel-4k"):
+            kernel, copies = kernels.row_kernel(), copied(weights, advise=name == "kernel-huge")
             ways[name] = ([lambda x, w=w: kernel.linear(x, w) for w in copies], nbytes)
         elif name == "split":
             ways[name] = (split, nbytes)
@@ -94,16 +95,17 @@ def made(weights: list[torch.Tensor], names: list[str]) -> dict:
     return ways
 
 
-WAYS = ("kernel", "split", "kernel-huge", "mkl", "onednn", *(f"head-{n}" for n in HEAD_PARTS))
+WAYS = ("kernel", "split", "kernel-huge", "kernel-4k", "mkl", "onednn", *(f"head-{n}" for n in HEAD_PARTS))
 
 
-def huge_copies(weights: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The weights copied one after another into one anonymous mapping advised for 2 MB pages (MADV_HUGEPAGE, what
-    transparent huge pages in "madvise" mode need): fewer TLB misses and page-bounded prefetches while streaming.
-    Linux only; the tensors keep the mapping alive (torch.frombuffer)."""
+def copied(weights: list[torch.Tensor], advise: bool) -> list[torch.Tensor]:
+    """The weights copied one after another into one anonymous mapping, advised for 2 MB pages (MADV_HUGEPAGE, what
+    transparent huge pages in "madvise" mode need) or not: the page size alone differs. Linux only; the tensors keep
+    the mapping alive (torch.frombuffer)."""
     total = sum(w.numel() for w in weights)
-    area = mmap.mmap(-1, 4 * total + (2 << 20), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    area.madvise(mmap.MADV_HUGEPAGE)
+    area = mmap.mmap(-1, 4 * total, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if advise:
+        area.madvise(mmap.MADV_HUGEPAGE)
     flat, out, at = torch.frombuffer(area, dtype=torch.float32), [], 0
     for w in weights:
         out.append(flat[at:at + w.numel()].view_as(w).copy_(w))
@@ -184,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
               "product_bytes": sum(w.numel() * w.element_size() for w in weights),
               "ways": names, "floor": floor(lm, args.threads), "largest_product": diffs["largest"],
               "team": team("kernel" in ways, args.threads),
-              "process_threads": {"before": started, "after": process_threads()}}
+              "process_threads": {"before": started, "after": process_threads()}, "anon_huge_kb": anon_huge_kb()}
     for (t, name), seconds in times.items():
         report[f"{name}-{t}"] = entry(report, name, t, seconds, ways[name][1], diffs[name], times)
     print(f"floor {report['floor']['floor_ms']:.1f} ms ({report['floor']['best_gb_s']:.1f} GB/s; "
