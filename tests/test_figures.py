@@ -1027,6 +1027,26 @@ LONE += [  # docs/engine.md, "Alone at the floor: the row kernel"
                 d["kernel-huge-2"]["median_ms"] / d["kernel-2"]["median_ms"])),
 ]
 
+PAGES_STEP = "lone_step/20261128T060107Z-cb7930d.json"          # the kernel on 2 MB and 4 KB pages, CPU time
+PAGES_PRODUCTS = "lone_products/20261128T060022Z-cb7930d.json"
+LONE += [  # docs/engine.md, "The weights in 2 MB pages"
+    (ENGINE_DOC, PAGES_PRODUCTS, "at a load average of {:.1f}", lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (ENGINE_DOC, PAGES_STEP, "and {:.1f} at their starts, so wall times say little; the step's thread's CPU time is the "
+     "comparison (`bench/results/lone_step/20261128T060107Z-cb7930d.json`, 3 rounds of {} tokens each way):",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], d["tokens"])),
+    *((ENGINE_DOC, PAGES_STEP, f"| {label} | {{:.1f}} ms | {{:.1f}} ms | {{:.1f}} ms | {{:.1f}} ms |",
+       lambda d, t=t: tuple(d[f"{w}-{t}"]["cpu_ms"] for w in ("before", "split", "kernel", "kernel-4k")))
+      for t, label in ((1, "1 thread"), (2, "2 threads"))),
+    (ENGINE_DOC, PAGES_STEP, "The kernel on 2 MB pages took {:.2f}x (one thread) and {:.2f}x (two) of its CPU time on 4 KB "
+     "pages, and {:.2f}x and {:.2f}x of the split products'; the same text came out every way.",
+     lambda d: (*(d[f"kernel-{t}"]["cpu_ms"] / d[f"kernel-4k-{t}"]["cpu_ms"] for t in (1, 2)),
+                *(d[f"kernel-{t}"]["cpu_ms"] / d[f"split-{t}"]["cpu_ms"] for t in (1, 2))) if d["same_text"] else ()),
+    (ENGINE_DOC, PAGES_PRODUCTS, "{} rounds, wall times) put the kernel on the weights as loaded at {:.2f}x (one thread) "
+     "and {:.2f}x (two) of the split products, a copy in 4 KB pages at {:.2f}x and {:.2f}x:",
+     lambda d: (d["rounds"], d["kernel-1"]["over_split"], d["kernel-2"]["over_split"], d["kernel-4k-1"]["over_split"],
+                d["kernel-4k-2"]["over_split"])),
+]
+
 ENGINE_MD = "docs/engine.md"
 FORWARD = [  # the one forward's round (docs/engine.md, "The one forward")
     (ENGINE_MD, "before_after/20261127T205417Z-63a755b.json", "the pages' capture made {:.2f}x (in-process) and {:.2f}x "
@@ -1860,7 +1880,9 @@ DOCS_NOT_MEASURED: dict[str, tuple[str, ...]] = {  # the same for docs/*.md, eac
         "(3.4 GB of maps for SmolLM2)", "(69 KB per token) fits",
         # the row kernel's section: page sizes, not measurements
         "**2 MB pages.**", "torch's own allocations stay in 4 KB pages)", "a page walk per 4 KB of weights becomes one "
-        "per 2 MB, and the prefetchers no longer stop at every 4 KB.", "The step's weights do not live in 2 MB pages yet",
+        "per 2 MB, and the prefetchers no longer stop at every 4 KB.", "**The weights in 2 MB pages (",
+        "advised `MADV_HUGEPAGE`", "the row kernel, 2 MB pages | the row kernel, 4 KB pages |",
+        "with the weights moved into ordinary pages for its rounds", "the kernel on copies in either page size", "all of them in memory advised for 2 MB pages on Linux",
     ),
     "docs/explainers.md": (  # a spec size, a setting, projections, the standard's rates, a property of the weights
         "reading and copying Llama 3.1 8B's 16 GB", "a float32 score matrix over 3.22 GB (3 × 2³⁰ bytes)",
