@@ -40,7 +40,7 @@ from engine.core import lean as lean_module  # noqa: E402
 from engine.core.generate import GenerationRequest, encode_prompt  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
-from engine.core import matvec  # noqa: E402
+from engine.core import kernels, matvec  # noqa: E402
 from engine.serving import batch as batch_module  # noqa: E402
 from engine.serving.batch import BatchRunner, Slot  # noqa: E402
 
@@ -69,7 +69,8 @@ def one_query(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
 # "compiled": the one-token forward through torch.compile(dynamic=True), timed bare only (its clocks would break
 # the graph); its first step, the compilation, is recorded apart
 # "parts-N": every split product in N blocks of output rows (engine.core.matvec.PARTS; the weights' rows must divide)
-WAYS = {"now": {}, "apart": {"side_by_side": None}, "one-query": {"attention": one_query},
+# "split": the row kernel off (engine.core.kernels.use): torch's split products, the lone step before the kernel
+WAYS = {"now": {}, "apart": {"side_by_side": None}, "split": {"kernel": False}, "one-query": {"attention": one_query},
         "f.linear": {"linear": F.linear}, "compiled": {"compiled": True},
         **{f"parts-{n}": {"parts": n} for n in (2, 8, 16)}}
 PRODUCTS = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up", "head")
@@ -244,6 +245,8 @@ def use(runner: BatchRunner, way: str) -> None:
     for name, kernel in {**runner.lean.made, **WAYS[way]}.items():
         if name == "parts":
             matvec.PARTS = kernel
+        elif name == "kernel":
+            kernels.use(kernel)
         else:
             setattr(runner.lean, name, kernel)
 
@@ -327,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     lm = load_model(args.model, device="cpu", dtype="float32")
     runner = BatchRunner(lm, max_batch=32, prefix=None)
     runner.lean.made = {"linear": runner.lean.linear, "side_by_side": runner.lean.side_by_side, "attention": None,
-                        "compiled": False, "parts": matvec.PARTS}
+                        "compiled": False, "parts": matvec.PARTS, "kernel": kernels.row_kernel() is not None}
     compiled: dict = {}
     hand_attention(runner, compiled)
     ops = {}
@@ -336,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         ops[way] = operators(runner, lm)               # the compiled way compiles here
     plain = bare_rounds(runner, lm, args, ways)
     seen, texts = part_rounds(runner, lm, args, [w for w in ways if not WAYS[w].get("compiled")])
+    use(runner, "now")
     report = {"floor": floor(lm, [args.threads]), "threads": args.threads, "tokens": args.tokens,
               "same_text": len(texts) == 1, "ways": ways, "compile_s": compiled.get("seconds")}
     for way in ways:

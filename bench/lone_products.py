@@ -1,23 +1,33 @@
-"""A lone step's weight products made with packed weights, against the split products the step makes now, in one run.
+"""A lone step's weight products made every way there is, side by side in one run: the row kernel against the split
+products the step made before it (and the packed layouts tried before that).
 
-    python bench/lone_products.py                  # SmolLM2, two torch threads, 7 rounds
-    python bench/lone_products.py --threads 1 --rounds 11
+    python bench/lone_products.py                          # SmolLM2, kernel and split, one and two threads, 7 rounds
+    python bench/lone_products.py --threads 2 --rounds 11 --rows 4
+    python bench/lone_products.py --way split --way mkl --way onednn --way head-16
 
 Every product of a lone SmolLM2 decode step, in the step's order (per layer q|k|v, o, gate|up, down, as
-engine.core.lone makes them side by side; then the head), one row each, made three ways, the ways taking turns round
-by round: `split` (engine.core.matvec.linear: the stored matrix as 4 blocks of output rows, one torch.bmm), `mkl`
-(MKL's packed GEMM: `torch.ops.mkl._mkl_reorder_linear_weight` once, `torch.ops.mkl._mkl_linear` per product, what
-inductor's CPU freezing uses), `onednn` (`torch.ops.mkldnn._reorder_linear_weight` once,
-`torch.ops.mkldnn._linear_pointwise` per product), and `head-N`: the split products with the vocabulary projection
-(113 MB of the 540) in N blocks of output rows instead of 4. The weights' 0.54 GB do not fit any cache, so each product reads
-its weight from memory as a step does. Per way: the products' wall time (median over rounds, and the fastest), the
-bytes its packed weights take, and its largest difference from the float64 product on the same row. The floor: the
-weights' bytes over the read bandwidth of a sum over as many bytes, in the same run. Writes a new
-bench/results/lone_products/<UTC time>-<commit>.json (bench/provenance.py); docs/engine.md reads it.
+engine.core.lone makes them side by side; then the head), `--rows` rows each (a lone step has one), made each way
+at each thread count, the (threads, way) pairs taking turns round by round: `kernel` (engine.core.kernels: the row
+kernel, what engine.core.matvec.linear makes now), `split` (engine.core.matvec.split: the stored matrix as 4 blocks
+of output rows, one torch.bmm: the step's products before the kernel), `mkl` (MKL's packed GEMM:
+`torch.ops.mkl._mkl_reorder_linear_weight` once, `torch.ops.mkl._mkl_linear` per product, what inductor's CPU
+freezing uses), `onednn` (`torch.ops.mkldnn._reorder_linear_weight` once, `torch.ops.mkldnn._linear_pointwise` per
+product), and `head-N`: the split products with the vocabulary projection (113 MB of the 540) in N blocks of output
+rows instead of 4; `kernel-huge` and `kernel-4k`: the kernel on a copy of the weights in memory advised for 2 MB
+pages (transparent huge pages) and in ordinary 4 KB pages (the loader places the step's weights in 2 MB pages since
+engine.core.layout.in_huge_pages; before it, in 4 KB pages). The process's AnonHugePages is recorded. The weights' 0.54 GB do not fit any cache, so each product reads its weight from memory as a
+step does. Per way and thread count: the products' wall time (median over rounds, and the fastest), the rate its
+weights streamed at (their bytes over the median), the bytes its packed weights take, and its largest difference
+from the float64 product on the same rows. The floor: the weights' bytes over the read bandwidth of a sum over as
+many bytes, at each thread count, in the same run. Also the threads: torch's count, the OpenMP team a parallel
+region of the kernel's library gets, and the process's threads before and after (the kernel runs on torch's team,
+adding none). Writes a new bench/results/lone_products/<UTC time>-<commit>.json (bench/provenance.py); docs/engine.md
+reads it.
 """
 from __future__ import annotations
 
 import argparse
+import mmap
 import os
 import statistics
 import sys
@@ -31,8 +41,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from bench import provenance  # noqa: E402
-from bench.lone_step import floor  # noqa: E402
-from engine.core import matvec  # noqa: E402
+from bench.lone_step import anon_huge_kb, floor  # noqa: E402
+from engine.core import kernels, matvec  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
 from engine.serving.batch import BatchRunner  # noqa: E402
 
@@ -55,20 +65,52 @@ def blocks(x: torch.Tensor, weight: torch.Tensor, parts: int) -> torch.Tensor:
     return torch.bmm(weight.view(parts, out // parts, width), x.t().expand(parts, -1, -1)).view(out, -1).t()
 
 
-def made(weights: list[torch.Tensor]) -> dict:
-    """Per way: what multiplies a row by the i-th weight, and the bytes its weights take."""
-    mkl = [torch.ops.mkl._mkl_reorder_linear_weight(w, 1) for w in weights]
-    dnn = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights]
-    split = [lambda x, w=w: matvec.linear(x, w) for w in weights]
-    return {
-        "split": (split, sum(w.numel() * 4 for w in weights)),
-        **{f"head-{n}": (split[:-1] + [lambda x, w=weights[-1], n=n: blocks(x, w, n)], sum(w.numel() * 4 for w in weights))
-           for n in HEAD_PARTS},
-        "mkl": ([lambda x, p=p, w=w: torch.ops.mkl._mkl_linear(x, p, w, None, 1) for p, w in zip(mkl, weights)],
-                sum(p.numel() * 4 for p in mkl)),
-        "onednn": ([lambda x, p=p: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "") for p in dnn],
-                   None),                                  # an opaque oneDNN tensor: its blocked layout's bytes unread
-    }
+def made(weights: list[torch.Tensor], names: list[str]) -> dict:
+    """Per way named: what multiplies rows by the i-th weight, and the bytes its weights take."""
+    nbytes = sum(w.numel() * 4 for w in weights)
+    split = [lambda x, w=w: matvec.split(x, w) for w in weights]
+    ways = {}
+    for name in names:
+        if name == "kernel":
+            kernel = kernels.row_kernel()
+            if kernel is None:
+                raise SystemExit(f"the row kernel is off here: {kernels.why_off()}")
+            ways[name] = ([lambda x, w=w: kernel.linear(x, w) for w in weights], nbytes)
+        elif name in ("kernel-huge", "kernel-4k"):
+            kernel, copies = kernels.row_kernel(), copied(weights, advise=name == "kernel-huge")
+            ways[name] = ([lambda x, w=w: kernel.linear(x, w) for w in copies], nbytes)
+        elif name == "split":
+            ways[name] = (split, nbytes)
+        elif name.startswith("head-"):
+            n = int(name.split("-")[1])
+            ways[name] = (split[:-1] + [lambda x, w=weights[-1], n=n: blocks(x, w, n)], nbytes)
+        elif name == "mkl":
+            mkl = [torch.ops.mkl._mkl_reorder_linear_weight(w, 1) for w in weights]
+            ways[name] = ([lambda x, p=p, w=w: torch.ops.mkl._mkl_linear(x, p, w, None, 1)
+                           for p, w in zip(mkl, weights)], sum(p.numel() * 4 for p in mkl))
+        elif name == "onednn":                             # an opaque oneDNN tensor: its blocked layout's bytes unread
+            dnn = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights]
+            ways[name] = ([lambda x, p=p: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
+                           for p in dnn], None)
+    return ways
+
+
+WAYS = ("kernel", "split", "kernel-huge", "kernel-4k", "mkl", "onednn", *(f"head-{n}" for n in HEAD_PARTS))
+
+
+def copied(weights: list[torch.Tensor], advise: bool) -> list[torch.Tensor]:
+    """The weights copied one after another into one anonymous mapping, advised for 2 MB pages (MADV_HUGEPAGE, what
+    transparent huge pages in "madvise" mode need) or not: the page size alone differs. Linux only; the tensors keep
+    the mapping alive (torch.frombuffer)."""
+    total = sum(w.numel() for w in weights)
+    area = mmap.mmap(-1, 4 * total, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if advise:
+        area.madvise(mmap.MADV_HUGEPAGE)
+    flat, out, at = torch.frombuffer(area, dtype=torch.float32), [], 0
+    for w in weights:
+        out.append(flat[at:at + w.numel()].view_as(w).copy_(w))
+        at += w.numel()
+    return out
 
 
 def one_pass(products, rows) -> float:
@@ -87,43 +129,84 @@ def differences(ways: dict, weights: list[torch.Tensor], rows: list[torch.Tensor
     return out
 
 
+def process_threads() -> int:
+    """The threads this process has now (Linux; -1 elsewhere)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return -1
+
+
+def rounds(ways: dict, rows: list[torch.Tensor], threads: list[int], n: int) -> dict:
+    """Per (threads, way), the wall seconds of each of n rounds; the pairs take turns, each leading a round in
+    turn; round 0 warms every pair and is not kept."""
+    pairs = [(t, name) for t in threads for name in ways]
+    times = {pair: [] for pair in pairs}
+    for r in range(n + 1):
+        for t, name in pairs[r % len(pairs):] + pairs[:r % len(pairs)]:
+            torch.set_num_threads(t)
+            seconds = one_pass(ways[name][0], rows)
+            if r:
+                times[t, name].append(seconds)
+    return times
+
+
+def team(kernel_on: bool, threads: list[int]) -> dict:
+    """Per thread count, torch's count and the OpenMP team a region of the kernel's library would get."""
+    out = {}
+    for t in threads:
+        torch.set_num_threads(t)
+        out[str(t)] = {"torch": torch.get_num_threads(),
+                       "kernel": kernels.row_kernel().max_threads() if kernel_on else None}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="default")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rows", type=int, default=1, help="rows a product multiplies (a lone step: 1)")
+    parser.add_argument("--way", action="append", choices=WAYS, help="default: kernel and split")
     parser.add_argument("--out", help="default: a new file under bench/results/lone_products/")
     args = parser.parse_args(argv)
+    names = list(dict.fromkeys(args.way or ["kernel", "split"]))
     record = provenance.start("lone_products", argv)
-    torch.set_num_threads(args.threads)
     lm = load_model(args.model, device="cpu", dtype="float32")
     runner = BatchRunner(lm, max_batch=4, prefix=None)
     weights = step_weights(runner)
-    rows = [torch.randn(1, w.shape[1], generator=torch.Generator().manual_seed(i)) for i, w in enumerate(weights)]
+    rows = [torch.randn(args.rows, w.shape[1], generator=torch.Generator().manual_seed(i))
+            for i, w in enumerate(weights)]
     with torch.inference_mode():
-        ways = made(weights)
-        times = {name: [] for name in ways}
-        for r in range(args.rounds + 1):
-            order = list(ways)[r % len(ways):] + list(ways)[:r % len(ways)]     # each way leads a round in turn
-            for name in order:
-                seconds = one_pass(ways[name][0], rows)
-                if r:                                                            # round 0 warms every way
-                    times[name].append(seconds)
+        ways = made(weights, names)
+        started = process_threads()
+        times = rounds(ways, rows, args.threads, args.rounds)
         diffs = differences(ways, weights, rows)
-    report = {"threads": args.threads, "rounds": args.rounds, "products": len(weights),
-              "floor": floor(lm, [args.threads]), "largest_product": diffs["largest"]}
-    for name, (_, nbytes) in ways.items():
-        ms = 1e3 * statistics.median(times[name])
-        report[name] = {"median_ms": ms, "fastest_ms": 1e3 * min(times[name]), "weight_bytes": nbytes,
-                        "x_floor": ms / report["floor"]["floor_ms"], "over_split": ms / (1e3 * statistics.median(
-                            times["split"])), "max_diff_vs_float64": diffs[name],
-                        "rounds_ms": [1e3 * t for t in times[name]]}
-        print(f"{name}: {ms:.1f} ms a step's products (fastest {report[name]['fastest_ms']:.1f}), "
-              f"{report[name]['x_floor']:.2f}x the floor, {nbytes or 0:,} bytes, max diff {diffs[name]:.1e}",
-              flush=True)
-    print(f"floor {report['floor']['floor_ms']:.1f} ms ({report['floor']['best_gb_s']:.1f} GB/s)")
+    report = {"threads": args.threads, "rounds": args.rounds, "rows": args.rows, "products": len(weights),
+              "product_bytes": sum(w.numel() * w.element_size() for w in weights),
+              "ways": names, "floor": floor(lm, args.threads), "largest_product": diffs["largest"],
+              "team": team("kernel" in ways, args.threads),
+              "process_threads": {"before": started, "after": process_threads()}, "anon_huge_kb": anon_huge_kb()}
+    for (t, name), seconds in times.items():
+        report[f"{name}-{t}"] = entry(report, name, t, seconds, ways[name][1], diffs[name], times)
+    print(f"floor {report['floor']['floor_ms']:.1f} ms ({report['floor']['best_gb_s']:.1f} GB/s; "
+          f"{report['floor']['read_gb_s']}); threads {report['team']}, the process's {report['process_threads']}")
     record.save(report, out=args.out)
     return 0
+
+
+def entry(report: dict, name: str, t: int, seconds: list[float], nbytes: int | None, diff: float,
+          times: dict) -> dict:
+    """One (way, threads) pair's figures, printed as a line."""
+    ms = 1e3 * statistics.median(seconds)
+    split = times.get((t, "split"))
+    out = {"threads": t, "median_ms": ms, "fastest_ms": 1e3 * min(seconds), "weight_bytes": nbytes,
+           "streamed_gb_s": report["product_bytes"] / ms / 1e6, "x_floor": ms / report["floor"]["floor_ms"],
+           "over_split": ms / (1e3 * statistics.median(split)) if split else None, "max_diff_vs_float64": diff,
+           "rounds_ms": [1e3 * s for s in seconds]}
+    print(f"{name} {t} thread{'s' * (t > 1)}: {ms:.1f} ms a step's products (fastest {out['fastest_ms']:.1f}), "
+          f"{out['streamed_gb_s']:.1f} GB/s, {out['x_floor']:.2f}x the floor, max diff {diff:.1e}", flush=True)
+    return out
 
 
 if __name__ == "__main__":

@@ -206,7 +206,17 @@ def cmd_provision(args: argparse.Namespace) -> int:
     print(json.dumps({"default": str(provision("default", _progress))}))
     if args.extras:
         print(json.dumps({k: str(v) for k, v in provision_extras(_progress).items()}))
+    print(json.dumps(_row_kernel()))
     return 0
+
+
+def _row_kernel() -> dict:
+    """The row kernel built (or found) now, not at the first lone step; where it cannot be, why (the products take
+    torch's path: engine/core/kernels)."""
+    from engine.core import kernels  # torch: only for the command that needs it
+
+    kernel = kernels.row_kernel()
+    return {"row kernel": str(kernel.path)} if kernel else {"row kernel": None, "why": kernels.why_off()}
 
 
 # --- the projected plane: `project` --------------------------------------------------------------------

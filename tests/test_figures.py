@@ -1021,6 +1021,95 @@ LONE += [  # docs/engine.md, "Packed weights for the products"
 ]
 
 
+KERNEL_PRODUCTS = "lone_products/20261128T054322Z-583a669.json"      # the row kernel against split, 1 and 2 threads
+KERNEL_STEP = "lone_step/20261128T054349Z-583a669.json"
+KERNEL_PARTS = "lone_parts/20261128T054204Z-583a669.json"
+
+
+def kernel_products_row(way: str) -> Callable[[dict], tuple]:
+    """A way's products at 1 and 2 threads: ms, GB/s, over the split products."""
+    return lambda d: tuple(v for t in (1, 2) for v in (d[f"{way}-{t}"]["median_ms"], d[f"{way}-{t}"]["streamed_gb_s"],
+                                                         d[f"{way}-{t}"]["over_split"]))
+
+
+def kernel_step_row(threads: int, what: str) -> Callable[[dict], tuple]:
+    """Per way (before, split, kernel) at `threads`: the step and its x floor, or its products and their GB/s."""
+    keys = ("wall_ms", "x_floor") if what == "step" else ("products_ms", "products_gb_s")
+    return lambda d: tuple(d[f"{w}-{threads}"][k] for w in ("before", "split", "kernel") for k in keys)
+
+
+LONE += [  # docs/engine.md, "Alone at the floor: the row kernel"
+    (ENGINE_DOC, KERNEL_PRODUCTS, "(15 rounds, medians; `bench/results/lone_products/20261128T054322Z-583a669.json`, "
+     "load average {:.1f} at its start, the floor {:.1f} ms at {:.1f} GB/s):",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], d["floor"]["floor_ms"], d["floor"]["best_gb_s"])),
+    *((ENGINE_DOC, KERNEL_PRODUCTS, label + " | {:.1f} ms, {:.1f} GB/s | {:.2f}x | {:.1f} ms, {:.1f} GB/s | {:.2f}x |",
+       kernel_products_row(way))
+      for way, label in (("split", "| the split products (torch.bmm over 4 blocks), before"),
+                         ("kernel", "| the row kernel, now"),
+                         ("kernel-huge", "| the row kernel, the weights copied into 2 MB pages"))),
+    (ENGINE_DOC, KERNEL_PRODUCTS, "The kernel's largest difference from the float64 product was {:.1e}, the split "
+     "products' {:.1e} (the largest product {:.1f}). Its OpenMP team had {} and {} threads when torch's count was {} and "
+     "{}, and the process had {} threads before the rounds and {} after.",
+     lambda d: (d["kernel-1"]["max_diff_vs_float64"], d["split-1"]["max_diff_vs_float64"], d["largest_product"],
+                d["team"]["1"]["kernel"], d["team"]["2"]["kernel"], d["team"]["1"]["torch"], d["team"]["2"]["torch"],
+                d["process_threads"]["before"], d["process_threads"]["after"])),
+    (ENGINE_DOC, KERNEL_STEP, "3 rounds of {} tokens, `OMP_WAIT_POLICY=PASSIVE`; "
+     "`bench/results/lone_step/20261128T054349Z-583a669.json`, load average {:.1f} at its start, the floor {:.1f} ms at "
+     "{:.1f} GB/s;",
+     lambda d: (d["tokens"], d["provenance"]["machine"]["load_avg"][0], d["floor"]["floor_ms"],
+                d["floor"]["best_gb_s"])),
+    *((ENGINE_DOC, KERNEL_STEP, label + " | {:.1f} ms, {:.2f}x | {:.1f} ms, {:.2f}x | {:.1f} ms, {:.2f}x |",
+       kernel_step_row(t, "step")) for t, label in ((1, "| 1 thread: the step, and over the floor"),
+                                                     (2, "| 2 threads: the step, and over the floor"))),
+    *((ENGINE_DOC, KERNEL_STEP, label + " | {:.1f} ms, {:.1f} GB/s | {:.1f} ms, {:.1f} GB/s | {:.1f} ms, {:.1f} GB/s |",
+       kernel_step_row(t, "products")) for t, label in ((1, "| 1 thread: its products timed alone"),
+                                                         (2, "| 2 threads: its products timed alone"))),
+    (ENGINE_DOC, KERNEL_PARTS, "(`--way now --way split`: {} threads, the two ways taking turns step by step within each "
+     "request, 3 rounds of {} tokens; `bench/results/lone_parts/20261128T054204Z-583a669.json`, load average {:.1f} at "
+     "its start, when neither way had a core to itself) found the bare step at {:.1f} ms with the kernel and {:.1f} ms "
+     "split, {:.2f}x, its products {:.1f} and {:.1f} ms; a step dispatched {:,} operator calls with the kernel against "
+     "{:,} split",
+     lambda d: (d["threads"], d["tokens"], d["provenance"]["machine"]["load_avg"][0], d["now"]["bare"]["wall_ms"],
+                d["split"]["bare"]["wall_ms"], d["now"]["bare"]["wall_ms"] / d["split"]["bare"]["wall_ms"],
+                d["now"]["ms"]["products"], d["split"]["ms"]["products"], d["now"]["operators"]["calls"],
+                d["split"]["operators"]["calls"])),
+    (ENGINE_DOC, KERNEL_PRODUCTS, "Kept: the products' own run put the kernel at {:.2f}x (one thread) and {:.2f}x (two) "
+     "of the split products,",
+     lambda d: (d["kernel-1"]["over_split"], d["kernel-2"]["over_split"])),
+    (ENGINE_DOC, KERNEL_STEP, "the step's run put the step at {:.2f}x and {:.2f}x (its products timed alone {:.2f}x and "
+     "{:.2f}x),",
+     lambda d: (d["kernel-1"]["wall_ms"] / d["split-1"]["wall_ms"], d["kernel-2"]["wall_ms"] / d["split-2"]["wall_ms"],
+                d["kernel-1"]["products_ms"] / d["split-1"]["products_ms"],
+                d["kernel-2"]["products_ms"] / d["split-2"]["products_ms"])),
+    (ENGINE_DOC, KERNEL_PARTS, "and the loaded step-by-step run at {:.2f}x;",
+     lambda d: (d["now"]["bare"]["wall_ms"] / d["split"]["bare"]["wall_ms"],)),
+    (ENGINE_DOC, KERNEL_PRODUCTS, "the kernel's products streamed at {:.1f} GB/s where a sum read {:.1f} GB/s in the "
+     "same run.", lambda d: (min(d["kernel-1"]["streamed_gb_s"], d["kernel-2"]["streamed_gb_s"]), d["floor"]["best_gb_s"])),
+    (ENGINE_DOC, KERNEL_PRODUCTS, "took {:.2f}x (one thread) and {:.2f}x (two) of its time on the weights as loaded",
+     lambda d: (d["kernel-huge-1"]["median_ms"] / d["kernel-1"]["median_ms"],
+                d["kernel-huge-2"]["median_ms"] / d["kernel-2"]["median_ms"])),
+]
+
+PAGES_STEP = "lone_step/20261128T060107Z-cb7930d.json"          # the kernel on 2 MB and 4 KB pages, CPU time
+PAGES_PRODUCTS = "lone_products/20261128T060022Z-cb7930d.json"
+LONE += [  # docs/engine.md, "The weights in 2 MB pages"
+    (ENGINE_DOC, PAGES_PRODUCTS, "at a load average of {:.1f}", lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (ENGINE_DOC, PAGES_STEP, "and {:.1f} at their starts, so wall times say little; the step's thread's CPU time is the "
+     "comparison (`bench/results/lone_step/20261128T060107Z-cb7930d.json`, 3 rounds of {} tokens each way):",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], d["tokens"])),
+    *((ENGINE_DOC, PAGES_STEP, f"| {label} | {{:.1f}} ms | {{:.1f}} ms | {{:.1f}} ms | {{:.1f}} ms |",
+       lambda d, t=t: tuple(d[f"{w}-{t}"]["cpu_ms"] for w in ("before", "split", "kernel", "kernel-4k")))
+      for t, label in ((1, "1 thread"), (2, "2 threads"))),
+    (ENGINE_DOC, PAGES_STEP, "The kernel on 2 MB pages took {:.2f}x (one thread) and {:.2f}x (two) of its CPU time on 4 KB "
+     "pages, and {:.2f}x and {:.2f}x of the split products'; the same text came out every way.",
+     lambda d: (*(d[f"kernel-{t}"]["cpu_ms"] / d[f"kernel-4k-{t}"]["cpu_ms"] for t in (1, 2)),
+                *(d[f"kernel-{t}"]["cpu_ms"] / d[f"split-{t}"]["cpu_ms"] for t in (1, 2))) if d["same_text"] else ()),
+    (ENGINE_DOC, PAGES_PRODUCTS, "{} rounds, wall times) put the kernel on the weights as loaded at {:.2f}x (one thread) "
+     "and {:.2f}x (two) of the split products, a copy in 4 KB pages at {:.2f}x and {:.2f}x:",
+     lambda d: (d["rounds"], d["kernel-1"]["over_split"], d["kernel-2"]["over_split"], d["kernel-4k-1"]["over_split"],
+                d["kernel-4k-2"]["over_split"])),
+]
+
 ENGINE_MD = "docs/engine.md"
 FORWARD = [  # the one forward's round (docs/engine.md, "The one forward")
     (ENGINE_MD, "before_after/20261127T205417Z-63a755b.json", "the pages' capture made {:.2f}x (in-process) and {:.2f}x "
@@ -1852,6 +1941,11 @@ DOCS_NOT_MEASURED: dict[str, tuple[str, ...]] = {  # the same for docs/*.md, eac
         "Python 3.12: 19.9 MB)", "stay under 64 MiB (62 and 63 MiB at 2581d16", "SmolLM2's GGUF (98 MB)",
         "(64 MiB, the working tree included)", "`.carry/smollm2.a` (39.0 MB)", "`.carry/smollm2.b` (59.4 MB)",
         "(3.4 GB of maps for SmolLM2)", "(69 KB per token) fits",
+        # the row kernel's section: page sizes, not measurements
+        "**2 MB pages.**", "torch's own allocations stay in 4 KB pages)", "a page walk per 4 KB of weights becomes one "
+        "per 2 MB, and the prefetchers no longer stop at every 4 KB.", "**The weights in 2 MB pages (",
+        "advised `MADV_HUGEPAGE`", "the row kernel, 2 MB pages | the row kernel, 4 KB pages |",
+        "with the weights moved into ordinary pages for its rounds", "the kernel on copies in either page size", "all of them in memory advised for 2 MB pages on Linux",
     ),
     "docs/explainers.md": (  # a spec size, a setting, projections, the standard's rates, a property of the weights
         "reading and copying Llama 3.1 8B's 16 GB", "a float32 score matrix over 3.22 GB (3 × 2³⁰ bytes)",

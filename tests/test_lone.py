@@ -176,3 +176,32 @@ def test_the_parts_bench_adds_up_on_the_tiny_model(tiny_model_dir, tmp_path):
         assert ms["products"] > 0
     assert "qkv" in report["now"]["ms"] and "q" not in report["now"]["ms"]
     assert "q" in report["apart"]["ms"] and "qkv" not in report["apart"]["ms"]
+
+
+def test_the_weights_move_into_one_mapping_advised_for_huge_pages_with_the_same_values_and_answer(tiny_model_dir):
+    """engine.core.layout.in_huge_pages at load: every parameter one view of one mapping (the same Parameter
+    objects and values), q|k|v and gate|up still side by side, and a lone request's answer unchanged; moved again
+    without the advice (the bench's comparison), the same."""
+    from engine.core.layout import in_huge_pages
+    from engine.core.loader import load_model
+
+    lm = load_model(str(tiny_model_dir), device="cpu", dtype="float32")
+    params = list(lm.model.parameters())
+    assert len({p.untyped_storage().data_ptr() for p in params}) == 1          # moved at load
+    values = [p.detach().clone() for p in params]
+    request = GenerationRequest(tiny_prompt(8, seed=12), max_new_tokens=12, chat=False)
+    want = list(generate(lm, request))
+    for advise in (False, True):
+        before = [p.data_ptr() for p in params]
+        assert in_huge_pages(lm, advise=advise) == sum(p.numel() * 4 for p in params)
+        assert list(lm.model.parameters()) == params and [p.data_ptr() for p in params] != before
+        assert all(torch.equal(p, v) for p, v in zip(params, values))
+        assert len({p.untyped_storage().data_ptr() for p in params}) == 1
+        for layer, (qkv, gate_up) in zip(lm.model.model.layers, lm.side_by_side):
+            attn, mlp = layer.self_attn, layer.mlp
+            assert matvec.addresses(qkv, [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]) is not None
+            assert matvec.addresses(gate_up, [mlp.gate_proj.weight, mlp.up_proj.weight]) is not None
+        runner = BatchRunner(lm, max_batch=8)
+        assert runner.lean.lone_fused() is not None
+        (records,) = run_runner(lm, [(request, CAPTURE_OFF)], [0], runner)
+        same_tokens(records, want)

@@ -23,7 +23,7 @@ from engine.core import hooks  # registers the "playground" attention implementa
 from engine.errors import (EngineError, GGUFError, HubUnavailableError, InsufficientMemoryError,
                            ModelNotFoundError, NoWeightsError, UnsupportedModelError)
 from engine.models import extras
-from engine.core.layout import relayout, side_by_side
+from engine.core.layout import in_huge_pages, relayout, side_by_side
 from engine.models.folder import cache_dir
 from engine.projection.card import weight_bytes
 from engine.projection.specs import ModelSpec
@@ -293,6 +293,7 @@ def load_model(name: str = "default", device: str | None = None, dtype: str | to
     lm = LoadedModel(model, tokenizer, spec, name, label, folder, dev, torch_dtype, 0.0)
     lm.layout = relayout(lm)             # on a CPU: each matrix stored as a one-token step reads it fastest
     lm.side_by_side = side_by_side(lm)   # and each layer's q|k|v, gate|up one after another: one product each
+    in_huge_pages(lm)                    # then every weight in memory advised for 2 MB pages (Linux)
     lm.load_seconds = time.perf_counter() - start
     if progress:
         progress(1.0, "ready")

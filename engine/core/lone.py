@@ -5,8 +5,8 @@ them side by side (engine.core.layout.side_by_side).
     logits = lean.forward(..., linear=matvec.linear, fused=grouped.fused())   # None: each weight on its own
 
 A lone decode step multiplies one row by every matrix, each product a call with its own fixed cost. With q, k and v
-one after another in memory, their products are one split product (engine.core.matvec.linear) on the whole
-matrix, which is a view: nothing is copied per step; likewise gate and up (docs/engine.md, "Where a lone step's
+one after another in memory, their products are one product (engine.core.matvec.linear: the row kernel, or the
+split product) on the whole matrix, which is a view: nothing is copied per step; likewise gate and up (docs/engine.md, "Where a lone step's
 time goes", measures what it saved). `fused()` checks that every weight is still where the loader put it (a
 parameter pointed elsewhere since, e.g. by a test, falls back to one product per weight).
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from engine.core import matvec
+from engine.core import kernels, matvec
 from engine.core.lean import Fused, LeanStep
 
 
@@ -26,6 +26,8 @@ class SideBySide:
     def __init__(self, lean: LeanStep):
         self.lean = lean
         self._made: tuple[list[int], list[Fused], list[torch.Tensor]] | None = None
+        if lean.embed.weight.device.type == "cpu":
+            kernels.row_kernel()         # built or found now, not at the first lone step (a build takes a second)
 
     def weights(self) -> list[torch.Tensor]:
         return [p[0] for w in self.lean.layers for p in (w.q, w.k, w.v, w.gate, w.up)]

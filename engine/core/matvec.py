@@ -1,19 +1,25 @@
 """A few rows times a weight matrix at the speed the weights stream from memory: a lone request's decode step.
 
-    y = linear(x, weight, bias)     # = F.linear(x, weight, bias); x (..., in) of up to MAX_ROWS rows, on a CPU
+    y = linear(x, weight, bias)     # = F.linear(x, weight, bias); x (..., in) of up to 8 rows, on a CPU
+    y = split(x, weight, bias)      # torch's path, where the row kernel is not built
 
 A decode step of one request multiplies one row by every weight matrix (out, in): it reads each weight once and
-does two flops per 4-byte float, so it can go no faster than the weights stream from memory. `F.linear` on one row
-is MKL's matrix-vector product (sgemv), which streamed slower than a sum reads memory on this 2-core AMD EPYC
-(Zen 4), and runs on one thread whatever torch's count (docs/engine.md, "Two threads, and why they were ten times
-slower"). `torch.bmm` of the same matrix viewed as PARTS blocks of its
+does two flops per 4-byte float, so it can go no faster than the weights stream from memory. `linear` makes it with
+the row kernel (engine/core/kernels: a C file built once with this machine's compiler, one fixed order of each
+output's sum, torch's own threads) where it is built and the product fits it (CPU float32, the weight contiguous
+(out, in) as stored, at most 8 rows); docs/engine.md, "Alone at the floor", says what it measured against `split`.
+Elsewhere, or where no compiler could build it, `split`:
+
+`F.linear` on one row is MKL's matrix-vector product (sgemv), which streamed slower than a sum reads memory on
+this 2-core AMD EPYC (Zen 4), and runs on one thread whatever torch's count (docs/engine.md, "Two threads, and why
+they were ten times slower"). `torch.bmm` of the same matrix viewed as PARTS blocks of its
 output rows, (PARTS, out / PARTS, in), against the row repeated (a stride-0 expand, no copy) goes through MKL's
 batched matrix product instead, which streams faster and splits the blocks among torch's threads. Every SmolLM2
 product of a step timed alone (bench/lone_step.py, bench/results/lone_step/20261127T202139Z-8048acf.json, a busy
 machine): 34.6 ms with F.linear (its weights in the layout it reads fastest) and 29.5 ms split, one thread; 37.8 and
 30.6 ms with two; the weights' bytes over the read bandwidth of a sum, 21.7 ms. Nothing is copied: the
 blocks are a view of the stored weight, which must be contiguous (out, in); anything else (a transposed matrix,
-more rows, another dtype or device) takes F.linear. The sums run in another order than sgemv's, so the result
+more rows, another dtype or device) takes F.linear. Both sum in another order than sgemv's, so the result
 differs from F.linear in the last bits (tests/test_matvec.py measures by how much).
 
     qkv = side_by_side([q.weight, k.weight, v.weight])    # one (out_q + out_k + out_v, in) matrix; q, k, v its rows
@@ -31,6 +37,8 @@ from typing import Callable, Sequence
 import torch
 from torch.nn import functional as F
 
+from engine.core import kernels
+
 PARTS = 4        # blocks of output rows: a multiple of the 2 threads a 2-core machine runs (4 measured as good as 2)
 MAX_ROWS = 4     # at most this many rows (a lone step has one); more take F.linear
 
@@ -42,8 +50,19 @@ def splits(weight: torch.Tensor) -> bool:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T + bias, as F.linear: x (..., in) -> (..., out); split into PARTS blocks of output rows where
-    `splits(weight)` and x has at most MAX_ROWS rows of float32."""
+    """x @ weight.T + bias, as F.linear: x (..., in) -> (..., out); the row kernel where it is built and fits (at
+    most kernels.MAX_ROWS rows, CPU float32, the weight contiguous (out, in)), else split into PARTS blocks of
+    output rows where `splits(weight)` and x has at most MAX_ROWS rows of float32, else F.linear."""
+    rows = x.reshape(-1, x.shape[-1])                                              # [R, in]
+    kernel = kernels.row_kernel()
+    if kernel is not None and kernels.fits(rows, weight, bias):
+        return kernel.linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
+    return split(x, weight, bias)
+
+
+def split(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """linear's torch path, x (..., in) -> (..., out): one torch.bmm over PARTS blocks of output rows where
+    `splits(weight)` and x has at most MAX_ROWS rows of float32, else F.linear."""
     rows = x.reshape(-1, x.shape[-1])                                              # [R, in]
     if rows.shape[0] > MAX_ROWS or x.dtype != torch.float32 or not splits(weight):
         return F.linear(x, weight, bias)

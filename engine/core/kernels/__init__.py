@@ -1,0 +1,192 @@
+"""The row kernel: a few float32 rows times a weight matrix, built once from C with this machine's compiler.
+
+    kernel = row_kernel()                  # the loaded library, or None (why: `why_off()`), built on first use
+    y = kernel.linear(x, weight, bias)     # x (R, in), R <= MAX_ROWS; weight (out, in) contiguous float32; -> (R, out)
+
+`rows.c` is a plain C file: compiled with `gcc -O3 -march=native -fopenmp -ffp-contract=fast` into a shared
+library in the cache folder (~/.cache/inference-playground/kernels/, or PLAYGROUND_CACHE's), named by a hash of the
+source, the flags, the compiler's version and the CPU's flags, so a new source, compiler or machine builds afresh;
+`make provision` builds it (`python -m engine provision`), else the first product does (about a second). It is
+loaded with ctypes, which lets go of the GIL during each call, and called with the tensors' addresses: nothing is
+copied, the weight is the checkpoint's own (out, in) tensor. Its OpenMP parallel regions run on the OpenMP runtime
+torch already loaded (torch's libgomp: the library names the same libgomp.so.1), so its threads are torch's team,
+as many as torch.get_num_threads(), never a second team beside it.
+
+Each output's sum runs in one fixed order (rows.c says which), so a row's result is bitwise the same alone, among
+up to MAX_ROWS rows and with any number of threads. Why a kernel at all, and what it measured: docs/engine.md,
+"Alone at the floor". Where there is no compiler, the build fails or the library cannot be loaded, `row_kernel()`
+is None, one warning says why, and the products take torch's path (engine/core/matvec.py).
+
+Not `torch.utils.cpp_extension.load_inline`: it compiles against torch's C++ headers (about a minute here) and
+needs ninja, for a function that only reads and writes float arrays.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+from engine.models.folder import cache_dir
+
+log = logging.getLogger("engine.kernels")
+
+SOURCE = Path(__file__).with_name("rows.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=fast", "-shared", "-fPIC")
+MAX_ROWS = 8                       # rows a call takes; more take torch's product
+F32 = torch.float32
+BUILD_SECONDS = 120                # a compiler that takes longer than this is given up on
+
+
+class BuildError(Exception):
+    """Why the row kernel could not be built or loaded (one line)."""
+
+
+class RowKernel:
+    """The loaded library: `linear` as F.linear for a few float32 rows (the caller checks `fits`)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as err:
+            raise BuildError(f"could not load {path.name}: {err}") from err
+        self._call = lib.rows_linear
+        long, ptr = ctypes.c_long, ctypes.c_void_p
+        self._call.argtypes = [ptr, long, long, ptr, long, long, ptr, ptr, long, ctypes.c_int]
+        self._call.restype = None
+        self.max_threads = lib.rows_max_threads      # () -> the OpenMP team a region here would have
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               threads: int | None = None) -> torch.Tensor:
+        """x (R, in) @ weight.T + bias -> (R, out), with `threads` threads (default: torch's count)."""
+        rows = x.contiguous()                                                       # [R, in]
+        (r, width), out = rows.shape, weight.shape[0]
+        y = torch.empty(r, out, dtype=torch.float32, device=x.device)               # [R, out]
+        self._call(rows.data_ptr(), width, r, weight.data_ptr(), width, out,
+                   bias.data_ptr() if bias is not None else None, y.data_ptr(), out,
+                   torch.get_num_threads() if threads is None else threads)
+        return y
+
+
+def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether the kernel computes x @ weight.T + bias: CPU float32 throughout, weight contiguous (out, in), x (R,
+    in) with 1 <= R <= MAX_ROWS, bias contiguous (out) or None; no autograd (the kernel has no backward)."""
+    if not (x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype == F32 and weight.dtype == F32
+            and x.device.type == "cpu" and weight.device.type == "cpu" and weight.dim() == 2
+            and x.shape[1] == weight.shape[1] and weight.is_contiguous()):
+        return False
+    if bias is not None and not (bias.dtype == F32 and bias.device.type == "cpu" and bias.is_contiguous()
+                                 and bias.shape == weight.shape[:1]):
+        return False
+    return not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                             or (bias is not None and bias.requires_grad)))
+
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}   # "built": RowKernel | None once tried ("why" it is None); "kernel": what is handed out
+
+
+def row_kernel() -> RowKernel | None:
+    """The row kernel, built and loaded at the first call in this process; None (and one warning) where it cannot
+    be, or where `use(False)` turned it off."""
+    if "kernel" in _state:
+        return _state["kernel"]                                                     # type: ignore[return-value]
+    with _lock:
+        if "built" not in _state:
+            try:
+                _state["built"] = RowKernel(build())
+            except BuildError as err:
+                _state.update(built=None, why=str(err))
+                log.warning("row kernel off, the products take torch's path: %s", err)
+        _state.setdefault("kernel", _state["built"])
+    return _state["kernel"]                                                         # type: ignore[return-value]
+
+
+def why_off() -> str | None:
+    """Why `row_kernel()` is None (None while it is on or not yet tried)."""
+    if "kernel" in _state and _state["kernel"] is None:
+        return _state.get("why") or "turned off in this process (engine.core.kernels.use)"   # type: ignore
+    return None
+
+
+def use(on: bool) -> None:
+    """Turn the kernel off in this process (the products take torch's path), or on again (as built before): the
+    benches compare the two ways in one run, step by step."""
+    with _lock:
+        if on:
+            _state.pop("kernel", None)
+        else:
+            _state["kernel"] = None
+
+
+def forget() -> None:
+    """Build (or find) and load it afresh at the next `row_kernel()` (tests change the compiler or the cache)."""
+    with _lock:
+        _state.clear()
+
+
+def compiler() -> str:
+    """The C compiler: $CC, else gcc, else cc; BuildError where none is found."""
+    for name in ([os.environ["CC"]] if os.environ.get("CC") else ["gcc", "cc"]):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise BuildError(f"no C compiler found ({os.environ.get('CC') or 'gcc or cc'}; set CC to one)")
+
+
+def library_path(cc: str) -> Path:
+    """Where the library built from this source with this compiler, these flags and this CPU lives."""
+    key = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), _version(cc).encode(), _cpu_flags().encode()):
+        key.update(part + b"\0")
+    return cache_dir() / "kernels" / f"rows-{key.hexdigest()[:16]}.so"
+
+
+def build() -> Path:
+    """The library's path, compiled now unless already there (written under a temporary name, then moved into
+    place: two processes building at once each leave a whole file)."""
+    cc = compiler()
+    path = library_path(cc)
+    if path.exists():
+        return path
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+            made = Path(tmp) / path.name
+            done = subprocess.run([cc, *FLAGS, "-o", str(made), str(SOURCE)], capture_output=True, text=True,
+                                  timeout=BUILD_SECONDS)
+            if done.returncode != 0:
+                first = (done.stderr.strip().splitlines() or ["no message"])[0]
+                raise BuildError(f"{Path(cc).name} failed to build {SOURCE.name}: {first}")
+            os.replace(made, path)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise BuildError(f"could not build {SOURCE.name} with {cc}: {err}") from err
+    return path
+
+
+def _version(cc: str) -> str:
+    try:
+        done = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise BuildError(f"{cc} does not run: {err}") from err
+    if done.returncode != 0:
+        raise BuildError(f"{cc} --version failed: {done.stderr.strip()[:200]}")
+    return done.stdout.strip()
+
+
+def _cpu_flags() -> str:
+    """The CPU's model and instruction set flags (what -march=native compiles for), as /proc/cpuinfo says."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return os.uname().machine
+    lines = [line for line in text.splitlines() if line.split(":")[0].strip() in ("flags", "model name", "Features")]
+    return "\n".join(dict.fromkeys(lines))

@@ -1,0 +1,209 @@
+"""The row kernel (engine/core/kernels: rows.c built with this machine's compiler, called through ctypes): the same
+products as F.linear within float32 rounding, each row's bits independent of the other rows, of the thread count
+and of where its weight's rows lie; torch's own OpenMP team; and torch's path, with one warning, where it cannot be
+built."""
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest import tiny_prompt  # noqa: E402
+from engine.core import kernels, matvec  # noqa: E402
+from engine.core.generate import GenerationRequest, generate  # noqa: E402
+from engine.core.hooks import CAPTURE_OFF  # noqa: E402
+from engine.serving.batch import BatchRunner  # noqa: E402
+from test_lean import run_runner, same_tokens  # noqa: E402
+
+
+@pytest.fixture
+def kernel():
+    """The kernel as this process built it (the suite runs where gcc builds it: CI's Debian, this machine)."""
+    kernels.forget()
+    built = kernels.row_kernel()
+    assert built is not None, kernels.why_off()
+    yield built
+
+
+@pytest.fixture
+def without_compiler(tmp_path, monkeypatch):
+    """No compiler to be found and nothing built yet: a fresh cache folder and CC naming nothing."""
+    monkeypatch.setenv("PLAYGROUND_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    kernels.forget()
+    yield tmp_path
+    kernels.forget()
+
+
+def exact(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    y = x.double() @ w.double().T
+    return y + b.double() if b is not None else y
+
+
+SHAPES = [(1, 1), (3, 7), (65, 13), (130, 577), (1001, 64), (192, 576), (576, 1536), (67, 33)]   # (out, in)
+
+
+@pytest.mark.parametrize("out,width", SHAPES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_it_equals_the_float64_product_and_f_linear_for_one_to_eight_rows(kernel, out, width, bias):
+    g = torch.Generator().manual_seed(out * 1000 + width)
+    w = torch.randn(out, width, generator=g)
+    b = torch.randn(out, generator=g) if bias else None
+    for rows in range(1, kernels.MAX_ROWS + 1):
+        x = torch.randn(rows, width, generator=g)
+        got = kernel.linear(x, w, b)
+        assert got.shape == (rows, out) and got.dtype == torch.float32
+        scale = float(np.sqrt(width))                     # float32 rounding grows with the sum's length
+        np.testing.assert_allclose(got, exact(x, w, b), atol=2e-6 * scale, rtol=1e-5)
+        np.testing.assert_allclose(got, F.linear(x, w, b), atol=4e-6 * scale, rtol=2e-5)
+
+
+@pytest.mark.parametrize("out,width", [(130, 577), (1001, 64), (960, 576), (67, 33)])
+def test_a_rows_bits_are_the_same_alone_among_others_and_with_one_or_two_threads(kernel, out, width):
+    """Each output's sum runs in one fixed order: row i of R rows equals row i alone, bitwise, for every R up to 8
+    and 1 or 2 threads (the kernel's own count, and torch's through matvec.linear)."""
+    g = torch.Generator().manual_seed(out)
+    w, b = torch.randn(out, width, generator=g), torch.randn(out, generator=g)
+    x = torch.randn(kernels.MAX_ROWS, width, generator=g)
+    alone = torch.cat([kernel.linear(x[i:i + 1], w, b, threads=1) for i in range(len(x))])
+    for rows in range(1, kernels.MAX_ROWS + 1):
+        for threads in (1, 2, 3):
+            assert torch.equal(kernel.linear(x[:rows], w, b, threads=threads), alone[:rows]), (rows, threads)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            with torch.inference_mode():
+                assert torch.equal(matvec.linear(x[None, 3:6], w, b)[0], alone[3:6])
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_weights_side_by_side_give_each_output_the_bits_it_gets_apart(kernel):
+    """q|k|v as one matrix or one weight at a time: each output reads the same row of weights in the same order."""
+    g = torch.Generator().manual_seed(3)
+    parts = [torch.randn(n, 576, generator=g) for n in (576, 192, 192)]
+    x = torch.randn(1, 576, generator=g)
+    together = kernel.linear(x, torch.cat(parts))
+    assert torch.equal(together, torch.cat([kernel.linear(x, p) for p in parts], -1))
+
+
+def test_matvec_linear_takes_the_kernel_where_it_fits_and_torch_elsewhere(kernel):
+    g = torch.Generator().manual_seed(4)
+    w, x = torch.randn(30, 64, generator=g), torch.randn(1, 1, 64, generator=g)
+    assert torch.equal(matvec.linear(x, w), kernel.linear(x[0], w)[None])        # 30 outputs: no PARTS needed
+    nine = torch.randn(kernels.MAX_ROWS + 1, 64, generator=g)                    # too many rows: F.linear
+    assert torch.equal(matvec.linear(nine, w), F.linear(nine, w))
+    transposed = torch.randn(64, 32, generator=g).t()                            # not (out, in) in memory
+    assert not kernels.fits(x[0], transposed, None)
+    assert torch.equal(matvec.linear(x, transposed), F.linear(x, transposed))
+    for dtype in (torch.float64, torch.float16, torch.bfloat16):                 # another dtype: torch's product
+        assert not kernels.fits(x[0].to(dtype), w.to(dtype), None)
+        assert torch.equal(matvec.linear(x.to(dtype), w.to(dtype)), F.linear(x.to(dtype), w.to(dtype)))
+    grad = w.clone().requires_grad_()
+    assert not kernels.fits(x[0], grad, None)                                    # autograd: torch's, which has a backward
+    assert matvec.linear(x, grad).requires_grad
+
+
+def test_it_runs_on_torchs_own_openmp_team(kernel):
+    """One OpenMP runtime in the process (torch's libgomp), the kernel's regions as many threads as torch's count,
+    and no thread started beside torch's team."""
+    maps = Path("/proc/self/maps").read_text()
+    assert len({line.split()[-1] for line in maps.splitlines() if "libgomp" in line}) == 1
+    g = torch.Generator().manual_seed(5)
+    w, x = torch.randn(4096, 576, generator=g), torch.randn(1, 576, generator=g)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert kernel.max_threads() == threads == torch.get_num_threads()
+        torch.set_num_threads(2)
+        torch.randn(1_000_000).sum()                                             # torch's team of two exists
+        count = len(os.listdir("/proc/self/task"))
+        for _ in range(5):
+            kernel.linear(x, w)
+        assert len(os.listdir("/proc/self/task")) == count
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_library_is_built_once_and_named_by_its_source_flags_compiler_and_cpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("PLAYGROUND_CACHE", str(tmp_path))
+    kernels.forget()
+    try:
+        path = kernels.build()
+        assert path.parent == tmp_path / "kernels" and path.name.startswith("rows-") and path.suffix == ".so"
+        made = path.stat().st_mtime_ns
+        assert kernels.build() == path and path.stat().st_mtime_ns == made       # found, not built again
+        assert [p.name for p in path.parent.iterdir()] == [path.name]            # no temporary file left behind
+        assert kernels.row_kernel().path == path
+    finally:
+        kernels.forget()
+
+
+def test_without_a_compiler_the_products_take_torchs_path_with_one_warning(without_compiler, caplog):
+    g = torch.Generator().manual_seed(6)
+    w, x = torch.randn(192, 576, generator=g), torch.randn(1, 1, 576, generator=g)
+    with caplog.at_level(logging.WARNING, logger="engine.kernels"):
+        assert kernels.row_kernel() is None
+        first = matvec.linear(x, w)
+        matvec.linear(x, w)
+    warnings = [r for r in caplog.records if r.name == "engine.kernels"]
+    assert len(warnings) == 1 and "no C compiler found" in warnings[0].getMessage()
+    assert "no C compiler found" in kernels.why_off()
+    assert torch.equal(first, matvec.split(x, w))                                # the split products, bitwise
+    np.testing.assert_allclose(first, exact(x, w, None), atol=1e-4, rtol=1e-5)
+
+
+def test_a_compiler_that_fails_is_one_warning_and_torchs_path(without_compiler, monkeypatch, caplog):
+    broken = without_compiler / "broken-cc"
+    broken.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo broken 1.0; exit 0; fi\n"
+                      "echo 'rows.c: error: nothing compiles here' >&2\nexit 1\n")
+    broken.chmod(broken.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("CC", str(broken))
+    with caplog.at_level(logging.WARNING, logger="engine.kernels"):
+        assert kernels.row_kernel() is None
+    assert "failed to build rows.c: rows.c: error: nothing compiles here" in kernels.why_off()
+    assert not list((without_compiler / "cache" / "kernels").glob("*.so"))
+    x, w = torch.randn(2, 40), torch.randn(12, 40)
+    assert torch.equal(matvec.linear(x, w), matvec.split(x, w))
+
+
+def test_turned_off_and_on_again_in_one_process(kernel):
+    x, w = torch.randn(1, 64), torch.randn(32, 64)
+    on = matvec.linear(x, w)
+    kernels.use(False)
+    try:
+        assert kernels.row_kernel() is None and "turned off" in kernels.why_off()
+        assert torch.equal(matvec.linear(x, w), matvec.split(x, w))
+    finally:
+        kernels.use(True)
+    assert kernels.row_kernel() is kernel and torch.equal(matvec.linear(x, w), on)
+
+
+
+def test_a_lone_request_gives_the_same_answer_with_the_kernel_and_without_a_compiler(tiny_lm, without_compiler,
+                                                                                    monkeypatch):
+    """A lone request's steps with the kernel (built into a fresh cache folder), then with no compiler to build it
+    (torch's split products): both answers equal the request through transformers' modules (tests/test_lean.py's
+    check)."""
+    request = GenerationRequest(tiny_prompt(9, seed=11), max_new_tokens=16, chat=False)
+    want = list(generate(tiny_lm, request))
+    for compiler in (None, str(without_compiler / "no-such-cc")):
+        if compiler is None:
+            monkeypatch.delenv("CC")
+        else:
+            monkeypatch.setenv("CC", compiler)
+        kernels.forget()
+        runner = BatchRunner(tiny_lm, max_batch=8)
+        assert (kernels.row_kernel() is None) == (compiler is not None)
+        (records,) = run_runner(tiny_lm, [(request, CAPTURE_OFF)], [0], runner)
+        same_tokens(records, want)
