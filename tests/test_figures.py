@@ -1839,9 +1839,36 @@ OTHER_DOCS.append((SERVING, "bomb.json", "(the process starts at ~{:.1f} GB). \"
 OTHER_DOCS.append((SERVING, "bomb.json", "| file ({:.2f} MB each unless noted) |", lambda d: (_bomb_start(d)[1],)))
 
 
+GPU_0628 = "gpu-session/20261128T062600Z-1075618/"       # the second H200 run (issue 48): README, "Again on a lent H200"
+
+
+def gpu_again(d: dict) -> tuple:
+    one_off = d["runs"]["one-off"]
+    old = result("gpu.json")["runs"]["fast-off"]["decode_tok_s"]
+    return (one_off["decode_tok_s"], 100 * one_off["of_projected_ceiling"], one_off["decode_tok_s"] / old, old,
+            d["prefill"]["one_s"] * 1e3)
+
+
+def gpu_again_ties(d: dict) -> tuple:
+    at = lambda n: one(d["scenarios"], sessions=n, capture="off")  # noqa: E731
+    return (at(10)["equal_alone"], at(10)["served"], at(30)["equal_alone"], at(30)["served"],
+            at(10)["tie_divergences"], at(30)["tie_divergences"], at(10)["wrong_answers"], at(30)["wrong_answers"])
+
+
+GPU_AGAIN = [
+    (README, GPU_0628 + "gpu.json", "made **{:.1f} tok/s** ({:.0f}% of the projected ceiling), {:.2f}x the old fast "
+     "path's {:.1f} above", lambda d: gpu_again(d)[:4]),
+    (README, GPU_0628 + "gpu.json", "A 2,048-token prefill took {:.1f} ms. The room", lambda d: gpu_again(d)[4:]),
+    (README, GPU_0628 + "load.json", "made {:.1f} / {:.1f} / {:.1f} tok/s at 1 / 10 / 30 sessions with captures off "
+     "({:.1f} / {:.1f} / {:.1f} with the page's capture), **not on CUDA graphs**", gpu_load),
+    (README, GPU_0628 + "load.json", "Batched against alone, {} of {} and {} of {} answers were equal, and every one "
+     "of them left the alone answer at a tie (`tie_divergences` {} and {}, `wrong_answers` {} and {}",
+     gpu_again_ties),
+]
+
 # every entry (tests/figures_audit.py lists the figures none checks)
-ALL = (FIGURES + ENGINE + LONE + FORWARD + TRACED + SERVING_MORE + VS_TABLES + GPU_DOC + SPEC_DOC + SPEED_DOC + SCALE_DOC
-       + STORE_DOC + OTHER_DOCS)
+ALL = (FIGURES + ENGINE + LONE + FORWARD + TRACED + SERVING_MORE + VS_TABLES + GPU_DOC + GPU_AGAIN + SPEC_DOC
+       + SPEED_DOC + SCALE_DOC + STORE_DOC + OTHER_DOCS)
 
 
 @pytest.mark.parametrize("entry", ALL, ids=lambda e: f"{e[0]}:{e[2][:40]}")
