@@ -177,7 +177,7 @@ def in_dtype(lm: LoadedModel, dtype: torch.dtype) -> LoadedModel:
                                   f"{lm.label}'s {lm.weight_bytes / 1e9:.1f} GB are more than the "
                                   f"{BF16_COPY_BYTES / 1e9:.0f} GB it copies")
     model = copy.deepcopy(lm.model).to(dtype)
-    return dataclasses.replace(lm, model=model, dtype=dtype, lock=threading.Lock(), fast=None, small_batch=None,
+    return dataclasses.replace(lm, model=model, dtype=dtype, lock=threading.Lock(), small_batch=None,
                                batch_graphs=None, lean=None, layout={})
 
 

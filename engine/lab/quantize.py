@@ -284,8 +284,8 @@ def quantize_copy(lm: LoadedModel, scheme: str, group_size: int = 32,
     if not modes:
         raise EngineError(f"{lm.label} has no linear layers this quantizer knows")
     label = f"{lm.label} ({scheme.upper()}{f', group {group_size}' if scheme == 'int4' else ''})"
-    # nothing made for the original's weights comes along: its forward, fast path, packed or graphed products
-    copy_lm = replace(lm, model=clone, label=label, lock=threading.Lock(), lean=None, fast=None, small_batch=None,
+    # nothing made for the original's weights comes along: its forward, packed or graphed products
+    copy_lm = replace(lm, model=clone, label=label, lock=threading.Lock(), lean=None, small_batch=None,
                       batch_graphs=None, side_by_side=[])
     return QuantizedModel(copy_lm, scheme, group_size if scheme == "int4" else None,
                           str(compute).removeprefix("torch."), modes.pop() if len(modes) == 1 else "mixed",
