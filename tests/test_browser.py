@@ -133,6 +133,17 @@ def wait_text(page, text: str, timeout_s: float = 60) -> None:
     page.get_by_text(text, exact=False).first.wait_for(timeout=timeout_s * 1000)
 
 
+def wait_text_or_fail(page, text: str, timeout_s: float) -> None:
+    """Until `text` shows or the page shows an error (an exception or an error box): a long job's page that has
+    failed fails the test at once, with what it said, instead of waiting out `timeout_s`."""
+    page.wait_for_function(
+        """(text) => document.body.innerText.includes(text) ||
+                     document.querySelector('[data-testid="stException"], [data-testid="stAlertContentError"]')""",
+        arg=text, timeout=timeout_s * 1000)
+    failed = page.locator('[data-testid="stException"], [data-testid="stAlertContentError"]')
+    assert failed.count() == 0, f"the page failed instead of showing {text!r}: {failed.first.text_content()}"
+
+
 def wait_heading(page, text: str, timeout_s: float = 90) -> None:
     """A cold start first shows only the sidebar; the page is there when its heading is."""
     page.get_by_role("heading", name=text).first.wait_for(timeout=timeout_s * 1000)
@@ -382,7 +393,7 @@ def test_generate_stop_and_share_the_run(app_url, page):
 
     set_number(page, "Max new tokens", 12)
     button(page, "Generate").click()
-    wait_text(page, "Done:", 240)
+    wait_text_or_fail(page, "Done:", 240)
     wait_text(page, "Through the layers", 60)
     wait_idle(page)
     assert_no_exception(page)
@@ -414,7 +425,7 @@ def test_long_prompt_attention_opens_again_downsampled_and_whole(app_url, page):
     set_prompt(page, LONG_PROMPT)
     set_number(page, "Max new tokens", 3)
     button(page, "Generate").click()
-    wait_text(page, "is downsampled", 400)
+    wait_text_or_fail(page, "is downsampled", 400)
     wait_idle(page, 120)
     assert_no_exception(page)
     go_to(page, "Home")

@@ -17,7 +17,7 @@ import pytest
 
 from servers import free_port, python, ROOT
 from test_browser import (PROJECTOR, assert_no_exception, browser, button, set_number, set_prompt, shot,  # noqa: F401
-                          wait_heading, wait_idle, wait_text)
+                          wait_heading, wait_idle, wait_text, wait_text_or_fail)
 from test_browser_watch import TOKEN, unlock
 
 pytestmark = pytest.mark.browser
@@ -111,14 +111,14 @@ def test_through_nginx_a_browser_stays_on_its_web_process(room, browser):  # noq
     cookie = next(c for c in ctx.cookies() if c["name"] == "playground_route")
     set_number(page, "Max new tokens", TOKENS)
     button(page, "Generate").click()
-    wait_text(page, "Done:", 180)
+    wait_text_or_fail(page, "Done:", 180)
     wait_idle(page, 120)
     page.reload()                                             # a new Streamlit session, on the same process
     wait_heading(page, "The journey of a request")
     assert next(c for c in ctx.cookies() if c["name"] == "playground_route")["value"] == cookie["value"]
     set_number(page, "Max new tokens", TOKENS)
     button(page, "Generate").click()
-    wait_text(page, "Done:", 180)
+    wait_text_or_fail(page, "Done:", 180)
     wait_idle(page, 120)
     with page.expect_download(timeout=60_000) as download:    # a file this process holds in its own memory
         page.get_by_role("button", name=re.compile("Save this run")).first.click()

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from test_browser import (PROJECTOR, assert_no_exception, assert_nothing_clipped, browser,  # noqa: F401
-                          button, projector_shot, shot, wait_heading, wait_idle, wait_text)
+                          button, projector_shot, shot, wait_heading, wait_idle, wait_text,
+                          wait_text_or_fail)
 
 pytestmark = pytest.mark.browser
 WIDE = {"width": 1440, "height": 900}
@@ -25,7 +26,7 @@ def test_the_room_page_compares_alone_and_in_a_batch(app_url, browser):  # noqa:
     wait_heading(page, "The room is the batch")
     wait_heading(page, "Same question, same numbers?")
     button(page, "Compare alone and in a batch").click()
-    wait_text(page, "Added exactly, the sum is", LESSON_SECONDS)
+    wait_text_or_fail(page, "Added exactly, the sum is", LESSON_SECONDS)
     wait_idle(page)
     assert_no_exception(page)
     assert page.get_by_text("invariant kernels on**", exact=False).count() == 0        # markdown rendered, not shown

@@ -11,7 +11,7 @@ import pytest
 
 from test_browser import (COLLISIONS_JS, OUTSIDE_JS, assert_no_exception, assert_nothing_clipped,  # noqa: F401
                           browser, button, page, projector, projector_shot, record_timing, set_number, shot, stop,
-                          wait_heading, wait_idle, wait_text)
+                          wait_heading, wait_idle, wait_text, wait_text_or_fail)
 
 pytestmark = pytest.mark.browser
 
@@ -30,7 +30,7 @@ def generate(page, max_new: int) -> float:  # noqa: F811
     set_number(page, "Max new tokens", max_new)
     start = time.perf_counter()
     button(page, "Generate").click()
-    wait_text(page, "Measured: a round cost", 300)
+    wait_text_or_fail(page, "Measured: a round cost", 300)
     wait_text(page, "Projected, not measured", 60)
     wait_idle(page, 120)
     assert_no_exception(page)

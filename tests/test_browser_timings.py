@@ -13,7 +13,7 @@ import pytest
 
 from test_browser import (LONG_PROMPT, PROJECTOR, assert_no_exception, browser,  # noqa: F401
                           assert_nothing_clipped, button, projector, projector_shot, running_app,
-                          set_number, shot, wait_heading, wait_idle, wait_text)
+                          set_number, shot, wait_heading, wait_idle, wait_text, wait_text_or_fail)
 from test_browser_watch import TOKEN, unlock
 
 pytestmark = pytest.mark.browser
@@ -44,7 +44,7 @@ def assert_apart(page, width: int) -> None:
 def generate(page, tokens: int = 8) -> None:
     set_number(page, "Max new tokens", tokens)
     button(page, "Generate").click()
-    wait_text(page, "Done:", 240)
+    wait_text_or_fail(page, "Done:", 240)
     wait_text(page, "to the first token", 60)
     wait_idle(page)
     assert_no_exception(page)
