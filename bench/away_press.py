@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,7 +66,7 @@ class HealthGate:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.lock = threading.Lock()
-        self.refuse, self.closed_all = 0, False
+        self.refuse = 0
         self.looks, self.refused = 0, 0          # GET /health seen, and answered 503
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -129,7 +130,6 @@ def free_port() -> int:
 
 
 def wait_http(url: str, proc: subprocess.Popen, log: Path, seconds: float = 600) -> None:
-    import urllib.request  # noqa: PLC0415 - only while a server starts
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if proc.poll() is not None:
