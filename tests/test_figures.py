@@ -631,6 +631,16 @@ FIGURES.append(("docs/app.md", "streamlit_races/20261128T062212Z-ac11a31.json", 
                            d["fixed"]["tries"], d["provenance"]["machine"]["load_avg"][0])))
 FIGURES.append(("docs/app.md", "streamlit_races/20261128T023711Z-9488b10.json", "{} session of {} came up short with the fixes as well",
                 lambda d: (d["fixed"]["short"], len(d["fixed"]["sessions"]))))
+FIGURES.append((SERVING, "away_press/20261128T090058Z-c4617d2.json", "before the fix {} of {} presses were lost",
+                lambda d: (d["outcomes"].get("lost", 0), d["tries"])))
+FIGURES.append((SERVING, "away_press/20261128T090513Z-be72b5d.json", "after it {} of {} said the line and the page came "
+                "back by itself", lambda d: (d["outcomes"].get("said", 0), d["tries"])))
+FIGURES.append((SERVING, "away_press/20261128T090136Z-c4617d2.json", "{} of {} lost before "
+                "(`bench/results/away_press/20261128T090136Z-c4617d2.json`)",
+                lambda d: (d["outcomes"].get("lost", 0), d["tries"])))
+FIGURES.append((SERVING, "away_press/20261128T090545Z-be72b5d.json", "and {} of {} served after "
+                "(`bench/results/away_press/20261128T090545Z-be72b5d.json`)",
+                lambda d: (d["outcomes"].get("served", 0), d["tries"])))
 FIGURES.append((ENGINE_DOC, "invariance/20261127T215039Z-bd5d8b0.json", "load average {:.0f} at its start; medians "
                 "of 5 rounds; `bench/results/invariance/20261127T215039Z-bd5d8b0.json`): a lone decode step {:.2f}x, a "
                 "20-row decode step {:.2f}x, a 512-token prefill {:.2f}x the time with the usual kernels.",

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from app.hosting.hosted import hosted
 from app.ui.nav import page_info
@@ -205,12 +206,16 @@ def offline_notice() -> None:
 # --- while the model server restarts ------------------------------------------------------------------------------
 
 def model_away() -> str | None:
-    """With the model in a model server: None while it answers, else the line every page shows meanwhile (asked of
-    its /health at most once a second per web process)."""
+    """With the model in a model server: None while it answers, else the line every page shows meanwhile. A look
+    that found it answering serves every run of this web process for HEALTH_SECONDS; one that found it away serves
+    none: each run asks again, since a look a moment old (another session's, just before the server came back) made a
+    press meet the restart line with the server already answering (the hosted soak, bench/away_press.py --stale)."""
     url = model_choice().url
     now = time.monotonic()
-    if not url or now - float(_health["at"]) < HEALTH_SECONDS:
-        return None if not url else _health["away"]
+    if not url:
+        return None
+    if _health["away"] is None and now - float(_health["at"]) < HEALTH_SECONDS:
+        return None
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=3) as reply:
             away = None if reply.status == 200 else away_line(url)
@@ -267,13 +272,23 @@ def away_line(url: str) -> str:
 
 
 def restart_notice(line: str) -> None:
-    """The line, and a fragment that reruns the whole page as soon as the model server answers again."""
+    """The line, and a fragment that reruns the whole page as soon as the model server answers again: on its own
+    ticks only, never inside the run that draws the line (`retry_tick`)."""
     st.info(line, icon=":material/autorenew:")
 
     @st.fragment(run_every=RETRY_SECONDS)
     def retry() -> None:
-        _health["at"] = -HEALTH_SECONDS
-        if model_away() is None:
+        if retry_tick() and model_away() is None:
             st.rerun(scope="app")
 
     retry()
+
+
+def retry_tick() -> bool:
+    """Is this run a fragment's own tick (not the whole page calling the fragment inline)? Rerunning the app from the
+    run that drew the restart line lost a press: that run may carry one (a Generate whose run met the server away),
+    `st.rerun` carries no widget states and Streamlit resets a button's trigger as every run ends, so the rerun drew
+    the run from before the press; and the line, queued but not yet sent, was cleared as the rerun started. The
+    hosted soak's "the page ended without a new run's link or a message" (bench/away_press.py: 6 of 6 presses lost)."""
+    ctx = get_script_run_ctx()
+    return bool(ctx is not None and ctx.fragment_ids_this_run)
