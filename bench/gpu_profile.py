@@ -151,8 +151,9 @@ def main() -> None:
              f"scheduler, {args.rows} rows": scheduler_steps(lm, args.rows, args.steps)}
     if args.prefill:
         paths[f"prefill, {args.prefill} tokens"] = prefill_pass(lm, min(args.prefill, lm.spec.max_context))
-    graphs = graphed_decode(lm, Limits.for_device(lm.device))          # CUDA only: compiles its shapes here
+    graphs = graphed_decode(lm, Limits.for_device(lm.device))          # CUDA only
     if graphs is not None:
+        graphs.ensure_warm()                # compiled in this thread, the one that steps (graphed.py `bind`)
         paths["graphed, 1 row"] = scheduler_steps(lm, 1, args.steps, graphs)
         paths[f"graphed, {args.rows} rows"] = scheduler_steps(lm, args.rows, args.steps, graphs)
     report = {"model": lm.label, "device": str(lm.device), "dtype": lm.dtype_name, "torch": torch.__version__,

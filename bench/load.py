@@ -386,7 +386,8 @@ def graphs_report(lm: LoadedModel) -> dict | None:
     if graphs is None:
         return None
     pool = sum(t.numel() * t.element_size() for t in (*graphs.pool.keys, *graphs.pool.values))
-    return {"mode": graphs.mode, "error": graphs.error, "shapes": sorted(graphs.shapes), "pool_gb": pool / 1e9}
+    return {"mode": graphs.mode, "error": graphs.error, "shapes": sorted(graphs.shapes), "pool_gb": pool / 1e9,
+            "warmed": graphs.warmed}
 
 
 def gpu_line(result: dict) -> str:

@@ -3,6 +3,8 @@ padding, the wide mask, the residual written inside the step and the fallbacks c
 alone. On CUDA the same step is recorded as a CUDA graph (the CUDA test at the end)."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -10,9 +12,12 @@ from conftest import tiny_prompt
 from engine.core.generate import GenerationRequest, encode_prompt
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy
 from engine.core.loader import load_model
+from engine.core.records import DecodeRecord, PrefillRecord
 from engine.serving.batch import BatchRunner, Slot
 from engine.serving.graphed import MIN_WIDTH, GraphedDecode, width_bucket
+from engine.serving.limits import Limits
 from engine.serving.paged import NULL, SCRATCH, PagedBatch
+from engine.serving.scheduler import Scheduler
 from test_batch import Sink, alone, assert_same_run
 
 ROWS = CapturePolicy(stats=False)
@@ -150,3 +155,56 @@ def test_on_cuda_the_graphed_batch_equals_each_request_alone(tiny_model_dir):
     for sink, (request, policy) in zip(run(cuda, graphs, jobs, joins=[0, 0, 2, 5]), jobs):
         assert sink.error is None
         assert_same_run(sink, alone(cuda, request, policy))
+
+
+def thread_recorded(graphs: GraphedDecode) -> list[int]:
+    """The thread of every call of the graphed step (compile, record or replay) from now on."""
+    calls: list[int] = []
+    step = graphs.step
+
+    def recorded(*args, **kwargs):
+        calls.append(threading.get_ident())
+        return step(*args, **kwargs)
+    graphs.step = recorded
+    return calls
+
+
+def served_through_a_scheduler(tiny_model_dir, warm_here: bool):
+    """Two requests through a real Scheduler whose model has a graphed step (dynamo's eager backend on this CPU, as
+    on CUDA but without the graphs): the threads that called the step, the scheduler's worker, the tokens, alone."""
+    own = load_model(str(tiny_model_dir), device="cpu", dtype="float32")
+    graphs = GraphedDecode(own, n_blocks=64, compile="eager", max_rows=8, row_buckets=(1,))
+    calls = thread_recorded(graphs)
+    if warm_here:
+        graphs.ensure_warm()                     # as the scheduler did before: in its caller's thread
+    own.batch_graphs = graphs                    # graphed_decode hands the model's own to the scheduler
+    scheduler = Scheduler(own, Limits(max_batch=8))
+    try:
+        scheduler.warm_up()
+        requests = [GenerationRequest(tiny_prompt(n, seed=n), max_new_tokens=6, chat=False) for n in (5, 17)]
+        handles = [scheduler.submit(r) for r in requests]
+        got = [[r.token.id for r in h.result(600) if isinstance(r, (PrefillRecord, DecodeRecord))] for h in handles]
+        worker = scheduler._worker.ident
+    finally:
+        scheduler.close()
+    want = [[r.token.id for r in alone(own, r) if isinstance(r, (PrefillRecord, DecodeRecord))] for r in requests]
+    return graphs, calls, worker, got, want
+
+
+def test_the_scheduler_compiles_records_and_replays_its_graphs_in_the_one_thread_that_steps(tiny_model_dir):
+    """cudagraph trees keep their managers per thread (issue 48's empty AssertionError: compiled in the caller's
+    thread, replayed in the worker's): here every call of the step, the warm-up's included, is the worker's."""
+    graphs, calls, worker, got, want = served_through_a_scheduler(tiny_model_dir, warm_here=False)
+    assert graphs.warmed and graphs.error is None and graphs.owner == worker
+    assert calls and set(calls) == {worker}
+    assert any(width > 0 and rows in (1, 8) for rows, width in graphs.shapes)
+    assert got == want
+
+
+def test_graphs_another_thread_warmed_are_never_replayed_from_the_worker(tiny_model_dir):
+    """Warmed in this thread, the graphs belong to it: the scheduler's worker steps eagerly (said in the log),
+    never through them, and serves the same tokens."""
+    graphs, calls, worker, got, want = served_through_a_scheduler(tiny_model_dir, warm_here=True)
+    assert graphs.owner == threading.get_ident() != worker
+    assert calls and worker not in calls
+    assert got == want

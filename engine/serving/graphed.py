@@ -25,8 +25,10 @@ on the GPU). A graph replays fixed shapes at fixed addresses, so:
   SCRATCH for a row that captures nothing and for padding rows), as vLLM-Hook writes its rings. A step of requests
   that capture runs graphed like any other.
 It is compiled with `torch.compile(mode="reduce-overhead")` (cudagraph trees), one graph per shape: one per key
-width, as rows are padded to one size; the scheduler compiles the usual widths (WARM_WIDTHS, or the documented
-setting PLAYGROUND_BATCH_GRAPH_WIDTHS) when it starts, and a longer one when a batch first needs it. Each row
+width, as rows are padded to one size; the scheduler's worker compiles the usual widths (WARM_WIDTHS, or the
+documented setting PLAYGROUND_BATCH_GRAPH_WIDTHS) before it serves, and a longer one when a batch first needs it.
+One thread compiles, records and replays them (`bind`): cudagraph trees keep their state per thread, and the one
+GPU run died of graphs recorded in the scheduler's caller and replayed in its worker (issue 48). Each row
 computes what it computes eagerly, within rounding (tests/test_graphed.py: the same tokens as the eager batch and as
 each request alone). A model the forward does not cover has no graphed step: its batch runs transformers' modules
 eagerly.
@@ -34,6 +36,7 @@ eagerly.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -109,6 +112,8 @@ class GraphedDecode:
         self.rows = tuple(b for b in row_buckets if b < max_rows) + (max_rows,)
         self.shapes: set[tuple[int, int]] = set()
         self.error: str | None = None                  # why the graphs were given up (the batch runs eagerly)
+        self.owner: int | None = None                  # the thread that warms and replays them (`bind`)
+        self.warmed = False
         if self.mode == "off":
             self.step = step
         else:
@@ -129,6 +134,8 @@ class GraphedDecode:
         """The (rows, width) shape of this step, or None when it must run eagerly (pool outgrown, too wide, a request
         that captures on a pool without a residual part)."""
         if self.error is not None or batch.pool is not self.pool or self.pool.keys[0].data_ptr() != self.address:
+            return None
+        if not self.bind():
             return None
         if self.pool.resid is None and any(getattr(s, "kept", None) is not None for s in batch.slots):
             return None
@@ -151,6 +158,39 @@ class GraphedDecode:
             return self.step(self.lean, ids_t, pos_t, batch.write_and_gather, mask, self.pool.resid,
                              batch.residual_slots if self.pool.resid is not None else None)[:n, -1]
 
+    def bind(self) -> bool:
+        """Whether this thread may replay the graphs: the first thread that warms or steps them owns them.
+
+        cudagraph trees keep their tree managers in thread-local storage (torch/_inductor/cudagraph_trees.py, `local`
+        and `get_obj`): graphs recorded on one thread cannot be replayed from another. torch 2.11 fails such a
+        replay with a bare `assert torch._C._is_key_in_tls(attr_name)` (the empty AssertionError of issue 48's run,
+        where the scheduler compiled them in its caller's thread and stepped in its worker); torch 2.13 gives the
+        new thread a second, empty manager that records everything again. So a step from any other thread runs
+        eagerly, said once in the log, and the scheduler warms the graphs in the thread that steps."""
+        here = threading.get_ident()
+        if self.owner is None:
+            self.owner = here
+        elif self.owner != here:
+            if not getattr(self, "_told", False):
+                self._told = True
+                log.warning("the graphed step belongs to another thread: steps from %s run eagerly",
+                            threading.current_thread().name)
+            return False
+        return True
+
+    def ensure_warm(self) -> None:
+        """`warm_up` at the usual widths once, in the calling thread (which then owns the graphs); a compiler
+        failure leaves the steps eager."""
+        if self.warmed or self.error is not None or self.mode == "off" or not self.bind():
+            return
+        widths = warm_widths()
+        log.info("compiling the batched decode step for %d rows at %s keys (once per process)", self.rows[-1],
+                 " and ".join(map(str, widths)))
+        try:
+            log.info("compiled in %.0f s", self.warm_up(widths))
+        except Exception as err:  # noqa: BLE001 - any compiler failure: the batch runs eagerly, the server serves
+            self.give_up(err)
+
     def give_up(self, err: Exception) -> None:
         """A step could not run graphed (a compiler failure, say): every later step runs eagerly."""
         last = traceback.extract_tb(err.__traceback__)[-1:]        # where it was raised: the GPU run's log kept
@@ -162,7 +202,10 @@ class GraphedDecode:
         """Compile (and record) the graphs of every row bucket at these widths on an idle pool; seconds.
 
         Padding rows only: they read the null slot and write the scratch slot (K, V and residual), so the pool
-        stays clean."""
+        stays clean. The calling thread must own the graphs (`bind`)."""
+        if not self.bind():
+            raise RuntimeError("the graphed step is warmed and replayed by the thread that owns it")
+        self.warmed = True
         start = time.perf_counter()
         batch = PagedBatch(pool=self.pool)
         device = self.lm.device
@@ -204,17 +247,10 @@ def warm_widths() -> tuple[int, ...]:
 def graphed_decode(lm: LoadedModel, limits: Limits) -> GraphedDecode | None:
     """The model's graphed step, made once: on CUDA, for a model the forward covers, at row buckets 1 (a request
     alone) and max_batch (None elsewhere: the steps run the same forward eagerly, engine.serving.lean)."""
+    if lm.batch_graphs is not None:
+        return lm.batch_graphs
     if lm.device.type != "cuda" or lean_step_for(lm) is None:
         return None
-    if lm.batch_graphs is None:
-        graphs = GraphedDecode(lm, pool_blocks(lm, limits), "auto", max_rows=limits.max_batch,
-                               row_buckets=ROW_BUCKETS, residual=limits.max_capture_bytes > 0)
-        widths = warm_widths()
-        log.info("compiling the batched decode step for %d rows at %s keys (once per process)", limits.max_batch,
-                 " and ".join(map(str, widths)))
-        try:
-            log.info("compiled in %.0f s", graphs.warm_up(widths))
-        except Exception as err:  # noqa: BLE001 - any compiler failure: the batch runs eagerly, the server serves
-            graphs.give_up(err)
-        lm.batch_graphs = graphs
-    return lm.batch_graphs
+    lm.batch_graphs = GraphedDecode(lm, pool_blocks(lm, limits), "auto", max_rows=limits.max_batch,
+                                    row_buckets=ROW_BUCKETS, residual=limits.max_capture_bytes > 0)
+    return lm.batch_graphs       # not compiled yet: the thread that steps compiles it (`ensure_warm`)

@@ -692,6 +692,7 @@ class Scheduler:
 
     def _work(self, warm: list[list[Slot]] | None = None, failed: list[Exception] | None = None,
               warmed: threading.Event | None = None) -> None:
+        self._warm_graphs()
         if warm and warmed is not None:
             try:
                 self._run_warm_up(warm, failed if failed is not None else [])
@@ -708,6 +709,14 @@ class Scheduler:
                 self._serve_exclusive(exclusive)
             elif not self._runner.idle:
                 self._step()
+
+    def _warm_graphs(self) -> None:
+        """The graphed step compiled and recorded here, in the worker: the thread that replays it (a CUDA graph
+        recorded on another thread cannot be replayed from this one: engine/serving/graphed.py `bind`)."""
+        graphs = self._runner.graphs
+        if graphs is not None:
+            with self.lm.lock:
+                graphs.ensure_warm()
 
     def _admit(self) -> Handle | None:
         """Move waiting requests into the batch while it has room; an exclusive one waits for it to drain."""
