@@ -96,3 +96,18 @@ def test_outputs_match_alone_when_the_pool_must_grow(tiny_lm, monkeypatch):
         single = list(generate(tiny_lm, request, CAPTURE_OFF))
         assert sink.records[-1].text == single[-1].text
     assert runner.batch.pool is None                                       # idle: the memory is given back
+
+
+def test_a_pool_grown_inside_a_step_still_takes_a_reused_prefix_written_outside_it():
+    """A decode step grows the pool inside `torch.inference_mode()`; a prefix reused at a request's admission is
+    written into it outside (engine/serving/batch.py `_reuse_prefix`). The pool's tensors stay normal tensors, or
+    that write raises and every request of the room fails (seen now and then in bench/load.py's second room)."""
+    pool = paged.BlockPool(2, 1, 4, torch.float32, torch.device("cpu"), n_blocks=2)
+    with torch.inference_mode():
+        taken = [pool.allocate(), pool.allocate()]            # one free block (0 is the null block): it grows
+        pool.ensure_residual(8, torch.float32)
+    assert pool.n_blocks == 4 and len(set(taken)) == 2
+    assert not any(t.is_inference() for t in (*pool.keys, *pool.values, pool.resid))
+    pool.keys[0][taken[1] * pool.block] = 1.0                # outside: an inference tensor would refuse this
+    pool.resid[0, taken[1] * pool.block] = 1.0
+    assert pool.keys[0][taken[1] * pool.block].eq(1.0).all()

@@ -71,8 +71,13 @@ class BlockTable:
 
 
 class BlockPool:
-    """K and V slots for every layer, handed out a block at a time."""
+    """K and V slots for every layer, handed out a block at a time.
 
+    Its tensors are always normal tensors, never inference tensors, wherever they are made: a step grows the pool
+    inside `torch.inference_mode()`, and a prefix reused at a request's admission writes into it outside; an
+    inference tensor refuses that write (the load bench's second room lost all 30 requests to it, now and then)."""
+
+    @torch.inference_mode(False)
     def __init__(self, n_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
                  block: int = BLOCK, n_blocks: int | None = None):
         n_blocks = n_blocks or FIRST_BLOCKS
@@ -88,6 +93,7 @@ class BlockPool:
         self.resid_bytes_per_block = 0
         self.reclaim: Callable[[], bool] | None = None   # frees held blocks when none is free (`PagedBatch.settle`)
 
+    @torch.inference_mode(False)
     def ensure_residual(self, d_model: int, dtype: torch.dtype) -> torch.Tensor:
         """The residual pool beside K and V (made at the first request that captures; kept while the pool lives)."""
         if self.resid is None:
@@ -113,6 +119,7 @@ class BlockPool:
         blocks = torch.tensor(table, dtype=torch.long)[p // self.block]
         return (blocks * self.block + p % self.block).to(self.keys[0].device)
 
+    @torch.inference_mode(False)
     def _grow(self) -> None:
         """Double the pool: the existing slots keep their ids, so no block table changes."""
         n = self.n_blocks
