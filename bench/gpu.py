@@ -44,7 +44,7 @@ from engine.lab.fusion import best_time  # noqa: E402
 from engine.lab.memory import allocated_by, memory_ledger, peak_during  # noqa: E402
 from engine.projection.cost import cost_model, project  # noqa: E402
 from engine.serving.batch import BatchRunner, Slot  # noqa: E402
-from engine.serving.graphed import WARM_WIDTHS, GraphedDecode  # noqa: E402
+from engine.serving.graphed import WARM_WIDTHS, GraphedDecode, cudagraph_counts  # noqa: E402
 from engine.serving.paged import BLOCK  # noqa: E402
 from engine.models.shaped import DRAFT_OF, shaped_bytes, write_shaped  # noqa: E402
 from bench import provenance  # noqa: E402
@@ -392,7 +392,8 @@ def measure_all(args: argparse.Namespace, lm: Any, weights_allocated: int | None
     runs = make_runs(lm, graphs, ids, n, set(filter(None, args.skip.split(","))))
     summary["warm_up_s"] = warm_up(runs, graphs, log)
     summary.update(compile_error=graphs.error if graphs is not None else None,
-                   one_row_graphed_shapes=sorted(graphs.shapes) if graphs is not None else [])
+                   one_row_graphed_shapes=sorted(graphs.shapes) if graphs is not None else [],
+                   cudagraph_counts=cudagraph_counts())
     summary["runs"] = with_ratios(interleaved(runs, args.rounds, log), summary["ceilings"], lm.weight_bytes)
     save(summary)
     summary["memory"] = measure_memory(lm, graphs, weights_allocated, pool_allocated, n)

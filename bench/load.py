@@ -39,6 +39,7 @@ from engine.errors import EngineError  # noqa: E402
 from engine.core.generate import GenerationRequest, generate  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks  # noqa: E402
 from engine.serving.limits import Limits  # noqa: E402
+from engine.serving.graphed import cudagraph_counts  # noqa: E402
 from engine.serving.capture import LOGIT_LENS_TOP  # noqa: E402
 from engine.core.kept import kept_for  # noqa: E402
 from engine.core.loader import LoadedModel, load_model  # noqa: E402
@@ -387,7 +388,7 @@ def graphs_report(lm: LoadedModel) -> dict | None:
         return None
     pool = sum(t.numel() * t.element_size() for t in (*graphs.pool.keys, *graphs.pool.values))
     return {"mode": graphs.mode, "error": graphs.error, "shapes": sorted(graphs.shapes), "pool_gb": pool / 1e9,
-            "warmed": graphs.warmed}
+            "warmed": graphs.warmed, "cudagraph_counts": cudagraph_counts()}
 
 
 def gpu_line(result: dict) -> str:

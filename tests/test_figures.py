@@ -1887,6 +1887,8 @@ GPU_AGAIN = [
     (README, GPU_0628 + "load.json", "Batched against alone, {} of {} and {} of {} answers were equal, and every one "
      "of them left the alone answer at a tie (`tie_divergences` {} and {}, `wrong_answers` {} and {}",
      gpu_again_ties),
+    (SERVING, GPU_0628 + "gpu.json", "replayed its one-row graph at {:.1f} tok/s against {:.1f}\n  eager",
+     lambda d: (d["runs"]["one-off"]["decode_tok_s"], d["runs"]["engine-off"]["decode_tok_s"])),
 ]
 
 # every entry (tests/figures_audit.py lists the figures none checks)

@@ -226,6 +226,14 @@ class GraphedDecode:
         return time.perf_counter() - start
 
 
+def cudagraph_counts() -> dict[str, int]:
+    """Inductor's own cudagraph counters in this process (`cudagraph_skips`: graphs compiled but NOT recorded as
+    CUDA graphs, their steps run as compiled kernels; the reason goes to the `cudagraphs` log artifact,
+    TORCH_LOGS=cudagraphs): what a GPU run records beside its speed, so a slow replay can be told from no replay."""
+    from torch._dynamo.utils import counters    # torch's private counters: read only where a report asks
+    return {k: int(v) for k, v in counters["inductor"].items() if "cudagraph" in k}
+
+
 def pool_blocks(lm: LoadedModel, limits: Limits) -> int:
     """Blocks for the kept pool: every place in the batch at the longest request, within POOL_SHARE of free memory
     (a block holds K and V, and the residual when the server allows capture)."""
