@@ -181,7 +181,7 @@ class GraphedDecode:
     def ensure_warm(self) -> None:
         """`warm_up` at the usual widths once, in the calling thread (which then owns the graphs); a compiler
         failure leaves the steps eager."""
-        if self.warmed or self.error is not None or self.mode == "off" or not self.bind():
+        if self.warmed or self.error is not None or not self.bind():
             return
         widths = warm_widths()
         log.info("compiling the batched decode step for %d rows at %s keys (once per process)", self.rows[-1],
