@@ -39,6 +39,7 @@ import torch
 from torch.nn import functional as F
 
 from engine import settings
+from engine.core.kernels.attend import attend_kernel
 
 ENV = "PLAYGROUND_INVARIANT"      # the setting's variable (engine/settings.py: on by default in a hosted room)
 ROW_TILE = 8                      # rows per product
@@ -126,7 +127,18 @@ def _left_to_right(keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor)
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
               scaling: float) -> torch.Tensor:
     """Softmax(q K^T * scaling) V with a fixed split: q [B, H, T, D]; keys, values [B, KVH, S, D]; mask
-    [B, 1, T, S] (True: attend) or None for causal over the last T keys. Returns [B, H, T, D]."""
+    [B, 1, T, S] (True: attend) or None for causal over the last T keys. Returns [B, H, T, D]. float32 on the CPU
+    goes to attend.c (engine/core/kernels/attend.py: the same split, one C loop per query row); else torch's."""
+    kernel = attend_kernel()
+    if kernel is not None and kernel.fits(q, keys, values, mask):
+        return kernel.attention(q, keys, values, mask, scaling)
+    return torch_attention(q, keys, values, mask, scaling)
+
+
+def torch_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+                    scaling: float) -> torch.Tensor:
+    """`attention` in torch's operations (any dtype and device): the same split along the keys, made as padded
+    batched products (the module's docstring says how)."""
     b, h, t, d = q.shape
     s = keys.shape[2]
     if mask is None:                                                                # causal: no pads to move
