@@ -75,6 +75,7 @@ typedef struct {                 /* the shapes and strides (in floats) of one ca
     long vb, vh, vs;             /* values as keys */
     long mb, mt;                 /* mask bytes [B, T, S] (1: read), s's stride 1; NULL: causal over the last T */
     float scale;
+    long rows;                   /* B: never read by the arithmetic (tests/test_invariant_attention.py's mutation) */
 } shape_t;
 
 typedef struct { float top, sum; float *acc; } state_t;     /* one query head's running softmax */
@@ -136,13 +137,14 @@ static long first_key(const shape_t *p, const uint8_t *mask, long b) {
 static void one_item(const shape_t *p, const float *q, const float *k, const float *v, const uint8_t *mask,
                      float *out, long b, long g, long t0, long t1, float *kt, state_t *st) {
     long group = p->heads / p->kv_heads, s = p->s, d = p->d;
+    long block = KEY_BLOCK;                                                 /* keys per block, whatever the shapes */
     const float *kg = k + b * p->kb + g * p->kh, *vg = v + b * p->vb + g * p->vh;
     for (long i = 0; i < (t1 - t0) * group; i++) {
         st[i].top = -INFINITY, st[i].sum = 0.0f;
         memset(st[i].acc, 0, sizeof(float) * d);
     }
-    for (long j0 = first_key(p, mask, b); j0 < s; j0 += KEY_BLOCK) {
-        long n = s - j0 < KEY_BLOCK ? s - j0 : KEY_BLOCK;
+    for (long j0 = first_key(p, mask, b); j0 < s; j0 += block) {
+        long n = s - j0 < block ? s - j0 : block;
         memset(kt, 0, sizeof(float) * d * KEY_BLOCK);
         for (long j = 0; j < n; j++)
             for (long e = 0; e < d; e++)
@@ -165,7 +167,7 @@ static void one_item(const shape_t *p, const float *q, const float *k, const flo
 void attend(const float *q, const float *k, const float *v, const uint8_t *mask, float *out, long batch,
             const long *dims, float scale, int threads) {
     shape_t p = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7], dims[8], dims[9],
-                 dims[10], dims[11], dims[12], dims[13], dims[14], dims[15], scale};
+                 dims[10], dims[11], dims[12], dims[13], dims[14], dims[15], scale, batch};
     long tiles = (p.t + QTILE - 1) / QTILE, items = batch * p.kv_heads * tiles, group = p.heads / p.kv_heads;
     #pragma omp parallel num_threads(threads)
     {

@@ -87,10 +87,17 @@ def attend_kernel() -> AttendKernel | None:
             try:
                 _state["built"] = AttendKernel(kernels.build(SOURCE))
             except kernels.BuildError as err:
-                _state["built"] = None
+                _state.update(built=None, why=str(err))
                 log.warning("attention kernel off, the invariant attention takes torch's path: %s", err)
         _state.setdefault("kernel", _state["built"])
     return _state["kernel"]                                                         # type: ignore[return-value]
+
+
+def why_off() -> str | None:
+    """Why `attend_kernel()` is None (None while it is on or not yet tried)."""
+    if "kernel" in _state and _state["kernel"] is None:
+        return _state.get("why") or "turned off in this process (attend.use)"          # type: ignore[return-value]
+    return None
 
 
 def use(on: bool) -> None:
