@@ -25,6 +25,7 @@
 #define KEY_BLOCK 64             /* keys per block: the split along the keys, the same for every row */
 #define VECS (KEY_BLOCK / LANES) /* vectors of scores per block */
 #define QTILE 16                 /* query rows per item: they share each block's transposed keys */
+#define QUERIES 4                /* query heads carried through a block side by side */
 
 typedef float vec __attribute__((vector_size(4 * LANES)));
 typedef int32_t ivec __attribute__((vector_size(4 * LANES)));
@@ -85,41 +86,65 @@ static inline int reads(const shape_t *p, const uint8_t *mask, long b, long t, l
     return mask ? mask[b * p->mb + t * p->mt + j] != 0 : j <= p->s - p->t + t;
 }
 
-/* One query head against one block of keys: kt [D][KEY_BLOCK] (the block's keys, transposed), v the block's first
-   value row, n keys in the block (the rest zeros), j0 the block's first key. */
-static void one_block(const shape_t *p, const uint8_t *mask, long b, long t, const float *q, const float *kt,
-                      const float *v, long n, long j0, state_t *st) {
-    float score[KEY_BLOCK], top = -INFINITY;
-    vec acc[VECS];
-    for (int c = 0; c < VECS; c++)
-        acc[c] = (vec){0};
-    for (long d = 0; d < p->d; d++)                                        /* a chain in d's order per key */
+/* QUERIES query heads against one block of keys, side by side (each query's operations the same as if alone:
+   QUERIES only gives the CPU independent chains to run at once): kt [D][KEY_BLOCK] (the block's keys, transposed),
+   v the block's first value row, n keys in the block (the rest zeros), j0 the block's first key; query i is row t[i]
+   of q[i], its state st[i]. A tile's spare slots repeat a real query into a scratch state. */
+static void one_block(const shape_t *p, const uint8_t *mask, long b, const long *t, const float *const *q,
+                      const float *kt, const float *v, long n, long j0, state_t *const *st) {
+    float score[QUERIES][KEY_BLOCK], shrink[QUERIES];
+    vec acc[QUERIES][VECS];
+    for (int i = 0; i < QUERIES; i++)
         for (int c = 0; c < VECS; c++)
-            acc[c] = acc[c] + q[d] * load(kt + d * KEY_BLOCK + c * LANES);
-    for (int c = 0; c < VECS; c++)
-        store(score + c * LANES, acc[c] * p->scale);
-    for (long j = 0; j < KEY_BLOCK; j++) {
-        if (j >= n || !reads(p, mask, b, t, j0 + j))
-            score[j] = -INFINITY;
-        top = score[j] > top ? score[j] : top;
+            acc[i][c] = (vec){0};
+    for (long d = 0; d < p->d; d++)                                        /* a chain in d's order per key */
+        for (int c = 0; c < VECS; c++) {
+            vec k = load(kt + d * KEY_BLOCK + c * LANES);
+            for (int i = 0; i < QUERIES; i++)
+                acc[i][c] = acc[i][c] + q[i][d] * k;
+        }
+    for (int i = 0; i < QUERIES; i++) {
+        float top = -INFINITY;
+        for (int c = 0; c < VECS; c++)
+            store(score[i] + c * LANES, acc[i][c] * p->scale);
+        for (long j = 0; j < KEY_BLOCK; j++) {
+            if (j >= n || !reads(p, mask, b, t[i], j0 + j))
+                score[i][j] = -INFINITY;
+            top = score[i][j] > top ? score[i][j] : top;
+        }
+        vec sums = (vec){0};
+        if (top == -INFINITY) {                                             /* none read: the state as it is */
+            shrink[i] = 1.0f;
+            memset(score[i], 0, sizeof score[i]);
+            continue;
+        }
+        float new_top = st[i]->top > top ? st[i]->top : top;
+        shrink[i] = st[i]->top == -INFINITY ? 0.0f : expf(st[i]->top - new_top);
+        for (int c = 0; c < VECS; c++) {
+            vec w = expv(load(score[i] + c * LANES) - new_top);
+            store(score[i] + c * LANES, w);
+            sums = sums + w;
+        }
+        st[i]->sum = st[i]->sum * shrink[i] + total(sums);
+        st[i]->top = new_top;
     }
-    if (top == -INFINITY)
-        return;                                                             /* none read: as if skipped */
-    float new_top = st->top > top ? st->top : top;
-    float shrink = st->top == -INFINITY ? 0.0f : expf(st->top - new_top);
-    vec sums = (vec){0};
-    for (int c = 0; c < VECS; c++) {
-        vec w = expv(load(score + c * LANES) - new_top);
-        store(score + c * LANES, w);
-        sums = sums + w;
-    }
-    st->sum = st->sum * shrink + total(sums);
-    st->top = new_top;
-    for (long d = 0; d < p->d; d += LANES) {
-        vec part = (vec){0};
-        for (long j = 0; j < n; j++)                                        /* key order */
-            part = part + score[j] * load(v + j * p->vs + d);
-        store(st->acc + d, load(st->acc + d) * shrink + part);
+    for (long d = 0; d < p->d; d += 2 * LANES) {                           /* d's lanes are independent */
+        vec part[QUERIES][2];
+        for (int i = 0; i < QUERIES; i++)
+            part[i][0] = part[i][1] = (vec){0};
+        int both = d + LANES < p->d;
+        for (long j = 0; j < n; j++) {                                      /* key order */
+            vec v0 = load(v + j * p->vs + d), v1 = both ? load(v + j * p->vs + d + LANES) : (vec){0};
+            for (int i = 0; i < QUERIES; i++) {
+                part[i][0] = part[i][0] + score[i][j] * v0;
+                part[i][1] = part[i][1] + score[i][j] * v1;
+            }
+        }
+        for (int i = 0; i < QUERIES; i++) {
+            store(st[i]->acc + d, load(st[i]->acc + d) * shrink[i] + part[i][0]);
+            if (both)
+                store(st[i]->acc + d + LANES, load(st[i]->acc + d + LANES) * shrink[i] + part[i][1]);
+        }
     }
 }
 
@@ -133,9 +158,24 @@ static long first_key(const shape_t *p, const uint8_t *mask, long b) {
     return 0;
 }
 
+/* One past the last key any of queries [t0, t1) of row b reads: the blocks after it are skipped (none read). */
+static long end_key(const shape_t *p, const uint8_t *mask, long b, long t0, long t1) {
+    if (!mask)
+        return p->s - p->t + t1;
+    long end = 0;
+    for (long t = t0; t < t1; t++)
+        for (long j = p->s - 1; j >= end; j--)
+            if (mask[b * p->mb + t * p->mt + j]) {
+                end = j + 1;
+                break;
+            }
+    return end;
+}
+
 /* Item (b, g, tile): queries [t0, t1) of every query head kv head g serves. st: (t1 - t0) * G states. */
 static void one_item(const shape_t *p, const float *q, const float *k, const float *v, const uint8_t *mask,
-                     float *out, long b, long g, long t0, long t1, float *kt, state_t *st) {
+                     float *out, long b, long g, long t0, long t1, float *kt, state_t *st, float *spare_acc) {
+    state_t spare[QUERIES];
     long group = p->heads / p->kv_heads, s = p->s, d = p->d;
     long block = KEY_BLOCK;                                                 /* keys per block, whatever the shapes */
     const float *kg = k + b * p->kb + g * p->kh, *vg = v + b * p->vb + g * p->vh;
@@ -143,16 +183,29 @@ static void one_item(const shape_t *p, const float *q, const float *k, const flo
         st[i].top = -INFINITY, st[i].sum = 0.0f;
         memset(st[i].acc, 0, sizeof(float) * d);
     }
-    for (long j0 = first_key(p, mask, b); j0 < s; j0 += block) {
+    long end = end_key(p, mask, b, t0, t1);
+    for (long j0 = first_key(p, mask, b); j0 < end; j0 += block) {
         long n = s - j0 < block ? s - j0 : block;
         memset(kt, 0, sizeof(float) * d * KEY_BLOCK);
         for (long j = 0; j < n; j++)
             for (long e = 0; e < d; e++)
                 kt[e * KEY_BLOCK + j] = kg[(j0 + j) * p->ks + e];
-        for (long t = t0; t < t1; t++)
-            for (long h = 0; h < group; h++)
-                one_block(p, mask, b, t, q + b * p->qb + (g * group + h) * p->qh + t * p->qt, kt,
-                          vg + j0 * p->vs, n, j0, &st[(t - t0) * group + h]);
+        long count = (t1 - t0) * group;                                     /* query heads, QUERIES at a time */
+        for (long first = 0; first < count; first += QUERIES) {
+            long t[QUERIES];
+            const float *qs[QUERIES];
+            state_t *sts[QUERIES];
+            for (long i = 0; i < QUERIES; i++) {
+                long at = first + i < count ? first + i : count - 1, h = at % group;
+                t[i] = t0 + at / group;
+                qs[i] = q + b * p->qb + (g * group + h) * p->qh + t[i] * p->qt;
+                sts[i] = first + i < count ? &st[at] : &spare[i];
+                if (first + i >= count)
+                    *sts[i] = st[at], spare[i].acc = spare_acc + i * d, memcpy(spare_acc + i * d, st[at].acc,
+                                                                                 sizeof(float) * d);
+            }
+            one_block(p, mask, b, t, qs, kt, vg + j0 * p->vs, n, j0, sts);
+        }
     }
     for (long t = t0; t < t1; t++)                                          /* out [B, T, H, D] */
         for (long h = 0; h < group; h++) {
@@ -174,13 +227,15 @@ void attend(const float *q, const float *k, const float *v, const uint8_t *mask,
         float *kt = aligned_alloc(64, sizeof(float) * p.d * KEY_BLOCK);
         state_t st[QTILE * 64];
         float *accs = aligned_alloc(64, sizeof(float) * p.d * QTILE * group);
+        float *spare_acc = aligned_alloc(64, sizeof(float) * p.d * QUERIES);
         for (long i = 0; i < QTILE * group; i++)
             st[i].acc = accs + i * p.d;
         #pragma omp for schedule(static)
         for (long item = 0; item < items; item++) {
             long b = item / (p.kv_heads * tiles), g = item / tiles % p.kv_heads, t0 = item % tiles * QTILE;
-            one_item(&p, q, k, v, mask, out, b, g, t0, t0 + QTILE < p.t ? t0 + QTILE : p.t, kt, st);
+            one_item(&p, q, k, v, mask, out, b, g, t0, t0 + QTILE < p.t ? t0 + QTILE : p.t, kt, st, spare_acc);
         }
+        free(spare_acc);
         free(accs);
         free(kt);
     }
