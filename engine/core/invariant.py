@@ -18,7 +18,11 @@ than in a decode step. Here every product is made on the same fixed shapes whate
   16 to 264, bitwise, at the current thread count); where the library orders them differently, that shape is
   multiplied 8 rows at a time, one call per tile (`tiled`): the same bits on any library, each weight read once
   per tile (bench/invariance.py times both);
-- `attention`: queries padded to a multiple of `ROW_TILE` (each head's in one product, as `linear`, where the probe
+- `attention`: in float32 on the CPU, engine/core/kernels/attend.c (attend.py loads it): per query row and head, the
+  row's keys in blocks of KEY_BLOCK from its first real key, the online softmax block after block in key order, each
+  score one multiply-add chain in d's order, threads over (row, kv head, query tile) items only; where it does not
+  fit (another dtype or device) or cannot be built, `torch_attention`, the same split in torch's operations:
+  queries padded to a multiple of `ROW_TILE` (each head's in one product, as `linear`, where the probe
   `blocks_hold` finds that order kept; else 8 query rows a product), keys in blocks of `KEY_BLOCK` counted from
   position 0, the softmax
   made online block after block in key order (flash attention's split, fixed): a block past a query's position
