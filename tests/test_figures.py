@@ -689,6 +689,26 @@ def _taken_apart(d: dict) -> tuple:
 
 FIGURES.append((ENGINE_DOC, "invariance/20261128T062715Z-69ffc82.json", "each mode's one-time probes made before the timed rounds, load average {:.0f} at its start; `bench/results/invariance/20261128T062715Z-69ffc82.json`) the rounds swung by up to {:.0f}x on this shared machine, so its medians say nothing (the usual kernels came out slower than the invariant ones). The fastest of each mode's 3 rounds: a 20-row decode step {:.0f} ms with the usual kernels, {:.0f} ms with the invariant ones, {:.0f} ms with only the invariant products (SDPA for attention) and {:.0f} ms with only the invariant attention (`F.linear` for the products); a 2,048-token prefill {:.1f} s, {:.1f} s, {:.1f} s and {:.1f} s.", _taken_apart))
 
+def _attention_in_c(d: dict) -> tuple:
+    c = d["cost"]
+    fast = lambda k, m: min(c[k]["rounds"][m])  # noqa: E731
+    modes = ("off", "on", "torch-attention", "products", "attention")
+    return (d["provenance"]["machine"]["load_avg"][0],
+            max(max(r) / min(r) for v in c.values() for r in v["rounds"].values()),
+            *(1e3 * fast("20-row decode step", m) for m in modes), *(fast("prefill", m) for m in modes),
+            c["prefill"]["on_over_off"], c["prefill"]["torch-attention_over_off"])
+
+
+FIGURES.append((ENGINE_DOC, "invariance/20261128T090708Z-2436c09.json", "load average {:.1f} at its start; "
+                "`bench/results/invariance/20261128T090708Z-2436c09.json`), \"torch-attention\" being the mode as main "
+                "at a29a10f runs it (attend.c off): the rounds swung by up to {:.0f}x again. The fastest of each mode's 5 "
+                "rounds: a 20-row decode step {:.0f} ms with the usual kernels, {:.0f} ms with the invariant ones (the "
+                "attention in C), {:.0f} ms with the invariant ones as before, {:.0f} ms with only the invariant "
+                "products and {:.0f} ms with only the invariant attention; a 2,048-token prefill {:.1f} s, {:.1f} s, "
+                "{:.1f} s, {:.1f} s and {:.1f} s. The medians, for what they are worth here: a prefill {:.2f}x the usual "
+                "kernels' time with the attention in C, {:.2f}x as before.", _attention_in_c))
+
+
 def _lesson(d: dict) -> tuple:
     runs, sums = d["lesson"]["settings"], d["lesson"]["two_orders"]
     seconds = [(v["alone_s"], v["in_batch_s"]) for v in runs.values()]

@@ -1,5 +1,5 @@
 """The invariant mode's attention kernel (engine/core/kernels/attend.c, loaded by attend.py): SDPA's numbers within
-float32 rounding (atol 1e-5, rtol 1e-5 on outputs of size ~1; measured: under 1e-6), and each query row's bits
+float32 rounding (atol 1e-5, rtol 1e-5 on outputs of size ~1), and each query row's bits
 independent of the other rows and their positions, of the thread count and of whether the row is a decode step or
 a query of a prefill chunk of any length. A mutated copy of attend.c whose key blocks depend on the row count fails
 the row check (it can fail); with no compiler, one warning and torch's invariant path. The whole forward with the
