@@ -237,7 +237,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", default=None)
     parser.add_argument("--cost-only", action="store_true", help="skip the bitwise checks; time off against on")
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=["off", "on", "torch-attention", "products", "attention"],
+    parser.add_argument("--modes", nargs="+", choices=MODES,
+                        default=["off", "on", "torch-attention", "products", "attention"],
                         help="the kernels timed side by side (off is always one)")
     parser.add_argument("--lesson", action="store_true", help="only the room page's lesson, each run timed")
     parser.add_argument("--lesson-prompt", default=lesson.DEFAULT_PROMPT)

@@ -86,54 +86,62 @@ static inline int reads(const shape_t *p, const uint8_t *mask, long b, long t, l
     return mask ? mask[b * p->mb + t * p->mt + j] != 0 : j <= p->s - p->t + t;
 }
 
-/* QUERIES query heads against one block of keys, side by side (each query's operations the same as if alone:
-   QUERIES only gives the CPU independent chains to run at once): kt [D][KEY_BLOCK] (the block's keys, transposed),
-   v the block's first value row, n keys in the block (the rest zeros), j0 the block's first key; query i is row t[i]
-   of q[i], its state st[i]. A tile's spare slots repeat a real query into a scratch state. */
-static void one_block(const shape_t *p, const uint8_t *mask, long b, const long *t, const float *const *q,
-                      const float *kt, const float *v, long n, long j0, state_t *const *st) {
-    float score[QUERIES][KEY_BLOCK], shrink[QUERIES];
+#define INLINE static inline __attribute__((always_inline))
+
+/* score[i][j] = (q[i] . key j) * scale for the block's KEY_BLOCK keys: one multiply-add chain in d's order per key,
+   the keys side by side in vector lanes (kt [D][KEY_BLOCK]: the block's keys, transposed). */
+INLINE void scores(const shape_t *p, const float *const *q, const float *kt, float score[QUERIES][KEY_BLOCK]) {
     vec acc[QUERIES][VECS];
     for (int i = 0; i < QUERIES; i++)
         for (int c = 0; c < VECS; c++)
             acc[i][c] = (vec){0};
-    for (long d = 0; d < p->d; d++)                                        /* a chain in d's order per key */
+    for (long d = 0; d < p->d; d++)
         for (int c = 0; c < VECS; c++) {
             vec k = load(kt + d * KEY_BLOCK + c * LANES);
             for (int i = 0; i < QUERIES; i++)
                 acc[i][c] = acc[i][c] + q[i][d] * k;
         }
-    for (int i = 0; i < QUERIES; i++) {
-        float top = -INFINITY;
+    for (int i = 0; i < QUERIES; i++)
         for (int c = 0; c < VECS; c++)
             store(score[i] + c * LANES, acc[i][c] * p->scale);
-        for (long j = 0; j < KEY_BLOCK; j++) {
-            if (j >= n || !reads(p, mask, b, t[i], j0 + j))
-                score[i][j] = -INFINITY;
-            top = score[i][j] > top ? score[i][j] : top;
-        }
-        vec sums = (vec){0};
-        if (top == -INFINITY) {                                             /* none read: the state as it is */
-            shrink[i] = 1.0f;
-            memset(score[i], 0, sizeof score[i]);
-            continue;
-        }
-        float new_top = st[i]->top > top ? st[i]->top : top;
-        shrink[i] = st[i]->top == -INFINITY ? 0.0f : expf(st[i]->top - new_top);
-        for (int c = 0; c < VECS; c++) {
-            vec w = expv(load(score[i] + c * LANES) - new_top);
-            store(score[i] + c * LANES, w);
-            sums = sums + w;
-        }
-        st[i]->sum = st[i]->sum * shrink[i] + total(sums);
-        st[i]->top = new_top;
+}
+
+/* One query's scores turned into its weights in place (0 for the keys it does not read), its running max and sum
+   moved on; returns what its sums so far are scaled by (1 where it reads none of the block's n keys). */
+INLINE float weigh(const shape_t *p, const uint8_t *mask, long b, long t, long n, long j0, float *score,
+                   state_t *st) {
+    float top = -INFINITY;
+    for (long j = 0; j < KEY_BLOCK; j++) {
+        if (j >= n || !reads(p, mask, b, t, j0 + j))
+            score[j] = -INFINITY;
+        top = score[j] > top ? score[j] : top;
     }
-    for (long d = 0; d < p->d; d += 2 * LANES) {                           /* d's lanes are independent */
+    if (top == -INFINITY) {                                                 /* none read: the state as it is */
+        memset(score, 0, sizeof(float) * KEY_BLOCK);
+        return 1.0f;
+    }
+    float new_top = st->top > top ? st->top : top;
+    float shrink = st->top == -INFINITY ? 0.0f : expf(st->top - new_top);
+    vec sums = (vec){0};
+    for (int c = 0; c < VECS; c++) {
+        vec w = expv(load(score + c * LANES) - new_top);
+        store(score + c * LANES, w);
+        sums = sums + w;
+    }
+    st->sum = st->sum * shrink + total(sums);
+    st->top = new_top;
+    return shrink;
+}
+
+/* acc = acc * shrink + sum_j weight_j v_j over the block's n keys in key order (d's lanes are independent). */
+INLINE void add_values(const shape_t *p, const float *v, long n, float score[QUERIES][KEY_BLOCK],
+                       const float *shrink, state_t *const *st) {
+    for (long d = 0; d < p->d; d += 2 * LANES) {
         vec part[QUERIES][2];
         for (int i = 0; i < QUERIES; i++)
             part[i][0] = part[i][1] = (vec){0};
         int both = d + LANES < p->d;
-        for (long j = 0; j < n; j++) {                                      /* key order */
+        for (long j = 0; j < n; j++) {
             vec v0 = load(v + j * p->vs + d), v1 = both ? load(v + j * p->vs + d + LANES) : (vec){0};
             for (int i = 0; i < QUERIES; i++) {
                 part[i][0] = part[i][0] + score[i][j] * v0;
@@ -146,6 +154,19 @@ static void one_block(const shape_t *p, const uint8_t *mask, long b, const long 
                 store(st[i]->acc + d + LANES, load(st[i]->acc + d + LANES) * shrink[i] + part[i][1]);
         }
     }
+}
+
+/* QUERIES query heads against one block of keys, side by side (each query's operations the same as if alone:
+   QUERIES only gives the CPU independent chains to run at once): kt [D][KEY_BLOCK] (the block's keys, transposed),
+   v the block's first value row, n keys in the block (the rest zeros), j0 the block's first key; query i is row t[i]
+   of q[i], its state st[i]. A tile's spare slots repeat a real query into a scratch state. */
+static void one_block(const shape_t *p, const uint8_t *mask, long b, const long *t, const float *const *q,
+                      const float *kt, const float *v, long n, long j0, state_t *const *st) {
+    float score[QUERIES][KEY_BLOCK], shrink[QUERIES];
+    scores(p, q, kt, score);
+    for (int i = 0; i < QUERIES; i++)
+        shrink[i] = weigh(p, mask, b, t[i], n, j0, score[i], st[i]);
+    add_values(p, v, n, score, shrink, st);
 }
 
 /* The first key the row's last query reads: where its blocks start. */
