@@ -36,6 +36,7 @@ from transformers import DynamicCache  # noqa: E402
 
 import provenance  # noqa: E402
 from engine.core import invariant  # noqa: E402
+from engine.core.kernels import attend  # noqa: E402
 from engine.core.lean import LeanStep, causal_mask, rms_norm  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
 from engine.lab import invariance as lesson  # noqa: E402
@@ -168,11 +169,12 @@ def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return (out if bias is None else out + bias).reshape(*x.shape[:-1], weight.shape[0])
 
 
-MODES = ("off", "on", "products", "attention", "walked", "tiles")
+MODES = ("off", "on", "torch-attention", "products", "attention", "walked", "tiles")
 # off: the usual kernels; on: the invariant ones; products: the invariant products with the usual attention (SDPA);
 # attention: the usual products (F.linear) with the invariant attention; walked: the invariant ones with every key
 # block walked one at a time (invariant._blocks, the kernel before `_blocks_at_once`); tiles: the invariant ones with
-# the first 8-row tiles. Side by side in one run, they take the cost apart.
+# the first 8-row tiles; torch-attention: the invariant ones with the attention in torch's operations, attend.c off
+# (the mode as it was before it, main at a29a10f). Side by side in one run, they take the cost apart.
 
 
 def usual_attention(q, keys, values, mask, scaling):
@@ -191,10 +193,12 @@ def one_mode(lean: LeanStep, mode: str, fn) -> float:
             "attention": {"linear": F.linear}, "walked": {"AT_ONCE": -1}}.get(mode, {})
     for name, value in swap.items():
         setattr(invariant, name, value)
+    attend.use(mode not in ("torch-attention", "walked"))            # walked: torch's key blocks, one at a time
     try:
         return timed(fn)
     finally:
         invariant.linear, invariant.attention, invariant.AT_ONCE = kept
+        attend.use(True)
 
 
 def cost(lean: LeanStep, rounds: int, prefill_tokens: int, modes: tuple[str, ...] = MODES) -> dict:
@@ -233,7 +237,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", default=None)
     parser.add_argument("--cost-only", action="store_true", help="skip the bitwise checks; time off against on")
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=["off", "on", "products", "attention", "walked"],
+    parser.add_argument("--modes", nargs="+", choices=MODES,
+                        default=["off", "on", "torch-attention", "products", "attention"],
                         help="the kernels timed side by side (off is always one)")
     parser.add_argument("--lesson", action="store_true", help="only the room page's lesson, each run timed")
     parser.add_argument("--lesson-prompt", default=lesson.DEFAULT_PROMPT)

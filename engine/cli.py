@@ -207,6 +207,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
     if args.extras:
         print(json.dumps({k: str(v) for k, v in provision_extras(_progress).items()}))
     print(json.dumps(_row_kernel()))
+    print(json.dumps(_attention_kernel()))
     return 0
 
 
@@ -217,6 +218,15 @@ def _row_kernel() -> dict:
 
     kernel = kernels.row_kernel()
     return {"row kernel": str(kernel.path)} if kernel else {"row kernel": None, "why": kernels.why_off()}
+
+
+def _attention_kernel() -> dict:
+    """The invariant mode's attention kernel built (or found) now, not at the mode's first step; where it cannot be,
+    why (the mode's attention takes torch's path: engine/core/kernels/attend.py)."""
+    from engine.core.kernels import attend  # torch: only for the command that needs it
+
+    kernel = attend.attend_kernel()
+    return {"attention kernel": str(kernel.path)} if kernel else {"attention kernel": None, "why": attend.why_off()}
 
 
 # --- the projected plane: `project` --------------------------------------------------------------------

@@ -699,6 +699,46 @@ def _taken_apart(d: dict) -> tuple:
 
 FIGURES.append((ENGINE_DOC, "invariance/20261128T062715Z-69ffc82.json", "each mode's one-time probes made before the timed rounds, load average {:.0f} at its start; `bench/results/invariance/20261128T062715Z-69ffc82.json`) the rounds swung by up to {:.0f}x on this shared machine, so its medians say nothing (the usual kernels came out slower than the invariant ones). The fastest of each mode's 3 rounds: a 20-row decode step {:.0f} ms with the usual kernels, {:.0f} ms with the invariant ones, {:.0f} ms with only the invariant products (SDPA for attention) and {:.0f} ms with only the invariant attention (`F.linear` for the products); a 2,048-token prefill {:.1f} s, {:.1f} s, {:.1f} s and {:.1f} s.", _taken_apart))
 
+def _attention_in_c(d: dict) -> tuple:
+    c = d["cost"]
+    fast = lambda k, m: min(c[k]["rounds"][m])  # noqa: E731
+    modes = ("off", "on", "torch-attention", "products", "attention")
+    return (d["provenance"]["machine"]["load_avg"][0],
+            max(max(r) / min(r) for v in c.values() for r in v["rounds"].values()),
+            *(1e3 * fast("20-row decode step", m) for m in modes), *(fast("prefill", m) for m in modes),
+            c["prefill"]["on_over_off"], c["prefill"]["torch-attention_over_off"])
+
+
+FIGURES.append((ENGINE_DOC, "invariance/20261128T090708Z-2436c09.json", "load average {:.1f} at its start; "
+                "`bench/results/invariance/20261128T090708Z-2436c09.json`), \"torch-attention\" being the mode as main "
+                "at a29a10f runs it (attend.c off): the rounds swung by up to {:.0f}x again. The fastest of each mode's 5 "
+                "rounds: a 20-row decode step {:.0f} ms with the usual kernels, {:.0f} ms with the invariant ones (the "
+                "attention in C), {:.0f} ms with the invariant ones as before, {:.0f} ms with only the invariant "
+                "products and {:.0f} ms with only the invariant attention; a 2,048-token prefill {:.1f} s, {:.1f} s, "
+                "{:.1f} s, {:.1f} s and {:.1f} s. The medians, for what they are worth here: a prefill {:.2f}x the usual "
+                "kernels' time with the attention in C, {:.2f}x as before.", _attention_in_c))
+
+
+def _room_again(d: dict) -> tuple:
+    rows = {(r["sessions"], r["tokens"]): r for r in d["rows"]}
+    return (d["provenance"]["machine"]["load_avg"][0], rows[20, 16]["throughput_ratio"], rows[20, 64]["throughput_ratio"],
+            rows[1, 16]["on"]["throughput_tok_s"], rows[1, 16]["off"]["throughput_tok_s"],
+            max(max(v, 1 / v) for r in d["rows"] for v in r["same_side_throughput_ratio"].values()))
+
+
+def _room_before_and_after(d: dict) -> tuple:
+    before, after = _room_again(d), _room_again(result("invariance/20261128T092247Z-7c4646d.json"))
+    return (before[0], *before[1:3], after[0], *after[1:3], *before[3:5], *after[3:5], before[5], after[5])
+
+
+FIGURES.append((ENGINE_DOC, "invariance/20261128T092945Z-a29a10f.json", "main at a29a10f (load average {:.1f} at its "
+                "start; `bench/results/invariance/20261128T092945Z-a29a10f.json`), 20 sessions got {:.2f}x the tokens "
+                "per second with the mode on at 16 new tokens and {:.2f}x at 64; with attend.c (load average {:.1f}; "
+                "`bench/results/invariance/20261128T092247Z-7c4646d.json`), {:.2f}x and {:.2f}x. One person alone: "
+                "{:.1f} tok/s against {:.1f} before, {:.1f} against {:.1f} after, at 16 tokens. The same setting twice "
+                "differed by up to {:.2f}x and {:.2f}x (one round each).", _room_before_and_after))
+
+
 def _lesson(d: dict) -> tuple:
     runs, sums = d["lesson"]["settings"], d["lesson"]["two_orders"]
     seconds = [(v["alone_s"], v["in_batch_s"]) for v in runs.values()]
@@ -1978,7 +2018,7 @@ DOCS_NOT_MEASURED: dict[str, tuple[str, ...]] = {  # the same for docs/*.md, eac
         "issue's 1 ms in the step",  # the issue's target
         "that pass reads the weights once, 0.54 GB",
         "so the 0.80x above",  # a back-reference to the figure checked above
-        "Far from the issue's 10%", "Still far from the issue's 10% (SGLang: 34%)", "(models up to 1 GB)",
+        "Far from the issue's 10%", "still far from the issue's 10%, and one person's", "Still far from the issue's 10% (SGLang: 34%)", "(models up to 1 GB)",
         "(0.54 GB for SmolLM2-135M in float32)", "each distinct shape over 1 MiB", "up to 64 MB, so that",
         "(49152 x 576, tied to the embedding)", "gate and up (1536 x 576)", "down (576 x 1536)", "q/o (576 x 576)",
         "0.538 GB of weights, the tied", "the weights' 0.538 GB over", "issue 54, 1.3x the floor",

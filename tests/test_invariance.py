@@ -18,6 +18,7 @@ from transformers import DynamicCache
 from conftest import tiny_prompt, write_tiny_llama
 from servers import running_server, tiny_args
 from engine.core import invariant
+from engine.core.kernels import attend
 from engine.core.generate import GenerationRequest, encode_prompt
 from engine.core.hooks import CAPTURE_OFF
 from engine.core.lean import LeanStep, causal_mask, lean_step_for
@@ -48,6 +49,14 @@ def lean(lm):
     step = LeanStep(lm)
     step.invariant = True
     return step
+
+
+@pytest.fixture
+def torch_path():
+    """The invariant attention in torch's operations (attend.c off): the path other dtypes and devices take."""
+    attend.use(False)
+    yield
+    attend.use(True)
 
 
 def ids_of(n: int, seed: int, vocab: int) -> list[int]:
@@ -207,7 +216,7 @@ def test_a_library_whose_order_follows_the_row_count_gets_the_tiles(lm, monkeypa
     assert all(torch.equal(a, b) for a, b in zip(run_alone(step, ids, 3), run_in_batch(step, ids, 3, 12)))   # 13 rows: 16
 
 
-def test_attention_8_query_rows_a_product_keeps_the_bits_too(lm, monkeypatch):
+def test_attention_8_query_rows_a_product_keeps_the_bits_too(lm, monkeypatch, torch_path):
     """Where the probe finds attention's batched products ordered by their row count, 8 query rows go at a time: a
     prompt prefilled whole and in chunks of 64, and a row alone and among 12, still compute the same bits."""
     monkeypatch.setattr(invariant, "blocks_hold", lambda d, dtype, device: False)
@@ -229,7 +238,7 @@ def random_rows(b: int, t: int, s: int, pads: int = 17):
 
 
 @pytest.mark.parametrize("b, t, s", [(1, 1, 201), (20, 1, 130), (3, 5, 300), (1, 64, 300)])
-def test_the_key_blocks_made_at_once_give_the_bits_of_the_walk(monkeypatch, b, t, s):
+def test_the_key_blocks_made_at_once_give_the_bits_of_the_walk(monkeypatch, torch_path, b, t, s):
     """A decode step's key blocks in one batched product each (`_blocks_at_once`) against the loop that walks them one
     by one (`_blocks`, the kernel before it): bitwise, with left pads and causal alike."""
     q, k, v, mask = random_rows(b, t, s)
@@ -250,12 +259,12 @@ def walked_and_at_once(lm, monkeypatch, ids):
     return walked, run_alone(step, ids, 3)
 
 
-def test_a_decode_step_at_once_gives_the_bits_of_a_walked_prefill_chunk(lm, monkeypatch):
+def test_a_decode_step_at_once_gives_the_bits_of_a_walked_prefill_chunk(lm, monkeypatch, torch_path):
     walked, at_once = walked_and_at_once(lm, monkeypatch, ids_of(PROMPT, 5, lm.model.config.vocab_size))
     assert_same(walked, at_once)
 
 
-def test_a_softmax_over_all_keys_at_once_changes_the_numbers(lm, monkeypatch):
+def test_a_softmax_over_all_keys_at_once_changes_the_numbers(lm, monkeypatch, torch_path):
     """The mutation: the same attention as one plain softmax over every key (no online rescale block by block), and
     the walked and the at-once runs part: the test above can fail."""
     def plain(q, keys, values, mask, scaling, t):

@@ -18,7 +18,11 @@ than in a decode step. Here every product is made on the same fixed shapes whate
   16 to 264, bitwise, at the current thread count); where the library orders them differently, that shape is
   multiplied 8 rows at a time, one call per tile (`tiled`): the same bits on any library, each weight read once
   per tile (bench/invariance.py times both);
-- `attention`: queries padded to a multiple of `ROW_TILE` (each head's in one product, as `linear`, where the probe
+- `attention`: in float32 on the CPU, engine/core/kernels/attend.c (attend.py loads it): per query row and head, the
+  row's keys in blocks of KEY_BLOCK from its first real key, the online softmax block after block in key order, each
+  score one multiply-add chain in d's order, threads over (row, kv head, query tile) items only; where it does not
+  fit (another dtype or device) or cannot be built, `torch_attention`, the same split in torch's operations:
+  queries padded to a multiple of `ROW_TILE` (each head's in one product, as `linear`, where the probe
   `blocks_hold` finds that order kept; else 8 query rows a product), keys in blocks of `KEY_BLOCK` counted from
   position 0, the softmax
   made online block after block in key order (flash attention's split, fixed): a block past a query's position
@@ -39,6 +43,7 @@ import torch
 from torch.nn import functional as F
 
 from engine import settings
+from engine.core.kernels.attend import attend_kernel
 
 ENV = "PLAYGROUND_INVARIANT"      # the setting's variable (engine/settings.py: on by default in a hosted room)
 ROW_TILE = 8                      # rows per product
@@ -126,7 +131,18 @@ def _left_to_right(keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor)
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
               scaling: float) -> torch.Tensor:
     """Softmax(q K^T * scaling) V with a fixed split: q [B, H, T, D]; keys, values [B, KVH, S, D]; mask
-    [B, 1, T, S] (True: attend) or None for causal over the last T keys. Returns [B, H, T, D]."""
+    [B, 1, T, S] (True: attend) or None for causal over the last T keys. Returns [B, H, T, D]. float32 on the CPU
+    goes to attend.c (engine/core/kernels/attend.py: the same split, one C loop per query row); else torch's."""
+    kernel = attend_kernel()
+    if kernel is not None and kernel.fits(q, keys, values, mask):
+        return kernel.attention(q, keys, values, mask, scaling)
+    return torch_attention(q, keys, values, mask, scaling)
+
+
+def torch_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+                    scaling: float) -> torch.Tensor:
+    """`attention` in torch's operations (any dtype and device): the same split along the keys, made as padded
+    batched products (the module's docstring says how)."""
     b, h, t, d = q.shape
     s = keys.shape[2]
     if mask is None:                                                                # causal: no pads to move

@@ -142,33 +142,35 @@ def compiler() -> str:
     raise BuildError(f"no C compiler found ({os.environ.get('CC') or 'gcc or cc'}; set CC to one)")
 
 
-def library_path(cc: str) -> Path:
-    """Where the library built from this source with this compiler, these flags and this CPU lives."""
+def library_path(cc: str, source: Path = SOURCE) -> Path:
+    """Where the library built from `source` (a C file) with this compiler, these flags and this CPU lives: named
+    by the file's stem and a hash of all four."""
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), _version(cc).encode(), _cpu_flags().encode()):
+    for part in (source.read_bytes(), " ".join(FLAGS).encode(), _version(cc).encode(), _cpu_flags().encode()):
         key.update(part + b"\0")
-    return cache_dir() / "kernels" / f"rows-{key.hexdigest()[:16]}.so"
+    return cache_dir() / "kernels" / f"{source.stem}-{key.hexdigest()[:16]}.so"
 
 
-def build() -> Path:
-    """The library's path, compiled now unless already there (written under a temporary name, then moved into
-    place: two processes building at once each leave a whole file)."""
+def build(source: Path = SOURCE) -> Path:
+    """The path of the library built from `source` (rows.c unless named), compiled now unless already there
+    (written under a temporary name, then moved into place: two processes building at once each leave a whole
+    file)."""
     cc = compiler()
-    path = library_path(cc)
+    path = library_path(cc, source)
     if path.exists():
         return path
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
             made = Path(tmp) / path.name
-            done = subprocess.run([cc, *FLAGS, "-o", str(made), str(SOURCE)], capture_output=True, text=True,
+            done = subprocess.run([cc, *FLAGS, "-o", str(made), str(source)], capture_output=True, text=True,
                                   timeout=BUILD_SECONDS)
             if done.returncode != 0:
                 first = (done.stderr.strip().splitlines() or ["no message"])[0]
-                raise BuildError(f"{Path(cc).name} failed to build {SOURCE.name}: {first}")
+                raise BuildError(f"{Path(cc).name} failed to build {source.name}: {first}")
             os.replace(made, path)
     except (OSError, subprocess.TimeoutExpired) as err:
-        raise BuildError(f"could not build {SOURCE.name} with {cc}: {err}") from err
+        raise BuildError(f"could not build {source.name} with {cc}: {err}") from err
     return path
 
 

@@ -1,0 +1,115 @@
+"""The attention kernel of the invariant mode: each query row's softmax over its keys in one fixed order (attend.c).
+
+    kernel = attend_kernel()                          # the loaded library, or None (one warning says why)
+    if kernel.fits(q, keys, values, mask):            # float32 on the CPU, D a multiple of 16
+        out = kernel.attention(q, keys, values, mask, scaling)   # [B, H, T, D], a view of [B, T, H, D]
+
+Built as the row kernel is (engine/core/kernels/__init__.py: the same flags, cache folder and OpenMP team), from
+attend.c. A query's output is bitwise the same alone or among any rows, in a decode step or in a prefill chunk of
+any length, with any thread count: keys in blocks of 64 from the row's first real key, an online softmax from block
+to block in key order, threads split over (row, kv head, query tile) items only (attend.c says how). Where it
+cannot be built or loaded, `attend_kernel()` is None and engine/core/invariant.py keeps its torch path.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from pathlib import Path
+
+import torch
+
+from engine.core import kernels
+
+log = logging.getLogger("engine.kernels")
+
+SOURCE = Path(__file__).with_name("attend.c")
+LANES = 16                     # D must be a multiple of this (attend.c's vectors)
+MAX_GROUP = 64                 # query heads per kv head attend.c keeps state for
+
+
+class AttendKernel:
+    """The loaded library (`path`: built from attend.c, or from a test's copy of it)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as err:
+            raise kernels.BuildError(f"could not load {path.name}: {err}") from err
+        self._call = lib.attend
+        ptr = ctypes.c_void_p
+        self._call.argtypes = [ptr, ptr, ptr, ptr, ptr, ctypes.c_long, ptr, ctypes.c_float, ctypes.c_int]
+        self._call.restype = None
+
+    @staticmethod
+    def fits(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> bool:
+        """Whether attend.c computes this call: all float32 on the CPU, D a multiple of LANES, the query heads a
+        multiple of the kv heads (at most MAX_GROUP each), a boolean mask [B, 1, T, S] or None, no autograd."""
+        (b, h, t, d), kvh = q.shape, keys.shape[1]
+        tensors = (q, keys, values)
+        return (all(x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 4 for x in tensors)
+                and d % LANES == 0 and kvh > 0 and h % kvh == 0 and h // kvh <= MAX_GROUP
+                and keys.shape == values.shape and keys.shape[0] == b and keys.shape[3] == d
+                and (mask is None or (mask.dtype == torch.bool and mask.device.type == "cpu"
+                                      and mask.shape == (b, 1, t, keys.shape[2])))
+                and not (torch.is_grad_enabled() and any(x.requires_grad for x in tensors)))
+
+    def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+                  scaling: float, threads: int | None = None) -> torch.Tensor:
+        """Softmax(q K^T * scaling) V: q [B, H, T, D]; keys, values [B, KVH, S, D]; mask [B, 1, T, S] (True:
+        attend) or None for causal over the last T keys. Returns [B, H, T, D] (a view of a [B, T, H, D] tensor)."""
+        (b, h, t, d), (kvh, s) = q.shape, keys.shape[1:3]
+        q, keys, values = (x if x.stride(3) == 1 else x.contiguous() for x in (q, keys, values))
+        flags = None if mask is None else mask[:, 0]                                  # [B, T, S]
+        if flags is not None and flags.stride(2) != 1:
+            flags = flags.contiguous()
+        out = torch.empty(b, t, h, d, dtype=torch.float32)                             # [B, T, H, D]
+        dims = (h, kvh, t, s, d, *q.stride()[:3], *keys.stride()[:3], *values.stride()[:3],
+                *(flags.stride()[:2] if flags is not None else (0, 0)))
+        self._call(q.data_ptr(), keys.data_ptr(), values.data_ptr(), flags.data_ptr() if flags is not None else None,
+                   out.data_ptr(), b, (ctypes.c_long * len(dims))(*dims), scaling,
+                   torch.get_num_threads() if threads is None else threads)
+        return out.transpose(1, 2)
+
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}   # "built": AttendKernel | None once tried; "kernel": what is handed out
+
+
+def attend_kernel() -> AttendKernel | None:
+    """The kernel, built and loaded at the first call in this process; None (and one warning) where it cannot be,
+    or where `use(False)` turned it off."""
+    if "kernel" in _state:
+        return _state["kernel"]                                                     # type: ignore[return-value]
+    with _lock:
+        if "built" not in _state:
+            try:
+                _state["built"] = AttendKernel(kernels.build(SOURCE))
+            except kernels.BuildError as err:
+                _state.update(built=None, why=str(err))
+                log.warning("attention kernel off, the invariant attention takes torch's path: %s", err)
+        _state.setdefault("kernel", _state["built"])
+    return _state["kernel"]                                                         # type: ignore[return-value]
+
+
+def why_off() -> str | None:
+    """Why `attend_kernel()` is None (None while it is on or not yet tried)."""
+    if "kernel" in _state and _state["kernel"] is None:
+        return _state.get("why") or "turned off in this process (attend.use)"          # type: ignore[return-value]
+    return None
+
+
+def use(on: bool) -> None:
+    """Turn the kernel off in this process (torch's invariant path), or on again: the bench compares both."""
+    with _lock:
+        if on:
+            _state.pop("kernel", None)
+        else:
+            _state["kernel"] = None
+
+
+def forget() -> None:
+    """Build (or find) and load it afresh at the next `attend_kernel()`."""
+    with _lock:
+        _state.clear()
