@@ -1173,6 +1173,20 @@ LONE += [  # docs/engine.md, "The weights in 2 MB pages"
                 d["kernel-4k-2"]["over_split"])),
 ]
 
+SHAPES_RUN = "lone_shapes/20261128T095735Z-a29a10f.json"      # the kernel per weight shape against a sum, 1 thread
+LONE += [  # docs/engine.md, "Where the kernel loses, per weight shape"
+    (ENGINE_DOC, SHAPES_RUN, "held this 2-core machine at a load average of {:.1f} at its start",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (ENGINE_DOC, SHAPES_RUN, "`bench/results/lone_shapes/20261128T095735Z-a29a10f.json`, {} rounds, medians",
+     lambda d: (d["rounds"],)),
+    *((ENGINE_DOC, SHAPES_RUN, f"| {label}, {{}} | {{:.1f}} GB/s | {{:.1f}} GB/s |",
+       lambda d, s=shape: (d["shapes"][s]["matrices"], d["shapes"][s]["1"]["kernel"]["gb_s"],
+                           d["shapes"][s]["1"]["read"]["gb_s"]))
+      for shape, label in (("576->960", "q\\|k\\|v 576 -> 960"), ("576->576", "o 576 -> 576"),
+                           ("576->3072", "gate\\|up 576 -> 3072"), ("1536->576", "down 1536 -> 576"),
+                           ("576->49152", "the vocabulary 576 -> 49152"))),
+]
+
 ENGINE_MD = "docs/engine.md"
 FORWARD = [  # the one forward's round (docs/engine.md, "The one forward")
     (ENGINE_MD, "before_after/20261127T205417Z-63a755b.json", "the pages' capture made {:.2f}x (in-process) and {:.2f}x "

@@ -207,3 +207,21 @@ def test_a_lone_request_gives_the_same_answer_with_the_kernel_and_without_a_comp
         assert (kernels.row_kernel() is None) == (compiler is not None)
         (records,) = run_runner(tiny_lm, [(request, CAPTURE_OFF)], [0], runner)
         same_tokens(records, want)
+
+
+def test_a_lone_steps_every_product_the_vocabulary_projection_included_runs_through_the_kernel(tiny_lm, kernel,
+                                                                                                 monkeypatch):
+    """Each decode step of a lone request multiplies its one row by every layer's weights and by the LM head (the
+    vocabulary projection, tied to the embedding in SmolLM2) through the row kernel, none through torch."""
+    calls = []
+    real = kernels.RowKernel.linear
+    monkeypatch.setattr(kernels.RowKernel, "linear",
+                        lambda self, x, w, *a, **kw: calls.append((x.shape[0], w.data_ptr())) or real(self, x, w, *a,
+                                                                                                       **kw))
+    request = GenerationRequest(tiny_prompt(9, seed=11), max_new_tokens=6, chat=False)
+    run_runner(tiny_lm, [(request, CAPTURE_OFF)], [0], BatchRunner(tiny_lm, max_batch=8))
+    head = tiny_lm.model.lm_head.weight
+    heads = [rows for rows, ptr in calls if ptr == head.data_ptr()]
+    steps = [rows for rows, ptr in calls if ptr == tiny_lm.model.model.layers[0].self_attn.o_proj.weight.data_ptr()]
+    assert set(heads) == {1}, heads                              # the lone row's logits: one row, through the kernel
+    assert len(heads) == len(steps) >= 4                         # in every decode step the layers ran in
