@@ -180,6 +180,7 @@ def served_through_a_scheduler(tiny_model_dir, warm_here: bool):
     if warm_here:
         graphs.ensure_warm()                     # as the scheduler did before: in its caller's thread
     own.batch_graphs = graphs                    # graphed_decode hands the model's own to the scheduler
+    before = len(calls)
     scheduler = Scheduler(own, Limits(max_batch=8))
     try:
         scheduler.warm_up()
@@ -190,23 +191,24 @@ def served_through_a_scheduler(tiny_model_dir, warm_here: bool):
     finally:
         scheduler.close()
     want = [[r.token.id for r in alone(own, r) if isinstance(r, (PrefillRecord, DecodeRecord))] for r in requests]
+    assert len(calls) > before + 1                # the scheduler's steps went through the graphed step
     return graphs, calls, worker, got, want
 
 
-def test_the_scheduler_compiles_records_and_replays_its_graphs_in_the_one_thread_that_steps(tiny_model_dir):
-    """cudagraph trees keep their managers per thread (issue 48's empty AssertionError: compiled in the caller's
-    thread, replayed in the worker's): here every call of the step, the warm-up's included, is the worker's."""
+def test_the_scheduler_s_graphs_are_compiled_recorded_and_replayed_on_one_thread_of_their_own(tiny_model_dir):
+    """cudagraph trees keep their managers per thread (issue 48's empty AssertionError: compiled in the scheduler's
+    caller, replayed in its worker): every call of the step, the warm-up's included, runs on the graphs' own
+    thread, which is neither the caller's nor the worker's."""
     graphs, calls, worker, got, want = served_through_a_scheduler(tiny_model_dir, warm_here=False)
-    assert graphs.warmed and graphs.error is None and graphs.owner == worker
-    assert calls and set(calls) == {worker}
-    assert any(width > 0 and rows in (1, 8) for rows, width in graphs.shapes)
+    assert graphs.warmed and graphs.error is None
+    assert len(set(calls)) == 1 and not {worker, threading.get_ident()} & set(calls)
+    assert any(rows in (1, 8) for rows, _ in graphs.shapes)
     assert got == want
 
 
-def test_graphs_another_thread_warmed_are_never_replayed_from_the_worker(tiny_model_dir):
-    """Warmed in this thread, the graphs belong to it: the scheduler's worker steps eagerly (said in the log),
-    never through them, and serves the same tokens."""
+def test_graphs_warmed_from_one_thread_and_stepped_from_another_run_on_the_same_thread(tiny_model_dir):
+    """Warmed from this thread, stepped from the scheduler's worker (as bench/load.py does: a scheduler, so a worker
+    thread, per scenario on one model's graphs): one thread runs every call, and the answers equal alone."""
     graphs, calls, worker, got, want = served_through_a_scheduler(tiny_model_dir, warm_here=True)
-    assert graphs.owner == threading.get_ident() != worker
-    assert calls and worker not in calls
+    assert len(set(calls)) == 1 and worker not in calls
     assert got == want

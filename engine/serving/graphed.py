@@ -27,8 +27,9 @@ on the GPU). A graph replays fixed shapes at fixed addresses, so:
 It is compiled with `torch.compile(mode="reduce-overhead")` (cudagraph trees), one graph per shape: one per key
 width, as rows are padded to one size; the scheduler's worker compiles the usual widths (WARM_WIDTHS, or the
 documented setting PLAYGROUND_BATCH_GRAPH_WIDTHS) before it serves, and a longer one when a batch first needs it.
-One thread compiles, records and replays them (`bind`): cudagraph trees keep their state per thread, and the one
-GPU run died of graphs recorded in the scheduler's caller and replayed in its worker (issue 48). Each row
+One thread compiles, records and replays them, the graphs' own (`on_own_thread`), whichever thread asks for a step:
+cudagraph trees keep their state per thread, and the one GPU run died of graphs recorded in the scheduler's caller
+and replayed in its worker (issue 48). Each row
 computes what it computes eagerly, within rounding (tests/test_graphed.py: the same tokens as the eager batch and as
 each request alone). A model the forward does not cover has no graphed step: its batch runs transformers' modules
 eagerly.
@@ -36,9 +37,9 @@ eagerly.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -112,8 +113,8 @@ class GraphedDecode:
         self.rows = tuple(b for b in row_buckets if b < max_rows) + (max_rows,)
         self.shapes: set[tuple[int, int]] = set()
         self.error: str | None = None                  # why the graphs were given up (the batch runs eagerly)
-        self.owner: int | None = None                  # the thread that warms and replays them (`bind`)
         self.warmed = False
+        self._thread = ThreadPoolExecutor(1, "graphed-step", initializer=_same_device, initargs=(lm.device,))
         if self.mode == "off":
             self.step = step
         else:
@@ -135,8 +136,6 @@ class GraphedDecode:
         that captures on a pool without a residual part)."""
         if self.error is not None or batch.pool is not self.pool or self.pool.keys[0].data_ptr() != self.address:
             return None
-        if not self.bind():
-            return None
         if self.pool.resid is None and any(getattr(s, "kept", None) is not None for s in batch.slots):
             return None
         rows = bucket(len(batch.slots), self.rows)
@@ -151,37 +150,33 @@ class GraphedDecode:
         mask = causal_mask(batch.plan([1] * n, rows, width), 1)                          # [R, 1, 1, W]
         ids_t = torch.tensor(ids + ids[:1] * (rows - n), device=device)[:, None]       # padding: any real token
         pos_t = torch.tensor(positions + [0] * (rows - n), device=device)[:, None]
+        self.shapes.add(shape)
+        resid_slots = batch.residual_slots if self.pool.resid is not None else None
+        return self.on_own_thread(self._replay, ids_t, pos_t, batch.write_and_gather, mask, resid_slots)[:n, -1]
+
+    def _replay(self, ids: torch.Tensor, positions: torch.Tensor, write_and_gather, mask: torch.Tensor,
+                resid_slots: torch.Tensor | None) -> torch.Tensor:
         if self.graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        self.shapes.add(shape)
         with torch.no_grad():        # not inference_mode: inference tensors stay out of the graphs
-            return self.step(self.lean, ids_t, pos_t, batch.write_and_gather, mask, self.pool.resid,
-                             batch.residual_slots if self.pool.resid is not None else None)[:n, -1]
+            return self.step(self.lean, ids, positions, write_and_gather, mask, self.pool.resid, resid_slots)
 
-    def bind(self) -> bool:
-        """Whether this thread may replay the graphs: the first thread that warms or steps them owns them.
+    def on_own_thread(self, fn, *args):
+        """`fn(*args)` on the graphs' own thread, the one that compiles, records and replays them; its result (or
+        its exception, raised here).
 
         cudagraph trees keep their tree managers in thread-local storage (torch/_inductor/cudagraph_trees.py, `local`
         and `get_obj`): graphs recorded on one thread cannot be replayed from another. torch 2.11 fails such a
-        replay with a bare `assert torch._C._is_key_in_tls(attr_name)` (the empty AssertionError of issue 48's run,
-        where the scheduler compiled them in its caller's thread and stepped in its worker); torch 2.13 gives the
-        new thread a second, empty manager that records everything again. So a step from any other thread runs
-        eagerly, said once in the log, and the scheduler warms the graphs in the thread that steps."""
-        here = threading.get_ident()
-        if self.owner is None:
-            self.owner = here
-        elif self.owner != here:
-            if not getattr(self, "_told", False):
-                self._told = True
-                log.warning("the graphed step belongs to another thread: steps from %s run eagerly",
-                            threading.current_thread().name)
-            return False
-        return True
+        replay with a bare `assert torch._C._is_key_in_tls(attr_name)` (the empty AssertionError of issue 48's run:
+        the scheduler compiled them in its caller's thread and stepped in its worker); torch 2.13 gives the new
+        thread a second, empty manager that records everything again (bench/load.py starts a scheduler, so a worker
+        thread, per scenario). One thread of their own serves every caller; a hand-over costs microseconds where
+        a step costs milliseconds."""
+        return self._thread.submit(fn, *args).result()
 
     def ensure_warm(self) -> None:
-        """`warm_up` at the usual widths once, in the calling thread (which then owns the graphs); a compiler
-        failure leaves the steps eager."""
-        if self.warmed or self.error is not None or not self.bind():
+        """`warm_up` at the usual widths once; a compiler failure leaves the steps eager."""
+        if self.warmed or self.error is not None:
             return
         widths = warm_widths()
         log.info("compiling the batched decode step for %d rows at %s keys (once per process)", self.rows[-1],
@@ -202,9 +197,7 @@ class GraphedDecode:
         """Compile (and record) the graphs of every row bucket at these widths on an idle pool; seconds.
 
         Padding rows only: they read the null slot and write the scratch slot (K, V and residual), so the pool
-        stays clean. The calling thread must own the graphs (`bind`)."""
-        if not self.bind():
-            raise RuntimeError("the graphed step is warmed and replayed by the thread that owns it")
+        stays clean. On the graphs' own thread (`on_own_thread`)."""
         self.warmed = True
         start = time.perf_counter()
         batch = PagedBatch(pool=self.pool)
@@ -217,13 +210,16 @@ class GraphedDecode:
                 mask = causal_mask(torch.zeros(rows, width, dtype=torch.bool, device=device), 1)
                 zeros = torch.zeros(rows, 1, dtype=torch.long, device=device)
                 for _ in range(3):           # compile, record, replay
-                    if self.graphs:
-                        torch.compiler.cudagraph_mark_step_begin()
-                    with torch.no_grad():
-                        self.step(self.lean, zeros, zeros, batch.write_and_gather, mask, self.pool.resid,
-                                  batch._resid_write if self.pool.resid is not None else None)
+                    self.on_own_thread(self._replay, zeros, zeros, batch.write_and_gather, mask,
+                                       batch._resid_write if self.pool.resid is not None else None)
                 self.shapes.add((rows, width))
         return time.perf_counter() - start
+
+
+def _same_device(device: torch.device) -> None:
+    """The graphs' thread works on the model's device (CUDA's current device is per thread)."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
 
 
 def cudagraph_counts() -> dict[str, int]:

@@ -711,8 +711,8 @@ class Scheduler:
                 self._step()
 
     def _warm_graphs(self) -> None:
-        """The graphed step compiled and recorded here, in the worker: the thread that replays it (a CUDA graph
-        recorded on another thread cannot be replayed from this one: engine/serving/graphed.py `bind`)."""
+        """The graphed step compiled and recorded before the worker serves (on the graphs' own thread, which
+        replays them: engine/serving/graphed.py `on_own_thread`)."""
         graphs = self._runner.graphs
         if graphs is not None:
             with self.lm.lock:
