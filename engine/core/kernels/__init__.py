@@ -31,6 +31,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -90,47 +91,60 @@ def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bo
                                              or (bias is not None and bias.requires_grad)))
 
 
-_lock = threading.Lock()
-_state: dict[str, object] = {}   # "built": RowKernel | None once tried ("why" it is None); "kernel": what is handed out
+class Lazy:
+    """A kernel built and loaded at its first use in this process, then handed out: `get()` is it, or None (and one
+    warning) where it cannot be built or loaded, or where `use(False)` turned it off; `why_off()` says why.
+    `make()` builds and loads it (raising BuildError); `off` names what takes its place in the warning."""
+
+    def __init__(self, name: str, make: Callable[[], object], off: str):
+        self.name, self.make, self.off = name, make, off
+        self._lock = threading.Lock()
+        self._state: dict[str, object] = {}   # "built": the kernel or None once tried ("why" None); "kernel": handed out
+
+    def get(self):
+        if "kernel" in self._state:
+            return self._state["kernel"]
+        with self._lock:
+            if "built" not in self._state:
+                try:
+                    self._state["built"] = self.make()
+                except BuildError as err:
+                    self._state.update(built=None, why=str(err))
+                    log.warning("%s off, %s: %s", self.name, self.off, err)
+            self._state.setdefault("kernel", self._state["built"])
+        return self._state["kernel"]
+
+    def why_off(self) -> str | None:
+        """Why `get()` is None (None while it is on or not yet tried)."""
+        if "kernel" in self._state and self._state["kernel"] is None:
+            return self._state.get("why") or f"turned off in this process ({self.name}: use(False))"  # type: ignore
+        return None
+
+    def use(self, on: bool) -> None:
+        """Turn it off in this process (torch's path takes its place), or on again (as built before): the benches
+        compare the two ways in one run, step by step."""
+        with self._lock:
+            if on:
+                self._state.pop("kernel", None)
+            else:
+                self._state["kernel"] = None
+
+    def forget(self) -> None:
+        """Build (or find) and load it afresh at the next `get()` (tests change the compiler or the cache)."""
+        with self._lock:
+            self._state.clear()
+
+
+ROWS = Lazy("row kernel", lambda: RowKernel(build()), "the products take torch's path")
 
 
 def row_kernel() -> RowKernel | None:
     """The row kernel, built and loaded at the first call in this process; None (and one warning) where it cannot
     be, or where `use(False)` turned it off."""
-    if "kernel" in _state:
-        return _state["kernel"]                                                     # type: ignore[return-value]
-    with _lock:
-        if "built" not in _state:
-            try:
-                _state["built"] = RowKernel(build())
-            except BuildError as err:
-                _state.update(built=None, why=str(err))
-                log.warning("row kernel off, the products take torch's path: %s", err)
-        _state.setdefault("kernel", _state["built"])
-    return _state["kernel"]                                                         # type: ignore[return-value]
+    return ROWS.get()                                                               # type: ignore[return-value]
 
 
-def why_off() -> str | None:
-    """Why `row_kernel()` is None (None while it is on or not yet tried)."""
-    if "kernel" in _state and _state["kernel"] is None:
-        return _state.get("why") or "turned off in this process (engine.core.kernels.use)"   # type: ignore
-    return None
-
-
-def use(on: bool) -> None:
-    """Turn the kernel off in this process (the products take torch's path), or on again (as built before): the
-    benches compare the two ways in one run, step by step."""
-    with _lock:
-        if on:
-            _state.pop("kernel", None)
-        else:
-            _state["kernel"] = None
-
-
-def forget() -> None:
-    """Build (or find) and load it afresh at the next `row_kernel()` (tests change the compiler or the cache)."""
-    with _lock:
-        _state.clear()
+why_off, use, forget = ROWS.why_off, ROWS.use, ROWS.forget
 
 
 def compiler() -> str:

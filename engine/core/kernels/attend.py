@@ -13,15 +13,11 @@ cannot be built or loaded, `attend_kernel()` is None and engine/core/invariant.p
 from __future__ import annotations
 
 import ctypes
-import logging
-import threading
 from pathlib import Path
 
 import torch
 
 from engine.core import kernels
-
-log = logging.getLogger("engine.kernels")
 
 SOURCE = Path(__file__).with_name("attend.c")
 LANES = 16                     # D must be a multiple of this (attend.c's vectors)
@@ -73,43 +69,14 @@ class AttendKernel:
         return out.transpose(1, 2)
 
 
-_lock = threading.Lock()
-_state: dict[str, object] = {}   # "built": AttendKernel | None once tried; "kernel": what is handed out
+ATTEND = kernels.Lazy("attention kernel", lambda: AttendKernel(kernels.build(SOURCE)),
+                      "the invariant attention takes torch's path")
 
 
 def attend_kernel() -> AttendKernel | None:
     """The kernel, built and loaded at the first call in this process; None (and one warning) where it cannot be,
     or where `use(False)` turned it off."""
-    if "kernel" in _state:
-        return _state["kernel"]                                                     # type: ignore[return-value]
-    with _lock:
-        if "built" not in _state:
-            try:
-                _state["built"] = AttendKernel(kernels.build(SOURCE))
-            except kernels.BuildError as err:
-                _state.update(built=None, why=str(err))
-                log.warning("attention kernel off, the invariant attention takes torch's path: %s", err)
-        _state.setdefault("kernel", _state["built"])
-    return _state["kernel"]                                                         # type: ignore[return-value]
+    return ATTEND.get()                                                             # type: ignore[return-value]
 
 
-def why_off() -> str | None:
-    """Why `attend_kernel()` is None (None while it is on or not yet tried)."""
-    if "kernel" in _state and _state["kernel"] is None:
-        return _state.get("why") or "turned off in this process (attend.use)"          # type: ignore[return-value]
-    return None
-
-
-def use(on: bool) -> None:
-    """Turn the kernel off in this process (torch's invariant path), or on again: the bench compares both."""
-    with _lock:
-        if on:
-            _state.pop("kernel", None)
-        else:
-            _state["kernel"] = None
-
-
-def forget() -> None:
-    """Build (or find) and load it afresh at the next `attend_kernel()`."""
-    with _lock:
-        _state.clear()
+why_off, use, forget = ATTEND.why_off, ATTEND.use, ATTEND.forget
