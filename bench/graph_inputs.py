@@ -14,11 +14,17 @@ what a GPU's compiled step pays on the host before inductor's code runs). The ea
 step with its own products for a request alone, the packed rows for the room) are the CPU's own and did not change;
 they run as the control.
 
-Per way: a request alone (64 new tokens) and a room of 8 (16 each), through engine.serving.batch.BatchRunner
-(max_batch 8, the graphs' row buckets 1 and 8, keys padded to 256). Timed per decode step: the forward
-(`BatchRunner._batch_forward`, everything a step does before sampling) and the whole runner step; medians over the
-steps after each run's third. The ways take turns, in a rotated order each round; every way's tokens must equal the
-eager route's (the file says whether they did). Other processes share the 2 cores: compare within this run only.
+Two measurements, the ways taking turns in a rotated order each round:
+- **the forward alone** ("forward"): one decode step's forward (graphed: `GraphedDecode.forward`, its plan, the
+  hand-over to the graphs' thread and the step; eager: `LeanDecode.decode`) called again and again on a batch held
+  still (1 row, or 8 rows, of 30 to 79 positions; the same K/V slot rewritten), the process's CPU time per call
+  (all its threads; the least of 3 repeats of 100 calls, microseconds): the least noisy figure a shared machine
+  gives; before and after back to back (which first alternating by round), and per round the ratio after / before;
+- **end to end** ("runs"): a request alone (64 new tokens) and a room of 8 (16 each) through
+  engine.serving.batch.BatchRunner (max_batch 8, the graphs' row buckets 1 and 8, keys padded to 256); per decode
+  step the forward (`BatchRunner._batch_forward`) and the whole runner step, medians over the steps after each
+  run's third; every way's tokens must equal the eager route's (the file says whether they did).
+Other processes share the 2 cores: compare within this run only.
 Writes a new bench/results/graph_inputs/<UTC time>-<commit>.json (bench/provenance.py).
 """
 from __future__ import annotations
@@ -33,6 +39,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")        # before torch loads OpenMP: as the server runs
 ROOT = Path(__file__).resolve().parent.parent
 SKIP = 3                                                     # decode steps left out at each run's start
+CALLS = 100                                                  # forward calls per repeat (the fastest of 3 repeats)
 
 
 def before_class():
@@ -110,6 +117,40 @@ def timed_run(lm, graphs, requests) -> dict:
             "steps": len(steps), "tokens": [[r.token.id for r in rs if hasattr(r, "token")] for rs in records]}
 
 
+def still_batch(lm, graphs, rows: int):
+    """A batch of `rows` stand-in requests of 30, 37, ... positions on the graphs' pool (or a pool of its own), their
+    blocks held: a decode step of it rewrites the same slots however often it runs."""
+    from types import SimpleNamespace
+
+    from engine.serving.paged import BlockPool, PagedBatch
+
+    class Row(SimpleNamespace):
+        __hash__ = object.__hash__             # a slot is a key of the batch's tables
+
+    spec = lm.spec
+    batch = graphs.new_batch() if graphs is not None else PagedBatch(
+        pool=BlockPool(spec.n_layers, spec.n_kv_heads, spec.head_dim, lm.dtype, lm.device))
+    for i in range(rows):
+        slot = Row(length=30 + 7 * i, token=SimpleNamespace(id=5 + i), kept=None)
+        batch.tables[slot] = [batch.pool.allocate() for _ in range(-(-(slot.length + 1) // batch.block))]
+        batch.join(slot)
+    return batch
+
+
+def forward_us(lm, graphs, batch, lean) -> float:
+    """The least of 3 repeats of CALLS calls of one decode step's forward on `batch`: the process's CPU time per
+    call, microseconds (every thread's: the graphs' own included; time the process waited for the cores, which
+    other processes share, left out)."""
+    import timeit
+    if graphs is not None:
+        shape = graphs.fits(batch)
+        call = lambda: graphs.forward(batch, shape)          # noqa: E731
+    else:
+        call = lambda: lean.decode(batch, list(batch.slots))  # noqa: E731
+    call()
+    return min(timeit.repeat(call, number=CALLS, repeat=3, timer=time.process_time)) / CALLS * 1e6
+
+
 def ways(lm) -> dict:
     """name -> graphs (None: the eager routes), each made and warmed once."""
     from engine.serving.graphed import GraphedDecode
@@ -149,6 +190,22 @@ def main() -> int:
     names = list(made)
     for graphs in made.values():                        # warm: packing, first allocations, the first-step recompiles
         timed_run(lm, graphs, lone), timed_run(lm, graphs, room)
+    report = {"what": __doc__.split("\n\n")[0], "model": name,
+              "new_tokens": {"lone": args.new, "room": room[0].max_new_tokens}, "room_rows": len(room),
+              "skip_first_steps": SKIP, "forward_calls": CALLS, "ways": {}, "machine_shared": True}
+    from engine.serving.lean import LeanDecode
+    lean = LeanDecode.for_model(lm)
+    still = {n: {r: still_batch(lm, made[n], r) for r in (1, 8)} for n in names}
+    fwd = {n: {"lone": [], "room": []} for n in names}
+    for r in range(args.rounds):
+        for what, rows in (("lone", 1), ("room", 8)):
+            fwd[names[0]][what].append(forward_us(lm, None, still[names[0]][rows], lean))
+            for mode in ("off", "eager"):              # before and after back to back, which first alternating
+                pair = [f"graphed before, {mode}", f"graphed after, {mode}"][::1 if r % 2 == 0 else -1]
+                for n in pair:
+                    fwd[n][what].append(forward_us(lm, made[n], still[n][rows], lean))
+        print(f"round {r + 1} forward alone, lone/room us: " + ", ".join(
+            f"{n}: {fwd[n]['lone'][-1]:.0f}/{fwd[n]['room'][-1]:.0f}" for n in names), flush=True)
     seen = {n: {"lone": [], "room": []} for n in names}
     for r in range(args.rounds):
         for n in names[r % len(names):] + names[:r % len(names)]:
@@ -156,8 +213,6 @@ def main() -> int:
                 seen[n][what].append(timed_run(lm, made[n], requests))
             print(f"round {r + 1} {n}: lone forward {seen[n]['lone'][-1]['forward_ms']:.2f} ms, room forward "
                   f"{seen[n]['room'][-1]['forward_ms']:.2f} ms", flush=True)
-    report = {"what": __doc__.split("\n\n")[0], "model": name, "new_tokens": {"lone": args.new, "room": room[0].max_new_tokens},
-              "room_rows": len(room), "skip_first_steps": SKIP, "ways": {}, "machine_shared": True}
     reference = {what: seen[names[0]][what][0]["tokens"] for what in ("lone", "room")}
     for n in names:
         report["ways"][n] = {what: {"forward_ms": statistics.median(x["forward_ms"] for x in rows),
@@ -165,7 +220,13 @@ def main() -> int:
                                     "rounds": [{k: v for k, v in x.items() if k != "tokens"} for x in rows],
                                     "same_tokens_as_eager": all(x["tokens"] == reference[what] for x in rows)}
                              for what, rows in seen[n].items()}
-    report["after_over_before"] = {
+    report["forward_us"] = {n: {what: {"median": statistics.median(v), "rounds": v} for what, v in rows.items()}
+                            for n, rows in fwd.items()}
+    report["forward_after_over_before"] = {
+        mode: {what: statistics.median(a / b for a, b in zip(fwd[f"graphed after, {mode}"][what],
+                                                            fwd[f"graphed before, {mode}"][what]))
+               for what in ("lone", "room")} for mode in ("off", "eager")}
+    report["runs_after_over_before"] = {
         mode: {what: {k: report["ways"][f"graphed after, {mode}"][what][k]
                       / report["ways"][f"graphed before, {mode}"][what][k] for k in ("forward_ms", "step_ms")}
                for what in ("lone", "room")} for mode in ("off", "eager")}
@@ -173,7 +234,10 @@ def main() -> int:
         print(f"{n:28} lone: forward {row['lone']['forward_ms']:6.2f} ms, step {row['lone']['step_ms']:6.2f} ms; "
               f"room: forward {row['room']['forward_ms']:6.2f} ms, step {row['room']['step_ms']:6.2f} ms; same tokens "
               f"{row['lone']['same_tokens_as_eager'] and row['room']['same_tokens_as_eager']}")
-    print("after / before:", report["after_over_before"])
+    for n, row in report["forward_us"].items():
+        print(f"{n:28} forward alone: lone {row['lone']['median']:7.0f} us, room {row['room']['median']:7.0f} us")
+    print("forward alone, after / before (median of the rounds' ratios):", report["forward_after_over_before"])
+    print("runs, after / before:", report["runs_after_over_before"])
     run.save(report, out=args.out)
     return 0
 

@@ -47,7 +47,7 @@ import torch
 
 from engine import settings
 from engine.errors import EngineError
-from engine.core.lean import LeanStep, causal_mask, lean_step_for
+from engine.core.lean import LeanStep, lean_step_for
 from engine.core.loader import LoadedModel, free_memory
 from engine.projection.card import kv_bytes_per_token, residual_bytes_per_token
 from engine.serving.limits import Limits
@@ -229,8 +229,10 @@ def graph_step(lean: LeanStep, pool: BlockPool) -> Callable[[torch.Tensor], torc
     slots read: a real key's slot is never NULL (the null block is never handed out), and each row reads its own."""
     def graphed(index: torch.Tensor) -> torch.Tensor:
         # index [R, 4 + W]: id, position, K/V slot, residual slot, the W slots read -> logits [R, 1, V]
-        gather, write = index[:, GATHER:], index[:, WRITE:WRITE + 1]                    # [R, W], [R, 1]
-        mask = causal_mask(gather != NULL, 1)                                          # [R, 1, 1, W]
+        gather, write = index[:, GATHER:].contiguous(), index[:, WRITE:WRITE + 1]       # [R, W], [R, 1]
+        valid = gather != NULL
+        valid[:, -1] = True                         # its own new key (a padding row's too: its query reads one key)
+        mask = valid[:, None, None, :]                                                 # [R, 1, 1, W]
 
         def kv(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             return write_and_gather(pool.keys[i], pool.values[i], write, gather, k, v)
