@@ -229,6 +229,26 @@ def test_on_cuda_the_graphed_batch_equals_each_request_alone(tiny_model_dir):
         assert_same_run(sink, alone(cuda, request, policy))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_graphs_are_recorded_recompile_nothing_and_read_one_buffer_per_shape(tiny_model_dir):
+    """The audit above with the CUDA graphs themselves (inductor, cudagraph trees): no graph compiled and left
+    unrecorded (inductor's cudagraph_skips), nothing recompiled after warm-up, each step handed its shape's one
+    buffer, and every answer equal to the request alone."""
+    cuda = load_model(str(tiny_model_dir), device="cuda", dtype="float32")
+    graphs = GraphedDecode(cuda, n_blocks=64, max_rows=8, row_buckets=(1,))      # auto: CUDA graphs
+    assert graphs.graphs
+    skips = graphed.cudagraph_counts().get("cudagraph_skips", 0)
+    recompiles, seen, sinks = audited(cuda, graphs)
+    assert graphs.error is None and graphed.cudagraph_counts().get("cudagraph_skips", 0) == skips
+    assert_static(graphs, recompiles, seen)
+    for sink, (request, policy) in zip(sinks, LONE + ROOM):
+        single = alone(cuda, request, policy)
+        assert sink.error is None
+        assert [r.token.id for r in sink.records[:-1]] == [r.token.id for r in list(single)[:-1]]
+        if policy is CAPTURE_OFF:               # the residual inductor's kernels write: within rounding, not checked
+            assert_same_run(sink, single)
+
+
 def thread_recorded(graphs: GraphedDecode) -> list[int]:
     """The thread of every call of the graphed step (compile, record or replay) from now on."""
     calls: list[int] = []
