@@ -17,7 +17,11 @@ on the GPU). A graph replays fixed shapes at fixed addresses, so:
 - rows are padded to the first row bucket that holds the batch (padding rows read the null slot and write a scratch
   slot: on a GPU a decode step reads the weights once however many rows it has, so 32 rows cost what 8 do) and the
   keys each row attends to are padded on the left to a power of two (at least 256), hidden by the mask;
-- the mask is passed whole ([rows, 1, 1, width], True where a row attends);
+- the step's inputs are one index buffer per shape (`StepInputs`, as nano-vllm's `graph_vars`), made once at a fixed
+  address and filled in place from the host each step (`PagedBatch.plan_into`: every row's token, position, K/V
+  slot, residual slot and the slots it reads; one copy from pinned memory on CUDA, none on a CPU); the compiled
+  function takes that one tensor (the weights and the pool closed over), computes the mask from the slots read, and
+  so recompiles nothing after warm-up and is handed the same tensor every step (tests/test_graphed.py);
 - the K/V pool is made once, sized for the limits within a share of the free memory, and kept: its tensors
   never move. A batch that outgrows it runs eagerly from then on;
 - capturing is part of the graph: the residual pool sits beside K and V at fixed addresses, and the forward writes

@@ -5,6 +5,7 @@
     valid = batch.plan([n], slots=[slot])    # a prefill chunk of n tokens: where its K/V and residual go
     batch.join(slot)                         # its prompt is in: it decodes with the batch
     valid = batch.plan([1] * len(batch.slots))   # a decode step; the forward's kv is `batch.write_and_gather`
+    batch.plan_into(index)                   # a graphed decode step: the same slots into its index buffer, in place
     batch.table()                       # who holds which block, how full, how many free (measured)
 
 Storage: per layer one K pool and one V pool of `n_blocks * block` slots, [slots, KVH, D]. A request owns
