@@ -152,11 +152,15 @@ class GraphedDecode:
         """Logits [B, V] of the batch's next tokens through the graph of `shape`: the shape's index buffer filled in
         place from the host (`PagedBatch.plan_into`), then the step on it; no tensor is made for the step."""
         start = time.perf_counter()
+        self.shapes.add(shape)
+        return self.on_own_thread(self._fill_and_replay, batch, shape, start)[:len(batch.slots), -1]
+
+    def _fill_and_replay(self, batch: PagedBatch, shape: tuple[int, int], start: float) -> torch.Tensor:
+        """On the graphs' own thread, so that one step at a time fills a shape's buffer, whoever calls."""
         inputs = self.inputs_for(shape)
         inputs.ready()
         batch.plan_into(inputs.array)
-        self.shapes.add(shape)
-        return self.on_own_thread(self._replay, inputs, start)[:len(batch.slots), -1]
+        return self._replay(inputs, start)
 
     def inputs_for(self, shape: tuple[int, int]) -> StepInputs:
         if shape not in self.inputs:
