@@ -1945,7 +1945,7 @@ GPU_AGAIN = [
      lambda d: (d["runs"]["one-off"]["decode_tok_s"], d["runs"]["engine-off"]["decode_tok_s"])),
 ]
 
-GRAPH_INPUTS = "graph_inputs/20261128T114432Z-5dfdb45.json"   # docs/serving.md, "Static inputs" (issue 50)
+GRAPH_INPUTS = "graph_inputs/20261128T115154Z-37c00d4.json"   # docs/serving.md, "Static inputs" (issue 50)
 
 
 def graph_inputs(d: dict) -> tuple:
