@@ -15,7 +15,7 @@ forward (engine/serving/batch.py), on CUDA the graphed step at row bucket 1 (eng
 the same step eagerly; "engine-*" is engine.core.generate (a dynamic cache). Where that step's time goes
 ("one_row_step_times", after the runs): per step the host's time before the replay, the replay's call, the device's
 time (CUDA events around it) and the wall time per step (`measure_step_times`; on a CPU the same probe on the step
-uncompiled, as a rehearsal).
+traced by dynamo's eager backend, as a rehearsal).
 Writes a new bench/results/gpu/<UTC time>-<commit>.json (CPU runs: gpu-cpu-<shape>/; bench/provenance.py), or
 --out, after every phase, so a run cut short still leaves what it measured. Imports nothing from app/ (no streamlit needed).
 """
@@ -179,10 +179,11 @@ def measure_step_times(lm: Any, graphs: GraphedDecode | None, n: int, skip: int 
     it, and the wall time from one step's call to the next (sampling and the records included). Medians over the
     steps after the first `skip`, and the first 8 steps as they came; and how many graphs dynamo compiled meanwhile
     (0 after the warm-up: tests/test_graphed.py proves it on the CPU). On a CPU, whose runs have no graphs, the probe
-    runs the same step uncompiled ("off"): the rehearsal of the code the GPU runs."""
+    runs the same step traced by dynamo with its eager backend, warmed up: the rehearsal of the code the GPU runs."""
     request = GenerationRequest(PROMPT, max_new_tokens=n, chat=False)
-    if graphs is None:
-        graphs = GraphedDecode(lm, -(-(len(encode_prompt(lm, request)) + n + 1) // BLOCK) + 2, "off", max_rows=1)
+    if graphs is None:              # a CPU: traced by dynamo (its eager backend) and warmed as the GPU's are
+        graphs = GraphedDecode(lm, -(-(len(encode_prompt(lm, request)) + n + 1) // BLOCK) + 2, "eager", max_rows=1)
+        graphs.warm_up(WARM_WIDTHS)
     from torch._dynamo.utils import counters   # torch's private counters: read only where this report asks
     graphs.probe, compiled = StepProbe(lm.device), counters["stats"]["unique_graphs"]
     try:
