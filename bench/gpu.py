@@ -12,7 +12,10 @@ noisy neighbour hits all alike. Beside each measured number: the projected ceili
 at 100% of the spec sheet's bandwidth, on CUDA) and the ceiling at this device's measured copy bandwidth.
 A request alone ("one-off", "one-rows") runs as the server runs it: the batch runner's one-row step of the one
 forward (engine/serving/batch.py), on CUDA the graphed step at row bucket 1 (engine/serving/graphed.py), on a CPU
-the same step eagerly; "engine-*" is engine.core.generate (a dynamic cache).
+the same step eagerly; "engine-*" is engine.core.generate (a dynamic cache). Where that step's time goes
+("one_row_step_times", after the runs): per step the host's time before the replay, the replay's call, the device's
+time (CUDA events around it) and the wall time per step (`measure_step_times`; on a CPU the same probe on the step
+traced by dynamo's eager backend, as a rehearsal).
 Writes a new bench/results/gpu/<UTC time>-<commit>.json (CPU runs: gpu-cpu-<shape>/; bench/provenance.py), or
 --out, after every phase, so a run cut short still leaves what it measured. Imports nothing from app/ (no streamlit needed).
 """
@@ -44,7 +47,7 @@ from engine.lab.fusion import best_time  # noqa: E402
 from engine.lab.memory import allocated_by, memory_ledger, peak_during  # noqa: E402
 from engine.projection.cost import cost_model, project  # noqa: E402
 from engine.serving.batch import BatchRunner, Slot  # noqa: E402
-from engine.serving.graphed import WARM_WIDTHS, GraphedDecode, cudagraph_counts  # noqa: E402
+from engine.serving.graphed import WARM_WIDTHS, GraphedDecode, StepProbe, cudagraph_counts  # noqa: E402
 from engine.serving.paged import BLOCK  # noqa: E402
 from engine.models.shaped import DRAFT_OF, shaped_bytes, write_shaped  # noqa: E402
 from bench import provenance  # noqa: E402
@@ -167,6 +170,33 @@ def warm_up(runs: dict[str, Callable[[], dict]], graphs: GraphedDecode | None, l
         spent[name] = time.perf_counter() - t
         log(f"warm-up {name}: {spent[name]:.1f} s")
     return spent
+
+
+def measure_step_times(lm: Any, graphs: GraphedDecode | None, n: int, skip: int = 3) -> dict[str, Any]:
+    """Where a lone request's graphed step goes (GraphedDecode's StepProbe), step by step over one request of n new
+    tokens: the host's time from the forward's call to the replay (the plan into the index buffer, its copy, the
+    hand-over to the graphs' thread), the replay's call on the host, the device's time between CUDA events around
+    it, and the wall time from one step's call to the next (sampling and the records included). Medians over the
+    steps after the first `skip`, and the first 8 steps as they came; and how many graphs dynamo compiled meanwhile
+    (0 after the warm-up: tests/test_graphed.py proves it on the CPU). On a CPU, whose runs have no graphs, the probe
+    runs the same step traced by dynamo with its eager backend, warmed up: the rehearsal of the code the GPU runs."""
+    request = GenerationRequest(PROMPT, max_new_tokens=n, chat=False)
+    if graphs is None:              # a CPU: traced by dynamo (its eager backend) and warmed as the GPU's are
+        graphs = GraphedDecode(lm, -(-(len(encode_prompt(lm, request)) + n + 1) // BLOCK) + 2, "eager", max_rows=1)
+        graphs.warm_up(WARM_WIDTHS)
+    from torch._dynamo.utils import counters   # torch's private counters: read only where this report asks
+    graphs.probe, compiled = StepProbe(lm.device), counters["stats"]["unique_graphs"]
+    try:
+        done = alone(lm, graphs, request)[-1]
+    finally:
+        probe, graphs.probe = graphs.probe, None
+    rows = probe.report()
+    later = rows[skip:]
+    medians = {k: statistics.median(r[k] for r in later if r[k] is not None)
+               for k in (later[0] if later else {}) if any(r[k] is not None for r in later)}
+    return {"compile_mode": graphs.mode, "cuda_graphs": graphs.graphs, "graphed_steps": len(rows),
+            "graphs_compiled_meanwhile": counters["stats"]["unique_graphs"] - compiled, "compile_error": graphs.error, "decode_ms_per_token": done.decode_seconds / max(done.generated_tokens - 1, 1)
+            * 1e3, "median_ms": medians, "first_steps": rows[:8]}
 
 
 # --- prefill, batching, memory -----------------------------------------------------------------------------
@@ -396,6 +426,11 @@ def measure_all(args: argparse.Namespace, lm: Any, weights_allocated: int | None
                    cudagraph_counts=cudagraph_counts())
     summary["runs"] = with_ratios(interleaved(runs, args.rounds, log), summary["ceilings"], lm.weight_bytes)
     save(summary)
+    if "one-off" in runs:
+        summary["one_row_step_times"] = times = measure_step_times(lm, graphs, n)
+        log(f"one-row step ({times['compile_mode']}, {times['graphed_steps']} graphed steps), medians in ms: "
+            + ", ".join(f"{k} {v:.3f}" for k, v in times["median_ms"].items()))
+        save(summary)
     summary["memory"] = measure_memory(lm, graphs, weights_allocated, pool_allocated, n)
     save(summary)
     if batch:

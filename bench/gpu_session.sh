@@ -132,11 +132,11 @@ run() {
   case $1 in
     env)   env_report >>"$LOG" 2>&1; echo env >>"$SHAPED/done" ;;
     write) step write 240 $PY bench/gpu.py --shape "$SHAPE" --no-draft --cache "$SHAPED" --write-only ;;
-    gpu)   TORCH_LOGS=cudagraphs step gpu 330 $PY bench/gpu.py --shape "$SHAPE" --no-draft --cache "$SHAPED" --device "$DEVICE" \
+    gpu)   TORCH_LOGS=cudagraphs,recompiles step gpu 330 $PY bench/gpu.py --shape "$SHAPE" --no-draft --cache "$SHAPED" --device "$DEVICE" \
              --dtype "$DTYPE" --rounds 2 --tokens 64 --skip hf-static --out "$OUT/gpu.json" ;;
     profile) step profile 150 $PY bench/gpu_profile.py --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" \
              --out "$OUT/gpu-profile.json" ;;
-    load)  TORCH_LOGS=cudagraphs step load 200 $PY bench/load.py --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" --sessions 1 10 30 \
+    load)  TORCH_LOGS=cudagraphs,recompiles step load 200 $PY bench/load.py --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" --sessions 1 10 30 \
              --tokens 64 --capture off full --batched-only --overload 0 --out "$OUT/load.json" ;;
     api)   export BENCH_SERVER_LOG="$OUT/server.log"
            step api 200 $PY bench/api.py --model "$MODEL" --device "$DEVICE" --dtype "$DTYPE" --sessions 30 \

@@ -1945,6 +1945,23 @@ GPU_AGAIN = [
      lambda d: (d["runs"]["one-off"]["decode_tok_s"], d["runs"]["engine-off"]["decode_tok_s"])),
 ]
 
+GRAPH_INPUTS = "graph_inputs/20261128T115154Z-37c00d4.json"   # docs/serving.md, "Static inputs" (issue 50)
+
+
+def graph_inputs(d: dict) -> tuple:
+    ratio = d["forward_after_over_before"]
+    same = all(w[what]["same_tokens_as_eager"] for w in d["ways"].values() for what in ("lone", "room"))
+    return (ratio["off"]["lone"], ratio["eager"]["lone"], ratio["off"]["room"], ratio["eager"]["room"]) if same else ()
+
+
+SERVING_MORE += [
+    (SERVING, GRAPH_INPUTS, "a request alone's graphed step takes {:.2f}x the time it took before uncompiled and "
+     "{:.2f}x through dynamo's eager backend ({:.2f}x and {:.2f}x for a room of 8 rows), with the same tokens",
+     graph_inputs),
+    (SERVING, GPU_0628 + "gpu.json", "a likely part of the {:.1f} s the H200 run's first lone request spent in its "
+     "warm-up", lambda d: (d["warm_up_s"]["one-off"],)),
+]
+
 # every entry (tests/figures_audit.py lists the figures none checks)
 ALL = (FIGURES + ENGINE + LONE + FORWARD + TRACED + SERVING_MORE + VS_TABLES + GPU_DOC + GPU_AGAIN + SPEC_DOC
        + SPEED_DOC + SCALE_DOC + STORE_DOC + OTHER_DOCS)

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from conftest import tiny_prompt
 from engine.core.generate import GenerationRequest, encode_prompt
@@ -14,9 +15,10 @@ from engine.core.hooks import CAPTURE_OFF, CapturePolicy
 from engine.core.loader import load_model
 from engine.core.records import DecodeRecord, PrefillRecord
 from engine.serving.batch import BatchRunner, Slot
+from engine.serving import graphed
 from engine.serving.graphed import MIN_WIDTH, GraphedDecode, width_bucket
 from engine.serving.limits import Limits
-from engine.serving.paged import NULL, SCRATCH, PagedBatch
+from engine.serving.paged import NULL, RESID, SCRATCH, WRITE, PagedBatch
 from engine.serving.scheduler import Scheduler
 from test_batch import Sink, alone, assert_same_run
 
@@ -90,12 +92,11 @@ def test_a_capturing_request_in_a_batch_of_32_equals_it_alone_and_a_misrouted_pa
         assert_same_run(sinks[i], single)
 
     class Misrouted(PagedBatch):
-        def plan(self, new, rows=None, width=None):
-            mask = super().plan(new, rows, width)
+        def plan_into(self, index):
+            super().plan_into(index)
             capturing = [b for b, s in enumerate(self.slots) if s.kept is not None]
-            if capturing and rows is not None and rows > len(self.slots):
-                self._resid_write[-1] = self._write[capturing[0], -1]   # the last padding row writes a real row's
-            return mask
+            if capturing and index.shape[0] > len(self.slots):
+                index[-1, RESID] = index[capturing[0], WRITE]           # the last padding row writes a real row's
 
     graphs.new_batch = lambda: Misrouted(pool=graphs.pool)
     wrong = run(lm, graphs, jobs, joins=[0] * 32, max_batch=32)
@@ -141,6 +142,77 @@ def test_a_step_that_cannot_run_graphed_runs_eagerly_and_so_do_all_after_it(lm):
         assert_same_run(sink, alone(lm, request, policy))
     assert len(calls) == 1 and graphs.error.startswith("RuntimeError: the compiler gave up (at test_graphed.py:")
 
+def inputs_recorded(graphs: GraphedDecode) -> list[torch.Tensor]:
+    """Every tensor the graphed step is handed from now on (kept alive: no address is reused while listed)."""
+    seen: list[torch.Tensor] = []
+    inner = graphs.step
+
+    def recorded(index):
+        seen.append(index)
+        return inner(index)
+    graphs.step = recorded
+    return seen
+
+
+def compiled_graphs() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+LONE = [(GenerationRequest(tiny_prompt(5, seed=1), max_new_tokens=60, chat=False), p) for p in (CAPTURE_OFF, FULL)]
+ROOM = jobs_of([FULL, CAPTURE_OFF, ROWS, CAPTURE_OFF])
+
+
+def audited(lm, graphs: GraphedDecode, lone=LONE, room=ROOM, warmed_up=lambda: None
+            ) -> tuple[int, list[torch.Tensor], list]:
+    """After warm-up at MIN_WIDTH (then `warmed_up()`): a lone request (capture off, then on) and a room of four, each
+    through the step (dynamo's eager backend, fullgraph); (graphs compiled meanwhile, the tensors the step was handed,
+    the runs)."""
+    graphs.warm_up((MIN_WIDTH,))
+    warmed_up()
+    warmed = compiled_graphs()
+    seen = inputs_recorded(graphs)
+    sinks = [run(lm, graphs, [job], joins=[0])[0] for job in lone] + run(lm, graphs, room, joins=[0, 0, 2, 5])
+    return compiled_graphs() - warmed, seen, sinks
+
+
+def assert_static(graphs: GraphedDecode, recompiles: int, seen: list[torch.Tensor]) -> None:
+    """Nothing compiled after warm-up; every step of a shape handed its one index buffer, at one address."""
+    assert recompiles == 0
+    assert {tuple(t.shape) for t in seen} == {(1, 4 + MIN_WIDTH), (8, 4 + MIN_WIDTH)}     # the lone step, the room
+    for shape, inputs in graphs.inputs.items():
+        mine = [t for t in seen if t.shape[0] == shape[0]]
+        assert all(t is inputs.index and t.data_ptr() == inputs.index.data_ptr() for t in mine)
+
+
+def test_after_warm_up_nothing_recompiles_and_every_step_reads_its_shape_s_one_buffer(lm):
+    """The step traced by dynamo (eager backend, fullgraph) and warmed at one width: a lone request of 60 tokens,
+    capture off and on, and a room of four (two capturing) run with zero recompiles, each step handed the same
+    index tensor as the warm-up (same object, same address), and every answer (its residual included) equals the
+    request alone and the eager route's."""
+    graphs = GraphedDecode(lm, n_blocks=64, compile="eager", max_rows=8, row_buckets=(1,))
+    recompiles, seen, sinks = audited(lm, graphs)
+    assert_static(graphs, recompiles, seen)
+    assert sinks[0].records[-1].generated_tokens == 60 and len(seen) > 2 * 59
+    eager = [run(lm, None, [job], joins=[0])[0] for job in LONE] + run(lm, None, ROOM, joins=[0, 0, 2, 5])
+    for sink, other, job in zip(sinks, eager, LONE + ROOM):
+        assert sink.error is None
+        assert_same_run(sink, alone(lm, *job))
+        assert [r.token.id for r in sink.records[:-1]] == [r.token.id for r in other.records[:-1]]
+
+
+def test_a_step_handed_a_new_tensor_each_time_is_caught(lm, monkeypatch):
+    """The mutation: the step's inputs made afresh every step (a new tensor, as ids, positions and the mask were
+    before): the audit above must fail, by a recompile and by the tensors handed."""
+    load = graphed.StepInputs.load
+    graphs = GraphedDecode(lm, n_blocks=64, compile="eager", max_rows=8, row_buckets=(1,))
+    short = [(GenerationRequest(tiny_prompt(5, seed=1), max_new_tokens=6, chat=False), CAPTURE_OFF)]
+    recompiles, seen, _ = audited(lm, graphs, short, jobs_of([CAPTURE_OFF] * 2), lambda: monkeypatch.setattr(
+        graphed.StepInputs, "load", lambda inputs: load(inputs).clone()))
+    assert recompiles > 0
+    with pytest.raises(AssertionError):
+        assert_static(graphs, 0, seen)
+
+
 def test_width_buckets():
     assert [width_bucket(w, 4096) for w in (1, 256, 257, 1000, 4096, 4097)] == [256, 256, 512, 1024, 4096, None]
 
@@ -155,6 +227,26 @@ def test_on_cuda_the_graphed_batch_equals_each_request_alone(tiny_model_dir):
     for sink, (request, policy) in zip(run(cuda, graphs, jobs, joins=[0, 0, 2, 5]), jobs):
         assert sink.error is None
         assert_same_run(sink, alone(cuda, request, policy))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_graphs_are_recorded_recompile_nothing_and_read_one_buffer_per_shape(tiny_model_dir):
+    """The audit above with the CUDA graphs themselves (inductor, cudagraph trees): no graph compiled and left
+    unrecorded (inductor's cudagraph_skips), nothing recompiled after warm-up, each step handed its shape's one
+    buffer, and every answer equal to the request alone."""
+    cuda = load_model(str(tiny_model_dir), device="cuda", dtype="float32")
+    graphs = GraphedDecode(cuda, n_blocks=64, max_rows=8, row_buckets=(1,))      # auto: CUDA graphs
+    assert graphs.graphs
+    skips = graphed.cudagraph_counts().get("cudagraph_skips", 0)
+    recompiles, seen, sinks = audited(cuda, graphs)
+    assert graphs.error is None and graphed.cudagraph_counts().get("cudagraph_skips", 0) == skips
+    assert_static(graphs, recompiles, seen)
+    for sink, (request, policy) in zip(sinks, LONE + ROOM):
+        single = alone(cuda, request, policy)
+        assert sink.error is None
+        assert [r.token.id for r in sink.records[:-1]] == [r.token.id for r in list(single)[:-1]]
+        if policy is CAPTURE_OFF:               # the residual inductor's kernels write: within rounding, not checked
+            assert_same_run(sink, single)
 
 
 def thread_recorded(graphs: GraphedDecode) -> list[int]:

@@ -111,3 +111,36 @@ def test_a_pool_grown_inside_a_step_still_takes_a_reused_prefix_written_outside_
     pool.keys[0][taken[1] * pool.block] = 1.0                # outside: an inference tensor would refuse this
     pool.resid[0, taken[1] * pool.block] = 1.0
     assert pool.keys[0][taken[1] * pool.block].eq(1.0).all()
+
+
+def test_a_graph_s_index_buffer_holds_the_slots_plan_gives_and_its_mask(tiny_lm):
+    """`plan_into` (the graphed step's inputs, filled in place) against `plan` at the same fixed shape: every row's
+    token, position, K/V slot, residual slot (SCRATCH where it keeps none) and the slots it reads; padding rows read
+    NULL and write SCRATCH; the mask the graph computes from the slots equals plan's; a row at a block's end gets
+    its new block."""
+    from types import SimpleNamespace
+
+    from engine.core.lean import causal_mask
+
+    class Row(SimpleNamespace):
+        __hash__ = object.__hash__                            # a slot is a key of the batch's tables
+
+    spec = tiny_lm.spec
+    batch = paged.PagedBatch(pool=paged.BlockPool(spec.n_layers, spec.n_kv_heads, spec.head_dim, torch.float32,
+                                                  torch.device("cpu")))
+    slots = [Row(length=n, token=SimpleNamespace(id=7 + n), kept=kept) for n, kept in ((5, None), (16, 1), (40, None))]
+    for slot in slots:
+        batch.tables[slot] = [batch.pool.allocate() for _ in range(-(-slot.length // BLOCK))]
+        batch.join(slot)
+    rows, width = 5, 64
+    index = torch.full((rows, paged.GATHER + width), -1, dtype=torch.long)
+    batch.plan_into(index.numpy())
+    assert len(batch.tables[slots[1]]) == 2                   # 16 positions held, the 17th needs a second block
+    valid = batch.plan([1] * 3, rows, width)                  # the same tables: nothing more to allocate
+    assert torch.equal(index[:, paged.GATHER:], batch.reads)
+    assert torch.equal(index[:, paged.WRITE:paged.WRITE + 1], batch.writes)
+    assert torch.equal(index[:, paged.RESID], batch.residual_slots)
+    assert index[:3, paged.IDS].tolist() == [12, 23, 47] and index[3:, paged.IDS].tolist() == [12, 12]
+    assert index[:3, paged.POS].tolist() == [5, 16, 40] and not index[3:, paged.POS].any()
+    assert index[[0, 2], paged.RESID].tolist() == [paged.SCRATCH] * 2 and index[1, paged.RESID] != paged.SCRATCH
+    assert torch.equal(causal_mask(index[:, paged.GATHER:] != paged.NULL, 1), causal_mask(valid, 1))

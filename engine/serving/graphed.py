@@ -17,7 +17,11 @@ on the GPU). A graph replays fixed shapes at fixed addresses, so:
 - rows are padded to the first row bucket that holds the batch (padding rows read the null slot and write a scratch
   slot: on a GPU a decode step reads the weights once however many rows it has, so 32 rows cost what 8 do) and the
   keys each row attends to are padded on the left to a power of two (at least 256), hidden by the mask;
-- the mask is passed whole ([rows, 1, 1, width], True where a row attends);
+- the step's inputs are one index buffer per shape (`StepInputs`, as nano-vllm's `graph_vars`), made once at a fixed
+  address and filled in place from the host each step (`PagedBatch.plan_into`: every row's token, position, K/V
+  slot, residual slot and the slots it reads; one copy from pinned memory on CUDA, none on a CPU); the compiled
+  function takes that one tensor (the weights and the pool closed over), computes the mask from the slots read, and
+  so recompiles nothing after warm-up and is handed the same tensor every step (tests/test_graphed.py);
 - the K/V pool is made once, sized for the limits within a share of the free memory, and kept: its tensors
   never move. A batch that outgrows it runs eagerly from then on;
 - capturing is part of the graph: the residual pool sits beside K and V at fixed addresses, and the forward writes
@@ -41,18 +45,19 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from engine import settings
 from engine.errors import EngineError
-from engine.core.lean import causal_mask, lean_step_for
+from engine.core.lean import LeanStep, lean_step_for
 from engine.core.loader import LoadedModel, free_memory
 from engine.projection.card import kv_bytes_per_token, residual_bytes_per_token
 from engine.serving.limits import Limits
 from engine.serving.lean import step
-from engine.serving.paged import BLOCK, NULL, SCRATCH, BlockPool, PagedBatch
+from engine.serving.paged import (BLOCK, GATHER, IDS, NULL, POS, RESID, WRITE, BlockPool, PagedBatch, pad_rows,
+                                  write_and_gather)
 
 COMPILE_MODES = ("auto", "off", "eager", "default", "reduce-overhead")
 RECOMPILE_LIMIT = 64       # shapes x models before dynamo gives up and runs eagerly
@@ -112,15 +117,16 @@ class GraphedDecode:
         self.address = self.pool.keys[0].data_ptr()    # a pool that outgrew itself has moved: eager from then on
         self.rows = tuple(b for b in row_buckets if b < max_rows) + (max_rows,)
         self.shapes: set[tuple[int, int]] = set()
+        self.inputs: dict[tuple[int, int], StepInputs] = {}   # each shape's index buffer, made once
+        self.probe: StepProbe | None = None            # where each step's time goes, when a bench asks (bench/gpu.py)
         self.error: str | None = None                  # why the graphs were given up (the batch runs eagerly)
         self.warmed = False
         self._thread = ThreadPoolExecutor(1, "graphed-step", initializer=_same_device, initargs=(lm.device,))
-        if self.mode == "off":
-            self.step = step
-        else:
+        self.step = graph_step(self.lean, self.pool)
+        if self.mode != "off":
             _raise_recompile_limit()
             options = {"backend": "eager"} if self.mode == "eager" else {"mode": self.mode}
-            self.step = torch.compile(step, fullgraph=True, dynamic=False, **options)
+            self.step = torch.compile(self.step, fullgraph=True, dynamic=False, **options)
 
     @property
     def graphs(self) -> bool:
@@ -142,24 +148,37 @@ class GraphedDecode:
         width = width_bucket(batch.width + 1, self.lm.spec.max_context)
         return (rows, width) if rows is not None and width is not None else None
 
-    def forward(self, batch: PagedBatch, ids: list[int], positions: list[int], shape: tuple[int, int]
-                ) -> torch.Tensor:
-        """Logits [B, V] of the batch's next tokens through the graph of `shape`."""
-        rows, width = shape
-        device, n = self.lm.device, len(ids)
-        mask = causal_mask(batch.plan([1] * n, rows, width), 1)                          # [R, 1, 1, W]
-        ids_t = torch.tensor(ids + ids[:1] * (rows - n), device=device)[:, None]       # padding: any real token
-        pos_t = torch.tensor(positions + [0] * (rows - n), device=device)[:, None]
+    def forward(self, batch: PagedBatch, shape: tuple[int, int]) -> torch.Tensor:
+        """Logits [B, V] of the batch's next tokens through the graph of `shape`: the shape's index buffer filled in
+        place from the host (`PagedBatch.plan_into`), then the step on it; no tensor is made for the step."""
+        start = time.perf_counter()
         self.shapes.add(shape)
-        resid_slots = batch.residual_slots if self.pool.resid is not None else None
-        return self.on_own_thread(self._replay, ids_t, pos_t, batch.write_and_gather, mask, resid_slots)[:n, -1]
+        return self.on_own_thread(self._fill_and_replay, batch, shape, start)[:len(batch.slots), -1]
 
-    def _replay(self, ids: torch.Tensor, positions: torch.Tensor, write_and_gather, mask: torch.Tensor,
-                resid_slots: torch.Tensor | None) -> torch.Tensor:
+    def _fill_and_replay(self, batch: PagedBatch, shape: tuple[int, int], start: float) -> torch.Tensor:
+        """On the graphs' own thread, so that one step at a time fills a shape's buffer, whoever calls."""
+        inputs = self.inputs_for(shape)
+        inputs.ready()
+        batch.plan_into(inputs.array)
+        return self._replay(inputs, start)
+
+    def inputs_for(self, shape: tuple[int, int]) -> StepInputs:
+        if shape not in self.inputs:
+            self.inputs[shape] = StepInputs(*shape, self.lm.device)
+        return self.inputs[shape]
+
+    def _replay(self, inputs: StepInputs, start: float | None = None) -> torch.Tensor:
+        """The step on `inputs` (copied to the device first), on the graphs' own thread; `start`: when the caller
+        asked for it (the probe's)."""
+        index = inputs.load()
         if self.graphs:
             torch.compiler.cudagraph_mark_step_begin()
+        mark = self.probe.before(start) if self.probe is not None and start is not None else None
         with torch.no_grad():        # not inference_mode: inference tensors stay out of the graphs
-            return self.step(self.lean, ids, positions, write_and_gather, mask, self.pool.resid, resid_slots)
+            logits = self.step(index)
+        if mark is not None:
+            self.probe.after(mark)
+        return logits
 
     def on_own_thread(self, fn, *args):
         """`fn(*args)` on the graphs' own thread, the one that compiles, records and replays them; its result (or
@@ -200,20 +219,100 @@ class GraphedDecode:
         stays clean. On the graphs' own thread (`on_own_thread`)."""
         self.warmed = True
         start = time.perf_counter()
-        batch = PagedBatch(pool=self.pool)
-        device = self.lm.device
         for width in widths:
             for rows in self.rows:
-                batch._gather = torch.full((rows, width), NULL, device=device)
-                batch._write = torch.full((rows, 1), SCRATCH, device=device)
-                batch._resid_write = torch.full((rows,), SCRATCH, device=device)
-                mask = causal_mask(torch.zeros(rows, width, dtype=torch.bool, device=device), 1)
-                zeros = torch.zeros(rows, 1, dtype=torch.long, device=device)
+                inputs = self.inputs_for((rows, width))         # the buffer the steps of this shape fill later
+                inputs.ready()
+                pad_rows(inputs.array)
                 for _ in range(3):           # compile, record, replay
-                    self.on_own_thread(self._replay, zeros, zeros, batch.write_and_gather, mask,
-                                       batch._resid_write if self.pool.resid is not None else None)
+                    self.on_own_thread(self._replay, inputs)
                 self.shapes.add((rows, width))
         return time.perf_counter() - start
+
+
+def graph_step(lean: LeanStep, pool: BlockPool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The function a graph replays: one decode step of `lean` over the kept `pool` (engine.serving.lean `step`), of
+    ONE tensor, the shape's index buffer (StepInputs). The weights and the pool are closed over: dynamo guards them
+    once, and they stay put (a pool that moves is never stepped graphed again: `fits`). The mask is computed from the
+    slots read: a real key's slot is never NULL (the null block is never handed out), and each row reads its own."""
+    def graphed(index: torch.Tensor) -> torch.Tensor:
+        # index [R, 4 + W]: id, position, K/V slot, residual slot, the W slots read -> logits [R, 1, V]
+        gather, write = index[:, GATHER:].contiguous(), index[:, WRITE:WRITE + 1]       # [R, W], [R, 1]
+        valid = gather != NULL
+        valid[:, -1] = True                         # its own new key (a padding row's too: its query reads one key)
+        mask = valid[:, None, None, :]                                                 # [R, 1, 1, W]
+
+        def kv(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return write_and_gather(pool.keys[i], pool.values[i], write, gather, k, v)
+        resid = pool.resid
+        return step(lean, index[:, IDS:IDS + 1], index[:, POS:POS + 1], kv, mask, resid,
+                    index[:, RESID] if resid is not None else None)
+    return graphed
+
+
+class StepInputs:
+    """One (rows, width) graph's inputs at a fixed address, made once and filled in place every step, as nano-vllm's
+    `graph_vars`: `index` [R, 4 + W] int64 (columns engine.serving.paged IDS, POS, WRITE, RESID, GATHER). The host
+    writes `array` (numpy over the staging tensor, pinned on CUDA); one copy takes it to `index`, which the graph
+    reads (cudagraph trees copy no static input); on a CPU they are one tensor and nothing is copied. Marked static
+    with a guard: a step handed any other tensor recompiles (tests/test_graphed.py counts)."""
+
+    def __init__(self, rows: int, width: int, device: torch.device):
+        cuda = device.type == "cuda"
+        self.host = torch.zeros((rows, GATHER + width), dtype=torch.long, pin_memory=cuda)
+        self.array = self.host.numpy()
+        pad_rows(self.array)
+        self.index = self.host.to(device) if cuda else self.host
+        torch._dynamo.mark_static_address(self.index, guard=True)      # another tensor fails the guard
+        self._copied = torch.cuda.Event() if cuda else None
+
+    def ready(self) -> None:
+        """Before the host writes the staging tensor again: its last copy has left it (the step that sampled has
+        synchronised already, so this waits for nothing)."""
+        if self._copied is not None:
+            self._copied.synchronize()
+
+    def load(self) -> torch.Tensor:
+        """The filled inputs where the graph reads them: one asynchronous copy from pinned memory on CUDA."""
+        if self.index is not self.host:
+            self.index.copy_(self.host, non_blocking=True)
+            self._copied.record()
+        return self.index
+
+
+class StepProbe:
+    """Where a graphed step's time goes (bench/gpu.py), step by step: from the forward's call to the replay (the plan
+    into the index buffer, its copy, the hand-over to the graphs' thread), the replay's call on the host (dynamo's
+    guards, cudagraph trees' checks, the launch), the device's time between CUDA events recorded around it, and the
+    wall time from one step's call to the next (the sampling and the records between steps included)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.steps: list[tuple[float, float, float, Any, Any]] = []
+
+    def _event(self) -> Any:
+        if not self.cuda:
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def before(self, start: float) -> tuple[float, float, Any]:
+        return start, time.perf_counter(), self._event()
+
+    def after(self, mark: tuple[float, float, Any]) -> None:
+        self.steps.append((*mark[:2], time.perf_counter(), mark[2], self._event()))
+
+    def report(self) -> list[dict[str, float | None]]:
+        """Milliseconds per step; `wall_ms` None for the last (no next call)."""
+        rows = []
+        for i, (start, before, after, e0, e1) in enumerate(self.steps):
+            if e1 is not None:
+                e1.synchronize()
+            rows.append({"host_before_replay_ms": (before - start) * 1e3, "replay_call_ms": (after - before) * 1e3,
+                         "device_ms": e0.elapsed_time(e1) if e1 is not None else None,
+                         "wall_ms": (self.steps[i + 1][0] - start) * 1e3 if i + 1 < len(self.steps) else None})
+        return rows
 
 
 def _same_device(device: torch.device) -> None:

@@ -46,7 +46,7 @@ def decode(lm: LoadedModel, batch: Any, slots: list, lean: "LeanDecode | None", 
         return modules_decode(lm, batch, slots)
     if graphs is not None and (shape := graphs.fits(batch)):
         try:
-            return graphs.forward(batch, [s.token.id for s in slots], [s.length for s in slots], shape)
+            return graphs.forward(batch, shape)             # the batch's rows are `slots`
         except Exception as err:  # noqa: BLE001 - a step that cannot run graphed runs eagerly, as all after it
             graphs.give_up(err)
     return lean.decode(batch, slots)

@@ -5,6 +5,7 @@
     valid = batch.plan([n], slots=[slot])    # a prefill chunk of n tokens: where its K/V and residual go
     batch.join(slot)                         # its prompt is in: it decodes with the batch
     valid = batch.plan([1] * len(batch.slots))   # a decode step; the forward's kv is `batch.write_and_gather`
+    batch.plan_into(index)                   # a graphed decode step: the same slots into its index buffer, in place
     batch.table()                       # who holds which block, how full, how many free (measured)
 
 Storage: per layer one K pool and one V pool of `n_blocks * block` slots, [slots, KVH, D]. A request owns
@@ -27,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 
@@ -36,6 +38,8 @@ BLOCK = 16                 # tokens per block: vLLM's default
 FIRST_BLOCKS = 64          # the pool's size at the start; it doubles when full
 NULL = 0                   # the null block
 SCRATCH = 1                # a slot of the null block nobody reads: a CUDA graph's padding rows write there
+# the columns of a graphed decode step's index buffer [R, 4 + W] (PagedBatch.plan_into): per row
+IDS, POS, WRITE, RESID, GATHER = 0, 1, 2, 3, 4   # token id, position, K/V slot, residual slot, then the W slots read
 
 
 @dataclass(frozen=True)
@@ -332,15 +336,32 @@ class PagedBatch:
     def write_and_gather(self, layer: int, key: torch.Tensor, value: torch.Tensor):
         # key, value: [B, KVH, T, D] new -> pools at the planned slots; returns [B, KVH, S, D], pads reading the null
         # slot
-        k_pool, v_pool = self.pool.keys[layer], self.pool.values[layer]
-        where = self._write.reshape(-1)
-        k_pool[where] = key.transpose(1, 2).reshape(-1, *k_pool.shape[1:])
-        v_pool[where] = value.transpose(1, 2).reshape(-1, *v_pool.shape[1:])
-        b, w = self._gather.shape
-        flat = self._gather.reshape(-1)
-        k = k_pool.index_select(0, flat).view(b, w, *k_pool.shape[1:]).transpose(1, 2)
-        v = v_pool.index_select(0, flat).view(b, w, *v_pool.shape[1:]).transpose(1, 2)
-        return k, v
+        return write_and_gather(self.pool.keys[layer], self.pool.values[layer], self._write, self._gather, key, value)
+
+    def plan_into(self, index: np.ndarray) -> None:
+        """Plan a decode step of the batch's rows into a graph's index buffer, in place: `index` [R, 4 + W] (numpy,
+        over the host's staging tensor; engine.serving.graphed.StepInputs), row b holding its token id, its
+        position, the slot its K/V goes to, the slot its residual goes to (SCRATCH where it keeps none) and the W
+        slots it reads, left-padded with NULL; rows past the batch's are padding (they read NULL, write SCRATCH).
+        The same slots as `plan(..., rows, width)` (tests/test_paged.py), without a tensor made per step."""
+        slots, block = self.slots, self.block
+        for slot in slots:
+            while slot.length + 1 > len(self.tables[slot]) * block:
+                self.tables[slot].append(self.pool.allocate())
+        k, width = len(slots), index.shape[1] - GATHER
+        lengths = np.fromiter((s.length for s in slots), np.int64, k)                  # [B] the new tokens' positions
+        tables = np.full((k, max(len(self.tables[s]) for s in slots)), NULL, np.int64)
+        for b, slot in enumerate(slots):
+            tables[b, :len(self.tables[slot])] = self.tables[slot]
+        p = np.arange(width) - (width - 1 - lengths)[:, None]                         # [B, W] own positions
+        own = np.maximum(p, 0)
+        gather = np.where(p >= 0, np.take_along_axis(tables, own // block, 1) * block + own % block, NULL)
+        index[:k, GATHER:] = gather
+        index[:k, IDS] = [s.token.id for s in slots]
+        index[:k, POS] = lengths
+        index[:k, WRITE] = gather[:, -1]
+        index[:k, RESID] = np.where([getattr(s, "kept", None) is not None for s in slots], gather[:, -1], SCRATCH)
+        pad_rows(index[k:], index[0, IDS])
 
     def row_cache(self, b: int, config: Any) -> DynamicCache:
         """Row b's K/V alone, as a cache of its own (batch of one): for probing a failure."""
@@ -358,6 +379,26 @@ class PagedBatch:
         rows = tuple((s.label, tuple(self.tables[s]), s.length) for s in [*self.slots, *admitted])
         return BlockTable(self.block, self.pool.n_blocks - 1, len(self.pool.free), rows, self.pool.bytes_per_block,
                           self.pool.resid_bytes_per_block, sum(map(len, self.held.values())))
+
+
+def pad_rows(index: np.ndarray, token: int = 0) -> None:
+    """Rows of a graph's index buffer [R, 4 + W] as padding, in place: any real token at position 0, reading the
+    null slot, writing K/V and residual to the scratch slot."""
+    index[:, IDS], index[:, POS], index[:, WRITE], index[:, RESID], index[:, GATHER:] = token, 0, SCRATCH, SCRATCH, NULL
+
+
+def write_and_gather(k_pool: torch.Tensor, v_pool: torch.Tensor, write: torch.Tensor, gather: torch.Tensor,
+                     key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's new K/V into its pools [slots, KVH, D] at `write` (B * T slots), and the keys and values each row
+    reads, gathered at `gather` [B, S] (NULL for pads): key, value [B, KVH, T, D] -> [B, KVH, S, D] each."""
+    where = write.reshape(-1)
+    k_pool[where] = key.transpose(1, 2).reshape(-1, *k_pool.shape[1:])
+    v_pool[where] = value.transpose(1, 2).reshape(-1, *v_pool.shape[1:])
+    b, w = gather.shape
+    flat = gather.reshape(-1)
+    k = k_pool.index_select(0, flat).view(b, w, *k_pool.shape[1:]).transpose(1, 2)
+    v = v_pool.index_select(0, flat).view(b, w, *v_pool.shape[1:]).transpose(1, 2)
+    return k, v
 
 
 def write_residual(resid: torch.Tensor, write: torch.Tensor, hidden_states: tuple[torch.Tensor, ...]) -> None:
