@@ -1187,6 +1187,51 @@ LONE += [  # docs/engine.md, "Where the kernel loses, per weight shape"
                            ("576->49152", "the vocabulary 576 -> 49152"))),
 ]
 
+SPIN_QUIET = "lone_spin/20261128T113027Z-5ce1c6b.json"    # a lone step under libgomp's waits, no neighbour
+SPIN_BURN = "lone_spin/20261128T120540Z-daf3e0b.json"     # the same, a neighbour spinning on one core
+SPIN_GUIDED = "lone_spin/20261128T120303Z-daf3e0b.json"   # rows.c's guided split against fixed halves, a neighbour
+SPIN_LABELS = {"passive": "`OMP_WAIT_POLICY=PASSIVE` (the default)", "spin-1e3": "`GOMP_SPINCOUNT=1000`",
+               "spin-1e4": "`GOMP_SPINCOUNT=10000`", "spin-1e5": "`GOMP_SPINCOUNT=100000`",
+               "spin-3e5": "`GOMP_SPINCOUNT=300000` (libgomp's own when nothing is set)",
+               "passive-1e5": "`OMP_WAIT_POLICY=PASSIVE`, `GOMP_SPINCOUNT=100000`", "active": "`OMP_WAIT_POLICY=ACTIVE`"}
+
+
+def _spin_ratio(d: dict, way: str) -> float:
+    """Two threads' step under `way` over PASSIVE's, in one run."""
+    return d["table"][f"{way}-2"]["wall_ms"] / d["table"]["passive-2"]["wall_ms"]
+
+
+def _and(values: list[float]) -> str:
+    return ", ".join(f"{v:.1f}" for v in values[:-1]) + f" and {values[-1]:.1f}"
+
+
+LONE += [  # docs/engine.md, "What sleeping costs, and why a short spin is not the fix"
+    (ENGINE_DOC, SPIN_QUIET, "(load average {:.1f} at the start of `bench/results/lone_spin/20261128T113027Z-5ce1c6b.json`",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (ENGINE_DOC, SPIN_QUIET, "{} rounds of {} tokens; the floor, the weights' bytes over a sum's read rate in the same "
+     "run, {:.1f} ms)", lambda d: (d["rounds"], d["tokens"], d["floor_ms"])),
+    *((ENGINE_DOC, SPIN_QUIET, f"| {label} | {{:.1f}} ms | {{:.1f}} ms | {{:.2f}}x |",
+       lambda d, k=way: (d["table"][f"{k}-1"]["wall_ms"], d["table"][f"{k}-2"]["wall_ms"], d["table"][f"{k}-2"]["x_floor"]))
+      for way, label in SPIN_LABELS.items()),
+    (ENGINE_DOC, SPIN_BURN, "`bench/results/lone_spin/20261128T120540Z-daf3e0b.json`, {} rounds of {} tokens, load "
+     "average {:.1f} at its start)", lambda d: (d["rounds"], d["tokens"], d["provenance"]["machine"]["load_avg"][0])),
+    *((ENGINE_DOC, SPIN_BURN, f"| {SPIN_LABELS[way]} | {{:.1f}} ms | {{:.1f}} ms |",
+       lambda d, k=way: (d["table"][f"{k}-1"]["wall_ms"], d["table"][f"{k}-2"]["wall_ms"]))
+      for way in ("passive", "spin-1e4", "spin-1e5")),
+    (ENGINE_DOC, SPIN_QUIET, "two threads took {:.2f}x of `PASSIVE`'s step with `GOMP_SPINCOUNT=100000` and came within "
+     "{:.2f}x of the floor", lambda d: (_spin_ratio(d, "spin-1e5"), d["table"]["spin-1e5-2"]["x_floor"])),
+    (ENGINE_DOC, SPIN_BURN, "the same spin made two threads {:.1f}x (`GOMP_SPINCOUNT=10000`) and {:.1f}x (`100000`) "
+     "`PASSIVE`'s step", lambda d: (_spin_ratio(d, "spin-1e4"), _spin_ratio(d, "spin-1e5"))),
+    (ENGINE_DOC, SPIN_QUIET, "(`PASSIVE` with `GOMP_SPINCOUNT=100000`: rounds of {} ms; `ACTIVE`: {} ms;",
+     lambda d: (_and(d["table"]["passive-1e5-2"]["rounds_wall_ms"]), _and(d["table"]["active-2"]["rounds_wall_ms"]))),
+    (ENGINE_DOC, SPIN_GUIDED, "(a neighbour on one core, load average {:.1f} at its start, {} rounds of {} tokens) two "
+     "threads took {:.1f} ms a step guided against {:.1f} ms with fixed halves",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], d["rounds"], d["tokens"], d["table"]["guided-2"]["wall_ms"],
+                d["table"]["static-2"]["wall_ms"])),
+    (ENGINE_DOC, SPIN_QUIET, "with libgomp's bounded spin the step came within {:.2f}x of the floor while the second "
+     "core was free", lambda d: (d["table"]["spin-1e5-2"]["x_floor"],)),
+]
+
 ENGINE_MD = "docs/engine.md"
 FORWARD = [  # the one forward's round (docs/engine.md, "The one forward")
     (ENGINE_MD, "before_after/20261127T205417Z-63a755b.json", "the pages' capture made {:.2f}x (in-process) and {:.2f}x "
