@@ -1187,6 +1187,15 @@ LONE += [  # docs/engine.md, "Where the kernel loses, per weight shape"
                            ("576->49152", "the vocabulary 576 -> 49152"))),
 ]
 
+HOST_AGAIN = "lone_host/20261128T120953Z-a084f4c.json"     # the host's work remeasured after the row kernel
+LONE += [  # docs/engine.md, "The host's work per token, cut": remeasured
+    (ENGINE_DOC, HOST_AGAIN, "2 threads, {} rounds of {} tokens, load average {:.1f} at its start): the host's work in "
+     "the step was {:.2f} ms wall and {:.2f} ms CPU a token of a {:.1f} ms step, {:.2f} ms of it picking and describing "
+     "the token (the same picking alone: {:.2f} ms)",
+     lambda d: (d["rounds"], d["tokens"], d["provenance"]["machine"]["load_avg"][0],
+                *(d["in_steps"]["after"][k] for k in ("host_wall_ms", "host_cpu_ms", "step_wall_ms", "pick_wall_ms")),
+                d["alone"]["after"]["greedy"]["wall_ms"])),
+]
 SPIN_QUIET = "lone_spin/20261128T113027Z-5ce1c6b.json"    # a lone step under libgomp's waits, no neighbour
 SPIN_BURN = "lone_spin/20261128T120540Z-daf3e0b.json"     # the same, a neighbour spinning on one core
 SPIN_GUIDED = "lone_spin/20261128T120303Z-daf3e0b.json"   # rows.c's guided split against fixed halves, a neighbour
