@@ -30,7 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")        # this parent's own torch: the floor's sums, as served
+if "--child" not in sys.argv:              # the parent's own torch (the floor's sums) as served; a child keeps its setting
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -73,6 +74,7 @@ def child(threads: list[int], tokens: int, model: str, rows_from: str | None) ->
         torch.set_num_threads(t)
         out[str(t)] = run(runner, lm, tokens)
     out["idle_spin_ms"] = idle_spin_ms(kernels.row_kernel(), max(threads))
+    out["environ"] = {k: os.environ[k] for k in WAITS if k in os.environ}     # what this child's libgomp read
     return out
 
 
@@ -205,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                  "burn": args.burn, "weight_bytes": nbytes, "floors": floors, "floor_ms": floor_ms,
                  "same_text": len(texts) == 1, "errors": errors, "table": table,
                  "turns": {k: [{t: ({m: r[t][m] for m in ("wall_ms", "cpu_ms", "steps")} if isinstance(r[t], dict) else r[t])
-                                   for t in r} if "error" not in r
+                                   for t in r if t != "environ"} | {"environ": r.get("environ")} if "error" not in r
                                else r for r in v] for k, v in turns.items()}}, out=args.out)
     return 0 if len(texts) == 1 and not errors else 1
 
