@@ -1187,6 +1187,49 @@ LONE += [  # docs/engine.md, "Where the kernel loses, per weight shape"
                            ("576->49152", "the vocabulary 576 -> 49152"))),
 ]
 
+HOST_AGAIN = "lone_host/20261128T120953Z-a084f4c.json"     # the host's work remeasured after the row kernel
+LONE += [  # docs/engine.md, "The host's work per token, cut": remeasured
+    (ENGINE_DOC, HOST_AGAIN, "2 threads, {} rounds of {} tokens, load average {:.1f} at its start): the host's work in "
+     "the step was {:.2f} ms wall and {:.2f} ms CPU a token of a {:.1f} ms step, {:.2f} ms of it picking and describing "
+     "the token (the same picking alone: {:.2f} ms)",
+     lambda d: (d["rounds"], d["tokens"], d["provenance"]["machine"]["load_avg"][0],
+                *(d["in_steps"]["after"][k] for k in ("host_wall_ms", "host_cpu_ms", "step_wall_ms", "pick_wall_ms")),
+                d["alone"]["after"]["greedy"]["wall_ms"])),
+]
+SPIN_QUIET = "lone_spin/20261128T121126Z-5ca5c9e.json"    # a lone step under libgomp's waits, no neighbour of ours
+SPIN_BURN = "lone_spin/20261128T121910Z-5ca5c9e.json"     # the same, a neighbour spinning on one core
+SPIN_GUIDED = "lone_spin/20261128T120303Z-daf3e0b.json"   # rows.c's guided split against fixed halves, a neighbour
+SPIN_LABELS = {"passive": "`OMP_WAIT_POLICY=PASSIVE` (the default)", "spin-1e3": "`GOMP_SPINCOUNT=1000`",
+               "spin-1e4": "`GOMP_SPINCOUNT=10000`", "spin-1e5": "`GOMP_SPINCOUNT=100000`",
+               "spin-3e5": "`GOMP_SPINCOUNT=300000` (libgomp's default when nothing is set)",
+               "passive-1e5": "`OMP_WAIT_POLICY=PASSIVE`, `GOMP_SPINCOUNT=100000`", "active": "`OMP_WAIT_POLICY=ACTIVE`"}
+
+
+def _spin_row(d: dict, way: str) -> tuple:
+    """One way's quiet row: 1 thread's median; 2 threads' fastest round (and over the floor), median, slowest."""
+    one_t, two = d["table"][f"{way}-1"], d["table"][f"{way}-2"]
+    fastest = min(two["rounds_wall_ms"])
+    return one_t["wall_ms"], fastest, fastest / d["floor_ms"], two["wall_ms"], max(two["rounds_wall_ms"])
+
+
+LONE += [  # docs/engine.md, "What sleeping costs, and why a short spin is not the fix"
+    (ENGINE_DOC, SPIN_QUIET, "(load average {:.1f} at the start of `bench/results/lone_spin/20261128T121126Z-5ca5c9e.json`; "
+     "{} rounds of {} tokens; the floor, the weights' bytes over a sum's read rate in the same run, {:.1f} ms)",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], d["rounds"], d["tokens"], d["floor_ms"])),
+    *((ENGINE_DOC, SPIN_QUIET, f"| {label} | {{:.1f}} ms | {{:.1f}} ms, {{:.2f}}x | {{:.1f}} ms | {{:.1f}} ms |",
+       lambda d, k=way: _spin_row(d, k)) for way, label in SPIN_LABELS.items()),
+    (ENGINE_DOC, SPIN_BURN, "`bench/results/lone_spin/20261128T121910Z-5ca5c9e.json`, {} rounds of {} tokens, load "
+     "average {:.1f} at its start)", lambda d: (d["rounds"], d["tokens"], d["provenance"]["machine"]["load_avg"][0])),
+    *((ENGINE_DOC, SPIN_BURN, f"| {SPIN_LABELS[way]} | {{:.1f}} ms | {{:.1f}} ms, {{:.1f}}x |",
+       lambda d, k=way: (d["table"][f"{k}-1"]["wall_ms"], d["table"][f"{k}-2"]["wall_ms"],
+                         d["table"][f"{k}-2"]["wall_ms"] / d["table"]["passive-2"]["wall_ms"]))
+      for way in ("passive", "spin-1e4", "spin-1e5", "passive-1e5")),
+    (ENGINE_DOC, SPIN_GUIDED, "(a neighbour on one core, load average {:.1f} at its start, {} rounds of {} tokens, both "
+     "`PASSIVE`) two threads took {:.1f} ms a step guided against {:.1f} ms with fixed halves",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], d["rounds"], d["tokens"], d["table"]["guided-2"]["wall_ms"],
+                d["table"]["static-2"]["wall_ms"])),
+]
+
 ENGINE_MD = "docs/engine.md"
 FORWARD = [  # the one forward's round (docs/engine.md, "The one forward")
     (ENGINE_MD, "before_after/20261127T205417Z-63a755b.json", "the pages' capture made {:.2f}x (in-process) and {:.2f}x "
