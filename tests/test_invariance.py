@@ -202,12 +202,16 @@ def test_plain_products_in_the_batch_change_the_numbers(lm, monkeypatch):
     assert not all(torch.equal(a, b) for a, b in zip(alone, batched))
 
 
-def test_every_float32_product_of_the_mode_goes_through_the_tiled_row_kernel(lm, monkeypatch):
+def test_every_float32_product_of_the_mode_goes_through_the_row_kernel(lm, monkeypatch):
     """In float32 on the CPU each product of the mode, prefill chunk, decode rows and LM head alike, is the row
-    kernel's `tiled` (one fixed order per output); none goes to torch's product (`padded`)."""
+    kernel's (one fixed order per output): `linear` up to 8 rows, `tiled` above; none goes to torch's (`padded`)."""
     calls = []
-    real = kernels.RowKernel.tiled
-    monkeypatch.setattr(kernels.RowKernel, "tiled", lambda self, x, w, *a: calls.append(x.shape[0]) or real(self, x, w, *a))
+    for name, most in (("linear", kernels.MAX_ROWS), ("tiled", None)):
+        def counted(self, x, w, *a, real=getattr(kernels.RowKernel, name), most=most):
+            assert most is None or x.shape[0] <= most
+            calls.append(x.shape[0])
+            return real(self, x, w, *a)
+        monkeypatch.setattr(kernels.RowKernel, name, counted)
     monkeypatch.setattr(invariant, "padded", lambda *a: pytest.fail("a product took torch's path"))
     step = LeanStep(lm)
     step.invariant = True

@@ -10,13 +10,14 @@ CPU (bench/invariance.py) MKL's sgemm gives a row other bits when the product ha
 one (a matrix-vector path at one row, blocked paths above), and SDPA gives a query other bits in a prefill chunk
 than in a decode step. Here every product is made on the same fixed shapes whatever the batch:
 
-- `linear`: in float32 on the CPU, the row kernel's `tiled` (engine/core/kernels/rows.c, `tiles_linear`): each
-  output's sum in ONE fixed order (two accumulators of 16 lanes fed in k's order, added up in one fixed tree), the
-  order the few-rows kernel (`rows_linear`, a usual lone decode step's products) already keeps; the rows go through
-  register tiles of 4 rows x 3 outputs over cache-sized blocks of the weights, threads over outputs, never along
-  k. So a row's product has the same bits alone, in a room's decode step of any size, in a prefill chunk of any
-  length and on any number of threads (tests/test_row_kernel.py checks it bitwise, and that a copy of rows.c whose
-  full tiles round differently fails), and a lone row takes no padding. Elsewhere (another dtype or device, or
+- `linear`: in float32 on the CPU, the row kernel (engine/core/kernels/rows.c): each output's sum in ONE fixed
+  order (two accumulators of 16 lanes fed in k's order, added up in one fixed tree), whatever the rows. Up to 8
+  rows `rows_linear` (the usual lone decode step's products: a lone row's products are the same bits with the
+  mode on or off); more rows `tiles_linear` (`tiled`), the same order in register tiles of 4 rows x 3 outputs over
+  cache-sized blocks of the weights, threads over outputs, never along k. So a row's product has the same bits
+  alone, in a room's decode step of any size, in a prefill chunk of any length and on any number of threads
+  (tests/test_row_kernel.py checks it bitwise, and that a copy of rows.c whose full tiles round differently
+  fails), and a lone row takes no padding. Elsewhere (another dtype or device, or
   where the kernel cannot be built) `padded`: the rows padded with zero rows to a multiple of `ROW_TILE` and
   multiplied in one torch call. On this CPU MKL's sgemm adds up each output in the same order for every row count
   that is a multiple of 8 (8 to 2,048 rows checked on SmolLM2's products, one thread and two), but not for 1, 2 or
@@ -72,12 +73,14 @@ def _pad_rows(x: torch.Tensor, tile: int) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T + bias as F.linear, x [..., d_in] -> [..., d_out]: in float32 on the CPU the row kernel's
-    `tiled` (one fixed order per output, any number of rows); elsewhere `padded`."""
+    """x @ weight.T + bias as F.linear, x [..., d_in] -> [..., d_out]: in float32 on the CPU the row kernel (one
+    fixed order per output: `linear` for up to kernels.MAX_ROWS rows, the weights streamed once as a lone step's
+    are, `tiled` for more, the same bits); elsewhere `padded`."""
     flat = x.reshape(-1, x.shape[-1])                                               # [M, d_in]
     kernel = kernels.row_kernel()
     if kernel is not None and flat.shape[0] and kernels.fits(flat, weight, bias, max_rows=None):
-        return kernel.tiled(flat, weight, bias).view(*x.shape[:-1], weight.shape[0])
+        product = kernel.linear if flat.shape[0] <= kernels.MAX_ROWS else kernel.tiled
+        return product(flat, weight, bias).view(*x.shape[:-1], weight.shape[0])
     return padded(x, weight, bias)
 
 
