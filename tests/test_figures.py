@@ -792,6 +792,33 @@ FIGURES.append((ENGINE_DOC, TILE_PRODUCTS, "load average {:.1f} at its start; ev
                            "as" if all(r["bitwise_alone"] for r in d["results"]) else "NOT as")))
 
 
+TILE_COST_BEFORE = ("invariance/20261128T122543Z-5ce1c6b.json", "invariance/20261128T122926Z-5ce1c6b.json")
+TILE_COST_AFTER = ("invariance/20261128T122653Z-de1e914.json", "invariance/20261128T122822Z-de1e914.json")
+
+
+def _tile_cost(d: dict) -> tuple:
+    files = TILE_COST_BEFORE + TILE_COST_AFTER
+    runs = [result(f) for f in files]
+    ratio = lambda key: tuple(r["cost"][key]["on_over_off"] for r in runs)  # noqa: E731
+    pre = ratio("prefill")
+    after = runs[2:]
+    spread = max(max(v) / min(v) for r in runs for c in r["cost"].values() for v in c["rounds"].values())
+    return (min(r["provenance"]["machine"]["load_avg"][0] for r in runs),
+            max(r["provenance"]["machine"]["load_avg"][0] for r in runs), *pre,
+            *(r["cost"]["prefill"]["on_s"] for r in after), *(r["cost"]["prefill"]["off_s"] for r in after),
+            *ratio("20-row decode step"), *ratio("lone decode step"), spread)
+
+
+TILE_COST_TEXT = ("load averages {:.1f} to {:.1f} at their starts): a 2,048-token prefill (its logits at every position, "
+                  "as the bench keeps them) {:.2f}x and {:.2f}x the usual kernels' time before, {:.2f}x and {:.2f}x "
+                  "after ({:.1f} and {:.1f} s against {:.1f} and {:.1f}); a 20-row decode step {:.2f}x and {:.2f}x "
+                  "before, {:.2f}x and {:.2f}x after; a lone decode step {:.2f}x and {:.2f}x before, {:.2f}x and "
+                  "{:.2f}x after. Within a run, a mode's rounds spread by up to {:.2f}x.")
+FIGURES.append((ENGINE_DOC, TILE_COST_BEFORE[0], TILE_COST_TEXT, _tile_cost))
+for _file in TILE_COST_BEFORE[1:] + TILE_COST_AFTER:
+    FIGURES.append((ENGINE_DOC, _file, "`bench/results/" + _file + "`", lambda d: ()))
+
+
 def _lesson(d: dict) -> tuple:
     runs, sums = d["lesson"]["settings"], d["lesson"]["two_orders"]
     seconds = [(v["alone_s"], v["in_batch_s"]) for v in runs.values()]

@@ -43,7 +43,7 @@ log = logging.getLogger("engine.kernels")
 
 SOURCE = Path(__file__).with_name("rows.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=fast", "-shared", "-fPIC")
-MAX_ROWS = 8                       # rows a call takes; more take torch's product
+MAX_ROWS = 8                       # rows `linear` takes (matvec: more take torch's product); `tiled` takes any
 F32 = torch.float32
 BUILD_SECONDS = 120                # a compiler that takes longer than this is given up on
 
