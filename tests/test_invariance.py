@@ -17,7 +17,7 @@ from transformers import DynamicCache
 
 from conftest import tiny_prompt, write_tiny_llama
 from servers import running_server, tiny_args
-from engine.core import invariant
+from engine.core import invariant, kernels
 from engine.core.kernels import attend
 from engine.core.generate import GenerationRequest, encode_prompt
 from engine.core.hooks import CAPTURE_OFF
@@ -49,6 +49,14 @@ def lean(lm):
     step = LeanStep(lm)
     step.invariant = True
     return step
+
+
+@pytest.fixture
+def no_row_kernel():
+    """The products in torch's operations (the row kernel off): the path other dtypes and devices take."""
+    kernels.use(False)
+    yield
+    kernels.use(True)
 
 
 @pytest.fixture
@@ -194,10 +202,31 @@ def test_plain_products_in_the_batch_change_the_numbers(lm, monkeypatch):
     assert not all(torch.equal(a, b) for a, b in zip(alone, batched))
 
 
-def test_a_library_whose_order_follows_the_row_count_gets_the_tiles(lm, monkeypatch):
-    """The one-call product holds only where this library sums a row the same way in any multiple of 8 rows (MKL on
-    the machine the kernels were measured on; not a promise). A library that does not (here: a product whose last
-    bit moves above 8 rows) fails the probe, and the 8-row tiles keep every row's bits alone and in a batch."""
+def test_every_float32_product_of_the_mode_goes_through_the_row_kernel(lm, monkeypatch):
+    """In float32 on the CPU each product of the mode, prefill chunk, decode rows and LM head alike, is the row
+    kernel's (one fixed order per output): `linear` up to 8 rows, `tiled` above; none goes to torch's (`padded`)."""
+    calls = []
+    for name, most in (("linear", kernels.MAX_ROWS), ("tiled", None)):
+        def counted(self, x, w, *a, real=getattr(kernels.RowKernel, name), most=most):
+            assert most is None or x.shape[0] <= most
+            calls.append(x.shape[0])
+            return real(self, x, w, *a)
+        monkeypatch.setattr(kernels.RowKernel, name, counted)
+    monkeypatch.setattr(invariant, "padded", lambda *a: pytest.fail("a product took torch's path"))
+    step = LeanStep(lm)
+    step.invariant = True
+    ids = ids_of(70, 4, lm.model.config.vocab_size)
+    run_alone(step, ids, 2, 64)
+    run_in_batch(step, ids, 2, 6)
+    assert calls.count(64) == 7 * len(step.layers) + 1                  # the first chunk's seven products a layer
+    assert {6, 1, 7} <= set(calls)                                      # its second chunk, alone, a batch of 7
+
+
+def test_a_library_whose_order_follows_the_row_count_gets_the_tiles(lm, monkeypatch, no_row_kernel):
+    """Where the row kernel is not built (or the dtype or device is not its), the products are torch's, padded. The
+    one-call product holds only where this library sums a row the same way in any multiple of 8 rows (MKL on the
+    machine the kernels were measured on; not a promise). A library that does not (here: a product whose last bit
+    moves above 8 rows) fails the probe, and the 8-row tiles keep every row's bits alone and in a batch."""
     class RowCountLibrary:                       # torch.nn.functional, but for its product's last bit above 8 rows
         def __getattr__(self, name):
             return getattr(F, name)

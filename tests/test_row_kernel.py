@@ -87,6 +87,66 @@ def test_a_rows_bits_are_the_same_alone_among_others_and_with_one_or_two_threads
         torch.set_num_threads(before)
 
 
+TILED_ROWS = (1, 2, 3, 4, 5, 7, 8, 9, 13, 20, 33, 130)     # partial and full register tiles, several row blocks
+
+
+@pytest.mark.parametrize("out,width", [(3, 32), (67, 33), (130, 577), (1001, 64), (960, 576), (576, 1536)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_tiled_product_equals_the_float64_product_for_any_number_of_rows(kernel, out, width, bias):
+    g = torch.Generator().manual_seed(out * 7 + width)
+    w = torch.randn(out, width, generator=g)
+    b = torch.randn(out, generator=g) if bias else None
+    for rows in (1, 5, 33, 130):
+        x = torch.randn(rows, width, generator=g)
+        got = kernel.tiled(x, w, b)
+        assert got.shape == (rows, out) and got.dtype == torch.float32
+        scale = float(np.sqrt(width))
+        np.testing.assert_allclose(got, exact(x, w, b), atol=2e-6 * scale, rtol=1e-5)
+
+
+def tiled_keeps_each_rows_bits(kernel: kernels.RowKernel, w: torch.Tensor, b: torch.Tensor | None,
+                               x: torch.Tensor) -> bool:
+    """Every row of every leading slice of x (TILED_ROWS rows), on 1, 2 and 3 threads, has the bits `linear` (the
+    few-rows kernel) gives it alone on one thread."""
+    alone = torch.cat([kernel.linear(x[i:i + 1], w, b, threads=1) for i in range(len(x))])
+    return all(torch.equal(kernel.tiled(x[:rows], w, b, threads=threads), alone[:rows])
+               for rows in TILED_ROWS for threads in (1, 2, 3))
+
+
+@pytest.mark.parametrize("out,width", [(67, 33), (130, 577), (960, 576), (576, 1536), (3, 1000)])
+def test_the_tiled_product_gives_a_row_the_bits_it_gets_alone_among_any_rows_and_threads(kernel, out, width):
+    """One fixed order per output whatever the rows, tiles and threads: row i of M rows through `tiled` equals row i
+    alone through `linear` (the few-rows kernel a lone decode step takes), bitwise, for M from 1 to 130 (row tiles of
+    4 full and partial, outputs tiles of 3 full and partial, more than one block of rows where the rows are wide)."""
+    g = torch.Generator().manual_seed(out + width)
+    w, b = torch.randn(out, width, generator=g), torch.randn(out, generator=g)
+    x = torch.randn(max(TILED_ROWS), width, generator=g)
+    assert tiled_keeps_each_rows_bits(kernel, w, b, x)
+
+
+def test_a_tiled_product_whose_order_follows_the_row_count_fails_the_row_check(kernel, tmp_path, monkeypatch):
+    """The mutation: rows.c with each product rounded before it is added (no fused multiply-add) in full tiles of 4
+    rows only, as a library's code path for full tiles might; built and loaded as the kernel is, it gives a row other
+    bits among 4 or more rows than alone, and the check above says so."""
+    monkeypatch.setenv("PLAYGROUND_CACHE", str(tmp_path / "cache"))
+    text = kernels.SOURCE.read_text()
+    fused = "acc[r][c][a] += xv * wv[c];"
+    assert text.count(fused) == 1
+    source = tmp_path / "rows.c"
+    source.write_text(text.replace(fused, '{ vec p = xv * wv[c]; if (rows == TR) __asm__("" : "+v"(p)); '
+                                          'acc[r][c][a] += p; }'))
+    mutant = kernels.RowKernel(kernels.build(source))
+    g = torch.Generator().manual_seed(9)
+    w, b, x = torch.randn(130, 577, generator=g), None, torch.randn(max(TILED_ROWS), 577, generator=g)
+    assert tiled_keeps_each_rows_bits(kernel, w, b, x) and not tiled_keeps_each_rows_bits(mutant, w, b, x)
+
+
+def test_fits_takes_any_number_of_rows_only_when_asked(kernel):
+    w, many = torch.randn(30, 64), torch.randn(kernels.MAX_ROWS + 1, 64)
+    assert not kernels.fits(many, w, None) and kernels.fits(many, w, None, max_rows=None)
+    assert kernels.fits(many[:kernels.MAX_ROWS], w, None)
+
+
 def test_weights_side_by_side_give_each_output_the_bits_it_gets_apart(kernel):
     """q|k|v as one matrix or one weight at a time: each output reads the same row of weights in the same order."""
     g = torch.Generator().manual_seed(3)

@@ -1,7 +1,7 @@
 """Batch-invariant kernels: a row's numbers do not depend on the other rows, the thread count or the chunking.
 
     enabled()                                      # the `invariant` setting: LeanStep.invariant runs these two
-    y = linear(x, weight, bias)                    # x [..., d_in] -> [..., d_out], rows padded to a multiple of 8
+    y = linear(x, weight, bias)                    # x [..., d_in] -> [..., d_out], one fixed order per output
     out = attention(q, keys, values, mask, scaling)   # [B, H, T, D], one fixed split along the keys
 
 Why (Thinking Machines, "Defeating Nondeterminism in LLM Inference"; SGLang's and vLLM's batch-invariant modes): a
@@ -10,14 +10,21 @@ CPU (bench/invariance.py) MKL's sgemm gives a row other bits when the product ha
 one (a matrix-vector path at one row, blocked paths above), and SDPA gives a query other bits in a prefill chunk
 than in a decode step. Here every product is made on the same fixed shapes whatever the batch:
 
-- `linear`: the rows are padded with zero rows to a multiple of `ROW_TILE` and multiplied in one call. On this CPU
-  MKL's sgemm adds up each output in the same order for every row count that is a multiple of 8 (8 to 2,048 rows
-  checked on SmolLM2's products, one thread and two; tests/test_invariance.py and bench/invariance.py's kernel checks
-  say so bitwise), but not for 1, 2 or 7 rows. That is what this machine's MKL does, not what MKL promises, so
-  each weight shape is probed once, at its first product (`one_call_holds`: 8 rows alone against the same 8 among
-  16 to 264, bitwise, at the current thread count); where the library orders them differently, that shape is
-  multiplied 8 rows at a time, one call per tile (`tiled`): the same bits on any library, each weight read once
-  per tile (bench/invariance.py times both);
+- `linear`: in float32 on the CPU, the row kernel (engine/core/kernels/rows.c): each output's sum in ONE fixed
+  order (two accumulators of 16 lanes fed in k's order, added up in one fixed tree), whatever the rows. Up to 8
+  rows `rows_linear` (the usual lone decode step's products: a lone row's products are the same bits with the
+  mode on or off); more rows `tiles_linear` (`tiled`), the same order in register tiles of 4 rows x 3 outputs over
+  cache-sized blocks of the weights, threads over outputs, never along k. So a row's product has the same bits
+  alone, in a room's decode step of any size, in a prefill chunk of any length and on any number of threads
+  (tests/test_row_kernel.py checks it bitwise, and that a copy of rows.c whose full tiles round differently
+  fails), and a lone row takes no padding. Elsewhere (another dtype or device, or
+  where the kernel cannot be built) `padded`: the rows padded with zero rows to a multiple of `ROW_TILE` and
+  multiplied in one torch call. On this CPU MKL's sgemm adds up each output in the same order for every row count
+  that is a multiple of 8 (8 to 2,048 rows checked on SmolLM2's products, one thread and two), but not for 1, 2 or
+  7 rows. That is what this machine's MKL does, not what MKL promises, so each weight shape is probed once, at its
+  first product (`one_call_holds`: 8 rows alone against the same 8 among 16 to 264, bitwise, at the current thread
+  count); where the library orders them differently, that shape is multiplied 8 rows at a time, one call per tile
+  (`tiled`): the same bits on any library, each weight read once per tile;
 - `attention`: in float32 on the CPU, engine/core/kernels/attend.c (attend.py loads it): per query row and head, the
   row's keys in blocks of KEY_BLOCK from its first real key, the online softmax block after block in key order, each
   score one multiply-add chain in d's order, threads over (row, kv head, query tile) items only; where it does not
@@ -34,8 +41,8 @@ than in a decode step. Here every product is made on the same fixed shapes whate
   batched call each, the blocks as the batch (each the same (T', D) x (D, KEY_BLOCK) product), the softmax's
   elementwise work on the real query rows only, and walks in Python only the rescaled sums, in key order.
 
-The products stay MKL's, on shapes small enough that MKL runs each on one thread (tests/test_invariance.py checks 1
-against 2 threads bitwise), and the norms are transformers' own per-row reductions (engine.core.lean.rms_norm).
+The norms are transformers' own per-row reductions (engine.core.lean.rms_norm). What the products cost against
+MKL's, and the mode against the usual kernels: docs/engine.md, "Same question, same numbers".
 """
 from __future__ import annotations
 
@@ -43,6 +50,7 @@ import torch
 from torch.nn import functional as F
 
 from engine import settings
+from engine.core import kernels
 from engine.core.kernels.attend import attend_kernel
 
 ENV = "PLAYGROUND_INVARIANT"      # the setting's variable (engine/settings.py: on by default in a hosted room)
@@ -65,9 +73,21 @@ def _pad_rows(x: torch.Tensor, tile: int) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T + bias as F.linear, the rows padded to a multiple of ROW_TILE and multiplied in one call where
-    this library keeps each row's order for every multiple of 8 rows (`one_call_holds`), else 8 rows a call: x
-    [..., d_in]."""
+    """x @ weight.T + bias as F.linear, x [..., d_in] -> [..., d_out]: in float32 on the CPU the row kernel (one
+    fixed order per output: `linear` for up to kernels.MAX_ROWS rows, the weights streamed once as a lone step's
+    are, `tiled` for more, the same bits); elsewhere `padded`."""
+    flat = x.reshape(-1, x.shape[-1])                                               # [M, d_in]
+    kernel = kernels.row_kernel()
+    if kernel is not None and flat.shape[0] and kernels.fits(flat, weight, bias, max_rows=None):
+        product = kernel.linear if flat.shape[0] <= kernels.MAX_ROWS else kernel.tiled
+        return product(flat, weight, bias).view(*x.shape[:-1], weight.shape[0])
+    return padded(x, weight, bias)
+
+
+def padded(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`linear` in torch's products (other dtypes and devices, or no row kernel): the rows padded to a multiple of
+    ROW_TILE and multiplied in one call where this library keeps each row's order for every multiple of 8 rows
+    (`one_call_holds`), else 8 rows a call: x [..., d_in]."""
     flat = x.reshape(-1, x.shape[-1])
     rows = _pad_rows(flat, ROW_TILE)
     out = (F.linear(rows, weight) if one_call_holds(weight) else tiled(rows, weight))[:flat.shape[0]]

@@ -2,6 +2,7 @@
 
     kernel = row_kernel()                  # the loaded library, or None (why: `why_off()`), built on first use
     y = kernel.linear(x, weight, bias)     # x (R, in), R <= MAX_ROWS; weight (out, in) contiguous float32; -> (R, out)
+    y = kernel.tiled(x, weight, bias)      # the same bits for any number of rows, blocked like a matrix product
 
 `rows.c` is a plain C file: compiled with `gcc -O3 -march=native -fopenmp -ffp-contract=fast` into a shared
 library in the cache folder (~/.cache/inference-playground/kernels/, or PLAYGROUND_CACHE's), named by a hash of the
@@ -13,7 +14,9 @@ torch already loaded (torch's libgomp: the library names the same libgomp.so.1),
 as many as torch.get_num_threads(), never a second team beside it.
 
 Each output's sum runs in one fixed order (rows.c says which), so a row's result is bitwise the same alone, among
-up to MAX_ROWS rows and with any number of threads. Why a kernel at all, and what it measured: docs/engine.md,
+up to MAX_ROWS rows and with any number of threads. `tiled` (rows.c's `tiles_linear`) keeps that order for any
+number of rows, in register tiles of 4 rows x 3 outputs over cache-sized blocks of the weights: the batch-invariant
+products (engine/core/invariant.py) of a room's decode step or a prefill chunk. Why a kernel at all, and what it measured: docs/engine.md,
 "Alone at the floor". Where there is no compiler, the build fails or the library cannot be loaded, `row_kernel()`
 is None, one warning says why, and the products take torch's path (engine/core/matvec.py).
 
@@ -41,7 +44,7 @@ log = logging.getLogger("engine.kernels")
 
 SOURCE = Path(__file__).with_name("rows.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=fast", "-shared", "-fPIC")
-MAX_ROWS = 8                       # rows a call takes; more take torch's product
+MAX_ROWS = 8                       # rows `linear` takes (matvec: more take torch's product); `tiled` takes any
 F32 = torch.float32
 BUILD_SECONDS = 120                # a compiler that takes longer than this is given up on
 
@@ -63,24 +66,37 @@ class RowKernel:
         long, ptr = ctypes.c_long, ctypes.c_void_p
         self._call.argtypes = [ptr, long, long, ptr, long, long, ptr, ptr, long, ctypes.c_int]
         self._call.restype = None
+        self._tiles = lib.tiles_linear                 # the same arguments, any number of rows
+        self._tiles.argtypes, self._tiles.restype = self._call.argtypes, None
         self.max_threads = lib.rows_max_threads      # () -> the OpenMP team a region here would have
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                threads: int | None = None) -> torch.Tensor:
         """x (R, in) @ weight.T + bias -> (R, out), with `threads` threads (default: torch's count)."""
+        return self._product(self._call, x, weight, bias, threads)
+
+    def tiled(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+              threads: int | None = None) -> torch.Tensor:
+        """`linear` for any number of rows R (the caller checks `fits(..., max_rows=None)`), bitwise the same."""
+        return self._product(self._tiles, x, weight, bias, threads)
+
+    @staticmethod
+    def _product(call, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 threads: int | None) -> torch.Tensor:
         rows = x.contiguous()                                                       # [R, in]
         (r, width), out = rows.shape, weight.shape[0]
         y = torch.empty(r, out, dtype=torch.float32, device=x.device)               # [R, out]
-        self._call(rows.data_ptr(), width, r, weight.data_ptr(), width, out,
-                   bias.data_ptr() if bias is not None else None, y.data_ptr(), out,
-                   torch.get_num_threads() if threads is None else threads)
+        call(rows.data_ptr(), width, r, weight.data_ptr(), width, out,
+             bias.data_ptr() if bias is not None else None, y.data_ptr(), out,
+             torch.get_num_threads() if threads is None else threads)
         return y
 
 
-def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, max_rows: int | None = MAX_ROWS) -> bool:
     """Whether the kernel computes x @ weight.T + bias: CPU float32 throughout, weight contiguous (out, in), x (R,
-    in) with 1 <= R <= MAX_ROWS, bias contiguous (out) or None; no autograd (the kernel has no backward)."""
-    if not (x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype == F32 and weight.dtype == F32
+    in) with 1 <= R <= max_rows (None: any R, as `tiled` takes), bias contiguous (out) or None; no autograd (the
+    kernel has no backward)."""
+    if not (x.dim() == 2 and 0 < x.shape[0] <= (max_rows or x.shape[0]) and x.dtype == F32 and weight.dtype == F32
             and x.device.type == "cpu" and weight.device.type == "cpu" and weight.dim() == 2
             and x.shape[1] == weight.shape[1] and weight.is_contiguous()):
         return False

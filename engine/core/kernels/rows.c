@@ -118,3 +118,136 @@ void rows_linear(const float *x, long ldx, long rows, const float *w, long in, l
 /* The threads a parallel region of this library would use from the calling thread (torch's count, when the
    runtime is torch's). */
 int rows_max_threads(void) { return omp_get_max_threads(); }
+
+/* ---- Many rows: the same order per output, blocked like a matrix product (engine/core/invariant.py's products).
+
+   tiles_linear computes what rows_linear computes, bitwise, for any number of rows: each output's sum is the same
+   ACCS x LANES accumulators fed in k's order and added up by `total`'s tree (as `fold` below, lane for lane), so a
+   row's result is the same alone, among 20 or 2,048 rows, in whichever tile and on whichever thread.
+
+   What changes is only which sums run side by side: a register tile of TR rows x TN outputs (TR x TN x ACCS
+   accumulators, 24 of AVX-512's 32 registers), each loaded vector of x used TN times and each of w TR times (7
+   loads per 12 multiply-adds where rows_linear's GROUP x 1 takes 5 per 4; both operands held in registers, see
+   `tile`); a block of BLOCK_BYTES of weights kept in L2 while every group of TR rows of a block of ROW_BYTES of
+   rows passes over it; threads over contiguous ranges of output tiles, never along k. */
+#define TR 4                     /* rows of a register tile */
+#define TN 3                     /* outputs of a register tile */
+#define BLOCK_BYTES (192 * 1024) /* weights of the outputs every group of rows passes over in turn (L2 here) */
+#define ROW_BYTES (256 * 1024)   /* rows every block of weights passes over in turn (L2 here, beside the weights) */
+
+typedef float vec8 __attribute__((vector_size(32)));
+typedef float vec4 __attribute__((vector_size(16)));
+typedef float vec2 __attribute__((vector_size(8)));
+
+/* `total` in vector halves: the same additions of the same lanes (lane j with lane j + width, width 8, 4, 2, 1). */
+static inline float fold(const vec *acc) {
+    vec a[ACCS];
+    for (int i = 0; i < ACCS; i++)
+        a[i] = acc[i];
+    for (int width = ACCS / 2; width >= 1; width /= 2)
+        for (int i = 0; i < width; i++)
+            a[i] = a[i] + a[i + width];
+    vec8 h8 = __builtin_shufflevector(a[0], a[0], 0, 1, 2, 3, 4, 5, 6, 7)
+            + __builtin_shufflevector(a[0], a[0], 8, 9, 10, 11, 12, 13, 14, 15);
+    vec4 h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
+    vec2 h2 = __builtin_shufflevector(h4, h4, 0, 1) + __builtin_shufflevector(h4, h4, 2, 3);
+    return h2[0] + h2[1];
+}
+
+/* Outputs [n, n + cols) of rows [0, rows), rows <= TR and cols <= TN (constants where it is inlined). */
+static inline __attribute__((always_inline)) void tile(const float *x, long ldx, int rows, const float *w, long in,
+                                                       long n, int cols, const float *bias, float *y, long ldy) {
+    const float *wn = w + n * in;
+    vec acc[TR][TN][ACCS];
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            for (int a = 0; a < ACCS; a++)
+                acc[r][c][a] = (vec){0};
+    long k = 0;
+    for (; k + SPAN <= in; k += SPAN)
+        for (int a = 0; a < ACCS; a++) {
+            vec wv[TN];
+            for (int c = 0; c < cols; c++) {
+                wv[c] = load(wn + c * in + k + LANES * a);
+                __asm__("" : "+v"(wv[c]));   /* held in registers, both: gcc would otherwise load one of the two */
+            }                                /* again as each multiply-add's memory operand (twice the loads) */
+            for (int r = 0; r < rows; r++) {
+                vec xv = load(x + r * ldx + k + LANES * a);
+                __asm__("" : "+v"(xv));
+                for (int c = 0; c < cols; c++)
+                    acc[r][c][a] += xv * wv[c];                     /* one FMA, as one_output's */
+            }
+        }
+    if (k < in) {                                        /* the tail, padded with zeros, as one_output pads it */
+        float wt[TN][SPAN], xt[SPAN];
+        for (int c = 0; c < cols; c++) {
+            memset(wt[c], 0, sizeof wt[c]);
+            memcpy(wt[c], wn + c * in + k, sizeof(float) * (in - k));
+        }
+        for (int r = 0; r < rows; r++) {
+            memset(xt, 0, sizeof xt);
+            memcpy(xt, x + r * ldx + k, sizeof(float) * (in - k));
+            for (int c = 0; c < cols; c++)
+                for (int a = 0; a < ACCS; a++)
+                    acc[r][c][a] += load(xt + LANES * a) * load(wt[c] + LANES * a);
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            float s = fold(acc[r][c]);
+            y[r * ldy + n + c] = bias ? s + bias[n + c] : s;
+        }
+}
+
+#define TILE(R, C) tile(x, ldx, R, w, in, n, C, bias, y, ldy)
+#define TILE_COLS(R) switch (cols) { case 1: TILE(R, 1); break; case 2: TILE(R, 2); break; default: TILE(R, 3); }
+
+/* One register tile, its row and output counts made constants for the compiler. */
+static void tile_of(const float *x, long ldx, int rows, const float *w, long in, long n, int cols,
+                    const float *bias, float *y, long ldy) {
+    switch (rows) {
+    case 1: TILE_COLS(1); break;
+    case 2: TILE_COLS(2); break;
+    case 3: TILE_COLS(3); break;
+    default: TILE_COLS(4); break;
+    }
+}
+
+/* Outputs [n0, n1) of every row: a block of ROW_BYTES of rows at a time (kept in L2 while every block of outputs
+   passes over it), a block of BLOCK_BYTES of weights at a time (kept in L2 while every group of TR rows of the row
+   block passes over it), TN outputs a register tile. */
+static void tiled_outputs(const float *x, long ldx, long rows, const float *w, long in, long n0, long n1,
+                          const float *bias, float *y, long ldy) {
+    long block = BLOCK_BYTES / (4 * in) / TN * TN, row_block = ROW_BYTES / (4 * in) / TR * TR;
+    block = block < TN ? TN : block;
+    row_block = row_block < TR ? TR : row_block;
+    for (long m0 = 0; m0 < rows; m0 += row_block) {
+        long m1 = m0 + row_block < rows ? m0 + row_block : rows;
+        for (long b0 = n0; b0 < n1; b0 += block) {
+            long b1 = b0 + block < n1 ? b0 + block : n1;
+            for (long r = m0; r < m1; r += TR) {
+                int tr = m1 - r < TR ? (int)(m1 - r) : TR;
+                for (long n = b0; n < b1; n += TN)
+                    tile_of(x + r * ldx, ldx, tr, w, in, n, b1 - n < TN ? (int)(b1 - n) : TN, bias, y + r * ldy, ldy);
+            }
+        }
+    }
+}
+
+/* As rows_linear, bitwise, for any number of rows: threads take contiguous ranges of TN-output tiles. */
+void tiles_linear(const float *x, long ldx, long rows, const float *w, long in, long out, const float *bias,
+                  float *y, long ldy, int threads) {
+    long tiles = (out + TN - 1) / TN;
+    if (threads > tiles)
+        threads = (int)tiles;
+    if (threads <= 1) {
+        tiled_outputs(x, ldx, rows, w, in, 0, out, bias, y, ldy);
+        return;
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        int t = omp_get_thread_num(), team = omp_get_num_threads();
+        long n0 = tiles * t / team * TN, n1 = tiles * (t + 1) / team * TN;
+        tiled_outputs(x, ldx, rows, w, in, n0, n1 < out ? n1 : out, bias, y, ldy);
+    }
+}
