@@ -2059,6 +2059,8 @@ GPU_AGAIN = [
     (README, GPU_0628 + "gpu.json", "made **{:.1f} tok/s** ({:.0f}% of the projected ceiling), {:.2f}x the old fast "
      "path's {:.1f} above", lambda d: gpu_again(d)[:4]),
     (README, GPU_0628 + "gpu.json", "A 2,048-token prefill took {:.1f} ms. The room", lambda d: gpu_again(d)[4:]),
+    (README, GPU_0628 + "gpu.json", "why the one-row graph made {:.1f} tok/s is still not known",
+     lambda d: gpu_again(d)[:1]),
     (README, GPU_0628 + "load.json", "made {:.1f} / {:.1f} / {:.1f} tok/s at 1 / 10 / 30 sessions with captures off "
      "({:.1f} / {:.1f} / {:.1f} with the page's capture), **not on CUDA graphs**", gpu_load),
     (README, GPU_0628 + "load.json", "Batched against alone, {} of {} and {} of {} answers were equal, and every one "
