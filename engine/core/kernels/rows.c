@@ -96,23 +96,33 @@ static void outputs(const float *x, long ldx, long rows, const float *w, long in
         }
 }
 
-/* y (rows, out) = x (rows, in) w (out, in)^T + bias, with `threads` threads (1: on the caller's thread alone). */
-void rows_linear(const float *x, long ldx, long rows, const float *w, long in, long out, const float *bias,
-                 float *y, long ldy, int threads) {
-    long chunks = (out + CHUNK - 1) / CHUNK;
-    if (threads > chunks)
-        threads = (int)chunks;
+/* Outputs [n0, n1) of every row: `outputs` here, `tiled_outputs` below. */
+typedef void (*ranges)(const float *x, long ldx, long rows, const float *w, long in, long n0, long n1,
+                       const float *bias, float *y, long ldy);
+
+/* fn over all `out` outputs with `threads` threads (1: on the caller's thread alone), each thread a fixed contiguous
+   range of whole units of `unit` outputs: a thread computes each of its outputs whole, never part of a sum. */
+static void split(ranges fn, long unit, const float *x, long ldx, long rows, const float *w, long in, long out,
+                  const float *bias, float *y, long ldy, int threads) {
+    long units = (out + unit - 1) / unit;
+    if (threads > units)
+        threads = (int)units;
     if (threads <= 1) {
-        outputs(x, ldx, rows, w, in, 0, out, bias, y, ldy);
+        fn(x, ldx, rows, w, in, 0, out, bias, y, ldy);
         return;
     }
 #pragma omp parallel num_threads(threads)
     {
         int t = omp_get_thread_num(), team = omp_get_num_threads();
-        long c0 = chunks * t / team, c1 = chunks * (t + 1) / team;
-        long n1 = c1 * CHUNK < out ? c1 * CHUNK : out;
-        outputs(x, ldx, rows, w, in, c0 * CHUNK, n1, bias, y, ldy);
+        long n0 = units * t / team * unit, n1 = units * (t + 1) / team * unit;
+        fn(x, ldx, rows, w, in, n0, n1 < out ? n1 : out, bias, y, ldy);
     }
+}
+
+/* y (rows, out) = x (rows, in) w (out, in)^T + bias, with `threads` threads (1: on the caller's thread alone). */
+void rows_linear(const float *x, long ldx, long rows, const float *w, long in, long out, const float *bias,
+                 float *y, long ldy, int threads) {
+    split(outputs, CHUNK, x, ldx, rows, w, in, out, bias, y, ldy, threads);
 }
 
 /* The threads a parallel region of this library would use from the calling thread (torch's count, when the
@@ -237,17 +247,5 @@ static void tiled_outputs(const float *x, long ldx, long rows, const float *w, l
 /* As rows_linear, bitwise, for any number of rows: threads take contiguous ranges of TN-output tiles. */
 void tiles_linear(const float *x, long ldx, long rows, const float *w, long in, long out, const float *bias,
                   float *y, long ldy, int threads) {
-    long tiles = (out + TN - 1) / TN;
-    if (threads > tiles)
-        threads = (int)tiles;
-    if (threads <= 1) {
-        tiled_outputs(x, ldx, rows, w, in, 0, out, bias, y, ldy);
-        return;
-    }
-#pragma omp parallel num_threads(threads)
-    {
-        int t = omp_get_thread_num(), team = omp_get_num_threads();
-        long n0 = tiles * t / team * TN, n1 = tiles * (t + 1) / team * TN;
-        tiled_outputs(x, ldx, rows, w, in, n0, n1 < out ? n1 : out, bias, y, ldy);
-    }
+    split(tiled_outputs, TN, x, ldx, rows, w, in, out, bias, y, ldy, threads);
 }
