@@ -189,6 +189,21 @@ def test_cancel_a_queued_and_a_running_request(tiny_lm, make_scheduler):
     assert token_ids(after) == token_ids(alone(tiny_lm, request(2), CAPTURE_OFF))
 
 
+def test_a_reader_sees_the_end_only_after_every_listener_has(make_scheduler):
+    """`result()` returning means the listeners (the run store's close) have run: a fast machine's reader won that race."""
+    scheduler = make_scheduler()
+    ended = []
+
+    def slow_close(handle, record) -> None:            # a run store closing slowly, in the worker
+        if record is handle.END:
+            time.sleep(0.3)
+            ended.append(handle.state)
+
+    handle = scheduler.submit(request(0, new=3), CAPTURE_OFF, listeners=(slow_close,))
+    assert isinstance(handle.result(timeout=60)[-1], DoneRecord)
+    assert ended == ["done"]
+
+
 def test_closing_the_record_iterator_cancels_the_request(tiny_lm, make_scheduler):
     scheduler = make_scheduler()
     long = long_request(tiny_lm, 200)

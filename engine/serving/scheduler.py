@@ -170,13 +170,18 @@ class Handle:
         self.scheduler.cancel(self)
 
     def _put(self, item: Any) -> None:
-        """A record (or the end marker) for the reader, and for each listener, in the worker's thread: cheap calls only."""
-        self._records.put(item)
+        """A record for the reader and each listener, in the worker's thread (listeners: cheap calls only). The end
+        marker goes to the listeners first: a reader that has seen the end finds the run already closed where the
+        listeners keep it (on a fast machine `result()` returned before the run store's close had run)."""
+        if item is not _END:
+            self._records.put(item)
         for listener in self.listeners:
             try:
                 listener(self, item)
             except Exception:  # noqa: BLE001 - an observer's bug must not fail the request or the batch
                 log.exception("a listener of request %s failed", self.id)
+        if item is _END:
+            self._records.put(item)
 
     def get(self, timeout: float | None = None) -> Any:
         """The next record, None on timeout, or the end marker `Handle.END` once the stream is over."""
