@@ -1326,6 +1326,34 @@ LONE += [  # docs/engine.md, "What sleeping costs, and why a short spin is not t
                 d["table"]["static-2"]["wall_ms"])),
 ]
 
+AWAKE_QUIET = "lone_spin/20261128T153623Z-0b3bf3a.json"    # the claiming worker awake for the step (wip-claim2), quiet
+AWAKE_BURN = "lone_spin/20261128T153836Z-e674e43.json"     # the same, a neighbour spinning on one core
+AWAKE_ROOM = "before_after/20261128T154103Z-e674e43.json"  # the room with that worker on, against 3a07699
+
+
+def _wall(d: dict, key: str) -> float:
+    return d["table"][key]["wall_ms"]
+
+
+LONE += [  # docs/engine.md, "A worker of the kernel's own, claiming chunks (tried twice, not kept ...)"
+    (ENGINE_DOC, AWAKE_QUIET, "load average {:.1f} at its start, a lone SmolLM2 float32 request, the ways taking turns in "
+     "child processes) one thread took {:.1f} ms a step, today's two threads {:.1f} ms, the worker awake for the step "
+     "{:.1f} ms ({:.2f}x of one thread)",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], _wall(d, "passive-1"), _wall(d, "passive-2"),
+                _wall(d, "stepped-2"), _wall(d, "stepped-2") / _wall(d, "passive-1"))),
+    (ENGINE_DOC, AWAKE_BURN, "it was {:.2f}x of one thread;",
+     lambda d: (_wall(d, "stepped-2") / _wall(d, "passive-1"),)),
+    (ENGINE_DOC, AWAKE_ROOM, "through the API made {:.2f}x of the commit before's tok/s",
+     lambda d: (d["ratios"][0]["off_after_vs_before"]["api"],)),
+    (ENGINE_DOC, AWAKE_QUIET, "the products took {:.1f} ms of one thread's {:.1f} ms step (the weights' bytes over them: "
+     "{:.0f} GB/s, near what a sum reads on one thread) and {:.1f} ms with the worker ({:.0f} GB/s), so two threads can "
+     "save about {:.1f} ms of products, while the other {:.1f} ms of the step",
+     lambda d: (d["table"]["passive-1"]["products_ms"], _wall(d, "passive-1"), d["table"]["passive-1"]["products_gb_s"],
+                d["table"]["stepped-2"]["products_ms"], d["table"]["stepped-2"]["products_gb_s"],
+                d["table"]["passive-1"]["products_ms"] - d["table"]["stepped-2"]["products_ms"],
+                _wall(d, "passive-1") - d["table"]["passive-1"]["products_ms"])),
+]
+
 ENGINE_MD = "docs/engine.md"
 FORWARD = [  # the one forward's round (docs/engine.md, "The one forward")
     (ENGINE_MD, "before_after/20261127T205417Z-63a755b.json", "the pages' capture made {:.2f}x (in-process) and {:.2f}x "
