@@ -11,7 +11,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from conftest import ticking_clock, tiny_prompt, worker_held
+from conftest import Pause, ticking_clock, tiny_prompt, worker_held
 from engine.errors import EngineError, InvalidRequestError, QueueFullError, RequestTimeoutError
 from engine.core.generate import GenerationRequest, generate, generate_kept
 from engine.core.kept import kept_for
@@ -52,33 +52,6 @@ def make_scheduler(tiny_lm):
     for s in made:
         s.close()
     assert count_hooks(tiny_lm.model) == 0
-
-
-class Pause:
-    """A listener that holds the scheduler's worker at a request's `at`-th record (mid-step, with the model's lock)
-    until the test releases it: what the test does meanwhile cannot race the model, however fast the machine."""
-
-    def __init__(self, at: int = 1):
-        self.at, self.seen = at, 0
-        self.reached, self.go = threading.Event(), threading.Event()
-
-    def __call__(self, handle, record) -> None:
-        self.seen += 1
-        if self.seen == self.at:
-            self.reached.set()
-            self.go.wait(120)                          # only a guard against a test that never releases it
-
-    def wait(self) -> None:
-        assert self.reached.wait(120), "the request never reached the pause"
-
-    def release(self) -> None:
-        self.go.set()
-
-    def __enter__(self) -> "Pause":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
 
 
 def wait_until(check, seconds: float = 60.0) -> None:
