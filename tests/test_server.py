@@ -6,6 +6,7 @@ prompt run alone in this process (captures), and OpenAI's own error shape and st
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from conftest import tiny_prompt
+from conftest import Pause, tiny_prompt
 from servers import Hold, python, running_server, tiny_args, ROOT
 from engine.core.generate import GenerationRequest, generate, generate_captured
 from engine.core.hooks import CapturePolicy
@@ -168,7 +169,7 @@ def test_a_captured_request_is_inspectable_by_id_and_equals_the_same_prompt_alon
 
 @pytest.mark.parametrize("transport", ["in-process", "remote"])
 def test_a_streaming_runs_newest_row_and_lens_are_derived_by_run_id_on_either_transport(transport, server, tiny_lm,
-                                                                                          tiny_model_dir):
+                                                                                          tiny_model_dir, hold):
     """A page's live view: as each token arrives it asks, by run id, for the attention row of the pass that made it
     (one layer, the heads on screen) and that position's logit lens, while the run still generates (its residual
     read from the batch's pool). Both equal HF eager over the tokens so far, and the lens the same run alone gives;
@@ -182,24 +183,31 @@ def test_a_streaming_runs_newest_row_and_lens_are_derived_by_run_id_on_either_tr
     lm = EngineService(tiny_lm) if transport == "in-process" else RemoteModel(server[0])
     request = GenerationRequest(tiny_prompt(6, seed=8), max_new_tokens=240, chat=False)
     policy, _ = capture_policy(tiny_lm.spec, 8, 240)
-    handle = lm.submit(request, policy)
     asked, records, live = [], [], []
-    try:
-        for record in handle.records():
-            records.append(record)
-            if record.kind == "decode" and len(asked) < 3:
-                p = len(records[0].prompt) + record.step - 1
-                live.append(lm.quick("attention.kept", {"run_id": handle.run_id}).live)
-                asked.append((p, lm.quick("attention.row", {"run_id": handle.run_id, "layer": 1, "position": p,
-                                                            "heads": [2, 3]}).probs,
-                              lm.quick("run.lens", {"run_id": handle.run_id, "position": p})))
-            if len(asked) == 3:
-                break
-    finally:
-        handle.cancel()
-        if transport == "in-process":
-            lm.close()
-    assert any(live)
+    # Held at its first decode step until the page has asked once: still generating then, however fast the machine
+    # (its 240 tokens take ~0.2 s here): in-process by a listener, through HTTP in the served process.
+    held = Pause(at=2) if transport == "in-process" else hold
+    with contextlib.nullcontext() if transport == "in-process" else hold.at(2):
+        extra = {"listeners": (held,)} if transport == "in-process" else {}
+        handle = lm.submit(request, policy, **extra)
+        try:
+            for record in handle.records():
+                records.append(record)
+                if record.kind == "decode" and len(asked) < 3:
+                    p = len(records[0].prompt) + record.step - 1
+                    live.append(lm.quick("attention.kept", {"run_id": handle.run_id}).live)
+                    asked.append((p, lm.quick("attention.row", {"run_id": handle.run_id, "layer": 1, "position": p,
+                                                                "heads": [2, 3]}).probs,
+                                  lm.quick("run.lens", {"run_id": handle.run_id, "position": p})))
+                    held.release()
+                if len(asked) == 3:
+                    break
+        finally:
+            held.release()
+            handle.cancel()
+            if transport == "in-process":
+                lm.close()
+    assert live[0]                                                   # asked while it was held: live
     ids = [p.id for p in records[0].prompt] + [r.token.id for r in records if r.kind != "done"]
     eager = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="eager").eval()
     with torch.no_grad():
