@@ -177,6 +177,33 @@ def test_a_reader_sees_the_end_only_after_every_listener_has(make_scheduler):
     assert ended == ["done"]
 
 
+def test_a_stop_after_the_final_record_leaves_the_request_done(make_scheduler):
+    """A reader that has the final record and then stops (a script that breaks out at the DoneRecord, a Stop pressed a
+    moment late) finds the request done and served, not cancelled: the worker settles it after the reader has the
+    record, so on a fast reader the Stop came first. Held at its DoneRecord by a listener: that order on any machine."""
+    scheduler = make_scheduler()
+    at_end, go = threading.Event(), threading.Event()
+
+    def hold_at_done(handle, record) -> None:             # in the worker, after the reader has the record
+        if isinstance(record, DoneRecord):
+            at_end.set()
+            go.wait(120)                                  # only a guard against a test that never releases it
+
+    handle = scheduler.submit(request(0, new=3), CAPTURE_OFF, listeners=(hold_at_done,))
+    try:
+        for record in handle.records():
+            if isinstance(record, DoneRecord):
+                break                                     # closing the iterator stops a request not yet done...
+        assert at_end.wait(120)
+        handle.cancel()                                   # ...and so does a Stop: both after its end, so no-ops
+    finally:
+        go.set()
+    assert handle.result(timeout=60) == [] and handle.state == "done" and handle.error is None
+    stats = scheduler.stats()
+    assert (stats.served, stats.cancelled) == (1, 0)
+    assert handle.timeline.stop_pressed is None and not handle.timings.stopped
+
+
 def test_closing_the_record_iterator_cancels_the_request(tiny_lm, make_scheduler):
     scheduler = make_scheduler()
     long = long_request(tiny_lm, 200)
