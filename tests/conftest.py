@@ -247,3 +247,30 @@ def worker_held(scheduler: Scheduler):
     finally:
         go.set()
         job.result(timeout=120)
+
+
+class Pause:
+    """A listener that holds the scheduler's worker at a request's `at`-th record (mid-step, with the model's lock)
+    until the test releases it: what the test does meanwhile cannot race the model, however fast the machine."""
+
+    def __init__(self, at: int = 1):
+        self.at, self.seen = at, 0
+        self.reached, self.go = threading.Event(), threading.Event()
+
+    def __call__(self, handle, record) -> None:
+        self.seen += 1
+        if self.seen == self.at:
+            self.reached.set()
+            self.go.wait(120)                          # only a guard against a test that never releases it
+
+    def wait(self) -> None:
+        assert self.reached.wait(120), "the request never reached the pause"
+
+    def release(self) -> None:
+        self.go.set()
+
+    def __enter__(self) -> "Pause":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()

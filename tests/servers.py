@@ -46,14 +46,16 @@ def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180
 
 @contextlib.contextmanager
 def running_server(log_dir: Path, args: Sequence[str] = (), env: dict[str, str] | None = None,
-                   ready: bool = True) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`python -m engine serve ARGS --port P`; (its base url, the process). `ready=False`: do not wait for /health."""
+                   ready: bool = True, hold: "Hold | None" = None) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`python -m engine serve ARGS --port P`; (its base url, the process). `ready=False`: do not wait for /health.
+    `hold`: the test can hold the server's worker at a run's record (`Hold`)."""
     port = free_port()
     log = log_dir / f"serve-{port}.log"
     cmd = [python(), "-m", "engine", "serve", "--port", str(port), *args]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+                                env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {}),
+                                     **(hold.env() if hold is not None else {})})
     url = f"http://127.0.0.1:{port}"
     try:
         if ready:
@@ -67,6 +69,56 @@ def running_server(log_dir: Path, args: Sequence[str] = (), env: dict[str, str] 
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+class Hold:
+    """Holds a served process's scheduler at a run's `at`-th record until the test releases it (tests/hold/
+    sitecustomize.py, loaded by that process only): over HTTP as `Pause` in-process, so that what the test does
+    meanwhile (a client that goes away, a second request) cannot race the model, however fast the machine.
+
+        hold = Hold(tmp_path)                          # running_server(..., hold=hold)
+        with hold.at(2):                               # the next run to reach its 2nd record waits there
+            ...; run_id = hold.held()                  # it is held now (its id)
+            ...; hold.cancelled()                      # the server has cancelled it meanwhile
+        # released
+    """
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def env(self) -> dict[str, str]:
+        paths = [str(ROOT / "tests" / "hold"), os.environ.get("PYTHONPATH", "")]
+        return {"TESTS_HOLD_DIR": str(self.folder), "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
+    @contextlib.contextmanager
+    def at(self, record: int) -> Iterator["Hold"]:
+        for name in ("held", "cancelled"):
+            (self.folder / name).unlink(missing_ok=True)
+        (self.folder / "armed.part").write_text(str(record))
+        (self.folder / "armed.part").replace(self.folder / "armed")
+        try:
+            yield self
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """The held run goes on (and no other is held): before the block ends, where a test needs that."""
+        (self.folder / "armed").unlink(missing_ok=True)
+
+    def held(self, timeout: float = 120) -> str:
+        """The id of the run held now (waits for it; the limit only guards against a hang)."""
+        return self._wait("held", timeout)
+
+    def cancelled(self, timeout: float = 120) -> str:
+        """Returns once the held run's handle has been cancelled (the server noticed its client went away)."""
+        return self._wait("cancelled", timeout)
+
+    def _wait(self, name: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while not (self.folder / name).exists():
+            assert time.monotonic() < deadline, f"the served process never wrote {name!r}"
+            time.sleep(0.01)
+        return (self.folder / name).read_text()
 
 
 def tiny_args(model_dir: Path, *more: str) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 import pytest
 import torch
 
-from conftest import tiny_prompt
+from conftest import Pause, tiny_prompt
 from engine.errors import EngineError
 from engine.core.generate import GenerationRequest, generate
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
@@ -149,10 +149,11 @@ def long_request(tiny_lm) -> GenerationRequest:
 
 
 def test_a_browser_that_disconnects_mid_stream_frees_its_request_and_its_place(tiny_lm, scheduler):
-    handle = scheduler.submit(long_request(tiny_lm), POLICY, session="tab")
-    stream = handle.records(poll=0.05)
-    first = [next(stream), next(stream)]                  # the page drew two records, then the tab closed
-    stream.close()
+    with Pause(at=2) as pause:                            # held at its second record until the tab has closed: still
+        handle = scheduler.submit(long_request(tiny_lm), POLICY, session="tab", listeners=(pause,))   # running then
+        stream = handle.records(poll=0.05)
+        first = [next(stream), next(stream)]              # the page drew two records, then the tab closed
+        stream.close()
     assert isinstance(first[0], PrefillRecord)
     wait_until(lambda: handle.done and not scheduler.stats().running)
     assert handle.state == "cancelled" and handle.tokens < 200
@@ -164,10 +165,10 @@ def test_a_browser_that_disconnects_mid_stream_frees_its_request_and_its_place(t
 
 
 def test_an_error_in_the_page_while_streaming_cancels_the_request(tiny_lm, scheduler):
-    handle = scheduler.submit(long_request(tiny_lm), CAPTURE_OFF, session="tab")
-    with pytest.raises(KeyboardInterrupt):              # how a script is stopped: an exception in the loop body
+    with Pause() as pause, pytest.raises(KeyboardInterrupt):   # held at its first record until the page has stopped
+        handle = scheduler.submit(long_request(tiny_lm), CAPTURE_OFF, session="tab", listeners=(pause,))
         for _ in handle.records(poll=0.05):
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt                     # how a script is stopped: an exception in the loop body
     wait_until(lambda: handle.done and not scheduler.stats().running)
     assert handle.state == "cancelled" and model_is_free(tiny_lm)
 
@@ -176,10 +177,12 @@ def test_a_session_that_leaves_frees_its_place_in_a_full_room(tiny_lm):
     scheduler = Scheduler(tiny_lm, Limits(max_sessions=1))
     try:
         scheduler.join("first")
-        handle = scheduler.submit(long_request(tiny_lm), CAPTURE_OFF, session="first")
-        with pytest.raises(EngineError, match="already serves 1 person"):
-            scheduler.join("second")
-        scheduler.leave("first")                                   # the tab closed
+        with Pause() as pause:                                     # held at its first record until the tab has closed
+            handle = scheduler.submit(long_request(tiny_lm), CAPTURE_OFF, session="first", listeners=(pause,))
+            pause.wait()
+            with pytest.raises(EngineError, match="already serves 1 person"):
+                scheduler.join("second")
+            scheduler.leave("first")                               # the tab closed
         wait_until(lambda: handle.done)
         assert handle.state == "cancelled"
         scheduler.join("second")

@@ -11,7 +11,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from conftest import ticking_clock, tiny_prompt, worker_held
+from conftest import Pause, ticking_clock, tiny_prompt, worker_held
 from engine.errors import EngineError, InvalidRequestError, QueueFullError, RequestTimeoutError
 from engine.core.generate import GenerationRequest, generate, generate_kept
 from engine.core.kept import kept_for
@@ -52,33 +52,6 @@ def make_scheduler(tiny_lm):
     for s in made:
         s.close()
     assert count_hooks(tiny_lm.model) == 0
-
-
-class Pause:
-    """A listener that holds the scheduler's worker at a request's `at`-th record (mid-step, with the model's lock)
-    until the test releases it: what the test does meanwhile cannot race the model, however fast the machine."""
-
-    def __init__(self, at: int = 1):
-        self.at, self.seen = at, 0
-        self.reached, self.go = threading.Event(), threading.Event()
-
-    def __call__(self, handle, record) -> None:
-        self.seen += 1
-        if self.seen == self.at:
-            self.reached.set()
-            self.go.wait(120)                          # only a guard against a test that never releases it
-
-    def wait(self) -> None:
-        assert self.reached.wait(120), "the request never reached the pause"
-
-    def release(self) -> None:
-        self.go.set()
-
-    def __enter__(self) -> "Pause":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
 
 
 def wait_until(check, seconds: float = 60.0) -> None:
@@ -202,6 +175,33 @@ def test_a_reader_sees_the_end_only_after_every_listener_has(make_scheduler):
     handle = scheduler.submit(request(0, new=3), CAPTURE_OFF, listeners=(slow_close,))
     assert isinstance(handle.result(timeout=60)[-1], DoneRecord)
     assert ended == ["done"]
+
+
+def test_a_stop_after_the_final_record_leaves_the_request_done(make_scheduler):
+    """A reader that has the final record and then stops (a script that breaks out at the DoneRecord, a Stop pressed a
+    moment late) finds the request done and served, not cancelled: the worker settles it after the reader has the
+    record, so on a fast reader the Stop came first. Held at its DoneRecord by a listener: that order on any machine."""
+    scheduler = make_scheduler()
+    at_end, go = threading.Event(), threading.Event()
+
+    def hold_at_done(handle, record) -> None:             # in the worker, after the reader has the record
+        if isinstance(record, DoneRecord):
+            at_end.set()
+            go.wait(120)                                  # only a guard against a test that never releases it
+
+    handle = scheduler.submit(request(0, new=3), CAPTURE_OFF, listeners=(hold_at_done,))
+    try:
+        for record in handle.records():
+            if isinstance(record, DoneRecord):
+                break                                     # closing the iterator stops a request not yet done...
+        assert at_end.wait(120)
+        handle.cancel()                                   # ...and so does a Stop: both after its end, so no-ops
+    finally:
+        go.set()
+    assert handle.result(timeout=60) == [] and handle.state == "done" and handle.error is None
+    stats = scheduler.stats()
+    assert (stats.served, stats.cancelled) == (1, 0)
+    assert handle.timeline.stop_pressed is None and not handle.timings.stopped
 
 
 def test_closing_the_record_iterator_cancels_the_request(tiny_lm, make_scheduler):

@@ -185,7 +185,8 @@ def test_a_wait_for_a_stopped_runs_file_keeps_within_the_wait_asked_for(tiny_lm,
         handle = service.submit(request, CAPTURE_OFF, source="page")
         next(iter(handle.records()))
         handle.cancel()
-        part = service.run_wait(handle.run_id, 2**31, timeout=0.5)
+        handle.result(timeout=120)                      # ended and closed (the listeners see the end before a reader):
+        part = service.run_wait(handle.run_id, 2**31, timeout=0.5)    # the wait is the file's alone, not a slow step's
         assert not part.info.live
         with pytest.raises(StoreError):
             disk.row(handle.run_id)                     # back before the file: the wait asked for came first

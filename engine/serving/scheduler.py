@@ -144,6 +144,7 @@ class Handle:
     _records: queue.Queue = field(default_factory=queue.Queue, repr=False)
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     _got_done: bool = False
+    _ended: bool = False             # its final record (DoneRecord, JobResult) is made: a Stop from now on is a no-op
 
     @property
     def done(self) -> bool:
@@ -172,7 +173,11 @@ class Handle:
     def _put(self, item: Any) -> None:
         """A record for the reader and each listener, in the worker's thread (listeners: cheap calls only). The end
         marker goes to the listeners first: a reader that has seen the end finds the run already closed where the
-        listeners keep it (on a fast machine `result()` returned before the run store's close had run)."""
+        listeners keep it (on a fast machine `result()` returned before the run store's close had run). The final
+        record marks the handle ended before anyone has it: a reader that stops once it has it (a Stop a moment late,
+        a loop that breaks at the DoneRecord) finds the request done, not cancelled, though the worker settles it
+        after the reader has the record."""
+        self._ended = self._ended or isinstance(item, (DoneRecord, JobResult))
         if item is not _END:
             self._records.put(item)
         for listener in self.listeners:
@@ -565,6 +570,8 @@ class Scheduler:
             self._cancel_locked(handle)
 
     def _cancel_locked(self, handle: Handle) -> None:
+        if handle._ended:                  # its final record is made (perhaps read): nothing left to stop
+            return
         if handle.timeline is not None and handle.timeline.stop_pressed is None and not handle.done:
             handle.timeline.stop_pressed = time.perf_counter()
         handle._cancel.set()
