@@ -9,7 +9,7 @@ are the tree's own), which runs one lone request for warm-up, then one of `--tok
 runner (engine.serving.batch, as the scheduler runs a lone request), timing every step (wall and the thread's CPU
 time; the first three left out, the median kept), then profiles a few more steps with torch.profiler: the operators
 a step dispatches (every one, nested calls included), the tensors it allocates (aten::empty and empty_strided) and
-the operators' own CPU time by kind. Every step's logits are hashed (sha256 over the steps' bytes): the trees must
+the operators' own CPU time by kind; and the fixed cost of one product's call (`call_cost`). Every step's logits are hashed (sha256 over the steps' bytes): the trees must
 give the same hash, or the change moved a bit. Per tree: the median over rounds and the spread (min, max). Writes a
 new bench/results/lone_glue/<UTC time>-<commit>.json (bench/provenance.py). docs/engine.md, "Where a lone step's
 time goes", reads it.
@@ -76,7 +76,22 @@ def child(tokens: int, threads: int, model: str) -> dict:
     times = request(tokens)[3:]
     out = {"wall_ms": 1e3 * statistics.median(t[0] for t in times),
            "cpu_ms": 1e3 * statistics.median(t[1] for t in times), "steps": len(times), "sha256": digest.hexdigest()}
-    return {**out, **profiled(torch, request)}
+    return {**out, **profiled(torch, request), **call_cost(torch)}
+
+
+def call_cost(torch) -> dict:
+    """The fixed cost of one product call (us, fastest of 5 x 2,000): engine.core.matvec.linear (the lone step's
+    route: the checks, the output's allocation, the ctypes call) and the bare ctypes call of the row kernel, both
+    on an 8 x 576 weight, whose product itself takes next to nothing."""
+    import timeit
+    from engine.core import kernels, matvec
+    kernel = kernels.row_kernel()
+    x, w, y = torch.randn(1, 1, 576), torch.randn(8, 576), torch.empty(1, 8)
+    ways = {"matvec.linear": lambda: matvec.linear(x, w),
+            "ctypes call": lambda: kernel._call(x.data_ptr(), 576, 1, w.data_ptr(), 576, 8, None, y.data_ptr(), 8, 1)}
+    with torch.inference_mode():
+        return {"call_us": {name: 1e6 * min(timeit.repeat(f, number=2000, repeat=5)) / 2000
+                            for name, f in ways.items()}}
 
 
 def profiled(torch, request) -> dict:
@@ -112,6 +127,7 @@ def summary(rounds: list[dict]) -> dict:
             "cpu_ms": statistics.median(cpus), "cpu_ms_range": [min(cpus), max(cpus)],
             "ops_per_step": rounds[-1]["ops_per_step"], "allocations_per_step": rounds[-1]["allocations_per_step"],
             "own_ms_per_step": rounds[-1]["own_ms_per_step"],
+            "call_us": {k: statistics.median(r["call_us"][k] for r in rounds) for k in rounds[0]["call_us"]},
             "own_ms_total_per_step": statistics.median(r["own_ms_total_per_step"] for r in rounds),
             "sha256": sorted({r["sha256"] for r in rounds})}
 
