@@ -22,7 +22,8 @@ it:
 
 It is the same arithmetic as transformers' modules in a dozen tensor operations per layer, reading the same
 parameters (nothing is copied): the RMS norms as transformers writes them, its rotary embedding and
-`apply_rotary_pos_emb`, q/k/v/o and the gated MLP as `F.linear` on the modules' weights and biases (or `linear`, the
+`apply_rotary_pos_emb`'s arithmetic (`rotary`; a lone row's q|k rotated as one: docs/engine.md, "The work around
+the products, with fewer calls"), q/k/v/o and the gated MLP as `F.linear` on the modules' weights and biases (or `linear`, the
 packed small-batch kernel, engine/core/small_batch.py) and attention as one SDPA call. No hooks run. A 20-row SmolLM2
 decode step here took 157 ms against 180 ms through the modules (docs/serving.md, "The batch on the lean step").
 
