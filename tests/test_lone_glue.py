@@ -102,3 +102,22 @@ def test_the_norm_keeps_its_casts_for_another_dtype():
     assert torch.equal(lean_module.rotary(x[:, None], x[:, None] * 0 + 0.5, x[:, None] * 0 - 0.25),
                        apply_rotary_pos_emb(x[:, None], x[:, None], torch.full_like(x, 0.5),
                                             torch.full_like(x, -0.25))[0])
+
+
+def test_the_glue_bench_runs_both_trees_on_the_tiny_model(tiny_model_dir, tmp_path):
+    """bench/lone_glue.py with this tree on both sides: the same logits' hash, each way's operator counts and the
+    product call's cost, and a result file with its provenance."""
+    import json
+
+    from bench import lone_glue
+    out = tmp_path / "glue.json"
+    root = Path(__file__).resolve().parent.parent
+    assert lone_glue.main(["--model", str(tiny_model_dir), "--before", str(root), "--rounds", "1", "--tokens", "12",
+                           "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["same_logits"] and d["provenance"]["name"] == "lone_glue"
+    for way in ("before", "after"):
+        w = d["ways"][way]
+        assert w["ops_per_step"] > 0 and w["allocations_per_step"] > 0 and w["wall_ms"] > 0
+        assert 0 < w["call_us"]["ctypes call"] and 0 < w["call_us"]["matvec.linear"]
+        assert w["own_ms_per_step"]
