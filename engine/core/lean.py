@@ -215,7 +215,8 @@ class LeanStep:
         if self.invariant:
             linear, fused, attention = invariant.linear, None, invariant.attention
         x = F.embedding(ids, self.embed.weight)                                         # [B, T, d]
-        cos, sin = (c.unsqueeze(1) for c in self.rotary(x, positions))                 # [B, 1, T, D] each
+        cos, sin = self.rotary(x, positions)                                            # [B, T, D] each
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)                                   # [B, 1, T, D]: once a step
         for i, w in enumerate(self.layers):
             f = fused[i] if fused is not None else NOT_FUSED
             if keep is not None:
