@@ -116,7 +116,7 @@ def weight_names(step) -> dict[int, str]:
     return names
 
 
-GLOBALS = ((lean_module, "rms_norm"), (lean_module, "apply_rotary_pos_emb"), (F, "scaled_dot_product_attention"),
+GLOBALS = ((lean_module, "rms_norm"), (lean_module, "rotary"), (F, "scaled_dot_product_attention"),
            (F, "embedding"), (F, "silu"), (batch_module, "pick_tokens"), (batch_module, "hash_rows"))
 HOST = {"pick_tokens": "host: pick and describe", "hash_rows": "host: logits sha256"}
 
@@ -128,7 +128,7 @@ def instrument(runner: BatchRunner, clocks: Clocks):
     names = weight_names(step)
     originals = [(module, name, getattr(module, name)) for module, name in GLOBALS]
     lean_module.rms_norm = clocks.wrap("norms", lean_module.rms_norm)
-    lean_module.apply_rotary_pos_emb = clocks.wrap("rotary", lean_module.apply_rotary_pos_emb)
+    lean_module.rotary = clocks.wrap("rotary", lean_module.rotary)
     step.rotary = clocks.wrap("rotary table", step.rotary)
     F.scaled_dot_product_attention = clocks.wrap("attention", F.scaled_dot_product_attention)
     F.embedding = clocks.wrap("embedding", F.embedding)

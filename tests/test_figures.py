@@ -1354,6 +1354,51 @@ LONE += [  # docs/engine.md, "A worker of the kernel's own, claiming chunks (tri
                 _wall(d, "passive-1") - d["table"]["passive-1"]["products_ms"])),
 ]
 
+GLUE = "lone_glue/20261128T162002Z-1681f1e.json"
+GLUE_AGAIN = "lone_glue/20261128T162306Z-c6dafe2.json"
+GLUE_LCP = "vs_llamacpp/20261128T162159Z-1681f1e.json"
+
+
+def glue_saved(d: dict) -> tuple:
+    """Each round's step before less after (the same round), then their median; nothing where the logits differed."""
+    if not d["same_logits"]:
+        return ()
+    saved = [b["wall_ms"] - a["wall_ms"] for b, a in zip(d["per_round"]["before"], d["per_round"]["after"])]
+    return (*saved, statistics.median(saved))
+
+
+LONE += [  # docs/engine.md, "The work around the products, with fewer calls"
+    (ENGINE_DOC, GLUE, "(load average {:.1f} at the start; `bench/results/lone_glue/20261128T162002Z-1681f1e.json`)",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (ENGINE_DOC, GLUE, "| the step, wall ms (rounds' range) | {:.2f} ({:.2f} to {:.2f}) | {:.2f} ({:.2f} to {:.2f}) |",
+     lambda d: tuple(x for w in ("before", "after") for x in (d["ways"][w]["wall_ms"], *d["ways"][w]["wall_ms_range"]))),
+    (ENGINE_DOC, GLUE, "| operator calls a step (every one, nested included) | {:,.0f} | {:,.0f} |",
+     lambda d: (d["ways"]["before"]["ops_per_step"], d["ways"]["after"]["ops_per_step"])),
+    (ENGINE_DOC, GLUE, "| of them `aten::mul`, `aten::as_strided`, `aten::cat` | {:.0f}, {:.0f}, {:.0f} | {:.0f}, {:.0f}, "
+     "{:.0f} |", lambda d: tuple(d["ways"][w]["own_ms_per_step"][k]["calls"] for w in ("before", "after")
+                                for k in ("aten::mul", "aten::as_strided", "aten::cat"))),
+    (ENGINE_DOC, GLUE, "| tensors allocated a step (`aten::empty`, `empty_strided`) | {:.0f} | {:.0f} |",
+     lambda d: (d["ways"]["before"]["allocations_per_step"], d["ways"]["after"]["allocations_per_step"])),
+    (ENGINE_DOC, GLUE, "| the operators' own CPU time a step (profiled) | {:.2f} ms | {:.2f} ms |",
+     lambda d: (d["ways"]["before"]["own_ms_total_per_step"], d["ways"]["after"]["own_ms_total_per_step"])),
+    (ENGINE_DOC, GLUE, "the same round) was {:.2f}, {:.2f}, {:.2f}, {:.2f}, {:.2f} ms, median {:.2f} ms", glue_saved),
+    (ENGINE_DOC, GLUE_AGAIN, "`bench/results/lone_glue/20261128T162306Z-c6dafe2.json`, load average {:.1f} at its start) "
+     "saved {:.2f}, {:.2f}, {:.2f}, {:.2f}, {:.2f} ms, median {:.2f} ms",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], *glue_saved(d))),
+    (ENGINE_DOC, GLUE, "attention (SDPA's CPU kernel, {:.0f} calls, {:.2f} ms of own time)",
+     lambda d: tuple(d["ways"]["after"]["own_ms_per_step"]["aten::_scaled_dot_product_flash_attention_for_cpu"][k]
+                     for k in ("calls", "ms"))),
+    (ENGINE_DOC, GLUE, "the {:.0f} `select`s and {:.0f} `copy_`s a step",
+     lambda d: tuple(d["ways"]["after"]["own_ms_per_step"][k]["calls"] for k in ("aten::select", "aten::copy_"))),
+    (ENGINE_DOC, GLUE_AGAIN, "`engine.core.matvec.linear` cost {:.1f} us a call on a weight of 8 rows against {:.1f} us",
+     lambda d: (d["ways"]["after"]["call_us"]["matvec.linear"], d["ways"]["after"]["call_us"]["ctypes call"])),
+    (ENGINE_DOC, GLUE_LCP, "`bench/results/vs_llamacpp/20261128T162159Z-1681f1e.json`, load average {:.1f} at its start): "
+     "{:.1f} ms a token against llama.cpp's {:.1f} ms, {:.2f}x",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], d["table"]["ours"]["ms_per_token"],
+                d["table"]["llama.cpp"]["ms_per_token"],
+                d["table"]["ours"]["ms_per_token"] / d["table"]["llama.cpp"]["ms_per_token"])),
+]
+
 ENGINE_MD = "docs/engine.md"
 FORWARD = [  # the one forward's round (docs/engine.md, "The one forward")
     (ENGINE_MD, "before_after/20261127T205417Z-63a755b.json", "the pages' capture made {:.2f}x (in-process) and {:.2f}x "

@@ -22,7 +22,8 @@ it:
 
 It is the same arithmetic as transformers' modules in a dozen tensor operations per layer, reading the same
 parameters (nothing is copied): the RMS norms as transformers writes them, its rotary embedding and
-`apply_rotary_pos_emb`, q/k/v/o and the gated MLP as `F.linear` on the modules' weights and biases (or `linear`, the
+`apply_rotary_pos_emb`'s arithmetic (`rotary`; a lone row's q|k rotated as one: docs/engine.md, "The work around
+the products, with fewer calls"), q/k/v/o and the gated MLP as `F.linear` on the modules' weights and biases (or `linear`, the
 packed small-batch kernel, engine/core/small_batch.py) and attention as one SDPA call. No hooks run. A 20-row SmolLM2
 decode step here took 157 ms against 180 ms through the modules (docs/serving.md, "The batch on the lean step").
 
@@ -40,7 +41,6 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 from torch.nn import functional as F
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from engine.core import invariant
 from engine.core.loader import LoadedModel
@@ -146,10 +146,19 @@ def _layer_weights(layer: Any) -> LayerWeights:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm, operation for operation: x [..., d]."""
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
+    """transformers' LlamaRMSNorm, operation for operation: x [..., d]. The casts are skipped where x is float32
+    (each a no-op there that still costs a call), the sum of squares' + eps and rsqrt made in place on the mean's own
+    fresh tensor: the same operations in the same order, so the same bits (tests/test_lone_glue.py)."""
+    h = x if x.dtype == torch.float32 else x.to(torch.float32)
+    h = h * h.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
+    return weight * (h if h.dtype == x.dtype else h.to(x.dtype))
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' apply_rotary_pos_emb on one tensor x [B, heads, T, D], cos and sin already [B, 1, T, D]:
+    x * cos + rotate_half(x) * sin, the same operations (rotate_half: the halves swapped, the second negated)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 def causal_mask(valid: torch.Tensor, t: int) -> torch.Tensor:
@@ -207,6 +216,7 @@ class LeanStep:
             linear, fused, attention = invariant.linear, None, invariant.attention
         x = F.embedding(ids, self.embed.weight)                                         # [B, T, d]
         cos, sin = self.rotary(x, positions)                                            # [B, T, D] each
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)                                   # [B, 1, T, D]: once a step
         for i, w in enumerate(self.layers):
             f = fused[i] if fused is not None else NOT_FUSED
             if keep is not None:
@@ -220,17 +230,29 @@ class LeanStep:
         kept = x[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else x[:, logits_to_keep]     # [B, K, d]
         return linear(rms_norm(kept, self.norm, self.eps), *self.head)                  # [B, K, V]
 
+    def _rotated(self, h: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch.Tensor, linear: Linear,
+                 f: Fused) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [B, H, T, D] and k [B, KVH, T, D] rotated, v [B, KVH, T, D]. One row's q|k made as one product lie side
+        by side in it: they are rotated as one tensor (a view of the product's columns), half the rotary's calls;
+        every element meets the same operations as when each is rotated alone, so the same bits."""
+        b, t = h.shape[:2]
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        d, kvd = heads * dim, kv_heads * dim
+        if f.qkv and b == 1:
+            qkv = f.qkv(h)                                                               # [1, T, d + 2 kvd]
+            qk = rotary(qkv[..., :d + kvd].view(b, t, heads + kv_heads, dim).transpose(1, 2), cos, sin)
+            return qk[:, :heads], qk[:, heads:], qkv[..., d + kvd:].view(b, t, kv_heads, dim).transpose(1, 2)
+        q, k, v = f.qkv(h).split((d, kvd, kvd), dim=-1) if f.qkv else (linear(h, *p) for p in (w.q, w.k, w.v))
+        q = rotary(q.view(b, t, heads, dim).transpose(1, 2), cos, sin)
+        k = rotary(k.view(b, t, kv_heads, dim).transpose(1, 2), cos, sin)
+        return q, k, v.view(b, t, kv_heads, dim).transpose(1, 2)
+
     def _attention(self, i: int, w: LayerWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    kv: KV, mask: torch.Tensor | None, linear: Linear, f: Fused,
                    attention: Attention | None = None) -> torch.Tensor:
         # h: [B, T, d] -> q [B, H, T, D], k, v [B, KVH, T, D]; keys K, V [B, KVH, S, D]; out [B, T, d]
         b, t = h.shape[:2]
-        d, kvd = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        q, k, v = f.qkv(h).split((d, kvd, kvd), dim=-1) if f.qkv else (linear(h, *p) for p in (w.q, w.k, w.v))
-        q = q.view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = k.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        q, k, v = self._rotated(h, w, cos, sin, linear, f)
         keys, values = kv(i, k, v)
         if attention is not None:
             return linear(attention(q, keys, values, mask, self.scaling).transpose(1, 2).reshape(b, t, -1), *w.o)
