@@ -1406,6 +1406,15 @@ LONE += [  # docs/engine.md, "The work around the products, with fewer calls"
                 d["table"]["ours"]["ms_per_token"] / d["table"]["llama.cpp"]["ms_per_token"])),
 ]
 
+FUSED_MODE = ("invariance/20261128T152215Z-3a07699.json", "invariance/20261128T152454Z-dfd7c70.json",
+              "invariance/20261128T153029Z-dfd7c70.json", "invariance/20261128T153307Z-3a07699.json")
+LONE += [  # docs/engine.md, the mode's q|k|v and gate|up side by side, tried (branch wip-tile2)
+    (ENGINE_DOC, FUSED_MODE[0], "(load average {:.1f} to {:.1f} at the starts;",
+     lambda d: span([json.loads((RESULTS / f).read_text())["provenance"]["machine"]["load_avg"][0] for f in FUSED_MODE])),
+    (ENGINE_DOC, FUSED_MODE[0], "2,048-token prefill with the mode on at {:.2f}x, {:.2f}x, {:.2f}x and {:.2f}x of its time",
+     lambda d: tuple(json.loads((RESULTS / f).read_text())["cost"]["prefill"]["on_over_off"] for f in FUSED_MODE)),
+]
+
 ENGINE_MD = "docs/engine.md"
 FORWARD = [  # the one forward's round (docs/engine.md, "The one forward")
     (ENGINE_MD, "before_after/20261127T205417Z-63a755b.json", "the pages' capture made {:.2f}x (in-process) and {:.2f}x "
