@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -141,6 +142,34 @@ def test_a_tiled_product_whose_order_follows_the_row_count_fails_the_row_check(k
     assert tiled_keeps_each_rows_bits(kernel, w, b, x) and not tiled_keeps_each_rows_bits(mutant, w, b, x)
 
 
+# x86 targets rows.c must build for, whatever this machine is: its vector width is the widest the target has
+# (SSE's 4 lanes, AVX2's 8, AVX-512's 16), and its register tile fits that target's registers. (-march, the CPU flag
+# a machine needs to run the build)
+TARGETS = [("x86-64", "sse2"), ("x86-64-v3", "avx2"), ("skylake-avx512", "avx512f")]
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86 targets")
+@pytest.mark.parametrize("march,flag", TARGETS)
+def test_it_builds_for_every_vector_width_and_keeps_each_rows_bits_where_it_runs(march, flag, tmp_path):
+    """A change that builds only on this machine's CPU fails here (rows.c once held AVX-512 vectors in registers
+    with an asm constraint that no AVX2 machine can meet: gcc refused it and the kernel was off there). Each build this
+    CPU can run is loaded and checked as the kernel is: against float64, and each row's bits among other rows."""
+    cc = kernels.compiler()
+    made = tmp_path / f"rows-{march}.so"
+    flags = [f"-march={march}" if f == "-march=native" else f for f in kernels.FLAGS]
+    done = subprocess.run([cc, *flags, "-o", str(made), str(kernels.SOURCE)], capture_output=True, text=True,
+                          timeout=kernels.BUILD_SECONDS)
+    assert done.returncode == 0, done.stderr[-2000:]
+    if flag not in kernels._cpu_flags().split():
+        return                                                                  # built; this CPU cannot run it
+    built = kernels.RowKernel(made)
+    g = torch.Generator().manual_seed(len(march))
+    w, b = torch.randn(130, 577, generator=g), torch.randn(130, generator=g)
+    x = torch.randn(max(TILED_ROWS), 577, generator=g)
+    np.testing.assert_allclose(built.tiled(x, w, b), exact(x, w, b), atol=2e-6 * 577 ** 0.5, rtol=1e-5)
+    assert tiled_keeps_each_rows_bits(built, w, b, x)
+
+
 def test_fits_takes_any_number_of_rows_only_when_asked(kernel):
     w, many = torch.randn(30, 64), torch.randn(kernels.MAX_ROWS + 1, 64)
     assert not kernels.fits(many, w, None) and kernels.fits(many, w, None, max_rows=None)
@@ -226,6 +255,7 @@ def test_without_a_compiler_the_products_take_torchs_path_with_one_warning(witho
 def test_a_compiler_that_fails_is_one_warning_and_torchs_path(without_compiler, monkeypatch, caplog):
     broken = without_compiler / "broken-cc"
     broken.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo broken 1.0; exit 0; fi\n"
+                      "echo \"rows.c: In function 'load':\" >&2\n"           # gcc's first line: where, not what
                       "echo 'rows.c: error: nothing compiles here' >&2\nexit 1\n")
     broken.chmod(broken.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("CC", str(broken))

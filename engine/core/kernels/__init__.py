@@ -196,12 +196,17 @@ def build(source: Path = SOURCE) -> Path:
             done = subprocess.run([cc, *FLAGS, "-o", str(made), str(source)], capture_output=True, text=True,
                                   timeout=BUILD_SECONDS)
             if done.returncode != 0:
-                first = (done.stderr.strip().splitlines() or ["no message"])[0]
-                raise BuildError(f"{Path(cc).name} failed to build {source.name}: {first}")
+                raise BuildError(f"{Path(cc).name} failed to build {source.name}: {_first_error(done.stderr)}")
             os.replace(made, path)
     except (OSError, subprocess.TimeoutExpired) as err:
         raise BuildError(f"could not build {source.name} with {cc}: {err}") from err
     return path
+
+
+def _first_error(stderr: str) -> str:
+    """The compiler's first error line (its first line where none says "error": gcc opens with "In function ...")."""
+    lines = stderr.strip().splitlines() or ["no message"]
+    return next((line for line in lines if "error" in line), lines[0])
 
 
 def _version(cc: str) -> str:

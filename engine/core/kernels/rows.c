@@ -21,8 +21,16 @@
 #include <omp.h>
 #include <string.h>
 
-#define ACCS 2                   /* accumulators per output, 16 float32 lanes each (one 512-bit vector) */
+/* The vector: one register of the widest kind this machine has (the library is built for it, -march=native), so
+   the order below is this machine's; AVX-512's 16 float32 lanes, AVX's 8, else SSE's (or a generic vector's) 4. */
+#if defined(__AVX512F__)
 #define LANES 16
+#elif defined(__AVX__)
+#define LANES 8
+#else
+#define LANES 4
+#endif
+#define ACCS 2                   /* accumulators per output, LANES float32 lanes each (one vector register) */
 #define SPAN (LANES * ACCS)      /* the k's one pass adds in: accumulator a, lane j takes k = SPAN i + LANES a + j */
 #define GROUP 4                  /* rows of x per pass over a row of w (accumulators: GROUP x ACCS vectors) */
 #define CHUNK 64                 /* outputs per unit of the threads' split */
@@ -136,11 +144,15 @@ int rows_max_threads(void) { return omp_get_max_threads(); }
    row's result is the same alone, among 20 or 2,048 rows, in whichever tile and on whichever thread.
 
    What changes is only which sums run side by side: a register tile of TR rows x TN outputs (TR x TN x ACCS
-   accumulators, 24 of AVX-512's 32 registers), each loaded vector of x used TN times and each of w TR times (7
-   loads per 12 multiply-adds where rows_linear's GROUP x 1 takes 5 per 4; both operands held in registers, see
+   accumulators, 24 of AVX-512's 32 registers; 12 of AVX's 16), each loaded vector of x used TN times and each of w
+   TR times (with AVX-512, 7 loads per 12 multiply-adds where rows_linear's GROUP x 1 takes 5 per 4; both operands held in registers, see
    `tile`); a block of BLOCK_BYTES of weights kept in L2 while every group of TR rows of a block of ROW_BYTES of
    rows passes over it; threads over contiguous ranges of output tiles, never along k. */
-#define TR 4                     /* rows of a register tile */
+#if defined(__AVX512F__)
+#define TR 4                     /* rows of a register tile: 4 x 3 x ACCS = 24 accumulators of AVX-512's 32 registers */
+#else
+#define TR 2                     /* 2 x 3 x ACCS = 12 of AVX's (or SSE's) 16, beside TN vectors of w and one of x */
+#endif
 #define TN 3                     /* outputs of a register tile */
 #define BLOCK_BYTES (192 * 1024) /* weights of the outputs every group of rows passes over in turn (L2 here) */
 #define ROW_BYTES (256 * 1024)   /* rows every block of weights passes over in turn (L2 here, beside the weights) */
@@ -149,7 +161,8 @@ typedef float vec8 __attribute__((vector_size(32)));
 typedef float vec4 __attribute__((vector_size(16)));
 typedef float vec2 __attribute__((vector_size(8)));
 
-/* `total` in vector halves: the same additions of the same lanes (lane j with lane j + width, width 8, 4, 2, 1). */
+/* `total` in vector halves: the same additions of the same lanes (lane j with lane j + width, width LANES / 2,
+   ..., 2, 1). */
 static inline float fold(const vec *acc) {
     vec a[ACCS];
     for (int i = 0; i < ACCS; i++)
@@ -157,9 +170,17 @@ static inline float fold(const vec *acc) {
     for (int width = ACCS / 2; width >= 1; width /= 2)
         for (int i = 0; i < width; i++)
             a[i] = a[i] + a[i + width];
+#if LANES == 16
     vec8 h8 = __builtin_shufflevector(a[0], a[0], 0, 1, 2, 3, 4, 5, 6, 7)
             + __builtin_shufflevector(a[0], a[0], 8, 9, 10, 11, 12, 13, 14, 15);
+#elif LANES == 8
+    vec8 h8 = a[0];
+#endif
+#if LANES >= 8
     vec4 h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
+#else
+    vec4 h4 = a[0];
+#endif
     vec2 h2 = __builtin_shufflevector(h4, h4, 0, 1) + __builtin_shufflevector(h4, h4, 2, 3);
     return h2[0] + h2[1];
 }
@@ -217,9 +238,13 @@ static void tile_of(const float *x, long ldx, int rows, const float *w, long in,
                     const float *bias, float *y, long ldy) {
     switch (rows) {
     case 1: TILE_COLS(1); break;
+#if TR == 4
     case 2: TILE_COLS(2); break;
     case 3: TILE_COLS(3); break;
     default: TILE_COLS(4); break;
+#else
+    default: TILE_COLS(2); break;
+#endif
     }
 }
 
