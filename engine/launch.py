@@ -28,6 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from engine.settings import LOOPBACK, PLAYGROUND, SERVE, Settings, add_flags, load  # noqa: F401 (LOOPBACK: app's)
+
+# How torch's OpenMP threads wait at a barrier in the model's process, set before torch loads unless set by hand
+# (`python -m engine`, and `playground` for the processes it starts): poll 10,000 times, then sleep (engine/__main__.py
+# says why; docs/engine.md, "The second thread's wait, on a machine where it pays", has the runs).
+OPENMP_WAIT = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000"}
 MIN_SECRET_CHARS = 12
 LOG_LEVELS = ("debug", "info", "warning", "error")
 UPLOAD_MB = 64                      # largest recording a browser may upload (engine.serving.recording reads 64 MiB)

@@ -18,6 +18,8 @@ from engine.serving.limits import ENV_VARS, Limits
 
 BIN = Path(sys.executable).parent / "playground"
 
+ROOT = Path(__file__).resolve().parent.parent
+
 
 def parse(*argv: str):
     """The settings `playground ARGV` runs with, in an environment of its own (none of the machine's variables)."""
@@ -105,9 +107,25 @@ def test_dry_run_prints_the_command_and_variables(capsys):
     assert main(["--dry-run", "--port", "8765", "--max-new-tokens", "32"], environ={}) == 0
     out = capsys.readouterr().out
     assert "streamlit run" in out and "8765" in out and "PLAYGROUND_MAX_NEW_TOKENS=32" in out
-    assert "OMP_WAIT_POLICY=PASSIVE" in out                 # the model's process: OpenMP's threads sleep, not spin
-    assert main(["--dry-run"], environ={"OMP_WAIT_POLICY": "ACTIVE"}) == 0
-    assert "OMP_WAIT_POLICY" not in capsys.readouterr().out  # a value set by hand is kept (inherited, not overridden)
+    assert "OMP_WAIT_POLICY=PASSIVE" in out                 # the model's process: OpenMP's threads poll briefly,
+    assert "GOMP_SPINCOUNT=10000" in out                    # then sleep, not spin for good
+    assert main(["--dry-run"], environ={"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "0"}) == 0
+    out = capsys.readouterr().out                            # values set by hand are kept (inherited, not overridden)
+    assert "OMP_WAIT_POLICY" not in out and "GOMP_SPINCOUNT" not in out
+
+
+def test_the_engine_sets_openmps_wait_before_torch_loads_and_keeps_a_value_set_by_hand():
+    """`python -m engine` (the server, the CLI) in a real process sets libgomp's waits (engine/__main__.py, before it
+    imports anything that loads torch: libgomp reads them once, as it loads), and keeps a value set by hand."""
+    code = ("import runpy, sys; sys.argv = ['engine', '--help']\n"
+            "try:\n    runpy.run_module('engine', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "import os; print(os.environ['OMP_WAIT_POLICY'], os.environ['GOMP_SPINCOUNT'])")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert done.stdout.split()[-2:] == ["PASSIVE", "10000"], done.stderr[-2000:]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={**env, "GOMP_SPINCOUNT": "0"})
+    assert done.stdout.split()[-2:] == ["PASSIVE", "0"], done.stderr[-2000:]
 
 
 def free_port() -> int:
