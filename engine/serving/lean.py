@@ -110,7 +110,7 @@ class LeanDecode:
         positions = torch.tensor([[s.length] for s in slots], device=device)         # [B, 1] own positions
         if len(slots) == 1:
             kv, write = one_row(batch, slots[0])
-            mask, linear, fused = None, self.linear, self.lone_fused()
+            mask, (linear, fused) = None, self.lone_products()
         else:
             mask = batch.step_mask().bool()[:, None, None, :]                        # [B, 1, 1, W + 1]
             kv, write = batch.write_and_gather, batch.residual_slots
@@ -120,6 +120,12 @@ class LeanDecode:
         resid = batch.pool.resid if any(s.kept is not None for s in slots) else None
         with torch.inference_mode():
             return step(self.lean, ids, positions, kv, mask, resid, write, linear, fused)[:, -1]
+
+    def lone_products(self) -> tuple[Linear, list[Fused] | None]:
+        """One row's (linear, fused): every product bound once where they are the row kernel's (engine.core.lone:
+        `SideBySide.bound`), else `self.linear` with q|k|v and gate|up as one product each where they can be."""
+        bound = self.side_by_side.bound() if self.side_by_side and self.linear is matvec.linear else None
+        return bound if bound is not None else (self.linear, self.lone_fused())
 
     def lone_fused(self) -> list[Fused] | None:
         """q|k|v and gate|up as one split product each (engine.core.lone), where the products are the split ones."""
