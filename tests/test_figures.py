@@ -1406,6 +1406,45 @@ LONE += [  # docs/engine.md, "The work around the products, with fewer calls"
                 d["table"]["ours"]["ms_per_token"] / d["table"]["llama.cpp"]["ms_per_token"])),
 ]
 
+BOUND = "lone_glue/20261128T184813Z-219584b.json"     # the products bound once, the cache's row in one view
+
+
+def glue_way(way: str, *keys: str) -> Callable[[dict], tuple]:
+    """One way's figures of a lone_glue run, in the order asked; nothing where the logits differed."""
+    return lambda d: tuple(d["ways"][way][k] for k in keys) if d["same_logits"] else ()
+
+
+LONE += [  # docs/engine.md, "The products bound once, the cache's row in one view"
+    (ENGINE_DOC, BOUND, "unlike the runs above; load average {:.1f} at its start;",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (ENGINE_DOC, BOUND, "| the step, wall ms (rounds' range) | {:.2f} ({:.2f} to {:.2f}) | {:.2f} ({:.2f} to {:.2f}) |",
+     lambda d: tuple(x for w in ("before", "after") for x in (d["ways"][w]["wall_ms"], *d["ways"][w]["wall_ms_range"]))
+     if d["same_logits"] else ()),
+    (ENGINE_DOC, BOUND, "| the step, CPU ms of its thread | {:.2f} | {:.2f} |",
+     lambda d: glue_way("before", "cpu_ms")(d) + glue_way("after", "cpu_ms")(d)),
+    (ENGINE_DOC, BOUND, "| operator calls a step (every one, nested included) | {:,.0f} | {:,.0f} |",
+     lambda d: glue_way("before", "ops_per_step")(d) + glue_way("after", "ops_per_step")(d)),
+    (ENGINE_DOC, BOUND, "| of them `aten::as_strided`, `aten::view`, `aten::transpose` | {:.0f}, {:.0f}, {:.0f} | {:.0f}, "
+     "{:.0f}, {:.0f} |", lambda d: tuple(d["ways"][w]["own_ms_per_step"][k]["calls"] for w in ("before", "after")
+                                        for k in ("aten::as_strided", "aten::view", "aten::transpose"))),
+    (ENGINE_DOC, BOUND, "| tensors allocated a step (`aten::empty`, `empty_strided`) | {:.0f} | {:.0f} |",
+     lambda d: glue_way("before", "allocations_per_step")(d) + glue_way("after", "allocations_per_step")(d)),
+    (ENGINE_DOC, BOUND, "| the operators' own CPU time a step (profiled) | {:.2f} ms | {:.2f} ms |",
+     lambda d: glue_way("before", "own_ms_total_per_step")(d) + glue_way("after", "own_ms_total_per_step")(d)),
+    (ENGINE_DOC, BOUND, "the bare ctypes call | {:.1f} and {:.1f} us | {:.1f} and {:.1f} us |",
+     lambda d: (d["ways"]["before"]["call_us"]["matvec.linear"], d["ways"]["before"]["call_us"]["ctypes call"],
+                d["ways"]["after"]["call_us"]["matvec.Bound"], d["ways"]["after"]["call_us"]["ctypes call"])),
+    (ENGINE_DOC, BOUND, "The step's saving per round was {:.2f}, {:.2f}, {:.2f}, {:.2f}, {:.2f} ms, median {:.2f} ms",
+     glue_saved),
+    (ENGINE_DOC, BOUND, "(`aten::mm`, {:.2f} ms of own time a step)",
+     lambda d: (d["ways"]["after"]["own_ms_per_step"]["aten::mm"]["ms"],)),
+    (ENGINE_DOC, BOUND, "attention (SDPA's CPU kernel, {:.0f} calls, {:.2f} ms)",
+     lambda d: tuple(d["ways"]["after"]["own_ms_per_step"]["aten::_scaled_dot_product_flash_attention_for_cpu"][k]
+                     for k in ("calls", "ms"))),
+    (ENGINE_DOC, BOUND, "`_to_copy`s inside those ({:.0f} a step)",
+     lambda d: (d["ways"]["after"]["own_ms_per_step"]["aten::_to_copy"]["calls"],)),
+]
+
 FUSED_MODE = ("invariance/20261128T152215Z-3a07699.json", "invariance/20261128T152454Z-dfd7c70.json",
               "invariance/20261128T153029Z-dfd7c70.json", "invariance/20261128T153307Z-3a07699.json")
 LONE += [  # docs/engine.md, the mode's q|k|v and gate|up side by side, tried (branch wip-tile2)
