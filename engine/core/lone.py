@@ -35,7 +35,8 @@ class SideBySide:
         self.lean = lean
         self._made: tuple[list[int], list[Fused], list[torch.Tensor]] | None = None
         self._bound: tuple[kernels.RowKernel, list[int], list[torch.Tensor], Linear, list[Fused]] | None = None
-        if lean.embed.weight.device.type == "cpu":
+        self.on_cpu = lean.embed.weight.device.type == "cpu"     # the row kernel's products are a CPU's
+        if self.on_cpu:
             kernels.row_kernel()         # built or found now, not at the first lone step (a build takes a second)
 
     def weights(self) -> list[torch.Tensor]:
@@ -53,7 +54,7 @@ class SideBySide:
     def bound(self) -> tuple[Linear, list[Fused]] | None:
         """A lone step's products bound once (module docstring), as the forward's (linear, fused); None where the row
         kernel is off, a group is missing or any weight it binds has moved since (checked every step)."""
-        kernel = kernels.row_kernel()
+        kernel = kernels.row_kernel() if self.on_cpu else None
         if kernel is None:
             return None
         if self._bound is None or self._bound[0] is not kernel:

@@ -173,8 +173,8 @@ def one_row(batch: Any, slot: Any) -> tuple[KV, torch.Tensor]:
 
 
 def rows(pool: torch.Tensor, first: int, n: int) -> torch.Tensor:
-    """pool [slots, KVH, D] -> slots first .. first + n - 1 as [1, KVH, n, D], a view: what slicing, transposing and
-    unsqueezing make (the same sizes and strides), in one operator call instead of six."""
+    """pool [slots, KVH, D], contiguous as BlockPool keeps it -> slots first .. first + n - 1 as [1, KVH, n, D], a
+    view: what slicing, transposing and unsqueezing make (the same sizes and strides), in one operator call, not six."""
     _, heads, dim = pool.shape
     return pool.as_strided((1, heads, n, dim), (heads * dim, dim, heads * dim, 1),
                            pool.storage_offset() + first * heads * dim)
