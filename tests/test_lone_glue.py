@@ -1,7 +1,6 @@
 """The forward's work around the products made with fewer calls (engine/core/lean.py: `rms_norm` without its no-op
-casts, `rotary` once over a lone row's q|k side by side, its swapped halves one `roll` times a signed sin) gives
-the same bits as the operations it replaced, kept here as they were at 2274b52 (transformers' apply_rotary_pos_emb
-on q and k apart, the norm with its casts)."""
+casts, `rotary` once over a lone row's q|k side by side) gives the same bits as the operations it replaced, kept
+here as they were at 2274b52 (transformers' apply_rotary_pos_emb on q and k apart, the norm with its casts)."""
 from __future__ import annotations
 
 import sys
@@ -88,7 +87,6 @@ def test_the_step_gives_the_bits_of_the_operations_it_replaced(tiny_lm, monkeypa
     ids = torch.randint(3, 80, (rows, 6), generator=torch.Generator().manual_seed(rows))
     got = decode(now, ids, 5, matvec.linear, fused)
     monkeypatch.setattr(lean_module, "rms_norm", norm_before)
-    monkeypatch.setattr(lean_module, "signed_sin", lambda sin: sin)      # Before rotates with transformers' own
     want = decode(Before(tiny_lm), ids, 5, matvec.linear, fused)
     same_bits(got[0], want[0])
     same_bits(got[1], want[1])
@@ -101,8 +99,7 @@ def test_the_norm_keeps_its_casts_for_another_dtype():
     assert torch.equal(lean_module.rms_norm(x, weight, 1e-6), norm_before(x, weight, 1e-6))
     x = torch.randn(2, 3, 16)
     assert torch.equal(lean_module.rms_norm(x, weight.float(), 1e-6), norm_before(x, weight.float(), 1e-6))
-    sin = torch.full_like(x[:, None], -0.25)
-    assert torch.equal(lean_module.rotary(x[:, None], x[:, None] * 0 + 0.5, lean_module.signed_sin(sin)),
+    assert torch.equal(lean_module.rotary(x[:, None], x[:, None] * 0 + 0.5, x[:, None] * 0 - 0.25),
                        apply_rotary_pos_emb(x[:, None], x[:, None], torch.full_like(x, 0.5),
                                             torch.full_like(x, -0.25))[0])
 

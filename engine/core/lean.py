@@ -154,18 +154,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (h if h.dtype == x.dtype else h.to(x.dtype))
 
 
-def rotary(x: torch.Tensor, cos: torch.Tensor, signed: torch.Tensor) -> torch.Tensor:
-    """transformers' apply_rotary_pos_emb on one tensor x [B, heads, T, D], cos and `signed` (`signed_sin`) already
-    [B, 1, T, D]: x * cos + rotate_half(x) * sin, where rotate_half(x) * sin (the halves swapped, the second
-    negated, times sin) is the halves swapped (one `roll`) times sin with its first half negated: -a * b and a * -b
-    are the same float, so the same bits in 4 operator calls where rotate_half took 7 (tests/test_lone_glue.py)."""
-    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed
-
-
-def signed_sin(sin: torch.Tensor) -> torch.Tensor:
-    """sin [..., D] with its first half negated: what `rotary` multiplies the swapped halves by (once a step)."""
-    half = sin.shape[-1] // 2
-    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' apply_rotary_pos_emb on one tensor x [B, heads, T, D], cos and sin already [B, 1, T, D]:
+    x * cos + rotate_half(x) * sin, the same operations (rotate_half: the halves swapped, the second negated)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 def causal_mask(valid: torch.Tensor, t: int) -> torch.Tensor:
@@ -223,7 +216,7 @@ class LeanStep:
             linear, fused, attention = invariant.linear, None, invariant.attention
         x = F.embedding(ids, self.embed.weight)                                         # [B, T, d]
         cos, sin = self.rotary(x, positions)                                            # [B, T, D] each
-        cos, sin = cos.unsqueeze(1), signed_sin(sin.unsqueeze(1))                       # [B, 1, T, D]: once a step
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)                                   # [B, 1, T, D]: once a step
         for i, w in enumerate(self.layers):
             f = fused[i] if fused is not None else NOT_FUSED
             if keep is not None:
