@@ -1459,6 +1459,15 @@ LONE += [  # docs/engine.md, "The products bound once, the cache's row in one vi
                 d["table"]["ours"]["ms_per_token"] / d["table"]["llama.cpp"]["ms_per_token"])),
 ]
 
+ROLL = "lone_glue/20261128T190602Z-3ecb650.json"     # the rotary as a roll, tried and reverted
+LONE += [  # docs/engine.md, "The products bound once, the cache's row in one view": what was tried after them
+    (ENGINE_DOC, ROLL, "average {:.1f} at its start) the step dispatched {:,.0f} operator calls against {:,.0f} and took "
+     "{:.2f} ms against {:.2f},\nthe saving per round's median {:.2f} ms",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], d["ways"]["after"]["ops_per_step"],
+                d["ways"]["before"]["ops_per_step"], d["ways"]["after"]["wall_ms"], d["ways"]["before"]["wall_ms"],
+                glue_saved(d)[-1]) if d["same_logits"] else ()),
+]
+
 FUSED_MODE = ("invariance/20261128T152215Z-3a07699.json", "invariance/20261128T152454Z-dfd7c70.json",
               "invariance/20261128T153029Z-dfd7c70.json", "invariance/20261128T153307Z-3a07699.json")
 LONE += [  # docs/engine.md, the mode's q|k|v and gate|up side by side, tried (branch wip-tile2)
