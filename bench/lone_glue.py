@@ -80,15 +80,19 @@ def child(tokens: int, threads: int, model: str) -> dict:
 
 
 def call_cost(torch) -> dict:
-    """The fixed cost of one product call (us, fastest of 5 x 2,000): engine.core.matvec.linear (the lone step's
-    route: the checks, the output's allocation, the ctypes call) and the bare ctypes call of the row kernel, both
-    on an 8 x 576 weight, whose product itself takes next to nothing."""
+    """The fixed cost of one product call (us, fastest of 5 x 2,000): engine.core.matvec.linear (the checks, the
+    output's allocation, the ctypes call), the bare ctypes call of the row kernel and, in a tree that has it,
+    matvec.Bound (a lone step's route since the products are bound once), on an 8 x 576 weight, whose product
+    itself takes next to nothing."""
     import timeit
     from engine.core import kernels, matvec
     kernel = kernels.row_kernel()
     x, w, y = torch.randn(1, 1, 576), torch.randn(8, 576), torch.empty(1, 8)
     ways = {"matvec.linear": lambda: matvec.linear(x, w),
             "ctypes call": lambda: kernel._call(x.data_ptr(), 576, 1, w.data_ptr(), 576, 8, None, y.data_ptr(), 8, 1)}
+    if hasattr(matvec, "Bound"):                 # a tree with the lone step's products bound once (matvec.Bound)
+        bound = matvec.Bound(kernel, w)
+        ways["matvec.Bound"] = lambda: bound(x)
     with torch.inference_mode():
         return {"call_us": {name: 1e6 * min(timeit.repeat(f, number=2000, repeat=5)) / 2000
                             for name, f in ways.items()}}

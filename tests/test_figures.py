@@ -945,7 +945,8 @@ LONE = [  # docs/engine.md, "Two threads, and why they were ten times slower" an
 LONE.append((ENGINE_DOC, "lone_bits/20261127T211900Z-714cf7d.json", "the logits differed from `F.linear`'s by at "
              "most {:.1e} (the largest logit {:.1f}), the probabilities by at most {:.1e}, and every token was the same.",
              lambda d: (d["max_logit_diff"], d["max_abs_logit"], d["max_prob_diff"]) if d["same_tokens"] else ()))
-VS_LCP = "vs_llamacpp/20261128T162159Z-1681f1e.json"   # a quiet machine, after the lone step's fewer operator calls
+VS_LCP = "vs_llamacpp/20261128T185510Z-0f1c50d.json"   # the Zen 3 machine, the lone step's products bound once
+VS_LCP_ZEN4 = "vs_llamacpp/20261128T162159Z-1681f1e.json"   # a quiet machine with AVX-512, after the fewer calls
 VS_LCP_PREV = "vs_llamacpp/20261128T070829Z-3bbb9d0.json"   # the run before, with the row kernel and 2 MB pages
 VS_LCP_BEFORE_KERNEL = "vs_llamacpp/20261128T034948Z-16686b8.json"   # a quiet machine, after the host-work cut
 VS_LCP_BEFORE_CUT = "vs_llamacpp/20261128T004601Z-869bdb6.json"   # a quiet machine, before it
@@ -976,6 +977,14 @@ LONE += [  # README, "One person alone, against llama.cpp"
      lambda d: (d["table"]["ours"]["ms_per_token"] / d["table"]["llama.cpp"]["ms_per_token"],
                 d["table"]["ours"]["ttft_s"] / d["table"]["llama.cpp"]["ttft_s"])),
     (README, VS_LCP, "Our answers took {:.1f} to {:.1f} ms a", lambda d: span(d["table"]["ours"]["per_round_ms"])),
+    (README, VS_LCP_ZEN4, "(`bench/results/vs_llamacpp/20261128T162159Z-1681f1e.json`, load average {:.2f}) had ours at "
+     "{:.1f} ms a\ntoken and llama.cpp at {:.1f} ({:.2f}x)",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], d["table"]["ours"]["ms_per_token"],
+                d["table"]["llama.cpp"]["ms_per_token"],
+                d["table"]["ours"]["ms_per_token"] / d["table"]["llama.cpp"]["ms_per_token"])),
+    (README, "lone_glue/20261128T162002Z-1681f1e.json", "the lone step there took {:.1f} ms in-process", lambda d: (d["ways"]["after"]["wall_ms"],)),
+    (README, "lone_glue/20261128T184813Z-219584b.json", "where it takes {:.1f} here", lambda d: (d["ways"]["after"]["wall_ms"],)),
+    (README, VS_LCP_ZEN4, "{:.1f} on 1681f1e,", lambda d: (max(v for r in d["read_gb_s"] for v in r.values()),)),
     (README, VS_LCP, "time between steps was {:.3f} to {:.3f} ms a token",
      lambda d: span([h["between_steps_ms"] for h in d["host_work"]])),
     (README, VS_LCP, "saw were {:.2f} to {:.2f} ms a token longer than the server's decode time by round",
@@ -1404,6 +1413,59 @@ LONE += [  # docs/engine.md, "The work around the products, with fewer calls"
      lambda d: (d["provenance"]["machine"]["load_avg"][0], d["table"]["ours"]["ms_per_token"],
                 d["table"]["llama.cpp"]["ms_per_token"],
                 d["table"]["ours"]["ms_per_token"] / d["table"]["llama.cpp"]["ms_per_token"])),
+]
+
+BOUND = "lone_glue/20261128T184813Z-219584b.json"     # the products bound once, the cache's row in one view
+
+
+def glue_way(way: str, *keys: str) -> Callable[[dict], tuple]:
+    """One way's figures of a lone_glue run, in the order asked; nothing where the logits differed."""
+    return lambda d: tuple(d["ways"][way][k] for k in keys) if d["same_logits"] else ()
+
+
+LONE += [  # docs/engine.md, "The products bound once, the cache's row in one view"
+    (ENGINE_DOC, BOUND, "unlike the runs above; load average {:.1f} at its start;",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (ENGINE_DOC, BOUND, "| the step, wall ms (rounds' range) | {:.2f} ({:.2f} to {:.2f}) | {:.2f} ({:.2f} to {:.2f}) |",
+     lambda d: tuple(x for w in ("before", "after") for x in (d["ways"][w]["wall_ms"], *d["ways"][w]["wall_ms_range"]))
+     if d["same_logits"] else ()),
+    (ENGINE_DOC, BOUND, "| the step, CPU ms of its thread | {:.2f} | {:.2f} |",
+     lambda d: glue_way("before", "cpu_ms")(d) + glue_way("after", "cpu_ms")(d)),
+    (ENGINE_DOC, BOUND, "| operator calls a step (every one, nested included) | {:,.0f} | {:,.0f} |",
+     lambda d: glue_way("before", "ops_per_step")(d) + glue_way("after", "ops_per_step")(d)),
+    (ENGINE_DOC, BOUND, "| of them `aten::as_strided`, `aten::view`, `aten::transpose` | {:.0f}, {:.0f}, {:.0f} | {:.0f}, "
+     "{:.0f}, {:.0f} |", lambda d: tuple(d["ways"][w]["own_ms_per_step"][k]["calls"] for w in ("before", "after")
+                                        for k in ("aten::as_strided", "aten::view", "aten::transpose"))),
+    (ENGINE_DOC, BOUND, "| tensors allocated a step (`aten::empty`, `empty_strided`) | {:.0f} | {:.0f} |",
+     lambda d: glue_way("before", "allocations_per_step")(d) + glue_way("after", "allocations_per_step")(d)),
+    (ENGINE_DOC, BOUND, "| the operators' own CPU time a step (profiled) | {:.2f} ms | {:.2f} ms |",
+     lambda d: glue_way("before", "own_ms_total_per_step")(d) + glue_way("after", "own_ms_total_per_step")(d)),
+    (ENGINE_DOC, BOUND, "the bare ctypes call | {:.1f} and {:.1f} us | {:.1f} and {:.1f} us |",
+     lambda d: (d["ways"]["before"]["call_us"]["matvec.linear"], d["ways"]["before"]["call_us"]["ctypes call"],
+                d["ways"]["after"]["call_us"]["matvec.Bound"], d["ways"]["after"]["call_us"]["ctypes call"])),
+    (ENGINE_DOC, BOUND, "The step's saving per round was {:.2f}, {:.2f}, {:.2f}, {:.2f}, {:.2f} ms, median {:.2f} ms",
+     glue_saved),
+    (ENGINE_DOC, BOUND, "(`aten::mm`, {:.2f} ms of own time a step)",
+     lambda d: (d["ways"]["after"]["own_ms_per_step"]["aten::mm"]["ms"],)),
+    (ENGINE_DOC, BOUND, "attention (SDPA's CPU kernel, {:.0f} calls, {:.2f} ms)",
+     lambda d: tuple(d["ways"]["after"]["own_ms_per_step"]["aten::_scaled_dot_product_flash_attention_for_cpu"][k]
+                     for k in ("calls", "ms"))),
+    (ENGINE_DOC, BOUND, "`_to_copy`s inside those ({:.0f} a step)",
+     lambda d: (d["ways"]["after"]["own_ms_per_step"]["aten::_to_copy"]["calls"],)),
+    (ENGINE_DOC, "vs_llamacpp/20261128T185510Z-0f1c50d.json", "`bench/results/vs_llamacpp/20261128T185510Z-0f1c50d.json`, "
+     "load\naverage {:.1f} at its start): {:.1f} ms a token against llama.cpp's {:.1f} ms, {:.2f}x",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], d["table"]["ours"]["ms_per_token"],
+                d["table"]["llama.cpp"]["ms_per_token"],
+                d["table"]["ours"]["ms_per_token"] / d["table"]["llama.cpp"]["ms_per_token"])),
+]
+
+ROLL = "lone_glue/20261128T190602Z-3ecb650.json"     # the rotary as a roll, tried and reverted
+LONE += [  # docs/engine.md, "The products bound once, the cache's row in one view": what was tried after them
+    (ENGINE_DOC, ROLL, "average {:.1f} at its start) the step dispatched {:,.0f} operator calls against {:,.0f} and took "
+     "{:.2f} ms against {:.2f},\nthe saving per round's median {:.2f} ms",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], d["ways"]["after"]["ops_per_step"],
+                d["ways"]["before"]["ops_per_step"], d["ways"]["after"]["wall_ms"], d["ways"]["before"]["wall_ms"],
+                glue_saved(d)[-1]) if d["same_logits"] else ()),
 ]
 
 FUSED_MODE = ("invariance/20261128T152215Z-3a07699.json", "invariance/20261128T152454Z-dfd7c70.json",
@@ -2255,7 +2317,7 @@ NUMBER = r"(?<![\w.])~?\d[\d,]*(?:\.\d+)?(?:e-?\d+)?"
 UNIT = r"\s?(?:ms\b|s\b|tok/s|x\b|MB\b|GB/s|GB\b|MiB\b|KB\b|kB\b|KiB\b|%|TB/s|TFLOP/s|seconds?\b|minutes?\b|min\b)"
 FIGURE = re.compile(NUMBER + UNIT)     # a number with a unit of time, speed, size, a ratio or a share
 README_NOT_MEASURED = (  # settings, targets, definitions, spec sheets, an example of output, a derived size
-    "the weights in 2 MB pages and the lone step's fewer operator calls", "shows 0.00% at INT4 g32", "(1 GB = 10^9 bytes); a GPU's \"80 GB\" is written as 80 GiB = 85.90 GB",
+    "the weights in 2 MB pages, the lone step's fewer operator calls", "shows 0.00% at INT4 g32", "(1 GB = 10^9 bytes); a GPU's \"80 GB\" is written as 80 GiB = 85.90 GB",
     "70% of peak bandwidth for decode and 60% of peak FLOP/s", "SmolLM2-135M-Instruct on cpu (2 s)",
     "for 15 minutes (a 15-second version", "(default 2048 MiB", "(5 times in 3 minutes)", "SIGKILLed at 15 minutes",
     "target 3x)", "fixed at 128 KiB", "the targets were 0.9x and 1.15x", "the 64 MiB upload cap",

@@ -121,3 +121,125 @@ def test_the_glue_bench_runs_both_trees_on_the_tiny_model(tiny_model_dir, tmp_pa
         assert w["ops_per_step"] > 0 and w["allocations_per_step"] > 0 and w["wall_ms"] > 0
         assert 0 < w["call_us"]["ctypes call"] and 0 < w["call_us"]["matvec.linear"]
         assert w["own_ms_per_step"]
+
+
+def one_row_before(batch, slot):
+    """engine.serving.lean.one_row (and its _reader) as at 84db7f9: the slot written through indexing, the keys read
+    as a slice, transposed and unsqueezed."""
+    pool, block, n = batch.pool, batch.block, slot.length
+    table = batch.tables[slot]
+    if n == len(table) * block:
+        table.append(pool.allocate())
+    write = table[n // block] * block + n % block
+    first = table[0]
+    if table == list(range(first, first + len(table))):
+        def take(p):
+            return p[first * block:first * block + n + 1]
+    else:
+        index = (torch.tensor(table)[:, None] * block + torch.arange(block)).flatten()[:n + 1]
+
+        def take(p):
+            return p.index_select(0, index)
+
+    def kv(i, k, v):
+        keys, values = pool.keys[i], pool.values[i]
+        keys[write].copy_(k[0, :, 0])
+        values[write].copy_(v[0, :, 0])
+        return take(keys).transpose(0, 1)[None], take(values).transpose(0, 1)[None]
+    return kv, torch.tensor([write])
+
+
+def run_kept(lm, jobs, joins, monkeypatch=None):
+    """run_runner over `jobs`, every decode step's logits as returned (not copied: a product's output reused by the
+    next step would show here) and each job's kept residual per layer; with `monkeypatch`, the path as at 84db7f9:
+    the old one_row, and each product through matvec.linear (q|k|v and gate|up side by side)."""
+    from engine.serving import lean as serving_lean
+    from engine.serving.batch import BatchRunner
+    from test_lean import run_runner
+    runner = BatchRunner(lm, max_batch=8)
+    if monkeypatch is not None:
+        monkeypatch.setattr(serving_lean, "one_row", one_row_before)
+        monkeypatch.setattr(runner.lean, "lone_products", lambda: (runner.lean.linear, runner.lean.lone_fused()))
+    logits, decode = [], runner.lean.decode
+    runner.lean.decode = lambda batch, slots: logits.append(decode(batch, slots)) or logits[-1]
+    kept: dict = {}
+    records = run_runner(lm, jobs, joins, runner, kept)
+    resid = {i: [k.input(layer) for layer in k.layers] for i, k in kept.items() if k is not None}
+    return records, logits, resid
+
+
+@pytest.mark.parametrize("joins", [(0,), (0, 0)], ids=["alone", "alone after a neighbour left"])
+def test_a_lone_step_bound_once_gives_the_bits_of_the_step_before(tiny_lm, monkeypatch, joins):
+    """The lone step's products bound once (engine.core.lone.SideBySide.bound, matvec.Bound: outputs reused) and its
+    K/V written and read through one view each (engine.serving.lean.one_row, `rows`): every decode step's logits
+    (kept as returned, across steps) and every kept residual bitwise those of the step as it was at 84db7f9. Alone
+    from the start its blocks follow one another (read in place); after a neighbour left they interleave
+    (gathered). 40 tokens: past two 16-token blocks."""
+    from engine.core.hooks import CapturePolicy
+    from engine.core.generate import GenerationRequest
+    from conftest import tiny_prompt
+    jobs = [(GenerationRequest(tiny_prompt(9, seed=3), max_new_tokens=40, chat=False), CapturePolicy(logit_lens=3)),
+            (GenerationRequest(tiny_prompt(5, seed=4), max_new_tokens=6, chat=False), CapturePolicy(logit_lens=3))]
+    jobs = jobs[:len(joins)]
+    got = run_kept(tiny_lm, jobs, list(joins))
+    bound = [f for f in got[1] if f.shape[0] == 1]
+    assert len(bound) >= 30
+    want = run_kept(tiny_lm, jobs, list(joins), monkeypatch)
+    assert [r.token.id for r in got[0][0] if hasattr(r, "token")] == [r.token.id for r in want[0][0]
+                                                                      if hasattr(r, "token")]
+    same_bits(got[1], want[1])
+    assert got[2].keys() == want[2].keys() and got[2]
+    for i in got[2]:
+        same_bits(got[2][i], want[2][i])
+
+
+def test_the_lone_products_are_bound_once_and_each_reuses_its_output(tiny_lm):
+    """bound(): every product of the tiny model's lone step bound (o, down and the head by weight, q|k|v and gate|up
+    as Fused), made once; a layer's product writes into the same tensor each call, the head into a new one."""
+    from engine.core import kernels
+    grouped = SideBySide(lean_step_for(tiny_lm))
+    linear, fused = grouped.bound()
+    again = grouped.bound()
+    assert again[0] is linear and again[1] is fused
+    layers = grouped.lean.layers
+    assert len(linear.by_id) == 2 * len(layers) + 1 and len(fused) == len(layers)
+    w = layers[0]
+    x = torch.randn(1, 1, w.o[0].shape[1])
+    with torch.inference_mode():
+        first = linear(x, *w.o)
+        assert torch.equal(first, kernel_linear(x, *w.o))
+        assert linear(x * 2, *w.o) is first and torch.equal(first, kernel_linear(x * 2, *w.o))
+        head = grouped.lean.head
+        assert linear(x, *head) is not linear(x, *head)
+        two = torch.randn(2, 1, x.shape[-1])                 # not one row: the general product, a new tensor
+        assert torch.equal(linear(two, *w.o), kernels.row_kernel().linear(two.view(2, -1), *w.o).view(2, 1, -1))
+        qkv = fused[0].qkv(x)
+        assert fused[0].qkv(x) is qkv
+
+
+def kernel_linear(x, weight, bias):
+    """The row kernel's product as `linear` makes it (engine.core.matvec.linear): the reference for a bound one."""
+    return matvec.linear(x, weight, bias)
+
+
+def test_a_moved_weight_unbinds_the_lone_products_and_the_step_reads_the_new_values(tiny_lm):
+    """A weight that only `bound()` binds (o, down: not side by side) pointed at new values: bound() is None, and a
+    lone request's answer is that of the model with the new values (transformers' modules), not of the old ones."""
+    from engine.core.generate import GenerationRequest, generate
+    from engine.core.hooks import CAPTURE_OFF
+    from engine.serving.batch import BatchRunner
+    from conftest import tiny_prompt
+    from test_lean import run_runner, same_tokens
+    runner = BatchRunner(tiny_lm, max_batch=8)
+    assert runner.lean.side_by_side.bound() is not None
+    down = tiny_lm.model.model.layers[0].mlp.down_proj.weight
+    kept = down.data
+    try:
+        down.data = kept * 3
+        assert runner.lean.side_by_side.bound() is None
+        request = GenerationRequest(tiny_prompt(7, seed=8), max_new_tokens=12, chat=False)
+        (records,) = run_runner(tiny_lm, [(request, CAPTURE_OFF)], [0], runner)
+        same_tokens(records, list(generate(tiny_lm, request)))
+    finally:
+        down.data = kept
+    assert runner.lean.side_by_side.bound() is not None

@@ -308,6 +308,12 @@ def test_a_lone_steps_every_product_the_vocabulary_projection_included_runs_thro
     monkeypatch.setattr(kernels.RowKernel, "linear",
                         lambda self, x, w, *a, **kw: calls.append((x.shape[0], w.data_ptr())) or real(self, x, w, *a,
                                                                                                        **kw))
+    bind = kernels.RowKernel.one_row                 # a lone step's products, bound once (matvec.Bound): one row each
+
+    def one_row(self, w, *a):
+        call = bind(self, w, *a)
+        return lambda x, y: calls.append((1, w.data_ptr())) or call(x, y)
+    monkeypatch.setattr(kernels.RowKernel, "one_row", one_row)
     request = GenerationRequest(tiny_prompt(9, seed=11), max_new_tokens=6, chat=False)
     run_runner(tiny_lm, [(request, CAPTURE_OFF)], [0], BatchRunner(tiny_lm, max_batch=8))
     head = tiny_lm.model.lm_head.weight

@@ -3,12 +3,20 @@ them side by side (engine.core.layout.side_by_side).
 
     grouped = SideBySide(lean)            # lean: engine.core.lean.LeanStep
     logits = lean.forward(..., linear=matvec.linear, fused=grouped.fused())   # None: each weight on its own
+    linear, fused = grouped.bound()       # or None: every product of a lone step bound once (matvec.Bound)
 
 A lone decode step multiplies one row by every matrix, each product a call with its own fixed cost. With q, k and v
 one after another in memory, their products are one product (engine.core.matvec.linear: the row kernel, or the
 split product) on the whole matrix, which is a view: nothing is copied per step; likewise gate and up (docs/engine.md, "Where a lone step's
 time goes", measures what it saved). `fused()` checks that every weight is still where the loader put it (a
 parameter pointed elsewhere since, e.g. by a test, falls back to one product per weight).
+
+`bound()` goes one further where the row kernel is on: each product of a lone step (q|k|v, o, gate|up, down and the
+LM head where the kernel takes them) is a matvec.Bound made once, its checks and C arguments made once and its output
+a tensor made once that each call overwrites. That is safe in a lone step because nothing holds a product's output
+past the product's next call, a step later: q and k leave the rotary as new tensors, v is copied into the pool
+before attention reads it, o's, gate|up's and down's outputs are used within their layer; the logits, which the
+caller keeps, get a new tensor each step (`fresh`). docs/engine.md, "The work around the products", measures it.
 """
 from __future__ import annotations
 
@@ -17,7 +25,7 @@ from typing import Any
 import torch
 
 from engine.core import kernels, matvec
-from engine.core.lean import Fused, LeanStep
+from engine.core.lean import Fused, LeanStep, Linear
 
 
 class SideBySide:
@@ -26,7 +34,9 @@ class SideBySide:
     def __init__(self, lean: LeanStep):
         self.lean = lean
         self._made: tuple[list[int], list[Fused], list[torch.Tensor]] | None = None
-        if lean.embed.weight.device.type == "cpu":
+        self._bound: tuple[kernels.RowKernel, list[int], list[torch.Tensor], Linear, list[Fused]] | None = None
+        self.on_cpu = lean.embed.weight.device.type == "cpu"     # the row kernel's products are a CPU's
+        if self.on_cpu:
             kernels.row_kernel()         # built or found now, not at the first lone step (a build takes a second)
 
     def weights(self) -> list[torch.Tensor]:
@@ -40,6 +50,17 @@ class SideBySide:
             self._made = (*_made(self.lean), self.weights())
         where, fused, weights = self._made
         return fused if where and list(map(torch.Tensor.data_ptr, weights)) == where else None
+
+    def bound(self) -> tuple[Linear, list[Fused]] | None:
+        """A lone step's products bound once (module docstring), as the forward's (linear, fused); None where the row
+        kernel is off, a group is missing or any weight it binds has moved since (checked every step)."""
+        kernel = kernels.row_kernel() if self.on_cpu else None
+        if kernel is None:
+            return None
+        if self._bound is None or self._bound[0] is not kernel:
+            self._bound = (kernel, *_bound(self.lean, kernel))
+        _, where, weights, linear, fused = self._bound
+        return (linear, fused) if where and list(map(torch.Tensor.data_ptr, weights)) == where else None
 
 
 def _made(lean: LeanStep) -> tuple[list[int], list[Fused]]:
@@ -55,6 +76,38 @@ def _made(lean: LeanStep) -> tuple[list[int], list[Fused]]:
         where += at[0] + at[1]
         fused.append(Fused(*(matvec.product(whole, _biases(pairs)) for whole, pairs in groups)))
     return where, fused
+
+
+class Products:
+    """linear(x, weight, bias) for a lone step: the Bound product made for this (weight, bias), else matvec.linear."""
+
+    def __init__(self, bound: dict[tuple[int, int], matvec.Bound]):
+        self.by_id = bound                   # keyed by the parameters' ids: the caller holds the parameters
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        product = self.by_id.get((id(weight), id(bias)))
+        return product(x) if product is not None else matvec.linear(x, weight, bias)
+
+
+def _bound(lean: LeanStep, kernel: kernels.RowKernel) -> tuple[list[int], list[torch.Tensor], Linear, list[Fused]]:
+    """(where each weight it binds starts, those weights, `Products` over o, down and the head, per layer the Fused
+    q|k|v and gate|up); empty lists where any layer's group is missing."""
+    where, fused = _made(lean)
+    if not where:
+        return [], [], matvec.linear, []
+    weights = [p[0] for w in lean.layers for p in (w.q, w.k, w.v, w.gate, w.up)]
+    groups = [Fused(*(matvec.Bound(kernel, whole, _biases(pairs)) for whole, pairs in
+                      (((qkv, (w.q, w.k, w.v)), (gate_up, (w.gate, w.up))))))
+              for w, (qkv, gate_up) in zip(lean.layers, lean.lm.side_by_side)]
+    alone = [(w, b, False) for layer in lean.layers for w, b in (layer.o, layer.down)] + [(*lean.head, True)]
+    products = {(id(w), id(b)): matvec.Bound(kernel, w, b, fresh) for w, b, fresh in alone if _takes(w, b)}
+    taken = [w for w, b, _ in alone if (id(w), id(b)) in products]
+    return where + [w.data_ptr() for w in taken], weights + taken, Products(products), groups
+
+
+def _takes(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether the row kernel takes one row against this weight (its layout: a weight stored transposed does not)."""
+    return kernels.fits(torch.empty(1, weight.shape[1]), weight.detach(), bias.detach() if bias is not None else None)
 
 
 def _biases(pairs: Any) -> torch.Tensor | None:

@@ -2,6 +2,7 @@
 
     y = linear(x, weight, bias)     # = F.linear(x, weight, bias); x (..., in) of up to 8 rows, on a CPU
     y = split(x, weight, bias)      # torch's path, where the row kernel is not built
+    p = Bound(kernel, weight, bias); y = p(x)   # linear for one row [1, 1, in], made once: a lone step's products
 
 A decode step of one request multiplies one row by every weight matrix (out, in): it reads each weight once and
 does two flops per 4-byte float, so it can go no faster than the weights stream from memory. `linear` makes it with
@@ -39,6 +40,7 @@ from torch.nn import functional as F
 
 from engine.core import kernels
 
+F32 = torch.float32
 PARTS = 4        # blocks of output rows: a multiple of the 2 threads a 2-core machine runs (4 measured as good as 2)
 MAX_ROWS = 4     # at most this many rows (a lone step has one); more take F.linear
 
@@ -72,6 +74,35 @@ def split(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = Non
     if bias is not None:
         y = y + bias
     return y.reshape(*x.shape[:-1], out)
+
+
+class Bound:
+    """linear(x, weight, bias) for one row x [1, 1, in], made once for a lone step's products (engine.core.lone):
+    the row kernel's checks made here, its C arguments made once, and the output written into one tensor [1, 1, out]
+    made once, so each call overwrites the last call's values: the caller must be done with them by its next call
+    (`fresh`: a new tensor each call, for an output the caller keeps, as the logits). Any other x takes `linear`.
+    The weight and bias are held, so the addresses stay valid whatever their parameters are pointed at later."""
+
+    def __init__(self, kernel: kernels.RowKernel, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 fresh: bool = False):
+        out, width = weight.shape
+        self.weight, self.bias, self.fresh = weight.detach(), bias.detach() if bias is not None else None, fresh
+        self.shape = torch.Size((1, 1, width))
+        if not kernels.fits(torch.empty(1, width), self.weight, self.bias):
+            raise ValueError("the row kernel does not take this weight (kernels.fits)")
+        with torch.inference_mode(False):                # a normal tensor: usable in and out of inference mode
+            self.out = torch.empty(1, 1, out)
+        self._call, self._at = kernel.one_row(self.weight, self.bias), self.out.data_ptr()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape != self.shape or x.dtype != F32 or not (x.is_cpu and x.is_contiguous()) or x.requires_grad:
+            return linear(x, self.weight, self.bias)
+        if self.fresh:
+            y = torch.empty(self.out.shape)
+            self._call(x.data_ptr(), y.data_ptr())
+            return y
+        self._call(x.data_ptr(), self._at)
+        return self.out
 
 
 def side_by_side(weights: Sequence[torch.Tensor]) -> torch.Tensor | None:

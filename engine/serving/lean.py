@@ -110,7 +110,7 @@ class LeanDecode:
         positions = torch.tensor([[s.length] for s in slots], device=device)         # [B, 1] own positions
         if len(slots) == 1:
             kv, write = one_row(batch, slots[0])
-            mask, linear, fused = None, self.linear, self.lone_fused()
+            mask, (linear, fused) = None, self.lone_products()
         else:
             mask = batch.step_mask().bool()[:, None, None, :]                        # [B, 1, 1, W + 1]
             kv, write = batch.write_and_gather, batch.residual_slots
@@ -120,6 +120,12 @@ class LeanDecode:
         resid = batch.pool.resid if any(s.kept is not None for s in slots) else None
         with torch.inference_mode():
             return step(self.lean, ids, positions, kv, mask, resid, write, linear, fused)[:, -1]
+
+    def lone_products(self) -> tuple[Linear, list[Fused] | None]:
+        """One row's (linear, fused): every product bound once where they are the row kernel's (engine.core.lone:
+        `SideBySide.bound`), else `self.linear` with q|k|v and gate|up as one product each where they can be."""
+        bound = self.side_by_side.bound() if self.side_by_side and self.linear is matvec.linear else None
+        return bound if bound is not None else (self.linear, self.lone_fused())
 
     def lone_fused(self) -> list[Fused] | None:
         """q|k|v and gate|up as one split product each (engine.core.lone), where the products are the split ones."""
@@ -148,8 +154,8 @@ def _product(fused: tuple[torch.Tensor, torch.Tensor | None] | None):
 def one_row(batch: Any, slot: Any) -> tuple[KV, torch.Tensor]:
     """A decode step's K/V of the batch's only row, and the slot its new token goes to ([1]): its `length`
     positions are in the pool, the newest token goes to position `length` (a new block when its last is full). The
-    keys are read in place when its blocks follow one another in the pool (a lone request's usually do: blocks are
-    handed out lowest first), else gathered."""
+    new K/V is copied into a view of its slot, and the keys are read in place as one view when its blocks follow one
+    another in the pool (a lone request's usually do: blocks are handed out lowest first), else gathered."""
     pool, block, n = batch.pool, batch.block, slot.length
     table = batch.tables[slot]
     if n == len(table) * block:
@@ -160,19 +166,28 @@ def one_row(batch: Any, slot: Any) -> tuple[KV, torch.Tensor]:
     def kv(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # k, v: [1, KVH, 1, D] -> the pool's slot; returns [1, KVH, n + 1, D] views or gathers of the row
         keys, values = pool.keys[i], pool.values[i]
-        keys[write].copy_(k[0, :, 0])
-        values[write].copy_(v[0, :, 0])
-        return take(keys).transpose(0, 1)[None], take(values).transpose(0, 1)[None]
+        rows(keys, write, 1).copy_(k)
+        rows(values, write, 1).copy_(v)
+        return take(keys), take(values)
     return kv, torch.tensor([write], device=pool.keys[0].device)
 
 
+def rows(pool: torch.Tensor, first: int, n: int) -> torch.Tensor:
+    """pool [slots, KVH, D], contiguous as BlockPool keeps it -> slots first .. first + n - 1 as [1, KVH, n, D], a
+    view: what slicing, transposing and unsqueezing make (the same sizes and strides), in one operator call, not six."""
+    _, heads, dim = pool.shape
+    return pool.as_strided((1, heads, n, dim), (heads * dim, dim, heads * dim, 1),
+                           pool.storage_offset() + first * heads * dim)
+
+
 def _reader(table: list[int], block: int, n: int, device: torch.device):
-    """pool [slots, KVH, D] -> the row's first n positions [n, KVH, D]: a slice where its blocks are consecutive."""
+    """pool [slots, KVH, D] -> the row's first n positions [1, KVH, n, D]: a view where its blocks are consecutive,
+    else gathered."""
     first = table[0]
     if table == list(range(first, first + len(table))):
-        return lambda pool: pool[first * block:first * block + n]
+        return lambda pool: rows(pool, first * block, n)
     index = (torch.tensor(table)[:, None] * block + torch.arange(block)).flatten()[:n].to(device)
-    return lambda pool: pool.index_select(0, index)
+    return lambda pool: pool.index_select(0, index).transpose(0, 1)[None]
 
 
 @dataclass(frozen=True)
