@@ -1342,6 +1342,45 @@ LONE += [  # docs/engine.md, "What sleeping costs, and why a short spin is not t
                 d["table"]["static-2"]["wall_ms"])),
 ]
 
+POLL_STEP = "lone_spin/20261128T182855Z-e955a21.json"     # the AVX2 machine: one thread, two sleeping, two polling
+POLL_QUIET = "spin_served/20261128T184334Z-e955a21.json"   # through the API, tuners choosing, quiet
+POLL_BURN = "spin_served/20261128T185022Z-e955a21.json"    # the same beside a spinning neighbour
+POLL_LCP = {"sleep": "vs_llamacpp/20261128T182417Z-e955a21.json", "poll": "vs_llamacpp/20261128T191121Z-6c39516.json",
+            "poll_burn": "vs_llamacpp/20261128T190259Z-e955a21.json",
+            "sleep_burn": "vs_llamacpp/20261128T190424Z-e955a21.json"}
+LONE += [  # docs/engine.md, "The second thread's wait, on a machine where it pays"
+    (ENGINE_DOC, POLL_STEP, "`bench/lone_spin.py` ({} rounds of {} tokens,\nload average {:.2f} at its start; "
+     "`bench/results/lone_spin/20261128T182855Z-e955a21.json`: a sum read {:.1f} GB/s on one\nthread and {:.1f} on two "
+     "before the rounds) put a lone step at {:.1f} ms on one thread sleeping\nat once, {:.1f} ms on two sleeping at "
+     "once, and {:.1f} ms on two with `GOMP_SPINCOUNT=10000`",
+     lambda d: (d["rounds"], d["tokens"], d["provenance"]["machine"]["load_avg"][0],
+                d["floors"][0]["read_gb_s"]["1"], d["floors"][0]["read_gb_s"]["2"], d["table"]["passive-1"]["wall_ms"],
+                d["table"]["passive-2"]["wall_ms"], d["table"]["spin-1e4-2"]["wall_ms"])),
+    (ENGINE_DOC, POLL_QUIET, "(`bench/results/spin_served/20261128T184334Z-e955a21.json`, load average {:.2f} at its "
+     "start) {:.2f}x the tokens per\nsecond for one person alone (whose answer was {} tokens long: a weak reading) and "
+     "{:.2f}x for the room of {}",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], d["rows"][0]["throughput_ratio"],
+                d["rows"][0]["rounds"]["spin#1"][0]["generated_tokens"], d["rows"][1]["throughput_ratio"],
+                d["rows"][1]["sessions"])),
+    (ENGINE_DOC, POLL_BURN, "(`--burn 1`, `bench/results/spin_served/20261128T185022Z-e955a21.json`)\n{:.2f}x and {:.2f}x",
+     lambda d: (d["rows"][0]["throughput_ratio"], d["rows"][1]["throughput_ratio"])),
+    (ENGINE_DOC, POLL_LCP["sleep"], "(`bench/results/vs_llamacpp/20261128T182417Z-e955a21.json`, load average {:.2f})\n"
+     "ours took {:.1f} ms a token against llama.cpp's {:.1f}",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], d["table"]["ours"]["ms_per_token"],
+                d["table"]["llama.cpp"]["ms_per_token"])),
+    (ENGINE_DOC, POLL_LCP["poll"], "(`bench/results/vs_llamacpp/20261128T191121Z-6c39516.json`,\nload average {:.2f}) "
+     "{:.1f} ms against {:.1f}",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], d["table"]["ours"]["ms_per_token"],
+                d["table"]["llama.cpp"]["ms_per_token"])),
+    (ENGINE_DOC, POLL_LCP["poll_burn"], "{:.1f} ms polling\n(`bench/results/vs_llamacpp/20261128T190259Z-e955a21.json`)",
+     lambda d: (d["table"]["ours"]["ms_per_token"],)),
+    (ENGINE_DOC, POLL_LCP["sleep_burn"], "{:.1f} ms sleeping\n(`bench/results/vs_llamacpp/20261128T190424Z-e955a21.json`)",
+     lambda d: (d["table"]["ours"]["ms_per_token"],)),
+    (ENGINE_DOC, POLL_LCP["poll_burn"], "llama.cpp {:.1f} and", lambda d: (d["table"]["llama.cpp"]["ms_per_token"],)),
+    (ENGINE_DOC, POLL_LCP["sleep_burn"], "llama.cpp 31.0 and {:.1f}. So the poll",
+     lambda d: (d["table"]["llama.cpp"]["ms_per_token"],)),
+]
+
 AWAKE_QUIET = "lone_spin/20261128T153623Z-0b3bf3a.json"    # the claiming worker awake for the step (wip-claim2), quiet
 AWAKE_BURN = "lone_spin/20261128T153836Z-e674e43.json"     # the same, a neighbour spinning on one core
 AWAKE_ROOM = "before_after/20261128T154103Z-e674e43.json"  # the room with that worker on, against 3a07699
