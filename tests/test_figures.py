@@ -945,7 +945,9 @@ LONE = [  # docs/engine.md, "Two threads, and why they were ten times slower" an
 LONE.append((ENGINE_DOC, "lone_bits/20261127T211900Z-714cf7d.json", "the logits differed from `F.linear`'s by at "
              "most {:.1e} (the largest logit {:.1f}), the probabilities by at most {:.1e}, and every token was the same.",
              lambda d: (d["max_logit_diff"], d["max_abs_logit"], d["max_prob_diff"]) if d["same_tokens"] else ()))
-VS_LCP = "vs_llamacpp/20261128T185510Z-0f1c50d.json"   # the Zen 3 machine, the lone step's products bound once
+VS_LCP = "vs_llamacpp/20261128T192207Z-ad5f149.json"   # the Zen 3 machine, products bound once, the short poll
+VS_LCP_ZEN3_BOUND = "vs_llamacpp/20261128T185510Z-0f1c50d.json"   # the Zen 3 machine, the products bound once
+VS_LCP_ZEN3_START = "vs_llamacpp/20261128T182417Z-e955a21.json"   # the Zen 3 machine at the session's start
 VS_LCP_ZEN4 = "vs_llamacpp/20261128T162159Z-1681f1e.json"   # a quiet machine with AVX-512, after the fewer calls
 VS_LCP_PREV = "vs_llamacpp/20261128T070829Z-3bbb9d0.json"   # the run before, with the row kernel and 2 MB pages
 VS_LCP_BEFORE_KERNEL = "vs_llamacpp/20261128T034948Z-16686b8.json"   # a quiet machine, after the host-work cut
@@ -977,6 +979,16 @@ LONE += [  # README, "One person alone, against llama.cpp"
      lambda d: (d["table"]["ours"]["ms_per_token"] / d["table"]["llama.cpp"]["ms_per_token"],
                 d["table"]["ours"]["ttft_s"] / d["table"]["llama.cpp"]["ttft_s"])),
     (README, VS_LCP, "Our answers took {:.1f} to {:.1f} ms a", lambda d: span(d["table"]["ours"]["per_round_ms"])),
+    *((README, name, f"(`bench/results/{name}`,\nload average {{:.2f}}) had ours at {{:.1f}} ms a token and llama.cpp at "
+       "{:.1f} ({:.2f}x)", lambda d: (d["provenance"]["machine"]["load_avg"][0], d["table"]["ours"]["ms_per_token"],
+                                      d["table"]["llama.cpp"]["ms_per_token"],
+                                      d["table"]["ours"]["ms_per_token"] / d["table"]["llama.cpp"]["ms_per_token"]))
+      for name in (VS_LCP_ZEN3_BOUND,)),
+    (README, VS_LCP_ZEN3_START, "(`bench/results/vs_llamacpp/20261128T182417Z-e955a21.json`, load\naverage {:.2f}), ours at "
+     "{:.1f} and llama.cpp at {:.1f} ({:.2f}x)",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], d["table"]["ours"]["ms_per_token"],
+                d["table"]["llama.cpp"]["ms_per_token"],
+                d["table"]["ours"]["ms_per_token"] / d["table"]["llama.cpp"]["ms_per_token"])),
     (README, VS_LCP_ZEN4, "(`bench/results/vs_llamacpp/20261128T162159Z-1681f1e.json`, load average {:.2f}) had ours at "
      "{:.1f} ms a\ntoken and llama.cpp at {:.1f} ({:.2f}x)",
      lambda d: (d["provenance"]["machine"]["load_avg"][0], d["table"]["ours"]["ms_per_token"],
