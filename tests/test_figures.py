@@ -1378,6 +1378,18 @@ LONE += [  # docs/engine.md, "What sleeping costs, and why a short spin is not t
                 d["table"]["static-2"]["wall_ms"])),
 ]
 
+COMPILED = "lone_compiled/20261128T183412Z-84db7f9.json"          # inductor's lone step against eager (wip-inductor)
+COMPILED_CPP = "lone_compiled/20261128T184108Z-84db7f9.json"      # the same with inductor's C++ wrapper
+LONE += [  # docs/engine.md, "The one forward": why eager on a CPU
+    (ENGINE_DOC, COMPILED, "took {:.1f} ms against the eager step's {:.1f}", lambda d: (d["ways"]["compiled"]["wall_ms"],
+                                                                                  d["ways"]["eager"]["wall_ms"])),
+    (ENGINE_DOC, COMPILED, "{} rounds of {} tokens; compiling took {:.1f} s with an empty cache",
+     lambda d: (d["rounds"], d["tokens"], d["ways"]["compiled"]["compile_s"][0])),
+    (ENGINE_DOC, COMPILED_CPP, "and {:.1f} against {:.1f} with inductor's C++ wrapper",
+     lambda d: (d["ways"]["compiled"]["wall_ms"], d["ways"]["eager"]["wall_ms"]) if d["cpp_wrapper"] else ()),
+    (ENGINE_DOC, COMPILED_CPP, "every token the same but the logits up to {:.1e}",
+     lambda d: (d["max_abs_diff"],) if d["same_tokens"] else ()),
+]
 POLL_STEP = "lone_spin/20261128T182855Z-e955a21.json"     # the AVX2 machine: one thread, two sleeping, two polling
 POLL_QUIET = "spin_served/20261128T184334Z-e955a21.json"   # through the API, tuners choosing, quiet
 POLL_BURN = "spin_served/20261128T185022Z-e955a21.json"    # the same beside a spinning neighbour

@@ -73,7 +73,8 @@ class PoolResidual:
     def write(self, layer: int, x: torch.Tensor) -> None:
         # One index_put_ on the pool itself, not a copy into a view of it (`resid[layer].index_copy_`): a compiler
         # that functionalizes a write into a view of an input copies the whole of that view, [slots, d], at every
-        # layer (inductor did: docs/engine.md, "The lone step compiled by inductor"); on the pool it writes in place.
+        # layer (inductor did: docs/engine.md, "The one forward", the lone step compiled on a CPU); on the pool it writes
+        # in place.
         self.resid.index_put_((self.where.new_full((1,), layer), self.where), x.reshape(-1, x.shape[-1]))
 
 
