@@ -1390,6 +1390,15 @@ LONE += [  # docs/engine.md, "The one forward": why eager on a CPU
     (ENGINE_DOC, COMPILED_CPP, "every token the same but the logits up to {:.1e}",
      lambda d: (d["max_abs_diff"],) if d["same_tokens"] else ()),
 ]
+AVX2_COST = "invariance/20261128T200955Z-9ec9c80.json"   # the mode's cost on the AVX2 machine
+LONE += [  # docs/engine.md, "On a machine without AVX-512 the mode's prefill is several times slower"
+    (ENGINE_DOC, AVX2_COST, "on 9ec9c80, load average {:.2f} at its start", lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (ENGINE_DOC, AVX2_COST, "prefill took {:.1f} s with the mode on against {:.1f} s off ({:.2f}x); with only the mode's "
+     "products {:.2f}x, with only its\nattention {:.2f}x. A 20-row decode step was {:.2f}x and a lone step {:.2f}x",
+     lambda d: (d["cost"]["prefill"]["on_s"], d["cost"]["prefill"]["off_s"], d["cost"]["prefill"]["on_over_off"],
+                d["cost"]["prefill"]["products_over_off"], d["cost"]["prefill"]["attention_over_off"],
+                d["cost"]["20-row decode step"]["on_over_off"], d["cost"]["lone decode step"]["on_over_off"])),
+]
 POLL_STEP = "lone_spin/20261128T182855Z-e955a21.json"     # the AVX2 machine: one thread, two sleeping, two polling
 POLL_QUIET = "spin_served/20261128T184334Z-e955a21.json"   # through the API, tuners choosing, quiet
 POLL_BURN = "spin_served/20261128T185022Z-e955a21.json"    # the same beside a spinning neighbour
