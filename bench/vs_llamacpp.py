@@ -38,6 +38,7 @@ import torch  # noqa: E402
 from api_clients import ClientPool  # noqa: E402
 import provenance  # noqa: E402
 from lone_step import burn  # noqa: E402
+from engine.launch import OPENMP_WAIT  # noqa: E402 (the variables `python -m engine` sets: ours alone here)
 from vs_vllm import (ONE, Server, alone_prompts, free_port, model_folder, running, served_models,  # noqa: E402
                      start_ours)
 
@@ -96,7 +97,7 @@ def start_llamacpp(args: argparse.Namespace, weights: Path, port: int) -> Server
            "--n_ctx", "4096", "--model_alias", "smollm2"]
     # libgomp's waits as a user's llama.cpp has them (its build links libgomp too): a GOMP_SPINCOUNT or
     # OMP_WAIT_POLICY set for this run is ours alone
-    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    env = {k: v for k, v in os.environ.items() if k not in OPENMP_WAIT}
     return Server("llama.cpp", cmd, port, env, args.logs / "llama.cpp.log", ready="/v1/models")
 
 
@@ -218,8 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for proc in burners:
                 proc.kill()
-        report.update(burn=args.burn, ours_env={k: os.environ[k] for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
-                                                if k in os.environ})
+        report.update(burn=args.burn, ours_env={k: os.environ[k] for k in OPENMP_WAIT if k in os.environ})
     record.save(report, out=args.out)
     return 0
 
