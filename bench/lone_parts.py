@@ -41,6 +41,7 @@ from engine.core.generate import GenerationRequest, encode_prompt  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
 from engine.core import kernels, matvec  # noqa: E402
+from engine.core.kernels import glue  # noqa: E402
 from engine.serving import batch as batch_module  # noqa: E402
 from engine.serving.batch import BatchRunner, Slot  # noqa: E402
 
@@ -70,8 +71,9 @@ def one_query(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
 # the graph); its first step, the compilation, is recorded apart
 # "parts-N": every split product in N blocks of output rows (engine.core.matvec.PARTS; the weights' rows must divide)
 # "split": the row kernel off (engine.core.kernels.use): torch's split products, the lone step before the kernel
+# "torch-glue": glue.c off (engine.core.kernels.glue.GLUE.use): the norms, rotary and SiLU in torch's operators
 WAYS = {"now": {}, "apart": {"side_by_side": None}, "split": {"kernel": False}, "one-query": {"attention": one_query},
-        "f.linear": {"linear": F.linear}, "compiled": {"compiled": True},
+        "f.linear": {"linear": F.linear}, "compiled": {"compiled": True}, "torch-glue": {"glue": False},
         **{f"parts-{n}": {"parts": n} for n in (2, 8, 16)}}
 PRODUCTS = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up", "head")
 
@@ -116,8 +118,10 @@ def weight_names(step) -> dict[int, str]:
     return names
 
 
-GLOBALS = ((lean_module, "rms_norm"), (lean_module, "rotary"), (F, "scaled_dot_product_attention"),
-           (F, "embedding"), (F, "silu"), (batch_module, "pick_tokens"), (batch_module, "hash_rows"))
+GLUE = tuple((cls, name) for cls in (lean_module.TorchGlue, lean_module.CGlue) for name in ("norm", "rotate", "gated")
+             if name in vars(cls))          # the work around the products, in torch's operators or in C
+GLOBALS = (*GLUE, (F, "scaled_dot_product_attention"), (F, "embedding"), (batch_module, "pick_tokens"),
+           (batch_module, "hash_rows"))
 HOST = {"pick_tokens": "host: pick and describe", "hash_rows": "host: logits sha256"}
 
 
@@ -126,13 +130,16 @@ def instrument(runner: BatchRunner, clocks: Clocks):
     returns what puts the module globals back (the runner's own wrappers go with it)."""
     step = runner.lean.lean
     names = weight_names(step)
-    originals = [(module, name, getattr(module, name)) for module, name in GLOBALS]
-    lean_module.rms_norm = clocks.wrap("norms", lean_module.rms_norm)
-    lean_module.rotary = clocks.wrap("rotary", lean_module.rotary)
+    originals = [(module, name, vars(module)[name]) for module, name in GLOBALS]
+    for cls in (lean_module.TorchGlue, lean_module.CGlue):        # the glue's own (C or torch's operators)
+        for name, part in (("norm", "norms"), ("rotate", "rotary"), ("gated", "silu")):
+            if name in vars(cls):
+                own = vars(cls)[name]
+                timed = clocks.wrap(part, own.__func__ if isinstance(own, staticmethod) else own)
+                setattr(cls, name, staticmethod(timed) if isinstance(own, staticmethod) else timed)
     step.rotary = clocks.wrap("rotary table", step.rotary)
     F.scaled_dot_product_attention = clocks.wrap("attention", F.scaled_dot_product_attention)
     F.embedding = clocks.wrap("embedding", F.embedding)
-    F.silu = clocks.wrap("silu", F.silu)
     for name, part in HOST.items():                  # the host's work: the token picked and described, the hash
         setattr(batch_module, name, clocks.wrap(part, getattr(batch_module, name)))
     forward = step.forward
@@ -242,11 +249,13 @@ def median_parts(rounds: list[list[dict]], floor_ms: float) -> dict:
 
 def use(runner: BatchRunner, way: str) -> None:
     """Set the lone step's kernels to `way`'s (the ones it does not name as the runner made them)."""
-    for name, kernel in {**runner.lean.made, **WAYS[way]}.items():
+    for name, kernel in {"glue": True, **runner.lean.made, **WAYS[way]}.items():
         if name == "parts":
             matvec.PARTS = kernel
         elif name == "kernel":
             kernels.use(kernel)
+        elif name == "glue":
+            glue.GLUE.use(kernel)
         else:
             setattr(runner.lean, name, kernel)
 

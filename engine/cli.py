@@ -208,6 +208,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
         print(json.dumps({k: str(v) for k, v in provision_extras(_progress).items()}))
     print(json.dumps(_row_kernel()))
     print(json.dumps(_attention_kernel()))
+    print(json.dumps(_glue_kernel()))
     return 0
 
 
@@ -227,6 +228,15 @@ def _attention_kernel() -> dict:
 
     kernel = attend.attend_kernel()
     return {"attention kernel": str(kernel.path)} if kernel else {"attention kernel": None, "why": attend.why_off()}
+
+
+def _glue_kernel() -> dict:
+    """The forward's norms, rotary and SiLU in C built (or found) now, not at the first step; where they cannot be,
+    why (they take torch's operators: engine/core/kernels/glue.py)."""
+    from engine.core.kernels import glue  # torch: only for the command that needs it
+
+    kernel = glue.glue_kernel()
+    return {"glue kernel": str(kernel.path)} if kernel else {"glue kernel": None, "why": glue.why_off()}
 
 
 # --- the projected plane: `project` --------------------------------------------------------------------

@@ -58,7 +58,10 @@ def test_a_request_alone_takes_the_one_row_step_and_equals_generate(lm, policy, 
 
 def test_on_the_graphed_step_a_request_alone_replays_row_bucket_1_traced_as_one_graph(lm):
     """compile="eager": dynamo traces the one-row step with fullgraph=True on this CPU (a graph break fails here);
-    the request's records and residual equal it alone, and the only shape run is one row wide."""
+    the request's records and residual equal it alone, and the only shape run is one row wide. Dynamo's caches
+    emptied first: the step's code is the one every GraphedDecode compiles, and the shapes tests/test_graphed.py
+    traced before it in the same process count toward its recompile limit (a hard failure under fullgraph)."""
+    torch._dynamo.reset()
     graphs = GraphedDecode(lm, n_blocks=64, compile="eager", max_rows=8, row_buckets=ROW_BUCKETS)
     assert graphs.rows == (1, 8)
     req = request(6)

@@ -1,6 +1,7 @@
-"""The forward's work around the products made with fewer calls (engine/core/lean.py: `rms_norm` without its no-op
-casts, `rotary` once over a lone row's q|k side by side) gives the same bits as the operations it replaced, kept
-here as they were at 2274b52 (transformers' apply_rotary_pos_emb on q and k apart, the norm with its casts)."""
+"""The forward's work around the products made with fewer calls in torch's operators (engine/core/lean.py's
+TorchGlue: `rms_norm` without its no-op casts, `rotary` once over a lone row's q|k side by side) gives the same bits
+as the operations it replaced, kept here as they were at 2274b52 (transformers' apply_rotary_pos_emb on q and k
+apart, the norm with its casts). The same work in C (CGlue) is tests/test_glue.py's."""
 from __future__ import annotations
 
 import sys
@@ -26,14 +27,14 @@ def norm_before(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tens
 class Before(LeanStep):
     """The forward with q and k rotated apart by transformers' apply_rotary_pos_emb, as at 2274b52."""
 
-    def _rotated(self, h, w, cos, sin, linear, f):
+    def _rotated(self, h, w, g, linear, f):
         b, t = h.shape[:2]
         d, kvd = self.heads * self.head_dim, self.kv_heads * self.head_dim
         q, k, v = f.qkv(h).split((d, kvd, kvd), dim=-1) if f.qkv else (linear(h, *p) for p in (w.q, w.k, w.v))
         q = q.view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = k.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos.squeeze(1), sin.squeeze(1))
+        q, k = apply_rotary_pos_emb(q, k, g.cos.squeeze(1), g.sin.squeeze(1))
         return q, k, v
 
 
@@ -70,6 +71,15 @@ def decode(step: LeanStep, ids: torch.Tensor, tokens: int, linear, fused) -> tup
     return logits, resid
 
 
+@pytest.fixture
+def torch_glue():
+    """glue.c off for one test: the forward's glue in torch's operators (TorchGlue)."""
+    from engine.core.kernels import glue
+    glue.GLUE.use(False)
+    yield
+    glue.GLUE.use(True)
+
+
 def same_bits(got: list, want: list) -> None:
     assert len(got) == len(want)
     for g, w in zip(got, want):
@@ -78,9 +88,10 @@ def same_bits(got: list, want: list) -> None:
 
 @pytest.mark.parametrize("rows", [1, 2])
 @pytest.mark.parametrize("side_by_side", [True, False])
-def test_the_step_gives_the_bits_of_the_operations_it_replaced(tiny_lm, monkeypatch, rows, side_by_side):
+def test_the_step_gives_the_bits_of_the_operations_it_replaced(tiny_lm, monkeypatch, torch_glue, rows, side_by_side):
     """A lone row (q|k rotated as one where they are one product) and two rows (each rotated apart): the logits of
-    a prefill and of every decode step, and every residual, bitwise those of the forward as it was."""
+    a prefill and of every decode step, and every residual, bitwise those of the forward as it was (the glue in
+    torch's operators: glue.c off)."""
     now = lean_step_for(tiny_lm)
     fused = SideBySide(now).fused() if side_by_side else None
     assert (fused is not None) == side_by_side        # the loader laid the tiny model's groups side by side

@@ -43,6 +43,7 @@ import torch
 from torch.nn import functional as F
 
 from engine.core import invariant
+from engine.core.kernels.glue import glue_kernel
 from engine.core.loader import LoadedModel
 
 COVERED = ("llama", "qwen2", "mistral")
@@ -165,6 +166,60 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
+class TorchGlue:
+    """The work around the products in torch's operators, transformers' arithmetic operation for operation: any
+    dtype and device, and the form a compiler traces. cos, sin [B, T, D]: this step's rotary table."""
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor):
+        self.cos, self.sin = cos.unsqueeze(1), sin.unsqueeze(1)                    # [B, 1, T, D]: once a step
+
+    norm = staticmethod(rms_norm)
+
+    def rotate(self, x: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
+        """x [B, T, heads * dim] (a product's columns) -> [B, heads, T, dim], each head rotated."""
+        b, t = x.shape[:2]
+        return rotary(x.view(b, t, heads, dim).transpose(1, 2), self.cos, self.sin)
+
+    @staticmethod
+    def gated(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return F.silu(gate) * up
+
+
+class CGlue(TorchGlue):
+    """The same work in C (engine/core/kernels/glue.c), one call each over every row, for a float32 step on the CPU:
+    rope is transformers' bits, made in place on the product's own columns; the norm and the SiLU differ from torch's
+    operators in the last bits (a sum of squares in another fixed order, another exp). Each row's numbers are its
+    own whatever the other rows and threads, as the row kernel's products are."""
+
+    def __init__(self, kernel: Any, cos: torch.Tensor, sin: torch.Tensor):
+        super().__init__(cos, sin)
+        self.kernel, self.table = kernel, (cos.contiguous(), sin.contiguous())     # [B, T, D] each
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return self.kernel.norm(x, weight, eps)
+
+    def rotate(self, x: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
+        b, t, _ = x.shape
+        if x.stride(2) != 1 or x.stride(0) != t * x.stride(1):                        # rows not evenly strided
+            return super().rotate(x, heads, dim)
+        self.kernel.rope_(x, *self.table, heads, dim)
+        return x.view(b, t, heads, dim).transpose(1, 2)
+
+    def gated(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        if gate.stride() != up.stride() or gate.stride(-1) != 1:
+            return super().gated(gate, up)
+        return self.kernel.silu_mul(gate, up)
+
+
+def glue_for(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> TorchGlue:
+    """The glue a step runs: C where its stream is float32 on the CPU and glue.c is built (not while a compiler
+    traces the forward, nor for autograd: the kernel has no backward), else torch's operators."""
+    if x.dtype != torch.float32 or x.device.type != "cpu" or torch.compiler.is_compiling() or x.requires_grad:
+        return TorchGlue(cos, sin)
+    kernel = glue_kernel()
+    return CGlue(kernel, cos, sin) if kernel is not None else TorchGlue(cos, sin)
+
+
 def causal_mask(valid: torch.Tensor, t: int) -> torch.Tensor:
     """[B, 1, T, S] (True: attend) for T new tokens that are the last T of S keys: a query sees the valid keys
     (`valid` [B, S], False for pads) up to its own column, and always itself, so a pad's query reads something and
@@ -219,22 +274,21 @@ class LeanStep:
         if self.invariant:
             linear, fused, attention = invariant.linear, None, invariant.attention
         x = F.embedding(ids, self.embed.weight)                                         # [B, T, d]
-        cos, sin = self.rotary(x, positions)                                            # [B, T, D] each
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)                                   # [B, 1, T, D]: once a step
+        g = glue_for(x, *self.rotary(x, positions))                                     # cos, sin [B, T, D] each
         for i, w in enumerate(self.layers):
             f = fused[i] if fused is not None else NOT_FUSED
             if keep is not None:
                 keep.write(i, x)
-            x = x + self._attention(i, w, rms_norm(x, w.ln1, self.eps), cos, sin, kv, mask, linear, f, attention)
-            h = rms_norm(x, w.ln2, self.eps)
+            x = x + self._attention(i, w, g.norm(x, w.ln1, self.eps), g, kv, mask, linear, f, attention)
+            h = g.norm(x, w.ln2, self.eps)
             gate, up = f.gate_up(h).chunk(2, dim=-1) if f.gate_up else (linear(h, *w.gate), linear(h, *w.up))
-            x = x + linear(F.silu(gate) * up, *w.down)
+            x = x + linear(g.gated(gate, up), *w.down)
         if keep is not None:
             keep.write(len(self.layers), x)
         kept = x[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else x[:, logits_to_keep]     # [B, K, d]
-        return linear(rms_norm(kept, self.norm, self.eps), *self.head)                  # [B, K, V]
+        return linear(g.norm(kept, self.norm, self.eps), *self.head)                    # [B, K, V]
 
-    def _rotated(self, h: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch.Tensor, linear: Linear,
+    def _rotated(self, h: torch.Tensor, w: LayerWeights, g: TorchGlue, linear: Linear,
                  f: Fused) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [B, H, T, D] and k [B, KVH, T, D] rotated, v [B, KVH, T, D]. One row's q|k made as one product lie side
         by side in it: they are rotated as one tensor (a view of the product's columns), half the rotary's calls;
@@ -244,19 +298,17 @@ class LeanStep:
         d, kvd = heads * dim, kv_heads * dim
         if f.qkv and b == 1:
             qkv = f.qkv(h)                                                               # [1, T, d + 2 kvd]
-            qk = rotary(qkv[..., :d + kvd].view(b, t, heads + kv_heads, dim).transpose(1, 2), cos, sin)
+            qk = g.rotate(qkv[..., :d + kvd], heads + kv_heads, dim)                     # [1, H + KVH, T, D]
             return qk[:, :heads], qk[:, heads:], qkv[..., d + kvd:].view(b, t, kv_heads, dim).transpose(1, 2)
         q, k, v = f.qkv(h).split((d, kvd, kvd), dim=-1) if f.qkv else (linear(h, *p) for p in (w.q, w.k, w.v))
-        q = rotary(q.view(b, t, heads, dim).transpose(1, 2), cos, sin)
-        k = rotary(k.view(b, t, kv_heads, dim).transpose(1, 2), cos, sin)
-        return q, k, v.view(b, t, kv_heads, dim).transpose(1, 2)
+        return g.rotate(q, heads, dim), g.rotate(k, kv_heads, dim), v.view(b, t, kv_heads, dim).transpose(1, 2)
 
-    def _attention(self, i: int, w: LayerWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   kv: KV, mask: torch.Tensor | None, linear: Linear, f: Fused,
+    def _attention(self, i: int, w: LayerWeights, h: torch.Tensor, g: TorchGlue, kv: KV,
+                   mask: torch.Tensor | None, linear: Linear, f: Fused,
                    attention: Attention | None = None) -> torch.Tensor:
         # h: [B, T, d] -> q [B, H, T, D], k, v [B, KVH, T, D]; keys K, V [B, KVH, S, D]; out [B, T, d]
         b, t = h.shape[:2]
-        q, k, v = self._rotated(h, w, cos, sin, linear, f)
+        q, k, v = self._rotated(h, w, g, linear, f)
         keys, values = kv(i, k, v)
         if attention is not None:
             return linear(attention(q, keys, values, mask, self.scaling).transpose(1, 2).reshape(b, t, -1), *w.o)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from engine.core import kernels, matvec
+from engine.core.kernels.glue import glue_kernel
 from engine.core.lean import Fused, LeanStep, Linear
 
 
@@ -38,6 +39,7 @@ class SideBySide:
         self.on_cpu = lean.embed.weight.device.type == "cpu"     # the row kernel's products are a CPU's
         if self.on_cpu:
             kernels.row_kernel()         # built or found now, not at the first lone step (a build takes a second)
+            glue_kernel()
 
     def weights(self) -> list[torch.Tensor]:
         return [p[0] for w in self.lean.layers for p in (w.q, w.k, w.v, w.gate, w.up)]

@@ -1,0 +1,149 @@
+/* The work around a step's products, per row: the RMS norm, the rotary embedding, the gated MLP's SiLU. float32.
+
+       norm:     y[r] = w * (x[r] * 1 / sqrt(mean(x[r]^2) + eps))                  transformers' LlamaRMSNorm
+       rope:     x[r, h] = x[r, h] * cos[r] + rotate_half(x[r, h]) * sin[r]  in place  apply_rotary_pos_emb
+       silu_mul: y[r] = g[r] / (1 + exp(-g[r])) * u[r]                             LlamaMLP's act_fn(gate) * up
+
+   Built once by engine/core/kernels/__init__.py as rows.c is (gcc -O3 -march=native -fopenmp -ffp-contract=fast, no
+   -ffast-math) and called through ctypes by engine/core/kernels/glue.py. Why C: each of these is a dozen elements'
+   work per row that torch makes in several operators of a few microseconds each (the norm alone six, 18 us for one
+   row of 576 here, against 1.6 us for this call): a lone SmolLM2 step made ~1,300 operator calls, most of them these
+   (docs/engine.md, "The work around the products, in C").
+
+   A row's numbers never depend on the other rows or on the threads (threads take whole rows):
+   - the norm's sum of squares: LANES accumulators, accumulator j adding x[k]^2 for k = j, j + LANES, ... in k's order
+     (a fused multiply-add where the CPU has one), the last d % LANES elements added after, in order, then the
+     accumulators in one fixed tree (halves, then halves of those). LANES is a constant, not the machine's vector
+     width: the same order on AVX-512, AVX2 or SSE (the compiler vectorizes the lanes however wide its registers);
+   - the rotary and the product g * u: elementwise, with the operations in transformers' order and no fused
+     multiply-add (rope: x*cos and rotate_half(x)*sin each rounded, then added), so rope's bits are transformers';
+   - SiLU's exp: Cephes' expf polynomial, the same in every lane (about 1 ulp from expf), so silu_mul differs from
+     torch's in the last bits (tests/test_glue.py measures by how much). */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define LANES 16                 /* the norm's accumulators: its fixed order, whatever the machine */
+#define PARALLEL_ROWS 32         /* fewer rows run on the calling thread (a lone step's one row: no team woken) */
+#define EXACT __attribute__((optimize("fp-contract=off")))    /* each product rounded, as torch's operators do */
+
+/* One row's sum of squares in the fixed order above. */
+static float squares(const float *x, long d) {
+    float acc[LANES] = {0};
+    long k = 0;
+    for (; k + LANES <= d; k += LANES)
+        for (int j = 0; j < LANES; j++)
+            acc[j] += x[k + j] * x[k + j];
+    for (; k < d; k++)
+        acc[k % LANES] += x[k] * x[k];
+    for (int width = LANES / 2; width >= 1; width /= 2)
+        for (int j = 0; j < width; j++)
+            acc[j] = acc[j] + acc[j + width];
+    return acc[0];
+}
+
+static void norm_row(const float *x, const float *w, float *y, long d, float eps) {
+    float scale = 1.0f / sqrtf(squares(x, d) / (float)d + eps);
+    for (long k = 0; k < d; k++)
+        y[k] = w[k] * (x[k] * scale);
+}
+
+/* x [rows, d] (row stride xs) -> y [rows, d] (row stride ys), w [d]. */
+void glue_norm(const float *x, long xs, const float *w, float *y, long ys, long rows, long d, float eps,
+               int threads) {
+    if (rows < PARALLEL_ROWS) {
+        for (long r = 0; r < rows; r++)
+            norm_row(x + r * xs, w, y + r * ys, d, eps);
+        return;
+    }
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (long r = 0; r < rows; r++)
+        norm_row(x + r * xs, w, y + r * ys, d, eps);
+}
+
+/* One row's `heads` heads of `dim` values, rotated in place: the first half (a) and the second (b) of each head
+   become a*cos - b*sin (torch: a*cos + (-b)*sin, the same bits) and b*cos + a*sin, cos and sin [dim]. */
+EXACT static void rope_row(float *x, const float *cos, const float *sin, long heads, long dim) {
+    long half = dim / 2;
+    for (long h = 0; h < heads; h++) {
+        float *p = x + h * dim;
+        for (long i = 0; i < half; i++) {
+            float a = p[i], b = p[i + half];
+            float first = a * cos[i], second = b * cos[i + half];
+            float cross1 = -b * sin[i], cross2 = a * sin[i + half];
+            p[i] = first + cross1;
+            p[i + half] = second + cross2;
+        }
+    }
+}
+
+/* x [rows, heads * dim] (row stride xs) rotated in place; cos, sin [rows, dim] (row stride cs). */
+void glue_rope(float *x, long xs, const float *cos, const float *sin, long cs, long rows, long heads, long dim,
+               int threads) {
+    if (rows < PARALLEL_ROWS) {
+        for (long r = 0; r < rows; r++)
+            rope_row(x + r * xs, cos + r * cs, sin + r * cs, heads, dim);
+        return;
+    }
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (long r = 0; r < rows; r++)
+        rope_row(x + r * xs, cos + r * cs, sin + r * cs, heads, dim);
+}
+
+#define EXP_LANES 8
+typedef float vec __attribute__((vector_size(4 * EXP_LANES)));
+typedef int32_t ivec __attribute__((vector_size(4 * EXP_LANES)));
+typedef float vec_u __attribute__((vector_size(4 * EXP_LANES), aligned(4), may_alias));
+
+static inline vec splat(float x) { return (vec){0} + x; }
+
+/* exp(x) lane by lane (Cephes' expf: x = n ln2 + r, a degree-5 polynomial in r, times 2^n), x clamped to
+   [-87, 88]: about 1 ulp from expf over the range SiLU meets (beyond it, SiLU is 0 or x to float32's precision). */
+static inline vec expv(vec x) {
+    ivec low = x < -87.0f, high = x > 88.0f;                                /* lanes of -1 (true) or 0 */
+    x = (vec)(((ivec)x & ~(low | high)) | ((ivec)splat(-87.0f) & low) | ((ivec)splat(88.0f) & high));
+    vec fx = x * 1.44269504088896341f + 0.5f;
+    vec n = __builtin_convertvector(__builtin_convertvector(fx, ivec), vec);
+    n = n + __builtin_convertvector((ivec)(n > fx), vec);                   /* floor: truncation minus one above */
+    x = x - n * 0.693359375f;
+    x = x - n * -2.12194440e-4f;
+    vec y = splat(1.9875691500E-4f);
+    y = y * x + 1.3981999507E-3f;
+    y = y * x + 8.3334519073E-3f;
+    y = y * x + 4.1665795894E-2f;
+    y = y * x + 1.6666665459E-1f;
+    y = y * x + 5.0000001201E-1f;
+    y = y * (x * x) + x + 1.0f;
+    ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;
+    vec scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return y * scale;
+}
+
+/* y = g / (1 + exp(-g)) * u over f values (the tail past the last full vector through a zero-padded one). */
+static void silu_mul_row(const float *g, const float *u, float *y, long f) {
+    long k = 0;
+    for (; k + EXP_LANES <= f; k += EXP_LANES) {
+        vec gv = *(const vec_u *)(g + k), uv = *(const vec_u *)(u + k);
+        *(vec_u *)(y + k) = gv / (1.0f + expv(-gv)) * uv;
+    }
+    if (k < f) {
+        vec gv = {0}, uv = {0}, yv;
+        memcpy(&gv, g + k, sizeof(float) * (f - k));
+        memcpy(&uv, u + k, sizeof(float) * (f - k));
+        yv = gv / (1.0f + expv(-gv)) * uv;
+        memcpy(y + k, &yv, sizeof(float) * (f - k));
+    }
+}
+
+/* g, u [rows, f] (row stride gs, the same for both: gate|up side by side, or two tensors) -> y [rows, f] (ys). */
+void glue_silu_mul(const float *g, const float *u, long gs, float *y, long ys, long rows, long f, int threads) {
+    if (rows < PARALLEL_ROWS) {
+        for (long r = 0; r < rows; r++)
+            silu_mul_row(g + r * gs, u + r * gs, y + r * ys, f);
+        return;
+    }
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (long r = 0; r < rows; r++)
+        silu_mul_row(g + r * gs, u + r * gs, y + r * ys, f);
+}

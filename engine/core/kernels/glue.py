@@ -1,0 +1,89 @@
+"""The work around a step's products in C (glue.c): the RMS norm, the rotary embedding and the gated SiLU, per row.
+
+    glue = glue_kernel()                          # the loaded library, or None (one warning says why)
+    y = glue.norm(x, weight, eps)                 # transformers' RMS norm, x [..., d] float32 on the CPU
+    glue.rope_(x, cos, sin, heads, dim)           # x [B, T, >= heads * dim] rotated in place, cos/sin [B, T, dim]
+    y = glue.silu_mul(gate, up)                   # F.silu(gate) * up, [..., f]
+
+Built as the row kernel is (engine/core/kernels/__init__.py: the same flags, cache folder and OpenMP team). Each
+call is one ctypes call over every row where torch makes several operators (engine/core/lean.py's forward takes
+these through `TorchGlue`'s interface: `CGlue` where the kernel is built and the step is float32 on the CPU). A
+row's numbers do not depend on the other rows or the thread count (glue.c says how); rope is bitwise transformers',
+the norm and the SiLU differ from torch's in the last bits (tests/test_glue.py measures them).
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from engine.core import kernels
+
+SOURCE = Path(__file__).with_name("glue.c")
+F32 = torch.float32
+
+
+class GlueKernel:
+    """The loaded library (`path`: built from glue.c)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as err:
+            raise kernels.BuildError(f"could not load {path.name}: {err}") from err
+        ptr, long, c_int, c_float = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
+        self._norm = _fn(lib.glue_norm, [ptr, long, ptr, ptr, long, long, long, c_float, c_int])
+        self._rope = _fn(lib.glue_rope, [ptr, long, ptr, ptr, long, long, long, long, c_int])
+        self._silu_mul = _fn(lib.glue_silu_mul, [ptr, ptr, long, ptr, long, long, long, c_int])
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """weight * (x * rsqrt(mean(x^2) + eps)) over x's last dimension [..., d] -> a new [..., d]."""
+        rows = _rows(x)                                                               # [N, d]
+        y = torch.empty(x.shape, dtype=F32)
+        n, d = rows.shape
+        self._norm(rows.data_ptr(), rows.stride(0), weight.data_ptr(), y.data_ptr(), d, n, d, eps,
+                   torch.get_num_threads())
+        return y
+
+    def rope_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, dim: int) -> None:
+        """The first heads * dim values of each row of x [B, T, width] (x[b, t] contiguous, rows evenly strided),
+        each head rotated in place by its row's cos, sin [B, T, dim] (contiguous)."""
+        b, t, _ = x.shape
+        self._rope(x.data_ptr(), x.stride(1), cos.data_ptr(), sin.data_ptr(), dim, b * t, heads, dim,
+                   torch.get_num_threads())
+
+    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """F.silu(gate) * up: gate and up [..., f] views with the same strides (gate|up halves of one product, or two
+        contiguous tensors) -> a new [..., f]."""
+        f = gate.shape[-1]
+        g, u = gate.reshape(-1, f), up.reshape(-1, f)                                 # views where they can be
+        y = torch.empty(gate.shape, dtype=F32)
+        self._silu_mul(g.data_ptr(), u.data_ptr(), g.stride(0), y.data_ptr(), f, g.shape[0], f,
+                       torch.get_num_threads())
+        return y
+
+
+def _fn(fn, argtypes):
+    fn.argtypes, fn.restype = argtypes, None
+    return fn
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., d] as [N, d] rows with the last dimension contiguous (a copy only where no view is)."""
+    rows = x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+GLUE = kernels.Lazy("glue kernel", lambda: GlueKernel(kernels.build(SOURCE)),
+                    "the norms, rotary and SiLU take torch's operators")
+
+
+def glue_kernel() -> GlueKernel | None:
+    """The kernel, built and loaded at the first call in this process; None (and one warning) where it cannot be,
+    or where `use(False)` turned it off."""
+    return GLUE.get()                                                               # type: ignore[return-value]
+
+
+why_off, use, forget = GLUE.why_off, GLUE.use, GLUE.forget
