@@ -12,7 +12,11 @@ so the comparison is that product as stored against F.linear transposed, each ma
 come from memory as in a step (measured at load, as recorded in
 bench/results/lone_step/20261127T202139Z-8048acf.json: the LM head 4.9 against 6.0 ms, gate and up 153 against 218
 us, down 165 against 305 us, q and o 74 against 124 us: every matrix stays as stored). Each distinct shape is timed
-both ways once, at load, and the matrices of a shape that is clearly faster transposed are stored so: `weight.data =
+both ways once, at load, on the threads torch has then (a lone step's: every core unless fixed lower) and by wall
+clock: on a 2-core AMD EPYC without AVX-512 the LM head took 3.7-3.8 ms as stored through the row kernel on two
+threads against 4.7-4.8 ms transposed through MKL (which runs one thread whatever torch's count), while timed on one
+thread, as this did before, MKL's 4.6 ms beat the kernel's 5.6 ms and the head went to MKL for steps run on two.
+The matrices of a shape that is clearly faster transposed are stored so: `weight.data =
 weight.t().contiguous().t()` is the same tensor of values, shape and parameter, with other strides. Every operation
 (`F.linear`, the embedding lookup of a tied LM head, the small-batch kernel's packing, the speed lab's readings)
 sees the same numbers; no memory is added once loaded (the timing holds transposed copies of at most COLD_BYTES, or
@@ -53,25 +57,27 @@ ROUNDS = 5
 COLD_BYTES = 64 * 10 ** 6     # a shape's matrices timed in turn up to this much: twice this machine's 32 MiB of L3
 
 
-def _cpu_seconds(fn) -> float:
-    t = time.thread_time()
+def _seconds(fn) -> float:
+    t = time.perf_counter()
     fn()
-    return time.thread_time() - t
+    return time.perf_counter() - t
 
 
 def time_both(weights: torch.Tensor | list[torch.Tensor], rounds: int = ROUNDS) -> tuple[float, float]:
-    """CPU seconds of (1, in) x (out, in)^T products with `weights` (matrices of one shape) as stored, and stored
-    transposed, as a lone step makes them (engine.core.matvec.linear: split into blocks where stored (out, in),
-    F.linear where transposed): each matrix in turn, so that as in a step they come from memory, not from the cache
-    (`cold`); fastest of `rounds`, alternating (CPU time, so that other processes on the machine do not count)."""
+    """Wall seconds of (1, in) x (out, in)^T products with `weights` (matrices of one shape) as stored, and stored
+    transposed, as a lone step makes them (engine.core.matvec.linear: the row kernel, or split into blocks, where
+    stored (out, in); F.linear, MKL's one-thread matrix-vector product, where transposed), on torch's threads now:
+    each matrix in turn, so that as in a step they come from memory, not from the cache (`cold`); fastest of
+    `rounds`, alternating (the fastest: other processes on the machine only ever add time). Wall time, not the
+    thread's CPU time: the kernel's second thread does half the work on the other core."""
     plain = cold(weights if isinstance(weights, list) else [weights])
     x = torch.randn(1, plain[0].shape[1], dtype=plain[0].dtype)
     other = [w.t().contiguous().t() for w in plain]
     stored, transposed = [], []
     with torch.inference_mode():
         for _ in range(rounds + 1):                          # the first round warms up; not counted
-            stored.append(_cpu_seconds(lambda: [matvec.linear(x, w) for w in plain]) / len(plain))
-            transposed.append(_cpu_seconds(lambda: [matvec.linear(x, w) for w in other]) / len(plain))
+            stored.append(_seconds(lambda: [matvec.linear(x, w) for w in plain]) / len(plain))
+            transposed.append(_seconds(lambda: [matvec.linear(x, w) for w in other]) / len(plain))
     return min(stored[1:]), min(transposed[1:])
 
 
@@ -94,15 +100,10 @@ def relayout(lm: Any) -> dict[tuple[int, int], tuple[float, float, bool]]:
         return {}
     linears = [m for m in lm.model.modules() if isinstance(m, nn.Linear)
                and m.weight.is_contiguous() and m.weight.numel() * m.weight.element_size() >= MIN_BYTES]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)                                  # a lone step's matrices, as one thread reads them
-    try:
-        timed = {}
-        for shape in dict.fromkeys(tuple(m.weight.shape) for m in linears):
-            plain, transposed = time_both([m.weight.detach() for m in linears if tuple(m.weight.shape) == shape])
-            timed[shape] = (plain, transposed, transposed <= GAIN * plain)
-    finally:
-        torch.set_num_threads(threads)
+    timed = {}                           # on torch's threads now: a lone step's, every core unless fixed lower
+    for shape in dict.fromkeys(tuple(m.weight.shape) for m in linears):
+        plain, transposed = time_both([m.weight.detach() for m in linears if tuple(m.weight.shape) == shape])
+        timed[shape] = (plain, transposed, transposed <= GAIN * plain)
     with torch.no_grad():
         for m in linears:
             if timed[tuple(m.weight.shape)][2] and m.weight.is_contiguous():   # a tied matrix: converted once
