@@ -42,10 +42,12 @@ from engine.core.hooks import CAPTURE_OFF  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
 from engine.core import kernels, matvec  # noqa: E402
 from engine.core.kernels import glue  # noqa: E402
+from engine.core.lone import LonePlan  # noqa: E402
 from engine.serving import batch as batch_module  # noqa: E402
 from engine.serving.batch import BatchRunner, Slot  # noqa: E402
 
-ORDER = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up", "head", "norms", "rotary table", "rotary",
+ORDER = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up", "head", "layer to attention (C)",
+         "layer from attention (C)", "norms", "rotary table", "rotary",
          "attention", "kv", "embedding", "silu", "rest of the forward", "forward", "host", "host: pick and describe",
          "host: logits sha256", "host: the rest", "step")
 
@@ -72,8 +74,12 @@ def one_query(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
 # "parts-N": every split product in N blocks of output rows (engine.core.matvec.PARTS; the weights' rows must divide)
 # "split": the row kernel off (engine.core.kernels.use): torch's split products, the lone step before the kernel
 # "torch-glue": glue.c off (engine.core.kernels.glue.GLUE.use): the norms, rotary and SiLU in torch's operators
+#   (and so no LonePlan: its layers are glue.c's)
+# "unplanned": the lone step's layers op by op through the forward (LeanDecode.plan_layers off), not LonePlan's two
+#   C calls a layer (whose products, norms, rotary and SiLU are clocked as the two calls they are inside)
 WAYS = {"now": {}, "apart": {"side_by_side": None}, "split": {"kernel": False}, "one-query": {"attention": one_query},
         "f.linear": {"linear": F.linear}, "compiled": {"compiled": True}, "torch-glue": {"glue": False},
+        "unplanned": {"plan_layers": False},
         **{f"parts-{n}": {"parts": n} for n in (2, 8, 16)}}
 PRODUCTS = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up", "head")
 
@@ -120,7 +126,8 @@ def weight_names(step) -> dict[int, str]:
 
 GLUE = tuple((cls, name) for cls in (lean_module.TorchGlue, lean_module.CGlue) for name in ("norm", "rotate", "gated")
              if name in vars(cls))          # the work around the products, in torch's operators or in C
-GLOBALS = (*GLUE, (F, "scaled_dot_product_attention"), (F, "embedding"), (batch_module, "pick_tokens"),
+PLAN = {"before": "layer to attention (C)", "after": "layer from attention (C)"}     # LonePlan's two calls a layer
+GLOBALS = (*GLUE, *((LonePlan, name) for name in PLAN), (F, "scaled_dot_product_attention"), (F, "embedding"), (batch_module, "pick_tokens"),
            (batch_module, "hash_rows"))
 HOST = {"pick_tokens": "host: pick and describe", "hash_rows": "host: logits sha256"}
 
@@ -131,6 +138,8 @@ def instrument(runner: BatchRunner, clocks: Clocks):
     step = runner.lean.lean
     names = weight_names(step)
     originals = [(module, name, vars(module)[name]) for module, name in GLOBALS]
+    for name, part in PLAN.items():
+        setattr(LonePlan, name, clocks.wrap(part, vars(LonePlan)[name]))
     for cls in (lean_module.TorchGlue, lean_module.CGlue):        # the glue's own (C or torch's operators)
         for name, part in (("norm", "norms"), ("rotate", "rotary"), ("gated", "silu")):
             if name in vars(cls):
@@ -249,7 +258,7 @@ def median_parts(rounds: list[list[dict]], floor_ms: float) -> dict:
 
 def use(runner: BatchRunner, way: str) -> None:
     """Set the lone step's kernels to `way`'s (the ones it does not name as the runner made them)."""
-    for name, kernel in {"glue": True, **runner.lean.made, **WAYS[way]}.items():
+    for name, kernel in {"glue": True, "plan_layers": True, **runner.lean.made, **WAYS[way]}.items():
         if name == "parts":
             matvec.PARTS = kernel
         elif name == "kernel":

@@ -171,6 +171,7 @@ def run_kept(lm, jobs, joins, monkeypatch=None):
     if monkeypatch is not None:
         monkeypatch.setattr(serving_lean, "one_row", one_row_before)
         monkeypatch.setattr(runner.lean, "lone_products", lambda: (runner.lean.linear, runner.lean.lone_fused()))
+        runner.lean.plan_layers = False
     logits, decode = [], runner.lean.decode
     runner.lean.decode = lambda batch, slots: logits.append(decode(batch, slots)) or logits[-1]
     kept: dict = {}

@@ -314,6 +314,13 @@ def test_a_lone_steps_every_product_the_vocabulary_projection_included_runs_thro
         call = bind(self, w, *a)
         return lambda x, y: calls.append((1, w.data_ptr())) or call(x, y)
     monkeypatch.setattr(kernels.RowKernel, "one_row", one_row)
+    from engine.core.lone import LonePlan            # its layers' products: the kernel's rows_linear, called from C
+    after, o = LonePlan.after, tiny_lm.model.model.layers[0].self_attn.o_proj.weight
+
+    def planned(self, i, attn):
+        assert self.state.product == kernel.address
+        return (i == 0 and calls.append((1, o.data_ptr()))) or after(self, i, attn)
+    monkeypatch.setattr(LonePlan, "after", planned)
     request = GenerationRequest(tiny_prompt(9, seed=11), max_new_tokens=6, chat=False)
     run_runner(tiny_lm, [(request, CAPTURE_OFF)], [0], BatchRunner(tiny_lm, max_batch=8))
     head = tiny_lm.model.lm_head.weight

@@ -265,14 +265,19 @@ class LeanStep:
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, kv: KV, mask: torch.Tensor | None = None,
                 keep: Residual | None = None, linear: Linear = F.linear, fused: list[Fused] | None = None,
-                logits_to_keep: int | torch.Tensor = 1, attention: Attention | None = None) -> torch.Tensor:
+                logits_to_keep: int | torch.Tensor = 1, attention: Attention | None = None,
+                lone: Any = None) -> torch.Tensor:
         """Logits [B, K, V] of each row's last K = `logits_to_keep` positions (or, a tensor of K indices, of those
         positions: a flattened mixed step's), as transformers' `logits_to_keep`: ids and positions [B, T] (each token's
         own position); `mask` [B, 1, T, S] where rows read padded keys, None for causal over the new tokens (the
         keys before them all read); `keep` receives the L + 1 residuals; `fused`, per layer, products made as one;
-        `attention` in place of SDPA. With `invariant` set, the batch-invariant kernels stand in for all three."""
+        `attention` in place of SDPA. With `invariant` set, the batch-invariant kernels stand in for all three.
+        `lone`: a lone decode step's layers in two C calls each (engine.core.lone.LonePlan), where it `takes` the step:
+        the same operations on the same products (for one row, the row kernel's with the mode on or off)."""
         if self.invariant:
             linear, fused, attention = invariant.linear, None, invariant.attention
+        if lone is not None and lone.takes(ids, mask, keep, logits_to_keep):
+            return self._lone(lone, ids, positions, kv, keep, linear, attention)
         x = F.embedding(ids, self.embed.weight)                                         # [B, T, d]
         g = glue_for(x, *self.rotary(x, positions))                                     # cos, sin [B, T, D] each
         for i, w in enumerate(self.layers):
@@ -287,6 +292,32 @@ class LeanStep:
             keep.write(len(self.layers), x)
         kept = x[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else x[:, logits_to_keep]     # [B, K, d]
         return linear(g.norm(kept, self.norm, self.eps), *self.head)                    # [B, K, V]
+
+    def _lone(self, lone: Any, ids: torch.Tensor, positions: torch.Tensor, kv: KV, keep: Any, linear: Linear,
+              attention: Attention | None) -> torch.Tensor:
+        """`forward` for one row of one token through the plan: per layer, lone.before (its residual kept at its
+        slot of the pool), the step's kv and attention, lone.after. Logits [1, 1, V]."""
+        x = F.embedding(ids, self.embed.weight)                                         # [1, 1, d]
+        cos, sin = (t.contiguous() for t in self.rotary(x, positions))                  # [1, 1, D] each
+        x = lone.start(x, cos, sin)                                                     # the plan's buffer
+        resid = keep.resid if keep is not None else None
+        if resid is not None:                              # where layer i's residual goes: resid[i, slot]
+            at = resid.data_ptr() + 4 * int(keep.where[0]) * resid.stride(1)
+        for i in range(len(self.layers)):
+            lone.before(i, at + 4 * i * resid.stride(0) if resid is not None else None)
+            keys, values = kv(i, lone.k, lone.v)
+            lone.after(i, self._attend(lone.q, keys, values, attention))
+        if keep is not None:
+            keep.write(len(self.layers), x)
+        return linear(glue_for(x, cos, sin).norm(x, self.norm, self.eps), *self.head)  # [1, 1, V]
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                attention: Attention | None) -> torch.Tensor:
+        """One query per head against every key it reads (no mask): q [B, H, 1, D] -> [B, H, 1, D]."""
+        if attention is not None:
+            return attention(q, keys, values, None, self.scaling)
+        return F.scaled_dot_product_attention(q, keys, values, scale=self.scaling,
+                                              enable_gqa=self.heads != self.kv_heads)
 
     def _rotated(self, h: torch.Tensor, w: LayerWeights, g: TorchGlue, linear: Linear,
                  f: Fused) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

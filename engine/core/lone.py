@@ -20,13 +20,14 @@ caller keeps, get a new tensor each step (`fresh`). docs/engine.md, "The work ar
 """
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import torch
 
 from engine.core import kernels, matvec
-from engine.core.kernels.glue import glue_kernel
-from engine.core.lean import Fused, LeanStep, Linear
+from engine.core.kernels.glue import LoneLayer, LoneState, glue_kernel
+from engine.core.lean import Fused, LeanStep, Linear, PoolResidual
 
 
 class SideBySide:
@@ -36,6 +37,7 @@ class SideBySide:
         self.lean = lean
         self._made: tuple[list[int], list[Fused], list[torch.Tensor]] | None = None
         self._bound: tuple[kernels.RowKernel, list[int], list[torch.Tensor], Linear, list[Fused]] | None = None
+        self._plan: tuple[Any, LonePlan | None] | None = None     # (the `_bound` it was made from, the plan)
         self.on_cpu = lean.embed.weight.device.type == "cpu"     # the row kernel's products are a CPU's
         if self.on_cpu:
             kernels.row_kernel()         # built or found now, not at the first lone step (a build takes a second)
@@ -63,6 +65,90 @@ class SideBySide:
             self._bound = (kernel, *_bound(self.lean, kernel))
         _, where, weights, linear, fused = self._bound
         return (linear, fused) if where and list(map(torch.Tensor.data_ptr, weights)) == where else None
+
+
+    def plan(self) -> "LonePlan | None":
+        """The lone step's layers around attention in two C calls each (LonePlan), over the products `bound()` binds;
+        None where bound() is, where glue.c is not built, or where a layer's o or down is not bound."""
+        if self.bound() is None or glue_kernel() is None:
+            return None
+        if self._plan is None or self._plan[0] is not self._bound:
+            self._plan = (self._bound, LonePlan.make(self.lean, kernels.row_kernel(), glue_kernel(), *self._bound[3:]))
+        return self._plan[1]
+
+
+class LonePlan:
+    """One row's decode step around its attention, in two C calls a layer (glue.c's `lone_before`: the residual kept,
+    the norm, q|k|v and the rotary; `lone_after`: o, the residual add, the norm, gate|up, the SiLU, down, the add),
+    over buffers made once: the same operations in the same order as the forward makes them with CGlue and the bound
+    products, so the same bits (tests/test_lone_glue.py), in about a tenth of the calls. `x` holds the residual
+    stream; `q`, `k`, `v` are views of the q|k|v buffer [1, heads, 1, D], each layer's (k and v copied into the pool
+    by the step's `kv` before the next layer writes it)."""
+
+    def __init__(self, lean: LeanStep, kernel: kernels.RowKernel, glue: Any, layers: list[LoneLayer],
+                 keep_alive: list[torch.Tensor]):
+        heads, kv_heads, dim = lean.heads, lean.kv_heads, lean.head_dim
+        d, f, qkv_out = lean.embed.weight.shape[1], lean.layers[0].gate[0].shape[0], (heads + 2 * kv_heads) * dim
+        with torch.inference_mode(False):        # normal tensors: usable in and out of inference mode
+            self.x, self.h, self.qkv = torch.empty(1, 1, d), torch.empty(max(d, f)), torch.empty(1, 1, qkv_out)
+            self.gate_up, self.delta = torch.empty(2 * f), torch.empty(d)
+        width, kvd = heads * dim, kv_heads * dim
+        self.q = self.qkv[..., :width].view(1, 1, heads, dim).transpose(1, 2)            # [1, H, 1, D]
+        self.k = self.qkv[..., width:width + kvd].view(1, 1, kv_heads, dim).transpose(1, 2)
+        self.v = self.qkv[..., width + kvd:].view(1, 1, kv_heads, dim).transpose(1, 2)
+        self.state = LoneState(kernel.address, d, qkv_out, heads + kv_heads, dim, f, width, lean.eps,
+                               *(t.data_ptr() for t in (self.x, self.h, self.qkv, self.gate_up, self.delta)), None, None)
+        self.layers, self.keep_alive = layers, keep_alive
+        state = ctypes.byref(self.state)
+        self._before = [(glue.lone_before, state, ctypes.byref(layer)) for layer in layers]
+        self._after = [(glue.lone_after, state, ctypes.byref(layer)) for layer in layers]
+
+    @classmethod
+    def make(cls, lean: LeanStep, kernel: kernels.RowKernel, glue: Any, products: "Products",
+             groups: list[Fused]) -> "LonePlan | None":
+        """From `bound()`'s products: each layer's q|k|v and gate|up (Fused of Bound) and its o and down (Products);
+        None where any of them is not a Bound of the row kernel."""
+        layers, keep = [], []
+        for w, group in zip(lean.layers, groups):
+            o, down = (products.by_id.get((id(p[0]), id(p[1]))) for p in (w.o, w.down))
+            bound = (group.qkv, o, group.gate_up, down)
+            if not all(isinstance(b, matvec.Bound) for b in bound):
+                return None
+            keep += [w.ln1, w.ln2, *(t for b in bound for t in (b.weight, b.bias) if t is not None)]
+            layers.append(LoneLayer(w.ln1.data_ptr(), w.ln2.data_ptr(),
+                                    *(a for b in bound for a in (b.weight.data_ptr(), _address(b.bias)))))
+        return cls(lean, kernel, glue, layers, keep) if layers else None
+
+    def takes(self, ids: torch.Tensor, mask: Any, keep: Any, logits_to_keep: Any) -> bool:
+        """Whether a step is this plan's: one row of one token, no mask, its logits, its residual kept (if at all) at
+        one slot of a float32 pool on the CPU."""
+        if ids.shape != (1, 1) or mask is not None or logits_to_keep != 1:
+            return False
+        return keep is None or (isinstance(keep, PoolResidual) and keep.where.numel() == 1
+                                and keep.resid.dtype == torch.float32 and keep.resid.is_cpu
+                                and keep.resid.is_contiguous())
+
+    def start(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The step's embedding x [1, 1, d] into the residual buffer, cos and sin [1, 1, D] its rotary table (held by
+        the caller for the step); returns the buffer."""
+        self.x.copy_(x)
+        self.state.cos, self.state.sin = cos.data_ptr(), sin.data_ptr()
+        return self.x
+
+    def before(self, i: int, resid: int | None) -> None:
+        """Layer i up to attention: its residual copied to address `resid` (None: not kept), q, k, v made."""
+        call, state, layer = self._before[i]
+        call(state, layer, ctypes.c_void_p(resid), torch.get_num_threads())
+
+    def after(self, i: int, attn: torch.Tensor) -> None:
+        """Layer i from attention's output attn [1, H, 1, D] on: the residual stream `x` moved on."""
+        call, state, layer = self._after[i]
+        attn = attn if attn.is_contiguous() else attn.contiguous()      # held through the call
+        call(state, layer, ctypes.c_void_p(attn.data_ptr()), torch.get_num_threads())
+
+
+def _address(t: torch.Tensor | None) -> int | None:
+    return t.data_ptr() if t is not None else None
 
 
 def _made(lean: LeanStep) -> tuple[list[int], list[Fused]]:

@@ -70,7 +70,7 @@ def modules_decode(lm: LoadedModel, batch: Any, slots: list) -> torch.Tensor:
 def step(lean: LeanStep, ids: torch.Tensor, positions: torch.Tensor, kv: KV, mask: torch.Tensor | None = None,
          resid: torch.Tensor | None = None, write: torch.Tensor | None = None, linear: Linear = F.linear,
          fused: list[Fused] | None = None, logits_to_keep: int | torch.Tensor = 1,
-         attention: Attention | None = None) -> torch.Tensor:
+         attention: Attention | None = None, lone: Any = None) -> torch.Tensor:
     """The one step function: every step of the batch that the forward covers runs it, eagerly on a CPU and compiled
     (engine.serving.graphed) on CUDA. ids and positions [R, T]; `kv` writes the new K/V at the rows' slots and
     returns the keys each row reads; `mask` [R, 1, T, S] where rows read pads (None: causal); with the residual pool
@@ -78,7 +78,7 @@ def step(lean: LeanStep, ids: torch.Tensor, positions: torch.Tensor, kv: KV, mas
     [R * T] (SCRATCH: keeps none). Logits [R, K, V] (engine.core.lean.LeanStep.forward)."""
     keep = PoolResidual(resid, write) if resid is not None else None
     return lean.forward(ids, positions, kv, mask, keep, linear=linear, fused=fused, logits_to_keep=logits_to_keep,
-                        attention=attention)
+                        attention=attention, lone=lone)
 
 
 class LeanDecode:
@@ -89,6 +89,7 @@ class LeanDecode:
         self._fused: list[Fused] | None = None
         self.linear = matvec.linear          # one row's products (bench/lone_step.py sets F.linear to compare)
         self.side_by_side: SideBySide | None = SideBySide(lean)    # q|k|v, gate|up as one product each (or None)
+        self.plan_layers = True              # a lone step's layers through LonePlan where it applies
 
     @classmethod
     def for_model(cls, lm: LoadedModel) -> "LeanDecode | None":
@@ -108,9 +109,10 @@ class LeanDecode:
         device = self.lean.embed.weight.device
         ids = torch.tensor([[s.token.id] for s in slots], device=device)             # [B, 1]
         positions = torch.tensor([[s.length] for s in slots], device=device)         # [B, 1] own positions
+        lone = None
         if len(slots) == 1:
             kv, write = one_row(batch, slots[0])
-            mask, (linear, fused) = None, self.lone_products()
+            mask, (linear, fused), lone = None, self.lone_products(), self.lone_plan()
         else:
             mask = batch.step_mask().bool()[:, None, None, :]                        # [B, 1, 1, W + 1]
             kv, write = batch.write_and_gather, batch.residual_slots
@@ -119,13 +121,20 @@ class LeanDecode:
             fused = self.fused(kernels) if len(slots) in ROWS else None
         resid = batch.pool.resid if any(s.kept is not None for s in slots) else None
         with torch.inference_mode():
-            return step(self.lean, ids, positions, kv, mask, resid, write, linear, fused)[:, -1]
+            return step(self.lean, ids, positions, kv, mask, resid, write, linear, fused, lone=lone)[:, -1]
 
     def lone_products(self) -> tuple[Linear, list[Fused] | None]:
         """One row's (linear, fused): every product bound once where they are the row kernel's (engine.core.lone:
         `SideBySide.bound`), else `self.linear` with q|k|v and gate|up as one product each where they can be."""
         bound = self.side_by_side.bound() if self.side_by_side and self.linear is matvec.linear else None
         return bound if bound is not None else (self.linear, self.lone_fused())
+
+    def lone_plan(self) -> Any:
+        """One row's layers in two C calls each (engine.core.lone.LonePlan) where its products are bound and
+        `plan_layers` is on (the bench turns it off to compare), else None."""
+        if not (self.plan_layers and self.side_by_side and self.linear is matvec.linear):
+            return None
+        return self.side_by_side.plan()
 
     def lone_fused(self) -> list[Fused] | None:
         """q|k|v and gate|up as one split product each (engine.core.lone), where the products are the split ones."""

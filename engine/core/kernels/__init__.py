@@ -71,6 +71,7 @@ class RowKernel:
         self._tiles.argtypes, self._tiles.restype = self._call.argtypes, None
         self.max_threads = lib.rows_max_threads      # () -> the OpenMP team a region here would have
         self._bare = lib["rows_linear"]                # the same function without argtypes: `one_row` passes C values
+        self.address = ctypes.cast(self._bare, ctypes.c_void_p).value   # rows_linear's, for C that calls it (glue.c)
         self._bare.restype = None
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -63,7 +63,7 @@ void glue_norm(const float *x, long xs, const float *w, float *y, long ys, long 
 
 /* One row's `heads` heads of `dim` values, rotated in place: the first half (a) and the second (b) of each head
    become a*cos - b*sin (torch: a*cos + (-b)*sin, the same bits) and b*cos + a*sin, cos and sin [dim]. */
-EXACT static void rope_row(float *x, const float *cos, const float *sin, long heads, long dim) {
+EXACT __attribute__((noinline)) static void rope_row(float *x, const float *cos, const float *sin, long heads, long dim) {
     long half = dim / 2;
     for (long h = 0; h < heads; h++) {
         float *p = x + h * dim;
@@ -146,4 +146,58 @@ void glue_silu_mul(const float *g, const float *u, long gs, float *y, long ys, l
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (long r = 0; r < rows; r++)
         silu_mul_row(g + r * gs, u + r * gs, y + r * ys, f);
+}
+
+/* ---- A lone row's layer around its attention, in two calls (engine/core/lone.py's LonePlan) ----------------------
+
+   The same operations as the forward makes for one row with the row kernel's products (engine/core/lean.py with
+   CGlue and the bound products of engine/core/lone.py), in the same order, so the same bits: each residual add one
+   float addition (torch's x + y), each norm, rope and SiLU the functions above, each product the row kernel's
+   `rows_linear` (handed in as a pointer from the row kernel's library: one copy of its code). What it saves is the
+   calls: between one layer's attention and the next there is nothing for Python to do. */
+
+typedef void (*product_fn)(const float *x, long ldx, long rows, const float *w, long in, long out,
+                           const float *bias, float *y, long ldy, int threads);
+
+typedef struct {                 /* one layer's parameters: norms [d], products (out, in) as stored, biases or NULL */
+    const float *ln1, *ln2, *qkv, *qkv_bias, *o, *o_bias, *gate_up, *gate_up_bias, *down, *down_bias;
+} lone_layer_t;
+
+typedef struct {                 /* the row's buffers, made once, and this step's rotary table */
+    product_fn product;
+    long d, qkv_out, rotated, dim, f, width;   /* d_model; q|k|v's outputs; heads rotated (q's and k's); head
+                                                   dim; the MLP's; attention's output (o's input), heads x dim */
+    float eps;
+    float *x;                    /* [d] the residual stream, updated in place */
+    float *h;                    /* [max(d, f)] a norm's output, then the gated activation */
+    float *qkv_out_buf;          /* [qkv_out] q|k|v, q|k rotated */
+    float *gate_up_buf;          /* [2 f] */
+    float *delta;                /* [d] o's and down's outputs, before they are added */
+    const float *cos, *sin;      /* [dim] this step's */
+} lone_t;
+
+static void add_into(float *x, const float *y, long d) {
+    for (long k = 0; k < d; k++)
+        x[k] = x[k] + y[k];
+}
+
+/* resid (or NULL): where the residual entering the layer is kept; then q|k|v of norm(x), q|k rotated. */
+void lone_before(const lone_t *s, const lone_layer_t *l, float *resid, int threads) {
+    if (resid)
+        memcpy(resid, s->x, sizeof(float) * s->d);
+    norm_row(s->x, l->ln1, s->h, s->d, s->eps);
+    s->product(s->h, s->d, 1, l->qkv, s->d, s->qkv_out, l->qkv_bias, s->qkv_out_buf, s->qkv_out, threads);
+    rope_row(s->qkv_out_buf, s->cos, s->sin, s->rotated, s->dim);
+}
+
+/* attn [width]: x += o(attn); x += down(silu(gate) * up) of norm(x). */
+void lone_after(const lone_t *s, const lone_layer_t *l, const float *attn, int threads) {
+    long d = s->d, f = s->f;
+    s->product(attn, s->width, 1, l->o, s->width, d, l->o_bias, s->delta, d, threads);
+    add_into(s->x, s->delta, d);
+    norm_row(s->x, l->ln2, s->h, d, s->eps);
+    s->product(s->h, d, 1, l->gate_up, d, 2 * f, l->gate_up_bias, s->gate_up_buf, 2 * f, threads);
+    silu_mul_row(s->gate_up_buf, s->gate_up_buf + f, s->h, f);
+    s->product(s->h, f, 1, l->down, f, d, l->down_bias, s->delta, d, threads);
+    add_into(s->x, s->delta, d);
 }

@@ -37,6 +37,9 @@ class GlueKernel:
         self._norm = _fn(lib.glue_norm, [ptr, long, ptr, ptr, long, long, long, c_float, c_int])
         self._rope = _fn(lib.glue_rope, [ptr, long, ptr, ptr, long, long, long, long, c_int])
         self._silu_mul = _fn(lib.glue_silu_mul, [ptr, ptr, long, ptr, long, long, long, c_int])
+        self.lone_before, self.lone_after = lib["lone_before"], lib["lone_after"]   # C values in: LonePlan's
+        for fn in (self.lone_before, self.lone_after):
+            fn.restype = None
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """weight * (x * rsqrt(mean(x^2) + eps)) over x's last dimension [..., d] -> a new [..., d]."""
@@ -63,6 +66,22 @@ class GlueKernel:
         self._silu_mul(g.data_ptr(), u.data_ptr(), g.stride(0), y.data_ptr(), f, g.shape[0], f,
                        torch.get_num_threads())
         return y
+
+
+class LoneLayer(ctypes.Structure):
+    """glue.c's lone_layer_t: one layer's parameters (addresses; 0 for a missing bias)."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in ("ln1", "ln2", "qkv", "qkv_bias", "o", "o_bias", "gate_up",
+                                                     "gate_up_bias", "down", "down_bias")]
+
+
+class LoneState(ctypes.Structure):
+    """glue.c's lone_t: the row kernel's product, the shapes, the row's buffers and this step's rotary table."""
+
+    _fields_ = [("product", ctypes.c_void_p), *((name, ctypes.c_long) for name in
+                                                 ("d", "qkv_out", "rotated", "dim", "f", "width")),
+                ("eps", ctypes.c_float), *((name, ctypes.c_void_p) for name in
+                                           ("x", "h", "qkv_out_buf", "gate_up_buf", "delta", "cos", "sin"))]
 
 
 def _fn(fn, argtypes):
