@@ -968,7 +968,8 @@ LONE_VLLM = [  # README, "The rerun on a quiet machine"
      lambda d: (d["vllm_answers_equal_ours"]["16"],) if d["vllm_answers_equal_ours"]["16"] ==
      d["vllm_answers_equal_ours"]["64"] and not any(d["ours_wrong_answers"].values()) else ()),
 ]
-VS_LCP = "vs_llamacpp/20261128T192207Z-ad5f149.json"   # the Zen 3 machine, products bound once, the short poll
+VS_LCP = "vs_llamacpp/20261128T215029Z-1877903.json"   # the Zen 3 machine, the work around the products in C
+VS_LCP_ZEN3_POLL = "vs_llamacpp/20261128T192207Z-ad5f149.json"   # the Zen 3 machine, products bound once, the short poll
 VS_LCP_ZEN3_BOUND = "vs_llamacpp/20261128T185510Z-0f1c50d.json"   # the Zen 3 machine, the products bound once
 VS_LCP_ZEN3_START = "vs_llamacpp/20261128T182417Z-e955a21.json"   # the Zen 3 machine at the session's start
 VS_LCP_ZEN4 = "vs_llamacpp/20261128T162159Z-1681f1e.json"   # a quiet machine with AVX-512, after the fewer calls
@@ -991,6 +992,26 @@ def lcp_row(side: str) -> Callable[[dict], tuple]:
 
 
 LONE += LONE_VLLM
+COLD = "cold_calls/20261128T221814Z-1877903.json"
+PARTS_C = "lone_parts/20261128T215002Z-1877903.json"
+LONE += [  # docs/engine.md, "The work around the products, in C"
+    (ENGINE_DOC, COLD, "streamed a {} MB weight", lambda d: (d["stream_MB"],)),
+    (ENGINE_DOC, COLD, "load\naverage {:.2f} at its start; `bench/results/cold_calls/", lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    *((ENGINE_DOC, COLD, f"| {row} | {{:.1f}} us | {{:.1f}} us |", lambda d, k=key: (d["calls"][k]["hot_us"], d["calls"][k]["cold_us"]))
+      for row, key in (("`torch.empty`", "torch.empty"), ("a residual add (`x + y`)", "add"),
+                       ("the RMS norm in torch's operators (six of them)", "RMS norm, torch's operators"),
+                       ("the RMS norm in C through its Python wrapper (`GlueKernel.norm`)", "RMS norm, glue.c through its wrapper"),
+                       ("the RMS norm in C, a bare ctypes call with its arguments made once", "RMS norm, glue.c, bare ctypes call"))),
+    (ENGINE_DOC, PARTS_C, "load average\n{:.2f} at its start; `bench/results/lone_parts/20261128T215002Z", lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (ENGINE_DOC, PARTS_C, "A lone step: {:,} operator calls against {:,}, {:.2f} ms against {:.2f}.",
+     lambda d: (d["unplanned"]["operators"]["calls"], d["torch-glue"]["operators"]["calls"],
+                d["unplanned"]["bare"]["wall_ms"], d["torch-glue"]["bare"]["wall_ms"])),
+    (ENGINE_DOC, PARTS_C, "A lone step: {} operator calls, {:.2f} ms against {:.2f} op by op, {:.2f}x the floor of {:.1f} ms.",
+     lambda d: (d["now"]["operators"]["calls"], d["now"]["bare"]["wall_ms"], d["unplanned"]["bare"]["wall_ms"],
+                d["now"]["bare"]["x_floor"], d["floor"]["floor_ms"])),
+    (ENGINE_DOC, PARTS_C, "attention (SDPA, {:.2f} ms a step) and the\ncache's writes and reads ({:.2f} ms), and the host's work after the forward ({:.2f} ms:",
+     lambda d: (d["now"]["ms"]["attention"], d["now"]["ms"]["kv"], d["now"]["ms"]["host"])),
+]
 LONE += [  # README, "One person alone, against llama.cpp"
     (README, VS_LCP, "load average {:.2f} at its start;", lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
     (README, VS_LCP, "| llama.cpp (llama-cpp-python's server, 2 threads), F32 | {:.1f} | {:.2f}x | {:.2f} s |",
@@ -1008,6 +1029,12 @@ LONE += [  # README, "One person alone, against llama.cpp"
                                       d["table"]["llama.cpp"]["ms_per_token"],
                                       d["table"]["ours"]["ms_per_token"] / d["table"]["llama.cpp"]["ms_per_token"]))
       for name in (VS_LCP_ZEN3_BOUND,)),
+    (README, VS_LCP_ZEN3_POLL, "(`bench/results/vs_llamacpp/20261128T192207Z-ad5f149.json`, load average {:.2f}) had ours "
+     "at {:.1f} ms a token and\nllama.cpp at {:.1f} ({:.2f}x)",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], d["table"]["ours"]["ms_per_token"],
+                d["table"]["llama.cpp"]["ms_per_token"],
+                d["table"]["ours"]["ms_per_token"] / d["table"]["llama.cpp"]["ms_per_token"])),
+    (README, VS_LCP_ZEN3_POLL, "{:.1f} on ad5f149,", lambda d: (max(v for r in d["read_gb_s"] for v in r.values()),)),
     (README, VS_LCP_ZEN3_START, "(`bench/results/vs_llamacpp/20261128T182417Z-e955a21.json`, load\naverage {:.2f}), ours at "
      "{:.1f} and llama.cpp at {:.1f} ({:.2f}x)",
      lambda d: (d["provenance"]["machine"]["load_avg"][0], d["table"]["ours"]["ms_per_token"],
@@ -1019,7 +1046,7 @@ LONE += [  # README, "One person alone, against llama.cpp"
                 d["table"]["llama.cpp"]["ms_per_token"],
                 d["table"]["ours"]["ms_per_token"] / d["table"]["llama.cpp"]["ms_per_token"])),
     (README, "lone_glue/20261128T162002Z-1681f1e.json", "the lone step there took {:.1f} ms in-process", lambda d: (d["ways"]["after"]["wall_ms"],)),
-    (README, "lone_glue/20261128T184813Z-219584b.json", "where it takes {:.1f} here", lambda d: (d["ways"]["after"]["wall_ms"],)),
+    (README, "lone_glue/20261128T184813Z-219584b.json", "where it took {:.1f} here on 219584b", lambda d: (d["ways"]["after"]["wall_ms"],)),
     (README, VS_LCP_ZEN4, "{:.1f} on 1681f1e,", lambda d: (max(v for r in d["read_gb_s"] for v in r.values()),)),
     (README, VS_LCP, "time between steps was {:.3f} to {:.3f} ms a token",
      lambda d: span([h["between_steps_ms"] for h in d["host_work"]])),
@@ -2413,7 +2440,7 @@ NUMBER = r"(?<![\w.])~?\d[\d,]*(?:\.\d+)?(?:e-?\d+)?"
 UNIT = r"\s?(?:ms\b|s\b|tok/s|x\b|MB\b|GB/s|GB\b|MiB\b|KB\b|kB\b|KiB\b|%|TB/s|TFLOP/s|seconds?\b|minutes?\b|min\b)"
 FIGURE = re.compile(NUMBER + UNIT)     # a number with a unit of time, speed, size, a ratio or a share
 README_NOT_MEASURED = (  # settings, targets, definitions, spec sheets, an example of output, a derived size
-    "the weights in 2 MB pages, the lone step's fewer operator calls", "shows 0.00% at INT4 g32", "(1 GB = 10^9 bytes); a GPU's \"80 GB\" is written as 80 GiB = 85.90 GB",
+    "the weights in 2 MB pages, its products bound once", "shows 0.00% at INT4 g32", "(1 GB = 10^9 bytes); a GPU's \"80 GB\" is written as 80 GiB = 85.90 GB",
     "70% of peak bandwidth for decode and 60% of peak FLOP/s", "SmolLM2-135M-Instruct on cpu (2 s)",
     "for 15 minutes (a 15-second version", "(default 2048 MiB", "(5 times in 3 minutes)", "SIGKILLed at 15 minutes",
     "target 3x)", "fixed at 128 KiB", "the targets were 0.9x and 1.15x", "the 64 MiB upload cap",
@@ -2456,6 +2483,7 @@ DOCS_NOT_MEASURED: dict[str, tuple[str, ...]] = {  # the same for docs/*.md, eac
         "(64 MiB, the working tree included)", "`.carry/smollm2.a` (39.0 MB)", "`.carry/smollm2.b` (59.4 MB)",
         "(3.4 GB of maps for SmolLM2)", "(69 KB per token) fits",
         # the row kernel's section: page sizes, not measurements
+        "(about 14 MB a SmolLM2 layer)",
         "**2 MB pages.**", "torch's own allocations stay in 4 KB pages)", "a page walk per 4 KB of weights becomes one "
         "per 2 MB, and the prefetchers no longer stop at every 4 KB.", "**The weights in 2 MB pages (",
         "advised `MADV_HUGEPAGE`", "the row kernel, 2 MB pages | the row kernel, 4 KB pages |",

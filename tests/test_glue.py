@@ -115,3 +115,15 @@ def test_the_forward_takes_the_c_glue_for_float32_on_the_cpu_only():
     traced = torch.compile(lambda x: torch.tensor(isinstance(lean.glue_for(x, cos, sin), lean.CGlue)),
                            backend="eager", fullgraph=True)
     assert not traced(torch.zeros(1, 1, 8))
+
+
+def test_the_cold_calls_bench_times_each_call_hot_and_after_a_stream(tmp_path):
+    """bench/cold_calls.py: every call timed both ways, a result file with its provenance."""
+    import json
+
+    from bench import cold_calls
+    out = tmp_path / "cold.json"
+    assert cold_calls.main(["--samples", "3", "--threads", "1", "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["provenance"]["name"] == "cold_calls" and len(d["calls"]) == 5
+    assert all(c["hot_us"] > 0 and c["cold_us"] > 0 for c in d["calls"].values())
