@@ -135,10 +135,12 @@ class LonePlan:
         self.state.cos, self.state.sin = cos.data_ptr(), sin.data_ptr()
         return self.x
 
-    def before(self, i: int, resid: int | None) -> None:
-        """Layer i up to attention: its residual copied to address `resid` (None: not kept), q, k, v made."""
+    def before(self, i: int, resid: int | None, key: int | None = None, value: int | None = None) -> None:
+        """Layer i up to attention: its residual copied to address `resid` (None: not kept), q, k, v made, and k and
+        v copied to addresses `key` and `value` (the K/V pool's slot; None: the step's `kv` writes them)."""
         call, state, layer = self._before[i]
-        call(state, layer, ctypes.c_void_p(resid), torch.get_num_threads())
+        call(state, layer, ctypes.c_void_p(resid), ctypes.c_void_p(key), ctypes.c_void_p(value),
+             torch.get_num_threads())
 
     def after(self, i: int, attn: torch.Tensor) -> None:
         """Layer i from attention's output attn [1, H, 1, D] on: the residual stream `x` moved on."""

@@ -160,7 +160,7 @@ def _product(fused: tuple[torch.Tensor, torch.Tensor | None] | None):
     return lambda x: packed_linear(x, packed, bias)
 
 
-def one_row(batch: Any, slot: Any) -> tuple[KV, torch.Tensor]:
+def one_row(batch: Any, slot: Any) -> tuple["RowKV", torch.Tensor]:
     """A decode step's K/V of the batch's only row, and the slot its new token goes to ([1]): its `length`
     positions are in the pool, the newest token goes to position `length` (a new block when its last is full). The
     new K/V is copied into a view of its slot, and the keys are read in place as one view when its blocks follow one
@@ -170,15 +170,36 @@ def one_row(batch: Any, slot: Any) -> tuple[KV, torch.Tensor]:
     if n == len(table) * block:
         table.append(pool.allocate())
     write = table[n // block] * block + n % block
-    take = _reader(table, block, n + 1, pool.keys[0].device)
+    return RowKV(pool, write, _reader(table, block, n + 1, pool.keys[0].device)), torch.tensor(
+        [write], device=pool.keys[0].device)
 
-    def kv(i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # k, v: [1, KVH, 1, D] -> the pool's slot; returns [1, KVH, n + 1, D] views or gathers of the row
-        keys, values = pool.keys[i], pool.values[i]
-        rows(keys, write, 1).copy_(k)
-        rows(values, write, 1).copy_(v)
-        return take(keys), take(values)
-    return kv, torch.tensor([write], device=pool.keys[0].device)
+
+@dataclass(frozen=True)
+class RowKV:
+    """The step's `kv` for one row: called as kv(i, k, v), it copies k, v [1, KVH, 1, D] into layer i's slot `write`
+    and returns [1, KVH, n + 1, D] views or gathers of the row (`take`); a LonePlan writes the slot itself in C at
+    the addresses `slots()` gives (float32 on the CPU) and reads with `read(i)`."""
+
+    pool: Any
+    write: int
+    take: Any
+
+    def __call__(self, i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self.pool.keys[i], self.pool.values[i]
+        rows(keys, self.write, 1).copy_(k)
+        rows(values, self.write, 1).copy_(v)
+        return self.take(keys), self.take(values)
+
+    def read(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.take(self.pool.keys[i]), self.take(self.pool.values[i])
+
+    def slots(self) -> list[tuple[int, int]] | None:
+        """Per layer, the addresses of the row's slot in the keys and the values; None off a float32 CPU pool."""
+        keys = self.pool.keys
+        if keys[0].dtype != torch.float32 or not keys[0].is_cpu or not keys[0].is_contiguous():
+            return None
+        at = 4 * self.write * keys[0].stride(0)
+        return [(k.data_ptr() + at, v.data_ptr() + at) for k, v in zip(keys, self.pool.values)]
 
 
 def rows(pool: torch.Tensor, first: int, n: int) -> torch.Tensor:

@@ -181,13 +181,19 @@ static void add_into(float *x, const float *y, long d) {
         x[k] = x[k] + y[k];
 }
 
-/* resid (or NULL): where the residual entering the layer is kept; then q|k|v of norm(x), q|k rotated. */
-void lone_before(const lone_t *s, const lone_layer_t *l, float *resid, int threads) {
+/* resid (or NULL): where the residual entering the layer is kept; then q|k|v of norm(x), q|k rotated; k and v
+   copied to their slots in the K/V pool (key, value: NULL where the caller writes them). */
+void lone_before(const lone_t *s, const lone_layer_t *l, float *resid, float *key, float *value, int threads) {
     if (resid)
         memcpy(resid, s->x, sizeof(float) * s->d);
     norm_row(s->x, l->ln1, s->h, s->d, s->eps);
     s->product(s->h, s->d, 1, l->qkv, s->d, s->qkv_out, l->qkv_bias, s->qkv_out_buf, s->qkv_out, threads);
     rope_row(s->qkv_out_buf, s->cos, s->sin, s->rotated, s->dim);
+    long kvd = (s->qkv_out - s->width) / 2;
+    if (key && value) {
+        memcpy(key, s->qkv_out_buf + s->width, sizeof(float) * kvd);
+        memcpy(value, s->qkv_out_buf + s->width + kvd, sizeof(float) * kvd);
+    }
 }
 
 /* attn [width]: x += o(attn); x += down(silu(gate) * up) of norm(x). */
