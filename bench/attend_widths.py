@@ -5,13 +5,14 @@ step of T = 1 against S = 512 keys.
     python bench/attend_widths.py                              # attend.c of main against this tree's, 5 rounds
     python bench/attend_widths.py --old main~3 --rounds 7 --threads 1 2
 
-Three ways taking turns round by round: `sdpa` (F.scaled_dot_product_attention, the mode off), `old` (attend.c as
-it is at the git revision --old, built with the kernel's flags into the cache folder and loaded beside the new one
-through AttendKernel(path)) and `new` (this tree's attend.c, as the mode loads it). Per case and thread count: each
-way's median and fastest seconds, old and new over sdpa, new over old (medians), and whether old and new give the
-same bits (attend.c keeps a query's order whatever the vector width, so a change of width keeps them). Random
-q, k, v: a sum's order and speed do not depend on the values.
-Writes bench/results/attend_widths/<UTC time>-<commit>.json.
+Four ways taking turns round by round: `sdpa` (F.scaled_dot_product_attention with the causal mask as a tensor, as
+the tests compare), `sdpa_causal` (the same with is_causal=True and no mask: what the mode off runs for a prompt's
+first chunk, engine/core/lean.py), `old` (attend.c as it is at the git revision --old, built with the kernel's flags
+into the cache folder and loaded beside the new one through AttendKernel(path)) and `new` (this tree's attend.c, as
+the mode loads it). Per case and thread count: each way's median and fastest seconds, old and new over sdpa and over
+sdpa_causal, new over old (medians), and whether old and new give the same bits (they need not: main's attend.c
+left the running sum's multiply-add to gcc, which did not fuse it in an AVX2 build). Random q, k, v: a sum's order
+and speed do not depend on the values. Writes bench/results/attend_widths/<UTC time>-<commit>.json.
 """
 from __future__ import annotations
 
@@ -62,6 +63,8 @@ def ways(old: attend.AttendKernel, new: attend.AttendKernel, t: int, s: int) -> 
     mask = torch.ones(t, s, dtype=torch.bool).tril(s - t)                        # [T, S]
     return {"sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=SCALE,
                                                                    enable_gqa=True),
+            "sdpa_causal": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, scale=SCALE,
+                                                                          enable_gqa=True),
             "old": lambda q, k, v: old.attention(q, k, v, None, SCALE),
             "new": lambda q, k, v: new.attention(q, k, v, None, SCALE)}
 
@@ -81,6 +84,8 @@ def one_case(old: attend.AttendKernel, new: attend.AttendKernel, t: int, s: int,
     med = {name: statistics.median(x) for name, x in times.items()}
     return {**{f"{name}_s": med[name] for name in made}, **{f"{name}_fastest_s": min(x) for name, x in times.items()},
             "old_over_sdpa": med["old"] / med["sdpa"], "new_over_sdpa": med["new"] / med["sdpa"],
+            "old_over_sdpa_causal": med["old"] / med["sdpa_causal"],
+            "new_over_sdpa_causal": med["new"] / med["sdpa_causal"],
             "new_over_old": med["new"] / med["old"],
             "same_bits": bool(torch.equal(made["old"](q, k, v), made["new"](q, k, v))), "rounds": times}
 
@@ -109,7 +114,8 @@ def main(argv: list[str] | None = None) -> None:
                 one = one_case(old, new, t, s, args.rounds)
                 results.append({"case": case, "t": t, "s": s, "threads": threads, **one})
                 print(f"{case:8s} {threads} thr: sdpa {one['sdpa_s'] * 1e3:8.2f} ms  old {one['old_s'] * 1e3:8.2f} ms "
-                      f"({one['old_over_sdpa']:.2f}x)  new {one['new_s'] * 1e3:8.2f} ms ({one['new_over_sdpa']:.2f}x)"
+                      f"({one['old_over_sdpa']:.2f}x)  new {one['new_s'] * 1e3:8.2f} ms ({one['new_over_sdpa']:.2f}x; "
+                      f"{one['new_over_sdpa_causal']:.2f}x is_causal's {one['sdpa_causal_s'] * 1e3:.2f} ms)"
                       f"  new/old {one['new_over_old']:.2f}{'' if one['same_bits'] else '  BITS DIFFER'}", flush=True)
     print(run.save({"results": results, "old": {"rev": args.old, "commit": old_commit},
                     "shape": {"heads": HEADS, "kv_heads": KV_HEADS, "d": D}, "rounds_each": args.rounds},
