@@ -1426,6 +1426,45 @@ LONE += [  # docs/engine.md, "On a machine without AVX-512 the mode's prefill is
                 d["cost"]["prefill"]["products_over_off"], d["cost"]["prefill"]["attention_over_off"],
                 d["cost"]["20-row decode step"]["on_over_off"], d["cost"]["lone decode step"]["on_over_off"])),
 ]
+ATTEND_WIDTHS = "attend_widths/20261128T221356Z-62a4c72.json"   # main's attend.c beside the width-aware one
+ATTEND_CAUSAL = "attend_widths/20261128T223535Z-72f38bc.json"   # the same with SDPA's is_causal path, a busy machine
+AVX2_BEFORE = "invariance/20261128T220605Z-1877903.json"        # the mode's cost on main, then on wip-attendw
+AVX2_AFTER = "invariance/20261128T221435Z-62a4c72.json"
+
+
+def attend_row(case: str, threads: int) -> Callable[[dict], dict]:
+    return lambda d: one(d["results"], case=case, threads=threads)
+
+
+def avx2_before_after(d_before: dict, d_after: dict) -> tuple:
+    """The prefill on and off, its ratio, the attention-only and products-only ratios; the 20-row and lone steps."""
+    pf = [d["cost"]["prefill"] for d in (d_before, d_after)]
+    return (pf[0]["on_s"], pf[0]["off_s"], pf[0]["on_over_off"], pf[1]["on_s"], pf[1]["off_s"], pf[1]["on_over_off"],
+            pf[0]["attention_over_off"], pf[1]["attention_over_off"], pf[0]["products_over_off"],
+            pf[1]["products_over_off"], *(d["cost"]["20-row decode step"]["on_over_off"] for d in (d_before, d_after)),
+            *(d["cost"]["lone decode step"]["on_over_off"] for d in (d_before, d_after)))
+
+
+LONE += [  # docs/engine.md, "attend.c at the machine's width"
+    (ENGINE_DOC, ATTEND_WIDTHS, "one; load average {:.2f} at its start;", lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (ENGINE_DOC, ATTEND_WIDTHS, "a 2,048-token prefill's attention took {:.1f} ms against main's {:,.1f} ms on two "
+     "threads (SDPA with the\nmask as a tensor {:.1f} ms), {:.1f} against {:,.1f} ms on one; a decode step against 512 "
+     "keys {:.2f} ms\nagainst {:.2f} ms",
+     lambda d: (attend_row("prefill", 2)(d)["new_s"] * 1e3, attend_row("prefill", 2)(d)["old_s"] * 1e3,
+                attend_row("prefill", 2)(d)["sdpa_s"] * 1e3, attend_row("prefill", 1)(d)["new_s"] * 1e3,
+                attend_row("prefill", 1)(d)["old_s"] * 1e3, attend_row("decode", 2)(d)["new_s"] * 1e3,
+                attend_row("decode", 2)(d)["old_s"] * 1e3)),
+    (ENGINE_DOC, ATTEND_CAUSAL, "run ({:.2f} load average at its start", lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (ENGINE_DOC, ATTEND_CAUSAL, "the kernel's prefill took {:.2f}x its time and\n{:.2f}x SDPA's with a mask",
+     lambda d: (attend_row("prefill", 2)(d)["new_over_sdpa_causal"], attend_row("prefill", 2)(d)["new_over_sdpa"])),
+    (ENGINE_DOC, AVX2_BEFORE, "load averages\n{:.2f} and", lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (ENGINE_DOC, AVX2_AFTER, "and {:.2f} at their starts; `bench/results/invariance/20261128T220605Z-1877903.json`",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (ENGINE_DOC, AVX2_AFTER, "the 2,048-token prefill with the mode on took\n{:.1f} s against {:.1f} s off before "
+     "({:.2f}x), {:.1f} s against {:.1f} s after ({:.2f}x); with\nonly the mode's attention {:.2f}x before, {:.2f}x "
+     "after; with only its products {:.2f}x and {:.2f}x. A 20-row\ndecode step was {:.2f}x and {:.2f}x, a lone step "
+     "{:.2f}x and {:.2f}x", lambda d: avx2_before_after(result(AVX2_BEFORE), d)),
+]
 POLL_STEP = "lone_spin/20261128T182855Z-e955a21.json"     # the AVX2 machine: one thread, two sleeping, two polling
 POLL_QUIET = "spin_served/20261128T184334Z-e955a21.json"   # through the API, tuners choosing, quiet
 POLL_BURN = "spin_served/20261128T185022Z-e955a21.json"    # the same beside a spinning neighbour

@@ -2,11 +2,16 @@
 float32 rounding (atol 1e-5, rtol 1e-5 on outputs of size ~1), and each query row's bits
 independent of the other rows and their positions, of the thread count and of whether the row is a decode step or
 a query of a prefill chunk of any length. A mutated copy of attend.c whose key blocks depend on the row count fails
-the row check (it can fail); with no compiler, one warning and torch's invariant path. The whole forward with the
+the row check (it can fail); with no compiler, one warning and torch's invariant path. attend.c builds for every x86
+vector width (SSE's 4 lanes, AVX2's 8, AVX-512's 16) and, where the CPU fuses multiply-adds, each width gives the
+same bits (a mutated copy whose weights' sum follows the width fails that check). The whole forward with the
 kernel in: tests/test_invariance.py."""
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -138,3 +143,87 @@ def test_without_a_compiler_one_warning_and_torchs_invariant_path(tmp_path, monk
     warnings = [r.getMessage() for r in caplog.records if r.name == "engine.kernels"]
     assert len(warnings) == 1 and "attention kernel off" in warnings[0]
     assert torch.equal(first, invariant.torch_attention(q, keys, values, None, SCALE))
+
+
+# x86 targets attend.c must build for, whatever this machine is: its vector is the widest the target has (SSE's 4
+# lanes, AVX2's 8, AVX-512's 16), its tiles fit that target's registers. (-march, the CPU flag a machine needs to run
+# the build, whether the target fuses multiply-adds: the bits are the same across the targets that do)
+TARGETS = [("x86-64", "sse2", False), ("x86-64-v3", "avx2", True), ("skylake-avx512", "avx512f", True)]
+WIDTHS = (4, 8, 16)               # -DLANES: every vector width built for this CPU, each compared bit for bit
+CPU_FLAGS = kernels._cpu_flags().split()
+
+
+def build_as(source: Path, made: Path, march: str = "native", lanes: int | None = None) -> Path:
+    """`source` built with the kernel's flags, -march=`march` in place of native, and LANES named where given."""
+    flags = [f"-march={march}" if f == "-march=native" else f for f in kernels.FLAGS]
+    flags += [f"-DLANES={lanes}"] if lanes else []
+    done = subprocess.run([kernels.compiler(), *flags, "-o", str(made), str(source)], capture_output=True, text=True,
+                          timeout=kernels.BUILD_SECONDS)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return made
+
+
+def width_cases():
+    """A batch's decode step (left pads, a mask; keys past 8 blocks) and a prefill chunk, causal (None)."""
+    q, keys, values = qkv(3, 1, 600, seed=11)
+    valid = torch.ones(3, 600, dtype=torch.bool)
+    valid[1, :37], valid[2, :300] = False, False
+    yield q, keys, values, causal_mask(valid, 1)
+    yield (*qkv(1, 130, 300, seed=12), None)
+
+
+def outputs(kernel: attend.AttendKernel) -> list[torch.Tensor]:
+    return [kernel.attention(q, keys, values, mask, SCALE) for q, keys, values, mask in width_cases()]
+
+
+def exact(q, keys, values, mask) -> torch.Tensor:
+    """The attention in float64 (torch's SDPA on doubles): what every build is within float32's rounding of."""
+    t, s = q.shape[2], keys.shape[2]
+    mask = torch.ones(t, s, dtype=torch.bool).tril(s - t) if mask is None else mask
+    q, keys, values = (x.double() for x in (q, keys, values))
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=SCALE, enable_gqa=True)
+
+
+def widths_agree(source: Path, folder: Path) -> bool:
+    """`source` built at each of WIDTHS for this CPU (into `folder`, a new one per source: a loaded library is never
+    written over): the same bits from every width, case by case."""
+    folder.mkdir()
+    runs = [outputs(attend.AttendKernel(build_as(source, folder / f"attend-{n}.so", lanes=n))) for n in WIDTHS]
+    return all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86 targets")
+@pytest.mark.parametrize("march,flag,fused", TARGETS)
+def test_it_builds_for_every_x86_target_and_the_fused_ones_give_the_same_bits(kernel, march, flag, fused, tmp_path):
+    """A build this CPU can run is loaded and checked against float64 attention; one whose target fuses
+    multiply-adds gives the bits of this machine's own build where this CPU fuses them too (here AVX2's x86-64-v3
+    equals -march=native; on an AVX-512 machine skylake-avx512 and x86-64-v3 both equal its build, so each other)."""
+    made = build_as(attend.SOURCE, tmp_path / f"attend-{march}.so", march=march)
+    if flag not in CPU_FLAGS:
+        return                                                                  # built; this CPU cannot run it
+    built = attend.AttendKernel(made)
+    for case, out in zip(width_cases(), outputs(built)):
+        torch.testing.assert_close(out.double(), exact(*case), atol=1e-5, rtol=1e-5)
+    if fused and "fma" in CPU_FLAGS:
+        assert all(torch.equal(a, b) for a, b in zip(outputs(built), outputs(kernel)))
+
+
+@pytest.mark.skipif("fma" not in CPU_FLAGS, reason="the widths share their bits where multiply-adds are fused")
+def test_every_vector_width_gives_a_query_the_same_bits(kernel, tmp_path):
+    """4, 8 and 16 lanes built for this CPU (16 split in two halves without AVX-512, as an AVX2 build of attend.c's
+    first version was): one order per query whatever the width, so the same bits, and the native build's."""
+    assert widths_agree(attend.SOURCE, tmp_path / "widths")
+    eight = outputs(attend.AttendKernel(build_as(attend.SOURCE, tmp_path / "attend-8.so", lanes=8)))
+    assert all(torch.equal(a, b) for a, b in zip(eight, outputs(kernel)))
+
+
+@pytest.mark.skipif("fma" not in CPU_FLAGS, reason="the widths share their bits where multiply-adds are fused")
+def test_a_weights_sum_that_follows_the_vector_width_fails_the_width_check(tmp_path):
+    """The mutation: the block's weights added in vectors of the build's width (lanes j and j + LANES / 2 first), not
+    in 16 lanes: each build's own order, so 4, 8 and 16 lanes give a query other bits, and the check above says so."""
+    text = attend.SOURCE.read_text()
+    fixed = "#define PARTS (SUM_LANES / LANES)"
+    assert text.count(fixed) == 1 and text.count("sums[c % PARTS] = sums[c % PARTS] + w;") == 1
+    source = tmp_path / "attend.c"
+    source.write_text(text.replace(fixed, "#define PARTS 1"))
+    assert widths_agree(attend.SOURCE, tmp_path / "kept") and not widths_agree(source, tmp_path / "mutant")

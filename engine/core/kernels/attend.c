@@ -12,7 +12,7 @@
      softmax carried from block to block (flash attention's split, fixed);
    - a score is q[0] k[0] + q[1] k[1] + ... in d's order (one fused multiply-add chain per key, the block's keys side
      by side in vector lanes); the block's largest score, its weights p = exp(score - running max) (expv: the
-     same polynomial in every lane) and their sum (lanes in one fixed tree, `total`), then
+     same polynomial in every lane) and their sum (16 lanes in one fixed tree, `total`, whatever the vector), then
      acc = acc * exp(old max - new max) + sum_j p_j v_j, j in key order; the keys a query does not read (masked,
      or past the row's end) weigh exactly 0, a block with none read is skipped: the same bits as a row alone.
    Threads take (row, kv head, tile of QTILE queries) items, never a split of the keys, on torch's OpenMP team. */
@@ -21,11 +21,35 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LANES 16                 /* float32 lanes of one vector (512 bits) */
+/* The vector: one register of the widest kind the target has (built with -march=native: this machine's), AVX-512's
+   16 float32 lanes, AVX's 8, else SSE's (or a generic vector's) 4; a build may name LANES itself (-DLANES=16 on an
+   AVX2 machine: gcc splits each vector in two), as tests/test_invariant_attention.py does to compare the widths on
+   one CPU. Nothing a query computes depends on it (the order above is in keys and d, and the weights' sum keeps 16
+   lanes, `total`), only how many registers the tiles below take. */
+#ifndef LANES
+#if defined(__AVX512F__)
+#define LANES 16
+#elif defined(__AVX__)
+#define LANES 8
+#else
+#define LANES 4
+#endif
+#endif
+#if defined(__AVX512F__)
+#define REGISTERS 32             /* vector registers: AVX-512's zmm */
+#else
+#define REGISTERS 16             /* AVX's ymm, SSE's xmm */
+#endif
 #define KEY_BLOCK 64             /* keys per block: the split along the keys, the same for every row */
 #define VECS (KEY_BLOCK / LANES) /* vectors of scores per block */
+#define SUM_LANES 16             /* lanes the block's weights are added in (`total`), whatever the vector */
+#define PARTS (SUM_LANES / LANES)            /* vectors that hold those lanes */
 #define QTILE 16                 /* query rows per item: they share each block's transposed keys */
 #define QUERIES 4                /* query heads carried through a block side by side */
+/* Vectors of scores per query in flight (`scores`): QUERIES x CHUNK accumulators, plus CHUNK keys and the queries'
+   QUERIES values, within the registers (16 + 8 of 32; 8 + 6 of 16: 16 accumulators there spilled, 6.90x SDPA's
+   prefill on an AVX2 machine, docs/engine.md). */
+#define CHUNK (REGISTERS == 32 && VECS % 4 == 0 ? 4 : 2)
 
 typedef float vec __attribute__((vector_size(4 * LANES)));
 typedef int32_t ivec __attribute__((vector_size(4 * LANES)));
@@ -34,6 +58,16 @@ typedef float vec_u __attribute__((vector_size(4 * LANES), aligned(4), may_alias
 static inline vec load(const float *p) { return *(const vec_u *)p; }
 static inline void store(float *p, vec x) { *(vec_u *)p = x; }
 static inline vec splat(float x) { return (vec){0} + x; }
+
+/* a * b + c, one rounding where the CPU has a fused multiply-add: said, not left to gcc's contraction, which fused
+   this sum in an AVX2 build of 8 lanes and not in one of 16 (each vector split in two), and the bits parted. */
+static inline float mul_add(float a, float b, float c) {
+#if defined(__FP_FAST_FMAF)                                                /* gcc's: the target has one */
+    return __builtin_fmaf(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
 
 /* exp(x) lane by lane for x <= 0 (Cephes' expf: x = n ln2 + r, a degree-5 polynomial in r, times 2^n); exactly 0
    below -87 (and for -inf): a key not read weighs nothing. About 1 ulp from expf. */
@@ -59,10 +93,17 @@ static inline vec expv(vec x) {
     return (vec)((ivec)y & ~tiny);
 }
 
-/* The lanes added in one fixed tree: halves, then halves of those... */
-static inline float total(vec a) {
+/* SUM_LANES lanes added in one fixed tree, halves, then halves of those... (lane j and lane j + 8 first), whatever
+   the vector: the lanes are PARTS vectors (lane j of part i is lane LANES i + j), so the tree's steps are the parts
+   pairwise while there are more than one, then the lanes of the last: the same additions as one 16-lane vector's. */
+static inline float total(const vec *parts) {
+    vec a[PARTS];
+    memcpy(a, parts, sizeof a);
+    for (int width = PARTS / 2; width >= 1; width /= 2)
+        for (int i = 0; i < width; i++)
+            a[i] = a[i] + a[i + width];
     float s[LANES];
-    memcpy(s, &a, sizeof s);
+    memcpy(s, &a[0], sizeof s);
     for (int width = LANES / 2; width >= 1; width /= 2)
         for (int j = 0; j < width; j++)
             s[j] = s[j] + s[j + width];
@@ -91,19 +132,21 @@ static inline int reads(const shape_t *p, const uint8_t *mask, long b, long t, l
 /* score[i][j] = (q[i] . key j) * scale for the block's KEY_BLOCK keys: one multiply-add chain in d's order per key,
    the keys side by side in vector lanes (kt [D][KEY_BLOCK]: the block's keys, transposed). */
 INLINE void scores(const shape_t *p, const float *const *q, const float *kt, float score[QUERIES][KEY_BLOCK]) {
-    vec acc[QUERIES][VECS];
-    for (int i = 0; i < QUERIES; i++)
-        for (int c = 0; c < VECS; c++)
-            acc[i][c] = (vec){0};
-    for (long d = 0; d < p->d; d++)
-        for (int c = 0; c < VECS; c++) {
-            vec k = load(kt + d * KEY_BLOCK + c * LANES);
-            for (int i = 0; i < QUERIES; i++)
-                acc[i][c] = acc[i][c] + q[i][d] * k;
-        }
-    for (int i = 0; i < QUERIES; i++)
-        for (int c = 0; c < VECS; c++)
-            store(score[i] + c * LANES, acc[i][c] * p->scale);
+    for (int c0 = 0; c0 < VECS; c0 += CHUNK) {                              /* CHUNK vectors of keys at a time */
+        vec acc[QUERIES][CHUNK];
+        for (int i = 0; i < QUERIES; i++)
+            for (int c = 0; c < CHUNK; c++)
+                acc[i][c] = (vec){0};
+        for (long d = 0; d < p->d; d++)
+            for (int c = 0; c < CHUNK; c++) {
+                vec k = load(kt + d * KEY_BLOCK + (c0 + c) * LANES);
+                for (int i = 0; i < QUERIES; i++)
+                    acc[i][c] = acc[i][c] + q[i][d] * k;
+            }
+        for (int i = 0; i < QUERIES; i++)
+            for (int c = 0; c < CHUNK; c++)
+                store(score[i] + (c0 + c) * LANES, acc[i][c] * p->scale);
+    }
 }
 
 /* One query's scores turned into its weights in place (0 for the keys it does not read), its running max and sum
@@ -122,13 +165,15 @@ INLINE float weigh(const shape_t *p, const uint8_t *mask, long b, long t, long n
     }
     float new_top = st->top > top ? st->top : top;
     float shrink = st->top == -INFINITY ? 0.0f : expf(st->top - new_top);
-    vec sums = (vec){0};
+    vec sums[PARTS];                                                        /* SUM_LANES lanes: keys j mod 16 */
+    for (int i = 0; i < PARTS; i++)
+        sums[i] = (vec){0};
     for (int c = 0; c < VECS; c++) {
         vec w = expv(load(score + c * LANES) - new_top);
         store(score + c * LANES, w);
-        sums = sums + w;
+        sums[c % PARTS] = sums[c % PARTS] + w;
     }
-    st->sum = st->sum * shrink + total(sums);
+    st->sum = mul_add(st->sum, shrink, total(sums));
     st->top = new_top;
     return shrink;
 }
@@ -237,7 +282,7 @@ static void one_item(const shape_t *p, const float *q, const float *k, const flo
         }
 }
 
-/* The call: out [B, T, H, D] contiguous; d a multiple of LANES; threads as torch's count. */
+/* The call: out [B, T, H, D] contiguous; d a multiple of 16 (every width's LANES); threads as torch's count. */
 void attend(const float *q, const float *k, const float *v, const uint8_t *mask, float *out, long batch,
             const long *dims, float scale, int threads) {
     shape_t p = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7], dims[8], dims[9],

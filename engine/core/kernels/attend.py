@@ -20,7 +20,7 @@ import torch
 from engine.core import kernels
 
 SOURCE = Path(__file__).with_name("attend.c")
-LANES = 16                     # D must be a multiple of this (attend.c's vectors)
+LANES = 16                     # D must be a multiple of this: attend.c's widest vector, and its weights' sum
 MAX_GROUP = 64                 # query heads per kv head attend.c keeps state for
 
 
