@@ -138,10 +138,14 @@ def serve_replicas(settings: Settings, api_key: str | None, token: str | None) -
 def load_service(settings: Settings, state: Any, token: str | None, progress: Any) -> Any:
     """The model, its limits (device defaults, then the settings' limits) and the service."""
     from engine.core.loader import load_model            # torch and transformers: only once the server starts
+    from engine.core.openmp import in_passing_thread
     from engine.service.service import EngineService
     from engine.serving.limits import Limits, limits_from_flags
 
-    lm = load_model(settings.model, device=settings.device, dtype=settings.dtype, progress=progress)
+    # In a passing thread (engine.core.openmp): loading runs parallel work (the layout's timing, the weights'
+    # copies), and the OpenMP team it leaves on a thread that lives on makes libgomp throttle the step loop's
+    lm = in_passing_thread(lambda: load_model(settings.model, device=settings.device, dtype=settings.dtype,
+                                              progress=progress))
     # Not yet ready to serve: a 503 meanwhile said "the model is still loading (ready (100%))".
     progress(1.0, "loaded; opening the run store, starting the scheduler and warming up the model (a short prefill "
                   "and a decode step, so that the first request does not pay the model's first call)")

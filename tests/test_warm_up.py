@@ -89,3 +89,24 @@ def test_the_model_server_says_ready_only_after_the_warm_up(tiny_model_dir, monk
         if state.service is not None:
             state.service.scheduler.close()
         torch.set_num_threads(threads)
+
+
+def test_the_server_loads_its_model_in_a_thread_that_ends_with_the_load(tiny_model_dir, monkeypatch):
+    """engine.launch.load_service loads on a passing thread (engine.core.openmp): the OpenMP team the load's parallel
+    work makes must not outlive it, or libgomp throttles the step loop's team (a lone step in the server took 31-39 ms
+    against 20-22 with the load's team gone)."""
+    import engine.core.loader as loader
+    from engine.launch import load_service
+    from engine.server.state import ServerState
+    from engine.settings import Settings
+
+    seen, real = [], loader.load_model
+    monkeypatch.setattr(loader, "load_model", lambda *a, **k: seen.append(threading.current_thread()) or real(*a, **k))
+    threads = torch.get_num_threads()
+    state = ServerState(served_name="")
+    service = load_service(Settings(model=str(tiny_model_dir), device="cpu", port=8000), state, None, lambda *a: None)
+    try:
+        assert len(seen) == 1 and seen[0] is not threading.current_thread() and not seen[0].is_alive()
+    finally:
+        service.scheduler.close()
+        torch.set_num_threads(threads)

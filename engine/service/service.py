@@ -28,6 +28,7 @@ from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy
 from engine.core.kept import KeptInputs, kept_for
 from engine.core.loader import LoadedModel, load_model
+from engine.core.openmp import in_passing_thread
 from engine.errors import EngineError, InvalidRequestError
 from engine.projection.specs import ModelSpec
 from engine.service import jobs as job_registry
@@ -116,8 +117,9 @@ class DraftModels:
     def load(self, name: str, device: str | None = None, dtype: Any = None,
              progress: Callable[[float, str], None] | None = None) -> LoadedModel:
         with self.lock:
-            if name not in self.loaded:
-                self.loaded[name] = load_model(name, device=device, dtype=dtype, progress=progress)
+            if name not in self.loaded:        # in a passing thread: no OpenMP team left on a request's thread
+                self.loaded[name] = in_passing_thread(lambda: load_model(name, device=device, dtype=dtype,
+                                                                         progress=progress))
             return self.loaded[name]
 
 
