@@ -968,7 +968,8 @@ LONE_VLLM = [  # README, "The rerun on a quiet machine"
      lambda d: (d["vllm_answers_equal_ours"]["16"],) if d["vllm_answers_equal_ours"]["16"] ==
      d["vllm_answers_equal_ours"]["64"] and not any(d["ours_wrong_answers"].values()) else ()),
 ]
-VS_LCP = "vs_llamacpp/20261128T215029Z-1877903.json"   # the Zen 3 machine, the work around the products in C
+VS_LCP = "vs_llamacpp/20261128T230151Z-20e5444.json"   # the Zen 3 machine, C glue, the load on a passing thread
+VS_LCP_ZEN3_C = "vs_llamacpp/20261128T215029Z-1877903.json"   # the Zen 3 machine, the work around the products in C
 VS_LCP_ZEN3_POLL = "vs_llamacpp/20261128T192207Z-ad5f149.json"   # the Zen 3 machine, products bound once, the short poll
 VS_LCP_ZEN3_BOUND = "vs_llamacpp/20261128T185510Z-0f1c50d.json"   # the Zen 3 machine, the products bound once
 VS_LCP_ZEN3_START = "vs_llamacpp/20261128T182417Z-e955a21.json"   # the Zen 3 machine at the session's start
@@ -1035,6 +1036,12 @@ LONE += [  # README, "One person alone, against llama.cpp"
                 d["table"]["llama.cpp"]["ms_per_token"],
                 d["table"]["ours"]["ms_per_token"] / d["table"]["llama.cpp"]["ms_per_token"])),
     (README, VS_LCP_ZEN3_POLL, "{:.1f} on ad5f149,", lambda d: (max(v for r in d["read_gb_s"] for v in r.values()),)),
+    (README, VS_LCP_ZEN3_C, "{:.1f} on 1877903,", lambda d: (max(v for r in d["read_gb_s"] for v in r.values()),)),
+    (README, VS_LCP_ZEN3_C, "(`bench/results/vs_llamacpp/20261128T215029Z-1877903.json`, load average {:.2f}) had ours\n"
+     "at {:.1f} ms a token and llama.cpp at {:.1f} ({:.2f}x)",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], d["table"]["ours"]["ms_per_token"],
+                d["table"]["llama.cpp"]["ms_per_token"],
+                d["table"]["ours"]["ms_per_token"] / d["table"]["llama.cpp"]["ms_per_token"])),
     (README, VS_LCP_ZEN3_START, "(`bench/results/vs_llamacpp/20261128T182417Z-e955a21.json`, load\naverage {:.2f}), ours at "
      "{:.1f} and llama.cpp at {:.1f} ({:.2f}x)",
      lambda d: (d["provenance"]["machine"]["load_avg"][0], d["table"]["ours"]["ms_per_token"],
