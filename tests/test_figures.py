@@ -946,13 +946,28 @@ LONE.append((ENGINE_DOC, "lone_bits/20261127T211900Z-714cf7d.json", "the logits 
              "most {:.1e} (the largest logit {:.1f}), the probabilities by at most {:.1e}, and every token was the same.",
              lambda d: (d["max_logit_diff"], d["max_abs_logit"], d["max_prob_diff"]) if d["same_tokens"] else ()))
 VS_VLLM_QUIET = "vs_vllm/20261128T192435Z-ad5f149.json"   # the AVX2 machine, quiet, after the short poll
+VS_VLLM_C = "vs_vllm/20261128T230248Z-20e5444.json"   # the AVX2 machine, the work around the products in C
 
 
 def _vllm(d: dict, key: str) -> tuple:
     return d["table"]["ours"][key], d["table"]["vllm"][key]
 
 
-LONE_VLLM = [  # README, "The rerun on a quiet machine"
+LONE_VLLM = [  # README, "The rerun on a quiet machine" and "Again after the work around the products went to C"
+    (README, VS_VLLM_C, "load average {:.2f} at its start; `bench/results/vs_vllm/20261128T230248Z-20e5444.json`)",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (README, VS_VLLM_C, "the room of 20 made {:.1f}\ntok/s against vLLM's {:.1f} at 16 new tokens ({:.2f}x) and {:.1f} "
+     "against {:.1f} at 64 ({:.2f}x), its p95 time to first\ntoken {:.2f} s against {:.2f} s; a 2,048-token prompt's "
+     "prefill took {:.1f} s against {:.1f} s; {} answers of ours differed\nfrom the same prompt alone and vLLM's {} of "
+     "40 at each length",
+     lambda d: (*_vllm(d, "room_16_throughput_tok_s"), d["table"]["ours_over_vllm"]["room_16_throughput_tok_s"],
+                *_vllm(d, "room_64_throughput_tok_s"), d["table"]["ours_over_vllm"]["room_64_throughput_tok_s"],
+                *_vllm(d, "room_16_ttft_p95_s"), *_vllm(d, "prefill_s"), sum(d["ours_wrong_answers"].values()),
+                d["vllm_answers_equal_ours"]["16"]) if d["vllm_answers_equal_ours"]["16"] ==
+     d["vllm_answers_equal_ours"]["64"] else ()),
+    (README, VS_VLLM_C, "got a token every\n{:.1f} ms against vLLM's {:.1f} ({:.2f}x)",
+     lambda d: (*_vllm(d, "alone_itl_ms"), d["table"]["ours_over_vllm"]["alone_itl_ms"])),
+    (README, VS_VLLM_C, "(its processes used {:.1f}% of a core\nidle)", lambda d: (100 * d["idle_cpu_share"]["vllm"],)),
     (README, VS_VLLM_QUIET, "load average {:.2f} at its start; `bench/results/vs_vllm/20261128T192435Z-ad5f149.json`)",
      lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
     (README, VS_VLLM_QUIET, "the room of 20 made {:.1f} tok/s against vLLM's {:.1f} at 16 new tokens ({:.2f}x) and "
@@ -993,6 +1008,11 @@ def lcp_row(side: str) -> Callable[[dict], tuple]:
 
 
 LONE += LONE_VLLM
+LONE += [  # README, "Again after the work around the products went to C": its alone against the llama.cpp runs
+    (README, VS_LCP, "slower than the {:.1f} ms the llama.cpp run above measured", lambda d: (d["table"]["ours"]["ms_per_token"],)),
+    (README, VS_VLLM_QUIET, "(on ad5f149\n{:.1f} ms here", lambda d: (d["table"]["ours"]["alone_itl_ms"],)),
+    (README, VS_LCP_ZEN3_POLL, "and {:.1f} in the llama.cpp run). Not investigated", lambda d: (d["table"]["ours"]["ms_per_token"],)),
+]
 COLD = "cold_calls/20261128T221814Z-1877903.json"
 PARTS_C = "lone_parts/20261128T215002Z-1877903.json"
 LONE += [  # docs/engine.md, "The work around the products, in C"
