@@ -66,7 +66,6 @@ class SideBySide:
         _, where, weights, linear, fused = self._bound
         return (linear, fused) if where and list(map(torch.Tensor.data_ptr, weights)) == where else None
 
-
     def plan(self) -> "LonePlan | None":
         """The lone step's layers around attention in two C calls each (LonePlan), over the products `bound()` binds;
         None where bound() is, where glue.c is not built, or where a layer's o or down is not bound."""
@@ -83,7 +82,7 @@ class LonePlan:
     over buffers made once: the same operations in the same order as the forward makes them with CGlue and the bound
     products, so the same bits (tests/test_lone_glue.py), in about a tenth of the calls. `x` holds the residual
     stream; `q`, `k`, `v` are views of the q|k|v buffer [1, heads, 1, D], each layer's (k and v copied into the pool
-    by the step's `kv` before the next layer writes it)."""
+    before the next layer writes it: by `before` in C where the step's `kv` gives its slots, else by the `kv`)."""
 
     def __init__(self, lean: LeanStep, kernel: kernels.RowKernel, glue: Any, layers: list[LoneLayer],
                  keep_alive: list[torch.Tensor]):

@@ -97,7 +97,9 @@ typedef float vec_u __attribute__((vector_size(4 * EXP_LANES), aligned(4), may_a
 
 static inline vec splat(float x) { return (vec){0} + x; }
 
-/* exp(x) lane by lane (Cephes' expf: x = n ln2 + r, a degree-5 polynomial in r, times 2^n), x clamped to
+/* attend.c has its own expv, for x <= 0 only (a softmax's), exactly 0 below -87; each C file is built and hashed
+   alone (engine/core/kernels/__init__.py), so they are not one header. This one takes SiLU's whole range.
+   exp(x) lane by lane (Cephes' expf: x = n ln2 + r, a degree-5 polynomial in r, times 2^n), x clamped to
    [-87, 88]: about 1 ulp from expf over the range SiLU meets (beyond it, SiLU is 0 or x to float32's precision). */
 static inline vec expv(vec x) {
     ivec low = x < -87.0f, high = x > 88.0f;                                /* lanes of -1 (true) or 0 */
