@@ -11,7 +11,8 @@ from conftest import assert_same_residual, tiny_prompt, write_tiny_llama
 from engine.core.generate import GenerationRequest, encode_prompt, generate, generate_kept
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy, count_hooks
 from engine.core.kept import kept_for
-from engine.core.layout import relayout
+from engine.core import kernels
+from engine.core.layout import in_huge_pages, relayout
 from engine.core.lean import LeanStep, lean_step_for, why_not
 from engine.core.loader import load_model
 from engine.core.records import DoneRecord
@@ -230,19 +231,45 @@ def test_a_capturing_request_alone_steps_as_one_row_without_the_packed_products(
 
 
 def test_a_matrix_stored_transposed_keeps_its_values_and_every_answer(tiny_model_dir, monkeypatch):
-    """The layout measured faster is the same parameter with other strides: the same logits, the same answers."""
+    """Where the row kernel is not built, the layout measured faster is the same parameter with other strides: the
+    same logits, the same answers; moved into the huge-page mapping, still transposed, still the same values."""
     lm = load_model(str(tiny_model_dir), device="cpu", dtype="float32")
     request = GenerationRequest(tiny_prompt(10), max_new_tokens=12, chat=False)
     ids = encode_prompt(lm, request)
     before, text = model_logits(lm, ids), list(generate(lm, request))[-1].text
     monkeypatch.setattr("engine.core.layout.MIN_BYTES", 0)          # the tiny model's matrices count too
     monkeypatch.setattr("engine.core.layout.time_both", lambda w, rounds=5: (2.0, 1.0))   # "transposed is faster"
-    timed = relayout(lm)
+    kernels.use(False)
+    try:
+        timed = relayout(lm)
+    finally:
+        kernels.use(True)
     assert timed and all(changed for _, _, changed in timed.values())
-    assert all(not m.weight.is_contiguous() for m in lm.model.modules() if isinstance(m, torch.nn.Linear))
+    linears = [m for m in lm.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert all(not m.weight.is_contiguous() for m in linears)
     torch.testing.assert_close(model_logits(lm, ids), before, atol=1e-5, rtol=1e-5)
     assert list(generate(lm, request))[-1].text == text
     torch.testing.assert_close(lean_logits(lm, ids), before, atol=1e-5, rtol=1e-5)
+    values = [m.weight.detach().clone() for m in linears]
+    in_huge_pages(lm)
+    params = list(lm.model.parameters())
+    assert len({p.untyped_storage().data_ptr() for p in params}) == 1          # the transposed ones moved too
+    assert all(not m.weight.is_contiguous() and torch.equal(m.weight, v) for m, v in zip(linears, values))
+    torch.testing.assert_close(model_logits(lm, ids), before, atol=1e-5, rtol=1e-5)
+
+
+def test_with_the_row_kernel_every_matrix_stays_as_stored_whatever_a_timing_would_say(tiny_model_dir, monkeypatch):
+    """The layout does not depend on how busy the machine was at load: with the row kernel (a float32 model on the
+    CPU) nothing is timed and nothing moves, even where a timing would call the transposed form faster (as one
+    did on a 2-core machine while vLLM's server started beside ours: the lone step then lost its plan)."""
+    assert kernels.row_kernel() is not None
+    lm = load_model(str(tiny_model_dir), device="cpu", dtype="float32")
+    monkeypatch.setattr("engine.core.layout.MIN_BYTES", 0)
+    calls = []
+    monkeypatch.setattr("engine.core.layout.time_both", lambda w, rounds=5: calls.append(w) or (2.0, 1.0))
+    assert relayout(lm) == {} and calls == []
+    assert all(m.weight.is_contiguous() for m in lm.model.modules() if isinstance(m, torch.nn.Linear))
+    assert BatchRunner(lm, max_batch=4).lean.lone_fused() is not None      # the lone step's plan binds them
 
 
 # --- the thread tuner ------------------------------------------------------------------------------------------------

@@ -3,26 +3,31 @@
     relayout(lm)          # on a CPU: matrices whose transposed storage measured faster now use it (values unchanged)
 
 A decode step of one request multiplies a (1, in) row by every weight matrix (out, in): a matrix-vector product,
-bound by how fast the weights stream from memory. With F.linear, MKL's two ways of doing it did not stream equally
-well here: measured on this 2-core machine (one thread, CPU time), SmolLM2's LM head (49152 x 576) took 14.7-16.8 ms
-stored as transformers keeps it, (out, in) row-major, and 6.9-8.2 ms stored transposed, (in, out) row-major; its
-MLP's gate and up (1536 x 576) 354-596 us against 258-281 us; its down (576 x 1536) the other way round. A lone step
-now splits each stored matrix into blocks of output rows (engine/core/matvec.py), which streams faster than either,
-so the comparison is that product as stored against F.linear transposed, each matrix of a shape in turn so that they
-come from memory as in a step (measured at load, as recorded in
-bench/results/lone_step/20261127T202139Z-8048acf.json: the LM head 4.9 against 6.0 ms, gate and up 153 against 218
-us, down 165 against 305 us, q and o 74 against 124 us: every matrix stays as stored). Each distinct shape is timed
-both ways once, at load, on the threads torch has then (a lone step's: every core unless fixed lower) and by wall
-clock: on a 2-core AMD EPYC without AVX-512 the LM head took 3.7-3.8 ms as stored through the row kernel on two
-threads against 4.7-4.8 ms transposed through MKL (which runs one thread whatever torch's count), while timed on one
-thread, as this did before, MKL's 4.6 ms beat the kernel's 5.6 ms and the head went to MKL for steps run on two.
-The matrices of a shape that is clearly faster transposed are stored so: `weight.data =
-weight.t().contiguous().t()` is the same tensor of values, shape and parameter, with other strides. Every operation
-(`F.linear`, the embedding lookup of a tied LM head, the small-batch kernel's packing, the speed lab's readings)
-sees the same numbers; no memory is added once loaded (the timing holds transposed copies of at most COLD_BYTES, or
-of one larger matrix, and each matrix is copied once while it is converted). Matrices under `MIN_BYTES` are left as
-they are (nothing to gain), and so is every model off the CPU. No switch turns it off: it only picks how the same
-values are stored (its PLAYGROUND_LAYOUT variable went with issue 53).
+bound by how fast the weights stream from memory. **Where the row kernel is built** (engine/core/kernels: a float32
+model on the CPU), every matrix stays as stored, with no timing: the kernel reads the stored (out, in) rows, and a
+lone step's plan (engine/core/lone.py) binds its products to them. Measured on a quiet 2-core AMD EPYC (Zen 3,
+AVX2), each matrix of a shape in turn, the kernel as stored against MKL's product on the matrix stored transposed
+(`time_both`): on two threads the kernel took 0.50-0.62x MKL's time for every SmolLM2 shape (the LM head 2.8-2.9 ms
+against 4.5-4.7); on one thread 0.69-0.91x for q/o, gate/up and down, and 1.10-1.12x for the LM head alone (5.2-5.3
+ms against 4.7-4.8: a one-thread server gives up about half a millisecond a token there). The layout was timed at
+every load before, and decided the stored form of each shape from that timing: on a machine busy while a server
+loaded (vLLM's server starting beside ours in bench/vs_vllm.py; two busy processes in a test run), the kernel's
+second thread shared a core, MKL's single thread did not, and q/o, down and the LM head went transposed, so the
+lone step lost its plan and its products for good and took 41 ms a token where the same server loaded on a quiet
+machine took 19.7 (docs/engine.md, "A layout timed at load"). A layout that does not depend on the load at load,
+and a logit's last bits that do not either.
+
+**Where it is not** (another dtype, or no compiler), each distinct shape is timed both ways once, at load, on the
+threads torch has then and by wall clock, as split into blocks of output rows (engine/core/matvec.py) or through
+F.linear as stored against F.linear transposed: MKL's two ways of a matrix-vector product did not stream equally
+well here (SmolLM2's LM head took 14.7-16.8 ms with F.linear as stored and 6.9-8.2 ms transposed, one thread). The
+matrices of a shape that is clearly faster transposed are stored so: `weight.data = weight.t().contiguous().t()` is
+the same tensor of values, shape and parameter, with other strides. Every operation (`F.linear`, the embedding
+lookup of a tied LM head, the small-batch kernel's packing, the speed lab's readings) sees the same numbers; no
+memory is added once loaded (the timing holds transposed copies of at most COLD_BYTES, or of one larger matrix,
+and each matrix is copied once while it is converted). Matrices under `MIN_BYTES` are left as they are (nothing to
+gain), and so is every model off the CPU. No switch turns it off: it only picks how the same values are stored (its
+PLAYGROUND_LAYOUT variable went with issue 53).
 
     lm.side_by_side = side_by_side(lm)    # on a CPU: per layer, its q|k|v and its gate|up as one matrix each
 
@@ -32,7 +37,7 @@ memory added once done, so a lone step makes each group as one product (engine.s
 
     in_huge_pages(lm)                     # on Linux: every parameter moved into memory advised for 2 MB pages
 
-Last, every float32 parameter is copied, one after another, into one anonymous mapping advised for transparent huge
+Last, every float32 parameter (a matrix stored transposed too, its strides kept) is copied, one after another, into one anonymous mapping advised for transparent huge
 pages (`madvise(MADV_HUGEPAGE)`: a machine whose setting is "madvise", as most distributions ship it, gives torch's
 own allocations 4 KB pages) and pointed at its place there (`.data`, as above: the same parameters and values, the
 old storage freed). A lone step streams every weight once; in 2 MB pages a page walk per 4 KB of weights becomes one
@@ -49,7 +54,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.core import matvec
+from engine.core import kernels, matvec
 from engine.core.openmp import in_passing_thread
 
 MIN_BYTES = 1 << 20          # matrices smaller than this keep their layout
@@ -96,8 +101,9 @@ def cold(weights: list[torch.Tensor]) -> list[torch.Tensor]:
 
 def relayout(lm: Any) -> dict[tuple[int, int], tuple[float, float, bool]]:
     """Store each large float matrix of a CPU model transposed where that measured faster; returns, per shape
-    (out, in), the seconds as stored and transposed and whether it changed."""
-    if lm.device.type != "cpu":
+    (out, in), the seconds as stored and transposed and whether it changed. Nothing is timed, and nothing changes,
+    where the row kernel makes the model's products (`kept_as_stored`)."""
+    if lm.device.type != "cpu" or kept_as_stored(lm):
         return {}
     linears = [m for m in lm.model.modules() if isinstance(m, nn.Linear)
                and m.weight.is_contiguous() and m.weight.numel() * m.weight.element_size() >= MIN_BYTES]
@@ -108,6 +114,12 @@ def relayout(lm: Any) -> dict[tuple[int, int], tuple[float, float, bool]]:
             if timed[tuple(m.weight.shape)][2] and m.weight.is_contiguous():   # a tied matrix: converted once
                 m.weight.data = m.weight.data.t().contiguous().t()
     return timed
+
+
+def kept_as_stored(lm: Any) -> bool:
+    """Whether every matrix stays as stored without timing: a float32 model where the row kernel is built (it reads
+    the stored rows faster than MKL reads either layout on the step's threads; see the module's docstring)."""
+    return lm.dtype == torch.float32 and kernels.row_kernel() is not None
 
 
 def _timed(linears: list[Any], threads: int) -> dict[tuple[int, int], tuple[float, float, bool]]:
@@ -149,7 +161,7 @@ def in_huge_pages(lm: Any, advise: bool = True) -> int:
     if lm.device.type != "cpu" or not hasattr(mmap, "MADV_HUGEPAGE"):
         return 0
     params = [p for p in lm.model.parameters() if p.device.type == "cpu" and p.dtype == torch.float32
-              and p.is_contiguous() and p.numel()]
+              and _dense(p) and p.numel()]
     groups = [(i, j) for i, pair in enumerate(lm.side_by_side) for j, w in enumerate(pair) if w is not None]
     inside = {g: [p for p in params if _within(p, lm.side_by_side[g[0]][g[1]])] for g in groups}
     grouped = {id(p) for members in inside.values() for p in members}
@@ -175,10 +187,20 @@ def in_huge_pages(lm: Any, advise: bool = True) -> int:
         for p in singles:
             key = (p.data_ptr(), p.shape)
             if key not in moved:
-                moved[key] = flat[at:at + p.numel()].view(p.shape).copy_(p)
+                moved[key] = _placed(flat[at:at + p.numel()], p).copy_(p)
                 at += p.numel()
             p.data = moved[key]
     return 4 * at
+
+
+def _dense(p: torch.Tensor) -> bool:
+    """Contiguous, or a matrix stored transposed (`relayout`): its values one block of memory either way."""
+    return p.is_contiguous() or (p.dim() == 2 and p.t().is_contiguous())
+
+
+def _placed(area: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """`area` (p's number of floats) viewed with p's shape and strides: a transposed matrix stays transposed."""
+    return area.view(p.shape) if p.is_contiguous() else area.view(p.shape[::-1]).t()
 
 
 def _within(p: torch.Tensor, whole: torch.Tensor) -> bool:
