@@ -77,9 +77,10 @@ def one_query(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
 #   (and so no LonePlan: its layers are glue.c's)
 # "unplanned": the lone step's layers op by op through the forward (LeanDecode.plan_layers off), not LonePlan's two
 #   C calls a layer (whose products, norms, rotary and SiLU are clocked as the two calls they are inside)
+# "sdpa": a lone row's attention through SDPA (LeanDecode.attention None), not attend.c
 WAYS = {"now": {}, "apart": {"side_by_side": None}, "split": {"kernel": False}, "one-query": {"attention": one_query},
         "f.linear": {"linear": F.linear}, "compiled": {"compiled": True}, "torch-glue": {"glue": False},
-        "unplanned": {"plan_layers": False},
+        "unplanned": {"plan_layers": False}, "sdpa": {"attention": None},
         **{f"parts-{n}": {"parts": n} for n in (2, 8, 16)}}
 PRODUCTS = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up", "head")
 
@@ -347,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     lm = load_model(args.model, device="cpu", dtype="float32")
     runner = BatchRunner(lm, max_batch=32, prefix=None)
-    runner.lean.made = {"linear": runner.lean.linear, "side_by_side": runner.lean.side_by_side, "attention": None,
+    runner.lean.made = {"linear": runner.lean.linear, "side_by_side": runner.lean.side_by_side,
+                        "attention": runner.lean.attention,
                         "compiled": False, "parts": matvec.PARTS, "kernel": kernels.row_kernel() is not None}
     compiled: dict = {}
     hand_attention(runner, compiled)

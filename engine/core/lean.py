@@ -297,7 +297,9 @@ class LeanStep:
               attention: Attention | None) -> torch.Tensor:
         """`forward` for one row of one token through the plan: per layer, lone.before (its residual kept at its
         slot of the pool), the step's kv and attention, lone.after. Logits [1, 1, V]. A `kv` with `slots()` (each
-        layer's (key, value) slot addresses, float32) and `read(i)` has its new K/V written by lone.before in C."""
+        layer's (key, value) slot addresses, float32) and `read(i)` has its new K/V written by lone.before in C;
+        where its keys also lie in place (`in_place()`) and the attention is attend.c's, every layer is one C call
+        (LonePlan.layers_at_once): the same functions in the same order, so the same bits."""
         x = F.embedding(ids, self.embed.weight)                                         # [1, 1, d]
         cos, sin = (t.contiguous() for t in self.rotary(x, positions))                  # [1, 1, D] each
         x = lone.start(x, cos, sin)                                                     # the plan's buffer
@@ -305,10 +307,16 @@ class LeanStep:
         if resid is not None:                              # where layer i's residual goes: resid[i, slot]
             at = resid.data_ptr() + 4 * int(keep.where[0]) * resid.stride(1)
         slots = kv.slots() if hasattr(kv, "slots") else None    # the K/V pool's slot per layer: written in C
-        for i in range(len(self.layers)):
-            lone.before(i, at + 4 * i * resid.stride(0) if resid is not None else None, *(slots[i] if slots else ()))
-            keys, values = kv.read(i) if slots else kv(i, lone.k, lone.v)
-            lone.after(i, self._attend(lone.q, keys, values, attention))
+        whole = kv.in_place() if slots and lone.attends(attention) else None
+        if whole is not None:                              # every layer in one C call, attention included
+            lone.layers_at_once(*whole[:2], at if resid is not None else None,
+                                resid.stride(0) if resid is not None else 0, *whole[2:])
+        else:
+            for i in range(len(self.layers)):
+                lone.before(i, at + 4 * i * resid.stride(0) if resid is not None else None,
+                            *(slots[i] if slots else ()))
+                keys, values = kv.read(i) if slots else kv(i, lone.k, lone.v)
+                lone.after(i, self._attend(lone.q, keys, values, attention))
         if keep is not None:
             keep.write(len(self.layers), x)
         return linear(glue_for(x, cos, sin).norm(x, self.norm, self.eps), *self.head)  # [1, 1, V]

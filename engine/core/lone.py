@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from engine.core import kernels, matvec
+from engine.core import invariant, kernels, matvec
+from engine.core.kernels.attend import LANES, MAX_GROUP, AttendKernel, attend_kernel
 from engine.core.kernels.glue import LoneLayer, LoneState, glue_kernel
 from engine.core.lean import Fused, LeanStep, Linear, PoolResidual
 
@@ -72,7 +73,8 @@ class SideBySide:
         if self.bound() is None or glue_kernel() is None:
             return None
         if self._plan is None or self._plan[0] is not self._bound:
-            self._plan = (self._bound, LonePlan.make(self.lean, kernels.row_kernel(), glue_kernel(), *self._bound[3:]))
+            self._plan = (self._bound, LonePlan.make(self.lean, kernels.row_kernel(), glue_kernel(), *self._bound[3:],
+                                                     attend=attend_kernel()))
         return self._plan[1]
 
 
@@ -85,26 +87,32 @@ class LonePlan:
     before the next layer writes it: by `before` in C where the step's `kv` gives its slots, else by the `kv`)."""
 
     def __init__(self, lean: LeanStep, kernel: kernels.RowKernel, glue: Any, layers: list[LoneLayer],
-                 keep_alive: list[torch.Tensor]):
+                 keep_alive: list[torch.Tensor], attend: AttendKernel | None = None):
         heads, kv_heads, dim = lean.heads, lean.kv_heads, lean.head_dim
         d, f, qkv_out = lean.embed.weight.shape[1], lean.layers[0].gate[0].shape[0], (heads + 2 * kv_heads) * dim
+        fits = dim % LANES == 0 and heads % kv_heads == 0 and heads // kv_heads <= MAX_GROUP
+        self.attend = attend if fits else None           # attend.c, where it takes this model's heads
         with torch.inference_mode(False):        # normal tensors: usable in and out of inference mode
             self.x, self.h, self.qkv = torch.empty(1, 1, d), torch.empty(max(d, f)), torch.empty(1, 1, qkv_out)
-            self.gate_up, self.delta = torch.empty(2 * f), torch.empty(d)
+            self.gate_up, self.delta, self.attn = torch.empty(2 * f), torch.empty(d), torch.empty(heads * dim)
         width, kvd = heads * dim, kv_heads * dim
         self.q = self.qkv[..., :width].view(1, 1, heads, dim).transpose(1, 2)            # [1, H, 1, D]
         self.k = self.qkv[..., width:width + kvd].view(1, 1, kv_heads, dim).transpose(1, 2)
         self.v = self.qkv[..., width + kvd:].view(1, 1, kv_heads, dim).transpose(1, 2)
         self.state = LoneState(kernel.address, d, qkv_out, heads + kv_heads, dim, f, width, lean.eps,
-                               *(t.data_ptr() for t in (self.x, self.h, self.qkv, self.gate_up, self.delta)), None, None)
+                               *(t.data_ptr() for t in (self.x, self.h, self.qkv, self.gate_up, self.delta)), None, None,
+                               self.attend.row_address if self.attend else None, self.attn.data_ptr(), lean.scaling)
         self.layers, self.keep_alive = layers, keep_alive
+        self._layers = (LoneLayer * len(layers))(*layers)        # every layer's, for lone_layers
+        self._all = glue.lone_layers
+        self._pools: tuple[Any, Any, Any] | None = None          # (the pool's first keys tensor, keys', values' bases)
         state = ctypes.byref(self.state)
         self._before = [(glue.lone_before, state, ctypes.byref(layer)) for layer in layers]
         self._after = [(glue.lone_after, state, ctypes.byref(layer)) for layer in layers]
 
     @classmethod
     def make(cls, lean: LeanStep, kernel: kernels.RowKernel, glue: Any, products: "Products",
-             groups: list[Fused]) -> "LonePlan | None":
+             groups: list[Fused], attend: AttendKernel | None = None) -> "LonePlan | None":
         """From `bound()`'s products: each layer's q|k|v and gate|up (Fused of Bound) and its o and down (Products);
         None where any of them is not a Bound of the row kernel."""
         layers, keep = [], []
@@ -116,7 +124,7 @@ class LonePlan:
             keep += [w.ln1, w.ln2, *(t for b in bound for t in (b.weight, b.bias) if t is not None)]
             layers.append(LoneLayer(w.ln1.data_ptr(), w.ln2.data_ptr(),
                                     *(a for b in bound for a in (b.weight.data_ptr(), _address(b.bias)))))
-        return cls(lean, kernel, glue, layers, keep) if layers else None
+        return cls(lean, kernel, glue, layers, keep, attend) if layers else None
 
     def takes(self, ids: torch.Tensor, mask: Any, keep: Any, logits_to_keep: Any) -> bool:
         """Whether a step is this plan's: one row of one token, no mask, its logits, its residual kept (if at all) at
@@ -126,6 +134,23 @@ class LonePlan:
         return keep is None or (isinstance(keep, PoolResidual) and keep.where.numel() == 1
                                 and keep.resid.dtype == torch.float32 and keep.resid.is_cpu
                                 and keep.resid.is_contiguous())
+
+    def attends(self, attention: Any) -> bool:
+        """Whether the step's `attention` makes attend.c's bits for this row: attend.c's own, or the invariant
+        mode's (attend.c wherever it is built and fits): then `layers` may make every layer in one call."""
+        return self.attend is not None and attention is not None and (
+            attention == self.attend.attention or attention is invariant.attention)
+
+    def layers_at_once(self, keys: list[torch.Tensor], values: list[torch.Tensor], resid: int | None,
+                       resid_stride: int, write: int, first: int, n: int) -> None:
+        """Every layer in one C call (glue.c's lone_layers), where the row's n keys lie in place from slot `first` of
+        the pool's per-layer keys and values [slots, KVH, D] (float32, contiguous), its new K/V going to slot
+        `write`; each layer's residual kept at resid + i * resid_stride floats (resid None: none)."""
+        if self._pools is None or self._pools[0] is not keys[0]:
+            self._pools = (keys[0], *((ctypes.c_void_p * len(t))(*(x.data_ptr() for x in t)) for t in (keys, values)))
+        width = keys[0].stride(0)                                                        # KVH * D floats a slot
+        self._all(ctypes.byref(self.state), self._layers, len(self.layers), ctypes.c_void_p(resid), resid_stride,
+                  self._pools[1], self._pools[2], write * width, first * width, n, torch.get_num_threads())
 
     def start(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """The step's embedding x [1, 1, d] into the residual buffer, cos and sin [1, 1, D] its rotary table (held by

@@ -26,6 +26,7 @@ import torch
 from torch.nn import functional as F
 
 from engine.core import matvec
+from engine.core.kernels.attend import LANES, MAX_GROUP, attend_kernel
 from engine.core.lean import KV, Attention, Fused, LeanStep, Linear, PoolResidual, causal_mask, one_forward
 from engine.core.loader import LoadedModel
 from engine.core.lone import SideBySide
@@ -90,6 +91,7 @@ class LeanDecode:
         self.linear = matvec.linear          # one row's products (bench/lone_step.py sets F.linear to compare)
         self.side_by_side: SideBySide | None = SideBySide(lean)    # q|k|v, gate|up as one product each (or None)
         self.plan_layers = True              # a lone step's layers through LonePlan where it applies
+        self.attention = lone_attention(lean)    # a lone row's attention: attend.c where it fits, else SDPA (None)
 
     @classmethod
     def for_model(cls, lm: LoadedModel) -> "LeanDecode | None":
@@ -113,15 +115,18 @@ class LeanDecode:
         if len(slots) == 1:
             kv, write = one_row(batch, slots[0])
             mask, (linear, fused), lone = None, self.lone_products(), self.lone_plan()
+            attention = self.attention
         else:
             mask = batch.step_mask().bool()[:, None, None, :]                        # [B, 1, 1, W + 1]
             kv, write = batch.write_and_gather, batch.residual_slots
             kernels = kernels_for(self.lean.lm)
             linear = kernels.linear if kernels is not None else F.linear
             fused = self.fused(kernels) if len(slots) in ROWS else None
+            attention = None
         resid = batch.pool.resid if any(s.kept is not None for s in slots) else None
         with torch.inference_mode():
-            return step(self.lean, ids, positions, kv, mask, resid, write, linear, fused, lone=lone)[:, -1]
+            return step(self.lean, ids, positions, kv, mask, resid, write, linear, fused, attention=attention,
+                        lone=lone)[:, -1]
 
     def lone_products(self) -> tuple[Linear, list[Fused] | None]:
         """One row's (linear, fused): every product bound once where they are the row kernel's (engine.core.lone:
@@ -152,6 +157,20 @@ class LeanDecode:
         return self._fused
 
 
+def lone_attention(lean: LeanStep) -> Attention | None:
+    """A lone row's attention (one query a head against its keys, no mask) through attend.c, the invariant mode's
+    kernel, where it is built and fits the model (float32 on the CPU, a head's width a multiple of its LANES, at most
+    MAX_GROUP query heads a kv head); None (SDPA) elsewhere. One C call where SDPA made several operators' work,
+    each cold after the products streamed the weights (docs/engine.md, "A lone row's attention in C"); with the
+    mode on or off a lone row's attention is then the same bits, as its products already were."""
+    weight = lean.embed.weight
+    if weight.device.type != "cpu" or weight.dtype != torch.float32 or lean.head_dim % LANES \
+            or lean.heads % lean.kv_heads or lean.heads // lean.kv_heads > MAX_GROUP:
+        return None
+    kernel = attend_kernel()
+    return kernel.attention if kernel is not None else None
+
+
 def _product(fused: tuple[torch.Tensor, torch.Tensor | None] | None):
     """x -> x times the fused packed matrix (plus its bias), or None where nothing was fused."""
     if fused is None:
@@ -170,7 +189,8 @@ def one_row(batch: Any, slot: Any) -> tuple["RowKV", torch.Tensor]:
     if n == len(table) * block:
         table.append(pool.allocate())
     write = table[n // block] * block + n % block
-    return RowKV(pool, write, _reader(table, block, n + 1, pool.keys[0].device)), torch.tensor(
+    take, first = _reader(table, block, n + 1, pool.keys[0].device)
+    return RowKV(pool, write, take, first, n + 1), torch.tensor(
         [write], device=pool.keys[0].device)
 
 
@@ -183,6 +203,8 @@ class RowKV:
     pool: Any
     write: int
     take: Any
+    first: int | None = None       # the slot of the row's first key where its keys lie in place (None: gathered)
+    n: int = 0                     # the keys the row reads, its new one included
 
     def __call__(self, i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.pool.keys[i], self.pool.values[i]
@@ -192,6 +214,14 @@ class RowKV:
 
     def read(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.take(self.pool.keys[i]), self.take(self.pool.values[i])
+
+    def in_place(self) -> tuple[list[torch.Tensor], list[torch.Tensor], int, int, int] | None:
+        """(each layer's keys, values [slots, KVH, D], the new slot, the first key's slot, the keys read) where the
+        row's keys lie one after another in a float32 CPU pool (a LonePlan then makes every layer in one C call);
+        None where they are gathered or the pool is not one."""
+        if self.first is None or self.slots() is None:
+            return None
+        return self.pool.keys, self.pool.values, self.write, self.first, self.n
 
     def slots(self) -> list[tuple[int, int]] | None:
         """Per layer, the addresses of the row's slot in the keys and the values; None off a float32 CPU pool."""
@@ -211,13 +241,13 @@ def rows(pool: torch.Tensor, first: int, n: int) -> torch.Tensor:
 
 
 def _reader(table: list[int], block: int, n: int, device: torch.device):
-    """pool [slots, KVH, D] -> the row's first n positions [1, KVH, n, D]: a view where its blocks are consecutive,
-    else gathered."""
+    """(pool [slots, KVH, D] -> the row's first n positions [1, KVH, n, D], the slot of its first key where they lie
+    in place, else None): a view where its blocks are consecutive, else gathered."""
     first = table[0]
     if table == list(range(first, first + len(table))):
-        return lambda pool: rows(pool, first * block, n)
+        return (lambda pool: rows(pool, first * block, n)), first * block
     index = (torch.tensor(table)[:, None] * block + torch.arange(block)).flatten()[:n].to(device)
-    return lambda pool: pool.index_select(0, index).transpose(0, 1)[None]
+    return (lambda pool: pool.index_select(0, index).transpose(0, 1)[None]), None
 
 
 @dataclass(frozen=True)

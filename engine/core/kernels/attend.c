@@ -306,3 +306,30 @@ void attend(const float *q, const float *k, const float *v, const uint8_t *mask,
         free(kt);
     }
 }
+
+/* One row's queries (B = 1, typically a lone decode step's T = 1) on the calling thread: the items `attend` would
+   hand its threads, in turn, so the same bits, without a parallel region or allocations per call (a lone step's
+   attention is a few microseconds of work; a team's fork and join, and three allocations, cost as much). Scratch
+   grows once per thread. dims as attend's; out [1, T, H, D]. Called from engine/core/kernels/attend.py and, through
+   its address, from glue.c's lone_layers (a lone step's layers in one call). */
+void attend_row(const float *q, const float *k, const float *v, float *out, const long *dims, float scale) {
+    static __thread float *scratch;
+    static __thread long have;
+    shape_t p = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7], dims[8], dims[9],
+                 dims[10], dims[11], dims[12], dims[13], dims[14], dims[15], scale, 1};
+    long group = p.heads / p.kv_heads, tiles = (p.t + QTILE - 1) / QTILE;
+    long need = p.d * KEY_BLOCK + p.d * QTILE * group + p.d * QUERIES;
+    if (need > have) {
+        free(scratch);
+        scratch = aligned_alloc(64, sizeof(float) * ((need + 15) / 16 * 16));
+        have = need;
+    }
+    float *kt = scratch, *accs = kt + p.d * KEY_BLOCK, *spare_acc = accs + p.d * QTILE * group;
+    state_t st[QTILE * 64];
+    for (long i = 0; i < QTILE * group; i++)
+        st[i].acc = accs + i * p.d;
+    for (long item = 0; item < p.kv_heads * tiles; item++) {
+        long g = item / tiles, t0 = item % tiles * QTILE;
+        one_item(&p, q, k, v, NULL, out, 0, g, t0, t0 + QTILE < p.t ? t0 + QTILE : p.t, kt, st, spare_acc);
+    }
+}

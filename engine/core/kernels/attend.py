@@ -22,6 +22,7 @@ from engine.core import kernels
 SOURCE = Path(__file__).with_name("attend.c")
 LANES = 16                     # D must be a multiple of this: attend.c's widest vector, and its weights' sum
 MAX_GROUP = 64                 # query heads per kv head attend.c keeps state for
+QTILE = 16                     # attend.c's query rows per item: a row of fewer is one item a kv head
 
 
 class AttendKernel:
@@ -37,6 +38,10 @@ class AttendKernel:
         ptr = ctypes.c_void_p
         self._call.argtypes = [ptr, ptr, ptr, ptr, ptr, ctypes.c_long, ptr, ctypes.c_float, ctypes.c_int]
         self._call.restype = None
+        self._row = lib.attend_row                      # one row, mask None, on the calling thread
+        self._row.argtypes = [ptr, ptr, ptr, ptr, ptr, ctypes.c_float]
+        self._row.restype = None
+        self.row_address = ctypes.cast(lib.attend_row, ctypes.c_void_p).value     # for glue.c's lone_layers
 
     @staticmethod
     def fits(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> bool:
@@ -63,9 +68,13 @@ class AttendKernel:
         out = torch.empty(b, t, h, d, dtype=torch.float32)                             # [B, T, H, D]
         dims = (h, kvh, t, s, d, *q.stride()[:3], *keys.stride()[:3], *values.stride()[:3],
                 *(flags.stride()[:2] if flags is not None else (0, 0)))
-        self._call(q.data_ptr(), keys.data_ptr(), values.data_ptr(), flags.data_ptr() if flags is not None else None,
-                   out.data_ptr(), b, (ctypes.c_long * len(dims))(*dims), scaling,
-                   torch.get_num_threads() if threads is None else threads)
+        if b == 1 and flags is None and t < QTILE and threads is None:   # one item a kv head: not worth a team
+            self._row(q.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr(),
+                      (ctypes.c_long * len(dims))(*dims), scaling)
+        else:
+            self._call(q.data_ptr(), keys.data_ptr(), values.data_ptr(),
+                       flags.data_ptr() if flags is not None else None, out.data_ptr(), b,
+                       (ctypes.c_long * len(dims))(*dims), scaling, torch.get_num_threads() if threads is None else threads)
         return out.transpose(1, 2)
 
 

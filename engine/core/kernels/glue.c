@@ -160,6 +160,7 @@ void glue_silu_mul(const float *g, const float *u, long gs, float *y, long ys, l
 
 typedef void (*product_fn)(const float *x, long ldx, long rows, const float *w, long in, long out,
                            const float *bias, float *y, long ldy, int threads);
+typedef void (*attend_fn)(const float *q, const float *k, const float *v, float *out, const long *dims, float scale);
 
 typedef struct {                 /* one layer's parameters: norms [d], products (out, in) as stored, biases or NULL */
     const float *ln1, *ln2, *qkv, *qkv_bias, *o, *o_bias, *gate_up, *gate_up_bias, *down, *down_bias;
@@ -176,6 +177,9 @@ typedef struct {                 /* the row's buffers, made once, and this step'
     float *gate_up_buf;          /* [2 f] */
     float *delta;                /* [d] o's and down's outputs, before they are added */
     const float *cos, *sin;      /* [dim] this step's */
+    attend_fn attend;            /* attend.c's attend_row (NULL: `lone_layers` is not called) */
+    float *attn;                 /* [width] attention's output */
+    float scale;                 /* attention's scaling */
 } lone_t;
 
 static void add_into(float *x, const float *y, long d) {
@@ -208,4 +212,22 @@ void lone_after(const lone_t *s, const lone_layer_t *l, const float *attn, int t
     silu_mul_row(s->gate_up_buf, s->gate_up_buf + f, s->h, f);
     s->product(s->h, f, 1, l->down, f, d, l->down_bias, s->delta, d, threads);
     add_into(s->x, s->delta, d);
+}
+
+/* Every layer of a lone step in one call, where the row's keys lie in place in the K/V pool (its blocks one after
+   another): per layer `lone_before` (the residual kept at resid + i * resid_stride, NULL: none; k and v written at
+   offset `write` of the layer's keys and values), attend.c's attend_row over the row's n keys from offset `first`
+   (a key's positions kvd = keys' width apart, its heads dim apart), then `lone_after`. The same functions in the same
+   order as the layers called one by one from Python with attend.c's attention, so the same bits. */
+void lone_layers(const lone_t *s, const lone_layer_t *layers, long count, float *resid, long resid_stride,
+                 float *const *keys, float *const *values, long write, long first, long n, int threads) {
+    long kvd = (s->qkv_out - s->width) / 2;
+    long dims[16] = {s->width / s->dim, kvd / s->dim, 1, n, s->dim, 0, s->dim, s->qkv_out, 0, s->dim, kvd,
+                     0, s->dim, kvd, 0, 0};
+    for (long i = 0; i < count; i++) {
+        lone_before(s, &layers[i], resid ? resid + i * resid_stride : NULL, keys[i] + write, values[i] + write,
+                    threads);
+        s->attend(s->qkv_out_buf, keys[i] + first, values[i] + first, s->attn, dims, s->scale);
+        lone_after(s, &layers[i], s->attn, threads);
+    }
 }

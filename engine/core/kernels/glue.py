@@ -38,6 +38,7 @@ class GlueKernel:
         self._rope = _fn(lib.glue_rope, [ptr, long, ptr, ptr, long, long, long, long, c_int])
         self._silu_mul = _fn(lib.glue_silu_mul, [ptr, ptr, long, ptr, long, long, long, c_int])
         self.lone_before, self.lone_after = lib["lone_before"], lib["lone_after"]   # C values in: LonePlan's
+        self.lone_layers = _fn(lib["lone_layers"], [ptr, ptr, long, ptr, long, ptr, ptr, long, long, long, c_int])
         for fn in (self.lone_before, self.lone_after):
             fn.restype = None
 
@@ -76,12 +77,14 @@ class LoneLayer(ctypes.Structure):
 
 
 class LoneState(ctypes.Structure):
-    """glue.c's lone_t: the row kernel's product, the shapes, the row's buffers and this step's rotary table."""
+    """glue.c's lone_t: the row kernel's product, the shapes, the row's buffers and this step's rotary table; attend.c's
+    attend_row, attention's output buffer and its scaling (for `lone_layers`)."""
 
     _fields_ = [("product", ctypes.c_void_p), *((name, ctypes.c_long) for name in
                                                  ("d", "qkv_out", "rotated", "dim", "f", "width")),
                 ("eps", ctypes.c_float), *((name, ctypes.c_void_p) for name in
-                                           ("x", "h", "qkv_out_buf", "gate_up_buf", "delta", "cos", "sin"))]
+                                           ("x", "h", "qkv_out_buf", "gate_up_buf", "delta", "cos", "sin")),
+                ("attend", ctypes.c_void_p), ("attn", ctypes.c_void_p), ("scale", ctypes.c_float)]
 
 
 def _fn(fn, argtypes):
