@@ -585,8 +585,8 @@ def test_steps_with_newcomers_and_decoding_rows_run_as_one_forward_and_each_answ
 
     mixed, apart = [], []
     one_forward_step = batch_module.mixed_step
-    monkeypatch.setattr(batch_module, "mixed_step", lambda lean, batch, rows, new, chunks: mixed.append(
-        (len(rows), sum(chunks))) or one_forward_step(lean, batch, rows, new, chunks))
+    monkeypatch.setattr(batch_module, "mixed_step", lambda lean, batch, rows, new, chunks, *products: mixed.append(
+        (len(rows), sum(chunks))) or one_forward_step(lean, batch, rows, new, chunks, *products))
     prefill = batch_module.pool_prefill
     monkeypatch.setattr(batch_module, "pool_prefill", lambda *a: apart.append(a[3]) or prefill(*a))
     jobs = [(GenerationRequest(tiny_prompt(n, seed=n), max_new_tokens=m, chat=False), policy)

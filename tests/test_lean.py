@@ -209,7 +209,7 @@ def test_a_batch_decodes_on_the_lean_rows_and_every_row_equals_itself_alone(tiny
 
 def test_a_capturing_request_alone_steps_as_one_row_without_the_packed_products(tiny_lm, monkeypatch):
     """One row that captures steps as any lone row does (its residual written at its slot inside the step) and keeps
-    the one-row products: the fused packed ones serve 2 to 32 rows only."""
+    the one-row products: the fused packed ones serve 2 to 128 rows only (here its prompt's chunk)."""
     from engine.serving import lean as serving_lean
 
     monkeypatch.setenv("PLAYGROUND_SMALL_BATCH", "all")
@@ -224,7 +224,7 @@ def test_a_capturing_request_alone_steps_as_one_row_without_the_packed_products(
     rows = decode_steps(runner, monkeypatch)
     request, policy, kept = GenerationRequest(tiny_prompt(8, seed=2), max_new_tokens=6, chat=False), FULL, {}
     (records,) = run_runner(tiny_lm, [(request, policy)], [0], runner, kept)
-    assert rows == [1] * 5 and packed_rows == []
+    assert rows == [1] * 5 and 1 not in packed_rows and packed_rows           # the prompt's 8 tokens: packed
     want, want_kept = generate_kept(tiny_lm, request, policy)
     same_tokens(records, want)
     assert_same_residual(kept[0], want_kept)

@@ -114,8 +114,8 @@ def test_the_loader_lays_each_layers_groups_side_by_side_and_a_lone_step_makes_e
     runner = BatchRunner(tiny_lm, max_batch=8)
     grouped = []
     forward = runner.lean.lean.forward
-    monkeypatch.setattr(runner.lean.lean, "forward", lambda *a, fused=None, **k: grouped.append(fused) or
-                        forward(*a, fused=fused, **k))
+    monkeypatch.setattr(runner.lean.lean, "forward", lambda *a, fused=None, **k: grouped.append(
+        fused if a[0].shape[1] == 1 else None) or forward(*a, fused=fused, **k))           # the one-token steps
     request = GenerationRequest(tiny_prompt(9, seed=4), max_new_tokens=20, chat=False)
     (records,) = run_runner(tiny_lm, [(request, CAPTURE_OFF)], [0], runner)
     lone = [f for f in grouped if f is not None]

@@ -98,7 +98,8 @@ def test_calibrate_times_both_kernels_on_this_machine():
 
 def test_a_batch_with_every_linear_packed_equals_each_request_alone(tiny_lm, monkeypatch):
     """The tiny model packed (the test session packs every linear): requests joining and leaving mid-flight,
-    captures included, equal each alone, whose steps of one row never use the packed weights."""
+    captures included, equal each alone, whose steps of one row never use the packed weights (its prefill chunks
+    and mixed steps of up to 128 tokens do)."""
     kernels = small_batch.kernels_for(tiny_lm)
     assert kernels is not None and kernels.weights == 3 * 7 + 1
     rows_seen = []
@@ -111,7 +112,7 @@ def test_a_batch_with_every_linear_packed_equals_each_request_alone(tiny_lm, mon
     jobs = [(GenerationRequest(tiny_prompt(n, seed=n), max_new_tokens=m, chat=False), FULL)
             for n, m in ((6, 10), (13, 5), (4, 8))]
     sinks = run_staggered(tiny_lm, jobs, joins=[0, 0, 2])
-    assert set(rows_seen) == {2, 3}                 # the batched steps went through the packed kernel
+    assert {2, 3} <= set(rows_seen) and 1 not in rows_seen     # the batched steps went through the packed kernel
     rows_seen.clear()
     for sink, (request, policy) in zip(sinks, jobs):
         assert sink.error is None

@@ -38,7 +38,11 @@ from torch.nn import functional as F
 from engine import settings
 from engine.core.openmp import in_passing_thread
 
-ROWS = range(2, 33)             # batch sizes (rows of the activation) that use the packed weights
+ROWS = range(2, 129)            # rows of the activation that use the packed weights: a room's decode step (up to
+                                # 32), a prefill chunk or a mixed step of up to 128 tokens. Measured against MKL on
+                                # SmolLM2's layer products, two threads (docs/serving.md, "Prefill chunks on the
+                                # packed weights"): 0.82x its time at 41 rows, 0.76x at 64 and 96, 0.95x at 128,
+                                # 0.98x at 256 and 1.07x at 512
 PROBE_ROWS = 4                  # the batch size `calibrate` times
 MIN_GAIN = 0.9                  # packed at most this share of MKL's time, or the shape is not packed
 MAX_BYTES = 2 * 1024 ** 3       # packed copies kept at most (and at most a quarter of the free memory)
@@ -91,7 +95,7 @@ def _faster(times: tuple[float, float]) -> bool:
 
 class SmallBatchLinear(nn.Linear):
     """An nn.Linear (the same object, its class switched by `SmallBatchKernels.pack`) that uses its packed weight
-    inside `SmallBatchKernels.active()` for 2 to 32 rows. A copy of the module, or a new weight, finds no packed
+    inside `SmallBatchKernels.active()` for ROWS rows. A copy of the module, or a new weight, finds no packed
     weight for it and computes as nn.Linear does."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -103,7 +107,7 @@ class SmallBatchKernels:
     """The packed weights of one model, by the identity of the weight tensor they were packed from."""
 
     def __init__(self, max_bytes: int = MAX_BYTES) -> None:
-        self._packed: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+        self._packed: dict[int, tuple[weakref.ref, torch.Tensor, int]] = {}   # (weight, packed, where it was)
         self._fused: dict[tuple[int, ...], tuple[tuple[weakref.ref, ...], torch.Tensor, torch.Tensor | None]] = {}
         self.nbytes, self.max_bytes = 0, max_bytes
         self.shapes: dict[tuple[int, int], tuple[float, float]] = {}     # (out, in) -> (MKL s, packed s)
@@ -140,7 +144,7 @@ class SmallBatchKernels:
     def _add(self, layer: nn.Linear) -> None:
         weight, key = layer.weight, id(layer.weight)
         if key not in self._packed:
-            self._packed[key] = (weakref.ref(weight), pack_weight(weight))
+            self._packed[key] = (weakref.ref(weight), pack_weight(weight), weight.data_ptr())
             self.nbytes += weight.numel() * weight.element_size()
             weakref.finalize(weight, self._packed.pop, key, None)
         layer.__class__ = SmallBatchLinear
@@ -148,7 +152,8 @@ class SmallBatchKernels:
     def packed_for(self, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
         """The packed copy of `weight` when `x` is a small batch this kernel serves, else None."""
         entry = self._packed.get(id(weight))
-        if entry is None or entry[0]() is not weight or x.dtype != torch.float32 or torch.is_grad_enabled():
+        if entry is None or entry[0]() is not weight or entry[2] != weight.data_ptr() or x.dtype != torch.float32 \
+                or torch.is_grad_enabled():          # a weight pointed at other values since: its copy is stale
             return None
         return entry[1] if x.numel() // x.shape[-1] in ROWS else None
 
@@ -224,7 +229,7 @@ def kernels_for(lm: Any, pack: bool = True) -> SmallBatchKernels | None:
 
 @contextmanager
 def small_batch_kernels(lm: Any) -> Iterator[SmallBatchKernels | None]:
-    """Within: this thread's forward passes of 2 to 32 rows use the model's packed weights, where it has any."""
+    """Within: this thread's forward passes of ROWS rows use the model's packed weights, where it has any."""
     kernels = kernels_for(lm)
     if kernels is None:
         yield None

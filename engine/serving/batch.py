@@ -302,7 +302,7 @@ class BatchRunner:
         if isinstance(self.batch, SoloBatch):              # sliding-window layers: the request's own cache
             slot, n = group[0], chunks[0]
             return forward(self.lm, slot.ids[slot.prefilled:slot.prefilled + n], slot.cache, slot.kept)[None]
-        return pool_prefill(self.lm, self.batch, group, chunks)
+        return pool_prefill(self.lm, self.batch, group, chunks, self.lean)
 
     def _reuse_prefix(self, slot: Slot) -> None:
         """Start from the longest stored prompt start this one shares: its K/V (and residual) as is."""
@@ -412,7 +412,8 @@ class BatchRunner:
         plan, rows = self._chunk_plan(), list(self.batch.slots)
         newcomers, chunks = [s for s, _ in plan], [n for _, n in plan]
         try:
-            logits = mixed_step(self.lean.lean, self.batch, rows, newcomers, chunks)        # [B + C, V]
+            logits = mixed_step(self.lean.lean, self.batch, rows, newcomers, chunks,
+                                self.lean.products(len(rows) + sum(chunks)))              # [B + C, V]
         except Exception:  # noqa: BLE001 - run apart: the failing request fails alone there
             return None
         self._took_decode(rows, logits[:len(rows)])

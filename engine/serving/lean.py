@@ -88,6 +88,8 @@ class LeanDecode:
     def __init__(self, lean: LeanStep):
         self.lean = lean
         self._fused: list[Fused] | None = None
+        self._fused_weights: list[torch.Tensor] = []     # the weights packed into `_fused`, and where they were then
+        self._fused_where: list[int] = []
         self.linear = matvec.linear          # one row's products (bench/lone_step.py sets F.linear to compare)
         self.side_by_side: SideBySide | None = SideBySide(lean)    # q|k|v, gate|up as one product each (or None)
         self.plan_layers = True              # a lone step's layers through LonePlan where it applies
@@ -119,14 +121,23 @@ class LeanDecode:
         else:
             mask = batch.step_mask().bool()[:, None, None, :]                        # [B, 1, 1, W + 1]
             kv, write = batch.write_and_gather, batch.residual_slots
-            kernels = kernels_for(self.lean.lm)
-            linear = kernels.linear if kernels is not None else F.linear
-            fused = self.fused(kernels) if len(slots) in ROWS else None
-            attention = None
+            (linear, fused), attention = self.products(len(slots), pack=True), None
         resid = batch.pool.resid if any(s.kept is not None for s in slots) else None
         with torch.inference_mode():
             return step(self.lean, ids, positions, kv, mask, resid, write, linear, fused, attention=attention,
                         lone=lone)[:, -1]
+
+    def products(self, rows: int, pack: bool = False) -> tuple[Linear, list[Fused] | None]:
+        """(linear, fused) for a step of `rows` tokens in all (a room's decode rows, a prefill chunk, a mixed step):
+        the packed small-batch products (engine.core.small_batch, q|k|v and gate|up packed as one each) where the
+        model has them (packed now if `pack`: a room's first batched step; the runner packs at its start) and `rows`
+        is in their ROWS; else F.linear (MKL)."""
+        kernels = kernels_for(self.lean.lm, pack=pack)
+        if kernels is None or rows not in ROWS:
+            return F.linear, None
+        fused = self.fused(kernels)
+        stale = list(map(torch.Tensor.data_ptr, self._fused_weights)) != self._fused_where
+        return kernels.linear, None if stale else fused        # a weight pointed elsewhere: its own product
 
     def lone_products(self) -> tuple[Linear, list[Fused] | None]:
         """One row's (linear, fused): every product bound once where they are the row kernel's (engine.core.lone:
@@ -151,6 +162,8 @@ class LeanDecode:
         if kernels is None:
             return None
         if self._fused is None:              # packed in a passing thread: the step loop's keeps the only OpenMP team
+            self._fused_weights = [p[0] for w in self.lean.layers for p in (w.q, w.k, w.v, w.gate, w.up)]
+            self._fused_where = list(map(torch.Tensor.data_ptr, self._fused_weights))
             self._fused = in_passing_thread(lambda: [
                 Fused(_product(kernels.fuse([w.q, w.k, w.v])), _product(kernels.fuse([w.gate, w.up])))
                 for w in self.lean.layers])
@@ -340,20 +353,24 @@ def mixed_inputs(batch: Any, rows: list, newcomers: list, chunks: list[int]) -> 
                 attention=Segments(len(rows), reads, mask, segments))
 
 
-def mixed_step(lean: LeanStep, batch: Any, rows: list, newcomers: list, chunks: list[int]) -> torch.Tensor:
+def mixed_step(lean: LeanStep, batch: Any, rows: list, newcomers: list, chunks: list[int],
+               products: tuple[Linear, list[Fused] | None] = (F.linear, None)) -> torch.Tensor:
     """Logits [B + C, V]: each decode row's next token, then each newcomer's after its chunk, from ONE call of `step`
-    over every new token of the step (`mixed_inputs`): the products run once over all N tokens, attention by
-    segment. Decode rows are not padded to the chunk's length."""
+    over every new token of the step (`mixed_inputs`): the products (`products`: linear, fused; LeanDecode.products)
+    run once over all N tokens, attention by segment. Decode rows are not padded to the chunk's length."""
+    linear, fused = products
     with torch.inference_mode():
-        return step(lean, **mixed_inputs(batch, rows, newcomers, chunks))[0]
+        return step(lean, **mixed_inputs(batch, rows, newcomers, chunks), linear=linear, fused=fused)[0]
 
 
-def pool_prefill(lm: LoadedModel, batch: Any, slots: list, chunks: list[int]) -> torch.Tensor:
+def pool_prefill(lm: LoadedModel, batch: Any, slots: list, chunks: list[int],
+                 decoder: "LeanDecode | None" = None) -> torch.Tensor:
     """Logits [B, V] of each row's last new token: row b feeds the next `chunks[b]` tokens of its prompt after its
     `length` (its reused prefix, earlier chunks), written straight into the paged pool at its slots with its
     residual when it keeps one (`slot.kept`), as nano-vllm's `prepare_prefill` slot mapping does; the rows are
     left-padded to the longest chunk and the mask hides the pads. The project's forward where it covers the model,
-    else transformers' modules (the same pool through `batch.cache`, the same 4-D mask)."""
+    else transformers' modules (the same pool through `batch.cache`, the same 4-D mask). `decoder`: its products for
+    the step's B x T tokens (LeanDecode.products: the packed ones for a short chunk), else F.linear."""
     t = max(chunks)
     valid = batch.plan(chunks, slots=slots)                                              # [B, S] real keys
     starts = torch.tensor([s.length for s in slots])[:, None]
@@ -367,7 +384,9 @@ def pool_prefill(lm: LoadedModel, batch: Any, slots: list, chunks: list[int]) ->
     if lean is not None:
         mask = causal_mask(valid, t) if len(slots) > 1 else None      # one row reads every key before its chunk
         resid = batch.pool.resid if keep is not None else None
-        return step(lean, ids, positions, batch.write_and_gather, mask, resid, batch.residual_slots)[:, -1]
+        linear, fused = decoder.products(ids.numel()) if decoder is not None else (F.linear, None)
+        return step(lean, ids, positions, batch.write_and_gather, mask, resid, batch.residual_slots, linear,
+                    fused)[:, -1]
     out = lm.model(input_ids=ids, attention_mask=causal_mask(valid, t), position_ids=positions, cache=batch.cache,
                    use_cache=True, logits_to_keep=1, output_hidden_states=keep is not None)
     for i, h in enumerate(out.hidden_states if keep is not None else ()):
