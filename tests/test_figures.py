@@ -1033,6 +1033,26 @@ LONE += [  # docs/engine.md, "The work around the products, in C"
     (ENGINE_DOC, PARTS_C, "attention (SDPA, {:.2f} ms a step) and the\ncache's writes and reads ({:.2f} ms), and the host's work after the forward ({:.2f} ms:",
      lambda d: (d["now"]["ms"]["attention"], d["now"]["ms"]["kv"], d["now"]["ms"]["host"])),
 ]
+CHUNKS = "chunk_products/20261129T005937Z-b407b1d.json"
+LONE += [  # docs/serving.md, "Prefill chunks on the packed weights"
+    (SERVING, CHUNKS, "load average {:.2f} at its start; `bench/results/chunk_products/",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    *((SERVING, CHUNKS, f"| {n} | {{:.1f}} ms | {{:.1f}} ms ({{:.2f}}x) | {{:.1f}} ms ({{:.2f}}x) |",
+       lambda d, n=n: (d["rows"][str(n)]["mkl"]["ms"], d["rows"][str(n)]["packed"]["ms"], d["rows"][str(n)]["packed"]["x_mkl"],
+                       d["rows"][str(n)]["tiles"]["ms"], d["rows"][str(n)]["tiles"]["x_mkl"]))
+      for n in (2, 8, 20, 41, 64, 128, 256, 512)),
+]
+PARTS_ATTEND = "lone_parts/20261129T004536Z-12188b0.json"
+LONE += [  # docs/engine.md, "A lone row's attention in C, every layer in one call" and "A layout timed at load"
+    (ENGINE_DOC, PARTS_ATTEND, "load average {:.2f} at its start; `bench/results/lone_parts/20261129T004536Z",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (ENGINE_DOC, PARTS_ATTEND, "a bare lone step {:.2f} ms in {} operator calls, against {:.2f} ms with SDPA between "
+     "the two calls a layer ({} calls) and {:.2f} ms op by op.",
+     lambda d: (d["now"]["bare"]["wall_ms"], d["now"]["operators"]["calls"], d["sdpa"]["bare"]["wall_ms"],
+                d["sdpa"]["operators"]["calls"], d["unplanned"]["bare"]["wall_ms"])),
+    (ENGINE_DOC, VS_VLLM_C, "had one person alone at {:.1f} ms a token (README,", lambda d: (d["table"]["ours"]["alone_itl_ms"],)),
+    (ENGINE_DOC, VS_LCP, "minutes before measured {:.1f} on the same commit", lambda d: (d["table"]["ours"]["ms_per_token"],)),
+]
 LONE += [  # README, "One person alone, against llama.cpp"
     (README, VS_LCP, "load average {:.2f} at its start;", lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
     (README, VS_LCP, "| llama.cpp (llama-cpp-python's server, 2 threads), F32 | {:.1f} | {:.2f}x | {:.2f} s |",
@@ -2529,6 +2549,7 @@ DOCS_NOT_MEASURED: dict[str, tuple[str, ...]] = {  # the same for docs/*.md, eac
     ),
     "docs/engine.md": (  # sizes from the config, settings, targets, shapes, a published share, artefacts' sizes
         "issue's 1 ms in the step",  # the issue's target
+        "stayed in 4 KB pages (`in_huge_pages`", "moves into the 2 MB pages too",  # page sizes, not measurements
         "that pass reads the weights once, 0.54 GB",
         "so the 0.80x above",  # a back-reference to the figure checked above
         "192 KB blocks of weights and 256 KB blocks of rows",  # rows.c's constants, not measurements

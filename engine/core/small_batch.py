@@ -41,8 +41,8 @@ from engine.core.openmp import in_passing_thread
 ROWS = range(2, 129)            # rows of the activation that use the packed weights: a room's decode step (up to
                                 # 32), a prefill chunk or a mixed step of up to 128 tokens. Measured against MKL on
                                 # SmolLM2's layer products, two threads (docs/serving.md, "Prefill chunks on the
-                                # packed weights"): 0.82x its time at 41 rows, 0.76x at 64 and 96, 0.95x at 128,
-                                # 0.98x at 256 and 1.07x at 512
+                                # packed weights", bench/results/chunk_products/20261129T005937Z-b407b1d.json):
+                                # 0.80x its time at 41 rows, 0.88x at 64, 0.95x at 128, 1.01x at 256, 1.07x at 512
 PROBE_ROWS = 4                  # the batch size `calibrate` times
 MIN_GAIN = 0.9                  # packed at most this share of MKL's time, or the shape is not packed
 MAX_BYTES = 2 * 1024 ** 3       # packed copies kept at most (and at most a quarter of the free memory)
