@@ -238,6 +238,42 @@ static long end_key(const shape_t *p, const uint8_t *mask, long b, long t0, long
     return end;
 }
 
+typedef float vec8_t __attribute__((vector_size(32)));
+typedef float vec8_u __attribute__((vector_size(32), aligned(4), may_alias));
+
+/* kt [D][KEY_BLOCK] = the block's n keys k [n][D] (a key's stride ks) transposed, zeros past n. A full block in 8 x 8
+   tiles of vector shuffles (unpack, shuffle, lane swap: the usual 8 x 8 transpose; D a multiple of 16); a short one
+   element by element. Only where the keys are copied changes with the way: every score reads the same kt. */
+static void transpose_keys(float *kt, const float *k, long ks, long n, long d) {
+    if (n < KEY_BLOCK) {
+        memset(kt, 0, sizeof(float) * d * KEY_BLOCK);
+        for (long j = 0; j < n; j++)
+            for (long e = 0; e < d; e++)
+                kt[e * KEY_BLOCK + j] = k[j * ks + e];
+        return;
+    }
+    for (long j = 0; j < KEY_BLOCK; j += 8)
+        for (long e = 0; e < d; e += 8) {
+            vec8_t r[8], t[8], u[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = *(const vec8_u *)(k + (j + i) * ks + e);        /* r[i][x] = key j + i, dim e + x */
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+                t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+            }
+            for (int i = 0; i < 8; i += 4) {
+                u[i] = __builtin_shufflevector(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+                u[i + 1] = __builtin_shufflevector(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+                u[i + 2] = __builtin_shufflevector(t[i + 1], t[i + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+                u[i + 3] = __builtin_shufflevector(t[i + 1], t[i + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+            }
+            for (int i = 0; i < 4; i++) {                               /* row x of the tile: dim e + x */
+                *(vec8_u *)(kt + (e + i) * KEY_BLOCK + j) = __builtin_shufflevector(u[i], u[i + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+                *(vec8_u *)(kt + (e + i + 4) * KEY_BLOCK + j) = __builtin_shufflevector(u[i], u[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+            }
+        }
+}
+
 /* Item (b, g, tile): queries [t0, t1) of every query head kv head g serves. st: (t1 - t0) * G states. */
 static void one_item(const shape_t *p, const float *q, const float *k, const float *v, const uint8_t *mask,
                      float *out, long b, long g, long t0, long t1, float *kt, state_t *st, float *spare_acc) {
@@ -252,10 +288,7 @@ static void one_item(const shape_t *p, const float *q, const float *k, const flo
     long end = end_key(p, mask, b, t0, t1);
     for (long j0 = first_key(p, mask, b); j0 < end; j0 += block) {
         long n = s - j0 < block ? s - j0 : block;
-        memset(kt, 0, sizeof(float) * d * KEY_BLOCK);
-        for (long j = 0; j < n; j++)
-            for (long e = 0; e < d; e++)
-                kt[e * KEY_BLOCK + j] = kg[(j0 + j) * p->ks + e];
+        transpose_keys(kt, kg + j0 * p->ks, p->ks, n, d);
         long count = (t1 - t0) * group;                                     /* query heads, QUERIES at a time */
         for (long first = 0; first < count; first += QUERIES) {
             long t[QUERIES];
