@@ -23,6 +23,7 @@ from transformers import DynamicCache
 from engine.projection.card import forward_shapes
 from engine.errors import ContextLengthError, InvalidRequestError
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy
+from engine.core.kernels.glue import glue_kernel
 from engine.core.kept import KeptInputs, kept_for
 from engine.core.lean import one_forward
 from engine.core.loader import LoadedModel
@@ -268,14 +269,76 @@ def pick_tokens(lm: LoadedModel, logits: torch.Tensor, requests: list[Generation
                 generators: list[torch.Generator], streams: list[TextStream]) -> list[SampledToken]:
     """`pick_token` for every row of a batched step's logits (B, V) at once: the same filtering and draws, with
     one softmax per group of rows that filter alike (row by row, this and the descriptions cost a batched decode
-    step about a tenth of its time on a CPU); each row draws with its own generator. On a CPU on the calling
-    thread alone (`one_thread`: a few hundred microseconds of work, which parallel regions only delay)."""
+    step about a tenth of its time on a CPU); each row draws with its own generator. A greedy row with no filter,
+    in float32 on a CPU, is picked and described by glue.c in two passes over its logits (`quick_facts`), whatever
+    the other rows: the same row gets the same description alone or in any batch. On a CPU on the calling thread
+    alone (`one_thread`: a few hundred microseconds of work, which parallel regions only delay)."""
     with one_thread(logits.device):
-        probs = filtered_probs(logits, requests)
-        greedy = greedy_ids(logits) if any(r.temperature <= 0 for r in requests) else []
-        ids = [greedy[b] if r.temperature <= 0 else int(torch.multinomial(probs[b], 1, generator=generators[b]))
-               for b, r in enumerate(requests)]
-        return describe_tokens(lm, logits, probs, ids, [stream.push(i) for stream, i in zip(streams, ids)])
+        quick = quick_rows(logits, requests)
+        parts = []
+        if any(quick):
+            rows = [b for b, q in enumerate(quick) if q]
+            parts.append((rows, quick_facts(logits if all(quick) else logits[rows])))
+        if not all(quick):
+            rows = [b for b, q in enumerate(quick) if not q]
+            parts.append((rows, torch_facts(logits if not any(quick) else logits[rows], [requests[b] for b in rows],
+                                            [generators[b] for b in rows])))
+        facts = merged(parts, len(requests))
+        ids = facts["ids"].tolist()
+        return tokens_from(lm, facts_to_host(facts), [stream.push(i) for stream, i in zip(streams, ids)])
+
+
+def quick_rows(logits: torch.Tensor, requests: list[GenerationRequest]) -> list[bool]:
+    """Per row, whether glue.c picks and describes it: float32 logits on a CPU, glue.c built, a greedy request whose
+    description is the plain softmax (no top-k, no top-p)."""
+    if logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.stride(-1) != 1 or glue_kernel() is None:
+        return [False] * len(requests)
+    vocab = logits.shape[-1]
+    return [r.temperature <= 0 and (r.top_k == 0 or r.top_k >= vocab) and r.top_p >= 1.0 for r in requests]
+
+
+def quick_facts(logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """`token_facts` of greedy rows (B, V) with no filter, from glue.c's pick_row: the kept logits ranked (the first
+    the greedy token: the largest, the lowest id among equal ones, as argmax gives it; torch's top-k may rank equal
+    logits otherwise), probabilities exp(logit - log-sum-exp) (a softmax's, its sum in another order: within 1e-6,
+    tests/test_pick.py), the rest's log-sum-exp."""
+    vocab = logits.shape[-1]
+    width = min(KEEP_LOGITS, vocab)
+    ids, values, stats = glue_kernel().pick(logits, width)
+    shown = ids[:, :min(TOP_CANDIDATES, vocab)].contiguous()
+    top_probs = (values[:, :shown.shape[1]].double() - stats[:, :1]).exp().float()
+    facts = {"ids": ids[:, 0].clone(), "top_ids": shown, "top_probs": top_probs, "kept_ids": ids,
+             "kept_values": values, "chosen_probs": top_probs[:, 0].clone(), "chosen_logits": values[:, 0].clone()}
+    if vocab > width:
+        facts["rest"] = stats[:, 2].float()
+    facts["vocab"] = torch.tensor(vocab)
+    return facts
+
+
+def torch_facts(logits: torch.Tensor, requests: list[GenerationRequest],
+                generators: list[torch.Generator]) -> dict[str, torch.Tensor]:
+    """Each row's token drawn (or its argmax, greedy) from its filtered probabilities, and its `token_facts`."""
+    probs = filtered_probs(logits, requests)
+    greedy = greedy_ids(logits) if any(r.temperature <= 0 for r in requests) else []
+    ids = [greedy[b] if r.temperature <= 0 else int(torch.multinomial(probs[b], 1, generator=generators[b]))
+           for b, r in enumerate(requests)]
+    return token_facts(logits, probs, torch.tensor(ids, device=logits.device))
+
+
+def merged(parts: list[tuple[list[int], dict[str, torch.Tensor]]], rows: int) -> dict[str, torch.Tensor]:
+    """Facts of row subsets (each part's rows, in order) as one batch's facts, row b where it was."""
+    if len(parts) == 1:
+        return parts[0][1]
+    out = {}
+    for key, value in parts[0][1].items():
+        if key == "vocab":
+            out[key] = value
+            continue
+        whole = torch.empty((rows, *value.shape[1:]), dtype=value.dtype, device=value.device)
+        for index, facts in parts:
+            whole[torch.tensor(index, device=value.device)] = facts[key].to(value.dtype)
+        out[key] = whole
+    return out
 
 
 def filtered_probs(logits: torch.Tensor, requests: list[GenerationRequest]) -> torch.Tensor:

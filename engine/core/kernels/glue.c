@@ -21,6 +21,7 @@
      torch's in the last bits (tests/test_glue.py measures by how much). */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define LANES 16                 /* the norm's accumulators: its fixed order, whatever the machine */
@@ -230,4 +231,104 @@ void lone_layers(const lone_t *s, const lone_layer_t *layers, long count, float 
         s->attend(s->qkv_out_buf, keys[i] + first, values[i] + first, s->attn, dims, s->scale);
         lone_after(s, &layers[i], s->attn, threads);
     }
+}
+
+/* ---- A token's pick and description from one row of logits (engine/core/generate.py's `quick_facts`) ------------
+
+   What describing a token needs of its row of logits x [v] (a vocabulary of tens of thousands), in two passes where
+   torch made about ten operators over the row (a softmax, an argmax, a top-k, gathers, an exp, a scatter and a
+   sum), each cold after the LM head streamed its weights: the k largest logits and their ids, largest first and
+   the lower id first among equal ones (the first is the greedy token, as numpy's and torch's argmax give it), the
+   log of the row's sum of exp(x - max), and where v > k the largest logit left out (L) and the log of the sum of
+   exp(x - L) over every logit left out. The probabilities follow as exp(x - max) / sum: a softmax's, the sum in
+   another order than torch's (within a few ulp). */
+
+typedef struct { float value; long id; } scored_t;
+
+#define BLOCK_SUM 512                                /* logits a block of float lanes sums before a double takes it */
+
+static inline double lanes_total(vec acc) {
+    double t = 0.0;
+    for (int j = 0; j < EXP_LANES; j++)
+        t += acc[j];
+    return t;
+}
+
+static inline int before(scored_t a, scored_t b) {          /* a ranks ahead of b: larger, or equal with lower id */
+    return a.value > b.value || (a.value == b.value && a.id < b.id);
+}
+
+/* A min-heap of the n best so far (its root the worst of them). */
+static void sift_down(scored_t *h, long n, long i) {
+    for (;;) {
+        long worst = i, l = 2 * i + 1, r = l + 1;
+        if (l < n && before(h[worst], h[l]))
+            worst = l;
+        if (r < n && before(h[worst], h[r]))
+            worst = r;
+        if (worst == i)
+            return;
+        scored_t t = h[i];
+        h[i] = h[worst], h[worst] = t, i = worst;
+    }
+}
+
+static int ranked(const void *a, const void *b) {
+    return before(*(const scored_t *)a, *(const scored_t *)b) ? -1 : 1;
+}
+
+/* ids [k], vals [k]: the k largest, ranked; stats: [0] log sum exp(x - max), [1] L, [2] log sum exp(x - L) over
+   the logits left out (stats[1..2] only where v > k). best: scratch of k + 1. */
+void pick_row(const float *x, long v, long k, long *ids, float *vals, double *stats, scored_t *best) {
+    long n = k < v ? k + 1 : v;                     /* the k kept, and the largest left out */
+    for (long i = 0; i < n; i++)
+        best[i] = (scored_t){x[i], i};
+    for (long i = n / 2 - 1; i >= 0; i--)
+        sift_down(best, n, i);
+    for (long i = n; i < v; i++)
+        if (x[i] > best[0].value) {                 /* equal: the lower id already held wins */
+            best[0] = (scored_t){x[i], i};
+            sift_down(best, n, 0);
+        }
+    qsort(best, n, sizeof *best, ranked);
+    for (long i = 0; i < k && i < n; i++)
+        ids[i] = best[i].id, vals[i] = best[i].value;
+    float top = best[0].value;
+    double sum = 0.0;
+    long i = 0;
+    while (i + EXP_LANES <= v) {                    /* float lanes over a block, each block's total in double */
+        vec acc = {0};
+        for (long end = i + BLOCK_SUM < v ? i + BLOCK_SUM : v; i + EXP_LANES <= end; i += EXP_LANES)
+            acc += expv(*(const vec_u *)(x + i) - top);
+        sum += lanes_total(acc);
+    }
+    for (; i < v; i++)
+        sum += expf(x[i] - top);
+    stats[0] = log(sum) + top;
+    if (n <= k)
+        return;
+    float left = best[k].value;                     /* L: every logit left out is at most this */
+    long equal = 0;                                 /* logits equal to L left out: all of them but the kept ones */
+    double restsum = 0.0;
+    i = 0;
+    while (i + EXP_LANES <= v) {
+        vec rest = {0};
+        ivec same = {0};
+        for (long end = i + BLOCK_SUM < v ? i + BLOCK_SUM : v; i + EXP_LANES <= end; i += EXP_LANES) {
+            vec xv = *(const vec_u *)(x + i);
+            rest += (vec)((ivec)expv(xv - left) & (xv < left));
+            same -= xv == left;                     /* a true lane is -1 */
+        }
+        restsum += lanes_total(rest);
+        for (int j = 0; j < EXP_LANES; j++)
+            equal += same[j];
+    }
+    for (; i < v; i++) {
+        if (x[i] < left)
+            restsum += expf(x[i] - left);
+        equal += x[i] == left;
+    }
+    for (long j = 0; j < k; j++)
+        equal -= vals[j] == left;
+    stats[1] = left, stats[2] = log(restsum + (double)equal) + left;
 }

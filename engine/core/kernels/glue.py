@@ -38,6 +38,7 @@ class GlueKernel:
         self._rope = _fn(lib.glue_rope, [ptr, long, ptr, ptr, long, long, long, long, c_int])
         self._silu_mul = _fn(lib.glue_silu_mul, [ptr, ptr, long, ptr, long, long, long, c_int])
         self.lone_before, self.lone_after = lib["lone_before"], lib["lone_after"]   # C values in: LonePlan's
+        self._pick = _fn(lib.pick_row, [ptr, long, long, ptr, ptr, ptr, ptr])
         self.lone_layers = _fn(lib["lone_layers"], [ptr, ptr, long, ptr, long, ptr, ptr, long, long, long, c_int])
         for fn in (self.lone_before, self.lone_after):
             fn.restype = None
@@ -67,6 +68,20 @@ class GlueKernel:
         self._silu_mul(g.data_ptr(), u.data_ptr(), g.stride(0), y.data_ptr(), f, g.shape[0], f,
                        torch.get_num_threads())
         return y
+
+
+    def pick(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each row of logits [B, V] (float32, rows contiguous): its k largest logits' ids [B, k] (int64) and values
+        [B, k], largest first, the lower id first among equal ones, and stats [B, 3] (float64): the log-sum-exp of the
+        row, the largest logit left out (L) and the log-sum-exp of every logit left out (the last two where V > k)."""
+        b, v = logits.shape
+        ids, vals = torch.empty(b, k, dtype=torch.int64), torch.empty(b, k, dtype=F32)
+        stats = torch.full((b, 3), float("nan"), dtype=torch.float64)
+        scratch = torch.empty(2 * (k + 1), dtype=torch.int64)                    # k + 1 (value, id) pairs
+        for r in range(b):
+            self._pick(logits[r].data_ptr(), v, k, ids[r].data_ptr(), vals[r].data_ptr(), stats[r].data_ptr(),
+                       scratch.data_ptr())
+        return ids, vals, stats
 
 
 class LoneLayer(ctypes.Structure):

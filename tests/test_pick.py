@@ -1,0 +1,115 @@
+"""A greedy token's pick and description in C (glue.c's pick_row, engine/core/generate.py's `quick_facts`) against
+torch's operators (`torch_facts`: softmax, argmax, top-k, the rest's log-sum-exp), on real logits of the tiny model
+and on a SmolLM2-sized vocabulary; a row's description alone and among other rows; the rows that take it."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import tiny_prompt
+from engine.core import generate as G
+from engine.core.generate import GenerationRequest, encode_prompt
+from engine.core.kernels import glue
+from engine.core.lean import lean_step_for
+
+GREEDY = GenerationRequest("x", temperature=0.0)
+
+
+def vocab_rows(rows: int = 5, vocab: int = 49152, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, vocab, generator=g) * 4
+
+
+def same_facts(got: dict, want: dict, ids_exact: bool = True, logits: torch.Tensor | None = None) -> None:
+    """got (C) against want (torch): the same ids and logits; probabilities within torch's float32 softmax's own
+    error (its sum over 49,152 terms: 8.8e-6 relative here) and, given the logits, within 1e-6 of float64's."""
+    assert got.keys() == want.keys()
+    assert torch.equal(got["ids"], want["ids"]) and int(got["vocab"]) == int(want["vocab"])
+    for key in ("top_ids", "kept_ids"):
+        assert torch.equal(got[key], want[key]) if ids_exact else got[key].shape == want[key].shape
+    assert torch.equal(got["kept_values"], want["kept_values"])
+    assert torch.equal(got["chosen_logits"], want["chosen_logits"])
+    for key in ("top_probs", "chosen_probs"):
+        torch.testing.assert_close(got[key], want[key], rtol=2e-5, atol=1e-9)
+    if logits is not None:
+        exact = torch.softmax(logits.double(), -1)
+        torch.testing.assert_close(got["top_probs"].double(), exact.gather(-1, got["top_ids"]), rtol=1e-6, atol=1e-12)
+        rest = torch.logsumexp(logits.double().scatter(-1, got["kept_ids"], float("-inf")), -1)
+        if "rest" in got:
+            torch.testing.assert_close(got["rest"].double(), rest, rtol=1e-6, atol=1e-6)
+    if "rest" in want:
+        torch.testing.assert_close(got["rest"], want["rest"], rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("vocab", [96, 257, 300, 49152])
+def test_the_c_facts_equal_torchs(vocab):
+    logits = vocab_rows(4, vocab)
+    same_facts(G.quick_facts(logits), G.torch_facts(logits, [GREEDY] * 4, [None] * 4), logits=logits)
+
+
+def test_the_c_facts_of_the_tiny_models_real_logits_equal_torchs(tiny_lm):
+    lean = lean_step_for(tiny_lm)
+    from transformers import DynamicCache
+    ids = encode_prompt(tiny_lm, GenerationRequest(tiny_prompt(12), chat=False))
+    cache = DynamicCache(config=tiny_lm.model.config)
+    with torch.inference_mode():
+        logits = lean.forward(torch.tensor([ids]), torch.arange(len(ids))[None], lambda i, k, v: cache.update(k, v, i),
+                              logits_to_keep=len(ids))[0]                                      # [T, V]
+    same_facts(G.quick_facts(logits), G.torch_facts(logits, [GREEDY] * len(ids), [None] * len(ids)), logits=logits)
+
+
+def test_equal_logits_rank_the_lower_id_first_as_argmax_picks_it():
+    logits = vocab_rows(1, 1000)
+    logits[0, 700] = logits[0, 30] = logits.max() + 1             # a tie at the top
+    logits[0, 900] = logits[0, 10] = logits[0, 500] = -30.0        # and among the rest
+    facts = G.quick_facts(logits)
+    assert facts["ids"].tolist() == [30] == G.greedy_ids(logits)
+    assert facts["kept_ids"][0, :2].tolist() == [30, 700]
+    want = G.torch_facts(logits, [GREEDY], [None])
+    same_facts(facts, want, ids_exact=False)                       # torch's top-k ranks the tie its own way
+
+
+def test_a_tie_at_the_edge_of_the_kept_logits_counts_in_the_rest():
+    """The largest logit left out equals kept ones: those kept weigh nothing in the rest, the others count once."""
+    logits = torch.full((1, 400), -5.0)
+    logits[0, :255] = torch.linspace(10, 0, 255)
+    logits[0, 255:260] = -1.0                                      # one kept at -1, four left out at -1
+    facts = G.quick_facts(logits)
+    want = G.torch_facts(logits, [GREEDY], [None])
+    torch.testing.assert_close(facts["rest"], want["rest"], rtol=1e-6, atol=1e-6)
+
+
+def test_a_rows_description_is_the_same_alone_and_among_other_rows_of_any_kind():
+    logits = vocab_rows(6, 5000, seed=3)
+    alone = G.quick_facts(logits[2:3])
+    requests = [GenerationRequest("x", temperature=0.8, seed=1), GREEDY,
+                GREEDY, GenerationRequest("x", top_k=5), GREEDY, GenerationRequest("x", temperature=1.0, top_p=0.9)]
+    assert G.quick_rows(logits, requests) == [False, True, True, False, True, False]
+    gens = [torch.Generator().manual_seed(i) for i in range(6)]
+    quick = [b for b in range(6) if G.quick_rows(logits, requests)[b]]
+    parts = [(quick, G.quick_facts(logits[quick])),
+             ([0, 3, 5], G.torch_facts(logits[[0, 3, 5]], [requests[b] for b in (0, 3, 5)], [gens[b] for b in (0, 3, 5)]))]
+    batch = G.merged(parts, 6)
+    for key in alone:
+        if key != "vocab":
+            assert torch.equal(batch[key][2], alone[key][0]), key
+
+
+def test_off_a_cpu_or_without_glue_the_rows_take_torchs_path():
+    logits = vocab_rows(2, 300)
+    assert G.quick_rows(logits.double(), [GREEDY] * 2) == [False, False]
+    glue.GLUE.use(False)
+    try:
+        assert G.quick_rows(logits, [GREEDY] * 2) == [False, False]
+    finally:
+        glue.GLUE.use(True)
+    assert G.quick_rows(logits, [GREEDY] * 2) == [True, True]
+
+
+def test_the_largest_logits_at_either_end_of_the_row_are_found():
+    logits = vocab_rows(2, 49152, seed=5)
+    logits[0, -1], logits[0, 0] = 100.0, 99.0
+    logits[1, -3:] = torch.tensor([50.0, 60.0, 70.0])
+    same_facts(G.quick_facts(logits), G.torch_facts(logits, [GREEDY] * 2, [None] * 2), logits=logits)
+    assert G.quick_facts(logits)["kept_ids"][:, :3].tolist() == [[49151, 0, logits[0, 1:-1].argmax().item() + 1],
+                                                                 [49151, 49150, 49149]]
