@@ -1043,6 +1043,7 @@ LONE += [  # docs/serving.md, "Prefill chunks on the packed weights"
       for n in (2, 8, 20, 41, 64, 128, 256, 512)),
 ]
 PARTS_ATTEND = "lone_parts/20261129T004536Z-12188b0.json"
+PARTS_PICK = "lone_parts/20261129T013111Z-219fdef.json"
 LONE += [  # docs/engine.md, "A lone row's attention in C, every layer in one call" and "A layout timed at load"
     (ENGINE_DOC, PARTS_ATTEND, "load average {:.2f} at its start; `bench/results/lone_parts/20261129T004536Z",
      lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
@@ -1050,6 +1051,17 @@ LONE += [  # docs/engine.md, "A lone row's attention in C, every layer in one ca
      "the two calls a layer ({} calls) and {:.2f} ms op by op.",
      lambda d: (d["now"]["bare"]["wall_ms"], d["now"]["operators"]["calls"], d["sdpa"]["bare"]["wall_ms"],
                 d["sdpa"]["operators"]["calls"], d["unplanned"]["bare"]["wall_ms"])),
+    (ENGINE_DOC, PARTS_ATTEND, "each operator cold after the LM head streamed its weights: {:.2f} ms of a lone step",
+     lambda d: (d["now"]["ms"]["host: pick and describe"],)),
+    (ENGINE_DOC, PARTS_PICK, "load average {:.2f} at its start; `bench/results/lone_parts/20261129T013111Z",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (ENGINE_DOC, PARTS_PICK, "the host's picking and describing took {:.2f} ms a token and the whole host {:.2f} ms",
+     lambda d: (d["now"]["ms"]["host: pick and describe"], d["now"]["ms"]["host"])),
+    (ENGINE_DOC, PARTS_ATTEND, "ms (against {:.2f} before); the bare lone step", lambda d: (d["now"]["ms"]["host"],)),
+    (ENGINE_DOC, PARTS_PICK, "the bare lone step {:.2f} ms in {} operator calls, against {:.2f} ms with SDPA and {:.2f} ms "
+     "op by op, the floor {:.1f} ms.",
+     lambda d: (d["now"]["bare"]["wall_ms"], d["now"]["operators"]["calls"], d["sdpa"]["bare"]["wall_ms"],
+                d["unplanned"]["bare"]["wall_ms"], d["floor"]["floor_ms"])),
     (ENGINE_DOC, VS_VLLM_C, "had one person alone at {:.1f} ms a token (README,", lambda d: (d["table"]["ours"]["alone_itl_ms"],)),
     (ENGINE_DOC, VS_LCP, "minutes before measured {:.1f} on the same commit", lambda d: (d["table"]["ours"]["ms_per_token"],)),
 ]
