@@ -277,6 +277,34 @@ static int ranked(const void *a, const void *b) {
     return before(*(const scored_t *)a, *(const scored_t *)b) ? -1 : 1;
 }
 
+/* Whether any of the EXP_LANES logits at x is above `floor`. */
+static inline int any_above(const float *x, float floor) {
+    ivec over = *(const vec_u *)x > floor;
+    long long parts[sizeof over / 8];
+    memcpy(parts, &over, sizeof over);
+    long long any = 0;
+    for (unsigned j = 0; j < sizeof over / 8; j++)
+        any |= parts[j];
+    return any != 0;
+}
+
+/* The sum of exp(x - L) over the logits below L, in a pass of its own. */
+static double rest_below(const float *x, long v, float left) {
+    double total = 0.0;
+    long i = 0;
+    while (i + EXP_LANES <= v) {
+        vec rest = {0};
+        for (long end = i + BLOCK_SUM < v ? i + BLOCK_SUM : v; i + EXP_LANES <= end; i += EXP_LANES) {
+            vec xv = *(const vec_u *)(x + i);
+            rest += (vec)((ivec)expv(xv - left) & (xv < left));
+        }
+        total += lanes_total(rest);
+    }
+    for (; i < v; i++)
+        total += x[i] < left ? expf(x[i] - left) : 0.0;
+    return total;
+}
+
 /* ids [k], vals [k]: the k largest, ranked; stats: [0] log sum exp(x - max), [1] L, [2] log sum exp(x - L) over
    the logits left out (stats[1..2] only where v > k). best: scratch of k + 1. */
 void pick_row(const float *x, long v, long k, long *ids, float *vals, double *stats, scored_t *best) {
@@ -285,50 +313,49 @@ void pick_row(const float *x, long v, long k, long *ids, float *vals, double *st
         best[i] = (scored_t){x[i], i};
     for (long i = n / 2 - 1; i >= 0; i--)
         sift_down(best, n, i);
-    for (long i = n; i < v; i++)
+    for (long i = n; i < v; i++) {
+        if (i % EXP_LANES == 0 && i + EXP_LANES <= v && !any_above(x + i, best[0].value)) {
+            i += EXP_LANES - 1;                     /* none of these 8 would enter: most of a row, once warmed */
+            continue;
+        }
         if (x[i] > best[0].value) {                 /* equal: the lower id already held wins */
             best[0] = (scored_t){x[i], i};
             sift_down(best, n, 0);
         }
+    }
     qsort(best, n, sizeof *best, ranked);
     for (long i = 0; i < k && i < n; i++)
         ids[i] = best[i].id, vals[i] = best[i].value;
-    float top = best[0].value;
-    double sum = 0.0;
-    long i = 0;
+    float top = best[0].value, left = n > k ? best[k].value : -INFINITY;   /* L: the largest left out */
+    /* One pass: exp(x - top) for the row's sum, and the same terms below L for the rest's, whose log-sum-exp is
+       then log(that sum * exp(top - L) + the logits equal to L left out) + L. Where L lies far below the top (60:
+       exp(-60) of the largest term), the rest's terms could fall under expv's floor: a pass of their own. */
+    int apart = n > k && top - left > 60.0f;
+    double sum = 0.0, below = 0.0;
+    long equal = 0, i = 0;
     while (i + EXP_LANES <= v) {                    /* float lanes over a block, each block's total in double */
-        vec acc = {0};
-        for (long end = i + BLOCK_SUM < v ? i + BLOCK_SUM : v; i + EXP_LANES <= end; i += EXP_LANES)
-            acc += expv(*(const vec_u *)(x + i) - top);
-        sum += lanes_total(acc);
-    }
-    for (; i < v; i++)
-        sum += expf(x[i] - top);
-    stats[0] = log(sum) + top;
-    if (n <= k)
-        return;
-    float left = best[k].value;                     /* L: every logit left out is at most this */
-    long equal = 0;                                 /* logits equal to L left out: all of them but the kept ones */
-    double restsum = 0.0;
-    i = 0;
-    while (i + EXP_LANES <= v) {
-        vec rest = {0};
+        vec acc = {0}, rest = {0};
         ivec same = {0};
         for (long end = i + BLOCK_SUM < v ? i + BLOCK_SUM : v; i + EXP_LANES <= end; i += EXP_LANES) {
-            vec xv = *(const vec_u *)(x + i);
-            rest += (vec)((ivec)expv(xv - left) & (xv < left));
+            vec xv = *(const vec_u *)(x + i), e = expv(xv - top);
+            acc += e;
+            rest += (vec)((ivec)e & (xv < left));
             same -= xv == left;                     /* a true lane is -1 */
         }
-        restsum += lanes_total(rest);
+        sum += lanes_total(acc), below += lanes_total(rest);
         for (int j = 0; j < EXP_LANES; j++)
             equal += same[j];
     }
     for (; i < v; i++) {
-        if (x[i] < left)
-            restsum += expf(x[i] - left);
+        sum += expf(x[i] - top);
+        below += x[i] < left ? expf(x[i] - top) : 0.0;
         equal += x[i] == left;
     }
+    stats[0] = log(sum) + top;
+    if (n <= k)
+        return;
     for (long j = 0; j < k; j++)
         equal -= vals[j] == left;
-    stats[1] = left, stats[2] = log(restsum + (double)equal) + left;
+    double rest = apart ? rest_below(x, v, left) : below * exp((double)top - left);
+    stats[1] = left, stats[2] = log(rest + (double)equal) + left;
 }
