@@ -40,7 +40,7 @@ from engine.core import lean as lean_module  # noqa: E402
 from engine.core.generate import GenerationRequest, encode_prompt  # noqa: E402
 from engine.core.hooks import CAPTURE_OFF  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
-from engine.core import kernels, matvec  # noqa: E402
+from engine.core import generate, kernels, matvec  # noqa: E402
 from engine.core.kernels import glue  # noqa: E402
 from engine.core.lone import LonePlan  # noqa: E402
 from engine.serving import batch as batch_module  # noqa: E402
@@ -78,9 +78,10 @@ def one_query(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
 # "unplanned": the lone step's layers op by op through the forward (LeanDecode.plan_layers off), not LonePlan's two
 #   C calls a layer (whose products, norms, rotary and SiLU are clocked as the two calls they are inside)
 # "sdpa": a lone row's attention through SDPA (LeanDecode.attention None), not attend.c
+# "no-pick": the token picked and described by torch's operators (generate.PICK_IN_C off), not glue.c's pick_row
 WAYS = {"now": {}, "apart": {"side_by_side": None}, "split": {"kernel": False}, "one-query": {"attention": one_query},
         "f.linear": {"linear": F.linear}, "compiled": {"compiled": True}, "torch-glue": {"glue": False},
-        "unplanned": {"plan_layers": False}, "sdpa": {"attention": None},
+        "unplanned": {"plan_layers": False}, "sdpa": {"attention": None}, "no-pick": {"pick": False},
         **{f"parts-{n}": {"parts": n} for n in (2, 8, 16)}}
 PRODUCTS = ("q", "k", "v", "o", "gate", "up", "down", "qkv", "gate_up", "head")
 
@@ -259,8 +260,10 @@ def median_parts(rounds: list[list[dict]], floor_ms: float) -> dict:
 
 def use(runner: BatchRunner, way: str) -> None:
     """Set the lone step's kernels to `way`'s (the ones it does not name as the runner made them)."""
-    for name, kernel in {"glue": True, "plan_layers": True, **runner.lean.made, **WAYS[way]}.items():
-        if name == "parts":
+    for name, kernel in {"glue": True, "plan_layers": True, "pick": True, **runner.lean.made, **WAYS[way]}.items():
+        if name == "pick":
+            generate.PICK_IN_C = kernel
+        elif name == "parts":
             matvec.PARTS = kernel
         elif name == "kernel":
             kernels.use(kernel)

@@ -1065,6 +1065,15 @@ LONE += [  # docs/engine.md, "A lone row's attention in C, every layer in one ca
     (ENGINE_DOC, VS_VLLM_C, "had one person alone at {:.1f} ms a token (README,", lambda d: (d["table"]["ours"]["alone_itl_ms"],)),
     (ENGINE_DOC, VS_LCP, "minutes before measured {:.1f} on the same commit", lambda d: (d["table"]["ours"]["ms_per_token"],)),
 ]
+PARTS_NO_PICK = "lone_parts/20261129T014038Z-219fdef.json"
+LONE += [  # docs/engine.md, "A token's pick and description in C": the two ways side by side
+    (ENGINE_DOC, PARTS_NO_PICK, "--way now --way no-pick`; load average {:.2f} at its start;",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (ENGINE_DOC, PARTS_NO_PICK, "picking and describing the token {:.2f} ms a step\nagainst {:.2f} ms, a bare lone step "
+     "{:.2f} ms against {:.2f} ms.",
+     lambda d: (d["now"]["ms"]["host: pick and describe"], d["no-pick"]["ms"]["host: pick and describe"],
+                d["now"]["bare"]["wall_ms"], d["no-pick"]["bare"]["wall_ms"])),
+]
 LONE += [  # README, "One person alone, against llama.cpp"
     (README, VS_LCP, "load average {:.2f} at its start;", lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
     (README, VS_LCP, "| llama.cpp (llama-cpp-python's server, 2 threads), F32 | {:.1f} | {:.2f}x | {:.2f} s |",

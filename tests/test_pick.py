@@ -113,3 +113,46 @@ def test_the_largest_logits_at_either_end_of_the_row_are_found():
     same_facts(G.quick_facts(logits), G.torch_facts(logits, [GREEDY] * 2, [None] * 2), logits=logits)
     assert G.quick_facts(logits)["kept_ids"][:, :3].tolist() == [[49151, 0, logits[0, 1:-1].argmax().item() + 1],
                                                                  [49151, 49150, 49149]]
+
+
+def tokens(lm, logits: torch.Tensor, requests: list[GenerationRequest]) -> list:
+    """pick_tokens' SampledTokens for rows of logits [B, V], each row with its own generator and text stream."""
+    gens = [torch.Generator().manual_seed(b) for b in range(len(requests))]
+    return G.pick_tokens(lm, logits, requests, gens, [G.TextStream(lm.tokenizer) for _ in requests])
+
+
+def same_token(a, b) -> bool:
+    """Two SampledTokens bit for bit (their arrays compared as bytes)."""
+    return (a.id, a.text, a.prob, a.top, a.rest_logsumexp, a.rest_count, a.logit) == \
+        (b.id, b.text, b.prob, b.top, b.rest_logsumexp, b.rest_count, b.logit) and \
+        a.logit_ids.tobytes() == b.logit_ids.tobytes() and a.logits.tobytes() == b.logits.tobytes()
+
+
+@pytest.mark.parametrize("rows", [2, 5, 17, 32])
+def test_a_greedy_rows_token_is_the_same_bits_alone_and_among_2_to_32_rows(tiny_lm, rows):
+    """Through pick_tokens: a greedy row among sampled, filtered and greedy rows gives the SampledToken it gives
+    alone (the C path whatever the other rows)."""
+    vocab = tiny_lm.model.config.vocab_size
+    logits = vocab_rows(rows, vocab, seed=rows)
+    kinds = [GREEDY, GenerationRequest("x", temperature=0.8, seed=1), GenerationRequest("x", top_k=5),
+             GenerationRequest("x", temperature=1.0, top_p=0.9)]
+    requests = [kinds[b % len(kinds)] for b in range(rows)]
+    batch = tokens(tiny_lm, logits, requests)
+    for b in range(0, rows, len(kinds)):
+        assert same_token(batch[b], tokens(tiny_lm, logits[b:b + 1], [GREEDY])[0]), b
+
+
+def test_with_the_c_pick_off_the_same_tokens_come_from_torchs_path(tiny_lm):
+    """PICK_IN_C off (bench/lone_parts.py's no-pick way): torch's path, the same ids and kept logits, probabilities
+    within torch's float32 softmax's error."""
+    logits = vocab_rows(3, tiny_lm.model.config.vocab_size, seed=9)
+    quick = tokens(tiny_lm, logits, [GREEDY] * 3)
+    G.PICK_IN_C = False
+    try:
+        assert G.quick_rows(logits, [GREEDY] * 3) == [False] * 3
+        slow = tokens(tiny_lm, logits, [GREEDY] * 3)
+    finally:
+        G.PICK_IN_C = True
+    for a, b in zip(quick, slow):
+        assert (a.id, a.logit_ids.tolist(), a.logits.tolist()) == (b.id, b.logit_ids.tolist(), b.logits.tolist())
+        assert a.prob == pytest.approx(b.prob, rel=2e-5)

@@ -253,6 +253,9 @@ class TextStream:
         return piece
 
 
+PICK_IN_C = True       # False: every row takes torch's path (bench/lone_parts.py's "no-pick" way times both in one run)
+
+
 def pick_token(lm: LoadedModel, logits: torch.Tensor, request: GenerationRequest,
                generator: torch.Generator, stream: TextStream) -> SampledToken:
     """Sample one token from logits (V,) and describe it with its alternatives (`pick_tokens` for one row)."""
@@ -291,7 +294,8 @@ def pick_tokens(lm: LoadedModel, logits: torch.Tensor, requests: list[Generation
 def quick_rows(logits: torch.Tensor, requests: list[GenerationRequest]) -> list[bool]:
     """Per row, whether glue.c picks and describes it: float32 logits on a CPU, glue.c built, a greedy request whose
     description is the plain softmax (no top-k, no top-p)."""
-    if logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.stride(-1) != 1 or glue_kernel() is None:
+    if (not PICK_IN_C or logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.stride(-1) != 1
+            or glue_kernel() is None):
         return [False] * len(requests)
     vocab = logits.shape[-1]
     return [r.temperature <= 0 and (r.top_k == 0 or r.top_k >= vocab) and r.top_p >= 1.0 for r in requests]
