@@ -321,6 +321,12 @@ def test_a_lone_steps_every_product_the_vocabulary_projection_included_runs_thro
         assert self.state.product == kernel.address
         return (i == 0 and calls.append((1, o.data_ptr()))) or after(self, i, attn)
     monkeypatch.setattr(LonePlan, "after", planned)
+    whole = LonePlan.layers_at_once                  # or every layer in one C call (keys in place in the pool)
+
+    def at_once(self, *args):
+        assert self.state.product == kernel.address
+        return calls.append((1, o.data_ptr())) or whole(self, *args)
+    monkeypatch.setattr(LonePlan, "layers_at_once", at_once)
     request = GenerationRequest(tiny_prompt(9, seed=11), max_new_tokens=6, chat=False)
     run_runner(tiny_lm, [(request, CAPTURE_OFF)], [0], BatchRunner(tiny_lm, max_batch=8))
     head = tiny_lm.model.lm_head.weight

@@ -138,8 +138,10 @@ def test_the_short_requests_wait_behind_the_long_prompt_chunk_by_chunk(long_lm, 
                   for s in timeline.steps if s.prefills]          # a padded pass shared with B: by tokens
         assert timings.split.others_prefill == pytest.approx(sum(others), abs=EPS)
         assert timings.split.others_prefill >= sum(s.prefill_seconds for s in chunks) - EPS
-        assert [x.id for x in timings.behind][0] == c.id
-        assert next(x for x in timings.behind if x.id == c.id).tokens == n_long
+        # the long prompt is among those it waited behind, with every token; not necessarily first: A and B's
+        # shared first pass can weigh more than the long prompt's three chunks on a machine that reads those fast
+        long_one = next(x for x in timings.behind if x.id == c.id)
+        assert long_one.tokens == n_long and long_one.seconds >= sum(s.prefill_seconds for s in chunks) - EPS
         assert min(timings.batch_sizes) >= 2 if short_handle is b else max(timings.batch_sizes) >= 2
         assert_adds_up(short_handle)
         assert_steps_are_the_logs(scheduler, short_handle)
