@@ -106,15 +106,19 @@ def test_the_api_joins_the_room_and_its_run_opens_on_the_pages(app_url, client, 
         room.goto(f"{app_url}/room")
         wait_heading(room, "The room is the batch")
         room.get_by_text("an API client").first.wait_for(state="attached", timeout=60_000)
+        # the live figures while the answer is in the batch, or the room's last ones once it has gone idle: 40
+        # tokens can end before the page first draws its metrics (a lone token here now takes about 20 ms)
         room.wait_for_function("() => [...document.querySelectorAll('[data-testid=\"stMetricValue\"]')]"
-                               ".some(e => e.innerText.includes('tok/s'))", timeout=30_000)
+                               ".some(e => e.innerText.includes('tok/s'))"
+                               " || document.body.innerText.includes('Before the room went idle')", timeout=30_000)
         busy = room_metrics(room)
         # Whether the answer is still in the batch when the page reads it depends on the machine's speed (a fast
         # one finishes 40 tokens before the page has drawn): check the live figures if it is, the room's last ones
         # if it has just gone idle; either way the request was the room's (the "an API client" row above).
         if busy["In the batch"].startswith("1 of"):
             step, each, together = number(busy["Decode step"]), number(busy["tok/s, each"]), number(busy["tok/s, all"])
-            assert together >= each * 0.99 and each == pytest.approx(1000 / step, rel=0.06), busy
+            # the page shows tok/s to one decimal: on a loaded machine a 2-second step reads "0.5 tok/s" for 0.46
+            assert together >= each * 0.99 and each == pytest.approx(1000 / step, rel=0.06, abs=0.05), busy
         else:
             assert busy["In the batch"].startswith("0 of") and busy["Decode step"] == "–", busy
             wait_text(room, "Before the room went idle", 60)
