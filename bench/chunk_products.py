@@ -1,7 +1,10 @@
-"""A step's products for a few to a few hundred rows (a room's decode step, a prefill chunk, a mixed step) three ways
-on the model's own weights, side by side: MKL (F.linear), oneDNN on the weights packed once (engine.core.small_batch)
-and the row kernel's tiles (rows.c's tiles_linear, the invariant mode's); why a chunk of up to small_batch.ROWS
-tokens takes the packed products (docs/serving.md, "Prefill chunks on the packed weights").
+"""A step's products for a few to a few hundred rows (a room's decode step, a prefill chunk, a mixed step) four ways
+on the model's own weights, side by side: MKL (F.linear), oneDNN on the weights packed once in its blocked layout
+(what engine.core.small_batch packed before the panels), the row kernel's tiles on the weights as stored (rows.c's
+tiles_linear) and its panels on the weights packed once (rows.c's panels_linear: what small_batch packs now, and
+the invariant mode's products); why a chunk of up to small_batch.ROWS tokens takes the packed products
+(docs/serving.md, "Prefill chunks on the packed weights") and why the packed products are the panels
+(docs/engine.md, "Room products on panels").
 
     python bench/chunk_products.py                          # SmolLM2 float32, two threads
     python bench/chunk_products.py --rows 8 41 128 --rounds 7
@@ -26,7 +29,6 @@ from torch.nn import functional as F  # noqa: E402
 from bench import provenance  # noqa: E402
 from engine.core import kernels  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
-from engine.core.small_batch import pack_weight, packed_linear  # noqa: E402
 
 ROWS = (2, 8, 20, 41, 64, 96, 128, 256, 512)
 
@@ -43,12 +45,15 @@ def layer_weights(lm) -> list[torch.Tensor]:
 
 
 def ways(weights: list[torch.Tensor]) -> dict:
-    """name -> product(x, i): the i-th weight's product three ways (packed copies made once here)."""
-    packed = [pack_weight(w) for w in weights]
+    """name -> product(x, i): the i-th weight's product each way (packed copies made once here)."""
+    onednn = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in weights]
+    out = {"mkl": lambda x, i: F.linear(x, weights[i]),
+           "onednn": lambda x, i: torch.ops.mkldnn._linear_pointwise(x, onednn[i], None, "none", [], "")}
     kernel = kernels.row_kernel()
-    out = {"mkl": lambda x, i: F.linear(x, weights[i]), "packed": lambda x, i: packed_linear(x, packed[i], None)}
     if kernel is not None:
+        panels = [kernel.pack(w) for w in weights]
         out["tiles"] = lambda x, i: kernel.tiled(x, weights[i])
+        out["panels"] = lambda x, i: kernel.on_panels(x, panels[i])
     return out
 
 

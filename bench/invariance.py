@@ -11,7 +11,10 @@ Kernels alone, on SmolLM2's own weights and activations' shapes: F.linear with M
 whole forward, off and on: a prompt's logits prefilled whole vs in chunks of 64 and 256; a request decoding alone vs
 as one row of a batch of 2, 7 and 32 (the others at other positions); one thread vs two; a prefix's K/V reused.
 Each comparison gives `equal` (torch.equal) and the largest difference. Cost, off against on, alternating: a lone
-decode step, a 20-row decode step, a prefill; and taken apart in the same run (`--modes`): the invariant products
+decode step, a 20-row decode step, a prefill, each step with the products the server hands the forward
+(`--products server`, the default: one row the row kernel's, the packed panels for 2 to 128 rows, with the mode
+on for any step; `forward`:
+F.linear, as the runs before the panels); and taken apart in the same run (`--modes`): the invariant products
 with the usual attention, the usual products with the invariant attention, the key blocks walked one at a time. `--lesson` runs what the room page's "Same question, same numbers?"
 runs (the same jobs' code, in float32 and bfloat16, kernels off and on): each run's seconds (how long the room
 waits for it), the largest log-probability gap and where the answers part. Writes
@@ -40,6 +43,7 @@ from engine.core.kernels import attend  # noqa: E402
 from engine.core.lean import LeanStep, causal_mask, rms_norm  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
 from engine.lab import invariance as lesson  # noqa: E402
+from engine.serving.lean import LeanDecode  # noqa: E402
 
 
 def compare(a: torch.Tensor, b: torch.Tensor) -> dict:
@@ -52,6 +56,15 @@ def kv_of(cache: DynamicCache):
     return lambda i, k, v: cache.update(k, v, i)
 
 
+def forward_products(rows: int) -> tuple:
+    """(linear, fused) the forward is handed for a step of `rows` tokens: F.linear, as LeanStep.forward's default,
+    unless `--products server` sets `products` to what the server hands it (LeanDecode.products)."""
+    return F.linear, None
+
+
+products = forward_products
+
+
 def prefill(lean: LeanStep, cache: DynamicCache, ids: list[int], chunk: int | None = None) -> torch.Tensor:
     """Logits [T, V] of every prompt position, fed in chunks of `chunk` tokens (None: whole)."""
     out, chunk = [], chunk or len(ids)
@@ -59,7 +72,9 @@ def prefill(lean: LeanStep, cache: DynamicCache, ids: list[int], chunk: int | No
         for lo in range(0, len(ids), chunk):
             part, start = ids[lo:lo + chunk], cache.get_seq_length()
             positions = torch.arange(start, start + len(part))[None]
-            out.append(lean.forward(torch.tensor([part]), positions, kv_of(cache), logits_to_keep=len(part))[0])
+            linear, fused = products(len(part))
+            out.append(lean.forward(torch.tensor([part]), positions, kv_of(cache), logits_to_keep=len(part),
+                                    linear=linear, fused=fused)[0])
     return torch.cat(out)
 
 
@@ -73,9 +88,10 @@ def decode_batch(lean: LeanStep, caches: list[DynamicCache], tokens: list[int]) 
         pairs = [c.update(k[b:b + 1], v[b:b + 1], i) for b, c in enumerate(caches)]
         return (torch.cat([F.pad(p[0], (0, 0, width - p[0].shape[2], 0)) for p in pairs]),
                 torch.cat([F.pad(p[1], (0, 0, width - p[1].shape[2], 0)) for p in pairs]))
+    linear, fused = products(len(tokens))
     with torch.inference_mode():
         return lean.forward(torch.tensor(tokens)[:, None], torch.tensor(lengths)[:, None], kv,
-                            causal_mask(valid, 1))[:, -1]
+                            causal_mask(valid, 1), linear=linear, fused=fused)[:, -1]
 
 
 def ids_of(n: int, seed: int, vocab: int) -> list[int]:
@@ -240,6 +256,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--modes", nargs="+", choices=MODES,
                         default=["off", "on", "torch-attention", "products", "attention"],
                         help="the kernels timed side by side (off is always one)")
+    parser.add_argument("--products", choices=("forward", "server"), default="server",
+                        help="server: each step's products as the server hands them to the forward (LeanDecode."
+                             "products: the packed ones for 2 to 128 rows, with the mode on for any); forward: "
+                             "F.linear, the forward's default (the runs before the panels)")
     parser.add_argument("--lesson", action="store_true", help="only the room page's lesson, each run timed")
     parser.add_argument("--lesson-prompt", default=lesson.DEFAULT_PROMPT)
     args = parser.parse_args(argv)
@@ -252,7 +272,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     lean = LeanStep(lm)
     torch.set_num_threads(2)
-    report = {"model": args.model, "dtype": "float32", "threads": torch.get_num_threads(),
+    if args.products == "server":
+        global products
+        decoder = LeanDecode(lean)
+        products = lambda rows: (decoder.linear, None) if rows == 1 else decoder.products(rows, pack=True)  # noqa: E731
+    report = {"model": args.model, "dtype": "float32", "threads": torch.get_num_threads(), "products": args.products,
               "row_tile": invariant.ROW_TILE, "key_block": invariant.KEY_BLOCK}
     if not args.cost_only:
         checks(lean, report, args.prompt, args.steps)

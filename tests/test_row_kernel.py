@@ -93,28 +93,31 @@ TILED_ROWS = (1, 2, 3, 4, 5, 7, 8, 9, 13, 20, 33, 130)     # partial and full re
 
 @pytest.mark.parametrize("out,width", [(3, 32), (67, 33), (130, 577), (1001, 64), (960, 576), (576, 1536)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_the_tiled_product_equals_the_float64_product_for_any_number_of_rows(kernel, out, width, bias):
+def test_the_tiled_and_panel_products_equal_the_float64_product_for_any_number_of_rows(kernel, out, width, bias):
     g = torch.Generator().manual_seed(out * 7 + width)
     w = torch.randn(out, width, generator=g)
     b = torch.randn(out, generator=g) if bias else None
     for rows in (1, 5, 33, 130):
         x = torch.randn(rows, width, generator=g)
-        got = kernel.tiled(x, w, b)
-        assert got.shape == (rows, out) and got.dtype == torch.float32
-        scale = float(np.sqrt(width))
-        np.testing.assert_allclose(got, exact(x, w, b), atol=2e-6 * scale, rtol=1e-5)
+        for got in (kernel.tiled(x, w, b), kernel.on_panels(x, kernel.pack(w), b)):
+            assert got.shape == (rows, out) and got.dtype == torch.float32
+            scale = float(np.sqrt(width))
+            np.testing.assert_allclose(got, exact(x, w, b), atol=2e-6 * scale, rtol=1e-5)
 
 
 def tiled_keeps_each_rows_bits(kernel: kernels.RowKernel, w: torch.Tensor, b: torch.Tensor | None,
                                x: torch.Tensor) -> bool:
     """Every row of every leading slice of x (TILED_ROWS rows), on 1, 2 and 3 threads, has the bits `linear` (the
-    few-rows kernel) gives it alone on one thread."""
+    few-rows kernel) gives it alone on one thread: through `tiled` on the weight as stored, and through `on_panels`
+    on its packed copy."""
     alone = torch.cat([kernel.linear(x[i:i + 1], w, b, threads=1) for i in range(len(x))])
+    panels = kernel.pack(w)
     return all(torch.equal(kernel.tiled(x[:rows], w, b, threads=threads), alone[:rows])
+               and torch.equal(kernel.on_panels(x[:rows], panels, b, threads=threads), alone[:rows])
                for rows in TILED_ROWS for threads in (1, 2, 3))
 
 
-@pytest.mark.parametrize("out,width", [(67, 33), (130, 577), (960, 576), (576, 1536), (3, 1000)])
+@pytest.mark.parametrize("out,width", [(67, 33), (130, 577), (960, 576), (576, 1536), (3, 1000), (5, 7), (4, 24)])
 def test_the_tiled_product_gives_a_row_the_bits_it_gets_alone_among_any_rows_and_threads(kernel, out, width):
     """One fixed order per output whatever the rows, tiles and threads: row i of M rows through `tiled` equals row i
     alone through `linear` (the few-rows kernel a lone decode step takes), bitwise, for M from 1 to 130 (row tiles of
@@ -142,6 +145,36 @@ def test_a_tiled_product_whose_order_follows_the_row_count_fails_the_row_check(k
     assert tiled_keeps_each_rows_bits(kernel, w, b, x) and not tiled_keeps_each_rows_bits(mutant, w, b, x)
 
 
+def test_a_panel_product_whose_order_follows_the_row_count_fails_the_row_check(kernel, tmp_path, monkeypatch):
+    """The same mutation in the panels' register tile (rows.c's panel_tile): each product rounded before it is added
+    in full tiles of PR rows only. The packed products of a room's step or a prefill chunk would then give a row
+    other bits than alone, and the check says so."""
+    monkeypatch.setenv("PLAYGROUND_CACHE", str(tmp_path / "cache"))
+    text = kernels.SOURCE.read_text()
+    fused = "acc[r][c] += xv * wv[c];"
+    assert text.count(fused) == 1
+    source = tmp_path / "rows.c"
+    source.write_text(text.replace(fused, '{ vec p = xv * wv[c]; if (rows == PR) __asm__("" : "+v"(p)); '
+                                          'acc[r][c] += p; }'))
+    mutant = kernels.RowKernel(kernels.build(source))
+    g = torch.Generator().manual_seed(10)
+    w, x = torch.randn(130, 577, generator=g), torch.randn(max(TILED_ROWS), 577, generator=g)
+    assert tiled_keeps_each_rows_bits(kernel, w, None, x) and not tiled_keeps_each_rows_bits(mutant, w, None, x)
+
+
+def test_a_panel_copy_takes_any_weight_shape(kernel):
+    """Outputs not a multiple of a panel's, widths under one vector or past a span's end (zero rows and zero tails
+    in the copy): each output equals the few-rows kernel's, bitwise, and a copy's floats cover whole panels."""
+    g = torch.Generator().manual_seed(11)
+    for out, width in ((1, 1), (2, 5), (7, 17), (64, 48)):
+        w, b = torch.randn(out, width, generator=g), torch.randn(out, generator=g)
+        panels = kernel.pack(w)
+        assert (panels.out, panels.width) == (out, width) and panels.data.numel() >= out * width
+        assert panels.data.numel() % 3 == 0                                          # whole panels of PN = 3 outputs
+        x = torch.randn(9, width, generator=g)
+        assert torch.equal(kernel.on_panels(x, panels, b)[:8], kernel.linear(x[:8], w, b))
+
+
 # x86 targets rows.c must build for, whatever this machine is: its vector width is the widest the target has
 # (SSE's 4 lanes, AVX2's 8, AVX-512's 16), and its register tile fits that target's registers. (-march, the CPU flag
 # a machine needs to run the build)
@@ -167,6 +200,7 @@ def test_it_builds_for_every_vector_width_and_keeps_each_rows_bits_where_it_runs
     w, b = torch.randn(130, 577, generator=g), torch.randn(130, generator=g)
     x = torch.randn(max(TILED_ROWS), 577, generator=g)
     np.testing.assert_allclose(built.tiled(x, w, b), exact(x, w, b), atol=2e-6 * 577 ** 0.5, rtol=1e-5)
+    np.testing.assert_allclose(built.on_panels(x, built.pack(w), b), exact(x, w, b), atol=2e-6 * 577 ** 0.5, rtol=1e-5)
     assert tiled_keeps_each_rows_bits(built, w, b, x)
 
 

@@ -34,9 +34,20 @@ def make_recording(lm, prompt: str, chat: bool = False, new: int = 4):
     return new_recording(lm, request, policy, generate_captured(lm, request, policy), title="a test run")
 
 
+NOTEBOOK_THREADS = 1     # torch's threads in the notebook's kernel (its kernelspec's OMP_NUM_THREADS) and here
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tiny_lm):
-    rec = make_recording(tiny_lm, tiny_prompt())
+    """A run of the tiny model, recorded on the thread count the notebook's kernel runs on: MKL sums a prefill in
+    another order on another count (7e-9 apart here), and the notebook compares its rerun with the file bitwise. The
+    count this process has depends on the tests that ran before in it (a room's thread tuner sets it)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(NOTEBOOK_THREADS)
+    try:
+        rec = make_recording(tiny_lm, tiny_prompt())
+    finally:
+        torch.set_num_threads(before)
     return rec, dumps(rec, str(tiny_lm.source), tiny_lm.name, texts_with(rec, tiny_lm.tokenizer.decode))
 
 
@@ -194,7 +205,8 @@ def kernel(tmp_path_factory):
     spec.mkdir(parents=True)
     (spec / "kernel.json").write_text(json.dumps({"argv": [sys.executable, "-m", "ipykernel_launcher", "-f",
                                                            "{connection_file}"],
-                                                  "display_name": "playground test", "language": "python"}))
+                                                  "display_name": "playground test", "language": "python",
+                                                  "env": {"OMP_NUM_THREADS": str(NOTEBOOK_THREADS)}}))
     return root
 
 

@@ -84,6 +84,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return padded(x, weight, bias)
 
 
+linear.ordered = True                     # type: ignore[attr-defined]  # LeanStep.forward: a product it keeps
+
+
 def padded(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`linear` in torch's products (other dtypes and devices, or no row kernel): the rows padded to a multiple of
     ROW_TILE and multiplied in one call where this library keeps each row's order for every multiple of 8 rows

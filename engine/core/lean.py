@@ -271,11 +271,14 @@ class LeanStep:
         positions: a flattened mixed step's), as transformers' `logits_to_keep`: ids and positions [B, T] (each token's
         own position); `mask` [B, 1, T, S] where rows read padded keys, None for causal over the new tokens (the
         keys before them all read); `keep` receives the L + 1 residuals; `fused`, per layer, products made as one;
-        `attention` in place of SDPA. With `invariant` set, the batch-invariant kernels stand in for all three.
+        `attention` in place of SDPA. With `invariant` set, the batch-invariant kernels stand in for all three (products
+        marked `ordered`, the row kernel's panels with their fused ones, are kept: engine.core.small_batch).
         `lone`: a lone decode step's layers in two C calls each (engine.core.lone.LonePlan), where it `takes` the step:
         the same operations on the same products (for one row, the row kernel's with the mode on or off)."""
-        if self.invariant:
-            linear, fused, attention = invariant.linear, None, invariant.attention
+        if self.invariant:                       # products in one order per output (`ordered`) are kept
+            attention = invariant.attention
+            if not getattr(linear, "ordered", False):
+                linear, fused = invariant.linear, None
         if lone is not None and lone.takes(ids, mask, keep, logits_to_keep):
             return self._lone(lone, ids, positions, kv, keep, linear, attention)
         x = F.embedding(ids, self.embed.weight)                                         # [B, T, d]

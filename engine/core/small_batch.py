@@ -1,26 +1,30 @@
-"""Small-batch matrix products on CPU: a packed oneDNN kernel for the batched decode steps.
+"""Small-batch matrix products on CPU: weights packed once for a room's decode steps and short prefill chunks.
 
 A decode step of B requests multiplies a (B, d_in) activation by every weight matrix. On a CPU with AVX2
 (the 2-core machine this app is built on), torch's default float32 path (MKL sgemm) is poor at 2 <= B <= 32:
 measured single-threaded, a 1536 x 576 matrix takes 84 us at B = 1, 158 us at B = 2 and 287 us at B = 6, and
-SmolLM2's 49152 x 576 LM head 8.3 ms at B = 1 but 19.5 ms at B = 2. oneDNN's matmul on a weight packed once in
-its blocked layout takes 111 us at B = 2, 180 us at B = 6, and 7.5 ms for the LM head at B = 2. At B = 1 MKL's
-matrix-vector path is faster, and for large B (a prefill chunk) they are even. Up to B = 32 (a room of 20-30
-decoding together) the packed LM head stays ahead: 24 against 35 ms at B = 20, 31 against 48 ms at B = 32. So
-the batched decode step, and only it, uses the packed copy, and only for the matrix shapes where it measured
-faster on this machine (`calibrate`): everything else, a request alone included, runs the unchanged model.
+SmolLM2's 49152 x 576 LM head 8.3 ms at B = 1 but 19.5 ms at B = 2. A copy of each weight packed once for a
+blocked product is faster there. Two packers, by what this machine has:
+
+- the row kernel's panels (engine/core/kernels, rows.c's `panels_pack` and `panels_linear`), where it builds: the
+  same sums in the same order as a request alone (`ordered`: a row's products have the bits they have alone, in a
+  room of any size, which also makes them the invariant mode's products for any step, `ordered_linear`), and the
+  fastest of the ways measured here for 2 to 128 rows (docs/engine.md, "Room products on panels");
+- else oneDNN's matmul on its blocked layout (`torch.ops.mkldnn._reorder_linear_weight`), which rounds differently
+  from MKL and from a request alone: a batched row equals the same request alone within float32 tolerance.
+
+A step of ROWS rows uses the packed copy, only for the matrix shapes where it measured faster on this machine
+(`calibrate`); a request alone runs the row kernel's few-rows product, longer chunks MKL.
 
     with small_batch_kernels(lm):                # on this thread: small batches use the packed weights
         lm.model(input_ids=ids, ...)             # (packed on first use; nothing where there is no gain)
     packed, bias = kernels.fuse([(q, qb), (k, kb), (v, vb)])   # one product for weights sharing an input (the
                                                                # lean batch step, engine/serving/lean.py)
 
-The packed copies cost memory (SmolLM2-135M: about 0.5 GB beside its 0.54 GB of float32 weights), so packing
-stops at `max_bytes`. The packed kernel rounds differently from MKL, as MKL's own B = 6 path rounds differently
-from its B = 1 path: a batched row equals the same request alone within float32 tolerance, not bit for bit
-(tests/test_small_batch.py). The `small_batch` setting, `PLAYGROUND_SMALL_BATCH=off`, turns it off; `=all` packs
-every CPU float32 linear without measuring (the tests do, so that they run the packed kernel on any machine).
-docs/serving.md has the measurements.
+The packed copies cost memory (SmolLM2-135M: about 0.54 GB beside its 0.54 GB of float32 weights), so packing
+stops at `max_bytes` (tests/test_small_batch.py). The `small_batch` setting, `PLAYGROUND_SMALL_BATCH=off`, turns it
+off; `=all` packs every CPU float32 linear without measuring (the tests do, so that they run the packed kernel on
+any machine). docs/serving.md and docs/engine.md have the measurements.
 """
 from __future__ import annotations
 
@@ -36,6 +40,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from engine import settings
+from engine.core import invariant, kernels
+from engine.core.kernels import Panels
 from engine.core.openmp import in_passing_thread
 
 ROWS = range(2, 129)            # rows of the activation that use the packed weights: a room's decode step (up to
@@ -53,19 +59,40 @@ _active = threading.local()
 
 
 def available() -> bool:
+    """Whether a packed product exists here: the row kernel's panels (engine.core.kernels) or oneDNN's packed
+    linear (a CPU build of torch with MKL-DNN)."""
+    return kernels.row_kernel() is not None or onednn_available()
+
+
+def onednn_available() -> bool:
     """Whether this torch has oneDNN's packed linear (a CPU build with MKL-DNN)."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """`weight` (out, in) in oneDNN's blocked layout, for `packed_linear`."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+def pack_weight(weight: torch.Tensor) -> torch.Tensor | Panels:
+    """`weight` (out, in) packed for `packed_linear`: in the row kernel's panels where it fits (a float32 CPU
+    weight: every row's product then has the bits it has alone, `ordered`), else in oneDNN's blocked layout."""
+    kernel = kernels.row_kernel()
+    w = weight.detach()
+    if kernel is not None and kernels.fits(w[:1], w, None, max_rows=None):
+        return kernel.pack(w)
+    return torch.ops.mkldnn._reorder_linear_weight(w, None)
 
 
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def ordered(packed: torch.Tensor | Panels) -> bool:
+    """Whether `packed` multiplies in the row kernel's one order per output (its panels): a row's numbers then do not
+    depend on the other rows, as the invariant mode's products (engine.core.invariant)."""
+    return isinstance(packed, Panels)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor | Panels, bias: torch.Tensor | None) -> torch.Tensor:
     """x @ W.T + bias with W packed by `pack_weight`; x is (..., in)."""
     rows = x.reshape(-1, x.shape[-1])
-    return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "").reshape(*x.shape[:-1], -1)
+    if isinstance(packed, Panels):
+        out = packed.kernel.on_panels(rows, packed, bias)
+    else:
+        out = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+    return out.reshape(*x.shape[:-1], -1)
 
 
 def _seconds(fn) -> float:
@@ -161,6 +188,23 @@ class SmallBatchKernels:
         """x @ weight.T + bias, on the packed copy where this kernel serves `x` (as F.linear elsewhere)."""
         packed = self.packed_for(weight, x)
         return F.linear(x, weight, bias) if packed is None else packed_linear(x, packed, bias)
+
+    @property
+    def ordered(self) -> bool:
+        """Whether every packed copy is the row kernel's panels (`ordered`): then the products of any number of rows
+        keep each row's bits, and the invariant mode takes them for every step (`ordered_linear`)."""
+        copies = [entry[1] for entry in self._packed.values()] + [entry[1] for entry in self._fused.values()]
+        return bool(copies) and all(map(ordered, copies))
+
+    def ordered_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x @ weight.T + bias in the row kernel's one order per output for any number of rows (the invariant mode's
+        products, engine.core.invariant): on the weight's panels where it has them, else invariant.linear."""
+        entry = self._packed.get(id(weight))
+        if entry is None or entry[0]() is not weight or entry[2] != weight.data_ptr() or not ordered(entry[1]):
+            return invariant.linear(x, weight, bias)
+        return packed_linear(x, entry[1], bias)
+
+    ordered_linear.ordered = True          # type: ignore[attr-defined]  # LeanStep.forward keeps it in the mode
 
     def fuse(self, pairs: list[tuple[torch.Tensor, torch.Tensor | None]]
              ) -> tuple[torch.Tensor, torch.Tensor | None] | None:

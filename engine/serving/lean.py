@@ -133,11 +133,13 @@ class LeanDecode:
         model has them (packed now if `pack`: a room's first batched step; the runner packs at its start) and `rows`
         is in their ROWS; else F.linear (MKL)."""
         kernels = kernels_for(self.lean.lm, pack=pack)
-        if kernels is None or rows not in ROWS:
+        ordered = kernels is not None and self.lean.invariant and kernels.ordered     # the mode's, at any rows
+        if kernels is None or (rows not in ROWS and not ordered):
             return F.linear, None
         fused = self.fused(kernels)
         stale = list(map(torch.Tensor.data_ptr, self._fused_weights)) != self._fused_where
-        return kernels.linear, None if stale else fused        # a weight pointed elsewhere: its own product
+        linear = kernels.ordered_linear if ordered else kernels.linear
+        return linear, None if stale else fused        # a weight pointed elsewhere: its own product
 
     def lone_products(self) -> tuple[Linear, list[Fused] | None]:
         """One row's (linear, fused): every product bound once where they are the row kernel's (engine.core.lone:

@@ -4,6 +4,8 @@
     y = kernel.linear(x, weight, bias)     # x (R, in), R <= MAX_ROWS; weight (out, in) contiguous float32; -> (R, out)
     y = kernel.tiled(x, weight, bias)      # the same bits for any number of rows, blocked like a matrix product
     call = kernel.one_row(weight, bias)    # call(x address, y address): `linear` for one row, its C arguments made once
+    panels = kernel.pack(weight)           # the weight copied once into panels (rows.c's panels_pack)
+    y = kernel.on_panels(x, panels, bias)  # the same bits again, for any R, faster for a room's rows or a chunk
 
 `rows.c` is a plain C file: compiled with `gcc -O3 -march=native -fopenmp -ffp-contract=fast` into a shared
 library in the cache folder (~/.cache/inference-playground/kernels/, or PLAYGROUND_CACHE's), named by a hash of the
@@ -35,7 +37,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -48,6 +50,20 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=fast", "-shared", "-
 MAX_ROWS = 8                       # rows `linear` takes (matvec: more take torch's product); `tiled` takes any
 F32 = torch.float32
 BUILD_SECONDS = 120                # a compiler that takes longer than this is given up on
+
+
+class Panels(NamedTuple):
+    """A weight (out, in) packed by `RowKernel.pack`: rows.c's panels of PN outputs, each half of every span side by
+    side (`data`, panels_floats(in, out) floats), and the library that packed it and multiplies on it (a copy stays
+    usable where the row kernel is later turned off in the process)."""
+    data: torch.Tensor
+    out: int
+    width: int
+    kernel: "RowKernel"
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
 
 
 class BuildError(Exception):
@@ -69,6 +85,12 @@ class RowKernel:
         self._call.restype = None
         self._tiles = lib.tiles_linear                 # the same arguments, any number of rows
         self._tiles.argtypes, self._tiles.restype = self._call.argtypes, None
+        self._panels = lib.panels_linear               # the same arguments, the weight's panels; -> 0 or -1
+        self._panels.argtypes, self._panels.restype = self._call.argtypes, ctypes.c_int
+        self._pack = lib.panels_pack                   # (w, in, out, packed, threads)
+        self._pack.argtypes, self._pack.restype = [ptr, long, long, ptr, ctypes.c_int], None
+        self._floats = lib.panels_floats               # (in, out) -> the packed copy's floats
+        self._floats.argtypes, self._floats.restype = [long, long], long
         self.max_threads = lib.rows_max_threads      # () -> the OpenMP team a region here would have
         self._bare = lib["rows_linear"]                # the same function without argtypes: `one_row` passes C values
         self.address = ctypes.cast(self._bare, ctypes.c_void_p).value   # rows_linear's, for C that calls it (glue.c)
@@ -83,6 +105,26 @@ class RowKernel:
               threads: int | None = None) -> torch.Tensor:
         """`linear` for any number of rows R (the caller checks `fits(..., max_rows=None)`), bitwise the same."""
         return self._product(self._tiles, x, weight, bias, threads)
+
+    def pack(self, weight: torch.Tensor) -> Panels:
+        """`weight` (out, in), contiguous float32 on the CPU, copied into rows.c's panels for `on_panels`."""
+        out, width = weight.shape
+        data = torch.empty(self._floats(width, out), dtype=torch.float32)
+        self._pack(weight.data_ptr(), width, out, data.data_ptr(), torch.get_num_threads())
+        return Panels(data, out, width, self)
+
+    def on_panels(self, x: torch.Tensor, panels: Panels, bias: torch.Tensor | None = None,
+                  threads: int | None = None) -> torch.Tensor:
+        """`linear` for any number of rows R on the weight's panels (x (R, in) float32 on the CPU), bitwise the
+        same; MemoryError where the rows' packed copy could not be allocated."""
+        rows = x.contiguous()                                                       # [R, in]
+        r = rows.shape[0]
+        y = torch.empty(r, panels.out, dtype=torch.float32)                        # [R, out]
+        if self._panels(rows.data_ptr(), panels.width, r, panels.data.data_ptr(), panels.width, panels.out,
+                        bias.data_ptr() if bias is not None else None, y.data_ptr(), panels.out,
+                        torch.get_num_threads() if threads is None else threads):
+            raise MemoryError(f"no memory for {r} packed rows of {panels.width}")
+        return y
 
     def one_row(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Callable[[int, int], None]:
         """`linear` for one row against this weight, as call(x address, y address): y (out,) = x (in,) @ weight.T +

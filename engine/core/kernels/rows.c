@@ -19,6 +19,7 @@
    Threads take fixed contiguous ranges of CHUNK outputs; the parallel region is the OpenMP runtime's already in
    the process (torch's libgomp, loaded first), so the team is torch's own: no second pool of threads. */
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The vector: one register of the widest kind this machine has (the library is built for it, -march=native), so
@@ -273,4 +274,148 @@ static void tiled_outputs(const float *x, long ldx, long rows, const float *w, l
 void tiles_linear(const float *x, long ldx, long rows, const float *w, long in, long out, const float *bias,
                   float *y, long ldy, int threads) {
     split(tiled_outputs, TN, x, ldx, rows, w, in, out, bias, y, ldy, threads);
+}
+
+/* ---- Many rows on weights packed once in panels: the same order per output, each sum in two halves.
+
+   An output's ACCS = 2 accumulators never meet until `fold`: accumulator 0 takes the first LANES k's of every span,
+   accumulator 1 the last LANES. So each can run alone over its half of the span's k's, in k's order, and the two be
+   folded after: the same sums as rows_linear's, bitwise, with half the accumulators live at a time. That frees the
+   registers for a tile of PR rows x PN outputs (12 accumulators of AVX's 16, beside PN vectors of w and one of x):
+   each loaded vector of w used PR times and each of x PN times, 7 loads per 12 multiply-adds where `tile` takes 5
+   per 6; docs/engine.md, "Room products on panels", has what it measured.
+
+   The layout that makes each half one contiguous stream: a panel of PN outputs (or PR rows of x) holds, for half a
+   and span i, the PN rows' LANES floats of k = SPAN i + LANES a ... side by side ([a][i][c][LANES]), the tail past
+   the last full span padded with zeros as one_output pads it, a short last panel with zero rows. The weights are
+   packed once (`panels_pack`, a copy the size of the weights: engine/core/small_batch.py keeps it in place of
+   oneDNN's); the rows of x are packed at each call into a buffer of the calling thread, every thread of the team
+   packing a share. Threads over contiguous ranges of output panels, never along k. */
+#define PR 4                     /* rows of x in a panel (and in a register tile) */
+#define PN 3                     /* outputs in a panel of weights (and in a register tile) */
+
+/* Spans of SPAN k's in a row of `in`, the last padded. */
+static long spans(long in) { return (in + SPAN - 1) / SPAN; }
+
+/* Floats in the packed copy of an (out, in) weight: whole panels of PN outputs (tests allocate it). */
+long panels_floats(long in, long out) { return (out + PN - 1) / PN * PN * spans(in) * SPAN; }
+
+/* The first n (<= width) rows of src (row stride ld) as one panel of `width` rows: dst[a][i][c][LANES]. */
+static void pack_panel(const float *src, long ld, int n, int width, long in, float *dst) {
+    long s = spans(in);
+    for (int a = 0; a < ACCS; a++)
+        for (long i = 0; i < s; i++)
+            for (int c = 0; c < width; c++) {
+                float *d = dst + ((a * s + i) * width + c) * LANES;
+                long k = i * SPAN + a * LANES, have = c < n ? in - k : 0;
+                have = have < 0 ? 0 : have > LANES ? LANES : have;
+                memcpy(d, src + c * ld + k, sizeof(float) * have);
+                memset(d + have, 0, sizeof(float) * (LANES - have));
+            }
+}
+
+/* w (out, in) packed into wp (panels_floats(in, out) floats), with `threads` threads. */
+void panels_pack(const float *w, long in, long out, float *wp, int threads) {
+    long panels = (out + PN - 1) / PN, size = PN * spans(in) * SPAN;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (long p = 0; p < panels; p++)
+        pack_panel(w + p * PN * in, in, out - p * PN < PN ? (int)(out - p * PN) : PN, PN, in, wp + p * size);
+}
+
+/* Outputs [n, n + cols) of a panel's `rows` rows (constants where inlined): each half's PR x PN accumulators over
+   its s spans in k's order, then each output's two folded as `total` adds them. */
+static inline __attribute__((always_inline)) void panel_tile(const float *xp, const float *wp, long s, int rows,
+                                                             int cols, const float *bias, float *y, long ldy,
+                                                             long n) {
+    vec half[ACCS][PR][PN];
+    for (int a = 0; a < ACCS; a++) {
+        vec acc[PR][PN];
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < PN; c++)
+                acc[r][c] = (vec){0};
+        const float *xa = xp + a * s * PR * LANES, *wa = wp + a * s * PN * LANES;
+        for (long i = 0; i < s; i++) {
+            vec wv[PN];
+            for (int c = 0; c < PN; c++) {
+                wv[c] = load(wa + (i * PN + c) * LANES);
+                __asm__("" : "+v"(wv[c]));          /* held in registers, as in `tile` */
+            }
+            for (int r = 0; r < rows; r++) {
+                vec xv = load(xa + (i * PR + r) * LANES);
+                __asm__("" : "+v"(xv));
+                for (int c = 0; c < PN; c++)
+                    acc[r][c] += xv * wv[c];                        /* one FMA, as one_output's */
+            }
+        }
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < PN; c++)
+                half[a][r][c] = acc[r][c];
+    }
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) {
+            vec pair[ACCS] = {half[0][r][c], half[1][r][c]};
+            float v = fold(pair);
+            y[r * ldy + n + c] = bias ? v + bias[n + c] : v;
+        }
+}
+
+/* One register tile, its row count made a constant for the compiler. */
+static void panel_tile_of(const float *xp, const float *wp, long s, int rows, int cols, const float *bias, float *y,
+                          long ldy, long n) {
+    switch (rows) {
+    case 1: panel_tile(xp, wp, s, 1, cols, bias, y, ldy, n); break;
+    case 2: panel_tile(xp, wp, s, 2, cols, bias, y, ldy, n); break;
+    case 3: panel_tile(xp, wp, s, 3, cols, bias, y, ldy, n); break;
+    default: panel_tile(xp, wp, s, PR, cols, bias, y, ldy, n); break;
+    }
+}
+
+/* The calling thread's buffer for packed rows of x, grown as needed (kept: a room's steps reuse it). */
+static __thread float *rows_buffer;
+static __thread long rows_capacity;
+
+static float *rows_space(long floats) {
+    if (floats > rows_capacity) {
+        free(rows_buffer);
+        rows_buffer = aligned_alloc(64, (size_t)((floats * 4 + 63) / 64 * 64));
+        rows_capacity = rows_buffer ? floats : 0;
+    }
+    return rows_buffer;
+}
+
+/* As rows_linear, bitwise, for any number of rows, on wp = the weight packed by panels_pack. Returns 0, or -1 where
+   no memory could be had for the packed rows (nothing written). Blocked as tiles_linear: ROW_BYTES of packed rows
+   kept while BLOCK_BYTES of panels pass over them. */
+int panels_linear(const float *x, long ldx, long rows, const float *wp, long in, long out, const float *bias,
+                  float *y, long ldy, int threads) {
+    long s = spans(in), xsize = PR * s * SPAN, wsize = PN * s * SPAN;
+    long rpanels = (rows + PR - 1) / PR, panels = (out + PN - 1) / PN;
+    float *xp = rows_space(rpanels * xsize);
+    if (!xp)
+        return -1;
+    long block = BLOCK_BYTES / (4 * wsize), row_block = ROW_BYTES / (4 * xsize);
+    block = block < 1 ? 1 : block;
+    row_block = row_block < 1 ? 1 : row_block;
+    if (threads > panels)
+        threads = (int)panels;
+#pragma omp parallel num_threads(threads > 1 ? threads : 1)
+    {
+        int t = omp_get_thread_num(), team = omp_get_num_threads();
+#pragma omp for schedule(static)
+        for (long q = 0; q < rpanels; q++)
+            pack_panel(x + q * PR * ldx, ldx, rows - q * PR < PR ? (int)(rows - q * PR) : PR, PR, in, xp + q * xsize);
+        long p0 = panels * t / team, p1 = panels * (t + 1) / team;
+        for (long q0 = 0; q0 < rpanels; q0 += row_block) {
+            long q1 = q0 + row_block < rpanels ? q0 + row_block : rpanels;
+            for (long b0 = p0; b0 < p1; b0 += block) {
+                long b1 = b0 + block < p1 ? b0 + block : p1;
+                for (long q = q0; q < q1; q++)
+                    for (long p = b0; p < b1; p++)
+                        panel_tile_of(xp + q * xsize, wp + p * wsize, s, rows - q * PR < PR ? (int)(rows - q * PR) : PR,
+                                      out - p * PN < PN ? (int)(out - p * PN) : PN, bias, y + q * PR * ldy, ldy,
+                                      p * PN);
+            }
+        }
+    }
+    return 0;
 }
