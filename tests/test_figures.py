@@ -1040,6 +1040,25 @@ LONE += [  # docs/serving.md, "Prefill chunks on the packed weights"
                        d["rows"][str(n)]["tiles"]["ms"], d["rows"][str(n)]["tiles"]["x_mkl"]))
       for n in (2, 8, 20, 41, 64, 128, 256, 512)),
 ]
+PANELS = "chunk_products/20261129T035925Z-074b79c.json"
+
+
+def panels_row(n: int) -> Callable[[dict], tuple]:
+    """MKL's ms, then each other way's ms and its time over MKL's, at n rows (bench/chunk_products.py)."""
+    def row(d: dict) -> tuple:
+        r = d["rows"][str(n)]
+        return (r["mkl"]["ms"], *(v for way in ("onednn", "tiles", "panels") for v in (r[way]["ms"], r[way]["x_mkl"])))
+    return row
+
+
+LONE += [  # docs/engine.md, "Room products on panels"
+    (ENGINE_DOC, PANELS, "load average {:.2f} at its start;\n`bench/results/chunk_products/20261129T035925Z",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    *((ENGINE_DOC, PANELS, f"| {n} | {{:.1f}} ms | {{:.1f}} ms ({{:.2f}}x) | {{:.1f}} ms ({{:.2f}}x) | {{:.1f}} ms ({{:.2f}}x) |",
+       panels_row(n)) for n in (2, 8, 20, 41, 64, 128, 256, 512)),
+    (ENGINE_DOC, PANELS, "with it on the panels take {:.2f}x MKL's time at 512 rows where the tiles took {:.2f}x.",
+     lambda d: (d["rows"]["512"]["panels"]["x_mkl"], d["rows"]["512"]["tiles"]["x_mkl"])),
+]
 PARTS_ATTEND = "lone_parts/20261129T004536Z-12188b0.json"
 PARTS_PICK = "lone_parts/20261129T013111Z-219fdef.json"
 LONE += [  # docs/engine.md, "A lone row's attention in C, every layer in one call" and "A layout timed at load"
@@ -2607,6 +2626,7 @@ DOCS_NOT_MEASURED: dict[str, tuple[str, ...]] = {  # the same for docs/*.md, eac
     ),
     "docs/engine.md": (  # sizes from the config, settings, targets, shapes, a published share, artefacts' sizes
         "issue's 1 ms in the step",  # the issue's target
+        "6 x 2, 5 x 2, 3 x 4 and 2 x 6 tiles were slower than 4 x 3 (3 x 4 and 2 x 6",  # tile shapes, not measurements
         "stayed in 4 KB pages (`in_huge_pages`", "moves into the 2 MB pages too",  # page sizes, not measurements
         "that pass reads the weights once, 0.54 GB",
         "so the 0.80x above",  # a back-reference to the figure checked above

@@ -135,6 +135,9 @@ def test_the_room_page_says_which_kernel_its_batched_steps_use(tmp_path, monkeyp
     served.close()
     assert "copies of 1 weight matrix rearranged" in note
     assert "96 x 64, 4 requests' rows took 2.0 ms the usual way and 1.0 ms with the rearranged copy" in note
+    ordered = small_batch.ordered(small_batch.pack_weight(lm.model.lm_head.weight))     # where the row kernel builds
+    assert ("in the same order as for the request alone" in note) == ordered
+    assert ("One request alone keeps the usual routine." in note) != ordered
 
 
 def test_weights_that_share_an_input_fuse_into_one_product_in_place_of_their_own_copies():

@@ -355,7 +355,12 @@ def kernel_note(lm: ModelClient) -> str | None:
             f"batch of a few rows, so for steps of {ROWS.start} to {ROWS.stop - 1} requests the server keeps copies "
             f"of {kernels['weights']} weight {'matrix' if kernels['weights'] == 1 else 'matrices'} rearranged for a "
             "second routine that measured faster on this "
-            f"machine.{example} One request alone keeps the usual routine.")
+            f"machine.{example} {SAME_ORDER if kernels.get('ordered') else USUAL_ALONE}")
+
+
+SAME_ORDER = ("That routine is the playground's own: it adds up each number of a request in the same order as for the "
+              "request alone, so sharing the batch does not change a request's numbers.")
+USUAL_ALONE = "One request alone keeps the usual routine."
 
 
 def last_table(state: RoomState) -> BlockTable | None:

@@ -17,7 +17,9 @@ than in a decode step. Here every product is made on the same fixed shapes whate
   cache-sized blocks of the weights, threads over outputs, never along k. So a row's product has the same bits
   alone, in a room's decode step of any size, in a prefill chunk of any length and on any number of threads
   (tests/test_row_kernel.py checks it bitwise, and that a copy of rows.c whose full tiles round differently
-  fails), and a lone row takes no padding. Elsewhere (another dtype or device, or
+  fails), and a lone row takes no padding. Where the model's weights have the row kernel's packed panels (the
+  server's room: engine/core/small_batch.py, `ordered_linear`), the forward keeps those in the mode: the same order
+  again, faster for many rows (docs/engine.md, "Room products on panels"). Elsewhere (another dtype or device, or
   where the kernel cannot be built) `padded`: the rows padded with zero rows to a multiple of `ROW_TILE` and
   multiplied in one torch call. On this CPU MKL's sgemm adds up each output in the same order for every row count
   that is a multiple of 8 (8 to 2,048 rows checked on SmolLM2's products, one thread and two), but not for 1, 2 or

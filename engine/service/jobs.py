@@ -719,7 +719,8 @@ def memory_ledger(lm: LoadedModel, runs: Any, cache_length: int, cache_bytes: in
 def batch_kernels(lm: LoadedModel) -> dict[str, Any] | None:
     """The weights the batched CPU steps use packed, and the timings that chose them (measured at start)."""
     kernels = kernels_for(lm, pack=False)
-    return None if kernels is None else {"weights": kernels.weights, "faster": kernels.faster_shapes()}
+    return None if kernels is None else {"weights": kernels.weights, "faster": kernels.faster_shapes(),
+                                         "ordered": kernels.ordered}
 
 
 # --- same question, same numbers (issue 51) ---------------------------------------------------------------------------

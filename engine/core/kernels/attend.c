@@ -149,16 +149,39 @@ INLINE void scores(const shape_t *p, const float *const *q, const float *kt, flo
     }
 }
 
+/* Causal (no mask): the block's keys j < upto are read, the rest set to -inf, in vectors; returns the largest score
+   read. The same scores and the same maximum as `reads` key by key (a maximum does not depend on its order). */
+INLINE float causal_top(float *score, long upto) {
+    vec lane, tops = splat(-INFINITY), none = splat(-INFINITY);
+    for (int j = 0; j < LANES; j++)
+        lane[j] = (float)j;
+    for (int c = 0; c < VECS; c++) {
+        vec x = load(score + c * LANES);
+        ivec keep = lane + (float)(c * LANES) < (float)upto;                /* lanes of -1 (read) or 0 */
+        x = (vec)(((ivec)x & keep) | ((ivec)none & ~keep));
+        store(score + c * LANES, x);
+        ivec above = x > tops;
+        tops = (vec)(((ivec)x & above) | ((ivec)tops & ~above));
+    }
+    float top = -INFINITY;
+    for (int j = 0; j < LANES; j++)
+        top = tops[j] > top ? tops[j] : top;
+    return top;
+}
+
 /* One query's scores turned into its weights in place (0 for the keys it does not read), its running max and sum
    moved on; returns what its sums so far are scaled by (1 where it reads none of the block's n keys). */
 INLINE float weigh(const shape_t *p, const uint8_t *mask, long b, long t, long n, long j0, float *score,
                    state_t *st) {
     float top = -INFINITY;
-    for (long j = 0; j < KEY_BLOCK; j++) {
-        if (j >= n || !reads(p, mask, b, t, j0 + j))
-            score[j] = -INFINITY;
-        top = score[j] > top ? score[j] : top;
-    }
+    if (mask) {
+        for (long j = 0; j < KEY_BLOCK; j++) {
+            if (j >= n || !reads(p, mask, b, t, j0 + j))
+                score[j] = -INFINITY;
+            top = score[j] > top ? score[j] : top;
+        }
+    } else
+        top = causal_top(score, p->s - p->t + t - j0 + 1 < n ? p->s - p->t + t - j0 + 1 : n);
     if (top == -INFINITY) {                                                 /* none read: the state as it is */
         memset(score, 0, sizeof(float) * KEY_BLOCK);
         return 1.0f;
