@@ -358,8 +358,9 @@ def kernel_note(lm: ModelClient) -> str | None:
             f"machine.{example} {SAME_ORDER if kernels.get('ordered') else USUAL_ALONE}")
 
 
-SAME_ORDER = ("That routine is the playground's own: it adds up each number of a request in the same order as for the "
-              "request alone, so sharing the batch does not change a request's numbers.")
+SAME_ORDER = ("That routine is the playground's own: it adds up each of a request's matrix products in the same order "
+              "as for the request alone, so the room's size does not change them (the attention is another matter: "
+              "\"Same question, same numbers?\" below).")
 USUAL_ALONE = "One request alone keeps the usual routine."
 
 
