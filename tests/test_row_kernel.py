@@ -128,38 +128,27 @@ def test_the_tiled_product_gives_a_row_the_bits_it_gets_alone_among_any_rows_and
     assert tiled_keeps_each_rows_bits(kernel, w, b, x)
 
 
-def test_a_tiled_product_whose_order_follows_the_row_count_fails_the_row_check(kernel, tmp_path, monkeypatch):
-    """The mutation: rows.c with each product rounded before it is added (no fused multiply-add) in full tiles of 4
-    rows only, as a library's code path for full tiles might; built and loaded as the kernel is, it gives a row other
-    bits among 4 or more rows than alone, and the check above says so."""
+# Each register tile's multiply-add in rows.c (tiles_linear's and panels_linear's) and the row count of a full tile
+MUTATED = [("acc[r][c][a] += xv * wv[c];", "TR"), ("acc[r][c] += xv * wv[c];", "PR")]
+
+
+@pytest.mark.parametrize("fused,full", MUTATED, ids=["tiles", "panels"])
+def test_a_product_whose_order_follows_the_row_count_fails_the_row_check(kernel, tmp_path, monkeypatch, fused, full):
+    """The mutation: rows.c with each product rounded before it is added (no fused multiply-add) in full register
+    tiles only, as a library's code path for full tiles might, in the tiles on the weights as stored or in the panels
+    of a packed copy (a room's step, a prefill chunk); built and loaded as the kernel is, it gives a row other bits
+    among 4 or more rows than alone, and the check above says so."""
     monkeypatch.setenv("PLAYGROUND_CACHE", str(tmp_path / "cache"))
     text = kernels.SOURCE.read_text()
-    fused = "acc[r][c][a] += xv * wv[c];"
     assert text.count(fused) == 1
     source = tmp_path / "rows.c"
-    source.write_text(text.replace(fused, '{ vec p = xv * wv[c]; if (rows == TR) __asm__("" : "+v"(p)); '
-                                          'acc[r][c][a] += p; }'))
+    accumulator = fused.split(" += ")[0]
+    source.write_text(text.replace(fused, f'{{ vec p = xv * wv[c]; if (rows == {full}) __asm__("" : "+v"(p)); '
+                                          f'{accumulator} += p; }}'))
     mutant = kernels.RowKernel(kernels.build(source))
     g = torch.Generator().manual_seed(9)
     w, b, x = torch.randn(130, 577, generator=g), None, torch.randn(max(TILED_ROWS), 577, generator=g)
     assert tiled_keeps_each_rows_bits(kernel, w, b, x) and not tiled_keeps_each_rows_bits(mutant, w, b, x)
-
-
-def test_a_panel_product_whose_order_follows_the_row_count_fails_the_row_check(kernel, tmp_path, monkeypatch):
-    """The same mutation in the panels' register tile (rows.c's panel_tile): each product rounded before it is added
-    in full tiles of PR rows only. The packed products of a room's step or a prefill chunk would then give a row
-    other bits than alone, and the check says so."""
-    monkeypatch.setenv("PLAYGROUND_CACHE", str(tmp_path / "cache"))
-    text = kernels.SOURCE.read_text()
-    fused = "acc[r][c] += xv * wv[c];"
-    assert text.count(fused) == 1
-    source = tmp_path / "rows.c"
-    source.write_text(text.replace(fused, '{ vec p = xv * wv[c]; if (rows == PR) __asm__("" : "+v"(p)); '
-                                          'acc[r][c] += p; }'))
-    mutant = kernels.RowKernel(kernels.build(source))
-    g = torch.Generator().manual_seed(10)
-    w, x = torch.randn(130, 577, generator=g), torch.randn(max(TILED_ROWS), 577, generator=g)
-    assert tiled_keeps_each_rows_bits(kernel, w, None, x) and not tiled_keeps_each_rows_bits(mutant, w, None, x)
 
 
 def test_a_panel_copy_takes_any_weight_shape(kernel):
