@@ -222,6 +222,40 @@ def test_every_float32_product_of_the_mode_goes_through_the_row_kernel(lm, monke
     assert {6, 1, 7} <= set(calls)                                      # its second chunk, alone, a batch of 7
 
 
+def test_the_mode_keeps_the_rooms_packed_panels_and_they_give_its_bits(lm, monkeypatch):
+    """The server's room packs the weights in the row kernel's panels (engine.core.small_batch): with the mode on, a
+    step of any size keeps those products, q|k|v and gate|up fused, where the forward put its own in before; they go
+    through the panels and give every logit the bits the mode's own products give. With the mode off a long chunk
+    takes MKL."""
+    from engine.core import small_batch
+    from engine.serving.lean import LeanDecode
+
+    step, before = LeanStep(lm), lm.small_batch
+    step.invariant = True
+    lm.small_batch = small_batch.SmallBatchKernels.pack(lm.model, environ={small_batch.ENV: "all"})
+    on_panels, used = kernels.RowKernel.on_panels, []
+    monkeypatch.setattr(kernels.RowKernel, "on_panels", lambda self, x, *a, **k: used.append(x.shape[0])
+                        or on_panels(self, x, *a, **k))
+    try:
+        decoder = LeanDecode(step)
+        assert lm.small_batch.ordered
+        for rows in (20, 300):
+            linear, fused = decoder.products(rows)
+            assert linear == lm.small_batch.ordered_linear and fused is not None
+        ids, positions = ids_of(70, 4, lm.model.config.vocab_size), torch.arange(70)[None]
+        linear, fused = decoder.products(70)
+        with torch.inference_mode():
+            kept = step.forward(torch.tensor([ids]), positions, kv_of(DynamicCache()), logits_to_keep=70,
+                                linear=linear, fused=fused)
+            assert used.count(70) == 4 * len(step.layers) + 1              # q|k|v, o, gate|up, down a layer; the head
+            own = step.forward(torch.tensor([ids]), positions, kv_of(DynamicCache()), logits_to_keep=70)
+        assert torch.equal(kept, own)
+        step.invariant = False
+        assert decoder.products(300) == (F.linear, None) and decoder.products(20)[0] == lm.small_batch.linear
+    finally:
+        lm.small_batch = before
+
+
 def test_a_library_whose_order_follows_the_row_count_gets_the_tiles(lm, monkeypatch, no_row_kernel):
     """Where the row kernel is not built (or the dtype or device is not its), the products are torch's, padded. The
     one-call product holds only where this library sums a row the same way in any multiple of 8 rows (MKL on the
