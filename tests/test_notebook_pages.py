@@ -7,11 +7,9 @@ import io
 import json
 import zipfile
 
-import torch
-
 from conftest import tiny_prompt
 from test_pages import app, assert_clean, generate, open_page  # noqa: F401 - `app`: the fixture
-from test_runs import NOTEBOOK_THREADS, execute, kernel, outputs  # noqa: F401 - `kernel`: the fixture
+from test_runs import execute, kernel, outputs  # noqa: F401 - `kernel`: the fixture
 from test_spec_page import REPEATING, page, run_page  # noqa: F401 - `page`: the fixture
 from app.runs.notebook import notebook_zip, run_file_bytes
 from app.runs.run import LAST_RUN
@@ -53,12 +51,7 @@ def test_journey_and_attention_pages_offer_the_run_in_a_notebook(app, tiny_lm): 
 
 
 def test_the_speculative_page_offers_its_run_in_a_notebook(page, tiny_lm, kernel, tmp_path, monkeypatch):  # noqa: F811
-    before = torch.get_num_threads()
-    torch.set_num_threads(NOTEBOOK_THREADS)             # the notebook's count: it compares its rerun bitwise
-    try:
-        at = run_page(page, REPEATING, 2, 8)
-    finally:
-        torch.set_num_threads(before)
+    at = run_page(page, REPEATING, 2, 8)
     assert_clean(at)
     assert LABEL in buttons(at)
     run = at.session_state[LAST_RUN]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -34,7 +35,14 @@ def make_recording(lm, prompt: str, chat: bool = False, new: int = 4):
     return new_recording(lm, request, policy, generate_captured(lm, request, policy), title="a test run")
 
 
-NOTEBOOK_THREADS = 1     # torch's threads in the notebook's kernel (its kernelspec's OMP_NUM_THREADS) and here
+def fresh_threads() -> int:
+    """torch's thread count in a fresh process here: what a notebook's kernel starts with."""
+    done = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], capture_output=True,
+                          text=True, timeout=120)
+    return int(done.stdout.strip() or 1)
+
+
+NOTEBOOK_THREADS = fresh_threads()   # the notebook's kernel's threads (its kernelspec's OMP_NUM_THREADS too), and here
 
 
 @pytest.fixture(scope="module")
