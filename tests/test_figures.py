@@ -1113,6 +1113,24 @@ LONE += [  # README, "Same question, same numbers": the cost since the panels
      lambda d: (d["cost"]["prefill"]["on_over_off"], d["cost"]["20-row decode step"]["on_over_off"],
                 d["cost"]["lone decode step"]["on_over_off"])),
 ]
+INV_API_PANELS = "invariance/20261129T045831Z-ab490f0.json"
+
+
+def timings_ratio(d: dict, sessions: int, tokens: int) -> float:
+    return next(r for r in d["rows"] if r["sessions"] == sessions and r["tokens"] == tokens)["throughput_ratio"]
+
+
+LONE += [  # README, "Same question, same numbers": the room through the API since the panels
+    (README, INV_API_PANELS, "through the API the room of 20 made {:.2f}x and {:.2f}x the tok/s with the mode on at 16\nand 64",
+     lambda d: (timings_ratio(d, 20, 16), timings_ratio(d, 20, 64))),
+]
+LONE += [  # docs/engine.md, "The room's products on panels, and a causal block masked in vectors": through the API
+    (ENGINE_DOC, INV_API_PANELS, "load average {:.2f} at its start;\n`bench/results/invariance/20261129T045831Z",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (ENGINE_DOC, INV_API_PANELS, "the room of 20 made {:.2f}x the tok/s with the mode on at 16 new\ntokens and {:.2f}x "
+     "at 64 (0.91x and 0.89x on a quiet machine before the panels, above); one person alone {:.2f}x and\n{:.2f}x",
+     lambda d: (timings_ratio(d, 20, 16), timings_ratio(d, 20, 64), timings_ratio(d, 1, 16), timings_ratio(d, 1, 64))),
+]
 PARTS_ATTEND = "lone_parts/20261129T004536Z-12188b0.json"
 PARTS_PICK = "lone_parts/20261129T013111Z-219fdef.json"
 LONE += [  # docs/engine.md, "A lone row's attention in C, every layer in one call" and "A layout timed at load"
