@@ -61,10 +61,6 @@ class Panels(NamedTuple):
     width: int
     kernel: "RowKernel"
 
-    @property
-    def nbytes(self) -> int:
-        return self.data.numel() * self.data.element_size()
-
 
 class BuildError(Exception):
     """Why the row kernel could not be built or loaded (one line)."""
