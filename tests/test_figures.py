@@ -1204,6 +1204,18 @@ LONE += [  # README, "Again after the room's products moved to the row kernel's 
      lambda d: (d["table"]["vllm"]["alone_itl_ms"], d["table"]["ours_over_vllm"]["room_16_throughput_tok_s"],
                 d["table"]["ours_over_vllm"]["room_64_throughput_tok_s"])),
 ]
+VS_LCP_P = "vs_llamacpp/20261129T053424Z-ea48d9a.json"   # the Zen 3 machine, the session of the panels
+LONE += [  # README, "One person alone, against llama.cpp, after the attention and the pick went to C": again
+    (README, VS_LCP_P, "load average\n{:.2f} at its start; `bench/results/vs_llamacpp/20261129T053424Z-ea48d9a.json`): ours "
+     "{:.1f} ms a token against llama.cpp's {:.1f}\n({:.2f}x), {:.2f}x the floor of {:.1f} ms, the first token {:.3f} s "
+     "against {:.3f} s ({:.2f}x); the same text for\n{} of 6 answers.",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], d["table"]["ours"]["ms_per_token"],
+                d["table"]["llama.cpp"]["ms_per_token"],
+                d["table"]["ours"]["ms_per_token"] / d["table"]["llama.cpp"]["ms_per_token"],
+                d["table"]["ours"]["x_floor"], d["floor_ms"], d["table"]["ours"]["ttft_s"],
+                d["table"]["llama.cpp"]["ttft_s"], d["table"]["ours"]["ttft_s"] / d["table"]["llama.cpp"]["ttft_s"],
+                d["same_answers"])),
+]
 VS_LCP_C2 = "vs_llamacpp/20261129T014922Z-237f25e.json"   # the Zen 3 machine, attention and pick in C
 LONE += [  # README, "One person alone, against llama.cpp, after the attention and the pick went to C"
     (README, VS_LCP_C2, "load average\n{:.2f} at its start; `bench/results/vs_llamacpp/20261129T014922Z",
@@ -1223,7 +1235,7 @@ LONE += [  # README, "One person alone, against llama.cpp, after the attention a
     (README, VS_LCP, "s here, {:.2f} s in the run below)", lambda d: (d["table"]["ours"]["ttft_s"],)),
     (README, VS_LCP_C2, "read bandwidth\nat {:.1f} GB/s", lambda d: (max(v for r in d["read_gb_s"] for v in r.values()),)),
     (README, VS_LCP, "GB/s ({:.1f} in the run below)", lambda d: (max(v for r in d["read_gb_s"] for v in r.values()),)),
-    (README, VS_LCP_C2, "Both servers gave the same text for {} of 6 answers.\n\n**One", lambda d: (d["same_answers"],)),
+    (README, VS_LCP_C2, "Both servers gave the same text for {} of 6 answers.\nAgain at the end", lambda d: (d["same_answers"],)),
 ]
 LONE += [  # README, "One person alone, against llama.cpp"
     (README, VS_LCP, "load average {:.2f} at its start;", lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
