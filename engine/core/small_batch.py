@@ -138,6 +138,7 @@ class SmallBatchKernels:
         self._fused: dict[tuple[int, ...], tuple[tuple[weakref.ref, ...], torch.Tensor, torch.Tensor | None]] = {}
         self.nbytes, self.max_bytes = 0, max_bytes
         self.shapes: dict[tuple[int, int], tuple[float, float]] = {}     # (out, in) -> (MKL s, packed s)
+        self._all_ordered = True                 # every copy made so far is the row kernel's panels (`ordered`)
 
     @classmethod
     def pack(cls, model: nn.Module, max_bytes: int = MAX_BYTES,
@@ -172,17 +173,24 @@ class SmallBatchKernels:
         weight, key = layer.weight, id(layer.weight)
         if key not in self._packed:
             self._packed[key] = (weakref.ref(weight), pack_weight(weight), weight.data_ptr())
+            self._all_ordered &= ordered(self._packed[key][1])
             self.nbytes += weight.numel() * weight.element_size()
             weakref.finalize(weight, self._packed.pop, key, None)
         layer.__class__ = SmallBatchLinear
 
-    def packed_for(self, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
-        """The packed copy of `weight` when `x` is a small batch this kernel serves, else None."""
+    def _copy_of(self, weight: torch.Tensor) -> torch.Tensor | Panels | None:
+        """`weight`'s own packed copy, None where it has none or where the weight has since been pointed at other
+        values (its copy is stale)."""
         entry = self._packed.get(id(weight))
-        if entry is None or entry[0]() is not weight or entry[2] != weight.data_ptr() or x.dtype != torch.float32 \
-                or torch.is_grad_enabled():          # a weight pointed at other values since: its copy is stale
+        if entry is None or entry[0]() is not weight or entry[2] != weight.data_ptr():
             return None
-        return entry[1] if x.numel() // x.shape[-1] in ROWS else None
+        return entry[1]
+
+    def packed_for(self, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor | Panels | None:
+        """The packed copy of `weight` when `x` is a small batch this kernel serves, else None."""
+        if x.dtype != torch.float32 or torch.is_grad_enabled() or x.numel() // x.shape[-1] not in ROWS:
+            return None
+        return self._copy_of(weight)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x @ weight.T + bias, on the packed copy where this kernel serves `x` (as F.linear elsewhere)."""
@@ -193,16 +201,13 @@ class SmallBatchKernels:
     def ordered(self) -> bool:
         """Whether every packed copy is the row kernel's panels (`ordered`): then the products of any number of rows
         keep each row's bits, and the invariant mode takes them for every step (`ordered_linear`)."""
-        copies = [entry[1] for entry in self._packed.values()] + [entry[1] for entry in self._fused.values()]
-        return bool(copies) and all(map(ordered, copies))
+        return bool(self._packed or self._fused) and self._all_ordered
 
     def ordered_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x @ weight.T + bias in the row kernel's one order per output for any number of rows (the invariant mode's
         products, engine.core.invariant): on the weight's panels where it has them, else invariant.linear."""
-        entry = self._packed.get(id(weight))
-        if entry is None or entry[0]() is not weight or entry[2] != weight.data_ptr() or not ordered(entry[1]):
-            return invariant.linear(x, weight, bias)
-        return packed_linear(x, entry[1], bias)
+        copy = self._copy_of(weight)
+        return packed_linear(x, copy, bias) if copy is not None and ordered(copy) else invariant.linear(x, weight, bias)
 
     ordered_linear.ordered = True          # type: ignore[attr-defined]  # LeanStep.forward keeps it in the mode
 
@@ -230,6 +235,7 @@ class SmallBatchKernels:
             self._packed.pop(weight_id, None)
             self.nbytes -= nbytes
         self._fused[key] = (tuple(weakref.ref(w) for w in weights), packed, bias)
+        self._all_ordered &= ordered(packed)
         weakref.finalize(weights[0], self._fused.pop, key, None)
         self.nbytes += size
         return packed, bias

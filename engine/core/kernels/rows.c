@@ -297,7 +297,7 @@ void tiles_linear(const float *x, long ldx, long rows, const float *w, long in, 
 /* Spans of SPAN k's in a row of `in`, the last padded. */
 static long spans(long in) { return (in + SPAN - 1) / SPAN; }
 
-/* Floats in the packed copy of an (out, in) weight: whole panels of PN outputs (tests allocate it). */
+/* Floats in the packed copy of an (out, in) weight: whole panels of PN outputs (RowKernel.pack allocates it). */
 long panels_floats(long in, long out) { return (out + PN - 1) / PN * PN * spans(in) * SPAN; }
 
 /* The first n (<= width) rows of src (row stride ld) as one panel of `width` rows: dst[a][i][c][LANES]. */
