@@ -1,14 +1,16 @@
 """The invariant mode's attention (attend.c) before and after a change, against SDPA, side by side in one run
-(issue 51): SmolLM2's heads (9 query heads, 3 kv heads, D 64), a prefill of T = S = 2,048 (causal) and a decode
-step of T = 1 against S = 512 keys.
+(issue 51): SmolLM2's heads (9 query heads, 3 kv heads, D 64), a prefill of T = S = 2,048 (causal), the server's
+last chunk of it (T = 256 queries after 1,792 keys: engine.serving.batch.PREFILL_CHUNK) and a decode step of T = 1
+against S = 512 keys.
 
     python bench/attend_widths.py                              # attend.c of main against this tree's, 5 rounds
     python bench/attend_widths.py --old main~3 --rounds 7 --threads 1 2
 
 Four ways taking turns round by round: `sdpa` (F.scaled_dot_product_attention with the causal mask as a tensor, as
-the tests compare), `sdpa_causal` (the same with is_causal=True and no mask: what the mode off runs for a prompt's
-first chunk, engine/core/lean.py), `old` (attend.c as it is at the git revision --old, built with the kernel's flags
-into the cache folder and loaded beside the new one through AttendKernel(path)) and `new` (this tree's attend.c, as
+the tests compare, and what the mode off runs for a chunk after its keys), `sdpa_causal` (the same with
+is_causal=True and no mask, T = S only: what the mode off runs for a prompt's first chunk, engine/core/lean.py),
+`old` (attend.c as it is at the git revision --old, built with the kernel's flags into the cache folder and loaded
+beside the new one through AttendKernel(path)) and `new` (this tree's attend.c, as
 the mode loads it). Per case and thread count: each way's median and fastest seconds, old and new over sdpa and over
 sdpa_causal, new over old (medians), and whether old and new give the same bits (they need not: main's attend.c
 left the running sum's multiply-add to gcc, which did not fuse it in an AVX2 build). Random q, k, v: a sum's order
@@ -37,7 +39,7 @@ from engine.core import kernels  # noqa: E402
 from engine.core.kernels import attend  # noqa: E402
 
 HEADS, KV_HEADS, D = 9, 3, 64                              # SmolLM2-135M's attention
-CASES = {"prefill": (2048, 2048), "decode": (1, 512)}      # (T, S)
+CASES = {"prefill": (2048, 2048), "chunk": (256, 2048), "decode": (1, 512)}      # (T, S)
 SCALE = D ** -0.5
 
 
@@ -61,12 +63,15 @@ def inputs(t: int, s: int):
 def ways(old: attend.AttendKernel, new: attend.AttendKernel, t: int, s: int) -> dict:
     """Each way as fn(q, keys, values) -> [1, H, T, D]; causal over the last T keys (None: attend.c's causal)."""
     mask = torch.ones(t, s, dtype=torch.bool).tril(s - t)                        # [T, S]
-    return {"sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=SCALE,
+    made = {"sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=SCALE,
                                                                    enable_gqa=True),
             "sdpa_causal": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, scale=SCALE,
                                                                           enable_gqa=True),
             "old": lambda q, k, v: old.attention(q, k, v, None, SCALE),
             "new": lambda q, k, v: new.attention(q, k, v, None, SCALE)}
+    if t != s:                  # is_causal aligns the mask top left: another sum than a chunk after its keys
+        del made["sdpa_causal"]
+    return made
 
 
 def one_case(old: attend.AttendKernel, new: attend.AttendKernel, t: int, s: int, rounds: int) -> dict:
@@ -84,8 +89,8 @@ def one_case(old: attend.AttendKernel, new: attend.AttendKernel, t: int, s: int,
     med = {name: statistics.median(x) for name, x in times.items()}
     return {**{f"{name}_s": med[name] for name in made}, **{f"{name}_fastest_s": min(x) for name, x in times.items()},
             "old_over_sdpa": med["old"] / med["sdpa"], "new_over_sdpa": med["new"] / med["sdpa"],
-            "old_over_sdpa_causal": med["old"] / med["sdpa_causal"],
-            "new_over_sdpa_causal": med["new"] / med["sdpa_causal"],
+            **({"old_over_sdpa_causal": med["old"] / med["sdpa_causal"],
+                "new_over_sdpa_causal": med["new"] / med["sdpa_causal"]} if "sdpa_causal" in med else {}),
             "new_over_old": med["new"] / med["old"],
             "same_bits": bool(torch.equal(made["old"](q, k, v), made["new"](q, k, v))), "rounds": times}
 
@@ -113,10 +118,12 @@ def main(argv: list[str] | None = None) -> None:
                 t, s = CASES[case]
                 one = one_case(old, new, t, s, args.rounds)
                 results.append({"case": case, "t": t, "s": s, "threads": threads, **one})
+                causal = (f"; {one['new_over_sdpa_causal']:.2f}x is_causal's {one['sdpa_causal_s'] * 1e3:.2f} ms"
+                          if "sdpa_causal_s" in one else "")
                 print(f"{case:8s} {threads} thr: sdpa {one['sdpa_s'] * 1e3:8.2f} ms  old {one['old_s'] * 1e3:8.2f} ms "
-                      f"({one['old_over_sdpa']:.2f}x)  new {one['new_s'] * 1e3:8.2f} ms ({one['new_over_sdpa']:.2f}x; "
-                      f"{one['new_over_sdpa_causal']:.2f}x is_causal's {one['sdpa_causal_s'] * 1e3:.2f} ms)"
-                      f"  new/old {one['new_over_old']:.2f}{'' if one['same_bits'] else '  BITS DIFFER'}", flush=True)
+                      f"({one['old_over_sdpa']:.2f}x)  new {one['new_s'] * 1e3:8.2f} ms ({one['new_over_sdpa']:.2f}x"
+                      f"{causal})  new/old {one['new_over_old']:.2f}{'' if one['same_bits'] else '  BITS DIFFER'}",
+                      flush=True)
     print(run.save({"results": results, "old": {"rev": args.old, "commit": old_commit},
                     "shape": {"heads": HEADS, "kv_heads": KV_HEADS, "d": D}, "rounds_each": args.rounds},
                    out=args.out))

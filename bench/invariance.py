@@ -11,7 +11,7 @@ Kernels alone, on SmolLM2's own weights and activations' shapes: F.linear with M
 whole forward, off and on: a prompt's logits prefilled whole vs in chunks of 64 and 256; a request decoding alone vs
 as one row of a batch of 2, 7 and 32 (the others at other positions); one thread vs two; a prefix's K/V reused.
 Each comparison gives `equal` (torch.equal) and the largest difference. Cost, off against on, alternating: a lone
-decode step, a 20-row decode step, a prefill, each step with the products the server hands the forward
+decode step, a 20-row decode step, a prefill (in one chunk, and in the server's chunks of 256 tokens), each step with the products the server hands the forward
 (`--products server`, the default: one row the row kernel's, the packed panels for 2 to 128 rows, with the mode
 on for any step; `forward`:
 F.linear, as the runs before the panels); and taken apart in the same run (`--modes`): the invariant products
@@ -43,6 +43,7 @@ from engine.core.kernels import attend  # noqa: E402
 from engine.core.lean import LeanStep, causal_mask, rms_norm  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
 from engine.lab import invariance as lesson  # noqa: E402
+from engine.serving.batch import PREFILL_CHUNK  # noqa: E402
 from engine.serving.lean import LeanDecode  # noqa: E402
 
 
@@ -219,9 +220,11 @@ def one_mode(lean: LeanStep, mode: str, fn) -> float:
 
 def cost(lean: LeanStep, rounds: int, prefill_tokens: int, modes: tuple[str, ...] = MODES) -> dict:
     """Off against each of `modes`, alternating round by round: a lone decode step, a 20-row decode step, a
-    prefill."""
+    prefill in one chunk, and the same prompt in the server's chunks of PREFILL_CHUNK tokens (as `python -m engine
+    serve` prefills it, a step per chunk)."""
     vocab = lean.config.vocab_size
-    times: dict = {k: {m: [] for m in modes} for k in ("lone decode step", "20-row decode step", "prefill")}
+    rows = ("lone decode step", "20-row decode step", "prefill", "prefill in the server's chunks")
+    times: dict = {k: {m: [] for m in modes} for k in rows}
     long_ids = ids_of(prefill_tokens, 9, vocab)
     warm = DynamicCache()
     prefill(lean, warm, ids_of(20, 3, vocab))
@@ -238,6 +241,8 @@ def cost(lean: LeanStep, rounds: int, prefill_tokens: int, modes: tuple[str, ...
                 prefill(lean, c, ids_of(20 + 5 * b, 20 + b, vocab))
             times["20-row decode step"][mode].append(one_mode(lean, mode, lambda: decode_batch(lean, caches, [5] * 20)))
             times["prefill"][mode].append(one_mode(lean, mode, lambda: prefill(lean, DynamicCache(), long_ids)))
+            times["prefill in the server's chunks"][mode].append(
+                one_mode(lean, mode, lambda: prefill(lean, DynamicCache(), long_ids, chunk=PREFILL_CHUNK)))
     med = {k: {m: statistics.median(v[m]) for m in modes} for k, v in times.items()}
     return {k: {**{f"{m}_s": med[k][m] for m in modes},
                 **{f"{m}_over_off": med[k][m] / med[k]["off"] for m in modes if m != "off"}, "rounds": v}

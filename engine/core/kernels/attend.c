@@ -129,6 +129,17 @@ static inline int reads(const shape_t *p, const uint8_t *mask, long b, long t, l
 
 #define INLINE static inline __attribute__((always_inline))
 
+/* HOLD(x): x loaded into a register once and used from there. Without it gcc folds the load into each multiply-add
+   that reads x (one load per query, not one per key vector), and the loops run at the speed of their loads: the
+   scores' and the values' loops about 1.3x as long on an AVX2 machine (docs/engine.md). Only where a vector is one
+   register of the build; a build of wider vectors than the target's (-DLANES=16 on AVX2: two registers each) gets
+   what gcc does. Nothing computed changes. */
+#if defined(__x86_64__) && ((defined(__AVX512F__) && LANES <= 16) || (defined(__AVX__) && LANES <= 8) || LANES <= 4)
+#define HOLD(x) __asm__("" : "+v"(x))
+#else
+#define HOLD(x) ((void)0)
+#endif
+
 /* score[i][j] = (q[i] . key j) * scale for the block's KEY_BLOCK keys: one multiply-add chain in d's order per key,
    the keys side by side in vector lanes (kt [D][KEY_BLOCK]: the block's keys, transposed). */
 INLINE void scores(const shape_t *p, const float *const *q, const float *kt, float score[QUERIES][KEY_BLOCK]) {
@@ -140,6 +151,7 @@ INLINE void scores(const shape_t *p, const float *const *q, const float *kt, flo
         for (long d = 0; d < p->d; d++)
             for (int c = 0; c < CHUNK; c++) {
                 vec k = load(kt + d * KEY_BLOCK + (c0 + c) * LANES);
+                HOLD(k);
                 for (int i = 0; i < QUERIES; i++)
                     acc[i][c] = acc[i][c] + q[i][d] * k;
             }
@@ -211,6 +223,8 @@ INLINE void add_values(const shape_t *p, const float *v, long n, float score[QUE
         int both = d + LANES < p->d;
         for (long j = 0; j < n; j++) {
             vec v0 = load(v + j * p->vs + d), v1 = both ? load(v + j * p->vs + d + LANES) : (vec){0};
+            HOLD(v0);
+            HOLD(v1);
             for (int i = 0; i < QUERIES; i++) {
                 part[i][0] = part[i][0] + score[i][j] * v0;
                 part[i][1] = part[i][1] + score[i][j] * v1;
@@ -352,7 +366,7 @@ void attend(const float *q, const float *k, const float *v, const uint8_t *mask,
         float *spare_acc = aligned_alloc(64, sizeof(float) * p.d * QUERIES);
         for (long i = 0; i < QTILE * group; i++)
             st[i].acc = accs + i * p.d;
-        #pragma omp for schedule(static)
+        #pragma omp for schedule(static, 1)                 /* dealt round: a causal tile's work grows with t */
         for (long item = 0; item < items; item++) {
             long b = item / (p.kv_heads * tiles), g = item / tiles % p.kv_heads, t0 = item % tiles * QTILE;
             one_item(&p, q, k, v, mask, out, b, g, t0, t0 + QTILE < p.t ? t0 + QTILE : p.t, kt, st, spare_acc);
