@@ -6,15 +6,15 @@ against S = 512 keys.
     python bench/attend_widths.py                              # attend.c of main against this tree's, 5 rounds
     python bench/attend_widths.py --old main~3 --rounds 7 --threads 1 2
 
-Four ways taking turns round by round: `sdpa` (F.scaled_dot_product_attention with the causal mask as a tensor, as
-the tests compare, and what the mode off runs for a chunk after its keys), `sdpa_causal` (the same with
-is_causal=True and no mask, T = S only: what the mode off runs for a prompt's first chunk, engine/core/lean.py),
-`old` (attend.c as it is at the git revision --old, built with the kernel's flags into the cache folder and loaded
-beside the new one through AttendKernel(path)) and `new` (this tree's attend.c, as
-the mode loads it). Per case and thread count: each way's median and fastest seconds, old and new over sdpa and over
-sdpa_causal, new over old (medians), and whether old and new give the same bits (they need not: main's attend.c
-left the running sum's multiply-add to gcc, which did not fuse it in an AVX2 build). Random q, k, v: a sum's order
-and speed do not depend on the values. Writes bench/results/attend_widths/<UTC time>-<commit>.json.
+Four ways (three where T != S) taking turns round by round: `sdpa` (F.scaled_dot_product_attention with the causal
+mask as a tensor, as the tests compare, and what the mode off runs for a chunk after its keys), `sdpa_causal` (the
+same with is_causal=True and no mask, T = S only: what the mode off runs for a prompt's first chunk,
+engine/core/lean.py), `old` (attend.c as it is at the git revision --old, built with the kernel's flags into the
+cache folder and loaded beside the new one through AttendKernel(path)) and `new` (this tree's attend.c, as the mode
+loads it). Per case and thread count: each way's median and fastest seconds, old and new over sdpa and over
+sdpa_causal, new over old (medians), and whether old and new give the same bits (they need not: main's attend.c left
+the running sum's multiply-add to gcc, which did not fuse it in an AVX2 build). Random q, k, v: a sum's order and
+speed do not depend on the values. Writes bench/results/attend_widths/<UTC time>-<commit>.json.
 """
 from __future__ import annotations
 

@@ -11,13 +11,13 @@ Kernels alone, on SmolLM2's own weights and activations' shapes: F.linear with M
 whole forward, off and on: a prompt's logits prefilled whole vs in chunks of 64 and 256; a request decoding alone vs
 as one row of a batch of 2, 7 and 32 (the others at other positions); one thread vs two; a prefix's K/V reused.
 Each comparison gives `equal` (torch.equal) and the largest difference. Cost, off against on, alternating: a lone
-decode step, a 20-row decode step, a prefill (in one chunk, and in the server's chunks of 256 tokens), each step with the products the server hands the forward
-(`--products server`, the default: one row the row kernel's, the packed panels for 2 to 128 rows, with the mode
-on for any step; `forward`:
-F.linear, as the runs before the panels); and taken apart in the same run (`--modes`): the invariant products
-with the usual attention, the usual products with the invariant attention, the key blocks walked one at a time. `--lesson` runs what the room page's "Same question, same numbers?"
-runs (the same jobs' code, in float32 and bfloat16, kernels off and on): each run's seconds (how long the room
-waits for it), the largest log-probability gap and where the answers part. Writes
+decode step, a 20-row decode step, a prefill (in one chunk, and in the server's chunks of 256 tokens), each step
+with the products the server hands the forward (`--products server`, the default: one row the row kernel's, the
+packed panels for 2 to 128 rows, with the mode on for any step; `forward`: F.linear, as the runs before the panels);
+and taken apart in the same run (`--modes`): the invariant products with the usual attention, the usual products
+with the invariant attention, the key blocks walked one at a time. `--lesson` runs what the room page's "Same
+question, same numbers?" runs (the same jobs' code, in float32 and bfloat16, kernels off and on): each run's seconds
+(how long the room waits for it), the largest log-probability gap and where the answers part. Writes
 bench/results/invariance/<UTC time>-<commit>.json.
 """
 from __future__ import annotations

@@ -15,7 +15,8 @@
      same polynomial in every lane) and their sum (16 lanes in one fixed tree, `total`, whatever the vector), then
      acc = acc * exp(old max - new max) + sum_j p_j v_j, j in key order; the keys a query does not read (masked,
      or past the row's end) weigh exactly 0, a block with none read is skipped: the same bits as a row alone.
-   Threads take (row, kv head, tile of QTILE queries) items, never a split of the keys, on torch's OpenMP team. */
+   Threads take (row, kv head, tile of QTILE queries) items, dealt round, never a split of the keys, on torch's
+   OpenMP team. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
