@@ -1258,6 +1258,23 @@ LONE += [  # README, "One person alone, against llama.cpp, after the attention a
                 d["table"]["llama.cpp"]["ttft_s"], d["table"]["ours"]["ttft_s"] / d["table"]["llama.cpp"]["ttft_s"],
                 d["same_answers"])),
 ]
+VS_LCP_H = "vs_llamacpp/20261129T073610Z-ac8b8f6.json"   # the Zen 3 machine, attend.c's vectors in registers
+PARTS_H = "lone_parts/20261129T073548Z-ac8b8f6.json"
+LONE += [  # README, "One person alone, against llama.cpp, after the attention and the pick went to C": and after
+    (README, VS_LCP_H, "load average {:.2f} at its start;\n`bench/results/vs_llamacpp/20261129T073610Z-ac8b8f6.json`): "
+     "ours {:.1f} ms a token against llama.cpp's {:.1f} ({:.2f}x),\n{:.2f}x the floor of {:.1f} ms (llama.cpp {:.2f}x), "
+     "the first token {:.3f} s against {:.3f} s ({:.2f}x); the same text for {}\nof 6 answers.",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], d["table"]["ours"]["ms_per_token"],
+                d["table"]["llama.cpp"]["ms_per_token"],
+                d["table"]["ours"]["ms_per_token"] / d["table"]["llama.cpp"]["ms_per_token"],
+                d["table"]["ours"]["x_floor"], d["floor_ms"], d["table"]["llama.cpp"]["x_floor"],
+                d["table"]["ours"]["ttft_s"], d["table"]["llama.cpp"]["ttft_s"],
+                d["table"]["ours"]["ttft_s"] / d["table"]["llama.cpp"]["ttft_s"], d["same_answers"])),
+    (README, VS_LCP_H, "through the server a step takes {:.1f} to {:.1f} ms",
+     lambda d: (min(h["decode_ms"] for h in d["host_work"]), max(h["decode_ms"] for h in d["host_work"]))),
+    (README, PARTS_H, "a bare lone step took {:.1f} ms, {:.2f}x its floor of {:.1f}\nms",
+     lambda d: (d["now"]["bare"]["wall_ms"], d["now"]["bare"]["x_floor"], d["floor"]["floor_ms"])),
+]
 VS_LCP_C2 = "vs_llamacpp/20261129T014922Z-237f25e.json"   # the Zen 3 machine, attention and pick in C
 LONE += [  # README, "One person alone, against llama.cpp, after the attention and the pick went to C"
     (README, VS_LCP_C2, "load average\n{:.2f} at its start; `bench/results/vs_llamacpp/20261129T014922Z",
