@@ -1274,6 +1274,9 @@ LONE += [  # README, "One person alone, against llama.cpp, after the attention a
      lambda d: (min(h["decode_ms"] for h in d["host_work"]), max(h["decode_ms"] for h in d["host_work"]))),
     (README, PARTS_H, "a bare lone step took {:.1f} ms, {:.2f}x its floor of {:.1f}\nms",
      lambda d: (d["now"]["bare"]["wall_ms"], d["now"]["bare"]["x_floor"], d["floor"]["floor_ms"])),
+    (README, "lone_spin/20261129T080148Z-619f8db.json", "a lone step took {:.1f} ms against {:.1f} ({:.2f}x); the rest",
+     lambda d: (d["table"]["shipped-2"]["wall_ms"], d["table"]["libgomp-default-2"]["wall_ms"],
+                d["table"]["shipped-2"]["wall_ms"] / d["table"]["libgomp-default-2"]["wall_ms"])),
 ]
 VS_LCP_C2 = "vs_llamacpp/20261129T014922Z-237f25e.json"   # the Zen 3 machine, attention and pick in C
 LONE += [  # README, "One person alone, against llama.cpp, after the attention and the pick went to C"
