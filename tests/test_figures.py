@@ -1127,39 +1127,36 @@ INV_API_HOLD = "invariance/20261129T063437Z-0e7afac.json"
 CHUNKS = "prefill in the server's chunks"
 
 
-def attend_one(d: dict, case: str, threads: int) -> dict:
-    return next(r for r in d["results"] if r["case"] == case and r["threads"] == threads)
-
-
 def cost_ratios(d: dict) -> tuple:
     return tuple(d["cost"][k]["on_over_off"] for k in (CHUNKS, "prefill", "20-row decode step", "lone decode step"))
 
 
+def same_bits(d: dict) -> tuple:
+    return ("the same bits" if all(r["same_bits"] for r in d["results"]) else "other bits",)
+
+
 LONE += [  # docs/engine.md, "attend.c's vectors held in registers, and its items dealt round"; README, same numbers
-    (ENGINE_DOC, AW_HOLD, "--threads 1 2`,\nload average {:.2f} at its start;",
-     lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (ENGINE_DOC, AW_HOLD, "--threads 1 2`,\nload average {:.2f} at its start;", paths("provenance.machine.load_avg[0]")),
     (ENGINE_DOC, AW_HOLD, "2,048-token prefill's attention {:.1f} ms against {:.1f} ({:.2f}x; now {:.2f}x SDPA's `is_causal` "
      "{:.1f} ms), the server's\nlast 256-token chunk {:.1f} ms against {:.1f} ({:.2f}x; {:.2f}x SDPA's with the mask, "
-     "{:.1f} ms), a decode step against 512\nkeys {:.2f}x; one thread {:.2f}x, {:.2f}x and {:.2f}x; the same bits "
-     "every case.",
-     lambda d: (1e3 * attend_one(d, "prefill", 2)["new_s"], 1e3 * attend_one(d, "prefill", 2)["old_s"],
-                attend_one(d, "prefill", 2)["new_over_old"], attend_one(d, "prefill", 2)["new_over_sdpa_causal"],
-                1e3 * attend_one(d, "prefill", 2)["sdpa_causal_s"], 1e3 * attend_one(d, "chunk", 2)["new_s"],
-                1e3 * attend_one(d, "chunk", 2)["old_s"], attend_one(d, "chunk", 2)["new_over_old"],
-                attend_one(d, "chunk", 2)["new_over_sdpa"], 1e3 * attend_one(d, "chunk", 2)["sdpa_s"],
-                attend_one(d, "decode", 2)["new_over_old"], *(attend_one(d, c, 1)["new_over_old"]
-                                                              for c in ("prefill", "chunk", "decode")))
-     if all(r["same_bits"] for r in d["results"]) else ()),
+     "{:.1f} ms), a decode step against 512\nkeys {:.2f}x;",
+     paths(*(f"results[case={case},threads=2].{key}" for case, key in (
+         ("prefill", "new_s*1e3"), ("prefill", "old_s*1e3"), ("prefill", "new_over_old"),
+         ("prefill", "new_over_sdpa_causal"), ("prefill", "sdpa_causal_s*1e3"), ("chunk", "new_s*1e3"),
+         ("chunk", "old_s*1e3"), ("chunk", "new_over_old"), ("chunk", "new_over_sdpa"), ("chunk", "sdpa_s*1e3"),
+         ("decode", "new_over_old"))))),
+    (ENGINE_DOC, AW_HOLD, "one thread {:.2f}x, {:.2f}x and {:.2f}x; {} every case.",
+     lambda d: (*paths(*(f"results[case={c},threads=1].new_over_old" for c in ("prefill", "chunk", "decode")))(d),
+                *same_bits(d))),
     (ENGINE_DOC, INV_HOLD, "load average {:.2f} at its start;\n`bench/results/invariance/20261129T063925Z-0e7afac.json`): "
      "the prompt in the server's chunks {:.2f}x the time with\nthe mode on ({:.2f} s against {:.2f}), in one chunk "
      "{:.2f}x ({:.2f} s against {:.2f}), a 20-row decode step {:.2f}x, a lone\nstep {:.2f}x;",
-     lambda d: (d["provenance"]["machine"]["load_avg"][0], d["cost"][CHUNKS]["on_over_off"], d["cost"][CHUNKS]["on_s"],
-                d["cost"][CHUNKS]["off_s"], d["cost"]["prefill"]["on_over_off"], d["cost"]["prefill"]["on_s"],
-                d["cost"]["prefill"]["off_s"], d["cost"]["20-row decode step"]["on_over_off"],
-                d["cost"]["lone decode step"]["on_over_off"])),
+     paths("provenance.machine.load_avg[0]", *(f"cost.{CHUNKS}.{k}" for k in ("on_over_off", "on_s", "off_s")),
+           "cost.prefill.on_over_off", "cost.prefill.on_s", "cost.prefill.off_s",
+           "cost.20-row decode step.on_over_off", "cost.lone decode step.on_over_off")),
     (ENGINE_DOC, INV_HOLD3, "`bench/results/invariance/20261129T063241Z-0e7afac.json`) {:.2f}x, {:.2f}x,\n{:.2f}x and "
      "{:.2f}x.", cost_ratios),
-    (ENGINE_DOC, INV_HOLD, "that one-chunk prefill is {:.2f}x, not noise", lambda d: (d["cost"]["prefill"]["on_over_off"],)),
+    (ENGINE_DOC, INV_HOLD, "that one-chunk prefill is {:.2f}x, not noise", paths("cost.prefill.on_over_off")),
     (ENGINE_DOC, INV_API_HOLD, "load average {:.2f} at its start; `bench/results/invariance/20261129T063437Z-0e7afac.json`"
      "): the room\nof 20 at {:.2f}x the tok/s with the mode on at 16 new tokens and {:.2f}x at 64, one person alone "
      "{:.2f}x and {:.2f}x.",
@@ -1167,11 +1164,11 @@ LONE += [  # docs/engine.md, "attend.c's vectors held in registers, and its item
                 timings_ratio(d, 1, 16), timings_ratio(d, 1, 64))),
     (README, INV_HOLD, "a 2,048-token prompt in the server's chunks of 256 took\n{:.2f}x its time with the mode off (in "
      "one chunk, which the server never runs, {:.2f}x), a 20-row decode step {:.2f}x\nand a lone step {:.2f}x;",
-     lambda d: cost_ratios(d)),
+     cost_ratios),
     (README, INV_API_HOLD, "the room of 20 made {:.2f}x and {:.2f}x the tok/s with the mode on at 16 and 64\nnew tokens, "
      "one person alone {:.2f}x and {:.2f}x",
      lambda d: (timings_ratio(d, 20, 16), timings_ratio(d, 20, 64), timings_ratio(d, 1, 16), timings_ratio(d, 1, 64))),
-    (README, INV_CAUSAL, "the prompt in one chunk took {:.2f}x.", lambda d: (d["cost"]["prefill"]["on_over_off"],)),
+    (README, INV_CAUSAL, "the prompt in one chunk took {:.2f}x.", paths("cost.prefill.on_over_off")),
 ]
 PARTS_ATTEND = "lone_parts/20261129T004536Z-12188b0.json"
 PARTS_PICK = "lone_parts/20261129T013111Z-219fdef.json"
@@ -1273,7 +1270,7 @@ LONE += [  # README, "One person alone, against llama.cpp, after the attention a
     (README, VS_LCP_H, "through the server a step takes {:.1f} to {:.1f} ms",
      lambda d: (min(h["decode_ms"] for h in d["host_work"]), max(h["decode_ms"] for h in d["host_work"]))),
     (README, PARTS_H, "a bare lone step took {:.1f} ms, {:.2f}x its floor of {:.1f}\nms",
-     lambda d: (d["now"]["bare"]["wall_ms"], d["now"]["bare"]["x_floor"], d["floor"]["floor_ms"])),
+     paths("now.bare.wall_ms", "now.bare.x_floor", "floor.floor_ms")),
     (README, "lone_spin/20261129T080148Z-619f8db.json", "a lone step took {:.1f} ms against {:.1f} ({:.2f}x); the rest",
      lambda d: (d["table"]["shipped-2"]["wall_ms"], d["table"]["libgomp-default-2"]["wall_ms"],
                 d["table"]["shipped-2"]["wall_ms"] / d["table"]["libgomp-default-2"]["wall_ms"])),
