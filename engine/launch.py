@@ -139,7 +139,7 @@ def load_service(settings: Settings, state: Any, token: str | None, progress: An
     """The model, its limits (device defaults, then the settings' limits) and the service."""
     from engine.core.loader import load_model            # torch and transformers: only once the server starts
     from engine.core.openmp import in_passing_thread
-    from engine.service.service import EngineService
+    from engine.service.service import EngineService, freeze_heap
     from engine.serving.limits import Limits, limits_from_flags
 
     # In a passing thread (engine.core.openmp): loading runs parallel work (the layout's timing, the weights'
@@ -153,6 +153,7 @@ def load_service(settings: Settings, state: Any, token: str | None, progress: An
         print(cpu_threads(settings.threads), file=sys.stderr, flush=True)
     limits = limits_from_flags(settings, Limits.for_device(lm.device).with_env())
     service = EngineService(lm, limits, presenter_token=token, launched_draft=settings.draft)
+    freeze_heap()                                         # loaded and warmed up: nothing of it is garbage
     state.served_name = state.served_name or lm.label
     state.aliases = {lm.name, lm.label, str(lm.source)}
     return service

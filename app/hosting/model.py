@@ -110,10 +110,12 @@ def connect(choice: ModelChoice, progress: Callable[[float, str], None] | None =
 def load_here(choice: ModelChoice, progress: Callable[[float, str], None] | None = None) -> ModelClient:
     """The model loaded in this process, served by an in-process `EngineService`."""
     from engine.core.loader import load_model  # torch and transformers: only when this process loads the model itself
-    from engine.service.service import EngineService
+    from engine.service.service import EngineService, freeze_heap
 
     lm = load_model(choice.name, device=choice.device, dtype=choice.dtype, progress=progress)
-    return EngineService(lm, presenter_token=settings().presenter_token, launched_draft=draft_choice())
+    service = EngineService(lm, presenter_token=settings().presenter_token, launched_draft=draft_choice())
+    freeze_heap()                                 # loaded and warmed up (engine.service.service.freeze_heap)
+    return service
 
 
 @st.cache_resource(show_spinner=False)

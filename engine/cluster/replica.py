@@ -41,12 +41,13 @@ class ModelReplica:
         import torch  # in the replica's own Ray worker, where the model loads
 
         from engine.core.loader import load_model
-        from engine.service.service import EngineService
+        from engine.service.service import EngineService, freeze_heap
 
         if threads:
             torch.set_num_threads(threads)
         lm = load_model(model, device=device, dtype=dtype)
         self.service = EngineService(lm, replace(Limits(**limits), max_sessions=ROOM_SESSIONS), launched_draft=draft)
+        freeze_heap()                            # loaded and warmed up (engine.service.service)
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.node = ray.get_runtime_context().get_node_id()
         self._stop = threading.Event()
