@@ -10,7 +10,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from conftest import tiny_prompt, write_tiny_llama
-from engine.core import small_batch
+from engine.core import matvec, small_batch
 from engine.core.generate import GenerationRequest
 from engine.core.loader import load_model
 from engine.core.small_batch import SmallBatchKernels, SmallBatchLinear, calibrate, pack_weight, packed_linear
@@ -49,6 +49,10 @@ def test_only_small_batches_inside_the_context_use_the_packed_weights():
             if rows in small_batch.ROWS:
                 np.testing.assert_allclose(y, plain(x), atol=1e-5)
                 assert kernels.packed_for(model[0].weight, x) is not None
+            elif rows == 1:                                   # one row: the row kernel's product (a prefill's head)
+                np.testing.assert_allclose(y, plain(x), atol=1e-5)
+                hidden = torch.relu(matvec.linear(x, model[0].weight, model[0].bias))
+                assert torch.equal(y, matvec.linear(hidden, model[2].weight, None))
             else:
                 assert torch.equal(y, plain(x))
                 assert kernels.packed_for(model[0].weight, x) is None
