@@ -260,10 +260,11 @@ class PagedBatch:
         return True
 
     def _maybe_empty(self) -> None:
-        """An idle batch keeps a pool of its first size and gives a grown one back. A fresh pool's pages are faulted
-        in and zeroed in the first step that writes them (46 MB of K/V for SmolLM2 in float32, 73 MB more of
-        residual once a request captures): a lone 16-token prompt's first step took 75 ms with a new pool and 56
-        with the kept one on this 2-core machine (docs/serving.md, "The idle batch keeps its pool")."""
+        """An idle batch keeps a pool of its first size and gives a grown one back. A fresh pool is zeroed (and in a
+        process's main thread faulted in) in the next request's first step: 46 MB of K/V for SmolLM2 in float32,
+        73 MB more of residual once a request captures. A lone 16-token prompt's first step with the pages' capture,
+        in the step loop's thread: 53 ms with the kept pool, 58-63 with a new one (docs/serving.md, "The idle batch
+        keeps its pool")."""
         idle = not self.tables and not self.held and self.kept_pool is None
         if idle and self.pool is not None and self.pool.n_blocks > FIRST_BLOCKS:
             self.pool = self.cache = None
