@@ -212,6 +212,33 @@ def test_service_maps_rows_and_summaries_equal_eager_and_the_records(service, ti
         np.testing.assert_allclose(mine, reference_stats(reference[layer][0].numpy(), 4), rtol=1e-4, atol=1e-5)
 
 
+def test_torch_work_beside_the_step_loop_runs_in_threads_that_end_with_it(service, tiny_lm, monkeypatch):
+    """A quick computation and a run file with its views, asked from a thread that lives on (as an HTTP server's
+    pooled threads do), run in a passing thread (engine.core.openmp.passing): an OpenMP team left on the caller's
+    thread made libgomp throttle the step loop's, and a lone step took 28-29 ms against 21-23 after one such file."""
+    import threading
+
+    from engine import runs as run_files
+    from engine.service import jobs
+
+    policy, _ = capture_policy(tiny_lm.spec, 20, 4)
+    run, _ = run_with(service, tiny_prompt(20), 4, policy)
+    service.written(run)                                          # the run writer's own file (no views) is done
+    seen = []
+    real_file_of, real_find = run_files.file_of, jobs.find
+    monkeypatch.setattr(run_files, "file_of", lambda *a, **k: seen.append(threading.current_thread()) or
+                        real_file_of(*a, **k))
+    monkeypatch.setattr(jobs, "find", lambda name: seen.append(threading.current_thread()) or real_find(name))
+    got = {}
+    caller = threading.Thread(target=lambda: got.update(file=service.run_file(run),
+                                                        maps=service.quick("attention.map",
+                                                                           {"run_id": run, "layer": 1, "heads": [0]})))
+    caller.start()
+    caller.join()
+    assert got["file"][:2] == b"PK" and len(got["maps"]) == 1        # the real file, the real map
+    assert len(seen) >= 2 and all(t is not caller and not t.is_alive() for t in seen)
+
+
 def test_a_layer_not_kept_is_rebuilt_by_a_job(service, tiny_lm):
     policy = CapturePolicy(layers=(), inputs=(0,))
     run, records = run_with(service, tiny_prompt(50), 3, policy)

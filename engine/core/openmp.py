@@ -1,6 +1,8 @@
 """Torch's CPU threads (OpenMP) and the threads of this program: keep one-off parallel work off long-lived threads.
 
     packed = in_passing_thread(lambda: pack_every_weight(model))   # done in a thread that ends with it
+    @passing                                                       # a method that does torch work off the step
+    def run_file(self, run_id): ...                                #   loop, called from any thread
     with one_thread(logits.device): ...                            # small work between steps: no parallel regions
 
 OpenMP (libgomp, behind torch's CPU ops) keeps a team of worker threads for every thread that ever ran a parallel
@@ -9,10 +11,15 @@ region, for as long as that thread lives. With more of them than cores, libgomp 
 this 2-core machine with two torch threads: while the main thread, which had packed the small-batch weights, still
 held its team, the scheduler's batched decode steps took 1.5x as long (20 sessions, 64 tokens: 60 against 97 tok/s).
 So work that runs once (packing weights, loading a model in a benchmark) runs in a passing thread, and the
-step loop's thread stays the only one with a team.
+step loop's thread stays the only one with a team. So does torch work a server does for a caller beside the step loop
+(`passing`): an HTTP route's blocking call runs in one of the server's pooled threads, which live on. After one
+run file with its views (attention derived from the kept residual) was read through `GET /v1/playground/runs/{id}/file`,
+a lone request's decode steps took 28-29 ms against 21-23 before, for the rest of the server's life
+(docs/serving.md, "Torch work beside the step loop").
 """
 from __future__ import annotations
 
+import functools
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -37,6 +44,15 @@ def in_passing_thread(fn: Callable[[], Any]) -> Any:
     if "error" in box:
         raise box["error"]
     return box.get("value")
+
+
+def passing(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` (a function or method) run in a passing thread (`in_passing_thread`) whichever thread calls it: for
+    torch work that a long-lived thread other than the step loop's calls (an HTTP server's pooled threads)."""
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return in_passing_thread(lambda: fn(*args, **kwargs))
+    return run
 
 
 @contextmanager

@@ -83,7 +83,8 @@ def find(name: Any) -> Job:
 
 
 def run_quick(lm: LoadedModel, name: str, params: Mapping[str, Any], runs: Any = None) -> Any:
-    """A quick one, at once, in the caller's thread (it only reads the weights, and a run's kept state)."""
+    """A quick one, at once, in the caller's thread (it only reads the weights, and a run's kept state;
+    EngineService.quick calls it in a passing thread, engine.core.openmp)."""
     found = find(name)
     if not found.quick:
         raise InvalidRequestError(f"{name} needs the model to itself: submit it as a job")

@@ -29,7 +29,7 @@ from engine.core.generate import GenerationRequest
 from engine.core.hooks import CAPTURE_OFF, CapturePolicy
 from engine.core.kept import KeptInputs, kept_for
 from engine.core.loader import LoadedModel, load_model
-from engine.core.openmp import in_passing_thread
+from engine.core.openmp import in_passing_thread, passing
 from engine.errors import EngineError, InvalidRequestError
 from engine.projection.specs import ModelSpec
 from engine.service import jobs as job_registry
@@ -239,8 +239,10 @@ class EngineService:
         return self._queue(info, lambda ls: self.scheduler.submit_job(work, found.what, session=session,
                                                                        run_id=info.id, listeners=ls), listeners)
 
+    @passing                      # torch work beside the step loop (engine.core.openmp)
     def quick(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
-        """A named quick computation (reads weights or files), at once, beside the running batch."""
+        """A named quick computation (reads weights or files), at once, beside the running batch (in a thread of
+        its own: its torch work leaves no OpenMP team on the caller's thread, engine.core.openmp)."""
         return job_registry.run_quick(self.lm, name, params or {}, self.runs)
 
     def _queue(self, info: RunInfo, submit: Callable[[tuple], Handle],
@@ -274,6 +276,7 @@ class EngineService:
         """Draft models this server offers (the launcher's and every installed extra), judged against its model."""
         return draft_model_options(self.lm, self.launched_draft)
 
+    @passing                      # torch work beside the step loop (engine.core.openmp)
     def load_draft(self, spec: str, progress: Callable[[float, str], None] | None = None) -> str:
         """Load (once) the draft a spec names, so that the first speculative request does not wait for it; its label."""
         return self._draft(spec, progress).label
@@ -362,6 +365,7 @@ class EngineService:
         if self.writer is not None:
             self.writer.written(run_id, timeout)
 
+    @passing                      # torch work beside the step loop (engine.core.openmp)
     def run_file(self, run_id: str) -> bytes:
         """A finished run's run file: with its views while its residual is held here, else the one on disk, else
         built from the records in memory."""
