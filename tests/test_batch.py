@@ -224,7 +224,7 @@ def test_a_cancelled_request_leaves_and_the_others_finish(tiny_lm):
         runner.step()
     assert a.records[-1].finish_reason == "cancelled" and a.records[-1].generated_tokens < 20
     assert_same_run(b, alone(tiny_lm, req_b, FULL))
-    assert runner.batch.at_rest and count_hooks(tiny_lm.model) == 0           # every block free again
+    assert runner.batch.cache is None and count_hooks(tiny_lm.model) == 0
 
 
 def test_a_request_cancelled_mid_run_frees_its_residual_with_its_blocks(tiny_lm):
@@ -273,7 +273,7 @@ def test_a_request_that_fails_in_the_batch_fails_alone(tiny_lm):
 def test_a_finished_runs_residual_moves_out_of_the_pool_off_the_step_that_finished_it(tiny_lm):
     """A capturing run that finishes while another decodes: after the step that finished it (its DoneRecord sent)
     its residual is still in its blocks, held (not free, not counted as used) and readable, equal to alone's; once
-    nothing else runs, one more step moves it out and its blocks are given back."""
+    nothing else runs, one more step moves it out and the pool is given back."""
     runner, short, long_ = BatchRunner(tiny_lm), Sink(), Sink()
     req = GenerationRequest(tiny_prompt(9, seed=5), max_new_tokens=3, chat=False)
     runner.add(short.slot(tiny_lm, req, FULL))
@@ -288,7 +288,7 @@ def test_a_finished_runs_residual_moves_out_of_the_pool_off_the_step_that_finish
         runner.step()
     assert short.kept.in_pool and not runner.idle
     runner.step()
-    assert not short.kept.in_pool and runner.idle and runner.batch.at_rest
+    assert not short.kept.in_pool and runner.idle and runner.batch.pool is None
     assert_same_run(short, alone(tiny_lm, req, FULL))
 
 
@@ -356,7 +356,7 @@ def test_a_newcomer_whose_prefill_fails_fails_alone_and_frees_its_blocks(tiny_lm
     for i in (0, 2):
         assert sinks[i].error is None
         assert_same_run(sinks[i], alone(tiny_lm, reqs[i], FULL))
-    assert runner.batch.at_rest                      # every block given back (an idle batch keeps its first pool)
+    assert runner.batch.pool is None                # every block given back: an idle batch drops its pool
 
 
 def test_a_fault_no_row_repeats_alone_fails_the_newest_request_only(tiny_lm):

@@ -165,8 +165,8 @@ class PagedBatch:
 
     def __init__(self, block: int = BLOCK, pool: BlockPool | None = None):
         """`pool`: a pool made beforehand and kept for good (a CUDA graph reads and writes its tensors in place,
-        so they must never move); by default one is made at the first request, kept while the batch is idle at its
-        first size and dropped once it has grown (`_maybe_empty`)."""
+        so they must never move); by default one is made at the first request and dropped when the batch
+        empties."""
         self.block = pool.block if pool is not None else block
         self.pool, self.kept_pool = pool, pool
         if pool is not None:
@@ -260,20 +260,8 @@ class PagedBatch:
         return True
 
     def _maybe_empty(self) -> None:
-        """An idle batch keeps a pool of its first size and gives a grown one back. A fresh pool is zeroed (and in a
-        process's main thread faulted in) in the next request's first step: 46 MB of K/V for SmolLM2 in float32,
-        73 MB more of residual once a request captures. A lone 16-token prompt's first step with the pages' capture,
-        in the step loop's thread: 53 ms with the kept pool, 58-63 with a new one (docs/serving.md, "The idle batch
-        keeps its pool")."""
-        idle = not self.tables and not self.held and self.kept_pool is None
-        if idle and self.pool is not None and self.pool.n_blocks > FIRST_BLOCKS:
+        if not self.tables and not self.held and self.kept_pool is None:  # an idle server gives the memory back
             self.pool = self.cache = None
-
-    @property
-    def at_rest(self) -> bool:
-        """Nothing held: no request's blocks, no finished run's, every block of the pool (if any) free."""
-        free = self.pool is None or len(self.pool.free) == self.pool.n_blocks - 1
-        return not self.tables and not self.held and free
 
     def step_mask(self, rows: int | None = None, width: int | None = None) -> torch.Tensor:
         """Plan one decode step (a new block for each row whose last one is full); its mask [B, W + 1] (1: a key
