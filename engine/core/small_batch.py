@@ -194,8 +194,9 @@ class SmallBatchKernels:
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x @ weight.T + bias, on the packed copy where this kernel serves `x`; one row with the row kernel
-        (engine.core.matvec.linear, as a lone decode step's products: a prefill chunk's LM head on its last token
-        took 3.8-4.8 ms so against MKL's 8.1-9.6 for SmolLM2's 49152 x 576 here); F.linear elsewhere."""
+        (engine.core.matvec.linear, a lone decode step's products, at the speed the weights stream: a prefill
+        chunk's LM head on its last token, which MKL's sgemv made in about twice that time, above); F.linear
+        elsewhere. docs/serving.md, "A short prompt's first token", has what it saved."""
         packed = self.packed_for(weight, x)
         if packed is not None:
             return packed_linear(x, packed, bias)
