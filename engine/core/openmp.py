@@ -12,10 +12,10 @@ this 2-core machine with two torch threads: while the main thread, which had pac
 held its team, the scheduler's batched decode steps took 1.5x as long (20 sessions, 64 tokens: 60 against 97 tok/s).
 So work that runs once (packing weights, loading a model in a benchmark) runs in a passing thread, and the
 step loop's thread stays the only one with a team. So does torch work a server does for a caller beside the step loop
-(`passing`): an HTTP route's blocking call runs in one of the server's pooled threads, which live on. After one
-run file with its views (attention derived from the kept residual) was read through `GET /v1/playground/runs/{id}/file`,
-a lone request's decode steps took 28-29 ms against 21-23 before, for the rest of the server's life
-(docs/serving.md, "Torch work beside the step loop").
+(`passing`): an HTTP route's blocking call runs in one of the server's pooled threads, which live on. After one run
+file with its views (attention derived from the kept residual) was read through the API, a lone request's decode
+steps took 1.46x as long as before, for the rest of the server's life (docs/serving.md, "Torch work beside the step
+loop").
 """
 from __future__ import annotations
 

@@ -61,9 +61,9 @@ def freeze_heap() -> int:
     code and tables, several hundred thousand) moved out of the garbage collector's reach, garbage collected first,
     as vLLM does after its start-up (vllm/utils/gc_utils.py, `freeze_gc_heap`). The step loop makes objects every
     token (records, tensors' wrappers); each full collection then went through all of them with the GIL held: in a
-    process holding SmolLM2 (372,000 objects), one of 164 ms in ten answers of 96 tokens, a pause in someone's
-    stream (docs/serving.md, "The start-up heap is frozen"). Objects made later are still collected. Returns how
-    many were frozen."""
+    process holding SmolLM2, one pass of 176 ms in ten answers of 96 tokens, a pause in someone's stream; frozen,
+    none over 3 ms (docs/serving.md, "The start-up heap is frozen"). Objects made later are still collected.
+    Returns how many were frozen."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
