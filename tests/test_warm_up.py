@@ -3,6 +3,7 @@ before anyone's request, so the first person's timeline does not blame the model
 server says it is ready only after it. Checked by what ran and in which order, never by how long anything took."""
 from __future__ import annotations
 
+import gc
 import threading
 
 import pytest
@@ -83,12 +84,14 @@ def test_the_model_server_says_ready_only_after_the_warm_up(tiny_model_dir, monk
         loading.join(300)
         service = state.ready()
         assert service.scheduler.warmed and max(s.decode_rows for s in service.scheduler.warmed) == 2
+        assert gc.get_freeze_count() > 0              # ready: its start-up heap frozen (service.freeze_heap)
     finally:
         go.set()
         loading.join(300)
         if state.service is not None:
             state.service.scheduler.close()
         torch.set_num_threads(threads)
+        gc.unfreeze()                                 # the test process's heap as it was
 
 
 def test_the_server_loads_its_model_in_a_thread_that_ends_with_the_load(tiny_model_dir, monkeypatch):
@@ -110,3 +113,4 @@ def test_the_server_loads_its_model_in_a_thread_that_ends_with_the_load(tiny_mod
     finally:
         service.scheduler.close()
         torch.set_num_threads(threads)
+        gc.unfreeze()                                 # load_service froze the heap (service.freeze_heap)
