@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import queue
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -44,6 +42,7 @@ import openai  # noqa: E402
 
 from bench import provenance  # noqa: E402
 from bench.before_after import tree_commit  # noqa: E402
+from bench.idle_costs import worker  # noqa: E402
 from bench.vs_vllm import Server, alone_prompts, free_port  # noqa: E402
 
 SKIP = 3                  # a request's first steps (its prefill's, the first decode steps) left out
@@ -51,51 +50,36 @@ WAYS = ("in-process", "server, streamed", "server, plain")
 
 
 class LocalSteps:
-    """This process's batch runner, stepped in a worker thread of its own (the scheduler's way)."""
+    """This process's batch runner, stepped in one worker thread of its own (the scheduler's way)."""
 
     def __init__(self) -> None:
         from engine.core.loader import load_model
         from engine.core.openmp import in_passing_thread
 
         self.lm = in_passing_thread(lambda: load_model("default", device="cpu", dtype="float32"))
-        self.jobs: queue.Queue = queue.Queue()
-        self.done: queue.Queue = queue.Queue()
-        threading.Thread(target=self._work, name="bench-steps", daemon=True).start()
+        self.runner = None
+        self.call = worker()
 
-    def _work(self) -> None:
-        from engine.serving.batch import BatchRunner
-
-        runner = BatchRunner(self.lm, max_batch=32)
-        while True:
-            prompt, tokens = self.jobs.get()
-            try:
-                self.done.put(self._one(runner, prompt, tokens))
-            except Exception as err:  # noqa: BLE001 - said in the report, the run goes on
-                self.done.put(err)
-
-    def _one(self, runner, prompt: str, tokens: int) -> list[float]:
+    def _one(self, prompt: str, tokens: int) -> list[float]:
         from engine.core.generate import GenerationRequest, admit
         from engine.core.hooks import CAPTURE_OFF
-        from engine.serving.batch import Slot
+        from engine.serving.batch import BatchRunner, Slot
 
+        self.runner = self.runner or BatchRunner(self.lm, max_batch=32)
         request = GenerationRequest(prompt, max_new_tokens=tokens, temperature=0.0)
         errors: list[Exception] = []
-        runner.add(Slot(request, admit(self.lm, request), CAPTURE_OFF, lambda record: None, errors.append))
+        self.runner.add(Slot(request, admit(self.lm, request), CAPTURE_OFF, lambda record: None, errors.append))
         seconds = []
-        while not runner.idle:
+        while not self.runner.idle:
             t = time.perf_counter()
-            runner.step()
+            self.runner.step()
             seconds.append(time.perf_counter() - t)
         if errors:
             raise errors[0]
         return seconds
 
     def steps(self, prompt: str, tokens: int) -> list[float]:
-        self.jobs.put((prompt, tokens))
-        out = self.done.get()
-        if isinstance(out, Exception):
-            raise out
-        return out
+        return self.call(self._one, prompt, tokens)
 
 
 def server_steps(server: Server, client: openai.OpenAI, model: str, prompt: str, tokens: int,

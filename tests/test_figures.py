@@ -1295,10 +1295,6 @@ LONE += [  # docs/serving.md, "One person alone behind the server"
 VS_LCP_K = "vs_llamacpp/20261129T093432Z-7326f12.json"    # the same three, the idle pool kept (since reverted)
 
 
-def lcp_row3(side: str) -> Callable[[dict], tuple]:
-    return lambda d: tuple(d["table"][side][k] for k in ("ms_per_token", "x_floor", "ttft_s"))
-
-
 def lcp_ratio(a: str, b: str, key: str) -> Callable[[dict], tuple]:
     return lambda d: (d["table"][a][key] / d["table"][b][key],)
 
@@ -1309,10 +1305,10 @@ LONE += [  # README, "One person alone, against llama.cpp and the commit before"
     (README, VS_LCP_T, "| median of {} answers, 2026-11-29 | ms per token |",
      lambda d: (d["table"]["ours"]["answers"],) if d["before"]["commit"].startswith("e0c8578") else ()),
     (README, VS_LCP_T, "| llama.cpp (llama-cpp-python's server, 2 threads), F32 | {:.1f} | {:.2f}x | {:.3f} s |",
-     lcp_row3("llama.cpp")),
+     lcp_row("llama.cpp")),
     (README, VS_LCP_T, "| ours, `python -m engine serve` defaults | **{:.1f}** | **{:.2f}x** | **{:.3f} s** |",
-     lcp_row3("ours")),
-    (README, VS_LCP_T, "| ours at e0c8578, the commit before | {:.1f} | {:.2f}x | {:.3f} s |", lcp_row3("ours before")),
+     lcp_row("ours")),
+    (README, VS_LCP_T, "| ours at e0c8578, the commit before | {:.1f} | {:.2f}x | {:.3f} s |", lcp_row("ours before")),
     (README, VS_LCP_T, "| the memory floor: {:.3f} GB at {:.1f} GB/s | {:.1f} | | |",
      lambda d: (d["weight_bytes"] / 1e9, max(v for r in d["read_gb_s"] for v in r.values()), d["floor_ms"])),
     (README, VS_LCP_T, "A lone token of ours costs {:.2f}x llama.cpp's on the same weights in this run",
