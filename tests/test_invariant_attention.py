@@ -108,6 +108,15 @@ def test_one_two_and_three_threads_give_the_same_bits(kernel):
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
+def test_a_lone_rows_kv_heads_dealt_to_two_or_three_threads_give_the_bits_of_one(kernel):
+    """attend_row, as a lone step's layers call it in C (glue.c's lone_layers, on torch's team): one query a head
+    against 150 keys (two blocks, the second short), its 3 kv heads dealt to the threads, against the same row on one
+    thread."""
+    q, keys, values = qkv(1, 1, 150, seed=7)
+    outs = [kernel.attention(q, keys, values, None, SCALE, threads=n) for n in (1, 2, 3)]
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
 def test_a_key_split_that_follows_the_row_count_fails_the_row_check(kernel, tmp_path, monkeypatch):
     """The mutation: attend.c with half-size key blocks whenever the call has more than one row; built and loaded as
     the kernel is, it gives a batched row other bits than alone, and the check above says so."""

@@ -18,6 +18,7 @@
    Threads take (row, kv head, tile of QTILE queries) items, dealt round, never a split of the keys, on torch's
    OpenMP team. */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -279,22 +280,21 @@ static long end_key(const shape_t *p, const uint8_t *mask, long b, long t0, long
 typedef float vec8_t __attribute__((vector_size(32)));
 typedef float vec8_u __attribute__((vector_size(32), aligned(4), may_alias));
 
-/* kt [D][KEY_BLOCK] = the block's n keys k [n][D] (a key's stride ks) transposed, zeros past n. A full block in 8 x 8
-   tiles of vector shuffles (unpack, shuffle, lane swap: the usual 8 x 8 transpose; D a multiple of 16); a short one
-   element by element. Only where the keys are copied changes with the way: every score reads the same kt. */
+/* kt [D][KEY_BLOCK] = the block's n keys k [n][D] (a key's stride ks) transposed, zeros past n: 8 x 8 tiles of vector
+   shuffles (unpack, shuffle, lane swap: the usual 8 x 8 transpose; D a multiple of 16), a tile's rows past n zeros
+   (never read: the row's last key may be the pool's last), the columns past the last tile zeros. (A decode step's
+   last block is nearly always short, and was transposed element by element.) Only where the keys are copied
+   changes with the way: every score reads the same kt. */
 static void transpose_keys(float *kt, const float *k, long ks, long n, long d) {
-    if (n < KEY_BLOCK) {
-        memset(kt, 0, sizeof(float) * d * KEY_BLOCK);
-        for (long j = 0; j < n; j++)
-            for (long e = 0; e < d; e++)
-                kt[e * KEY_BLOCK + j] = k[j * ks + e];
-        return;
-    }
-    for (long j = 0; j < KEY_BLOCK; j += 8)
+    long tiles = (n + 7) / 8 * 8;
+    if (tiles < KEY_BLOCK)
+        for (long e = 0; e < d; e++)
+            memset(kt + e * KEY_BLOCK + tiles, 0, sizeof(float) * (KEY_BLOCK - tiles));
+    for (long j = 0; j < tiles; j += 8)
         for (long e = 0; e < d; e += 8) {
             vec8_t r[8], t[8], u[8];
-            for (int i = 0; i < 8; i++)
-                r[i] = *(const vec8_u *)(k + (j + i) * ks + e);        /* r[i][x] = key j + i, dim e + x */
+            for (int i = 0; i < 8; i++)                                 /* r[i][x] = key j + i, dim e + x */
+                r[i] = j + i < n ? (vec8_t)*(const vec8_u *)(k + (j + i) * ks + e) : (vec8_t){0};
             for (int i = 0; i < 8; i += 2) {
                 t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
                 t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
@@ -378,29 +378,49 @@ void attend(const float *q, const float *k, const float *v, const uint8_t *mask,
     }
 }
 
-/* One row's queries (B = 1, typically a lone decode step's T = 1) on the calling thread: the items `attend` would
-   hand its threads, in turn, so the same bits, without a parallel region or allocations per call (a lone step's
-   attention is a few microseconds of work; a team's fork and join, and three allocations, cost as much). Scratch
-   grows once per thread. dims as attend's; out [1, T, H, D]. Called from engine/core/kernels/attend.py and, through
-   its address, from glue.c's lone_layers (a lone step's layers in one call). */
-void attend_row(const float *q, const float *k, const float *v, float *out, const long *dims, float scale) {
+/* One row's queries (B = 1, typically a lone decode step's T = 1): the items `attend` would hand its threads, so the
+   same bits, without allocations per call (scratch grows once per thread). With threads > 1 and more than one item
+   (a kv head each, for T < QTILE) the items are dealt to the team as `attend` deals them; with 1, in turn on the
+   calling thread, no parallel region (a team's fork and join cost as much as a short row's work with its keys in
+   cache). In a lone step its keys are not: the products before it streamed the weights through every cache, and one
+   thread reading a layer's keys and values (768 bytes a key each here) waits on memory; two read them side by side
+   (docs/engine.md, "A lone step's attention on both threads"). dims as attend's; out [1, T, H, D]. Called from
+   engine/core/kernels/attend.py and, through its address, from glue.c's lone_layers (a lone step's layers in one
+   call). */
+static void row_items(const shape_t *p, const float *q, const float *k, const float *v, float *out, long i0,
+                      long step) {
     static __thread float *scratch;
     static __thread long have;
-    shape_t p = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7], dims[8], dims[9],
-                 dims[10], dims[11], dims[12], dims[13], dims[14], dims[15], scale, 1};
-    long group = p.heads / p.kv_heads, tiles = (p.t + QTILE - 1) / QTILE;
-    long need = p.d * KEY_BLOCK + p.d * QTILE * group + p.d * QUERIES;
+    long group = p->heads / p->kv_heads, tiles = (p->t + QTILE - 1) / QTILE;
+    long need = p->d * KEY_BLOCK + p->d * QTILE * group + p->d * QUERIES;
     if (need > have) {
         free(scratch);
         scratch = aligned_alloc(64, sizeof(float) * ((need + 15) / 16 * 16));
-        have = need;
+        have = scratch ? need : 0;
     }
-    float *kt = scratch, *accs = kt + p.d * KEY_BLOCK, *spare_acc = accs + p.d * QTILE * group;
+    if (!scratch)
+        return;
+    float *kt = scratch, *accs = kt + p->d * KEY_BLOCK, *spare_acc = accs + p->d * QTILE * group;
     state_t st[QTILE * 64];
     for (long i = 0; i < QTILE * group; i++)
-        st[i].acc = accs + i * p.d;
-    for (long item = 0; item < p.kv_heads * tiles; item++) {
+        st[i].acc = accs + i * p->d;
+    for (long item = i0; item < p->kv_heads * tiles; item += step) {
         long g = item / tiles, t0 = item % tiles * QTILE;
-        one_item(&p, q, k, v, NULL, out, 0, g, t0, t0 + QTILE < p.t ? t0 + QTILE : p.t, kt, st, spare_acc);
+        one_item(p, q, k, v, NULL, out, 0, g, t0, t0 + QTILE < p->t ? t0 + QTILE : p->t, kt, st, spare_acc);
     }
+}
+
+void attend_row(const float *q, const float *k, const float *v, float *out, const long *dims, float scale,
+                int threads) {
+    shape_t p = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7], dims[8], dims[9],
+                 dims[10], dims[11], dims[12], dims[13], dims[14], dims[15], scale, 1};
+    long items = p.kv_heads * ((p.t + QTILE - 1) / QTILE);
+    if (threads > items)
+        threads = (int)items;
+    if (threads <= 1) {
+        row_items(&p, q, k, v, out, 0, 1);
+        return;
+    }
+    #pragma omp parallel num_threads(threads)
+    row_items(&p, q, k, v, out, omp_get_thread_num(), omp_get_num_threads());
 }

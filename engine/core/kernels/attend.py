@@ -39,7 +39,7 @@ class AttendKernel:
         self._call.argtypes = [ptr, ptr, ptr, ptr, ptr, ctypes.c_long, ptr, ctypes.c_float, ctypes.c_int]
         self._call.restype = None
         self._row = lib.attend_row                      # one row, mask None, on the calling thread
-        self._row.argtypes = [ptr, ptr, ptr, ptr, ptr, ctypes.c_float]
+        self._row.argtypes = [ptr, ptr, ptr, ptr, ptr, ctypes.c_float, ctypes.c_int]
         self._row.restype = None
         self.row_address = ctypes.cast(lib.attend_row, ctypes.c_void_p).value     # for glue.c's lone_layers
 
@@ -68,9 +68,9 @@ class AttendKernel:
         out = torch.empty(b, t, h, d, dtype=torch.float32)                             # [B, T, H, D]
         dims = (h, kvh, t, s, d, *q.stride()[:3], *keys.stride()[:3], *values.stride()[:3],
                 *(flags.stride()[:2] if flags is not None else (0, 0)))
-        if b == 1 and flags is None and t < QTILE and threads is None:   # one item a kv head: not worth a team
+        if b == 1 and flags is None and t < QTILE:          # one item a kv head: on this thread unless told
             self._row(q.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr(),
-                      (ctypes.c_long * len(dims))(*dims), scaling)
+                      (ctypes.c_long * len(dims))(*dims), scaling, 1 if threads is None else threads)
         else:
             self._call(q.data_ptr(), keys.data_ptr(), values.data_ptr(),
                        flags.data_ptr() if flags is not None else None, out.data_ptr(), b,

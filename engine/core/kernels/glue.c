@@ -161,7 +161,8 @@ void glue_silu_mul(const float *g, const float *u, long gs, float *y, long ys, l
 
 typedef void (*product_fn)(const float *x, long ldx, long rows, const float *w, long in, long out,
                            const float *bias, float *y, long ldy, int threads);
-typedef void (*attend_fn)(const float *q, const float *k, const float *v, float *out, const long *dims, float scale);
+typedef void (*attend_fn)(const float *q, const float *k, const float *v, float *out, const long *dims, float scale,
+                          int threads);
 
 typedef struct {                 /* one layer's parameters: norms [d], products (out, in) as stored, biases or NULL */
     const float *ln1, *ln2, *qkv, *qkv_bias, *o, *o_bias, *gate_up, *gate_up_bias, *down, *down_bias;
@@ -218,7 +219,8 @@ void lone_after(const lone_t *s, const lone_layer_t *l, const float *attn, int t
 /* Every layer of a lone step in one call, where the row's keys lie in place in the K/V pool (its blocks one after
    another): per layer `lone_before` (the residual kept at resid + i * resid_stride, NULL: none; k and v written at
    offset `write` of the layer's keys and values), attend.c's attend_row over the row's n keys from offset `first`
-   (a key's positions kvd = keys' width apart, its heads dim apart), then `lone_after`. The same functions in the same
+   (a key's positions kvd = keys' width apart, its heads dim apart; its kv heads dealt to the same `threads`), then
+   `lone_after`. The same functions in the same
    order as the layers called one by one from Python with attend.c's attention, so the same bits. */
 void lone_layers(const lone_t *s, const lone_layer_t *layers, long count, float *resid, long resid_stride,
                  float *const *keys, float *const *values, long write, long first, long n, int threads) {
@@ -228,7 +230,7 @@ void lone_layers(const lone_t *s, const lone_layer_t *layers, long count, float 
     for (long i = 0; i < count; i++) {
         lone_before(s, &layers[i], resid ? resid + i * resid_stride : NULL, keys[i] + write, values[i] + write,
                     threads);
-        s->attend(s->qkv_out_buf, keys[i] + first, values[i] + first, s->attn, dims, s->scale);
+        s->attend(s->qkv_out_buf, keys[i] + first, values[i] + first, s->attn, dims, s->scale, threads);
         lone_after(s, &layers[i], s->attn, threads);
     }
 }
