@@ -115,6 +115,26 @@ def test_the_largest_logits_at_either_end_of_the_row_are_found():
                                                                  [49151, 49150, 49149]]
 
 
+@pytest.mark.parametrize("kind", ["few values", "minus infinity", "ascending", "descending"])
+def test_a_rows_kept_logits_are_its_largest_the_lower_id_first_whatever_its_ties(kind):
+    """glue.c reads a long row's blocks of 16 logits for their largest, then only the blocks that can hold one of the
+    257 best, and the 3 past the last whole block: on rows of massive ties (5 values over 49,155 logits), a third of
+    them -inf, and sorted either way, the kept ids are a stable sort's (largest first, the lower id first among equal
+    ones)."""
+    g = torch.Generator().manual_seed(11)
+    row = torch.randn(1, 49155, generator=g) * 3
+    if kind == "few values":
+        row = torch.randint(0, 5, (1, 49155), generator=g).float()
+    elif kind == "minus infinity":
+        row[0, ::3] = float("-inf")
+    else:
+        row = row.sort(descending=kind == "descending").values
+    want = row.sort(descending=True, stable=True)
+    got = G.quick_facts(row)
+    assert torch.equal(got["kept_ids"], want.indices[:, :G.KEEP_LOGITS])
+    assert torch.equal(got["kept_values"], want.values[:, :G.KEEP_LOGITS])
+
+
 def tokens(lm, logits: torch.Tensor, requests: list[GenerationRequest]) -> list:
     """pick_tokens' SampledTokens for rows of logits [B, V], each row with its own generator and text stream."""
     gens = [torch.Generator().manual_seed(b) for b in range(len(requests))]
