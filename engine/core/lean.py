@@ -364,10 +364,13 @@ class LeanStep:
 
 
 def lean_step_for(lm: LoadedModel) -> LeanStep | None:
-    """The forward for this model, made once and kept on it, or None where it does not apply (`why_not`)."""
-    if why_not(lm.model) is not None:
-        return None
+    """The forward for this model, made once and kept on it, or None where it does not apply (`why_not`, asked until
+    the forward is made: a model's family and layers do not change under it; a quantized copy is a model of its own).
+    Every decode step asks: `why_not` over a model whose objects the step's weights have pushed out of the caches
+    took 0.05-0.09 ms of a lone step here."""
     if lm.lean is None:
+        if why_not(lm.model) is not None:
+            return None
         lm.lean = LeanStep(lm)
     return lm.lean
 

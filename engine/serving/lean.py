@@ -116,7 +116,7 @@ class LeanDecode:
         lone = None
         if len(slots) == 1:
             kv, write = one_row(batch, slots[0])
-            mask, (linear, fused), lone = None, self.lone_products(), self.lone_plan()
+            mask, ((linear, fused), lone) = None, self.lone_step()
             attention = self.attention
         else:
             mask = batch.step_mask().bool()[:, None, None, :]                        # [B, 1, 1, W + 1]
@@ -144,15 +144,16 @@ class LeanDecode:
     def lone_products(self) -> tuple[Linear, list[Fused] | None]:
         """One row's (linear, fused): every product bound once where they are the row kernel's (engine.core.lone:
         `SideBySide.bound`), else `self.linear` with q|k|v and gate|up as one product each where they can be."""
-        bound = self.side_by_side.bound() if self.side_by_side and self.linear is matvec.linear else None
-        return bound if bound is not None else (self.linear, self.lone_fused())
+        return self.lone_step()[0]
 
-    def lone_plan(self) -> Any:
-        """One row's layers in two C calls each (engine.core.lone.LonePlan) where its products are bound and
-        `plan_layers` is on (the bench turns it off to compare), else None."""
-        if not (self.plan_layers and self.side_by_side and self.linear is matvec.linear):
-            return None
-        return self.side_by_side.plan()
+    def lone_step(self) -> tuple[tuple[Linear, list[Fused] | None], Any]:
+        """A lone step's ((linear, fused), plan): `lone_products` and, where they are bound and `plan_layers` is on
+        (the bench turns it off to compare), its layers in C calls (engine.core.lone.LonePlan), else None. The
+        weights are checked once for both (`SideBySide.bound`: their 136 places, read cold after every step)."""
+        bound = self.side_by_side.bound() if self.side_by_side and self.linear is matvec.linear else None
+        if bound is None:
+            return (self.linear, self.lone_fused()), None
+        return bound, self.side_by_side.plan(checked=True) if self.plan_layers else None
 
     def lone_fused(self) -> list[Fused] | None:
         """q|k|v and gate|up as one split product each (engine.core.lone), where the products are the split ones."""
