@@ -94,6 +94,8 @@ class LeanDecode:
         self.side_by_side: SideBySide | None = SideBySide(lean)    # q|k|v, gate|up as one product each (or None)
         self.plan_layers = True              # a lone step's layers through LonePlan where it applies
         self.attention = lone_attention(lean)    # a lone row's attention: attend.c where it fits, else SDPA (None)
+        self.attend_threads = 0              # threads its kv heads are dealt to in LonePlan (0: the step's; 1: the
+                                             # step's own thread, as before: bench/lone_parts.py's "attention-alone")
 
     @classmethod
     def for_model(cls, lm: LoadedModel) -> "LeanDecode | None":
@@ -153,7 +155,10 @@ class LeanDecode:
         bound = self.side_by_side.bound() if self.side_by_side and self.linear is matvec.linear else None
         if bound is None:
             return (self.linear, self.lone_fused()), None
-        return bound, self.side_by_side.plan(checked=True) if self.plan_layers else None
+        plan = self.side_by_side.plan(checked=True) if self.plan_layers else None
+        if plan is not None:
+            plan.state.attend_threads = self.attend_threads
+        return bound, plan
 
     def lone_fused(self) -> list[Fused] | None:
         """q|k|v and gate|up as one split product each (engine.core.lone), where the products are the split ones."""

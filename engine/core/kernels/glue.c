@@ -182,6 +182,7 @@ typedef struct {                 /* the row's buffers, made once, and this step'
     attend_fn attend;            /* attend.c's attend_row (NULL: `lone_layers` is not called) */
     float *attn;                 /* [width] attention's output */
     float scale;                 /* attention's scaling */
+    int attend_threads;          /* the threads attention's kv heads are dealt to; 0: the step's (`threads`) */
 } lone_t;
 
 static void add_into(float *x, const float *y, long d) {
@@ -230,7 +231,8 @@ void lone_layers(const lone_t *s, const lone_layer_t *layers, long count, float 
     for (long i = 0; i < count; i++) {
         lone_before(s, &layers[i], resid ? resid + i * resid_stride : NULL, keys[i] + write, values[i] + write,
                     threads);
-        s->attend(s->qkv_out_buf, keys[i] + first, values[i] + first, s->attn, dims, s->scale, threads);
+        s->attend(s->qkv_out_buf, keys[i] + first, values[i] + first, s->attn, dims, s->scale,
+                  s->attend_threads ? s->attend_threads : threads);
         lone_after(s, &layers[i], s->attn, threads);
     }
 }

@@ -93,13 +93,14 @@ class LoneLayer(ctypes.Structure):
 
 class LoneState(ctypes.Structure):
     """glue.c's lone_t: the row kernel's product, the shapes, the row's buffers and this step's rotary table; attend.c's
-    attend_row, attention's output buffer and its scaling (for `lone_layers`)."""
+    attend_row, attention's output buffer, its scaling and its threads (0: the step's; for `lone_layers`)."""
 
     _fields_ = [("product", ctypes.c_void_p), *((name, ctypes.c_long) for name in
                                                  ("d", "qkv_out", "rotated", "dim", "f", "width")),
                 ("eps", ctypes.c_float), *((name, ctypes.c_void_p) for name in
                                            ("x", "h", "qkv_out_buf", "gate_up_buf", "delta", "cos", "sin")),
-                ("attend", ctypes.c_void_p), ("attn", ctypes.c_void_p), ("scale", ctypes.c_float)]
+                ("attend", ctypes.c_void_p), ("attn", ctypes.c_void_p), ("scale", ctypes.c_float),
+                ("attend_threads", ctypes.c_int)]
 
 
 def _fn(fn, argtypes):
