@@ -170,7 +170,7 @@ def run_kept(lm, jobs, joins, monkeypatch=None):
     runner = BatchRunner(lm, max_batch=8)
     if monkeypatch is not None:
         monkeypatch.setattr(serving_lean, "one_row", one_row_before)
-        monkeypatch.setattr(runner.lean, "lone_products", lambda: (runner.lean.linear, runner.lean.lone_fused()))
+        monkeypatch.setattr(runner.lean, "lone_step", lambda: ((runner.lean.linear, runner.lean.lone_fused()), None))
         runner.lean.plan_layers = False
     logits, decode = [], runner.lean.decode
     runner.lean.decode = lambda batch, slots: logits.append(decode(batch, slots)) or logits[-1]

@@ -143,15 +143,12 @@ class LeanDecode:
         linear = kernels.ordered_linear if ordered else kernels.linear
         return linear, None if stale else fused        # a weight pointed elsewhere: its own product
 
-    def lone_products(self) -> tuple[Linear, list[Fused] | None]:
-        """One row's (linear, fused): every product bound once where they are the row kernel's (engine.core.lone:
-        `SideBySide.bound`), else `self.linear` with q|k|v and gate|up as one product each where they can be."""
-        return self.lone_step()[0]
-
     def lone_step(self) -> tuple[tuple[Linear, list[Fused] | None], Any]:
-        """A lone step's ((linear, fused), plan): `lone_products` and, where they are bound and `plan_layers` is on
-        (the bench turns it off to compare), its layers in C calls (engine.core.lone.LonePlan), else None. The
-        weights are checked once for both (`SideBySide.bound`: their 136 places, read cold after every step)."""
+        """A lone step's ((linear, fused), plan): every product bound once where they are the row kernel's
+        (engine.core.lone: `SideBySide.bound`), else `self.linear` with q|k|v and gate|up as one product each where
+        they can be; and, where they are bound and `plan_layers` is on (the bench turns it off to compare), its layers
+        in C calls (engine.core.lone.LonePlan), else None. The weights are checked once for both (`SideBySide.bound`:
+        their places, read cold after every step)."""
         bound = self.side_by_side.bound() if self.side_by_side and self.linear is matvec.linear else None
         if bound is None:
             return (self.linear, self.lone_fused()), None

@@ -220,9 +220,9 @@ void lone_after(const lone_t *s, const lone_layer_t *l, const float *attn, int t
 /* Every layer of a lone step in one call, where the row's keys lie in place in the K/V pool (its blocks one after
    another): per layer `lone_before` (the residual kept at resid + i * resid_stride, NULL: none; k and v written at
    offset `write` of the layer's keys and values), attend.c's attend_row over the row's n keys from offset `first`
-   (a key's positions kvd = keys' width apart, its heads dim apart; its kv heads dealt to the same `threads`), then
-   `lone_after`. The same functions in the same
-   order as the layers called one by one from Python with attend.c's attention, so the same bits. */
+   (a key's positions kvd = keys' width apart, its heads dim apart; its kv heads dealt to `threads`, or to
+   attend_threads where set), then `lone_after`. The same functions in the same order as the layers called one by
+   one from Python with attend.c's attention, so the same bits. */
 void lone_layers(const lone_t *s, const lone_layer_t *layers, long count, float *resid, long resid_stride,
                  float *const *keys, float *const *values, long write, long first, long n, int threads) {
     long kvd = (s->qkv_out - s->width) / 2;
