@@ -19,7 +19,6 @@ speed do not depend on the values. Writes bench/results/attend_widths/<UTC time>
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -27,9 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")        # before torch loads OpenMP: as the server runs
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.provenance import server_wait  # noqa: E402 (torch-free)
+
+server_wait()                        # before torch loads OpenMP: its threads wait as the server's do
 
 import torch  # noqa: E402
 from torch.nn import functional as F  # noqa: E402

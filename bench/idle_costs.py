@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import queue
 import statistics
 import sys
@@ -33,9 +32,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.launch import OPENMP_WAIT  # noqa: E402 (no torch yet: libgomp reads its wait when torch loads it)
+from bench.provenance import server_wait  # noqa: E402 (torch-free)
 
-os.environ.update({k: v for k, v in OPENMP_WAIT.items() if k not in os.environ})
+server_wait()                        # before torch loads OpenMP: its threads wait as the server's do
 
 from bench import provenance  # noqa: E402
 

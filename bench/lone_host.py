@@ -23,8 +23,8 @@ Three measurements, the ways taking turns in each:
   one), their decode steps taking the ways in turn step by step; the host's work is the runner's step less the
   forward (picking and describing, the record, the cache's bookkeeping), in wall and in the thread's CPU time,
   and the picking within it (wall).
-Medians; the first three decode steps of each request left out. OMP_WAIT_POLICY is PASSIVE unless set, as
-`python -m engine serve` sets it. Writes a new bench/results/lone_host/<UTC time>-<commit>.json (bench/provenance.py);
+Medians; the first three decode steps of each request left out. OpenMP's threads wait as `python -m engine serve`
+sets them to (bench/provenance.py's `server_wait`), unless set by hand. Writes a new bench/results/lone_host/<UTC time>-<commit>.json (bench/provenance.py);
 docs/engine.md, "A lone request", reads it.
 """
 from __future__ import annotations
@@ -36,9 +36,12 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")        # before torch loads OpenMP: as the server runs
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.provenance import server_wait  # noqa: E402 (torch-free)
+
+server_wait()                        # before torch loads OpenMP: its threads wait as the server's do
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

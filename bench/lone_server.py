@@ -33,9 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))              # the project's `engine` ahead of this folder's engine.py
 
-from engine.launch import OPENMP_WAIT  # noqa: E402 (no torch yet: libgomp reads its wait when torch loads it)
+from bench.provenance import server_wait  # noqa: E402 (torch-free)
 
-os.environ.update({k: v for k, v in OPENMP_WAIT.items() if k not in os.environ})   # the server's wait, here too
+server_wait()                        # before torch loads OpenMP: its threads wait as the server's do
 
 import httpx  # noqa: E402
 import openai  # noqa: E402

@@ -16,15 +16,17 @@ over the median); per shape: the kernel's rate over the read's. Writes bench/res
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")        # before torch loads OpenMP: as the server runs
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.provenance import server_wait  # noqa: E402 (torch-free)
+
+server_wait()                        # before torch loads OpenMP: its threads wait as the server's do
 
 import torch  # noqa: E402
 
