@@ -1302,6 +1302,7 @@ def lcp_ratio(a: str, b: str, key: str) -> Callable[[dict], tuple]:
 VS_LCP_L = "vs_llamacpp/20261129T114735Z-3e504fb.json"    # ours, 45587b7 and llama.cpp: attention on the team
 VS_LCP_L2 = "vs_llamacpp/20261129T114949Z-3e504fb.json"   # the same three, minutes later
 PARTS_L = "lone_parts/20261129T115327Z-1e4722d.json"      # attention on the team against on the step's thread
+VS_LCP_L3 = "vs_llamacpp/20261129T124302Z-c7b53b1.json"   # the same three an hour later, a quieter machine
 
 
 def before_was(commit: str, row: Callable[[dict], tuple]) -> Callable[[dict], tuple]:
@@ -1344,6 +1345,13 @@ LONE += [  # README, "One person alone, after its attention went to both threads
      lambda d: (d["same_answers"], d["table"]["ours"]["answers"])),
     (README, VS_LCP_L2, "Ours and llama.cpp gave the same text for {} of {}\nanswers in each run.",
      lambda d: (d["same_answers"], d["table"]["ours"]["answers"])),
+    (README, VS_LCP_L3, "load\naverage {:.2f} at its start; `bench/results/vs_llamacpp/20261129T124302Z-c7b53b1.json`): ours "
+     "{:.1f} ms a token, {:.2f}x\nllama.cpp's and {:.2f}x the commit before's, {:.2f}x the floor of {:.1f} ms (llama.cpp "
+     "{:.2f}x).",
+     before_was("45587b7", lambda d: (d["provenance"]["machine"]["load_avg"][0], d["table"]["ours"]["ms_per_token"],
+                                      *lcp_ratio("ours", "llama.cpp", "ms_per_token")(d),
+                                      *lcp_ratio("ours", "ours before", "ms_per_token")(d), d["table"]["ours"]["x_floor"],
+                                      d["floor_ms"], d["table"]["llama.cpp"]["x_floor"]))),
     (ENGINE_DOC, PARTS_L, "load average {:.2f} at its start;\n  `bench/results/lone_parts/20261129T115327Z-1e4722d.json`): "
      "a bare lone step {:.2f} ms against {:.2f} ms, {:.2f}x\n  the floor of {:.1f} ms, the same text.",
      lambda d: (d["provenance"]["machine"]["load_avg"][0], d["now"]["bare"]["wall_ms"],
