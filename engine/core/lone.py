@@ -67,11 +67,11 @@ class SideBySide:
         _, where, weights, linear, fused = self._bound
         return (linear, fused) if where and list(map(torch.Tensor.data_ptr, weights)) == where else None
 
-    def plan(self, checked: bool = False) -> "LonePlan | None":
-        """The lone step's layers around attention in two C calls each (LonePlan), over the products `bound()` binds;
-        None where bound() is, where glue.c is not built, or where a layer's o or down is not bound. `checked`: the
-        caller's bound() just returned them (not None), so they are not checked again."""
-        if (not checked and self.bound() is None) or glue_kernel() is None:
+    def plan(self) -> "LonePlan | None":
+        """The lone step's layers around attention in two C calls each (LonePlan), over the products `bound()` binds:
+        call it where bound() has just returned them (not None; the step checks its weights once). None where glue.c
+        is not built, or where a layer's o or down is not bound."""
+        if self._bound is None or glue_kernel() is None:
             return None
         if self._plan is None or self._plan[0] is not self._bound:
             self._plan = (self._bound, LonePlan.make(self.lean, kernels.row_kernel(), glue_kernel(), *self._bound[3:],

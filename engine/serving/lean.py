@@ -152,7 +152,7 @@ class LeanDecode:
         bound = self.side_by_side.bound() if self.side_by_side and self.linear is matvec.linear else None
         if bound is None:
             return (self.linear, self.lone_fused()), None
-        plan = self.side_by_side.plan(checked=True) if self.plan_layers else None
+        plan = self.side_by_side.plan() if self.plan_layers else None
         if plan is not None:
             plan.state.attend_threads = self.attend_threads
         return bound, plan

@@ -384,7 +384,7 @@ void attend(const float *q, const float *k, const float *v, const uint8_t *mask,
    calling thread, no parallel region (a team's fork and join cost as much as a short row's work with its keys in
    cache). In a lone step its keys are not: the products before it streamed the weights through every cache, and one
    thread reading a layer's keys and values (768 bytes a key each here) waits on memory; two read them side by side
-   (docs/engine.md, "A lone step's attention on both threads"). dims as attend's; out [1, T, H, D]. Called from
+   (docs/engine.md, "The last tenths"). dims as attend's; out [1, T, H, D]. Called from
    engine/core/kernels/attend.py and, through its address, from glue.c's lone_layers (a lone step's layers in one
    call). */
 static void row_items(const shape_t *p, const float *q, const float *k, const float *v, float *out, long i0,
