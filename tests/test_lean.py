@@ -398,5 +398,9 @@ def test_the_pool_residual_is_written_in_place_when_compiled():
 
     torch._dynamo.reset()
     _, (code, *_) = run_and_get_code(torch.compile(write, backend="inductor", fullgraph=True), x)
-    assert torch.equal(resid[1, where], x[0]) and resid[[0, 2]].abs().sum() == 0 and resid[1].abs().sum() == x.abs().sum()
+    # layer 1's other rows untouched, exactly: a float sum of x's 72 values against the same among 29,688 zeros (the
+    # check before) parted in the last bit for some x
+    others = torch.ones(slots, dtype=torch.bool)
+    others[where] = False
+    assert torch.equal(resid[1, where], x[0]) and resid[[0, 2]].abs().sum() == 0 and resid[1, others].abs().sum() == 0
     assert f"({slots}, {d})" not in code, "a buffer of the layer's [slots, d] share: the pool copied, not written"
