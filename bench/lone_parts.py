@@ -81,7 +81,9 @@ def one_query(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
 # "no-pick": the token picked and described by torch's operators (generate.PICK_IN_C off), not glue.c's pick_row
 # "attention-alone": LonePlan's attention on the step's own thread (LeanDecode.attend_threads 1), not dealt by kv head
 #   to torch's team
-WAYS = {"now": {}, "attention-alone": {"attend_threads": 1}, "apart": {"side_by_side": None}, "split": {"kernel": False}, "one-query": {"attention": one_query},
+# "ends-apart": a lone token's embedding, rotary table, final norm and head made from Python around LonePlan's layers
+#   (LeanDecode.ends_in_c off), not in the same C call (LonePlan.token)
+WAYS = {"now": {}, "attention-alone": {"attend_threads": 1}, "ends-apart": {"ends_in_c": False}, "apart": {"side_by_side": None}, "split": {"kernel": False}, "one-query": {"attention": one_query},
         "f.linear": {"linear": F.linear}, "compiled": {"compiled": True}, "torch-glue": {"glue": False},
         "unplanned": {"plan_layers": False}, "sdpa": {"attention": None}, "no-pick": {"pick": False},
         **{f"parts-{n}": {"parts": n} for n in (2, 8, 16)}}
@@ -262,8 +264,8 @@ def median_parts(rounds: list[list[dict]], floor_ms: float) -> dict:
 
 def use(runner: BatchRunner, way: str) -> None:
     """Set the lone step's kernels to `way`'s (the ones it does not name as the runner made them)."""
-    for name, kernel in {"glue": True, "plan_layers": True, "pick": True, "attend_threads": 0, **runner.lean.made,
-                         **WAYS[way]}.items():
+    for name, kernel in {"glue": True, "plan_layers": True, "pick": True, "attend_threads": 0, "ends_in_c": True,
+                         **runner.lean.made, **WAYS[way]}.items():
         if name == "pick":
             generate.PICK_IN_C = kernel
         elif name == "parts":

@@ -160,14 +160,16 @@ def one_row_before(batch, slot):
     return kv, torch.tensor([write])
 
 
-def run_kept(lm, jobs, joins, monkeypatch=None):
+def run_kept(lm, jobs, joins, monkeypatch=None, ends_in_c=True):
     """run_runner over `jobs`, every decode step's logits as returned (not copied: a product's output reused by the
     next step would show here) and each job's kept residual per layer; with `monkeypatch`, the path as at 84db7f9:
-    the old one_row, and each product through matvec.linear (q|k|v and gate|up side by side)."""
+    the old one_row, and each product through matvec.linear (q|k|v and gate|up side by side); `ends_in_c`: the
+    runner's LeanDecode.ends_in_c."""
     from engine.serving import lean as serving_lean
     from engine.serving.batch import BatchRunner
     from test_lean import run_runner
     runner = BatchRunner(lm, max_batch=8)
+    runner.lean.ends_in_c = ends_in_c
     if monkeypatch is not None:
         monkeypatch.setattr(serving_lean, "one_row", one_row_before)
         monkeypatch.setattr(runner.lean, "lone_step", lambda: ((runner.lean.linear, runner.lean.lone_fused()), None))
@@ -255,3 +257,73 @@ def test_a_moved_weight_unbinds_the_lone_products_and_the_step_reads_the_new_val
     finally:
         down.data = kept
     assert runner.lean.side_by_side.bound() is not None
+
+
+@pytest.mark.parametrize("capture", [True, False], ids=["its residual kept", "nothing kept"])
+def test_a_lone_token_in_one_call_gives_the_bits_of_its_ends_made_apart(tiny_lm, monkeypatch, capture):
+    """LonePlan.token (glue.c's lone_token: the embedding row, every layer, the final residual, the final norm and
+    the head in one call, the rotary table read from the plan's memo) against the same plan with those ends made
+    from Python around `layers_at_once` (LeanDecode.ends_in_c off): every decode step's logits and every kept
+    residual bitwise the same, and the one call made every lone step."""
+    from engine.core.hooks import CAPTURE_OFF, CapturePolicy
+    from engine.core.generate import GenerationRequest
+    from engine.core.lone import LonePlan
+    from conftest import tiny_prompt
+    jobs = [(GenerationRequest(tiny_prompt(9, seed=5), max_new_tokens=24, chat=False),
+             CapturePolicy(logit_lens=3) if capture else CAPTURE_OFF)]
+    calls = []
+    token = LonePlan.token
+    monkeypatch.setattr(LonePlan, "token", lambda self, *a: calls.append(a[:2]) or token(self, *a))
+    got = run_kept(tiny_lm, jobs, [0])
+    assert len(calls) == len([f for f in got[1] if f.shape[0] == 1]) >= 20
+    assert [p for _, p in calls] == list(range(calls[0][1], calls[0][1] + len(calls)))    # each its own position
+    apart = []
+    monkeypatch.setattr(LonePlan, "token", lambda self, *a: apart.append(a) or token(self, *a))
+    want = run_kept(tiny_lm, jobs, [0], ends_in_c=False)
+    assert not apart
+    same_bits(got[1], want[1])
+    assert got[2].keys() == want[2].keys() and bool(got[2]) == capture
+    for i in got[2]:
+        same_bits(got[2][i], want[2][i])
+
+
+def test_the_plans_rotary_table_is_the_models_own_at_every_position(tiny_lm, monkeypatch):
+    """LonePlan.rotary_at: cos and sin as the model's rotary makes them for that one position, bitwise, under the
+    memo's limit (kept, read again) and past it (made each call into the spare row); a rope whose table depends on
+    more than the position keeps nothing."""
+    import ctypes
+    from engine.core import lone
+    plan = SideBySide(lean_step_for(tiny_lm))
+    assert plan.bound() is not None
+    plan = plan.plan()
+    monkeypatch.setattr(lone, "ROTARY_MEMO", 5)
+    plan._table = None
+    dim = plan.q.shape[-1]
+
+    def read(at: int) -> torch.Tensor:
+        return torch.tensor((ctypes.c_float * dim).from_address(at)[:])
+
+    for position in (0, 3, 3, 4, 5, 9, 9, 200):
+        cos, sin = tiny_lm.model.model.rotary_emb(plan.x, torch.tensor([[position]]))
+        at = plan.rotary_at(position)
+        assert torch.equal(read(at[0]), cos[0, 0]) and torch.equal(read(at[1]), sin[0, 0]), position
+    assert bytes(plan._memo) == bytes([1, 0, 0, 1, 1])
+    plan._table = None
+    monkeypatch.setattr(plan._rotary, "rope_type", "dynamic")
+    plan.rotary_at(2)
+    assert len(plan._memo) == 0
+
+
+def test_a_moved_embedding_or_final_norm_unbinds_the_lone_token(tiny_lm):
+    """What LonePlan.token reads besides the bound products, the embedding and the final norm, is checked with them
+    each step: either pointed at new values, bound() is None (the step reads the new values through the forward)."""
+    grouped = SideBySide(lean_step_for(tiny_lm))
+    assert grouped.bound() is not None and grouped.plan().takes_token()
+    for param in (tiny_lm.model.model.norm.weight, tiny_lm.model.model.embed_tokens.weight):
+        kept = param.data
+        try:
+            param.data = kept.clone()
+            assert grouped.bound() is None
+        finally:
+            param.data = kept
+        assert grouped.bound() is not None

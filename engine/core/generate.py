@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any, Callable, Generator, Iterator
 
+import numpy as np
 import torch
 from tokenizers.decoders import DecodeStream
 from transformers import DynamicCache
@@ -274,18 +275,20 @@ def pick_tokens(lm: LoadedModel, logits: torch.Tensor, requests: list[Generation
     one softmax per group of rows that filter alike (row by row, this and the descriptions cost a batched decode
     step about a tenth of its time on a CPU); each row draws with its own generator. A greedy row with no filter,
     in float32 on a CPU, is picked and described by glue.c in two passes over its logits (`quick_facts`), whatever
-    the other rows: the same row gets the same description alone or in any batch. On a CPU on the calling thread
-    alone (`one_thread`: a few hundred microseconds of work, which parallel regions only delay)."""
+    the other rows: the same row gets the same description alone or in any batch; where every row is, straight
+    from numpy (`quick_tokens`). On a CPU on the calling thread alone (`one_thread`: a few hundred microseconds of
+    work, which parallel regions only delay)."""
+    quick = quick_rows(logits, requests)
+    if all(quick):
+        return quick_tokens(lm, logits, streams)
     with one_thread(logits.device):
-        quick = quick_rows(logits, requests)
         parts = []
         if any(quick):
             rows = [b for b, q in enumerate(quick) if q]
-            parts.append((rows, quick_facts(logits if all(quick) else logits[rows])))
-        if not all(quick):
-            rows = [b for b, q in enumerate(quick) if not q]
-            parts.append((rows, torch_facts(logits if not any(quick) else logits[rows], [requests[b] for b in rows],
-                                            [generators[b] for b in rows])))
+            parts.append((rows, quick_facts(logits[rows])))
+        rows = [b for b, q in enumerate(quick) if not q]
+        parts.append((rows, torch_facts(logits if not any(quick) else logits[rows], [requests[b] for b in rows],
+                                        [generators[b] for b in rows])))
         facts = merged(parts, len(requests))
         ids = facts["ids"].tolist()
         return tokens_from(lm, facts_to_host(facts), [stream.push(i) for stream, i in zip(streams, ids)])
@@ -301,22 +304,49 @@ def quick_rows(logits: torch.Tensor, requests: list[GenerationRequest]) -> list[
     return [r.temperature <= 0 and (r.top_k == 0 or r.top_k >= vocab) and r.top_p >= 1.0 for r in requests]
 
 
-def quick_facts(logits: torch.Tensor) -> dict[str, torch.Tensor]:
-    """`token_facts` of greedy rows (B, V) with no filter, from glue.c's pick_row: the kept logits ranked (the first
-    the greedy token: the largest, the lowest id among equal ones, as argmax gives it; torch's top-k may rank equal
-    logits otherwise), probabilities exp(logit - log-sum-exp) (a softmax's, its sum in another order: within 1e-6,
-    tests/test_pick.py), the rest's log-sum-exp."""
+def quick_arrays(logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Greedy rows (B, V) with no filter through glue.c's pick_row: the kept logits' ids [B, K] and values [B, K]
+    ranked (the first the greedy token: the largest, the lowest id among equal ones, as argmax gives it; torch's
+    top-k may rank equal logits otherwise), pick_row's stats [B, 3], and the shown candidates' probabilities [B, W],
+    exp(logit - log-sum-exp) in float64 rounded to float32 (a softmax's, its sum in another order: within 1e-6,
+    tests/test_pick.py). The one computation behind `quick_facts` and `quick_tokens`."""
     vocab = logits.shape[-1]
-    width = min(KEEP_LOGITS, vocab)
-    ids, values, stats = glue_kernel().pick(logits, width)
-    shown = ids[:, :min(TOP_CANDIDATES, vocab)].contiguous()
-    top_probs = (values[:, :shown.shape[1]].double() - stats[:, :1]).exp().float()
-    facts = {"ids": ids[:, 0].clone(), "top_ids": shown, "top_probs": top_probs, "kept_ids": ids,
-             "kept_values": values, "chosen_probs": top_probs[:, 0].clone(), "chosen_logits": values[:, 0].clone()}
-    if vocab > width:
+    ids, values, stats = glue_kernel().pick(logits, min(KEEP_LOGITS, vocab))
+    probs = np.exp(values[:, :min(TOP_CANDIDATES, vocab)].astype(np.float64) - stats[:, :1]).astype(np.float32)
+    return ids, values, stats, probs
+
+
+def quick_facts(logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """`token_facts` of greedy rows (B, V) with no filter (`quick_arrays`), as torch tensors, for a batch whose other
+    rows take torch's path (`merged`)."""
+    vocab = logits.shape[-1]
+    ids, values, stats, probs = (torch.from_numpy(a) for a in quick_arrays(logits))
+    facts = {"ids": ids[:, 0].clone(), "top_ids": ids[:, :probs.shape[1]].contiguous(), "top_probs": probs,
+             "kept_ids": ids, "kept_values": values, "chosen_probs": probs[:, 0].clone(),
+             "chosen_logits": values[:, 0].clone()}
+    if vocab > ids.shape[1]:
         facts["rest"] = stats[:, 2].float()
     facts["vocab"] = torch.tensor(vocab)
     return facts
+
+
+def quick_tokens(lm: LoadedModel, logits: torch.Tensor, streams: list[TextStream]) -> list[SampledToken]:
+    """`tokens_from(quick_facts(...))` where every row is greedy with no filter: the same SampledTokens, bit for bit
+    (tests/test_pick.py), made from `quick_arrays`' numpy arrays with no torch operator between them. A lone step's
+    pick runs after the weights have streamed through every cache, where each operator, the first of its kind, took
+    tens of microseconds: the facts' twenty-odd made ~0.3 ms of a token (docs/engine.md, "A token in one call")."""
+    ids, values, stats, probs = quick_arrays(logits)
+    width, count = probs.shape[1], logits.shape[-1] - ids.shape[1]
+    names = token_texts(lm.tokenizer, ids[:, :width].ravel().tolist())
+    chosen, top, chosen_logits = ids[:, 0].tolist(), probs.tolist(), values[:, 0].tolist()
+    rests = stats[:, 2].astype(np.float32).tolist() if count > 0 else [math.nan] * len(chosen)
+    tokens = []
+    for b, (stream, rest) in enumerate(zip(streams, rests)):
+        shown = ids[b, :width].tolist()
+        candidates = [Candidate(i, t, p) for i, t, p in zip(shown, names[b * width:(b + 1) * width], top[b])]
+        tokens.append(SampledToken(chosen[b], stream.push(chosen[b]), top[b][0], candidates, ids[b], values[b],
+                                   *((rest, count) if math.isfinite(rest) else (None, 0)), chosen_logits[b]))
+    return tokens
 
 
 def torch_facts(logits: torch.Tensor, requests: list[GenerationRequest],

@@ -27,8 +27,11 @@ import torch
 
 from engine.core import invariant, kernels, matvec
 from engine.core.kernels.attend import LANES, MAX_GROUP, AttendKernel, attend_kernel
-from engine.core.kernels.glue import LoneLayer, LoneState, glue_kernel
+from engine.core.kernels.glue import LoneEnds, LoneLayer, LoneState, glue_kernel
 from engine.core.lean import Fused, LeanStep, Linear, PoolResidual
+
+ROTARY_MEMO = 8192           # positions whose rotary table a plan keeps (`LonePlan.rotary_at`): 4 MB at head dim 64
+STATIC_ROPE = ("default", "linear", "llama3")     # rope types whose table depends on the position alone
 
 
 class SideBySide:
@@ -88,7 +91,7 @@ class LonePlan:
     before the next layer writes it: by `before` in C where the step's `kv` gives its slots, else by the `kv`)."""
 
     def __init__(self, lean: LeanStep, kernel: kernels.RowKernel, glue: Any, layers: list[LoneLayer],
-                 keep_alive: list[torch.Tensor], attend: AttendKernel | None = None):
+                 keep_alive: list[torch.Tensor], attend: AttendKernel | None = None, head: matvec.Bound | None = None):
         heads, kv_heads, dim = lean.heads, lean.kv_heads, lean.head_dim
         d, f, qkv_out = lean.embed.weight.shape[1], lean.layers[0].gate[0].shape[0], (heads + 2 * kv_heads) * dim
         fits = dim % LANES == 0 and heads % kv_heads == 0 and heads // kv_heads <= MAX_GROUP
@@ -103,13 +106,18 @@ class LonePlan:
         self.state = LoneState(kernel.address, d, qkv_out, heads + kv_heads, dim, f, width, lean.eps,
                                *(t.data_ptr() for t in (self.x, self.h, self.qkv, self.gate_up, self.delta)), None, None,
                                self.attend.row_address if self.attend else None, self.attn.data_ptr(), lean.scaling)
-        self.layers, self.keep_alive = layers, keep_alive
+        self.layers, self.keep_alive = layers, keep_alive + [lean.embed.weight.detach(), lean.norm.detach()]
         self._layers = (LoneLayer * len(layers))(*layers)        # every layer's, for lone_layers
         self._all = glue.lone_layers
         self._pools: tuple[Any, Any, Any] | None = None          # (the pool's first keys tensor, keys', values' bases)
         state = ctypes.byref(self.state)
         self._before = [(glue.lone_before, state, ctypes.byref(layer)) for layer in layers]
         self._after = [(glue.lone_after, state, ctypes.byref(layer)) for layer in layers]
+        self.ends, self._token = _ends(lean, head), glue.lone_token     # None: the token's ends stay in Python
+        self.ends_in_c = True                    # `token` where it can (the bench turns it off to compare)
+        self._rotary, self._table, self._memo = lean.rotary, None, bytearray()
+        self._embed = (lean.embed.weight.data_ptr(), 4 * lean.embed.weight.stride(0))
+        self.vocab = lean.head[0].shape[0]
 
     @classmethod
     def make(cls, lean: LeanStep, kernel: kernels.RowKernel, glue: Any, products: "Products",
@@ -125,7 +133,9 @@ class LonePlan:
             keep += [w.ln1, w.ln2, *(t for b in bound for t in (b.weight, b.bias) if t is not None)]
             layers.append(LoneLayer(w.ln1.data_ptr(), w.ln2.data_ptr(),
                                     *(a for b in bound for a in (b.weight.data_ptr(), _address(b.bias)))))
-        return cls(lean, kernel, glue, layers, keep, attend) if layers else None
+        head = products.by_id.get((id(lean.head[0]), id(lean.head[1])))
+        return cls(lean, kernel, glue, layers, keep, attend, head if isinstance(head, matvec.Bound) else None) \
+            if layers else None
 
     def takes(self, ids: torch.Tensor, mask: Any, keep: Any, logits_to_keep: Any) -> bool:
         """Whether a step is this plan's: one row of one token, no mask, its logits, its residual kept (if at all) at
@@ -153,6 +163,47 @@ class LonePlan:
         self._all(ctypes.byref(self.state), self._layers, len(self.layers), ctypes.c_void_p(resid), resid_stride,
                   self._pools[1], self._pools[2], write * width, first * width, n, torch.get_num_threads())
 
+    def takes_token(self) -> bool:
+        """Whether `token` makes this plan's steps: its ends known (`_ends`) and not turned off."""
+        return self.ends is not None and self.ends_in_c
+
+    def token(self, token: int, position: int, keys: list[torch.Tensor], values: list[torch.Tensor],
+              resid: int | None, resid_stride: int, write: int, first: int, n: int) -> torch.Tensor:
+        """A lone step whole in one C call (glue.c's `lone_token`): token's embedding row, every layer as
+        `layers_at_once` makes them (the same arguments), the residual entering the final norm kept at resid + L *
+        resid_stride floats, the final norm and the LM head. Logits [1, 1, V], a new tensor: the caller keeps them.
+        The same functions in the same order as the forward around `layers_at_once`, so the same bits
+        (tests/test_lone_glue.py); Python's part is this call."""
+        self.state.cos, self.state.sin = self.rotary_at(position)
+        logits = torch.empty(1, 1, self.vocab)
+        self.ends.embed, self.ends.logits = self._embed[0] + token * self._embed[1], logits.data_ptr()
+        if self._pools is None or self._pools[0] is not keys[0]:
+            self._pools = (keys[0], *((ctypes.c_void_p * len(t))(*(x.data_ptr() for x in t)) for t in (keys, values)))
+        width = keys[0].stride(0)
+        self._token(ctypes.byref(self.state), self._layers, len(self.layers), ctypes.byref(self.ends),
+                    ctypes.c_void_p(resid), resid_stride, self._pools[1], self._pools[2], write * width,
+                    first * width, n, torch.get_num_threads())
+        return logits
+
+    def rotary_at(self, position: int) -> tuple[int, int]:
+        """The addresses of cos and sin [D] at `position` as the model's own rotary makes them (its call for that one
+        position, so the same bits), kept for positions under ROTARY_MEMO where the rope's table depends on the
+        position alone (STATIC_ROPE): a step then reads its row, where the rotary's operators took ~0.1 ms of a
+        lone step (docs/engine.md, "A token in one call"). Other positions and ropes: made each call, into a
+        spare row."""
+        if self._table is None:
+            dim, memo = self.q.shape[-1], ROTARY_MEMO if getattr(self._rotary, "rope_type", None) in STATIC_ROPE else 0
+            with torch.inference_mode(False):
+                self._table, self._memo = torch.empty(memo + 1, 2, dim), bytearray(memo)
+        row = position if position < len(self._memo) else len(self._memo)
+        if row == len(self._memo) or not self._memo[row]:
+            cos, sin = self._rotary(self.x, torch.tensor([[position]]))            # [1, 1, D] each
+            self._table[row, 0], self._table[row, 1] = cos[0, 0], sin[0, 0]
+            if row < len(self._memo):
+                self._memo[row] = 1
+        at, size = self._table.data_ptr() + 4 * row * self._table.stride(0), 4 * self._table.stride(1)
+        return at, at + size
+
     def start(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """The step's embedding x [1, 1, d] into the residual buffer, cos and sin [1, 1, D] its rotary table (held by
         the caller for the step); returns the buffer."""
@@ -172,6 +223,17 @@ class LonePlan:
         call, state, layer = self._after[i]
         attn = attn if attn.is_contiguous() else attn.contiguous()      # held through the call
         call(state, layer, ctypes.c_void_p(attn.data_ptr()), torch.get_num_threads())
+
+
+def _ends(lean: LeanStep, head: matvec.Bound | None) -> LoneEnds | None:
+    """glue.c's lone_ends_t for `lean`'s embedding, final norm and LM head where `LonePlan.token` can make them: the
+    head a row-kernel product (`head`, its Bound), the embedding's rows and the norm float32 and contiguous on the
+    CPU; else None. The embedding row and the logits are filled in at each step."""
+    embed, norm = lean.embed.weight, lean.norm
+    if head is None or any(t.dtype != torch.float32 or not t.is_cpu for t in (embed, norm)) \
+            or embed.stride(1) != 1 or not norm.is_contiguous() or embed.shape[1] != norm.shape[0]:
+        return None
+    return LoneEnds(None, norm.data_ptr(), head.weight.data_ptr(), _address(head.bias), head.weight.shape[0], None)
 
 
 def _address(t: torch.Tensor | None) -> int | None:
@@ -205,8 +267,9 @@ class Products:
 
 
 def _bound(lean: LeanStep, kernel: kernels.RowKernel) -> tuple[list[int], list[torch.Tensor], Linear, list[Fused]]:
-    """(where each weight it binds starts, those weights, `Products` over o, down and the head, per layer the Fused
-    q|k|v and gate|up); empty lists where any layer's group is missing."""
+    """(where each weight it binds starts, and the embedding and final norm a whole token reads (LonePlan.token),
+    those weights, `Products` over o, down and the head, per layer the Fused q|k|v and gate|up); empty lists where
+    any layer's group is missing."""
     where, fused = _made(lean)
     if not where:
         return [], [], matvec.linear, []
@@ -216,7 +279,7 @@ def _bound(lean: LeanStep, kernel: kernels.RowKernel) -> tuple[list[int], list[t
               for w, (qkv, gate_up) in zip(lean.layers, lean.lm.side_by_side)]
     alone = [(w, b, False) for layer in lean.layers for w, b in (layer.o, layer.down)] + [(*lean.head, True)]
     products = {(id(w), id(b)): matvec.Bound(kernel, w, b, fresh) for w, b, fresh in alone if _takes(w, b)}
-    taken = [w for w, b, _ in alone if (id(w), id(b)) in products]
+    taken = [w for w, b, _ in alone if (id(w), id(b)) in products] + [lean.embed.weight, lean.norm]
     return where + [w.data_ptr() for w in taken], weights + taken, Products(products), groups
 
 

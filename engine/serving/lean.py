@@ -96,6 +96,8 @@ class LeanDecode:
         self.attention = lone_attention(lean)    # a lone row's attention: attend.c where it fits, else SDPA (None)
         self.attend_threads = 0              # threads its kv heads are dealt to in LonePlan (0: the step's; 1: the
                                              # step's own thread, as before: bench/lone_parts.py's "attention-alone")
+        self.ends_in_c = True                # a lone token whole in one C call (LonePlan.token) where it can be;
+                                             # off: its embedding, norm and head from Python ("ends-apart")
 
     @classmethod
     def for_model(cls, lm: LoadedModel) -> "LeanDecode | None":
@@ -154,7 +156,7 @@ class LeanDecode:
             return (self.linear, self.lone_fused()), None
         plan = self.side_by_side.plan() if self.plan_layers else None
         if plan is not None:
-            plan.state.attend_threads = self.attend_threads
+            plan.state.attend_threads, plan.ends_in_c = self.attend_threads, self.ends_in_c
         return bound, plan
 
     def lone_fused(self) -> list[Fused] | None:
@@ -237,14 +239,19 @@ class RowKV:
         """(each layer's keys, values [slots, KVH, D], the new slot, the first key's slot, the keys read) where the
         row's keys lie one after another in a float32 CPU pool (a LonePlan then makes every layer in one C call);
         None where they are gathered or the pool is not one."""
-        if self.first is None or self.slots() is None:
+        if self.first is None or not self.in_c():
             return None
         return self.pool.keys, self.pool.values, self.write, self.first, self.n
+
+    def in_c(self) -> bool:
+        """Whether C reads and writes the pool by address: float32, on the CPU, contiguous."""
+        keys = self.pool.keys[0]
+        return keys.dtype == torch.float32 and keys.is_cpu and keys.is_contiguous()
 
     def slots(self) -> list[tuple[int, int]] | None:
         """Per layer, the addresses of the row's slot in the keys and the values; None off a float32 CPU pool."""
         keys = self.pool.keys
-        if keys[0].dtype != torch.float32 or not keys[0].is_cpu or not keys[0].is_contiguous():
+        if not self.in_c():
             return None
         at = 4 * self.write * keys[0].stride(0)
         return [(k.data_ptr() + at, v.data_ptr() + at) for k, v in zip(keys, self.pool.values)]

@@ -237,6 +237,32 @@ void lone_layers(const lone_t *s, const lone_layer_t *layers, long count, float 
     }
 }
 
+typedef struct {                 /* a lone token's ends: the embedding row it starts from, the final norm, the head */
+    const float *embed;          /* [d] the token's row of the embedding */
+    const float *norm;           /* [d] the final norm's weight */
+    const float *head, *head_bias;     /* (vocab, d) as stored, bias or NULL */
+    long vocab;
+    float *logits;               /* [vocab] */
+} lone_ends_t;
+
+/* A lone token's whole step in one call, where `lone_layers` takes its layers: the token's embedding row copied into
+   the residual stream, every layer (`lone_layers`), the residual entering the final norm kept at resid + count *
+   resid_stride (NULL: none), the final norm, and the LM head's product into e->logits. The same functions in the same
+   order as engine/core/lean.py's `_lone` makes them around `lone_layers` (F.embedding's copy, CGlue's norm, the
+   head's row-kernel product), so the same bits; what it saves is Python's work between them, each operator of
+   which, the first of its kind after the weights have streamed through every cache, took tens of microseconds
+   (docs/engine.md, "A token in one call"). */
+void lone_token(const lone_t *s, const lone_layer_t *layers, long count, const lone_ends_t *e, float *resid,
+                long resid_stride, float *const *keys, float *const *values, long write, long first, long n,
+                int threads) {
+    memcpy(s->x, e->embed, sizeof(float) * s->d);
+    lone_layers(s, layers, count, resid, resid_stride, keys, values, write, first, n, threads);
+    if (resid)
+        memcpy(resid + count * resid_stride, s->x, sizeof(float) * s->d);
+    norm_row(s->x, e->norm, s->h, s->d, s->eps);
+    s->product(s->h, s->d, 1, e->head, s->d, e->vocab, e->head_bias, e->logits, e->vocab, threads);
+}
+
 /* ---- A token's pick and description from one row of logits (engine/core/generate.py's `quick_facts`) ------------
 
    What describing a token needs of its row of logits x [v] (a vocabulary of tens of thousands), in two passes where

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from engine.core import kernels
@@ -40,6 +41,7 @@ class GlueKernel:
         self.lone_before, self.lone_after = lib["lone_before"], lib["lone_after"]   # C values in: LonePlan's
         self._pick = _fn(lib.pick_row, [ptr, long, long, ptr, ptr, ptr, ptr])
         self.lone_layers = _fn(lib["lone_layers"], [ptr, ptr, long, ptr, long, ptr, ptr, long, long, long, c_int])
+        self.lone_token = _fn(lib["lone_token"], [ptr, ptr, long, ptr, ptr, long, ptr, ptr, long, long, long, c_int])
         for fn in (self.lone_before, self.lone_after):
             fn.restype = None
 
@@ -70,17 +72,18 @@ class GlueKernel:
         return y
 
 
-    def pick(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def pick(self, logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each row of logits [B, V] (float32, rows contiguous): its k largest logits' ids [B, k] (int64) and values
         [B, k], largest first, the lower id first among equal ones, and stats [B, 3] (float64): the log-sum-exp of the
-        row, the largest logit left out (L) and the log-sum-exp of every logit left out (the last two where V > k)."""
+        row, the largest logit left out (L) and the log-sum-exp of every logit left out (the last two where V > k).
+        numpy arrays: no torch operator on the way (a lone step's pick runs cold, after the weights have streamed)."""
         b, v = logits.shape
-        ids, vals = torch.empty(b, k, dtype=torch.int64), torch.empty(b, k, dtype=F32)
-        stats = torch.full((b, 3), float("nan"), dtype=torch.float64)
-        scratch = torch.empty(2 * (k + 1), dtype=torch.int64)                    # k + 1 (value, id) pairs
+        ids, vals, stats = np.empty((b, k), np.int64), np.empty((b, k), np.float32), np.full((b, 3), np.nan)
+        scratch = np.empty(2 * (k + 1), np.int64)                                # k + 1 (value, id) pairs
+        x, row = logits.data_ptr(), 4 * logits.stride(0)
+        at = [a.ctypes.data for a in (ids, vals, stats, scratch)]
         for r in range(b):
-            self._pick(logits[r].data_ptr(), v, k, ids[r].data_ptr(), vals[r].data_ptr(), stats[r].data_ptr(),
-                       scratch.data_ptr())
+            self._pick(x + r * row, v, k, at[0] + 8 * k * r, at[1] + 4 * k * r, at[2] + 24 * r, at[3])
         return ids, vals, stats
 
 
@@ -101,6 +104,14 @@ class LoneState(ctypes.Structure):
                                            ("x", "h", "qkv_out_buf", "gate_up_buf", "delta", "cos", "sin")),
                 ("attend", ctypes.c_void_p), ("attn", ctypes.c_void_p), ("scale", ctypes.c_float),
                 ("attend_threads", ctypes.c_int)]
+
+
+class LoneEnds(ctypes.Structure):
+    """glue.c's lone_ends_t: a lone token's embedding row, the final norm's weight, the LM head (its bias 0 where it
+    has none) and its vocabulary, and where the logits go (`lone_token`)."""
+
+    _fields_ = [*((name, ctypes.c_void_p) for name in ("embed", "norm", "head", "head_bias")),
+                ("vocab", ctypes.c_long), ("logits", ctypes.c_void_p)]
 
 
 def _fn(fn, argtypes):
