@@ -14,8 +14,13 @@ float32 safetensors hold (`engine provision` dequantizes the same file). llama.c
 then the other (the order flips each round), `--repeats` streamed greedy answers of `--tokens` tokens, each to a
 prompt neither has seen: ms per token (the mean gap from the first token to the last) and time to first token,
 medians over the answers of every round. The machine's read bandwidth is measured in the same run (a sum over a
-buffer as large as the weights, one and two threads, before and after the rounds), and with it the memory floor:
-the weights' bytes over that bandwidth. Each run is a new file (bench/provenance.py).
+buffer as large as the weights, one and two threads, and two threads over memory in 2 MB pages as the server keeps
+its weights; before the first round and after each), and with it the memory floor: the weights' bytes over that
+bandwidth. `floor_ms` is the floor at the fastest 4 KB reading of the run (as every file before this one had it);
+since the bandwidth moves by a fifth from minute to minute here, each round is also set against the floor of the
+readings on either side of it (`x_round_floor`, the median over rounds), in 4 KB and in 2 MB pages (the stricter:
+the server's weights get the 2 MB pages' speed, llama.cpp's mapped file 4 KB's). Each run is a new file
+(bench/provenance.py).
 """
 from __future__ import annotations
 
@@ -137,18 +142,40 @@ def host_work(url: str, model: str, tokens: int, prompt: str) -> dict:
             "client_gap_ms": 1e3 * (stamps[-1] - stamps[0]) / (n - 1), "split_s": split}
 
 
-def bandwidth(nbytes: int) -> dict[str, float]:
-    """GB/s of a sum over `nbytes` with one and with two torch threads (fastest of 6 each)."""
-    buf, read = torch.ones(nbytes // 4), {}
-    for n in (1, 2):
+def bandwidth(nbytes: int, huge: torch.Tensor | None = None) -> dict[str, float]:
+    """GB/s of a sum over `nbytes` with one and with two torch threads (fastest of 6 each), in torch's own memory
+    (4 KB pages here), and, given `huge` (`huge_buffer`), with two threads over memory in 2 MB pages, as the server
+    holds its weights (engine.core.layout.in_huge_pages)."""
+    plain, read = torch.ones(nbytes // 4), {}
+    for name, buf, n in (("1", plain, 1), ("2", plain, 2), ("2, 2 MB pages", huge, 2)):
+        if buf is None:
+            continue
         torch.set_num_threads(n)
         times = []
         for _ in range(7):
             t = time.perf_counter()
             buf.sum()
             times.append(time.perf_counter() - t)
-        read[str(n)] = nbytes / min(times[1:]) / 1e9
+        read[name] = nbytes / min(times[1:]) / 1e9
     return read
+
+
+def huge_buffer(nbytes: int) -> torch.Tensor | None:
+    """nbytes of ones in an anonymous mapping advised for transparent huge pages, as the server's weights are
+    (engine.core.layout.in_huge_pages); None where the platform has no such advice."""
+    import mmap
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        return None
+    area = mmap.mmap(-1, nbytes + (2 << 20), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    area.madvise(mmap.MADV_HUGEPAGE)
+    flat = torch.frombuffer(area, dtype=torch.uint8)
+    start = -flat.data_ptr() % (2 << 20)
+    return flat[start:start + nbytes].view(torch.float32).fill_(1.0)
+
+
+def round_floors(read: list[dict[str, float]], nbytes: int, key: str) -> list[float]:
+    """Per round, the floor (ms) from the faster of the readings just before and just after it (`key`'s)."""
+    return [1e3 * nbytes / max(a.get(key, 0.0), b.get(key, 0.0)) / 1e9 for a, b in zip(read, read[1:])]
 
 
 def weight_bytes(folder: Path) -> int:
@@ -169,7 +196,10 @@ def _median_ms(runs: list[dict]) -> float:
     return statistics.median(good) if good else float("nan")
 
 
-def summarize(rounds: list[dict], floor_ms: float, sides: tuple[str, ...] = SIDES) -> dict:
+def summarize(rounds: list[dict], floor_ms: float, sides: tuple[str, ...] = SIDES,
+              floors: dict[str, list[float]] | None = None) -> dict:
+    """Per side: the median ms per token over every answer, its ratio to `floor_ms`, TTFT; with `floors` (per kind of
+    memory, each round's floor: `round_floors`), the median over rounds of each round's ms over its own floor."""
     table = {}
     for side in sides:
         good = [a for r in rounds for a in r[side] if "error" not in a]
@@ -177,9 +207,12 @@ def summarize(rounds: list[dict], floor_ms: float, sides: tuple[str, ...] = SIDE
             table[side] = {"errors": [a["error"] for r in rounds for a in r[side]]}
             continue
         ms = statistics.median(a["ms_per_token"] for a in good)
+        per_round = [_median_ms(r[side]) for r in rounds]
         table[side] = {"ms_per_token": ms, "x_floor": ms / floor_ms, "answers": len(good),
-                       "ttft_s": statistics.median(a["ttft_s"] for a in good),
-                       "per_round_ms": [_median_ms(r[side]) for r in rounds]}
+                       "ttft_s": statistics.median(a["ttft_s"] for a in good), "per_round_ms": per_round}
+        for kind, each in (floors or {}).items():
+            table[side][f"x_round_floor ({kind})"] = statistics.median(m / f for m, f in zip(per_round, each)
+                                                                     if not math.isnan(m))
     return table
 
 
@@ -242,28 +275,35 @@ def run(args: argparse.Namespace, servers: dict[str, Server], nbytes: int) -> di
     try:
         for side, pool in pools.items():                                   # warm-up: one answer each, not counted
             answers(pool, names[side], 8, prompts[-1:], GREEDY[side])
-        read = [bandwidth(nbytes)]
+        huge = huge_buffer(nbytes)
+        read = [bandwidth(nbytes, huge)]
         rounds = []
         for r in range(args.rounds):
             order = sides if r % 2 == 0 else sides[::-1]
             mine = prompts[r * args.repeats:(r + 1) * args.repeats]
             rounds.append({side: answers(pools[side], names[side], args.tokens, mine, GREEDY[side]) for side in order})
             rounds[-1]["host"] = host_work(servers["ours"].url, names["ours"], args.tokens, mine[0])
-            print(f"round {r + 1}: " + ", ".join(f"{s} {_median_ms(rounds[-1][s]):.1f} ms/token" for s in sides),
-                  flush=True)
-        read.append(bandwidth(nbytes))
+            read.append(bandwidth(nbytes, huge))
+            print(f"round {r + 1}: " + ", ".join(f"{s} {_median_ms(rounds[-1][s]):.1f} ms/token" for s in sides)
+                  + f"; read {read[-1]['2']:.1f} GB/s", flush=True)
     finally:
         for pool in pools.values():
             pool.close()
-    best = max(v for r in read for v in r.values())
+    best = max(r[k] for r in read for k in ("1", "2"))
     floor_ms = 1e3 * nbytes / best / 1e9
-    table = summarize(rounds, floor_ms, sides)
+    kinds = {"4 KB pages": "2", **({"2 MB pages": "2, 2 MB pages"} if huge is not None else {})}
+    floors = {kind: round_floors(read, nbytes, key) for kind, key in kinds.items()}
+    table = summarize(rounds, floor_ms, sides, floors)
     same = sum(a.get("text") == b.get("text") for r in rounds for a, b in zip(r["ours"], r["llama.cpp"]))
     for side in sides:
         print(f"{side:11s}: {table[side]}", flush=True)
-    print(f"floor: {floor_ms:.1f} ms ({nbytes / 1e9:.3f} GB at {best:.1f} GB/s); same answers: {same}")
+    huge_best = max((r.get("2, 2 MB pages", 0.0) for r in read), default=0.0)
+    print(f"floor: {floor_ms:.1f} ms ({nbytes / 1e9:.3f} GB at {best:.1f} GB/s, the fastest reading; in 2 MB pages "
+          f"{huge_best:.1f} GB/s); same answers: {same}")
     return {"tokens": args.tokens, "repeats": args.repeats, "llamacpp_threads": args.lcp_threads,
-            "weight_bytes": nbytes, "read_gb_s": read, "floor_ms": floor_ms, "table": table, "same_answers": same,
+            "weight_bytes": nbytes, "read_gb_s": read, "floor_ms": floor_ms, "round_floors_ms": floors,
+            "floor_2mb_ms": 1e3 * nbytes / huge_best / 1e9 if huge_best else None, "table": table,
+            "same_answers": same,
             "rounds": [{s: [{k: v for k, v in a.items() if k != "text"} for a in r[s]] for s in sides} for r in rounds],
             "host_work": [r["host"] for r in rounds],
             "llamacpp": LCP_SPEC}

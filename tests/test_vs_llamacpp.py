@@ -1,4 +1,5 @@
-"""bench/vs_llamacpp.py's float32 GGUF: every tensor dequantized, the metadata kept (on a GGUF this test writes)."""
+"""bench/vs_llamacpp.py: its float32 GGUF (every tensor dequantized, the metadata kept, on a GGUF this test writes) and
+its floors (each round against the readings beside it)."""
 from __future__ import annotations
 
 import sys
@@ -39,3 +40,17 @@ def test_a_quantized_gguf_becomes_float32_with_the_same_values_and_metadata(tmp_
     assert out.fields["llama.block_count"].contents() == 1
     assert out.fields["tokenizer.chat_template"].contents() == "{{ messages }}"
     assert out.fields["general.file_type"].contents() == gguf.LlamaFileType.ALL_F32
+
+
+def test_each_round_is_set_against_the_floor_of_the_readings_beside_it():
+    """round_floors: the faster of the readings before and after each round; summarize: the median over rounds of
+    each round's ms over its own floor, beside the one floor of the run's fastest reading."""
+    import vs_llamacpp as v
+    read = [{"2": 40.0}, {"2": 20.0}, {"2": 25.0}, {"2": 50.0}]          # GB/s: before round 1, after 1, 2, 3
+    floors = v.round_floors(read, 10**9, "2")
+    assert floors == [25.0, 40.0, 20.0]                                    # ms: 1 GB at 40, 25 and 50 GB/s
+    answers = [{"ms_per_token": ms, "ttft_s": 0.1} for ms in (30.0, 50.0, 30.0)]
+    rounds = [{"ours": [a]} for a in answers]
+    table = v.summarize(rounds, 20.0, ("ours",), {"4 KB pages": floors})["ours"]
+    assert table["ms_per_token"] == 30.0 and table["x_floor"] == 1.5
+    assert table["x_round_floor (4 KB pages)"] == 1.25                     # median of 1.2, 1.25 and 1.5
