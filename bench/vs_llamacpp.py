@@ -199,7 +199,8 @@ def _median_ms(runs: list[dict]) -> float:
 def summarize(rounds: list[dict], floor_ms: float, sides: tuple[str, ...] = SIDES,
               floors: dict[str, list[float]] | None = None) -> dict:
     """Per side: the median ms per token over every answer, its ratio to `floor_ms`, TTFT; with `floors` (per kind of
-    memory, each round's floor: `round_floors`), the median over rounds of each round's ms over its own floor."""
+    memory, each round's floor: `round_floors`), the median over rounds of each round's ms over its own floor; for
+    every side but ours, `ours_over_paired`: the median over rounds of ours' ms over its ms in the same round."""
     table = {}
     for side in sides:
         good = [a for r in rounds for a in r[side] if "error" not in a]
@@ -213,6 +214,12 @@ def summarize(rounds: list[dict], floor_ms: float, sides: tuple[str, ...] = SIDE
         for kind, each in (floors or {}).items():
             table[side][f"x_round_floor ({kind})"] = statistics.median(m / f for m, f in zip(per_round, each)
                                                                      if not math.isnan(m))
+    ours = table.get("ours", {}).get("per_round_ms")
+    for side in sides[1:]:
+        theirs = table[side].get("per_round_ms")
+        pairs = [a / b for a, b in zip(ours or [], theirs or []) if not (math.isnan(a) or math.isnan(b))]
+        if pairs:          # the two sides a round apart at most: the machine's drift between rounds cancels
+            table[side]["ours_over_paired"] = statistics.median(pairs)
     return table
 
 

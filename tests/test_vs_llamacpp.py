@@ -54,3 +54,5 @@ def test_each_round_is_set_against_the_floor_of_the_readings_beside_it():
     table = v.summarize(rounds, 20.0, ("ours",), {"4 KB pages": floors})["ours"]
     assert table["ms_per_token"] == 30.0 and table["x_floor"] == 1.5
     assert table["x_round_floor (4 KB pages)"] == 1.25                     # median of 1.2, 1.25 and 1.5
+    theirs = [{"ours": [a], "llama.cpp": [dict(a, ms_per_token=m)]} for a, m in zip(answers, (20.0, 100.0, 25.0))]
+    assert v.summarize(theirs, 20.0, ("ours", "llama.cpp"))["llama.cpp"]["ours_over_paired"] == 1.2   # 1.5, 0.5, 1.2
