@@ -1358,6 +1358,81 @@ LONE += [  # README, "One person alone, after its attention went to both threads
                 d["attention-alone"]["bare"]["wall_ms"], d["now"]["bare"]["x_floor"], d["floor"]["floor_ms"])
      if d["same_text"] and d["tokens"] == 320 else ()),
 ]
+VS_LCP_M = "vs_llamacpp/20261129T145907Z-1a0a352.json"    # ours, 24877f1 and llama.cpp: a token in one call
+VS_LCP_M0 = ("vs_llamacpp/20261129T142604Z-0442ca1.json", "vs_llamacpp/20261129T142922Z-0442ca1.json",
+             "vs_llamacpp/20261129T143349Z-42a3fba.json", "vs_llamacpp/20261129T145238Z-42a3fba.json")
+PARTS_M = "lone_parts/20261129T142855Z-0442ca1.json"      # the token in one call against its ends apart
+ROOM_M = "before_after/20261129T143828Z-42a3fba.json"     # the room against 24877f1
+VLLM_M = "vs_vllm/20261129T144439Z-42a3fba.json"          # the room and alone against vLLM
+
+
+def round_floor_row(side: str) -> Callable[[dict], tuple]:
+    """ms per token, ours over it round by round (another side), x the round floors in 4 KB and 2 MB pages, TTFT."""
+    def row(d: dict) -> tuple:
+        t = d["table"][side]
+        paired = (t["ours_over_paired"],) if side != "ours" else ()
+        return (t["ms_per_token"], *paired, t["x_round_floor (4 KB pages)"], t["x_round_floor (2 MB pages)"],
+                t["ttft_s"])
+    return row
+
+
+def api_room(tokens: int) -> Callable[[dict], tuple]:
+    return lambda d: next((r["off_after_vs_before"]["api"],) for r in d["ratios"] if r["tokens"] == tokens)
+
+
+LONE += [  # README, "One person alone, a token in one call"
+    (README, VS_LCP_M, "load average {:.2f} at its start;\n`bench/results/vs_llamacpp/20261129T145907Z-1a0a352.json`)",
+     before_was("24877f1", lambda d: (d["provenance"]["machine"]["load_avg"][0],))),
+    (README, VS_LCP_M, "(it moved between {:.1f} and {:.1f} GB/s in this run)",
+     lambda d: (min(r["2"] for r in d["read_gb_s"]), max(r["2"] for r in d["read_gb_s"]))),
+    (README, VS_LCP_M, "| llama.cpp (llama-cpp-python's server, 2 threads), F32 | {:.1f} | {:.2f}x | {:.2f}x / {:.2f}x | "
+     "{:.3f} s |", round_floor_row("llama.cpp")),
+    (README, VS_LCP_M, "| ours, `python -m engine serve` defaults | **{:.1f}** | | **{:.2f}x / {:.2f}x** | **{:.3f} s** |",
+     round_floor_row("ours")),
+    (README, VS_LCP_M, "| ours at 24877f1, the commit before | {:.1f} | {:.2f}x | {:.2f}x / {:.2f}x | {:.3f} s |",
+     round_floor_row("ours before")),
+    (README, VS_LCP_M, "Round by round ours took {:.2f}x llama.cpp's time per token and {:.2f}x the commit before's; "
+     "over the floor of each\nround's own readings {:.2f}x in 4 KB pages and {:.2f}x in 2 MB pages, where llama.cpp "
+     "took {:.2f}x and {:.2f}x.",
+     lambda d: (d["table"]["llama.cpp"]["ours_over_paired"], d["table"]["ours before"]["ours_over_paired"],
+                d["table"]["ours"]["x_round_floor (4 KB pages)"], d["table"]["ours"]["x_round_floor (2 MB pages)"],
+                d["table"]["llama.cpp"]["x_round_floor (4 KB pages)"],
+                d["table"]["llama.cpp"]["x_round_floor (2 MB pages)"])),
+    (README, VS_LCP_M, "floor of the run's fastest reading ({:.1f} ms, the measure of the runs below), all three sit "
+     "near {:.1f}x",
+     lambda d: (d["floor_ms"], *{round(d["table"][s]["x_floor"], 1) for s in ("ours", "llama.cpp", "ours before")})),
+    (README, VS_LCP_M, "The first token came at {:.3f} s, the commit before's, against llama.cpp's\n{:.3f} s.",
+     lambda d: (d["table"]["ours"]["ttft_s"], d["table"]["llama.cpp"]["ttft_s"])
+     if f'{d["table"]["ours"]["ttft_s"]:.3f}' == f'{d["table"]["ours before"]["ttft_s"]:.3f}' else ()),
+    (README, VS_LCP_M, "The same text from ours and llama.cpp for {} of {} answers.",
+     lambda d: (d["same_answers"], d["table"]["ours"]["answers"])),
+    *((README, name, text, before_was("24877f1", lcp_ratio("ours", "ours before", "ms_per_token")))
+      for name, text in zip(VS_LCP_M0, ("read ours over the commit before at {:.2f}x,", "x, {:.2f}x, ", "x, {:.2f}x and",
+                                        " and {:.2f}x by their\nmedians"))),
+    (ENGINE_DOC, PARTS_M, "load average {:.2f} at its start; `bench/results/lone_parts/20261129T142855Z-0442ca1.json`):\n"
+     "a bare lone step {:.2f} ms against {:.2f} ms, {:.2f}x the floor of {:.1f} ms, the same text",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], d["now"]["bare"]["wall_ms"], d["ends-apart"]["bare"]["wall_ms"],
+                d["now"]["bare"]["x_floor"], d["floor"]["floor_ms"]) if d["same_text"] else ()),
+    (ENGINE_DOC, PARTS_M, "clocks put the pick and its description at {:.2f} ms a token and the host's whole work at {:.2f} ms",
+     lambda d: (d["now"]["ms"]["host: pick and describe"], d["now"]["ms"]["host"])),
+    (ENGINE_DOC, PARTS_L, "where the run before this change put them at {:.2f} ms and {:.2f} ms",
+     lambda d: (d["now"]["ms"]["host: pick and describe"], d["now"]["ms"]["host"])),
+    (ENGINE_DOC, PARTS_M, "operator count\nreads {} against {}",
+     lambda d: (d["now"]["operators"]["calls"], d["ends-apart"]["operators"]["calls"])),
+    (README, PARTS_M, "the token in one call saves {:.2f} ms of a {:.1f} ms step",
+     lambda d: (d["ends-apart"]["bare"]["wall_ms"] - d["now"]["bare"]["wall_ms"], d["ends-apart"]["bare"]["wall_ms"])),
+    (README, ROOM_M, "load average {:.2f} at its start; `bench/results/before_after/20261129T143828Z-42a3fba.json`): "
+     "{:.2f}x the tok/s at 16\nnew tokens and {:.2f}x at 64",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0], *api_room(16)(d), *api_room(64)(d))
+     if d["commits"]["before"].startswith("24877f1") else ()),
+    (README, VLLM_M, "load average {:.2f} at its start;\n`bench/results/vs_vllm/20261129T144439Z-42a3fba.json`) {:.2f}x "
+     "vLLM's tok/s at 16 new tokens and {:.2f}x at 64, alone\n{:.2f}x its time per token, the 2,048-token prefill "
+     "{:.1f} s against {:.1f} s.",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0],
+                *(d["table"]["ours"][k] / d["table"]["vllm"][k] for k in ("room_16_throughput_tok_s",
+                                                                          "room_64_throughput_tok_s", "alone_itl_ms")),
+                d["table"]["ours"]["prefill_s"], d["table"]["vllm"]["prefill_s"])),
+]
 LONE += [  # README, "One person alone, against llama.cpp and the commit before"
     (README, VS_LCP_T, "load average {:.2f}\nat its start; `bench/results/vs_llamacpp/20261129T095450Z-63e1a40.json`):",
      lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
@@ -2895,6 +2970,8 @@ NUMBER = r"(?<![\w.])~?\d[\d,]*(?:\.\d+)?(?:e-?\d+)?"
 UNIT = r"\s?(?:ms\b|s\b|tok/s|x\b|MB\b|GB/s|GB\b|MiB\b|KB\b|kB\b|KiB\b|%|TB/s|TFLOP/s|seconds?\b|minutes?\b|min\b)"
 FIGURE = re.compile(NUMBER + UNIT)     # a number with a unit of time, speed, size, a ratio or a share
 README_NOT_MEASURED = (  # settings, targets, definitions, spec sheets, an example of output, a derived size
+    "also over memory in 2 MB pages as our",   # a page size, the kind of memory read
+    "over the floor of each round's readings, 4 KB / 2 MB pages |",   # a column's page sizes
     "is met in this run; within 1.3x the floor is not",   # issue 54's target
     "holds in one run of two, 1.3x the floor in neither",   # issue 54's target
     "holds in both runs; within 1.3x the floor in one of two",   # issue 54's target
