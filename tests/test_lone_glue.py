@@ -327,3 +327,14 @@ def test_a_moved_embedding_or_final_norm_unbinds_the_lone_token(tiny_lm):
         finally:
             param.data = kept
         assert grouped.bound() is not None
+
+
+def test_a_token_outside_the_embedding_is_refused_before_c_reads_it(tiny_lm):
+    """LonePlan.token reads the token's embedding row by address: an id past its rows (or negative) raises, as
+    F.embedding does, instead of reading other memory."""
+    grouped = SideBySide(lean_step_for(tiny_lm))
+    assert grouped.bound() is not None
+    plan, rows = grouped.plan(), tiny_lm.model.model.embed_tokens.weight.shape[0]
+    for token in (rows, -1):
+        with pytest.raises(IndexError, match="outside the embedding"):
+            plan.token(token, 0, [], [], None, 0, 0, 0, 1)

@@ -116,7 +116,7 @@ class LonePlan:
         self.ends, self._token = _ends(lean, head), glue.lone_token     # None: the token's ends stay in Python
         self.ends_in_c = True                    # `token` where it can (the bench turns it off to compare)
         self._rotary, self._table, self._memo = lean.rotary, None, bytearray()
-        self._embed = (lean.embed.weight.data_ptr(), 4 * lean.embed.weight.stride(0))
+        self._embed = (lean.embed.weight.data_ptr(), 4 * lean.embed.weight.stride(0), lean.embed.weight.shape[0])
         self.vocab = lean.head[0].shape[0]
 
     @classmethod
@@ -157,11 +157,15 @@ class LonePlan:
         """Every layer in one C call (glue.c's lone_layers), where the row's n keys lie in place from slot `first` of
         the pool's per-layer keys and values [slots, KVH, D] (float32, contiguous), its new K/V going to slot
         `write`; each layer's residual kept at resid + i * resid_stride floats (resid None: none)."""
-        if self._pools is None or self._pools[0] is not keys[0]:
-            self._pools = (keys[0], *((ctypes.c_void_p * len(t))(*(x.data_ptr() for x in t)) for t in (keys, values)))
         width = keys[0].stride(0)                                                        # KVH * D floats a slot
         self._all(ctypes.byref(self.state), self._layers, len(self.layers), ctypes.c_void_p(resid), resid_stride,
-                  self._pools[1], self._pools[2], write * width, first * width, n, torch.get_num_threads())
+                  *self._bases(keys, values), write * width, first * width, n, torch.get_num_threads())
+
+    def _bases(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> tuple[Any, Any]:
+        """Each layer's keys' and values' addresses as C arrays, made again only when the pool is another."""
+        if self._pools is None or self._pools[0] is not keys[0]:
+            self._pools = (keys[0], *((ctypes.c_void_p * len(t))(*(x.data_ptr() for x in t)) for t in (keys, values)))
+        return self._pools[1], self._pools[2]
 
     def takes_token(self) -> bool:
         """Whether `token` makes this plan's steps: its ends known (`_ends`) and not turned off."""
@@ -174,15 +178,15 @@ class LonePlan:
         resid_stride floats, the final norm and the LM head. Logits [1, 1, V], a new tensor: the caller keeps them.
         The same functions in the same order as the forward around `layers_at_once`, so the same bits
         (tests/test_lone_glue.py); Python's part is this call."""
+        if not 0 <= token < self._embed[2]:
+            raise IndexError(f"token id {token} is outside the embedding's {self._embed[2]} rows")
         self.state.cos, self.state.sin = self.rotary_at(position)
         logits = torch.empty(1, 1, self.vocab)
         self.ends.embed, self.ends.logits = self._embed[0] + token * self._embed[1], logits.data_ptr()
-        if self._pools is None or self._pools[0] is not keys[0]:
-            self._pools = (keys[0], *((ctypes.c_void_p * len(t))(*(x.data_ptr() for x in t)) for t in (keys, values)))
         width = keys[0].stride(0)
         self._token(ctypes.byref(self.state), self._layers, len(self.layers), ctypes.byref(self.ends),
-                    ctypes.c_void_p(resid), resid_stride, self._pools[1], self._pools[2], write * width,
-                    first * width, n, torch.get_num_threads())
+                    ctypes.c_void_p(resid), resid_stride, *self._bases(keys, values), write * width, first * width, n,
+                    torch.get_num_threads())
         return logits
 
     def rotary_at(self, position: int) -> tuple[int, int]:
