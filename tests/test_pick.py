@@ -176,3 +176,22 @@ def test_with_the_c_pick_off_the_same_tokens_come_from_torchs_path(tiny_lm):
     for a, b in zip(quick, slow):
         assert (a.id, a.logit_ids.tolist(), a.logits.tolist()) == (b.id, b.logit_ids.tolist(), b.logits.tolist())
         assert a.prob == pytest.approx(b.prob, rel=2e-5)
+
+
+def test_past_the_kept_logits_a_greedy_rows_token_is_the_same_bits_alone_and_in_a_batch(tmp_path):
+    """A vocabulary wider than the kept logits (600 > 256: the rest's log-sum-exp and count are described too):
+    a greedy row alone (`quick_tokens`, straight from numpy) and among sampled and filtered rows (`quick_facts`
+    merged with torch's rows) gives the same SampledToken, bit for bit."""
+    from types import SimpleNamespace
+    from transformers import AutoTokenizer
+    from conftest import write_tiny_tokenizer
+    write_tiny_tokenizer(tmp_path, 600)
+    lm = SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(tmp_path))     # what pick_tokens reads of a model
+    logits = vocab_rows(5, 600, seed=21)
+    requests = [GREEDY, GenerationRequest("x", temperature=0.8, seed=1), GREEDY, GenerationRequest("x", top_k=5),
+                GREEDY]
+    batch = tokens(lm, logits, requests)
+    for b in (0, 2, 4):
+        alone = tokens(lm, logits[b:b + 1], [GREEDY])[0]
+        assert alone.rest_count == 600 - G.KEEP_LOGITS and alone.rest_logsumexp is not None
+        assert same_token(batch[b], alone), b
