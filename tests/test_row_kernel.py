@@ -325,8 +325,9 @@ def test_a_lone_request_gives_the_same_answer_with_the_kernel_and_without_a_comp
 def test_a_lone_steps_every_product_the_vocabulary_projection_included_runs_through_the_kernel(tiny_lm, kernel,
                                                                                                  monkeypatch):
     """Each decode step of a lone request multiplies its one row by every layer's weights and by the LM head (the
-    vocabulary projection, tied to the embedding in SmolLM2) through the row kernel, none through torch; so does the
-    prefill's LM head, on its last token alone."""
+    vocabulary projection, tied to the embedding in SmolLM2) through the row kernel, none through torch (in one C call
+    with the layers where the plan makes the whole token: LonePlan.token); so does the prefill's LM head, on its last
+    token alone."""
     calls = []
     real = kernels.RowKernel.linear
     monkeypatch.setattr(kernels.RowKernel, "linear",
@@ -351,6 +352,13 @@ def test_a_lone_steps_every_product_the_vocabulary_projection_included_runs_thro
         assert self.state.product == kernel.address
         return calls.append((1, o.data_ptr())) or whole(self, *args)
     monkeypatch.setattr(LonePlan, "layers_at_once", at_once)
+    token = LonePlan.token                           # or the whole token in one C call, the head's product in it
+
+    def in_one_call(self, *args):
+        assert self.state.product == kernel.address and self.ends.head == tiny_lm.model.lm_head.weight.data_ptr()
+        calls.extend([(1, o.data_ptr()), (1, self.ends.head)])
+        return token(self, *args)
+    monkeypatch.setattr(LonePlan, "token", in_one_call)
     request = GenerationRequest(tiny_prompt(9, seed=11), max_new_tokens=6, chat=False)
     run_runner(tiny_lm, [(request, CAPTURE_OFF)], [0], BatchRunner(tiny_lm, max_batch=8))
     head = tiny_lm.model.lm_head.weight
