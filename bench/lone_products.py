@@ -27,7 +27,6 @@ reads it.
 from __future__ import annotations
 
 import argparse
-import mmap
 import os
 import statistics
 import sys
@@ -46,6 +45,7 @@ import torch  # noqa: E402
 from bench import provenance  # noqa: E402
 from bench.lone_step import anon_huge_kb, floor  # noqa: E402
 from engine.core import kernels, matvec  # noqa: E402
+from engine.core.layout import mapped_floats  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
 from engine.serving.batch import BatchRunner  # noqa: E402
 
@@ -105,11 +105,7 @@ def copied(weights: list[torch.Tensor], advise: bool) -> list[torch.Tensor]:
     """The weights copied one after another into one anonymous mapping, advised for 2 MB pages (MADV_HUGEPAGE, what
     transparent huge pages in "madvise" mode need) or not: the page size alone differs. Linux only; the tensors keep
     the mapping alive (torch.frombuffer)."""
-    total = sum(w.numel() for w in weights)
-    area = mmap.mmap(-1, 4 * total, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if advise:
-        area.madvise(mmap.MADV_HUGEPAGE)
-    flat, out, at = torch.frombuffer(area, dtype=torch.float32), [], 0
+    flat, out, at = mapped_floats(sum(w.numel() for w in weights), advise), [], 0
     for w in weights:
         out.append(flat[at:at + w.numel()].view_as(w).copy_(w))
         at += w.numel()

@@ -38,12 +38,12 @@ LIBRARIES = ("torch", "transformers", "numpy", "safetensors", "accelerate", "fas
 BANDWIDTH_BYTES = 200_000_000          # one buffer, well past any CPU cache
 
 
-
 def server_wait() -> None:
     """OpenMP's wait at a barrier as `python -m engine` sets it (engine.launch.OPENMP_WAIT: poll, then sleep), where
     not set by hand; call before torch loads (libgomp reads it then), so a bench's threads wait as the server's do."""
     from engine.launch import OPENMP_WAIT       # torch-free; the caller has put the project's root on sys.path
     os.environ.update({k: v for k, v in OPENMP_WAIT.items() if k not in os.environ})
+
 
 def git(*args: str) -> str | None:
     try:

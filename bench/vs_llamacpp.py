@@ -164,13 +164,12 @@ def huge_buffer(nbytes: int) -> torch.Tensor | None:
     """nbytes of ones in an anonymous mapping advised for transparent huge pages, as the server's weights are
     (engine.core.layout.in_huge_pages); None where the platform has no such advice."""
     import mmap
+    from engine.core.layout import mapped_floats
     if not hasattr(mmap, "MADV_HUGEPAGE"):
         return None
-    area = mmap.mmap(-1, nbytes + (2 << 20), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    area.madvise(mmap.MADV_HUGEPAGE)
-    flat = torch.frombuffer(area, dtype=torch.uint8)
-    start = -flat.data_ptr() % (2 << 20)
-    return flat[start:start + nbytes].view(torch.float32).fill_(1.0)
+    flat = mapped_floats((nbytes + (2 << 20)) // 4)
+    start = -flat.data_ptr() % (2 << 20) // 4                              # from a 2 MB boundary
+    return flat[start:start + nbytes // 4].fill_(1.0)
 
 
 def round_floors(read: list[dict[str, float]], nbytes: int, key: str) -> list[float]:

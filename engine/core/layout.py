@@ -170,10 +170,7 @@ def in_huge_pages(lm: Any, advise: bool = True) -> int:
     total = sum(lm.side_by_side[i][j].numel() for i, j in groups) + sum(p.numel() for p in once.values())
     if not total or _available_bytes() < 4 * total:      # while moving, old pages may linger (about 0.6x the weights)
         return 0
-    area = mmap.mmap(-1, 4 * total, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if advise:
-        area.madvise(mmap.MADV_HUGEPAGE)
-    flat, at = torch.frombuffer(area, dtype=torch.float32), 0            # the tensors keep the mapping alive
+    flat, at = mapped_floats(total, advise), 0
     with torch.no_grad():
         for i, j in groups:                                               # a group: its weights views of it again
             old = lm.side_by_side[i][j]
@@ -191,6 +188,16 @@ def in_huge_pages(lm: Any, advise: bool = True) -> int:
                 at += p.numel()
             p.data = moved[key]
     return 4 * at
+
+
+def mapped_floats(count: int, advise: bool = True) -> torch.Tensor:
+    """`count` float32s (uninitialised) in one anonymous mapping of their own, advised for 2 MB pages
+    (`madvise(MADV_HUGEPAGE)`) unless `advise` is False; the tensor and its views keep the mapping alive. Linux
+    (mmap.MADV_HUGEPAGE) only: the caller checks."""
+    area = mmap.mmap(-1, 4 * count, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if advise:
+        area.madvise(mmap.MADV_HUGEPAGE)
+    return torch.frombuffer(area, dtype=torch.float32)
 
 
 def _dense(p: torch.Tensor) -> bool:
