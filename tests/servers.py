@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -19,10 +20,42 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+RAY_WORKER_PORTS = range(10002, 20000)      # Ray's default --min-worker-port..--max-worker-port
+_handed: set[int] = set()                   # this process's ports handed out, not yet bound by their servers
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port nothing listens on, for a server the test starts next.
+
+    Drawn outside the range the kernel hands out for port 0 (and for every outgoing connection's own end) and
+    outside Ray's worker ports: a port from bind(0) is free only until the kernel gives it to someone else, and
+    between this check and the server's own bind a local Ray cluster starts a dozen processes that bind ports
+    (a CI run's cluster server met a Ray gRPC listener on the port the test had drawn). Each xdist worker draws
+    from its own residue class, so two workers never draw the same port, and a worker never draws one twice."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    mine = [p for p in quiet_ports() if p % workers == worker and p not in _handed]
+    for port in random.sample(mine, min(len(mine), 200)):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed.add(port)
+        return port
+    with socket.socket() as s:                                       # no quiet range on this machine
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def quiet_ports() -> range:
+    """Ports above Ray's worker ports and below the kernel's ephemeral range (Linux: 20000-32767), or above it."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999                                     # Linux's default
+    below = range(RAY_WORKER_PORTS.stop, low)
+    return below if len(below) >= 1000 else range(max(high + 1, RAY_WORKER_PORTS.stop), 65536)
 
 
 def python() -> str:

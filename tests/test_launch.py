@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import pytest
 from app.launch import (LIMIT_FLAGS, TOKEN_ENV, banner, launch_env, main, presenter_token, room_secrets,
                         settings_of, streamlit_command)
 from engine.serving.limits import ENV_VARS, Limits
+from servers import free_port
 
 BIN = Path(sys.executable).parent / "playground"
 
@@ -126,12 +126,6 @@ def test_the_engine_sets_openmps_wait_before_torch_loads_and_keeps_a_value_set_b
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
                           env={**env, "GOMP_SPINCOUNT": "0"})
     assert done.stdout.split()[-2:] == ["PASSIVE", "0"], done.stderr[-2000:]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_playground_starts_a_server_that_answers_its_health_check():
