@@ -36,12 +36,14 @@ def kernel():
 
 @pytest.fixture
 def without_compiler(tmp_path, monkeypatch):
-    """No compiler to be found and nothing built yet: a fresh cache folder and CC naming nothing."""
+    """No compiler to be found and nothing built yet: a fresh cache folder and CC naming nothing. Every kernel
+    forgotten after (the glue and attention kernels too: a lone step made meanwhile found them off, and a later
+    test in the same process must find them built)."""
     monkeypatch.setenv("PLAYGROUND_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    kernels.forget()
+    kernels.forget_every()
     yield tmp_path
-    kernels.forget()
+    kernels.forget_every()
 
 
 def exact(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:

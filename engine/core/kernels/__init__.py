@@ -166,10 +166,13 @@ class Lazy:
     warning) where it cannot be built or loaded, or where `use(False)` turned it off; `why_off()` says why.
     `make()` builds and loads it (raising BuildError); `off` names what takes its place in the warning."""
 
+    every: list["Lazy"] = []                  # each made, for `forget_every`
+
     def __init__(self, name: str, make: Callable[[], object], off: str):
         self.name, self.make, self.off = name, make, off
         self._lock = threading.Lock()
         self._state: dict[str, object] = {}   # "built": the kernel or None once tried ("why" None); "kernel": handed out
+        Lazy.every.append(self)
 
     def get(self):
         if "kernel" in self._state:
@@ -203,6 +206,13 @@ class Lazy:
         """Build (or find) and load it afresh at the next `get()` (tests change the compiler or the cache)."""
         with self._lock:
             self._state.clear()
+
+
+def forget_every() -> None:
+    """Every kernel of this package (rows.c, and glue.c and attend.c where their modules are imported) built or found
+    afresh at its next use: a test that takes the compiler away must not leave any of them off for the tests after."""
+    for lazy in Lazy.every:
+        lazy.forget()
 
 
 ROWS = Lazy("row kernel", lambda: RowKernel(build()), "the products take torch's path")
