@@ -3,14 +3,15 @@
     python bench/page_speed.py                   # 48 new tokens, 3 interleaved rounds
     python bench/page_speed.py --tokens 96 --rounds 5
 
-Each round runs the engine in this process (`engine.core.generate` with the capture policy the page would
-choose for this prompt: every layer's attention, norms and residuals, the lens on demand), then the
-same request through the app in headless Chromium (started as `make run` starts it), pressing
-Generate on the journey page. Reported per round and as medians: decode tokens/s (the engine's from
-its records; the page's from its own "Decode speed" metric, which the server measures the same way)
-and the time from Generate to the last token (engine: the generation; page: click to "Done:"). The
-ratios page / engine are the result (the issue's target: decode >= 0.7x). Writes a new
-bench/results/page_speed/<UTC time>-<commit>.json (bench/provenance.py).
+Each round runs the request through the engine's service in this process (`EngineService`, as `make run`'s one
+process serves the pages: the scheduler's lone step, the run store, the capture policy the page would choose for
+this prompt: every layer's residual and attention, the lens), then the same request through the app in headless
+Chromium (started as `make run` starts it), pressing Generate on the journey page. Reported per round and as
+medians: decode tokens/s (the engine's from its records; the page's from its own "Decode speed" metric, which the
+server measures the same way, around the same steps) and the time from Generate to the last token (engine: submit
+to the last record; page: click to "Done:"). The ratios page / engine are the result: what the page's drawing, in
+the process that runs the model, costs the model's steps. Writes a new bench/results/page_speed/<UTC time>-<commit>.json
+(bench/provenance.py).
 """
 from __future__ import annotations
 
@@ -18,34 +19,54 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.provenance import server_wait  # noqa: E402 (torch-free)
+
+server_wait()                        # before torch loads OpenMP: its threads wait as the app's do
+
 from bench import provenance  # noqa: E402
 from bench.room_browser import ARGS, CHROMIUM, generate_button, prepare, start_app, write_report  # noqa: E402
 
+sys.path.insert(0, str(ROOT))        # again: room_browser put bench/ first, whose engine.py is not the project's
+
 from app.runs.run import capture_policy  # noqa: E402
-from engine.core.generate import GenerationRequest, encode_prompt, generate  # noqa: E402
+from engine.core.generate import GenerationRequest, encode_prompt  # noqa: E402
 from engine.core.loader import load_model  # noqa: E402
+from engine.core.openmp import in_passing_thread  # noqa: E402
+from engine.service.service import EngineService  # noqa: E402
+from engine.serving.limits import Limits  # noqa: E402
 from engine.core.records import DecodeRecord, DoneRecord  # noqa: E402
 
 PROMPT = "Write a short story about a lighthouse keeper."
 
 
-def engine_round(lm, tokens: int) -> dict:
+def engine_round(svc, tokens: int) -> dict:
     request = GenerationRequest(PROMPT, max_new_tokens=tokens, temperature=0.0)
-    ids = encode_prompt(lm, request)
-    policy, _ = capture_policy(lm.spec, len(ids), tokens)
+    ids = encode_prompt(svc.lm, request)
+    limits = svc.limits
+    policy, _ = capture_policy(svc.spec, len(ids), tokens, True, limits.max_capture_bytes, limits.max_capture_layers,
+                               svc.dtype.itemsize)
     t0 = time.perf_counter()
-    records = list(generate(lm, request, policy))
+    records = list(svc.submit(request, policy).records())
     wall = time.perf_counter() - t0
     steps = [r.seconds for r in records if isinstance(r, DecodeRecord)]
     done = records[-1]
-    assert isinstance(done, DoneRecord)
+    assert isinstance(done, DoneRecord), done
     return {"decode_tok_s": len(steps) / sum(steps), "wall_s": wall, "tokens": done.generated_tokens}
+
+
+def engine_service():
+    """The model loaded as the server loads it (in a passing thread, engine.core.openmp), served in this process
+    with the device's limits, its run store in a folder of its own (not the user's)."""
+    os.environ.setdefault("PLAYGROUND_RUNS_DIR", tempfile.mkdtemp(prefix="page-speed-runs-"))
+    lm = in_passing_thread(lambda: load_model("default"))
+    return EngineService(lm, Limits.for_device(lm.device).with_env())
 
 
 def page_round(browser, url: str, tokens: int) -> dict:
@@ -72,16 +93,16 @@ def main(argv: list[str] | None = None) -> int:
     run = provenance.start("page_speed", argv)
     from playwright.sync_api import sync_playwright
 
-    lm = load_model("default")
-    engine_round(lm, 4)                                                       # warm-up
+    svc = engine_service()
+    engine_round(svc, 4)                                                      # warm-up
     rounds = []
-    proc, url = start_app({})
+    proc, url = start_app({}, [])                                              # as `make run` starts it
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
             page_round(browser, url, 4)                                       # warm-up: the server loads the model
             for r in range(args.rounds):
-                rounds.append({"engine": engine_round(lm, args.tokens), "page": page_round(browser, url, args.tokens)})
+                rounds.append({"engine": engine_round(svc, args.tokens), "page": page_round(browser, url, args.tokens)})
                 e, pg = rounds[-1]["engine"], rounds[-1]["page"]
                 print(f"round {r + 1}: engine {e['decode_tok_s']:.1f} tok/s, {e['wall_s']:.1f} s; page "
                       f"{pg['decode_tok_s']:.1f} tok/s, {pg['wall_s']:.1f} s", flush=True)
@@ -89,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        svc.close()
     med = {side: {k: statistics.median(r[side][k] for r in rounds) for k in ("decode_tok_s", "wall_s")}
            for side in ("engine", "page")}
     report = {"what": f"journey page vs engine, {args.tokens} new tokens, the page's capture policy, "
