@@ -24,6 +24,9 @@ def doc(name: str) -> str:
     return squash((ROOT / name).read_text())
 
 
+PAGE_SPEED = "page_speed/20261129T172619Z-3f28b2a.json"   # the page against the engine that serves it
+
+
 @cache
 def result(name: str) -> Any:
     return json.loads((RESULTS / name).read_text())
@@ -412,8 +415,8 @@ FIGURES: list[tuple[str, str, str, Callable[[Any], Any]]] = [
     (README, "load.json", "| 64 new tokens | {:.1f} s | {:.1f} s | {:.2f} | {:.1f} | {:.1f} | {:.1f}x |",
      load_row(64)),
     (README, "load.json", "peak memory was {:.2f} GB ({:,.1f} MiB", load_peak),
-    (README, "page_speed.json", "The journey page decodes at {:.2f}x the engine",
-     lambda d: (d["decode_ratio_page_to_engine"],)),
+    (README, PAGE_SPEED, "The journey page decodes at {:.2f}x the engine that serves it, and at {:.2f}x with the "
+     "browser paused", lambda d: (d["decode_ratio_page_to_engine"], d["decode_ratio_paused_page_to_engine"])),
     (README, "room_browser-2026-11-27-lean.json", "the last of six finished {:.2f}x and {:.2f}x after one alone "
      "(before the lean batch step: {:.2f}x and {:.2f}x", room_lean),
     (README, "watch.json", "watched live by {} followers ({} of them Chromium tabs, the rest browserless protocol "
@@ -1432,6 +1435,19 @@ LONE += [  # README, "One person alone, a token in one call"
                 *(d["table"]["ours"][k] / d["table"]["vllm"][k] for k in ("room_16_throughput_tok_s",
                                                                           "room_64_throughput_tok_s", "alone_itl_ms")),
                 d["table"]["ours"]["prefill_s"], d["table"]["vllm"]["prefill_s"])),
+]
+GUIDED_PARTS = "lone_parts/20261129T170419Z-f09ea36.json"   # rows.c's split guided (branch wip-guided) and fixed
+GUIDED_LCP = "vs_llamacpp/20261129T170511Z-f09ea36.json"    # the same, through the API round by round
+GUIDED_SERVER = "lone_server/20261129T170746Z-f09ea36.json"  # the step in the server and in a process of its own
+LONE += [  # docs/engine.md, "Units dealt as the threads come free (tried, not kept ...)"
+    (ENGINE_DOC, GUIDED_PARTS, "a bare lone step {:.2f} ms guided against {:.2f} ms fixed, {:.2f}x the floor",
+     lambda d: (d["now"]["bare"]["wall_ms"], d["fixed-split"]["bare"]["wall_ms"], d["now"]["bare"]["x_floor"])
+     if d["same_text"] and d["provenance"]["changed"] else ()),
+    (ENGINE_DOC, GUIDED_LCP, "`bench/results/vs_llamacpp/20261129T170511Z-f09ea36.json`) {:.2f}x its time per token",
+     lambda d: (d["table"]["ours before"]["ours_over_paired"],)),
+    (ENGINE_DOC, GUIDED_SERVER, "`bench/results/lone_server/20261129T170746Z-f09ea36.json`): {:.2f}-{:.2f}x",
+     lambda d: (min(v for p in d["phases"].values() for v in p["over_in_process"].values()),
+                max(v for p in d["phases"].values() for v in p["over_in_process"].values()))),
 ]
 LONE += [  # README, "One person alone, against llama.cpp and the commit before"
     (README, VS_LCP_T, "load average {:.2f}\nat its start; `bench/results/vs_llamacpp/20261129T095450Z-63e1a40.json`):",
@@ -2522,10 +2538,15 @@ SERVING_MORE.append((SERVING, "vs_vllm-2026-11-27-lean.json", "the 64-token room
                              "room_64_throughput_tok_s"], d["table"]["ours_over_vllm"]["room_64_throughput_tok_s"])))
 SERVING_MORE.append((SERVING, "room_browser.json", "(the table above: {:.2f}x in-process)",
                      paths("modes.batched.ratio_last_to_alone")))
-SERVING_MORE.append((SERVING, "page_speed.json", "the page decodes at **{:.2f}x** the engine ({:.1f} against {:.1f} "
-                     "tok/s, medians) and finishes in {:.2f}x its time", lambda d: (
+SERVING_MORE.append((SERVING, PAGE_SPEED, "the page decodes at **{:.2f}x** the engine ({:.1f} against {:.1f} "
+                     "tok/s, medians) and finishes in {:.2f}x its time; with the browser paused, at {:.2f}x", lambda d: (
                          d["decode_ratio_page_to_engine"], d["median"]["page"]["decode_tok_s"],
-                         d["median"]["engine"]["decode_tok_s"], 1 / d["wall_ratio_engine_to_page"])))
+                         d["median"]["engine"]["decode_tok_s"], 1 / d["wall_ratio_engine_to_page"],
+                         d["decode_ratio_paused_page_to_engine"])))
+SERVING_MORE.append((SERVING, "page_speed.json", "(the README said {:.2f}x from that older file", lambda d: (
+    d["decode_ratio_page_to_engine"],)))
+SERVING_MORE.append((SERVING, PAGE_SPEED, "load average {:.2f} at its start", lambda d: (
+    d["provenance"]["machine"]["load_avg"][0],)))
 
 
 BOMB_SIDES = ("before (ddc7b84)", "after (2-core CPU limits)", "after (GPU server limits)")
@@ -2998,6 +3019,8 @@ DOCS_NOT_MEASURED: dict[str, tuple[str, ...]] = {  # the same for docs/*.md, eac
         "256 MiB on a CPU, 512 MiB on a GPU",
     ),
     "docs/engine.md": (  # sizes from the config, settings, targets, shapes, a published share, artefacts' sizes
+        "(a scratch profile) put 84% of both threads' samples in the row kernel's\n`outputs` and 6% of the step "
+        "thread's in libgomp's waits",  # a perf record with no results file: said as such
         "issue's 1 ms in the step",  # the issue's target
         "the second thread's share 1.11x an even half",  # 5 units of 64 outputs against 4.5: counted, not timed
         "So the mode is within issue 51's 1.10x everywhere",  # the issue's target
@@ -3072,7 +3095,7 @@ DOCS_NOT_MEASURED: dict[str, tuple[str, ...]] = {  # the same for docs/*.md, eac
         "at most about 9 s to go", "(\"17.1 tok/s each x 1.16 = 19.8", "(16.06 GB at the copy rate",
         "The launcher caps uploads at 64 MiB",
         "(2.4 MB together; `tests/test_recording.py` checks they stay under 4 MiB)",
-        "under the 3x target", "the issue's target: 0.7x", "under 1 s behind the presenter",
+        "under the 3x target", "under 1 s behind the presenter",
         "waiting at most 10 s", "every 0.5 s x the requests running", "well past the 10 s",
         "70% of peak bandwidth, 60% of peak FLOP/s",
         "| Llama 3.1 8B | 0.42 s (TTFT 12 ms) | 155 tok/s (ceiling 222) | ~13 s | ~140 |",

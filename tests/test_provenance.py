@@ -92,3 +92,11 @@ def test_a_dirty_tree_names_its_changed_files_but_not_results(monkeypatch):
     monkeypatch.setattr(provenance, "git", lambda *args: status if args[0] == "status" else "f" * 40)
     found = provenance.source()
     assert found["dirty"] is True and found["changed"] == ["bench/engine.py", "README.md"]
+
+
+def test_the_page_bench_starts_with_the_projects_engine_on_its_path():
+    """bench/page_speed.py imports the app after bench/room_browser.py, which puts bench/ first on the path, where
+    bench/engine.py would shadow the project's `engine` (it did: the bench stopped at its imports)."""
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "page_speed.py"), "--help"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0 and "--tokens" in done.stdout, done.stderr[-2000:]
