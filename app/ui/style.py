@@ -50,10 +50,9 @@ def _trace_fixes(trace, px: int) -> list[str]:
     """The trace's font sizes under `px` (or left for plotly to fit to a heatmap's cells), as property paths."""
     out = []
     for name in TRACE_FONTS:
-        try:
-            size = trace[f"{name}.size"]
-        except (KeyError, ValueError, AttributeError):
-            continue                                   # this trace type has no such font
+        if name not in trace:          # this trace type has no such font: asked so, not by catching plotly's error,
+            continue                   # whose "did you mean" ranks every property by edit distance (ms a figure)
+        size = trace[f"{name}.size"]
         if size is None and name == "textfont" and trace.type in FITTED_TEXT and (trace["text"] is not None):
             out.append(f"{name}.size")
         elif isinstance(size, (int, float)) and size < px:
