@@ -12,8 +12,8 @@ server measures the same way, around the same steps) and the time from Generate 
 to the last record; page: click to "Done:"). The ratios page / engine are the result: what the page costs the
 model's steps, its drawing in the process that runs the model and the browser's on the same cores. A third
 request each round goes through the page with the browser's processes paused while it streams (SIGSTOP, then
-let go to draw the end): the server's share of that cost alone, as where the browsers are on other machines. Writes a new bench/results/page_speed/<UTC time>-<commit>.json
-(bench/provenance.py).
+let go to draw the end): the server's share of that cost alone, as where the browsers are on other machines.
+Writes a new bench/results/page_speed/<UTC time>-<commit>.json (bench/provenance.py).
 """
 from __future__ import annotations
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 import servers
 from servers import RAY_WORKER_PORTS, free_port, quiet_ports
 
 
 def test_drawn_ports_are_free_distinct_and_clear_of_the_kernels_and_rays_ranges():
     low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    if len(quiet_ports()) < 1000:
+        pytest.skip(f"this machine's kernel hands out ports {low}-{high}: no quiet range to draw from")
     drawn = [free_port() for _ in range(40)]
     assert len(set(drawn)) == 40
     for port in drawn:
