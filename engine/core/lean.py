@@ -305,23 +305,20 @@ class LeanStep:
         (LonePlan.layers_at_once), and where the plan knows the embedding, final norm and head, the whole token
         (LonePlan.token): the same functions in the same order, so the same bits."""
         resid = keep.resid if keep is not None else None
-        if resid is not None:                              # where layer i's residual goes: resid[i, slot]
-            at = resid.data_ptr() + 4 * int(keep.where[0]) * resid.stride(1)
+        at, stride = (None, 0) if resid is None else (     # where layer i's residual goes: at + 4 i stride
+            resid.data_ptr() + 4 * int(keep.where[0]) * resid.stride(1), resid.stride(0))
         whole = kv.in_place() if hasattr(kv, "in_place") and lone.attends(attention) else None
         if whole is not None and lone.takes_token():
-            return lone.token(int(ids), int(positions), *whole[:2], at if resid is not None else None,
-                              resid.stride(0) if resid is not None else 0, *whole[2:])
+            return lone.token(int(ids), int(positions), *whole[:2], at, stride, *whole[2:])
         x = F.embedding(ids, self.embed.weight)                                         # [1, 1, d]
         cos, sin = (t.contiguous() for t in self.rotary(x, positions))                  # [1, 1, D] each
         x = lone.start(x, cos, sin)                                                     # the plan's buffer
         if whole is not None:                              # every layer in one C call, attention included
-            lone.layers_at_once(*whole[:2], at if resid is not None else None,
-                                resid.stride(0) if resid is not None else 0, *whole[2:])
+            lone.layers_at_once(*whole[:2], at, stride, *whole[2:])
         else:
             slots = kv.slots() if hasattr(kv, "slots") else None    # the K/V pool's slot per layer: written in C
             for i in range(len(self.layers)):
-                lone.before(i, at + 4 * i * resid.stride(0) if resid is not None else None,
-                            *(slots[i] if slots else ()))
+                lone.before(i, at + 4 * i * stride if at is not None else None, *(slots[i] if slots else ()))
                 keys, values = kv.read(i) if slots else kv(i, lone.k, lone.v)
                 lone.after(i, self._attend(lone.q, keys, values, attention))
         if keep is not None:
