@@ -3,6 +3,7 @@ padding, the wide mask, the residual written inside the step and the fallbacks c
 alone. On CUDA the same step is recorded as a CUDA graph (the CUDA test at the end)."""
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -126,6 +127,29 @@ def test_the_batched_step_traces_as_one_graph_and_warms_up_on_padding_only(lm):
     for sink, (request, policy) in zip(run(lm, graphs, jobs, joins=[0, 1, 2]), jobs):
         assert_same_run(sink, alone(lm, request, policy))
 
+
+def step_guards(graphs: GraphedDecode) -> list[str]:
+    """The guards dynamo checks before each call of the compiled step, one text per compiled shape."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    return [str(entry.guard_manager) for entry in _debug_get_cache_entry_list(graphs.step._torchdynamo_orig_callable)]
+
+
+def test_the_compiled_step_checks_no_weight_but_what_can_change_between_steps(lm):
+    """dynamo's guards on the step (engine.serving.graphed.unguarded_weights): none on the checkpoint's tensors (one a
+    weight, each step, before the graph replays), every other kept (the index buffer, the pool, the mode's flag); the
+    step still equals each request alone. Fails with the filter left out (a guard on L['lean'].layers[0].q[0]...)."""
+    torch._dynamo.reset()
+    graphs = GraphedDecode(lm, n_blocks=64, compile="eager", max_rows=8, row_buckets=(1,))
+    graphs.warm_up((MIN_WIDTH,))
+    texts = step_guards(graphs)
+    assert len(texts) == 2                                                  # rows 1 and 8 at MIN_WIDTH
+    for text in texts:
+        assert "L['lean'].invariant" in text and "L['index']" in text and "L['pool'].keys[0]" in text
+        assert not re.search(r"L\['lean'\]\.(layers|embed|norm|head)\b", text), text[:2000]
+    jobs = jobs_of([FULL, CAPTURE_OFF])
+    for sink, (request, policy) in zip(run(lm, graphs, jobs, joins=[0, 1]), jobs):
+        assert_same_run(sink, alone(lm, request, policy))
+    assert len(step_guards(graphs)) == 2                                    # nothing recompiled
 
 
 def test_a_step_that_cannot_run_graphed_runs_eagerly_and_so_do_all_after_it(lm):

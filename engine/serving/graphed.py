@@ -28,7 +28,8 @@ on the GPU). A graph replays fixed shapes at fixed addresses, so:
   each row's residual there with one `index_copy_` per hidden state at a static index (its new token's slot;
   SCRATCH for a row that captures nothing and for padding rows), as vLLM-Hook writes its rings. A step of requests
   that capture runs graphed like any other.
-It is compiled with `torch.compile(mode="reduce-overhead")` (cudagraph trees), one graph per shape: one per key
+It is compiled with `torch.compile(mode="reduce-overhead")` (cudagraph trees) and no guard on the weights
+(`unguarded_weights`), one graph per shape: one per key
 width, as rows are padded to one size; the scheduler's worker compiles the usual widths (WARM_WIDTHS, or the
 documented setting PLAYGROUND_BATCH_GRAPH_WIDTHS) before it serves, and a longer one when a batch first needs it.
 One thread compiles, records and replays them, the graphs' own (`on_own_thread`), whichever thread asks for a step:
@@ -41,6 +42,7 @@ eagerly.
 from __future__ import annotations
 
 import logging
+import re
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -75,6 +77,31 @@ def resolve_mode(mode: str, device: torch.device) -> str:
     if mode == "auto":
         return "reduce-overhead" if device.type == "cuda" else "off"
     return mode
+
+
+WEIGHTS = re.compile(r"^(?:L\['lean'\]|lean)\.(?:layers|embed|norm|head)\b")    # the checkpoint's tensors, as dynamo names them
+
+
+def unguarded_weights(entries: list) -> list[bool]:
+    """dynamo's guard filter for the step (`torch.compile`'s `guard_filter_fn`): every guard but those on the
+    checkpoint's tensors the forward closes over (`lean`'s layers, embedding, final norm and head, and the tuples that
+    hold them). Kept, they were a tensor check a weight and more on the tuples, ~3,000 guards at 32 layers, which
+    every step ran on the host before its graph replayed (bench/step_guards.py; docs/engine.md, "The graphed step's
+    guards"). A loaded model's weights are the same tensors for the life of its graphs (the forward is
+    made once per model, after its weights moved into their pages); what can change between steps keeps its guard
+    (the index buffer, the pool, the mode's flag, the forward's scalars, the global state). The weights are still
+    the graph's inputs: a CUDA graph's replay checks that its static inputs (the weights, the pool) have not moved,
+    and the other backends read them where they are at each call."""
+    return [WEIGHTS.match(entry.name) is None for entry in entries]
+
+
+def compile_options(mode: str) -> dict[str, Any]:
+    """torch.compile's arguments for `mode` ('eager': dynamo's eager backend, the CPU's trace in the tests; else an
+    inductor mode, 'reduce-overhead' recording CUDA graphs), with the step's guard filter (`unguarded_weights`)."""
+    if mode == "eager":
+        return {"backend": "eager", "options": {"guard_filter_fn": unguarded_weights}}
+    from torch._inductor import list_mode_options          # what `mode=` sets; torch.compile takes mode or options
+    return {"options": {**list_mode_options(mode), "guard_filter_fn": unguarded_weights}}
 
 
 def _raise_recompile_limit() -> None:
@@ -125,8 +152,7 @@ class GraphedDecode:
         self.step = graph_step(self.lean, self.pool)
         if self.mode != "off":
             _raise_recompile_limit()
-            options = {"backend": "eager"} if self.mode == "eager" else {"mode": self.mode}
-            self.step = torch.compile(self.step, fullgraph=True, dynamic=False, **options)
+            self.step = torch.compile(self.step, fullgraph=True, dynamic=False, **compile_options(self.mode))
 
     @property
     def graphs(self) -> bool:
