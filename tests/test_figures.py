@@ -1924,6 +1924,18 @@ LONE += [  # docs/engine.md, "The one forward": why eager on a CPU
     (ENGINE_DOC, COMPILED_CPP, "every token the same but the logits up to {:.1e}",
      lambda d: (d["max_abs_diff"],) if d["same_tokens"] else ()),
 ]
+GUARDS = "step_guards/20261129T194353Z-279ab71.json"    # the graphed step's guards, with and without the weights'
+LONE += [  # docs/engine.md, "The graphed step's guards"
+    (ENGINE_DOC, GUARDS, "{:,} guards with {} tensor matches, whose check took {:.1f} us on this CPU, against {:.1f} us "
+     "with the weights unguarded ({} guards, {} tensor matches: the pool's layers, the index buffer), {:.2f}x",
+     lambda d: (lambda a, b: (a["guards"], a["tensor_matches"], a["check_us"], b["check_us"], b["guards"],
+                              b["tensor_matches"], d["layers"]["32"]["unguarded_over_guarded"]))(
+         d["layers"]["32"]["every weight guarded"], d["layers"]["32"]["weights unguarded"])
+     if d["layers"]["32"]["weights unguarded"]["weight_guards"] == 0 else ()),
+    (ENGINE_DOC, GUARDS, "at 2 layers {:.1f} against {:.1f} us", lambda d: (
+        d["layers"]["2"]["every weight guarded"]["check_us"], d["layers"]["2"]["weights unguarded"]["check_us"])),
+    (ENGINE_DOC, GUARDS, "least of {}\nrounds of {:,} checks", lambda d: (d["rounds"], d["calls"])),
+]
 AVX2_COST = "invariance/20261128T200955Z-9ec9c80.json"   # the mode's cost on the AVX2 machine
 LONE += [  # docs/engine.md, "On a machine without AVX-512 the mode's prefill is several times slower"
     (ENGINE_DOC, AVX2_COST, "on 9ec9c80, load average {:.2f} at its start", lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
