@@ -136,7 +136,7 @@ def test_the_glue_bench_runs_both_trees_on_the_tiny_model(tiny_model_dir, tmp_pa
 
 def one_row_before(batch, slot):
     """engine.serving.lean.one_row (and its _reader) as at 84db7f9: the slot written through indexing, the keys read
-    as a slice, transposed and unsqueezed."""
+    as a slice, transposed and unsqueezed (returned as one_row returns its `kv` now, the slot as `.write`)."""
     pool, block, n = batch.pool, batch.block, slot.length
     table = batch.tables[slot]
     if n == len(table) * block:
@@ -157,7 +157,8 @@ def one_row_before(batch, slot):
         keys[write].copy_(k[0, :, 0])
         values[write].copy_(v[0, :, 0])
         return take(keys).transpose(0, 1)[None], take(values).transpose(0, 1)[None]
-    return kv, torch.tensor([write])
+    kv.write = write                        # the new token's slot, where one_row keeps it now
+    return kv
 
 
 def run_kept(lm, jobs, joins, monkeypatch=None, ends_in_c=True):

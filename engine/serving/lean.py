@@ -95,6 +95,7 @@ class LeanDecode:
         self.plan_layers = True              # a lone step's layers through LonePlan where it applies
         self.attention = lone_attention(lean)    # a lone row's attention: attend.c where it fits, else SDPA (None)
         self.attend_threads = 0              # threads its kv heads are dealt to in LonePlan (0: the step's; 1: the
+        self.row = RowInputs(lean.embed.weight.device)    # a lone row's token, position and new slot
                                              # step's own thread, as before: bench/lone_parts.py's "attention-alone")
         self.ends_in_c = True                # a lone token whole in one C call (LonePlan.token) where it can be;
                                              # off: its embedding, norm and head from Python ("ends-apart")
@@ -114,15 +115,16 @@ class LeanDecode:
         residual of the rows that keep one (`slot.kept`), written at its next position. One row reads its keys in
         place (or gathered where its blocks do not follow one another), with its own products (engine.core.matvec)
         and no mask; several rows read the left-padded gather under the mask, with the packed products."""
-        device = self.lean.embed.weight.device
-        ids = torch.tensor([[s.token.id] for s in slots], device=device)             # [B, 1]
-        positions = torch.tensor([[s.length] for s in slots], device=device)         # [B, 1] own positions
         lone = None
         if len(slots) == 1:
-            kv, write = one_row(batch, slots[0])
+            kv = one_row(batch, slots[0])
+            ids, positions, write = self.row.of(slots[0].token.id, slots[0].length, kv.write)
             mask, ((linear, fused), lone) = None, self.lone_step()
             attention = self.attention
         else:
+            device = self.lean.embed.weight.device
+            ids = torch.tensor([[s.token.id] for s in slots], device=device)         # [B, 1]
+            positions = torch.tensor([[s.length] for s in slots], device=device)     # [B, 1] own positions
             mask = batch.step_mask().bool()[:, None, None, :]                        # [B, 1, 1, W + 1]
             kv, write = batch.write_and_gather, batch.residual_slots
             (linear, fused), attention = self.products(len(slots), pack=True), None
@@ -199,8 +201,33 @@ def _product(fused: tuple[torch.Tensor, torch.Tensor | None] | None):
     return lambda x: packed_linear(x, packed, bias)
 
 
-def one_row(batch: Any, slot: Any) -> tuple["RowKV", torch.Tensor]:
-    """A decode step's K/V of the batch's only row, and the slot its new token goes to ([1]): its `length`
+class RowInputs:
+    """A lone row's step inputs: its token and position [1, 1] and its new token's slot [1], each in a tensor made
+    once and filled in place through numpy on a CPU (three tensors made afresh each step cost a lone token's host
+    work ~0.1 ms, every call cold after the weights streamed through the caches: docs/engine.md, "A lone token's
+    host work, remeasured"); new tensors on other devices. Only the step reads them (the forward takes ints from them
+    for a lone row, or embeds and indexes with them), so the next step may overwrite them."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.arrays = device, None
+        if device.type == "cpu":
+            with torch.inference_mode(False):    # normal tensors: usable in and out of inference mode
+                self.tensors = (torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long),
+                                torch.zeros(1, dtype=torch.long))
+            self.arrays = tuple(t.numpy() for t in self.tensors)
+
+    def of(self, token: int, position: int, write: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ids [1, 1], positions [1, 1], write [1]) holding these."""
+        if self.arrays is None:
+            return (torch.tensor([[token]], device=self.device), torch.tensor([[position]], device=self.device),
+                    torch.tensor([write], device=self.device))
+        ids, positions, write_at = self.arrays
+        ids[0, 0], positions[0, 0], write_at[0] = token, position, write
+        return self.tensors
+
+
+def one_row(batch: Any, slot: Any) -> "RowKV":
+    """A decode step's K/V of the batch's only row (its new token's slot: `.write`): its `length`
     positions are in the pool, the newest token goes to position `length` (a new block when its last is full). The
     new K/V is copied into a view of its slot, and the keys are read in place as one view when its blocks follow one
     another in the pool (a lone request's usually do: blocks are handed out lowest first), else gathered."""
@@ -210,8 +237,7 @@ def one_row(batch: Any, slot: Any) -> tuple["RowKV", torch.Tensor]:
         table.append(pool.allocate())
     write = table[n // block] * block + n % block
     take, first = _reader(table, block, n + 1, pool.keys[0].device)
-    return RowKV(pool, write, take, first, n + 1), torch.tensor(
-        [write], device=pool.keys[0].device)
+    return RowKV(pool, write, take, first, n + 1)
 
 
 @dataclass(frozen=True)
