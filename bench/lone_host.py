@@ -11,7 +11,7 @@ listing the weights afresh every step (`before_fused`). After is the code as it 
 summed in one pass; numpy's argmax; all of it on the calling thread alone; engine.core.lone's check over the list
 made with the products).
 
-Three measurements, the ways taking turns in each:
+Four measurements, the ways taking turns in each:
 - **the numbers**: the real logits of a greedy answer's decode steps (recorded first), each picked and described
   both ways, for a greedy request, a sampled one (temperature 1) and a filtered one (temperature 0.7, top-k 40,
   top-p 0.9): the tokens, candidates (all ten, and those of probability above 0: past them any token of
@@ -23,6 +23,10 @@ Three measurements, the ways taking turns in each:
   one), their decode steps taking the ways in turn step by step; the host's work is the runner's step less the
   forward (picking and describing, the record, the cache's bookkeeping), in wall and in the thread's CPU time,
   and the picking within it (wall).
+- **the row's inputs and the pick's outputs** (`inputs_in_steps`): the same lone requests, their decode steps taking
+  in turn the way of commit 5fd0cd7 ("made each step": the row's token, position and slot as three new tensors,
+  the pick's outputs in four allocations addressed through numpy's `.ctypes`, kept below) and the code as it is
+  ("made once": `LeanDecode.row`'s tensors filled through numpy, one allocation); the host's work of each.
 Medians; the first three decode steps of each request left out. OpenMP's threads wait as `python -m engine serve`
 sets them to (bench/provenance.py's `server_wait`), unless set by hand. Writes a new bench/results/lone_host/<UTC time>-<commit>.json (bench/provenance.py);
 docs/engine.md, "A lone request", reads it.
@@ -269,6 +273,75 @@ def use_fused(grouped, way: str) -> None:
         grouped.__dict__.pop("fused", None)
 
 
+# --- the lone row's inputs and the pick's outputs as at commit 5fd0cd7 (the "made each step" way) ------------------
+
+def made_each_step_of(device):
+    """LeanDecode.row.of as at 5fd0cd7: three new tensors a step (its token, position and new slot)."""
+    def of(token, position, write):
+        return (torch.tensor([[token]], device=device), torch.tensor([[position]], device=device),
+                torch.tensor([write], device=device))
+    return of
+
+
+def made_each_step_pick(self, logits, k):
+    """GlueKernel.pick as at 5fd0cd7: four allocations, their addresses through numpy's .ctypes."""
+    b, v = logits.shape
+    ids, vals, stats = np.empty((b, k), np.int64), np.empty((b, k), np.float32), np.full((b, 3), np.nan)
+    scratch = np.empty(2 * (k + 1), np.int64)
+    x, row = logits.data_ptr(), 4 * logits.stride(0)
+    at = [a.ctypes.data for a in (ids, vals, stats, scratch)]
+    for r in range(b):
+        self._pick(x + r * row, v, k, at[0] + 8 * k * r, at[1] + 4 * k * r, at[2] + 24 * r, at[3])
+    return ids, vals, stats
+
+
+INPUT_WAYS = ("made each step", "made once")
+
+
+def inputs_steps(runner: BatchRunner, lm, tokens: int, rounds: int) -> dict:
+    """Lone greedy requests whose decode steps take the two ways of the row's inputs and the pick's outputs in turn
+    (each way leads a round in turn): per way, the medians of the step, the forward and the host's work."""
+    from engine.core.kernels.glue import GlueKernel
+    step_lean, forward, pick, row = runner.lean.lean, runner.lean.lean.forward, GlueKernel.pick, runner.lean.row
+    clock: dict[str, float] = {}
+
+    def timed_forward(*args, **kwargs):
+        w, c = time.perf_counter(), time.thread_time()
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            clock["wall"], clock["cpu"] = time.perf_counter() - w, time.thread_time() - c
+
+    def use(way: str) -> None:
+        GlueKernel.pick = made_each_step_pick if way == INPUT_WAYS[0] else pick
+        if way == INPUT_WAYS[0]:
+            row.of = made_each_step_of(lm.device)
+        else:
+            row.__dict__.pop("of", None)
+    step_lean.forward, steps, texts = timed_forward, {w: [] for w in INPUT_WAYS}, set()
+    try:
+        for r in range(rounds):
+            request, out, n = GenerationRequest(PROMPT, max_new_tokens=tokens), [], 0
+            runner.add(Slot(request, encode_prompt(lm, request), CAPTURE_OFF, out.append, print))
+            while not runner.idle:
+                way = INPUT_WAYS[(n + r) % 2]
+                use(way)
+                clock.clear()
+                w, c = time.perf_counter(), time.thread_time()
+                runner.step()
+                wall, cpu = time.perf_counter() - w, time.thread_time() - c
+                if n > 3 and "wall" in clock:
+                    steps[way].append({"step_wall": wall, "step_cpu": cpu, "forward_wall": clock["wall"],
+                                       "forward_cpu": clock["cpu"], "host_wall": wall - clock["wall"],
+                                       "host_cpu": cpu - clock["cpu"]})
+                n += 1
+            texts.add(out[-1].text)
+    finally:
+        step_lean.forward = forward
+        use(INPUT_WAYS[1])
+    return {"same_text": len(texts) == 1, **{w: summary(s) for w, s in steps.items()}}
+
+
 def summary(steps: list[dict]) -> dict:
     return {**{f"{k}_ms": 1e3 * statistics.median(s[k] for s in steps) for k in steps[0]}, "steps": len(steps)}
 
@@ -289,14 +362,19 @@ def main(argv: list[str] | None = None) -> int:
     report = {"threads": args.threads, "tokens": args.tokens, "rounds": args.rounds, "rows": len(rows),
               "vocab": int(rows[0].shape[-1]), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
               "numbers": compare(lm, rows), "alone": alone(lm, rows, args.rounds), "draws": draws(rows, args.rounds),
-              "in_steps": in_steps(runner, lm, args.tokens, args.rounds)}
+              "in_steps": in_steps(runner, lm, args.tokens, args.rounds),
+              "inputs_in_steps": inputs_steps(runner, lm, args.tokens, args.rounds)}
     for way in WAYS:
         a, s = report["alone"][way], report["in_steps"][way]
         print(f"{way}: picking alone " + ", ".join(f"{k} {v['wall_ms']:.3f} ms wall {v['cpu_ms']:.3f} CPU"
                                                   for k, v in a.items())
               + f"; in the step: host {s['host_wall_ms']:.3f} ms wall {s['host_cpu_ms']:.3f} CPU of a "
               f"{s['step_wall_ms']:.1f} ms step", flush=True)
-    good = report["in_steps"]["same_text"] and all(v["same_id"] for v in report["numbers"].values())
+    for way in INPUT_WAYS:
+        s = report["inputs_in_steps"][way]
+        print(f"the row's inputs and the pick's outputs {way}: host {s['host_wall_ms']:.3f} ms wall "
+              f"{s['host_cpu_ms']:.3f} CPU of a {s['step_wall_ms']:.1f} ms step", flush=True)
+    good = report["inputs_in_steps"]["same_text"] and report["in_steps"]["same_text"] and all(v["same_id"] for v in report["numbers"].values())
     record.save(report, out=args.out)
     return 0 if good else 1
 

@@ -115,3 +115,20 @@ def test_picking_leaves_the_step_loops_thread_count_as_it_found_it(tiny_lm):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_bench_s_two_ways_of_a_lone_row_s_inputs_give_the_same_answers_and_the_same_picks(tiny_lm):
+    """bench/lone_host.py's `inputs_in_steps`: the lone row's inputs and the pick's outputs as at 5fd0cd7 (made each
+    step) and as now (made once) take a request's steps in turn; its answer is the same whichever way leads, and the
+    old pick's arrays equal the new one's on the same logits. The way put back after it: the runner's row fills its
+    own tensors again."""
+    from bench.lone_host import INPUT_WAYS, inputs_steps, made_each_step_pick
+    from engine.core.kernels.glue import GlueKernel, glue_kernel
+    from engine.serving.batch import BatchRunner
+    runner = BatchRunner(tiny_lm, max_batch=4, prefix=None)
+    got = inputs_steps(runner, tiny_lm, tokens=12, rounds=2)
+    assert got["same_text"] and all(got[w]["steps"] > 0 for w in INPUT_WAYS)
+    assert "of" not in runner.lean.row.__dict__ and GlueKernel.pick is not made_each_step_pick
+    logits = logits_of(3, 5_000)
+    for old, new in zip(made_each_step_pick(glue_kernel(), logits, 257), glue_kernel().pick(logits, 257)):
+        np.testing.assert_array_equal(old, new)
