@@ -1936,6 +1936,14 @@ LONE += [  # docs/engine.md, "The graphed step's guards"
         d["layers"]["2"]["every weight guarded"]["check_us"], d["layers"]["2"]["weights unguarded"]["check_us"])),
     (ENGINE_DOC, GUARDS, "least of {}\nrounds of {:,} checks", lambda d: (d["rounds"], d["calls"])),
 ]
+HOST_INPUTS = "lone_host/20261129T200806Z-5b731c4.json"  # the lone row's inputs made once against each step
+LONE += [  # docs/engine.md, "A lone token's host work, remeasured"
+    (ENGINE_DOC, HOST_INPUTS, "{} rounds of {} tokens, SmolLM2, {}\nthreads", lambda d: (d["rounds"], d["tokens"],
+                                                                                       d["threads"])),
+    (ENGINE_DOC, HOST_INPUTS, "less the forward) {:.2f} ms a token against {:.2f} ms, the same answers", lambda d: (
+        d["inputs_in_steps"]["made once"]["host_wall_ms"], d["inputs_in_steps"]["made each step"]["host_wall_ms"])
+     if d["inputs_in_steps"]["same_text"] else ()),
+]
 AVX2_COST = "invariance/20261128T200955Z-9ec9c80.json"   # the mode's cost on the AVX2 machine
 LONE += [  # docs/engine.md, "On a machine without AVX-512 the mode's prefill is several times slower"
     (ENGINE_DOC, AVX2_COST, "on 9ec9c80, load average {:.2f} at its start", lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
