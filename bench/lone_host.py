@@ -374,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         s = report["inputs_in_steps"][way]
         print(f"the row's inputs and the pick's outputs {way}: host {s['host_wall_ms']:.3f} ms wall "
               f"{s['host_cpu_ms']:.3f} CPU of a {s['step_wall_ms']:.1f} ms step", flush=True)
-    good = report["inputs_in_steps"]["same_text"] and report["in_steps"]["same_text"] and all(v["same_id"] for v in report["numbers"].values())
+    good = (report["inputs_in_steps"]["same_text"] and report["in_steps"]["same_text"]
+            and all(v["same_id"] for v in report["numbers"].values()))
     record.save(report, out=args.out)
     return 0 if good else 1
 

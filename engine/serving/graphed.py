@@ -79,7 +79,8 @@ def resolve_mode(mode: str, device: torch.device) -> str:
     return mode
 
 
-WEIGHTS = re.compile(r"^(?:L\['lean'\]|lean)\.(?:layers|embed|norm|head)\b")    # the checkpoint's tensors, as dynamo names them
+# The checkpoint's tensors the step closes over, by the names dynamo gives their guards' sources.
+WEIGHTS = re.compile(r"^(?:L\['lean'\]|lean)\.(?:layers|embed|norm|head)\b")
 
 
 def unguarded_weights(entries: list) -> list[bool]:

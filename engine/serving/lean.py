@@ -95,10 +95,10 @@ class LeanDecode:
         self.plan_layers = True              # a lone step's layers through LonePlan where it applies
         self.attention = lone_attention(lean)    # a lone row's attention: attend.c where it fits, else SDPA (None)
         self.attend_threads = 0              # threads its kv heads are dealt to in LonePlan (0: the step's; 1: the
-        self.row = RowInputs(lean.embed.weight.device)    # a lone row's token, position and new slot
                                              # step's own thread, as before: bench/lone_parts.py's "attention-alone")
         self.ends_in_c = True                # a lone token whole in one C call (LonePlan.token) where it can be;
                                              # off: its embedding, norm and head from Python ("ends-apart")
+        self.row = RowInputs(lean.embed.weight.device)    # a lone row's token, position and new slot
 
     @classmethod
     def for_model(cls, lm: LoadedModel) -> "LeanDecode | None":
@@ -203,10 +203,11 @@ def _product(fused: tuple[torch.Tensor, torch.Tensor | None] | None):
 
 class RowInputs:
     """A lone row's step inputs: its token and position [1, 1] and its new token's slot [1], each in a tensor made
-    once and filled in place through numpy on a CPU (three tensors made afresh each step cost a lone token's host
-    work ~0.1 ms, every call cold after the weights streamed through the caches: docs/engine.md, "A lone token's
-    host work, remeasured"); new tensors on other devices. Only the step reads them (the forward takes ints from them
-    for a lone row, or embeds and indexes with them), so the next step may overwrite them."""
+    once and filled in place through numpy on a CPU, not made afresh each step, each call cold after the weights have
+    streamed through the caches (with the pick's outputs in one allocation: a lone token's host work 0.95 against
+    1.10 ms, docs/engine.md, "A lone token's host work, remeasured"); new tensors on other devices. Only the step
+    reads them (the forward takes ints from them for a lone row, or embeds and indexes with them), so the next step
+    may overwrite them."""
 
     def __init__(self, device: torch.device):
         self.device, self.arrays = device, None
