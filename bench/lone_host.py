@@ -206,19 +206,29 @@ def draws(rows: list[torch.Tensor], rounds: int) -> dict:
     return {f"{k}_ms": 1e3 * statistics.median(v) for k, v in times.items()}
 
 
-def in_steps(runner: BatchRunner, lm, tokens: int, rounds: int) -> dict:
-    """Lone greedy requests whose decode steps take the ways in turn (each way leads a round in turn): per way, the
-    median of the step, the forward and the host's work (the step less the forward), wall and CPU ms."""
-    step_lean, forward = runner.lean.lean, runner.lean.lean.forward
-    clock: dict[str, float] = {}
-
+def clocked(forward, clock: dict):
+    """forward, each call's wall and CPU seconds in clock["wall"] and clock["cpu"]."""
     def timed_forward(*args, **kwargs):
         w, c = time.perf_counter(), time.thread_time()
         try:
             return forward(*args, **kwargs)
         finally:
             clock["wall"], clock["cpu"] = time.perf_counter() - w, time.thread_time() - c
-    step_lean.forward = timed_forward
+    return timed_forward
+
+
+def step_times(wall: float, cpu: float, clock: dict) -> dict:
+    """A step's wall and CPU seconds, its forward's (`clocked`) and the host's work: the step less the forward."""
+    return {"step_wall": wall, "step_cpu": cpu, "forward_wall": clock["wall"], "forward_cpu": clock["cpu"],
+            "host_wall": wall - clock["wall"], "host_cpu": cpu - clock["cpu"]}
+
+
+def in_steps(runner: BatchRunner, lm, tokens: int, rounds: int) -> dict:
+    """Lone greedy requests whose decode steps take the ways in turn (each way leads a round in turn): per way, the
+    median of the step, the forward and the host's work (the step less the forward), wall and CPU ms."""
+    step_lean, forward = runner.lean.lean, runner.lean.lean.forward
+    clock: dict[str, float] = {}
+    step_lean.forward = clocked(forward, clock)
     steps = {w: [] for w in WAYS}
     texts = set()
     try:
@@ -246,9 +256,7 @@ def one_request(runner, lm, tokens, order, clock, steps) -> str:
         runner.step()
         wall, cpu = time.perf_counter() - w, time.thread_time() - c
         if n > 3 and "wall" in clock:                                     # step 0 is the prompt's
-            steps[way].append({"step_wall": wall, "step_cpu": cpu, "forward_wall": clock["wall"],
-                               "forward_cpu": clock["cpu"], "host_wall": wall - clock["wall"],
-                               "host_cpu": cpu - clock["cpu"], "pick_wall": clock["pick"]})
+            steps[way].append({**step_times(wall, cpu, clock), "pick_wall": clock["pick"]})
         n += 1
     return out[-1].text
 
@@ -305,20 +313,13 @@ def inputs_steps(runner: BatchRunner, lm, tokens: int, rounds: int) -> dict:
     step_lean, forward, pick, row = runner.lean.lean, runner.lean.lean.forward, GlueKernel.pick, runner.lean.row
     clock: dict[str, float] = {}
 
-    def timed_forward(*args, **kwargs):
-        w, c = time.perf_counter(), time.thread_time()
-        try:
-            return forward(*args, **kwargs)
-        finally:
-            clock["wall"], clock["cpu"] = time.perf_counter() - w, time.thread_time() - c
-
     def use(way: str) -> None:
         GlueKernel.pick = made_each_step_pick if way == INPUT_WAYS[0] else pick
         if way == INPUT_WAYS[0]:
             row.of = made_each_step_of(lm.device)
         else:
             row.__dict__.pop("of", None)
-    step_lean.forward, steps, texts = timed_forward, {w: [] for w in INPUT_WAYS}, set()
+    step_lean.forward, steps, texts = clocked(forward, clock), {w: [] for w in INPUT_WAYS}, set()
     try:
         for r in range(rounds):
             request, out, n = GenerationRequest(PROMPT, max_new_tokens=tokens), [], 0
@@ -331,9 +332,7 @@ def inputs_steps(runner: BatchRunner, lm, tokens: int, rounds: int) -> dict:
                 runner.step()
                 wall, cpu = time.perf_counter() - w, time.thread_time() - c
                 if n > 3 and "wall" in clock:
-                    steps[way].append({"step_wall": wall, "step_cpu": cpu, "forward_wall": clock["wall"],
-                                       "forward_cpu": clock["cpu"], "host_wall": wall - clock["wall"],
-                                       "host_cpu": cpu - clock["cpu"]})
+                    steps[way].append(step_times(wall, cpu, clock))
                 n += 1
             texts.add(out[-1].text)
     finally:
