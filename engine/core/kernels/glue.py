@@ -78,18 +78,18 @@ class GlueKernel:
         row, the largest logit left out (L) and the log-sum-exp of every logit left out (the last two where V > k).
         numpy arrays: no torch operator on the way (a lone step's pick runs cold, after the weights have streamed)."""
         b, v = logits.shape
-        space = np.empty(8 * b * k + 24 * b + 4 * b * k, np.uint8)    # ids, stats, vals: one allocation, 8-aligned
+        at_stats, at_vals = 8 * b * k, 8 * b * k + 24 * b        # ids, stats, vals: one allocation, 8-aligned
+        space = np.empty(at_vals + 4 * b * k, np.uint8)
         at = space.__array_interface__["data"][0]         # not numpy's .ctypes: a Python helper, slow cold
-        ids = space[:8 * b * k].view(np.int64).reshape(b, k)
-        stats = space[8 * b * k:8 * b * k + 24 * b].view(np.float64).reshape(b, 3)
-        vals = space[8 * b * k + 24 * b:].view(np.float32).reshape(b, k)
+        ids = space[:at_stats].view(np.int64).reshape(b, k)
+        stats = space[at_stats:at_vals].view(np.float64).reshape(b, 3)
+        vals = space[at_vals:].view(np.float32).reshape(b, k)
         stats.fill(np.nan)
         scratch = np.empty(2 * (k + 1), np.int64)                                # k + 1 (value, id) pairs
         work = scratch.__array_interface__["data"][0]
         x, row = logits.data_ptr(), 4 * logits.stride(0)
         for r in range(b):
-            self._pick(x + r * row, v, k, at + 8 * k * r, at + 8 * b * k + 24 * b + 4 * k * r, at + 8 * b * k + 24 * r,
-                       work)
+            self._pick(x + r * row, v, k, at + 8 * k * r, at + at_vals + 4 * k * r, at + at_stats + 24 * r, work)
         return ids, vals, stats
 
 
