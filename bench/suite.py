@@ -6,16 +6,19 @@
 
 The parts: every module but the serial ones on `--workers` pytest-xdist processes (a module stays on one, so its
 servers start once), then the serial ones alone (faults with recovery deadlines, the Ray cluster). Both run; either
-failing fails. The record holds each part's command, wall time, exit status and pytest's last line, the total, and
-the machine (cores, load, memory bandwidth at the start), so a suite time in the README names the run it comes from.
+failing fails. The record holds each part's command, wall time, exit status, pytest's last line and the seconds each
+module took (the next run's order: tests/longest_first.py), the total, and the machine (cores, load, memory
+bandwidth at the start), so a suite time in the README names the run it comes from.
 """
 from __future__ import annotations
 
 import argparse
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from xml.etree import ElementTree
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
@@ -24,14 +27,37 @@ import provenance  # noqa: E402
 
 
 def parts(workers: int, extra: list[str]) -> list[tuple[str, list[str]]]:
-    """(name, pytest arguments) of each part, in the order `make test` runs them."""
+    """(name, pytest arguments) of each part, in the order `make test` runs them. The parallel part's modules go to
+    the workers in the collection's order, which tests/conftest.py sorts longest first (tests/longest_first.py)."""
     pytest = [sys.executable, "-m", "pytest", "-q"]
-    return [("parallel", [*pytest, "-n", str(workers), "--dist", "loadfile", "-m", "not serial", *extra]),
+    return [("parallel", [*pytest, "-n", str(workers), "--dist", "loadfile", "--no-loadscope-reorder",
+                          "-m", "not serial", *extra]),
             ("serial", [*pytest, "-m", "serial", *extra])]
 
 
+def module_seconds(junit: Path) -> dict[str, float]:
+    """Seconds per test module (setup, call and teardown of its tests) from pytest's JUnit XML: {"tests/test_x.py": s}."""
+    seconds: dict[str, float] = {}
+    for case in ElementTree.parse(junit).getroot().iter("testcase"):
+        names = (case.get("classname") or "").split(".")
+        while len(names) > 1 and names[-1][:1].isupper():                  # a test class, not a module
+            names.pop()
+        module = "/".join(names) + ".py"
+        seconds[module] = seconds.get(module, 0.0) + float(case.get("time") or 0.0)
+    return {m: round(s, 2) for m, s in sorted(seconds.items(), key=lambda kv: -kv[1])}
+
+
 def run_part(name: str, command: list[str]) -> dict:
-    """One part, its output passed through as it comes; its wall time, status and pytest's summary line."""
+    """One part, its output passed through as it comes; its wall time, status, pytest's summary line and the seconds
+    each of its modules took."""
+    with tempfile.TemporaryDirectory() as folder:
+        junit = Path(folder) / "junit.xml"
+        done = run_command(name, [*command, f"--junitxml={junit}"])
+        done["modules"] = module_seconds(junit) if junit.exists() else {}
+    return done
+
+
+def run_command(name: str, command: list[str]) -> dict:
     start = time.perf_counter()
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     last = ""

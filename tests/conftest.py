@@ -70,6 +70,17 @@ class _Deprecations(logging.Handler):
             self.seen.append(f"{record.name}: {text}")
 
 
+def pytest_collection_modifyitems(config, items):
+    """On a pytest-xdist worker, the modules longest first (tests/longest_first.py: the parallel part ends sooner);
+    a run without workers keeps pytest's order."""
+    if not hasattr(config, "workerinput"):
+        return
+    from longest_first import longest_first, recorded_seconds
+
+    order = longest_first([item.nodeid for item in items], recorded_seconds())
+    items[:] = [items[i] for i in order]
+
+
 @pytest.fixture(autouse=True)
 def no_logged_deprecation(request):
     """Fails a test during which transformers, Streamlit or torch logged a deprecation (e.g. transformers'
