@@ -335,13 +335,14 @@ class BatchRunner:
         slot.length = len(slot.ids)
         slot.generated.append(slot.token.id)
         paged = isinstance(self.batch, PagedBatch)
+        state = self.batch.state(slot.length) if paged else row_cache_state(slot.cache, slot.length)
+        slot.emit(PrefillRecord(prompt_pieces(self.lm, slot.ids), forward_shapes(self.lm.spec, len(slot.ids)),
+                                slot.ttft, state, slot.token, reused_tokens=slot.reused))
+        # stored once the first token is on its way: copying the prompt's K/V out of the pool is not its wait
         if self.prefix is not None:
             inputs = slot.kept.prompt(len(slot.ids)) if slot.kept is not None else None
             self.prefix.store(slot.ids, self.batch.own_cache(slot, self.lm.model.config) if paged else slot.cache,
                               inputs)
-        state = self.batch.state(slot.length) if paged else row_cache_state(slot.cache, slot.length)
-        slot.emit(PrefillRecord(prompt_pieces(self.lm, slot.ids), forward_shapes(self.lm.spec, len(slot.ids)),
-                                slot.ttft, state, slot.token, reused_tokens=slot.reused))
         if self._maybe_finish(slot):
             self.batch.drop({slot})
         elif paged:

@@ -421,7 +421,9 @@ def pool_prefill(lm: LoadedModel, batch: Any, slots: list, chunks: list[int],
             if any(s.kept is not None for s in slots) else None)
     lean = one_forward(lm)
     if lean is not None:
-        mask = causal_mask(valid, t) if len(slots) > 1 else None      # one row reads every key before its chunk
+        # None: causal over the chunk alone (SDPA's own); one row after a prefix reads every key before its chunk,
+        # a mask made once here, not per layer by the forward
+        mask = causal_mask(valid, t) if len(slots) > 1 or valid.shape[1] != t else None
         resid = batch.pool.resid if keep is not None else None
         linear, fused = decoder.products(ids.numel()) if decoder is not None else (F.linear, None)
         return step(lean, ids, positions, batch.write_and_gather, mask, resid, batch.residual_slots, linear,
