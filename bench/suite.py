@@ -36,7 +36,7 @@ def parts(workers: int, extra: list[str]) -> list[tuple[str, list[str]]]:
 
 
 def module_seconds(junit: Path) -> dict[str, float]:
-    """Seconds per test module (setup, call and teardown of its tests) from pytest's JUnit XML: {"tests/test_x.py": s}."""
+    """Seconds per test module (its tests' setup, call and teardown) from pytest's JUnit XML: {"tests/test_x.py": s}."""
     seconds: dict[str, float] = {}
     for case in ElementTree.parse(junit).getroot().iter("testcase"):
         names = (case.get("classname") or "").split(".")

@@ -55,7 +55,6 @@ def test_a_passing_suite_exits_0_and_writes_nothing_without_record(tmp_path):
     assert sorted((ROOT / "bench" / "results").rglob("*.json")) == before
 
 
-
 def test_the_workers_take_the_longest_modules_first_and_new_ones_before_all():
     from longest_first import longest_first
 
