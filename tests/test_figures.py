@@ -995,16 +995,6 @@ VS_LCP_ZEN4 = "vs_llamacpp/20261128T162159Z-1681f1e.json"   # a quiet machine wi
 VS_LCP_PREV = "vs_llamacpp/20261128T070829Z-3bbb9d0.json"   # the run before, with the row kernel and 2 MB pages
 VS_LCP_BEFORE_KERNEL = "vs_llamacpp/20261128T034948Z-16686b8.json"   # a quiet machine, after the host-work cut
 VS_LCP_BEFORE_CUT = "vs_llamacpp/20261128T004601Z-869bdb6.json"   # a quiet machine, before it
-def round_row(side: str, paired: bool = False) -> Callable[[Any], tuple]:
-    """A vs_llamacpp table row: ms per token, ours over it round by round (where `paired`), over each round's floor
-    in 4 KB and 2 MB pages, time to first token."""
-    def row(d: Any) -> tuple:
-        r = d["table"][side]
-        return ((r["ms_per_token"],) + ((r["ours_over_paired"],) if paired else ())
-                + (r["x_round_floor (4 KB pages)"], r["x_round_floor (2 MB pages)"], r["ttft_s"]))
-    return row
-
-
 VS_LCP_FIRST = "vs_llamacpp/20261127T225545Z-b1742df.json"   # a quiet machine, before the side-by-side products
 VS_LCP_BUSY = "vs_llamacpp/20261127T204932Z-6a4e018.json"
 
@@ -1268,25 +1258,6 @@ LONE += [  # README, "One person alone, against llama.cpp, after the attention a
                 d["table"]["llama.cpp"]["ttft_s"], d["table"]["ours"]["ttft_s"] / d["table"]["llama.cpp"]["ttft_s"],
                 d["same_answers"])),
 ]
-VS_LCP_TTFT = "vs_llamacpp/20261129T224522Z-d0eb938.json"   # the first token's wait trimmed, against 49bebf1
-LONE += [  # README, "One person alone, the first token's wait trimmed"
-    (README, VS_LCP_TTFT, "| llama.cpp (llama-cpp-python's server, 2 threads), F32 | {:.1f} | {:.2f}x | {:.2f}x / "
-     "{:.2f}x | {:.3f} s |", round_row("llama.cpp", paired=True)),
-    (README, VS_LCP_TTFT, "| ours, `python -m engine serve` defaults | **{:.1f}** | | **{:.2f}x / {:.2f}x** | "
-     "**{:.3f} s** |", round_row("ours")),
-    (README, VS_LCP_TTFT, "| ours at 49bebf1, the commit before | {:.1f} | {:.2f}x | {:.2f}x / {:.2f}x | {:.3f} s |",
-     round_row("ours before", paired=True)),
-    (README, VS_LCP_TTFT, "load average {:.2f} at its start; `bench/results/vs_llamacpp/20261129T224522Z-d0eb938.json`",
-     lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
-    (README, VS_LCP_TTFT, "(1.01x round by round; the 1.06x against the commit\nbefore, whose decode step is the same "
-     "code, is this machine's drift between rounds). The first token came at {:.3f} s against the commit\nbefore's "
-     "{:.3f} s and llama.cpp's {:.3f} s: still {:.2f}x llama.cpp's",
-     lambda d: (d["table"]["ours"]["ttft_s"], d["table"]["ours before"]["ttft_s"], d["table"]["llama.cpp"]["ttft_s"],
-                d["table"]["ours"]["ttft_s"] / d["table"]["llama.cpp"]["ttft_s"])),
-    (README, VS_LCP_TTFT, "The same text from ours and llama.cpp for {} of 12 answers.", lambda d: (d["same_answers"],)),
-]
-
-
 LS_NOW = "lone_server/20261129T094824Z-db8f95f.json"      # a lone step in the server and in-process, passing threads
 LS_OLD = "lone_server/20261129T094703Z-db8f95f.json"      # the same, the server at e0c8578 (before them)
 IDLE = "idle_costs/20261129T095329Z-5058d1f.json"         # the kept pool against a new one; the heap frozen or not
@@ -1406,6 +1377,25 @@ def round_floor_row(side: str) -> Callable[[dict], tuple]:
         return (t["ms_per_token"], *paired, t["x_round_floor (4 KB pages)"], t["x_round_floor (2 MB pages)"],
                 t["ttft_s"])
     return row
+
+
+VS_LCP_TTFT = "vs_llamacpp/20261129T224522Z-d0eb938.json"   # the first token's wait trimmed, against 49bebf1
+LONE += [  # README, "One person alone, the first token's wait trimmed"
+    (README, VS_LCP_TTFT, "| llama.cpp (llama-cpp-python's server, 2 threads), F32 | {:.1f} | {:.2f}x | {:.2f}x / "
+     "{:.2f}x | {:.3f} s |", round_floor_row("llama.cpp")),
+    (README, VS_LCP_TTFT, "| ours, `python -m engine serve` defaults | **{:.1f}** | | **{:.2f}x / {:.2f}x** | "
+     "**{:.3f} s** |", round_floor_row("ours")),
+    (README, VS_LCP_TTFT, "| ours at 49bebf1, the commit before | {:.1f} | {:.2f}x | {:.2f}x / {:.2f}x | {:.3f} s |",
+     round_floor_row("ours before")),
+    (README, VS_LCP_TTFT, "load average {:.2f} at its start; `bench/results/vs_llamacpp/20261129T224522Z-d0eb938.json`",
+     lambda d: (d["provenance"]["machine"]["load_avg"][0],)),
+    (README, VS_LCP_TTFT, "(1.01x round by round; the 1.06x against the commit\nbefore, whose decode step is the same "
+     "code, is this machine's drift between rounds). The first token came at {:.3f} s against the commit\nbefore's "
+     "{:.3f} s and llama.cpp's {:.3f} s: still {:.2f}x llama.cpp's",
+     lambda d: (d["table"]["ours"]["ttft_s"], d["table"]["ours before"]["ttft_s"], d["table"]["llama.cpp"]["ttft_s"],
+                d["table"]["ours"]["ttft_s"] / d["table"]["llama.cpp"]["ttft_s"])),
+    (README, VS_LCP_TTFT, "The same text from ours and llama.cpp for {} of 12 answers.", lambda d: (d["same_answers"],)),
+]
 
 
 def api_room(tokens: int) -> Callable[[dict], tuple]:
