@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import engine  # noqa: F401 - the package first: test files that put bench/ on sys.path would else find bench/engine.py
+from browsers import browser, people, tab_pool  # noqa: F401 - the browser tests' Chromium and its people's tabs
 
 if TYPE_CHECKING:
     from engine.serving.scheduler import Scheduler

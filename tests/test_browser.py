@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from browsers import CHROMIUM, CHROMIUM_ARGS  # noqa: F401 - where the browser modules have always found them
 from servers import free_port, python
 from app.launch import settings_of, streamlit_command
 
@@ -26,9 +27,6 @@ pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "tests" / "screenshots"
 SHOTS_WANTED = os.environ.get("PLAYGROUND_SCREENSHOTS", "0") not in ("", "0")
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run"]
 PAGES = [("", "Inference Playground"), ("journey", "The journey of a request"), ("attention", "Attention"),
          ("kv-cache", "The KV cache"), ("speed-lab", "Speed lab"), ("speed-cost", "Speed and cost on GPUs"),
          ("batching", "Batching"), ("room", "The room is the batch"), ("precision", "Precision"), ("quiz", "Quiz"),
@@ -109,24 +107,14 @@ def running_app(log_dir: Path, env: dict[str, str] | None = None):
     assert "Did not auto detect" not in log.read_text()        # Streamlit's guess, hidden: the launcher says where
 
 
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM} (run `make browser`)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+# The wide tab: 1400 wide, as tall as a screen; as tall as the page when screenshots are asked for (Streamlit scrolls
+# inside the page, so a full-page screenshot holds only the viewport). The checks read the page, not the pixels.
+WIDE_TAB = {"width": 1400, "height": 4200 if SHOTS_WANTED else 900}
 
 
 @pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 4200})
-    pg = context.new_page()
-    yield pg
-    context.close()
+def page(people):
+    return people.person(WIDE_TAB)
 
 
 def wait_text(page, text: str, timeout_s: float = 60) -> None:
@@ -286,11 +274,8 @@ def projector_shot(page, name: str) -> None:
 
 
 @pytest.fixture
-def projector(browser):
-    context = browser.new_context(viewport=PROJECTOR)
-    pg = context.new_page()
-    yield pg
-    context.close()
+def projector(people):
+    return people.person(PROJECTOR)
 
 
 def go_to(page, title: str) -> None:
@@ -454,59 +439,52 @@ ROOM_PROMPTS = ("What is the capital of France?", "Name three prime numbers.", "
                 "What does a GPU do?")
 
 
-def test_four_sessions_generate_at_once_and_each_gets_its_own_answer(app_url, browser, smol_lm):
+def test_four_sessions_generate_at_once_and_each_gets_its_own_answer(app_url, people, smol_lm):
     """Four browsers press Generate together; the batch serves them all, each with the answer it would get alone."""
     from engine.core.generate import GenerationRequest, generate
 
     want = [list(generate(smol_lm, GenerationRequest(p, max_new_tokens=12)))[-1].text for p in ROOM_PROMPTS]
-    contexts = [browser.new_context(viewport={"width": 1400, "height": 2400}) for _ in ROOM_PROMPTS]
-    pages = [c.new_page() for c in contexts]
-    try:
-        for pg, prompt in zip(pages, ROOM_PROMPTS):
-            pg.goto(f"{app_url}/journey")
-            wait_heading(pg, "The journey of a request")
-            set_number(pg, "Max new tokens", 12)
-            set_prompt(pg, prompt)
-        for pg in pages:
-            button(pg, "Generate").click()
-        for i, pg in enumerate(pages):
-            wait_text(pg, "Done:", 240)
-            wait_idle(pg)
-            assert_no_exception(pg)
-            answers = pg.get_by_test_id("stText").all_inner_texts()
-            assert want[i].strip() in [a.strip() for a in answers], (ROOM_PROMPTS[i], want[i], answers)
-            shot(pg, f"room-session-{i}")
-    finally:
-        for c in contexts:
-            c.close()
-
-
-def test_a_run_survives_a_reload_and_opens_in_a_second_tab(app_url, browser):
-    """A reload (a new Streamlit session, the same browser cookie: the same person) draws the person's last run
-    again, and so does a second tab; both offer it in a notebook."""
-    context = browser.new_context(viewport={"width": 1440, "height": 2400})
-    try:
-        pg = context.new_page()
+    pages = [people.person(WIDE_TAB) for _ in ROOM_PROMPTS]
+    for pg, prompt in zip(pages, ROOM_PROMPTS):
         pg.goto(f"{app_url}/journey")
         wait_heading(pg, "The journey of a request")
-        set_number(pg, "Max new tokens", 5)
-        set_prompt(pg, "Name one colour of the rainbow.")
+        set_number(pg, "Max new tokens", 12)
+        set_prompt(pg, prompt)
+    for pg in pages:
         button(pg, "Generate").click()
+    for i, pg in enumerate(pages):
         wait_text(pg, "Done:", 240)
         wait_idle(pg)
-        answer = [a for a in pg.get_by_test_id("stText").all_inner_texts() if a.strip()]
-        pg.reload()
-        wait_heading(pg, "The journey of a request")
-        wait_text(pg, "One token up close", 60)
-        wait_idle(pg)
         assert_no_exception(pg)
-        assert set(answer) <= set(a for a in pg.get_by_test_id("stText").all_inner_texts() if a.strip())
-        assert pg.get_by_role("button", name="Open in a notebook").count() == 1
-        second = context.new_page()
-        second.goto(f"{app_url}/attention")
-        wait_heading(second, "One head")
-        wait_idle(second)
-        assert_no_exception(second)
-        assert second.get_by_role("button", name="Open in a notebook").count() == 1
-    finally:
-        context.close()
+        answers = pg.get_by_test_id("stText").all_inner_texts()
+        assert want[i].strip() in [a.strip() for a in answers], (ROOM_PROMPTS[i], want[i], answers)
+        shot(pg, f"room-session-{i}")
+
+
+def test_a_run_survives_a_reload_and_opens_in_a_second_tab(app_url, people):
+    """A reload (a new Streamlit session, the same browser cookie: the same person) draws the person's last run
+    again, and so does a second tab; both offer it in a notebook."""
+    pg = people.person({"width": 1440, "height": 900})
+    pg.goto(f"{app_url}/journey")
+    wait_heading(pg, "The journey of a request")
+    set_number(pg, "Max new tokens", 5)
+    set_prompt(pg, "Name one colour of the rainbow.")
+    button(pg, "Generate").click()
+    wait_text(pg, "Done:", 240)
+    wait_idle(pg)
+    answer = [a for a in pg.get_by_test_id("stText").all_inner_texts() if a.strip()]
+    pg.reload()
+    wait_heading(pg, "The journey of a request")
+    wait_text(pg, "One token up close", 60)
+    wait_idle(pg)
+    assert_no_exception(pg)
+    assert set(answer) <= set(a for a in pg.get_by_test_id("stText").all_inner_texts() if a.strip())
+    assert pg.get_by_role("button", name="Open in a notebook").count() == 1
+    second = pg.context.new_page()                                  # a second tab of the same person
+    second.set_viewport_size({"width": 1440, "height": 900})
+    second.goto(f"{app_url}/attention")
+    wait_heading(second, "One head")
+    wait_idle(second)
+    assert_no_exception(second)
+    assert second.get_by_role("button", name="Open in a notebook").count() == 1
+

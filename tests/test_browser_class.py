@@ -13,7 +13,7 @@ import threading
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from test_browser import (assert_no_exception, assert_nothing_clipped, browser, button, projector,  # noqa: F401
+from test_browser import (assert_no_exception, assert_nothing_clipped, button, projector,  # noqa: F401
                           set_number, shot, wait_heading, wait_idle, wait_text)
 
 pytestmark = pytest.mark.browser
@@ -83,7 +83,7 @@ def number(text: str) -> float:
     return float(re.sub(r"[^0-9.]", "", text))
 
 
-def test_the_api_joins_the_room_and_its_run_opens_on_the_pages(app_url, client, browser):
+def test_the_api_joins_the_room_and_its_run_opens_on_the_pages(app_url, client, people):
     """One model for both doors: a streamed API request is in the room's batch, its numbers agree, and ?run=<id>
     opens it on the journey page with the same answer."""
     assert [m.id for m in client.models.list().data] == [MODEL]
@@ -101,9 +101,8 @@ def test_the_api_joins_the_room_and_its_run_opens_on_the_pages(app_url, client, 
 
     asking = threading.Thread(target=ask)
     asking.start()
-    context = browser.new_context(viewport={"width": 1024, "height": 768})
     try:
-        room = context.new_page()
+        room = people.person({"width": 1024, "height": 768})
         room.goto(f"{app_url}/room")
         wait_heading(room, "The room is the batch")
         room.get_by_text("an API client").first.wait_for(state="attached", timeout=60_000)
@@ -130,7 +129,8 @@ def test_the_api_joins_the_room_and_its_run_opens_on_the_pages(app_url, client, 
             assert each > 0 and together >= each * 0.99, idle
         asking.join(240)
         assert got.get("text") and got["id"].startswith("chatcmpl-")
-        page = context.new_page()
+        page = room.context.new_page()                                      # a second tab of the same person
+        page.set_viewport_size({"width": 1024, "height": 768})
         page.goto(f"{app_url}/journey?run={got['id']}")                    # the reply's own id, as a person has it
         wait_text(page, "One token up close", 90)
         wait_idle(page)
@@ -139,7 +139,6 @@ def test_the_api_joins_the_room_and_its_run_opens_on_the_pages(app_url, client, 
         assert not page.get_by_test_id("stAlert").filter(has_text="Seed was").count()
     finally:
         asking.join(240)
-        context.close()
 
 
 def test_an_idle_room_reads_idle(app_url, client, projector):

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from test_browser import (PROJECTOR, ROOT, SHOW_DEPRECATIONS, assert_no_deprecation, assert_no_exception,  # noqa: F401
-                          browser, free_port, python, shot, stop, wait_healthy, wait_heading, wait_idle, wait_text)
+                          free_port, python, shot, stop, wait_healthy, wait_heading, wait_idle, wait_text)
 
 pytestmark = pytest.mark.browser
 TOKEN = "browser-join-presenter-token"
@@ -43,7 +43,7 @@ def room(tmp_path_factory):
     assert_no_deprecation(log)
 
 
-def tab(browser, url: str, context=None):  # noqa: F811
+def tab(browser, url: str, context=None):
     context = context or browser.new_context(viewport=PROJECTOR)
     page = context.new_page()
     page.goto(url)
@@ -77,7 +77,7 @@ def test_the_launcher_on_0000_prints_the_join_link(room):
     assert f"Presenter token: {TOKEN}" in log.read_text()
 
 
-def test_no_code_and_a_wrong_code_are_kept_out(room, browser):  # noqa: F811
+def test_no_code_and_a_wrong_code_are_kept_out(room, browser):
     url, code, _ = room
     page = tab(browser, f"{url}/attention")                       # any page: the form, and nothing of the page
     assert kept_out(page)
@@ -91,7 +91,7 @@ def test_no_code_and_a_wrong_code_are_kept_out(room, browser):  # noqa: F811
     page.context.close()
 
 
-def test_the_link_lets_in_and_a_reload_and_a_new_tab_keep_in(room, browser):  # noqa: F811
+def test_the_link_lets_in_and_a_reload_and_a_new_tab_keep_in(room, browser):
     url, code, log = room
     page = tab(browser, f"{url}/?join={code}")
     assert let_in(page)
@@ -106,7 +106,7 @@ def test_the_link_lets_in_and_a_reload_and_a_new_tab_keep_in(room, browser):  # 
     assert log.read_text().count(code) == 1                       # the launcher's banner only, no request line
 
 
-def test_a_typed_code_lets_in(room, browser):  # noqa: F811
+def test_a_typed_code_lets_in(room, browser):
     url, code, _ = room
     page = tab(browser, url)
     assert kept_out(page)
@@ -115,7 +115,7 @@ def test_a_typed_code_lets_in(room, browser):  # noqa: F811
     page.context.close()
 
 
-def presenter(browser, url: str, code: str):  # noqa: F811
+def presenter(browser, url: str, code: str):
     """A browser that joined with the link and unlocked presenter mode; its sidebar shows the join panel."""
     page = tab(browser, f"{url}/?join={code}")
     assert let_in(page)
@@ -132,7 +132,7 @@ def shown_code(page) -> str:
     return re.search(r"Join code: ([a-z0-9-]+)", page.get_by_test_id("stSidebar").inner_text()).group(1)
 
 
-def test_a_rotated_code_keeps_members_and_turns_the_old_link_away(room, browser):  # noqa: F811
+def test_a_rotated_code_keeps_members_and_turns_the_old_link_away(room, browser):
     url, code, log = room
     member = tab(browser, f"{url}/?join={code}")
     assert let_in(member)
@@ -161,7 +161,7 @@ def test_a_rotated_code_keeps_members_and_turns_the_old_link_away(room, browser)
     assert new not in log.read_text()
 
 
-def test_a_closed_room_lets_nobody_new_in(room, browser):  # noqa: F811
+def test_a_closed_room_lets_nobody_new_in(room, browser):
     url, _, _ = room
     lead = presenter(browser, url, CURRENT["code"])              # the code now (the test above may have rotated it)
     current = shown_code(lead)
@@ -182,7 +182,7 @@ def test_a_closed_room_lets_nobody_new_in(room, browser):  # noqa: F811
         page.context.close()
 
 
-def test_the_presenter_sees_the_rooms_settings_and_a_member_does_not(room, browser):  # noqa: F811
+def test_the_presenter_sees_the_rooms_settings_and_a_member_does_not(room, browser):
     """The room page's "Settings this room runs with" (as `playground --print-settings`): for the presenter only,
     the presenter token masked."""
     url, _, _ = room

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from servers import free_port, python, ROOT
-from test_browser import (PROJECTOR, assert_no_exception, browser, button, set_number, set_prompt, shot,  # noqa: F401
+from test_browser import (PROJECTOR, assert_no_exception, button, set_number, set_prompt, shot,  # noqa: F401
                           wait_heading, wait_idle, wait_text, wait_text_or_fail)
 from test_browser_watch import TOKEN, unlock
 
@@ -53,7 +53,7 @@ def wait_ready(proc: subprocess.Popen, log: Path, timeout: float = 300) -> Path:
     raise AssertionError(f"the room did not start:\n{log.read_text()[-3000:]}")
 
 
-def open_tab(browser, url: str, path: str, heading: str):  # noqa: F811
+def open_tab(browser, url: str, path: str, heading: str):
     context = browser.new_context(viewport=PROJECTOR, accept_downloads=True)
     page = context.new_page()
     page.goto(f"{url}/{path}")
@@ -74,7 +74,7 @@ def reload_until_placed(page, heading: str, seconds: float = 60) -> None:
         wait_idle(page)
 
 
-def test_a_presenter_in_one_web_process_leads_a_follower_in_the_other(room, browser):  # noqa: F811
+def test_a_presenter_in_one_web_process_leads_a_follower_in_the_other(room, browser):
     _, (first, second), _ = room
     lead_ctx, lead = open_tab(browser, first, "journey", "The journey of a request")
     unlock(lead)
@@ -104,7 +104,7 @@ def test_a_presenter_in_one_web_process_leads_a_follower_in_the_other(room, brow
         ctx.close()
 
 
-def test_through_nginx_a_browser_stays_on_its_web_process(room, browser):  # noqa: F811
+def test_through_nginx_a_browser_stays_on_its_web_process(room, browser):
     url, _, _ = room
     ctx, page = open_tab(browser, url, "journey", "The journey of a request")
     reload_until_placed(page, "The journey of a request")    # the tabs the test before closed free their places

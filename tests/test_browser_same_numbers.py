@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_browser import (PROJECTOR, assert_no_exception, assert_nothing_clipped, browser,  # noqa: F401
+from test_browser import (PROJECTOR, assert_no_exception, assert_nothing_clipped,  # noqa: F401
                           button, projector_shot, shot, wait_heading, wait_idle, wait_text,
                           wait_text_or_fail)
 
@@ -19,9 +19,8 @@ def parts_table(page) -> str:
     return page.locator('[data-testid="stDataFrame"]').last.inner_text()
 
 
-def test_the_room_page_compares_alone_and_in_a_batch(app_url, browser):  # noqa: F811
-    context = browser.new_context(viewport=WIDE)
-    page = context.new_page()
+def test_the_room_page_compares_alone_and_in_a_batch(app_url, people):
+    page = people.person(WIDE)
     page.goto(f"{app_url}/room")
     wait_heading(page, "The room is the batch")
     wait_heading(page, "Same question, same numbers?")
@@ -45,4 +44,3 @@ def test_the_room_page_compares_alone_and_in_a_batch(app_url, browser):  # noqa:
     page.get_by_text("Same question, same numbers?").first.scroll_into_view_if_needed()
     shot(page, "room-same-numbers-1024")
     projector_shot(page, "room-same-numbers")
-    context.close()

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from test_browser import (COLLISIONS_JS, OUTSIDE_JS, assert_no_exception, assert_nothing_clipped,  # noqa: F401
-                          browser, button, page, projector, projector_shot, record_timing, set_number, shot, stop,
+                          button, page, projector, projector_shot, record_timing, set_number, shot, stop,
                           wait_heading, wait_idle, wait_text, wait_text_or_fail)
 
 pytestmark = pytest.mark.browser
@@ -101,7 +101,7 @@ def bars_url(tmp_path_factory):
 
 @pytest.mark.parametrize("viewport,query", [({"width": 1440, "height": 900}, ""),
                                             ({"width": 1024, "height": 768}, "?presenter=1")])
-def test_acceptance_bars_keep_their_labels_clear_whatever_the_rates(browser, bars_url, viewport, query):  # noqa: F811
+def test_acceptance_bars_keep_their_labels_clear_whatever_the_rates(browser, bars_url, viewport, query):
     tab = browser.new_page(viewport={"width": viewport["width"], "height": 4000})    # every chart drawn at once
     try:
         tab.goto(bars_url + query)

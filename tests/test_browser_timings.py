@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from test_browser import (LONG_PROMPT, PROJECTOR, assert_no_exception, browser,  # noqa: F401
+from test_browser import (LONG_PROMPT, PROJECTOR, assert_no_exception,  # noqa: F401
                           assert_nothing_clipped, button, projector, projector_shot, running_app,
                           set_number, shot, wait_heading, wait_idle, wait_text, wait_text_or_fail)
 from test_browser_watch import TOKEN, unlock
@@ -114,12 +114,12 @@ def wide_shot(page, name: str) -> None:
     wait_idle(page)
 
 
-def test_the_presenter_pushes_a_picked_request_to_a_follower(room_url, browser):  # noqa: F811
-    follower = browser.new_context(viewport=PROJECTOR).new_page()
+def test_the_presenter_pushes_a_picked_request_to_a_follower(room_url, people):
+    follower = people.person(PROJECTOR)
     follower.goto(f"{room_url}/journey")
     wait_heading(follower, "The journey of a request")
     generate(follower)                                           # a person's request
-    lead = browser.new_context(viewport=WIDE).new_page()
+    lead = people.person(WIDE)
     lead.goto(f"{room_url}/room")
     wait_heading(lead, "The room is the batch")
     unlock(lead)

@@ -13,7 +13,7 @@ import re
 import pytest
 
 from app.ui.style import MIN_TEXT_PX
-from test_browser import (PAGES, PROJECTOR, assert_no_exception, browser, button, go_to,  # noqa: F401
+from test_browser import (PAGES, PROJECTOR, assert_no_exception, button, go_to,  # noqa: F401
                           set_number, wait_heading, wait_idle, wait_text)
 
 pytestmark = pytest.mark.browser
@@ -30,7 +30,7 @@ TOOLBAR_JS = "() => document.querySelectorAll('.js-plotly-plot .modebar-btn').le
 
 
 @pytest.fixture(scope="module")
-def room(browser):  # noqa: F811
+def room(browser):
     """One projector-sized tab for the whole module: its session keeps the runs made below."""
     context = browser.new_context(viewport=PROJECTOR)
     page = context.new_page()

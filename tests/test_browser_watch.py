@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from test_browser import (PROJECTOR, SHOTS, assert_no_exception, assert_nothing_clipped, browser, button,  # noqa: F401
+from test_browser import (PROJECTOR, SHOTS, assert_no_exception, assert_nothing_clipped, button,  # noqa: F401
                           running_app, set_number, set_prompt, shot, wait_heading, wait_idle, wait_text)
 
 pytestmark = pytest.mark.browser
@@ -29,8 +29,8 @@ def room_url(tmp_path_factory):
         yield url
 
 
-def open_tab(browser, url: str, path: str, heading: str):  # noqa: F811
-    page = browser.new_context(viewport=PROJECTOR).new_page()
+def open_tab(people, url: str, path: str, heading: str):
+    page = people.person(PROJECTOR)
     errors: list[str] = []
     page.on("pageerror", lambda err: errors.append(str(err)))
     page.goto(f"{url}/{path}")
@@ -62,14 +62,14 @@ def unlock(page) -> None:
     wait_text(page, "You are the presenter")
 
 
-def test_followers_on_other_pages_watch_one_run_then_explore_it(room_url, browser):  # noqa: F811
-    lead, lead_errors = open_tab(browser, room_url, "journey", "The journey of a request")
+def test_followers_on_other_pages_watch_one_run_then_explore_it(room_url, people):
+    lead, lead_errors = open_tab(people, room_url, "journey", "The journey of a request")
     unlock(lead)
     set_number(lead, "Max new tokens", TOKENS)
     set_prompt(lead, PROMPT)
-    home, home_errors = open_tab(browser, room_url, "", "Inference Playground")
-    attention, attention_errors = open_tab(browser, room_url, "attention", "Attention")
-    journey, journey_errors = open_tab(browser, room_url, "journey", "The journey of a request")
+    home, home_errors = open_tab(people, room_url, "", "Inference Playground")
+    attention, attention_errors = open_tab(people, room_url, "attention", "Attention")
+    journey, journey_errors = open_tab(people, room_url, "journey", "The journey of a request")
     button(lead, "Generate").click()
     tabs = {"lead": lead, "home": home, "attention": attention, "journey": journey}
     with shown_on_failure(tabs):
