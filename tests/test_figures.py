@@ -603,6 +603,13 @@ def _invariance_cost(d: dict) -> tuple:
             c["20-row decode step"]["on_over_off"], c["prefill"]["on_over_off"])
 
 
+FIGURES.append(("docs/app.md", "browser_tabs/20261130T020907Z-79ce3a1.json", "(`bench/results/browser_tabs/"
+                "20261130T020907Z-79ce3a1.json`, {} rounds of {} pages, in turns) measured a page's load at {:.1f} s of "
+                "the renderer's task time in a new context and {:.1f} s in a warm tab ({:.2f}x), {:.1f} and {:.1f} s of "
+                "CPU over every Chromium process ({:.2f}x)",
+                lambda d: (d["rounds_n"], len(d["pages"]), d["cold_task_s"], d["warm_task_s"],
+                           d["warm_over_cold_task_s"], d["cold_cpu_s_per_load"], d["warm_cpu_s_per_load"],
+                           d["warm_over_cold_cpu"])))
 FIGURES.append(("docs/app.md", "streamlit_races/20261128T022700Z-a3232f3.json", "In {} tries (a fresh server each, "
                 "Chromium, `bench/results/streamlit_races/20261128T022700Z-a3232f3.json`, a shared 2-core machine) stock "
                 "Streamlit left the page blank {} times, each after exactly that one run naming `home`; with the fix, {} "
