@@ -603,6 +603,22 @@ def _invariance_cost(d: dict) -> tuple:
             c["20-row decode step"]["on_over_off"], c["prefill"]["on_over_off"])
 
 
+SUITE_BEFORE, SUITE_WARM = "suite/20261129T235806Z-62d7f9a.json", "suite/20261130T021444Z-c166aca.json"
+
+
+def browser_module_seconds(record: dict) -> float:
+    """The parallel part's seconds summed over the browser modules of 62d7f9a (and the pool's own test after it)."""
+    modules = record["parts"][0]["modules"]
+    named = [m for m in result(SUITE_BEFORE)["parts"][0]["modules"] if "browser" in m] + ["tests/test_browser_tabs.py"]
+    return round(sum(modules.get(m, 0.0) for m in named), 1)
+
+
+FIGURES.append((README, SUITE_BEFORE, "clones on this 2-core machine: {:.1f} s + {:.1f} s before",
+                lambda d: (d["parts"][0]["seconds"], d["parts"][1]["seconds"])))
+FIGURES.append((README, SUITE_WARM, "`bench/results/suite/20261129T235806Z-62d7f9a.json`), {:.1f} s\n+ {:.1f} s with "
+                "the warm tabs", lambda d: (d["parts"][0]["seconds"], d["parts"][1]["seconds"])))
+FIGURES.append((README, SUITE_WARM, "the browser modules' seconds summed {:,.1f} and {:,.1f}.",
+                lambda d: (browser_module_seconds(result(SUITE_BEFORE)), browser_module_seconds(d))))
 FIGURES.append(("docs/app.md", "browser_tabs/20261130T020907Z-79ce3a1.json", "(`bench/results/browser_tabs/"
                 "20261130T020907Z-79ce3a1.json`, {} rounds of {} pages, in turns) measured a page's load at {:.1f} s of "
                 "the renderer's task time in a new context and {:.1f} s in a warm tab ({:.2f}x), {:.1f} and {:.1f} s of "
