@@ -43,9 +43,12 @@ def room(tmp_path_factory):
     assert_no_deprecation(log)
 
 
-def tab(browser, url: str, context=None):
-    context = context or browser.new_context(viewport=PROJECTOR)
-    page = context.new_page()
+def tab(people, url: str, same=None):
+    """A new person's tab at `url` (tests/browsers.py), or with `same` another tab of that tab's person."""
+    if same is None:
+        return people.person(PROJECTOR, url)
+    page = same.context.new_page()
+    page.set_viewport_size(PROJECTOR)
     page.goto(url)
     return page
 
@@ -77,9 +80,9 @@ def test_the_launcher_on_0000_prints_the_join_link(room):
     assert f"Presenter token: {TOKEN}" in log.read_text()
 
 
-def test_no_code_and_a_wrong_code_are_kept_out(room, browser):
+def test_no_code_and_a_wrong_code_are_kept_out(room, people):
     url, code, _ = room
-    page = tab(browser, f"{url}/attention")                       # any page: the form, and nothing of the page
+    page = tab(people, f"{url}/attention")                       # any page: the form, and nothing of the page
     assert kept_out(page)
     shot(page, "join-form")
     join_with(page, "wrong-code-123")
@@ -88,36 +91,33 @@ def test_no_code_and_a_wrong_code_are_kept_out(room, browser):
     shot(page, "join-wrong-code")
     page.reload()
     assert kept_out(page)
-    page.context.close()
 
 
-def test_the_link_lets_in_and_a_reload_and_a_new_tab_keep_in(room, browser):
+def test_the_link_lets_in_and_a_reload_and_a_new_tab_keep_in(room, people):
     url, code, log = room
-    page = tab(browser, f"{url}/?join={code}")
+    page = tab(people, f"{url}/?join={code}")
     assert let_in(page)
     assert code not in page.url                                   # the address bar no longer carries it
     cookie = {c["name"]: c["value"] for c in page.context.cookies()}["playground_member"]
     assert code not in cookie and code.replace("-", "") not in cookie
     page.reload()
     assert let_in(page)
-    other = tab(browser, f"{url}/attention", page.context)
+    other = tab(people, f"{url}/attention", page)
     assert let_in(other, "Attention")
-    page.context.close()
     assert log.read_text().count(code) == 1                       # the launcher's banner only, no request line
 
 
-def test_a_typed_code_lets_in(room, browser):
+def test_a_typed_code_lets_in(room, people):
     url, code, _ = room
-    page = tab(browser, url)
+    page = tab(people, url)
     assert kept_out(page)
     join_with(page, code.upper().replace("-", " "))
     assert let_in(page)
-    page.context.close()
 
 
-def presenter(browser, url: str, code: str):
+def presenter(people, url: str, code: str):
     """A browser that joined with the link and unlocked presenter mode; its sidebar shows the join panel."""
-    page = tab(browser, f"{url}/?join={code}")
+    page = tab(people, f"{url}/?join={code}")
     assert let_in(page)
     page.get_by_text("Presenter mode", exact=True).click()
     box = page.get_by_label("Presenter token")
@@ -132,11 +132,11 @@ def shown_code(page) -> str:
     return re.search(r"Join code: ([a-z0-9-]+)", page.get_by_test_id("stSidebar").inner_text()).group(1)
 
 
-def test_a_rotated_code_keeps_members_and_turns_the_old_link_away(room, browser):
+def test_a_rotated_code_keeps_members_and_turns_the_old_link_away(room, people):
     url, code, log = room
-    member = tab(browser, f"{url}/?join={code}")
+    member = tab(people, f"{url}/?join={code}")
     assert let_in(member)
-    lead = presenter(browser, url, code)
+    lead = presenter(people, url, code)
     assert shown_code(lead) == code
     lead.get_by_test_id("stExpander").filter(has_text="Join link").scroll_into_view_if_needed()
     shot(lead, "join-presenter-panel")
@@ -148,7 +148,7 @@ def test_a_rotated_code_keeps_members_and_turns_the_old_link_away(room, browser)
     assert new != code and f"?join={new}" in lead.get_by_test_id("stSidebar").inner_text().replace("\n", "")
     member.reload()
     assert let_in(member)                                         # a member stays in
-    late = tab(browser, f"{url}/?join={code}")
+    late = tab(people, f"{url}/?join={code}")
     assert kept_out(late)
     wait_text(late, "replaced by a new one")
     late.goto(f"{url}/?join={new}")
@@ -156,20 +156,18 @@ def test_a_rotated_code_keeps_members_and_turns_the_old_link_away(room, browser)
     lead.get_by_role("button", name="Show it large").click()
     lead.get_by_role("dialog").wait_for()
     shot(lead, "join-large")
-    for page in (member, lead, late):
-        page.context.close()
     assert new not in log.read_text()
 
 
-def test_a_closed_room_lets_nobody_new_in(room, browser):
+def test_a_closed_room_lets_nobody_new_in(room, people):
     url, _, _ = room
-    lead = presenter(browser, url, CURRENT["code"])              # the code now (the test above may have rotated it)
+    lead = presenter(people, url, CURRENT["code"])              # the code now (the test above may have rotated it)
     current = shown_code(lead)
-    member = tab(browser, f"{url}/?join={current}")
+    member = tab(people, f"{url}/?join={current}")
     assert let_in(member)
     lead.get_by_text("Newcomers may join").click()
     wait_idle(lead)
-    newcomer = tab(browser, f"{url}/?join={current}")
+    newcomer = tab(people, f"{url}/?join={current}")
     assert kept_out(newcomer)
     wait_text(newcomer, "closed to newcomers")
     member.reload()
@@ -178,15 +176,13 @@ def test_a_closed_room_lets_nobody_new_in(room, browser):
     wait_idle(lead)
     newcomer.goto(f"{url}/?join={current}")
     assert let_in(newcomer)
-    for page in (lead, member, newcomer):
-        page.context.close()
 
 
-def test_the_presenter_sees_the_rooms_settings_and_a_member_does_not(room, browser):
+def test_the_presenter_sees_the_rooms_settings_and_a_member_does_not(room, people):
     """The room page's "Settings this room runs with" (as `playground --print-settings`): for the presenter only,
     the presenter token masked."""
     url, _, _ = room
-    lead = presenter(browser, url, CURRENT["code"])
+    lead = presenter(people, url, CURRENT["code"])
     lead.get_by_test_id("stSidebarNav").get_by_text("The room is the batch").click()   # the same session
     wait_heading(lead, "The room is the batch")
     wait_idle(lead)
@@ -203,11 +199,9 @@ def test_the_presenter_sees_the_rooms_settings_and_a_member_does_not(room, brows
     assert_no_exception(lead)
     panel.scroll_into_view_if_needed()
     shot(lead, "room_settings_presenter")
-    member = tab(browser, f"{url}/?join={CURRENT['code']}")
+    member = tab(people, f"{url}/?join={CURRENT['code']}")
     assert let_in(member)
     member.goto(f"{url}/room")
     wait_heading(member, "The room is the batch")
     wait_idle(member)
     assert member.get_by_text("Settings this room runs with").count() == 0
-    for page in (lead, member):
-        page.context.close()
