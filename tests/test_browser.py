@@ -487,4 +487,3 @@ def test_a_run_survives_a_reload_and_opens_in_a_second_tab(app_url, people):
     wait_idle(second)
     assert_no_exception(second)
     assert second.get_by_role("button", name="Open in a notebook").count() == 1
-
