@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from browsers import CHROMIUM, CHROMIUM_ARGS  # noqa: F401 - where the browser modules have always found them
 from servers import free_port, python
 from app.launch import settings_of, streamlit_command
 
